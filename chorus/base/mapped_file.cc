@@ -1,0 +1,115 @@
+#include "chorus/base/mapped_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <fstream>
+#include <sstream>
+
+namespace chorus {
+
+Result<std::shared_ptr<const MappedFile>> MappedFile::Open(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError(errno, "cannot open " + path);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    int e = errno;
+    ::close(fd);
+    return ErrnoError(e, "cannot stat " + path);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return InvalidArgumentError(path + " is not a regular file");
+  }
+  auto mf = std::shared_ptr<MappedFile>(new MappedFile());
+  mf->path_ = path;
+  mf->size_ = static_cast<size_t>(st.st_size);
+  if (mf->size_ > 0) {
+    void* p = ::mmap(nullptr, mf->size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      int e = errno;
+      ::close(fd);
+      return ErrnoError(e, "cannot mmap " + path);
+    }
+    mf->data_ = static_cast<const uint8_t*>(p);
+  }
+  ::close(fd);
+  return std::shared_ptr<const MappedFile>(std::move(mf));
+}
+
+MappedFile::~MappedFile() {
+  if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+}
+
+Result<std::string> ReadFileToString(const std::string& path, size_t max_bytes) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError(errno, "cannot open " + path);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return InvalidArgumentError(path + " is not a regular file");
+  }
+  if (static_cast<size_t>(st.st_size) > max_bytes) {
+    ::close(fd);
+    return ResourceExhaustedError(path + " is " + std::to_string(st.st_size) +
+                                  " bytes, more than the limit of " + std::to_string(max_bytes));
+  }
+  std::string out(static_cast<size_t>(st.st_size), '\0');
+  size_t got = 0;
+  while (got < out.size()) {
+    ssize_t n = ::read(fd, out.data() + got, out.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int e = errno;
+      ::close(fd);
+      return ErrnoError(e, "cannot read " + path);
+    }
+    got += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  return out;
+}
+
+Status WriteFileAtomically(const std::string& path, std::string_view data) {
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoError(errno, "cannot create " + tmp);
+  size_t put = 0;
+  while (put < data.size()) {
+    ssize_t n = ::write(fd, data.data() + put, data.size() - put);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int e = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return ErrnoError(e, "cannot write " + tmp);
+    }
+    put += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    int e = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return ErrnoError(e, "cannot fsync " + tmp);
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int e = errno;
+    ::unlink(tmp.c_str());
+    return ErrnoError(e, "cannot rename " + tmp + " to " + path);
+  }
+  // fsync the directory so the rename itself survives a crash.
+  std::string dir = path.substr(0, path.find_last_of('/') == std::string::npos ? 0 : path.find_last_of('/'));
+  if (dir.empty()) dir = ".";
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  return OkStatus();
+}
+
+}  // namespace chorus

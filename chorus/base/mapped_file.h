@@ -1,0 +1,43 @@
+// MappedFile: a read-only mmap of a whole file (RAII). Model weights are used in place from it
+// where the file layout is the compute layout.
+//
+// Thread-safety: immutable after Open(); share via std::shared_ptr<const MappedFile>.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "chorus/base/status.h"
+
+namespace chorus {
+
+class MappedFile {
+ public:
+  // Maps `path` read-only. Errors: kNotFound, kPermissionDenied, kInvalidArgument (a directory).
+  static Result<std::shared_ptr<const MappedFile>> Open(const std::string& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+  std::string_view view() const { return {reinterpret_cast<const char*>(data_), size_}; }
+
+ private:
+  MappedFile() = default;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+  std::string path_;
+};
+
+// Reads a whole (small) file into a string. Refuses files larger than `max_bytes`.
+Result<std::string> ReadFileToString(const std::string& path, size_t max_bytes = 256u << 20);
+
+// Writes `data` to `path` atomically: a temp file in the same directory, fsync, rename.
+Status WriteFileAtomically(const std::string& path, std::string_view data);
+
+}  // namespace chorus

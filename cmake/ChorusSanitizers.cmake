@@ -1,0 +1,13 @@
+# CHORUS_SANITIZE=address|undefined|thread adds the matching -fsanitize flags globally.
+if(CHORUS_SANITIZE STREQUAL "address")
+  add_compile_options(-fsanitize=address -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=address)
+elseif(CHORUS_SANITIZE STREQUAL "undefined")
+  add_compile_options(-fsanitize=undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=undefined)
+elseif(CHORUS_SANITIZE STREQUAL "thread")
+  add_compile_options(-fsanitize=thread)
+  add_link_options(-fsanitize=thread)
+elseif(NOT CHORUS_SANITIZE STREQUAL "")
+  message(FATAL_ERROR "CHORUS_SANITIZE must be address, undefined, thread or empty")
+endif()
