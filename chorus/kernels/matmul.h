@@ -1,0 +1,65 @@
+// Dense matrix multiply against a weight matrix: the base term x·Wᵀ of DESIGN §1.
+//
+//   y[m, n] = x[m, k] · W[n, k]ᵀ          (accumulate=false)
+//   y[m, n] += x[m, k] · W[n, k]ᵀ         (accumulate=true)
+//
+// W is f32, f16, bf16, q8_0 or q4_0 (k a multiple of 32 for the q formats); x and y are f32,
+// row-major with strides x_stride / y_stride (in floats). For q8_0/q4_0 weights the fast paths
+// quantize each row of x to q8_0-style blocks on the fly and use integer dot products; the
+// scalar reference does the same quantization, so both agree to float rounding.
+//
+// Batch invariance (DESIGN §4): the value of y[i, :] depends only on x[i, :] and W — never on
+// m, on the other rows, or on the thread count. Work is split across threads by output
+// columns only (never k), and every row uses the same reduction order whatever the block of
+// rows it is computed in.
+//
+// Thread-safety: stateless; PackedWeight is immutable after Pack() and shared freely.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "chorus/base/thread_pool.h"
+#include "chorus/tensor/tensor.h"
+
+namespace chorus::kernels {
+
+// A weight matrix [n, k] prepared for MatMul: either the original tensor used in place (mmap)
+// or a repacked kernel-friendly copy (then memory_bytes() says how much it costs).
+class PackedWeight {
+ public:
+  PackedWeight() = default;
+  // Requires: w is 2-D, dtype in {f32, f16, bf16, q8_0, q4_0}, q formats have k % 32 == 0.
+  static Result<PackedWeight> Pack(const Tensor& w);
+
+  int64_t n() const { return n_; }  // output features (rows of W)
+  int64_t k() const { return k_; }   // input features
+  DType dtype() const { return source_.dtype(); }
+  const Tensor& source() const { return source_; }
+  // Extra bytes held by a repacked copy (0 when used in place).
+  int64_t packed_bytes() const { return packed_bytes_; }
+
+  // Implementation detail for the kernels: repacked layout (may be null = use source()).
+  const void* packed() const { return packed_.get(); }
+  int packed_layout() const { return packed_layout_; }
+
+ private:
+  Tensor source_;
+  int64_t n_ = 0, k_ = 0;
+  std::shared_ptr<const void> packed_;
+  int packed_layout_ = 0;
+  int64_t packed_bytes_ = 0;
+  friend class PackedWeightBuilder;
+};
+
+// Requires: x has m rows of w.k() floats; y has m rows of at least w.n() floats.
+void MatMul(const PackedWeight& w, const float* x, int64_t x_stride, int64_t m, float* y,
+            int64_t y_stride, bool accumulate, ThreadPool* pool);
+
+namespace reference {
+// The scalar specification of MatMul (single thread). Same semantics and signature.
+void MatMul(const PackedWeight& w, const float* x, int64_t x_stride, int64_t m, float* y,
+            int64_t y_stride, bool accumulate);
+}  // namespace reference
+
+}  // namespace chorus::kernels
