@@ -30,3 +30,41 @@ function(chorus_cc_test)
   gtest_discover_tests(${A_NAME} PROPERTIES LABELS "${A_LABELS}" TIMEOUT ${A_TIMEOUT}
                        DISCOVERY_TIMEOUT 60)
 endfunction()
+
+# chorus_glob_module(NAME n DEPS ...) — a module whose sources are every *.cc in its folder,
+# reference/ and x86/ (tests *_test.cc and benches excluded); each foo_test.cc becomes a test
+# binary `<n>_foo_test` labelled from a first-line comment `// test-labels: kernel slow`
+# (default unit). Files in x86/ named *_avx2.cc / *_avx512.cc get their ISA flags here and
+# nowhere else; run-time dispatch (kernels/dispatch.h) decides which runs.
+function(chorus_glob_module)
+  cmake_parse_arguments(A "" "NAME" "DEPS;TEST_DEPS" ${ARGN})
+  file(GLOB srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*.cc
+       ${CMAKE_CURRENT_SOURCE_DIR}/reference/*.cc ${CMAKE_CURRENT_SOURCE_DIR}/x86/*.cc)
+  set(lib_srcs "")
+  set(test_srcs "")
+  foreach(f ${srcs})
+    if(f MATCHES "_test\\.cc$")
+      list(APPEND test_srcs ${f})
+    else()
+      list(APPEND lib_srcs ${f})
+    endif()
+    if(f MATCHES "_avx2\\.cc$")
+      set_source_files_properties(${f} PROPERTIES COMPILE_OPTIONS "-mavx2;-mfma;-mf16c")
+    elseif(f MATCHES "_avx512\\.cc$")
+      set_source_files_properties(${f} PROPERTIES COMPILE_OPTIONS
+        "-mavx512f;-mavx512bw;-mavx512vl;-mavx512vnni;-mavx512bf16;-mavx2;-mfma;-mf16c")
+    endif()
+  endforeach()
+  chorus_cc_library(NAME ${A_NAME} SRCS ${lib_srcs} DEPS ${A_DEPS})
+  foreach(t ${test_srcs})
+    get_filename_component(stem ${t} NAME_WE)
+    file(STRINGS ${t} first_line LIMIT_COUNT 1)
+    set(labels unit)
+    if(first_line MATCHES "test-labels:(.*)$")
+      string(STRIP "${CMAKE_MATCH_1}" l)
+      string(REPLACE " " ";" labels "${l}")
+    endif()
+    chorus_cc_test(NAME ${A_NAME}_${stem} SRCS ${t} DEPS chorus::${A_NAME} ${A_TEST_DEPS}
+                   LABELS ${labels})
+  endforeach()
+endfunction()

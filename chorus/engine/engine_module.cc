@@ -1,0 +1,1 @@
+// engine module: sampler, requests, scheduler.

@@ -1,0 +1,1 @@
+// memory module: the paged pool (KV blocks; adapter pages later).

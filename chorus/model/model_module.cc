@@ -1,0 +1,1 @@
+// model module: config, weights, forward pass.

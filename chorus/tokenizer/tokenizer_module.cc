@@ -1,0 +1,1 @@
+// The tokenizer module (see the headers).
