@@ -41,6 +41,22 @@ Tensor Tensor::FromF32(const std::vector<float>& values, DType dtype, std::vecto
   return t;
 }
 
+Tensor Tensor::Slice(int64_t index) const {
+  CHORUS_CHECK(view_.shape.size() >= 2 && index >= 0 && index < view_.shape[0]);
+  TensorView v;
+  v.dtype = view_.dtype;
+  v.shape.assign(view_.shape.begin() + 1, view_.shape.end());
+  v.data = static_cast<const uint8_t*>(view_.data) + index * v.NumBytes();
+  return Tensor(std::move(v), keepalive_);
+}
+
+Tensor Tensor::Reshaped(std::vector<int64_t> shape) const {
+  TensorView v = view_;
+  v.shape = std::move(shape);
+  CHORUS_CHECK_EQ(v.NumElements(), view_.NumElements());
+  return Tensor(std::move(v), keepalive_);
+}
+
 std::vector<float> Tensor::ToF32() const {
   std::vector<float> out(static_cast<size_t>(view_.NumElements()));
   const int64_t cols = view_.cols();

@@ -55,6 +55,11 @@ class Tensor {
   // Writable access; only for tensors this process created (Zeros/FromF32).
   void* mutable_data() const { return const_cast<void*>(view_.data); }
   bool empty() const { return view_.data == nullptr; }
+  // Sub-tensor `index` of the outermost dimension (shares ownership), e.g. layer l of a
+  // stacked [L, n, k] tensor. Requires: n_dims() >= 2, 0 <= index < shape[0].
+  Tensor Slice(int64_t index) const;
+  // Same bytes, new shape with the same element count.
+  Tensor Reshaped(std::vector<int64_t> shape) const;
   // Decodes the whole tensor to f32 (for tests, converters and oracles — not the hot path).
   std::vector<float> ToF32() const;
 

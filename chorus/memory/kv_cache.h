@@ -1,0 +1,62 @@
+// KvCache: the paged KV cache over a PagePool (DESIGN §3, Punica §5.4, vLLM PagedAttention).
+// One KV block = one page = `block_size` tokens of K and V for every layer:
+//   page bytes = n_layers × 2 × block_size × n_kv_heads × head_dim × sizeof(float)
+// laid out [layer][K|V][slot][kv_head][head_dim], so one layer's K of a block is contiguous.
+// A sequence owns a block table (block ids in position order); token t lives in block
+// table[t / block_size], slot t % block_size.
+//
+// Thread-safety: owned by the engine thread; kernels read it during a step.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "chorus/kernels/attention.h"
+#include "chorus/memory/page_pool.h"
+
+namespace chorus::memory {
+
+struct KvLayout {
+  int64_t n_layers = 0;
+  int64_t n_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t block_size = 16;
+  int64_t kv_dim() const { return n_kv_heads * head_dim; }
+  int64_t PageBytes() const;  // rounded up to 64
+};
+
+class KvCache {
+ public:
+  // The pool's page size must be >= layout.PageBytes(). The cache does not own the pool.
+  KvCache(const KvLayout& layout, PagePool* pool);
+
+  const KvLayout& layout() const { return layout_; }
+  PagePool* pool() { return pool_; }
+
+  // Blocks needed to hold `n_tokens` tokens.
+  int64_t BlocksFor(int64_t n_tokens) const {
+    return (n_tokens + layout_.block_size - 1) / layout_.block_size;
+  }
+
+  // Grows `table` so it covers `n_tokens` tokens. kResourceExhausted (nothing allocated) when
+  // the pool lacks pages.
+  Status Reserve(std::vector<int32_t>* table, int64_t n_tokens);
+  // Frees every block of `table` and clears it.
+  void Release(std::vector<int32_t>* table);
+
+  // K / V of token slot `slot` of `block` in `layer`: [n_kv_heads × head_dim] floats.
+  float* K(int64_t layer, int32_t block, int64_t slot);
+  float* V(int64_t layer, int32_t block, int64_t slot);
+
+  // PagedKv for the attention kernel restricted to kv head `kv_head` of `layer` (so the kernel
+  // can be called per kv-head group, which lets threads split heads at batch 1).
+  kernels::PagedKv View(int64_t layer, int64_t kv_head, const int32_t* block_table) const;
+
+ private:
+  KvLayout layout_;
+  PagePool* pool_;
+  // [layer][kv_head][page] base pointers of K and V, precomputed once.
+  std::vector<const float*> k_ptrs_, v_ptrs_;
+};
+
+}  // namespace chorus::memory

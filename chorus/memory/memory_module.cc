@@ -1,1 +1,0 @@
-// memory module: the paged pool (KV blocks; adapter pages later).

@@ -1,0 +1,123 @@
+#include "chorus/model/forward.h"
+
+#include <cmath>
+
+#include "chorus/kernels/attention.h"
+#include "chorus/kernels/ops.h"
+
+namespace chorus::model {
+
+Forward::Forward(std::shared_ptr<const Model> model, int64_t max_rows, int64_t max_logit_rows)
+    : model_(std::move(model)), max_rows_(max_rows), max_logit_rows_(max_logit_rows) {
+  const ModelConfig& c = model_->config();
+  inv_freq_ = c.RopeInvFreq();
+  auto alloc = [&](std::vector<float>& v, int64_t width) { v.assign(static_cast<size_t>(max_rows * width), 0.0f); };
+  alloc(x_, c.n_embd);
+  alloc(xb_, std::max(c.n_embd, c.q_dim()));
+  alloc(q_, c.q_dim());
+  alloc(k_, c.kv_dim());
+  alloc(v_, c.kv_dim());
+  alloc(att_, c.q_dim());
+  alloc(gate_, c.n_ff);
+  alloc(up_, c.n_ff);
+  logit_in_.assign(static_cast<size_t>(max_logit_rows * c.n_embd), 0.0f);
+}
+
+void Forward::Linear(int64_t layer, model::Linear which, const float* x, int64_t x_stride, float* y,
+                     int64_t y_stride, int64_t n, const StepInput& in, ThreadPool* pool) {
+  const kernels::PackedWeight& w = model_->weights().layers[static_cast<size_t>(layer)].W(which);
+  kernels::MatMul(w, x, x_stride, n, y, y_stride, /*accumulate=*/false, pool);
+  if (in.hook != nullptr) in.hook->Apply(layer, which, x, x_stride, y, y_stride, n, pool);
+}
+
+void Forward::Attention(const StepInput& in, memory::KvCache* kv, int64_t layer, ThreadPool* pool) {
+  const ModelConfig& c = model_->config();
+  const int64_t n = static_cast<int64_t>(in.tokens.size());
+  const int64_t group = c.n_heads / c.n_kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  // Tasks are (row, kv head) pairs split statically across threads: at batch 1 the heads are
+  // shared out; each task's result depends only on its own row (batch invariance).
+  const int64_t n_tasks = n * c.n_kv_heads;
+  pool->Run([&](int ti, int nt) {
+    int64_t begin, end;
+    ThreadPool::Slice(n_tasks, ti, nt, 1, &begin, &end);
+    float* scratch = scratch_.data() + static_cast<size_t>(ti) * c.max_seq_len;
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t row = t / c.n_kv_heads, g = t % c.n_kv_heads;
+      const int32_t* table = in.block_tables[static_cast<size_t>(in.seq[static_cast<size_t>(row)])];
+      kernels::PagedKv view = kv->View(layer, g, table);
+      const int64_t q_off = row * c.q_dim() + g * group * c.head_dim;
+      kernels::AttentionRow(q_.data() + q_off, view, in.positions[static_cast<size_t>(row)] + 1, group, 1,
+                            c.head_dim, scale, scratch, att_.data() + q_off);
+    }
+  });
+}
+
+void Forward::Run(const StepInput& in, memory::KvCache* kv, ThreadPool* pool, float* logits) {
+  const ModelConfig& c = model_->config();
+  const Weights& w = model_->weights();
+  const int64_t n = static_cast<int64_t>(in.tokens.size());
+  CHORUS_CHECK(n > 0 && n <= max_rows_) << "step of " << n << " rows, max " << max_rows_;
+  CHORUS_CHECK_LE(static_cast<int64_t>(in.logit_rows.size()), max_logit_rows_);
+  if (scratch_threads_ < pool->size()) {  // grows once per pool size, never per step
+    scratch_threads_ = pool->size();
+    scratch_.assign(static_cast<size_t>(scratch_threads_ * c.max_seq_len), 0.0f);
+  }
+  const int64_t d = c.n_embd, qd = c.q_dim(), kvd = c.kv_dim(), ff = c.n_ff;
+  const int64_t block = kv->layout().block_size;
+
+  // Embedding lookup (rows of any dtype are decoded to f32).
+  const TensorView& emb = w.tok_embd.view();
+  for (int64_t i = 0; i < n; ++i) {
+    DequantizeRow(emb.dtype, emb.Row(in.tokens[static_cast<size_t>(i)]), x_.data() + i * d, d);
+  }
+
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& lw = w.layers[static_cast<size_t>(l)];
+    // Attention block.
+    kernels::RmsNorm(x_.data(), static_cast<const float*>(lw.attn_norm.data()), n, d, c.norm_eps, xb_.data());
+    Linear(l, model::Linear::kQ, xb_.data(), d, q_.data(), qd, n, in, pool);
+    Linear(l, model::Linear::kK, xb_.data(), d, k_.data(), kvd, n, in, pool);
+    Linear(l, model::Linear::kV, xb_.data(), d, v_.data(), kvd, n, in, pool);
+    for (int64_t i = 0; i < n; ++i) {
+      float* q = q_.data() + i * qd;
+      float* k = k_.data() + i * kvd;
+      float* v = v_.data() + i * kvd;
+      if (c.qkv_bias) {
+        kernels::Add(q, static_cast<const float*>(lw.bq.data()), qd);
+        kernels::Add(k, static_cast<const float*>(lw.bk.data()), kvd);
+        kernels::Add(v, static_cast<const float*>(lw.bv.data()), kvd);
+      }
+      const int64_t pos = in.positions[static_cast<size_t>(i)];
+      kernels::Rope(q, c.n_heads, c.head_dim, pos, inv_freq_.data(), c.rope_layout);
+      kernels::Rope(k, c.n_kv_heads, c.head_dim, pos, inv_freq_.data(), c.rope_layout);
+      const int32_t* table = in.block_tables[static_cast<size_t>(in.seq[static_cast<size_t>(i)])];
+      const int32_t blk = table[pos / block];
+      std::copy(k, k + kvd, kv->K(l, blk, pos % block));
+      std::copy(v, v + kvd, kv->V(l, blk, pos % block));
+    }
+    // All K/V of the step are in the cache before any row attends, so rows of one prefill chunk
+    // see each other causally through n_ctx = pos + 1.
+    Attention(in, kv, l, pool);
+    Linear(l, model::Linear::kO, att_.data(), qd, xb_.data(), d, n, in, pool);
+    kernels::Add(x_.data(), xb_.data(), n * d);
+
+    // MLP block.
+    kernels::RmsNorm(x_.data(), static_cast<const float*>(lw.ffn_norm.data()), n, d, c.norm_eps, xb_.data());
+    Linear(l, model::Linear::kGate, xb_.data(), d, gate_.data(), ff, n, in, pool);
+    Linear(l, model::Linear::kUp, xb_.data(), d, up_.data(), ff, n, in, pool);
+    kernels::SiluMul(gate_.data(), up_.data(), n * ff, gate_.data());
+    Linear(l, model::Linear::kDown, gate_.data(), ff, xb_.data(), d, n, in, pool);
+    kernels::Add(x_.data(), xb_.data(), n * d);
+  }
+
+  const int64_t n_logits = static_cast<int64_t>(in.logit_rows.size());
+  if (n_logits == 0) return;
+  for (int64_t j = 0; j < n_logits; ++j) {
+    kernels::RmsNorm(x_.data() + in.logit_rows[static_cast<size_t>(j)] * d, static_cast<const float*>(w.output_norm.data()),
+                     1, d, c.norm_eps, logit_in_.data() + j * d);
+  }
+  kernels::MatMul(w.output, logit_in_.data(), d, n_logits, logits, c.vocab_size, false, pool);
+}
+
+}  // namespace chorus::model

@@ -1,0 +1,71 @@
+// The forward pass over one step (DESIGN §2): any mix of prefill chunks and decode rows of many
+// sequences, computed as one batch. Each row is one token of one sequence at one position; its
+// K/V are written into the sequence's paged KV blocks, then attention reads positions [0, pos].
+//
+// Every linear layer is computed once for all rows of the step (x·Wᵀ streams W once), after
+// which an optional LinearHook adds per-row terms — the seam where LoRA / delta adapters plug
+// in (DESIGN §1) without the model knowing about them.
+//
+// Thread-safety: a Forward object is used by one thread (the engine thread) at a time; it uses
+// the ThreadPool for parallel kernels. The Model is shared and immutable.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "chorus/base/thread_pool.h"
+#include "chorus/memory/kv_cache.h"
+#include "chorus/model/model.h"
+
+namespace chorus::model {
+
+// Implemented by adapters (a higher module): adds the adapter terms of `layer`'s linear `which`
+//   y[i, :] += Δ_{adapter(i)}(x[i, :])   for every row i of the step
+// x: [n_rows, in] with stride x_stride; y: [n_rows, out] with stride y_stride.
+class LinearHook {
+ public:
+  virtual ~LinearHook() = default;
+  virtual void Apply(int64_t layer, Linear which, const float* x, int64_t x_stride, float* y,
+                     int64_t y_stride, int64_t n_rows, ThreadPool* pool) const = 0;
+};
+
+struct StepInput {
+  std::span<const int32_t> tokens;     // [n_rows] token ids (validated < vocab by the caller)
+  std::span<const int32_t> positions;  // [n_rows] position of each row in its sequence
+  std::span<const int32_t> seq;        // [n_rows] index into block_tables
+  // [n_seqs] block table of each sequence; must cover position+1 tokens of each of its rows.
+  std::span<const int32_t* const> block_tables;
+  // Rows whose logits are wanted, in output order (e.g. the last row of each sequence).
+  std::span<const int32_t> logit_rows;
+  const LinearHook* hook = nullptr;    // adapter terms; null = base model only
+};
+
+class Forward {
+ public:
+  // Preallocates every buffer for steps of up to `max_rows` rows and `max_logit_rows` logits.
+  Forward(std::shared_ptr<const Model> model, int64_t max_rows, int64_t max_logit_rows);
+
+  const Model& model() const { return *model_; }
+  int64_t max_rows() const { return max_rows_; }
+
+  // Runs one step. logits: [logit_rows.size(), vocab] floats.
+  // Requires: rows ≤ max_rows, logit rows ≤ max_logit_rows, positions < config.max_seq_len.
+  void Run(const StepInput& in, memory::KvCache* kv, ThreadPool* pool, float* logits);
+
+ private:
+  void Attention(const StepInput& in, memory::KvCache* kv, int64_t layer, ThreadPool* pool);
+  void Linear(int64_t layer, model::Linear which, const float* x, int64_t x_stride, float* y,
+              int64_t y_stride, int64_t n, const StepInput& in, ThreadPool* pool);
+
+  std::shared_ptr<const Model> model_;
+  int64_t max_rows_, max_logit_rows_;
+  std::vector<float> inv_freq_;  // [head_dim / 2]
+  // Step buffers, [max_rows, width] each.
+  std::vector<float> x_, xb_, q_, k_, v_, att_, gate_, up_, logit_in_;
+  std::vector<float> scratch_;   // [n_threads][max_seq_len] attention scores
+  int64_t scratch_threads_ = 0;
+};
+
+}  // namespace chorus::model

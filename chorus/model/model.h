@@ -1,0 +1,79 @@
+// Model: a loaded base model — config, weights ready for the kernels, and where they came from.
+// Base weights are immutable and shared (`std::shared_ptr<const Model>`); matrices point into
+// the mmapped file where its layout is the compute layout (CONVENTIONS "Ownership").
+//
+// Thread-safety: immutable after Load(); share freely.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "chorus/kernels/matmul.h"
+#include "chorus/model/config.h"
+#include "chorus/tensor/tensor.h"
+
+namespace chorus::model {
+
+// The seven linear layers of a block, in the order adapters name them (PEFT target modules
+// q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj).
+enum class Linear : int { kQ = 0, kK, kV, kO, kGate, kUp, kDown };
+inline constexpr int kNumLinears = 7;
+const char* LinearName(Linear l);  // "q_proj", ...
+
+struct LayerWeights {
+  Tensor attn_norm;  // [n_embd] f32
+  Tensor ffn_norm;   // [n_embd] f32
+  kernels::PackedWeight linear[kNumLinears];  // q [q_dim, n_embd], k/v [kv_dim, n_embd],
+                                              // o [n_embd, q_dim], gate/up [n_ff, n_embd],
+                                              // down [n_embd, n_ff]
+  Tensor bq, bk, bv;  // [q_dim] / [kv_dim] f32; empty unless config.qkv_bias
+  const kernels::PackedWeight& W(Linear l) const { return linear[static_cast<int>(l)]; }
+};
+
+struct Weights {
+  Tensor tok_embd;     // [vocab, n_embd], any dtype (rows dequantized at lookup)
+  Tensor output_norm;  // [n_embd] f32
+  kernels::PackedWeight output;  // [vocab, n_embd] (the embedding itself when tied)
+  std::vector<LayerWeights> layers;
+};
+
+enum class ModelFormat { kLlama2c, kHfDirectory, kGguf, kSynthetic };
+const char* ModelFormatName(ModelFormat f);
+
+class Model {
+ public:
+  // Canonical tensors in Hugging Face naming ("model.layers.0.self_attn.q_proj.weight", ...),
+  // exactly as stored (dtype, and q/k row order per config.rope_layout). Build() validates
+  // names and shapes against the config and prepares the kernels' weights.
+  using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+  static Result<std::shared_ptr<const Model>> Build(ModelConfig config, NamedTensors tensors,
+                                                    ModelFormat format, std::string source);
+
+  const ModelConfig& config() const { return config_; }
+  const Weights& weights() const { return weights_; }
+  const NamedTensors& tensors() const { return tensors_; }
+  ModelFormat format() const { return format_; }
+  const std::string& source() const { return source_; }
+  // Bytes of weights as stored, and extra bytes of repacked copies.
+  int64_t WeightBytes() const;
+  int64_t PackedBytes() const;
+  // Bytes of matrix weights streamed per decode step (all linears + output).
+  int64_t StreamedBytesPerToken() const;
+
+ private:
+  Model() = default;
+  ModelConfig config_;
+  Weights weights_;
+  NamedTensors tensors_;
+  ModelFormat format_ = ModelFormat::kSynthetic;
+  std::string source_;
+};
+
+// HF tensor names used by Model::Build.
+std::string HfLayerTensorName(int64_t layer, Linear l);  // ...self_attn.q_proj.weight
+std::string HfLayerNormName(int64_t layer, bool ffn);    // ...input_layernorm / post_attention_layernorm
+std::string HfBiasName(int64_t layer, Linear l);         // ...self_attn.q_proj.bias
+
+}  // namespace chorus::model

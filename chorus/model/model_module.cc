@@ -1,1 +1,0 @@
-// model module: config, weights, forward pass.
