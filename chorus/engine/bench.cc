@@ -1,0 +1,247 @@
+#include "chorus/engine/bench.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <iomanip>
+#include <numeric>
+#include <sstream>
+
+#include "chorus/base/rng.h"
+#include "chorus/base/thread_pool.h"
+#include "chorus/kernels/dispatch.h"
+#include "chorus/memory/kv_cache.h"
+#include "chorus/model/forward.h"
+#include "chorus/model/synthetic.h"
+
+namespace chorus::engine {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+__attribute__((target("avx2"))) uint64_t SumAvx2(const uint8_t* p, int64_t n) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t i = 0; i + 128 <= n; i += 128) {
+    a0 = _mm256_add_epi64(a0, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i)));
+    a1 = _mm256_add_epi64(a1, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 32)));
+    a2 = _mm256_add_epi64(a2, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 64)));
+    a3 = _mm256_add_epi64(a3, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 96)));
+  }
+  __m256i s = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
+  alignas(32) uint64_t out[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(out), s);
+  return out[0] + out[1] + out[2] + out[3];
+}
+
+uint64_t SumScalar(const uint8_t* p, int64_t n) {
+  uint64_t s = 0;
+  const auto* q = reinterpret_cast<const uint64_t*>(p);
+  for (int64_t i = 0; i < n / 8; ++i) s += q[i];
+  return s;
+}
+
+// A step over `n` sequences at the given positions, one row each (decode) — or one sequence's
+// chunk of rows (prefill).
+struct Seqs {
+  std::vector<std::vector<int32_t>> tables;
+  std::vector<const int32_t*> table_ptrs;
+};
+
+}  // namespace
+
+double MeasureReadBandwidth(int threads, int64_t bytes, int repeats, std::vector<double>* runs) {
+  bytes = bytes / 4096 * 4096;
+  auto* buf = static_cast<uint8_t*>(std::aligned_alloc(64, static_cast<size_t>(bytes)));
+  CHORUS_CHECK(buf != nullptr);
+  ThreadPool pool(threads);
+  // Touch every page from the thread that will read it (first-touch placement), non-zero data.
+  pool.Run([&](int i, int n) {
+    int64_t b, e;
+    ThreadPool::Slice(bytes, i, n, 4096, &b, &e);
+    std::memset(buf + b, 1 + i, static_cast<size_t>(e - b));
+  });
+  const bool avx2 = kernels::DetectCpu().avx2;
+  std::vector<uint64_t> sink(static_cast<size_t>(threads));
+  std::vector<double> gbs;
+  for (int r = 0; r < repeats + 1; ++r) {
+    auto t0 = Clock::now();
+    pool.Run([&](int i, int n) {
+      int64_t b, e;
+      ThreadPool::Slice(bytes, i, n, 4096, &b, &e);
+      sink[static_cast<size_t>(i)] += avx2 ? SumAvx2(buf + b, e - b) : SumScalar(buf + b, e - b);
+    });
+    double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (r > 0) gbs.push_back(static_cast<double>(bytes) / s / 1e9);  // first run warms up
+  }
+  std::free(buf);
+  if (runs) *runs = gbs;
+  volatile uint64_t keep = std::accumulate(sink.begin(), sink.end(), uint64_t{0});
+  (void)keep;
+  return Median(gbs);
+}
+
+Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
+                                         const std::function<void(const std::string&)>& progress) {
+  EngineBenchReport rep;
+  rep.shape = opts.shape;
+  rep.threads = opts.threads;
+  rep.isa = kernels::IsaName(kernels::ActiveIsa());
+  progress("measuring memory read bandwidth (" + std::to_string(opts.bandwidth_bytes >> 20) + " MiB, " +
+           std::to_string(opts.threads) + " threads)");
+  rep.bandwidth_gbs = MeasureReadBandwidth(opts.threads, opts.bandwidth_bytes, opts.repeats, &rep.bandwidth_runs);
+  ThreadPool pool(opts.threads);
+  const int64_t max_batch = std::max<int64_t>(
+      opts.prefill_tokens, *std::max_element(opts.batches.begin(), opts.batches.end()));
+
+  for (DType dtype : opts.dtypes) {
+    const std::string dname(DTypeName(dtype));
+    progress("building synthetic " + opts.shape + " " + dname);
+    model::SyntheticSpec spec{.shape = opts.shape, .dtype = dtype, .seed = 1};
+    CHORUS_ASSIGN_OR_RETURN(auto mdl, model::MakeSyntheticModel(spec));
+    const model::ModelConfig& c = mdl->config();
+    const int64_t max_batch_rows = std::max<int64_t>(max_batch, 1);
+    model::Forward fwd(mdl, max_batch_rows, max_batch_rows);
+    memory::KvLayout layout{.n_layers = c.n_layers, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim, .block_size = 16};
+    const int64_t max_seqs = *std::max_element(opts.batches.begin(), opts.batches.end());
+    const int64_t ctx_tokens = std::max(opts.prefill_tokens, opts.context + opts.decode_steps) + 16;
+    const int64_t blocks_per_seq = (ctx_tokens + 15) / 16;
+    memory::PagePool pool_pages(blocks_per_seq * (max_seqs + 1), layout.PageBytes());
+    memory::KvCache kv(layout, &pool_pages);
+    std::vector<float> logits(static_cast<size_t>(max_batch_rows * c.vocab_size));
+    Rng rng(7);
+    auto random_token = [&] { return static_cast<int32_t>(rng.NextU64() % static_cast<uint64_t>(c.vocab_size)); };
+
+    // Prefill: one sequence, the whole prompt in one step (chunk = prompt length).
+    {
+      std::vector<double> runs;
+      std::vector<int32_t> table;
+      CHORUS_RETURN_IF_ERROR(kv.Reserve(&table, opts.prefill_tokens));
+      const int32_t* tp = table.data();
+      std::vector<int32_t> toks(static_cast<size_t>(opts.prefill_tokens)), pos(toks.size()), seq(toks.size(), 0);
+      for (size_t i = 0; i < toks.size(); ++i) {
+        toks[i] = random_token();
+        pos[i] = static_cast<int32_t>(i);
+      }
+      int32_t last = static_cast<int32_t>(toks.size() - 1);
+      for (int r = 0; r < opts.repeats + 1; ++r) {
+        model::StepInput in{toks, pos, seq, std::span<const int32_t* const>(&tp, 1), std::span<const int32_t>(&last, 1)};
+        auto t0 = Clock::now();
+        fwd.Run(in, &kv, &pool, logits.data());
+        double s = std::chrono::duration<double>(Clock::now() - t0).count();
+        if (r > 0) runs.push_back(static_cast<double>(opts.prefill_tokens) / s);
+      }
+      kv.Release(&table);
+      EngineBenchRow row{dname, "prefill", opts.prefill_tokens, Median(runs), runs, 0, 0};
+      progress(dname + " prefill " + std::to_string(opts.prefill_tokens) + ": " + std::to_string(row.tokens_per_s) + " tok/s");
+      rep.rows.push_back(row);
+    }
+
+    // Decode: B sequences with `context` tokens of KV, then timed steps of B rows each.
+    for (int64_t b : opts.batches) {
+      std::vector<double> runs;
+      for (int r = 0; r < opts.repeats; ++r) {
+        std::vector<std::vector<int32_t>> tables(static_cast<size_t>(b));
+        std::vector<const int32_t*> tps(static_cast<size_t>(b));
+        for (int64_t s = 0; s < b; ++s) {
+          CHORUS_RETURN_IF_ERROR(kv.Reserve(&tables[static_cast<size_t>(s)], opts.context + opts.decode_steps));
+          tps[static_cast<size_t>(s)] = tables[static_cast<size_t>(s)].data();
+        }
+        // Fill the context of every sequence with one prefill step each (untimed).
+        for (int64_t s = 0; s < b; ++s) {
+          std::vector<int32_t> toks(static_cast<size_t>(opts.context)), pos(toks.size()), seq(toks.size(), static_cast<int32_t>(s));
+          for (size_t i = 0; i < toks.size(); ++i) {
+            toks[i] = random_token();
+            pos[i] = static_cast<int32_t>(i);
+          }
+          model::StepInput in{toks, pos, seq, tps, {}};
+          fwd.Run(in, &kv, &pool, logits.data());
+        }
+        std::vector<int32_t> toks(static_cast<size_t>(b)), pos(toks.size()), seq(toks.size()), lrows(toks.size());
+        for (int64_t s = 0; s < b; ++s) {
+          toks[static_cast<size_t>(s)] = random_token();
+          seq[static_cast<size_t>(s)] = static_cast<int32_t>(s);
+          lrows[static_cast<size_t>(s)] = static_cast<int32_t>(s);
+        }
+        auto t0 = Clock::now();
+        for (int64_t step = 0; step < opts.decode_steps; ++step) {
+          for (int64_t s = 0; s < b; ++s) pos[static_cast<size_t>(s)] = static_cast<int32_t>(opts.context + step);
+          model::StepInput in{toks, pos, seq, tps, lrows};
+          fwd.Run(in, &kv, &pool, logits.data());
+          // Greedy next tokens so the work is that of real decoding (argmax over the vocab).
+          for (int64_t s = 0; s < b; ++s) {
+            const float* lg = logits.data() + s * c.vocab_size;
+            toks[static_cast<size_t>(s)] = static_cast<int32_t>(std::max_element(lg, lg + c.vocab_size) - lg);
+          }
+        }
+        double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+        runs.push_back(static_cast<double>(b * opts.decode_steps) / secs);
+        for (auto& t : tables) kv.Release(&t);
+      }
+      EngineBenchRow row{dname, "decode", b, Median(runs), runs, 0, static_cast<double>(mdl->StreamedBytesPerToken())};
+      if (b == 1 && rep.bandwidth_gbs > 0) {
+        double roofline = rep.bandwidth_gbs * 1e9 / row.weight_bytes_per_token;
+        row.roofline_fraction = row.tokens_per_s / roofline;
+      }
+      progress(dname + " decode batch " + std::to_string(b) + ": " + std::to_string(row.tokens_per_s) + " tok/s");
+      rep.rows.push_back(row);
+    }
+  }
+  return rep;
+}
+
+std::string EngineBenchReport::ToCsv() const {
+  std::ostringstream s;
+  s << "shape,threads,isa,dtype,metric,batch,tokens_per_s,roofline_fraction,bandwidth_gbs,runs\n";
+  for (const auto& r : rows) {
+    s << shape << "," << threads << "," << isa << "," << r.dtype << "," << r.metric << "," << r.batch << ","
+      << std::fixed << std::setprecision(2) << r.tokens_per_s << "," << std::setprecision(3) << r.roofline_fraction
+      << "," << std::setprecision(2) << bandwidth_gbs << ",";
+    for (size_t i = 0; i < r.runs.size(); ++i) s << (i ? ";" : "") << std::setprecision(2) << r.runs[i];
+    s << "\n";
+  }
+  return s.str();
+}
+
+std::string EngineBenchReport::ToJson() const {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(3);
+  s << "{\"shape\":\"" << shape << "\",\"threads\":" << threads << ",\"isa\":\"" << isa
+    << "\",\"bandwidth_gbs\":" << bandwidth_gbs << ",\"rows\":[";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto& r = rows[i];
+    s << (i ? "," : "") << "{\"dtype\":\"" << r.dtype << "\",\"metric\":\"" << r.metric << "\",\"batch\":" << r.batch
+      << ",\"tokens_per_s\":" << r.tokens_per_s << ",\"roofline_fraction\":" << r.roofline_fraction
+      << ",\"weight_bytes_per_token\":" << r.weight_bytes_per_token << ",\"runs\":[";
+    for (size_t j = 0; j < r.runs.size(); ++j) s << (j ? "," : "") << r.runs[j];
+    s << "]}";
+  }
+  s << "]}\n";
+  return s.str();
+}
+
+std::string EngineBenchReport::ToTable() const {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(1);
+  s << "shape " << shape << ", " << threads << " threads, isa " << isa << ", read bandwidth " << bandwidth_gbs
+    << " GB/s (median)\n";
+  s << "dtype  metric   batch   tok/s    roofline\n";
+  for (const auto& r : rows) {
+    s << std::left << std::setw(7) << r.dtype << std::setw(9) << r.metric << std::setw(8) << r.batch << std::setw(9)
+      << r.tokens_per_s;
+    if (r.metric == "decode" && r.batch == 1) s << std::setprecision(1) << 100.0 * r.roofline_fraction << " %";
+    s << "\n";
+  }
+  return s.str();
+}
+
+}  // namespace chorus::engine

@@ -1,0 +1,57 @@
+// Engine-level benchmark (`chorus bench`, issue 2 speed bars): in one invocation it measures the
+// machine's memory read bandwidth, then for each weight dtype prefill tokens/s of a long prompt,
+// decode tokens/s at batch 1 and aggregate decode tokens/s at larger batches, all through the
+// same Forward the server uses. Decode at batch 1 is reported as a fraction of the bandwidth
+// roofline (weight bytes streamed per token ÷ measured bandwidth).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "chorus/base/status.h"
+#include "chorus/tensor/dtype.h"
+
+namespace chorus::engine {
+
+struct EngineBenchOptions {
+  std::string shape = "tinyllama-1.1b";  // synthetic shape (model/synthetic.h)
+  std::vector<DType> dtypes = {DType::kQ4_0, DType::kQ8_0, DType::kBF16};
+  int threads = 2;
+  int64_t prefill_tokens = 512;
+  std::vector<int64_t> batches = {1, 8, 32};
+  int64_t decode_steps = 32;   // timed decode steps per batch size
+  int64_t context = 128;       // tokens already in each sequence's KV when decode is timed
+  int repeats = 3;             // each figure is the median of this many runs
+  int64_t bandwidth_bytes = int64_t{1} << 30;
+};
+
+struct EngineBenchRow {
+  std::string dtype;
+  std::string metric;    // "prefill", "decode"
+  int64_t batch = 1;     // rows per step (decode) or 1 (prefill)
+  double tokens_per_s = 0;                // median
+  std::vector<double> runs;               // every run, tokens/s
+  double roofline_fraction = 0;           // decode batch 1 only
+  double weight_bytes_per_token = 0;
+};
+
+struct EngineBenchReport {
+  std::string shape;
+  int threads = 0;
+  std::string isa;
+  double bandwidth_gbs = 0;               // median read bandwidth (GB/s = 1e9 B/s)
+  std::vector<double> bandwidth_runs;
+  std::vector<EngineBenchRow> rows;
+  std::string ToCsv() const;
+  std::string ToJson() const;
+  std::string ToTable() const;
+};
+
+// Multi-threaded streaming read of `bytes` bytes (median of `repeats`), in GB/s.
+double MeasureReadBandwidth(int threads, int64_t bytes, int repeats, std::vector<double>* runs);
+
+Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
+                                         const std::function<void(const std::string&)>& progress);
+
+}  // namespace chorus::engine

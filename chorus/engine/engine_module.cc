@@ -1,1 +1,0 @@
-// engine module: sampler, requests, scheduler.

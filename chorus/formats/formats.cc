@@ -1,1 +1,0 @@
-// The formats module: bounds-checked readers/writers of model files (see the headers).

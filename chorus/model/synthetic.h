@@ -1,0 +1,29 @@
+// Synthetic models at real shapes (seeded random weights), so benchmarks get realistic sizes
+// without downloads and the server has an embedded default model (issue 2).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "chorus/model/model.h"
+
+namespace chorus::model {
+
+struct SyntheticSpec {
+  std::string shape = "tiny";  // a name from SyntheticShapeNames()
+  DType dtype = DType::kF32;   // dtype of the linear layers and embeddings
+  uint64_t seed = 1;
+};
+
+// "tiny" (the embedded default: dim 128, 4 layers, vocab 512), "stories260k", "tinyllama-1.1b",
+// "llama2-7b", "llama3-8b", "mistral-7b", "qwen2-0.5b".
+std::vector<std::string> SyntheticShapeNames();
+Result<ModelConfig> SyntheticConfig(const std::string& shape);
+
+// Builds the model in memory. Weights ~ N(0, 0.02²)·scaled per layer, norms = 1; identical for
+// the same spec on every machine. Quantized dtypes are quantized from the same f32 draws.
+Result<std::shared_ptr<const Model>> MakeSyntheticModel(const SyntheticSpec& spec);
+
+}  // namespace chorus::model

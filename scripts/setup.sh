@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs every dependency of Chorus from Debian packages and builds the release preset.
+# Idempotent; safe to re-run. Needs root (or sudo) for apt-get.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  nlohmann-json3-dev libpcre2-dev libsentencepiece-dev libzstd-dev libsqlite3-dev
+  libcpp-httplib-dev libssl-dev
+  python3 gnuplot-nox
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+PRESET="${CHORUS_PRESET:-release}"
+cmake --preset "$PRESET" >/dev/null
+cmake --build --preset "$PRESET" -j"$(nproc)"
+echo "setup: built build/$PRESET/apps/chorus/chorus"

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The test command (README, .ci/run): installs dependencies, builds the `release` preset and
+# runs every CTest test. Tests that need ../shared/models skip when it is absent, unless
+# CHORUS_REQUIRE_MODELS=1 (set by .ci/run), which turns such a skip into a failure.
+# Extra arguments go to ctest, e.g. `scripts/test.sh -L kernel`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CHORUS_PRESET=release bash scripts/setup.sh
+ctest --test-dir build/release --output-on-failure -j2 "$@"
