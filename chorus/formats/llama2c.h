@@ -23,9 +23,13 @@
 namespace chorus::formats {
 
 struct Llama2cConfig {
+  // vocab_size is always positive here; the file's sign is shared_classifier.
   int32_t dim = 0, hidden_dim = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, vocab_size = 0,
           seq_len = 0;
   bool shared_classifier = true;
+  // Whether the file carries the legacy freq_cis_real/imag tables (the reader accepts both; the
+  // writer always writes them, because llama2.c's run.c expects them).
+  bool has_freq_cis = true;
 };
 
 struct Llama2cCheckpoint {
@@ -37,8 +41,14 @@ struct Llama2cCheckpoint {
 // by n_kv_heads) and that the file size is exactly what the header implies (with or without
 // wcls / freq_cis). Errors name the file.
 Result<Llama2cCheckpoint> ReadLlama2c(const std::string& path);
+// The same over bytes in memory (fuzzers, tests); `name` is used in messages.
+Result<Llama2cCheckpoint> ReadLlama2cBytes(std::string name, std::string bytes);
 
-// Writes a checkpoint in the same format (for tests and `chorus convert`).
+// Writes a checkpoint in the same format (for tests and `chorus convert`), atomically. Tensors
+// may be of any dtype (converted to f32) but must have the shapes above; freq_cis is computed
+// (theta 10000) as llama2.c's export does; wcls is written (and vocab_size negated) iff
+// !config.shared_classifier.
 Status WriteLlama2c(const std::string& path, const Llama2cCheckpoint& ckpt);
+Result<std::string> SerializeLlama2c(const Llama2cCheckpoint& ckpt);
 
 }  // namespace chorus::formats
