@@ -1,0 +1,183 @@
+#include "chorus/model/convert.h"
+
+#include <sys/stat.h>
+
+#include <cstring>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "chorus/base/mapped_file.h"
+#include "chorus/formats/gguf.h"
+#include "chorus/formats/safetensors.h"
+#include "chorus/model/names.h"
+
+namespace chorus::model {
+
+Tensor PermuteRopeRows(const Tensor& w, int64_t n_heads, int64_t head_dim, kernels::RopeLayout from,
+                       kernels::RopeLayout to) {
+  if (from == to) return w;
+  CHORUS_CHECK_EQ(w.shape()[0], n_heads * head_dim);
+  Tensor out = Tensor::Zeros(w.dtype(), w.shape());
+  const int64_t rb = w.view().RowBytes(), half = head_dim / 2;
+  auto* dst = static_cast<uint8_t*>(out.mutable_data());
+  for (int64_t h = 0; h < n_heads; ++h) {
+    for (int64_t i = 0; i < half; ++i) {
+      // Interleaved row 2i pairs with 2i+1; rotate-half row i pairs with i + half.
+      int64_t inter_a = h * head_dim + 2 * i, inter_b = inter_a + 1;
+      int64_t half_a = h * head_dim + i, half_b = half_a + half;
+      int64_t src_a = to == kernels::RopeLayout::kHalf ? inter_a : half_a;
+      int64_t src_b = to == kernels::RopeLayout::kHalf ? inter_b : half_b;
+      int64_t dst_a = to == kernels::RopeLayout::kHalf ? half_a : inter_a;
+      int64_t dst_b = to == kernels::RopeLayout::kHalf ? half_b : inter_b;
+      std::memcpy(dst + dst_a * rb, w.view().Row(src_a), static_cast<size_t>(rb));
+      std::memcpy(dst + dst_b * rb, w.view().Row(src_b), static_cast<size_t>(rb));
+    }
+  }
+  return out;
+}
+
+namespace {
+
+bool IsMatrixName(const std::string& name) {
+  return name.find("_proj.weight") != std::string::npos || name == "model.embed_tokens.weight" ||
+         name == "lm_head.weight";
+}
+
+Tensor Recast(const Tensor& t, DType dtype) {
+  if (t.dtype() == dtype) return t;
+  return Tensor::FromF32(t.ToF32(), dtype, t.shape());
+}
+
+// The tensor as the target wants it: dtype and q/k row order.
+Result<Tensor> Prepare(const Model& m, const std::string& name, const Tensor& t, const ConvertOptions& o,
+                       kernels::RopeLayout target_layout) {
+  const ModelConfig& c = m.config();
+  Tensor out = t;
+  if (IsMatrixName(name)) {
+    DType d = o.dtype.value_or(t.dtype());
+    if (o.format == OutputFormat::kHfDirectory && DTypeIsQuantized(d)) {
+      return InvalidArgumentError("a Hugging Face directory holds f32, f16 or bf16 weights, not " +
+                                  std::string(DTypeName(d)) + " (pass --dtype f32|f16|bf16)");
+    }
+    if (DTypeIsQuantized(d) && t.view().cols() % kQuantBlock != 0) {
+      return InvalidArgumentError("tensor '" + name + "' has " + std::to_string(t.view().cols()) +
+                                  " columns, not a multiple of 32 as " + std::string(DTypeName(d)) + " needs");
+    }
+    out = Recast(t, d);
+  } else if (out.dtype() != DType::kF32) {
+    out = Recast(t, DType::kF32);
+  }
+  const bool is_q = name.find("q_proj") != std::string::npos, is_k = name.find("k_proj") != std::string::npos;
+  if ((is_q || is_k) && c.rope_layout != target_layout) {
+    const int64_t heads = is_q ? c.n_heads : c.n_kv_heads;
+    if (out.view().n_dims() == 1) {
+      // A bias permutes like a column of rows.
+      Tensor as_rows = out.Reshaped({out.shape()[0], 1});
+      out = PermuteRopeRows(as_rows, heads, c.head_dim, c.rope_layout, target_layout).Reshaped({out.shape()[0]});
+    } else {
+      out = PermuteRopeRows(out, heads, c.head_dim, c.rope_layout, target_layout);
+    }
+  }
+  return out;
+}
+
+Status WriteGguf(const Model& m, const ConvertOptions& o, const std::function<Status(formats::GgufWriter*)>& extra) {
+  const ModelConfig& c = m.config();
+  formats::GgufWriter w;
+  const std::string a = c.arch;
+  w.SetString("general.architecture", a);
+  w.SetString("general.name", m.source());
+  w.SetUint32(a + ".context_length", static_cast<uint32_t>(c.max_seq_len));
+  w.SetUint32(a + ".embedding_length", static_cast<uint32_t>(c.n_embd));
+  w.SetUint32(a + ".block_count", static_cast<uint32_t>(c.n_layers));
+  w.SetUint32(a + ".feed_forward_length", static_cast<uint32_t>(c.n_ff));
+  w.SetUint32(a + ".attention.head_count", static_cast<uint32_t>(c.n_heads));
+  w.SetUint32(a + ".attention.head_count_kv", static_cast<uint32_t>(c.n_kv_heads));
+  w.SetUint32(a + ".attention.key_length", static_cast<uint32_t>(c.head_dim));
+  w.SetUint32(a + ".attention.value_length", static_cast<uint32_t>(c.head_dim));
+  w.SetUint32(a + ".rope.dimension_count", static_cast<uint32_t>(c.head_dim));
+  w.SetUint32(a + ".vocab_size", static_cast<uint32_t>(c.vocab_size));
+  w.SetFloat32(a + ".rope.freq_base", c.rope_theta);
+  w.SetFloat32(a + ".attention.layer_norm_rms_epsilon", c.norm_eps);
+  if (c.rope_scaling.type == RopeScaling::Type::kLinear) {
+    w.SetString(a + ".rope.scaling.type", "linear");
+    w.SetFloat32(a + ".rope.scaling.factor", c.rope_scaling.factor);
+  }
+  std::vector<float> freq_factors = c.rope_freq_factors;
+  if (c.rope_scaling.type == RopeScaling::Type::kLlama3) {
+    // llama.cpp stores Llama-3 scaling as per-frequency divisors.
+    ModelConfig plain = c;
+    plain.rope_scaling = RopeScaling{};
+    plain.rope_freq_factors.clear();
+    std::vector<float> base = plain.RopeInvFreq(), scaled = c.RopeInvFreq();
+    freq_factors.resize(base.size());
+    for (size_t i = 0; i < base.size(); ++i) freq_factors[i] = base[i] / scaled[i];
+  }
+  if (!freq_factors.empty()) {
+    w.AddTensor("rope_freqs.weight", Tensor::FromF32(freq_factors, DType::kF32, {static_cast<int64_t>(freq_factors.size())}));
+  }
+  // llama.cpp's llama architecture uses the interleaved pair order; qwen2 rotate-half.
+  const auto target = c.arch == "llama" ? kernels::RopeLayout::kInterleaved : kernels::RopeLayout::kHalf;
+  for (const auto& [name, t] : m.tensors()) {
+    auto g = HfToGgufName(name);
+    if (!g) return InvalidArgumentError("no GGUF name for tensor '" + name + "'");
+    CHORUS_ASSIGN_OR_RETURN(Tensor out, Prepare(m, name, t, o, target));
+    w.AddTensor(*g, std::move(out));
+  }
+  if (extra) CHORUS_RETURN_IF_ERROR(extra(&w));
+  return w.Write(o.output);
+}
+
+Status WriteHf(const Model& m, const ConvertOptions& o) {
+  const ModelConfig& c = m.config();
+  if (::mkdir(o.output.c_str(), 0755) != 0 && errno != EEXIST) return ErrnoError(errno, "cannot create " + o.output);
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const auto& [name, t] : m.tensors()) {
+    CHORUS_ASSIGN_OR_RETURN(Tensor p, Prepare(m, name, t, o, kernels::RopeLayout::kHalf));
+    out.emplace_back(name, std::move(p));
+  }
+  CHORUS_RETURN_IF_ERROR(formats::WriteSafetensors(o.output + "/model.safetensors", out, {{"format", "pt"}}));
+  nlohmann::json j;
+  j["architectures"] = {c.arch == "qwen2" ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
+  j["model_type"] = c.arch;
+  j["hidden_size"] = c.n_embd;
+  j["intermediate_size"] = c.n_ff;
+  j["num_hidden_layers"] = c.n_layers;
+  j["num_attention_heads"] = c.n_heads;
+  j["num_key_value_heads"] = c.n_kv_heads;
+  j["head_dim"] = c.head_dim;
+  j["vocab_size"] = c.vocab_size;
+  j["max_position_embeddings"] = c.max_seq_len;
+  j["rms_norm_eps"] = c.norm_eps;
+  j["rope_theta"] = c.rope_theta;
+  j["tie_word_embeddings"] = c.tie_embeddings;
+  j["hidden_act"] = "silu";
+  if (c.qkv_bias && c.arch == "llama") j["attention_bias"] = true;
+  if (c.rope_scaling.type == RopeScaling::Type::kLinear) {
+    j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rope_scaling.factor}};
+  } else if (c.rope_scaling.type == RopeScaling::Type::kLlama3) {
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", c.rope_scaling.factor},
+                         {"low_freq_factor", c.rope_scaling.low_freq_factor},
+                         {"high_freq_factor", c.rope_scaling.high_freq_factor},
+                         {"original_max_position_embeddings", c.rope_scaling.original_max_position}};
+  } else if (!c.rope_freq_factors.empty()) {
+    return UnimplementedError("per-frequency rope factors (GGUF rope_freqs) have no Hugging Face config equivalent");
+  }
+  const char* dtype_name = "float32";
+  if (o.dtype == DType::kBF16) dtype_name = "bfloat16";
+  if (o.dtype == DType::kF16) dtype_name = "float16";
+  j["torch_dtype"] = dtype_name;
+  return WriteFileAtomically(o.output + "/config.json", j.dump(2) + "\n");
+}
+
+}  // namespace
+
+Status ConvertModel(const Model& model, const ConvertOptions& opts,
+                    const std::function<Status(formats::GgufWriter*)>& gguf_extra) {
+  if (opts.output.empty()) return InvalidArgumentError("convert needs an output path (-o)");
+  if (opts.format == OutputFormat::kGguf) return WriteGguf(model, opts, gguf_extra);
+  return WriteHf(model, opts);
+}
+
+}  // namespace chorus::model

@@ -1,0 +1,41 @@
+// Model conversion (`chorus convert`): any loadable or synthetic model into GGUF
+// (F32/F16/BF16/Q8_0/Q4_0) or a Hugging Face directory (F32/F16/BF16 safetensors + config.json),
+// so formats can be cross-checked and benchmarks get realistic files without downloads.
+//
+// q/k rows are permuted between pair orders as the target expects: GGUF llama wants the
+// interleaved order (as llama.cpp's converter writes it), HF wants rotate-half.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "chorus/model/model.h"
+
+namespace chorus::formats {
+class GgufWriter;
+}
+
+namespace chorus::model {
+
+enum class OutputFormat { kGguf, kHfDirectory };
+
+struct ConvertOptions {
+  OutputFormat format = OutputFormat::kGguf;
+  // Dtype of the matrices (linears, embedding, output); norms and biases stay f32.
+  // std::nullopt keeps each tensor's current dtype when the target format allows it.
+  std::optional<DType> dtype;
+  std::string output;  // file (GGUF) or directory (HF)
+};
+
+// Writes the model's weights and config. Tokenizer data is written by the caller through
+// `tokenizer_writer` (GGUF metadata) or into the directory (HF), so this module does not depend
+// on tokenizers. Atomic for GGUF (temp + rename).
+Status ConvertModel(const Model& model, const ConvertOptions& opts,
+                    const std::function<Status(formats::GgufWriter*)>& gguf_extra = nullptr);
+
+// Permutes the rows of a q or k projection [n_heads * head_dim, in] between pair orders.
+Tensor PermuteRopeRows(const Tensor& w, int64_t n_heads, int64_t head_dim, kernels::RopeLayout from,
+                       kernels::RopeLayout to);
+
+}  // namespace chorus::model
