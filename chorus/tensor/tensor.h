@@ -30,7 +30,11 @@ struct TensorView {
   }
   int64_t NumBytes() const { return DTypeBytes(dtype, NumElements()); }
   // Rows/cols of a 2-D view (a 1-D view is one row).
-  int64_t rows() const { return shape.size() >= 2 ? NumElements() / shape.back() : 1; }
+  // A view with no elements has no rows (avoids dividing by a zero last dimension).
+  int64_t rows() const {
+    if (shape.size() < 2) return 1;
+    return shape.back() == 0 ? 0 : NumElements() / shape.back();
+  }
   int64_t cols() const { return shape.empty() ? 1 : shape.back(); }
   int64_t RowBytes() const { return DTypeBytes(dtype, cols()); }
   const uint8_t* Row(int64_t r) const { return static_cast<const uint8_t*>(data) + r * RowBytes(); }
