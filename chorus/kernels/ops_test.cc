@@ -15,6 +15,10 @@
 #include "chorus/kernels/x86/ops_x86.h"
 
 namespace chorus::kernels {
+
+// Readable parameter names in gtest messages.
+void PrintTo(IsaLevel level, std::ostream* os) { *os << IsaName(level); }
+
 namespace {
 
 const int64_t kLengths[] = {1, 2, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 4096, 4099};
