@@ -26,7 +26,6 @@ inline __mmask16 TailMask(int64_t remaining) {
                          : static_cast<__mmask16>((1u << remaining) - 1u);
 }
 
-
 inline float Dot(const float* a, const float* b, int64_t n) {
   __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
   int64_t d = 0;

@@ -20,7 +20,6 @@ inline __mmask16 TailMask(int64_t remaining) {
                          : static_cast<__mmask16>((1u << remaining) - 1u);
 }
 
-
 // e^x: x = n·ln2 + r with |r| ≤ ln2/2, e^r by its degree-7 Taylor polynomial (truncation
 // error < 1.2e-9 relative), 2^n applied by vscalefps which handles overflow (+inf), gradual
 // underflow and 0 for x ≤ -104 (so exp(-inf) = 0). NaN propagates.
