@@ -1,0 +1,75 @@
+#include <cstdio>
+#include <sstream>
+
+#include "apps/chorus/commands.h"
+#include "apps/chorus/common.h"
+#include "chorus/base/mapped_file.h"
+#include "chorus/engine/bench.h"
+
+namespace chorus::apps {
+namespace {
+
+template <typename T, typename F>
+Status ParseList(const std::string& s, std::vector<T>* out, F parse) {
+  out->clear();
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    auto v = parse(item);
+    if (!v.ok()) return v.status();
+    out->push_back(*v);
+  }
+  if (out->empty()) return InvalidArgumentError("empty list '" + s + "'");
+  return OkStatus();
+}
+
+}  // namespace
+
+int BenchCommand(int argc, char** argv) {
+  Flags f("bench",
+          "Engine benchmark on a synthetic model at a real shape, in one invocation: memory read\n"
+          "bandwidth, prefill tokens/s, decode tokens/s at batch 1 (and its fraction of the\n"
+          "bandwidth roofline) and aggregate decode tokens/s at larger batches, per dtype.\n"
+          "Each figure is the median of --repeats runs. Writes <out>.csv and <out>.json.");
+  f.String("shape", "tinyllama-1.1b", "synthetic model shape");
+  f.String("dtypes", "q4_0,q8_0,bf16", "comma-separated weight dtypes");
+  f.Int("threads", 2, "compute threads");
+  f.Int("prefill", 512, "prompt tokens for the prefill figure");
+  f.String("batches", "1,8,32", "comma-separated decode batch sizes");
+  f.Int("decode-steps", 32, "timed decode steps per batch size");
+  f.Int("context", 128, "tokens in each sequence's KV cache when decode is timed");
+  f.Int("repeats", 3, "runs per figure (median reported)");
+  f.String("out", "", "write <out>.csv and <out>.json");
+  if (int rc = ParseOrExit(f, argc, argv); rc >= 0) return rc;
+  engine::EngineBenchOptions o;
+  o.shape = f.GetString("shape");
+  o.threads = static_cast<int>(f.GetInt("threads"));
+  o.prefill_tokens = f.GetInt("prefill");
+  o.decode_steps = f.GetInt("decode-steps");
+  o.context = f.GetInt("context");
+  o.repeats = static_cast<int>(f.GetInt("repeats"));
+  if (o.threads < 1 || o.prefill_tokens < 1 || o.decode_steps < 1 || o.context < 1 || o.repeats < 1) {
+    return Fail("bench", InvalidArgumentError("--threads, --prefill, --decode-steps, --context and --repeats must be positive"));
+  }
+  Status s = ParseList(f.GetString("dtypes"), &o.dtypes, [](const std::string& x) { return ParseDType(x); });
+  if (!s.ok()) return Fail("bench", s);
+  s = ParseList(f.GetString("batches"), &o.batches, [](const std::string& x) -> Result<int64_t> {
+    char* end = nullptr;
+    long long v = std::strtoll(x.c_str(), &end, 10);
+    if (x.empty() || *end || v < 1 || v > 512) return InvalidArgumentError("bad batch size '" + x + "'");
+    return static_cast<int64_t>(v);
+  });
+  if (!s.ok()) return Fail("bench", s);
+  auto rep = engine::RunEngineBench(o, [](const std::string& msg) { std::fprintf(stderr, "bench: %s\n", msg.c_str()); });
+  if (!rep.ok()) return Fail("bench", rep.status());
+  std::fputs(rep->ToTable().c_str(), stdout);
+  if (!f.GetString("out").empty()) {
+    Status w1 = WriteFileAtomically(f.GetString("out") + ".csv", rep->ToCsv());
+    Status w2 = WriteFileAtomically(f.GetString("out") + ".json", rep->ToJson());
+    if (!w1.ok()) return Fail("bench", w1);
+    if (!w2.ok()) return Fail("bench", w2);
+  }
+  return 0;
+}
+
+}  // namespace chorus::apps

@@ -1,0 +1,13 @@
+// The `chorus` subcommands. Each parses its flags (flags.h), builds option structs and calls
+// the library; none holds logic of its own beyond presentation.
+#pragma once
+
+namespace chorus::apps {
+
+int GenerateCommand(int argc, char** argv);
+int InspectCommand(int argc, char** argv);
+int ConvertCommand(int argc, char** argv);
+int BenchCommand(int argc, char** argv);
+
+
+}  // namespace chorus::apps

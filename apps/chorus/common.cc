@@ -1,0 +1,43 @@
+#include "apps/chorus/common.h"
+
+#include <thread>
+
+#include "apps/chorus/default_model.h"
+#include "chorus/model/loader.h"
+
+namespace chorus::apps {
+
+int Fail(const std::string& cmd, const Status& s) {
+  std::fprintf(stderr, "chorus %s: %s\n", cmd.c_str(), s.message().c_str());
+  return s.code() == StatusCode::kInvalidArgument && s.message().find("flag") != std::string::npos ? 2 : 1;
+}
+
+int ParseOrExit(Flags& flags, int argc, char** argv) {
+  Status s = flags.Parse(argc, argv);
+  if (s.code() == StatusCode::kCancelled) return 0;
+  if (!s.ok()) {
+    std::fprintf(stderr, "%s\n", s.message().c_str());
+    return 2;
+  }
+  return -1;
+}
+
+Result<LoadedModel> LoadModelAndTokenizer(const std::string& model_path, const std::string& tokenizer_path) {
+  std::string path = model_path;
+  if (path.empty()) {
+    CHORUS_ASSIGN_OR_RETURN(path, EnsureDefaultModel());
+  }
+  LoadedModel out;
+  CHORUS_ASSIGN_OR_RETURN(out.model, model::LoadModel(path));
+  CHORUS_ASSIGN_OR_RETURN(auto tok, model::LoadTokenizerFor(*out.model, tokenizer_path));
+  out.tokenizer = std::move(tok);
+  return out;
+}
+
+int ThreadsFlag(const Flags& f) {
+  int64_t t = f.GetInt("threads");
+  if (t <= 0) t = static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency()));
+  return static_cast<int>(t);
+}
+
+}  // namespace chorus::apps

@@ -1,0 +1,31 @@
+// Helpers shared by the subcommands.
+#pragma once
+
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "apps/chorus/flags.h"
+#include "chorus/base/status.h"
+#include "chorus/model/model.h"
+#include "chorus/tokenizer/tokenizer.h"
+
+namespace chorus::apps {
+
+// Prints "chorus <cmd>: <message>" to stderr and returns the exit code (1; 2 for usage errors).
+int Fail(const std::string& cmd, const Status& s);
+
+// Parses flags; returns -1 to continue, else the exit code (0 after --help).
+int ParseOrExit(Flags& flags, int argc, char** argv);
+
+struct LoadedModel {
+  std::shared_ptr<const model::Model> model;
+  std::shared_ptr<const tokenizer::Tokenizer> tokenizer;
+};
+// --model PATH (or the embedded default when empty) and --tokenizer PATH.
+Result<LoadedModel> LoadModelAndTokenizer(const std::string& model_path, const std::string& tokenizer_path);
+
+// Applies --threads: 0 means all cores.
+int ThreadsFlag(const Flags& f);
+
+}  // namespace chorus::apps
