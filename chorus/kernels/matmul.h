@@ -4,9 +4,13 @@
 //   y[m, n] += x[m, k] · W[n, k]ᵀ         (accumulate=true)
 //
 // W is f32, f16, bf16, q8_0 or q4_0 (k a multiple of 32 for the q formats); x and y are f32,
-// row-major with strides x_stride / y_stride (in floats). For q8_0/q4_0 weights the fast paths
-// quantize each row of x to q8_0-style blocks on the fly and use integer dot products; the
-// scalar reference does the same quantization, so both agree to float rounding.
+// row-major with strides x_stride / y_stride (in floats). For q8_0/q4_0 weights each row of x is
+// quantized to q8_0-style blocks with an f32 scale (per 32: d = amax/127, q = lround(x/d)), each
+// block's integer dot product isum is exact, and y accumulates fma(d_w·d_x, isum, acc) in block
+// order — the fast paths do exactly this, so they equal reference::MatMul bit for bit.
+// For bf16 weights x is rounded to bf16 first (like llama.cpp; it lets AVX-512 use vdpbf16ps),
+// so products are exact and fast paths differ from the reference only in summation order.
+// f32/f16 weights: f32 products and sums (summation order differs per ISA level).
 //
 // Batch invariance (DESIGN §4): the value of y[i, :] depends only on x[i, :] and W — never on
 // m, on the other rows, or on the thread count. Work is split across threads by output

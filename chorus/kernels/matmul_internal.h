@@ -1,0 +1,74 @@
+// Internal contract between matmul.cc (packing, threading, dispatch) and the per-ISA matmul
+// kernels in x86/. Not part of the public API.
+#pragma once
+
+#include <cstdint>
+
+#include "chorus/kernels/matmul.h"
+#include "chorus/tensor/dtype.h"
+
+namespace chorus::kernels::internal {
+
+// Quantized weights (q8_0, q4_0) are repacked at Pack() time into panels of 16 output columns
+// (the last panel is padded with zero weights). Within a panel, a "k-group" is 4 consecutive
+// k of one block; a 64-byte chunk holds one k-group for the 16 columns: byte 4*c + t is column c,
+// element 4*g + t of the block. So one 32-bit broadcast of 4 activation bytes feeds 16 (AVX-512)
+// or 8 (AVX2, half a chunk) column dot products at once (vpdpbusd / vpmaddubsw lanes = columns).
+//
+// Panel p occupies kPanelBytes(nb) bytes at packed + p * PanelBytes:
+//   qs : nb blocks × QsBlockBytes
+//        q8_0: 8 chunks of 64 bytes (k-groups 0..7), each byte = q + 128 (u8)
+//        q4_0: 4 chunks of 64 bytes; chunk j: low nibble = k-group 2j, high nibble = 2j + 1,
+//              nibble = q + 8 as in GGML
+//   d  : nb × 16 f16 scales (column order)
+inline constexpr int kPanelCols = 16;
+enum PackedLayout : int { kLayoutInPlace = 0, kLayoutQ8Panel16 = 1, kLayoutQ4Panel16 = 2 };
+
+inline constexpr int64_t QsBlockBytes(int layout) { return layout == kLayoutQ4Panel16 ? 256 : 512; }
+inline constexpr int64_t PanelBytes(int layout, int64_t nb) {
+  return nb * (QsBlockBytes(layout) + 2 * kPanelCols);
+}
+
+// One activation row quantized to q8_0-style blocks with an f32 scale (the MatMul spec):
+// per block of 32: amax = max|x|, d = amax / 127, q = lround(x / d) (via x * (1/d)), and the
+// sum of the 32 quants (used to correct offset-encoded weights).
+struct QMeta {
+  float d;
+  int32_t sum;
+};
+struct QRows {
+  int8_t* qs = nullptr;     // [m, qs_stride] quants, row r block b at qs + r*qs_stride + 32*b
+  QMeta* meta = nullptr;    // [m, meta_stride]
+  int64_t qs_stride = 0;    // bytes
+  int64_t meta_stride = 0;  // entries
+};
+
+// The scalar spec of the activation quantizer: one row of k (k % 32 == 0) floats.
+void ReferenceQuantizeRow(const float* x, int64_t k, int8_t* qs, QMeta* meta);
+// The scalar spec over output columns [c0, c1) of all m rows (the scalar dispatch level).
+void ReferenceMatMulCols(const PackedWeight& w, const float* x, int64_t x_stride, int64_t m,
+                         int64_t c0, int64_t c1, float* y, int64_t y_stride, bool accumulate);
+
+// The kernels of one ISA level. Each function is single-threaded over the range it is given.
+struct IsaKernels {
+  // Rows [r0, r1) of x [*, k] → q (same numbers as ReferenceQuantizeRow, bit for bit).
+  void (*quantize_rows)(const float* x, int64_t x_stride, int64_t r0, int64_t r1, int64_t k,
+                        const QRows& q);
+  // Rows [r0, r1) of x → bf16 (round to nearest even, like F32ToBF16).
+  void (*bf16_rows)(const float* x, int64_t x_stride, int64_t r0, int64_t r1, int64_t k,
+                    uint16_t* out, int64_t out_stride);
+  // y[0..m, 16*p0 .. min(n, 16*p1)) for a repacked q weight.
+  void (*q_panels)(int layout, const uint8_t* packed, int64_t n, int64_t k, const QRows& q,
+                   int64_t m, int64_t p0, int64_t p1, float* y, int64_t y_stride,
+                   bool accumulate);
+  // y[0..m, c0..c1) for a float weight in place [n, k]; x is f32 (f32/f16 weights) or the
+  // bf16-rounded activations (bf16 weights), stride in elements.
+  void (*float_cols)(DType dtype, const void* w, int64_t k, const void* x, int64_t x_stride,
+                     int64_t m, int64_t c0, int64_t c1, float* y, int64_t y_stride,
+                     bool accumulate);
+};
+
+const IsaKernels& Avx2Kernels();
+const IsaKernels& Avx512Kernels();
+
+}  // namespace chorus::kernels::internal

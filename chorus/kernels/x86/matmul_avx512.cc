@@ -1,0 +1,283 @@
+// AVX-512 (F/BW/VL/VNNI/BF16) matmul kernels; run only when ActiveIsa() == kAvx512.
+//
+// Quantized weights: vpdpbusd (u8 × s8 → s32, 4 products per lane, no saturation). The packed
+// weights are unsigned (q8_0: q + 128, q4_0: the GGML nibble q + 8), the activations signed, and
+// the offset is removed per block with −128·Σx or −8·Σx (Σx precomputed when quantizing x).
+// bf16 weights: vdpbf16ps on bf16-rounded activations, lanes over k.
+// f32/f16 weights: FMA, lanes over k, masked tails.
+// GCC 12's _mm512_undefined_* helpers (used inside _mm512_cvtph_ps, _mm512_reduce_*) trip
+// -Wuninitialized once inlined; the values are never read.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <algorithm>
+
+#include "chorus/kernels/matmul_internal.h"
+#include "chorus/kernels/x86/matmul_qtile.h"
+
+namespace chorus::kernels::internal {
+namespace {
+
+struct Avx512Traits {
+  static constexpr int kLanes = 16;
+  static constexpr int kMaxR = 4;
+  static constexpr int kMaxC = 4;
+  static constexpr int64_t kL2Budget = 256 * 1024;
+  // 4 rows × 2 vectors: 8 int + 8 float accumulators; 1-2 rows × 4 vectors for decode, which
+  // keeps 4+ independent vpdpbusd chains in flight.
+  static int CFor(int rr) { return rr <= 2 ? 4 : 2; }
+
+  using I = __m512i;
+  using F = __m512;
+  struct W {
+    __m512i a;  // unsigned operand of vpdpbusd
+  };
+
+  static I IZero() { return _mm512_setzero_si512(); }
+  static F FZero() { return _mm512_setzero_ps(); }
+  static I Bcast(int32_t v) { return _mm512_set1_epi32(v); }
+  static F FBcast(float v) { return _mm512_set1_ps(v); }
+
+  static W PrepQ8(const uint8_t* p) { return W{_mm512_loadu_si512(p)}; }
+  static I DotQ8(I acc, const W& w, I x) { return _mm512_dpbusd_epi32(acc, w.a, x); }
+  static void PrepQ4(const uint8_t* p, W* lo, W* hi) {
+    const __m512i v = _mm512_loadu_si512(p);
+    const __m512i mask = _mm512_set1_epi8(0x0f);
+    lo->a = _mm512_and_si512(v, mask);
+    hi->a = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+  }
+  static I DotQ4(I acc, const W& w, I x) { return _mm512_dpbusd_epi32(acc, w.a, x); }
+  template <bool kQ4>
+  static int32_t Corr(int32_t sum) {
+    return kQ4 ? -8 * sum : -128 * sum;
+  }
+  template <bool kQ4>
+  static I Finish(I ia, int32_t corr) {
+    return _mm512_add_epi32(ia, _mm512_set1_epi32(corr));
+  }
+  static F Scales(const uint16_t* d) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d)));
+  }
+  static F Cvt(I v) { return _mm512_cvtepi32_ps(v); }
+  static F Mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F Fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static void Store(float* y, F acc, int valid, bool accumulate) {
+    const __mmask16 m = static_cast<__mmask16>((1u << valid) - 1u);
+    if (accumulate) acc = _mm512_add_ps(_mm512_maskz_loadu_ps(m, y), acc);
+    _mm512_mask_storeu_ps(y, m, acc);
+  }
+};
+
+// ---- activation conversion --------------------------------------------------------------
+
+// lround(t) for |t| < 2^23 exactly: trunc(t) plus ±1 when the (exact) fraction is ≥ 0.5.
+inline __m512i RoundHalfAway(__m512 t) {
+  const __m512 tr = _mm512_roundscale_ps(t, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+  const __m512 afrac = _mm512_abs_ps(_mm512_sub_ps(t, tr));
+  const __mmask16 ge = _mm512_cmp_ps_mask(afrac, _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+  const __m512i sign = _mm512_and_si512(_mm512_castps_si512(t), _mm512_set1_epi32(INT32_MIN));
+  const __m512 one = _mm512_castsi512_ps(
+      _mm512_or_si512(sign, _mm512_castps_si512(_mm512_set1_ps(1.0f))));
+  return _mm512_cvttps_epi32(_mm512_mask_add_ps(tr, ge, tr, one));
+}
+
+void QuantizeRows(const float* x, int64_t x_stride, int64_t r0, int64_t r1, int64_t k,
+                  const QRows& q) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* xr = x + r * x_stride;
+    int8_t* qs = q.qs + r * q.qs_stride;
+    QMeta* meta = q.meta + r * q.meta_stride;
+    for (int64_t b = 0; b < k / 32; ++b) {
+      const __m512 v0 = _mm512_loadu_ps(xr + b * 32);
+      const __m512 v1 = _mm512_loadu_ps(xr + b * 32 + 16);
+      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+      const float d = amax / 127.0f;
+      const float id = d != 0.0f ? 1.0f / d : 0.0f;
+      const __m512 vid = _mm512_set1_ps(id);
+      const __m512i q0 = RoundHalfAway(_mm512_mul_ps(v0, vid));
+      const __m512i q1 = RoundHalfAway(_mm512_mul_ps(v1, vid));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qs + b * 32), _mm512_cvtepi32_epi8(q0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qs + b * 32 + 16), _mm512_cvtepi32_epi8(q1));
+      meta[b] = {d, _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1))};
+    }
+  }
+}
+
+// Round to nearest even, NaN kept quiet: the same bits as F32ToBF16 (vcvtneps2bf16 would
+// flush denormals, which the scalar spec does not).
+inline __m256i ToBF16x16(__m512 f) {
+  const __m512i u = _mm512_castps_si512(f);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_srli_epi32(
+      _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
+  const __m512i qnan = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+  return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(r, nan, qnan));
+}
+
+void Bf16Rows(const float* x, int64_t x_stride, int64_t r0, int64_t r1, int64_t k, uint16_t* out,
+              int64_t out_stride) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* xr = x + r * x_stride;
+    uint16_t* o = out + r * out_stride;
+    for (int64_t e = 0; e < k; e += 16) {
+      const int64_t rem = std::min<int64_t>(16, k - e);
+      const __mmask16 m = static_cast<__mmask16>((1u << rem) - 1u);
+      _mm256_mask_storeu_epi16(o + e, m, ToBF16x16(_mm512_maskz_loadu_ps(m, xr + e)));
+    }
+  }
+}
+
+// ---- float weights ----------------------------------------------------------------------
+
+template <DType D>
+struct FloatIo;
+template <>
+struct FloatIo<DType::kF32> {
+  using WT = float;
+  using XT = float;
+  using V = __m512;
+  static constexpr int kStep = 16;
+  static V LoadW(const WT* p, int64_t rem) {
+    return rem >= kStep ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(Mask(rem), p);
+  }
+  static V LoadX(const XT* p, int64_t rem) { return LoadW(p, rem); }
+  static __mmask16 Mask(int64_t rem) { return static_cast<__mmask16>((1u << rem) - 1u); }
+  static __m512 Dot(__m512 acc, V x, V w) { return _mm512_fmadd_ps(x, w, acc); }
+};
+template <>
+struct FloatIo<DType::kF16> {
+  using WT = uint16_t;
+  using XT = float;
+  using V = __m512;
+  static constexpr int kStep = 16;
+  static __mmask16 Mask(int64_t rem) { return static_cast<__mmask16>((1u << rem) - 1u); }
+  static V LoadW(const WT* p, int64_t rem) {
+    const __m256i h = rem >= kStep ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                                   : _mm256_maskz_loadu_epi16(Mask(rem), p);
+    return _mm512_cvtph_ps(h);
+  }
+  static V LoadX(const XT* p, int64_t rem) {
+    return rem >= kStep ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(Mask(rem), p);
+  }
+  static __m512 Dot(__m512 acc, V x, V w) { return _mm512_fmadd_ps(x, w, acc); }
+};
+template <>
+struct FloatIo<DType::kBF16> {
+  using WT = uint16_t;
+  using XT = uint16_t;
+  using V = __m512i;
+  static constexpr int kStep = 32;
+  static V LoadW(const WT* p, int64_t rem) {
+    return rem >= kStep ? _mm512_loadu_si512(p)
+                        : _mm512_maskz_loadu_epi16(static_cast<__mmask32>((1ull << rem) - 1ull), p);
+  }
+  static V LoadX(const XT* p, int64_t rem) { return LoadW(p, rem); }
+  static __m512 Dot(__m512 acc, V x, V w) {
+    return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh&>(x), reinterpret_cast<__m512bh&>(w));
+  }
+};
+
+template <DType D, int R, int C>
+void FloatTile(const typename FloatIo<D>::WT* w, int64_t k, const typename FloatIo<D>::XT* x,
+               int64_t x_stride, int64_t r0, int64_t c0, float* y, int64_t y_stride,
+               bool accumulate) {
+  using Io = FloatIo<D>;
+  __m512 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t e = 0; e < k; e += Io::kStep) {
+    const int64_t rem = k - e;
+    typename Io::V wv[C];
+    for (int c = 0; c < C; ++c) wv[c] = Io::LoadW(w + (c0 + c) * k + e, rem);
+    for (int r = 0; r < R; ++r) {
+      const typename Io::V xv = Io::LoadX(x + (r0 + r) * x_stride + e, rem);
+      for (int c = 0; c < C; ++c) acc[r][c] = Io::Dot(acc[r][c], xv, wv[c]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < C; ++c) {
+      float* out = y + (r0 + r) * y_stride + c0 + c;
+      const float s = _mm512_reduce_add_ps(acc[r][c]);
+      *out = accumulate ? *out + s : s;
+    }
+  }
+}
+
+constexpr int kFloatMaxR = 4;
+constexpr int kFloatMaxC = 4;
+
+template <DType D, int R, int C = kFloatMaxC>
+inline void FloatDispatchC(int cc, const typename FloatIo<D>::WT* w, int64_t k,
+                           const typename FloatIo<D>::XT* x, int64_t x_stride, int64_t r0,
+                           int64_t c0, float* y, int64_t y_stride, bool accumulate) {
+  if (cc == C) {
+    FloatTile<D, R, C>(w, k, x, x_stride, r0, c0, y, y_stride, accumulate);
+  } else if constexpr (C > 1) {
+    FloatDispatchC<D, R, C - 1>(cc, w, k, x, x_stride, r0, c0, y, y_stride, accumulate);
+  }
+}
+
+template <DType D, int R = kFloatMaxR>
+inline void FloatDispatch(int rr, int cc, const typename FloatIo<D>::WT* w, int64_t k,
+                          const typename FloatIo<D>::XT* x, int64_t x_stride, int64_t r0,
+                          int64_t c0, float* y, int64_t y_stride, bool accumulate) {
+  if (rr == R) {
+    FloatDispatchC<D, R>(cc, w, k, x, x_stride, r0, c0, y, y_stride, accumulate);
+  } else if constexpr (R > 1) {
+    FloatDispatch<D, R - 1>(rr, cc, w, k, x, x_stride, r0, c0, y, y_stride, accumulate);
+  }
+}
+
+template <DType D>
+void FloatColsT(const void* wv, int64_t k, const void* xv, int64_t x_stride, int64_t m,
+                int64_t c0, int64_t c1, float* y, int64_t y_stride, bool accumulate) {
+  const auto* w = static_cast<const typename FloatIo<D>::WT*>(wv);
+  const auto* x = static_cast<const typename FloatIo<D>::XT*>(xv);
+  const int64_t row_bytes = k * static_cast<int64_t>(sizeof(typename FloatIo<D>::WT));
+  const int64_t nc =
+      std::max<int64_t>(kFloatMaxC, (256 * 1024 / row_bytes) / kFloatMaxC * kFloatMaxC);
+  for (int64_t cb = c0; cb < c1; cb += nc) {
+    const int64_t ce = std::min(c1, cb + nc);
+    for (int64_t r0 = 0; r0 < m; r0 += kFloatMaxR) {
+      const int rr = static_cast<int>(std::min<int64_t>(kFloatMaxR, m - r0));
+      for (int64_t c = cb; c < ce; c += kFloatMaxC) {
+        const int cc = static_cast<int>(std::min<int64_t>(kFloatMaxC, ce - c));
+        FloatDispatch<D>(rr, cc, w, k, x, x_stride, r0, c, y, y_stride, accumulate);
+      }
+    }
+  }
+}
+
+void FloatCols(DType dtype, const void* w, int64_t k, const void* x, int64_t x_stride, int64_t m,
+               int64_t c0, int64_t c1, float* y, int64_t y_stride, bool accumulate) {
+  switch (dtype) {
+    case DType::kF32:
+      return FloatColsT<DType::kF32>(w, k, x, x_stride, m, c0, c1, y, y_stride, accumulate);
+    case DType::kF16:
+      return FloatColsT<DType::kF16>(w, k, x, x_stride, m, c0, c1, y, y_stride, accumulate);
+    case DType::kBF16:
+      return FloatColsT<DType::kBF16>(w, k, x, x_stride, m, c0, c1, y, y_stride, accumulate);
+    default:
+      CHORUS_CHECK(false) << "matmul avx512: unexpected dtype " << DTypeName(dtype);
+  }
+}
+
+void QPanels(int layout, const uint8_t* packed, int64_t n, int64_t k, const QRows& q, int64_t m,
+             int64_t p0, int64_t p1, float* y, int64_t y_stride, bool accumulate) {
+  if (layout == kLayoutQ4Panel16) {
+    qtile::Panels<Avx512Traits, true>(packed, n, k, q, m, p0, p1, y, y_stride, accumulate);
+  } else {
+    qtile::Panels<Avx512Traits, false>(packed, n, k, q, m, p0, p1, y, y_stride, accumulate);
+  }
+}
+
+}  // namespace
+
+const IsaKernels& Avx512Kernels() {
+  static const IsaKernels k{QuantizeRows, Bf16Rows, QPanels, FloatCols};
+  return k;
+}
+
+}  // namespace chorus::kernels::internal

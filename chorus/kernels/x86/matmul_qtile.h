@@ -1,0 +1,152 @@
+// The quantized-weight GEMM skeleton shared by the AVX2 and AVX-512 kernels: a register tile of
+// R activation rows × C column vectors over the panel layout of matmul_internal.h.
+//
+// Only the primitives differ per ISA (a traits class T, see x86/matmul_avx2.cc and
+// x86/matmul_avx512.cc). Per (row, column) the float work is exactly the reference's:
+//   for each block b:  acc = fma(d_w * d_x, float(isum_b), acc)
+// where isum_b is an exact integer (its partial sums may be formed in any order). So every
+// tile shape gives bit-identical results and the kernels match reference::MatMul bit for bit.
+//
+// Included only by x86/matmul_*.cc, each compiled with its own ISA flags; everything here is a
+// template instantiated with that file's own traits, so no code is shared across ISA flags.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "chorus/kernels/matmul_internal.h"
+
+namespace chorus::kernels::internal::qtile {
+
+inline int32_t Load32(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+template <class T, bool kQ4, int R, int C>
+void Tile(const uint8_t* packed, int64_t panel_bytes, int64_t nb, int64_t v0, const QRows& q,
+          int64_t r0, float* y, int64_t y_stride, int64_t n, bool accumulate) {
+  constexpr int kL = T::kLanes;
+  constexpr int kVpp = kPanelCols / kL;  // column vectors per panel
+  constexpr int64_t kQsB = kQ4 ? 256 : 512;
+  const uint8_t* wq[C];
+  const uint16_t* wd[C];
+  for (int c = 0; c < C; ++c) {
+    const int64_t v = v0 + c, p = v / kVpp, h = v % kVpp;
+    const uint8_t* base = packed + p * panel_bytes;
+    wq[c] = base + h * kL * 4;
+    wd[c] = reinterpret_cast<const uint16_t*>(base + nb * kQsB) + h * kL;
+  }
+  const int8_t* xr[R];
+  const QMeta* mr[R];
+  for (int r = 0; r < R; ++r) {
+    xr[r] = q.qs + (r0 + r) * q.qs_stride;
+    mr[r] = q.meta + (r0 + r) * q.meta_stride;
+  }
+  typename T::F acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = T::FZero();
+
+  for (int64_t b = 0; b < nb; ++b) {
+    typename T::I ia[R][C];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) ia[r][c] = T::IZero();
+    if constexpr (kQ4) {
+      for (int j = 0; j < 4; ++j) {
+        typename T::W lo[C], hi[C];
+        for (int c = 0; c < C; ++c) T::PrepQ4(wq[c] + b * kQsB + j * 64, &lo[c], &hi[c]);
+        for (int r = 0; r < R; ++r) {
+          const typename T::I x0 = T::Bcast(Load32(xr[r] + b * 32 + 8 * j));
+          const typename T::I x1 = T::Bcast(Load32(xr[r] + b * 32 + 8 * j + 4));
+          for (int c = 0; c < C; ++c) {
+            ia[r][c] = T::DotQ4(ia[r][c], lo[c], x0);
+            ia[r][c] = T::DotQ4(ia[r][c], hi[c], x1);
+          }
+        }
+      }
+    } else {
+      for (int g = 0; g < 8; ++g) {
+        typename T::W wv[C];
+        for (int c = 0; c < C; ++c) wv[c] = T::PrepQ8(wq[c] + b * kQsB + g * 64);
+        for (int r = 0; r < R; ++r) {
+          const typename T::I xg = T::Bcast(Load32(xr[r] + b * 32 + 4 * g));
+          for (int c = 0; c < C; ++c) ia[r][c] = T::DotQ8(ia[r][c], wv[c], xg);
+        }
+      }
+    }
+    typename T::F dw[C];
+    for (int c = 0; c < C; ++c) dw[c] = T::Scales(wd[c] + b * kPanelCols);
+    for (int r = 0; r < R; ++r) {
+      const QMeta mt = mr[r][b];
+      const int32_t corr = T::template Corr<kQ4>(mt.sum);
+      const typename T::F dx = T::FBcast(mt.d);
+      for (int c = 0; c < C; ++c) {
+        const typename T::F isum = T::Cvt(T::template Finish<kQ4>(ia[r][c], corr));
+        acc[r][c] = T::Fma(T::Mul(dw[c], dx), isum, acc[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < C; ++c) {
+      const int64_t col0 = (v0 + c) * kL;
+      const int64_t valid = std::min<int64_t>(kL, n - col0);
+      if (valid <= 0) continue;
+      T::Store(y + (r0 + r) * y_stride + col0, acc[r][c], static_cast<int>(valid), accumulate);
+    }
+  }
+}
+
+template <class T, bool kQ4, int R, int C = T::kMaxC>
+inline void DispatchC(int cc, const uint8_t* packed, int64_t panel_bytes, int64_t nb, int64_t v0,
+                      const QRows& q, int64_t r0, float* y, int64_t y_stride, int64_t n,
+                      bool accumulate) {
+  if (cc == C) {
+    Tile<T, kQ4, R, C>(packed, panel_bytes, nb, v0, q, r0, y, y_stride, n, accumulate);
+  } else if constexpr (C > 1) {
+    DispatchC<T, kQ4, R, C - 1>(cc, packed, panel_bytes, nb, v0, q, r0, y, y_stride, n,
+                                accumulate);
+  }
+}
+
+template <class T, bool kQ4, int R = T::kMaxR>
+inline void Dispatch(int rr, int cc, const uint8_t* packed, int64_t panel_bytes, int64_t nb,
+                     int64_t v0, const QRows& q, int64_t r0, float* y, int64_t y_stride,
+                     int64_t n, bool accumulate) {
+  if (rr == R) {
+    DispatchC<T, kQ4, R>(cc, packed, panel_bytes, nb, v0, q, r0, y, y_stride, n, accumulate);
+  } else if constexpr (R > 1) {
+    Dispatch<T, kQ4, R - 1>(rr, cc, packed, panel_bytes, nb, v0, q, r0, y, y_stride, n,
+                            accumulate);
+  }
+}
+
+// y[0..m, 16*p0 .. min(n, 16*p1)): column blocks sized for L2, rows in register tiles inside.
+template <class T, bool kQ4>
+void Panels(const uint8_t* packed, int64_t n, int64_t k, const QRows& q, int64_t m, int64_t p0,
+            int64_t p1, float* y, int64_t y_stride, bool accumulate) {
+  constexpr int kL = T::kLanes;
+  constexpr int kVpp = kPanelCols / kL;
+  const int layout = kQ4 ? kLayoutQ4Panel16 : kLayoutQ8Panel16;
+  const int64_t nb = k / 32;
+  const int64_t panel_bytes = PanelBytes(layout, nb);
+  const int64_t v0 = p0 * kVpp;
+  const int64_t v1 = std::min<int64_t>(p1 * kVpp, (n + kL - 1) / kL);  // skip padding vectors
+  // Column block: the weights of one block stay in L2 while all row tiles pass over them.
+  const int64_t vec_bytes = panel_bytes / kVpp;
+  const int64_t nc = std::max<int64_t>(T::kMaxC, (T::kL2Budget / vec_bytes) / T::kMaxC * T::kMaxC);
+  for (int64_t vb = v0; vb < v1; vb += nc) {
+    const int64_t ve = std::min(v1, vb + nc);
+    for (int64_t r0 = 0; r0 < m; r0 += T::kMaxR) {
+      const int rr = static_cast<int>(std::min<int64_t>(T::kMaxR, m - r0));
+      const int cmax = T::CFor(rr);
+      for (int64_t v = vb; v < ve; v += cmax) {
+        const int cc = static_cast<int>(std::min<int64_t>(cmax, ve - v));
+        Dispatch<T, kQ4>(rr, cc, packed, panel_bytes, nb, v, q, r0, y, y_stride, n, accumulate);
+      }
+    }
+  }
+}
+
+}  // namespace chorus::kernels::internal::qtile
