@@ -117,6 +117,7 @@ void QuantizeRows(const float* x, int64_t x_stride, int64_t r0, int64_t r1, int6
     for (int64_t b = 0; b < k / 32; ++b) {
       __m256 v[4];
       __m256 amax = _mm256_setzero_ps();
+      CHORUS_UNROLL
       for (int i = 0; i < 4; ++i) {
         v[i] = _mm256_loadu_ps(xr + b * 32 + 8 * i);
         amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign_mask, v[i]));
@@ -125,6 +126,7 @@ void QuantizeRows(const float* x, int64_t x_stride, int64_t r0, int64_t r1, int6
       const float id = d != 0.0f ? 1.0f / d : 0.0f;
       const __m256 vid = _mm256_set1_ps(id);
       __m256i qi[4];
+      CHORUS_UNROLL
       for (int i = 0; i < 4; ++i) qi[i] = RoundHalfAway(_mm256_mul_ps(v[i], vid));
       __m256i s = _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]));
       __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
@@ -213,21 +215,27 @@ struct FloatIo<DType::kBF16> {
 };
 
 template <DType D, int R, int C>
-void FloatTile(const typename FloatIo<D>::WT* w, int64_t k, const typename FloatIo<D>::XT* x,
+__attribute__((noinline)) void FloatTile(const typename FloatIo<D>::WT* w, int64_t k, const typename FloatIo<D>::XT* x,
                int64_t x_stride, int64_t r0, int64_t c0, float* y, int64_t y_stride,
                bool accumulate) {
   using Io = FloatIo<D>;
   constexpr int kStep = Io::kStep, kP = Io::kParts;
   __m256 acc[R][C];
+  CHORUS_UNROLL
   for (int r = 0; r < R; ++r)
+    CHORUS_UNROLL
     for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
   auto step = [&](const typename Io::WT* const* wp, const typename Io::XT* const* xp) {
     __m256 wv[C][kP];
+    CHORUS_UNROLL
     for (int c = 0; c < C; ++c) Io::LoadW(wp[c], wv[c]);
+    CHORUS_UNROLL
     for (int r = 0; r < R; ++r) {
       __m256 xv[kP];
       Io::LoadX(xp[r], xv);
+      CHORUS_UNROLL
       for (int c = 0; c < C; ++c)
+        CHORUS_UNROLL
         for (int p = 0; p < kP; ++p) acc[r][c] = _mm256_fmadd_ps(xv[p], wv[c][p], acc[r][c]);
     }
   };
@@ -235,7 +243,9 @@ void FloatTile(const typename FloatIo<D>::WT* w, int64_t k, const typename Float
   const typename Io::XT* xp[R];
   int64_t e = 0;
   for (; e + kStep <= k; e += kStep) {
+    CHORUS_UNROLL
     for (int c = 0; c < C; ++c) wp[c] = w + (c0 + c) * k + e;
+    CHORUS_UNROLL
     for (int r = 0; r < R; ++r) xp[r] = x + (r0 + r) * x_stride + e;
     step(wp, xp);
   }
@@ -243,17 +253,21 @@ void FloatTile(const typename FloatIo<D>::WT* w, int64_t k, const typename Float
     typename Io::WT wt[C][kStep] = {};
     typename Io::XT xt[R][kStep] = {};
     const size_t rem = static_cast<size_t>(k - e);
+    CHORUS_UNROLL
     for (int c = 0; c < C; ++c) {
       std::memcpy(wt[c], w + (c0 + c) * k + e, rem * sizeof(typename Io::WT));
       wp[c] = wt[c];
     }
+    CHORUS_UNROLL
     for (int r = 0; r < R; ++r) {
       std::memcpy(xt[r], x + (r0 + r) * x_stride + e, rem * sizeof(typename Io::XT));
       xp[r] = xt[r];
     }
     step(wp, xp);
   }
+  CHORUS_UNROLL
   for (int r = 0; r < R; ++r) {
+    CHORUS_UNROLL
     for (int c = 0; c < C; ++c) {
       float* out = y + (r0 + r) * y_stride + c0 + c;
       const float s = HSum(acc[r][c]);

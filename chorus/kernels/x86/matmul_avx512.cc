@@ -180,23 +180,30 @@ struct FloatIo<DType::kBF16> {
 };
 
 template <DType D, int R, int C>
-void FloatTile(const typename FloatIo<D>::WT* w, int64_t k, const typename FloatIo<D>::XT* x,
+__attribute__((noinline)) void FloatTile(const typename FloatIo<D>::WT* w, int64_t k, const typename FloatIo<D>::XT* x,
                int64_t x_stride, int64_t r0, int64_t c0, float* y, int64_t y_stride,
                bool accumulate) {
   using Io = FloatIo<D>;
   __m512 acc[R][C];
+  CHORUS_UNROLL
   for (int r = 0; r < R; ++r)
+    CHORUS_UNROLL
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
   for (int64_t e = 0; e < k; e += Io::kStep) {
     const int64_t rem = k - e;
     typename Io::V wv[C];
+    CHORUS_UNROLL
     for (int c = 0; c < C; ++c) wv[c] = Io::LoadW(w + (c0 + c) * k + e, rem);
+    CHORUS_UNROLL
     for (int r = 0; r < R; ++r) {
       const typename Io::V xv = Io::LoadX(x + (r0 + r) * x_stride + e, rem);
+      CHORUS_UNROLL
       for (int c = 0; c < C; ++c) acc[r][c] = Io::Dot(acc[r][c], xv, wv[c]);
     }
   }
+  CHORUS_UNROLL
   for (int r = 0; r < R; ++r) {
+    CHORUS_UNROLL
     for (int c = 0; c < C; ++c) {
       float* out = y + (r0 + r) * y_stride + c0 + c;
       const float s = _mm512_reduce_add_ps(acc[r][c]);

@@ -17,6 +17,10 @@
 
 #include "chorus/kernels/matmul_internal.h"
 
+// Fully unrolls the small fixed-trip loops over tile rows/columns/k-groups so accumulators live
+// in registers (GCC leaves them in memory otherwise once tiles are inlined into the driver).
+#define CHORUS_UNROLL _Pragma("GCC unroll 16")
+
 namespace chorus::kernels::internal::qtile {
 
 inline int32_t Load32(const int8_t* p) {
@@ -26,13 +30,14 @@ inline int32_t Load32(const int8_t* p) {
 }
 
 template <class T, bool kQ4, int R, int C>
-void Tile(const uint8_t* packed, int64_t panel_bytes, int64_t nb, int64_t v0, const QRows& q,
+__attribute__((noinline)) void Tile(const uint8_t* packed, int64_t panel_bytes, int64_t nb, int64_t v0, const QRows& q,
           int64_t r0, float* y, int64_t y_stride, int64_t n, bool accumulate) {
   constexpr int kL = T::kLanes;
   constexpr int kVpp = kPanelCols / kL;  // column vectors per panel
   constexpr int64_t kQsB = kQ4 ? 256 : 512;
   const uint8_t* wq[C];
   const uint16_t* wd[C];
+  CHORUS_UNROLL
   for (int c = 0; c < C; ++c) {
     const int64_t v = v0 + c, p = v / kVpp, h = v % kVpp;
     const uint8_t* base = packed + p * panel_bytes;
@@ -41,25 +46,34 @@ void Tile(const uint8_t* packed, int64_t panel_bytes, int64_t nb, int64_t v0, co
   }
   const int8_t* xr[R];
   const QMeta* mr[R];
+  CHORUS_UNROLL
   for (int r = 0; r < R; ++r) {
     xr[r] = q.qs + (r0 + r) * q.qs_stride;
     mr[r] = q.meta + (r0 + r) * q.meta_stride;
   }
   typename T::F acc[R][C];
+  CHORUS_UNROLL
   for (int r = 0; r < R; ++r)
+    CHORUS_UNROLL
     for (int c = 0; c < C; ++c) acc[r][c] = T::FZero();
 
   for (int64_t b = 0; b < nb; ++b) {
     typename T::I ia[R][C];
+    CHORUS_UNROLL
     for (int r = 0; r < R; ++r)
+      CHORUS_UNROLL
       for (int c = 0; c < C; ++c) ia[r][c] = T::IZero();
     if constexpr (kQ4) {
+      CHORUS_UNROLL
       for (int j = 0; j < 4; ++j) {
         typename T::W lo[C], hi[C];
+        CHORUS_UNROLL
         for (int c = 0; c < C; ++c) T::PrepQ4(wq[c] + b * kQsB + j * 64, &lo[c], &hi[c]);
+        CHORUS_UNROLL
         for (int r = 0; r < R; ++r) {
           const typename T::I x0 = T::Bcast(Load32(xr[r] + b * 32 + 8 * j));
           const typename T::I x1 = T::Bcast(Load32(xr[r] + b * 32 + 8 * j + 4));
+          CHORUS_UNROLL
           for (int c = 0; c < C; ++c) {
             ia[r][c] = T::DotQ4(ia[r][c], lo[c], x0);
             ia[r][c] = T::DotQ4(ia[r][c], hi[c], x1);
@@ -67,28 +81,37 @@ void Tile(const uint8_t* packed, int64_t panel_bytes, int64_t nb, int64_t v0, co
         }
       }
     } else {
+      CHORUS_UNROLL
       for (int g = 0; g < 8; ++g) {
         typename T::W wv[C];
+        CHORUS_UNROLL
         for (int c = 0; c < C; ++c) wv[c] = T::PrepQ8(wq[c] + b * kQsB + g * 64);
+        CHORUS_UNROLL
         for (int r = 0; r < R; ++r) {
           const typename T::I xg = T::Bcast(Load32(xr[r] + b * 32 + 4 * g));
+          CHORUS_UNROLL
           for (int c = 0; c < C; ++c) ia[r][c] = T::DotQ8(ia[r][c], wv[c], xg);
         }
       }
     }
     typename T::F dw[C];
+    CHORUS_UNROLL
     for (int c = 0; c < C; ++c) dw[c] = T::Scales(wd[c] + b * kPanelCols);
+    CHORUS_UNROLL
     for (int r = 0; r < R; ++r) {
       const QMeta mt = mr[r][b];
       const int32_t corr = T::template Corr<kQ4>(mt.sum);
       const typename T::F dx = T::FBcast(mt.d);
+      CHORUS_UNROLL
       for (int c = 0; c < C; ++c) {
         const typename T::F isum = T::Cvt(T::template Finish<kQ4>(ia[r][c], corr));
         acc[r][c] = T::Fma(T::Mul(dw[c], dx), isum, acc[r][c]);
       }
     }
   }
+  CHORUS_UNROLL
   for (int r = 0; r < R; ++r) {
+    CHORUS_UNROLL
     for (int c = 0; c < C; ++c) {
       const int64_t col0 = (v0 + c) * kL;
       const int64_t valid = std::min<int64_t>(kL, n - col0);

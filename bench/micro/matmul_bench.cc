@@ -1,0 +1,118 @@
+// MatMul over TinyLlama-1.1B projection shapes (n × k), every weight dtype, decode (m = 1, 8, 32)
+// and prefill (m = 512). Counters: weight bytes/s (what bounds decode) and FLOP/s (2·m·n·k, what
+// bounds prefill), for 1 and 2 threads (the `threads` argument).
+//
+//   ./matmul_bench --benchmark_filter='q4_0/2048x2048/m:1/' --benchmark_min_time=0.2
+//
+// The machine is shared: quote medians and ratios to a baseline run in the same invocation.
+#include <benchmark/benchmark.h>
+
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "chorus/kernels/dispatch.h"
+#include "chorus/kernels/matmul.h"
+
+namespace chorus::kernels {
+namespace {
+
+const DType kTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0};
+const int64_t kShapes[][2] = {{2048, 2048}, {256, 2048}, {5632, 2048}, {2048, 5632}, {32000, 2048}};
+const int64_t kRows[] = {1, 8, 32, 512};
+
+// Packed weights are cached across benchmarks (building a 32000×2048 one takes a while).
+const PackedWeight& Weight(DType dt, int64_t n, int64_t k) {
+  static std::map<std::string, PackedWeight> cache;
+  const std::string key = std::string(DTypeName(dt)) + std::to_string(n) + "x" + std::to_string(k);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  std::mt19937 rng(42);
+  std::normal_distribution<float> dist(0.0f, 0.02f);
+  std::vector<float> v(static_cast<size_t>(n * k));
+  for (auto& x : v) x = dist(rng);
+  auto pw = PackedWeight::Pack(Tensor::FromF32(v, dt, {n, k}));
+  CHORUS_CHECK(pw.ok()) << pw.status().ToString();
+  return cache.emplace(key, std::move(pw).value()).first->second;
+}
+
+ThreadPool* Pool(int threads) {
+  static std::map<int, std::unique_ptr<ThreadPool>> pools;
+  auto& p = pools[threads];
+  if (!p) p = std::make_unique<ThreadPool>(threads);
+  return p.get();
+}
+
+void BM_MatMul(benchmark::State& state, DType dt, int64_t n, int64_t k) {
+  const int64_t m = state.range(0);
+  const int threads = static_cast<int>(state.range(1));
+  const PackedWeight& w = Weight(dt, n, k);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(m * k)), y(static_cast<size_t>(m * n));
+  for (auto& v : x) v = dist(rng);
+  ThreadPool* pool = Pool(threads);
+  for (auto _ : state) {
+    MatMul(w, x.data(), k, m, y.data(), n, false, pool);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  const double weight_bytes = static_cast<double>(w.source().view().NumBytes());
+  state.counters["weight_B/s"] =
+      benchmark::Counter(weight_bytes, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["FLOP/s"] = benchmark::Counter(2.0 * m * n * k,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(IsaName(ActiveIsa()));
+}
+
+// Baseline for the decode figures: streams `bytes` (a buffer larger than L3) once per
+// iteration on each pool thread's share, the best a memory-bound MatMul can do.
+void BM_ReadBandwidth(benchmark::State& state) {
+  const int64_t bytes = state.range(0);
+  const int threads = static_cast<int>(state.range(1));
+  static std::vector<uint64_t> buf;
+  if (static_cast<int64_t>(buf.size()) * 8 < bytes) buf.assign(static_cast<size_t>(bytes / 8), 1);
+  ThreadPool* pool = Pool(threads);
+  uint64_t sinks[8] = {};
+  for (auto _ : state) {
+    pool->Run([&](int i, int nt) {
+      int64_t b, e;
+      ThreadPool::Slice(bytes / 8, i, nt, 64, &b, &e);
+      uint64_t acc[4] = {};
+      for (int64_t j = b; j + 4 <= e; j += 4)
+        for (int u = 0; u < 4; ++u) acc[u] ^= buf[j + u];
+      sinks[i] = acc[0] ^ acc[1] ^ acc[2] ^ acc[3];
+    });
+    benchmark::DoNotOptimize(sinks);
+  }
+  state.counters["read_B/s"] =
+      benchmark::Counter(static_cast<double>(bytes), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+int Register() {
+  benchmark::RegisterBenchmark("read", BM_ReadBandwidth)
+      ->ArgNames({"bytes", "threads"})
+      ->Args({256 << 20, 1})
+      ->Args({256 << 20, 2})
+      ->Unit(benchmark::kMicrosecond)
+      ->UseRealTime();
+  for (DType dt : kTypes) {
+    for (const auto& s : kShapes) {
+      const std::string name = std::string(DTypeName(dt)) + "/" + std::to_string(s[0]) + "x" +
+                               std::to_string(s[1]);
+      auto* b = benchmark::RegisterBenchmark(name.c_str(), BM_MatMul, dt, s[0], s[1]);
+      b->ArgNames({"m", "threads"})->Unit(benchmark::kMicrosecond)->UseRealTime();
+      for (int64_t m : kRows)
+        for (int threads : {1, 2}) b->Args({m, threads});
+    }
+  }
+  return 0;
+}
+const int kRegistered = Register();
+
+}  // namespace
+}  // namespace chorus::kernels
+
+BENCHMARK_MAIN();
