@@ -31,6 +31,8 @@ struct EncodeOptions {
   bool add_bos = true;
   // Recognise special/added tokens written in the text ("<|im_start|>", "</s>", ...).
   bool parse_special = true;
+  // Append EOS (only when the tokenizer's config asks for it, i.e. add_eos_token — rare).
+  bool add_eos = true;
 };
 
 class Tokenizer {
@@ -56,6 +58,7 @@ class Tokenizer {
   const std::vector<int32_t>& eos_ids() const { return eos_ids_; }
   bool IsEos(int32_t id) const;
   bool add_bos() const { return add_bos_; }
+  bool add_eos() const { return add_eos_; }
   bool IsSpecial(int32_t id) const;
   // Returns the id of `piece` if it is in the vocabulary.
   virtual std::optional<int32_t> PieceToId(std::string_view piece) const = 0;
@@ -67,7 +70,10 @@ class Tokenizer {
   void set_bos_id(int32_t id) { bos_id_ = id; }
   void set_eos_ids(std::vector<int32_t> ids) { eos_ids_ = std::move(ids); }
   void set_add_bos(bool v) { add_bos_ = v; }
-  void set_special_ids(std::vector<int32_t> ids) { special_ids_ = std::move(ids); }
+  void set_add_eos(bool v) { add_eos_ = v; }
+  // Replaces the set of special ids (sorted and deduplicated here).
+  void set_special_ids(std::vector<int32_t> ids);
+  const std::vector<int32_t>& special_ids() const { return special_ids_; }
   // The Jinja chat template from tokenizer_config.json or GGUF (empty when none).
   const std::string& chat_template() const { return chat_template_; }
   void set_chat_template(std::string t) { chat_template_ = std::move(t); }
@@ -77,6 +83,7 @@ class Tokenizer {
   std::vector<int32_t> eos_ids_;
   std::vector<int32_t> special_ids_;  // sorted
   bool add_bos_ = true;
+  bool add_eos_ = false;
   std::string chat_template_;
 };
 
@@ -106,5 +113,17 @@ Result<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& path);
 
 // Builds the tokenizer embedded in a GGUF file's metadata (tokenizer.ggml.*).
 Result<std::unique_ptr<Tokenizer>> TokenizerFromGguf(const formats::GgufFile& gguf);
+
+// Builds a tokenizer from the text of a tokenizer.json (HF tokenizers format) and, optionally,
+// of a tokenizer_config.json (empty = none). `name` is used in error messages. Never throws,
+// whatever the bytes (the fuzz target feeds arbitrary input here).
+Result<std::unique_ptr<Tokenizer>> TokenizerFromJsonString(std::string_view json,
+                                                           std::string_view config_json = {},
+                                                           std::string_view name = "tokenizer.json");
+
+// HF's clean_up_tokenization_spaces post-processing of decoded text (" ." -> ".", " n't" ->
+// "n't", ...). Not applied by Decode (it is not streamable); offered for callers that want
+// transformers-identical text for tokenizers whose config enables it.
+std::string CleanUpTokenizationSpaces(std::string_view text);
 
 }  // namespace chorus::tokenizer

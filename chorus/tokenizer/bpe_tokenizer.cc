@@ -1,0 +1,406 @@
+#include "chorus/tokenizer/bpe_tokenizer.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <queue>
+
+#include "chorus/tokenizer/utf8.h"
+
+namespace chorus::tokenizer::internal {
+namespace {
+
+constexpr std::string_view kSpmSpace = "\xE2\x96\x81";  // U+2581 "▁"
+
+inline uint64_t PairKey(int32_t left, int32_t right) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) |
+         static_cast<uint32_t>(right);
+}
+
+std::string ReplaceAll(std::string_view s, std::string_view from, std::string_view to) {
+  std::string out;
+  out.reserve(s.size() + s.size() / 4);
+  size_t i = 0;
+  while (i < s.size()) {
+    const size_t j = s.find(from, i);
+    if (j == std::string_view::npos) {
+      out.append(s.substr(i));
+      break;
+    }
+    out.append(s.substr(i, j - i));
+    out.append(to);
+    i = j + from.size();
+  }
+  return out;
+}
+
+bool IsSpecialType(TokenType t) {
+  return t == TokenType::kControl || t == TokenType::kUnknown || t == TokenType::kUnused;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Create(BpeSpec spec) {
+  std::unique_ptr<BpeTokenizer> tok(new BpeTokenizer());
+  CHORUS_RETURN_IF_ERROR(tok->Build(std::move(spec)));
+  return tok;
+}
+
+Status BpeTokenizer::Build(BpeSpec spec) {
+  constexpr size_t kMaxVocab = size_t{1} << 24;
+  if (spec.pieces.empty()) return InvalidArgumentError("empty vocabulary");
+  if (spec.pieces.size() > kMaxVocab) {
+    return InvalidArgumentError("vocabulary of " + std::to_string(spec.pieces.size()) +
+                                " tokens is too large");
+  }
+  if (spec.types.empty()) spec.types.assign(spec.pieces.size(), TokenType::kNormal);
+  if (spec.types.size() != spec.pieces.size()) {
+    return InvalidArgumentError("token type count " + std::to_string(spec.types.size()) +
+                                " != vocabulary size " + std::to_string(spec.pieces.size()));
+  }
+  if (spec.merges_from_scores && spec.scores.size() != spec.pieces.size()) {
+    return InvalidArgumentError("score count " + std::to_string(spec.scores.size()) +
+                                " != vocabulary size " + std::to_string(spec.pieces.size()));
+  }
+  mode_ = spec.mode;
+  kind_ = std::move(spec.kind);
+  byte_fallback_ = spec.byte_fallback;
+  fuse_unk_ = spec.fuse_unk;
+  ignore_merges_ = spec.ignore_merges;
+  prepend_ = spec.prepend;
+  prepend_only_if_missing_ = spec.prepend_only_if_missing;
+  metaspace_split_ = spec.metaspace_split;
+  byte_level_add_prefix_space_ = spec.byte_level_add_prefix_space;
+  strip_leading_space_ = spec.strip_leading_space;
+  llama2c_strip_after_bos_only_ = spec.llama2c_strip_after_bos_only;
+  CHORUS_RETURN_IF_ERROR(pre_.Init(spec.pre_steps));
+
+  // Added tokens may lie beyond the model vocabulary (HF added_tokens): extend it.
+  const size_t n_model = spec.pieces.size();
+  for (const auto& a : spec.added) {
+    if (a.id < 0 || static_cast<size_t>(a.id) >= kMaxVocab) {
+      return InvalidArgumentError("added token '" + a.content + "' has invalid id " +
+                                  std::to_string(a.id));
+    }
+    if (static_cast<size_t>(a.id) >= spec.pieces.size()) {
+      spec.pieces.resize(a.id + 1);
+      spec.types.resize(a.id + 1, TokenType::kUnused);
+      if (!spec.scores.empty()) spec.scores.resize(a.id + 1, 0.0f);
+    }
+  }
+  for (const auto& a : spec.added) {
+    if (static_cast<size_t>(a.id) >= n_model) spec.pieces[a.id] = a.content;
+    if (a.special) {
+      spec.types[a.id] = TokenType::kControl;
+    } else if (spec.types[a.id] == TokenType::kUnused || static_cast<size_t>(a.id) >= n_model) {
+      spec.types[a.id] = TokenType::kUserDefined;
+    }
+  }
+  pieces_ = std::move(spec.pieces);
+  types_ = std::move(spec.types);
+  const int32_t n = static_cast<int32_t>(pieces_.size());
+  unk_id_ = spec.unk_id < n ? spec.unk_id : -1;
+
+  raw_to_id_.reserve(pieces_.size());
+  internal_to_id_.reserve(pieces_.size());
+  decoded_.resize(pieces_.size());
+  std::vector<uint8_t> is_added(pieces_.size(), 0);
+  for (const auto& a : spec.added) is_added[a.id] = 1;
+  for (int32_t id = 0; id < n; ++id) {
+    const std::string& p = pieces_[id];
+    raw_to_id_.emplace(p, id);
+    const TokenType t = types_[id];
+    if (is_added[id] || t == TokenType::kUserDefined) {
+      // Added tokens contribute their literal content (HF); llama.cpp unescapes "▁" in SPM
+      // user-defined pieces.
+      decoded_[id] = mode_ == BpeMode::kSpm ? ReplaceAll(p, kSpmSpace, " ") : p;
+      internal_to_id_.emplace(p, id);
+      continue;
+    }
+    if (IsSpecialType(t)) continue;  // decodes to nothing unless include_special
+    const int b = (t == TokenType::kByte || mode_ != BpeMode::kByteLevel) ? ParseBytePiece(p) : -1;
+    if (b >= 0 && (t == TokenType::kByte || byte_fallback_ || mode_ == BpeMode::kLlama2c)) {
+      decoded_[id] = std::string(1, static_cast<char>(b));
+    } else if (mode_ == BpeMode::kByteLevel) {
+      decoded_[id] = ByteLevelDecode(p);
+    } else if (mode_ == BpeMode::kSpm) {
+      decoded_[id] = ReplaceAll(p, kSpmSpace, " ");
+    } else {
+      decoded_[id] = p;
+    }
+    internal_to_id_.emplace(mode_ == BpeMode::kByteLevel ? decoded_[id] : p, id);
+  }
+
+  // Byte symbols.
+  std::fill(std::begin(byte_ids_), std::end(byte_ids_), -1);
+  for (int b = 0; b < 256; ++b) {
+    if (mode_ == BpeMode::kByteLevel) {
+      byte_ids_[b] = InternalLookup(std::string(1, static_cast<char>(b)));
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "<0x%02X>", b);
+      if (mode_ == BpeMode::kLlama2c) {
+        // llama2.c falls back to id byte+3 unconditionally.
+        if (b + 3 < n) byte_ids_[b] = b + 3;
+      } else if (auto it = raw_to_id_.find(buf); it != raw_to_id_.end()) {
+        byte_ids_[b] = it->second;
+      }
+    }
+  }
+  if (mode_ == BpeMode::kLlama2c) byte_fallback_ = true;
+
+  // Merge table.
+  if (spec.merges_from_scores) {
+    for (int32_t id = 0; id < n; ++id) {
+      const TokenType t = types_[id];
+      if (t != TokenType::kNormal && t != TokenType::kUserDefined && t != TokenType::kUndefined) {
+        continue;
+      }
+      const std::string& p = pieces_[id];
+      if (p.size() < 2 || InternalLookup(p) != id) continue;
+      const float priority = -spec.scores[id];
+      for (size_t k = 1; k < p.size(); ++k) {
+        const int32_t l = InternalLookup(std::string_view(p).substr(0, k));
+        if (l < 0) continue;
+        const int32_t r = InternalLookup(std::string_view(p).substr(k));
+        if (r < 0) continue;
+        merges_.emplace(PairKey(l, r), MergeInfo{id, priority});
+      }
+    }
+  } else {
+    merges_.reserve(spec.merges.size());
+    for (size_t rank = 0; rank < spec.merges.size(); ++rank) {
+      const auto& [a, b] = spec.merges[rank];
+      auto ia = raw_to_id_.find(a);
+      auto ib = raw_to_id_.find(b);
+      auto im = raw_to_id_.find(a + b);
+      if (ia == raw_to_id_.end() || ib == raw_to_id_.end() || im == raw_to_id_.end()) {
+        return InvalidArgumentError("merge " + std::to_string(rank) + " ('" + a + "' '" + b +
+                                    "') refers to a token that is not in the vocabulary");
+      }
+      merges_.emplace(PairKey(ia->second, ib->second),
+                      MergeInfo{im->second, static_cast<float>(rank)});
+    }
+  }
+
+  std::vector<int32_t> special;
+  for (int32_t id = 0; id < n; ++id) {
+    if (IsSpecialType(types_[id])) special.push_back(id);
+  }
+  set_special_ids(std::move(special));
+  added_.Build(std::move(spec.added));
+  return OkStatus();
+}
+
+int32_t BpeTokenizer::InternalLookup(std::string_view s) const {
+  // std::unordered_map<std::string, ...> has no heterogeneous lookup in C++20 without a
+  // transparent hash; the temporaries are short.
+  auto it = internal_to_id_.find(std::string(s));
+  return it == internal_to_id_.end() ? -1 : it->second;
+}
+
+const BpeTokenizer::MergeInfo* BpeTokenizer::FindMerge(int32_t left, int32_t right) const {
+  auto it = merges_.find(PairKey(left, right));
+  return it == merges_.end() ? nullptr : &it->second;
+}
+
+void BpeTokenizer::EncodeWord(std::string_view word, std::vector<int32_t>* out) const {
+  if (word.empty()) return;
+  if (ignore_merges_) {
+    const int32_t id = InternalLookup(word);
+    if (id >= 0) {
+      out->push_back(id);
+      return;
+    }
+  }
+  struct Sym {
+    int32_t id;
+    int32_t prev;
+    int32_t next;
+    uint32_t version;
+  };
+  std::vector<Sym> syms;
+  syms.reserve(word.size());
+  auto push = [&](int32_t id) {
+    const int32_t idx = static_cast<int32_t>(syms.size());
+    syms.push_back(Sym{id, idx - 1, -1, 0});
+    if (idx > 0) syms[idx - 1].next = idx;
+  };
+  bool last_was_unk = false;
+  if (mode_ == BpeMode::kByteLevel) {
+    for (char c : word) {
+      const int32_t id = byte_ids_[static_cast<uint8_t>(c)];
+      if (id >= 0) push(id);
+    }
+  } else {
+    std::string ch;
+    size_t i = 0;
+    while (i < word.size()) {
+      size_t len = ValidUtf8CharLen(word.substr(i));
+      if (len == 0) len = 1;
+      const std::string_view c = word.substr(i, len);
+      i += len;
+      ch.assign(c);
+      auto it = internal_to_id_.find(ch);
+      if (it != internal_to_id_.end()) {
+        push(it->second);
+        last_was_unk = false;
+        continue;
+      }
+      bool all_bytes = byte_fallback_;
+      for (size_t k = 0; all_bytes && k < c.size(); ++k) {
+        all_bytes = byte_ids_[static_cast<uint8_t>(c[k])] >= 0;
+      }
+      if (all_bytes) {
+        for (char b : c) push(byte_ids_[static_cast<uint8_t>(b)]);
+        last_was_unk = false;
+      } else if (unk_id_ >= 0) {
+        if (!(fuse_unk_ && last_was_unk)) push(unk_id_);
+        last_was_unk = true;
+      }
+    }
+  }
+  if (syms.empty()) return;
+
+  struct Cand {
+    float priority;
+    int32_t left;
+    int32_t right;
+    uint32_t left_version;
+    uint32_t right_version;
+  };
+  auto worse = [](const Cand& a, const Cand& b) {
+    if (a.priority != b.priority) return a.priority > b.priority;
+    return a.left > b.left;  // leftmost first among equals
+  };
+  std::vector<Cand> heap_storage;
+  heap_storage.reserve(syms.size());
+  std::priority_queue<Cand, std::vector<Cand>, decltype(worse)> queue(worse,
+                                                                       std::move(heap_storage));
+  auto try_add = [&](int32_t l, int32_t r) {
+    if (l < 0 || r < 0) return;
+    const MergeInfo* m = FindMerge(syms[l].id, syms[r].id);
+    if (m != nullptr) queue.push(Cand{m->priority, l, r, syms[l].version, syms[r].version});
+  };
+  for (int32_t i = 0; i + 1 < static_cast<int32_t>(syms.size()); ++i) try_add(i, i + 1);
+
+  while (!queue.empty()) {
+    const Cand c = queue.top();
+    queue.pop();
+    Sym& l = syms[c.left];
+    Sym& r = syms[c.right];
+    // Stale: a side was merged away or changed since the candidate was queued.
+    if (l.id < 0 || r.id < 0 || l.next != c.right || l.version != c.left_version ||
+        r.version != c.right_version) {
+      continue;
+    }
+    const MergeInfo* m = FindMerge(l.id, r.id);
+    if (m == nullptr) continue;
+    l.id = m->merged;
+    ++l.version;
+    l.next = r.next;
+    if (r.next >= 0) syms[r.next].prev = c.left;
+    r.id = -1;
+    ++r.version;
+    try_add(l.prev, c.left);
+    try_add(c.left, l.next);
+  }
+  for (int32_t i = 0; i >= 0; i = syms[i].next) out->push_back(syms[i].id);
+}
+
+void BpeTokenizer::EncodeSegment(std::string_view text, bool at_text_start,
+                                 std::vector<int32_t>* out) const {
+  if (text.empty()) return;
+  const bool want_prefix = prepend_ == PrependScheme::kAlways ||
+                           (prepend_ == PrependScheme::kFirst && at_text_start);
+  switch (mode_) {
+    case BpeMode::kLlama2c: {
+      if (want_prefix) {
+        std::string s;
+        s.reserve(text.size() + 1);
+        s.push_back(' ');
+        s.append(text);
+        EncodeWord(s, out);
+      } else {
+        EncodeWord(text, out);
+      }
+      return;
+    }
+    case BpeMode::kSpm: {
+      std::string s = ReplaceAll(text, " ", kSpmSpace);
+      if (want_prefix && !(prepend_only_if_missing_ && s.starts_with(kSpmSpace))) {
+        s.insert(0, kSpmSpace);
+      }
+      if (!metaspace_split_) {
+        EncodeWord(s, out);
+        return;
+      }
+      size_t start = 0;
+      while (start < s.size()) {
+        size_t next = s.find(kSpmSpace, start + 1);
+        if (next == std::string::npos) next = s.size();
+        EncodeWord(std::string_view(s).substr(start, next - start), out);
+        start = next;
+      }
+      return;
+    }
+    case BpeMode::kByteLevel: {
+      std::string prefixed;
+      if (byte_level_add_prefix_space_ && text[0] != ' ') {
+        prefixed.reserve(text.size() + 1);
+        prefixed.push_back(' ');
+        prefixed.append(text);
+        text = prefixed;
+      }
+      std::vector<std::string_view> words;
+      pre_.Split(text, &words);
+      for (std::string_view w : words) EncodeWord(w, out);
+      return;
+    }
+  }
+}
+
+std::vector<int32_t> BpeTokenizer::Encode(std::string_view text,
+                                          const EncodeOptions& opts) const {
+  std::vector<int32_t> out;
+  out.reserve(text.size() / 3 + 4);
+  if (opts.add_bos && add_bos_ && bos_id_ >= 0) out.push_back(bos_id_);
+  if (added_.empty()) {
+    EncodeSegment(text, /*at_text_start=*/true, &out);
+  } else {
+    for (const Segment& seg : added_.Split(text, opts.parse_special)) {
+      if (seg.id >= 0) {
+        out.push_back(seg.id);
+      } else {
+        EncodeSegment(seg.text, seg.offset == 0, &out);
+      }
+    }
+  }
+  if (opts.add_eos && add_eos_ && !eos_ids_.empty()) out.push_back(eos_ids_.front());
+  return out;
+}
+
+std::string BpeTokenizer::TokenBytes(int32_t prev_id, int32_t id, bool include_special) const {
+  if (id < 0 || id >= vocab_size()) return {};
+  if (IsSpecial(id)) return include_special ? pieces_[id] : std::string();
+  const std::string& s = decoded_[id];
+  if (strip_leading_space_ && !s.empty() && s[0] == ' ') {
+    const bool strip = llama2c_strip_after_bos_only_
+                           ? (prev_id >= 0 && prev_id == bos_id_)
+                           : (prev_id < 0 || (!include_special && prev_id == bos_id_));
+    if (strip) return s.substr(1);
+  }
+  return s;
+}
+
+std::string_view BpeTokenizer::Piece(int32_t id) const {
+  if (id < 0 || id >= vocab_size()) return {};
+  return pieces_[id];
+}
+
+std::optional<int32_t> BpeTokenizer::PieceToId(std::string_view piece) const {
+  auto it = raw_to_id_.find(std::string(piece));
+  if (it == raw_to_id_.end()) return std::nullopt;
+  return it->second;
+}
+
+}  // namespace chorus::tokenizer::internal

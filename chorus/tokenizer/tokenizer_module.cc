@@ -1,1 +1,0 @@
-// The tokenizer module (see the headers).
