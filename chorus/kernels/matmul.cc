@@ -215,15 +215,15 @@ void MatMul(const PackedWeight& w, const float* x, int64_t x_stride, int64_t m, 
   }
   // bf16 weights: activations are rounded to bf16 once (see matmul.h).
   const int64_t xb_stride = RoundUp(k, 32);
-  const int64_t xb_bytes = m * xb_stride * 2;
+  const int64_t xb_bytes = m * xb_stride * 4;  // room for either ISA's form (matmul_internal.h)
   if (m <= kRedundantConvertRows) {
     RunOnPool(pool, [&](int i, int nt) {
-      uint16_t* xb = reinterpret_cast<uint16_t*>(t_scratch.Get(xb_bytes));
+      void* xb = t_scratch.Get(xb_bytes);
       kern.bf16_rows(x, x_stride, 0, m, k, xb, xb_stride);
       float_compute(i, nt, xb, xb_stride);
     });
   } else {
-    uint16_t* xb = reinterpret_cast<uint16_t*>(t_scratch.Get(xb_bytes));
+    void* xb = t_scratch.Get(xb_bytes);
     RunOnPool(pool, [&](int i, int nt) {
       int64_t r0, r1;
       ThreadPool::Slice(m, i, nt, 1, &r0, &r1);

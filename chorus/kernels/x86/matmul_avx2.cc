@@ -57,14 +57,12 @@ struct Avx2Traits {
   static I DotQ4(I acc, const W& w, I x) {
     return _mm256_add_epi16(acc, _mm256_maddubs_epi16(w.a, x));
   }
+  // Exact isum of the block. q4_0: s16 pair sums → s32, minus the offset 8·Σx.
   template <bool kQ4>
-  static int32_t Corr(int32_t sum) {
-    return kQ4 ? -8 * sum : 0;
-  }
-  template <bool kQ4>
-  static I Finish(I ia, int32_t corr) {
+  static I Finish(I ia, const int32_t* x_sum) {
     if constexpr (kQ4) {
-      return _mm256_add_epi32(_mm256_madd_epi16(ia, _mm256_set1_epi16(1)), _mm256_set1_epi32(corr));
+      const __m256i off = _mm256_slli_epi32(_mm256_set1_epi32(*x_sum), 3);
+      return _mm256_sub_epi32(_mm256_madd_epi16(ia, _mm256_set1_epi16(1)), off);
     } else {
       return ia;
     }
@@ -142,28 +140,39 @@ void QuantizeRows(const float* x, int64_t x_stride, int64_t r0, int64_t r1, int6
   }
 }
 
-// Round to nearest even, NaN kept quiet: the same bits as F32ToBF16.
-inline __m128i ToBF16x8(__m256 f) {
+// x rounded to bf16 (round to nearest even, NaN kept quiet: the same bits as F32ToBF16) and
+// returned as f32.
+inline __m256 RoundToBF16(__m256 f) {
   const __m256i u = _mm256_castps_si256(f);
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
-  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q));
-  const __m256i qnan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
-  r = _mm256_blendv_epi8(r, qnan, nan);
-  const __m128i lo = _mm256_castsi256_si128(r), hi = _mm256_extracti128_si256(r, 1);
-  return _mm_packus_epi32(lo, hi);
+  const __m256i hi = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+  const __m256i r = _mm256_and_si256(
+      _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), hi);
+  const __m256i qnan = _mm256_and_si256(_mm256_or_si256(u, _mm256_set1_epi32(0x400000)), hi);
+  const __m256 nan = _mm256_cmp_ps(f, f, _CMP_UNORD_Q);
+  return _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(qnan), nan);
 }
 
-void Bf16Rows(const float* x, int64_t x_stride, int64_t r0, int64_t r1, int64_t k, uint16_t* out,
+// Rows of x rounded to bf16, stored as f32 in groups of 16 permuted like FloatIo<kBF16>::Widen
+// ({0-3, 8-11}, {4-7, 12-15}) so the kernel loads them without unpacking; the last group is
+// zero-padded.
+void Bf16Rows(const float* x, int64_t x_stride, int64_t r0, int64_t r1, int64_t k, void* out,
               int64_t out_stride) {
   for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x + r * x_stride;
-    uint16_t* o = out + r * out_stride;
-    int64_t e = 0;
-    for (; e + 8 <= k; e += 8) {
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + e), ToBF16x8(_mm256_loadu_ps(xr + e)));
+    float* o = static_cast<float*>(out) + r * out_stride;
+    for (int64_t e = 0; e < k; e += 16) {
+      alignas(32) float tmp[16] = {};
+      const float* src = xr + e;
+      if (k - e < 16) {
+        std::memcpy(tmp, xr + e, static_cast<size_t>(k - e) * 4);
+        src = tmp;
+      }
+      const __m256 v0 = RoundToBF16(_mm256_loadu_ps(src));
+      const __m256 v1 = RoundToBF16(_mm256_loadu_ps(src + 8));
+      _mm256_storeu_ps(o + e, _mm256_permute2f128_ps(v0, v1, 0x20));
+      _mm256_storeu_ps(o + e + 8, _mm256_permute2f128_ps(v0, v1, 0x31));
     }
-    for (; e < k; ++e) o[e] = F32ToBF16(xr[e]);
   }
 }
 
@@ -184,6 +193,7 @@ struct FloatIo<DType::kF32> {
   using WT = float;
   using XT = float;
   static constexpr int kStep = 8, kParts = 1;
+  static constexpr bool kXPadded = false;
   static void LoadW(const WT* p, __m256* o) { o[0] = _mm256_loadu_ps(p); }
   static void LoadX(const XT* p, __m256* o) { o[0] = _mm256_loadu_ps(p); }
 };
@@ -192,6 +202,7 @@ struct FloatIo<DType::kF16> {
   using WT = uint16_t;
   using XT = float;
   static constexpr int kStep = 8, kParts = 1;
+  static constexpr bool kXPadded = false;
   static void LoadW(const WT* p, __m256* o) {
     o[0] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
@@ -200,18 +211,20 @@ struct FloatIo<DType::kF16> {
 template <>
 struct FloatIo<DType::kBF16> {
   using WT = uint16_t;
-  using XT = uint16_t;
+  using XT = float;  // bf16-rounded, pre-widened and permuted by Bf16Rows
   static constexpr int kStep = 16, kParts = 2;
-  // Both operands are widened with the same lane permutation ({0-3, 8-11}, {4-7, 12-15}),
-  // so products pair up correctly.
-  static void Widen(const uint16_t* p, __m256* o) {
+  static constexpr bool kXPadded = true;
+  // The weights widen to ({0-3, 8-11}, {4-7, 12-15}), the order Bf16Rows stored x in.
+  static void LoadW(const WT* p, __m256* o) {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     const __m256i z = _mm256_setzero_si256();
     o[0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, v));
     o[1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, v));
   }
-  static void LoadW(const WT* p, __m256* o) { Widen(p, o); }
-  static void LoadX(const XT* p, __m256* o) { Widen(p, o); }
+  static void LoadX(const XT* p, __m256* o) {
+    o[0] = _mm256_loadu_ps(p);
+    o[1] = _mm256_loadu_ps(p + 8);
+  }
 };
 
 template <DType D, int R, int C>
@@ -260,8 +273,12 @@ __attribute__((noinline)) void FloatTile(const typename FloatIo<D>::WT* w, int64
     }
     CHORUS_UNROLL
     for (int r = 0; r < R; ++r) {
-      std::memcpy(xt[r], x + (r0 + r) * x_stride + e, rem * sizeof(typename Io::XT));
-      xp[r] = xt[r];
+      if constexpr (Io::kXPadded) {
+        xp[r] = x + (r0 + r) * x_stride + e;
+      } else {
+        std::memcpy(xt[r], x + (r0 + r) * x_stride + e, rem * sizeof(typename Io::XT));
+        xp[r] = xt[r];
+      }
     }
     step(wp, xp);
   }

@@ -48,13 +48,11 @@ struct Avx512Traits {
     hi->a = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
   }
   static I DotQ4(I acc, const W& w, I x) { return _mm512_dpbusd_epi32(acc, w.a, x); }
+  // Exact isum of the block: minus the weight offset (8 or 128) times Σx.
   template <bool kQ4>
-  static int32_t Corr(int32_t sum) {
-    return kQ4 ? -8 * sum : -128 * sum;
-  }
-  template <bool kQ4>
-  static I Finish(I ia, int32_t corr) {
-    return _mm512_add_epi32(ia, _mm512_set1_epi32(corr));
+  static I Finish(I ia, const int32_t* x_sum) {
+    const __m512i off = _mm512_slli_epi32(_mm512_set1_epi32(*x_sum), kQ4 ? 3 : 7);
+    return _mm512_sub_epi32(ia, off);
   }
   static F Scales(const uint16_t* d) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d)));
@@ -116,11 +114,11 @@ inline __m256i ToBF16x16(__m512 f) {
   return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(r, nan, qnan));
 }
 
-void Bf16Rows(const float* x, int64_t x_stride, int64_t r0, int64_t r1, int64_t k, uint16_t* out,
+void Bf16Rows(const float* x, int64_t x_stride, int64_t r0, int64_t r1, int64_t k, void* out,
               int64_t out_stride) {
   for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x + r * x_stride;
-    uint16_t* o = out + r * out_stride;
+    uint16_t* o = static_cast<uint16_t*>(out) + r * out_stride;
     for (int64_t e = 0; e < k; e += 16) {
       const int64_t rem = std::min<int64_t>(16, k - e);
       const __mmask16 m = static_cast<__mmask16>((1u << rem) - 1u);

@@ -20,6 +20,10 @@
 // Fully unrolls the small fixed-trip loops over tile rows/columns/k-groups so accumulators live
 // in registers (GCC leaves them in memory otherwise once tiles are inlined into the driver).
 #define CHORUS_UNROLL _Pragma("GCC unroll 16")
+// The k-group loop is kept rolled: unrolled, GCC hoists every group's loads and spills.
+#ifndef CHORUS_KGROUP_UNROLL
+#define CHORUS_KGROUP_UNROLL _Pragma("GCC unroll 1")
+#endif
 
 namespace chorus::kernels::internal::qtile {
 
@@ -64,7 +68,7 @@ __attribute__((noinline)) void Tile(const uint8_t* packed, int64_t panel_bytes, 
       CHORUS_UNROLL
       for (int c = 0; c < C; ++c) ia[r][c] = T::IZero();
     if constexpr (kQ4) {
-      CHORUS_UNROLL
+      CHORUS_KGROUP_UNROLL
       for (int j = 0; j < 4; ++j) {
         typename T::W lo[C], hi[C];
         CHORUS_UNROLL
@@ -81,7 +85,7 @@ __attribute__((noinline)) void Tile(const uint8_t* packed, int64_t panel_bytes, 
         }
       }
     } else {
-      CHORUS_UNROLL
+      CHORUS_KGROUP_UNROLL
       for (int g = 0; g < 8; ++g) {
         typename T::W wv[C];
         CHORUS_UNROLL
@@ -99,12 +103,11 @@ __attribute__((noinline)) void Tile(const uint8_t* packed, int64_t panel_bytes, 
     for (int c = 0; c < C; ++c) dw[c] = T::Scales(wd[c] + b * kPanelCols);
     CHORUS_UNROLL
     for (int r = 0; r < R; ++r) {
-      const QMeta mt = mr[r][b];
-      const int32_t corr = T::template Corr<kQ4>(mt.sum);
-      const typename T::F dx = T::FBcast(mt.d);
+      const QMeta* mt = &mr[r][b];
+      const typename T::F dx = T::FBcast(mt->d);
       CHORUS_UNROLL
       for (int c = 0; c < C; ++c) {
-        const typename T::F isum = T::Cvt(T::template Finish<kQ4>(ia[r][c], corr));
+        const typename T::F isum = T::Cvt(T::template Finish<kQ4>(ia[r][c], &mt->sum));
         acc[r][c] = T::Fma(T::Mul(dw[c], dx), isum, acc[r][c]);
       }
     }
