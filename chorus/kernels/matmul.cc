@@ -189,7 +189,7 @@ void MatMul(const PackedWeight& w, const float* x, int64_t x_stride, int64_t m, 
     if (m <= kRedundantConvertRows) {
       RunOnPool(pool, [&](int i, int nt) {
         internal::QRows q = LayoutQRows(t_scratch.Get(QRowsBytes(m, k)), m, k);
-        kern.quantize_rows(x, x_stride, 0, m, k, q);
+        kern.quantize_rows(w.packed_layout(), x, x_stride, 0, m, k, q);
         compute(i, nt, q);
       });
     } else {
@@ -197,7 +197,7 @@ void MatMul(const PackedWeight& w, const float* x, int64_t x_stride, int64_t m, 
       RunOnPool(pool, [&](int i, int nt) {
         int64_t r0, r1;
         ThreadPool::Slice(m, i, nt, 1, &r0, &r1);
-        if (r0 < r1) kern.quantize_rows(x, x_stride, r0, r1, k, q);
+        if (r0 < r1) kern.quantize_rows(w.packed_layout(), x, x_stride, r0, r1, k, q);
       });
       RunOnPool(pool, [&](int i, int nt) { compute(i, nt, q); });
     }

@@ -30,11 +30,13 @@ inline constexpr int64_t PanelBytes(int layout, int64_t nb) {
 }
 
 // One activation row quantized to q8_0-style blocks with an f32 scale (the MatMul spec):
-// per block of 32: amax = max|x|, d = amax / 127, q = lround(x / d) (via x * (1/d)), and the
-// sum of the 32 quants (used to correct offset-encoded weights).
+// per block of 32: amax = max|x|, d = amax / 127, q = lround(x / d) (via x * (1/d)).
+// corr = −offset·Σq removes the offset of unsigned-encoded weights from the block's integer dot
+// product (offset chosen by the ISA kernel: 128 for q8_0 under vpdpbusd, 8 for q4_0, 0 when the
+// kernel multiplies signed weights).
 struct QMeta {
   float d;
-  int32_t sum;
+  int32_t corr;
 };
 struct QRows {
   int8_t* qs = nullptr;     // [m, qs_stride] quants, row r block b at qs + r*qs_stride + 32*b
@@ -44,16 +46,17 @@ struct QRows {
 };
 
 // The scalar spec of the activation quantizer: one row of k (k % 32 == 0) floats.
-void ReferenceQuantizeRow(const float* x, int64_t k, int8_t* qs, QMeta* meta);
+void ReferenceQuantizeRow(const float* x, int64_t k, int32_t offset, int8_t* qs, QMeta* meta);
 // The scalar spec over output columns [c0, c1) of all m rows (the scalar dispatch level).
 void ReferenceMatMulCols(const PackedWeight& w, const float* x, int64_t x_stride, int64_t m,
                          int64_t c0, int64_t c1, float* y, int64_t y_stride, bool accumulate);
 
 // The kernels of one ISA level. Each function is single-threaded over the range it is given.
 struct IsaKernels {
-  // Rows [r0, r1) of x [*, k] → q (same numbers as ReferenceQuantizeRow, bit for bit).
-  void (*quantize_rows)(const float* x, int64_t x_stride, int64_t r0, int64_t r1, int64_t k,
-                        const QRows& q);
+  // Rows [r0, r1) of x [*, k] → q for a weight of `layout` (same numbers as
+  // ReferenceQuantizeRow with this kernel's offset for that layout, bit for bit).
+  void (*quantize_rows)(int layout, const float* x, int64_t x_stride, int64_t r0, int64_t r1,
+                        int64_t k, const QRows& q);
   // Rows [r0, r1) of x rounded to bf16 (round to nearest even, like F32ToBF16), in the form
   // this ISA's float_cols reads: AVX-512 stores bf16; AVX2 stores the rounded values as f32,
   // permuted like its bf16→f32 unpack. `out` holds ≥ 4 bytes per element; out_stride is in

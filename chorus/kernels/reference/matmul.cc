@@ -17,7 +17,7 @@
 namespace chorus::kernels {
 namespace internal {
 
-void ReferenceQuantizeRow(const float* x, int64_t k, int8_t* qs, QMeta* meta) {
+void ReferenceQuantizeRow(const float* x, int64_t k, int32_t offset, int8_t* qs, QMeta* meta) {
   for (int64_t b = 0; b < k / kQuantBlock; ++b) {
     const float* xb = x + b * kQuantBlock;
     float amax = 0.0f;
@@ -30,7 +30,7 @@ void ReferenceQuantizeRow(const float* x, int64_t k, int8_t* qs, QMeta* meta) {
       qs[b * kQuantBlock + j] = q;
       sum += q;
     }
-    meta[b] = {d, sum};
+    meta[b] = {d, -offset * sum};
   }
 }
 
@@ -51,7 +51,7 @@ void QuantCols(const PackedWeight& w, const float* x, int64_t x_stride, int64_t 
   std::vector<QMeta> meta(static_cast<size_t>(nb));
   const Block* rows = static_cast<const Block*>(w.source().data());
   for (int64_t i = 0; i < m; ++i) {
-    ReferenceQuantizeRow(x + i * x_stride, k, qx.data(), meta.data());
+    ReferenceQuantizeRow(x + i * x_stride, k, /*offset=*/0, qx.data(), meta.data());
     for (int64_t j = c0; j < c1; ++j) {
       const Block* wr = rows + j * nb;
       float acc = 0.0f;

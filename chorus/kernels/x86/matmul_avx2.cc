@@ -31,7 +31,6 @@ struct Avx2Traits {
     __m256i s;  // q8_0: signed weights (for the sign trick)
   };
 
-  static I IZero() { return _mm256_setzero_si256(); }
   static F FZero() { return _mm256_setzero_ps(); }
   static I Bcast(int32_t v) { return _mm256_set1_epi32(v); }
   static F FBcast(float v) { return _mm256_set1_ps(v); }
@@ -57,12 +56,18 @@ struct Avx2Traits {
   static I DotQ4(I acc, const W& w, I x) {
     return _mm256_add_epi16(acc, _mm256_maddubs_epi16(w.a, x));
   }
-  // Exact isum of the block. q4_0: s16 pair sums → s32, minus the offset 8·Σx.
+  // Weight offset removed through QMeta::corr: q4_0 nibbles are q + 8; q8_0 is multiplied
+  // signed (sign trick), so no offset.
+  static int32_t Offset(int layout) { return layout == kLayoutQ4Panel16 ? 8 : 0; }
   template <bool kQ4>
-  static I Finish(I ia, const int32_t* x_sum) {
+  static I Init(const int32_t*) {
+    return _mm256_setzero_si256();
+  }
+  // Exact isum of the block. q4_0: s16 pair sums → s32, plus corr = −8·Σx.
+  template <bool kQ4>
+  static I Finish(I ia, const int32_t* corr) {
     if constexpr (kQ4) {
-      const __m256i off = _mm256_slli_epi32(_mm256_set1_epi32(*x_sum), 3);
-      return _mm256_sub_epi32(_mm256_madd_epi16(ia, _mm256_set1_epi16(1)), off);
+      return _mm256_add_epi32(_mm256_madd_epi16(ia, _mm256_set1_epi16(1)), _mm256_set1_epi32(*corr));
     } else {
       return ia;
     }
@@ -105,8 +110,9 @@ inline __m256i RoundHalfAway(__m256 t) {
   return _mm256_cvttps_epi32(_mm256_add_ps(tr, _mm256_and_ps(ge, one)));
 }
 
-void QuantizeRows(const float* x, int64_t x_stride, int64_t r0, int64_t r1, int64_t k,
-                  const QRows& q) {
+void QuantizeRows(int layout, const float* x, int64_t x_stride, int64_t r0, int64_t r1,
+                  int64_t k, const QRows& q) {
+  const int32_t offset = Avx2Traits::Offset(layout);
   const __m256 sign_mask = _mm256_set1_ps(-0.0f);
   for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x + r * x_stride;
@@ -135,7 +141,7 @@ void QuantizeRows(const float* x, int64_t x_stride, int64_t r0, int64_t r1, int6
       __m256i bytes = _mm256_packs_epi16(p01, p23);
       bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs + b * 32), bytes);
-      meta[b] = {d, _mm_cvtsi128_si32(s4)};
+      meta[b] = {d, -offset * _mm_cvtsi128_si32(s4)};
     }
   }
 }

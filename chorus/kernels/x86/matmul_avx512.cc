@@ -34,7 +34,6 @@ struct Avx512Traits {
     __m512i a;  // unsigned operand of vpdpbusd
   };
 
-  static I IZero() { return _mm512_setzero_si512(); }
   static F FZero() { return _mm512_setzero_ps(); }
   static I Bcast(int32_t v) { return _mm512_set1_epi32(v); }
   static F FBcast(float v) { return _mm512_set1_ps(v); }
@@ -48,11 +47,16 @@ struct Avx512Traits {
     hi->a = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
   }
   static I DotQ4(I acc, const W& w, I x) { return _mm512_dpbusd_epi32(acc, w.a, x); }
-  // Exact isum of the block: minus the weight offset (8 or 128) times Σx.
+  // Weights are unsigned: q8_0 as q + 128, q4_0 nibbles q + 8. The accumulator starts at
+  // corr = −offset·Σx (a broadcast load), so after the 8 vpdpbusd it holds the exact isum.
+  static int32_t Offset(int layout) { return layout == kLayoutQ4Panel16 ? 8 : 128; }
   template <bool kQ4>
-  static I Finish(I ia, const int32_t* x_sum) {
-    const __m512i off = _mm512_slli_epi32(_mm512_set1_epi32(*x_sum), kQ4 ? 3 : 7);
-    return _mm512_sub_epi32(ia, off);
+  static I Init(const int32_t* corr) {
+    return _mm512_set1_epi32(*corr);
+  }
+  template <bool kQ4>
+  static I Finish(I ia, const int32_t*) {
+    return ia;
   }
   static F Scales(const uint16_t* d) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d)));
@@ -80,8 +84,9 @@ inline __m512i RoundHalfAway(__m512 t) {
   return _mm512_cvttps_epi32(_mm512_mask_add_ps(tr, ge, tr, one));
 }
 
-void QuantizeRows(const float* x, int64_t x_stride, int64_t r0, int64_t r1, int64_t k,
-                  const QRows& q) {
+void QuantizeRows(int layout, const float* x, int64_t x_stride, int64_t r0, int64_t r1,
+                  int64_t k, const QRows& q) {
+  const int32_t offset = Avx512Traits::Offset(layout);
   for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x + r * x_stride;
     int8_t* qs = q.qs + r * q.qs_stride;
@@ -97,7 +102,7 @@ void QuantizeRows(const float* x, int64_t x_stride, int64_t r0, int64_t r1, int6
       const __m512i q1 = RoundHalfAway(_mm512_mul_ps(v1, vid));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(qs + b * 32), _mm512_cvtepi32_epi8(q0));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(qs + b * 32 + 16), _mm512_cvtepi32_epi8(q1));
-      meta[b] = {d, _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1))};
+      meta[b] = {d, -offset * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1))};
     }
   }
 }

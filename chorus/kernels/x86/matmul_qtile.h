@@ -64,9 +64,11 @@ __attribute__((noinline)) void Tile(const uint8_t* packed, int64_t panel_bytes, 
   for (int64_t b = 0; b < nb; ++b) {
     typename T::I ia[R][C];
     CHORUS_UNROLL
-    for (int r = 0; r < R; ++r)
+    for (int r = 0; r < R; ++r) {
+      const typename T::I init = T::template Init<kQ4>(&mr[r][b].corr);
       CHORUS_UNROLL
-      for (int c = 0; c < C; ++c) ia[r][c] = T::IZero();
+      for (int c = 0; c < C; ++c) ia[r][c] = init;
+    }
     if constexpr (kQ4) {
       CHORUS_KGROUP_UNROLL
       for (int j = 0; j < 4; ++j) {
@@ -107,7 +109,7 @@ __attribute__((noinline)) void Tile(const uint8_t* packed, int64_t panel_bytes, 
       const typename T::F dx = T::FBcast(mt->d);
       CHORUS_UNROLL
       for (int c = 0; c < C; ++c) {
-        const typename T::F isum = T::Cvt(T::template Finish<kQ4>(ia[r][c], &mt->sum));
+        const typename T::F isum = T::Cvt(T::template Finish<kQ4>(ia[r][c], &mt->corr));
         acc[r][c] = T::Fma(T::Mul(dw[c], dx), isum, acc[r][c]);
       }
     }
