@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <system_error>
 
@@ -148,10 +149,21 @@ Result<std::unique_ptr<Tokenizer>> LoadFile(const std::string& path, bool* hf_st
   }
   if (LooksLikeLlama2cTokenizer(bytes)) return Llama2cTokenizerFromBytes(bytes, path);
   // SentencePiece protobufs start with field 1 (pieces), wire type 2: byte 0x0A.
+  Result<std::unique_ptr<Tokenizer>> sp = InvalidArgumentError("");
   if (!bytes.empty() && bytes[0] == 0x0A) {
-    *hf_style = true;
-    return SentencePieceFromBytes(bytes, path);
+    sp = SentencePieceFromBytes(bytes, path);
+    if (sp.ok()) {
+      *hf_style = true;
+      return sp;
+    }
   }
+  // A plausible llama2.c header (int32 max_token_length): report what is wrong with the file.
+  if (bytes.size() >= 4) {
+    int32_t max_len;
+    std::memcpy(&max_len, bytes.data(), 4);
+    if (max_len >= 1 && max_len <= (1 << 16)) return Llama2cTokenizerFromBytes(bytes, path);
+  }
+  if (!sp.ok() && !sp.status().message().empty()) return sp.status();
   return InvalidArgumentError(path +
                               ": unrecognized tokenizer format (expected tokenizer.json, "
                               "tokenizer.model, a llama2.c tokenizer .bin, vocab.json or GGUF)");
