@@ -544,6 +544,9 @@ class Parser {
     GgufTensorInfo t;
     CHORUS_RETURN_IF_ERROR(
         ReadString(kMaxTensorNameLen, "the name of tensor #" + std::to_string(i), &t.name));
+    if (t.name.empty()) {
+      return Fail(StatusCode::kDataLoss, "tensor #" + std::to_string(i) + " has an empty name");
+    }
     const std::string what = "tensor '" + Printable(t.name) + "'";
     if (impl_->tensor_index.count(t.name)) {
       return Fail(StatusCode::kDataLoss, "duplicate " + what);

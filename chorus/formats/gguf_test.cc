@@ -454,6 +454,14 @@ TEST(GgufTest, CorruptionsGiveCleanErrors) {
       {"huge tensor name",
        [](SmallFile& f) { Poke<uint64_t>(&f.bytes, f.off_t0_name_len, uint64_t{1} << 40); },
        "limit"},
+      {"empty tensor name",
+       [](SmallFile& f) {
+         // Tensor "a" loses its one name byte and gets length 0.
+         std::string& b = f.bytes;
+         b.erase(f.off_t0_name_len + 8, 1);
+         Poke<uint64_t>(&b, f.off_t0_name_len, 0);
+       },
+       "empty name"},
       {"n_dims 5", [](SmallFile& f) { Poke<uint32_t>(&f.bytes, f.off_t0_ndims, 5); },
        "dimensions"},
       {"n_dims huge", [](SmallFile& f) { Poke<uint32_t>(&f.bytes, f.off_t0_ndims, 0xffffffffu); },

@@ -172,7 +172,7 @@ Result<Llama2cCheckpoint> ReadLlama2cBytes(std::string name, std::string bytes) 
 Result<std::string> SerializeLlama2c(const Llama2cCheckpoint& ckpt) {
   const Llama2cConfig& c = ckpt.config;
   CHORUS_RETURN_IF_ERROR(ValidateConfig("llama2.c checkpoint", c));
-  const std::vector<Piece> layout = Layout(c, /*with_freq_cis=*/true);
+  const std::vector<Piece> layout = Layout(c, c.has_freq_cis);
   std::string out;
   out.reserve(static_cast<size_t>(TotalBytes(layout)));
   internal::ByteWriter w(&out);

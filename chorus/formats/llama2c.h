@@ -27,8 +27,9 @@ struct Llama2cConfig {
   int32_t dim = 0, hidden_dim = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, vocab_size = 0,
           seq_len = 0;
   bool shared_classifier = true;
-  // Whether the file carries the legacy freq_cis_real/imag tables (the reader accepts both; the
-  // writer always writes them, because llama2.c's run.c expects them).
+  // Whether the file carries the legacy freq_cis_real/imag tables. The reader accepts files with
+  // and without them; the writer writes them when true (the default — llama2.c's run.c expects
+  // them).
   bool has_freq_cis = true;
 };
 
@@ -46,8 +47,8 @@ Result<Llama2cCheckpoint> ReadLlama2cBytes(std::string name, std::string bytes);
 
 // Writes a checkpoint in the same format (for tests and `chorus convert`), atomically. Tensors
 // may be of any dtype (converted to f32) but must have the shapes above; freq_cis is computed
-// (theta 10000) as llama2.c's export does; wcls is written (and vocab_size negated) iff
-// !config.shared_classifier.
+// (theta 10000) as llama2.c's export does, iff config.has_freq_cis; wcls is written (and
+// vocab_size negated) iff !config.shared_classifier.
 Status WriteLlama2c(const std::string& path, const Llama2cCheckpoint& ckpt);
 Result<std::string> SerializeLlama2c(const Llama2cCheckpoint& ckpt);
 

@@ -167,6 +167,11 @@ TEST(Llama2cTest, AcceptsFileWithoutFreqCis) {
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_FALSE(back->config.has_freq_cis);
   EXPECT_EQ(back->tensors.at("wcls").ToF32(), ck.tensors.at("wcls").ToF32());
+  // Writing it back keeps the layout it was read with.
+  ck.config.has_freq_cis = false;
+  auto again = SerializeLlama2c(ck);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, no_fc);
 }
 
 TEST(Llama2cTest, WriterRejectsBadCheckpoints) {

@@ -59,6 +59,7 @@ Tensor Tensor::Reshaped(std::vector<int64_t> shape) const {
 
 std::vector<float> Tensor::ToF32() const {
   std::vector<float> out(static_cast<size_t>(view_.NumElements()));
+  if (out.empty()) return out;  // (out.data() may be null; never hand it to memcpy)
   const int64_t cols = view_.cols();
   for (int64_t r = 0; r < view_.rows(); ++r) {
     DequantizeRow(view_.dtype, view_.Row(r), out.data() + r * cols, cols);
