@@ -91,7 +91,25 @@ void BM_ReadBandwidth(benchmark::State& state) {
       benchmark::Counter(static_cast<double>(bytes), benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// Pack() cost (runs once per weight at model load): bytes of source weight per second.
+void BM_Pack(benchmark::State& state, DType dt) {
+  const int64_t n = 5632, k = 2048;
+  std::vector<float> v(static_cast<size_t>(n * k), 0.01f);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i % 97) * 0.001f - 0.05f;
+  const Tensor t = Tensor::FromF32(v, dt, {n, k});
+  for (auto _ : state) {
+    auto pw = PackedWeight::Pack(t);
+    benchmark::DoNotOptimize(pw);
+  }
+  state.counters["source_B/s"] = benchmark::Counter(static_cast<double>(t.view().NumBytes()),
+                                                    benchmark::Counter::kIsIterationInvariantRate);
+}
+
 int Register() {
+  benchmark::RegisterBenchmark("pack/q8_0/5632x2048", BM_Pack, DType::kQ8_0)
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("pack/q4_0/5632x2048", BM_Pack, DType::kQ4_0)
+      ->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("read", BM_ReadBandwidth)
       ->ArgNames({"bytes", "threads"})
       ->Args({256 << 20, 1})

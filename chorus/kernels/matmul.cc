@@ -29,6 +29,7 @@ std::shared_ptr<uint8_t> AlignedBytes(int64_t bytes) {
 }
 
 // Repacks rows [n, k] of q8_0 / q4_0 blocks into the panel layout of matmul_internal.h.
+// Padding columns of the last panel are left zero with scale 0; their outputs are never stored.
 void RepackQuant(const Tensor& w, int layout, int64_t n, int64_t k, uint8_t* out) {
   const int64_t nb = k / kQuantBlock;
   const int64_t n_panels = (n + kPanelCols - 1) / kPanelCols;
@@ -38,37 +39,31 @@ void RepackQuant(const Tensor& w, int layout, int64_t n, int64_t k, uint8_t* out
   for (int64_t p = 0; p < n_panels; ++p) {
     uint8_t* panel = out + p * panel_bytes;
     uint16_t* scales = reinterpret_cast<uint16_t*>(panel + nb * qs_block);
-    for (int c = 0; c < kPanelCols; ++c) {
+    const int cols = static_cast<int>(std::min<int64_t>(kPanelCols, n - p * kPanelCols));
+    for (int c = 0; c < cols; ++c) {
       const int64_t col = p * kPanelCols + c;
       for (int64_t b = 0; b < nb; ++b) {
-        uint8_t* qs = panel + b * qs_block;
-        int8_t q[kQuantBlock];
-        uint16_t d = 0;  // padding columns: scale 0, weights 0
-        if (col < n) {
-          if (layout == internal::kLayoutQ8Panel16) {
-            const BlockQ8_0& blk = static_cast<const BlockQ8_0*>(w.data())[col * nb + b];
-            d = blk.d;
-            std::memcpy(q, blk.qs, kQuantBlock);
-          } else {
-            const BlockQ4_0& blk = static_cast<const BlockQ4_0*>(w.data())[col * nb + b];
-            d = blk.d;
-            for (int j = 0; j < 16; ++j) {
-              q[j] = static_cast<int8_t>((blk.qs[j] & 0x0f) - 8);
-              q[j + 16] = static_cast<int8_t>((blk.qs[j] >> 4) - 8);
-            }
+        uint8_t* qs = panel + b * qs_block + 4 * c;
+        if (layout == internal::kLayoutQ8Panel16) {
+          const BlockQ8_0& blk = static_cast<const BlockQ8_0*>(w.data())[col * nb + b];
+          scales[b * kPanelCols + c] = blk.d;
+          for (int g = 0; g < 8; ++g) {  // k-group g: elements 4g..4g+3, stored as q + 128
+            uint32_t v;
+            std::memcpy(&v, blk.qs + 4 * g, 4);
+            v ^= 0x80808080u;
+            std::memcpy(qs + g * 64, &v, 4);
           }
         } else {
-          std::memset(q, 0, sizeof(q));
-        }
-        scales[b * kPanelCols + c] = d;
-        for (int e = 0; e < kQuantBlock; ++e) {
-          const int g = e / 4, t = e % 4;
-          if (layout == internal::kLayoutQ8Panel16) {
-            qs[g * 64 + 4 * c + t] = static_cast<uint8_t>(q[e] + 128);
-          } else {
-            const uint8_t nib = static_cast<uint8_t>(q[e] + 8);
-            qs[(g / 2) * 64 + 4 * c + t] |= (g % 2 == 0) ? nib : static_cast<uint8_t>(nib << 4);
+          const BlockQ4_0& blk = static_cast<const BlockQ4_0*>(w.data())[col * nb + b];
+          scales[b * kPanelCols + c] = blk.d;
+          uint8_t nib[kQuantBlock];  // GGML nibbles (q + 8) in element order
+          for (int j = 0; j < 16; ++j) {
+            nib[j] = blk.qs[j] & 0x0f;
+            nib[j + 16] = blk.qs[j] >> 4;
           }
+          for (int jj = 0; jj < 4; ++jj)    // chunk jj: k-groups 2jj (low) and 2jj + 1 (high)
+            for (int t = 0; t < 4; ++t)
+              qs[jj * 64 + t] = static_cast<uint8_t>(nib[8 * jj + t] | (nib[8 * jj + 4 + t] << 4));
         }
       }
     }
