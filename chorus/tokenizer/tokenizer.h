@@ -98,6 +98,9 @@ class StreamingDetokenizer {
   std::string Push(int32_t id);
   // Returns whatever is still held (incomplete sequences as U+FFFD).
   std::string Flush();
+  // Tells the detokenizer which token precedes the first pushed one (the prompt's last token),
+  // so e.g. the space after BOS is stripped exactly as in a whole-sequence decode.
+  void SetPrevious(int32_t id) { prev_ = id; }
 
  private:
   const Tokenizer* tok_;

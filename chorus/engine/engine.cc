@@ -1,0 +1,445 @@
+#include "chorus/engine/engine.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "chorus/base/logging.h"
+#include "chorus/engine/stop_checker.h"
+#include "chorus/memory/kv_cache.h"
+#include "chorus/model/forward.h"
+
+namespace chorus::engine {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// One choice of one request, as the engine thread sees it.
+struct Sequence {
+  uint64_t serial = 0;  // admission order; the largest is the newest (first to be preempted)
+  std::shared_ptr<RequestHandle> handle;
+  std::shared_ptr<const GenerationRequest> req;
+  int index = 0;
+  std::vector<int32_t> tokens;  // prompt + generated
+  int64_t n_prompt = 0;
+  int64_t n_computed = 0;       // tokens whose K/V are in the cache
+  std::vector<int32_t> table;   // KV block table
+  std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<tokenizer::StreamingDetokenizer> detok;
+  std::unique_ptr<StopChecker> stop;
+  int64_t n_generated = 0;
+  Clock::time_point arrival, last_token;
+  bool finished = false;
+};
+
+}  // namespace
+
+Status EngineOptions::Validate() const {
+  if (threads < 0 || threads > 256) return InvalidArgumentError("threads must be in [0, 256]");
+  if (max_batch_tokens < 1 || max_batch_tokens > 65536) return InvalidArgumentError("max-batch-tokens must be in [1, 65536]");
+  if (max_running < 1 || max_running > 4096) return InvalidArgumentError("max-running must be in [1, 4096]");
+  if (max_running > max_batch_tokens) return InvalidArgumentError("max-running must not exceed max-batch-tokens (each running sequence needs a row per step)");
+  if (max_queue < 0 || max_queue > 1000000) return InvalidArgumentError("max-queue must be in [0, 1000000]");
+  if (pool_bytes < (int64_t{1} << 20)) return InvalidArgumentError("pool-size must be at least 1 MiB");
+  if (block_size < 1 || block_size > 1024) return InvalidArgumentError("block size must be in [1, 1024]");
+  return OkStatus();
+}
+
+struct Engine::Impl {
+  Engine* self;
+  ThreadPool pool;
+  std::unique_ptr<memory::PagePool> pages;
+  std::unique_ptr<memory::KvCache> kv;
+  std::unique_ptr<model::Forward> forward;
+  std::vector<float> logits;  // [max_running, vocab]
+  SamplerScratch sampler_scratch;  // engine thread only
+  SampleResult sample_result;      // engine thread only, reused
+  // Seeds for requests without one: distinct per sequence, different on every run.
+  std::atomic<uint64_t> seed_source{static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count())};
+
+  // Incoming queue: the only state shared with client threads.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::unique_ptr<Sequence>> incoming;  // guarded by mu
+  std::atomic<int64_t> queued{0};                  // requests submitted but not yet running
+  std::atomic<bool> stop_now{false};
+  std::atomic<bool> draining{false};
+  Clock::time_point drain_deadline;                // guarded by mu
+  std::thread thread;
+
+  // Engine-thread state.
+  std::deque<std::unique_ptr<Sequence>> waiting;
+  std::vector<std::unique_ptr<Sequence>> running;  // admission order
+  uint64_t next_serial = 1;
+  // Step arrays, preallocated for max_batch_tokens rows.
+  std::vector<int32_t> step_tokens, step_pos, step_seq, step_logit_rows;
+  std::vector<const int32_t*> step_tables;
+  struct Planned {
+    Sequence* seq;
+    int64_t start, count;
+    bool wants_logits;
+  };
+  std::vector<Planned> plan;
+
+  explicit Impl(Engine* e, int threads) : self(e), pool(threads) {}
+
+  void Loop();
+  void Step();
+  void Preempt(Sequence* s);
+  void Finish(Sequence* s, FinishReason why, const std::string& error = "");
+  void OnToken(Sequence* s, const float* row_logits);
+  void CancelAll();
+  void PublishGauges();
+};
+
+int64_t Engine::context_length() const { return model_->config().max_seq_len; }
+
+Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const model::Model> model,
+                                               std::shared_ptr<const tokenizer::Tokenizer> tok,
+                                               const EngineOptions& opts) {
+  CHORUS_RETURN_IF_ERROR(opts.Validate());
+  if (!model || !tok) return InvalidArgumentError("engine needs a model and a tokenizer");
+  const auto& c = model->config();
+  if (tok->vocab_size() > c.vocab_size) {
+    return InvalidArgumentError("tokenizer has " + std::to_string(tok->vocab_size()) + " tokens but the model only " +
+                                std::to_string(c.vocab_size) + " (hint: tokenizer of another model?)");
+  }
+  std::unique_ptr<Engine> e(new Engine());
+  e->model_ = std::move(model);
+  e->tok_ = std::move(tok);
+  e->opts_ = opts;
+  auto impl = std::make_unique<Impl>(e.get(), opts.threads);
+  memory::KvLayout layout{.n_layers = c.n_layers, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim,
+                          .block_size = opts.block_size};
+  const int64_t n_pages = opts.pool_bytes / layout.PageBytes();
+  if (n_pages < 2) {
+    return InvalidArgumentError("pool-size " + std::to_string(opts.pool_bytes >> 20) + " MiB holds fewer than 2 KV blocks of " +
+                                std::to_string(layout.PageBytes() >> 10) + " KiB for this model");
+  }
+  impl->pages = std::make_unique<memory::PagePool>(n_pages, layout.PageBytes());
+  impl->kv = std::make_unique<memory::KvCache>(layout, impl->pages.get());
+  impl->forward = std::make_unique<model::Forward>(e->model_, opts.max_batch_tokens, opts.max_running);
+  impl->logits.assign(static_cast<size_t>(opts.max_running * c.vocab_size), 0.0f);
+  impl->step_tokens.reserve(static_cast<size_t>(opts.max_batch_tokens));
+  impl->step_pos.reserve(static_cast<size_t>(opts.max_batch_tokens));
+  impl->step_seq.reserve(static_cast<size_t>(opts.max_batch_tokens));
+  impl->step_logit_rows.reserve(static_cast<size_t>(opts.max_running));
+  impl->step_tables.reserve(static_cast<size_t>(opts.max_running));
+  impl->plan.reserve(static_cast<size_t>(opts.max_running));
+  impl->sampler_scratch.Reserve(c.vocab_size);
+  e->metrics_.kv_blocks_total = n_pages;
+  e->impl_ = std::move(impl);
+  e->impl_->thread = std::thread([raw = e->impl_.get()] { raw->Loop(); });
+  return e;
+}
+
+Engine::~Engine() {
+  if (impl_) {
+    impl_->stop_now.store(true);
+    impl_->cv.notify_all();
+    if (impl_->thread.joinable()) impl_->thread.join();
+  }
+}
+
+Result<std::shared_ptr<RequestHandle>> Engine::Submit(GenerationRequest req) {
+  const auto& c = model_->config();
+  if (!accepting_.load()) return UnavailableError("server is shutting down");
+  if (req.prompt.empty()) return InvalidArgumentError("prompt is empty");
+  for (int32_t t : req.prompt) {
+    if (t < 0 || t >= c.vocab_size) {
+      return InvalidArgumentError("prompt token id " + std::to_string(t) + " is outside the vocabulary [0, " +
+                                  std::to_string(c.vocab_size) + ")");
+    }
+  }
+  if (req.max_tokens < 1) return InvalidArgumentError("max_tokens must be at least 1");
+  if (req.n < 1 || req.n > 16) return InvalidArgumentError("n must be in [1, 16]");
+  CHORUS_RETURN_IF_ERROR(req.sampling.Validate());
+  const int64_t total = static_cast<int64_t>(req.prompt.size()) + req.max_tokens;
+  if (total > c.max_seq_len) {
+    return OutOfRangeError("this model's maximum context length is " + std::to_string(c.max_seq_len) +
+                           " tokens, but the request needs " + std::to_string(req.prompt.size()) + " prompt + " +
+                           std::to_string(req.max_tokens) + " completion tokens");
+  }
+  if (impl_->kv->BlocksFor(total) > impl_->pages->n_pages()) {
+    return OutOfRangeError("the request needs " + std::to_string(total) + " tokens of KV cache, more than the pool holds (" +
+                           std::to_string(impl_->pages->n_pages() * opts_.block_size) + "); raise --pool-size");
+  }
+  if (impl_->queued.load() + req.n > opts_.max_queue) {
+    metrics_.requests_rejected.fetch_add(1);
+    return ResourceExhaustedError("too many requests waiting (" + std::to_string(opts_.max_queue) + ")");
+  }
+  auto shared_req = std::make_shared<const GenerationRequest>(std::move(req));
+  auto handle = std::make_shared<RequestHandle>(shared_req->n, static_cast<int64_t>(shared_req->prompt.size()));
+  const auto now = Clock::now();
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    for (int i = 0; i < shared_req->n; ++i) {
+      auto s = std::make_unique<Sequence>();
+      s->handle = handle;
+      s->req = shared_req;
+      s->index = i;
+      s->tokens = shared_req->prompt;
+      s->tokens.reserve(static_cast<size_t>(total));
+      s->n_prompt = static_cast<int64_t>(shared_req->prompt.size());
+      SamplingParams sp = shared_req->sampling;
+      if (sp.seed.has_value()) sp.seed = *sp.seed + static_cast<uint64_t>(i);
+      s->sampler = std::make_unique<Sampler>(sp, c.vocab_size, impl_->seed_source.fetch_add(0x9E3779B97F4A7C15ull));
+      s->detok = std::make_unique<tokenizer::StreamingDetokenizer>(tok_.get());
+      s->detok->SetPrevious(s->tokens.back());
+      s->stop = std::make_unique<StopChecker>(shared_req->stop);
+      s->arrival = now;
+      impl_->incoming.push_back(std::move(s));
+    }
+    impl_->queued.fetch_add(shared_req->n);
+  }
+  metrics_.requests_total.fetch_add(1);
+  metrics_.queue_length.store(impl_->queued.load());
+  impl_->cv.notify_all();
+  return handle;
+}
+
+void Engine::Shutdown(std::chrono::milliseconds drain) {
+  accepting_.store(false);
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    if (!impl_->draining.load()) {
+      impl_->drain_deadline = Clock::now() + drain;
+      impl_->draining.store(true);
+    }
+  }
+  impl_->cv.notify_all();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+void Engine::Impl::Loop() {
+  for (;;) {
+    bool past_deadline = false;
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] {
+        return stop_now.load() || draining.load() || !incoming.empty() || !running.empty() || !waiting.empty();
+      });
+      while (!incoming.empty()) {
+        waiting.push_back(std::move(incoming.front()));
+        incoming.pop_front();
+      }
+      past_deadline = draining.load() && Clock::now() >= drain_deadline;
+    }
+    if (stop_now.load() || past_deadline) {
+      CancelAll();
+      return;
+    }
+    if (draining.load() && running.empty() && waiting.empty()) return;
+    Step();
+  }
+}
+
+void Engine::Impl::CancelAll() {
+  for (auto& s : running) Finish(s.get(), FinishReason::kCancelled);
+  running.clear();
+  for (auto& s : waiting) Finish(s.get(), FinishReason::kCancelled);
+  waiting.clear();
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto& s : incoming) Finish(s.get(), FinishReason::kCancelled);
+  incoming.clear();
+  queued.store(0);
+}
+
+void Engine::Impl::Finish(Sequence* s, FinishReason why, const std::string& error) {
+  if (s->finished) return;
+  s->finished = true;
+  if (!s->table.empty()) kv->Release(&s->table);
+  StreamEvent ev;
+  ev.index = s->index;
+  ev.finish = why;
+  ev.error = error;
+  s->handle->Push(std::move(ev));
+}
+
+void Engine::Impl::Preempt(Sequence* s) {
+  // Recompute later from prompt + generated tokens; the sampler keeps its state, so the
+  // continuation is the same as without preemption.
+  kv->Release(&s->table);
+  s->n_computed = 0;
+  self->metrics_.preemptions_total.fetch_add(1);
+  CHORUS_LOG(DEBUG) << "preempt req=" << s->req->id << " choice=" << s->index << " tokens=" << s->tokens.size();
+}
+
+void Engine::Impl::OnToken(Sequence* s, const float* row_logits) {
+  const auto& c = self->model_->config();
+  SampleResult& r = sample_result;
+  const std::span<const int32_t> all(s->tokens);
+  const int32_t tok = s->sampler->Sample(std::span<const float>(row_logits, static_cast<size_t>(c.vocab_size)),
+                                         all.subspan(0, static_cast<size_t>(s->n_prompt)),
+                                         all.subspan(static_cast<size_t>(s->n_prompt)), &sampler_scratch,
+                                         s->req->sampling.logprobs.has_value() ? &r : nullptr);
+  s->tokens.push_back(tok);
+  ++s->n_generated;
+  const auto now = Clock::now();
+  if (s->n_generated == 1) {
+    double ttft = Seconds(now - s->arrival);
+    s->handle->SetTtft(ttft);
+    self->metrics_.ttft_seconds.Observe(ttft);
+  } else {
+    self->metrics_.time_per_output_token_seconds.Observe(Seconds(now - s->last_token));
+  }
+  s->last_token = now;
+  self->metrics_.generation_tokens_total.fetch_add(1);
+
+  const GenerationRequest& req = *s->req;
+  bool is_eos = !req.ignore_eos && self->tok_->IsEos(tok);
+  bool is_stop_id = std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), tok) != req.stop_token_ids.end();
+  StreamEvent ev;
+  ev.index = s->index;
+  ev.token = tok;
+  if (s->req->sampling.logprobs.has_value()) {
+    ev.logprob = r.logprob;
+    ev.top_logprobs = r.top;
+  }
+  FinishReason finish = FinishReason::kNone;
+  if (is_eos || is_stop_id) {
+    finish = FinishReason::kStop;  // the end token itself contributes no text
+  } else {
+    auto o = s->stop->Push(s->detok->Push(tok));
+    ev.text = std::move(o.text);
+    if (o.stopped) finish = FinishReason::kStop;
+  }
+  if (finish == FinishReason::kNone &&
+      (s->n_generated >= req.max_tokens || static_cast<int64_t>(s->tokens.size()) >= c.max_seq_len)) {
+    finish = FinishReason::kLength;
+  }
+  if (finish != FinishReason::kNone) {
+    if (!s->stop->stopped()) {
+      // Release what the detokenizer and the stop checker still hold back.
+      auto o = s->stop->Push(s->detok->Flush());
+      ev.text += o.text;
+      if (!o.stopped) ev.text += s->stop->Flush();
+    }
+    ev.finish = finish;
+    s->finished = true;
+    if (!s->table.empty()) kv->Release(&s->table);
+  }
+  s->handle->Push(std::move(ev));
+}
+
+void Engine::Impl::Step() {
+  const auto& c = self->model_->config();
+  const auto& opts = self->opts_;
+  const auto t0 = Clock::now();
+
+  // 1. Cancellations (a client that went away frees its blocks within this step).
+  for (auto& s : running)
+    if (s->handle->cancelled()) Finish(s.get(), FinishReason::kCancelled);
+  std::erase_if(running, [](const auto& s) { return s->finished; });
+  for (auto& s : waiting) {
+    if (s->handle->cancelled()) {
+      Finish(s.get(), FinishReason::kCancelled);
+      queued.fetch_sub(1);
+    }
+  }
+  std::erase_if(waiting, [](const auto& s) { return s->finished; });
+
+  // 2. Plan: running sequences oldest first (decode rows or their next prefill chunk), then
+  //    admit waiting ones FCFS while rows, sequences and pages allow.
+  plan.clear();
+  int64_t budget = opts.max_batch_tokens;
+  std::vector<std::unique_ptr<Sequence>> preempted;
+  for (size_t i = 0; i < running.size() && budget > 0; ++i) {
+    Sequence* s = running[i].get();
+    const int64_t remaining = static_cast<int64_t>(s->tokens.size()) - s->n_computed;
+    const int64_t count = std::min(budget, remaining);
+    bool ok = false;
+    while (!ok) {
+      ok = kv->Reserve(&s->table, s->n_computed + count).ok();
+      if (ok) break;
+      // Out of pages: preempt the newest running sequence not yet planned (possibly s itself).
+      size_t victim = running.size() - 1;
+      Preempt(running[victim].get());
+      preempted.push_back(std::move(running[victim]));
+      running.erase(running.begin() + static_cast<std::ptrdiff_t>(victim));
+      if (victim == i) break;
+    }
+    if (!ok) break;  // s itself was preempted; every later one too
+    plan.push_back({s, s->n_computed, count, s->n_computed + count == static_cast<int64_t>(s->tokens.size())});
+    budget -= count;
+  }
+  // Preempted sequences go back to the front of the queue, oldest first.
+  for (auto it = preempted.rbegin(); it != preempted.rend(); ++it) {
+    waiting.push_front(std::move(*it));
+    queued.fetch_add(1);
+  }
+  if (preempted.empty()) {
+    while (budget > 0 && !waiting.empty() && static_cast<int64_t>(running.size()) < opts.max_running) {
+      Sequence* s = waiting.front().get();
+      const int64_t remaining = static_cast<int64_t>(s->tokens.size()) - s->n_computed;
+      const int64_t count = std::min(budget, remaining);
+      // Admit only if this chunk fits and one block per running sequence stays free for
+      // their next decode step (avoids admitting work that immediately causes preemption).
+      const int64_t need = kv->BlocksFor(s->n_computed + count) - static_cast<int64_t>(s->table.size());
+      if (need + static_cast<int64_t>(running.size()) > pages->n_free()) break;
+      if (!kv->Reserve(&s->table, s->n_computed + count).ok()) break;
+      s->serial = s->serial ? s->serial : next_serial++;
+      plan.push_back({s, s->n_computed, count, s->n_computed + count == static_cast<int64_t>(s->tokens.size())});
+      budget -= count;
+      running.push_back(std::move(waiting.front()));
+      waiting.pop_front();
+      queued.fetch_sub(1);
+    }
+  }
+  if (plan.empty()) {
+    PublishGauges();
+    if (!waiting.empty() && running.empty()) {
+      // Nothing fits even in an empty pool: cannot happen for validated requests, but never spin.
+      Finish(waiting.front().get(), FinishReason::kError, "request does not fit in the KV pool");
+      waiting.pop_front();
+      queued.fetch_sub(1);
+    }
+    return;
+  }
+
+  // 3. Rows of the step.
+  step_tokens.clear();
+  step_pos.clear();
+  step_seq.clear();
+  step_logit_rows.clear();
+  step_tables.clear();
+  uint64_t prompt_rows = 0;
+  for (size_t p = 0; p < plan.size(); ++p) {
+    const Planned& pl = plan[p];
+    step_tables.push_back(pl.seq->table.data());
+    for (int64_t j = 0; j < pl.count; ++j) {
+      const int64_t pos = pl.start + j;
+      step_tokens.push_back(pl.seq->tokens[static_cast<size_t>(pos)]);
+      step_pos.push_back(static_cast<int32_t>(pos));
+      step_seq.push_back(static_cast<int32_t>(p));
+      if (pos < pl.seq->n_prompt) ++prompt_rows;
+    }
+    if (pl.wants_logits) step_logit_rows.push_back(static_cast<int32_t>(step_tokens.size() - 1));
+  }
+  model::StepInput in{step_tokens, step_pos, step_seq, step_tables, step_logit_rows};
+  forward->Run(in, kv.get(), &pool, logits.data());
+  self->metrics_.prompt_tokens_total.fetch_add(prompt_rows);
+  self->metrics_.steps_total.fetch_add(1);
+
+  // 4. Sample, stream, finish.
+  size_t li = 0;
+  for (const Planned& pl : plan) {
+    pl.seq->n_computed += pl.count;
+    if (!pl.wants_logits) continue;
+    OnToken(pl.seq, logits.data() + li * static_cast<size_t>(c.vocab_size));
+    ++li;
+  }
+  std::erase_if(running, [](const auto& s) { return s->finished; });
+  self->metrics_.step_seconds.Observe(Seconds(Clock::now() - t0));
+  PublishGauges();
+}
+
+void Engine::Impl::PublishGauges() {
+  auto& m = self->metrics_;
+  m.queue_length.store(queued.load());
+  m.running.store(static_cast<int64_t>(running.size()));
+  m.kv_blocks_used.store(pages->n_used(memory::PageKind::kKv));
+}
+
+}  // namespace chorus::engine

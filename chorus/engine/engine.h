@@ -1,0 +1,81 @@
+// Engine: iteration-level continuous batching over the paged KV cache (DESIGN §2, issue 3).
+//
+// One engine thread owns all scheduling state and runs steps back to back. Each step mixes
+// decode rows of running sequences and prefill chunks of new or preempted ones, under
+// `max_batch_tokens` rows and `max_running` sequences (chunked prefill: a long prompt delays
+// running decodes by at most one chunk per step). When the pool cannot hold a step's KV, the
+// newest running sequence is preempted — its blocks freed — and later recomputed from its
+// prompt and the tokens it had generated; batch-invariant kernels make that invisible in the
+// output. Clients submit through a bounded queue and read a RequestHandle.
+//
+// Thread-safety: Submit(), Metrics(), Shutdown() are thread-safe; everything else is internal
+// to the engine thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "chorus/base/status.h"
+#include "chorus/base/thread_pool.h"
+#include "chorus/engine/metrics.h"
+#include "chorus/engine/request.h"
+#include "chorus/model/model.h"
+#include "chorus/tokenizer/tokenizer.h"
+
+namespace chorus::engine {
+
+struct EngineOptions {
+  int threads = 0;                 // compute threads; 0 = number of cores
+  int64_t max_batch_tokens = 512;  // rows (tokens) per step, decode + prefill
+  int64_t max_running = 64;        // sequences in the running batch
+  int64_t max_queue = 256;         // waiting requests before Submit() says kResourceExhausted
+  int64_t pool_bytes = int64_t{1} << 30;  // the paged pool (KV blocks; adapters later)
+  int64_t block_size = 16;         // tokens per KV block
+  Status Validate() const;
+};
+
+class Engine {
+ public:
+  static Result<std::unique_ptr<Engine>> Create(std::shared_ptr<const model::Model> model,
+                                                std::shared_ptr<const tokenizer::Tokenizer> tok,
+                                                const EngineOptions& opts);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Validates and enqueues. kInvalidArgument (empty prompt, token out of vocabulary, prompt +
+  // max_tokens beyond the context, bad sampling), kResourceExhausted (queue full), kUnavailable
+  // (shutting down).
+  Result<std::shared_ptr<RequestHandle>> Submit(GenerationRequest req);
+
+  // Stops admitting; running and queued requests continue for up to `drain`, the rest are
+  // cancelled; then the engine thread exits. Idempotent.
+  void Shutdown(std::chrono::milliseconds drain);
+  bool accepting() const { return accepting_.load(); }
+
+  const EngineMetrics& metrics() const { return metrics_; }
+  const model::Model& model() const { return *model_; }
+  const tokenizer::Tokenizer& tokenizer() const { return *tok_; }
+  const EngineOptions& options() const { return opts_; }
+  int64_t context_length() const;
+  // Blocks of the pool in use / total (exact only when read on the engine thread or idle).
+  int64_t kv_blocks_used() const { return metrics_.kv_blocks_used.load(); }
+  int64_t kv_blocks_total() const { return metrics_.kv_blocks_total.load(); }
+
+  struct Impl;
+
+ private:
+  Engine() = default;
+  std::shared_ptr<const model::Model> model_;
+  std::shared_ptr<const tokenizer::Tokenizer> tok_;
+  EngineOptions opts_;
+  EngineMetrics metrics_;
+  std::atomic<bool> accepting_{true};
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace chorus::engine

@@ -1,0 +1,84 @@
+// A generation request and the stream through which the engine answers it.
+//
+// RequestHandle is the only object shared between the engine thread and a client thread (an
+// HTTP handler or the CLI): the engine pushes StreamEvents, the client pops them or cancels.
+// Thread-safety: RequestHandle is thread-safe; GenerationRequest is a value.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "chorus/engine/sampler.h"
+
+namespace chorus::engine {
+
+enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
+const char* FinishReasonName(FinishReason r);  // "stop", "length", "cancelled", "error"
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;          // token ids, BOS included when wanted
+  SamplingParams sampling;
+  int64_t max_tokens = 16;              // generated tokens per choice
+  std::vector<std::string> stop;        // stop strings (not included in the output)
+  std::vector<int32_t> stop_token_ids;  // extra end ids
+  bool ignore_eos = false;
+  int n = 1;                            // choices; choice i samples with seed + i
+  std::string adapter;                  // variant name ("" = base); adapters come later
+  std::string id;                       // for logs
+};
+
+struct StreamEvent {
+  int index = 0;                      // choice
+  int32_t token = -1;                 // the new token (-1 on a final event without one)
+  std::string text;                   // text completed by this event (may be empty)
+  float logprob = 0;                  // when sampling.logprobs is set
+  std::vector<TokenLogprob> top_logprobs;
+  FinishReason finish = FinishReason::kNone;  // set on the choice's last event
+  std::string error;                  // when finish == kError
+};
+
+class RequestHandle {
+ public:
+  explicit RequestHandle(int n_choices, int64_t prompt_tokens)
+      : n_choices_(n_choices), prompt_tokens_(prompt_tokens) {}
+
+  // Client side. Waits up to `timeout` for the next event; nullopt on timeout.
+  std::optional<StreamEvent> Next(std::chrono::milliseconds timeout);
+  // Asks the engine to abort every choice; their blocks are freed within one step.
+  void Cancel() { cancelled_.store(true, std::memory_order_release); }
+  bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
+  // True once every choice has delivered its final event and the client popped it.
+  bool Done() const;
+  int n_choices() const { return n_choices_; }
+  int64_t prompt_tokens() const { return prompt_tokens_; }
+  int64_t completion_tokens() const { return completion_tokens_.load(); }
+  // Seconds from submission to the first generated token (0 until then).
+  double ttft_seconds() const { return ttft_.load(); }
+
+  // Engine side.
+  void Push(StreamEvent ev);
+  void SetTtft(double s) {
+    double zero = 0;
+    ttft_.compare_exchange_strong(zero, s);
+  }
+
+ private:
+  const int n_choices_;
+  const int64_t prompt_tokens_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<StreamEvent> events_;  // guarded by mu_
+  int finished_popped_ = 0;         // guarded by mu_
+  std::atomic<bool> cancelled_{false};
+  std::atomic<int64_t> completion_tokens_{0};
+  std::atomic<double> ttft_{0};
+};
+
+}  // namespace chorus::engine
