@@ -56,7 +56,10 @@ class PackedWeight {
   friend class PackedWeightBuilder;
 };
 
-// Requires: x has m rows of w.k() floats; y has m rows of at least w.n() floats.
+// Requires: x has m rows of w.k() finite floats; y has m rows of at least w.n() floats and does
+// not overlap x; w was built by Pack(). Threads split the output columns (pool may be null = the
+// calling thread only). Converted activations live in a per-thread scratch that grows to the
+// largest m·k seen and is then reused.
 void MatMul(const PackedWeight& w, const float* x, int64_t x_stride, int64_t m, float* y,
             int64_t y_stride, bool accumulate, ThreadPool* pool);
 

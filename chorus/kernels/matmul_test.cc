@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -129,6 +130,15 @@ void CheckShape(DType dt, const Shape& s, ThreadPool* pool1, ThreadPool* pool2) 
       }
     }
   }
+}
+
+TEST(MatMulLevels, ReportsLevelsUnderTest) {
+  std::string levels;
+  for (IsaLevel l : SupportedLevels()) levels += IsaName(l) + " ";
+  // Visible in the log: a machine without AVX-512 does not exercise the AVX-512 kernels.
+  std::printf("MatMul kernels tested at ISA levels: %s(cpu: %s)\n", levels.c_str(),
+              CpuFeaturesString().c_str());
+  EXPECT_FALSE(levels.empty());
 }
 
 class MatMulTest : public ::testing::Test {
