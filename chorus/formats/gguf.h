@@ -1,9 +1,16 @@
-// GGUF v3 reader and writer (llama.cpp's file format), bounds-checked.
+// GGUF v3 reader and writer (llama.cpp's file format), bounds-checked. v2 files (same layout)
+// are read too; v1 and big-endian files are refused.
 //
 // Tensors are returned as views into the mmapped file (used in place, not converted). Shapes are
 // outermost first, i.e. the reverse of GGUF's ne[] order: a GGUF matrix with ne = {k, n} is a
-// TensorView with shape {n, k}. Supported tensor types: F32, F16, BF16, Q8_0, Q4_0; other
-// types are listed by Open() but GetTensor() returns kUnimplemented naming the type.
+// TensorView with shape {n, k}. Supported tensor types: F32, F16, BF16, Q8_0, Q4_0 (and I8,
+// I32); other types are listed by Open() but GetTensor() returns kUnimplemented naming the type.
+//
+// Validation in Open(): magic and version; counts of metadata entries, tensors and array
+// elements checked against the bytes left before anything is allocated; key and name lengths;
+// value types; bool bytes; no nested arrays; unique keys and tensor names; general.alignment a
+// uint32 power of two; at most 4 dims, no shape overflow; quantized rows a multiple of the block;
+// every tensor offset aligned, its data inside the file and not overlapping another's.
 //
 // Thread-safety: GgufFile is immutable after Open(); GgufWriter is single-threaded.
 #pragma once
