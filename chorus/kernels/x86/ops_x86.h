@@ -1,6 +1,7 @@
 // Internal: the x86 variants of the kernels in ops.h and attention.h. Only the dispatchers
-// (ops.cc, attention.cc) call these, after checking ActiveIsa(); calling a variant the CPU
-// does not support faults. Semantics are those of the public kernels.
+// (ops.cc, attention.cc) and the tests call these, after checking ActiveIsa(); calling a variant
+// the CPU does not support faults. Semantics are those of the public kernels. Attention has an
+// AVX2 variant only (see attention.cc).
 #pragma once
 
 #include <cstdint>
@@ -19,13 +20,12 @@
   /* max_i x[i] (n ≥ 1). */                                                                  \
   float Max(const float* x, int64_t n);                                                      \
   /* x[i] = exp(x[i] - shift) in place; returns Σ x[i] (after). */                           \
-  float ExpShiftSum(float* x, int64_t n, float shift);                                       \
-  void AttentionRow(const float* q, const PagedKv& kv, int64_t n_ctx, int64_t n_heads,       \
-                    int64_t n_kv_heads, int64_t head_dim, float scale, float* scratch,       \
-                    float* out);
+  float ExpShiftSum(float* x, int64_t n, float shift);
 
 namespace chorus::kernels::avx2 {
 CHORUS_X86_KERNEL_DECLS
+void AttentionRow(const float* q, const PagedKv& kv, int64_t n_ctx, int64_t n_heads,
+                  int64_t n_kv_heads, int64_t head_dim, float scale, float* scratch, float* out);
 }  // namespace chorus::kernels::avx2
 
 namespace chorus::kernels::avx512 {
