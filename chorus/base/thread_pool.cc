@@ -46,7 +46,15 @@ void ThreadPool::Run(const std::function<void(int, int)>& fn) {
   }
   if (sleepers_.load(std::memory_order_acquire) > 0) cv_.notify_all();
   fn(0, n_threads_);
-  while (pending_.load(std::memory_order_acquire) != 0) CpuRelax();
+  // Spin briefly, then yield: on an oversubscribed machine a descheduled worker must get the
+  // core back instead of waiting out our time slice.
+  for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
+    if (spins < 4096) {
+      CpuRelax();
+    } else {
+      std::this_thread::yield();
+    }
+  }
   job_ = nullptr;
 }
 
@@ -57,8 +65,12 @@ void ThreadPool::WorkerLoop(int index) {
     uint64_t gen;
     int spins = 0;
     while ((gen = generation_.load(std::memory_order_acquire)) == seen) {
-      CpuRelax();
-      if (++spins % 1024 == 0 && std::chrono::steady_clock::now() - spin_start > kSpinBudget) {
+      if (++spins < 4096) {
+        CpuRelax();
+      } else {
+        std::this_thread::yield();
+      }
+      if (spins % 1024 == 0 && std::chrono::steady_clock::now() - spin_start > kSpinBudget) {
         std::unique_lock<std::mutex> lock(mu_);
         sleepers_.fetch_add(1);
         cv_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
