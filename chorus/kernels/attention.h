@@ -3,8 +3,9 @@
 // KV layout: the cache is cut into blocks of `block_size` tokens. For one layer, token t of a
 // sequence lives in block block_table[t / block_size] at slot t % block_size; K of that token is
 // the contiguous [n_kv_heads * head_dim] floats at
-//     k_base[block_table[t / block_size]] + (t % block_size) * kv_stride
-// and V likewise under v_base. (The memory module owns the pool; this kernel only reads it.)
+//     k_blocks[block_table[t / block_size]] + (t % block_size) * kv_stride
+// and V likewise under v_blocks; KV head g is the head_dim floats at offset g · head_dim.
+// (The memory module owns the pool; this kernel only reads it.)
 //
 // For query head h (kv head g = h / (n_heads / n_kv_heads), grouped-query attention):
 //     s_t   = scale · q[h] · K_t[g]            for t in [0, n_ctx)
@@ -13,6 +14,9 @@
 // n_ctx includes the query's own position (causal: the caller passes pos + 1).
 //
 // Batch-invariant: the result depends only on q and the sequence's own KV.
+// The reference is the two-pass softmax (scores in `scratch`); the AVX2 kernel (also used at the
+// AVX-512 level) computes the softmax online over chunks of 32 tokens, reading each K/V row once
+// per group of up to 8 query heads, and agrees with the reference to ~1e-6 (tested at 2e-5 abs).
 #pragma once
 
 #include <cstdint>
