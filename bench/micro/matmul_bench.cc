@@ -62,8 +62,8 @@ void BM_MatMul(benchmark::State& state, DType dt, int64_t n, int64_t k) {
   const double weight_bytes = static_cast<double>(w.source().view().NumBytes());
   state.counters["weight_B/s"] =
       benchmark::Counter(weight_bytes, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["FLOP/s"] = benchmark::Counter(2.0 * m * n * k,
-                                                benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["FLOP/s"] =
+      benchmark::Counter(2.0 * m * n * k, benchmark::Counter::kIsIterationInvariantRate);
   state.SetLabel(IsaName(ActiveIsa()));
 }
 
@@ -118,8 +118,8 @@ int Register() {
       ->UseRealTime();
   for (DType dt : kTypes) {
     for (const auto& s : kShapes) {
-      const std::string name = std::string(DTypeName(dt)) + "/" + std::to_string(s[0]) + "x" +
-                               std::to_string(s[1]);
+      const std::string name =
+          std::string(DTypeName(dt)) + "/" + std::to_string(s[0]) + "x" + std::to_string(s[1]);
       auto* b = benchmark::RegisterBenchmark(name.c_str(), BM_MatMul, dt, s[0], s[1]);
       b->ArgNames({"m", "threads"})->Unit(benchmark::kMicrosecond)->UseRealTime();
       for (int64_t m : kRows)

@@ -61,7 +61,7 @@ void RepackQuant(const Tensor& w, int layout, int64_t n, int64_t k, uint8_t* out
             nib[j] = blk.qs[j] & 0x0f;
             nib[j + 16] = blk.qs[j] >> 4;
           }
-          for (int jj = 0; jj < 4; ++jj)    // chunk jj: k-groups 2jj (low) and 2jj + 1 (high)
+          for (int jj = 0; jj < 4; ++jj)  // chunk jj: k-groups 2jj (low) and 2jj + 1 (high)
             for (int t = 0; t < 4; ++t)
               qs[jj * 64 + t] = static_cast<uint8_t>(nib[8 * jj + t] | (nib[8 * jj + 4 + t] << 4));
         }
@@ -138,8 +138,7 @@ Result<PackedWeight> PackedWeightBuilder::Build(const Tensor& w) {
   pw.n_ = n;
   pw.k_ = k;
   if (DTypeIsQuantized(dt)) {
-    const int layout =
-        dt == DType::kQ8_0 ? internal::kLayoutQ8Panel16 : internal::kLayoutQ4Panel16;
+    const int layout = dt == DType::kQ8_0 ? internal::kLayoutQ8Panel16 : internal::kLayoutQ4Panel16;
     const int64_t bytes =
         (n + kPanelCols - 1) / kPanelCols * internal::PanelBytes(layout, k / kQuantBlock);
     std::shared_ptr<uint8_t> buf = AlignedBytes(bytes);
@@ -162,7 +161,8 @@ void MatMul(const PackedWeight& w, const float* x, int64_t x_stride, int64_t m, 
     RunOnPool(pool, [&](int i, int nt) {
       int64_t c0, c1;
       ThreadPool::Slice(n, i, nt, 16, &c0, &c1);
-      if (c0 < c1) internal::ReferenceMatMulCols(w, x, x_stride, m, c0, c1, y, y_stride, accumulate);
+      if (c0 < c1)
+        internal::ReferenceMatMulCols(w, x, x_stride, m, c0, c1, y, y_stride, accumulate);
     });
     return;
   }
@@ -202,7 +202,8 @@ void MatMul(const PackedWeight& w, const float* x, int64_t x_stride, int64_t m, 
   auto float_compute = [&](int i, int nt, const void* xs, int64_t xs_stride) {
     int64_t c0, c1;
     ThreadPool::Slice(n, i, nt, 16, &c0, &c1);
-    if (c0 < c1) kern.float_cols(dt, w.source().data(), k, xs, xs_stride, m, c0, c1, y, y_stride, accumulate);
+    if (c0 < c1)
+      kern.float_cols(dt, w.source().data(), k, xs, xs_stride, m, c0, c1, y, y_stride, accumulate);
   };
   if (dt != DType::kBF16) {
     RunOnPool(pool, [&](int i, int nt) { float_compute(i, nt, x, x_stride); });

@@ -37,7 +37,7 @@ class PackedWeight {
   static Result<PackedWeight> Pack(const Tensor& w);
 
   int64_t n() const { return n_; }  // output features (rows of W)
-  int64_t k() const { return k_; }   // input features
+  int64_t k() const { return k_; }  // input features
   DType dtype() const { return source_.dtype(); }
   const Tensor& source() const { return source_; }
   // Extra bytes held by a repacked copy (0 when used in place).

@@ -61,12 +61,11 @@ struct IsaKernels {
   // this ISA's float_cols reads: AVX-512 stores bf16; AVX2 stores the rounded values as f32,
   // permuted like its bf16→f32 unpack. `out` holds ≥ 4 bytes per element; out_stride is in
   // elements and a multiple of 32.
-  void (*bf16_rows)(const float* x, int64_t x_stride, int64_t r0, int64_t r1, int64_t k,
-                    void* out, int64_t out_stride);
+  void (*bf16_rows)(const float* x, int64_t x_stride, int64_t r0, int64_t r1, int64_t k, void* out,
+                    int64_t out_stride);
   // y[0..m, 16*p0 .. min(n, 16*p1)) for a repacked q weight.
   void (*q_panels)(int layout, const uint8_t* packed, int64_t n, int64_t k, const QRows& q,
-                   int64_t m, int64_t p0, int64_t p1, float* y, int64_t y_stride,
-                   bool accumulate);
+                   int64_t m, int64_t p0, int64_t p1, float* y, int64_t y_stride, bool accumulate);
   // y[0..m, c0..c1) for a float weight in place [n, k]; x is f32 (f32/f16 weights) or the
   // bf16-rounded activations (bf16 weights), stride in elements.
   void (*float_cols)(DType dtype, const void* w, int64_t k, const void* x, int64_t x_stride,

@@ -156,7 +156,7 @@ TEST_F(MatMulTest, QuantizedMatchReferenceBitExact) {
 }
 
 TEST_F(MatMulTest, FloatMatchReferenceWithinTolerance) {
-  const Shape shapes[] = {{1, 1, 1},    {3, 7, 5},      {8, 33, 17},   {64, 32, 17},
+  const Shape shapes[] = {{1, 1, 1},     {3, 7, 5},     {8, 33, 17},   {64, 32, 17},
                           {1, 96, 4096}, {3, 4096, 17}, {8, 4096, 64}, {64, 33, 40},
                           {5, 1, 33},    {2, 15, 9},    {4, 47, 19},   {1, 4096, 256}};
   for (DType dt : {DType::kF32, DType::kF16, DType::kBF16})
@@ -204,13 +204,14 @@ TEST_F(MatMulTest, ExactOnRepresentableData) {
     std::vector<float> wv(n * k);
     for (int64_t j = 0; j < n; ++j)
       for (int64_t e = 0; e < k; ++e)
-        wv[j * k + e] = (e % 32 == 0) ? (dt == DType::kQ8_0 ? -127.0f : -8.0f)
-                                      : float((j + e) % 15 - 7);
+        wv[j * k + e] =
+            (e % 32 == 0) ? (dt == DType::kQ8_0 ? -127.0f : -8.0f) : float((j + e) % 15 - 7);
     return wv;
   };
   // Activation blocks with amax 127 quantize exactly (d = 1).
   for (int64_t i = 0; i < m; ++i)
-    for (int64_t e = 0; e < k; ++e) xv[i * k + e] = (e % 32 == 5) ? 127.0f : float((i * 5 + e) % 41 - 20);
+    for (int64_t e = 0; e < k; ++e)
+      xv[i * k + e] = (e % 32 == 5) ? 127.0f : float((i * 5 + e) % 41 - 20);
   for (DType dt : kAllTypes) {
     const std::vector<float> wv = weights(dt);
     std::vector<double> want(m * n);
@@ -257,17 +258,18 @@ TEST_F(MatMulTest, QuantizedCloseToDequantizedProduct) {
             bound += std::fabs(wf[j * k + idx]) * (amax / 127.0) * 0.5;
           }
         }
-        EXPECT_NEAR(y[i * n + j], exact, bound * 1.01 + 1e-4) << DTypeName(dt) << " " << i << "," << j;
+        EXPECT_NEAR(y[i * n + j], exact, bound * 1.01 + 1e-4)
+            << DTypeName(dt) << " " << i << "," << j;
       }
   }
 }
 
 TEST_F(MatMulTest, PackValidates) {
   EXPECT_FALSE(PackedWeight::Pack(Tensor()).ok());
-  EXPECT_FALSE(PackedWeight::Pack(Tensor::Zeros(DType::kF32, {8})).ok());           // 1-D
-  EXPECT_FALSE(PackedWeight::Pack(Tensor::Zeros(DType::kF32, {2, 3, 4})).ok());     // 3-D
-  EXPECT_FALSE(PackedWeight::Pack(Tensor::Zeros(DType::kI32, {4, 4})).ok());        // dtype
-  EXPECT_FALSE(PackedWeight::Pack(Tensor::Zeros(DType::kF32, {0, 4})).ok());        // empty
+  EXPECT_FALSE(PackedWeight::Pack(Tensor::Zeros(DType::kF32, {8})).ok());        // 1-D
+  EXPECT_FALSE(PackedWeight::Pack(Tensor::Zeros(DType::kF32, {2, 3, 4})).ok());  // 3-D
+  EXPECT_FALSE(PackedWeight::Pack(Tensor::Zeros(DType::kI32, {4, 4})).ok());     // dtype
+  EXPECT_FALSE(PackedWeight::Pack(Tensor::Zeros(DType::kF32, {0, 4})).ok());     // empty
   // A q8_0 view with k % 32 != 0 (a malformed file could claim this): rejected before any read.
   std::vector<uint8_t> bytes(1024);
   for (DType dt : {DType::kQ8_0, DType::kQ4_0}) {

@@ -8,10 +8,11 @@
 // Float weights: f32 accumulation acc += x * w in k order. bf16 weights see x rounded to bf16
 // first (as llama.cpp does), so every product is exact in f32 and only the summation order
 // differs between this and the SIMD kernels.
+#include "chorus/kernels/matmul.h"
+
 #include <cmath>
 #include <vector>
 
-#include "chorus/kernels/matmul.h"
 #include "chorus/kernels/matmul_internal.h"
 
 namespace chorus::kernels {

@@ -67,7 +67,8 @@ struct Avx2Traits {
   template <bool kQ4>
   static I Finish(I ia, const int32_t* corr) {
     if constexpr (kQ4) {
-      return _mm256_add_epi32(_mm256_madd_epi16(ia, _mm256_set1_epi16(1)), _mm256_set1_epi32(*corr));
+      return _mm256_add_epi32(_mm256_madd_epi16(ia, _mm256_set1_epi16(1)),
+                              _mm256_set1_epi32(*corr));
     } else {
       return ia;
     }
@@ -110,8 +111,8 @@ inline __m256i RoundHalfAway(__m256 t) {
   return _mm256_cvttps_epi32(_mm256_add_ps(tr, _mm256_and_ps(ge, one)));
 }
 
-void QuantizeRows(int layout, const float* x, int64_t x_stride, int64_t r0, int64_t r1,
-                  int64_t k, const QRows& q) {
+void QuantizeRows(int layout, const float* x, int64_t x_stride, int64_t r0, int64_t r1, int64_t k,
+                  const QRows& q) {
   const int32_t offset = Avx2Traits::Offset(layout);
   const __m256 sign_mask = _mm256_set1_ps(-0.0f);
   for (int64_t r = r0; r < r1; ++r) {
@@ -152,8 +153,8 @@ inline __m256 RoundToBF16(__m256 f) {
   const __m256i u = _mm256_castps_si256(f);
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
   const __m256i hi = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
-  const __m256i r = _mm256_and_si256(
-      _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), hi);
+  const __m256i r =
+      _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), hi);
   const __m256i qnan = _mm256_and_si256(_mm256_or_si256(u, _mm256_set1_epi32(0x400000)), hi);
   const __m256 nan = _mm256_cmp_ps(f, f, _CMP_UNORD_Q);
   return _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(qnan), nan);
@@ -234,16 +235,18 @@ struct FloatIo<DType::kBF16> {
 };
 
 template <DType D, int R, int C>
-__attribute__((noinline)) void FloatTile(const typename FloatIo<D>::WT* w, int64_t k, const typename FloatIo<D>::XT* x,
-               int64_t x_stride, int64_t r0, int64_t c0, float* y, int64_t y_stride,
-               bool accumulate) {
+__attribute__((noinline)) void FloatTile(const typename FloatIo<D>::WT* w, int64_t k,
+                                         const typename FloatIo<D>::XT* x, int64_t x_stride,
+                                         int64_t r0, int64_t c0, float* y, int64_t y_stride,
+                                         bool accumulate) {
   using Io = FloatIo<D>;
   constexpr int kStep = Io::kStep, kP = Io::kParts;
   __m256 acc[R][C];
   CHORUS_UNROLL
-  for (int r = 0; r < R; ++r)
+  for (int r = 0; r < R; ++r) {
     CHORUS_UNROLL
     for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  }
   auto step = [&](const typename Io::WT* const* wp, const typename Io::XT* const* xp) {
     __m256 wv[C][kP];
     CHORUS_UNROLL
@@ -253,9 +256,10 @@ __attribute__((noinline)) void FloatTile(const typename FloatIo<D>::WT* w, int64
       __m256 xv[kP];
       Io::LoadX(xp[r], xv);
       CHORUS_UNROLL
-      for (int c = 0; c < C; ++c)
+      for (int c = 0; c < C; ++c) {
         CHORUS_UNROLL
         for (int p = 0; p < kP; ++p) acc[r][c] = _mm256_fmadd_ps(xv[p], wv[c][p], acc[r][c]);
+      }
     }
   };
   const typename Io::WT* wp[C];
@@ -326,12 +330,13 @@ inline void FloatDispatch(int rr, int cc, const typename FloatIo<D>::WT* w, int6
 }
 
 template <DType D>
-void FloatColsT(const void* wv, int64_t k, const void* xv, int64_t x_stride, int64_t m,
-                int64_t c0, int64_t c1, float* y, int64_t y_stride, bool accumulate) {
+void FloatColsT(const void* wv, int64_t k, const void* xv, int64_t x_stride, int64_t m, int64_t c0,
+                int64_t c1, float* y, int64_t y_stride, bool accumulate) {
   const auto* w = static_cast<const typename FloatIo<D>::WT*>(wv);
   const auto* x = static_cast<const typename FloatIo<D>::XT*>(xv);
   const int64_t row_bytes = k * static_cast<int64_t>(sizeof(typename FloatIo<D>::WT));
-  const int64_t nc = std::max<int64_t>(kFloatMaxC, (256 * 1024 / row_bytes) / kFloatMaxC * kFloatMaxC);
+  const int64_t nc =
+      std::max<int64_t>(kFloatMaxC, (256 * 1024 / row_bytes) / kFloatMaxC * kFloatMaxC);
   for (int64_t cb = c0; cb < c1; cb += nc) {
     const int64_t ce = std::min(c1, cb + nc);
     for (int64_t r0 = 0; r0 < m; r0 += kFloatMaxR) {

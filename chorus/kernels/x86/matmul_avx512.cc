@@ -79,13 +79,13 @@ inline __m512i RoundHalfAway(__m512 t) {
   const __m512 afrac = _mm512_abs_ps(_mm512_sub_ps(t, tr));
   const __mmask16 ge = _mm512_cmp_ps_mask(afrac, _mm512_set1_ps(0.5f), _CMP_GE_OQ);
   const __m512i sign = _mm512_and_si512(_mm512_castps_si512(t), _mm512_set1_epi32(INT32_MIN));
-  const __m512 one = _mm512_castsi512_ps(
-      _mm512_or_si512(sign, _mm512_castps_si512(_mm512_set1_ps(1.0f))));
+  const __m512 one =
+      _mm512_castsi512_ps(_mm512_or_si512(sign, _mm512_castps_si512(_mm512_set1_ps(1.0f))));
   return _mm512_cvttps_epi32(_mm512_mask_add_ps(tr, ge, tr, one));
 }
 
-void QuantizeRows(int layout, const float* x, int64_t x_stride, int64_t r0, int64_t r1,
-                  int64_t k, const QRows& q) {
+void QuantizeRows(int layout, const float* x, int64_t x_stride, int64_t r0, int64_t r1, int64_t k,
+                  const QRows& q) {
   const int32_t offset = Avx512Traits::Offset(layout);
   for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x + r * x_stride;
@@ -112,8 +112,8 @@ void QuantizeRows(int layout, const float* x, int64_t x_stride, int64_t r0, int6
 inline __m256i ToBF16x16(__m512 f) {
   const __m512i u = _mm512_castps_si512(f);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i r = _mm512_srli_epi32(
-      _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+  const __m512i r =
+      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
   const __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
   const __m512i qnan = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
   return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(r, nan, qnan));
@@ -183,15 +183,17 @@ struct FloatIo<DType::kBF16> {
 };
 
 template <DType D, int R, int C>
-__attribute__((noinline)) void FloatTile(const typename FloatIo<D>::WT* w, int64_t k, const typename FloatIo<D>::XT* x,
-               int64_t x_stride, int64_t r0, int64_t c0, float* y, int64_t y_stride,
-               bool accumulate) {
+__attribute__((noinline)) void FloatTile(const typename FloatIo<D>::WT* w, int64_t k,
+                                         const typename FloatIo<D>::XT* x, int64_t x_stride,
+                                         int64_t r0, int64_t c0, float* y, int64_t y_stride,
+                                         bool accumulate) {
   using Io = FloatIo<D>;
   __m512 acc[R][C];
   CHORUS_UNROLL
-  for (int r = 0; r < R; ++r)
+  for (int r = 0; r < R; ++r) {
     CHORUS_UNROLL
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  }
   for (int64_t e = 0; e < k; e += Io::kStep) {
     const int64_t rem = k - e;
     typename Io::V wv[C];
@@ -241,8 +243,8 @@ inline void FloatDispatch(int rr, int cc, const typename FloatIo<D>::WT* w, int6
 }
 
 template <DType D>
-void FloatColsT(const void* wv, int64_t k, const void* xv, int64_t x_stride, int64_t m,
-                int64_t c0, int64_t c1, float* y, int64_t y_stride, bool accumulate) {
+void FloatColsT(const void* wv, int64_t k, const void* xv, int64_t x_stride, int64_t m, int64_t c0,
+                int64_t c1, float* y, int64_t y_stride, bool accumulate) {
   const auto* w = static_cast<const typename FloatIo<D>::WT*>(wv);
   const auto* x = static_cast<const typename FloatIo<D>::XT*>(xv);
   const int64_t row_bytes = k * static_cast<int64_t>(sizeof(typename FloatIo<D>::WT));

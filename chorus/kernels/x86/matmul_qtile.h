@@ -39,8 +39,9 @@ inline int32_t Load32(const int8_t* p) {
 inline constexpr int64_t kPrefetchBytes = 2048;
 
 template <class T, bool kQ4, int R, int C>
-__attribute__((noinline)) void Tile(const uint8_t* packed, int64_t panel_bytes, int64_t nb, int64_t v0, const QRows& q,
-          int64_t r0, float* y, int64_t y_stride, int64_t n, bool accumulate) {
+__attribute__((noinline)) void Tile(const uint8_t* packed, int64_t panel_bytes, int64_t nb,
+                                    int64_t v0, const QRows& q, int64_t r0, float* y,
+                                    int64_t y_stride, int64_t n, bool accumulate) {
   constexpr int kL = T::kLanes;
   constexpr int kVpp = kPanelCols / kL;  // column vectors per panel
   constexpr int64_t kQsB = kQ4 ? 256 : 512;
@@ -62,9 +63,10 @@ __attribute__((noinline)) void Tile(const uint8_t* packed, int64_t panel_bytes, 
   }
   typename T::F acc[R][C];
   CHORUS_UNROLL
-  for (int r = 0; r < R; ++r)
+  for (int r = 0; r < R; ++r) {
     CHORUS_UNROLL
     for (int c = 0; c < C; ++c) acc[r][c] = T::FZero();
+  }
 
   for (int64_t b = 0; b < nb; ++b) {
     typename T::I ia[R][C];
@@ -147,20 +149,18 @@ inline void DispatchC(int cc, const uint8_t* packed, int64_t panel_bytes, int64_
   if (cc == C) {
     Tile<T, kQ4, R, C>(packed, panel_bytes, nb, v0, q, r0, y, y_stride, n, accumulate);
   } else if constexpr (C > 1) {
-    DispatchC<T, kQ4, R, C - 1>(cc, packed, panel_bytes, nb, v0, q, r0, y, y_stride, n,
-                                accumulate);
+    DispatchC<T, kQ4, R, C - 1>(cc, packed, panel_bytes, nb, v0, q, r0, y, y_stride, n, accumulate);
   }
 }
 
 template <class T, bool kQ4, int R = T::kMaxR>
 inline void Dispatch(int rr, int cc, const uint8_t* packed, int64_t panel_bytes, int64_t nb,
-                     int64_t v0, const QRows& q, int64_t r0, float* y, int64_t y_stride,
-                     int64_t n, bool accumulate) {
+                     int64_t v0, const QRows& q, int64_t r0, float* y, int64_t y_stride, int64_t n,
+                     bool accumulate) {
   if (rr == R) {
     DispatchC<T, kQ4, R>(cc, packed, panel_bytes, nb, v0, q, r0, y, y_stride, n, accumulate);
   } else if constexpr (R > 1) {
-    Dispatch<T, kQ4, R - 1>(rr, cc, packed, panel_bytes, nb, v0, q, r0, y, y_stride, n,
-                            accumulate);
+    Dispatch<T, kQ4, R - 1>(rr, cc, packed, panel_bytes, nb, v0, q, r0, y, y_stride, n, accumulate);
   }
 }
 
