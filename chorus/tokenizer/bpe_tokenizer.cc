@@ -2,7 +2,8 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <queue>
+#include <cstring>
+#include <functional>
 
 #include "chorus/tokenizer/utf8.h"
 
@@ -38,6 +39,32 @@ bool IsSpecialType(TokenType t) {
 }
 
 }  // namespace
+
+void PairTable::Grow() {
+  std::vector<uint64_t> old_keys = std::move(keys_);
+  std::vector<MergeInfo> old_values = std::move(values_);
+  const size_t cap = old_keys.empty() ? 1024 : old_keys.size() * 2;
+  keys_.assign(cap, kEmpty);
+  values_.assign(cap, MergeInfo{-1, 0});
+  mask_ = cap - 1;
+  size_ = 0;
+  for (size_t i = 0; i < old_keys.size(); ++i) {
+    if (old_keys[i] != kEmpty) Insert(old_keys[i], old_values[i]);
+  }
+}
+
+void PairTable::Insert(uint64_t key, MergeInfo value) {
+  if ((size_ + 1) * 2 > keys_.size()) Grow();  // load factor <= 1/2
+  for (size_t i = Hash(key) & mask_;; i = (i + 1) & mask_) {
+    if (keys_[i] == key) return;
+    if (keys_[i] == kEmpty) {
+      keys_[i] = key;
+      values_[i] = value;
+      ++size_;
+      return;
+    }
+  }
+}
 
 Result<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Create(BpeSpec spec) {
   std::unique_ptr<BpeTokenizer> tok(new BpeTokenizer());
@@ -147,6 +174,7 @@ Status BpeTokenizer::Build(BpeSpec spec) {
     }
   }
   if (mode_ == BpeMode::kLlama2c) byte_fallback_ = true;
+  for (int c = 0; c < 128; ++c) ascii_ids_[c] = InternalLookup(std::string(1, static_cast<char>(c)));
 
   // Merge table.
   if (spec.merges_from_scores) {
@@ -163,11 +191,10 @@ Status BpeTokenizer::Build(BpeSpec spec) {
         if (l < 0) continue;
         const int32_t r = InternalLookup(std::string_view(p).substr(k));
         if (r < 0) continue;
-        merges_.emplace(PairKey(l, r), MergeInfo{id, priority});
+        merges_.Insert(PairKey(l, r), MergeInfo{id, priority});
       }
     }
   } else {
-    merges_.reserve(spec.merges.size());
     for (size_t rank = 0; rank < spec.merges.size(); ++rank) {
       const auto& [a, b] = spec.merges[rank];
       auto ia = raw_to_id_.find(a);
@@ -177,8 +204,8 @@ Status BpeTokenizer::Build(BpeSpec spec) {
         return InvalidArgumentError("merge " + std::to_string(rank) + " ('" + a + "' '" + b +
                                     "') refers to a token that is not in the vocabulary");
       }
-      merges_.emplace(PairKey(ia->second, ib->second),
-                      MergeInfo{im->second, static_cast<float>(rank)});
+      merges_.Insert(PairKey(ia->second, ib->second),
+                     MergeInfo{im->second, static_cast<float>(rank)});
     }
   }
 
@@ -198,9 +225,8 @@ int32_t BpeTokenizer::InternalLookup(std::string_view s) const {
   return it == internal_to_id_.end() ? -1 : it->second;
 }
 
-const BpeTokenizer::MergeInfo* BpeTokenizer::FindMerge(int32_t left, int32_t right) const {
-  auto it = merges_.find(PairKey(left, right));
-  return it == merges_.end() ? nullptr : &it->second;
+const MergeInfo* BpeTokenizer::FindMerge(int32_t left, int32_t right) const {
+  return merges_.Find(PairKey(left, right));
 }
 
 void BpeTokenizer::EncodeWord(std::string_view word, std::vector<int32_t>* out) const {
@@ -213,16 +239,15 @@ void BpeTokenizer::EncodeWord(std::string_view word, std::vector<int32_t>* out) 
     }
   }
   struct Sym {
-    int32_t id;
+    int32_t id;  // -1 once merged into its left neighbour
     int32_t prev;
     int32_t next;
-    uint32_t version;
   };
   std::vector<Sym> syms;
   syms.reserve(word.size());
   auto push = [&](int32_t id) {
     const int32_t idx = static_cast<int32_t>(syms.size());
-    syms.push_back(Sym{id, idx - 1, -1, 0});
+    syms.push_back(Sym{id, idx - 1, -1});
     if (idx > 0) syms[idx - 1].next = idx;
   };
   bool last_was_unk = false;
@@ -239,6 +264,11 @@ void BpeTokenizer::EncodeWord(std::string_view word, std::vector<int32_t>* out) 
       if (len == 0) len = 1;
       const std::string_view c = word.substr(i, len);
       i += len;
+      if (len == 1 && static_cast<uint8_t>(c[0]) < 128 && ascii_ids_[static_cast<uint8_t>(c[0])] >= 0) {
+        push(ascii_ids_[static_cast<uint8_t>(c[0])]);
+        last_was_unk = false;
+        continue;
+      }
       ch.assign(c);
       auto it = internal_to_id_.find(ch);
       if (it != internal_to_id_.end()) {
@@ -261,48 +291,47 @@ void BpeTokenizer::EncodeWord(std::string_view word, std::vector<int32_t>* out) 
   }
   if (syms.empty()) return;
 
-  struct Cand {
-    float priority;
-    int32_t left;
-    int32_t right;
-    uint32_t left_version;
-    uint32_t right_version;
+  // Candidates are (priority, left position) packed in one uint64 so the heap is compact; a
+  // candidate is checked when popped: if its left symbol is gone or the pair now there merges
+  // with a different priority, it is stale. (If the pair there has the same priority, it has an
+  // identical candidate of its own, so merging it now is what the algorithm does anyway.)
+  auto key = [](float priority, int32_t left) {
+    uint32_t bits;
+    std::memcpy(&bits, &priority, 4);
+    bits = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);  // order-preserving
+    return (static_cast<uint64_t>(bits) << 32) | static_cast<uint32_t>(left);
   };
-  auto worse = [](const Cand& a, const Cand& b) {
-    if (a.priority != b.priority) return a.priority > b.priority;
-    return a.left > b.left;  // leftmost first among equals
-  };
-  std::vector<Cand> heap_storage;
-  heap_storage.reserve(syms.size());
-  std::priority_queue<Cand, std::vector<Cand>, decltype(worse)> queue(worse,
-                                                                       std::move(heap_storage));
+  std::vector<uint64_t> heap;
+  heap.reserve(syms.size());
   auto try_add = [&](int32_t l, int32_t r) {
     if (l < 0 || r < 0) return;
     const MergeInfo* m = FindMerge(syms[l].id, syms[r].id);
-    if (m != nullptr) queue.push(Cand{m->priority, l, r, syms[l].version, syms[r].version});
+    if (m == nullptr) return;
+    heap.push_back(key(m->priority, l));
+    std::push_heap(heap.begin(), heap.end(), std::greater<>());
   };
-  for (int32_t i = 0; i + 1 < static_cast<int32_t>(syms.size()); ++i) try_add(i, i + 1);
+  for (int32_t i = 0; i + 1 < static_cast<int32_t>(syms.size()); ++i) {
+    const MergeInfo* m = FindMerge(syms[i].id, syms[i + 1].id);
+    if (m != nullptr) heap.push_back(key(m->priority, i));
+  }
+  std::make_heap(heap.begin(), heap.end(), std::greater<>());
 
-  while (!queue.empty()) {
-    const Cand c = queue.top();
-    queue.pop();
-    Sym& l = syms[c.left];
-    Sym& r = syms[c.right];
-    // Stale: a side was merged away or changed since the candidate was queued.
-    if (l.id < 0 || r.id < 0 || l.next != c.right || l.version != c.left_version ||
-        r.version != c.right_version) {
-      continue;
-    }
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), std::greater<>());
+    const uint64_t top = heap.back();
+    heap.pop_back();
+    const int32_t left = static_cast<int32_t>(static_cast<uint32_t>(top));
+    Sym& l = syms[left];
+    if (l.id < 0 || l.next < 0) continue;
+    Sym& r = syms[l.next];
     const MergeInfo* m = FindMerge(l.id, r.id);
-    if (m == nullptr) continue;
+    if (m == nullptr || key(m->priority, left) != top) continue;
     l.id = m->merged;
-    ++l.version;
     l.next = r.next;
-    if (r.next >= 0) syms[r.next].prev = c.left;
+    if (r.next >= 0) syms[r.next].prev = left;
     r.id = -1;
-    ++r.version;
-    try_add(l.prev, c.left);
-    try_add(c.left, l.next);
+    try_add(l.prev, left);
+    try_add(left, l.next);
   }
   for (int32_t i = 0; i >= 0; i = syms[i].next) out->push_back(syms[i].id);
 }

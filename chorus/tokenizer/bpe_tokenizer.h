@@ -77,6 +77,41 @@ struct BpeSpec {
   bool llama2c_strip_after_bos_only = false;
 };
 
+// (left id, right id) -> merge result: open addressing with linear probing. The merge loop does
+// one lookup per adjacent pair, so this is the hot data structure of encoding.
+struct MergeInfo {
+  int32_t merged;
+  float priority;  // lower merges first
+};
+class PairTable {
+ public:
+  // Inserts unless `key` is present (the first insertion wins).
+  void Insert(uint64_t key, MergeInfo value);
+  const MergeInfo* Find(uint64_t key) const {
+    if (keys_.empty()) return nullptr;
+    for (size_t i = Hash(key) & mask_;; i = (i + 1) & mask_) {
+      if (keys_[i] == key) return &values_[i];
+      if (keys_[i] == kEmpty) return nullptr;
+    }
+  }
+  size_t size() const { return size_; }
+
+ private:
+  static constexpr uint64_t kEmpty = ~uint64_t{0};  // ids are < 2^24, so never a real key
+  static uint64_t Hash(uint64_t x) {  // splitmix64 finalizer
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+  }
+  void Grow();
+  std::vector<uint64_t> keys_;
+  std::vector<MergeInfo> values_;
+  size_t mask_ = 0;
+  size_t size_ = 0;
+};
+
 class BpeTokenizer final : public Tokenizer {
  public:
   static Result<std::unique_ptr<BpeTokenizer>> Create(BpeSpec spec);
@@ -95,10 +130,6 @@ class BpeTokenizer final : public Tokenizer {
   void EncodeSegment(std::string_view text, bool at_text_start, std::vector<int32_t>* out) const;
 
  private:
-  struct MergeInfo {
-    int32_t merged;
-    float priority;  // lower merges first
-  };
   BpeTokenizer() = default;
   Status Build(BpeSpec spec);
   // BPE over one pre-tokenized word (internal form: "▁"-escaped text, or raw bytes).
@@ -114,8 +145,9 @@ class BpeTokenizer final : public Tokenizer {
   std::unordered_map<std::string, int32_t> raw_to_id_;
   // Lookup by internal form: the piece for SPM/llama2c, the decoded bytes for byte-level.
   std::unordered_map<std::string, int32_t> internal_to_id_;
-  std::unordered_map<uint64_t, MergeInfo> merges_;
+  PairTable merges_;
   int32_t byte_ids_[256];  // byte-level: id of each byte; SPM: id of <0xXX> (or -1)
+  int32_t ascii_ids_[128];  // SPM/llama2c: id of each one-byte character piece (or -1)  // byte-level: id of each byte; SPM: id of <0xXX> (or -1)
   bool byte_fallback_ = false;
   int32_t unk_id_ = -1;
   bool fuse_unk_ = false;
