@@ -305,7 +305,17 @@ __attribute__((noinline)) void FloatTile(const typename FloatIo<D>::WT* w, int64
 
 constexpr int kFloatMaxR = 4;
 constexpr int kFloatMaxC = 4;
-inline int FloatCFor(int rr) { return rr == 1 ? 4 : 2; }
+// Register tile per dtype (16 ymm registers; measured on Zen 3): f32/f16 3 rows × 3 columns,
+// bf16 (two widened halves per step) 4 × 2; a single row takes 4 columns.
+template <DType D>
+constexpr int FloatRows() {
+  return D == DType::kBF16 ? 4 : 3;
+}
+template <DType D>
+inline int FloatCFor(int rr) {
+  if (rr == 1) return 4;
+  return D == DType::kBF16 ? 2 : 3;
+}
 
 template <DType D, int R, int C = kFloatMaxC>
 inline void FloatDispatchC(int cc, const typename FloatIo<D>::WT* w, int64_t k,
@@ -339,9 +349,9 @@ void FloatColsT(const void* wv, int64_t k, const void* xv, int64_t x_stride, int
       std::max<int64_t>(kFloatMaxC, (256 * 1024 / row_bytes) / kFloatMaxC * kFloatMaxC);
   for (int64_t cb = c0; cb < c1; cb += nc) {
     const int64_t ce = std::min(c1, cb + nc);
-    for (int64_t r0 = 0; r0 < m; r0 += kFloatMaxR) {
-      const int rr = static_cast<int>(std::min<int64_t>(kFloatMaxR, m - r0));
-      const int cmax = FloatCFor(rr);
+    for (int64_t r0 = 0; r0 < m; r0 += FloatRows<D>()) {
+      const int rr = static_cast<int>(std::min<int64_t>(FloatRows<D>(), m - r0));
+      const int cmax = FloatCFor<D>(rr);
       for (int64_t c = cb; c < ce; c += cmax) {
         const int cc = static_cast<int>(std::min<int64_t>(cmax, ce - c));
         FloatDispatch<D>(rr, cc, w, k, x, x_stride, r0, c, y, y_stride, accumulate);
