@@ -100,8 +100,9 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
            std::to_string(opts.threads) + " threads)");
   rep.bandwidth_gbs = MeasureReadBandwidth(opts.threads, opts.bandwidth_bytes, opts.repeats, &rep.bandwidth_runs);
   ThreadPool pool(opts.threads);
-  const int64_t max_batch = std::max<int64_t>(
-      opts.prefill_tokens, *std::max_element(opts.batches.begin(), opts.batches.end()));
+  // Rows of the largest step: the prefill prompt, a sequence's context fill, or a decode batch.
+  const int64_t max_batch = std::max({opts.prefill_tokens, opts.context,
+                                      *std::max_element(opts.batches.begin(), opts.batches.end())});
 
   for (DType dtype : opts.dtypes) {
     const std::string dname(DTypeName(dtype));
