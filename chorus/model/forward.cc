@@ -20,6 +20,8 @@ Forward::Forward(std::shared_ptr<const Model> model, int64_t max_rows, int64_t m
   alloc(att_, c.q_dim());
   alloc(gate_, c.n_ff);
   alloc(up_, c.n_ff);
+  rope_cos_.assign(static_cast<size_t>(max_rows * c.head_dim / 2), 0.0f);
+  rope_sin_.assign(rope_cos_.size(), 0.0f);
   logit_in_.assign(static_cast<size_t>(max_logit_rows * c.n_embd), 0.0f);
 }
 
@@ -72,6 +74,13 @@ void Forward::Run(const StepInput& in, memory::KvCache* kv, ThreadPool* pool, fl
     DequantizeRow(emb.dtype, emb.Row(in.tokens[static_cast<size_t>(i)]), x_.data() + i * d, d);
   }
 
+  // Rotation tables once per step, shared by q and k of every layer.
+  const int64_t half = c.head_dim / 2;
+  for (int64_t i = 0; i < n; ++i) {
+    kernels::RopeTable(in.positions[static_cast<size_t>(i)], inv_freq_.data(), half, rope_cos_.data() + i * half,
+                       rope_sin_.data() + i * half);
+  }
+
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& lw = w.layers[static_cast<size_t>(l)];
     // Attention block.
@@ -89,8 +98,10 @@ void Forward::Run(const StepInput& in, memory::KvCache* kv, ThreadPool* pool, fl
         kernels::Add(v, static_cast<const float*>(lw.bv.data()), kvd);
       }
       const int64_t pos = in.positions[static_cast<size_t>(i)];
-      kernels::Rope(q, c.n_heads, c.head_dim, pos, inv_freq_.data(), c.rope_layout);
-      kernels::Rope(k, c.n_kv_heads, c.head_dim, pos, inv_freq_.data(), c.rope_layout);
+      const float* cs = rope_cos_.data() + i * half;
+      const float* sn = rope_sin_.data() + i * half;
+      kernels::RopeApply(q, c.n_heads, c.head_dim, cs, sn, c.rope_layout);
+      kernels::RopeApply(k, c.n_kv_heads, c.head_dim, cs, sn, c.rope_layout);
       const int32_t* table = in.block_tables[static_cast<size_t>(in.seq[static_cast<size_t>(i)])];
       const int32_t blk = table[pos / block];
       std::copy(k, k + kvd, kv->K(l, blk, pos % block));

@@ -62,6 +62,7 @@ class Forward {
   std::shared_ptr<const Model> model_;
   int64_t max_rows_, max_logit_rows_;
   std::vector<float> inv_freq_;  // [head_dim / 2]
+  std::vector<float> rope_cos_, rope_sin_;  // [max_rows, head_dim / 2]: this step's rotations
   // Step buffers, [max_rows, width] each.
   std::vector<float> x_, xb_, q_, k_, v_, att_, gate_, up_, logit_in_;
   std::vector<float> scratch_;   // [n_threads][max_seq_len] attention scores
