@@ -154,7 +154,7 @@ Result<PackedWeight> PackedWeight::Pack(const Tensor& w) { return PackedWeightBu
 
 void MatMul(const PackedWeight& w, const float* x, int64_t x_stride, int64_t m, float* y,
             int64_t y_stride, bool accumulate, ThreadPool* pool) {
-  const int64_t n = w.n(), k = w.k();
+  const int64_t n = w.n();
   if (m <= 0 || n <= 0) return;
   const IsaLevel isa = ActiveIsa();
   if (isa == IsaLevel::kScalar) {
@@ -166,8 +166,16 @@ void MatMul(const PackedWeight& w, const float* x, int64_t x_stride, int64_t m, 
     });
     return;
   }
-  const internal::IsaKernels& kern =
-      isa == IsaLevel::kAvx512 ? internal::Avx512Kernels() : internal::Avx2Kernels();
+  internal::MatMulWithKernels(
+      isa == IsaLevel::kAvx512 ? internal::Avx512Kernels() : internal::Avx2Kernels(), w, x,
+      x_stride, m, y, y_stride, accumulate, pool);
+}
+
+void internal::MatMulWithKernels(const IsaKernels& kern, const PackedWeight& w, const float* x,
+                                 int64_t x_stride, int64_t m, float* y, int64_t y_stride,
+                                 bool accumulate, ThreadPool* pool) {
+  const int64_t n = w.n(), k = w.k();
+  if (m <= 0 || n <= 0) return;
   const DType dt = w.dtype();
 
   if (DTypeIsQuantized(dt)) {

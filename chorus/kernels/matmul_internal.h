@@ -76,4 +76,10 @@ struct IsaKernels {
 const IsaKernels& Avx2Kernels();
 const IsaKernels& Avx512Kernels();
 
+// MatMul with the given kernels (what MatMul runs after choosing them by ActiveIsa()); lets a
+// test drive a kernel set directly.
+void MatMulWithKernels(const IsaKernels& kern, const PackedWeight& w, const float* x,
+                       int64_t x_stride, int64_t m, float* y, int64_t y_stride, bool accumulate,
+                       ThreadPool* pool);
+
 }  // namespace chorus::kernels::internal

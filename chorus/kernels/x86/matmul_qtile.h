@@ -27,7 +27,7 @@
 
 namespace chorus::kernels::internal::qtile {
 
-inline int32_t Load32(const int8_t* p) {
+static inline int32_t Load32(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
   return v;
