@@ -1,0 +1,150 @@
+// LoRA adapters (DESIGN §1): y = x·Wᵀ + s·(x·Aᵀ)·Bᵀ per targeted linear, s = alpha/r
+// (rsLoRA: alpha/√r).
+//
+// Two representations:
+//   * LoraWeights — the tensors as a file holds them (PEFT / GGUF / synthetic): A [r, in] and
+//     B [out, r] per (layer, linear), any of f32/f16/bf16 (GGUF also q8_0/q4_0), q/k lora_B rows
+//     in the pair order `qk_layout` of the file. What readers produce and writers consume.
+//   * LoraAdapter — validated against one base ModelConfig and converted to the compute layout
+//     of the segment kernels (kernels/lora.h): f32, A [r, in] row-major with the A of linears
+//     that share an input concatenated (q|k|v, gate|up) for the fused shrink, Bᵀ [r, out], q/k
+//     rows permuted to the base's rope_layout, scale folded per module.
+//
+// Thread-safety: LoraWeights is a value type; LoraAdapter is immutable after Build() and shared
+// (`std::shared_ptr<const LoraAdapter>`).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "chorus/base/status.h"
+#include "chorus/kernels/ops.h"
+#include "chorus/model/model.h"
+#include "chorus/tensor/tensor.h"
+
+namespace chorus::adapters {
+
+// "layers.3.self_attn.q_proj" — how errors and PEFT patterns name a module.
+std::string LoraModuleName(int64_t layer, model::Linear which);
+// Input / output features of a base linear: q [q_dim ← n_embd], o [n_embd ← q_dim], ...
+int64_t LinearIn(const model::ModelConfig& c, model::Linear which);
+int64_t LinearOut(const model::ModelConfig& c, model::Linear which);
+
+struct LoraModuleWeights {
+  Tensor a;          // [r, in]; empty = this linear is not targeted
+  Tensor b;          // [out, r]
+  float alpha = 0;   // lora_alpha of this module (alpha_pattern applied)
+  bool present() const { return !a.empty(); }
+  int64_t rank() const { return a.empty() ? 0 : a.shape()[0]; }
+};
+
+struct LoraWeights {
+  int64_t n_layers = 0;
+  std::vector<LoraModuleWeights> modules;  // [n_layers × kNumLinears], layer-major
+  bool use_rslora = false;                 // s = alpha/√r instead of alpha/r
+  // Pair order of q_proj / k_proj lora_B rows: rotate-half for PEFT (Hugging Face order),
+  // interleaved for GGUF llama files from llama.cpp's converter.
+  kernels::RopeLayout qk_layout = kernels::RopeLayout::kHalf;
+  std::string base_model;  // informational (adapter_config.json base_model_name_or_path)
+
+  // Empty weights for `n_layers` layers.
+  static LoraWeights Empty(int64_t n_layers);
+  LoraModuleWeights& at(int64_t layer, model::Linear which) {
+    return modules[static_cast<size_t>(layer * model::kNumLinears + static_cast<int>(which))];
+  }
+  const LoraModuleWeights& at(int64_t layer, model::Linear which) const {
+    return modules[static_cast<size_t>(layer * model::kNumLinears + static_cast<int>(which))];
+  }
+  // s of a module (0 when absent).
+  float Scale(int64_t layer, model::Linear which) const;
+  int64_t MaxRank() const;
+};
+
+struct LoraLimits {
+  int64_t max_rank = 256;  // modules of larger rank are refused (kInvalidArgument)
+};
+
+// Checks `w` against the base: layer count, every present module's shapes (A [r, in],
+// B [out, r], 1 ≤ r ≤ max_rank), dtypes (f32, f16, bf16, q8_0, q4_0), finite alpha. Errors say
+// what does not fit, e.g. "lora_A of layers.3.self_attn.q_proj has 96 columns, base q_proj has
+// 64 inputs (hint: adapter for another base model?)". Values are checked in Build().
+Status ValidateLoraWeights(const LoraWeights& w, const model::ModelConfig& base,
+                           const LoraLimits& limits = {});
+
+class LoraAdapter {
+ public:
+  // One targeted linear in compute layout (pointers into the adapter's storage).
+  struct Module {
+    int64_t rank = 0;           // 0 = not targeted
+    float scale = 0.0f;         // s
+    const float* a = nullptr;   // [rank, in]
+    const float* bt = nullptr;  // [rank, out] (lora_B transposed)
+    int64_t fused_col = 0;      // first row of this module's A inside its fused group
+  };
+  // The A of linears that read the same input, concatenated by rows: group kQkv = q|k|v
+  // (input n_embd), kGateUp = gate|up (input n_embd). Absent modules contribute no rows.
+  enum class Group { kQkv = 0, kGateUp = 1 };
+  struct Fused {
+    int64_t rank = 0;          // Σ ranks of the group's modules
+    const float* a = nullptr;  // [rank, in]
+  };
+
+  // Validates (ValidateLoraWeights + every value finite — NaN/Inf refused naming the tensor)
+  // and converts. `name` is used in messages and logs.
+  static Result<std::shared_ptr<const LoraAdapter>> Build(const LoraWeights& w,
+                                                          const model::ModelConfig& base,
+                                                          std::string name,
+                                                          const LoraLimits& limits = {});
+
+  const std::string& name() const { return name_; }
+  int64_t n_layers() const { return n_layers_; }
+  const Module& module(int64_t layer, model::Linear which) const {
+    return modules_[static_cast<size_t>(layer * model::kNumLinears + static_cast<int>(which))];
+  }
+  const Fused& fused(int64_t layer, Group g) const {
+    return fused_[static_cast<size_t>(layer * 2 + static_cast<int>(g))];
+  }
+  int64_t max_rank() const { return max_rank_; }
+  // Largest fused-group rank (what a shrink buffer row must hold).
+  int64_t max_fused_rank() const { return max_fused_rank_; }
+  // Bytes of f32 compute weights held.
+  int64_t memory_bytes() const { return static_cast<int64_t>(storage_.size() * sizeof(float)); }
+
+ private:
+  LoraAdapter() = default;
+  std::string name_;
+  int64_t n_layers_ = 0, max_rank_ = 0, max_fused_rank_ = 0;
+  std::vector<Module> modules_;  // [n_layers × kNumLinears]
+  std::vector<Fused> fused_;     // [n_layers × 2]
+  std::vector<float> storage_;   // every A and Bᵀ; never resized after Build
+};
+
+// Which fused group a linear belongs to (q,k,v → kQkv; gate,up → kGateUp); false for o, down.
+bool LinearGroup(model::Linear which, LoraAdapter::Group* group);
+
+// ---- Test oracles and synthetic adapters ----
+
+// Random LoRA weights in Hugging Face order (qk_layout = kHalf) for `base`: A ~ N(0, 1/in),
+// B ~ N(0, b_std²), f32, for each listed target module of every layer.
+struct RandomLoraSpec {
+  int64_t rank = 8;
+  float alpha = 16.0f;
+  bool use_rslora = false;
+  float b_std = 0.02f;  // PEFT initialises B to 0; a non-zero B makes the adapter visible
+  std::vector<model::Linear> targets = {model::Linear::kQ, model::Linear::kK, model::Linear::kV,
+                                        model::Linear::kO, model::Linear::kGate,
+                                        model::Linear::kUp, model::Linear::kDown};
+  uint64_t seed = 1;
+};
+LoraWeights MakeRandomLora(const model::ModelConfig& base, const RandomLoraSpec& spec);
+
+// The merged-weights oracle: the base's canonical tensors with W + s·B·A added to every
+// targeted linear (in f32; q/k rows in the base's order), rebuilt through Model::Build.
+// Serving never merges (DESIGN §1); tests compare the unmerged path against this.
+Result<std::shared_ptr<const model::Model>> MergeLora(const model::Model& base,
+                                                      const LoraWeights& w);
+
+}  // namespace chorus::adapters

@@ -1,0 +1,74 @@
+// Reading and writing LoRA adapter files.
+//
+// PEFT directory (Hugging Face): adapter_config.json + adapter_model.safetensors, tensors
+//   "<prefix>layers.N.self_attn.q_proj.lora_A.weight" [r, in] / "...lora_B.weight" [out, r]
+//   (prefix usually "base_model.model.model."; an adapter name between lora_A and weight is
+//   accepted), f32/f16/bf16, q/k lora_B rows in Hugging Face (rotate-half) order. Config keys
+//   used: peft_type (LORA), r, lora_alpha, use_rslora, rank_pattern / alpha_pattern (keys
+//   matched as PEFT does for plain names: equal to the module path or a "."-separated suffix of
+//   it, first match in file order), target_modules, base_model_name_or_path. Refused with a
+//   message saying why: pickle adapter_model.bin, DoRA (use_dora / lora_magnitude_vector),
+//   modules_to_save, embedding or lm_head LoRA, trained biases (bias != "none", lora_bias),
+//   fan_in_fan_out, layer_replication, target modules Chorus cannot apply.
+//
+// GGUF LoRA (llama.cpp convert_lora_to_gguf.py): general.type = "adapter", adapter.type =
+//   "lora", adapter.lora.alpha (float32; 0 or absent = scale 1, as llama.cpp), general.architecture
+//   equal to the base's; tensors "blk.N.attn_q.weight.lora_a" [r, in] and ".lora_b" [out, r]
+//   (outermost-first shapes, i.e. GGUF ne = {in, r} / {r, out}); scale = alpha / r per module.
+//   q/k lora_b rows are in the GGUF order of the architecture (interleaved for llama, as the
+//   converter permutes them; unchanged for qwen2). "*_norm.weight" adapter tensors are ignored
+//   as llama.cpp ignores them; token_embd / output LoRA is refused.
+//
+// All readers validate against the base ModelConfig before converting anything (layer index,
+// shapes, rank ≤ max_rank, dtype), so a hostile file cannot cause a huge allocation; NaN/Inf
+// values are refused by LoraAdapter::Build. Errors start with the file's path.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "chorus/adapters/lora/lora_adapter.h"
+#include "chorus/base/status.h"
+
+namespace chorus::adapters {
+
+struct LoraLoadOptions {
+  LoraLimits limits;  // max_rank (default 256)
+};
+
+// A PEFT adapter directory (or its adapter_config.json / adapter_model.safetensors path).
+Result<LoraWeights> ReadPeftLora(const std::string& path, const model::ModelConfig& base,
+                                 const LoraLoadOptions& opts = {});
+// A GGUF LoRA file.
+Result<LoraWeights> ReadGgufLora(const std::string& path, const model::ModelConfig& base,
+                                 const LoraLoadOptions& opts = {});
+// Detects the format (directory or "GGUF" magic; a pickle .bin is refused) and reads it.
+Result<LoraWeights> ReadLora(const std::string& path, const model::ModelConfig& base,
+                             const LoraLoadOptions& opts = {});
+// ReadLora + LoraAdapter::Build; `name` defaults to the path.
+Result<std::shared_ptr<const LoraAdapter>> LoadLoraAdapter(const std::string& path,
+                                                           const model::ModelConfig& base,
+                                                           const LoraLoadOptions& opts = {},
+                                                           std::string name = "");
+
+struct PeftWriteOptions {
+  DType dtype = DType::kF32;  // f32, f16 or bf16
+  std::string base_model_name;  // base_model_name_or_path (default: w.base_model)
+};
+// Writes `w` as a PEFT directory `dir` (created if missing): adapter_config.json (r = the most
+// common rank, lora_alpha likewise, rank_pattern / alpha_pattern for modules that differ,
+// target_modules = the linears present) and adapter_model.safetensors (written atomically).
+// lora_B rows of q/k are written in Hugging Face order whatever w.qk_layout is.
+Status WritePeftLora(const std::string& dir, const LoraWeights& w, const model::ModelConfig& base,
+                     const PeftWriteOptions& opts = {});
+
+struct GgufLoraWriteOptions {
+  DType dtype = DType::kF32;  // f32, f16, bf16 (q8_0 for A when in % 32 == 0)
+};
+// Writes `w` as a llama.cpp-style GGUF LoRA (q/k lora_b rows in the GGUF order of base.arch).
+// GGUF holds one alpha: every module must have the same alpha/r·r' relation, i.e. the same
+// scale·rank (kUnimplemented otherwise, e.g. rsLoRA with mixed ranks).
+Status WriteGgufLora(const std::string& path, const LoraWeights& w,
+                     const model::ModelConfig& base, const GgufLoraWriteOptions& opts = {});
+
+}  // namespace chorus::adapters

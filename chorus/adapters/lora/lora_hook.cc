@@ -1,0 +1,99 @@
+#include "chorus/adapters/lora/lora_hook.h"
+
+namespace chorus::adapters {
+
+LoraHook::LoraHook(const model::ModelConfig& base, int64_t max_rows)
+    : config_(base), max_rows_(max_rows) {
+  segments_.reserve(static_cast<size_t>(max_rows));
+  slots_.reserve(static_cast<size_t>(max_rows));
+  shrink_w_.reserve(static_cast<size_t>(max_rows));
+  expand_w_.reserve(static_cast<size_t>(max_rows));
+}
+
+void LoraHook::Clear() {
+  segments_.clear();
+  slots_.clear();
+  n_rows_ = 0;
+  cache_valid_ = false;
+}
+
+Status LoraHook::SetRows(std::span<const LoraAdapter* const> row_adapters) {
+  const int64_t n = static_cast<int64_t>(row_adapters.size());
+  if (n > max_rows_) {
+    return InvalidArgumentError("LoRA step of " + std::to_string(n) + " rows, max " + std::to_string(max_rows_));
+  }
+  int64_t need_stride = 0;
+  for (const LoraAdapter* a : row_adapters) {
+    if (a == nullptr) continue;
+    if (a->n_layers() != config_.n_layers) {
+      return InvalidArgumentError("adapter '" + a->name() + "' has " + std::to_string(a->n_layers()) +
+                                  " layers, the base model " + std::to_string(config_.n_layers));
+    }
+    need_stride = std::max({need_stride, a->max_fused_rank(), a->max_rank()});
+  }
+  Clear();
+  n_rows_ = n;
+  if (need_stride > v_stride_) {  // grows when a larger rank first appears, never shrinks
+    v_stride_ = need_stride;
+    v_.assign(static_cast<size_t>(max_rows_ * v_stride_), 0.0f);
+  }
+  for (int64_t i = 0; i < n;) {
+    const LoraAdapter* a = row_adapters[static_cast<size_t>(i)];
+    int64_t j = i + 1;
+    while (j < n && row_adapters[static_cast<size_t>(j)] == a) ++j;
+    if (a != nullptr) {
+      int32_t slot = -1;
+      for (size_t s = 0; s < slots_.size(); ++s)
+        if (slots_[s] == a) slot = static_cast<int32_t>(s);
+      if (slot < 0) {
+        slot = static_cast<int32_t>(slots_.size());
+        slots_.push_back(a);
+      }
+      segments_.push_back({i, j, slot});
+    }
+    i = j;
+  }
+  shrink_w_.resize(slots_.size());
+  expand_w_.resize(slots_.size());
+  return OkStatus();
+}
+
+void LoraHook::Apply(int64_t layer, model::Linear which, const float* x, int64_t x_stride, float* y,
+                     int64_t y_stride, int64_t n_rows, ThreadPool* pool) const {
+  if (segments_.empty()) return;
+  CHORUS_CHECK_EQ(n_rows, n_rows_) << "LoraHook::SetRows was given another step's rows";
+  const int64_t in = LinearIn(config_, which), out = LinearOut(config_, which);
+  LoraAdapter::Group group;
+  const bool fused = LinearGroup(which, &group);
+  const size_t n_slots = slots_.size();
+  if (fused) {
+    const bool first = which == model::Linear::kQ || which == model::Linear::kGate;
+    if (first || !cache_valid_ || cache_layer_ != layer || cache_group_ != static_cast<int>(group) ||
+        cache_x_ != x) {
+      for (size_t s = 0; s < n_slots; ++s) {
+        const LoraAdapter::Fused& f = slots_[s]->fused(layer, group);
+        shrink_w_[s] = {f.a, f.rank};
+      }
+      kernels::LoraShrink(segments_, shrink_w_, x, x_stride, in, v_.data(), v_stride_, pool);
+      cache_valid_ = true;
+      cache_layer_ = layer;
+      cache_group_ = static_cast<int>(group);
+      cache_x_ = x;
+    }
+    for (size_t s = 0; s < n_slots; ++s) {
+      const LoraAdapter::Module& m = slots_[s]->module(layer, which);
+      expand_w_[s] = {m.bt, m.rank, m.fused_col, m.scale};
+    }
+  } else {
+    for (size_t s = 0; s < n_slots; ++s) {
+      const LoraAdapter::Module& m = slots_[s]->module(layer, which);
+      shrink_w_[s] = {m.a, m.rank};
+      expand_w_[s] = {m.bt, m.rank, 0, m.scale};
+    }
+    cache_valid_ = false;
+    kernels::LoraShrink(segments_, shrink_w_, x, x_stride, in, v_.data(), v_stride_, pool);
+  }
+  kernels::LoraExpand(segments_, expand_w_, v_.data(), v_stride_, out, y, y_stride, pool);
+}
+
+}  // namespace chorus::adapters

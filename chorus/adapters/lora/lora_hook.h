@@ -1,0 +1,71 @@
+// LoraHook: the model::LinearHook that adds the LoRA terms of a step (DESIGN §1):
+//   y[i, :] += s_a · (x[i, :]·A_aᵀ)·B_aᵀ     for every row i whose adapter a is set
+// using the segment kernels (kernels/lora.h). Rows with equal adapters that are contiguous form
+// one segment (the step planner sorts rows by adapter; unsorted rows still work, as more
+// segments). Rows without an adapter cost nothing.
+//
+// Fused shrinks: linears reading the same input (q|k|v, gate|up) share one shrink of rank
+// Σ r over the concatenated A. The shrink runs when Apply() is called for the group's first
+// linear (q, gate) and is reused by the others of the same layer called with the same x
+// pointer — the order model::Forward uses. Any other call order recomputes (still correct), but
+// x must not be modified between the q/k/v (gate/up) calls of one layer when the pointer is
+// the same.
+//
+// Adapters are held in host memory in f32 (LoraAdapter); paging into the unified pool and
+// residency tiers come later (DESIGN §3).
+//
+// Thread-safety: one thread (the engine thread) calls SetRows() and Forward::Run() with this
+// hook; Apply() uses internal scratch and must not run concurrently with itself. Adapters set
+// for a step must stay alive until the step ends.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "chorus/adapters/lora/lora_adapter.h"
+#include "chorus/kernels/lora.h"
+#include "chorus/model/forward.h"
+
+namespace chorus::adapters {
+
+class LoraHook : public model::LinearHook {
+ public:
+  // `base` is the config the adapters were built for; buffers hold steps of up to `max_rows`.
+  LoraHook(const model::ModelConfig& base, int64_t max_rows);
+
+  // Sets the adapter of every row of the next step(s): row_adapters[i] for row i, nullptr = base
+  // model only. Errors (nothing changed): more rows than max_rows, an adapter built for a model
+  // with another layer count. Grows the shrink buffer when a larger rank first appears (not per
+  // step).
+  Status SetRows(std::span<const LoraAdapter* const> row_adapters);
+  // No adapter rows (the hook then does nothing).
+  void Clear();
+
+  // The segments of the current step (for tests and metrics).
+  std::span<const kernels::LoraSegment> segments() const { return segments_; }
+  // Distinct adapters of the current step, indexed by segment slot.
+  std::span<const LoraAdapter* const> slots() const { return slots_; }
+
+  void Apply(int64_t layer, model::Linear which, const float* x, int64_t x_stride, float* y,
+             int64_t y_stride, int64_t n_rows, ThreadPool* pool) const override;
+
+ private:
+  model::ModelConfig config_;
+  int64_t max_rows_ = 0;
+  int64_t n_rows_ = 0;                            // rows of the current step
+  std::vector<kernels::LoraSegment> segments_;
+  std::vector<const LoraAdapter*> slots_;
+  int64_t v_stride_ = 0;
+  // Scratch (Apply is const for the LinearHook interface; the hook is single-threaded).
+  mutable std::vector<float> v_;                  // [max_rows, v_stride_] shrink output
+  mutable std::vector<kernels::LoraShrinkWeight> shrink_w_;  // [slots]
+  mutable std::vector<kernels::LoraExpandWeight> expand_w_;  // [slots]
+  // What v_ holds: a fused group's shrink of (layer, group, x), if valid.
+  mutable bool cache_valid_ = false;
+  mutable int64_t cache_layer_ = -1;
+  mutable int cache_group_ = -1;
+  mutable const float* cache_x_ = nullptr;
+};
+
+}  // namespace chorus::adapters
