@@ -34,6 +34,12 @@ class MappedFile {
   std::string path_;
 };
 
+// Asks the kernel to reclaim the whole pages inside [p, p + n) (MADV_PAGEOUT). Clean pages of a
+// file mapping leave the resident set and are re-read from the file if touched again; heap
+// pages are never lost (without swap they simply stay). Used after weights were repacked, so
+// the mmapped source no longer counts twice. Best effort: errors are ignored.
+void ReleaseResidentPages(const void* p, size_t n);
+
 // Reads a whole (small) file into a string. Refuses files larger than `max_bytes`.
 Result<std::string> ReadFileToString(const std::string& path, size_t max_bytes = 256u << 20);
 

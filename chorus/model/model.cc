@@ -2,6 +2,8 @@
 
 #include <map>
 
+#include "chorus/base/mapped_file.h"
+
 namespace chorus::model {
 
 const char* LinearName(Linear l) {
@@ -85,6 +87,8 @@ Result<std::shared_ptr<const Model>> Model::Build(ModelConfig config, NamedTenso
     auto packed = kernels::PackedWeight::Pack(out);
     if (!packed.ok()) return packed.status().WithContext(source + ": output weight");
     w.output = std::move(packed).value();
+    // Not when tied: the embedding rows are still read from the source at every step.
+    if (w.output.packed_bytes() > 0 && !c.tie_embeddings) ReleaseResidentPages(out.data(), static_cast<size_t>(out.view().NumBytes()));
   }
   const int64_t shapes[kNumLinears][2] = {
       {c.q_dim(), c.n_embd}, {c.kv_dim(), c.n_embd}, {c.kv_dim(), c.n_embd}, {c.n_embd, c.q_dim()},
@@ -105,6 +109,9 @@ Result<std::shared_ptr<const Model>> Model::Build(ModelConfig config, NamedTenso
       auto packed = kernels::PackedWeight::Pack(t);
       if (!packed.ok()) return packed.status().WithContext(source + ": " + name);
       lw.linear[li] = std::move(packed).value();
+      // A repacked copy replaces the source for compute: let the mmapped pages go so the
+      // weights are resident once (issue 2 memory bar), not twice.
+      if (lw.linear[li].packed_bytes() > 0) ReleaseResidentPages(t.data(), static_cast<size_t>(t.view().NumBytes()));
     }
     if (c.qkv_bias) {
       for (Linear b : {Linear::kQ, Linear::kK, Linear::kV}) {
