@@ -8,6 +8,7 @@ int GenerateCommand(int argc, char** argv);
 int InspectCommand(int argc, char** argv);
 int ConvertCommand(int argc, char** argv);
 int BenchCommand(int argc, char** argv);
+int ServeCommand(int argc, char** argv);
 
 
 }  // namespace chorus::apps

@@ -11,6 +11,7 @@ constexpr const char* kUsage =
     "usage: chorus <command> [flags]\n"
     "\n"
     "commands:\n"
+    "  serve      OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, ...)\n"
     "  generate   generate text from a prompt, streaming it to stdout\n"
     "  inspect    print a model file's architecture, tensors, dtypes and tokenizer\n"
     "  convert    write a model (or a synthetic one at a real shape) as GGUF or HF\n"
@@ -32,6 +33,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   using namespace chorus::apps;
+  if (cmd == "serve") return ServeCommand(argc - 2, argv + 2);
   if (cmd == "generate") return GenerateCommand(argc - 2, argv + 2);
   if (cmd == "inspect") return InspectCommand(argc - 2, argv + 2);
   if (cmd == "convert") return ConvertCommand(argc - 2, argv + 2);

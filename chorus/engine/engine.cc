@@ -240,10 +240,13 @@ void Engine::Impl::CancelAll() {
   running.clear();
   for (auto& s : waiting) Finish(s.get(), FinishReason::kCancelled);
   waiting.clear();
-  std::lock_guard<std::mutex> lock(mu);
-  for (auto& s : incoming) Finish(s.get(), FinishReason::kCancelled);
-  incoming.clear();
-  queued.store(0);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto& s : incoming) Finish(s.get(), FinishReason::kCancelled);
+    incoming.clear();
+    queued.store(0);
+  }
+  PublishGauges();  // the gauges show the freed blocks after a shutdown, too
 }
 
 void Engine::Impl::Finish(Sequence* s, FinishReason why, const std::string& error) {

@@ -1,0 +1,99 @@
+// chorus serve: the OpenAI-compatible HTTP server (docs/api.md).
+#include <pthread.h>
+#include <signal.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+
+#include "apps/chorus/commands.h"
+#include "apps/chorus/common.h"
+#include "chorus/engine/engine.h"
+#include "chorus/server/server.h"
+
+namespace chorus::apps {
+
+int ServeCommand(int argc, char** argv) {
+  Flags f("serve",
+          "Serves the model over an OpenAI-compatible HTTP API: /v1/completions, /v1/chat/completions\n"
+          "(streaming with \"stream\": true), /v1/models, /health, /metrics. See docs/api.md.\n"
+          "SIGTERM/SIGINT: stop accepting, let running requests finish for --drain-timeout, exit 0.");
+  f.String("model", "", "model: GGUF file, Hugging Face directory or llama2.c .bin (default: embedded tiny model)");
+  f.String("tokenizer", "", "tokenizer file or directory; overrides the model's own");
+  f.String("host", "127.0.0.1", "address to listen on");
+  f.Int("port", 8000, "port to listen on (0 = any free port; the URL is printed)");
+  f.String("served-model-name", "", "the model name clients use (default: the --model argument, or chorus-default)");
+  f.String("api-key", "", "require \"Authorization: Bearer KEY\" on every route but /health");
+  f.Int("pool-size", 1024, "paged KV pool size in MiB");
+  f.Int("threads", 0, "compute threads (0 = all cores)");
+  f.Int("max-running", 64, "sequences in the running batch");
+  f.Int("max-batch-tokens", 512, "tokens (rows) per engine step: decode rows + prefill chunks");
+  f.Int("max-queue", 256, "waiting requests before answering 429");
+  f.Int("max-body-bytes", 8 << 20, "largest request body accepted (larger: 413)");
+  f.Int("max-connections", 512, "HTTP connections served at once (one thread each)");
+  f.Float("drain-timeout", 30.0, "seconds running requests get to finish on SIGTERM before they are aborted");
+  if (int rc = ParseOrExit(f, argc, argv); rc >= 0) return rc;
+
+  // Signals are taken synchronously by this thread (sigwait); every thread created from here
+  // on inherits the mask. A peer that closes its socket must not kill the process.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  const std::string model_path = f.GetString("model");
+  server::ServerOptions so;
+  so.host = f.GetString("host");
+  so.port = static_cast<int>(f.GetInt("port"));
+  so.api_key = f.GetString("api-key");
+  so.max_body_bytes = f.GetInt("max-body-bytes");
+  so.max_connections = static_cast<int>(f.GetInt("max-connections"));
+  so.served_model_name = f.GetString("served-model-name");
+  if (so.served_model_name.empty()) so.served_model_name = model_path.empty() ? "chorus-default" : model_path;
+  const double drain_s = f.GetFloat("drain-timeout");
+  if (!(drain_s >= 0 && drain_s <= 86400)) {
+    return Fail("serve", InvalidArgumentError("flag --drain-timeout must be in [0, 86400] seconds"));
+  }
+
+  engine::EngineOptions eo;
+  eo.threads = ThreadsFlag(f);
+  eo.max_running = f.GetInt("max-running");
+  eo.max_batch_tokens = f.GetInt("max-batch-tokens");
+  eo.max_queue = f.GetInt("max-queue");
+  const int64_t pool_mib = f.GetInt("pool-size");
+  if (pool_mib < 1 || pool_mib > (int64_t{1} << 20)) {
+    return Fail("serve", InvalidArgumentError("flag --pool-size must be in [1, 1048576] MiB"));
+  }
+  eo.pool_bytes = pool_mib << 20;
+  if (Status s = eo.Validate(); !s.ok()) return Fail("serve", InvalidArgumentError("flag " + s.message()));
+
+  auto srv = server::Server::Create(so);
+  if (!srv.ok()) return Fail("serve", InvalidArgumentError("flag " + srv.status().message()));
+  if (Status s = (*srv)->Start(); !s.ok()) return Fail("serve", s);
+  std::fprintf(stderr, "chorus serve: loading %s (listening on %s, /health is 503 until ready)\n",
+               model_path.empty() ? "the embedded default model" : model_path.c_str(), (*srv)->url().c_str());
+
+  auto loaded = LoadModelAndTokenizer(model_path, f.GetString("tokenizer"));
+  if (!loaded.ok()) return Fail("serve", loaded.status());
+  auto eng = engine::Engine::Create(loaded->model, loaded->tokenizer, eo);
+  if (!eng.ok()) return Fail("serve", eng.status());
+  std::shared_ptr<engine::Engine> engine = std::move(*eng);
+  (*srv)->SetEngine(engine);
+  std::printf("chorus serve: serving \"%s\" at %s/v1 (context %lld tokens, %lld KV blocks)\n",
+              so.served_model_name.c_str(), (*srv)->url().c_str(),
+              static_cast<long long>(engine->context_length()), static_cast<long long>(engine->kv_blocks_total()));
+  std::fflush(stdout);
+
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  std::fprintf(stderr, "chorus serve: %s: draining (up to %.1f s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM", drain_s);
+  (*srv)->Drain(std::chrono::milliseconds(static_cast<int64_t>(drain_s * 1000)));
+  (*srv)->Stop();
+  std::fprintf(stderr, "chorus serve: stopped\n");
+  return 0;
+}
+
+}  // namespace chorus::apps

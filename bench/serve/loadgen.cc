@@ -1,0 +1,321 @@
+// chorus_bench_serve — open-loop load generator for `chorus serve` (DESIGN §10, issue 3).
+//
+// Sends streaming /v1/completions requests over real HTTP at gamma-distributed arrival times
+// (shape 1/cv², scale cv²/R; cv = 1 is Poisson) with the `slora` workload's shapes (input and
+// output lengths uniform in [min, max); adapters are not used yet). Prompts are random token ids
+// so their lengths are exact; `ignore_eos` makes output lengths exact. Reports throughput
+// (req/s, tokens/s), TTFT and time per output token (p50/p90/p99), end-to-end latency and errors,
+// as PREFIX.csv (one row per request), PREFIX.json (summary) and PREFIX.png (gnuplot, when
+// installed).
+//
+// Open loop: each request is sent at its arrival time on its own thread whatever the server is
+// doing, so overload shows up as growing TTFT rather than as a slower client.
+#include <httplib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "apps/chorus/flags.h"
+
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+struct Planned {
+  double arrival_s = 0;
+  int input_tokens = 0;
+  int output_tokens = 0;
+  std::vector<int> prompt;
+};
+
+struct Outcome {
+  int status = 0;  // HTTP status; 0 = connection failure
+  std::string error;
+  double ttft_s = -1;      // send → first text chunk
+  double latency_s = -1;   // send → [DONE]
+  double tpot_s = -1;      // (last token − first token) / (tokens − 1)
+  int64_t completion_tokens = 0;
+  int64_t prompt_tokens = 0;
+};
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return std::nan("");
+  std::sort(v.begin(), v.end());
+  const double idx = p / 100.0 * static_cast<double>(v.size() - 1);
+  const size_t lo = static_cast<size_t>(std::floor(idx)), hi = static_cast<size_t>(std::ceil(idx));
+  return v[lo] + (v[hi] - v[lo]) * (idx - static_cast<double>(lo));
+}
+
+json Stats(const std::vector<double>& v) {
+  if (v.empty()) return nullptr;
+  double sum = 0;
+  for (double x : v) sum += x;
+  return {{"mean", sum / static_cast<double>(v.size())},
+          {"p50", Percentile(v, 50)},
+          {"p90", Percentile(v, 90)},
+          {"p99", Percentile(v, 99)},
+          {"max", *std::max_element(v.begin(), v.end())}};
+}
+
+struct Url {
+  std::string scheme_host_port;
+  std::string base_path;  // e.g. "" or "/prefix"
+};
+
+Url ParseUrl(std::string url) {
+  while (!url.empty() && url.back() == '/') url.pop_back();
+  if (url.size() >= 3 && url.substr(url.size() - 3) == "/v1") url.resize(url.size() - 3);
+  Url u;
+  const size_t scheme = url.find("://");
+  const size_t path = url.find('/', scheme == std::string::npos ? 0 : scheme + 3);
+  u.scheme_host_port = path == std::string::npos ? url : url.substr(0, path);
+  u.base_path = path == std::string::npos ? "" : url.substr(path);
+  return u;
+}
+
+Outcome RunOne(const Url& url, const std::string& api_key, const std::string& model, const Planned& p,
+               int timeout_s) {
+  Outcome o;
+  httplib::Client cli(url.scheme_host_port);
+  cli.set_connection_timeout(30, 0);
+  cli.set_read_timeout(timeout_s, 0);
+  cli.set_write_timeout(timeout_s, 0);
+  json body = {{"prompt", p.prompt},
+               {"max_tokens", p.output_tokens},
+               {"ignore_eos", true},
+               {"temperature", 0},
+               {"stream", true},
+               {"stream_options", {{"include_usage", true}}}};
+  if (!model.empty()) body["model"] = model;
+  httplib::Request req;
+  req.method = "POST";
+  req.path = url.base_path + "/v1/completions";
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  if (!api_key.empty()) req.set_header("Authorization", "Bearer " + api_key);
+  std::string buf, error_body;
+  const auto t0 = Clock::now();
+  Clock::time_point t_first, t_last;
+  bool got_first = false;
+  int64_t text_chunks = 0;
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    buf.append(data, n);
+    size_t pos;
+    while ((pos = buf.find("\n\n")) != std::string::npos) {
+      std::string ev = buf.substr(0, pos);
+      buf.erase(0, pos + 2);
+      if (ev.rfind("data: ", 0) != 0) continue;
+      std::string payload = ev.substr(6);
+      if (payload == "[DONE]") {
+        o.latency_s = std::chrono::duration<double>(Clock::now() - t0).count();
+        continue;
+      }
+      json j = json::parse(payload, nullptr, false);
+      if (j.is_discarded()) continue;
+      if (j.contains("error")) {
+        o.error = j["error"].value("message", "error event");
+        continue;
+      }
+      if (j.contains("usage") && j["usage"].is_object()) {
+        o.completion_tokens = j["usage"].value("completion_tokens", int64_t{0});
+        o.prompt_tokens = j["usage"].value("prompt_tokens", int64_t{0});
+      }
+      if (j.contains("choices") && !j["choices"].empty()) {
+        const auto now = Clock::now();
+        if (!got_first) {
+          got_first = true;
+          t_first = now;
+        }
+        t_last = now;
+        ++text_chunks;
+      }
+    }
+    return true;
+  };
+  auto res = cli.send(req);
+  if (!res) {
+    o.error = "connection: " + httplib::to_string(res.error());
+    return o;
+  }
+  o.status = res->status;
+  if (o.status != 200) {
+    json j = json::parse(res->body, nullptr, false);
+    o.error = !j.is_discarded() && j.contains("error") ? j["error"].value("message", "") : res->body.substr(0, 200);
+    return o;
+  }
+  if (got_first) o.ttft_s = std::chrono::duration<double>(t_first - t0).count();
+  if (o.completion_tokens > 1 && got_first) {
+    o.tpot_s = std::chrono::duration<double>(t_last - t_first).count() / static_cast<double>(o.completion_tokens - 1);
+  }
+  if (o.latency_s < 0 && o.error.empty()) o.error = "stream ended without [DONE]";
+  return o;
+}
+
+std::string CsvEscape(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"') out += '"';
+    if (c == '\n' || c == '\r') c = ' ';
+    out += c;
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  chorus::apps::Flags f("chorus_bench_serve",
+                        "Open-loop load generator for `chorus serve` (streaming /v1/completions). Writes\n"
+                        "PREFIX.csv, PREFIX.json and PREFIX.png. Keep runs short on shared machines.");
+  f.String("url", "http://127.0.0.1:8000", "server base URL (with or without /v1)");
+  f.String("model", "", "model name to send (default: none, the server's model)");
+  f.String("api-key", "", "bearer token");
+  f.String("workload", "slora", "workload shape (slora: uniform lengths, gamma arrivals; adapters not used yet)");
+  f.Float("rate", 2.0, "mean arrival rate R (requests/s)");
+  f.Float("cv", 1.0, "coefficient of variation of inter-arrival times (1 = Poisson)");
+  f.Int("num-requests", 50, "requests to send");
+  f.Float("duration", 300, "stop sending new requests after this many seconds");
+  f.Int("input-min", 8, "prompt length lower bound (inclusive)");
+  f.Int("input-max", 512, "prompt length upper bound (exclusive)");
+  f.Int("output-min", 8, "output length lower bound (inclusive)");
+  f.Int("output-max", 512, "output length upper bound (exclusive)");
+  f.Int("token-id-min", 10, "prompts are random token ids in [token-id-min, token-id-max)");
+  f.Int("token-id-max", 200, "see token-id-min (must be within the model's vocabulary)");
+  f.Int("seed", 1, "seed of the arrival times, lengths and prompts");
+  f.Int("timeout", 600, "per-request timeout in seconds");
+  f.String("out", "serve_bench", "output prefix: PREFIX.csv, PREFIX.json, PREFIX.png");
+  chorus::Status st = f.Parse(argc, argv);
+  if (st.code() == chorus::StatusCode::kCancelled) return 0;
+  if (!st.ok()) {
+    std::fprintf(stderr, "%s\n", st.message().c_str());
+    return 2;
+  }
+  if (f.GetString("workload") != "slora") {
+    std::fprintf(stderr, "chorus_bench_serve: unknown --workload (only slora)\n");
+    return 2;
+  }
+  const double rate = f.GetFloat("rate"), cv = f.GetFloat("cv");
+  const int64_t n = f.GetInt("num-requests");
+  const int64_t in_lo = f.GetInt("input-min"), in_hi = f.GetInt("input-max");
+  const int64_t out_lo = f.GetInt("output-min"), out_hi = f.GetInt("output-max");
+  const int64_t id_lo = f.GetInt("token-id-min"), id_hi = f.GetInt("token-id-max");
+  if (!(rate > 0) || !(cv > 0) || n < 1 || n > 100000 || in_lo < 1 || in_hi <= in_lo || out_lo < 1 ||
+      out_hi <= out_lo || id_lo < 0 || id_hi <= id_lo) {
+    std::fprintf(stderr, "chorus_bench_serve: need rate > 0, cv > 0, 1 <= num-requests <= 100000, 1 <= min < max\n");
+    return 2;
+  }
+
+  // The plan: gamma inter-arrival times with mean 1/R and CV cv.
+  std::mt19937_64 rng(static_cast<uint64_t>(f.GetInt("seed")));
+  std::gamma_distribution<double> gap(1.0 / (cv * cv), cv * cv / rate);
+  std::uniform_int_distribution<int64_t> in_len(in_lo, in_hi - 1), out_len(out_lo, out_hi - 1), tok(id_lo, id_hi - 1);
+  std::vector<Planned> plan(static_cast<size_t>(n));
+  double t = 0;
+  for (auto& p : plan) {
+    t += gap(rng);
+    p.arrival_s = t;
+    p.input_tokens = static_cast<int>(in_len(rng));
+    p.output_tokens = static_cast<int>(out_len(rng));
+    p.prompt.resize(static_cast<size_t>(p.input_tokens));
+    for (int& id : p.prompt) id = static_cast<int>(tok(rng));
+  }
+
+  const Url url = ParseUrl(f.GetString("url"));
+  const std::string api_key = f.GetString("api-key"), model = f.GetString("model");
+  const int timeout_s = static_cast<int>(f.GetInt("timeout"));
+  const double max_duration = f.GetFloat("duration");
+  std::vector<Outcome> outcomes(plan.size());
+  std::vector<char> sent(plan.size(), 0);
+  std::vector<std::thread> threads;
+  threads.reserve(plan.size());
+  std::fprintf(stderr, "chorus_bench_serve: %lld requests at %.2f req/s (cv %.2f) to %s\n", static_cast<long long>(n),
+               rate, cv, url.scheme_host_port.c_str());
+  const auto start = Clock::now();
+  for (size_t i = 0; i < plan.size(); ++i) {
+    if (plan[i].arrival_s > max_duration) break;
+    std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(
+                                              std::chrono::duration<double>(plan[i].arrival_s)));
+    sent[i] = 1;
+    threads.emplace_back([&, i] { outcomes[i] = RunOne(url, api_key, model, plan[i], timeout_s); });
+  }
+  for (auto& th : threads) th.join();
+  const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+
+  // Per-request CSV.
+  const std::string prefix = f.GetString("out");
+  std::ofstream csv(prefix + ".csv");
+  csv << "request,arrival_s,input_tokens,output_tokens,status,ttft_s,tpot_s,latency_s,completion_tokens,error\n";
+  std::vector<double> ttft, tpot, latency;
+  int64_t ok = 0, errors = 0, gen_tokens = 0, prompt_tokens = 0;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    if (!sent[i]) continue;
+    const Outcome& o = outcomes[i];
+    const bool good = o.status == 200 && o.error.empty();
+    if (good) {
+      ++ok;
+      gen_tokens += o.completion_tokens;
+      prompt_tokens += o.prompt_tokens;
+      if (o.ttft_s >= 0) ttft.push_back(o.ttft_s);
+      if (o.tpot_s >= 0) tpot.push_back(o.tpot_s);
+      if (o.latency_s >= 0) latency.push_back(o.latency_s);
+    } else {
+      ++errors;
+    }
+    csv << i << ',' << plan[i].arrival_s << ',' << plan[i].input_tokens << ',' << plan[i].output_tokens << ','
+        << o.status << ',' << o.ttft_s << ',' << o.tpot_s << ',' << o.latency_s << ',' << o.completion_tokens << ','
+        << CsvEscape(o.error) << '\n';
+  }
+  csv.close();
+  json summary = {{"workload", "slora"},
+                  {"url", url.scheme_host_port},
+                  {"rate", rate},
+                  {"cv", cv},
+                  {"requests_sent", ok + errors},
+                  {"requests_ok", ok},
+                  {"errors", errors},
+                  {"duration_s", elapsed},
+                  {"throughput_req_s", static_cast<double>(ok) / elapsed},
+                  {"output_tokens_s", static_cast<double>(gen_tokens) / elapsed},
+                  {"total_tokens_s", static_cast<double>(gen_tokens + prompt_tokens) / elapsed},
+                  {"ttft_s", Stats(ttft)},
+                  {"tpot_s", Stats(tpot)},
+                  {"latency_s", Stats(latency)},
+                  {"input_len", {in_lo, in_hi}},
+                  {"output_len", {out_lo, out_hi}}};
+  std::ofstream(prefix + ".json") << summary.dump(2) << "\n";
+  std::printf("%s\n", summary.dump(2).c_str());
+
+  // Plot: TTFT and latency against arrival time (gnuplot, when installed).
+  std::ofstream gp(prefix + ".gp");
+  gp << "set terminal pngcairo size 1000,700 noenhanced\n"
+     << "set output '" << prefix << ".png'\n"
+     << "set datafile separator ','\n"
+     << "set key autotitle columnhead\n"
+     << "set multiplot layout 2,1 title 'chorus serve: slora, R=" << rate << " req/s, cv=" << cv << "'\n"
+     << "set xlabel 'arrival time (s)'\nset ylabel 'seconds'\nset grid\n"
+     << "plot '" << prefix << ".csv' using 2:($5==200?$6:1/0) with points pt 7 ps 0.6 title 'TTFT', "
+     << "'' using 2:($5==200?$8:1/0) with points pt 6 ps 0.6 title 'latency'\n"
+     << "set ylabel 'ms per output token'\n"
+     << "plot '" << prefix << ".csv' using 2:($5==200?$7*1000:1/0) with points pt 7 ps 0.6 title 'time per output token'\n"
+     << "unset multiplot\n";
+  gp.close();
+  if (std::system("command -v gnuplot >/dev/null 2>&1") == 0) {
+    const std::string cmd = "gnuplot '" + prefix + ".gp'";
+    if (std::system(cmd.c_str()) != 0) std::fprintf(stderr, "chorus_bench_serve: gnuplot failed\n");
+  } else {
+    std::fprintf(stderr, "chorus_bench_serve: gnuplot not installed; wrote %s.gp only\n", prefix.c_str());
+  }
+  return errors == 0 ? 0 : 1;
+}

@@ -1,0 +1,618 @@
+#include "chorus/server/openai.h"
+
+#include <cmath>
+#include <random>
+
+#include "chorus/engine/sampler.h"
+
+namespace chorus::server {
+namespace {
+
+using json = nlohmann::json;
+
+// Logprobs of −inf (a token the model rules out) are reported as this, as vLLM does: JSON has
+// no infinity.
+constexpr double kMinLogprob = -9999.0;
+
+std::string Clip(std::string_view s, size_t n = 64) {
+  if (s.size() <= n) return std::string(s);
+  return std::string(s.substr(0, n)) + "...";
+}
+
+const json* Field(const json& body, const char* key) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+std::optional<ApiError> GetBool(const json& body, const char* key, bool* out) {
+  const json* v = Field(body, key);
+  if (!v) return std::nullopt;
+  if (!v->is_boolean()) return BadRequest(std::string(key) + " must be a boolean", key);
+  *out = v->get<bool>();
+  return std::nullopt;
+}
+
+// A JSON number as an integer: integer literals, or floats with an integral value.
+bool AsInt(const json& v, int64_t* out) {
+  if (v.is_number_unsigned()) {
+    uint64_t u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(INT64_MAX)) return false;
+    *out = static_cast<int64_t>(u);
+    return true;
+  }
+  if (v.is_number_integer()) {
+    *out = v.get<int64_t>();
+    return true;
+  }
+  if (v.is_number_float()) {
+    double d = v.get<double>();
+    if (!std::isfinite(d) || std::floor(d) != d || std::fabs(d) > 9.0e15) return false;
+    *out = static_cast<int64_t>(d);
+    return true;
+  }
+  return false;
+}
+
+std::optional<ApiError> GetInt(const json& body, const char* key, int64_t lo, int64_t hi, int64_t* out,
+                               bool* present = nullptr) {
+  const json* v = Field(body, key);
+  if (!v) return std::nullopt;
+  int64_t x = 0;
+  if (!AsInt(*v, &x)) return BadRequest(std::string(key) + " must be an integer", key);
+  if (x < lo || x > hi) {
+    return BadRequest(std::string(key) + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " +
+                          std::to_string(x),
+                      key);
+  }
+  *out = x;
+  if (present) *present = true;
+  return std::nullopt;
+}
+
+// A number in [lo, hi] (open at lo when lo_open).
+std::optional<ApiError> GetFloat(const json& body, const char* key, double lo, double hi, bool lo_open, float* out) {
+  const json* v = Field(body, key);
+  if (!v) return std::nullopt;
+  if (!v->is_number()) return BadRequest(std::string(key) + " must be a number", key);
+  double d = v->get<double>();
+  if (!std::isfinite(d) || d < lo || d > hi || (lo_open && d == lo)) {
+    char buf[160];
+    std::snprintf(buf, sizeof(buf), "%s must be in %c%g, %g], got %g", key, lo_open ? '(' : '[', lo, hi, d);
+    return BadRequest(buf, key);
+  }
+  *out = static_cast<float>(d);
+  return std::nullopt;
+}
+
+std::optional<ApiError> CheckTokenIds(const json& arr, int32_t vocab, const char* param, std::vector<int32_t>* out) {
+  out->clear();
+  out->reserve(arr.size());
+  for (const json& t : arr) {
+    int64_t id = 0;
+    if (!AsInt(t, &id)) return BadRequest(std::string(param) + " token ids must be integers", param);
+    if (id < 0 || id >= vocab) {
+      return BadRequest(std::string(param) + " token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                            std::to_string(vocab) + ")",
+                        param);
+    }
+    out->push_back(static_cast<int32_t>(id));
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> ParsePrompt(const json& body, const ApiContext& ctx, ApiRequest* out) {
+  const json* p = Field(body, "prompt");
+  if (!p) return BadRequest("prompt is required", "prompt");
+  tokenizer::EncodeOptions eo;
+  eo.add_bos = ctx.tok->add_bos();
+  eo.parse_special = true;
+  auto add_text = [&](const std::string& s) -> std::optional<ApiError> {
+    if (s.empty()) return BadRequest("prompt must not be empty", "prompt");
+    std::vector<int32_t> ids = ctx.tok->Encode(s, eo);
+    if (ids.empty()) return BadRequest("prompt must not be empty", "prompt");
+    out->prompts.push_back(std::move(ids));
+    out->echo_text.push_back(s);
+    return std::nullopt;
+  };
+  auto add_ids = [&](const json& arr) -> std::optional<ApiError> {
+    if (arr.empty()) return BadRequest("prompt must not be empty", "prompt");
+    std::vector<int32_t> ids;
+    if (auto e = CheckTokenIds(arr, ctx.vocab_size, "prompt", &ids)) return e;
+    out->echo_text.push_back(ctx.tok->Decode(ids));
+    out->prompts.push_back(std::move(ids));
+    return std::nullopt;
+  };
+  if (p->is_string()) return add_text(p->get_ref<const std::string&>());
+  if (!p->is_array()) return BadRequest("prompt must be a string, a list of strings or a list of token ids", "prompt");
+  if (p->empty()) return BadRequest("prompt must not be empty", "prompt");
+  const json& first = (*p)[0];
+  if (first.is_number()) return add_ids(*p);
+  if (p->size() > static_cast<size_t>(kMaxPrompts)) {
+    return BadRequest("at most " + std::to_string(kMaxPrompts) + " prompts per request", "prompt");
+  }
+  for (const json& e : *p) {
+    if (first.is_string() && e.is_string()) {
+      if (auto err = add_text(e.get_ref<const std::string&>())) return err;
+    } else if (first.is_array() && e.is_array()) {
+      if (auto err = add_ids(e)) return err;
+    } else {
+      return BadRequest("prompt must be a string, a list of strings, a list of token ids or a list of token-id lists",
+                        "prompt");
+    }
+  }
+  return std::nullopt;
+}
+
+// Flattens OpenAI message content (string, null or a list of text parts) to a string.
+std::optional<ApiError> MessageContent(const json& content, std::string* out) {
+  out->clear();
+  if (content.is_null()) return std::nullopt;
+  if (content.is_string()) {
+    *out = content.get<std::string>();
+    return std::nullopt;
+  }
+  if (!content.is_array()) return BadRequest("message content must be a string or a list of parts", "messages");
+  bool first = true;
+  for (const json& part : content) {
+    if (!part.is_object()) return BadRequest("message content parts must be objects", "messages");
+    auto type = part.find("type");
+    if (type == part.end() || !type->is_string() || *type != "text") {
+      return BadRequest("only text content parts are supported", "messages", "unsupported");
+    }
+    auto text = part.find("text");
+    if (text == part.end() || !text->is_string()) return BadRequest("a text part needs a string `text`", "messages");
+    if (!first) *out += "\n";
+    *out += text->get_ref<const std::string&>();
+    first = false;
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> ParseMessages(const json& body, const ApiContext& ctx, ApiRequest* out) {
+  const json* m = Field(body, "messages");
+  if (!m) return BadRequest("messages is required", "messages");
+  if (!m->is_array()) return BadRequest("messages must be a list", "messages");
+  if (m->empty()) return BadRequest("messages must not be empty", "messages");
+  if (m->size() > static_cast<size_t>(kMaxMessages)) {
+    return BadRequest("at most " + std::to_string(kMaxMessages) + " messages per request", "messages");
+  }
+  std::vector<tokenizer::ChatMessage> msgs;
+  msgs.reserve(m->size());
+  for (const json& e : *m) {
+    if (!e.is_object()) return BadRequest("each message must be an object", "messages");
+    auto role = e.find("role");
+    if (role == e.end() || !role->is_string() || role->get_ref<const std::string&>().empty()) {
+      return BadRequest("each message needs a string `role`", "messages");
+    }
+    tokenizer::ChatMessage cm;
+    cm.role = role->get<std::string>();
+    auto content = e.find("content");
+    if (content != e.end()) {
+      if (auto err = MessageContent(*content, &cm.content)) return err;
+    }
+    if (auto name = e.find("name"); name != e.end() && name->is_string()) cm.extra["name"] = *name;
+    msgs.push_back(std::move(cm));
+  }
+  bool add_generation_prompt = true;
+  if (auto e = GetBool(body, "add_generation_prompt", &add_generation_prompt)) return e;
+  tokenizer::ChatRenderOptions ro;
+  ro.add_generation_prompt = add_generation_prompt;
+  const auto& tok = *ctx.tok;
+  std::string bos_piece;
+  if (tok.bos_id() >= 0) bos_piece = std::string(tok.Piece(tok.bos_id()));
+  ro.bos_token = bos_piece;
+  if (!tok.eos_ids().empty()) ro.eos_token = std::string(tok.Piece(tok.eos_ids()[0]));
+  auto rendered = ctx.chat_template->Render(msgs, ro);
+  if (!rendered.ok()) {
+    // Whatever the template says (raise_exception, a render limit) is about this request.
+    return BadRequest("chat template: " + Clip(rendered.status().message(), 200), "messages");
+  }
+  tokenizer::EncodeOptions eo;
+  eo.parse_special = true;
+  eo.add_eos = false;
+  eo.add_bos = tok.add_bos() && !(bos_piece.size() > 0 && rendered->starts_with(bos_piece));
+  std::vector<int32_t> ids = tok.Encode(*rendered, eo);
+  if (ids.empty()) return BadRequest("the rendered conversation is empty", "messages");
+  out->prompts.push_back(std::move(ids));
+  out->echo_text.push_back({});
+  return std::nullopt;
+}
+
+std::optional<ApiError> ParseStop(const json& body, ApiRequest* out) {
+  const json* s = Field(body, "stop");
+  if (!s) return std::nullopt;
+  auto add = [&](const json& v) -> std::optional<ApiError> {
+    if (!v.is_string()) return BadRequest("stop must be a string or a list of strings", "stop");
+    const auto& str = v.get_ref<const std::string&>();
+    if (str.empty()) return BadRequest("stop strings must not be empty", "stop");
+    if (str.size() > kMaxStopBytes) {
+      return BadRequest("stop strings must be at most " + std::to_string(kMaxStopBytes) + " bytes", "stop");
+    }
+    out->gen.stop.push_back(str);
+    return std::nullopt;
+  };
+  if (s->is_string()) return add(*s);
+  if (!s->is_array()) return BadRequest("stop must be a string or a list of strings", "stop");
+  if (s->size() > static_cast<size_t>(kMaxStops)) {
+    return BadRequest("at most " + std::to_string(kMaxStops) + " stop strings", "stop");
+  }
+  for (const json& v : *s) {
+    if (auto e = add(v)) return e;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+int JsonNestingDepth(std::string_view text, int limit) {
+  int depth = 0, max_depth = 0;
+  bool in_string = false, escaped = false;
+  for (char ch : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (ch == '\\') {
+        escaped = true;
+      } else if (ch == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (ch == '"') {
+      in_string = true;
+    } else if (ch == '[' || ch == '{') {
+      if (++depth > max_depth) {
+        max_depth = depth;
+        if (max_depth > limit) return max_depth;
+      }
+    } else if (ch == ']' || ch == '}') {
+      if (depth > 0) --depth;
+    }
+  }
+  return max_depth;
+}
+
+std::optional<ApiError> ParseApiRequest(ApiKind kind, std::string_view body, const ApiContext& ctx,
+                                        ApiRequest* out) {
+  *out = ApiRequest{};
+  out->kind = kind;
+  if (JsonNestingDepth(body, kMaxJsonDepth) > kMaxJsonDepth) return BadRequest("request body is nested too deeply");
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return BadRequest("request body is not valid JSON (or not UTF-8)");
+  if (!j.is_object()) return BadRequest("request body must be a JSON object");
+
+  if (const json* m = Field(j, "model")) {
+    if (!m->is_string()) return BadRequest("model must be a string", "model");
+    if (m->get_ref<const std::string&>() != ctx.served_model) {
+      ApiError e = NotFound("The model `" + Clip(m->get_ref<const std::string&>()) + "` does not exist.",
+                            "model_not_found");
+      e.param = "model";
+      return e;
+    }
+  }
+
+  // Everything except the prompt first (cheap), then the prompt (tokenization, rendering).
+  auto& g = out->gen;
+  g.max_tokens = -1;
+  bool present = false;
+  int64_t v = 0;
+  constexpr int64_t kMaxTokensLimit = int64_t{1} << 30;
+  if (kind == ApiKind::kChat) {
+    present = false;
+    if (auto e = GetInt(j, "max_completion_tokens", 1, kMaxTokensLimit, &v, &present)) return e;
+    if (present) g.max_tokens = v;
+  }
+  if (g.max_tokens < 0) {
+    present = false;
+    if (auto e = GetInt(j, "max_tokens", 1, kMaxTokensLimit, &v, &present)) return e;
+    if (present) g.max_tokens = v;
+  }
+  v = 1;
+  if (auto e = GetInt(j, "n", 1, kMaxChoices, &v)) return e;
+  g.n = static_cast<int>(v);
+  if (const json* b = Field(j, "best_of")) {
+    int64_t best_of = 0;
+    if (!AsInt(*b, &best_of) || best_of != g.n) {
+      return BadRequest("best_of other than n is not supported", "best_of", "unsupported");
+    }
+  }
+
+  auto& sp = g.sampling;
+  if (auto e = GetFloat(j, "temperature", 0.0, engine::kMaxTemperature, false, &sp.temperature)) return e;
+  if (auto e = GetFloat(j, "top_p", 0.0, 1.0, true, &sp.top_p)) return e;
+  v = 0;
+  if (auto e = GetInt(j, "top_k", -1, INT32_MAX, &v)) return e;
+  sp.top_k = static_cast<int32_t>(v);
+  if (auto e = GetFloat(j, "min_p", 0.0, 1.0, false, &sp.min_p)) return e;
+  if (auto e = GetFloat(j, "presence_penalty", -2.0, 2.0, false, &sp.presence_penalty)) return e;
+  if (auto e = GetFloat(j, "frequency_penalty", -2.0, 2.0, false, &sp.frequency_penalty)) return e;
+  if (auto e = GetFloat(j, "repetition_penalty", 0.0, engine::kMaxRepetitionPenalty, true, &sp.repetition_penalty))
+    return e;
+  if (const json* s = Field(j, "seed")) {
+    if (s->is_number_unsigned()) {
+      sp.seed = s->get<uint64_t>();
+    } else {
+      int64_t seed = 0;
+      if (!AsInt(*s, &seed)) return BadRequest("seed must be an integer", "seed");
+      sp.seed = static_cast<uint64_t>(seed);
+    }
+  }
+  if (auto e = ParseStop(j, out)) return e;
+  if (const json* ids = Field(j, "stop_token_ids")) {
+    if (!ids->is_array()) return BadRequest("stop_token_ids must be a list of token ids", "stop_token_ids");
+    if (ids->size() > 256) return BadRequest("at most 256 stop_token_ids", "stop_token_ids");
+    if (auto e = CheckTokenIds(*ids, ctx.vocab_size, "stop_token_ids", &g.stop_token_ids)) return e;
+  }
+  if (auto e = GetBool(j, "ignore_eos", &g.ignore_eos)) return e;
+  if (auto e = GetBool(j, "stream", &out->stream)) return e;
+  if (const json* so = Field(j, "stream_options")) {
+    if (!so->is_object()) return BadRequest("stream_options must be an object", "stream_options");
+    if (!out->stream) return BadRequest("stream_options is only allowed when stream is true", "stream_options");
+    if (auto e = GetBool(*so, "include_usage", &out->include_usage)) {
+      e->param = "stream_options.include_usage";
+      return e;
+    }
+  }
+  if (kind == ApiKind::kCompletion) {
+    v = -1;
+    if (auto e = GetInt(j, "logprobs", 0, engine::kMaxLogprobs, &v)) return e;
+    out->logprobs = static_cast<int>(v);
+    if (auto e = GetBool(j, "echo", &out->echo)) return e;
+    if (out->echo && out->logprobs >= 0) {
+      return BadRequest("echo with logprobs (prompt logprobs) is not supported", "echo", "unsupported");
+    }
+    if (const json* s = Field(j, "suffix")) {
+      if (!s->is_string() || !s->get_ref<const std::string&>().empty()) {
+        return BadRequest("suffix is not supported", "suffix", "unsupported");
+      }
+    }
+  } else {
+    bool logprobs = false;
+    if (auto e = GetBool(j, "logprobs", &logprobs)) return e;
+    bool top_present = false;
+    v = 0;
+    if (auto e = GetInt(j, "top_logprobs", 0, engine::kMaxLogprobs, &v, &top_present)) return e;
+    if (top_present && !logprobs) return BadRequest("top_logprobs requires logprobs to be true", "top_logprobs");
+    out->logprobs = logprobs ? static_cast<int>(v) : -1;
+    if (const json* t = Field(j, "tools")) {
+      if (!t->is_array() || !t->empty()) return BadRequest("tools are not supported", "tools", "unsupported");
+    }
+    if (const json* rf = Field(j, "response_format")) {
+      auto type = rf->is_object() ? rf->find("type") : rf->end();
+      if (!rf->is_object() || type == rf->end() || *type != "text") {
+        return BadRequest("only response_format {\"type\": \"text\"} is supported", "response_format", "unsupported");
+      }
+    }
+  }
+  if (out->logprobs >= 0) sp.logprobs = out->logprobs;
+  if (const json* lb = Field(j, "logit_bias")) {
+    if (!lb->is_object() || !lb->empty()) return BadRequest("logit_bias is not supported", "logit_bias", "unsupported");
+  }
+  if (Status s = sp.Validate(); !s.ok()) return ErrorFromStatus(s);
+
+  if (kind == ApiKind::kCompletion) {
+    if (auto e = ParsePrompt(j, ctx, out)) return e;
+  } else {
+    if (auto e = ParseMessages(j, ctx, out)) return e;
+  }
+  if (out->prompts.size() * static_cast<size_t>(g.n) > static_cast<size_t>(kMaxPrompts) * kMaxChoices) {
+    return BadRequest("too many choices (prompts x n)", "n");
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> MakeGenerationRequest(const ApiRequest& req, size_t i, const ApiContext& ctx,
+                                              engine::GenerationRequest* out) {
+  *out = req.gen;
+  out->prompt = req.prompts[i];
+  const int64_t n_prompt = static_cast<int64_t>(out->prompt.size());
+  const std::string param = req.kind == ApiKind::kChat ? "messages" : "prompt";
+  if (out->max_tokens < 0) {
+    out->max_tokens = ctx.max_context - n_prompt;
+    if (out->max_tokens < 1) {
+      return BadRequest("this model's maximum context length is " + std::to_string(ctx.max_context) +
+                            " tokens, but the prompt has " + std::to_string(n_prompt) + " tokens",
+                        param, "context_length_exceeded");
+    }
+  } else if (n_prompt + out->max_tokens > ctx.max_context) {
+    return BadRequest("this model's maximum context length is " + std::to_string(ctx.max_context) +
+                          " tokens, but the request needs " + std::to_string(n_prompt) + " prompt + " +
+                          std::to_string(out->max_tokens) + " completion tokens",
+                      param, "context_length_exceeded");
+  }
+  return std::nullopt;
+}
+
+std::string NewResponseId(ApiKind kind) {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  static const char* kHex = "0123456789abcdef";
+  std::string id = kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-";
+  for (int i = 0; i < 24; ++i) id += kHex[rng() & 15];
+  return id;
+}
+
+std::string DumpJson(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+json Usage::ToJson() const {
+  return {{"prompt_tokens", prompt_tokens},
+          {"completion_tokens", completion_tokens},
+          {"total_tokens", prompt_tokens + completion_tokens}};
+}
+
+ResponseBuilder::ResponseBuilder(const ApiRequest& req, const ApiContext& ctx, std::string id, int64_t created)
+    : req_(req), ctx_(ctx), id_(std::move(id)), created_(created) {
+  const size_t n = static_cast<size_t>(req.gen.n);
+  choices_.resize(req.prompts.size() * n);
+  for (size_t p = 0; p < req.prompts.size(); ++p) {
+    for (size_t i = 0; i < n; ++i) {
+      Choice& c = choices_[p * n + i];
+      c.prev_token = req.prompts[p].empty() ? -1 : req.prompts[p].back();
+      if (req.echo) c.text = req.echo_text[p];
+    }
+  }
+}
+
+int ResponseBuilder::ChoiceIndex(size_t prompt_index, const engine::StreamEvent& ev) const {
+  return static_cast<int>(prompt_index) * req_.gen.n + ev.index;
+}
+
+std::string ResponseBuilder::TokenText(int32_t prev, int32_t id) const {
+  if (id < 0 || id >= ctx_.tok->vocab_size()) return {};
+  if (prev >= ctx_.tok->vocab_size()) prev = -1;
+  return ctx_.tok->TokenBytes(prev, id, /*include_special=*/true);
+}
+
+void ResponseBuilder::AddLogprobs(Choice* c, const engine::StreamEvent& ev, json* delta) const {
+  if (req_.logprobs < 0 || ev.token < 0) return;
+  auto clamp = [](float lp) { return std::isfinite(lp) ? static_cast<double>(lp) : kMinLogprob; };
+  const std::string text = TokenText(c->prev_token, ev.token);
+  if (req_.kind == ApiKind::kCompletion) {
+    json top = json::object();
+    for (const auto& t : ev.top_logprobs) top[TokenText(c->prev_token, t.token)] = clamp(t.logprob);
+    top[text] = clamp(ev.logprob);
+    const size_t offset = c->text.size();
+    c->tokens.push_back(text);
+    c->token_logprobs.push_back(clamp(ev.logprob));
+    c->top_logprobs.push_back(top);
+    c->text_offset.push_back(offset);
+    if (delta) {
+      *delta = {{"tokens", json::array({text})},
+                {"token_logprobs", json::array({clamp(ev.logprob)})},
+                {"top_logprobs", json::array({top})},
+                {"text_offset", json::array({offset})}};
+    }
+  } else {
+    auto bytes = [](const std::string& s) {
+      json b = json::array();
+      for (unsigned char ch : s) b.push_back(static_cast<int>(ch));
+      return b;
+    };
+    json top = json::array();
+    for (const auto& t : ev.top_logprobs) {
+      std::string tt = TokenText(c->prev_token, t.token);
+      top.push_back({{"token", tt}, {"logprob", clamp(t.logprob)}, {"bytes", bytes(tt)}});
+    }
+    json entry = {{"token", text}, {"logprob", clamp(ev.logprob)}, {"bytes", bytes(text)}, {"top_logprobs", top}};
+    c->content.push_back(entry);
+    if (delta) *delta = {{"content", json::array({entry})}};
+  }
+  c->prev_token = ev.token;
+}
+
+void ResponseBuilder::Add(size_t prompt_index, const engine::StreamEvent& ev) {
+  const int idx = ChoiceIndex(prompt_index, ev);
+  if (idx < 0 || idx >= static_cast<int>(choices_.size())) return;
+  Choice& c = choices_[static_cast<size_t>(idx)];
+  AddLogprobs(&c, ev, nullptr);
+  c.text += ev.text;
+  if (ev.finish == engine::FinishReason::kStop || ev.finish == engine::FinishReason::kLength) {
+    c.finish = engine::FinishReasonName(ev.finish);
+  }
+}
+
+std::string ResponseBuilder::FinalJson(const Usage& usage) const {
+  const bool chat = req_.kind == ApiKind::kChat;
+  json out = {{"id", id_},
+              {"object", chat ? "chat.completion" : "text_completion"},
+              {"created", created_},
+              {"model", ctx_.served_model}};
+  json choices = json::array();
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    const Choice& c = choices_[i];
+    json ch = {{"index", i}};
+    json lp = nullptr;
+    if (req_.logprobs >= 0) {
+      lp = chat ? json{{"content", c.content}}
+                : json{{"tokens", c.tokens},
+                       {"token_logprobs", c.token_logprobs},
+                       {"top_logprobs", c.top_logprobs},
+                       {"text_offset", c.text_offset}};
+    }
+    if (chat) {
+      ch["message"] = {{"role", "assistant"}, {"content", c.text}};
+    } else {
+      ch["text"] = c.text;
+    }
+    ch["logprobs"] = lp;
+    ch["finish_reason"] = c.finish.empty() ? json(nullptr) : json(c.finish);
+    choices.push_back(std::move(ch));
+  }
+  out["choices"] = std::move(choices);
+  out["usage"] = usage.ToJson();
+  return DumpJson(out);
+}
+
+json ResponseBuilder::ChunkEnvelope() const {
+  const bool chat = req_.kind == ApiKind::kChat;
+  json out = {{"id", id_},
+              {"object", chat ? "chat.completion.chunk" : "text_completion"},
+              {"created", created_},
+              {"model", ctx_.served_model}};
+  return out;
+}
+
+std::string ResponseBuilder::Sse(const json& j) { return "data: " + DumpJson(j) + "\n\n"; }
+
+std::string ResponseBuilder::OpeningChunks() {
+  std::string out;
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    json choice;
+    if (req_.kind == ApiKind::kChat) {
+      choice = {{"index", i}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr},
+                {"finish_reason", nullptr}};
+    } else if (req_.echo) {
+      choice = {{"index", i}, {"text", choices_[i].text}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+    } else {
+      continue;
+    }
+    json chunk = ChunkEnvelope();
+    chunk["choices"] = json::array({choice});
+    if (req_.include_usage) chunk["usage"] = nullptr;
+    out += Sse(chunk);
+  }
+  return out;
+}
+
+std::string ResponseBuilder::Chunk(size_t prompt_index, const engine::StreamEvent& ev) {
+  const int idx = ChoiceIndex(prompt_index, ev);
+  if (idx < 0 || idx >= static_cast<int>(choices_.size())) return {};
+  Choice& c = choices_[static_cast<size_t>(idx)];
+  json lp = nullptr;
+  AddLogprobs(&c, ev, &lp);
+  c.text += ev.text;
+  std::string finish;
+  if (ev.finish == engine::FinishReason::kStop || ev.finish == engine::FinishReason::kLength) {
+    finish = engine::FinishReasonName(ev.finish);
+    c.finish = finish;
+  }
+  if (ev.text.empty() && lp.is_null() && finish.empty()) return {};
+  json choice = {{"index", idx}};
+  if (req_.kind == ApiKind::kChat) {
+    choice["delta"] = ev.text.empty() ? json::object() : json{{"content", ev.text}};
+  } else {
+    choice["text"] = ev.text;
+  }
+  choice["logprobs"] = lp;
+  choice["finish_reason"] = finish.empty() ? json(nullptr) : json(finish);
+  json chunk = ChunkEnvelope();
+  chunk["choices"] = json::array({std::move(choice)});
+  if (req_.include_usage) chunk["usage"] = nullptr;
+  return Sse(chunk);
+}
+
+std::string ResponseBuilder::ClosingChunks(const Usage& usage) const {
+  std::string out;
+  if (req_.include_usage) {
+    json chunk = ChunkEnvelope();
+    chunk["choices"] = json::array();
+    chunk["usage"] = usage.ToJson();
+    out += Sse(chunk);
+  }
+  out += "data: [DONE]\n\n";
+  return out;
+}
+
+std::string ResponseBuilder::ErrorChunk(const ApiError& e) { return "data: " + e.ToJson() + "\n\n"; }
+
+}  // namespace chorus::server

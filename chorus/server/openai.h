@@ -1,0 +1,146 @@
+// The OpenAI API surface (DESIGN §9, issue 3): parsing /v1/completions and /v1/chat/completions
+// bodies into engine requests, and building OpenAI-shaped responses and SSE chunks from the
+// engine's stream events. No HTTP here (server.h does the transport), so every rule is testable
+// on strings.
+//
+// Request semantics (vLLM / OpenAI):
+//   * `model` may be absent (the served model is used); present, it must name the served model
+//     (404 model_not_found otherwise).
+//   * completions `prompt`: a string, a list of strings, a list of token ids, or a list of
+//     token-id lists. Each prompt yields `n` choices; choice index = prompt_index × n + i.
+//     Strings are tokenized with the tokenizer's BOS rule and special tokens recognised; token
+//     ids are used as given. Empty prompts are rejected.
+//   * chat `messages` are rendered with the model's chat template (ApiContext::chat_template),
+//     then tokenized with special tokens recognised; BOS is prepended when the tokenizer wants
+//     one and the rendered text does not already start with it.
+//   * `max_tokens` / `max_completion_tokens` absent → as many as fit: min(context, KV pool) −
+//     prompt length.
+//   * Unknown fields are ignored (as vLLM does); known fields of the wrong type or out of range
+//     are 400 with `param` naming the field.
+//
+// Thread-safety: functions are pure; a ResponseBuilder belongs to one request/thread.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "chorus/engine/request.h"
+#include "chorus/server/api_error.h"
+#include "chorus/tokenizer/chat_template.h"
+#include "chorus/tokenizer/tokenizer.h"
+
+namespace chorus::server {
+
+enum class ApiKind { kCompletion, kChat };
+
+// Limits on request shapes (beyond the body size limit, which the transport enforces).
+inline constexpr int kMaxPrompts = 64;         // entries of a prompt list
+inline constexpr int kMaxChoices = 16;         // n (the engine's own limit)
+inline constexpr int kMaxStops = 16;           // stop strings
+inline constexpr size_t kMaxStopBytes = 1024;  // bytes of one stop string
+inline constexpr int kMaxMessages = 4096;      // chat messages
+inline constexpr int kMaxJsonDepth = 64;       // nesting of the request body
+
+// What the parser needs to know about the served model.
+struct ApiContext {
+  const tokenizer::Tokenizer* tok = nullptr;
+  const tokenizer::ChatTemplate* chat_template = nullptr;  // required for chat
+  int32_t vocab_size = 0;      // token ids accepted in prompts: [0, vocab_size)
+  int64_t max_context = 0;     // prompt + completion tokens one sequence may hold
+  std::string served_model;    // the name `model` must match
+};
+
+// A parsed request: one engine request per prompt, sharing everything but the prompt.
+struct ApiRequest {
+  ApiKind kind = ApiKind::kCompletion;
+  std::vector<std::vector<int32_t>> prompts;  // token ids, one list per prompt
+  std::vector<std::string> echo_text;         // per prompt, when echo
+  engine::GenerationRequest gen;              // prompt empty; max_tokens = -1 when absent
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  bool echo = false;           // completions only
+  // Completions: the `logprobs` int; chat: `top_logprobs` when `logprobs` is true. -1 = none.
+  int logprobs = -1;
+};
+
+// Parses a request body. Returns nullopt and fills *out on success.
+std::optional<ApiError> ParseApiRequest(ApiKind kind, std::string_view body, const ApiContext& ctx,
+                                        ApiRequest* out);
+
+// The engine request for prompt `i` with max_tokens resolved against the context. Errors:
+// 400 context_length_exceeded when the prompt leaves no room.
+std::optional<ApiError> MakeGenerationRequest(const ApiRequest& req, size_t i, const ApiContext& ctx,
+                                              engine::GenerationRequest* out);
+
+// Depth of [ and { nesting outside strings; stops counting past `limit` (cheap pre-check that
+// keeps hostile bodies away from any recursive JSON code).
+int JsonNestingDepth(std::string_view text, int limit);
+
+// "cmpl-" / "chatcmpl-" followed by 24 random hex digits.
+std::string NewResponseId(ApiKind kind);
+
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  nlohmann::json ToJson() const;
+};
+
+// Turns engine events into OpenAI responses. Feed every event of every choice (Add) and take
+// FinalJson() for a non-streamed response, or turn each event into SSE text (Chunk) for a
+// streamed one.
+class ResponseBuilder {
+ public:
+  ResponseBuilder(const ApiRequest& req, const ApiContext& ctx, std::string id, int64_t created);
+
+  // Choice index of event `ev` of prompt `prompt_index`.
+  int ChoiceIndex(size_t prompt_index, const engine::StreamEvent& ev) const;
+
+  // Non-streaming: accumulate.
+  void Add(size_t prompt_index, const engine::StreamEvent& ev);
+  std::string FinalJson(const Usage& usage) const;
+
+  // Streaming. Opening chunks: chat → one role chunk per choice; completions with echo → the
+  // prompt text per choice. May be empty.
+  std::string OpeningChunks();
+  // SSE text for one event ("data: {...}\n\n"), or "" when the event carries nothing to send.
+  std::string Chunk(size_t prompt_index, const engine::StreamEvent& ev);
+  // The usage chunk (empty choices) when include_usage, then "data: [DONE]\n\n".
+  std::string ClosingChunks(const Usage& usage) const;
+  // An error in the middle of a stream: "data: {"error": ...}\n\n".
+  static std::string ErrorChunk(const ApiError& e);
+
+ private:
+  struct Choice {
+    int32_t prev_token = -1;  // for token text in logprobs
+    std::string text;
+    std::string finish;       // "stop" / "length" / ""
+    // completions logprobs
+    nlohmann::json tokens = nlohmann::json::array();
+    nlohmann::json token_logprobs = nlohmann::json::array();
+    nlohmann::json top_logprobs = nlohmann::json::array();
+    nlohmann::json text_offset = nlohmann::json::array();
+    // chat logprobs
+    nlohmann::json content = nlohmann::json::array();
+  };
+  std::string TokenText(int32_t prev, int32_t id) const;
+  // Appends the logprob entries of `ev` to `c` (and to `delta`, the chunk's own logprobs).
+  void AddLogprobs(Choice* c, const engine::StreamEvent& ev, nlohmann::json* delta) const;
+  nlohmann::json ChunkEnvelope() const;
+  static std::string Sse(const nlohmann::json& j);
+
+  const ApiRequest& req_;
+  const ApiContext& ctx_;
+  std::string id_;
+  int64_t created_;
+  std::vector<Choice> choices_;
+};
+
+// Serializes JSON for the wire: invalid UTF-8 replaced by U+FFFD, never thrown.
+std::string DumpJson(const nlohmann::json& j);
+
+}  // namespace chorus::server

@@ -1,0 +1,105 @@
+#include "chorus/server/prometheus.h"
+
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+
+namespace chorus::server {
+namespace {
+
+// Shortest decimal that reads back as `v` (so bucket bounds print as "0.025", not 0.0250...01).
+std::string Num(double v) {
+  char buf[64];
+  for (int precision = 1; precision <= 17; ++precision) {
+    std::snprintf(buf, sizeof(buf), "%.*g", precision, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  return buf;
+}
+
+void Header(std::string* out, const char* name, const char* type, const char* help) {
+  *out += "# HELP ";
+  *out += name;
+  *out += ' ';
+  *out += help;
+  *out += "\n# TYPE ";
+  *out += name;
+  *out += ' ';
+  *out += type;
+  *out += '\n';
+}
+
+void Scalar(std::string* out, const char* name, const char* type, const char* help, double v) {
+  Header(out, name, type, help);
+  *out += name;
+  *out += ' ';
+  *out += Num(v);
+  *out += '\n';
+}
+
+void Hist(std::string* out, const char* name, const char* help, const engine::Histogram& h) {
+  Header(out, name, "histogram", help);
+  const auto s = h.Get();
+  for (size_t i = 0; i < s.bounds.size() && i < s.cumulative.size(); ++i) {
+    *out += std::string(name) + "_bucket{le=\"" + Num(s.bounds[i]) + "\"} " + std::to_string(s.cumulative[i]) + "\n";
+  }
+  *out += std::string(name) + "_bucket{le=\"+Inf\"} " + std::to_string(s.count) + "\n";
+  *out += std::string(name) + "_sum " + Num(s.sum) + "\n";
+  *out += std::string(name) + "_count " + std::to_string(s.count) + "\n";
+}
+
+}  // namespace
+
+void HttpCounters::Add(std::string_view route, int status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++counts_[{std::string(route), status}];
+}
+
+std::map<std::pair<std::string, int>, uint64_t> HttpCounters::Snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return counts_;
+}
+
+std::string RenderPrometheus(const engine::EngineMetrics* m, const HttpCounters& http, int64_t kv_block_bytes) {
+  std::string out;
+  out.reserve(8192);
+  if (m) {
+    const double used = static_cast<double>(m->kv_blocks_used.load());
+    const double total = static_cast<double>(m->kv_blocks_total.load());
+    Scalar(&out, "chorus_queue_length", "gauge", "Requests (choices) waiting to run.",
+           static_cast<double>(m->queue_length.load()));
+    Scalar(&out, "chorus_running_sequences", "gauge", "Sequences in the running batch.",
+           static_cast<double>(m->running.load()));
+    Scalar(&out, "chorus_kv_blocks_used", "gauge", "KV cache blocks in use.", used);
+    Scalar(&out, "chorus_kv_blocks_free", "gauge", "KV cache blocks free.", total - used);
+    Scalar(&out, "chorus_kv_blocks_total", "gauge", "KV cache blocks in the pool.", total);
+    if (kv_block_bytes > 0) {
+      Scalar(&out, "chorus_pool_bytes_used", "gauge", "Pool bytes used by KV blocks.",
+             used * static_cast<double>(kv_block_bytes));
+    }
+    Scalar(&out, "chorus_engine_requests_total", "counter", "Requests accepted by the engine.",
+           static_cast<double>(m->requests_total.load()));
+    Scalar(&out, "chorus_engine_requests_rejected_total", "counter", "Requests rejected because the queue was full.",
+           static_cast<double>(m->requests_rejected.load()));
+    Scalar(&out, "chorus_preemptions_total", "counter", "Sequences preempted (KV freed, recomputed later).",
+           static_cast<double>(m->preemptions_total.load()));
+    Scalar(&out, "chorus_prompt_tokens_total", "counter", "Prompt tokens computed (prefill rows).",
+           static_cast<double>(m->prompt_tokens_total.load()));
+    Scalar(&out, "chorus_generation_tokens_total", "counter", "Tokens generated.",
+           static_cast<double>(m->generation_tokens_total.load()));
+    Scalar(&out, "chorus_engine_steps_total", "counter", "Engine steps run.", static_cast<double>(m->steps_total.load()));
+    Hist(&out, "chorus_time_to_first_token_seconds", "Time from submission to the first generated token.",
+         m->ttft_seconds);
+    Hist(&out, "chorus_time_per_output_token_seconds", "Time between consecutive generated tokens of a sequence.",
+         m->time_per_output_token_seconds);
+    Hist(&out, "chorus_step_seconds", "Duration of one engine step.", m->step_seconds);
+  }
+  Header(&out, "chorus_http_requests_total", "counter", "HTTP requests by route and status code.");
+  for (const auto& [key, n] : http.Snapshot()) {
+    out += "chorus_http_requests_total{route=\"" + key.first + "\",status=\"" + std::to_string(key.second) + "\"} " +
+           std::to_string(n) + "\n";
+  }
+  return out;
+}
+
+}  // namespace chorus::server

@@ -1,0 +1,457 @@
+#include "chorus/server/server.h"
+
+#include <httplib.h>
+#include <sys/socket.h>
+
+#include <ctime>
+#include <optional>
+
+#include "chorus/base/logging.h"
+#include "chorus/memory/kv_cache.h"
+#include "chorus/server/api_error.h"
+#include "chorus/server/openai.h"
+#include "chorus/server/prometheus.h"
+
+namespace chorus::server {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+// Exposes the listening socket so the accept backlog can be raised: the packaged library
+// listens with a backlog of 5, which drops SYNs (1 s client retries) when hundreds of clients
+// connect at once.
+class HttpServer : public httplib::Server {
+ public:
+  int listen_fd() const { return static_cast<int>(svr_sock_.load()); }
+};
+
+constexpr int kListenBacklog = 1024;
+// While a streamed request produces nothing (queued), an SSE comment this often probes the
+// connection, so a client that went away is noticed and its request cancelled.
+constexpr auto kStreamProbeInterval = std::chrono::seconds(2);
+
+const char* RouteLabel(const std::string& path) {
+  if (path == "/v1/completions") return "/v1/completions";
+  if (path == "/v1/chat/completions") return "/v1/chat/completions";
+  if (path == "/v1/models" || path.starts_with("/v1/models/")) return "/v1/models";
+  if (path == "/health") return "/health";
+  if (path == "/metrics") return "/metrics";
+  return "other";
+}
+
+// Methods each known route accepts (for 405 and Allow).
+const char* AllowedMethods(const std::string& path) {
+  if (path == "/v1/completions" || path == "/v1/chat/completions") return "POST";
+  if (path == "/v1/models" || path.starts_with("/v1/models/") || path == "/health" || path == "/metrics") return "GET";
+  return nullptr;
+}
+
+void SendError(httplib::Response& res, const ApiError& e) {
+  res.status = e.http_status;
+  if (e.retry_after_s > 0) res.set_header("Retry-After", std::to_string(e.retry_after_s));
+  res.set_content(e.ToJson(), "application/json");
+}
+
+bool ConstantTimeEquals(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+// One generation request, shared by the handler and (when streamed) the content provider.
+struct Generation {
+  ApiRequest req;
+  std::unique_ptr<ResponseBuilder> builder;
+  std::vector<std::shared_ptr<engine::RequestHandle>> handles;  // one per prompt
+  std::vector<int> finished;                                    // per handle: choices ended
+  std::optional<ApiError> error;  // a choice ended cancelled (shutdown) or in an engine error
+  size_t rr = 0;                  // round-robin cursor over handles
+  bool opened = false;
+  bool closed = false;
+  Clock::time_point last_write = Clock::now();
+
+  bool AllFinished() const {
+    for (size_t i = 0; i < handles.size(); ++i)
+      if (finished[i] < handles[i]->n_choices()) return false;
+    return true;
+  }
+  void CancelAll() {
+    for (auto& h : handles) h->Cancel();
+  }
+  Usage GetUsage() const {
+    Usage u;
+    for (const auto& h : handles) {
+      u.prompt_tokens += h->prompt_tokens();
+      u.completion_tokens += h->completion_tokens();
+    }
+    return u;
+  }
+  void OnEvent(size_t which, const engine::StreamEvent& ev) {
+    if (ev.finish == engine::FinishReason::kNone) return;
+    ++finished[which];
+    if (ev.finish == engine::FinishReason::kCancelled && !error) {
+      error = ErrorFromStatus(UnavailableError("the request was aborted: the server is shutting down"));
+    } else if (ev.finish == engine::FinishReason::kError) {
+      error = ErrorFromStatus(InternalError("generation failed: " + ev.error.substr(0, 200)));
+    }
+  }
+  // The next event of any unfinished handle within `timeout`.
+  bool Next(std::chrono::milliseconds timeout, size_t* which, engine::StreamEvent* out) {
+    size_t active = 0, first = handles.size();
+    for (size_t i = 0; i < handles.size(); ++i) {
+      if (finished[i] < handles[i]->n_choices()) {
+        ++active;
+        if (first == handles.size()) first = i;
+      }
+    }
+    if (active == 0) return false;
+    if (active == 1) {
+      auto ev = handles[first]->Next(timeout);
+      if (!ev) return false;
+      *which = first;
+      *out = std::move(*ev);
+      return true;
+    }
+    // Several prompts: poll them in turn, then wait briefly on one.
+    for (size_t k = 0; k < handles.size(); ++k) {
+      const size_t i = (rr + k) % handles.size();
+      if (finished[i] >= handles[i]->n_choices()) continue;
+      if (auto ev = handles[i]->Next(std::chrono::milliseconds(0))) {
+        rr = i + 1;
+        *which = i;
+        *out = std::move(*ev);
+        return true;
+      }
+    }
+    auto ev = handles[first]->Next(std::min(timeout, std::chrono::milliseconds(5)));
+    if (!ev) return false;
+    *which = first;
+    *out = std::move(*ev);
+    return true;
+  }
+};
+
+}  // namespace
+
+struct Server::Impl {
+  Server* self;
+  HttpServer http;
+  HttpCounters counters;
+  std::shared_ptr<engine::Engine> engine;  // set once, before ready_
+  tokenizer::ChatTemplate chat_template = tokenizer::DefaultChatTemplate();
+  ApiContext ctx;
+  int64_t kv_block_bytes = 0;
+  int64_t created = std::time(nullptr);
+  bool stopped = false;
+
+  explicit Impl(Server* s) : self(s) {}
+
+  void Routes();
+  void HandleGenerate(ApiKind kind, const httplib::Request& req, httplib::Response& res);
+  json ModelJson() const;
+  std::optional<ApiError> Unavailable() const {
+    if (self->draining()) return ErrorFromStatus(UnavailableError("the server is shutting down"));
+    if (!self->ready()) return ErrorFromStatus(UnavailableError("the model is loading"));
+    return std::nullopt;
+  }
+};
+
+Status ServerOptions::Validate() const {
+  if (port < 0 || port > 65535) return InvalidArgumentError("port must be in [0, 65535]");
+  if (max_body_bytes < 1024 || max_body_bytes > (int64_t{1} << 34)) {
+    return InvalidArgumentError("max-body-bytes must be in [1024, 16 GiB]");
+  }
+  if (max_connections < 1 || max_connections > 65536) return InvalidArgumentError("max-connections must be in [1, 65536]");
+  if (served_model_name.empty()) return InvalidArgumentError("served-model-name must not be empty");
+  if (read_timeout_s < 1 || write_timeout_s < 1 || keep_alive_timeout_s < 1) {
+    return InvalidArgumentError("timeouts must be at least 1 s");
+  }
+  return OkStatus();
+}
+
+Result<std::unique_ptr<Server>> Server::Create(ServerOptions opts) {
+  CHORUS_RETURN_IF_ERROR(opts.Validate());
+  std::unique_ptr<Server> s(new Server());
+  s->opts_ = std::move(opts);
+  s->impl_ = std::make_unique<Impl>(s.get());
+  s->impl_->Routes();
+  return s;
+}
+
+Server::~Server() {
+  if (impl_ && impl_->engine && !draining_.load()) Drain(std::chrono::milliseconds(0));
+  Stop();
+}
+
+std::string Server::url() const {
+  const std::string host = opts_.host.find(':') != std::string::npos ? "[" + opts_.host + "]" : opts_.host;
+  return "http://" + host + ":" + std::to_string(port_);
+}
+
+Status Server::Start() {
+  auto& http = impl_->http;
+  const int n_threads = opts_.max_connections;
+  http.new_task_queue = [n_threads] { return new httplib::ThreadPool(static_cast<size_t>(n_threads)); };
+  http.set_payload_max_length(static_cast<size_t>(opts_.max_body_bytes));
+  http.set_read_timeout(opts_.read_timeout_s);
+  http.set_write_timeout(opts_.write_timeout_s);
+  http.set_keep_alive_timeout(opts_.keep_alive_timeout_s);
+  http.set_keep_alive_max_count(1000);
+  http.set_tcp_nodelay(true);
+  if (opts_.port == 0) {
+    port_ = http.bind_to_any_port(opts_.host);
+    if (port_ <= 0) return UnavailableError("cannot bind " + opts_.host + " on any port");
+  } else {
+    if (!http.bind_to_port(opts_.host, opts_.port)) {
+      return UnavailableError("cannot bind " + opts_.host + ":" + std::to_string(opts_.port) +
+                              " (in use, or not a local address?)");
+    }
+    port_ = opts_.port;
+  }
+  if (int fd = http.listen_fd(); fd >= 0) ::listen(fd, kListenBacklog);  // raise the backlog (see HttpServer)
+  listen_thread_ = std::thread([this] { impl_->http.listen_after_bind(); });
+  return OkStatus();
+}
+
+void Server::SetEngine(std::shared_ptr<engine::Engine> eng) {
+  CHORUS_CHECK(eng != nullptr);
+  auto& ctx = impl_->ctx;
+  const auto& tok = eng->tokenizer();
+  const auto& cfg = eng->model().config();
+  if (!tok.chat_template().empty()) {
+    auto t = tokenizer::ChatTemplate::ParseOrDefault(tok.chat_template());
+    if (t.ok()) {
+      impl_->chat_template = std::move(*t);
+    } else {
+      CHORUS_LOG(WARNING) << "the model's chat template cannot be used (" << t.status().message()
+                          << "); chat requests use the default ChatML template";
+    }
+  }
+  ctx.tok = &tok;
+  ctx.chat_template = &impl_->chat_template;
+  ctx.vocab_size = static_cast<int32_t>(std::min<int64_t>(tok.vocab_size(), cfg.vocab_size));
+  const int64_t block = eng->options().block_size;
+  ctx.max_context = std::min<int64_t>(eng->context_length(), eng->kv_blocks_total() * block);
+  ctx.served_model = opts_.served_model_name;
+  memory::KvLayout layout{.n_layers = cfg.n_layers, .n_kv_heads = cfg.n_kv_heads, .head_dim = cfg.head_dim,
+                          .block_size = block};
+  impl_->kv_block_bytes = layout.PageBytes();
+  impl_->engine = std::move(eng);
+  ready_.store(true, std::memory_order_release);
+}
+
+void Server::Drain(std::chrono::milliseconds drain) {
+  if (draining_.exchange(true)) return;
+  if (ready()) impl_->engine->Shutdown(drain);
+  // Every choice has now ended (finished or aborted); wait for the responses to be written.
+  // A client that stops reading is cut off by the write timeout, so this is bounded.
+  const auto deadline = Clock::now() + std::chrono::seconds(opts_.write_timeout_s + 5);
+  while (in_flight_.load() > 0 && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+}
+
+void Server::Stop() {
+  if (!impl_ || impl_->stopped) return;
+  impl_->stopped = true;
+  impl_->http.stop();
+  if (listen_thread_.joinable()) listen_thread_.join();
+}
+
+json Server::Impl::ModelJson() const {
+  return {{"id", self->opts_.served_model_name},
+          {"object", "model"},
+          {"created", created},
+          {"owned_by", "chorus"},
+          {"root", self->opts_.served_model_name},
+          {"parent", nullptr},
+          {"max_model_len", ctx.max_context}};
+}
+
+void Server::Impl::Routes() {
+  const ServerOptions& opts = self->opts_;
+
+  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    const std::string& key = self->opts_.api_key;
+    if (key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    if (!ConstantTimeEquals(req.get_header_value("Authorization"), "Bearer " + key)) {
+      SendError(res, ErrorFromStatus(UnauthenticatedError("missing or incorrect API key")));
+      res.set_header("WWW-Authenticate", "Bearer");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+
+  // Errors httplib produces itself (no route, body too large, bad request line) get OpenAI's
+  // body; a known route with another method is 405.
+  const int64_t max_body = opts.max_body_bytes;
+  http.set_error_handler(httplib::Server::HandlerWithResponse([max_body](const httplib::Request& req,
+                                                                         httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Handled;  // ours already
+    ApiError e;
+    e.http_status = res.status;
+    if (res.status == 404) {
+      if (const char* allow = AllowedMethods(req.path)) {
+        e.http_status = 405;
+        e.message = "method not allowed; use " + std::string(allow);
+        e.code = "method_not_allowed";
+        res.set_header("Allow", allow);
+      } else {
+        e.message = "no such route";
+        e.code = "not_found";
+      }
+    } else if (res.status == 413) {
+      e.message = "request body is larger than " + std::to_string(max_body) + " bytes";
+      e.code = "request_too_large";
+    } else if (res.status < 500) {
+      e.message = "malformed HTTP request";
+    } else {
+      e.type = "server_error";
+      e.message = "internal error";
+    }
+    res.status = e.http_status;
+    res.set_content(e.ToJson(), "application/json");
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+
+  http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+    SendError(res, ErrorFromStatus(InternalError("internal error")));
+  });
+
+  http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    counters.Add(RouteLabel(req.path), res.status);
+  });
+
+  http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    if (self->draining()) {
+      res.status = 503;
+      res.set_content(R"({"status":"draining"})", "application/json");
+    } else if (!self->ready()) {
+      res.status = 503;
+      res.set_content(R"({"status":"loading"})", "application/json");
+    } else {
+      res.set_content(R"({"status":"ok"})", "application/json");
+    }
+  });
+
+  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    const engine::EngineMetrics* m = self->ready() ? &engine->metrics() : nullptr;
+    res.set_content(RenderPrometheus(m, counters, kv_block_bytes), "text/plain; version=0.0.4; charset=utf-8");
+  });
+
+  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    if (!self->ready()) return SendError(res, *Unavailable());
+    json out = {{"object", "list"}, {"data", json::array({ModelJson()})}};
+    res.set_content(DumpJson(out), "application/json");
+  });
+
+  http.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!self->ready()) return SendError(res, *Unavailable());
+    if (req.matches.size() < 2 || req.matches[1].str() != self->opts_.served_model_name) {
+      return SendError(res, NotFound("The model does not exist.", "model_not_found"));
+    }
+    res.set_content(DumpJson(ModelJson()), "application/json");
+  });
+
+  http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleGenerate(ApiKind::kCompletion, req, res);
+  });
+  http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleGenerate(ApiKind::kChat, req, res);
+  });
+}
+
+void Server::Impl::HandleGenerate(ApiKind kind, const httplib::Request& http_req, httplib::Response& res) {
+  if (auto e = Unavailable()) return SendError(res, *e);
+  auto gen = std::make_shared<Generation>();
+  if (auto e = ParseApiRequest(kind, http_req.body, ctx, &gen->req)) return SendError(res, *e);
+
+  const std::string id = NewResponseId(kind);
+  for (size_t i = 0; i < gen->req.prompts.size(); ++i) {
+    engine::GenerationRequest g;
+    std::optional<ApiError> err = MakeGenerationRequest(gen->req, i, ctx, &g);
+    if (!err) {
+      g.id = id + "/" + std::to_string(i);
+      auto h = engine->Submit(std::move(g));
+      if (h.ok()) {
+        gen->handles.push_back(std::move(*h));
+        gen->finished.push_back(0);
+        continue;
+      }
+      err = ErrorFromStatus(h.status(), kind == ApiKind::kChat ? "messages" : "prompt");
+      if (h.status().code() != StatusCode::kInvalidArgument && h.status().code() != StatusCode::kOutOfRange) {
+        err->param.clear();
+      }
+    }
+    gen->CancelAll();
+    return SendError(res, *err);
+  }
+  gen->builder = std::make_unique<ResponseBuilder>(gen->req, ctx, id, static_cast<int64_t>(std::time(nullptr)));
+  self->in_flight_.fetch_add(1);
+
+  if (!gen->req.stream) {
+    while (!gen->AllFinished()) {
+      size_t which = 0;
+      engine::StreamEvent ev;
+      if (!gen->Next(std::chrono::milliseconds(1000), &which, &ev)) continue;
+      gen->OnEvent(which, ev);
+      gen->builder->Add(which, ev);
+    }
+    if (gen->error) {
+      SendError(res, *gen->error);
+    } else {
+      res.set_content(gen->builder->FinalJson(gen->GetUsage()), "application/json");
+    }
+    self->in_flight_.fetch_sub(1);
+    return;
+  }
+
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  // The content type must be exactly text/event-stream: httplib never compresses that one.
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [gen](size_t, httplib::DataSink& sink) -> bool {
+        std::string out;
+        if (!gen->opened) {
+          gen->opened = true;
+          out = gen->builder->OpeningChunks();
+        }
+        // Wait for one event, then take whatever else is ready, and send it in one write.
+        auto wait = std::chrono::milliseconds(100);
+        for (int k = 0; k < 256 && !gen->AllFinished(); ++k) {
+          size_t which = 0;
+          engine::StreamEvent ev;
+          if (!gen->Next(wait, &which, &ev)) break;
+          wait = std::chrono::milliseconds(0);
+          gen->OnEvent(which, ev);
+          out += gen->builder->Chunk(which, ev);
+        }
+        const bool finished = gen->AllFinished();
+        if (finished) {
+          if (gen->error) out += ResponseBuilder::ErrorChunk(*gen->error);
+          out += gen->builder->ClosingChunks(gen->GetUsage());
+        } else if (out.empty() && Clock::now() - gen->last_write >= kStreamProbeInterval) {
+          out = ": keep-alive\n\n";
+        }
+        if (!out.empty()) {
+          if (!sink.write(out.data(), out.size())) {
+            gen->CancelAll();  // the client went away: free its KV blocks
+            return false;
+          }
+          gen->last_write = Clock::now();
+        }
+        if (finished) {
+          gen->closed = true;
+          sink.done();
+        }
+        return true;
+      },
+      [gen, this](bool) {
+        // Runs when the response is destroyed, however it ended.
+        if (!gen->closed) gen->CancelAll();
+        self->in_flight_.fetch_sub(1);
+      });
+}
+
+}  // namespace chorus::server

@@ -1,0 +1,92 @@
+// The OpenAI-compatible HTTP server (DESIGN §2, §9; issue 3) over cpp-httplib.
+//
+// Routes:
+//   POST /v1/completions, POST /v1/chat/completions   (JSON or SSE with "stream": true)
+//   GET  /v1/models, GET /v1/models/{id}
+//   GET  /health    200 when ready; 503 while loading or draining (never needs the API key)
+//   GET  /metrics   Prometheus text (engine metrics + HTTP requests by route and status)
+// Errors use OpenAI's body (api_error.h); the Status → HTTP mapping is ErrorFromStatus.
+//
+// Lifecycle: Create → Start (binds; /health says 503 "loading") → SetEngine (ready) → ... →
+// Drain (SIGTERM: health 503, new generation requests 503, running ones finish within the drain
+// time, the rest are aborted) → Stop. The destructor stops.
+//
+// Concurrency: httplib serves each connection on a worker thread of a pool of
+// `max_connections` threads; a streaming response holds its thread until the stream ends, so
+// the pool bounds concurrent streams. Handler threads talk to the engine only through
+// Engine::Submit and RequestHandle. A streaming client that disconnects (a failed write) has its
+// request cancelled; while a request waits in the queue, an SSE comment every 2 s probes the
+// connection.
+//
+// Thread-safety: Start/SetEngine/Drain/Stop are called from one controlling thread; everything
+// else is internal.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "chorus/base/status.h"
+#include "chorus/engine/engine.h"
+
+namespace chorus::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";  // address to bind
+  int port = 8000;                 // 0 = any free port (see Server::port())
+  std::string api_key;             // non-empty: every route but /health needs "Authorization: Bearer KEY"
+  int64_t max_body_bytes = int64_t{8} << 20;  // larger request bodies get 413
+  int max_connections = 512;       // HTTP worker threads = connections served at once
+  std::string served_model_name = "chorus";   // the `model` name requests must use
+  int read_timeout_s = 30;         // a client must send its request within this
+  int write_timeout_s = 30;        // a client that stops reading is cut off (request cancelled)
+  int keep_alive_timeout_s = 5;    // idle keep-alive connections are closed after this
+  Status Validate() const;
+};
+
+class Server {
+ public:
+  static Result<std::unique_ptr<Server>> Create(ServerOptions opts);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Binds and starts serving on a background thread. Until SetEngine, generation routes and
+  // /health answer 503.
+  Status Start();
+  // The bound port (after Start).
+  int port() const { return port_; }
+  std::string url() const;
+
+  // Makes the server ready. Requires: Start() succeeded; called once.
+  void SetEngine(std::shared_ptr<engine::Engine> engine);
+  bool ready() const { return ready_.load(std::memory_order_acquire); }
+  bool draining() const { return draining_.load(); }
+
+  // Stops accepting generation requests (503), lets running ones finish for up to `drain`
+  // (Engine::Shutdown), aborts the rest, and waits (bounded) for every in-flight HTTP response
+  // to complete. Idempotent.
+  void Drain(std::chrono::milliseconds drain);
+  // Closes the listening socket and joins the HTTP threads. Idempotent.
+  void Stop();
+
+  // Generation requests whose HTTP response is still being produced.
+  int64_t in_flight() const { return in_flight_.load(); }
+
+  struct Impl;
+
+ private:
+  Server() = default;
+  ServerOptions opts_;
+  int port_ = 0;
+  std::atomic<bool> ready_{false};
+  std::atomic<bool> draining_{false};
+  std::atomic<int64_t> in_flight_{0};
+  std::unique_ptr<Impl> impl_;
+  std::thread listen_thread_;
+};
+
+}  // namespace chorus::server

@@ -1,0 +1,100 @@
+// The official OpenAI Node SDK (npm `openai`) against the real `chorus serve`: models,
+// completions, chat, streaming (with include_usage), and the SDK's error classes.
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
+import { createRequire } from 'node:module';
+import { startServer, run, MODEL_NAME } from './serve_util.mjs';
+
+const require = createRequire(path.join(process.env.CHORUS_NODE_DIR, 'package.json'));
+const sdk = require('openai');
+const OpenAI = sdk.OpenAI ?? sdk.default ?? sdk;
+const expectedText = fs.readFileSync(
+  path.join(process.env.CHORUS_MODELS, 'stories260K/expected_greedy_t0_200steps.txt'), 'utf8');
+
+const KEY = 'sdk-test-key';
+const server = await startServer(['--api-key', KEY]);
+const client = new OpenAI({ baseURL: server.url + '/v1', apiKey: KEY, maxRetries: 0 });
+
+await run([
+  ['models.list', async () => {
+    const models = await client.models.list();
+    assert.deepEqual(models.data.map((m) => m.id), [MODEL_NAME]);
+  }],
+  ['completions: greedy text equals llama2.c', async () => {
+    const r = await client.completions.create({ model: MODEL_NAME, prompt: [1], max_tokens: 40, temperature: 0 });
+    assert.ok(r.id.startsWith('cmpl-'));
+    assert.equal(r.object, 'text_completion');
+    assert.equal(r.choices.length, 1);
+    assert.equal(r.choices[0].finish_reason, 'length');
+    assert.ok(r.choices[0].text.length > 20);
+    assert.ok(expectedText.startsWith(r.choices[0].text), r.choices[0].text);
+    assert.deepEqual(r.usage, { prompt_tokens: 1, completion_tokens: 40, total_tokens: 41 });
+  }],
+  ['completions: streaming equals non-streaming', async () => {
+    const params = { model: MODEL_NAME, prompt: 'Once upon a time', max_tokens: 30, temperature: 0 };
+    const full = await client.completions.create(params);
+    const stream = await client.completions.create({ ...params, stream: true, stream_options: { include_usage: true } });
+    let text = '', finish = null, usage = null, chunks = 0;
+    for await (const chunk of stream) {
+      if (chunk.usage) usage = chunk.usage;
+      for (const c of chunk.choices) {
+        chunks++;
+        text += c.text;
+        if (c.finish_reason) finish = c.finish_reason;
+      }
+    }
+    assert.equal(text, full.choices[0].text);
+    assert.equal(finish, full.choices[0].finish_reason);
+    assert.ok(chunks > 5);
+    assert.deepEqual(usage, full.usage);
+  }],
+  ['chat: non-streaming and streaming agree', async () => {
+    const params = {
+      model: MODEL_NAME,
+      messages: [{ role: 'system', content: 'Tell a story.' }, { role: 'user', content: 'Once upon a time' }],
+      max_tokens: 24, temperature: 0, seed: 7,
+    };
+    const r = await client.chat.completions.create(params);
+    assert.ok(r.id.startsWith('chatcmpl-'));
+    assert.equal(r.object, 'chat.completion');
+    assert.equal(r.choices[0].message.role, 'assistant');
+    assert.equal(typeof r.choices[0].message.content, 'string');
+    const stream = await client.chat.completions.create({ ...params, stream: true, stream_options: { include_usage: true } });
+    let content = '', role = null, usage = null;
+    for await (const chunk of stream) {
+      assert.equal(chunk.object, 'chat.completion.chunk');
+      if (chunk.usage) usage = chunk.usage;
+      for (const c of chunk.choices) {
+        if (c.delta.role) role = c.delta.role;
+        if (c.delta.content) content += c.delta.content;
+      }
+    }
+    assert.equal(role, 'assistant');
+    assert.equal(content, r.choices[0].message.content);
+    assert.deepEqual(usage, r.usage);
+  }],
+  ['chat: logprobs and n', async () => {
+    const r = await client.chat.completions.create({
+      model: MODEL_NAME, messages: [{ role: 'user', content: 'Hi' }], max_completion_tokens: 5, n: 2,
+      temperature: 0, logprobs: true, top_logprobs: 2,
+    });
+    assert.equal(r.choices.length, 2);
+    assert.equal(r.choices[0].message.content, r.choices[1].message.content);
+    assert.equal(r.choices[0].logprobs.content.length, r.usage.completion_tokens / 2);
+    assert.equal(r.choices[0].logprobs.content[0].top_logprobs.length, 2);
+  }],
+  ['errors map to the SDK classes', async () => {
+    await assert.rejects(client.completions.create({ model: 'nope', prompt: 'x' }),
+      (e) => e instanceof OpenAI.NotFoundError && e.status === 404);
+    await assert.rejects(client.completions.create({ model: MODEL_NAME, prompt: 'x', temperature: -1 }),
+      (e) => e instanceof OpenAI.BadRequestError && e.status === 400 && e.param === 'temperature');
+    const bad = new OpenAI({ baseURL: server.url + '/v1', apiKey: 'wrong', maxRetries: 0 });
+    await assert.rejects(bad.models.list(), (e) => e instanceof OpenAI.AuthenticationError && e.status === 401);
+    await assert.rejects(client.completions.create({ model: MODEL_NAME, prompt: 'x', max_tokens: 100000 }),
+      (e) => e instanceof OpenAI.BadRequestError && e.code === 'context_length_exceeded');
+  }],
+].map(([name, fn]) => [name, fn]).concat([['server shuts down cleanly', async () => {
+  server.proc.kill('SIGTERM');
+  assert.equal(await server.exited, 0, server.stderr());
+}]]));
