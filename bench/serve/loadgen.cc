@@ -196,7 +196,7 @@ int main(int argc, char** argv) {
   f.Int("seed", 1, "seed of the arrival times, lengths and prompts");
   f.Int("timeout", 600, "per-request timeout in seconds");
   f.String("out", "serve_bench", "output prefix: PREFIX.csv, PREFIX.json, PREFIX.png");
-  chorus::Status st = f.Parse(argc, argv);
+  chorus::Status st = f.Parse(argc - 1, argv + 1);
   if (st.code() == chorus::StatusCode::kCancelled) return 0;
   if (!st.ok()) {
     std::fprintf(stderr, "%s\n", st.message().c_str());
