@@ -1,0 +1,174 @@
+// Internal to chat templates (chat_template.h): the value model of the Jinja interpreter.
+//
+// Values follow Python/Jinja semantics: undefined, None, bool, int (int64), float, str,
+// list (tuples are lists), dict (insertion-ordered, string keys), namespace (the only
+// mutable object, shared by reference) and callables (builtins, macros).
+// Lists and dicts are immutable once built (Hugging Face renders in an
+// ImmutableSandboxedEnvironment) and shared by pointer, so copying a Value is cheap.
+//
+// Thread-safety: values are confined to one render; Program-owned literal values are never
+// mutated and may be shared across renders.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "chorus/base/status.h"
+
+namespace chorus::tokenizer::jinja {
+
+class Value;
+struct ListData;
+struct DictData;
+struct Callable;
+class Interp;
+struct MacroStmt;
+
+// Maximum nesting of lists/dicts a render may build (deeper → error). Bounds the recursion
+// of printing, comparing and destroying values.
+inline constexpr int kMaxValueDepth = 64;
+
+class Value {
+ public:
+  enum class Kind : uint8_t {
+    kUndefined,
+    kNone,
+    kBool,
+    kInt,
+    kFloat,
+    kString,
+    kList,
+    kDict,
+    kNamespace,
+    kCallable,
+  };
+
+  Value() = default;  // undefined
+  // An undefined value; `hint` names what was looked up (for error messages).
+  static Value Undefined(std::string hint);
+  static Value None();
+  static Value Bool(bool b);
+  static Value Int(int64_t i);
+  static Value Float(double f);
+  static Value Str(std::string s);
+  // Depth is computed from the items; callers creating values at render time check it
+  // against kMaxValueDepth (Interp::MakeList).
+  static Value List(std::vector<Value> items);
+  static Value Dict(std::shared_ptr<DictData> d);  // Requires: d != nullptr.
+  static Value Namespace(std::shared_ptr<DictData> d);
+  static Value Function(std::shared_ptr<const Callable> c);
+
+  Kind kind() const { return kind_; }
+  bool is_undefined() const { return kind_ == Kind::kUndefined; }
+  bool is_none() const { return kind_ == Kind::kNone; }
+  bool is_bool() const { return kind_ == Kind::kBool; }
+  bool is_int() const { return kind_ == Kind::kInt; }
+  bool is_float() const { return kind_ == Kind::kFloat; }
+  bool is_number() const { return kind_ == Kind::kInt || kind_ == Kind::kFloat; }
+  bool is_string() const { return kind_ == Kind::kString; }
+  bool is_list() const { return kind_ == Kind::kList; }
+  bool is_dict() const { return kind_ == Kind::kDict; }
+  bool is_namespace() const { return kind_ == Kind::kNamespace; }
+  bool is_mapping() const { return kind_ == Kind::kDict || kind_ == Kind::kNamespace; }
+  bool is_callable() const { return kind_ == Kind::kCallable; }
+
+  bool bool_value() const { return b_; }
+  int64_t int_value() const { return i_; }  // Requires: is_int() or is_bool().
+  double float_value() const { return f_; }
+  // Numeric value of an int, float or bool.
+  double AsDouble() const;
+  // Requires: is_string(). For undefined: the hint.
+  const std::string& str() const;
+  // Requires: is_list().
+  const std::vector<Value>& list() const;
+  // Requires: is_mapping().
+  const DictData& dict() const;
+  DictData& mutable_namespace() const;  // Requires: is_namespace().
+  const Callable& callable() const;     // Requires: is_callable().
+
+  // Nesting depth: 0 for scalars, 1 + deepest item for lists and dicts.
+  int depth() const;
+  // Whether this is or (transitively) holds a namespace; O(1), kept up to date on
+  // construction because values may share sub-lists exponentially.
+  bool HoldsNamespace() const;
+
+  // Python truthiness.
+  bool Truthy() const;
+  // Python type name for error messages ("str", "int", "list", "dict", "NoneType", ...).
+  std::string_view TypeName() const;
+
+ private:
+  Kind kind_ = Kind::kUndefined;
+  bool b_ = false;
+  int64_t i_ = 0;
+  double f_ = 0;
+  std::shared_ptr<const std::string> s_;  // kString contents; kUndefined hint
+  std::shared_ptr<const ListData> l_;
+  std::shared_ptr<DictData> d_;  // kDict (never mutated) and kNamespace (mutable)
+  std::shared_ptr<const Callable> c_;
+};
+
+struct ListData {
+  std::vector<Value> items;
+  int depth = 1;
+  bool holds_namespace = false;
+};
+
+// Insertion-ordered string-keyed mapping.
+struct DictData {
+  std::vector<std::pair<std::string, Value>> items;
+  std::unordered_map<std::string, size_t> index;
+  int depth = 1;
+  bool holds_namespace = false;
+
+  const Value* Find(std::string_view key) const;
+  // Inserts or replaces (keeps the first insertion position) and updates depth.
+  void Set(std::string key, Value v);
+};
+
+// Positional and keyword arguments of a call.
+struct CallArgs {
+  std::vector<Value> pos;
+  std::vector<std::pair<std::string, Value>> kw;
+  const Value* Kw(std::string_view name) const;
+};
+
+using BuiltinFn = Result<Value> (*)(Interp& in, CallArgs& args);
+
+struct Callable {
+  std::string name;
+  BuiltinFn builtin = nullptr;        // a global function (range, namespace, ...)
+  const MacroStmt* macro = nullptr;   // or a macro (owned by the Program)
+};
+
+// Converts JSON (request messages, extra context) to a Value. Nesting deeper than
+// kMaxValueDepth is an error.
+Result<Value> FromJson(const nlohmann::json& j);
+
+// Appends str(v) as Python/Jinja prints it: strings as is, None → "None", True → "True",
+// floats in repr form, lists/dicts in repr form ("['a', 1]"), undefined → "".
+// Fails with kResourceExhausted when `out` would grow beyond `limit` bytes.
+Status AppendStr(const Value& v, std::string* out, size_t limit);
+// Appends repr(v) (strings quoted).
+Status AppendRepr(const Value& v, std::string* out, size_t limit);
+// Appends json.dumps(v, ensure_ascii=False, indent=indent) as Hugging Face's `tojson`
+// filter does (indent < 0: one line with ", " and ": " separators). Undefined and
+// callables are errors.
+Status AppendJson(const Value& v, int indent, std::string* out, size_t limit);
+// Python repr of a float ("1.0", "0.1", "1e+16", "inf", "nan").
+std::string FloatRepr(double f);
+
+// Number of Unicode code points in UTF-8 `s` (invalid bytes count as one each).
+size_t Utf8Length(std::string_view s);
+// Byte offsets of each code point start in `s`, plus s.size() at the end.
+std::vector<size_t> Utf8Offsets(std::string_view s);
+
+}  // namespace chorus::tokenizer::jinja
