@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "chorus/adapters/lora/lora_hook.h"
 #include "chorus/base/logging.h"
 #include "chorus/engine/stop_checker.h"
 #include "chorus/memory/kv_cache.h"
@@ -81,6 +82,8 @@ struct Engine::Impl {
     bool wants_logits;
   };
   std::vector<Planned> plan;
+  std::vector<const adapters::LoraAdapter*> row_adapters;  // [rows] of the step
+  std::unique_ptr<adapters::LoraHook> lora_hook;
 
   explicit Impl(Engine* e, int threads) : self(e), pool(threads) {}
 
@@ -128,6 +131,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const model::Mode
   impl->step_tables.reserve(static_cast<size_t>(opts.max_running));
   impl->plan.reserve(static_cast<size_t>(opts.max_running));
   impl->sampler_scratch.Reserve(c.vocab_size);
+  impl->row_adapters.reserve(static_cast<size_t>(opts.max_batch_tokens));
+  impl->lora_hook = std::make_unique<adapters::LoraHook>(c, opts.max_batch_tokens);
   e->metrics_.kv_blocks_total = n_pages;
   e->impl_ = std::move(impl);
   e->impl_->thread = std::thread([raw = e->impl_.get()] { raw->Loop(); });
@@ -154,6 +159,9 @@ Result<std::shared_ptr<RequestHandle>> Engine::Submit(GenerationRequest req) {
   }
   if (req.max_tokens < 1) return InvalidArgumentError("max_tokens must be at least 1");
   if (req.n < 1 || req.n > 16) return InvalidArgumentError("n must be in [1, 16]");
+  if (req.lora && req.lora->n_layers() != c.n_layers) {
+    return InvalidArgumentError("adapter '" + req.adapter + "' was built for another base model");
+  }
   CHORUS_RETURN_IF_ERROR(req.sampling.Validate());
   const int64_t total = static_cast<int64_t>(req.prompt.size()) + req.max_tokens;
   if (total > c.max_seq_len) {
@@ -401,7 +409,13 @@ void Engine::Impl::Step() {
     return;
   }
 
-  // 3. Rows of the step.
+  // 3. Rows of the step, grouped so equal adapters are contiguous (one segment each; rows of
+  //    the base model first). Each sequence's rows stay contiguous and in position order.
+  std::stable_sort(plan.begin(), plan.end(), [](const Planned& a, const Planned& b) {
+    return a.seq->req->lora.get() < b.seq->req->lora.get();
+  });
+  row_adapters.clear();
+  bool any_adapter = false;
   step_tokens.clear();
   step_pos.clear();
   step_seq.clear();
@@ -416,11 +430,18 @@ void Engine::Impl::Step() {
       step_tokens.push_back(pl.seq->tokens[static_cast<size_t>(pos)]);
       step_pos.push_back(static_cast<int32_t>(pos));
       step_seq.push_back(static_cast<int32_t>(p));
+      row_adapters.push_back(pl.seq->req->lora.get());
       if (pos < pl.seq->n_prompt) ++prompt_rows;
     }
     if (pl.wants_logits) step_logit_rows.push_back(static_cast<int32_t>(step_tokens.size() - 1));
+    any_adapter |= pl.seq->req->lora != nullptr;
   }
   model::StepInput in{step_tokens, step_pos, step_seq, step_tables, step_logit_rows};
+  if (any_adapter) {
+    Status hs = lora_hook->SetRows(row_adapters);
+    CHORUS_CHECK(hs.ok()) << hs.ToString();  // adapters were validated against the base at Submit
+    in.hook = lora_hook.get();
+  }
   forward->Run(in, kv.get(), &pool, logits.data());
   self->metrics_.prompt_tokens_total.fetch_add(prompt_rows);
   self->metrics_.steps_total.fetch_add(1);

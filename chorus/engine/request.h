@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "chorus/adapters/lora/lora_adapter.h"
 #include "chorus/engine/sampler.h"
 
 namespace chorus::engine {
@@ -30,7 +31,11 @@ struct GenerationRequest {
   std::vector<int32_t> stop_token_ids;  // extra end ids
   bool ignore_eos = false;
   int n = 1;                            // choices; choice i samples with seed + i
-  std::string adapter;                  // variant name ("" = base); adapters come later
+  std::string adapter;                  // variant name ("" = base), for logs and metrics
+  // The adapter's weights (null = base model), resolved by the caller (e.g. from the adapter
+  // cache) before Submit, so a load never happens on the engine thread. Held (pinned) until
+  // every choice of the request has finished.
+  std::shared_ptr<const adapters::LoraAdapter> lora;
   std::string id;                       // for logs
 };
 
