@@ -100,6 +100,9 @@ Status BpeTokenizer::Build(BpeSpec spec) {
   strip_leading_space_ = spec.strip_leading_space;
   llama2c_strip_after_bos_only_ = spec.llama2c_strip_after_bos_only;
   CHORUS_RETURN_IF_ERROR(pre_.Init(spec.pre_steps));
+  pre_steps_ = spec.pre_steps;
+  spec_byte_fallback_ = spec.byte_fallback;
+  merges_from_scores_ = spec.merges_from_scores;
 
   // Added tokens may lie beyond the model vocabulary (HF added_tokens): extend it.
   const size_t n_model = spec.pieces.size();
@@ -194,7 +197,9 @@ Status BpeTokenizer::Build(BpeSpec spec) {
         merges_.Insert(PairKey(l, r), MergeInfo{id, priority});
       }
     }
+    scores_ = std::move(spec.scores);
   } else {
+    merge_ids_.reserve(spec.merges.size());
     for (size_t rank = 0; rank < spec.merges.size(); ++rank) {
       const auto& [a, b] = spec.merges[rank];
       auto ia = raw_to_id_.find(a);
@@ -206,6 +211,7 @@ Status BpeTokenizer::Build(BpeSpec spec) {
       }
       merges_.Insert(PairKey(ia->second, ib->second),
                      MergeInfo{im->second, static_cast<float>(rank)});
+      merge_ids_.emplace_back(ia->second, ib->second);
     }
   }
 
@@ -216,6 +222,31 @@ Status BpeTokenizer::Build(BpeSpec spec) {
   set_special_ids(std::move(special));
   added_.Build(std::move(spec.added));
   return OkStatus();
+}
+
+BpeSpec BpeTokenizer::ToSpec() const {
+  BpeSpec spec;
+  spec.mode = mode_;
+  spec.kind = kind_;
+  spec.pieces = pieces_;
+  spec.types = types_;
+  spec.merges.reserve(merge_ids_.size());
+  for (const auto& [l, r] : merge_ids_) spec.merges.emplace_back(pieces_[l], pieces_[r]);
+  spec.merges_from_scores = merges_from_scores_;
+  spec.scores = scores_;
+  spec.byte_fallback = spec_byte_fallback_;
+  spec.unk_id = unk_id_;
+  spec.fuse_unk = fuse_unk_;
+  spec.ignore_merges = ignore_merges_;
+  spec.prepend = prepend_;
+  spec.prepend_only_if_missing = prepend_only_if_missing_;
+  spec.metaspace_split = metaspace_split_;
+  spec.byte_level_add_prefix_space = byte_level_add_prefix_space_;
+  spec.pre_steps = pre_steps_;
+  spec.added = added_.tokens();
+  spec.strip_leading_space = strip_leading_space_;
+  spec.llama2c_strip_after_bos_only = llama2c_strip_after_bos_only_;
+  return spec;
 }
 
 int32_t BpeTokenizer::InternalLookup(std::string_view s) const {

@@ -125,6 +125,13 @@ class BpeTokenizer final : public Tokenizer {
 
   TokenType type(int32_t id) const { return types_[id]; }
   const AddedTokenMatcher& added() const { return added_; }
+  BpeMode mode() const { return mode_; }
+  int32_t unk_id() const { return unk_id_; }
+
+  // A spec that rebuilds an equivalent tokenizer (Create(ToSpec()) encodes and decodes the same):
+  // the full vocabulary (added tokens included, with the types Build gave them), the merges in
+  // rank order or the scores, and every option. Used to export the vocabulary (export.h).
+  BpeSpec ToSpec() const;
 
   // Encodes one text segment without added-token splitting or BOS (exposed for tests).
   void EncodeSegment(std::string_view text, bool at_text_start, std::vector<int32_t>* out) const;
@@ -146,6 +153,13 @@ class BpeTokenizer final : public Tokenizer {
   // Lookup by internal form: the piece for SPM/llama2c, the decoded bytes for byte-level.
   std::unordered_map<std::string, int32_t> internal_to_id_;
   PairTable merges_;
+  // Kept for ToSpec(): explicit merges as (left id, right id) in rank order, or the scores of
+  // score-based vocabularies (empty otherwise); the pre-tokenizer steps; the spec's byte_fallback.
+  std::vector<std::pair<int32_t, int32_t>> merge_ids_;
+  std::vector<float> scores_;
+  std::vector<PreTokenizerStep> pre_steps_;
+  bool merges_from_scores_ = false;
+  bool spec_byte_fallback_ = false;
   int32_t byte_ids_[256];  // byte-level: id of each byte; SPM: id of <0xXX> (or -1)
   int32_t ascii_ids_[128];  // SPM/llama2c: id of each one-byte character piece (or -1)  // byte-level: id of each byte; SPM: id of <0xXX> (or -1)
   bool byte_fallback_ = false;

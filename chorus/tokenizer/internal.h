@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -20,6 +21,10 @@ bool LooksLikeLlama2cTokenizer(std::string_view bytes);
 // A SentencePiece model (tokenizer.model protobuf) through libsentencepiece.
 Result<std::unique_ptr<Tokenizer>> SentencePieceFromBytes(std::string_view bytes,
                                                           std::string_view name);
+
+// The serialized ModelProto of a tokenizer made by SentencePieceFromBytes (for export);
+// std::nullopt for any other tokenizer.
+std::optional<std::string> SentencePieceModelProto(const Tokenizer& tok);
 
 // GPT-2 style vocab.json ({"piece": id}) + merges.txt ("#version" header, "a b" lines).
 Result<std::unique_ptr<Tokenizer>> TokenizerFromVocabMerges(std::string_view vocab_json,

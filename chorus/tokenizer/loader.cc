@@ -75,6 +75,8 @@ Status ApplyBosEos(Tokenizer* tok, const Json& j, std::string_view name) {
   if (bos) tok->set_bos_id(*bos);
   CHORUS_ASSIGN_OR_RETURN(auto eos, TokenField(*tok, j, "eos_token", name));
   if (eos) SetPrimaryEos(tok, *eos);
+  CHORUS_ASSIGN_OR_RETURN(auto pad, TokenField(*tok, j, "pad_token", name));
+  if (pad) tok->set_pad_id(*pad);
   return OkStatus();
 }
 

@@ -60,8 +60,11 @@ class SentencePieceTokenizer final : public Tokenizer {
     set_bos_id(sp_.bos_id());
     if (sp_.eos_id() >= 0) set_eos_ids({sp_.eos_id()});
     set_add_bos(sp_.bos_id() >= 0);
+    if (sp_.pad_id() >= 0 && sp_.pad_id() < n) set_pad_id(sp_.pad_id());
     return OkStatus();
   }
+
+  std::string SerializedModel() const { return std::string(sp_.serialized_model_proto()); }
 
   std::vector<int32_t> Encode(std::string_view text, const EncodeOptions& opts) const override {
     std::vector<int32_t> out;
@@ -117,6 +120,12 @@ class SentencePieceTokenizer final : public Tokenizer {
 };
 
 }  // namespace
+
+std::optional<std::string> SentencePieceModelProto(const Tokenizer& tok) {
+  const auto* sp = dynamic_cast<const SentencePieceTokenizer*>(&tok);
+  if (sp == nullptr) return std::nullopt;
+  return sp->SerializedModel();
+}
 
 Result<std::unique_ptr<Tokenizer>> SentencePieceFromBytes(std::string_view bytes,
                                                           std::string_view name) {

@@ -54,6 +54,9 @@ class Tokenizer {
   virtual std::string_view kind() const = 0;  // "sentencepiece", "spm-bpe", "byte-bpe", "llama2c"
 
   int32_t bos_id() const { return bos_id_; }  // -1 when none
+  // Padding id (tokenizer_config.json pad_token, SentencePiece pad_id); -1 when none. Only
+  // carried along (e.g. into exported files); Chorus never pads token sequences.
+  int32_t pad_id() const { return pad_id_; }
   // End-of-generation ids (EOS plus e.g. <|eot_id|>, from generation_config.json).
   const std::vector<int32_t>& eos_ids() const { return eos_ids_; }
   bool IsEos(int32_t id) const;
@@ -68,6 +71,7 @@ class Tokenizer {
 
   // Settings from tokenizer_config.json / generation_config.json / GGUF.
   void set_bos_id(int32_t id) { bos_id_ = id; }
+  void set_pad_id(int32_t id) { pad_id_ = id; }
   void set_eos_ids(std::vector<int32_t> ids) { eos_ids_ = std::move(ids); }
   void set_add_bos(bool v) { add_bos_ = v; }
   void set_add_eos(bool v) { add_eos_ = v; }
@@ -80,6 +84,7 @@ class Tokenizer {
 
  protected:
   int32_t bos_id_ = -1;
+  int32_t pad_id_ = -1;
   std::vector<int32_t> eos_ids_;
   std::vector<int32_t> special_ids_;  // sorted
   bool add_bos_ = true;
