@@ -1,0 +1,199 @@
+// AdapterRegistry: the persistent name → adapter table of a server (DESIGN §4, vLLM's
+// /v1/load_lora_adapter and /v1/unload_lora_adapter, `chorus serve --lora NAME=PATH`,
+// `--lora-dir DIR`). A request's OpenAI `model` field names a registered adapter; the engine
+// looks it up here and loads its weights through Load().
+//
+// What Register() accepts:
+//   * name: 1..128 characters of [A-Za-z0-9._:/-], not the base model's served name.
+//   * path: a PEFT directory (adapter_config.json + adapter_model.safetensors, or the path of
+//     either file) or a GGUF LoRA file. Relative paths are relative to the adapter roots (the
+//     first root under which the path exists); apps/ makes command-line paths absolute first.
+//     The path and every adapter file are resolved with realpath(3) and must lie inside one of
+//     the (realpath-resolved) adapter roots, compared on path-component boundaries, so `..`
+//     and symlinks cannot escape a root (kPermissionDenied). Only regular files are read
+//     (a FIFO or device cannot make registration hang).
+//   * content: read and validated against the base ModelConfig exactly as serving will load it
+//     (chorus/adapters/lora/lora_files.h: shapes, rank ≤ max_lora_rank, dtypes, finite values).
+//
+// Identity: content_hash is FNV-1a 64 over the adapter's files (for each file, sorted by name:
+// the file name, a NUL byte, its size as 8 little-endian bytes, then its bytes). version is a
+// registry-wide counter that only grows (persisted; never reused, also after Unregister), so
+// a replaced adapter always gets a new version even when its bytes are identical, and
+// cache_key() = (content_hash, version) never names the state of a predecessor.
+//
+// Persistence: the whole table is one JSON file (`state_path`) rewritten atomically on every
+// change (temp file in the same directory, fsync, rename, directory fsync), so a process killed
+// at any moment leaves the old or the new state. Every error leaves the registry unchanged in
+// memory and on disk. Leftover temp files (`<state>.tmp.<pid>`) of a killed process are ignored
+// and removed by Open(). A state file that exists but cannot be parsed or fails validation is a
+// kDataLoss error naming the file — never silently reset. `<state>.lock` holds an exclusive
+// flock(2) for the registry's lifetime, so two processes cannot overwrite each other's state
+// (the second Open() fails with kFailedPrecondition); the kernel drops it when a process dies.
+//
+// Restart policy (Open): entries are re-checked eagerly but cheaply — the path is resolved
+// again, must still be inside a configured root, and each file's (size, mtime) must match what
+// was recorded; only when they differ are the bytes hashed again (equal hash → accepted). An
+// entry that fails (files vanished, outside the roots now, content changed, name now equal to
+// the base's) is KEPT but marked unavailable (`available = false`, `problem` says why) and a
+// warning is logged: an admin may restore the files (Revalidate() re-checks) or Unregister() it.
+// Full validation against the base happens in Load(), which checks again.
+//
+// Thread-safety: all methods may be called from any thread (HTTP threads and the engine).
+// Readers (Lookup, List, size) take a short mutex and never wait for disk I/O; mutators
+// (Register, Unregister, RegisterDirectory, Revalidate) are serialized among themselves and
+// swap the new table in only after it is persisted.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "chorus/adapters/lora/lora_adapter.h"
+#include "chorus/base/status.h"
+#include "chorus/model/config.h"
+
+namespace chorus::adapters {
+
+struct RegistryOptions {
+  // Directories adapters may be registered from (resolved with realpath at Open; each must
+  // exist and be a directory). Empty = every Register() is refused with kPermissionDenied.
+  std::vector<std::string> adapter_roots;
+  // Largest LoRA rank accepted (default 256, LoraLimits' default). Must be ≥ 1.
+  int64_t max_lora_rank = 256;
+  // The base model every adapter must fit (validated at Open).
+  model::ModelConfig base;
+  // The base's served model name; an adapter may not take it (default empty = no such check).
+  std::string base_model_name;
+};
+
+// One file of an adapter as recorded at registration.
+struct AdapterFile {
+  std::string path;  // resolved real path
+  int64_t size = 0;
+  int64_t mtime_ns = 0;  // st_mtim in nanoseconds since the epoch
+};
+
+struct AdapterInfo {
+  std::string name;
+  std::string path;           // resolved real path of the PEFT directory or GGUF file
+  std::string kind = "lora";  // adapter kind (only LoRA so far)
+  std::string format;         // "peft" or "gguf"
+  int64_t rank = 0;           // largest rank of any module
+  // Targeted linears, in model order: "q_proj", "k_proj", ... (Hugging Face names).
+  std::vector<std::string> target_modules;
+  float alpha = 0;  // the most common lora_alpha of the modules (ties: the first in model order)
+  float scale = 0;  // the most common scale s = alpha/r (rsLoRA alpha/√r) of the modules
+  bool use_rslora = false;
+  std::string base_model;     // informational, from the adapter file (may be empty)
+  uint64_t content_hash = 0;  // FNV-1a 64 over the files (see the file comment)
+  uint64_t version = 0;       // registry-wide, strictly increasing with every registration
+  int64_t bytes = 0;          // total size of the adapter's files
+  int64_t created = 0;        // unix time (seconds) of this registration
+  std::vector<AdapterFile> files;  // sorted by path
+
+  // Runtime state, not persisted: false when the last check (Open, Revalidate, Load) found the
+  // adapter unusable; `problem` says why.
+  bool available = true;
+  std::string problem;
+
+  // Key for caches of this adapter's derived state (host copies, pool pages): unique for this
+  // registration; differs from every earlier registration of the same name.
+  std::string cache_key() const;
+};
+
+// A loaded adapter and the registration it was loaded from (use info.cache_key() for caches).
+struct LoadedAdapter {
+  AdapterInfo info;
+  std::shared_ptr<const LoraAdapter> lora;
+};
+
+// Outcome of one entry of RegisterDirectory().
+struct DirectoryEntryResult {
+  std::string name;  // directory name or file stem
+  std::string path;  // the entry's path under the scanned directory
+  Status status;     // OK when registered
+  std::optional<AdapterInfo> info;  // set when registered
+};
+
+class AdapterRegistry {
+ public:
+  // Opens (or creates, writing an empty state) the registry at `state_path`, whose directory
+  // must exist. Errors: kInvalidArgument (bad options, a root that is not a directory),
+  // kNotFound (a missing root or state directory), kDataLoss (corrupt state file),
+  // kFailedPrecondition (state locked by another process), I/O errors.
+  static Result<std::unique_ptr<AdapterRegistry>> Open(const std::string& state_path,
+                                                       RegistryOptions options);
+  ~AdapterRegistry();
+  AdapterRegistry(const AdapterRegistry&) = delete;
+  AdapterRegistry& operator=(const AdapterRegistry&) = delete;
+
+  // Registers `path` as `name` (see the file comment for what is accepted) and persists.
+  // Errors: kInvalidArgument (bad name, bad or mismatching adapter), kAlreadyExists (name taken
+  // and !replace — HTTP 409), kPermissionDenied (outside the roots), kNotFound (no such path),
+  // kUnimplemented (a valid adapter Chorus cannot serve), kDataLoss (truncated file), kUnavailable
+  // (files changed while being read), I/O errors from persisting. replace=true also registers
+  // a new name.
+  Result<AdapterInfo> Register(const std::string& name, const std::string& path,
+                               bool replace = false);
+  // Removes `name` and persists. kNotFound when absent.
+  Status Unregister(const std::string& name);
+  // Registers every adapter directly under `dir` (which must be inside a root): each
+  // subdirectory holding adapter_config.json, named after the subdirectory, and each *.gguf
+  // file whose general.type is "adapter", named after its stem. Hidden entries and other GGUF
+  // files are skipped. Entries are processed in name order; one entry's error does not stop the
+  // others. The outer error is for `dir` itself.
+  Result<std::vector<DirectoryEntryResult>> RegisterDirectory(const std::string& dir,
+                                                              bool replace = false);
+
+  std::optional<AdapterInfo> Lookup(const std::string& name) const;
+  std::vector<AdapterInfo> List() const;  // sorted by name
+  size_t size() const;
+  // The next version Register() will assign (all registered versions are smaller).
+  uint64_t next_version() const;
+
+  // Reads `name`'s adapter and validates it against the base (as Register did, with the
+  // current options). Checks first that the path is still inside a root and that the files
+  // still match the registration (size/mtime; if those changed, the content hash): a changed
+  // adapter is kFailedPrecondition ("register it again with replace"), vanished files
+  // kNotFound. Does not hold the registry's locks while reading.
+  Result<LoadedAdapter> Load(const std::string& name) const;
+
+  // Re-checks every entry as Open() does and updates `available` / `problem`. Returns the
+  // entries found unavailable, with the reason. Nothing is persisted.
+  std::vector<std::pair<std::string, Status>> Revalidate();
+
+  const std::string& state_path() const { return state_path_; }
+  const RegistryOptions& options() const { return options_; }
+
+ private:
+  AdapterRegistry() = default;
+  Status CheckEntry(const AdapterInfo& info) const;
+  Status Persist(const std::map<std::string, AdapterInfo>& entries, uint64_t next_version);
+  Status ResolveInsideRoots(const std::string& path, std::string* resolved) const;
+
+  std::string state_path_;
+  RegistryOptions options_;          // immutable after Open
+  std::vector<std::string> roots_;   // resolved real paths of options_.adapter_roots
+  int lock_fd_ = -1;
+
+  // Serializes mutators (held across reading, validating and persisting). Acquired before mu_.
+  std::mutex write_mu_;
+  mutable std::mutex mu_;
+  std::map<std::string, AdapterInfo> entries_;  // guarded by mu_ (written also under write_mu_)
+  uint64_t next_version_ = 1;                   // guarded by mu_ (written also under write_mu_)
+};
+
+// FNV-1a 64-bit: h = (h XOR byte) · 0x100000001b3 per byte, starting from `h`
+// (default: the offset basis 0xcbf29ce484222325). Exposed for tests and tools.
+inline constexpr uint64_t kFnv1a64Offset = 0xcbf29ce484222325ull;
+uint64_t Fnv1a64(std::string_view data, uint64_t h = kFnv1a64Offset);
+
+// True for a valid adapter name: 1..128 characters of [A-Za-z0-9._:/-].
+bool IsValidAdapterName(std::string_view name);
+
+}  // namespace chorus::adapters
