@@ -1,0 +1,101 @@
+#include "chorus/adapters/adapter_cache.h"
+
+#include <chrono>
+
+namespace chorus::adapters {
+
+std::string AdapterKey::Id() const {
+  return name + "@" + std::to_string(content_hash) + "." + std::to_string(version);
+}
+
+AdapterCache::AdapterCache(model::ModelConfig base, int64_t max_bytes, LoraLimits limits)
+    : base_(std::move(base)), max_bytes_(max_bytes), limits_(limits) {}
+
+Result<std::shared_ptr<const LoraAdapter>> AdapterCache::Get(const AdapterKey& key) {
+  const std::string id = key.Id();
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    auto it = entries_.find(id);
+    if (it == entries_.end()) break;
+    if (!it->second.loading) {
+      ++stats_.hits;
+      lru_.splice(lru_.begin(), lru_, it->second.lru);
+      return it->second.adapter;
+    }
+    loaded_.wait(lock);  // another thread is loading this adapter
+  }
+  ++stats_.misses;
+  Entry& e = entries_[id];
+  e.loading = true;
+  e.name = key.name;
+  lru_.push_front(id);
+  e.lru = lru_.begin();
+  lock.unlock();
+
+  const auto t0 = std::chrono::steady_clock::now();
+  LoraLoadOptions lo;
+  lo.limits = limits_;
+  auto loaded = LoadLoraAdapter(key.path, base_, lo, key.name);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  lock.lock();
+  auto it = entries_.find(id);
+  if (!loaded.ok()) {
+    ++stats_.load_errors;
+    if (it != entries_.end()) {
+      lru_.erase(it->second.lru);
+      entries_.erase(it);
+    }
+    loaded_.notify_all();
+    return loaded.status();
+  }
+  ++stats_.loads;
+  stats_.load_seconds_total += secs;
+  stats_.last_load_seconds = secs;
+  std::shared_ptr<const LoraAdapter> adapter = *loaded;
+  if (it != entries_.end()) {  // not erased meanwhile
+    it->second.adapter = adapter;
+    it->second.loading = false;
+    stats_.bytes += adapter->memory_bytes();
+    ++stats_.entries;
+    EvictLocked();
+  }
+  loaded_.notify_all();
+  return adapter;
+}
+
+void AdapterCache::EvictLocked() {
+  // Least recently used first; entries in use (held outside the cache) or loading are skipped.
+  auto it = lru_.end();
+  while (stats_.bytes > max_bytes_ && it != lru_.begin()) {
+    --it;
+    auto e = entries_.find(*it);
+    if (e == entries_.end() || e->second.loading || e->second.adapter.use_count() > 1) continue;
+    stats_.bytes -= e->second.adapter->memory_bytes();
+    --stats_.entries;
+    ++stats_.evictions;
+    entries_.erase(e);
+    it = lru_.erase(it);
+  }
+}
+
+void AdapterCache::Erase(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    if (it->second.name == name && !it->second.loading) {
+      stats_.bytes -= it->second.adapter->memory_bytes();
+      --stats_.entries;
+      lru_.erase(it->second.lru);
+      it = entries_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+AdapterCache::Stats AdapterCache::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+}  // namespace chorus::adapters

@@ -1,0 +1,69 @@
+// AdapterCache: the host tier of adapter residency (DESIGN §3): decoded adapters in compute
+// layout, LRU-bounded by bytes (`--host-cache-size`). A miss loads the adapter from disk on the
+// CALLING thread (an HTTP handler, the CLI) — never on the engine thread, so a load never stalls
+// a step; concurrent callers for the same adapter wait for one load. An entry handed out stays
+// alive while anyone holds it (running sequences pin it); eviction only drops the cache's own
+// reference, and only of entries nobody else holds.
+//
+// The cache key includes the registry's content hash and version, so a replaced adapter never
+// shares cached weights with its predecessor.
+//
+// Thread-safety: thread-safe.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "chorus/adapters/lora/lora_adapter.h"
+#include "chorus/adapters/lora/lora_files.h"
+
+namespace chorus::adapters {
+
+struct AdapterKey {
+  std::string name;
+  std::string path;
+  uint64_t content_hash = 0;
+  uint64_t version = 0;
+  std::string Id() const;  // "name@hash.version"
+};
+
+class AdapterCache {
+ public:
+  AdapterCache(model::ModelConfig base, int64_t max_bytes, LoraLimits limits = {});
+
+  Result<std::shared_ptr<const LoraAdapter>> Get(const AdapterKey& key);
+  // Drops the cached copy of every version of `name` (users keep theirs until they finish).
+  void Erase(const std::string& name);
+
+  struct Stats {
+    uint64_t hits = 0, misses = 0, loads = 0, load_errors = 0, evictions = 0;
+    double load_seconds_total = 0, last_load_seconds = 0;
+    int64_t bytes = 0, entries = 0;
+  };
+  Stats stats() const;
+
+ private:
+  struct Entry {
+    std::shared_ptr<const LoraAdapter> adapter;  // null while loading
+    bool loading = false;
+    std::list<std::string>::iterator lru;        // position in lru_ (front = most recent)
+    std::string name;
+  };
+  void EvictLocked();
+
+  const model::ModelConfig base_;
+  const int64_t max_bytes_;
+  const LoraLimits limits_;
+  mutable std::mutex mu_;
+  std::condition_variable loaded_;
+  std::map<std::string, Entry> entries_;  // guarded by mu_; by AdapterKey::Id()
+  std::list<std::string> lru_;            // guarded by mu_
+  Stats stats_;                           // guarded by mu_
+};
+
+}  // namespace chorus::adapters
