@@ -118,6 +118,19 @@ Result<std::string> ChatTemplate::RenderJson(const nlohmann::json& messages,
   }
 }
 
+Result<std::string> ChatTemplate::RenderJson(const nlohmann::ordered_json& messages,
+                                             const ChatRenderOptions& opts) const {
+  if (!messages.is_array()) {
+    return InvalidArgumentError("chat template messages must be a JSON array");
+  }
+  try {
+    CHORUS_ASSIGN_OR_RETURN(jinja::Value v, jinja::FromJson(messages));
+    return RenderValues(*program_, std::move(v), opts);
+  } catch (const std::exception& e) {
+    return InternalError(std::string("chat template render failed: ") + e.what());
+  }
+}
+
 const std::string& ChatTemplate::source() const { return program_->source; }
 
 std::string_view DefaultChatTemplateSource() { return kDefaultTemplate; }

@@ -40,7 +40,9 @@ struct ChatMessage {
   // Further fields of the message (e.g. "name", "tool_calls", "tool_call_id"), a JSON
   // object merged into the message mapping; a key here overrides role/content (e.g.
   // "content": null for an assistant turn that only calls tools). Ignored when not an object.
-  nlohmann::json extra = nlohmann::json::object();
+  // ordered_json keeps the request's key order, which `tojson` prints (as Hugging Face
+  // does); a plain nlohmann::json converts implicitly (keys then come sorted).
+  nlohmann::ordered_json extra = nlohmann::ordered_json::object();
 };
 
 struct ChatRenderOptions {
@@ -51,9 +53,10 @@ struct ChatRenderOptions {
   std::string eos_token;
   // Further variables as a JSON object (e.g. {"tools": [...], "unk_token": "<unk>"}).
   // `messages`, `add_generation_prompt`, `bos_token`, `eos_token` given here are ignored.
-  // Keys of JSON objects are seen in sorted order (nlohmann::json), which shows in
-  // `tojson` output and dict iteration.
-  nlohmann::json extra_context = nlohmann::json::object();
+  // Key order is kept and shows in `tojson` output and dict iteration (tool schemas are
+  // printed into the prompt): parse requests into nlohmann::ordered_json to match Hugging
+  // Face exactly; a plain nlohmann::json converts implicitly with sorted keys.
+  nlohmann::ordered_json extra_context = nlohmann::ordered_json::object();
 
   // --- Limits (exceeding one fails the render with kResourceExhausted) ---
   // Size of the rendered prompt (and of any one string built while rendering). Default 4 MiB.
@@ -89,6 +92,9 @@ class ChatTemplate {
 
   // Same, with `messages` given as a JSON array of message objects (as in an OpenAI request
   // body: content may be a string, null or a list of parts; tool_calls, name, ...).
+  // Use ordered_json to keep each message's key order (see ChatMessage::extra).
+  Result<std::string> RenderJson(const nlohmann::ordered_json& messages,
+                                 const ChatRenderOptions& opts) const;
   Result<std::string> RenderJson(const nlohmann::json& messages,
                                  const ChatRenderOptions& opts) const;
 

@@ -56,6 +56,11 @@ const char* const kChatMlJson =
 const char* const kZephyrJson =
     R"json("{% for message in messages %}\n{% if message['role'] == 'user' %}\n{{ '<|user|>\n' + message['content'] + eos_token }}\n{% elif message['role'] == 'system' %}\n{{ '<|system|>\n' + message['content'] + eos_token }}\n{% elif message['role'] == 'assistant' %}\n{{ '<|assistant|>\n'  + message['content'] + eos_token }}\n{% endif %}\n{% if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n{% endfor %}")json";
 
+// meta-llama/Llama-3.1-8B-Instruct, "chat_template" (tool calling: tools in the first user
+// turn, one tool call per assistant turn, tool results as ipython turns).
+const char* const kLlama31InstructJson =
+    R"json("{{- bos_token }}\n{%- if custom_tools is defined %}\n    {%- set tools = custom_tools %}\n{%- endif %}\n{%- if not tools_in_user_message is defined %}\n    {%- set tools_in_user_message = true %}\n{%- endif %}\n{%- if not date_string is defined %}\n    {%- set date_string = \"26 Jul 2024\" %}\n{%- endif %}\n{%- if not tools is defined %}\n    {%- set tools = none %}\n{%- endif %}\n\n{#- This block extracts the system message, so we can slot it into the right place. #}\n{%- if messages[0]['role'] == 'system' %}\n    {%- set system_message = messages[0]['content']|trim %}\n    {%- set messages = messages[1:] %}\n{%- else %}\n    {%- set system_message = \"\" %}\n{%- endif %}\n\n{#- System message + builtin tools #}\n{{- \"<|start_header_id|>system<|end_header_id|>\\n\\n\" }}\n{%- if builtin_tools is defined or tools is not none %}\n    {{- \"Environment: ipython\\n\" }}\n{%- endif %}\n{%- if builtin_tools is defined %}\n    {{- \"Tools: \" + builtin_tools | reject('equalto', 'code_interpreter') | join(\", \") + \"\\n\\n\"}}\n{%- endif %}\n{{- \"Cutting Knowledge Date: December 2023\\n\" }}\n{{- \"Today Date: \" + date_string + \"\\n\\n\" }}\n{%- if tools is not none and not tools_in_user_message %}\n    {{- \"You have access to the following functions. To call a function, please respond with JSON for a function call.\" }}\n    {{- 'Respond in the format {\"name\": function name, \"parameters\": dictionary of argument name and its value}.' }}\n    {{- \"Do not use variables.\\n\\n\" }}\n    {%- for t in tools %}\n        {{- t | tojson(indent=4) }}\n        {{- \"\\n\\n\" }}\n    {%- endfor %}\n{%- endif %}\n{{- system_message }}\n{{- \"<|eot_id|>\" }}\n\n{#- Custom tools are passed in a user message with some extra guidance #}\n{%- if tools_in_user_message and not tools is none %}\n    {#- Extract the first user message so we can plug it in here #}\n    {%- if messages | length != 0 %}\n        {%- set first_user_message = messages[0]['content']|trim %}\n        {%- set messages = messages[1:] %}\n    {%- else %}\n        {{- raise_exception(\"Cannot put tools in the first user message when there's no first user message!\") }}\n{%- endif %}\n    {{- '<|start_header_id|>user<|end_header_id|>\\n\\n' -}}\n    {{- \"Given the following functions, please respond with a JSON for a function call \" }}\n    {{- \"with its proper arguments that best answers the given prompt.\\n\\n\" }}\n    {{- 'Respond in the format {\"name\": function name, \"parameters\": dictionary of argument name and its value}.' }}\n    {{- \"Do not use variables.\\n\\n\" }}\n    {%- for t in tools %}\n        {{- t | tojson(indent=4) }}\n        {{- \"\\n\\n\" }}\n    {%- endfor %}\n    {{- first_user_message + \"<|eot_id|>\"}}\n{%- endif %}\n\n{%- for message in messages %}\n    {%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in message) %}\n        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' }}\n    {%- elif 'tool_calls' in message %}\n        {%- if not message.tool_calls|length == 1 %}\n            {{- raise_exception(\"This model only supports single tool-calls at once!\") }}\n        {%- endif %}\n        {%- set tool_call = message.tool_calls[0].function %}\n        {%- if builtin_tools is defined and tool_call.name in builtin_tools %}\n            {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}\n            {{- \"<|python_tag|>\" + tool_call.name + \".call(\" }}\n            {%- for arg_name, arg_val in tool_call.arguments | items %}\n                {{- arg_name + '=\"' + arg_val + '\"' }}\n                {%- if not loop.last %}\n                    {{- \", \" }}\n                {%- endif %}\n                {%- endfor %}\n            {{- \")\" }}\n        {%- else  %}\n            {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}\n            {{- '{\"name\": \"' + tool_call.name + '\", ' }}\n            {{- '\"parameters\": ' }}\n            {{- tool_call.arguments | tojson }}\n            {{- \"}\" }}\n        {%- endif %}\n        {%- if builtin_tools is defined %}\n            {#- This means we're in ipython mode #}\n            {{- \"<|eom_id|>\" }}\n        {%- else %}\n            {{- \"<|eot_id|>\" }}\n        {%- endif %}\n    {%- elif message.role == \"tool\" or message.role == \"ipython\" %}\n        {{- \"<|start_header_id|>ipython<|end_header_id|>\\n\\n\" }}\n        {%- if message.content is mapping or message.content is iterable %}\n            {{- message.content | tojson }}\n        {%- else %}\n            {{- message.content }}\n        {%- endif %}\n        {{- \"<|eot_id|>\" }}\n    {%- endif %}\n{%- endfor %}\n{%- if add_generation_prompt %}\n    {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}\n{%- endif %}\n")json";
+
 // The conversation used for every model: a system prompt, and an assistant turn with
 // surrounding whitespace so that templates which strip (Llama-2 .strip(), Llama-3 | trim)
 // and templates which do not (ChatML, Mistral, Zephyr) are told apart.
@@ -292,6 +297,59 @@ TEST(ChatTemplateModels, ModelsWithoutTemplateFallBackToChatMl) {
   }
 }
 
+TEST(ChatTemplateModels, Llama31InstructWithTools) {
+  const ChatTemplate t = MustParse(FromJsonString(kLlama31InstructJson));
+  // Key order of the tool schema is kept (ordered_json) because tojson prints it.
+  const auto tools = nlohmann::ordered_json::parse(R"([{"type": "function", "function": {
+      "name": "get_weather", "description": "Get weather",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                     "required": ["city"]}}}])");
+  const auto msgs = nlohmann::ordered_json::parse(R"([
+      {"role": "system", "content": "Be brief."},
+      {"role": "user", "content": "Weather in Paris?"},
+      {"role": "assistant", "content": "", "tool_calls": [{"type": "function",
+        "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+      {"role": "tool", "content": "18C"}])");
+  ChatRenderOptions o = Opts(true, "<|begin_of_text|>", "<|eot_id|>");
+  o.extra_context = {{"tools", tools}};
+  auto r = t.RenderJson(msgs, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  // Derivation: the system turn is pulled out (system_message = "Be brief.", trimmed);
+  // tools is defined, so the system header gets "Environment: ipython\n"; date_string is
+  // undefined → "26 Jul 2024"; tools_in_user_message defaults to true, so the tool list goes
+  // into the first user turn as tojson(indent=4) followed by "\n\n" and that turn's content;
+  // the assistant turn has one tool call → '{"name": "get_weather", "parameters": ' +
+  // arguments|tojson + '}' + <|eot_id|>; the tool turn becomes an ipython turn, and since a
+  // string `is iterable`, its content goes through tojson → "\"18C\"".
+  const std::string expected =
+      "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+      "Environment: ipython\nCutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"
+      "Be brief.<|eot_id|>"
+      "<|start_header_id|>user<|end_header_id|>\n\n"
+      "Given the following functions, please respond with a JSON for a function call with its "
+      "proper arguments that best answers the given prompt.\n\n"
+      "Respond in the format {\"name\": function name, \"parameters\": dictionary of argument "
+      "name and its value}.Do not use variables.\n\n"
+      "{\n    \"type\": \"function\",\n    \"function\": {\n        \"name\": \"get_weather\",\n"
+      "        \"description\": \"Get weather\",\n        \"parameters\": {\n"
+      "            \"type\": \"object\",\n            \"properties\": {\n"
+      "                \"city\": {\n                    \"type\": \"string\"\n                }\n"
+      "            },\n            \"required\": [\n                \"city\"\n            ]\n"
+      "        }\n    }\n}\n\n"
+      "Weather in Paris?<|eot_id|>"
+      "<|start_header_id|>assistant<|end_header_id|>\n\n"
+      "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}<|eot_id|>"
+      "<|start_header_id|>ipython<|end_header_id|>\n\n\"18C\"<|eot_id|>"
+      "<|start_header_id|>assistant<|end_header_id|>\n\n";
+  EXPECT_EQ(r.value(), expected);
+  // Two tool calls in one turn: the template's own error.
+  auto two = msgs;
+  two[2]["tool_calls"].push_back(two[2]["tool_calls"][0]);
+  r = t.RenderJson(two, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), "This model only supports single tool-calls at once!");
+}
+
 TEST(ChatTemplateModels, RenderJsonMatchesRender) {
   const ChatTemplate t = MustParse(FromJsonString(kLlama3InstructJson));
   nlohmann::json msgs = nlohmann::json::array();
@@ -374,7 +432,7 @@ TEST(ChatTemplateFeatures, SetScopingAndNamespace) {
   // set inside if is not scoped.
   EXPECT_EQ(Eval("{% if true %}{% set y = 'in' %}{% endif %}{{ y }}"), "in");
   EXPECT_EQ(Eval("{% set a, b = [1, 2] %}{{ b }}{{ a }}"), "21");
-  EXPECT_EQ(Eval("{% set t = 1, 2 %}{{ t }}"), "[1, 2]");
+  EXPECT_EQ(Eval("{% set t = 1, 2 %}{{ t }}"), "(1, 2)");
   EXPECT_EQ(Eval("{% set x %}a{{ 1 + 1 }}b{% endset %}[{{ x }}]"), "[a2b]");
   EXPECT_EQ(Eval("{% generation %}hi{% endgeneration %}"), "hi");
 }
@@ -401,6 +459,9 @@ TEST(ChatTemplateFeatures, Filters) {
                  "{{ 'a-b-c' | replace('-', '+') }}|{{ '<x>' | safe }}|{{ 'hello world' | title }}|"
                  "{{ 'xyx' | trim('x') }}|{{ '3' | int + 1 }}|{{ [3, 1] | reverse | list }}"),
             "hi|3|5|1|ABC|abc|dflt|e|v|a, b|1|2|42|Hello world|a+b+c|<x>|Hello World|y|4|[1, 3]");
+  // The title filter splits words at whitespace and '-' only; str.title() at any non-letter.
+  EXPECT_EQ(Eval("{{ \"o'neil x2y-z\" | title }}|{{ \"o'neil x2y-z\".title() }}"),
+            "O'neil X2y-Z|O'Neil X2Y-Z");
   EXPECT_EQ(Eval("{{ messages | map(attribute='role') | join(',') }}"),
             "system,user,assistant,user");
   EXPECT_EQ(Eval("{{ messages | selectattr('role', 'equalto', 'user') | map(attribute='content')"
@@ -440,9 +501,11 @@ TEST(ChatTemplateFeatures, Operators) {
                  "{{ 7 / 2 }}|{{ 'a' ~ 1 ~ none }}|{{ 'b' in 'abc' }}|{{ 2 not in [1,3] }}|"
                  "{{ 1 < 2 and not (3 <= 2) or false }}|{{ 2 ** 10 }}|{{ 'x' * 3 }}|"
                  "{{ 1 == 1.0 }}|{{ 'a' != 'b' }}|{{ [1] + [2] }}|{{ 'k' in {'k': 1} }}|"
-                 "{{ (1, 2) }}|{{ -(3) }}|{{ 'b' > 'a' }}|{{ 0 or 'x' }}|{{ 1 and 2 }}"),
-            "7|3|-4|1|2|3.5|a1None|True|True|True|1024|xxx|True|True|[1, 2]|True|[1, 2]|-3|True|"
-            "x|2");
+                 "{{ (1, 2) }}|{{ -(3) }}|{{ 'b' > 'a' }}|{{ 0 or 'x' }}|{{ 1 and 2 }}|{{ (1,) }}"),
+            "7|3|-4|1|2|3.5|a1None|True|True|True|1024|xxx|True|True|[1, 2]|True|(1, 2)|-3|True|"
+            "x|2|(1,)");
+  // Chained comparisons: 3 > 2 > 1 is (3 > 2) and (2 > 1).
+  EXPECT_EQ(Eval("{{ 3 > 2 > 1 }}{{ 1 < 3 < 2 }}{{ 1 == 1 in [1] }}"), "TrueFalseTrue");
   // ~ binds tighter than +, filters tighter than both.
   EXPECT_EQ(Eval("{{ 'a' + 'b' ~ 'c' }}|{{ 'x' ~ ' y ' | trim }}"), "abc|xy");
   EXPECT_EQ(Eval("{{ 'a' if true else 'b' }}{{ 'c' if false else 'd' }}{{ 'e' if false }}"),

@@ -53,6 +53,7 @@ struct NameExpr : Expr {
 };
 struct ListExpr : Expr {  // [a, b] and tuples (a, b)
   std::vector<ExprPtr> items;
+  bool is_tuple = false;
   Result<Value> Eval(Interp& in) const override;
 };
 struct DictExpr : Expr {
@@ -112,6 +113,12 @@ struct BinaryExpr : Expr {
   };
   Op op = Op::kAdd;
   ExprPtr a, b;
+  Result<Value> Eval(Interp& in) const override;
+};
+// a < b < c: Python/Jinja chaining — (a < b) and (b < c), each operand evaluated once.
+struct CompareChainExpr : Expr {
+  ExprPtr first;
+  std::vector<std::pair<BinaryExpr::Op, ExprPtr>> rest;
   Result<Value> Eval(Interp& in) const override;
 };
 struct CondExpr : Expr {  // then if cond else otherwise

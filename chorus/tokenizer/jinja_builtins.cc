@@ -75,6 +75,20 @@ std::string Title(std::string s) {
   }
   return s;
 }
+// Jinja's `title` filter (not str.title): words are split at whitespace, '-', '(', '{',
+// '[' and '<'; each word's first character is upper-cased and the rest lower-cased.
+std::string TitleFilter(std::string s) {
+  bool word_start = true;
+  for (char& c : s) {
+    if (IsPyWhitespace(c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<') {
+      word_start = true;
+      continue;
+    }
+    c = word_start ? ToUpper(c) : ToLower(c);
+    word_start = false;
+  }
+  return s;
+}
 std::string Capitalize(std::string s) {
   for (size_t i = 0; i < s.size(); ++i) s[i] = i == 0 ? ToUpper(s[i]) : ToLower(s[i]);
   return s;
@@ -242,7 +256,7 @@ Result<Value> FLower(Interp& in, const Value& v, CallArgs& a) {
 }
 Result<Value> FTitle(Interp& in, const Value& v, CallArgs& a) {
   CHORUS_ASSIGN_OR_RETURN(std::string s, in.ToStr(v));
-  return in.MakeString(Title(std::move(s)));
+  return in.MakeString(TitleFilter(std::move(s)));
 }
 Result<Value> FCapitalize(Interp& in, const Value& v, CallArgs& a) {
   CHORUS_ASSIGN_OR_RETURN(std::string s, in.ToStr(v));
@@ -355,7 +369,7 @@ Result<Value> FItems(Interp& in, const Value& v, CallArgs& a) {
   }
   std::vector<Value> pairs;
   for (const auto& [k, val] : v.dict().items) {
-    CHORUS_ASSIGN_OR_RETURN(Value p, in.MakeList({Value::Str(k), val}));
+    CHORUS_ASSIGN_OR_RETURN(Value p, in.MakeList({Value::Str(k), val}, /*tuple=*/true));
     pairs.push_back(std::move(p));
   }
   return in.MakeList(std::move(pairs));

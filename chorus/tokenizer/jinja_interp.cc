@@ -74,13 +74,14 @@ Result<Value> Arith(Interp& in, const Node& at, BinaryExpr::Op op, const Value& 
     return in.MakeString(a.str() + b.str());
   }
   if (op == Op::kAdd && a.is_list() && b.is_list()) {
+    const bool tuple = a.is_tuple() && b.is_tuple();
     std::vector<Value> items;
     CHORUS_RETURN_IF_ERROR(
         in.Alloc(static_cast<int64_t>(a.list().size() + b.list().size()) * kSlotBytes));
     items.reserve(a.list().size() + b.list().size());
     items.insert(items.end(), a.list().begin(), a.list().end());
     items.insert(items.end(), b.list().begin(), b.list().end());
-    return in.MakeList(std::move(items));
+    return in.MakeList(std::move(items), tuple);
   }
   if (op == Op::kMul && ((a.is_string() || a.is_list()) && (b.is_int() || b.is_bool()))) {
     return Arith(in, at, op, b, a);
@@ -266,6 +267,9 @@ int64_t AdjustIndex(int64_t i, int64_t n, int64_t step) {
   return i;
 }
 
+Result<Value> EvalBinaryOp(Interp& in, const Node& at, BinaryExpr::Op op, const Value& x,
+                           const Value& y);
+
 }  // namespace
 
 Status RuntimeError(const Node& at, std::string_view what) {
@@ -358,9 +362,9 @@ Status Interp::CheckStringSize(size_t bytes) const {
   return OkStatus();
 }
 
-Result<Value> Interp::MakeList(std::vector<Value> items) {
+Result<Value> Interp::MakeList(std::vector<Value> items, bool tuple) {
   CHORUS_RETURN_IF_ERROR(Alloc(static_cast<int64_t>(items.size()) * kSlotBytes));
-  Value v = Value::List(std::move(items));
+  Value v = tuple ? Value::Tuple(std::move(items)) : Value::List(std::move(items));
   if (v.depth() > kMaxValueDepth) {
     return InvalidArgumentError("chat template built lists nested deeper than " +
                                 std::to_string(kMaxValueDepth) + " levels");
@@ -391,7 +395,7 @@ Result<bool> Interp::Equal(const Value& a, const Value& b) {
     case Value::Kind::kList: {
       const auto& x = a.list();
       const auto& y = b.list();
-      if (x.size() != y.size()) return false;
+      if (x.size() != y.size() || a.is_tuple() != b.is_tuple()) return false;
       if (&x == &y) return true;
       for (size_t i = 0; i < x.size(); ++i) {
         CHORUS_ASSIGN_OR_RETURN(bool eq, Equal(x[i], y[i]));
@@ -521,7 +525,7 @@ Result<Value> ListExpr::Eval(Interp& in) const {
     CHORUS_ASSIGN_OR_RETURN(Value v, e->Eval(in));
     vals.push_back(std::move(v));
   }
-  auto r = in.MakeList(std::move(vals));
+  auto r = in.MakeList(std::move(vals), is_tuple);
   if (!r.ok()) return WithPosition(r.status(), *this, "list");
   return r;
 }
@@ -621,7 +625,7 @@ Result<Value> SliceExpr::Eval(Interp& in) const {
     std::vector<Value> items;
     items.reserve(picks.size());
     for (int64_t i : picks) items.push_back(o.list()[static_cast<size_t>(i)]);
-    return in.MakeList(std::move(items));
+    return in.MakeList(std::move(items), o.is_tuple());
   }
   std::string s;
   for (int64_t i : picks) {
@@ -708,6 +712,26 @@ Result<Value> BinaryExpr::Eval(Interp& in) const {
     return b->Eval(in);
   }
   CHORUS_ASSIGN_OR_RETURN(Value y, b->Eval(in));
+  return EvalBinaryOp(in, *this, op, x, y);
+}
+
+Result<Value> CompareChainExpr::Eval(Interp& in) const {
+  CHORUS_RETURN_IF_ERROR(in.Step());
+  CHORUS_ASSIGN_OR_RETURN(Value x, first->Eval(in));
+  for (const auto& [op, e] : rest) {
+    CHORUS_ASSIGN_OR_RETURN(Value y, e->Eval(in));
+    CHORUS_ASSIGN_OR_RETURN(Value r, EvalBinaryOp(in, *this, op, x, y));
+    if (!r.Truthy()) return Value::Bool(false);
+    x = std::move(y);
+  }
+  return Value::Bool(true);
+}
+
+namespace {
+// Operators other than and/or (which short-circuit) on evaluated operands.
+Result<Value> EvalBinaryOp(Interp& in, const Node& at, BinaryExpr::Op op, const Value& x,
+                           const Value& y) {
+  using Op = BinaryExpr::Op;
   switch (op) {
     case Op::kEq:
     case Op::kNe: {
@@ -718,10 +742,10 @@ Result<Value> BinaryExpr::Eval(Interp& in) const {
     case Op::kGt:
     case Op::kLe:
     case Op::kGe:
-      return Compare(in, *this, op, x, y);
+      return Compare(in, at, op, x, y);
     case Op::kIn:
     case Op::kNotIn: {
-      CHORUS_ASSIGN_OR_RETURN(bool c, Contains(in, *this, y, x));
+      CHORUS_ASSIGN_OR_RETURN(bool c, Contains(in, at, y, x));
       return Value::Bool(c == (op == Op::kIn));
     }
     case Op::kConcat: {
@@ -732,9 +756,10 @@ Result<Value> BinaryExpr::Eval(Interp& in) const {
       return in.MakeString(std::move(s));
     }
     default:
-      return Arith(in, *this, op, x, y);
+      return Arith(in, at, op, x, y);
   }
 }
+}  // namespace
 
 Result<Value> CondExpr::Eval(Interp& in) const {
   CHORUS_RETURN_IF_ERROR(in.Step());

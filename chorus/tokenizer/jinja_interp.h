@@ -51,7 +51,7 @@ class Interp {
   size_t max_output_bytes() const { return limits_.max_output_bytes; }
 
   // ---- value helpers (budgeted)
-  Result<Value> MakeList(std::vector<Value> items);
+  Result<Value> MakeList(std::vector<Value> items, bool tuple = false);
   Result<Value> MakeString(std::string s);
   Result<bool> Equal(const Value& a, const Value& b);
   Result<std::string> ToStr(const Value& v);

@@ -318,6 +318,7 @@ class Parser {
     CHORUS_ASSIGN_OR_RETURN(ExprPtr first, ParseExpr());
     if (!IsOp(",")) return first;
     auto list = Make<ListExpr>(start);
+    list->is_tuple = true;
     list->items.push_back(std::move(first));
     while (IsOp(",")) {
       Next();
@@ -389,7 +390,10 @@ class Parser {
   }
 
   Result<ExprPtr> ParseCompare() {
+    const Token& start = Peek();
     CHORUS_ASSIGN_OR_RETURN(ExprPtr e, ParseMath1());
+    std::vector<std::pair<BinaryExpr::Op, ExprPtr>> rest;
+    const Token* first_op = nullptr;
     while (true) {
       const Token& t = Peek();
       BinaryExpr::Op op;
@@ -414,10 +418,18 @@ class Parser {
         break;
       }
       const Token& at = Next();
+      if (first_op == nullptr) first_op = &at;
       CHORUS_ASSIGN_OR_RETURN(ExprPtr r, ParseMath1());
-      e = MakeBinary(at, op, std::move(e), std::move(r));
+      rest.emplace_back(op, std::move(r));
     }
-    return e;
+    if (rest.empty()) return e;
+    if (rest.size() == 1) {
+      return MakeBinary(*first_op, rest[0].first, std::move(e), std::move(rest[0].second));
+    }
+    auto chain = Make<CompareChainExpr>(start);
+    chain->first = std::move(e);
+    chain->rest = std::move(rest);
+    return ExprPtr(std::move(chain));
   }
 
   Result<ExprPtr> ParseMath1() {
@@ -528,11 +540,14 @@ class Parser {
           Next();
           if (IsOp(")")) {
             Next();
-            return ExprPtr(Make<ListExpr>(t));  // ()
+            auto empty = Make<ListExpr>(t);  // ()
+            empty->is_tuple = true;
+            return ExprPtr(std::move(empty));
           }
           CHORUS_ASSIGN_OR_RETURN(ExprPtr e, ParseExpr());
           if (IsOp(",")) {
             auto list = Make<ListExpr>(t);
+            list->is_tuple = true;
             list->items.push_back(std::move(e));
             while (IsOp(",")) {
               Next();

@@ -181,13 +181,15 @@ Status AppendReprImpl(const Value& v, bool top_level_str, std::string* out, size
       if (top_level_str) return Append(out, v.str(), limit);
       return AppendPyStrRepr(v.str(), out, limit);
     case Value::Kind::kList: {
-      CHORUS_RETURN_IF_ERROR(Append(out, "[", limit));
+      const bool tuple = v.is_tuple();
+      CHORUS_RETURN_IF_ERROR(Append(out, tuple ? "(" : "[", limit));
       const auto& items = v.list();
       for (size_t i = 0; i < items.size(); ++i) {
         if (i > 0) CHORUS_RETURN_IF_ERROR(Append(out, ", ", limit));
         CHORUS_RETURN_IF_ERROR(AppendReprImpl(items[i], false, out, limit));
       }
-      return Append(out, "]", limit);
+      if (tuple && items.size() == 1) CHORUS_RETURN_IF_ERROR(Append(out, ",", limit));
+      return Append(out, tuple ? ")" : "]", limit);
     }
     case Value::Kind::kDict:
     case Value::Kind::kNamespace: {
@@ -261,6 +263,12 @@ Value Value::List(std::vector<Value> items) {
   v.l_ = std::move(l);
   return v;
 }
+Value Value::Tuple(std::vector<Value> items) {
+  Value v = List(std::move(items));
+  std::const_pointer_cast<ListData>(v.l_)->is_tuple = true;
+  return v;
+}
+bool Value::is_tuple() const { return kind_ == Kind::kList && l_->is_tuple; }
 Value Value::Dict(std::shared_ptr<DictData> d) {
   Value v;
   v.kind_ = Kind::kDict;
@@ -399,31 +407,32 @@ const Value* CallArgs::Kw(std::string_view name) const {
 }
 
 namespace {
-Result<Value> FromJsonImpl(const nlohmann::json& j, int depth) {
+template <typename Json>
+Result<Value> FromJsonImpl(const Json& j, int depth) {
   if (depth > kMaxValueDepth) {
     return InvalidArgumentError("chat template input nests deeper than " +
                                 std::to_string(kMaxValueDepth) + " levels");
   }
   switch (j.type()) {
-    case nlohmann::json::value_t::null:
-    case nlohmann::json::value_t::discarded:
+    case Json::value_t::null:
+    case Json::value_t::discarded:
       return Value::None();
-    case nlohmann::json::value_t::boolean:
-      return Value::Bool(j.get<bool>());
-    case nlohmann::json::value_t::number_integer:
-      return Value::Int(j.get<int64_t>());
-    case nlohmann::json::value_t::number_unsigned: {
-      const auto u = j.get<uint64_t>();
+    case Json::value_t::boolean:
+      return Value::Bool(j.template get<bool>());
+    case Json::value_t::number_integer:
+      return Value::Int(j.template get<int64_t>());
+    case Json::value_t::number_unsigned: {
+      const auto u = j.template get<uint64_t>();
       if (u > static_cast<uint64_t>(INT64_MAX)) return Value::Float(static_cast<double>(u));
       return Value::Int(static_cast<int64_t>(u));
     }
-    case nlohmann::json::value_t::number_float:
-      return Value::Float(j.get<double>());
-    case nlohmann::json::value_t::string:
-      return Value::Str(j.get_ref<const std::string&>());
-    case nlohmann::json::value_t::binary:
+    case Json::value_t::number_float:
+      return Value::Float(j.template get<double>());
+    case Json::value_t::string:
+      return Value::Str(j.template get_ref<const std::string&>());
+    case Json::value_t::binary:
       return InvalidArgumentError("chat template input: binary JSON values are not supported");
-    case nlohmann::json::value_t::array: {
+    case Json::value_t::array: {
       std::vector<Value> items;
       items.reserve(j.size());
       for (const auto& e : j) {
@@ -432,7 +441,7 @@ Result<Value> FromJsonImpl(const nlohmann::json& j, int depth) {
       }
       return Value::List(std::move(items));
     }
-    case nlohmann::json::value_t::object: {
+    case Json::value_t::object: {
       auto d = std::make_shared<DictData>();
       for (auto it = j.begin(); it != j.end(); ++it) {
         CHORUS_ASSIGN_OR_RETURN(Value v, FromJsonImpl(it.value(), depth + 1));
@@ -446,6 +455,7 @@ Result<Value> FromJsonImpl(const nlohmann::json& j, int depth) {
 }  // namespace
 
 Result<Value> FromJson(const nlohmann::json& j) { return FromJsonImpl(j, 0); }
+Result<Value> FromJson(const nlohmann::ordered_json& j) { return FromJsonImpl(j, 0); }
 
 Status AppendStr(const Value& v, std::string* out, size_t limit) {
   return AppendReprImpl(v, /*top_level_str=*/true, out, limit);

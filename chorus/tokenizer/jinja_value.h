@@ -62,6 +62,8 @@ class Value {
   // Depth is computed from the items; callers creating values at render time check it
   // against kMaxValueDepth (Interp::MakeList).
   static Value List(std::vector<Value> items);
+  // A tuple: a list that prints as "(a, b)" (Python repr) and is not equal to a list.
+  static Value Tuple(std::vector<Value> items);
   static Value Dict(std::shared_ptr<DictData> d);  // Requires: d != nullptr.
   static Value Namespace(std::shared_ptr<DictData> d);
   static Value Function(std::shared_ptr<const Callable> c);
@@ -74,7 +76,8 @@ class Value {
   bool is_float() const { return kind_ == Kind::kFloat; }
   bool is_number() const { return kind_ == Kind::kInt || kind_ == Kind::kFloat; }
   bool is_string() const { return kind_ == Kind::kString; }
-  bool is_list() const { return kind_ == Kind::kList; }
+  bool is_list() const { return kind_ == Kind::kList; }  // lists and tuples
+  bool is_tuple() const;
   bool is_dict() const { return kind_ == Kind::kDict; }
   bool is_namespace() const { return kind_ == Kind::kNamespace; }
   bool is_mapping() const { return kind_ == Kind::kDict || kind_ == Kind::kNamespace; }
@@ -120,6 +123,7 @@ struct ListData {
   std::vector<Value> items;
   int depth = 1;
   bool holds_namespace = false;
+  bool is_tuple = false;
 };
 
 // Insertion-ordered string-keyed mapping.
@@ -149,9 +153,10 @@ struct Callable {
   const MacroStmt* macro = nullptr;   // or a macro (owned by the Program)
 };
 
-// Converts JSON (request messages, extra context) to a Value. Nesting deeper than
-// kMaxValueDepth is an error.
+// Converts JSON (request messages, extra context) to a Value, keeping object key order.
+// Nesting deeper than kMaxValueDepth is an error.
 Result<Value> FromJson(const nlohmann::json& j);
+Result<Value> FromJson(const nlohmann::ordered_json& j);
 
 // Appends str(v) as Python/Jinja prints it: strings as is, None → "None", True → "True",
 // floats in repr form, lists/dicts in repr form ("['a', 1]"), undefined → "".
