@@ -2,13 +2,16 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "apps/chorus/commands.h"
 #include "apps/chorus/common.h"
+#include "chorus/base/mapped_file.h"
 #include "chorus/formats/gguf.h"
 #include "chorus/model/convert.h"
 #include "chorus/model/loader.h"
 #include "chorus/model/synthetic.h"
+#include "chorus/tokenizer/export.h"
 
 namespace chorus::apps {
 namespace {
@@ -32,6 +35,9 @@ int ConvertCommand(int argc, char** argv) {
   f.String("dtype", "", "dtype of the matrices (default: keep the source's where the target allows)");
   f.String("format", "gguf", "output format: gguf or hf");
   f.String("output", "", "output file (gguf) or directory (hf)");
+  f.String("tokenizer", "",
+           "tokenizer file or directory to embed (default: the model's own, found as `chorus generate` finds it);\n"
+           "its vocabulary must not be larger than the model's");
   if (int rc = ParseOrExit(f, argc, argv); rc >= 0) return rc;
   if (f.GetString("output").empty()) return Fail("convert", InvalidArgumentError("--output is required"));
   if (f.IsSet("model") == f.IsSet("shape")) {
@@ -64,10 +70,54 @@ int ConvertCommand(int argc, char** argv) {
     mdl = *m;
   }
 
-  // Tokenizer data travels with the weights where the source has it in a form the target takes.
+  // The tokenizer travels with the weights. Without --tokenizer, a GGUF->GGUF or HF->HF
+  // conversion copies the source's tokenizer data as is (lossless); otherwise the tokenizer is
+  // loaded as `chorus generate` loads it and exported into the target format.
+  const bool explicit_tok = f.IsSet("tokenizer");
+  const bool gguf_out = opts.format == model::OutputFormat::kGguf;
+  const bool verbatim = !explicit_tok && ((mdl->format() == model::ModelFormat::kGguf && gguf_out) ||
+                                          (mdl->format() == model::ModelFormat::kHfDirectory && !gguf_out));
+  std::shared_ptr<const tokenizer::Tokenizer> tok;
+  std::optional<tokenizer::HfTokenizerFiles> hf_files;
+  // An explicit --tokenizer must be written; the model's own is written when it can be.
+  auto tokenizer_problem = [&](const Status& s) -> bool {
+    if (explicit_tok) return true;
+    std::fprintf(stderr, "chorus convert: note: no tokenizer written: %s\n", s.message().c_str());
+    tok.reset();
+    return false;
+  };
+  if (!verbatim && (explicit_tok || mdl->format() != model::ModelFormat::kSynthetic)) {
+    auto t = model::LoadTokenizerFor(*mdl, f.GetString("tokenizer"));
+    if (!t.ok()) {
+      if (tokenizer_problem(t.status())) return Fail("convert", t.status());
+    } else {
+      tok = std::move(t).value();
+    }
+  }
+  const int64_t model_vocab = mdl->config().vocab_size;
+  if (tok && tok->vocab_size() > model_vocab) {
+    Status s = InvalidArgumentError("the tokenizer has " + std::to_string(tok->vocab_size()) +
+                                    " tokens but the model's vocabulary has only " + std::to_string(model_vocab));
+    if (tokenizer_problem(s)) return Fail("convert", s);
+  }
+  // Export before writing any weights, so an unexportable tokenizer fails (or is noted) first.
+  const tokenizer::GgufExportOptions gguf_tok_opts{.pad_to_vocab_size = model_vocab};
+  if (tok && gguf_out) {
+    formats::GgufWriter probe;
+    Status s = tokenizer::ExportToGguf(*tok, &probe, gguf_tok_opts);
+    if (!s.ok() && tokenizer_problem(s)) return Fail("convert", s);
+  } else if (tok) {
+    auto files = tokenizer::ExportToHfFiles(*tok);
+    if (!files.ok()) {
+      if (tokenizer_problem(files.status())) return Fail("convert", files.status());
+    } else {
+      hf_files = std::move(files).value();
+    }
+  }
+
   std::function<Status(formats::GgufWriter*)> extra;
   std::shared_ptr<const formats::GgufFile> src_gguf;
-  if (mdl->format() == model::ModelFormat::kGguf && opts.format == model::OutputFormat::kGguf) {
+  if (verbatim && gguf_out) {
     auto g = formats::GgufFile::Open(mdl->source());
     if (!g.ok()) return Fail("convert", g.status());
     src_gguf = *g;
@@ -77,10 +127,12 @@ int ConvertCommand(int argc, char** argv) {
       }
       return OkStatus();
     };
+  } else if (tok && gguf_out) {
+    extra = [tok, gguf_tok_opts](formats::GgufWriter* w) { return tokenizer::ExportToGguf(*tok, w, gguf_tok_opts); };
   }
   Status s = model::ConvertModel(*mdl, opts, extra);
   if (!s.ok()) return Fail("convert", s);
-  if (mdl->format() == model::ModelFormat::kHfDirectory && opts.format == model::OutputFormat::kHfDirectory) {
+  if (verbatim && !gguf_out) {
     for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
                              "generation_config.json"}) {
       std::error_code ec;
@@ -91,8 +143,23 @@ int ConvertCommand(int argc, char** argv) {
         if (ec) return Fail("convert", InternalError("cannot copy " + src.string() + ": " + ec.message()));
       }
     }
-  } else if (!src_gguf) {
-    std::fprintf(stderr, "chorus convert: note: no tokenizer written; load with --tokenizer PATH\n");
+  } else if (hf_files) {
+    const std::filesystem::path dir(opts.output);
+    const std::pair<const char*, const std::string*> out[] = {
+        {"tokenizer.json", &hf_files->tokenizer_json},
+        {"tokenizer_config.json", &hf_files->tokenizer_config_json},
+        {"generation_config.json", &hf_files->generation_config_json}};
+    for (const auto& [name, text] : out) {
+      if (text->empty()) continue;
+      Status w = WriteFileAtomically((dir / name).string(), *text);
+      if (!w.ok()) return Fail("convert", w);
+    }
+  }
+  if (tok) {
+    std::fprintf(stderr, "chorus convert: tokenizer written (%s, %d tokens)\n", std::string(tok->kind()).c_str(),
+                 tok->vocab_size());
+  } else if (!verbatim && mdl->format() == model::ModelFormat::kSynthetic) {
+    std::fprintf(stderr, "chorus convert: note: no tokenizer written; pass --tokenizer PATH to embed one\n");
   }
   std::fprintf(stderr, "chorus convert: wrote %s\n", opts.output.c_str());
   return 0;

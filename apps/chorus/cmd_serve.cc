@@ -1,4 +1,5 @@
 // chorus serve: the OpenAI-compatible HTTP server (docs/api.md).
+#include <filesystem>
 #include <pthread.h>
 #include <signal.h>
 
@@ -9,10 +10,70 @@
 
 #include "apps/chorus/commands.h"
 #include "apps/chorus/common.h"
+#include "apps/chorus/default_model.h"
+#include "chorus/adapters/adapter_cache.h"
+#include "chorus/adapters/registry.h"
 #include "chorus/engine/engine.h"
 #include "chorus/server/server.h"
 
 namespace chorus::apps {
+
+namespace {
+
+struct ServedAdapters {
+  std::shared_ptr<adapters::AdapterRegistry> registry;
+  std::shared_ptr<adapters::AdapterCache> cache;
+};
+
+// The registry (persisted across restarts) plus the adapters named on the command line. The
+// directories of --lora and --lora-dir paths are adapter roots too: the operator named them.
+Result<ServedAdapters> OpenAdapters(const Flags& f, const model::ModelConfig& base, const std::string& base_name) {
+  ServedAdapters out;
+  std::vector<std::string> roots = f.GetRepeated("adapter-root");
+  std::vector<std::pair<std::string, std::string>> loras;
+  for (const std::string& spec : f.GetRepeated("lora")) {
+    size_t eq = spec.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size()) {
+      return InvalidArgumentError("flag --lora expects NAME=PATH, got '" + spec.substr(0, 64) + "'");
+    }
+    loras.emplace_back(spec.substr(0, eq), spec.substr(eq + 1));
+    std::filesystem::path p(loras.back().second);
+    roots.push_back(p.has_parent_path() ? p.parent_path().string() : ".");
+  }
+  for (const std::string& d : f.GetRepeated("lora-dir")) roots.push_back(d);
+  if (roots.empty() && f.GetString("registry").empty()) return out;  // base model only
+  adapters::RegistryOptions ro;
+  ro.adapter_roots = roots;
+  ro.max_lora_rank = f.GetInt("max-lora-rank");
+  ro.base = base;
+  ro.base_model_name = base_name;
+  std::string state = f.GetString("registry");
+  if (state.empty()) {
+    CHORUS_ASSIGN_OR_RETURN(std::string dir, CacheDirectory());
+    state = dir + "/adapters-registry.json";
+  }
+  CHORUS_ASSIGN_OR_RETURN(auto reg, adapters::AdapterRegistry::Open(state, ro));
+  out.registry = std::move(reg);
+  for (const auto& [name, path] : loras) {
+    auto info = out.registry->Register(name, path, /*replace=*/true);
+    if (!info.ok()) return info.status().WithContext("--lora " + name);
+  }
+  for (const std::string& d : f.GetRepeated("lora-dir")) {
+    CHORUS_ASSIGN_OR_RETURN(auto results, out.registry->RegisterDirectory(d, /*replace=*/true));
+    for (const auto& r : results) {
+      if (!r.status.ok()) std::fprintf(stderr, "chorus serve: skipping %s: %s\n", r.path.c_str(), r.status.message().c_str());
+    }
+  }
+  {
+    adapters::LoraLimits limits;
+    limits.max_rank = ro.max_lora_rank;
+    out.cache = std::make_shared<adapters::AdapterCache>(base, f.GetInt("host-cache-size") << 20, limits);
+  }
+  std::fprintf(stderr, "chorus serve: %zu adapters registered (%s)\n", out.registry->size(), state.c_str());
+  return out;
+}
+
+}  // namespace
 
 int ServeCommand(int argc, char** argv) {
   Flags f("serve",
@@ -32,6 +93,12 @@ int ServeCommand(int argc, char** argv) {
   f.Int("max-queue", 256, "waiting requests before answering 429");
   f.Int("max-body-bytes", 8 << 20, "largest request body accepted (larger: 413)");
   f.Int("max-connections", 512, "HTTP connections served at once (one thread each)");
+  f.Repeated("lora", "serve an adapter as a variant: NAME=PATH (PEFT directory or GGUF LoRA)");
+  f.Repeated("lora-dir", "register every adapter directly under DIR (named after its folder/file)");
+  f.Repeated("adapter-root", "directory POST /v1/load_lora_adapter may load adapters from");
+  f.String("registry", "", "adapter registry state file (default: <cache dir>/adapters-registry.json)");
+  f.Int("host-cache-size", 2048, "MiB of decoded adapters kept in host memory (LRU)");
+  f.Int("max-lora-rank", 256, "largest LoRA rank accepted");
   f.Float("drain-timeout", 30.0, "seconds running requests get to finish on SIGTERM before they are aborted");
   if (int rc = ParseOrExit(f, argc, argv); rc >= 0) return rc;
 
@@ -81,6 +148,9 @@ int ServeCommand(int argc, char** argv) {
   auto eng = engine::Engine::Create(loaded->model, loaded->tokenizer, eo);
   if (!eng.ok()) return Fail("serve", eng.status());
   std::shared_ptr<engine::Engine> engine = std::move(*eng);
+  auto adapters_or = OpenAdapters(f, loaded->model->config(), so.served_model_name);
+  if (!adapters_or.ok()) return Fail("serve", adapters_or.status());
+  if (adapters_or->registry) (*srv)->SetAdapters(adapters_or->registry, adapters_or->cache);
   (*srv)->SetEngine(engine);
   std::printf("chorus serve: serving \"%s\" at %s/v1 (context %lld tokens, %lld KV blocks)\n",
               so.served_model_name.c_str(), (*srv)->url().c_str(),

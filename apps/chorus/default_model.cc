@@ -93,6 +93,12 @@ void AddTokenizer(formats::GgufWriter* w, int64_t vocab) {
 
 }  // namespace
 
+Result<std::string> CacheDirectory() {
+  const std::string dir = CacheDir();
+  CHORUS_RETURN_IF_ERROR(MakeDirs(dir));
+  return dir;
+}
+
 Result<std::string> EnsureDefaultModel() {
   const std::string dir = CacheDir();
   const std::string path = dir + "/" + kDefaultModelFile;

@@ -14,4 +14,8 @@ namespace chorus::apps {
 // $XDG_CACHE_HOME/chorus, else ~/.cache/chorus, else /tmp/chorus-cache).
 Result<std::string> EnsureDefaultModel();
 
+// Chorus's cache directory (created if missing): $CHORUS_CACHE_DIR, else $XDG_CACHE_HOME/chorus,
+// else ~/.cache/chorus, else /tmp/chorus-cache.
+Result<std::string> CacheDirectory();
+
 }  // namespace chorus::apps

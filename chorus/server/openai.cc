@@ -284,11 +284,15 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, std::string_view body, con
 
   if (const json* m = Field(j, "model")) {
     if (!m->is_string()) return BadRequest("model must be a string", "model");
-    if (m->get_ref<const std::string&>() != ctx.served_model) {
-      ApiError e = NotFound("The model `" + Clip(m->get_ref<const std::string&>()) + "` does not exist.",
-                            "model_not_found");
-      e.param = "model";
-      return e;
+    const std::string& name = m->get_ref<const std::string&>();
+    if (name != ctx.served_model) {
+      if (ctx.resolve_variant) {
+        if (auto err = ctx.resolve_variant(name, &out->gen)) return err;
+      } else {
+        ApiError e = NotFound("The model `" + Clip(name) + "` does not exist.", "model_not_found");
+        e.param = "model";
+        return e;
+      }
     }
   }
 

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -52,7 +53,10 @@ struct ApiContext {
   const tokenizer::ChatTemplate* chat_template = nullptr;  // required for chat
   int32_t vocab_size = 0;      // token ids accepted in prompts: [0, vocab_size)
   int64_t max_context = 0;     // prompt + completion tokens one sequence may hold
-  std::string served_model;    // the name `model` must match
+  std::string served_model;    // the base model's name
+  // Resolves a `model` other than served_model to a variant: sets gen->lora and gen->adapter,
+  // or returns the error (404 model_not_found for an unknown name). Null = base model only.
+  std::function<std::optional<ApiError>(const std::string& model, engine::GenerationRequest* gen)> resolve_variant;
 };
 
 // A parsed request: one engine request per prompt, sharing everything but the prompt.

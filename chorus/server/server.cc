@@ -140,6 +140,8 @@ struct Server::Impl {
   HttpServer http;
   HttpCounters counters;
   std::shared_ptr<engine::Engine> engine;  // set once, before ready_
+  std::shared_ptr<adapters::AdapterRegistry> registry;  // null = base model only
+  std::shared_ptr<adapters::AdapterCache> adapter_cache;
   tokenizer::ChatTemplate chat_template = tokenizer::DefaultChatTemplate();
   ApiContext ctx;
   int64_t kv_block_bytes = 0;
@@ -151,6 +153,10 @@ struct Server::Impl {
   void Routes();
   void HandleGenerate(ApiKind kind, const httplib::Request& req, httplib::Response& res);
   json ModelJson() const;
+  json AdapterJson(const adapters::AdapterInfo& a) const;
+  std::optional<ApiError> ResolveVariant(const std::string& name, engine::GenerationRequest* gen) const;
+  void HandleLoadAdapter(const httplib::Request& req, httplib::Response& res);
+  void HandleUnloadAdapter(const httplib::Request& req, httplib::Response& res);
   std::optional<ApiError> Unavailable() const {
     if (self->draining()) return ErrorFromStatus(UnavailableError("the server is shutting down"));
     if (!self->ready()) return ErrorFromStatus(UnavailableError("the model is loading"));
@@ -235,6 +241,11 @@ void Server::SetEngine(std::shared_ptr<engine::Engine> eng) {
   const int64_t block = eng->options().block_size;
   ctx.max_context = std::min<int64_t>(eng->context_length(), eng->kv_blocks_total() * block);
   ctx.served_model = opts_.served_model_name;
+  if (impl_->registry) {
+    ctx.resolve_variant = [impl = impl_.get()](const std::string& name, engine::GenerationRequest* gen) {
+      return impl->ResolveVariant(name, gen);
+    };
+  }
   memory::KvLayout layout{.n_layers = cfg.n_layers, .n_kv_heads = cfg.n_kv_heads, .head_dim = cfg.head_dim,
                           .block_size = block};
   impl_->kv_block_bytes = layout.PageBytes();
@@ -256,6 +267,82 @@ void Server::Stop() {
   impl_->stopped = true;
   impl_->http.stop();
   if (listen_thread_.joinable()) listen_thread_.join();
+}
+
+void Server::SetAdapters(std::shared_ptr<adapters::AdapterRegistry> registry,
+                         std::shared_ptr<adapters::AdapterCache> cache) {
+  impl_->registry = std::move(registry);
+  impl_->adapter_cache = std::move(cache);
+}
+
+std::optional<ApiError> Server::Impl::ResolveVariant(const std::string& name, engine::GenerationRequest* gen) const {
+  auto info = registry->Lookup(name);
+  if (!info) {
+    ApiError e = NotFound("The model `" + name.substr(0, 64) + "` does not exist.", "model_not_found");
+    e.param = "model";
+    return e;
+  }
+  adapters::AdapterKey key{info->name, info->path, info->content_hash, info->version};
+  // A cold adapter is loaded here, on this request's HTTP thread: the engine never waits.
+  auto lora = adapter_cache->Get(key);
+  if (!lora.ok()) return ErrorFromStatus(lora.status().WithContext("adapter '" + info->name + "'"), "model");
+  gen->lora = *lora;
+  gen->adapter = info->name;
+  return std::nullopt;
+}
+
+json Server::Impl::AdapterJson(const adapters::AdapterInfo& a) const {
+  return {{"id", a.name},
+          {"object", "model"},
+          {"created", a.created},
+          {"owned_by", "chorus"},
+          {"root", a.path},
+          {"parent", self->opts_.served_model_name},
+          {"max_model_len", ctx.max_context},
+          {"lora_rank", a.rank},
+          {"target_modules", a.target_modules},
+          {"version", a.version}};
+}
+
+void Server::Impl::HandleLoadAdapter(const httplib::Request& req, httplib::Response& res) {
+  if (!registry) return SendError(res, NotFound("adapters are not enabled on this server (start it with --adapter-root)"));
+  json j = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return SendError(res, BadRequest("request body must be a JSON object"));
+  auto name = j.find("lora_name");
+  auto path = j.find("lora_path");
+  if (name == j.end() || !name->is_string()) return SendError(res, BadRequest("lora_name must be a string", "lora_name"));
+  if (path == j.end() || !path->is_string()) return SendError(res, BadRequest("lora_path must be a string", "lora_path"));
+  bool replace = false;
+  if (auto r = j.find("replace"); r != j.end()) {
+    if (!r->is_boolean()) return SendError(res, BadRequest("replace must be a boolean", "replace"));
+    replace = r->get<bool>();
+  }
+  auto info = registry->Register(name->get<std::string>(), path->get<std::string>(), replace);
+  if (!info.ok()) {
+    ApiError e = ErrorFromStatus(info.status(), "lora_path");
+    if (info.status().code() == StatusCode::kAlreadyExists) {
+      e.http_status = 409;
+      e.code = "already_exists";
+      e.param = "lora_name";
+      e.message += " (pass \"replace\": true to replace it)";
+    }
+    return SendError(res, e);
+  }
+  adapter_cache->Erase(info->name);  // a replaced adapter never reuses its predecessor's weights
+  res.set_content("Success: LoRA adapter '" + info->name + "' added successfully.", "text/plain");
+}
+
+void Server::Impl::HandleUnloadAdapter(const httplib::Request& req, httplib::Response& res) {
+  if (!registry) return SendError(res, NotFound("adapters are not enabled on this server (start it with --adapter-root)"));
+  json j = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return SendError(res, BadRequest("request body must be a JSON object"));
+  auto name = j.find("lora_name");
+  if (name == j.end() || !name->is_string()) return SendError(res, BadRequest("lora_name must be a string", "lora_name"));
+  Status s = registry->Unregister(name->get<std::string>());
+  if (!s.ok()) return SendError(res, ErrorFromStatus(s, "lora_name"));
+  // Running requests hold their own reference and finish; the weights are freed after them.
+  adapter_cache->Erase(name->get<std::string>());
+  res.set_content("Success: LoRA adapter '" + name->get<std::string>() + "' removed successfully.", "text/plain");
 }
 
 json Server::Impl::ModelJson() const {
@@ -341,18 +428,31 @@ void Server::Impl::Routes() {
 
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     if (!self->ready()) return SendError(res, *Unavailable());
-    json out = {{"object", "list"}, {"data", json::array({ModelJson()})}};
+    json data = json::array({ModelJson()});
+    if (registry) {
+      for (const auto& a : registry->List()) data.push_back(AdapterJson(a));
+    }
+    json out = {{"object", "list"}, {"data", data}};
     res.set_content(DumpJson(out), "application/json");
   });
 
   http.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
     if (!self->ready()) return SendError(res, *Unavailable());
-    if (req.matches.size() < 2 || req.matches[1].str() != self->opts_.served_model_name) {
-      return SendError(res, NotFound("The model does not exist.", "model_not_found"));
+    if (req.matches.size() >= 2 && req.matches[1].str() == self->opts_.served_model_name) {
+      return res.set_content(DumpJson(ModelJson()), "application/json");
     }
-    res.set_content(DumpJson(ModelJson()), "application/json");
+    if (registry && req.matches.size() >= 2) {
+      if (auto a = registry->Lookup(req.matches[1].str())) return res.set_content(DumpJson(AdapterJson(*a)), "application/json");
+    }
+    return SendError(res, NotFound("The model does not exist.", "model_not_found"));
   });
 
+  http.Post("/v1/load_lora_adapter", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleLoadAdapter(req, res);
+  });
+  http.Post("/v1/unload_lora_adapter", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleUnloadAdapter(req, res);
+  });
   http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     HandleGenerate(ApiKind::kCompletion, req, res);
   });

@@ -30,6 +30,8 @@
 #include <thread>
 
 #include "chorus/base/status.h"
+#include "chorus/adapters/adapter_cache.h"
+#include "chorus/adapters/registry.h"
 #include "chorus/engine/engine.h"
 
 namespace chorus::server {
@@ -60,6 +62,12 @@ class Server {
   // The bound port (after Start).
   int port() const { return port_; }
   std::string url() const;
+
+  // Serves adapters as variants: a request's `model` may name a registered adapter; /v1/models
+  // lists them with `parent` = the base; POST /v1/load_lora_adapter and /v1/unload_lora_adapter
+  // (vLLM's names) change the registry at run time. Requires: called before SetEngine.
+  void SetAdapters(std::shared_ptr<adapters::AdapterRegistry> registry,
+                   std::shared_ptr<adapters::AdapterCache> cache);
 
   // Makes the server ready. Requires: Start() succeeded; called once.
   void SetEngine(std::shared_ptr<engine::Engine> engine);
