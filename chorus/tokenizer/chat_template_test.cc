@@ -386,6 +386,7 @@ TEST(ChatTemplateWhitespace, ExplicitControl) {
   // {%+ disables lstrip_blocks, +%} disables trim_blocks.
   EXPECT_EQ(Eval("a\n  {%+ if true %}b{% endif %}"), "a\n  b");
   EXPECT_EQ(Eval("{% if true +%}\nb{% endif %}"), "\nb");
+  EXPECT_EQ(Eval("a\n{# c +#}\nb"), "a\n\nb");
   // \r\n is normalised.
   EXPECT_EQ(Eval("{% if true %}\r\nb\r\n{% endif %}"), "b\n");
 }
@@ -494,6 +495,8 @@ TEST(ChatTemplateFeatures, Tests) {
   EXPECT_EQ(Eval("{{ messages[0].content is string }}{{ messages[0].name is defined }}"
                  "{{ messages[0]['role'] is equalto 'system' }}"),
             "TrueFalseTrue");
+  // Python's bool is an int and floats have parity too.
+  EXPECT_EQ(Eval("{{ true is odd }}{{ 3.0 is odd }}{{ 4 is even }}"), "TrueTrueTrue");
 }
 
 TEST(ChatTemplateFeatures, Operators) {
@@ -506,6 +509,9 @@ TEST(ChatTemplateFeatures, Operators) {
             "x|2|(1,)");
   // Chained comparisons: 3 > 2 > 1 is (3 > 2) and (2 > 1).
   EXPECT_EQ(Eval("{{ 3 > 2 > 1 }}{{ 1 < 3 < 2 }}{{ 1 == 1 in [1] }}"), "TrueFalseTrue");
+  // Sequences compare lexicographically.
+  EXPECT_EQ(Eval("{{ (1, 2) < (1, 3) }}{{ [1, [2]] < [1, [3]] }}{{ [1] < [1, 0] }}"),
+            "TrueTrueTrue");
   // ~ binds tighter than +, filters tighter than both.
   EXPECT_EQ(Eval("{{ 'a' + 'b' ~ 'c' }}|{{ 'x' ~ ' y ' | trim }}"), "abc|xy");
   EXPECT_EQ(Eval("{{ 'a' if true else 'b' }}{{ 'c' if false else 'd' }}{{ 'e' if false }}"),
@@ -643,6 +649,8 @@ TEST(ChatTemplateErrors, RuntimeErrors) {
   EXPECT_FALSE(RenderStatus("{% for a, b in [1, 2] %}{% endfor %}", o).ok());
   EXPECT_FALSE(RenderStatus("{{ {'a': 1} | tojson(indent='x') }}", o).ok());
   EXPECT_FALSE(RenderStatus("{{ nope | tojson }}", o).ok());
+  EXPECT_FALSE(RenderStatus("{{ nope | int }}", o).ok());
+  EXPECT_FALSE(RenderStatus("{{ 3[1:] }}", o).ok());
   EXPECT_FALSE(RenderStatus("{{ 9223372036854775807 + 1 }}", o).ok());
   // Bad options and context.
   ChatRenderOptions bad = o;

@@ -385,6 +385,7 @@ Result<Value> FList(Interp& in, const Value& v, CallArgs& a) {
 Result<Value> FInt(Interp& in, const Value& v, CallArgs& a) {
   const Value* def = Arg(a, 0, "default");
   const Value fallback = def != nullptr ? *def : Value::Int(0);
+  if (v.is_undefined()) return InvalidArgumentError(v.str());
   if (v.is_int() || v.is_bool()) return Value::Int(v.int_value());
   if (v.is_float()) {
     const double f = v.float_value();
@@ -408,6 +409,7 @@ Result<Value> FInt(Interp& in, const Value& v, CallArgs& a) {
 Result<Value> FFloat(Interp& in, const Value& v, CallArgs& a) {
   const Value* def = Arg(a, 0, "default");
   const Value fallback = def != nullptr ? *def : Value::Float(0.0);
+  if (v.is_undefined()) return InvalidArgumentError(v.str());
   if (v.is_number() || v.is_bool()) return Value::Float(v.AsDouble());
   if (v.is_string()) {
     const std::string s = Strip(v.str(), nullptr, true, true);
@@ -534,7 +536,7 @@ Result<bool> TIterable(Interp&, const Value& v, CallArgs&) {
   return v.is_list() || v.is_string() || v.is_mapping() || v.is_undefined();
 }
 Result<bool> TSequence(Interp&, const Value& v, CallArgs&) {
-  return v.is_list() || v.is_string() || v.is_dict();
+  return v.is_list() || v.is_string() || v.is_dict() || v.is_undefined();
 }
 // Python: bool is a Number (Jinja's `number` test says True for booleans).
 Result<bool> TNumber(Interp&, const Value& v, CallArgs&) { return v.is_number() || v.is_bool(); }
@@ -544,17 +546,27 @@ Result<bool> TBoolean(Interp&, const Value& v, CallArgs&) { return v.is_bool(); 
 Result<bool> TTrue(Interp&, const Value& v, CallArgs&) { return v.is_bool() && v.bool_value(); }
 Result<bool> TFalse(Interp&, const Value& v, CallArgs&) { return v.is_bool() && !v.bool_value(); }
 Result<bool> TCallable(Interp&, const Value& v, CallArgs&) { return v.is_callable(); }
+// value % 2 == 1 / == 0 in Python (bool is an int, floats work too).
+Result<double> PyMod2(const Value& v, std::string_view test) {
+  if (v.is_int() || v.is_bool()) return static_cast<double>(((v.int_value() % 2) + 2) % 2);
+  if (v.is_float() && std::isfinite(v.float_value())) {
+    double m = std::fmod(v.float_value(), 2.0);
+    if (m < 0) m += 2.0;
+    return m;
+  }
+  return InvalidArgumentError("'" + std::string(test) + "' needs a number");
+}
 Result<bool> TOdd(Interp&, const Value& v, CallArgs&) {
-  if (!v.is_int()) return InvalidArgumentError("'odd' needs an integer");
-  return (v.int_value() % 2) != 0;
+  CHORUS_ASSIGN_OR_RETURN(double m, PyMod2(v, "odd"));
+  return m == 1.0;
 }
 Result<bool> TEven(Interp&, const Value& v, CallArgs&) {
-  if (!v.is_int()) return InvalidArgumentError("'even' needs an integer");
-  return (v.int_value() % 2) == 0;
+  CHORUS_ASSIGN_OR_RETURN(double m, PyMod2(v, "even"));
+  return m == 0.0;
 }
 Result<bool> TDivisibleBy(Interp&, const Value& v, CallArgs& a) {
   CHORUS_ASSIGN_OR_RETURN(int64_t n, IntArg(Arg(a, 0, "num"), "divisibleby argument"));
-  if (!v.is_int()) return InvalidArgumentError("'divisibleby' needs an integer");
+  if (!v.is_int() && !v.is_bool()) return InvalidArgumentError("'divisibleby' needs an integer");
   if (n == 0) return InvalidArgumentError("divisibleby 0");
   if (n == -1) return true;
   return (v.int_value() % n) == 0;

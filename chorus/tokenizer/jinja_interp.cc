@@ -108,7 +108,7 @@ Result<Value> Arith(Interp& in, const Node& at, BinaryExpr::Op op, const Value& 
     std::vector<Value> items;
     items.reserve(unit * static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) items.insert(items.end(), b.list().begin(), b.list().end());
-    return in.MakeList(std::move(items));
+    return in.MakeList(std::move(items), b.is_tuple());
   }
   if (!IsNumeric(a) || !IsNumeric(b)) return TypeError(at, op, a, b);
 
@@ -203,6 +203,15 @@ Result<Value> Compare(Interp& in, const Node& at, BinaryExpr::Op op, const Value
     // Byte order of UTF-8 equals code point order (Python's str comparison).
     c = a.str().compare(b.str());
     c = c < 0 ? -1 : (c > 0 ? 1 : 0);
+  } else if (a.is_list() && b.is_list() && a.is_tuple() == b.is_tuple()) {
+    // Lexicographic: the first unequal pair decides, else the shorter sequence is smaller.
+    const auto& x = a.list();
+    const auto& y = b.list();
+    for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
+      CHORUS_ASSIGN_OR_RETURN(bool eq, in.Equal(x[i], y[i]));
+      if (!eq) return Compare(in, at, op, x[i], y[i]);
+    }
+    c = x.size() < y.size() ? -1 : (x.size() > y.size() ? 1 : 0);
   } else {
     return TypeError(at, op, a, b);
   }
@@ -610,6 +619,7 @@ Result<Value> SliceExpr::Eval(Interp& in) const {
     offs = Utf8Offsets(o.str());
     n = static_cast<int64_t>(offs.size()) - 1;
   } else {
+    // Jinja slices with Python's own operator: a TypeError for anything else.
     return RuntimeError(*this, "'" + std::string(o.TypeName()) + "' object is not subscriptable");
   }
   start = has_start ? AdjustIndex(start, n, step) : (step < 0 ? n - 1 : 0);

@@ -111,8 +111,10 @@ class Lexer {
           auto [l, c] = LineCol(open);
           return SyntaxError(l, c, "unclosed comment '{#'");
         }
-        const bool strip_right = close > p && src_[close - 1] == '-';
-        pending_left = strip_right ? LeftMode::kStripAll : LeftMode::kTrimNewline;
+        const char right_mod = close > p ? src_[close - 1] : 0;
+        pending_left = right_mod == '-'   ? LeftMode::kStripAll
+                       : right_mod == '+' ? LeftMode::kNone
+                                          : LeftMode::kTrimNewline;
         pos = close + 2;
         continue;
       }
