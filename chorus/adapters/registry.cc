@@ -132,7 +132,8 @@ Result<uint64_t> HashFiles(const std::vector<std::string>& files, std::vector<Ad
     const std::string role = RoleOf(path);
     h = Fnv1a64(std::string_view(role.data(), role.size() + 1), h);  // with its NUL
     char size_le[8];
-    for (int i = 0; i < 8; ++i) size_le[i] = static_cast<char>((static_cast<uint64_t>(st.st_size) >> (8 * i)) & 0xff);
+    for (int i = 0; i < 8; ++i)
+      size_le[i] = static_cast<char>((static_cast<uint64_t>(st.st_size) >> (8 * i)) & 0xff);
     h = Fnv1a64(std::string_view(size_le, 8), h);
     int64_t total = 0;
     for (;;) {
@@ -309,7 +310,8 @@ Result<AdapterInfo> ParseEntry(const json& e, const std::string& where) {
   CHORUS_ASSIGN_OR_RETURN(a.kind, re.String(e, "kind"));
   if (a.kind != "lora") return re.Error("unknown kind '" + a.kind + "'");
   CHORUS_ASSIGN_OR_RETURN(a.format, re.String(e, "format"));
-  if (a.format != "peft" && a.format != "gguf") return re.Error("unknown format '" + a.format + "'");
+  if (a.format != "peft" && a.format != "gguf")
+    return re.Error("unknown format '" + a.format + "'");
   CHORUS_ASSIGN_OR_RETURN(a.rank, re.Int(e, "rank", 1));
   CHORUS_ASSIGN_OR_RETURN(const json* tm, re.Field(e, "target_modules"));
   if (!tm->is_array()) return re.Error("field 'target_modules' is not an array");
@@ -322,13 +324,15 @@ Result<AdapterInfo> ParseEntry(const json& e, const std::string& where) {
   CHORUS_ASSIGN_OR_RETURN(a.use_rslora, re.Bool(e, "use_rslora"));
   CHORUS_ASSIGN_OR_RETURN(a.base_model, re.String(e, "base_model"));
   CHORUS_ASSIGN_OR_RETURN(std::string hash, re.String(e, "content_hash"));
-  if (!ParseHex64(hash, &a.content_hash)) return re.Error("field 'content_hash' is not 16 hex digits");
+  if (!ParseHex64(hash, &a.content_hash))
+    return re.Error("field 'content_hash' is not 16 hex digits");
   CHORUS_ASSIGN_OR_RETURN(a.version, re.Uint(e, "version"));
   if (a.version == 0) return re.Error("version 0");
   CHORUS_ASSIGN_OR_RETURN(a.bytes, re.Int(e, "bytes", 0));
   CHORUS_ASSIGN_OR_RETURN(a.created, re.Int(e, "created", 0));
   CHORUS_ASSIGN_OR_RETURN(const json* files, re.Field(e, "files"));
-  if (!files->is_array() || files->empty()) return re.Error("field 'files' is not a non-empty array");
+  if (!files->is_array() || files->empty())
+    return re.Error("field 'files' is not a non-empty array");
   int64_t total = 0;
   for (const json& f : *files) {
     AdapterFile af;
@@ -394,7 +398,8 @@ Result<std::unique_ptr<AdapterRegistry>> AdapterRegistry::Open(const std::string
   const std::string dir = Dirname(state_path);
   struct stat dst {};
   if (::stat(dir.c_str(), &dst) != 0) return ErrnoError(errno, "adapter registry directory " + dir);
-  if (!S_ISDIR(dst.st_mode)) return InvalidArgumentError("adapter registry: " + dir + " is not a directory");
+  if (!S_ISDIR(dst.st_mode))
+    return InvalidArgumentError("adapter registry: " + dir + " is not a directory");
 
   // One process per state file: an exclusive lock held until destruction (or death).
   const std::string lock_path = state_path + ".lock";
@@ -414,7 +419,8 @@ Result<std::unique_ptr<AdapterRegistry>> AdapterRegistry::Open(const std::string
   if (DIR* d = ::opendir(dir.c_str())) {
     while (struct dirent* ent = ::readdir(d)) {
       const std::string n = ent->d_name;
-      if (n.size() <= tmp_prefix.size() || n.compare(0, tmp_prefix.size(), tmp_prefix) != 0) continue;
+      if (n.size() <= tmp_prefix.size() || n.compare(0, tmp_prefix.size(), tmp_prefix) != 0)
+        continue;
       const std::string suffix = n.substr(tmp_prefix.size());
       if (!std::all_of(suffix.begin(), suffix.end(), [](char c) { return c >= '0' && c <= '9'; })) {
         continue;
@@ -437,13 +443,15 @@ Result<std::unique_ptr<AdapterRegistry>> AdapterRegistry::Open(const std::string
   auto text = ReadFileToString(state_path, kMaxStateBytes);
   if (!text.ok()) {
     if (text.status().code() == StatusCode::kNotFound) return text.status();
-    return DataLossError(state_path + ": unreadable adapter registry state: " + text.status().message());
+    return DataLossError(state_path +
+                         ": unreadable adapter registry state: " + text.status().message());
   }
   const json doc = json::parse(*text, nullptr, /*allow_exceptions=*/false);
   Reader r(state_path + ": corrupt adapter registry state");
   if (doc.is_discarded()) return r.Error("not valid JSON");
   CHORUS_ASSIGN_OR_RETURN(std::string format, r.String(doc, "format"));
-  if (format != kStateFormat) return r.Error("format is '" + format + "', expected '" + kStateFormat + "'");
+  if (format != kStateFormat)
+    return r.Error("format is '" + format + "', expected '" + kStateFormat + "'");
   CHORUS_ASSIGN_OR_RETURN(int64_t schema, r.Int(doc, "schema_version", 1));
   if (schema > kStateSchema) {
     return UnimplementedError(state_path + ": adapter registry schema " + std::to_string(schema) +
@@ -457,7 +465,8 @@ Result<std::unique_ptr<AdapterRegistry>> AdapterRegistry::Open(const std::string
   std::map<std::string, AdapterInfo> entries;
   std::map<uint64_t, std::string> versions;
   for (const json& e : *list) {
-    CHORUS_ASSIGN_OR_RETURN(AdapterInfo a, ParseEntry(e, state_path + ": corrupt adapter registry state"));
+    CHORUS_ASSIGN_OR_RETURN(AdapterInfo a,
+                            ParseEntry(e, state_path + ": corrupt adapter registry state"));
     if (a.version >= next_version) {
       return r.Error("adapter '" + a.name + "' has version " + std::to_string(a.version) +
                      " ≥ next_version " + std::to_string(next_version));
@@ -467,7 +476,8 @@ Result<std::unique_ptr<AdapterRegistry>> AdapterRegistry::Open(const std::string
                      std::to_string(a.version));
     }
     const std::string name = a.name;
-    if (!entries.emplace(name, std::move(a)).second) return r.Error("adapter '" + name + "' listed twice");
+    if (!entries.emplace(name, std::move(a)).second)
+      return r.Error("adapter '" + name + "' listed twice");
   }
   reg->entries_ = std::move(entries);
   reg->next_version_ = next_version;
@@ -497,12 +507,14 @@ Status AdapterRegistry::Persist(const std::map<std::string, AdapterInfo>& entrie
 
 Status AdapterRegistry::ResolveInsideRoots(const std::string& path, std::string* resolved) const {
   if (roots_.empty()) {
-    return PermissionDeniedError("adapter path " + path + " refused: no adapter roots are configured");
+    return PermissionDeniedError("adapter path " + path +
+                                 " refused: no adapter roots are configured");
   }
   auto refuse = [&]() {
     std::string roots;
     for (const std::string& r : roots_) roots += (roots.empty() ? "" : ", ") + r;
-    return PermissionDeniedError("adapter path " + path + " is outside the adapter roots (" + roots + ")");
+    return PermissionDeniedError("adapter path " + path + " is outside the adapter roots (" +
+                                 roots + ")");
   };
   auto real = RealPath(path);
   if (!real.ok()) {
@@ -559,9 +571,10 @@ Result<AdapterInfo> AdapterRegistry::Register(const std::string& name, const std
       }
     }
     if (candidate.empty()) {
-      return roots_.empty() ? PermissionDeniedError("adapter path " + path +
-                                                    " refused: no adapter roots are configured")
-                            : NotFoundError("adapter path " + path + " exists under no adapter root");
+      return roots_.empty()
+                 ? PermissionDeniedError("adapter path " + path +
+                                         " refused: no adapter roots are configured")
+                 : NotFoundError("adapter path " + path + " exists under no adapter root");
     }
   }
 
@@ -580,7 +593,8 @@ Result<AdapterInfo> AdapterRegistry::Register(const std::string& name, const std
       const ssize_t n = ::read(fd, magic, 4);
       ::close(fd);
       if (n != 4 || std::string_view(magic, 4) != "GGUF") {
-        return InvalidArgumentError(ra.path + ": not a LoRA adapter (expected a PEFT directory with " +
+        return InvalidArgumentError(ra.path +
+                                    ": not a LoRA adapter (expected a PEFT directory with " +
                                     kPeftConfig + " and " + kPeftWeights + ", or a GGUF file)");
       }
       ra.format = "gguf";
@@ -596,8 +610,11 @@ Result<AdapterInfo> AdapterRegistry::Register(const std::string& name, const std
       struct stat fst {};
       if (::lstat(p.c_str(), &fst) != 0) {
         struct stat pst {};
-        if (std::string(f) == kPeftWeights && ::lstat((ra.path + "/" + kPeftPickle).c_str(), &pst) == 0) {
-          return UnimplementedError(ra.path + ": adapter_model.bin is a pickle file, which Chorus refuses to load; save the adapter as safetensors");
+        if (std::string(f) == kPeftWeights &&
+            ::lstat((ra.path + "/" + kPeftPickle).c_str(), &pst) == 0) {
+          return UnimplementedError(ra.path +
+                                    ": adapter_model.bin is a pickle file, which Chorus refuses to "
+                                    "load; save the adapter as safetensors");
         }
         return NotFoundError(ra.path + ": no " + f);
       }
@@ -626,11 +643,13 @@ Result<AdapterInfo> AdapterRegistry::Register(const std::string& name, const std
   auto built = LoraAdapter::Build(*weights, options_.base, name, lo.limits);
   if (!built.ok()) return built.status().WithContext("adapter '" + name + "': " + ra.path);
   Summarize(*weights, &info);
-  if (info.rank < 1) return InvalidArgumentError("adapter '" + name + "': " + ra.path + " holds no LoRA modules");
+  if (info.rank < 1)
+    return InvalidArgumentError("adapter '" + name + "': " + ra.path + " holds no LoRA modules");
   // The bytes read must be the bytes hashed.
   if (Status s = CheckFingerprints(info.files); !s.ok()) {
-    return UnavailableError("adapter '" + name + "': files changed while being registered; try again (" +
-                            s.message() + ")");
+    return UnavailableError("adapter '" + name +
+                            "': files changed while being registered; try again (" + s.message() +
+                            ")");
   }
 
   const uint64_t version = next_version_;
@@ -682,8 +701,8 @@ Result<std::vector<DirectoryEntryResult>> AdapterRegistry::RegisterDirectory(con
     std::string resolved;
     if (Status s = ResolveInsideRoots(p, &resolved); !s.ok()) {
       const bool gguf = file.size() > 5 && file.compare(file.size() - 5, 5, ".gguf") == 0;
-      results.push_back(DirectoryEntryResult{gguf ? file.substr(0, file.size() - 5) : file, p, s,
-                                             std::nullopt});
+      results.push_back(
+          DirectoryEntryResult{gguf ? file.substr(0, file.size() - 5) : file, p, s, std::nullopt});
       continue;
     }
     std::error_code e2;
@@ -707,12 +726,14 @@ Result<std::vector<DirectoryEntryResult>> AdapterRegistry::RegisterDirectory(con
     if (r.ok()) {
       results.push_back(DirectoryEntryResult{name, p, OkStatus(), *r});
     } else {
-      CHORUS_LOG(WARNING) << "adapter=" << name << " from " << p << " not registered: " << r.status().ToString();
+      CHORUS_LOG(WARNING) << "adapter=" << name << " from " << p
+                          << " not registered: " << r.status().ToString();
       results.push_back(DirectoryEntryResult{name, p, r.status(), std::nullopt});
     }
   }
-  std::sort(results.begin(), results.end(),
-            [](const DirectoryEntryResult& a, const DirectoryEntryResult& b) { return a.name < b.name; });
+  std::sort(
+      results.begin(), results.end(),
+      [](const DirectoryEntryResult& a, const DirectoryEntryResult& b) { return a.name < b.name; });
   return results;
 }
 
@@ -743,7 +764,8 @@ uint64_t AdapterRegistry::next_version() const {
 
 Status AdapterRegistry::CheckEntry(const AdapterInfo& info) const {
   if (!options_.base_model_name.empty() && info.name == options_.base_model_name) {
-    return FailedPreconditionError("adapter name '" + info.name + "' is now the base model's served name");
+    return FailedPreconditionError("adapter name '" + info.name +
+                                   "' is now the base model's served name");
   }
   std::string real;
   CHORUS_RETURN_IF_ERROR(ResolveInsideRoots(info.path, &real));
@@ -764,8 +786,8 @@ Status AdapterRegistry::CheckEntry(const AdapterInfo& info) const {
   CHORUS_ASSIGN_OR_RETURN(uint64_t hash, HashFiles(paths, &now));
   if (hash != info.content_hash) {
     return FailedPreconditionError("adapter '" + info.name + "': " + info.path +
-                                   " changed since it was registered (content hash " +
-                                   Hex64(hash) + ", registered " + Hex64(info.content_hash) +
+                                   " changed since it was registered (content hash " + Hex64(hash) +
+                                   ", registered " + Hex64(info.content_hash) +
                                    "); register it again with replace");
   }
   return OkStatus();
@@ -807,8 +829,8 @@ Result<LoadedAdapter> AdapterRegistry::Load(const std::string& name) const {
   auto lora = LoadLoraAdapter(info->path, options_.base, lo, name);
   if (!lora.ok()) return lora.status().WithContext("adapter '" + name + "'");
   if (Status s = CheckFingerprints(before); !s.ok()) {
-    return UnavailableError("adapter '" + name + "': files changed while being loaded; try again (" +
-                            s.message() + ")");
+    return UnavailableError("adapter '" + name +
+                            "': files changed while being loaded; try again (" + s.message() + ")");
   }
   info->available = true;
   info->problem.clear();

@@ -89,11 +89,11 @@ struct AdapterInfo {
   float alpha = 0;  // the most common lora_alpha of the modules (ties: the first in model order)
   float scale = 0;  // the most common scale s = alpha/r (rsLoRA alpha/√r) of the modules
   bool use_rslora = false;
-  std::string base_model;     // informational, from the adapter file (may be empty)
-  uint64_t content_hash = 0;  // FNV-1a 64 over the files (see the file comment)
-  uint64_t version = 0;       // registry-wide, strictly increasing with every registration
-  int64_t bytes = 0;          // total size of the adapter's files
-  int64_t created = 0;        // unix time (seconds) of this registration
+  std::string base_model;          // informational, from the adapter file (may be empty)
+  uint64_t content_hash = 0;       // FNV-1a 64 over the files (see the file comment)
+  uint64_t version = 0;            // registry-wide, strictly increasing with every registration
+  int64_t bytes = 0;               // total size of the adapter's files
+  int64_t created = 0;             // unix time (seconds) of this registration
   std::vector<AdapterFile> files;  // sorted by path
 
   // Runtime state, not persisted: false when the last check (Open, Revalidate, Load) found the
@@ -114,9 +114,9 @@ struct LoadedAdapter {
 
 // Outcome of one entry of RegisterDirectory().
 struct DirectoryEntryResult {
-  std::string name;  // directory name or file stem
-  std::string path;  // the entry's path under the scanned directory
-  Status status;     // OK when registered
+  std::string name;                 // directory name or file stem
+  std::string path;                 // the entry's path under the scanned directory
+  Status status;                    // OK when registered
   std::optional<AdapterInfo> info;  // set when registered
 };
 
@@ -177,8 +177,8 @@ class AdapterRegistry {
   Status ResolveInsideRoots(const std::string& path, std::string* resolved) const;
 
   std::string state_path_;
-  RegistryOptions options_;          // immutable after Open
-  std::vector<std::string> roots_;   // resolved real paths of options_.adapter_roots
+  RegistryOptions options_;         // immutable after Open
+  std::vector<std::string> roots_;  // resolved real paths of options_.adapter_roots
   int lock_fd_ = -1;
 
   // Serializes mutators (held across reading, validating and persisting). Acquired before mu_.

@@ -63,7 +63,8 @@ uint64_t ExpectedHash(const std::vector<std::pair<std::string, std::string>>& ro
     const std::string bytes = ReadAll(path);
     stream += role;
     stream.push_back('\0');
-    for (int i = 0; i < 8; ++i) stream.push_back(static_cast<char>((bytes.size() >> (8 * i)) & 0xff));
+    for (int i = 0; i < 8; ++i)
+      stream.push_back(static_cast<char>((bytes.size() >> (8 * i)) & 0xff));
     stream += bytes;
   }
   return Fnv1a64(stream);
@@ -182,13 +183,14 @@ TEST_F(RegistryTest, RegisterLookupListUnregister) {
   EXPECT_EQ(a->format, "peft");
   EXPECT_EQ(a->rank, 8);
   EXPECT_EQ(a->target_modules, (std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj",
-                                                          "gate_proj", "up_proj", "down_proj"}));
+                                                         "gate_proj", "up_proj", "down_proj"}));
   EXPECT_FLOAT_EQ(a->alpha, 16.0f);
   EXPECT_FLOAT_EQ(a->scale, 2.0f);
   EXPECT_FALSE(a->use_rslora);
   EXPECT_EQ(a->version, 1u);
-  EXPECT_EQ(a->bytes, static_cast<int64_t>(fs::file_size(root_ + "/sql/adapter_config.json") +
-                                           fs::file_size(root_ + "/sql/adapter_model.safetensors")));
+  EXPECT_EQ(a->bytes,
+            static_cast<int64_t>(fs::file_size(root_ + "/sql/adapter_config.json") +
+                                 fs::file_size(root_ + "/sql/adapter_model.safetensors")));
   EXPECT_EQ(a->content_hash, ExpectedPeftHash(root_ + "/sql"));
   EXPECT_GT(a->created, 1600000000);
   EXPECT_TRUE(a->available);
@@ -263,7 +265,8 @@ TEST_F(RegistryTest, PersistsAcrossOpen) {
     before = reg->List();
     // A second process (or a second Open) cannot use the same state while this one is open.
     auto second = AdapterRegistry::Open(state_, Options());
-    EXPECT_EQ(second.status().code(), StatusCode::kFailedPrecondition) << second.status().ToString();
+    EXPECT_EQ(second.status().code(), StatusCode::kFailedPrecondition)
+        << second.status().ToString();
   }
   auto reg = OpenOrDie();
   EXPECT_EQ(reg->next_version(), 4u);
@@ -305,10 +308,12 @@ TEST_F(RegistryTest, ExistingNameIsRefusedUnlessReplaced) {
   auto reg = OpenOrDie();
   auto first = reg->Register("sql", root_ + "/v1");
   ASSERT_TRUE(first.ok());
-  ExpectRefusedUnchanged(*reg, [&] { return reg->Register("sql", root_ + "/v2"); },
-                         {StatusCode::kAlreadyExists}, "existing name");
-  ExpectRefusedUnchanged(*reg, [&] { return reg->Register("sql", root_ + "/v1"); },
-                         {StatusCode::kAlreadyExists}, "same adapter again");
+  ExpectRefusedUnchanged(
+      *reg, [&] { return reg->Register("sql", root_ + "/v2"); }, {StatusCode::kAlreadyExists},
+      "existing name");
+  ExpectRefusedUnchanged(
+      *reg, [&] { return reg->Register("sql", root_ + "/v1"); }, {StatusCode::kAlreadyExists},
+      "same adapter again");
 
   auto second = reg->Register("sql", root_ + "/v2", /*replace=*/true);
   ASSERT_TRUE(second.ok()) << second.status().ToString();
@@ -330,8 +335,9 @@ TEST_F(RegistryTest, ExistingNameIsRefusedUnlessReplaced) {
   fs::create_directories(root_ + "/broken");
   WriteAll(root_ + "/broken/adapter_config.json", "{");
   WriteAll(root_ + "/broken/adapter_model.safetensors", "xx");
-  ExpectRefusedUnchanged(*reg, [&] { return reg->Register("sql", root_ + "/broken", true); },
-                         {StatusCode::kInvalidArgument, StatusCode::kDataLoss}, "broken replacement");
+  ExpectRefusedUnchanged(
+      *reg, [&] { return reg->Register("sql", root_ + "/broken", true); },
+      {StatusCode::kInvalidArgument, StatusCode::kDataLoss}, "broken replacement");
   EXPECT_EQ(reg->Lookup("sql")->cache_key(), third->cache_key());
 }
 
@@ -343,24 +349,34 @@ TEST_F(RegistryTest, PathsOutsideTheRootsAreRefused) {
   // A PEFT directory inside the root whose weights file points outside.
   fs::create_directories(root_ + "/half");
   fs::copy_file(root_ + "/good/adapter_config.json", root_ + "/half/adapter_config.json");
-  fs::create_symlink(outside_ + "/evil/adapter_model.safetensors", root_ + "/half/adapter_model.safetensors");
+  fs::create_symlink(outside_ + "/evil/adapter_model.safetensors",
+                     root_ + "/half/adapter_model.safetensors");
   // A symlink that stays inside the root is fine.
   fs::create_directory_symlink(root_ + "/good", root_ + "/alias");
 
   auto reg = OpenOrDie();
   ASSERT_TRUE(reg->Register("keep", root_ + "/good").ok());
   const std::vector<StatusCode> denied = {StatusCode::kPermissionDenied};
-  ExpectRefusedUnchanged(*reg, [&] { return reg->Register("x", root_ + "/../outside/evil"); }, denied, "dotdot");
-  ExpectRefusedUnchanged(*reg, [&] { return reg->Register("x", "../outside/evil"); }, denied, "relative dotdot");
-  ExpectRefusedUnchanged(*reg, [&] { return reg->Register("x", root_ + "/link"); }, denied, "symlink out");
-  ExpectRefusedUnchanged(*reg, [&] { return reg->Register("x", outside_ + "/evil"); }, denied, "absolute outside");
-  ExpectRefusedUnchanged(*reg, [&] { return reg->Register("x", tmp_ + "/root2/sib"); }, denied, "sibling prefix");
-  ExpectRefusedUnchanged(*reg, [&] { return reg->Register("x", root_ + "/half"); }, denied, "file symlink out");
-  ExpectRefusedUnchanged(*reg, [&] { return reg->Register("x", "/etc/passwd"); }, denied, "system file");
+  ExpectRefusedUnchanged(
+      *reg, [&] { return reg->Register("x", root_ + "/../outside/evil"); }, denied, "dotdot");
+  ExpectRefusedUnchanged(
+      *reg, [&] { return reg->Register("x", "../outside/evil"); }, denied, "relative dotdot");
+  ExpectRefusedUnchanged(
+      *reg, [&] { return reg->Register("x", root_ + "/link"); }, denied, "symlink out");
+  ExpectRefusedUnchanged(
+      *reg, [&] { return reg->Register("x", outside_ + "/evil"); }, denied, "absolute outside");
+  ExpectRefusedUnchanged(
+      *reg, [&] { return reg->Register("x", tmp_ + "/root2/sib"); }, denied, "sibling prefix");
+  ExpectRefusedUnchanged(
+      *reg, [&] { return reg->Register("x", root_ + "/half"); }, denied, "file symlink out");
+  ExpectRefusedUnchanged(
+      *reg, [&] { return reg->Register("x", "/etc/passwd"); }, denied, "system file");
   // A missing path outside the roots is "outside", not "not found" (no existence oracle).
-  ExpectRefusedUnchanged(*reg, [&] { return reg->Register("x", outside_ + "/nope"); }, denied, "missing outside");
-  ExpectRefusedUnchanged(*reg, [&] { return reg->Register("x", root_ + "/nope"); },
-                         {StatusCode::kNotFound}, "missing inside");
+  ExpectRefusedUnchanged(
+      *reg, [&] { return reg->Register("x", outside_ + "/nope"); }, denied, "missing outside");
+  ExpectRefusedUnchanged(
+      *reg, [&] { return reg->Register("x", root_ + "/nope"); }, {StatusCode::kNotFound},
+      "missing inside");
 
   auto alias = reg->Register("alias", root_ + "/alias");
   ASSERT_TRUE(alias.ok()) << alias.status().ToString();
@@ -371,7 +387,8 @@ TEST_F(RegistryTest, PathsOutsideTheRootsAreRefused) {
   none.adapter_roots.clear();
   reg.reset();
   auto closed = OpenOrDie(none);
-  ExpectRefusedUnchanged(*closed, [&] { return closed->Register("y", root_ + "/good"); }, denied, "no roots");
+  ExpectRefusedUnchanged(
+      *closed, [&] { return closed->Register("y", root_ + "/good"); }, denied, "no roots");
 }
 
 TEST_F(RegistryTest, BadAdaptersAndNamesLeaveTheRegistryUnchanged) {
@@ -382,56 +399,84 @@ TEST_F(RegistryTest, BadAdaptersAndNamesLeaveTheRegistryUnchanged) {
                                        StatusCode::kOutOfRange};
 
   // Names.
-  ExpectRefusedUnchanged(*reg, [&] { return reg->Register("", root_ + "/good"); }, {StatusCode::kInvalidArgument}, "empty name");
-  ExpectRefusedUnchanged(*reg, [&] { return reg->Register(std::string(129, 'n'), root_ + "/good"); }, {StatusCode::kInvalidArgument}, "long name");
-  ExpectRefusedUnchanged(*reg, [&] { return reg->Register("a b", root_ + "/good"); }, {StatusCode::kInvalidArgument}, "space");
-  ExpectRefusedUnchanged(*reg, [&] { return reg->Register("tiny-base", root_ + "/good"); }, {StatusCode::kInvalidArgument}, "base name");
+  ExpectRefusedUnchanged(
+      *reg, [&] { return reg->Register("", root_ + "/good"); }, {StatusCode::kInvalidArgument},
+      "empty name");
+  ExpectRefusedUnchanged(
+      *reg, [&] { return reg->Register(std::string(129, 'n'), root_ + "/good"); },
+      {StatusCode::kInvalidArgument}, "long name");
+  ExpectRefusedUnchanged(
+      *reg, [&] { return reg->Register("a b", root_ + "/good"); }, {StatusCode::kInvalidArgument},
+      "space");
+  ExpectRefusedUnchanged(
+      *reg, [&] { return reg->Register("tiny-base", root_ + "/good"); },
+      {StatusCode::kInvalidArgument}, "base name");
 
   // Truncated weights.
   fs::create_directories(root_ + "/trunc");
   fs::copy_file(root_ + "/good/adapter_config.json", root_ + "/trunc/adapter_config.json");
   const std::string st = ReadAll(root_ + "/good/adapter_model.safetensors");
   WriteAll(root_ + "/trunc/adapter_model.safetensors", st.substr(0, st.size() / 2));
-  ExpectRefusedUnchanged(*reg, [&] { return reg->Register("t", root_ + "/trunc"); }, bad, "truncated safetensors");
+  ExpectRefusedUnchanged(
+      *reg, [&] { return reg->Register("t", root_ + "/trunc"); }, bad, "truncated safetensors");
   WriteAll(root_ + "/trunc/adapter_model.safetensors", st.substr(0, 5));
-  ExpectRefusedUnchanged(*reg, [&] { return reg->Register("t", root_ + "/trunc"); }, bad, "5-byte safetensors");
+  ExpectRefusedUnchanged(
+      *reg, [&] { return reg->Register("t", root_ + "/trunc"); }, bad, "5-byte safetensors");
   WriteGguf(root_ + "/g.gguf", 4, 2);
   const std::string gg = ReadAll(root_ + "/g.gguf");
   WriteAll(root_ + "/trunc.gguf", gg.substr(0, gg.size() - 100));
-  ExpectRefusedUnchanged(*reg, [&] { return reg->Register("t", root_ + "/trunc.gguf"); }, bad, "truncated gguf");
+  ExpectRefusedUnchanged(
+      *reg, [&] { return reg->Register("t", root_ + "/trunc.gguf"); }, bad, "truncated gguf");
 
   // Wrong shapes: an adapter for a model with another MLP width.
   model::ModelConfig other = base_;
   other.n_ff = 256;
   WritePeft(root_ + "/other", other, 8, 3);
-  ExpectRefusedUnchanged(*reg, [&] { return reg->Register("o", root_ + "/other"); }, {StatusCode::kInvalidArgument}, "wrong shapes");
+  ExpectRefusedUnchanged(
+      *reg, [&] { return reg->Register("o", root_ + "/other"); }, {StatusCode::kInvalidArgument},
+      "wrong shapes");
   // Rank above the limit (64).
   WritePeft(root_ + "/big", base_, 96, 4, {Linear::kQ});
-  ExpectRefusedUnchanged(*reg, [&] { return reg->Register("big", root_ + "/big"); }, {StatusCode::kInvalidArgument}, "rank too large");
+  ExpectRefusedUnchanged(
+      *reg, [&] { return reg->Register("big", root_ + "/big"); }, {StatusCode::kInvalidArgument},
+      "rank too large");
   // NaN weights.
   {
     RandomLoraSpec s;
     s.targets = {Linear::kQ, Linear::kV};
     LoraWeights w = MakeRandomLora(base_, s);
-    static_cast<float*>(w.at(2, Linear::kV).b.mutable_data())[5] = std::numeric_limits<float>::quiet_NaN();
+    static_cast<float*>(w.at(2, Linear::kV).b.mutable_data())[5] =
+        std::numeric_limits<float>::quiet_NaN();
     CHORUS_ASSERT_OK(WritePeftLora(root_ + "/nan", w, base_));
   }
-  ExpectRefusedUnchanged(*reg, [&] { return reg->Register("nan", root_ + "/nan"); }, {StatusCode::kInvalidArgument}, "NaN");
+  ExpectRefusedUnchanged(
+      *reg, [&] { return reg->Register("nan", root_ + "/nan"); }, {StatusCode::kInvalidArgument},
+      "NaN");
   // Not an adapter at all, an empty directory, a pickle, a FIFO (must not hang).
   WriteAll(root_ + "/notes.txt", "hello");
-  ExpectRefusedUnchanged(*reg, [&] { return reg->Register("n", root_ + "/notes.txt"); }, {StatusCode::kInvalidArgument}, "text file");
+  ExpectRefusedUnchanged(
+      *reg, [&] { return reg->Register("n", root_ + "/notes.txt"); },
+      {StatusCode::kInvalidArgument}, "text file");
   fs::create_directories(root_ + "/empty");
-  ExpectRefusedUnchanged(*reg, [&] { return reg->Register("n", root_ + "/empty"); }, {StatusCode::kNotFound}, "empty dir");
+  ExpectRefusedUnchanged(
+      *reg, [&] { return reg->Register("n", root_ + "/empty"); }, {StatusCode::kNotFound},
+      "empty dir");
   fs::create_directories(root_ + "/pickle");
   fs::copy_file(root_ + "/good/adapter_config.json", root_ + "/pickle/adapter_config.json");
   WriteAll(root_ + "/pickle/adapter_model.bin", "\x80\x02");
-  ExpectRefusedUnchanged(*reg, [&] { return reg->Register("n", root_ + "/pickle"); }, {StatusCode::kUnimplemented}, "pickle");
+  ExpectRefusedUnchanged(
+      *reg, [&] { return reg->Register("n", root_ + "/pickle"); }, {StatusCode::kUnimplemented},
+      "pickle");
   ASSERT_EQ(::mkfifo((root_ + "/fifo.gguf").c_str(), 0600), 0);
-  ExpectRefusedUnchanged(*reg, [&] { return reg->Register("n", root_ + "/fifo.gguf"); }, {StatusCode::kInvalidArgument}, "fifo");
+  ExpectRefusedUnchanged(
+      *reg, [&] { return reg->Register("n", root_ + "/fifo.gguf"); },
+      {StatusCode::kInvalidArgument}, "fifo");
   fs::create_directories(root_ + "/fifodir");
   fs::copy_file(root_ + "/good/adapter_config.json", root_ + "/fifodir/adapter_config.json");
   ASSERT_EQ(::mkfifo((root_ + "/fifodir/adapter_model.safetensors").c_str(), 0600), 0);
-  ExpectRefusedUnchanged(*reg, [&] { return reg->Register("n", root_ + "/fifodir"); }, {StatusCode::kInvalidArgument}, "fifo weights");
+  ExpectRefusedUnchanged(
+      *reg, [&] { return reg->Register("n", root_ + "/fifodir"); }, {StatusCode::kInvalidArgument},
+      "fifo weights");
   EXPECT_EQ(reg->size(), 1u);
 }
 
@@ -448,7 +493,8 @@ TEST_F(RegistryTest, RealStoriesLoraAgainstStories260K) {
   o.adapter_roots = {testing::SharedModelsDir() + "/stories260K-finetunes"};
   o.base = c;
   o.base_model_name = "stories260K";
-  const std::string lora_dir = fs::canonical(testing::SharedModelsDir() + "/stories260K-finetunes/things/lora").string();
+  const std::string lora_dir =
+      fs::canonical(testing::SharedModelsDir() + "/stories260K-finetunes/things/lora").string();
   {
     auto reg = OpenOrDie(o);
     auto r = reg->Register("things", "things/lora");
@@ -461,13 +507,15 @@ TEST_F(RegistryTest, RealStoriesLoraAgainstStories260K) {
     EXPECT_EQ(r->base_model, "stories260K");
     EXPECT_EQ(r->content_hash, ExpectedPeftHash(lora_dir));
     // The base's own served name is not an adapter name.
-    EXPECT_EQ(reg->Register("stories260K", "things/lora").status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(reg->Register("stories260K", "things/lora").status().code(),
+              StatusCode::kInvalidArgument);
     // rank 8 > a limit of 4.
     reg.reset();
     RegistryOptions small = o;
     small.max_lora_rank = 4;
     auto reg4 = OpenOrDie(small);
-    EXPECT_EQ(reg4->Register("things4", "things/lora").status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(reg4->Register("things4", "things/lora").status().code(),
+              StatusCode::kInvalidArgument);
   }
   auto reg = OpenOrDie(o);
   auto loaded = reg->Load("things");
@@ -482,7 +530,8 @@ TEST_F(RegistryTest, RealStoriesLoraAgainstStories260K) {
   auto wrong = OpenOrDie(tiny);
   // Entries are checked cheaply at Open; Load validates against the base and refuses.
   EXPECT_EQ(wrong->Load("things").status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(wrong->Register("things2", "things/lora").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(wrong->Register("things2", "things/lora").status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 TEST_F(RegistryTest, RegisterDirectory) {
@@ -562,7 +611,8 @@ TEST_F(RegistryTest, RestartWithVanishedOrChangedFiles) {
   EXPECT_TRUE(reg->Lookup("touched")->available) << reg->Lookup("touched")->problem;
   auto changed = reg->Lookup("changed");
   EXPECT_FALSE(changed->available);
-  EXPECT_NE(changed->problem.find("changed since it was registered"), std::string::npos) << changed->problem;
+  EXPECT_NE(changed->problem.find("changed since it was registered"), std::string::npos)
+      << changed->problem;
 
   EXPECT_EQ(reg->Load("gone").status().code(), StatusCode::kNotFound);
   EXPECT_EQ(reg->Load("changed").status().code(), StatusCode::kFailedPrecondition);
@@ -621,7 +671,8 @@ TEST_F(RegistryTest, CorruptStateIsAnErrorAndTempFilesAreIgnored) {
   expect_corrupt(good.substr(0, good.size() / 2), "truncated");
   expect_corrupt("garbage\x01\x02", "garbage");
   expect_corrupt("[]", "array");
-  expect_corrupt(R"({"format":"something-else","schema_version":1,"next_version":1,"adapters":[]})", "format");
+  expect_corrupt(R"({"format":"something-else","schema_version":1,"next_version":1,"adapters":[]})",
+                 "format");
   auto doc = [&](const std::string& from, const std::string& to) {
     std::string s = good;
     const size_t at = s.find(from);
@@ -648,11 +699,13 @@ TEST_F(RegistryTest, CorruptStateIsAnErrorAndTempFilesAreIgnored) {
   o = Options();
   o.adapter_roots = {tmp_ + "/missing-root"};
   EXPECT_EQ(AdapterRegistry::Open(state_, o).status().code(), StatusCode::kNotFound);
-  EXPECT_EQ(AdapterRegistry::Open(tmp_ + "/no-dir/r.json", Options()).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(AdapterRegistry::Open(tmp_ + "/no-dir/r.json", Options()).status().code(),
+            StatusCode::kNotFound);
 }
 
 TEST_F(RegistryTest, ConcurrentReadersSeeWholeEntries) {
-  for (int i = 0; i < 4; ++i) WritePeft(root_ + "/a" + std::to_string(i), base_, 2 + 2 * i, i + 1, {Linear::kQ});
+  for (int i = 0; i < 4; ++i)
+    WritePeft(root_ + "/a" + std::to_string(i), base_, 2 + 2 * i, i + 1, {Linear::kQ});
   auto reg = OpenOrDie();
   std::atomic<bool> done{false};
   std::atomic<int> bad{0};
@@ -702,7 +755,8 @@ TEST_F(RegistryTest, SurvivesSigkillDuringRegistration) {
         const std::string name = "n" + std::to_string(i % 3);
         if (i % 7 == 6) {
           (void)(*r)->Unregister(name);
-        } else if (!(*r)->Register(name, paths[static_cast<size_t>((i + round) % kAdapters)], true).ok()) {
+        } else if (!(*r)->Register(name, paths[static_cast<size_t>((i + round) % kAdapters)], true)
+                        .ok()) {
           ::_exit(3);
         }
       }
