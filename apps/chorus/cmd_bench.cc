@@ -39,6 +39,8 @@ int BenchCommand(int argc, char** argv) {
   f.Int("decode-steps", 32, "timed decode steps per batch size");
   f.Int("context", 128, "tokens in each sequence's KV cache when decode is timed");
   f.Int("repeats", 3, "runs per figure (median reported)");
+  f.Int("adapters", 0, "also run each decode batch with every row on a different LoRA (q,k,v,o) of this many");
+  f.String("lora-ranks", "8,16,32,64", "ranks of those adapters, round-robin");
   f.String("out", "", "write <out>.csv and <out>.json");
   if (int rc = ParseOrExit(f, argc, argv); rc >= 0) return rc;
   engine::EngineBenchOptions o;
@@ -57,6 +59,15 @@ int BenchCommand(int argc, char** argv) {
     char* end = nullptr;
     long long v = std::strtoll(x.c_str(), &end, 10);
     if (x.empty() || *end || v < 1 || v > 512) return InvalidArgumentError("bad batch size '" + x + "'");
+    return static_cast<int64_t>(v);
+  });
+  if (!s.ok()) return Fail("bench", s);
+  o.n_adapters = f.GetInt("adapters");
+  if (o.n_adapters < 0 || o.n_adapters > 4096) return Fail("bench", InvalidArgumentError("--adapters must be in [0, 4096]"));
+  s = ParseList(f.GetString("lora-ranks"), &o.lora_ranks, [](const std::string& x) -> Result<int64_t> {
+    char* end = nullptr;
+    long long v = std::strtoll(x.c_str(), &end, 10);
+    if (x.empty() || *end || v < 1 || v > 256) return InvalidArgumentError("bad LoRA rank '" + x + "'");
     return static_cast<int64_t>(v);
   });
   if (!s.ok()) return Fail("bench", s);

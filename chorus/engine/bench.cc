@@ -10,6 +10,8 @@
 #include <numeric>
 #include <sstream>
 
+#include "chorus/adapters/lora/lora_adapter.h"
+#include "chorus/adapters/lora/lora_hook.h"
 #include "chorus/base/rng.h"
 #include "chorus/base/thread_pool.h"
 #include "chorus/kernels/dispatch.h"
@@ -147,8 +149,23 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
       rep.rows.push_back(row);
     }
 
+    // Adapters for the mixed runs (compute layout, in memory: the kernels' cost, not loading).
+    std::vector<std::shared_ptr<const adapters::LoraAdapter>> loras;
+    for (int64_t a = 0; a < opts.n_adapters; ++a) {
+      adapters::RandomLoraSpec spec;
+      spec.rank = opts.lora_ranks[static_cast<size_t>(a) % opts.lora_ranks.size()];
+      spec.seed = 500 + static_cast<uint64_t>(a);
+      spec.targets = {model::Linear::kQ, model::Linear::kK, model::Linear::kV, model::Linear::kO};
+      CHORUS_ASSIGN_OR_RETURN(auto lora, adapters::LoraAdapter::Build(adapters::MakeRandomLora(c, spec), c,
+                                                                       "bench" + std::to_string(a)));
+      loras.push_back(std::move(lora));
+    }
+    adapters::LoraHook hook(c, max_batch_rows);
+
     // Decode: B sequences with `context` tokens of KV, then timed steps of B rows each.
+    for (int pass = 0; pass < (loras.empty() ? 1 : 2); ++pass)
     for (int64_t b : opts.batches) {
+      const bool with_lora = pass == 1;
       std::vector<double> runs;
       for (int r = 0; r < opts.repeats; ++r) {
         std::vector<std::vector<int32_t>> tables(static_cast<size_t>(b));
@@ -173,10 +190,16 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
           seq[static_cast<size_t>(s)] = static_cast<int32_t>(s);
           lrows[static_cast<size_t>(s)] = static_cast<int32_t>(s);
         }
+        if (with_lora) {
+          std::vector<const adapters::LoraAdapter*> rows(static_cast<size_t>(b));
+          for (int64_t s = 0; s < b; ++s) rows[static_cast<size_t>(s)] = loras[static_cast<size_t>(s) % loras.size()].get();
+          CHORUS_RETURN_IF_ERROR(hook.SetRows(rows));
+        }
         auto t0 = Clock::now();
         for (int64_t step = 0; step < opts.decode_steps; ++step) {
           for (int64_t s = 0; s < b; ++s) pos[static_cast<size_t>(s)] = static_cast<int32_t>(opts.context + step);
           model::StepInput in{toks, pos, seq, tps, lrows};
+          if (with_lora) in.hook = &hook;
           fwd.Run(in, &kv, &pool, logits.data());
           // Greedy next tokens so the work is that of real decoding (argmax over the vocab).
           for (int64_t s = 0; s < b; ++s) {
@@ -188,12 +211,13 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
         runs.push_back(static_cast<double>(b * opts.decode_steps) / secs);
         for (auto& t : tables) kv.Release(&t);
       }
-      EngineBenchRow row{dname, "decode", b, Median(runs), runs, 0, static_cast<double>(mdl->StreamedBytesPerToken())};
-      if (b == 1 && rep.bandwidth_gbs > 0) {
+      EngineBenchRow row{dname, with_lora ? "decode-lora" : "decode", b, Median(runs), runs, 0,
+                         static_cast<double>(mdl->StreamedBytesPerToken())};
+      if (b == 1 && !with_lora && rep.bandwidth_gbs > 0) {
         double roofline = rep.bandwidth_gbs * 1e9 / row.weight_bytes_per_token;
         row.roofline_fraction = row.tokens_per_s / roofline;
       }
-      progress(dname + " decode batch " + std::to_string(b) + ": " + std::to_string(row.tokens_per_s) + " tok/s");
+      progress(dname + " " + row.metric + " batch " + std::to_string(b) + ": " + std::to_string(row.tokens_per_s) + " tok/s");
       rep.rows.push_back(row);
     }
   }
@@ -240,6 +264,13 @@ std::string EngineBenchReport::ToTable() const {
     s << std::left << std::setw(7) << r.dtype << std::setw(9) << r.metric << std::setw(8) << r.batch << std::setw(9)
       << r.tokens_per_s;
     if (r.metric == "decode" && r.batch == 1) s << std::setprecision(1) << 100.0 * r.roofline_fraction << " %";
+    if (r.metric == "decode-lora") {
+      for (const auto& base : rows) {
+        if (base.dtype == r.dtype && base.metric == "decode" && base.batch == r.batch && base.tokens_per_s > 0) {
+          s << std::setprecision(1) << 100.0 * r.tokens_per_s / base.tokens_per_s << " % of base-only";
+        }
+      }
+    }
     s << "\n";
   }
   return s.str();

@@ -24,11 +24,17 @@ struct EngineBenchOptions {
   int64_t context = 128;       // tokens already in each sequence's KV when decode is timed
   int repeats = 3;             // each figure is the median of this many runs
   int64_t bandwidth_bytes = int64_t{1} << 30;
+  // Mixed-adapter decode (issue 4): when > 0, every decode batch is run a second time with each
+  // row using a different LoRA adapter (row i → adapter i mod n_adapters; ranks round-robin
+  // over `lora_ranks`; targets q, k, v, o), reported as metric "decode-lora" next to the
+  // base-only "decode" of the same invocation.
+  int64_t n_adapters = 0;
+  std::vector<int64_t> lora_ranks = {8, 16, 32, 64};
 };
 
 struct EngineBenchRow {
   std::string dtype;
-  std::string metric;    // "prefill", "decode"
+  std::string metric;    // "prefill", "decode", "decode-lora"
   int64_t batch = 1;     // rows per step (decode) or 1 (prefill)
   double tokens_per_s = 0;                // median
   std::vector<double> runs;               // every run, tokens/s
