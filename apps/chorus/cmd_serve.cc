@@ -36,7 +36,11 @@ Result<ServedAdapters> OpenAdapters(const Flags& f, const model::ModelConfig& ba
     if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size()) {
       return InvalidArgumentError("flag --lora expects NAME=PATH, got '" + spec.substr(0, 64) + "'");
     }
-    loras.emplace_back(spec.substr(0, eq), spec.substr(eq + 1));
+    std::error_code ec;
+    // The registry resolves relative paths against its roots; a command-line path is relative
+    // to the working directory.
+    std::string abs = std::filesystem::absolute(spec.substr(eq + 1), ec).string();
+    loras.emplace_back(spec.substr(0, eq), ec ? spec.substr(eq + 1) : abs);
     std::filesystem::path p(loras.back().second);
     roots.push_back(p.has_parent_path() ? p.parent_path().string() : ".");
   }

@@ -282,6 +282,9 @@ std::optional<ApiError> Server::Impl::ResolveVariant(const std::string& name, en
     e.param = "model";
     return e;
   }
+  if (!info->available) {
+    return ErrorFromStatus(FailedPreconditionError("adapter '" + info->name + "' is unavailable: " + info->problem), "model");
+  }
   adapters::AdapterKey key{info->name, info->path, info->content_hash, info->version};
   // A cold adapter is loaded here, on this request's HTTP thread: the engine never waits.
   auto lora = adapter_cache->Get(key);
@@ -430,7 +433,9 @@ void Server::Impl::Routes() {
     if (!self->ready()) return SendError(res, *Unavailable());
     json data = json::array({ModelJson()});
     if (registry) {
-      for (const auto& a : registry->List()) data.push_back(AdapterJson(a));
+      for (const auto& a : registry->List()) {
+        if (a.available) data.push_back(AdapterJson(a));
+      }
     }
     json out = {{"object", "list"}, {"data", data}};
     res.set_content(DumpJson(out), "application/json");
