@@ -22,6 +22,32 @@ std::string ShapeList() {
   return s;
 }
 
+// A tokenizer ready to be written: checked against the model's vocabulary and already exported
+// once (so an unexportable tokenizer is reported before any weights are written).
+struct TokenizerOut {
+  std::shared_ptr<const tokenizer::Tokenizer> tok;
+  tokenizer::GgufExportOptions gguf_opts;
+  tokenizer::HfTokenizerFiles hf;  // filled for HF output
+};
+
+Status PrepareTokenizer(std::shared_ptr<const tokenizer::Tokenizer> tok, int64_t model_vocab, bool gguf_out,
+                        TokenizerOut* out) {
+  if (tok->vocab_size() > model_vocab) {
+    return InvalidArgumentError("the tokenizer has " + std::to_string(tok->vocab_size()) +
+                                " tokens but the model's vocabulary has only " + std::to_string(model_vocab));
+  }
+  // Token list padded to the embedding rows, as llama.cpp's converter does.
+  out->gguf_opts.pad_to_vocab_size = model_vocab;
+  if (gguf_out) {
+    formats::GgufWriter probe;
+    CHORUS_RETURN_IF_ERROR(tokenizer::ExportToGguf(*tok, &probe, out->gguf_opts));
+  } else {
+    CHORUS_ASSIGN_OR_RETURN(out->hf, tokenizer::ExportToHfFiles(*tok));
+  }
+  out->tok = std::move(tok);
+  return OkStatus();
+}
+
 }  // namespace
 
 int ConvertCommand(int argc, char** argv) {
@@ -55,10 +81,22 @@ int ConvertCommand(int argc, char** argv) {
     opts.dtype = *d;
   }
 
+  const bool explicit_tok = f.IsSet("tokenizer");
+  const bool gguf_out = opts.format == model::OutputFormat::kGguf;
+  TokenizerOut tok_out;
   std::shared_ptr<const model::Model> mdl;
   if (f.IsSet("shape")) {
     model::SyntheticSpec spec{.shape = f.GetString("shape"), .dtype = opts.dtype.value_or(DType::kF32),
                               .seed = static_cast<uint64_t>(f.GetInt("seed"))};
+    auto cfg = model::SyntheticConfig(spec.shape);
+    if (!cfg.ok()) return Fail("convert", cfg.status());
+    // Checked before generating weights (big shapes take a while).
+    if (explicit_tok) {
+      auto t = tokenizer::LoadTokenizer(f.GetString("tokenizer"));
+      if (!t.ok()) return Fail("convert", t.status());
+      Status s = PrepareTokenizer(std::move(t).value(), cfg->vocab_size, gguf_out, &tok_out);
+      if (!s.ok()) return Fail("convert", s);
+    }
     std::fprintf(stderr, "chorus convert: generating synthetic %s (%s)...\n", spec.shape.c_str(),
                  std::string(DTypeName(spec.dtype)).c_str());
     auto m = model::MakeSyntheticModel(spec);
@@ -72,48 +110,24 @@ int ConvertCommand(int argc, char** argv) {
 
   // The tokenizer travels with the weights. Without --tokenizer, a GGUF->GGUF or HF->HF
   // conversion copies the source's tokenizer data as is (lossless); otherwise the tokenizer is
-  // loaded as `chorus generate` loads it and exported into the target format.
-  const bool explicit_tok = f.IsSet("tokenizer");
-  const bool gguf_out = opts.format == model::OutputFormat::kGguf;
+  // loaded as `chorus generate` loads it and exported into the target format: an explicit
+  // --tokenizer must be written, the model's own is written when it can be (else a note).
   const bool verbatim = !explicit_tok && ((mdl->format() == model::ModelFormat::kGguf && gguf_out) ||
                                           (mdl->format() == model::ModelFormat::kHfDirectory && !gguf_out));
-  std::shared_ptr<const tokenizer::Tokenizer> tok;
-  std::optional<tokenizer::HfTokenizerFiles> hf_files;
-  // An explicit --tokenizer must be written; the model's own is written when it can be.
-  auto tokenizer_problem = [&](const Status& s) -> bool {
-    if (explicit_tok) return true;
-    std::fprintf(stderr, "chorus convert: note: no tokenizer written: %s\n", s.message().c_str());
-    tok.reset();
-    return false;
-  };
-  if (!verbatim && (explicit_tok || mdl->format() != model::ModelFormat::kSynthetic)) {
+  if (!verbatim && mdl->format() != model::ModelFormat::kSynthetic) {
+    Status s;
     auto t = model::LoadTokenizerFor(*mdl, f.GetString("tokenizer"));
-    if (!t.ok()) {
-      if (tokenizer_problem(t.status())) return Fail("convert", t.status());
+    if (t.ok()) {
+      s = PrepareTokenizer(std::move(t).value(), mdl->config().vocab_size, gguf_out, &tok_out);
     } else {
-      tok = std::move(t).value();
+      s = t.status();
+    }
+    if (!s.ok()) {
+      if (explicit_tok) return Fail("convert", s);
+      std::fprintf(stderr, "chorus convert: note: no tokenizer written: %s\n", s.message().c_str());
     }
   }
-  const int64_t model_vocab = mdl->config().vocab_size;
-  if (tok && tok->vocab_size() > model_vocab) {
-    Status s = InvalidArgumentError("the tokenizer has " + std::to_string(tok->vocab_size()) +
-                                    " tokens but the model's vocabulary has only " + std::to_string(model_vocab));
-    if (tokenizer_problem(s)) return Fail("convert", s);
-  }
-  // Export before writing any weights, so an unexportable tokenizer fails (or is noted) first.
-  const tokenizer::GgufExportOptions gguf_tok_opts{.pad_to_vocab_size = model_vocab};
-  if (tok && gguf_out) {
-    formats::GgufWriter probe;
-    Status s = tokenizer::ExportToGguf(*tok, &probe, gguf_tok_opts);
-    if (!s.ok() && tokenizer_problem(s)) return Fail("convert", s);
-  } else if (tok) {
-    auto files = tokenizer::ExportToHfFiles(*tok);
-    if (!files.ok()) {
-      if (tokenizer_problem(files.status())) return Fail("convert", files.status());
-    } else {
-      hf_files = std::move(files).value();
-    }
-  }
+  const auto& tok = tok_out.tok;
 
   std::function<Status(formats::GgufWriter*)> extra;
   std::shared_ptr<const formats::GgufFile> src_gguf;
@@ -128,7 +142,9 @@ int ConvertCommand(int argc, char** argv) {
       return OkStatus();
     };
   } else if (tok && gguf_out) {
-    extra = [tok, gguf_tok_opts](formats::GgufWriter* w) { return tokenizer::ExportToGguf(*tok, w, gguf_tok_opts); };
+    extra = [&tok_out](formats::GgufWriter* w) {
+      return tokenizer::ExportToGguf(*tok_out.tok, w, tok_out.gguf_opts);
+    };
   }
   Status s = model::ConvertModel(*mdl, opts, extra);
   if (!s.ok()) return Fail("convert", s);
@@ -143,12 +159,12 @@ int ConvertCommand(int argc, char** argv) {
         if (ec) return Fail("convert", InternalError("cannot copy " + src.string() + ": " + ec.message()));
       }
     }
-  } else if (hf_files) {
+  } else if (tok && !gguf_out) {
     const std::filesystem::path dir(opts.output);
     const std::pair<const char*, const std::string*> out[] = {
-        {"tokenizer.json", &hf_files->tokenizer_json},
-        {"tokenizer_config.json", &hf_files->tokenizer_config_json},
-        {"generation_config.json", &hf_files->generation_config_json}};
+        {"tokenizer.json", &tok_out.hf.tokenizer_json},
+        {"tokenizer_config.json", &tok_out.hf.tokenizer_config_json},
+        {"generation_config.json", &tok_out.hf.generation_config_json}};
     for (const auto& [name, text] : out) {
       if (text->empty()) continue;
       Status w = WriteFileAtomically((dir / name).string(), *text);
@@ -158,7 +174,7 @@ int ConvertCommand(int argc, char** argv) {
   if (tok) {
     std::fprintf(stderr, "chorus convert: tokenizer written (%s, %d tokens)\n", std::string(tok->kind()).c_str(),
                  tok->vocab_size());
-  } else if (!verbatim && mdl->format() == model::ModelFormat::kSynthetic) {
+  } else if (mdl->format() == model::ModelFormat::kSynthetic) {
     std::fprintf(stderr, "chorus convert: note: no tokenizer written; pass --tokenizer PATH to embed one\n");
   }
   std::fprintf(stderr, "chorus convert: wrote %s\n", opts.output.c_str());
