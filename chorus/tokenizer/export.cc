@@ -1,10 +1,9 @@
 #include "chorus/tokenizer/export.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -152,7 +151,8 @@ Result<BpeSpec> SpecFromSentencePiece(std::string_view proto) {
           const uint32_t x = static_cast<uint32_t>(v);
           std::memcpy(&score, &x, 4);
         }
-        if (field == 3 && wire == 0) type = v >= 1 && v <= 6 ? static_cast<TokenType>(v) : TokenType::kNormal;
+        if (field == 3 && wire == 0)
+          type = v >= 1 && v <= 6 ? static_cast<TokenType>(v) : TokenType::kNormal;
       }
       spec.pieces.push_back(std::move(piece));
       spec.scores.push_back(score);
@@ -180,9 +180,10 @@ Result<BpeSpec> SpecFromSentencePiece(std::string_view proto) {
   }
   if (spec.pieces.empty()) return InvalidArgumentError("SentencePiece model has no pieces");
   if (model_type != 2) {
-    return UnimplementedError("SentencePiece model type " + std::to_string(model_type) +
-                              " cannot be exported: only BPE models (type 2) are (unigram needs "
-                              "a Unigram tokenizer, which Chorus's tokenizer.json/GGUF readers lack)");
+    return UnimplementedError(
+        "SentencePiece model type " + std::to_string(model_type) +
+        " cannot be exported: only BPE models (type 2) are (unigram needs "
+        "a Unigram tokenizer, which Chorus's tokenizer.json/GGUF readers lack)");
   }
   if (charsmap_bytes > 0) {
     return UnimplementedError("SentencePiece normalizer '" + normalizer_name +
@@ -237,7 +238,8 @@ Result<Vocab> Prepare(const Tokenizer& tok) {
                               "' cannot be exported");
   }
   BpeSpec& s = v.spec;
-  if (static_cast<int64_t>(s.pieces.size()) != tok.vocab_size() || s.types.size() != s.pieces.size()) {
+  if (static_cast<int64_t>(s.pieces.size()) != tok.vocab_size() ||
+      s.types.size() != s.pieces.size()) {
     return InternalError("tokenizer export: vocabulary size mismatch");
   }
   const int32_t n = v.size();
@@ -288,7 +290,7 @@ Result<Vocab> Prepare(const Tokenizer& tok) {
   std::vector<AddedToken> added;
   for (AddedToken a : s.added) {
     if (a.id < 0 || a.id >= n || added_at.count(a.id)) continue;
-    a.content = s.pieces[a.id];  // llama2.c renames
+    if (v.from_llama2c) a.content = s.pieces[a.id];  // renamed above
     a.special = a.special || IsSpecialType(s.types[a.id]);
     added_at[a.id] = added.size();
     added.push_back(std::move(a));
@@ -337,7 +339,8 @@ std::vector<std::pair<int32_t, int32_t>> MergesFromScores(const BpeSpec& s) {
   std::vector<M> local;
   for (size_t id = 0; id < s.pieces.size(); ++id) {
     const std::string& p = s.pieces[id];
-    if (!IsMergeableType(s.types[id]) || p.size() < 2 || Find(lookup, p) != static_cast<int32_t>(id)) {
+    if (!IsMergeableType(s.types[id]) || p.size() < 2 ||
+        Find(lookup, p) != static_cast<int32_t>(id)) {
       continue;
     }
     local.clear();
@@ -346,8 +349,8 @@ std::vector<std::pair<int32_t, int32_t>> MergesFromScores(const BpeSpec& s) {
       const std::string_view right = std::string_view(p).substr(k);
       const int32_t l = Find(lookup, left), r = Find(lookup, right);
       if (l < 0 || r < 0) continue;
-      local.push_back(M{l, r, s.scores[id], internal::CountUtf8Chars(left),
-                        internal::CountUtf8Chars(right)});
+      local.push_back(
+          M{l, r, s.scores[id], internal::CountUtf8Chars(left), internal::CountUtf8Chars(right)});
     }
     std::sort(local.begin(), local.end(),
               [](const M& a, const M& b) { return a.l != b.l ? a.l < b.l : a.r < b.r; });
@@ -371,7 +374,8 @@ std::vector<std::pair<int32_t, int32_t>> MergesFromScores(const BpeSpec& s) {
 Result<std::vector<float>> ScoresFromMerges(const BpeSpec& s) {
   const auto lookup = MergeableLookup(s);
   std::unordered_map<std::string_view, int32_t> any_id;  // merges name pieces of any type
-  for (size_t id = 0; id < s.pieces.size(); ++id) any_id.emplace(s.pieces[id], static_cast<int32_t>(id));
+  for (size_t id = 0; id < s.pieces.size(); ++id)
+    any_id.emplace(s.pieces[id], static_cast<int32_t>(id));
   const size_t n = s.pieces.size();
   std::vector<int64_t> first_rank(n, -1);
   std::unordered_set<uint64_t> pairs;
@@ -414,8 +418,8 @@ Result<std::vector<float>> ScoresFromMerges(const BpeSpec& s) {
 const std::vector<std::string>& DefaultPreSteps() {
   static const std::vector<std::string> steps = {
       R"([\p{P}\$\+<=>\^~\|]+)",
-      R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S))",
-      R"(\p{N}+)", R"([0-9][0-9][0-9])"};
+      R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S))", R"(\p{N}+)",
+      R"([0-9][0-9][0-9])"};
   return steps;
 }
 
@@ -424,12 +428,14 @@ Result<std::string> PreName(const std::vector<PreTokenizerStep>& steps) {
   std::vector<std::string> patterns;
   for (const auto& st : steps) {
     if (st.remove_matches) {
-      return UnimplementedError("a pre-tokenizer Split with behavior Removed has no GGUF equivalent");
+      return UnimplementedError(
+          "a pre-tokenizer Split with behavior Removed has no GGUF equivalent");
     }
     patterns.push_back(st.pattern);
   }
   if (patterns.size() == 1 && patterns[0] == internal::kGpt2Pattern) return std::string("gpt-2");
-  if (patterns.size() == 1 && patterns[0] == internal::kLlama3Pattern) return std::string("llama-bpe");
+  if (patterns.size() == 1 && patterns[0] == internal::kLlama3Pattern)
+    return std::string("llama-bpe");
   if (patterns.size() == 1 && patterns[0] == internal::kQwen2Pattern) return std::string("qwen2");
   if (patterns == DefaultPreSteps()) return std::string("default");
   return UnimplementedError(
@@ -449,7 +455,8 @@ Status WriteGguf(const Vocab& v, formats::GgufWriter* w, const GgufExportOptions
                                 std::to_string(opts.pad_to_vocab_size));
   }
   if (opts.pad_to_vocab_size > (int64_t{1} << 24)) {
-    return InvalidArgumentError("vocabulary size " + std::to_string(opts.pad_to_vocab_size) + " is too large");
+    return InvalidArgumentError("vocabulary size " + std::to_string(opts.pad_to_vocab_size) +
+                                " is too large");
   }
   std::vector<float> scores;
   std::string pre;
@@ -460,7 +467,8 @@ Status WriteGguf(const Vocab& v, formats::GgufWriter* w, const GgufExportOptions
     CHORUS_ASSIGN_OR_RETURN(pre, PreName(s.pre_steps));
     // llama.cpp applies ignore_merges for its llama-bpe pre-tokenizer only.
     if (s.ignore_merges && pre != "llama-bpe") {
-      return UnimplementedError("BPE ignore_merges has no GGUF equivalent for pre-tokenizer '" + pre + "'");
+      return UnimplementedError("BPE ignore_merges has no GGUF equivalent for pre-tokenizer '" +
+                                pre + "'");
     }
   } else {
     if (s.metaspace_split) {
@@ -473,7 +481,8 @@ Status WriteGguf(const Vocab& v, formats::GgufWriter* w, const GgufExportOptions
     } else {
       CHORUS_ASSIGN_OR_RETURN(scores, ScoresFromMerges(s));
     }
-    if (scores.size() != static_cast<size_t>(n)) return InternalError("tokenizer export: score count mismatch");
+    if (scores.size() != static_cast<size_t>(n))
+      return InternalError("tokenizer export: score count mismatch");
   }
 
   std::vector<std::string> tokens = s.pieces;
@@ -507,14 +516,15 @@ Status WriteGguf(const Vocab& v, formats::GgufWriter* w, const GgufExportOptions
   };
   set_id("tokenizer.ggml.bos_token_id", tok.bos_id());
   // Chorus's GGUF reader stops at eos, eot and eom: the first three end-of-generation ids.
-  static const char* const kEosKeys[] = {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
-                                         "tokenizer.ggml.eom_token_id"};
+  static const char* const kEosKeys[] = {
+      "tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"};
   for (size_t i = 0; i < tok.eos_ids().size() && i < 3; ++i) set_id(kEosKeys[i], tok.eos_ids()[i]);
   set_id("tokenizer.ggml.unknown_token_id", s.unk_id);
   set_id("tokenizer.ggml.padding_token_id", tok.pad_id());
   w->SetBool("tokenizer.ggml.add_bos_token", tok.add_bos());
   w->SetBool("tokenizer.ggml.add_eos_token", tok.add_eos());
-  if (!v.byte_level()) w->SetBool("tokenizer.ggml.add_space_prefix", s.prepend != PrependScheme::kNever);
+  if (!v.byte_level())
+    w->SetBool("tokenizer.ggml.add_space_prefix", s.prepend != PrependScheme::kNever);
   if (!tok.chat_template().empty()) w->SetString("tokenizer.chat_template", tok.chat_template());
   return OkStatus();
 }
@@ -583,15 +593,17 @@ Result<std::string> TokenizerJson(const Vocab& v) {
     const std::string& p = s.pieces[id];
     if (p.empty()) {
       if (s.types[id] == TokenType::kUnused) continue;
-      return UnimplementedError("token " + std::to_string(id) + " is empty; tokenizer.json cannot hold it");
+      return UnimplementedError("token " + std::to_string(id) +
+                                " is empty; tokenizer.json cannot hold it");
     }
     if (!IsValidUtf8(p)) {
       return UnimplementedError("token " + std::to_string(id) +
                                 " is not valid UTF-8; tokenizer.json cannot hold it");
     }
     if (auto [it, fresh] = seen.emplace(p, id); !fresh) {
-      return UnimplementedError("tokens " + std::to_string(it->second) + " and " + std::to_string(id) +
-                                " are both '" + p + "'; a tokenizer.json vocabulary cannot hold both");
+      return UnimplementedError("tokens " + std::to_string(it->second) + " and " +
+                                std::to_string(id) + " are both '" + p +
+                                "'; a tokenizer.json vocabulary cannot hold both");
     }
     vocab_items.emplace_back(p, id);
   }
@@ -603,7 +615,8 @@ Result<std::string> TokenizerJson(const Vocab& v) {
   }
   // "a b" strings load in every tokenizers version; pairs only where a piece holds a space.
   const bool pair_form = std::any_of(merges.begin(), merges.end(), [](const auto& m) {
-    return m.first.find(' ') != std::string_view::npos || m.second.find(' ') != std::string_view::npos;
+    return m.first.find(' ') != std::string_view::npos ||
+           m.second.find(' ') != std::string_view::npos;
   });
   OJson merges_json = OJson::array();
   for (const auto& [a, b] : merges) {
@@ -644,7 +657,8 @@ Result<std::string> TokenizerJson(const Vocab& v) {
       // HF's legacy Llama pipeline. (llama2.c's prefix only at the text start becomes a prefix
       // of every segment between added tokens, as in SentencePiece.)
       OJson seq = OJson::array();
-      if (s.prepend != PrependScheme::kNever) seq.push_back(OJson{{"type", "Prepend"}, {"prepend", kSpmSpace}});
+      if (s.prepend != PrependScheme::kNever)
+        seq.push_back(OJson{{"type", "Prepend"}, {"prepend", kSpmSpace}});
       seq.push_back(ReplaceJson(" ", kSpmSpace));
       normalizer = OJson{{"type", "Sequence"}, {"normalizers", std::move(seq)}};
     }
@@ -677,17 +691,18 @@ Result<std::string> TokenizerJson(const Vocab& v) {
   OJson post = PostProcessor(v);
   if (post.is_null() && !spm) post = ByteLevelJson(true, false, true);
 
-  OJson model{{"type", "BPE"},
-              {"dropout", nullptr},
-              {"unk_token", s.unk_id >= 0 && s.unk_id < n ? OJson(s.pieces[s.unk_id]) : OJson(nullptr)},
-              {"continuing_subword_prefix", nullptr},
-              {"end_of_word_suffix", nullptr},
-              // HF's SentencePiece converters set fuse_unk for SPM vocabularies.
-              {"fuse_unk", s.fuse_unk || (spm && s.merges_from_scores)},
-              {"byte_fallback", spm && s.byte_fallback},
-              {"ignore_merges", s.ignore_merges},
-              {"vocab", std::move(vocab)},
-              {"merges", std::move(merges_json)}};
+  OJson model{
+      {"type", "BPE"},
+      {"dropout", nullptr},
+      {"unk_token", s.unk_id >= 0 && s.unk_id < n ? OJson(s.pieces[s.unk_id]) : OJson(nullptr)},
+      {"continuing_subword_prefix", nullptr},
+      {"end_of_word_suffix", nullptr},
+      // HF's SentencePiece converters set fuse_unk for SPM vocabularies.
+      {"fuse_unk", s.fuse_unk || (spm && s.merges_from_scores)},
+      {"byte_fallback", spm && s.byte_fallback},
+      {"ignore_merges", s.ignore_merges},
+      {"vocab", std::move(vocab)},
+      {"merges", std::move(merges_json)}};
   OJson root{{"version", "1.0"},
              {"truncation", nullptr},
              {"padding", nullptr},
@@ -708,15 +723,14 @@ Result<std::string> TokenizerConfigJson(const Vocab& v) {
   const Tokenizer& tok = *v.tok;
   const BpeSpec& s = v.spec;
   const int32_t n = v.size();
-  auto content = [&](int32_t id) { return id >= 0 && id < n ? OJson(s.pieces[id]) : OJson(nullptr); };
+  auto content = [&](int32_t id) {
+    return id >= 0 && id < n ? OJson(s.pieces[id]) : OJson(nullptr);
+  };
   OJson decoder = OJson::object();
   for (const AddedToken& a : s.added) {
-    decoder[std::to_string(a.id)] = OJson{{"content", a.content},
-                                          {"lstrip", a.lstrip},
-                                          {"normalized", false},
-                                          {"rstrip", a.rstrip},
-                                          {"single_word", false},
-                                          {"special", a.special}};
+    decoder[std::to_string(a.id)] =
+        OJson{{"content", a.content}, {"lstrip", a.lstrip},   {"normalized", false},
+              {"rstrip", a.rstrip},   {"single_word", false}, {"special", a.special}};
   }
   OJson j{{"add_bos_token", tok.add_bos()},
           {"add_eos_token", tok.add_eos()},
@@ -763,7 +777,8 @@ Status ExportToHfDirectory(const Tokenizer& tok, const std::string& dir) {
   std::filesystem::create_directories(dir, ec);
   if (ec) return InternalError("cannot create directory " + dir + ": " + ec.message());
   const std::filesystem::path d(dir);
-  CHORUS_RETURN_IF_ERROR(WriteFileAtomically((d / "tokenizer.json").string(), files.tokenizer_json));
+  CHORUS_RETURN_IF_ERROR(
+      WriteFileAtomically((d / "tokenizer.json").string(), files.tokenizer_json));
   CHORUS_RETURN_IF_ERROR(
       WriteFileAtomically((d / "tokenizer_config.json").string(), files.tokenizer_config_json));
   if (!files.generation_config_json.empty()) {

@@ -6,9 +6,8 @@
 // scores cannot express, GGUF pre-tokenizer names and vocabulary padding.
 #include "chorus/tokenizer/export.h"
 
-#include <nlohmann/json.hpp>
-
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "chorus/base/mapped_file.h"
 #include "chorus/formats/gguf.h"
@@ -132,10 +131,12 @@ TEST(ExportRoundTrip, Llama2cTok512) {
   EXPECT_EQ(h->kind(), "spm-bpe");
   ExpectSameTokenizer(*src, *h, "hf", o);
   // The stories260K text as llama2.c decodes it (BOS first).
-  auto ids = src->Encode(*ReadFileToString(Models("stories260K/expected_greedy_t0_200steps.txt")), {});
+  auto ids =
+      src->Encode(*ReadFileToString(Models("stories260K/expected_greedy_t0_200steps.txt")), {});
   ASSERT_EQ(ids.front(), 1);
   for (const Tokenizer* t : {g.get(), h.get()}) {
-    EXPECT_EQ(t->Decode(ids), *ReadFileToString(Models("stories260K/expected_greedy_t0_200steps.txt")));
+    EXPECT_EQ(t->Decode(ids),
+              *ReadFileToString(Models("stories260K/expected_greedy_t0_200steps.txt")));
     EXPECT_EQ(t->Piece(1), "<s>");
     EXPECT_EQ(t->Piece(2), "</s>");
     // With special tokens shown, SentencePiece keeps the space after "<s>" (as HF does).
@@ -211,7 +212,8 @@ TEST(ExportRoundTrip, SentencePieceModelMatchesLlamaCppGguf) {
   auto mine = GgufOf(*src);
   auto ref = formats::GgufFile::Open(Models("ggml-vocab/ggml-vocab-llama-spm.gguf"));
   ASSERT_TRUE(ref.ok()) << ref.status().ToString();
-  for (const char* key : {"tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type"}) {
+  for (const char* key :
+       {"tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type"}) {
     const auto& a = mine->metadata().at(key);
     const auto& b = (*ref)->metadata().at(key);
     EXPECT_EQ(a.value, b.value) << key;
@@ -251,8 +253,10 @@ TEST(ExportRoundTrip, Gpt2Gguf) {
   // Same merges, in the same order, as llama.cpp's GGUF.
   auto ref = formats::GgufFile::Open(Models("ggml-vocab/ggml-vocab-gpt-2.gguf"));
   ASSERT_TRUE(ref.ok());
-  EXPECT_EQ(*f->GetStringArray("tokenizer.ggml.merges"), *(*ref)->GetStringArray("tokenizer.ggml.merges"));
-  EXPECT_EQ(*f->GetStringArray("tokenizer.ggml.tokens"), *(*ref)->GetStringArray("tokenizer.ggml.tokens"));
+  EXPECT_EQ(*f->GetStringArray("tokenizer.ggml.merges"),
+            *(*ref)->GetStringArray("tokenizer.ggml.merges"));
+  EXPECT_EQ(*f->GetStringArray("tokenizer.ggml.tokens"),
+            *(*ref)->GetStringArray("tokenizer.ggml.tokens"));
 }
 
 TEST(ExportRoundTrip, Gpt2VocabAndMerges) {
@@ -265,7 +269,8 @@ TEST(ExportRoundTrip, Gpt2VocabAndMerges) {
 TEST(ExportRoundTrip, ChatTemplatePadAndSeveralEosIds) {
   CHORUS_REQUIRE_SHARED_MODEL("phi3-tokenizer/tokenizer.json");
   auto src = LoadOrDie(Models("phi3-tokenizer/tokenizer.json"));
-  src->set_chat_template("{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}<|end|>\n{% endfor %}");
+  src->set_chat_template(
+      "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}<|end|>\n{% endfor %}");
   src->set_eos_ids({32007, 32000, 2});
   src->set_pad_id(32000);
   auto g = ViaGguf(*src);
@@ -281,7 +286,8 @@ TEST(ExportRoundTrip, ChatTemplatePadAndSeveralEosIds) {
 
 TEST(ExportRoundTrip, RebuildFromSpecIsEquivalent) {
   CHORUS_REQUIRE_SHARED_MODEL("phi3-tokenizer/tokenizer.json");
-  for (const char* rel : {"phi3-tokenizer/tokenizer.json", "stories260K/tok512.bin", "gpt2-tokenizer"}) {
+  for (const char* rel :
+       {"phi3-tokenizer/tokenizer.json", "stories260K/tok512.bin", "gpt2-tokenizer"}) {
     auto src = LoadOrDie(Models(rel));
     const auto* bpe = dynamic_cast<const internal::BpeTokenizer*>(src.get());
     ASSERT_NE(bpe, nullptr) << rel;
@@ -310,7 +316,8 @@ TEST(ExportGguf, PadsVocabularyWithUnusedTokens) {
   ASSERT_TRUE(g.ok());
   EXPECT_EQ((*g)->vocab_size(), 520);
   EXPECT_EQ((*g)->Decode(std::vector<int32_t>{515}), "");
-  ExpectSameTokenizer(*src, **g, "padded", {.parse_special = false, .include_special_decode = false});
+  ExpectSameTokenizer(*src, **g, "padded",
+                      {.parse_special = false, .include_special_decode = false});
 
   formats::GgufWriter w;
   const Status s = ExportToGguf(*src, &w, {.pad_to_vocab_size = 100});
@@ -400,22 +407,25 @@ std::vector<SpPiece> SmallSpVocab() {
     std::snprintf(buf, sizeof(buf), "<0x%02X>", b);
     v.push_back({buf, 0, 6});
   }
-  const char* merged[] = {"\xE2\x96\x81h", "el", "\xE2\x96\x81hel", "lo", "\xE2\x96\x81hello", "\xE2\x96\x81w", "or"};
+  const char* merged[] = {"\xE2\x96\x81h", "el", "\xE2\x96\x81hel", "lo", "\xE2\x96\x81hello",
+                          "\xE2\x96\x81w", "or"};
   float score = 0;
   for (const char* p : merged) v.push_back({p, score--, 1});
-  for (const char* c : {"\xE2\x96\x81", "h", "e", "l", "o", "w", "r", "d"}) v.push_back({c, score--, 1});
+  for (const char* c : {"\xE2\x96\x81", "h", "e", "l", "o", "w", "r", "d"})
+    v.push_back({c, score--, 1});
   return v;
 }
 
 TEST(ExportSentencePiece, UserDefinedPiecesStayAtomic) {
-  auto src = internal::SentencePieceFromBytes(SentencePieceProto(SmallSpVocab(), /*BPE*/ 2), "small.model");
+  auto src = internal::SentencePieceFromBytes(SentencePieceProto(SmallSpVocab(), /*BPE*/ 2),
+                                              "small.model");
   ASSERT_TRUE(src.ok()) << src.status().ToString();
   // (After a user-defined piece libsentencepiece adds no "▁" to the following text while the
   // exported tokenizers do, as for every added token — export.h; so the piece ends the text.)
   const std::string text = "hello world<sep>";
   const auto want = (*src)->Encode(text, {});
   ASSERT_EQ(want.size(), 7u);  // BOS ▁hello ▁w or l d <sep>
-  EXPECT_EQ(want.back(), 3);  // <sep> is one token
+  EXPECT_EQ(want.back(), 3);   // <sep> is one token
   auto g = ViaGguf(**src);
   auto h = ViaHf(**src, "small-sp");
   EXPECT_EQ(g->Encode(text, {}), want);
@@ -426,7 +436,8 @@ TEST(ExportSentencePiece, UserDefinedPiecesStayAtomic) {
 }
 
 TEST(ExportSentencePiece, UnigramIsRefused) {
-  auto src = internal::SentencePieceFromBytes(SentencePieceProto(SmallSpVocab(), /*UNIGRAM*/ 1), "uni.model");
+  auto src = internal::SentencePieceFromBytes(SentencePieceProto(SmallSpVocab(), /*UNIGRAM*/ 1),
+                                              "uni.model");
   ASSERT_TRUE(src.ok()) << src.status().ToString();
   formats::GgufWriter w;
   const Status s = ExportToGguf(**src, &w);
@@ -446,7 +457,8 @@ std::string SpmJson(const std::string& merges) {
       {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
     "model": {"type": "BPE", "byte_fallback": true,
       "vocab": {"a": 0, "b": 1, "c": 2, "ab": 3, "bc": 4, "abc": 5, "\u2581": 6},
-      "merges": )" + merges + "}}";
+      "merges": )" +
+         merges + "}}";
 }
 
 TEST(ExportSpmJson, MergesThatScoresCannotExpressAreRefusedForGguf) {

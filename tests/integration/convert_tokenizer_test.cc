@@ -32,10 +32,12 @@ std::string ReadText(const std::string& path) {
 }
 
 // Greedy generation of `n` tokens after `prompt` (prefill in one step, then one token per step).
-std::vector<int32_t> Greedy(std::shared_ptr<const model::Model> m, const std::vector<int32_t>& prompt, int n) {
+std::vector<int32_t> Greedy(std::shared_ptr<const model::Model> m,
+                            const std::vector<int32_t>& prompt, int n) {
   const auto& c = m->config();
   model::Forward fwd(m, 512, 8);
-  memory::KvLayout layout{.n_layers = c.n_layers, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim, .block_size = 16};
+  memory::KvLayout layout{
+      .n_layers = c.n_layers, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim, .block_size = 16};
   memory::PagePool pages(64, layout.PageBytes());
   memory::KvCache kv(layout, &pages);
   ThreadPool pool(2);
@@ -46,13 +48,16 @@ std::vector<int32_t> Greedy(std::shared_ptr<const model::Model> m, const std::ve
   for (int step = 0; step < n; ++step) {
     EXPECT_TRUE(kv.Reserve(&table, static_cast<int64_t>(toks.size())).ok());
     std::vector<int32_t> t(toks.begin() + computed, toks.end()), pos, seq(t.size(), 0);
-    for (int64_t p = computed; p < static_cast<int64_t>(toks.size()); ++p) pos.push_back(static_cast<int32_t>(p));
+    for (int64_t p = computed; p < static_cast<int64_t>(toks.size()); ++p)
+      pos.push_back(static_cast<int32_t>(p));
     const int32_t* tp = table.data();
     int32_t last = static_cast<int32_t>(t.size() - 1);
-    model::StepInput in{t, pos, seq, std::span<const int32_t* const>(&tp, 1), std::span<const int32_t>(&last, 1)};
+    model::StepInput in{t, pos, seq, std::span<const int32_t* const>(&tp, 1),
+                        std::span<const int32_t>(&last, 1)};
     fwd.Run(in, &kv, &pool, logits.data());
     computed = static_cast<int64_t>(toks.size());
-    const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    const int32_t next =
+        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     out.push_back(next);
     toks.push_back(next);
   }
@@ -76,7 +81,8 @@ void ExpectStoriesText(const std::string& path) {
   std::vector<int32_t> ids = {bos};
   const auto gen = Greedy(*m, ids, 200);
   ids.insert(ids.end(), gen.begin(), gen.end());
-  EXPECT_EQ((*tok)->Decode(ids), ReadText(ModelsPath("stories260K/expected_greedy_t0_200steps.txt")));
+  EXPECT_EQ((*tok)->Decode(ids),
+            ReadText(ModelsPath("stories260K/expected_greedy_t0_200steps.txt")));
 }
 
 TEST(ConvertTokenizerTest, GgufCarriesTheTokenizer) {
@@ -93,9 +99,8 @@ TEST(ConvertTokenizerTest, GgufCarriesTheTokenizer) {
   o.format = model::OutputFormat::kGguf;
   o.output = testing::TempDir() + "/stories260K.gguf";
   const tokenizer::GgufExportOptions eo{.pad_to_vocab_size = (*m)->config().vocab_size};
-  CHORUS_ASSERT_OK(model::ConvertModel(**m, o, [&](formats::GgufWriter* w) {
-    return tokenizer::ExportToGguf(**tok, w, eo);
-  }));
+  CHORUS_ASSERT_OK(model::ConvertModel(
+      **m, o, [&](formats::GgufWriter* w) { return tokenizer::ExportToGguf(**tok, w, eo); }));
   auto g = formats::GgufFile::Open(o.output);
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   EXPECT_EQ(*(*g)->GetString("tokenizer.ggml.model"), "llama");
@@ -126,9 +131,8 @@ TEST(ConvertTokenizerTest, HfDirectoryCarriesTheTokenizer) {
   model::ConvertOptions o2;
   o2.format = model::OutputFormat::kGguf;
   o2.output = testing::TempDir() + "/from-hf.gguf";
-  CHORUS_ASSERT_OK(model::ConvertModel(**hf, o2, [&](formats::GgufWriter* w) {
-    return tokenizer::ExportToGguf(**hf_tok, w);
-  }));
+  CHORUS_ASSERT_OK(model::ConvertModel(
+      **hf, o2, [&](formats::GgufWriter* w) { return tokenizer::ExportToGguf(**hf_tok, w); }));
   ExpectStoriesText(o2.output);
 }
 
