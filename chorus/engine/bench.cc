@@ -259,9 +259,9 @@ std::string EngineBenchReport::ToTable() const {
   s << std::fixed << std::setprecision(1);
   s << "shape " << shape << ", " << threads << " threads, isa " << isa << ", read bandwidth " << bandwidth_gbs
     << " GB/s (median)\n";
-  s << "dtype  metric   batch   tok/s    roofline\n";
+  s << "dtype  metric       batch   tok/s    roofline\n";
   for (const auto& r : rows) {
-    s << std::left << std::setw(7) << r.dtype << std::setw(9) << r.metric << std::setw(8) << r.batch << std::setw(9)
+    s << std::left << std::setw(7) << r.dtype << std::setw(13) << r.metric << std::setw(8) << r.batch << std::setw(9)
       << r.tokens_per_s;
     if (r.metric == "decode" && r.batch == 1) s << std::setprecision(1) << 100.0 * r.roofline_fraction << " %";
     if (r.metric == "decode-lora") {
