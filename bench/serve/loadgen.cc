@@ -10,6 +10,14 @@
 //
 // Open loop: each request is sent at its arrival time on its own thread whatever the server is
 // doing, so overload shows up as growing TTFT rather than as a slower client.
+//
+// Saturation ("steady_state" in the summary): whole-run throughput mixes the ramp-up and the
+// drain, when the server runs fewer sequences than it could. The steady-state window is the first
+// stretch during which at least K requests are in flight (K = --saturation, e.g. the server's
+// --max-running; default the peak in flight); the generated tokens whose SSE chunks arrived in
+// it (per-token timestamps) over its length are the saturation rate. A poller samples the
+// server's /metrics meanwhile, which gives the server's own view of the same window: tokens/s,
+// mean running sequences, tokens per engine step and the share of wall time spent in steps.
 #include <httplib.h>
 
 #include <algorithm>
@@ -48,6 +56,10 @@ struct Outcome {
   double tpot_s = -1;      // (last token − first token) / (tokens − 1)
   int64_t completion_tokens = 0;
   int64_t prompt_tokens = 0;
+  // Seconds since the run's start: when the request was sent and ended, and when each chunk
+  // carrying a token arrived (for the steady-state window).
+  double send_s = -1, end_s = -1;
+  std::vector<double> token_times_s;
 };
 
 double Percentile(std::vector<double> v, double p) {
@@ -85,9 +97,11 @@ Url ParseUrl(std::string url) {
   return u;
 }
 
-Outcome RunOne(const Url& url, const std::string& api_key, const std::string& model, const Planned& p,
-               int timeout_s) {
+Outcome RunOneUnstamped(const Url& url, const std::string& api_key, const std::string& model, const Planned& p,
+                        int timeout_s, Clock::time_point origin) {
   Outcome o;
+  auto since_origin = [origin](Clock::time_point t) { return std::chrono::duration<double>(t - origin).count(); };
+  o.token_times_s.reserve(static_cast<size_t>(p.output_tokens) + 1);
   httplib::Client cli(url.scheme_host_port);
   cli.set_connection_timeout(30, 0);
   cli.set_read_timeout(timeout_s, 0);
@@ -107,6 +121,7 @@ Outcome RunOne(const Url& url, const std::string& api_key, const std::string& mo
   if (!api_key.empty()) req.set_header("Authorization", "Bearer " + api_key);
   std::string buf, error_body;
   const auto t0 = Clock::now();
+  o.send_s = since_origin(t0);
   Clock::time_point t_first, t_last;
   bool got_first = false;
   int64_t text_chunks = 0;
@@ -140,6 +155,7 @@ Outcome RunOne(const Url& url, const std::string& api_key, const std::string& mo
         }
         t_last = now;
         ++text_chunks;
+        o.token_times_s.push_back(since_origin(now));
       }
     }
     return true;
@@ -160,6 +176,143 @@ Outcome RunOne(const Url& url, const std::string& api_key, const std::string& mo
     o.tpot_s = std::chrono::duration<double>(t_last - t_first).count() / static_cast<double>(o.completion_tokens - 1);
   }
   if (o.latency_s < 0 && o.error.empty()) o.error = "stream ended without [DONE]";
+  return o;
+}
+
+// --- Steady-state measurement -------------------------------------------------------------
+
+// One scrape of the server's /metrics.
+struct MetricsSample {
+  double t_s = 0;  // since the run's start
+  double running = 0, generated = 0, steps = 0, step_seconds = 0;
+};
+
+double PromValue(const std::string& text, const std::string& name) {
+  size_t pos = 0;
+  while ((pos = text.find(name, pos)) != std::string::npos) {
+    const bool line_start = pos == 0 || text[pos - 1] == '\n';
+    pos += name.size();
+    if (line_start && pos < text.size() && text[pos] == ' ') return std::atof(text.c_str() + pos + 1);
+  }
+  return std::nan("");
+}
+
+// Samples /metrics every `interval_s` on its own thread until Stop().
+class MetricsPoller {
+ public:
+  MetricsPoller(const Url& url, const std::string& api_key, double interval_s, Clock::time_point origin)
+      : url_(url), api_key_(api_key), interval_s_(interval_s), origin_(origin) {
+    if (interval_s_ > 0) thread_ = std::thread([this] { Run(); });
+  }
+  ~MetricsPoller() { Stop(); }
+  void Stop() {
+    stop_.store(true);
+    if (thread_.joinable()) thread_.join();
+  }
+  const std::vector<MetricsSample>& samples() const { return samples_; }  // after Stop()
+
+ private:
+  void Run() {
+    httplib::Client cli(url_.scheme_host_port);
+    cli.set_connection_timeout(5, 0);
+    cli.set_read_timeout(5, 0);
+    httplib::Headers h;
+    if (!api_key_.empty()) h.emplace("Authorization", "Bearer " + api_key_);
+    auto next = Clock::now();
+    while (!stop_.load()) {
+      if (auto r = cli.Get(url_.base_path + "/metrics", h); r && r->status == 200) {
+        MetricsSample m;
+        m.t_s = std::chrono::duration<double>(Clock::now() - origin_).count();
+        m.running = PromValue(r->body, "chorus_running_sequences");
+        m.generated = PromValue(r->body, "chorus_generation_tokens_total");
+        m.steps = PromValue(r->body, "chorus_engine_steps_total");
+        m.step_seconds = PromValue(r->body, "chorus_step_seconds_sum");
+        samples_.push_back(m);
+      }
+      next += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(interval_s_));
+      while (!stop_.load() && Clock::now() < next) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  Url url_;
+  std::string api_key_;
+  double interval_s_;
+  Clock::time_point origin_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  std::vector<MetricsSample> samples_;
+};
+
+// The steady-state window and the throughput in it (see the file comment). `k` <= 0: the peak
+// number of requests in flight.
+json SteadyState(const std::vector<Outcome>& outcomes, const std::vector<char>& sent,
+                 const std::vector<MetricsSample>& samples, int64_t k) {
+  std::vector<std::pair<double, int>> edges;  // (time, +1 send / -1 end); ends sort first
+  for (size_t i = 0; i < outcomes.size(); ++i) {
+    if (!sent[i] || outcomes[i].send_s < 0) continue;
+    edges.emplace_back(outcomes[i].send_s, +1);
+    edges.emplace_back(outcomes[i].end_s, -1);
+  }
+  std::sort(edges.begin(), edges.end());
+  int64_t peak = 0, cur = 0;
+  for (const auto& e : edges) peak = std::max(peak, cur += e.second);
+  if (k <= 0) k = peak;
+  double start = -1, end = -1;
+  cur = 0;
+  for (const auto& e : edges) {
+    cur += e.second;
+    if (start < 0 && cur >= k) start = e.first;
+    if (start >= 0 && cur < k) {
+      end = e.first;
+      break;
+    }
+  }
+  json out = {{"saturation_requests", k}, {"peak_in_flight", peak}};
+  if (start < 0 || end <= start) {
+    out["note"] = "never " + std::to_string(k) + " requests in flight: raise --rate or lower --saturation";
+    return out;
+  }
+  int64_t tokens = 0;
+  for (size_t i = 0; i < outcomes.size(); ++i) {
+    if (!sent[i]) continue;
+    for (double t : outcomes[i].token_times_s) tokens += (t >= start && t < end) ? 1 : 0;
+  }
+  const double len = end - start;
+  out["window_start_s"] = start;
+  out["window_end_s"] = end;
+  out["window_s"] = len;
+  out["generated_tokens"] = tokens;
+  out["output_tokens_s"] = static_cast<double>(tokens) / len;
+  // The server's view of the same window, from the scrapes inside it.
+  const MetricsSample* first = nullptr;
+  const MetricsSample* last = nullptr;
+  double running_sum = 0;
+  int n_in = 0;
+  for (const auto& m : samples) {
+    if (m.t_s < start || m.t_s > end || std::isnan(m.generated)) continue;
+    if (!first) first = &m;
+    last = &m;
+    running_sum += m.running;
+    ++n_in;
+  }
+  if (first && last != first) {
+    const double dt = last->t_s - first->t_s, dgen = last->generated - first->generated;
+    const double dsteps = last->steps - first->steps, dstep_s = last->step_seconds - first->step_seconds;
+    out["server"] = {{"scrapes", n_in},
+                     {"span_s", dt},
+                     {"output_tokens_s", dgen / dt},
+                     {"mean_running", running_sum / n_in},
+                     {"tokens_per_step", dsteps > 0 ? dgen / dsteps : std::nan("")},
+                     {"step_time_share", dstep_s / dt},
+                     {"output_tokens_per_step_second", dstep_s > 0 ? dgen / dstep_s : std::nan("")}};
+  }
+  return out;
+}
+
+// RunOneUnstamped, plus when the request ended (however it ended).
+Outcome RunOne(const Url& url, const std::string& api_key, const std::string& model, const Planned& p,
+               int timeout_s, Clock::time_point origin) {
+  Outcome o = RunOneUnstamped(url, api_key, model, p, timeout_s, origin);
+  o.end_s = std::chrono::duration<double>(Clock::now() - origin).count();
   return o;
 }
 
@@ -196,6 +349,10 @@ int main(int argc, char** argv) {
   f.Int("seed", 1, "seed of the arrival times, lengths and prompts");
   f.Int("timeout", 600, "per-request timeout in seconds");
   f.String("out", "serve_bench", "output prefix: PREFIX.csv, PREFIX.json, PREFIX.png");
+  f.Int("saturation", 0,
+        "steady-state window: while at least this many requests are in flight (e.g. the server's "
+        "--max-running; 0 = the peak in flight)");
+  f.Float("metrics-interval", 1.0, "seconds between scrapes of the server's /metrics (0 = none)");
   chorus::Status st = f.Parse(argc - 1, argv + 1);
   if (st.code() == chorus::StatusCode::kCancelled) return 0;
   if (!st.ok()) {
@@ -243,14 +400,16 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "chorus_bench_serve: %lld requests at %.2f req/s (cv %.2f) to %s\n", static_cast<long long>(n),
                rate, cv, url.scheme_host_port.c_str());
   const auto start = Clock::now();
+  MetricsPoller poller(url, api_key, f.GetFloat("metrics-interval"), start);
   for (size_t i = 0; i < plan.size(); ++i) {
     if (plan[i].arrival_s > max_duration) break;
     std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(
                                               std::chrono::duration<double>(plan[i].arrival_s)));
     sent[i] = 1;
-    threads.emplace_back([&, i] { outcomes[i] = RunOne(url, api_key, model, plan[i], timeout_s); });
+    threads.emplace_back([&, i] { outcomes[i] = RunOne(url, api_key, model, plan[i], timeout_s, start); });
   }
   for (auto& th : threads) th.join();
+  poller.Stop();
   const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
 
   // Per-request CSV.
@@ -292,6 +451,7 @@ int main(int argc, char** argv) {
                   {"ttft_s", Stats(ttft)},
                   {"tpot_s", Stats(tpot)},
                   {"latency_s", Stats(latency)},
+                  {"steady_state", SteadyState(outcomes, sent, poller.samples(), f.GetInt("saturation"))},
                   {"input_len", {in_lo, in_hi}},
                   {"output_len", {out_lo, out_hi}}};
   std::ofstream(prefix + ".json") << summary.dump(2) << "\n";

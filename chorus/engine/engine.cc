@@ -32,6 +32,9 @@ struct Sequence {
   int64_t n_generated = 0;
   Clock::time_point arrival, last_token;
   bool finished = false;
+  // Choices 1..n-1 of a request with n > 1, held by choice 0 until its prompt is in the cache;
+  // then they fork its block table (ForkChoices) instead of recomputing the prompt.
+  std::vector<std::unique_ptr<Sequence>> forks;
 };
 
 }  // namespace
@@ -92,6 +95,8 @@ struct Engine::Impl {
   void Preempt(Sequence* s);
   void Finish(Sequence* s, FinishReason why, const std::string& error = "");
   void OnToken(Sequence* s, const float* row_logits);
+  void ForkChoices(Sequence* parent, const float* row_logits);
+  bool ReleaseNewestWaitingTable();
   void CancelAll();
   void PublishGauges();
 };
@@ -197,7 +202,11 @@ Result<std::shared_ptr<RequestHandle>> Engine::Submit(GenerationRequest req) {
       s->detok->SetPrevious(s->tokens.back());
       s->stop = std::make_unique<StopChecker>(shared_req->stop);
       s->arrival = now;
-      impl_->incoming.push_back(std::move(s));
+      if (i == 0) {
+        impl_->incoming.push_back(std::move(s));
+      } else {
+        impl_->incoming.back()->forks.push_back(std::move(s));  // shares choice 0's prompt
+      }
     }
     impl_->queued.fetch_add(shared_req->n);
   }
@@ -261,6 +270,11 @@ void Engine::Impl::Finish(Sequence* s, FinishReason why, const std::string& erro
   if (s->finished) return;
   s->finished = true;
   if (!s->table.empty()) kv->Release(&s->table);
+  for (auto& f : s->forks) {  // choices that never started end with it
+    Finish(f.get(), why, error);
+    queued.fetch_sub(1);
+  }
+  s->forks.clear();
   StreamEvent ev;
   ev.index = s->index;
   ev.finish = why;
@@ -275,6 +289,44 @@ void Engine::Impl::Preempt(Sequence* s) {
   s->n_computed = 0;
   self->metrics_.preemptions_total.fetch_add(1);
   CHORUS_LOG(DEBUG) << "preempt req=" << s->req->id << " choice=" << s->index << " tokens=" << s->tokens.size();
+}
+
+// Choice 0 of `parent`'s request has just computed its prompt: every other choice takes a
+// reference on the prompt's blocks (the partly filled last block is copied when a choice first
+// writes into it, KvCache::PrepareWrite) and samples its first token from the same logits row,
+// which is what it would have computed alone (batch invariance). Choices that find no room in
+// the running batch wait with the shared blocks and recompute only the last prompt token.
+void Engine::Impl::ForkChoices(Sequence* parent, const float* row_logits) {
+  const auto max_running = static_cast<size_t>(self->opts_.max_running);
+  std::vector<std::unique_ptr<Sequence>> later;
+  for (auto& f : parent->forks) {
+    f->table = kv->Fork(parent->table);
+    f->serial = next_serial++;
+    if (running.size() < max_running) {
+      f->n_computed = f->n_prompt;
+      queued.fetch_sub(1);
+      OnToken(f.get(), row_logits);
+      running.push_back(std::move(f));
+    } else {
+      f->n_computed = f->n_prompt - 1;
+      later.push_back(std::move(f));
+    }
+  }
+  parent->forks.clear();
+  for (auto it = later.rbegin(); it != later.rend(); ++it) waiting.push_front(std::move(*it));
+}
+
+// Under pool pressure, a waiting choice that holds forked prompt blocks gives them up (it will
+// recompute its prompt) before any running sequence is preempted. False when none holds any.
+bool Engine::Impl::ReleaseNewestWaitingTable() {
+  for (auto it = waiting.rbegin(); it != waiting.rend(); ++it) {
+    Sequence* w = it->get();
+    if (w->table.empty()) continue;
+    kv->Release(&w->table);
+    w->n_computed = 0;
+    return true;
+  }
+  return false;
 }
 
 void Engine::Impl::OnToken(Sequence* s, const float* row_logits) {
@@ -345,7 +397,7 @@ void Engine::Impl::Step() {
   std::erase_if(running, [](const auto& s) { return s->finished; });
   for (auto& s : waiting) {
     if (s->handle->cancelled()) {
-      Finish(s.get(), FinishReason::kCancelled);
+      Finish(s.get(), FinishReason::kCancelled);  // with its unforked choices
       queued.fetch_sub(1);
     }
   }
@@ -362,8 +414,9 @@ void Engine::Impl::Step() {
     const int64_t count = std::min(budget, remaining);
     bool ok = false;
     while (!ok) {
-      ok = kv->Reserve(&s->table, s->n_computed + count).ok();
+      ok = kv->PrepareWrite(&s->table, s->n_computed, s->n_computed + count).ok();
       if (ok) break;
+      if (ReleaseNewestWaitingTable()) continue;
       // Out of pages: preempt the newest running sequence not yet planned (possibly s itself).
       size_t victim = running.size() - 1;
       Preempt(running[victim].get());
@@ -387,9 +440,12 @@ void Engine::Impl::Step() {
       const int64_t count = std::min(budget, remaining);
       // Admit only if this chunk fits and one block per running sequence stays free for
       // their next decode step (avoids admitting work that immediately causes preemption).
-      const int64_t need = kv->BlocksFor(s->n_computed + count) - static_cast<int64_t>(s->table.size());
-      if (need + static_cast<int64_t>(running.size()) > pages->n_free()) break;
-      if (!kv->Reserve(&s->table, s->n_computed + count).ok()) break;
+      // Its unforked choices will need a block each, too.
+      const int64_t need = kv->PagesToWrite(s->table, s->n_computed, s->n_computed + count);
+      const auto reserve =
+          static_cast<int64_t>(running.size() + (running.empty() ? 0 : s->forks.size()));
+      if (need + reserve > pages->n_free()) break;
+      if (!kv->PrepareWrite(&s->table, s->n_computed, s->n_computed + count).ok()) break;
       s->serial = s->serial ? s->serial : next_serial++;
       plan.push_back({s, s->n_computed, count, s->n_computed + count == static_cast<int64_t>(s->tokens.size())});
       budget -= count;
@@ -400,7 +456,7 @@ void Engine::Impl::Step() {
   }
   if (plan.empty()) {
     PublishGauges();
-    if (!waiting.empty() && running.empty()) {
+    if (!waiting.empty() && running.empty() && !ReleaseNewestWaitingTable()) {
       // Nothing fits even in an empty pool: cannot happen for validated requests, but never spin.
       Finish(waiting.front().get(), FinishReason::kError, "request does not fit in the KV pool");
       waiting.pop_front();
@@ -451,7 +507,9 @@ void Engine::Impl::Step() {
   for (const Planned& pl : plan) {
     pl.seq->n_computed += pl.count;
     if (!pl.wants_logits) continue;
-    OnToken(pl.seq, logits.data() + li * static_cast<size_t>(c.vocab_size));
+    const float* row = logits.data() + li * static_cast<size_t>(c.vocab_size);
+    if (!pl.seq->forks.empty()) ForkChoices(pl.seq, row);  // before OnToken may free the prompt
+    OnToken(pl.seq, row);
     ++li;
   }
   std::erase_if(running, [](const auto& s) { return s->finished; });

@@ -1,5 +1,8 @@
 #include "chorus/memory/kv_cache.h"
 
+#include <algorithm>
+#include <cstring>
+
 namespace chorus::memory {
 
 int64_t KvLayout::PageBytes() const {
@@ -12,6 +15,7 @@ KvCache::KvCache(const KvLayout& layout, PagePool* pool) : layout_(layout), pool
   const int64_t n_pages = pool->n_pages();
   k_ptrs_.resize(static_cast<size_t>(layout.n_layers * layout.n_kv_heads * n_pages));
   v_ptrs_.resize(k_ptrs_.size());
+  refs_.assign(static_cast<size_t>(n_pages), 0);
   for (int64_t l = 0; l < layout.n_layers; ++l) {
     for (int64_t h = 0; h < layout.n_kv_heads; ++h) {
       for (int64_t p = 0; p < n_pages; ++p) {
@@ -27,12 +31,68 @@ Status KvCache::Reserve(std::vector<int32_t>* table, int64_t n_tokens) {
   int64_t need = BlocksFor(n_tokens) - static_cast<int64_t>(table->size());
   if (need <= 0) return OkStatus();
   CHORUS_ASSIGN_OR_RETURN(std::vector<int32_t> pages, pool_->Allocate(need, PageKind::kKv));
+  for (int32_t p : pages) refs_[static_cast<size_t>(p)] = 1;
   table->insert(table->end(), pages.begin(), pages.end());
   return OkStatus();
 }
 
+int64_t KvCache::PagesToWrite(const std::vector<int32_t>& table, int64_t write_from,
+                              int64_t n_tokens) const {
+  const int64_t have = static_cast<int64_t>(table.size());
+  const int64_t end = BlocksFor(n_tokens);
+  int64_t pages = std::max<int64_t>(0, end - have);
+  if (n_tokens > write_from) {
+    for (int64_t b = write_from / layout_.block_size; b < std::min(end, have); ++b) {
+      if (refs_[static_cast<size_t>(table[static_cast<size_t>(b)])] > 1) ++pages;
+    }
+  }
+  return pages;
+}
+
+Status KvCache::PrepareWrite(std::vector<int32_t>* table, int64_t write_from, int64_t n_tokens) {
+  const int64_t need = PagesToWrite(*table, write_from, n_tokens);
+  if (need > pool_->n_free()) {
+    return ResourceExhaustedError("pool has " + std::to_string(pool_->n_free()) + " free pages, " +
+                                  std::to_string(need) + " needed");
+  }
+  if (n_tokens > write_from) {
+    const int64_t have = std::min(static_cast<int64_t>(table->size()), BlocksFor(n_tokens));
+    for (int64_t b = write_from / layout_.block_size; b < have; ++b) {
+      int32_t& blk = (*table)[static_cast<size_t>(b)];
+      if (refs_[static_cast<size_t>(blk)] <= 1) continue;
+      const int32_t copy = pool_->AllocateOne(PageKind::kKv);
+      CHORUS_CHECK(copy >= 0);  // counted above
+      // The whole page: the slots before `write_from` hold this holder's history.
+      std::memcpy(pool_->PageData(copy), pool_->PageData(blk),
+                  static_cast<size_t>(pool_->page_bytes()));
+      if (--refs_[static_cast<size_t>(blk)] == 1) --n_shared_;
+      refs_[static_cast<size_t>(copy)] = 1;
+      blk = copy;
+    }
+  }
+  Status s = Reserve(table, n_tokens);
+  CHORUS_CHECK(s.ok()) << s.ToString();  // counted above
+  return OkStatus();
+}
+
+std::vector<int32_t> KvCache::Fork(const std::vector<int32_t>& table) {
+  for (int32_t b : table) {
+    CHORUS_CHECK(refs_[static_cast<size_t>(b)] >= 1) << "fork of a free block " << b;
+    if (++refs_[static_cast<size_t>(b)] == 2) ++n_shared_;
+  }
+  return table;
+}
+
 void KvCache::Release(std::vector<int32_t>* table) {
-  pool_->Free(*table);
+  for (int32_t b : *table) {
+    int32_t& r = refs_[static_cast<size_t>(b)];
+    CHORUS_CHECK(r >= 1) << "release of a free block " << b;
+    if (--r == 0) {
+      pool_->FreeOne(b);
+    } else if (r == 1) {
+      --n_shared_;
+    }
+  }
   table->clear();
 }
 

@@ -5,6 +5,12 @@
 // A sequence owns a block table (block ids in position order); token t lives in block
 // table[t / block_size], slot t % block_size.
 //
+// Blocks are reference counted so several sequences can share them (the `n` > 1 choices of one
+// request share their prompt's blocks, vLLM's parallel sampling): Fork() copies a table and
+// takes a reference on each block; Release() drops one and returns a block to the pool only when
+// its last holder lets go; PrepareWrite() gives a sequence its own copy of any shared block it is
+// about to write into (copy-on-write), so no holder ever sees another's tokens.
+//
 // Thread-safety: owned by the engine thread; kernels read it during a step.
 #pragma once
 
@@ -41,8 +47,22 @@ class KvCache {
   // Grows `table` so it covers `n_tokens` tokens. kResourceExhausted (nothing allocated) when
   // the pool lacks pages.
   Status Reserve(std::vector<int32_t>* table, int64_t n_tokens);
-  // Frees every block of `table` and clears it.
+  // Makes tokens [write_from, n_tokens) writable by the holder of `table`: grows it like
+  // Reserve() and replaces every shared block in that range by a private copy (copy-on-write).
+  // All or nothing: kResourceExhausted leaves `table` and the pool unchanged.
+  Status PrepareWrite(std::vector<int32_t>* table, int64_t write_from, int64_t n_tokens);
+  // Pages PrepareWrite(table, write_from, n_tokens) would take from the pool.
+  int64_t PagesToWrite(const std::vector<int32_t>& table, int64_t write_from,
+                       int64_t n_tokens) const;
+  // A new table holding the same blocks as `table` (one more reference on each).
+  std::vector<int32_t> Fork(const std::vector<int32_t>& table);
+  // Drops this holder's reference on every block of `table` (a block whose last reference goes
+  // returns to the pool) and clears it.
   void Release(std::vector<int32_t>* table);
+  // Holders of `block` (0 when it is free).
+  int32_t RefCount(int32_t block) const { return refs_[static_cast<size_t>(block)]; }
+  // Blocks with more than one holder (for tests and metrics).
+  int64_t n_shared() const { return n_shared_; }
 
   // K / V of token slot `slot` of `block` in `layer`: [n_kv_heads × head_dim] floats.
   float* K(int64_t layer, int32_t block, int64_t slot);
@@ -57,6 +77,8 @@ class KvCache {
   PagePool* pool_;
   // [layer][kv_head][page] base pointers of K and V, precomputed once.
   std::vector<const float*> k_ptrs_, v_ptrs_;
+  std::vector<int32_t> refs_;  // [n_pages] holders of each KV block
+  int64_t n_shared_ = 0;       // blocks with refs_ > 1
 };
 
 }  // namespace chorus::memory

@@ -1,8 +1,12 @@
 #include "chorus/server/server.h"
 
+#include <dirent.h>
 #include <httplib.h>
+#include <netdb.h>
+#include <poll.h>
 #include <sys/socket.h>
 
+#include <cstdlib>
 #include <ctime>
 #include <optional>
 
@@ -30,6 +34,61 @@ constexpr int kListenBacklog = 1024;
 // While a streamed request produces nothing (queued), an SSE comment this often probes the
 // connection, so a client that went away is noticed and its request cancelled.
 constexpr auto kStreamProbeInterval = std::chrono::seconds(2);
+
+// How often a handler waiting for a non-streamed response checks whether its client is still
+// connected: well under one engine step at full batch, so a client that hangs up has its
+// sequences cancelled (and KV blocks freed) within about one step.
+constexpr auto kDisconnectPollInterval = std::chrono::milliseconds(20);
+
+// The socket of the connection a request arrived on, or -1. cpp-httplib 0.11 (Debian 12) gives
+// handlers no access to it, so it is found among this process's sockets by the request's
+// address pair; the handler's thread keeps it open until the handler returns.
+int FindConnectionSocket(const httplib::Request& req) {
+  if (req.local_port <= 0 || req.remote_port <= 0) return -1;
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  auto port_and_host = [](const sockaddr_storage& a, socklen_t len, std::string* host) {
+    char buf[NI_MAXHOST];
+    if (getnameinfo(reinterpret_cast<const sockaddr*>(&a), len, buf, sizeof(buf), nullptr, 0, NI_NUMERICHOST) != 0) {
+      return -1;
+    }
+    *host = buf;
+    if (a.ss_family == AF_INET) return static_cast<int>(ntohs(reinterpret_cast<const sockaddr_in*>(&a)->sin_port));
+    if (a.ss_family == AF_INET6) return static_cast<int>(ntohs(reinterpret_cast<const sockaddr_in6*>(&a)->sin6_port));
+    return -1;
+  };
+  int found = -1;
+  while (dirent* ent = readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(ent->d_name, &end, 10);
+    if (end == ent->d_name || *end != '\0' || fd == dirfd(dir)) continue;
+    sockaddr_storage local{}, peer{};
+    socklen_t local_len = sizeof(local), peer_len = sizeof(peer);
+    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &local_len) != 0) continue;
+    if (local.ss_family != AF_INET && local.ss_family != AF_INET6) continue;
+    if (getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) continue;
+    std::string local_host, peer_host;
+    if (port_and_host(local, local_len, &local_host) != req.local_port) continue;
+    if (port_and_host(peer, peer_len, &peer_host) != req.remote_port || peer_host != req.remote_addr) continue;
+    found = static_cast<int>(fd);
+    break;
+  }
+  closedir(dir);
+  return found;
+}
+
+// True when the peer of `fd` has closed (or reset) the connection. Bytes of a pipelined next
+// request do not count as a close.
+bool PeerClosed(int fd) {
+  pollfd p{.fd = fd, .events = POLLIN | POLLRDHUP, .revents = 0};
+  if (poll(&p, 1, 0) <= 0) return false;
+  if (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) return true;
+  if (p.revents & POLLIN) {
+    char c;
+    return recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+  }
+  return false;
+}
 
 const char* RouteLabel(const std::string& path) {
   if (path == "/v1/completions") return "/v1/completions";
@@ -495,10 +554,27 @@ void Server::Impl::HandleGenerate(ApiKind kind, const httplib::Request& http_req
   self->in_flight_.fetch_add(1);
 
   if (!gen->req.stream) {
+    // Like a stream's failed write, a client that hangs up while it waits cancels its request.
+    const int fd = FindConnectionSocket(http_req);
+    auto next_check = Clock::now() + kDisconnectPollInterval;
     while (!gen->AllFinished()) {
       size_t which = 0;
       engine::StreamEvent ev;
-      if (!gen->Next(std::chrono::milliseconds(1000), &which, &ev)) continue;
+      const bool got = gen->Next(kDisconnectPollInterval, &which, &ev);
+      if (fd >= 0 && Clock::now() >= next_check) {
+        next_check = Clock::now() + kDisconnectPollInterval;
+        if (PeerClosed(fd)) {
+          gen->CancelAll();  // the engine frees its KV blocks within one step
+          // Nobody reads this; 499 (nginx's "client closed request") labels it in the counters.
+          res.status = 499;
+          res.set_content(R"({"error":{"message":"client closed the connection","type":"invalid_request_error","param":null,"code":"client_closed_request"}})",
+                          "application/json");
+          self->in_flight_.fetch_sub(1);
+          CHORUS_LOG(DEBUG) << "client of " << id << " disconnected; request cancelled";
+          return;
+        }
+      }
+      if (!got) continue;
       gen->OnEvent(which, ev);
       gen->builder->Add(which, ev);
     }

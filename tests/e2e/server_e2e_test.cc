@@ -3,9 +3,11 @@
 // an HTTP client. Greedy text is checked against llama2.c's own expected output.
 #include <httplib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -610,6 +612,82 @@ TEST(ServerE2E, DisconnectCancelsAndFreesKvBlocks) {
   const double generated = MetricValue(ts->MetricsText(), "chorus_generation_tokens_total");
   EXPECT_LT(generated, 500);  // cancelled well before max_tokens
   EXPECT_TRUE(Eventually([&] { return ts->server->in_flight() == 0; }));
+}
+
+// A client that gives up on a non-streamed response (its read times out and it closes the
+// connection) has its request cancelled: the server polls the connection while it waits.
+TEST(ServerE2E, NonStreamedDisconnectCancelsAndFreesKvBlocks) {
+  engine::EngineOptions eo = SmallEngine();
+  eo.max_running = 1;  // 16 choices × 500 tokens one at a time: far longer than the client waits
+  START_OR_SKIP(ts, eo);
+  json body = {{"prompt", json::array({1})}, {"max_tokens", 500}, {"ignore_eos", true}, {"n", 16}};
+  {
+    httplib::Client cli("127.0.0.1", ts->port);
+    cli.set_read_timeout(0, 300000);
+    auto r = cli.Post("/v1/completions", body.dump(), "application/json");
+    EXPECT_FALSE(r) << "expected the client to time out";
+  }  // the client's socket closes here
+  EXPECT_TRUE(Eventually([&] {
+    const std::string m = ts->MetricsText();
+    return MetricValue(m, "chorus_kv_blocks_used") == 0 && MetricValue(m, "chorus_running_sequences") == 0 &&
+           MetricValue(m, "chorus_queue_length") == 0;
+  })) << ts->MetricsText();
+  EXPECT_TRUE(Eventually([&] { return ts->server->in_flight() == 0; }));
+  const double generated = MetricValue(ts->MetricsText(), "chorus_generation_tokens_total");
+  EXPECT_GT(generated, 0);
+  EXPECT_LT(generated, 16 * 500);  // cancelled well before the end
+  // The server is fine afterwards, and a client that waits gets its response.
+  auto ok = Post(*ts, "/v1/completions", json{{"prompt", "x"}, {"max_tokens", 3}, {"n", 2}});
+  EXPECT_EQ(ok.status, 200) << ok.raw;
+}
+
+// n = 4 choices of a long prompt hold its KV blocks once; the gauges stay consistent.
+TEST(ServerE2E, ChoicesShareThePromptKvBlocks) {
+  START_OR_SKIP(ts);
+  json prompt = json::array({1});
+  for (int i = 1; i < 320; ++i) prompt.push_back(260 + (i * 37) % 250);  // 20 blocks of 16
+  json body = {{"prompt", prompt}, {"max_tokens", 150}, {"ignore_eos", true}, {"n", 4}, {"stream", true},
+               {"temperature", 0.9}, {"seed", 3}};
+  std::map<int, int> chunks;
+  double used = -1, free_blocks = -1, total = -1;
+  Stream(*ts, "/v1/completions", body, [&](const std::string& data) {
+    if (data == "[DONE]") return true;
+    json j = json::parse(data, nullptr, false);
+    if (j.is_discarded() || j["choices"].empty()) return true;
+    ++chunks[j["choices"][0]["index"].get<int>()];
+    if (chunks.size() == 4 && std::all_of(chunks.begin(), chunks.end(), [](auto& kv) { return kv.second >= 3; })) {
+      const std::string m = ts->MetricsText();
+      used = MetricValue(m, "chorus_kv_blocks_used");
+      free_blocks = MetricValue(m, "chorus_kv_blocks_free");
+      total = MetricValue(m, "chorus_kv_blocks_total");
+      return false;  // hang up
+    }
+    return true;
+  });
+  ASSERT_GT(used, 0);
+  EXPECT_EQ(used + free_blocks, total);
+  // Separately, 4 choices would hold 4 × 21 blocks; shared: 20 + about 1 each.
+  EXPECT_LE(used, 20 + 4 * 2);
+  EXPECT_TRUE(Eventually([&] { return MetricValue(ts->MetricsText(), "chorus_kv_blocks_used") == 0; }))
+      << ts->MetricsText();
+  // Non-streamed n = 4 with a seed: choice i equals the request with seed + i alone.
+  json one = {{"prompt", prompt}, {"max_tokens", 20}, {"ignore_eos", true}, {"temperature", 0.9}};
+  json four = one;
+  four["n"] = 4;
+  four["seed"] = 11;
+  auto r4 = Post(*ts, "/v1/completions", four);
+  ASSERT_EQ(r4.status, 200) << r4.raw;
+  for (int i = 0; i < 4; ++i) {
+    one["seed"] = 11 + i;
+    auto r1 = Post(*ts, "/v1/completions", one);
+    ASSERT_EQ(r1.status, 200);
+    for (const auto& c : r4.body["choices"]) {
+      if (c["index"] == i) {
+        EXPECT_EQ(c["text"], r1.body["choices"][0]["text"]) << "choice " << i;
+      }
+    }
+  }
+  EXPECT_TRUE(Eventually([&] { return MetricValue(ts->MetricsText(), "chorus_kv_blocks_used") == 0; }));
 }
 
 // Greedy tokens of `n` concurrent requests (different prompts), by request.

@@ -203,6 +203,163 @@ TEST(EngineTest, SeedsMakeSamplingReproducibleAndChoicesDiffer) {
   EXPECT_NE(a[0], a[1]);
 }
 
+// Collects every choice of a request with `n` choices.
+std::vector<Output> CollectChoices(RequestHandle& h, int n) {
+  std::vector<Output> o(static_cast<size_t>(n));
+  int done = 0;
+  while (done < n) {
+    auto ev = h.Next(std::chrono::milliseconds(30000));
+    if (!ev) {
+      ADD_FAILURE() << "no event within 30 s";
+      break;
+    }
+    Output& c = o[static_cast<size_t>(ev->index)];
+    if (ev->token >= 0) c.tokens.push_back(ev->token);
+    c.text += ev->text;
+    c.finish = ev->finish;
+    if (ev->finish != FinishReason::kNone) ++done;
+  }
+  return o;
+}
+
+// A prompt of exactly `len` tokens.
+std::vector<int32_t> LongPrompt(int64_t len) {
+  std::vector<int32_t> p = {1};
+  for (int64_t j = 1; j < len; ++j) p.push_back(static_cast<int32_t>(260 + (j * 37) % 250));
+  return p;
+}
+
+GenerationRequest Seeded(std::vector<int32_t> prompt, int64_t max_tokens, uint64_t seed, int n) {
+  GenerationRequest r = Greedy(std::move(prompt), max_tokens);
+  r.sampling.temperature = 0.9f;
+  r.sampling.seed = seed;
+  r.ignore_eos = true;
+  r.n = n;
+  return r;
+}
+
+// Choice i of an n-choice request (which shares the prompt's blocks) == the same request with
+// seed + i run alone, for sampled and greedy requests, prompts on and off block boundaries, and
+// with fewer running slots than choices (the choices that wait recompute one token).
+TEST(EngineTest, ChoicesSharingThePromptEqualSeparateRuns) {
+  CHORUS_REQUIRE_SHARED_MODEL(kModel);
+  Loaded l = Load();
+  for (int64_t max_running : {16, 2}) {
+    for (int64_t len : {int64_t{5}, int64_t{48}, int64_t{77}}) {
+      EngineOptions o = Opts();
+      o.max_running = max_running;
+      auto e = Engine::Create(l.model, l.tok, o);
+      ASSERT_TRUE(e.ok());
+      std::vector<Output> separate;
+      for (int i = 0; i < 4; ++i) {
+        separate.push_back(Collect(**(*e)->Submit(Seeded(LongPrompt(len), 40, 500 + i, 1))));
+      }
+      const uint64_t prompt_before = (*e)->metrics().prompt_tokens_total.load();
+      auto shared = CollectChoices(**(*e)->Submit(Seeded(LongPrompt(len), 40, 500, 4)), 4);
+      const uint64_t prompt_rows = (*e)->metrics().prompt_tokens_total.load() - prompt_before;
+      for (size_t i = 0; i < 4; ++i) {
+        EXPECT_EQ(shared[i].tokens, separate[i].tokens)
+            << "choice " << i << " len " << len << " running " << max_running;
+        EXPECT_EQ(shared[i].text, separate[i].text) << "choice " << i;
+        EXPECT_EQ(shared[i].finish, FinishReason::kLength);
+      }
+      EXPECT_NE(shared[0].tokens, shared[1].tokens);
+      // The prompt is computed once (plus the last prompt token of each choice that waited).
+      EXPECT_LE(prompt_rows, static_cast<uint64_t>(len + (max_running < 4 ? 3 : 0)))
+          << "len " << len;
+      // Greedy choices are all the single greedy run.
+      GenerationRequest g = Greedy(LongPrompt(len), 30);
+      auto alone = Collect(**(*e)->Submit(g));
+      g.n = 4;
+      for (const Output& c : CollectChoices(**(*e)->Submit(g), 4))
+        EXPECT_EQ(c.tokens, alone.tokens);
+      EXPECT_EQ(BlocksUsedWhenSettled(**e), 0);
+    }
+  }
+}
+
+// While 4 choices of a long prompt run, the pool holds the prompt's blocks once.
+TEST(EngineTest, ChoicesUseFewerBlocksThanSeparateRequests) {
+  CHORUS_REQUIRE_SHARED_MODEL(kModel);
+  Loaded l = Load();
+  auto e = Engine::Create(l.model, l.tok, Opts());
+  ASSERT_TRUE(e.ok());
+  const int64_t len = 160;  // 10 blocks of 16
+  auto blocks_while_running = [&](int n) {
+    auto h = (*e)->Submit(Seeded(LongPrompt(len), 300, 9, n));
+    CHORUS_CHECK(h.ok());
+    std::vector<int> seen(static_cast<size_t>(n), 0);
+    int ready = 0;
+    // Every choice has produced 3 tokens: all are running, and the gauges published at the end
+    // of the step that produced the 2nd one cover position 160 (the 11th block).
+    while (ready < n) {
+      auto ev = (*h)->Next(std::chrono::milliseconds(30000));
+      CHORUS_CHECK(ev.has_value());
+      if (++seen[static_cast<size_t>(ev->index)] == 3) ++ready;
+    }
+    const int64_t used = (*e)->kv_blocks_used();
+    (*h)->Cancel();
+    CollectChoices(**h, n);
+    EXPECT_EQ(BlocksUsedWhenSettled(**e), 0) << "n " << n;
+    return used;
+  };
+  const int64_t one = blocks_while_running(1);
+  const int64_t four = blocks_while_running(4);
+  EXPECT_GE(one, 11);
+  // Unshared, 4 choices would hold 4 × 11 blocks; shared: the 10 prompt blocks + 1-2 each.
+  EXPECT_LE(four, 10 + 4 * 2) << "one choice used " << one;
+  EXPECT_LT(four, 2 * one);
+}
+
+// Preemption (a small pool) and cancellation of choices that share blocks: outputs unchanged,
+// every block back in the pool.
+TEST(EngineTest, ChoicesSurvivePreemptionAndCancellation) {
+  CHORUS_REQUIRE_SHARED_MODEL(kModel);
+  Loaded l = Load();
+  const auto& c = l.model->config();
+  const int64_t page = ((c.n_layers * 2 * 16 * c.kv_dim() * 4) + 63) / 64 * 64;
+  auto run = [&](int64_t pool_blocks, uint64_t* preemptions) {
+    EngineOptions o = Opts();
+    o.pool_bytes = std::max<int64_t>(pool_blocks * page, 1 << 20);
+    o.max_batch_tokens = 16;
+    auto e = Engine::Create(l.model, l.tok, o);
+    CHORUS_CHECK(e.ok()) << e.status().ToString();
+    std::vector<std::shared_ptr<RequestHandle>> hs;
+    for (int i = 0; i < 3; ++i)
+      hs.push_back(*(*e)->Submit(Seeded(LongPrompt(40 + 9 * i), 90, 70 + i, 4)));
+    std::vector<std::vector<Output>> outs;
+    for (auto& h : hs) outs.push_back(CollectChoices(*h, 4));
+    *preemptions = (*e)->metrics().preemptions_total.load();
+    EXPECT_EQ(BlocksUsedWhenSettled(**e), 0) << "pool " << pool_blocks;
+    return outs;
+  };
+  uint64_t p_big = 0, p_small = 0;
+  auto big = run(1000, &p_big);
+  auto small = run(20, &p_small);  // 12 choices need up to 9 blocks each
+  EXPECT_EQ(p_big, 0u);
+  EXPECT_GT(p_small, 0u) << "the small pool was expected to force preemption";
+  for (size_t r = 0; r < big.size(); ++r) {
+    for (size_t i = 0; i < 4; ++i)
+      EXPECT_EQ(small[r][i].tokens, big[r][i].tokens) << "request " << r << " choice " << i;
+  }
+
+  // Cancelling an n=4 request mid-generation, and one still queued behind it, frees everything.
+  EngineOptions o = Opts();
+  o.max_running = 4;
+  auto e = Engine::Create(l.model, l.tok, o);
+  ASSERT_TRUE(e.ok());
+  auto a = *(*e)->Submit(Seeded(LongPrompt(70), 400, 1, 4));
+  auto b = *(*e)->Submit(Seeded(LongPrompt(70), 400, 2, 4));
+  ASSERT_TRUE(a->Next(std::chrono::milliseconds(10000)).has_value());
+  ASSERT_TRUE(a->Next(std::chrono::milliseconds(10000)).has_value());
+  b->Cancel();
+  a->Cancel();
+  for (const Output& out : CollectChoices(*a, 4)) EXPECT_EQ(out.finish, FinishReason::kCancelled);
+  for (const Output& out : CollectChoices(*b, 4)) EXPECT_EQ(out.finish, FinishReason::kCancelled);
+  EXPECT_EQ(BlocksUsedWhenSettled(**e), 0);
+  EXPECT_EQ((*e)->metrics().queue_length.load(), 0);
+}
+
 TEST(EngineTest, RejectsBadRequestsAndFullQueue) {
   CHORUS_REQUIRE_SHARED_MODEL(kModel);
   Loaded l = Load();
