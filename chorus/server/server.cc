@@ -49,12 +49,15 @@ int FindConnectionSocket(const httplib::Request& req) {
   if (dir == nullptr) return -1;
   auto port_and_host = [](const sockaddr_storage& a, socklen_t len, std::string* host) {
     char buf[NI_MAXHOST];
-    if (getnameinfo(reinterpret_cast<const sockaddr*>(&a), len, buf, sizeof(buf), nullptr, 0, NI_NUMERICHOST) != 0) {
+    if (getnameinfo(reinterpret_cast<const sockaddr*>(&a), len, buf, sizeof(buf), nullptr, 0,
+                    NI_NUMERICHOST) != 0) {
       return -1;
     }
     *host = buf;
-    if (a.ss_family == AF_INET) return static_cast<int>(ntohs(reinterpret_cast<const sockaddr_in*>(&a)->sin_port));
-    if (a.ss_family == AF_INET6) return static_cast<int>(ntohs(reinterpret_cast<const sockaddr_in6*>(&a)->sin6_port));
+    if (a.ss_family == AF_INET)
+      return static_cast<int>(ntohs(reinterpret_cast<const sockaddr_in*>(&a)->sin_port));
+    if (a.ss_family == AF_INET6)
+      return static_cast<int>(ntohs(reinterpret_cast<const sockaddr_in6*>(&a)->sin6_port));
     return -1;
   };
   int found = -1;
@@ -64,12 +67,16 @@ int FindConnectionSocket(const httplib::Request& req) {
     if (end == ent->d_name || *end != '\0' || fd == dirfd(dir)) continue;
     sockaddr_storage local{}, peer{};
     socklen_t local_len = sizeof(local), peer_len = sizeof(peer);
-    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &local_len) != 0) continue;
+    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &local_len) != 0)
+      continue;
     if (local.ss_family != AF_INET && local.ss_family != AF_INET6) continue;
-    if (getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) continue;
+    if (getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0)
+      continue;
     std::string local_host, peer_host;
     if (port_and_host(local, local_len, &local_host) != req.local_port) continue;
-    if (port_and_host(peer, peer_len, &peer_host) != req.remote_port || peer_host != req.remote_addr) continue;
+    if (port_and_host(peer, peer_len, &peer_host) != req.remote_port ||
+        peer_host != req.remote_addr)
+      continue;
     found = static_cast<int>(fd);
     break;
   }
@@ -567,8 +574,9 @@ void Server::Impl::HandleGenerate(ApiKind kind, const httplib::Request& http_req
           gen->CancelAll();  // the engine frees its KV blocks within one step
           // Nobody reads this; 499 (nginx's "client closed request") labels it in the counters.
           res.status = 499;
-          res.set_content(R"({"error":{"message":"client closed the connection","type":"invalid_request_error","param":null,"code":"client_closed_request"}})",
-                          "application/json");
+          res.set_content(
+              R"({"error":{"message":"client closed the connection","type":"invalid_request_error","param":null,"code":"client_closed_request"}})",
+              "application/json");
           self->in_flight_.fetch_sub(1);
           CHORUS_LOG(DEBUG) << "client of " << id << " disconnected; request cancelled";
           return;

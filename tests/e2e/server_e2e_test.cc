@@ -8,10 +8,9 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 #include "chorus/engine/engine.h"
 #include "chorus/memory/kv_cache.h"
@@ -629,7 +628,8 @@ TEST(ServerE2E, NonStreamedDisconnectCancelsAndFreesKvBlocks) {
   }  // the client's socket closes here
   EXPECT_TRUE(Eventually([&] {
     const std::string m = ts->MetricsText();
-    return MetricValue(m, "chorus_kv_blocks_used") == 0 && MetricValue(m, "chorus_running_sequences") == 0 &&
+    return MetricValue(m, "chorus_kv_blocks_used") == 0 &&
+           MetricValue(m, "chorus_running_sequences") == 0 &&
            MetricValue(m, "chorus_queue_length") == 0;
   })) << ts->MetricsText();
   EXPECT_TRUE(Eventually([&] { return ts->server->in_flight() == 0; }));
@@ -646,8 +646,8 @@ TEST(ServerE2E, ChoicesShareThePromptKvBlocks) {
   START_OR_SKIP(ts);
   json prompt = json::array({1});
   for (int i = 1; i < 320; ++i) prompt.push_back(260 + (i * 37) % 250);  // 20 blocks of 16
-  json body = {{"prompt", prompt}, {"max_tokens", 150}, {"ignore_eos", true}, {"n", 4}, {"stream", true},
-               {"temperature", 0.9}, {"seed", 3}};
+  json body = {{"prompt", prompt}, {"max_tokens", 150},  {"ignore_eos", true}, {"n", 4},
+               {"stream", true},   {"temperature", 0.9}, {"seed", 3}};
   std::map<int, int> chunks;
   double used = -1, free_blocks = -1, total = -1;
   Stream(*ts, "/v1/completions", body, [&](const std::string& data) {
@@ -655,7 +655,8 @@ TEST(ServerE2E, ChoicesShareThePromptKvBlocks) {
     json j = json::parse(data, nullptr, false);
     if (j.is_discarded() || j["choices"].empty()) return true;
     ++chunks[j["choices"][0]["index"].get<int>()];
-    if (chunks.size() == 4 && std::all_of(chunks.begin(), chunks.end(), [](auto& kv) { return kv.second >= 3; })) {
+    if (chunks.size() == 4 &&
+        std::all_of(chunks.begin(), chunks.end(), [](auto& kv) { return kv.second >= 3; })) {
       const std::string m = ts->MetricsText();
       used = MetricValue(m, "chorus_kv_blocks_used");
       free_blocks = MetricValue(m, "chorus_kv_blocks_free");
@@ -668,8 +669,9 @@ TEST(ServerE2E, ChoicesShareThePromptKvBlocks) {
   EXPECT_EQ(used + free_blocks, total);
   // Separately, 4 choices would hold 4 × 21 blocks; shared: 20 + about 1 each.
   EXPECT_LE(used, 20 + 4 * 2);
-  EXPECT_TRUE(Eventually([&] { return MetricValue(ts->MetricsText(), "chorus_kv_blocks_used") == 0; }))
-      << ts->MetricsText();
+  EXPECT_TRUE(Eventually([&] {
+    return MetricValue(ts->MetricsText(), "chorus_kv_blocks_used") == 0;
+  })) << ts->MetricsText();
   // Non-streamed n = 4 with a seed: choice i equals the request with seed + i alone.
   json one = {{"prompt", prompt}, {"max_tokens", 20}, {"ignore_eos", true}, {"temperature", 0.9}};
   json four = one;
@@ -687,7 +689,8 @@ TEST(ServerE2E, ChoicesShareThePromptKvBlocks) {
       }
     }
   }
-  EXPECT_TRUE(Eventually([&] { return MetricValue(ts->MetricsText(), "chorus_kv_blocks_used") == 0; }));
+  EXPECT_TRUE(
+      Eventually([&] { return MetricValue(ts->MetricsText(), "chorus_kv_blocks_used") == 0; }));
 }
 
 // Greedy tokens of `n` concurrent requests (different prompts), by request.
