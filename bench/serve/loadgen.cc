@@ -97,10 +97,12 @@ Url ParseUrl(std::string url) {
   return u;
 }
 
-Outcome RunOneUnstamped(const Url& url, const std::string& api_key, const std::string& model, const Planned& p,
-                        int timeout_s, Clock::time_point origin) {
+Outcome RunOneUnstamped(const Url& url, const std::string& api_key, const std::string& model,
+                        const Planned& p, int timeout_s, Clock::time_point origin) {
   Outcome o;
-  auto since_origin = [origin](Clock::time_point t) { return std::chrono::duration<double>(t - origin).count(); };
+  auto since_origin = [origin](Clock::time_point t) {
+    return std::chrono::duration<double>(t - origin).count();
+  };
   o.token_times_s.reserve(static_cast<size_t>(p.output_tokens) + 1);
   httplib::Client cli(url.scheme_host_port);
   cli.set_connection_timeout(30, 0);
@@ -192,7 +194,8 @@ double PromValue(const std::string& text, const std::string& name) {
   while ((pos = text.find(name, pos)) != std::string::npos) {
     const bool line_start = pos == 0 || text[pos - 1] == '\n';
     pos += name.size();
-    if (line_start && pos < text.size() && text[pos] == ' ') return std::atof(text.c_str() + pos + 1);
+    if (line_start && pos < text.size() && text[pos] == ' ')
+      return std::atof(text.c_str() + pos + 1);
   }
   return std::nan("");
 }
@@ -200,7 +203,8 @@ double PromValue(const std::string& text, const std::string& name) {
 // Samples /metrics every `interval_s` on its own thread until Stop().
 class MetricsPoller {
  public:
-  MetricsPoller(const Url& url, const std::string& api_key, double interval_s, Clock::time_point origin)
+  MetricsPoller(const Url& url, const std::string& api_key, double interval_s,
+                Clock::time_point origin)
       : url_(url), api_key_(api_key), interval_s_(interval_s), origin_(origin) {
     if (interval_s_ > 0) thread_ = std::thread([this] { Run(); });
   }
@@ -229,8 +233,10 @@ class MetricsPoller {
         m.step_seconds = PromValue(r->body, "chorus_step_seconds_sum");
         samples_.push_back(m);
       }
-      next += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(interval_s_));
-      while (!stop_.load() && Clock::now() < next) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      next +=
+          std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(interval_s_));
+      while (!stop_.load() && Clock::now() < next)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
   Url url_;
@@ -268,13 +274,20 @@ json SteadyState(const std::vector<Outcome>& outcomes, const std::vector<char>& 
   }
   json out = {{"saturation_requests", k}, {"peak_in_flight", peak}};
   if (start < 0 || end <= start) {
-    out["note"] = "never " + std::to_string(k) + " requests in flight: raise --rate or lower --saturation";
+    out["note"] =
+        "never " + std::to_string(k) + " requests in flight: raise --rate or lower --saturation";
     return out;
   }
   int64_t tokens = 0;
+  double context_sum = 0;  // KV positions of those tokens: the context the engine decoded at
   for (size_t i = 0; i < outcomes.size(); ++i) {
     if (!sent[i]) continue;
-    for (double t : outcomes[i].token_times_s) tokens += (t >= start && t < end) ? 1 : 0;
+    const auto& tt = outcomes[i].token_times_s;
+    for (size_t k = 0; k < tt.size(); ++k) {
+      if (tt[k] < start || tt[k] >= end) continue;
+      ++tokens;
+      context_sum += static_cast<double>(outcomes[i].prompt_tokens) + static_cast<double>(k);
+    }
   }
   const double len = end - start;
   out["window_start_s"] = start;
@@ -282,6 +295,7 @@ json SteadyState(const std::vector<Outcome>& outcomes, const std::vector<char>& 
   out["window_s"] = len;
   out["generated_tokens"] = tokens;
   out["output_tokens_s"] = static_cast<double>(tokens) / len;
+  if (tokens > 0) out["mean_context"] = context_sum / static_cast<double>(tokens);
   // The server's view of the same window, from the scrapes inside it.
   const MetricsSample* first = nullptr;
   const MetricsSample* last = nullptr;
@@ -296,21 +310,23 @@ json SteadyState(const std::vector<Outcome>& outcomes, const std::vector<char>& 
   }
   if (first && last != first) {
     const double dt = last->t_s - first->t_s, dgen = last->generated - first->generated;
-    const double dsteps = last->steps - first->steps, dstep_s = last->step_seconds - first->step_seconds;
-    out["server"] = {{"scrapes", n_in},
-                     {"span_s", dt},
-                     {"output_tokens_s", dgen / dt},
-                     {"mean_running", running_sum / n_in},
-                     {"tokens_per_step", dsteps > 0 ? dgen / dsteps : std::nan("")},
-                     {"step_time_share", dstep_s / dt},
-                     {"output_tokens_per_step_second", dstep_s > 0 ? dgen / dstep_s : std::nan("")}};
+    const double dsteps = last->steps - first->steps,
+                 dstep_s = last->step_seconds - first->step_seconds;
+    out["server"] = {
+        {"scrapes", n_in},
+        {"span_s", dt},
+        {"output_tokens_s", dgen / dt},
+        {"mean_running", running_sum / n_in},
+        {"tokens_per_step", dsteps > 0 ? dgen / dsteps : std::nan("")},
+        {"step_time_share", dstep_s / dt},
+        {"output_tokens_per_step_second", dstep_s > 0 ? dgen / dstep_s : std::nan("")}};
   }
   return out;
 }
 
 // RunOneUnstamped, plus when the request ended (however it ended).
-Outcome RunOne(const Url& url, const std::string& api_key, const std::string& model, const Planned& p,
-               int timeout_s, Clock::time_point origin) {
+Outcome RunOne(const Url& url, const std::string& api_key, const std::string& model,
+               const Planned& p, int timeout_s, Clock::time_point origin) {
   Outcome o = RunOneUnstamped(url, api_key, model, p, timeout_s, origin);
   o.end_s = std::chrono::duration<double>(Clock::now() - origin).count();
   return o;
@@ -406,7 +422,8 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(
                                               std::chrono::duration<double>(plan[i].arrival_s)));
     sent[i] = 1;
-    threads.emplace_back([&, i] { outcomes[i] = RunOne(url, api_key, model, plan[i], timeout_s, start); });
+    threads.emplace_back(
+        [&, i] { outcomes[i] = RunOne(url, api_key, model, plan[i], timeout_s, start); });
   }
   for (auto& th : threads) th.join();
   poller.Stop();
@@ -437,23 +454,24 @@ int main(int argc, char** argv) {
         << CsvEscape(o.error) << '\n';
   }
   csv.close();
-  json summary = {{"workload", "slora"},
-                  {"url", url.scheme_host_port},
-                  {"rate", rate},
-                  {"cv", cv},
-                  {"requests_sent", ok + errors},
-                  {"requests_ok", ok},
-                  {"errors", errors},
-                  {"duration_s", elapsed},
-                  {"throughput_req_s", static_cast<double>(ok) / elapsed},
-                  {"output_tokens_s", static_cast<double>(gen_tokens) / elapsed},
-                  {"total_tokens_s", static_cast<double>(gen_tokens + prompt_tokens) / elapsed},
-                  {"ttft_s", Stats(ttft)},
-                  {"tpot_s", Stats(tpot)},
-                  {"latency_s", Stats(latency)},
-                  {"steady_state", SteadyState(outcomes, sent, poller.samples(), f.GetInt("saturation"))},
-                  {"input_len", {in_lo, in_hi}},
-                  {"output_len", {out_lo, out_hi}}};
+  json summary = {
+      {"workload", "slora"},
+      {"url", url.scheme_host_port},
+      {"rate", rate},
+      {"cv", cv},
+      {"requests_sent", ok + errors},
+      {"requests_ok", ok},
+      {"errors", errors},
+      {"duration_s", elapsed},
+      {"throughput_req_s", static_cast<double>(ok) / elapsed},
+      {"output_tokens_s", static_cast<double>(gen_tokens) / elapsed},
+      {"total_tokens_s", static_cast<double>(gen_tokens + prompt_tokens) / elapsed},
+      {"ttft_s", Stats(ttft)},
+      {"tpot_s", Stats(tpot)},
+      {"latency_s", Stats(latency)},
+      {"steady_state", SteadyState(outcomes, sent, poller.samples(), f.GetInt("saturation"))},
+      {"input_len", {in_lo, in_hi}},
+      {"output_len", {out_lo, out_hi}}};
   std::ofstream(prefix + ".json") << summary.dump(2) << "\n";
   std::printf("%s\n", summary.dump(2).c_str());
 
