@@ -1,4 +1,5 @@
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 
 #include "apps/chorus/commands.h"
@@ -23,6 +24,31 @@ Status ParseList(const std::string& s, std::vector<T>* out, F parse) {
   return OkStatus();
 }
 
+// <out>.png: decode tokens/s per popularity kind and batch size (gnuplot, when installed).
+void WritePunicaPlot(const std::string& out) {
+  const std::string gp = out + ".gp";
+  std::string text =
+      "set terminal pngcairo size 900,600 noenhanced\n"
+      "set output '" +
+      out +
+      ".png'\n"
+      "set datafile separator ','\n"
+      "set title 'chorus bench --workload punica: decode tokens/s by adapter popularity'\n"
+      "set style data histograms\nset style histogram clustered\nset style fill solid 0.8 border "
+      "-1\n"
+      "set ylabel 'decode tokens/s'\nset grid ytics\nset yrange [0:*]\nset xtics rotate by -35\n"
+      "plot '" +
+      out + ".csv' every ::1 using 7:xtic(sprintf('%s b%s', strcol(5), strcol(6))) notitle\n";
+  if (!WriteFileAtomically(gp, text).ok()) return;
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+    std::fprintf(stderr, "bench: gnuplot not installed; wrote %s only\n", gp.c_str());
+    return;
+  }
+  const std::string cmd = "gnuplot '" + gp + "'";
+  if (std::system(cmd.c_str()) != 0)
+    std::fprintf(stderr, "bench: gnuplot failed on %s\n", gp.c_str());
+}
+
 }  // namespace
 
 int BenchCommand(int argc, char** argv) {
@@ -41,6 +67,12 @@ int BenchCommand(int argc, char** argv) {
   f.Int("repeats", 3, "runs per figure (median reported)");
   f.Int("adapters", 0, "also run each decode batch with every row on a different LoRA (q,k,v,o) of this many");
   f.String("lora-ranks", "8,16,32,64", "ranks of those adapters, round-robin");
+  f.String("workload", "default",
+           "default: the figures above; punica: decode tokens/s at each --batches size (dtype = "
+           "the first of\n"
+           "--dtypes) for base-only and LoRA rows by popularity Identical / Skewed / Uniform / "
+           "Distinct\n"
+           "(DESIGN §10), ranks round-robin over --lora-ranks; writes <out>.png too");
   f.String("out", "", "write <out>.csv and <out>.json");
   if (int rc = ParseOrExit(f, argc, argv); rc >= 0) return rc;
   engine::EngineBenchOptions o;
@@ -71,6 +103,10 @@ int BenchCommand(int argc, char** argv) {
     return static_cast<int64_t>(v);
   });
   if (!s.ok()) return Fail("bench", s);
+  o.workload = f.GetString("workload");
+  if (o.workload != "default" && o.workload != "punica") {
+    return Fail("bench", InvalidArgumentError("--workload must be default or punica"));
+  }
   auto rep = engine::RunEngineBench(o, [](const std::string& msg) { std::fprintf(stderr, "bench: %s\n", msg.c_str()); });
   if (!rep.ok()) return Fail("bench", rep.status());
   std::fputs(rep->ToTable().c_str(), stdout);
@@ -79,6 +115,7 @@ int BenchCommand(int argc, char** argv) {
     Status w2 = WriteFileAtomically(f.GetString("out") + ".json", rep->ToJson());
     if (!w1.ok()) return Fail("bench", w1);
     if (!w2.ok()) return Fail("bench", w2);
+    if (o.workload == "punica") WritePunicaPlot(f.GetString("out"));
   }
   return 0;
 }

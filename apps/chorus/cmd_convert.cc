@@ -6,6 +6,7 @@
 
 #include "apps/chorus/commands.h"
 #include "apps/chorus/common.h"
+#include "chorus/adapters/lora/lora_files.h"
 #include "chorus/base/mapped_file.h"
 #include "chorus/formats/gguf.h"
 #include "chorus/model/convert.h"
@@ -48,6 +49,86 @@ Status PrepareTokenizer(std::shared_ptr<const tokenizer::Tokenizer> tok, int64_t
   return OkStatus();
 }
 
+Result<std::vector<int64_t>> ParseRanks(const std::string& s) {
+  std::vector<int64_t> out;
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    const size_t end = std::min(s.find(',', pos), s.size());
+    const std::string item = s.substr(pos, end - pos);
+    char* e = nullptr;
+    const long long v = std::strtoll(item.c_str(), &e, 10);
+    if (item.empty() || *e || v < 1 || v > 256)
+      return InvalidArgumentError("bad LoRA rank '" + item.substr(0, 16) + "' (1..256)");
+    out.push_back(v);
+    pos = end + 1;
+  }
+  return out;
+}
+
+Result<std::vector<model::Linear>> ParseTargets(const std::string& s) {
+  static const std::pair<const char*, model::Linear> kNames[] = {
+      {"q", model::Linear::kQ},      {"k", model::Linear::kK},       {"v", model::Linear::kV},
+      {"o", model::Linear::kO},      {"gate", model::Linear::kGate}, {"up", model::Linear::kUp},
+      {"down", model::Linear::kDown}};
+  std::vector<model::Linear> out;
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    const size_t end = std::min(s.find(',', pos), s.size());
+    std::string item = s.substr(pos, end - pos);
+    if (item.size() > 5 && item.compare(item.size() - 5, 5, "_proj") == 0)
+      item.resize(item.size() - 5);
+    bool found = false;
+    for (const auto& [n, w] : kNames) {
+      if (item == n) {
+        out.push_back(w);
+        found = true;
+      }
+    }
+    if (!found)
+      return InvalidArgumentError("unknown LoRA target '" + item.substr(0, 16) +
+                                  "' (q, k, v, o, gate, up, down)");
+    pos = end + 1;
+  }
+  return out;
+}
+
+// `chorus convert --lora-count N`: a directory of N synthetic PEFT adapters for the base.
+int WriteLoraSet(const Flags& f, const model::ModelConfig& base, const std::string& base_name) {
+  adapters::SyntheticLoraSetOptions o;
+  o.count = f.GetInt("lora-count");
+  o.distinct = f.GetInt("lora-distinct");
+  o.seed = static_cast<uint64_t>(f.GetInt("seed")) * 1000003u;
+  o.prefix = f.GetString("lora-prefix");
+  o.base_model_name = base_name;
+  auto ranks = ParseRanks(f.GetString("lora-ranks"));
+  if (!ranks.ok()) return Fail("convert", ranks.status());
+  o.ranks = *ranks;
+  auto targets = ParseTargets(f.GetString("lora-targets"));
+  if (!targets.ok()) return Fail("convert", targets.status());
+  o.targets = *targets;
+  auto d = ParseDType(f.IsSet("dtype") ? f.GetString("dtype") : "bf16");
+  if (!d.ok()) return Fail("convert", d.status());
+  o.dtype = *d;
+  if (o.count < 1 || o.count > 1000000)
+    return Fail("convert", InvalidArgumentError("--lora-count must be in [1, 1000000]"));
+  const int64_t distinct = o.distinct == 0 ? o.count : std::min(o.distinct, o.count);
+  std::fprintf(
+      stderr, "chorus convert: writing %lld PEFT adapters (%lld distinct weight files, %s) to %s\n",
+      static_cast<long long>(o.count), static_cast<long long>(distinct),
+      std::string(DTypeName(o.dtype)).c_str(), f.GetString("output").c_str());
+  auto bytes = adapters::WriteSyntheticLoraSet(f.GetString("output"), base, o, [&](int64_t i) {
+    if ((i + 1) % 100 == 0 || i + 1 == o.count) {
+      std::fprintf(stderr, "\r  %lld / %lld", static_cast<long long>(i + 1),
+                   static_cast<long long>(o.count));
+    }
+  });
+  std::fprintf(stderr, "\n");
+  if (!bytes.ok()) return Fail("convert", bytes.status());
+  std::fprintf(stderr, "chorus convert: wrote %.1f MiB of adapter files (hard links not counted)\n",
+               static_cast<double>(*bytes) / (1 << 20));
+  return 0;
+}
+
 }  // namespace
 
 int ConvertCommand(int argc, char** argv) {
@@ -64,10 +145,35 @@ int ConvertCommand(int argc, char** argv) {
   f.String("tokenizer", "",
            "tokenizer file or directory to embed (default: the model's own, found as `chorus generate` finds it);\n"
            "its vocabulary must not be larger than the model's");
+  f.Int("lora-count", 0,
+        "instead of a model, write this many synthetic PEFT LoRA adapters for the base (--shape or "
+        "--model)\n"
+        "into the --output directory (<prefix>NNNN/adapter_config.json + "
+        "adapter_model.safetensors);\n"
+        "--dtype f32/f16/bf16 (default bf16)");
+  f.String("lora-ranks", "8,16,32,64",
+           "ranks of those adapters, round-robin (adapter i has ranks[i % len])");
+  f.String("lora-targets", "q,k,v,o", "target modules: any of q,k,v,o,gate,up,down");
+  f.Int(
+      "lora-distinct", 0,
+      "write only this many distinct weight files; the other adapters hard-link them (0 = all "
+      "distinct;\n"
+      "a multiple of the number of ranks). Each directory is still a separate adapter to register");
+  f.String("lora-prefix", "lora-", "adapter directory name prefix");
   if (int rc = ParseOrExit(f, argc, argv); rc >= 0) return rc;
   if (f.GetString("output").empty()) return Fail("convert", InvalidArgumentError("--output is required"));
   if (f.IsSet("model") == f.IsSet("shape")) {
     return Fail("convert", InvalidArgumentError("give exactly one of --model and --shape"));
+  }
+  if (f.IsSet("lora-count")) {
+    if (f.IsSet("shape")) {
+      auto cfg = model::SyntheticConfig(f.GetString("shape"));
+      if (!cfg.ok()) return Fail("convert", cfg.status());
+      return WriteLoraSet(f, *cfg, "chorus-synthetic/" + f.GetString("shape"));
+    }
+    auto m = model::LoadModel(f.GetString("model"));
+    if (!m.ok()) return Fail("convert", m.status());
+    return WriteLoraSet(f, (*m)->config(), f.GetString("model"));
   }
   model::ConvertOptions opts;
   opts.output = f.GetString("output");

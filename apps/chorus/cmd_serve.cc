@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -96,6 +97,8 @@ int ServeCommand(int argc, char** argv) {
   f.Int("max-batch-tokens", 512, "tokens (rows) per engine step: decode rows + prefill chunks");
   f.Int("max-queue", 256, "waiting requests before answering 429");
   f.Int("max-body-bytes", 8 << 20, "largest request body accepted (larger: 413)");
+  f.Int("metrics-top-adapters", 16,
+        "adapters named in /metrics (most requests); the rest are summed as (other)");
   f.Int("max-connections", 512, "HTTP connections served at once (one thread each)");
   f.Repeated("lora", "serve an adapter as a variant: NAME=PATH (PEFT directory or GGUF LoRA)");
   f.Repeated("lora-dir", "register every adapter directly under DIR (named after its folder/file)");
@@ -123,6 +126,8 @@ int ServeCommand(int argc, char** argv) {
   so.max_body_bytes = f.GetInt("max-body-bytes");
   so.max_connections = static_cast<int>(f.GetInt("max-connections"));
   so.served_model_name = f.GetString("served-model-name");
+  so.metrics_top_adapters =
+      static_cast<int>(std::clamp<int64_t>(f.GetInt("metrics-top-adapters"), -1, 10001));
   if (so.served_model_name.empty()) so.served_model_name = model_path.empty() ? "chorus-default" : model_path;
   const double drain_s = f.GetFloat("drain-timeout");
   if (!(drain_s >= 0 && drain_s <= 86400)) {

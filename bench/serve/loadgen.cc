@@ -2,11 +2,15 @@
 //
 // Sends streaming /v1/completions requests over real HTTP at gamma-distributed arrival times
 // (shape 1/cv², scale cv²/R; cv = 1 is Poisson) with the `slora` workload's shapes (input and
-// output lengths uniform in [min, max); adapters are not used yet). Prompts are random token ids
-// so their lengths are exact; `ignore_eos` makes output lengths exact. Reports throughput
-// (req/s, tokens/s), TTFT and time per output token (p50/p90/p99), end-to-end latency and errors,
-// as PREFIX.csv (one row per request), PREFIX.json (summary) and PREFIX.png (gnuplot, when
-// installed).
+// output lengths uniform in [min, max)). With --adapters N the `model` field names one of the
+// first N adapters the server lists in /v1/models (sorted by name): adapter id = floor(u·N),
+// u ~ power(alpha) (S-LoRA; alpha = 1 is uniform), or round-robin; the summary then splits TTFT
+// into cold requests (the first of this run to use its adapter) and warm ones. --compare-base
+// sends the same plan again without adapters and reports adapter / base-only throughput. Prompts
+// are random token ids so their lengths are exact; `ignore_eos` makes output lengths exact. Reports
+// throughput (req/s, tokens/s), TTFT and time per output token (p50/p90/p99), end-to-end latency
+// and errors, as PREFIX.csv (one row per request), PREFIX.json (summary) and PREFIX.png (gnuplot,
+// when installed).
 //
 // Open loop: each request is sent at its arrival time on its own thread whatever the server is
 // doing, so overload shows up as growing TTFT rather than as a slower client.
@@ -26,13 +30,13 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "apps/chorus/flags.h"
 
@@ -46,6 +50,8 @@ struct Planned {
   int input_tokens = 0;
   int output_tokens = 0;
   std::vector<int> prompt;
+  int adapter = -1;   // index into the adapter names; -1 = base model (issue 4)
+  bool cold = false;  // first request of this run to use its adapter
 };
 
 struct Outcome {
@@ -332,6 +338,114 @@ Outcome RunOne(const Url& url, const std::string& api_key, const std::string& mo
   return o;
 }
 
+// ---- Adapter workload (issue 4) ----
+
+// Adapters the server serves: /v1/models entries with a non-empty `parent`, sorted by id.
+std::vector<std::string> ListAdapters(const Url& url, const std::string& api_key,
+                                      std::string* error) {
+  httplib::Client cli(url.scheme_host_port);
+  cli.set_read_timeout(60, 0);
+  httplib::Headers h;
+  if (!api_key.empty()) h.emplace("Authorization", "Bearer " + api_key);
+  auto r = cli.Get(url.base_path + "/v1/models", h);
+  std::vector<std::string> out;
+  if (!r || r->status != 200) {
+    *error = r ? "GET /v1/models: HTTP " + std::to_string(r->status)
+               : "GET /v1/models: connection failed";
+    return out;
+  }
+  json j = json::parse(r->body, nullptr, false);
+  if (j.is_discarded() || !j.contains("data") || !j["data"].is_array()) {
+    *error = "GET /v1/models: not a model list";
+    return out;
+  }
+  for (const auto& m : j["data"]) {
+    if (m.contains("parent") && m["parent"].is_string() &&
+        !m["parent"].get<std::string>().empty() && m.contains("id") && m["id"].is_string()) {
+      out.push_back(m["id"].get<std::string>());
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Assigns adapters to the plan: power(alpha) popularity — u = U^(1/alpha) has density
+// alpha·u^(alpha−1) on [0, 1] (numpy.random.power, as S-LoRA's generator) — or round-robin; then
+// marks the first use of each adapter (in arrival order) as cold.
+void AssignAdapters(std::vector<Planned>* plan, int n_adapters, double alpha, bool round_robin,
+                    std::mt19937_64* rng) {
+  std::uniform_real_distribution<double> uni(0.0, 1.0);
+  for (size_t i = 0; i < plan->size(); ++i) {
+    int id;
+    if (round_robin) {
+      id = static_cast<int>(i % static_cast<size_t>(n_adapters));
+    } else {
+      const double u = std::pow(uni(*rng), 1.0 / alpha);
+      id = std::min(n_adapters - 1, static_cast<int>(std::floor(u * n_adapters)));
+    }
+    (*plan)[i].adapter = id;
+  }
+  std::vector<char> seen(static_cast<size_t>(n_adapters), 0);
+  for (auto& p : *plan) {
+    p.cold = !seen[static_cast<size_t>(p.adapter)];
+    seen[static_cast<size_t>(p.adapter)] = 1;
+  }
+}
+
+// Sends `plan` open-loop (each request at its arrival time on its own thread) and waits for all.
+// `model_of(i)` is the model name of request i ("" = the server's default). Returns seconds.
+double SendPlan(const Url& url, const std::string& api_key, const std::vector<Planned>& plan,
+                double max_duration, int timeout_s,
+                const std::function<std::string(size_t)>& model_of, Clock::time_point start,
+                std::vector<Outcome>* outcomes, std::vector<char>* sent) {
+  outcomes->assign(plan.size(), Outcome{});
+  sent->assign(plan.size(), 0);
+  std::vector<std::thread> threads;
+  threads.reserve(plan.size());
+  for (size_t i = 0; i < plan.size(); ++i) {
+    if (plan[i].arrival_s > max_duration) break;
+    std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(
+                                              std::chrono::duration<double>(plan[i].arrival_s)));
+    (*sent)[i] = 1;
+    threads.emplace_back(
+        [&, i] { (*outcomes)[i] = RunOne(url, api_key, model_of(i), plan[i], timeout_s, start); });
+  }
+  for (auto& th : threads) th.join();
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Cold / warm TTFT and the number of adapters used, added to the summary.
+void AddAdapterSummary(json* summary, const std::vector<Planned>& plan,
+                       const std::vector<Outcome>& outcomes, const std::vector<char>& sent,
+                       int n_adapters, double alpha, bool round_robin) {
+  std::vector<double> cold, warm;
+  std::vector<char> used(static_cast<size_t>(n_adapters), 0);
+  for (size_t i = 0; i < plan.size(); ++i) {
+    if (!sent[i] || plan[i].adapter < 0) continue;
+    used[static_cast<size_t>(plan[i].adapter)] = 1;
+    const Outcome& o = outcomes[i];
+    if (o.status != 200 || !o.error.empty() || o.ttft_s < 0) continue;
+    (plan[i].cold ? cold : warm).push_back(o.ttft_s);
+  }
+  json a = {{"registered_used", n_adapters},
+            {"distinct_used", std::count(used.begin(), used.end(), 1)},
+            {"assignment", round_robin ? "round-robin" : "power"},
+            {"alpha", alpha},
+            {"cold_requests", cold.size()},
+            {"warm_requests", warm.size()},
+            {"ttft_cold_s", Stats(cold)},
+            {"ttft_warm_s", Stats(warm)}};
+  if (!cold.empty() && !warm.empty()) {
+    a["ttft_cold_over_warm_p50"] = Percentile(cold, 50) / Percentile(warm, 50);
+    double sc = 0, sw = 0;
+    for (double x : cold) sc += x;
+    for (double x : warm) sw += x;
+    a["ttft_cold_over_warm_mean"] =
+        (sc / static_cast<double>(cold.size())) / (sw / static_cast<double>(warm.size()));
+  }
+  (*summary)["adapters"] = a;
+}
+
 std::string CsvEscape(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {
@@ -369,6 +483,11 @@ int main(int argc, char** argv) {
         "steady-state window: while at least this many requests are in flight (e.g. the server's "
         "--max-running; 0 = the peak in flight)");
   f.Float("metrics-interval", 1.0, "seconds between scrapes of the server's /metrics (0 = none)");
+  f.Int("adapters", 0, "requests use the first N adapters the server lists (0 = base model only)");
+  f.Float("alpha", 1.0, "adapter popularity: id = floor(u·N), u ~ power(alpha) (1 = uniform)");
+  f.String("adapter-assign", "power", "power (see --alpha) or round-robin");
+  f.Bool("compare-base",
+         "afterwards send the same plan without adapters and report the throughput ratio");
   chorus::Status st = f.Parse(argc - 1, argv + 1);
   if (st.code() == chorus::StatusCode::kCancelled) return 0;
   if (!st.ok()) {
@@ -377,6 +496,16 @@ int main(int argc, char** argv) {
   }
   if (f.GetString("workload") != "slora") {
     std::fprintf(stderr, "chorus_bench_serve: unknown --workload (only slora)\n");
+    return 2;
+  }
+  const int64_t n_adapters = f.GetInt("adapters");
+  const double alpha = f.GetFloat("alpha");
+  const bool round_robin = f.GetString("adapter-assign") == "round-robin";
+  if (n_adapters < 0 || n_adapters > 1000000 || !(alpha > 0) ||
+      (!round_robin && f.GetString("adapter-assign") != "power")) {
+    std::fprintf(stderr,
+                 "chorus_bench_serve: need 0 <= adapters <= 1000000, alpha > 0, adapter-assign "
+                 "power|round-robin\n");
     return 2;
   }
   const double rate = f.GetFloat("rate"), cv = f.GetFloat("cv");
@@ -407,32 +536,41 @@ int main(int argc, char** argv) {
 
   const Url url = ParseUrl(f.GetString("url"));
   const std::string api_key = f.GetString("api-key"), model = f.GetString("model");
+  std::vector<std::string> adapter_names;
+  if (n_adapters > 0) {
+    std::string error;
+    adapter_names = ListAdapters(url, api_key, &error);
+    if (static_cast<int64_t>(adapter_names.size()) < n_adapters) {
+      std::fprintf(stderr,
+                   "chorus_bench_serve: the server lists %zu adapters, --adapters wants %lld%s%s\n",
+                   adapter_names.size(), static_cast<long long>(n_adapters),
+                   error.empty() ? "" : ": ", error.c_str());
+      return 2;
+    }
+    adapter_names.resize(static_cast<size_t>(n_adapters));
+    AssignAdapters(&plan, static_cast<int>(n_adapters), alpha, round_robin, &rng);
+  }
+  auto model_of = [&](size_t i) {
+    return plan[i].adapter >= 0 ? adapter_names[static_cast<size_t>(plan[i].adapter)] : model;
+  };
   const int timeout_s = static_cast<int>(f.GetInt("timeout"));
   const double max_duration = f.GetFloat("duration");
-  std::vector<Outcome> outcomes(plan.size());
-  std::vector<char> sent(plan.size(), 0);
-  std::vector<std::thread> threads;
-  threads.reserve(plan.size());
-  std::fprintf(stderr, "chorus_bench_serve: %lld requests at %.2f req/s (cv %.2f) to %s\n", static_cast<long long>(n),
-               rate, cv, url.scheme_host_port.c_str());
+  std::vector<Outcome> outcomes;
+  std::vector<char> sent;
+  std::fprintf(stderr, "chorus_bench_serve: %lld requests at %.2f req/s (cv %.2f) to %s%s\n",
+               static_cast<long long>(n), rate, cv, url.scheme_host_port.c_str(),
+               n_adapters > 0 ? (", " + std::to_string(n_adapters) + " adapters").c_str() : "");
   const auto start = Clock::now();
   MetricsPoller poller(url, api_key, f.GetFloat("metrics-interval"), start);
-  for (size_t i = 0; i < plan.size(); ++i) {
-    if (plan[i].arrival_s > max_duration) break;
-    std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(
-                                              std::chrono::duration<double>(plan[i].arrival_s)));
-    sent[i] = 1;
-    threads.emplace_back(
-        [&, i] { outcomes[i] = RunOne(url, api_key, model, plan[i], timeout_s, start); });
-  }
-  for (auto& th : threads) th.join();
+  const double elapsed =
+      SendPlan(url, api_key, plan, max_duration, timeout_s, model_of, start, &outcomes, &sent);
   poller.Stop();
-  const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
 
   // Per-request CSV.
   const std::string prefix = f.GetString("out");
   std::ofstream csv(prefix + ".csv");
-  csv << "request,arrival_s,input_tokens,output_tokens,status,ttft_s,tpot_s,latency_s,completion_tokens,error\n";
+  csv << "request,arrival_s,input_tokens,output_tokens,status,ttft_s,tpot_s,latency_s,completion_"
+         "tokens,error,adapter,cold\n";
   std::vector<double> ttft, tpot, latency;
   int64_t ok = 0, errors = 0, gen_tokens = 0, prompt_tokens = 0;
   for (size_t i = 0; i < plan.size(); ++i) {
@@ -449,29 +587,60 @@ int main(int argc, char** argv) {
     } else {
       ++errors;
     }
-    csv << i << ',' << plan[i].arrival_s << ',' << plan[i].input_tokens << ',' << plan[i].output_tokens << ','
-        << o.status << ',' << o.ttft_s << ',' << o.tpot_s << ',' << o.latency_s << ',' << o.completion_tokens << ','
-        << CsvEscape(o.error) << '\n';
+    csv << i << ',' << plan[i].arrival_s << ',' << plan[i].input_tokens << ','
+        << plan[i].output_tokens << ',' << o.status << ',' << o.ttft_s << ',' << o.tpot_s << ','
+        << o.latency_s << ',' << o.completion_tokens << ',' << CsvEscape(o.error) << ','
+        << plan[i].adapter << ',' << (plan[i].cold ? 1 : 0) << '\n';
   }
   csv.close();
-  json summary = {
-      {"workload", "slora"},
-      {"url", url.scheme_host_port},
-      {"rate", rate},
-      {"cv", cv},
-      {"requests_sent", ok + errors},
-      {"requests_ok", ok},
-      {"errors", errors},
-      {"duration_s", elapsed},
-      {"throughput_req_s", static_cast<double>(ok) / elapsed},
-      {"output_tokens_s", static_cast<double>(gen_tokens) / elapsed},
-      {"total_tokens_s", static_cast<double>(gen_tokens + prompt_tokens) / elapsed},
-      {"ttft_s", Stats(ttft)},
-      {"tpot_s", Stats(tpot)},
-      {"latency_s", Stats(latency)},
-      {"steady_state", SteadyState(outcomes, sent, poller.samples(), f.GetInt("saturation"))},
-      {"input_len", {in_lo, in_hi}},
-      {"output_len", {out_lo, out_hi}}};
+  json summary = {{"workload", "slora"},
+                  {"url", url.scheme_host_port},
+                  {"rate", rate},
+                  {"cv", cv},
+                  {"requests_sent", ok + errors},
+                  {"requests_ok", ok},
+                  {"errors", errors},
+                  {"duration_s", elapsed},
+                  {"throughput_req_s", static_cast<double>(ok) / elapsed},
+                  {"output_tokens_s", static_cast<double>(gen_tokens) / elapsed},
+                  {"total_tokens_s", static_cast<double>(gen_tokens + prompt_tokens) / elapsed},
+                  {"ttft_s", Stats(ttft)},
+                  {"tpot_s", Stats(tpot)},
+                  {"latency_s", Stats(latency)},
+                  {"steady_state",
+                   SteadyState(outcomes, sent, poller.samples(), f.GetInt("saturation"))},
+                  {"input_len", {in_lo, in_hi}},
+                  {"output_len", {out_lo, out_hi}}};
+  if (n_adapters > 0)
+    AddAdapterSummary(&summary, plan, outcomes, sent, static_cast<int>(n_adapters), alpha,
+                      round_robin);
+  if (f.GetBool("compare-base")) {
+    // The same plan (arrivals, lengths, prompts) once more, every request on the base model.
+    std::fprintf(stderr, "chorus_bench_serve: the same %lld requests on the base model\n",
+                 static_cast<long long>(n));
+    std::vector<Outcome> base_out;
+    std::vector<char> base_sent;
+    const double base_elapsed = SendPlan(
+        url, api_key, plan, max_duration, timeout_s, [&](size_t) { return model; }, Clock::now(),
+        &base_out,
+        &base_sent);
+    int64_t base_ok = 0, base_tokens = 0;
+    std::vector<double> base_ttft;
+    for (size_t i = 0; i < plan.size(); ++i) {
+      if (!base_sent[i] || base_out[i].status != 200 || !base_out[i].error.empty()) continue;
+      ++base_ok;
+      base_tokens += base_out[i].completion_tokens;
+      if (base_out[i].ttft_s >= 0) base_ttft.push_back(base_out[i].ttft_s);
+    }
+    const double base_tok_s = static_cast<double>(base_tokens) / base_elapsed;
+    summary["base_only"] = {{"requests_ok", base_ok},
+                            {"duration_s", base_elapsed},
+                            {"output_tokens_s", base_tok_s},
+                            {"ttft_s", Stats(base_ttft)}};
+    summary["output_tokens_s_vs_base"] =
+        base_tok_s > 0 ? summary["output_tokens_s"].get<double>() / base_tok_s : 0.0;
+    errors += static_cast<int64_t>(std::count(base_sent.begin(), base_sent.end(), 1)) - base_ok;
+  }
   std::ofstream(prefix + ".json") << summary.dump(2) << "\n";
   std::printf("%s\n", summary.dump(2).c_str());
 

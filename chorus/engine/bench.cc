@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <iomanip>
+#include <map>
 #include <numeric>
 #include <sstream>
 
@@ -92,6 +94,156 @@ double MeasureReadBandwidth(int threads, int64_t bytes, int repeats, std::vector
   return Median(gbs);
 }
 
+// ---- Workload "punica" (issue 4) ----
+
+std::vector<int> PunicaAssignment(const std::string& kind, int64_t b) {
+  std::vector<int> rows(static_cast<size_t>(b), 0);
+  if (kind == "distinct") {
+    for (int64_t i = 0; i < b; ++i) rows[static_cast<size_t>(i)] = static_cast<int>(i);
+  } else if (kind == "uniform") {
+    const int64_t groups = static_cast<int64_t>(std::ceil(std::sqrt(static_cast<double>(b))));
+    // Group g holds rows [g·b/groups, (g+1)·b/groups): sizes differ by at most one.
+    for (int64_t i = 0; i < b; ++i) rows[static_cast<size_t>(i)] = static_cast<int>(i * groups / b);
+  } else if (kind == "skewed") {
+    // Group sizes round(1.5^k), k = 0, 1, ...; the last group takes what is left.
+    int64_t i = 0;
+    double size = 1;
+    for (int g = 0; i < b; ++g, size *= 1.5) {
+      const int64_t n = std::min<int64_t>(std::max<int64_t>(1, std::llround(size)), b - i);
+      for (int64_t k = 0; k < n; ++k) rows[static_cast<size_t>(i++)] = g;
+    }
+  }  // "identical": all zero
+  return rows;
+}
+
+namespace {
+
+Result<EngineBenchReport> RunPunicaWorkload(const EngineBenchOptions& opts,
+                                            const std::function<void(const std::string&)>& progress,
+                                            EngineBenchReport rep) {
+  const DType dtype = opts.dtypes.front();
+  const std::string dname(DTypeName(dtype));
+  ThreadPool pool(opts.threads);
+  const int64_t max_b = *std::max_element(opts.batches.begin(), opts.batches.end());
+  const int64_t max_rows = std::max(opts.context, max_b);
+  progress("building synthetic " + opts.shape + " " + dname);
+  model::SyntheticSpec spec{.shape = opts.shape, .dtype = dtype, .seed = 1};
+  CHORUS_ASSIGN_OR_RETURN(auto mdl, model::MakeSyntheticModel(spec));
+  const model::ModelConfig& c = mdl->config();
+  model::Forward fwd(mdl, max_rows, max_rows);
+  memory::KvLayout layout{
+      .n_layers = c.n_layers, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim, .block_size = 16};
+  const int64_t blocks_per_seq = (opts.context + opts.decode_steps + 16 + 15) / 16;
+  memory::PagePool pages(blocks_per_seq * (max_b + 1), layout.PageBytes());
+  memory::KvCache kv(layout, &pages);
+  std::vector<float> logits(static_cast<size_t>(max_rows * c.vocab_size));
+  Rng rng(7);
+  auto random_token = [&] {
+    return static_cast<int32_t>(rng.NextU64() % static_cast<uint64_t>(c.vocab_size));
+  };
+
+  // max_b adapters (Distinct needs one per row), ranks round-robin.
+  progress("building " + std::to_string(max_b) + " LoRA adapters (q,k,v,o)");
+  std::vector<std::shared_ptr<const adapters::LoraAdapter>> loras;
+  for (int64_t a = 0; a < max_b; ++a) {
+    adapters::RandomLoraSpec ls;
+    ls.rank = opts.lora_ranks[static_cast<size_t>(a) % opts.lora_ranks.size()];
+    ls.alpha = 2.0f * static_cast<float>(ls.rank);
+    ls.seed = 900 + static_cast<uint64_t>(a);
+    ls.targets = {model::Linear::kQ, model::Linear::kK, model::Linear::kV, model::Linear::kO};
+    CHORUS_ASSIGN_OR_RETURN(auto lora,
+                            adapters::LoraAdapter::Build(adapters::MakeRandomLora(c, ls), c,
+                                                         "punica" + std::to_string(a)));
+    loras.push_back(std::move(lora));
+  }
+  adapters::LoraHook hook(c, max_rows);
+
+  const std::vector<std::string> kinds = {"base", "identical", "skewed", "uniform", "distinct"};
+  for (int64_t b : opts.batches) {
+    std::map<std::string, std::vector<double>> runs;
+    for (int r = 0; r < opts.repeats; ++r) {
+      for (const std::string& kind : kinds) {
+        std::vector<std::vector<int32_t>> tables(static_cast<size_t>(b));
+        std::vector<const int32_t*> tps(static_cast<size_t>(b));
+        for (int64_t s = 0; s < b; ++s) {
+          CHORUS_RETURN_IF_ERROR(
+              kv.Reserve(&tables[static_cast<size_t>(s)], opts.context + opts.decode_steps));
+          tps[static_cast<size_t>(s)] = tables[static_cast<size_t>(s)].data();
+        }
+        const bool with_lora = kind != "base";
+        std::vector<const adapters::LoraAdapter*> row_adapters;
+        if (with_lora) {
+          for (int a : PunicaAssignment(kind, b))
+            row_adapters.push_back(loras[static_cast<size_t>(a)].get());
+        }
+        // Context of every sequence, one prefill step each (untimed), with its adapter.
+        for (int64_t s = 0; s < b; ++s) {
+          std::vector<int32_t> toks(static_cast<size_t>(opts.context)), pos(toks.size()),
+              seq(toks.size(), static_cast<int32_t>(s)), lrows(toks.size());
+          for (size_t i = 0; i < toks.size(); ++i) {
+            toks[i] = random_token();
+            pos[i] = static_cast<int32_t>(i);
+            lrows[i] = static_cast<int32_t>(i);
+          }
+          model::StepInput in{toks, pos, seq, tps, {}};
+          if (with_lora) {
+            std::vector<const adapters::LoraAdapter*> prow(toks.size(),
+                                                           row_adapters[static_cast<size_t>(s)]);
+            CHORUS_RETURN_IF_ERROR(hook.SetRows(prow));
+            in.hook = &hook;
+          }
+          fwd.Run(in, &kv, &pool, logits.data());
+        }
+        std::vector<int32_t> toks(static_cast<size_t>(b)), pos(toks.size()), seq(toks.size()),
+            lrows(toks.size());
+        for (int64_t s = 0; s < b; ++s) {
+          toks[static_cast<size_t>(s)] = random_token();
+          seq[static_cast<size_t>(s)] = static_cast<int32_t>(s);
+          lrows[static_cast<size_t>(s)] = static_cast<int32_t>(s);
+        }
+        if (with_lora) CHORUS_RETURN_IF_ERROR(hook.SetRows(row_adapters));
+        auto t0 = Clock::now();
+        for (int64_t step = 0; step < opts.decode_steps; ++step) {
+          for (int64_t s = 0; s < b; ++s)
+            pos[static_cast<size_t>(s)] = static_cast<int32_t>(opts.context + step);
+          model::StepInput in{toks, pos, seq, tps, lrows};
+          if (with_lora) in.hook = &hook;
+          fwd.Run(in, &kv, &pool, logits.data());
+          for (int64_t s = 0; s < b; ++s) {
+            const float* lg = logits.data() + s * c.vocab_size;
+            toks[static_cast<size_t>(s)] =
+                static_cast<int32_t>(std::max_element(lg, lg + c.vocab_size) - lg);
+          }
+        }
+        const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+        runs[kind].push_back(static_cast<double>(b * opts.decode_steps) / secs);
+        for (auto& t : tables) kv.Release(&t);
+      }
+      progress("punica batch " + std::to_string(b) + ": repeat " + std::to_string(r + 1) + "/" +
+               std::to_string(opts.repeats) + " done");
+    }
+    for (const std::string& kind : kinds) {
+      EngineBenchRow row{dname,
+                         kind,
+                         b,
+                         Median(runs[kind]),
+                         runs[kind],
+                         0,
+                         static_cast<double>(mdl->StreamedBytesPerToken())};
+      if (kind != "base") {
+        const auto a = PunicaAssignment(kind, b);
+        row.adapters = *std::max_element(a.begin(), a.end()) + 1;
+      }
+      progress(dname + " punica " + kind + " batch " + std::to_string(b) + ": " +
+               std::to_string(row.tokens_per_s) + " tok/s");
+      rep.rows.push_back(row);
+    }
+  }
+  return rep;
+}
+
+}  // namespace
+
 Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
                                          const std::function<void(const std::string&)>& progress) {
   EngineBenchReport rep;
@@ -101,6 +253,9 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
   progress("measuring memory read bandwidth (" + std::to_string(opts.bandwidth_bytes >> 20) + " MiB, " +
            std::to_string(opts.threads) + " threads)");
   rep.bandwidth_gbs = MeasureReadBandwidth(opts.threads, opts.bandwidth_bytes, opts.repeats, &rep.bandwidth_runs);
+  if (opts.workload == "punica") return RunPunicaWorkload(opts, progress, std::move(rep));
+  if (opts.workload != "default")
+    return InvalidArgumentError("unknown workload '" + opts.workload + "' (default, punica)");
   ThreadPool pool(opts.threads);
   // Rows of the largest step: the prefill prompt, a sequence's context fill, or a decode batch.
   const int64_t max_batch = std::max({opts.prefill_tokens, opts.context,
@@ -226,13 +381,14 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
 
 std::string EngineBenchReport::ToCsv() const {
   std::ostringstream s;
-  s << "shape,threads,isa,dtype,metric,batch,tokens_per_s,roofline_fraction,bandwidth_gbs,runs\n";
+  s << "shape,threads,isa,dtype,metric,batch,tokens_per_s,roofline_fraction,bandwidth_gbs,runs,"
+       "adapters\n";
   for (const auto& r : rows) {
     s << shape << "," << threads << "," << isa << "," << r.dtype << "," << r.metric << "," << r.batch << ","
       << std::fixed << std::setprecision(2) << r.tokens_per_s << "," << std::setprecision(3) << r.roofline_fraction
       << "," << std::setprecision(2) << bandwidth_gbs << ",";
     for (size_t i = 0; i < r.runs.size(); ++i) s << (i ? ";" : "") << std::setprecision(2) << r.runs[i];
-    s << "\n";
+    s << "," << r.adapters << "\n";
   }
   return s.str();
 }
@@ -244,9 +400,11 @@ std::string EngineBenchReport::ToJson() const {
     << "\",\"bandwidth_gbs\":" << bandwidth_gbs << ",\"rows\":[";
   for (size_t i = 0; i < rows.size(); ++i) {
     const auto& r = rows[i];
-    s << (i ? "," : "") << "{\"dtype\":\"" << r.dtype << "\",\"metric\":\"" << r.metric << "\",\"batch\":" << r.batch
-      << ",\"tokens_per_s\":" << r.tokens_per_s << ",\"roofline_fraction\":" << r.roofline_fraction
-      << ",\"weight_bytes_per_token\":" << r.weight_bytes_per_token << ",\"runs\":[";
+    s << (i ? "," : "") << "{\"dtype\":\"" << r.dtype << "\",\"metric\":\"" << r.metric
+      << "\",\"batch\":" << r.batch << ",\"tokens_per_s\":" << r.tokens_per_s
+      << ",\"roofline_fraction\":" << r.roofline_fraction
+      << ",\"weight_bytes_per_token\":" << r.weight_bytes_per_token
+      << ",\"adapters\":" << r.adapters << ",\"runs\":[";
     for (size_t j = 0; j < r.runs.size(); ++j) s << (j ? "," : "") << r.runs[j];
     s << "]}";
   }
@@ -264,6 +422,17 @@ std::string EngineBenchReport::ToTable() const {
     s << std::left << std::setw(7) << r.dtype << std::setw(13) << r.metric << std::setw(8) << r.batch << std::setw(9)
       << r.tokens_per_s;
     if (r.metric == "decode" && r.batch == 1) s << std::setprecision(1) << 100.0 * r.roofline_fraction << " %";
+    if (r.metric == "identical" || r.metric == "skewed" || r.metric == "uniform" ||
+        r.metric == "distinct") {
+      for (const auto& ref : rows) {
+        if (ref.dtype == r.dtype && ref.batch == r.batch && ref.tokens_per_s > 0 &&
+            (ref.metric == "base" || ref.metric == "identical")) {
+          s << std::setprecision(1) << 100.0 * r.tokens_per_s / ref.tokens_per_s << " % of "
+            << ref.metric << "  ";
+        }
+      }
+      s << "(" << r.adapters << " adapters)";
+    }
     if (r.metric == "decode-lora") {
       for (const auto& base : rows) {
         if (base.dtype == r.dtype && base.metric == "decode" && base.batch == r.batch && base.tokens_per_s > 0) {

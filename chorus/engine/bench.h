@@ -30,17 +30,30 @@ struct EngineBenchOptions {
   // base-only "decode" of the same invocation.
   int64_t n_adapters = 0;
   std::vector<int64_t> lora_ranks = {8, 16, 32, 64};
+  // Workload (issue 4): "default" = the figures above; "punica" = DESIGN §10's Punica
+  // popularity workload instead: for each decode batch B (dtype = dtypes[0]), decode tokens/s
+  // with every row on the base model ("base"), and with LoRA adapters (q,k,v,o, ranks
+  // round-robin over lora_ranks) assigned by popularity: "identical" (one adapter), "skewed"
+  // (group sizes growing ×1.5: 1, 2, 2, 3, 5, 8, 11 for B = 32), "uniform" (⌈√B⌉ equal groups),
+  // "distinct" (B adapters). Rows of one adapter are contiguous, as the engine orders them.
+  // The kinds are interleaved within each repeat so drift on a shared machine hits all alike.
+  std::string workload = "default";
 };
 
 struct EngineBenchRow {
   std::string dtype;
-  std::string metric;    // "prefill", "decode", "decode-lora"
+  std::string metric;    // "prefill", "decode", "decode-lora"; punica: "base", "identical", ...
   int64_t batch = 1;     // rows per step (decode) or 1 (prefill)
   double tokens_per_s = 0;                // median
   std::vector<double> runs;               // every run, tokens/s
   double roofline_fraction = 0;           // decode batch 1 only
   double weight_bytes_per_token = 0;
+  int64_t adapters = 0;  // distinct adapters in the batch (punica workload)
 };
+
+// Adapter-row assignment of the punica workload: for `kind` ("identical", "skewed", "uniform",
+// "distinct") and batch `b`, the adapter index of each row (contiguous groups). Exposed for tests.
+std::vector<int> PunicaAssignment(const std::string& kind, int64_t b);
 
 struct EngineBenchReport {
   std::string shape;

@@ -211,6 +211,7 @@ Result<std::shared_ptr<RequestHandle>> Engine::Submit(GenerationRequest req) {
     impl_->queued.fetch_add(shared_req->n);
   }
   metrics_.requests_total.fetch_add(1);
+  metrics_.adapters.CountRequest(shared_req->adapter);  // per-adapter series (issue 4)
   metrics_.queue_length.store(impl_->queued.load());
   impl_->cv.notify_all();
   return handle;
@@ -344,6 +345,7 @@ void Engine::Impl::OnToken(Sequence* s, const float* row_logits) {
     double ttft = Seconds(now - s->arrival);
     s->handle->SetTtft(ttft);
     self->metrics_.ttft_seconds.Observe(ttft);
+    self->metrics_.adapters.ObserveTtft(s->req->adapter, ttft);
   } else {
     self->metrics_.time_per_output_token_seconds.Observe(Seconds(now - s->last_token));
   }

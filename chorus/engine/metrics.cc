@@ -29,4 +29,103 @@ Histogram::Snapshot Histogram::Get() const {
   return s;
 }
 
+// ---- AdapterMetrics ----
+
+const std::vector<double>& AdapterMetrics::TtftBounds() {
+  static const std::vector<double> kBounds = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                              1,    2.5,   5,    10,  30,   60};
+  return kBounds;
+}
+
+AdapterMetrics::Entry& AdapterMetrics::EntryLocked(const std::string& adapter) {
+  auto it = entries_.find(adapter);
+  if (it == entries_.end()) {
+    if (entries_.size() >= kMaxTracked && !adapter.empty()) {
+      if (overflow_.counts.empty()) overflow_.counts.assign(TtftBounds().size() + 1, 0);
+      return overflow_;
+    }
+    it = entries_.emplace(adapter, Entry{}).first;
+    it->second.counts.assign(TtftBounds().size() + 1, 0);
+  }
+  return it->second;
+}
+
+void AdapterMetrics::CountRequest(const std::string& adapter) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++EntryLocked(adapter).requests;
+}
+
+void AdapterMetrics::ObserveTtft(const std::string& adapter, double seconds) {
+  const auto& b = TtftBounds();
+  const size_t i = static_cast<size_t>(std::lower_bound(b.begin(), b.end(), seconds) - b.begin());
+  std::lock_guard<std::mutex> lock(mu_);
+  Entry& e = EntryLocked(adapter);
+  ++e.counts[i];
+  e.sum += seconds;
+  ++e.count;
+}
+
+namespace {
+
+void AddInto(AdapterMetrics::Series* s, uint64_t requests, const std::vector<uint64_t>& counts,
+             double sum, uint64_t count) {
+  s->requests += requests;
+  if (s->ttft.cumulative.empty()) s->ttft.cumulative.assign(counts.size(), 0);
+  uint64_t acc = 0;
+  for (size_t i = 0; i < counts.size() && i < s->ttft.cumulative.size(); ++i) {
+    acc += counts[i];
+    s->ttft.cumulative[i] += acc;
+  }
+  s->ttft.sum += sum;
+  s->ttft.count += count;
+}
+
+}  // namespace
+
+AdapterMetrics::Export AdapterMetrics::Top(size_t top_n) const {
+  Export out;
+  const auto& bounds = TtftBounds();
+  auto init = [&](Series* s, std::string name) {
+    s->adapter = std::move(name);
+    s->ttft.bounds = bounds;
+    s->ttft.cumulative.assign(bounds.size() + 1, 0);
+  };
+  init(&out.base, "");
+  init(&out.other, "");
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::pair<const std::string*, const Entry*>> named;
+  named.reserve(entries_.size());
+  for (const auto& [name, e] : entries_) {
+    if (name.empty()) {
+      AddInto(&out.base, e.requests, e.counts, e.sum, e.count);
+    } else {
+      named.emplace_back(&name, &e);
+    }
+  }
+  const size_t n = std::min(top_n, named.size());
+  std::partial_sort(named.begin(), named.begin() + static_cast<std::ptrdiff_t>(n), named.end(),
+                    [](const auto& x, const auto& y) {
+                      if (x.second->requests != y.second->requests)
+                        return x.second->requests > y.second->requests;
+                      return *x.first < *y.first;
+                    });
+  for (size_t i = 0; i < named.size(); ++i) {
+    const Entry& e = *named[i].second;
+    if (i < n) {
+      Series s;
+      init(&s, *named[i].first);
+      AddInto(&s, e.requests, e.counts, e.sum, e.count);
+      out.top.push_back(std::move(s));
+    } else {
+      AddInto(&out.other, e.requests, e.counts, e.sum, e.count);
+      ++out.other_adapters;
+    }
+  }
+  if (!overflow_.counts.empty()) {
+    AddInto(&out.other, overflow_.requests, overflow_.counts, overflow_.sum, overflow_.count);
+    ++out.other_adapters;
+  }
+  return out;
+}
+
 }  // namespace chorus::engine

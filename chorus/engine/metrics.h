@@ -7,6 +7,8 @@
 #include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace chorus::engine {
@@ -31,6 +33,48 @@ class Histogram {
   uint64_t count_ = 0;            // guarded by mu_
 };
 
+// ---- Per-adapter series (issue 4) ----
+// Request counters and TTFT histograms by adapter name ("" = the base model). Every name is
+// tracked in memory (up to kMaxTracked names; later new names are folded into an overflow
+// entry, so a stream of one-off names cannot grow memory without bound), but /metrics exports
+// only the top N by requests plus one "other" series (see Top()), so the number of Prometheus
+// series stays bounded whatever the number of adapters.
+class AdapterMetrics {
+ public:
+  static constexpr size_t kMaxTracked = 65536;
+  static const std::vector<double>& TtftBounds();  // the histogram's upper bounds (seconds)
+
+  void CountRequest(const std::string& adapter);
+  void ObserveTtft(const std::string& adapter, double seconds);
+
+  struct Series {
+    std::string adapter;  // "" = base model
+    uint64_t requests = 0;
+    Histogram::Snapshot ttft;
+  };
+  struct Export {
+    std::vector<Series> top;    // adapters (not the base), most requests first, ties by name
+    Series base;                // the base model ("" name); zero when it had no request
+    Series other;               // every other adapter, summed (bucket counts add up)
+    size_t other_adapters = 0;  // names folded into `other`
+  };
+  // The `top_n` adapters with most requests, the base model, and the rest summed as `other`.
+  Export Top(size_t top_n) const;
+
+ private:
+  struct Entry {
+    uint64_t requests = 0;
+    std::vector<uint64_t> counts;  // per bound, then +Inf (not cumulative)
+    double sum = 0;
+    uint64_t count = 0;
+  };
+  Entry& EntryLocked(const std::string& adapter);
+
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, Entry> entries_;  // guarded by mu_
+  Entry overflow_;                                  // guarded by mu_; names beyond kMaxTracked
+};
+
 struct EngineMetrics {
   std::atomic<int64_t> queue_length{0};
   std::atomic<int64_t> running{0};
@@ -45,6 +89,7 @@ struct EngineMetrics {
   Histogram ttft_seconds{{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}};
   Histogram time_per_output_token_seconds{{0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2.5}};
   Histogram step_seconds{{0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2.5}};
+  AdapterMetrics adapters;  // per-adapter requests and TTFT (issue 4)
 };
 
 }  // namespace chorus::engine

@@ -1,6 +1,7 @@
 #include "chorus/server/prometheus.h"
 
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
@@ -10,6 +11,11 @@ namespace {
 // Shortest decimal that reads back as `v` (so bucket bounds print as "0.025", not 0.0250...01).
 std::string Num(double v) {
   char buf[64];
+  // Integers print plainly ("10", not "1e+01", which %.1g would give).
+  if (std::isfinite(v) && v == std::trunc(v) && std::fabs(v) < 1e15) {
+    std::snprintf(buf, sizeof(buf), "%.0f", v);
+    return buf;
+  }
   for (int precision = 1; precision <= 17; ++precision) {
     std::snprintf(buf, sizeof(buf), "%.*g", precision, v);
     if (std::strtod(buf, nullptr) == v) break;
@@ -98,6 +104,98 @@ std::string RenderPrometheus(const engine::EngineMetrics* m, const HttpCounters&
   for (const auto& [key, n] : http.Snapshot()) {
     out += "chorus_http_requests_total{route=\"" + key.first + "\",status=\"" + std::to_string(key.second) + "\"} " +
            std::to_string(n) + "\n";
+  }
+  return out;
+}
+
+// ---- Adapter series (issue 4) ----
+
+std::string EscapeLabelValue(std::string_view v) {
+  std::string out;
+  out.reserve(v.size());
+  for (char c : v) {
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '"')
+      out += "\\\"";
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
+  }
+  return out;
+}
+
+namespace {
+
+void AdapterHist(std::string* out, const char* name, const std::string& label,
+                 const engine::Histogram::Snapshot& s) {
+  const std::string l = "adapter=\"" + EscapeLabelValue(label) + "\"";
+  for (size_t i = 0; i < s.bounds.size() && i < s.cumulative.size(); ++i) {
+    *out += std::string(name) + "_bucket{" + l + ",le=\"" + Num(s.bounds[i]) + "\"} " +
+            std::to_string(s.cumulative[i]) + "\n";
+  }
+  *out += std::string(name) + "_bucket{" + l + ",le=\"+Inf\"} " + std::to_string(s.count) + "\n";
+  *out += std::string(name) + "_sum{" + l + "} " + Num(s.sum) + "\n";
+  *out += std::string(name) + "_count{" + l + "} " + std::to_string(s.count) + "\n";
+}
+
+}  // namespace
+
+std::string RenderAdapterPrometheus(const engine::AdapterMetrics& m,
+                                    const adapters::AdapterCache::Stats* cache, int64_t registered,
+                                    const AdapterExportOptions& opts) {
+  std::string out;
+  const auto ex = m.Top(opts.top_n);
+  // Series in a fixed order: the base, the top adapters, then (other).
+  std::vector<const engine::AdapterMetrics::Series*> series;
+  std::vector<std::string> labels;
+  series.push_back(&ex.base);
+  labels.push_back(opts.base_label);
+  for (const auto& s : ex.top) {
+    series.push_back(&s);
+    labels.push_back(s.adapter);
+  }
+  series.push_back(&ex.other);
+  labels.push_back(std::string(kOtherAdaptersLabel));
+
+  Header(&out, "chorus_adapter_requests_total", "counter",
+         "Requests accepted by the engine, by adapter (top N adapters by requests, the base model, "
+         "and (other)).");
+  for (size_t i = 0; i < series.size(); ++i) {
+    out += "chorus_adapter_requests_total{adapter=\"" + EscapeLabelValue(labels[i]) + "\"} " +
+           std::to_string(series[i]->requests) + "\n";
+  }
+  Header(&out, "chorus_adapter_time_to_first_token_seconds", "histogram",
+         "Time from submission to the first generated token, by adapter (same labels as "
+         "chorus_adapter_requests_total).");
+  for (size_t i = 0; i < series.size(); ++i)
+    AdapterHist(&out, "chorus_adapter_time_to_first_token_seconds", labels[i], series[i]->ttft);
+  Scalar(&out, "chorus_adapter_other_adapters", "gauge", "Adapters folded into the (other) series.",
+         static_cast<double>(ex.other_adapters));
+  if (registered >= 0) {
+    Scalar(&out, "chorus_adapters_registered", "gauge", "Adapters in the registry.",
+           static_cast<double>(registered));
+  }
+  if (cache) {
+    Scalar(&out, "chorus_adapter_host_cache_hits_total", "counter",
+           "Adapter lookups served from the host tier.", static_cast<double>(cache->hits));
+    Scalar(&out, "chorus_adapter_host_cache_misses_total", "counter",
+           "Adapter lookups that missed the host tier.", static_cast<double>(cache->misses));
+    Scalar(&out, "chorus_adapter_host_cache_evictions_total", "counter",
+           "Adapters evicted from the host tier (LRU).", static_cast<double>(cache->evictions));
+    Scalar(&out, "chorus_adapter_load_errors_total", "counter",
+           "Adapter loads from disk that failed.", static_cast<double>(cache->load_errors));
+    Header(&out, "chorus_adapter_load_seconds", "summary",
+           "Duration of adapter loads from disk into the host tier.");
+    out += "chorus_adapter_load_seconds_sum " + Num(cache->load_seconds_total) + "\n";
+    out += "chorus_adapter_load_seconds_count " + std::to_string(cache->loads) + "\n";
+    Scalar(&out, "chorus_adapter_last_load_seconds", "gauge",
+           "Duration of the most recent adapter load.", cache->last_load_seconds);
+    Scalar(&out, "chorus_adapter_host_cache_bytes", "gauge",
+           "Bytes of decoded adapters in the host tier.", static_cast<double>(cache->bytes));
+    Scalar(&out, "chorus_adapter_host_cache_entries", "gauge", "Adapters in the host tier.",
+           static_cast<double>(cache->entries));
   }
   return out;
 }

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <utility>
 
+#include "chorus/adapters/adapter_cache.h"
 #include "chorus/engine/metrics.h"
 
 namespace chorus::server {
@@ -31,5 +32,28 @@ class HttpCounters {
 // `kv_block_bytes` is the size of one KV block (for the pool bytes gauges; 0 = omit).
 std::string RenderPrometheus(const engine::EngineMetrics* engine, const HttpCounters& http,
                              int64_t kv_block_bytes);
+
+// ---- Adapter series (issue 4) ----
+
+// Label value of the series that sums every adapter outside the top N. Parentheses are not
+// allowed in adapter names, so it never collides with a real adapter.
+inline constexpr std::string_view kOtherAdaptersLabel = "(other)";
+
+struct AdapterExportOptions {
+  size_t top_n = 16;       // adapters exported by name (most requests first); the rest are summed
+  std::string base_label;  // the base model's label value (the served model name)
+};
+
+// Per-adapter request counters and TTFT histograms — label `adapter` = the top N adapter names,
+// the base model (`base_label`) and kOtherAdaptersLabel — then, when `cache` is set, the host
+// tier's hits / misses / loads / load latency / evictions / bytes, and when `registered` ≥ 0
+// the number of registered adapters. Series count is bounded by top_n + 2 whatever the number
+// of adapters.
+std::string RenderAdapterPrometheus(const engine::AdapterMetrics& m,
+                                    const adapters::AdapterCache::Stats* cache, int64_t registered,
+                                    const AdapterExportOptions& opts);
+
+// Escapes a label value for the text format: backslash, double quote and newline.
+std::string EscapeLabelValue(std::string_view v);
 
 }  // namespace chorus::server

@@ -237,6 +237,9 @@ Status ServerOptions::Validate() const {
   }
   if (max_connections < 1 || max_connections > 65536) return InvalidArgumentError("max-connections must be in [1, 65536]");
   if (served_model_name.empty()) return InvalidArgumentError("served-model-name must not be empty");
+  if (metrics_top_adapters < 0 || metrics_top_adapters > 10000) {
+    return InvalidArgumentError("metrics-top-adapters must be in [0, 10000]");
+  }
   if (read_timeout_s < 1 || write_timeout_s < 1 || keep_alive_timeout_s < 1) {
     return InvalidArgumentError("timeouts must be at least 1 s");
   }
@@ -492,7 +495,15 @@ void Server::Impl::Routes() {
 
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     const engine::EngineMetrics* m = self->ready() ? &engine->metrics() : nullptr;
-    res.set_content(RenderPrometheus(m, counters, kv_block_bytes), "text/plain; version=0.0.4; charset=utf-8");
+    std::string text = RenderPrometheus(m, counters, kv_block_bytes);
+    if (m) {  // per-adapter series and the host tier (issue 4)
+      std::optional<adapters::AdapterCache::Stats> cs;
+      if (adapter_cache) cs = adapter_cache->stats();
+      text += RenderAdapterPrometheus(
+          m->adapters, cs ? &*cs : nullptr, registry ? static_cast<int64_t>(registry->size()) : -1,
+          {static_cast<size_t>(self->opts_.metrics_top_adapters), self->opts_.served_model_name});
+    }
+    res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
   });
 
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {

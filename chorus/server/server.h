@@ -46,6 +46,7 @@ struct ServerOptions {
   int read_timeout_s = 30;         // a client must send its request within this
   int write_timeout_s = 30;        // a client that stops reading is cut off (request cancelled)
   int keep_alive_timeout_s = 5;    // idle keep-alive connections are closed after this
+  int metrics_top_adapters = 16;   // /metrics names this many adapters; the rest are "(other)"
   Status Validate() const;
 };
 

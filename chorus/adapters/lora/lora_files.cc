@@ -2,7 +2,10 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -595,6 +598,347 @@ Status WriteGgufLora(const std::string& path, const LoraWeights& w, const model:
     }
   }
   return g.Write(path);
+}
+
+}  // namespace chorus::adapters
+
+// ---- Inspection and synthetic sets ----
+
+namespace chorus::adapters {
+namespace {
+
+// Per (layer, linear) what the tensor headers say, before summarizing.
+struct ModuleProbe {
+  int64_t a_rows = -1, a_cols = 0, b_rows = 0, b_cols = -1;
+  std::string a_dtype, b_dtype;
+  float alpha = 0;
+};
+
+const char* HfLeaf(Linear which) {
+  for (const ModuleName& m : kModules) {
+    if (m.which == which) return std::strchr(m.hf, '.') + 1;
+  }
+  return "?";
+}
+
+int64_t FileBytes(const std::string& path) {
+  std::error_code ec;
+  const auto n = std::filesystem::file_size(path, ec);
+  return ec ? 0 : static_cast<int64_t>(n);
+}
+
+Status Summarize(const std::string& where, std::map<std::pair<int64_t, int>, ModuleProbe>& probes,
+                 LoraFileInfo* info) {
+  std::map<int, LoraModuleSummary> by_linear;
+  for (auto& [key, p] : probes) {
+    const auto [layer, li] = key;
+    const Linear which = static_cast<Linear>(li);
+    const std::string mname = LoraModuleName(layer, which);
+    if (p.a_rows < 0)
+      return InvalidArgumentError(where + ": " + mname + " has lora_B but no lora_A");
+    if (p.b_cols < 0)
+      return InvalidArgumentError(where + ": " + mname + " has lora_A but no lora_B");
+    if (p.a_rows != p.b_cols) {
+      return InvalidArgumentError(where + ": " + mname + ": lora_A has rank " +
+                                  std::to_string(p.a_rows) + ", lora_B has rank " +
+                                  std::to_string(p.b_cols));
+    }
+    if (p.a_rows < 1) return InvalidArgumentError(where + ": " + mname + " has rank 0");
+    LoraModuleSummary& s = by_linear[li];
+    if (s.layers == 0) {
+      s.name = HfLeaf(which);
+      s.in = p.a_cols;
+      s.out = p.b_rows;
+      s.dtype = p.a_dtype == p.b_dtype ? p.a_dtype : p.a_dtype + "/" + p.b_dtype;
+    } else {
+      if (s.in != p.a_cols || s.out != p.b_rows) {
+        return InvalidArgumentError(where + ": " + mname + " has shape [" +
+                                    std::to_string(p.b_rows) + " ← " + std::to_string(p.a_cols) +
+                                    "], other layers' " + s.name + " [" + std::to_string(s.out) +
+                                    " ← " + std::to_string(s.in) + "]");
+      }
+      const std::string d = p.a_dtype == p.b_dtype ? p.a_dtype : p.a_dtype + "/" + p.b_dtype;
+      if (d != s.dtype) s.dtype = "mixed";
+    }
+    ++s.layers;
+    ++s.ranks[p.a_rows];
+    ++s.alphas[p.alpha];
+    info->n_layers = std::max(info->n_layers, layer + 1);
+  }
+  for (auto& [li, s] : by_linear) info->modules.push_back(std::move(s));
+  if (info->modules.empty()) return InvalidArgumentError(where + ": no LoRA tensors");
+  return OkStatus();
+}
+
+std::string LowerDType(std::string d) {
+  for (char& c : d) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return d;
+}
+
+Result<LoraFileInfo> InspectPeftDir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const std::string st_path = (fs::path(dir) / kSafetensorsFile).string();
+  const std::string cfg_path = (fs::path(dir) / kConfigFile).string();
+  if (!fs::exists(st_path, ec)) {
+    if (fs::exists(fs::path(dir) / kPickleFile, ec)) {
+      return UnimplementedError(dir +
+                                ": adapter_model.bin is a pickle file, which Chorus refuses to "
+                                "load (unpickling can run code); save the adapter as safetensors");
+    }
+    return NotFoundError(dir + ": no " + kSafetensorsFile);
+  }
+  if (!fs::exists(cfg_path, ec)) return NotFoundError(dir + ": no " + kConfigFile);
+  CHORUS_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(cfg_path));
+  auto pc_or = ParsePeftConfig(text);
+  if (!pc_or.ok()) return pc_or.status().WithContext(cfg_path);
+  const PeftConfig& pc = *pc_or;
+  CHORUS_ASSIGN_OR_RETURN(auto file, formats::SafetensorsFile::Open(st_path));
+  LoraFileInfo info;
+  info.path = dir;
+  info.format = "peft";
+  info.base_model = pc.base_model;
+  info.use_rslora = pc.use_rslora;
+  info.config_r = pc.r;
+  info.config_alpha = pc.alpha;
+  info.file_bytes = FileBytes(st_path) + FileBytes(cfg_path);
+  std::map<std::pair<int64_t, int>, ModuleProbe> probes;
+  for (const formats::SafetensorsTensorInfo& t : file->tensors()) {
+    auto tn = ParsePeftTensorName(t.name);
+    if (!tn.ok()) return tn.status().WithContext(st_path);
+    if (t.dtype != "F32" && t.dtype != "F16" && t.dtype != "BF16") {
+      return InvalidArgumentError(st_path + ": tensor '" + t.name + "' has dtype " + t.dtype +
+                                  " (LoRA weights must be F32, F16 or BF16)");
+    }
+    if (t.shape.size() != 2) {
+      return InvalidArgumentError(st_path + ": tensor '" + t.name + "' is not a matrix");
+    }
+    ModuleProbe& p = probes[{tn->layer, static_cast<int>(tn->which)}];
+    if ((tn->is_a && p.a_rows >= 0) || (!tn->is_a && p.b_cols >= 0)) {
+      return InvalidArgumentError(st_path + ": duplicate tensor for " +
+                                  LoraModuleName(tn->layer, tn->which));
+    }
+    if (tn->is_a) {
+      p.a_rows = t.shape[0];
+      p.a_cols = t.shape[1];
+      p.a_dtype = LowerDType(t.dtype);
+    } else {
+      p.b_rows = t.shape[0];
+      p.b_cols = t.shape[1];
+      p.b_dtype = LowerDType(t.dtype);
+    }
+    ++info.n_tensors;
+    info.tensor_bytes += static_cast<int64_t>(t.end - t.begin);
+  }
+  for (auto& [key, p] : probes) {
+    const Linear which = static_cast<Linear>(key.second);
+    const std::string path = "model." + LoraModuleName(key.first, which);
+    int64_t want_r = pc.r;
+    for (const auto& [k, v] : pc.rank_pattern) {
+      if (PatternMatches(k, path)) {
+        want_r = v;
+        break;
+      }
+    }
+    p.alpha = static_cast<float>(pc.alpha);
+    for (const auto& [k, v] : pc.alpha_pattern) {
+      if (PatternMatches(k, path)) {
+        p.alpha = static_cast<float>(v);
+        break;
+      }
+    }
+    if (p.a_rows >= 0 && p.a_rows != want_r) {
+      return InvalidArgumentError(dir + ": lora_A of " + LoraModuleName(key.first, which) +
+                                  " has rank " + std::to_string(p.a_rows) +
+                                  ", adapter_config.json says " + std::to_string(want_r) +
+                                  " (r / rank_pattern)");
+    }
+  }
+  CHORUS_RETURN_IF_ERROR(Summarize(dir, probes, &info));
+  return info;
+}
+
+Result<LoraFileInfo> InspectGguf(const std::string& path) {
+  CHORUS_ASSIGN_OR_RETURN(auto file, formats::GgufFile::Open(path));
+  auto type = file->GetString("general.type");
+  if (!type.ok() || *type != "adapter") {
+    return InvalidArgumentError(
+        path + ": general.type is " + (type.ok() ? "'" + *type + "'" : "missing") +
+        ", expected 'adapter' (is this a base model rather than a LoRA file?)");
+  }
+  auto atype = file->GetString("adapter.type");
+  if (!atype.ok() || *atype != "lora") {
+    return UnimplementedError(path + ": adapter.type is " +
+                              (atype.ok() ? "'" + *atype + "'" : "missing") +
+                              ", only 'lora' is supported");
+  }
+  LoraFileInfo info;
+  info.path = path;
+  info.format = "gguf";
+  if (auto a = file->GetString("general.architecture"); a.ok()) info.architecture = *a;
+  for (const char* key : {"general.basename", "general.name"}) {
+    if (auto b = file->GetString(key); b.ok() && info.base_model.empty()) info.base_model = *b;
+  }
+  if (file->Has("adapter.lora.alpha")) {
+    CHORUS_ASSIGN_OR_RETURN(info.config_alpha, file->GetFloat("adapter.lora.alpha"));
+    if (!std::isfinite(info.config_alpha))
+      return InvalidArgumentError(path + ": adapter.lora.alpha is not finite");
+  }
+  info.file_bytes = FileBytes(path);
+  std::map<std::pair<int64_t, int>, ModuleProbe> probes;
+  for (const formats::GgufTensorInfo& t : file->tensors()) {
+    const std::string& name = t.name;
+    bool is_a;
+    if (EndsWith(name, ".lora_a")) {
+      is_a = true;
+    } else if (EndsWith(name, ".lora_b")) {
+      is_a = false;
+    } else if (EndsWith(name, "_norm.weight")) {
+      continue;
+    } else {
+      return InvalidArgumentError(path + ": LoRA tensor '" + name +
+                                  "' has an unexpected suffix (expected .lora_a / .lora_b)");
+    }
+    const std::string target = name.substr(0, name.size() - 7);
+    if (target == "token_embd.weight" || target == "output.weight") {
+      return UnimplementedError(path + ": tensor '" + name +
+                                "': LoRA on embeddings / output is not supported");
+    }
+    if (target.rfind("blk.", 0) != 0) {
+      return InvalidArgumentError(path + ": tensor '" + name + "' does not target a decoder layer");
+    }
+    size_t pos = 4;
+    std::optional<int64_t> layer = ParseIndex(target, &pos);
+    if (!layer)
+      return InvalidArgumentError(path + ": tensor '" + name + "' has a malformed layer index");
+    const std::string leaf = target.substr(pos);
+    const ModuleName* mod = nullptr;
+    for (const ModuleName& m : kModules) {
+      if (leaf == m.gguf) mod = &m;
+    }
+    if (mod == nullptr) {
+      return InvalidArgumentError(path + ": tensor '" + name + "' targets unknown module '" + leaf +
+                                  "'");
+    }
+    auto dt = formats::GgmlTypeToDType(t.ggml_type);
+    if (!dt.ok() || !(*dt == DType::kF32 || *dt == DType::kF16 || *dt == DType::kBF16 ||
+                      *dt == DType::kQ8_0 || *dt == DType::kQ4_0)) {
+      return InvalidArgumentError(path + ": tensor '" + name + "' has type " +
+                                  formats::GgmlTypeName(t.ggml_type) +
+                                  " (LoRA weights must be F32, F16, BF16, Q8_0 or Q4_0)");
+    }
+    if (t.shape.size() != 2)
+      return InvalidArgumentError(path + ": tensor '" + name + "' is not a matrix");
+    ModuleProbe& p = probes[{*layer, static_cast<int>(mod->which)}];
+    if ((is_a && p.a_rows >= 0) || (!is_a && p.b_cols >= 0)) {
+      return InvalidArgumentError(path + ": duplicate tensor '" + name + "'");
+    }
+    const std::string d(DTypeName(*dt));
+    if (is_a) {
+      p.a_rows = t.shape[0];
+      p.a_cols = t.shape[1];
+      p.a_dtype = d;
+    } else {
+      p.b_rows = t.shape[0];
+      p.b_cols = t.shape[1];
+      p.b_dtype = d;
+    }
+    ++info.n_tensors;
+    info.tensor_bytes += static_cast<int64_t>(t.n_bytes);
+  }
+  for (auto& [key, p] : probes) {
+    p.alpha = info.config_alpha == 0 ? static_cast<float>(std::max<int64_t>(p.a_rows, 0))
+                                     : static_cast<float>(info.config_alpha);
+  }
+  CHORUS_RETURN_IF_ERROR(Summarize(path, probes, &info));
+  return info;
+}
+
+}  // namespace
+
+Result<LoraFileInfo> InspectLoraFile(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) return InspectPeftDir(path);
+  const fs::path p(path);
+  if (p.filename() == kPickleFile || p.extension() == ".bin" || p.extension() == ".pt" ||
+      p.extension() == ".pth") {
+    return UnimplementedError(
+        path +
+        ": pickle checkpoints are refused (unpickling can run code); save the adapter as "
+        "safetensors (PEFT save_pretrained(..., safe_serialization=True))");
+  }
+  if (p.filename() == kConfigFile || p.filename() == kSafetensorsFile) {
+    return InspectPeftDir(p.parent_path().empty() ? "." : p.parent_path().string());
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFoundError(path + ": cannot open");
+  char magic[4] = {0, 0, 0, 0};
+  in.read(magic, 4);
+  if (in.gcount() == 4 && std::string(magic, 4) == "GGUF") return InspectGguf(path);
+  return InvalidArgumentError(path + ": neither a PEFT adapter directory nor a GGUF file");
+}
+
+Result<int64_t> WriteSyntheticLoraSet(const std::string& dir, const model::ModelConfig& base,
+                                      const SyntheticLoraSetOptions& opts,
+                                      const std::function<void(int64_t)>& progress) {
+  namespace fs = std::filesystem;
+  if (opts.count < 1) return InvalidArgumentError("adapter count must be at least 1");
+  if (opts.distinct < 0) return InvalidArgumentError("distinct adapter count must not be negative");
+  if (opts.ranks.empty()) return InvalidArgumentError("no LoRA ranks given");
+  for (int64_t r : opts.ranks) {
+    if (r < 1 || r > 256)
+      return InvalidArgumentError("LoRA rank " + std::to_string(r) + " is outside [1, 256]");
+  }
+  if (opts.targets.empty()) return InvalidArgumentError("no target modules given");
+  if (opts.dtype != DType::kF32 && opts.dtype != DType::kF16 && opts.dtype != DType::kBF16) {
+    return InvalidArgumentError("PEFT adapters are written as f32, f16 or bf16");
+  }
+  const int64_t distinct = opts.distinct == 0 ? opts.count : std::min(opts.distinct, opts.count);
+  if (distinct % static_cast<int64_t>(opts.ranks.size()) != 0 && distinct < opts.count) {
+    return InvalidArgumentError(
+        "the distinct adapter count must be a multiple of the number of ranks, so each linked "
+        "adapter keeps its rank");
+  }
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return InternalError(dir + ": cannot create: " + ec.message());
+  const int width = static_cast<int>(std::to_string(opts.count - 1).size());
+  auto name_of = [&](int64_t i) {
+    std::string n = std::to_string(i);
+    return (fs::path(dir) /
+            (opts.prefix + std::string(static_cast<size_t>(width) - n.size(), '0') + n))
+        .string();
+  };
+  int64_t bytes = 0;
+  for (int64_t i = 0; i < opts.count; ++i) {
+    const std::string out = name_of(i);
+    if (i < distinct) {
+      RandomLoraSpec spec;
+      spec.rank = opts.ranks[static_cast<size_t>(i) % opts.ranks.size()];
+      spec.alpha = 2.0f * static_cast<float>(spec.rank);
+      spec.targets = opts.targets;
+      spec.seed = opts.seed + static_cast<uint64_t>(i);
+      PeftWriteOptions wo;
+      wo.dtype = opts.dtype;
+      wo.base_model_name = opts.base_model_name;
+      CHORUS_RETURN_IF_ERROR(WritePeftLora(out, MakeRandomLora(base, spec), base, wo));
+      bytes += FileBytes((fs::path(out) / kSafetensorsFile).string()) +
+               FileBytes((fs::path(out) / kConfigFile).string());
+    } else {
+      const std::string src = name_of(i % distinct);
+      fs::create_directories(out, ec);
+      if (ec) return InternalError(out + ": cannot create: " + ec.message());
+      for (const char* f : {kConfigFile, kSafetensorsFile}) {
+        const fs::path to = fs::path(out) / f;
+        fs::remove(to, ec);
+        fs::create_hard_link(fs::path(src) / f, to, ec);
+        if (ec) return InternalError(to.string() + ": cannot hard-link: " + ec.message());
+      }
+    }
+    if (progress) progress(i);
+  }
+  return bytes;
 }
 
 }  // namespace chorus::adapters

@@ -24,8 +24,11 @@
 // values are refused by LoraAdapter::Build. Errors start with the file's path.
 #pragma once
 
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "chorus/adapters/lora/lora_adapter.h"
 #include "chorus/base/status.h"
@@ -70,5 +73,65 @@ struct GgufLoraWriteOptions {
 // scale·rank (kUnimplemented otherwise, e.g. rsLoRA with mixed ranks).
 Status WriteGgufLora(const std::string& path, const LoraWeights& w,
                      const model::ModelConfig& base, const GgufLoraWriteOptions& opts = {});
+
+}  // namespace chorus::adapters
+
+namespace chorus::adapters {
+
+// ---- Inspection without a base model (`chorus inspect` on adapter files) ----
+
+// What an adapter file says about itself, read from its config and tensor headers (no weights
+// are decoded). One entry per targeted linear kind.
+struct LoraModuleSummary {
+  std::string name;                  // Hugging Face name: "q_proj", ..., "down_proj"
+  int64_t layers = 0;                // layers where this linear is targeted
+  std::map<int64_t, int64_t> ranks;  // rank → number of layers with that rank
+  std::map<float, int64_t> alphas;   // lora_alpha → number of layers
+  int64_t in = 0, out = 0;           // A [r, in], B [out, r] (of the first layer seen)
+  std::string dtype;                 // "bf16", "f32", ... ("mixed" when the layers differ)
+};
+struct LoraFileInfo {
+  std::string path;
+  std::string format;  // "peft" or "gguf"
+  // Recorded base model (PEFT base_model_name_or_path; GGUF general.basename or general.name).
+  std::string base_model;
+  std::string architecture;  // GGUF general.architecture (empty for PEFT)
+  int64_t n_layers = 0;      // highest targeted layer index + 1
+  bool use_rslora = false;
+  int64_t config_r = 0;     // PEFT "r" (0 for GGUF)
+  double config_alpha = 0;  // PEFT "lora_alpha" / GGUF adapter.lora.alpha (0 = absent)
+  int64_t n_tensors = 0;
+  int64_t tensor_bytes = 0;                // bytes of the lora_A / lora_B tensors
+  int64_t file_bytes = 0;                  // bytes of the adapter's files
+  std::vector<LoraModuleSummary> modules;  // in model order (q, k, v, o, gate, up, down)
+};
+// Reads `path` (a PEFT directory or one of its two files, or a GGUF LoRA) and checks what can be
+// checked without a base: supported config, tensor names, A/B pairs present with equal ranks,
+// ranks matching r / rank_pattern, dtypes. Errors as the readers' (path first).
+Result<LoraFileInfo> InspectLoraFile(const std::string& path);
+
+// ---- Synthetic adapters for benchmarks (`chorus convert --lora-count`) ----
+
+// Writes `count` PEFT adapters for `base` as `<dir>/<prefix><i>` (i = 0..count-1, zero-padded to
+// the width of count-1): adapter i has rank ranks[i % ranks.size()], lora_alpha = 2·rank,
+// random weights (RandomLoraSpec, seed + i) on `targets`, in `dtype` (f32/f16/bf16).
+// When 0 < distinct < count, only adapters 0..distinct-1 get their own weight files; adapter i
+// ≥ distinct hard-links the files of adapter i % distinct (same rank, so identical bytes would
+// be written anyway) — every directory is still a complete adapter for the registry.
+struct SyntheticLoraSetOptions {
+  int64_t count = 1;
+  int64_t distinct = 0;  // 0 = every adapter distinct
+  std::vector<int64_t> ranks = {8, 16, 32, 64};
+  std::vector<model::Linear> targets = {model::Linear::kQ, model::Linear::kK, model::Linear::kV,
+                                        model::Linear::kO};
+  DType dtype = DType::kBF16;
+  std::string prefix = "lora-";
+  uint64_t seed = 1000;
+  std::string base_model_name;
+};
+// Calls `progress(i)` after each adapter. Returns the bytes written (hard links not counted).
+Result<int64_t> WriteSyntheticLoraSet(const std::string& dir, const model::ModelConfig& base,
+                                      const SyntheticLoraSetOptions& opts,
+                                      const std::function<void(int64_t)>& progress = {});
 
 }  // namespace chorus::adapters

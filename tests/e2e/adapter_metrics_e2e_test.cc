@@ -1,0 +1,176 @@
+// /metrics per-adapter series end to end (issue 4): a real server over loopback serving the
+// stories260K model with random PEFT adapters registered, requests for several adapters and
+// the base, then a scrape: request counters by adapter (top N + "(other)" + the base),
+// TTFT histograms consistent with the counters and the global histogram, host-tier stats.
+#include <httplib.h>
+
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "chorus/adapters/adapter_cache.h"
+#include "chorus/adapters/lora/lora_files.h"
+#include "chorus/adapters/registry.h"
+#include "chorus/base/logging.h"
+#include "chorus/engine/engine.h"
+#include "chorus/model/loader.h"
+#include "chorus/server/server.h"
+#include "chorus/tokenizer/tokenizer.h"
+#include "tests/testutil/testutil.h"
+
+namespace chorus {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+const char* kModel = "stories260K/stories260K.bin";
+const char* kTok = "stories260K/tok512.bin";
+
+std::map<std::string, double> Samples(const std::string& text) {
+  std::map<std::string, double> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t sp = line.rfind(' ');
+    if (sp != std::string::npos) out[line.substr(0, sp)] = std::stod(line.substr(sp + 1));
+  }
+  return out;
+}
+
+TEST(AdapterMetricsE2E, PerAdapterCountersOtherBucketAndHistograms) {
+  CHORUS_REQUIRE_SHARED_MODEL(kModel);
+  SetMinLogLevel(LogLevel::kError);
+  const std::string models = testing::SharedModelsDir();
+  auto mdl = model::LoadModel(models + "/" + kModel);
+  ASSERT_TRUE(mdl.ok()) << mdl.status().ToString();
+  auto tok = tokenizer::LoadTokenizer(models + "/" + kTok);
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  const model::ModelConfig& cfg = (*mdl)->config();
+
+  // Five adapters of mixed ranks under an adapter root.
+  const std::string tmp = fs::canonical(testing::TempDir()).string();
+  const std::string root = tmp + "/adapters";
+  fs::create_directories(root);
+  const std::vector<std::string> names = {"a0", "a1", "a2", "a3", "a4"};
+  for (size_t i = 0; i < names.size(); ++i) {
+    adapters::RandomLoraSpec spec;
+    spec.rank = int64_t{1} << i;  // 1, 2, 4, 8, 16
+    spec.seed = 100 + i;
+    spec.targets = {model::Linear::kQ, model::Linear::kV};
+    ASSERT_TRUE(
+        adapters::WritePeftLora(root + "/" + names[i], adapters::MakeRandomLora(cfg, spec), cfg)
+            .ok());
+  }
+  adapters::RegistryOptions ro;
+  ro.adapter_roots = {root};
+  ro.base = cfg;
+  ro.base_model_name = "stories";
+  auto reg = adapters::AdapterRegistry::Open(tmp + "/registry.json", ro);
+  ASSERT_TRUE(reg.ok()) << reg.status().ToString();
+  std::shared_ptr<adapters::AdapterRegistry> registry = std::move(*reg);
+  auto dir = registry->RegisterDirectory(root);
+  ASSERT_TRUE(dir.ok());
+  ASSERT_EQ(registry->size(), names.size());
+  auto cache = std::make_shared<adapters::AdapterCache>(cfg, int64_t{64} << 20);
+
+  server::ServerOptions so;
+  so.port = 0;
+  so.served_model_name = "stories";
+  so.metrics_top_adapters = 2;
+  auto srv = server::Server::Create(so);
+  ASSERT_TRUE(srv.ok());
+  ASSERT_TRUE((*srv)->Start().ok());
+  (*srv)->SetAdapters(registry, cache);
+  engine::EngineOptions eo;
+  eo.threads = 1;
+  eo.max_running = 16;
+  eo.max_batch_tokens = 128;
+  eo.pool_bytes = int64_t{8} << 20;
+  auto eng = engine::Engine::Create(
+      *mdl, std::shared_ptr<const tokenizer::Tokenizer>(std::move(*tok)), eo);
+  ASSERT_TRUE(eng.ok());
+  std::shared_ptr<engine::Engine> engine = std::move(*eng);
+  (*srv)->SetEngine(engine);
+  httplib::Client cli("127.0.0.1", (*srv)->port());
+  cli.set_read_timeout(60, 0);
+
+  // a0 ×4, a1 ×3, a2 ×2, a3 ×1, a4 ×0, base ×2, one unknown adapter (404, not counted).
+  const std::vector<std::pair<std::string, int>> load = {
+      {"a0", 4}, {"a1", 3}, {"a2", 2}, {"a3", 1}, {"stories", 2}};
+  int total = 0;
+  for (const auto& [name, n] : load) {
+    for (int k = 0; k < n; ++k) {
+      json body = {
+          {"model", name}, {"prompt", "Once upon a time"}, {"max_tokens", 3}, {"temperature", 0}};
+      auto r = cli.Post("/v1/completions", body.dump(), "application/json");
+      ASSERT_TRUE(r);
+      ASSERT_EQ(r->status, 200) << r->body;
+      ++total;
+    }
+  }
+  auto bad = cli.Post("/v1/completions", R"({"model":"nope","prompt":"x","max_tokens":1})",
+                      "application/json");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 404);
+
+  auto m = cli.Get("/metrics");
+  ASSERT_TRUE(m);
+  ASSERT_EQ(m->status, 200);
+  const std::string& text = m->body;
+  const auto s = Samples(text);
+  EXPECT_NE(text.find("# TYPE chorus_adapter_requests_total counter\n"), std::string::npos);
+  EXPECT_NE(text.find("# TYPE chorus_adapter_time_to_first_token_seconds histogram\n"),
+            std::string::npos);
+  auto req = [&](const std::string& l) {
+    return s.at("chorus_adapter_requests_total{adapter=\"" + l + "\"}");
+  };
+  EXPECT_EQ(req("a0"), 4);
+  EXPECT_EQ(req("a1"), 3);
+  EXPECT_EQ(s.count("chorus_adapter_requests_total{adapter=\"a2\"}"), 0u);  // beyond the top 2
+  EXPECT_EQ(req("(other)"), 3);                                             // a2 ×2 + a3 ×1
+  EXPECT_EQ(req("stories"), 2);
+  EXPECT_EQ(s.at("chorus_adapter_other_adapters"), 2);
+  EXPECT_EQ(s.at("chorus_adapters_registered"), 5);
+  EXPECT_EQ(s.at("chorus_engine_requests_total"), total);
+
+  // Each request produced one first token: per-adapter TTFT counts equal the request counters,
+  // buckets are cumulative, and the per-adapter histograms add up to the global one.
+  double count_sum = 0, sum_sum = 0;
+  for (const std::string l : {"a0", "a1", "(other)", "stories"}) {
+    const std::string p = "chorus_adapter_time_to_first_token_seconds";
+    const std::string lab = "adapter=\"" + l + "\"";
+    const double count = s.at(p + "_count{" + lab + "}");
+    EXPECT_EQ(count, req(l)) << l;
+    EXPECT_EQ(s.at(p + "_bucket{" + lab + ",le=\"+Inf\"}"), count) << l;
+    double prev = 0;
+    for (const char* le :
+         {"0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "2.5", "5", "10", "30", "60"}) {
+      const double v = s.at(p + "_bucket{" + lab + ",le=\"" + le + "\"}");
+      EXPECT_GE(v, prev) << l << " le=" << le;
+      prev = v;
+    }
+    EXPECT_LE(prev, count);
+    count_sum += count;
+    sum_sum += s.at(p + "_sum{" + lab + "}");
+  }
+  EXPECT_EQ(count_sum, s.at("chorus_time_to_first_token_seconds_count"));
+  EXPECT_NEAR(sum_sum, s.at("chorus_time_to_first_token_seconds_sum"), 1e-6 + 1e-9 * sum_sum);
+
+  // Host tier: four distinct adapters were loaded once each; every adapter request looked one up.
+  EXPECT_EQ(s.at("chorus_adapter_load_seconds_count"), 4);
+  EXPECT_GT(s.at("chorus_adapter_load_seconds_sum"), 0);
+  EXPECT_EQ(s.at("chorus_adapter_host_cache_misses_total"), 4);
+  EXPECT_EQ(
+      s.at("chorus_adapter_host_cache_hits_total") + s.at("chorus_adapter_host_cache_misses_total"),
+      10);
+  EXPECT_EQ(s.at("chorus_adapter_host_cache_entries"), 4);
+
+  (*srv)->Drain(std::chrono::milliseconds(1000));
+  (*srv)->Stop();
+}
+
+}  // namespace
+}  // namespace chorus
