@@ -71,7 +71,7 @@ stop_server() {
     server_pid=""
   fi
 }
-trap stop_server EXIT
+trap 'stop_server; rm -f /dev/shm/chorus-bench-registry-$$.json /dev/shm/chorus-bench-registry-$$.json.lock' EXIT
 
 # registry N: a registry state file holding exactly the N adapters of adapters(N). Registration
 # validates every adapter (reads and converts ~17 MB each: ~0.2 s on a busy 2-core machine) and
