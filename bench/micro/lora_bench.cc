@@ -35,6 +35,7 @@ void BM_Lora(benchmark::State& state) {
   ThreadPool pool(static_cast<int>(state.range(3)));
   const int64_t mixed[4] = {8, 16, 32, 64};
   std::vector<std::vector<float>> a(static_cast<size_t>(n_adapters)), bt(a.size());
+  std::vector<std::vector<const float*>> a_rows(a.size()), bt_rows(a.size());  // row tables
   std::vector<LoraShrinkWeight> sw;
   std::vector<LoraExpandWeight> ew;
   int64_t bytes = 0, max_rank = 0;
@@ -42,8 +43,12 @@ void BM_Lora(benchmark::State& state) {
     const int64_t r = rank_arg > 0 ? rank_arg : mixed[i % 4];
     a[static_cast<size_t>(i)] = Random(static_cast<size_t>(r * kIn), static_cast<uint32_t>(i));
     bt[static_cast<size_t>(i)] = Random(static_cast<size_t>(r * kOut), static_cast<uint32_t>(i + 99));
-    sw.push_back({a[static_cast<size_t>(i)].data(), r});
-    ew.push_back({bt[static_cast<size_t>(i)].data(), r, 0, 2.0f});
+    for (int64_t j = 0; j < r; ++j) {
+      a_rows[static_cast<size_t>(i)].push_back(a[static_cast<size_t>(i)].data() + j * kIn);
+      bt_rows[static_cast<size_t>(i)].push_back(bt[static_cast<size_t>(i)].data() + j * kOut);
+    }
+    sw.push_back({a_rows[static_cast<size_t>(i)].data(), r});
+    ew.push_back({bt_rows[static_cast<size_t>(i)].data(), r, 0, 2.0f});
     bytes += r * (kIn + kOut) * 4;
     max_rank = std::max(max_rank, r);
   }

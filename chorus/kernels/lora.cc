@@ -60,8 +60,8 @@ void ShrinkSlice(const ShrinkArgs& a, int ti, int nt) {
     const int64_t jb = std::max<int64_t>(begin - offset, 0);
     const int64_t je = std::min<int64_t>(end - offset, w.rank);
     if (jb < je) {
-      a.tile(a.x + s.row_begin * a.x_stride, a.x_stride, s.row_end - s.row_begin, w.a, a.in, jb,
-             je, a.v + s.row_begin * a.v_stride, a.v_stride);
+      a.tile(a.x + s.row_begin * a.x_stride, a.x_stride, s.row_end - s.row_begin, w.a_rows, a.in,
+             jb, je, a.v + s.row_begin * a.v_stride, a.v_stride);
     }
     offset += w.rank;
   }
@@ -85,8 +85,8 @@ void ExpandSlice(const ExpandArgs& a, int ti, int nt) {
   for (const LoraSegment& s : a.segments) {
     const LoraExpandWeight& w = a.weights[static_cast<size_t>(s.slot)];
     if (!Active(s, w.rank)) continue;
-    a.tile(a.v + s.row_begin * a.v_stride + w.v_col, a.v_stride, s.row_end - s.row_begin, w.bt,
-           w.rank, a.out, w.scale, begin, end, a.y + s.row_begin * a.y_stride, a.y_stride);
+    a.tile(a.v + s.row_begin * a.v_stride + w.v_col, a.v_stride, s.row_end - s.row_begin, w.bt_rows,
+           w.rank, w.scale, begin, end, a.y + s.row_begin * a.y_stride, a.y_stride);
   }
 }
 
@@ -101,7 +101,7 @@ void LoraShrink(std::span<const LoraSegment> segments, std::span<const LoraShrin
         << "LoRA segment slot " << s.slot << " of " << weights.size();
     const LoraShrinkWeight& w = weights[static_cast<size_t>(s.slot)];
     if (!Active(s, w.rank)) continue;
-    CHORUS_CHECK(w.a != nullptr && w.rank <= v_stride) << "rank " << w.rank;
+    CHORUS_CHECK(w.a_rows != nullptr && w.rank <= v_stride) << "rank " << w.rank;
     total_cols += w.rank;
     macs += (s.row_end - s.row_begin) * w.rank * in;
   }
@@ -125,7 +125,7 @@ void LoraExpand(std::span<const LoraSegment> segments, std::span<const LoraExpan
         << "LoRA segment slot " << s.slot << " of " << weights.size();
     const LoraExpandWeight& w = weights[static_cast<size_t>(s.slot)];
     if (!Active(s, w.rank)) continue;
-    CHORUS_CHECK(w.bt != nullptr && w.v_col >= 0 && w.v_col + w.rank <= v_stride)
+    CHORUS_CHECK(w.bt_rows != nullptr && w.v_col >= 0 && w.v_col + w.rank <= v_stride)
         << "rank " << w.rank << " at column " << w.v_col << " of " << v_stride;
     macs += (s.row_end - s.row_begin) * w.rank * out;
   }

@@ -38,11 +38,39 @@ std::vector<float> Random(size_t n, std::mt19937* rng, float scale = 1.0f) {
   return v;
 }
 
-// One adapter per slot: A [rank, in], Bᵀ [rank, out], scale.
+// Row pointers of a contiguous [rows, width] matrix.
+std::vector<const float*> RowTable(const std::vector<float>& m, int64_t width) {
+  std::vector<const float*> t;
+  for (size_t off = 0; off + static_cast<size_t>(width) <= m.size();
+       off += static_cast<size_t>(width))
+    t.push_back(m.data() + off);
+  return t;
+}
+
+// The rows of a [rows, width] matrix copied into `paged` in reverse order with gaps between
+// them (as in pool pages), and the row table pointing at them: the kernels must not assume
+// that row j + 1 follows row j.
+std::vector<const float*> Scatter(const std::vector<float>& m, int64_t width,
+                                  std::vector<float>* paged) {
+  const int64_t rows = width == 0 ? 0 : static_cast<int64_t>(m.size()) / width;
+  const int64_t pitch = width + 5;
+  paged->assign(static_cast<size_t>(rows * pitch + 1), -7.0f);
+  std::vector<const float*> t(static_cast<size_t>(rows));
+  for (int64_t j = 0; j < rows; ++j) {
+    float* dst = paged->data() + (rows - 1 - j) * pitch + 1;
+    std::copy(m.begin() + j * width, m.begin() + (j + 1) * width, dst);
+    t[static_cast<size_t>(j)] = dst;
+  }
+  return t;
+}
+
+// One adapter per slot: A [rank, in], Bᵀ [rank, out], scale; the kernels read scattered copies.
 struct Adapter {
   int64_t rank = 0;
   float scale = 1.0f;
-  std::vector<float> a, bt;
+  std::vector<float> a, bt;                   // contiguous (the oracle reads these)
+  std::vector<float> a_paged, bt_paged;       // scattered copies
+  std::vector<const float*> a_rows, bt_rows;  // [rank] into the scattered copies
 };
 
 struct Problem {
@@ -69,6 +97,8 @@ Problem MakeProblem(int64_t in, int64_t out, const std::vector<int64_t>& ranks,
     ad.scale = 0.5f + static_cast<float>(p.adapters.size()) * 0.25f;
     ad.a = Random(static_cast<size_t>(r * in), &rng, 1.0f / std::sqrt(static_cast<float>(in)));
     ad.bt = Random(static_cast<size_t>(r * out), &rng, 0.1f);
+    ad.a_rows = Scatter(ad.a, in, &ad.a_paged);
+    ad.bt_rows = Scatter(ad.bt, out, &ad.bt_paged);
     p.max_rank = std::max(p.max_rank, r);
     p.adapters.push_back(std::move(ad));
   }
@@ -78,12 +108,12 @@ Problem MakeProblem(int64_t in, int64_t out, const std::vector<int64_t>& ranks,
 
 std::vector<LoraShrinkWeight> ShrinkWeights(const Problem& p) {
   std::vector<LoraShrinkWeight> w;
-  for (const Adapter& a : p.adapters) w.push_back({a.a.data(), a.rank});
+  for (const Adapter& a : p.adapters) w.push_back({a.a_rows.data(), a.rank});
   return w;
 }
 std::vector<LoraExpandWeight> ExpandWeights(const Problem& p) {
   std::vector<LoraExpandWeight> w;
-  for (const Adapter& a : p.adapters) w.push_back({a.bt.data(), a.rank, 0, a.scale});
+  for (const Adapter& a : p.adapters) w.push_back({a.bt_rows.data(), a.rank, 0, a.scale});
   return w;
 }
 
@@ -256,21 +286,25 @@ TEST(LoraKernelTest, FusedShrinkEqualsSeparateShrinks) {
     // Fused: one shrink of rank Σr into v [n_rows, 48], expands read their column ranges.
     const int64_t vs = 48;
     std::vector<float> v(static_cast<size_t>(n_rows * vs), 0.0f);
-    std::vector<LoraShrinkWeight> fw = {{a_cat[0].data(), 12}, {a_cat[1].data(), 48}};
+    const auto cat0 = RowTable(a_cat[0], in), cat1 = RowTable(a_cat[1], in);
+    std::vector<LoraShrinkWeight> fw = {{cat0.data(), 12}, {cat1.data(), 48}};
     LoraShrink(segs, fw, x.data(), in, in, v.data(), vs, &pool);
     for (int l = 0; l < 3; ++l) {
       std::vector<float> y_fused(static_cast<size_t>(n_rows * outs[l]), 1.0f), y_sep = y_fused;
       std::vector<LoraExpandWeight> ew(2);
+      std::vector<const float*> bt_rows[2];
       for (int ad = 0; ad < 2; ++ad) {
         int64_t col = 0;
         for (int q = 0; q < l; ++q) col += ranks[ad][q];
-        ew[static_cast<size_t>(ad)] = {bt[ad][static_cast<size_t>(l)].data(), ranks[ad][l], col, 2.0f};
+        bt_rows[ad] = RowTable(bt[ad][static_cast<size_t>(l)], outs[l]);
+        ew[static_cast<size_t>(ad)] = {bt_rows[ad].data(), ranks[ad][l], col, 2.0f};
       }
       LoraExpand(segs, ew, v.data(), vs, outs[l], y_fused.data(), outs[l], &pool);
       // Separate shrink per linear.
       std::vector<float> v2(static_cast<size_t>(n_rows * 16), 0.0f);
-      std::vector<LoraShrinkWeight> sw = {{a_sep[0][static_cast<size_t>(l)].data(), ranks[0][l]},
-                                          {a_sep[1][static_cast<size_t>(l)].data(), ranks[1][l]}};
+      const auto sep0 = RowTable(a_sep[0][static_cast<size_t>(l)], in);
+      const auto sep1 = RowTable(a_sep[1][static_cast<size_t>(l)], in);
+      std::vector<LoraShrinkWeight> sw = {{sep0.data(), ranks[0][l]}, {sep1.data(), ranks[1][l]}};
       LoraShrink(segs, sw, x.data(), in, in, v2.data(), 16, &pool);
       std::vector<LoraExpandWeight> ew2 = ew;
       for (auto& w : ew2) w.v_col = 0;

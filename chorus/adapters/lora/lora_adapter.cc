@@ -168,6 +168,53 @@ Status ValidateLoraWeights(const LoraWeights& w, const model::ModelConfig& c,
   return OkStatus();
 }
 
+void LoraView::CopyShapeFrom(const LoraView& other) {
+  name_ = other.name_;
+  n_layers_ = other.n_layers_;
+  max_rank_ = other.max_rank_;
+  max_fused_rank_ = other.max_fused_rank_;
+  modules_ = other.modules_;
+  fused_ = other.fused_;
+  for (Module& m : modules_) m.a = m.bt = nullptr;
+  for (Fused& f : fused_) f.a = nullptr;
+  LayoutRowTables();
+}
+
+void LoraView::LayoutRowTables() {
+  size_t total = 0;
+  for (const Module& m : modules_) total += static_cast<size_t>(2 * m.rank);
+  rows_.assign(total, nullptr);
+  row_floats_.assign(total, 0);
+  size_t off = 0;
+  auto take = [&](int64_t n, int64_t width) {
+    const float* const* p = rows_.data() + off;
+    for (int64_t i = 0; i < n; ++i) row_floats_[off + static_cast<size_t>(i)] = width;
+    off += static_cast<size_t>(n);
+    return p;
+  };
+  auto mod = [&](int64_t l, Linear which) -> Module& {
+    return modules_[static_cast<size_t>(l * model::kNumLinears + static_cast<int>(which))];
+  };
+  for (int64_t l = 0; l < n_layers_; ++l) {
+    for (int g = 0; g < 2; ++g) {
+      fused_[static_cast<size_t>(l * 2 + g)].a_rows = rows_.data() + off;
+      for (int q = 0; q < kGroupSize[g]; ++q) {
+        Module& m = mod(l, kGroupMembers[g][q]);
+        m.a_rows = take(m.rank, m.in);
+      }
+    }
+    for (Linear which : {Linear::kO, Linear::kDown}) {
+      Module& m = mod(l, which);
+      m.a_rows = take(m.rank, m.in);
+    }
+    for (int li = 0; li < model::kNumLinears; ++li) {
+      Module& m = mod(l, static_cast<Linear>(li));
+      m.bt_rows = take(m.rank, m.out);
+    }
+  }
+  CHORUS_CHECK(off == total);
+}
+
 Result<std::shared_ptr<const LoraAdapter>> LoraAdapter::Build(const LoraWeights& w,
                                                               const model::ModelConfig& c,
                                                               std::string name,
@@ -197,6 +244,8 @@ Result<std::shared_ptr<const LoraAdapter>> LoraAdapter::Build(const LoraWeights&
         const size_t idx = static_cast<size_t>(l * model::kNumLinears + static_cast<int>(which));
         slots[idx].a_off = total;
         ad->modules_[idx].fused_col = col;
+        ad->modules_[idx].in = LinearIn(c, which);
+        ad->modules_[idx].out = LinearOut(c, which);
         col += m.rank();
         total += static_cast<size_t>(m.rank() * LinearIn(c, which));
       }
@@ -206,6 +255,8 @@ Result<std::shared_ptr<const LoraAdapter>> LoraAdapter::Build(const LoraWeights&
     for (Linear which : {Linear::kO, Linear::kDown}) {
       const size_t idx = static_cast<size_t>(l * model::kNumLinears + static_cast<int>(which));
       slots[idx].a_off = total;
+      ad->modules_[idx].in = LinearIn(c, which);
+      ad->modules_[idx].out = LinearOut(c, which);
       total += static_cast<size_t>(w.at(l, which).rank() * LinearIn(c, which));
     }
     for (int li = 0; li < model::kNumLinears; ++li) {
@@ -247,6 +298,14 @@ Result<std::shared_ptr<const LoraAdapter>> LoraAdapter::Build(const LoraWeights&
       ad->max_rank_ = std::max(ad->max_rank_, r);
     }
   }
+  // The storage holds the rows in the flat row order of LoraView, so the row tables walk it.
+  ad->LayoutRowTables();
+  const float* p = base;
+  for (int64_t i = 0; i < ad->n_rows(); ++i) {
+    ad->SetRow(i, p);
+    p += ad->row_floats(i);
+  }
+  CHORUS_CHECK(p == base + total) << "LoRA row tables do not cover the storage";
   return std::shared_ptr<const LoraAdapter>(std::move(ad));
 }
 

@@ -8,7 +8,11 @@
 //   * LoraAdapter — validated against one base ModelConfig and converted to the compute layout
 //     of the segment kernels (kernels/lora.h): f32, A [r, in] row-major with the A of linears
 //     that share an input concatenated (q|k|v, gate|up) for the fused shrink, Bᵀ [r, out], q/k
-//     rows permuted to the base's rope_layout, scale folded per module.
+//     rows permuted to the base's rope_layout, scale folded per module. The host-tier copy.
+//   * LoraView — what the kernels read: per (layer, linear) rank, scale and row tables (one
+//     pointer per row of A / Bᵀ). A LoraAdapter is a view over its contiguous storage; a
+//     PagedLora (paged_lora.h) is a view over rows packed into pool pages. Both hold the same
+//     f32 values, so a step computes bitwise the same result from either.
 //
 // Thread-safety: LoraWeights is a value type; LoraAdapter is immutable after Build() and shared
 // (`std::shared_ptr<const LoraAdapter>`).
@@ -74,30 +78,31 @@ struct LoraLimits {
 Status ValidateLoraWeights(const LoraWeights& w, const model::ModelConfig& base,
                            const LoraLimits& limits = {});
 
-class LoraAdapter {
+class LoraView {
  public:
-  // One targeted linear in compute layout (pointers into the adapter's storage).
+  // One targeted linear in compute layout.
   struct Module {
-    int64_t rank = 0;           // 0 = not targeted
-    float scale = 0.0f;         // s
-    const float* a = nullptr;   // [rank, in]
-    const float* bt = nullptr;  // [rank, out] (lora_B transposed)
-    int64_t fused_col = 0;      // first row of this module's A inside its fused group
+    int64_t rank = 0;                       // 0 = not targeted
+    float scale = 0.0f;                     // s
+    int64_t in = 0, out = 0;                // the base linear's shape
+    const float* a = nullptr;               // [rank, in] contiguous (host copy only; else null)
+    const float* bt = nullptr;              // [rank, out] contiguous (host copy only; else null)
+    const float* const* a_rows = nullptr;   // [rank] rows of A, each [in]
+    const float* const* bt_rows = nullptr;  // [rank] rows of Bᵀ (lora_B transposed), each [out]
+    int64_t fused_col = 0;                  // first row of this module's A inside its fused group
   };
   // The A of linears that read the same input, concatenated by rows: group kQkv = q|k|v
   // (input n_embd), kGateUp = gate|up (input n_embd). Absent modules contribute no rows.
   enum class Group { kQkv = 0, kGateUp = 1 };
   struct Fused {
-    int64_t rank = 0;          // Σ ranks of the group's modules
-    const float* a = nullptr;  // [rank, in]
+    int64_t rank = 0;                      // Σ ranks of the group's modules
+    const float* a = nullptr;              // [rank, in] contiguous (host copy only; else null)
+    const float* const* a_rows = nullptr;  // [rank] rows (the members' a_rows, concatenated)
   };
 
-  // Validates (ValidateLoraWeights + every value finite — NaN/Inf refused naming the tensor)
-  // and converts. `name` is used in messages and logs.
-  static Result<std::shared_ptr<const LoraAdapter>> Build(const LoraWeights& w,
-                                                          const model::ModelConfig& base,
-                                                          std::string name,
-                                                          const LoraLimits& limits = {});
+  LoraView(const LoraView&) = delete;
+  LoraView& operator=(const LoraView&) = delete;
+  virtual ~LoraView() = default;
 
   const std::string& name() const { return name_; }
   int64_t n_layers() const { return n_layers_; }
@@ -110,15 +115,47 @@ class LoraAdapter {
   int64_t max_rank() const { return max_rank_; }
   // Largest fused-group rank (what a shrink buffer row must hold).
   int64_t max_fused_rank() const { return max_fused_rank_; }
+  // Rows of A and Bᵀ of every module: 2 × Σ ranks.
+  int64_t n_rows() const { return static_cast<int64_t>(rows_.size()); }
+  // Row `i` of the flat row order (per layer: q|k|v A rows, gate|up A rows, o A, down A, then
+  // every linear's Bᵀ rows in linear order) and its length in floats.
+  const float* row(int64_t i) const { return rows_[static_cast<size_t>(i)]; }
+  int64_t row_floats(int64_t i) const { return row_floats_[static_cast<size_t>(i)]; }
+
+ protected:
+  LoraView() = default;
+  // Copies shape, ranks, scales and fused columns of `other` (not its pointers).
+  void CopyShapeFrom(const LoraView& other);
+  // Sizes the row tables from the modules' ranks / shapes and points every Module / Fused at
+  // its slice (in the flat row order above). Rows are then set with SetRow().
+  void LayoutRowTables();
+  void SetRow(int64_t i, const float* p) { rows_[static_cast<size_t>(i)] = p; }
+
+  std::string name_;
+  int64_t n_layers_ = 0, max_rank_ = 0, max_fused_rank_ = 0;
+  std::vector<Module> modules_;  // [n_layers × kNumLinears]
+  std::vector<Fused> fused_;     // [n_layers × 2]
+
+ private:
+  std::vector<const float*> rows_;   // the row tables, [n_rows()]
+  std::vector<int64_t> row_floats_;  // [n_rows()]
+};
+
+// The host-tier copy: a LoraView over one contiguous f32 allocation.
+class LoraAdapter : public LoraView {
+ public:
+  // Validates (ValidateLoraWeights + every value finite — NaN/Inf refused naming the tensor)
+  // and converts. `name` is used in messages and logs.
+  static Result<std::shared_ptr<const LoraAdapter>> Build(const LoraWeights& w,
+                                                          const model::ModelConfig& base,
+                                                          std::string name,
+                                                          const LoraLimits& limits = {});
+
   // Bytes of f32 compute weights held.
   int64_t memory_bytes() const { return static_cast<int64_t>(storage_.size() * sizeof(float)); }
 
  private:
   LoraAdapter() = default;
-  std::string name_;
-  int64_t n_layers_ = 0, max_rank_ = 0, max_fused_rank_ = 0;
-  std::vector<Module> modules_;  // [n_layers × kNumLinears]
-  std::vector<Fused> fused_;     // [n_layers × 2]
   std::vector<float> storage_;   // every A and Bᵀ; never resized after Build
 };
 

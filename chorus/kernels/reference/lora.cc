@@ -7,12 +7,12 @@
 namespace chorus::kernels {
 namespace lora_internal::reference {
 
-void ShrinkTile(const float* x, int64_t x_stride, int64_t n_rows, const float* a, int64_t in,
-                int64_t j_begin, int64_t j_end, float* v, int64_t v_stride) {
+void ShrinkTile(const float* x, int64_t x_stride, int64_t n_rows, const float* const* a_rows,
+                int64_t in, int64_t j_begin, int64_t j_end, float* v, int64_t v_stride) {
   for (int64_t i = 0; i < n_rows; ++i) {
     const float* xr = x + i * x_stride;
     for (int64_t j = j_begin; j < j_end; ++j) {
-      const float* ar = a + j * in;
+      const float* ar = a_rows[j];
       float acc = 0.0f;
       for (int64_t k = 0; k < in; ++k) acc = std::fma(xr[k], ar[k], acc);
       v[i * v_stride + j] = acc;
@@ -20,15 +20,15 @@ void ShrinkTile(const float* x, int64_t x_stride, int64_t n_rows, const float* a
   }
 }
 
-void ExpandTile(const float* v, int64_t v_stride, int64_t n_rows, const float* bt, int64_t rank,
-                int64_t out, float scale, int64_t c_begin, int64_t c_end, float* y,
+void ExpandTile(const float* v, int64_t v_stride, int64_t n_rows, const float* const* bt_rows,
+                int64_t rank, float scale, int64_t c_begin, int64_t c_end, float* y,
                 int64_t y_stride) {
   for (int64_t i = 0; i < n_rows; ++i) {
     const float* vr = v + i * v_stride;
     float* yr = y + i * y_stride;
     for (int64_t c = c_begin; c < c_end; ++c) {
       float acc = 0.0f;
-      for (int64_t j = 0; j < rank; ++j) acc = std::fma(vr[j], bt[j * out + c], acc);
+      for (int64_t j = 0; j < rank; ++j) acc = std::fma(vr[j], bt_rows[j][c], acc);
       yr[c] = std::fma(scale, acc, yr[c]);
     }
   }
@@ -44,7 +44,7 @@ void LoraShrink(std::span<const LoraSegment> segments, std::span<const LoraShrin
     const LoraShrinkWeight& w = weights[static_cast<size_t>(s.slot)];
     if (w.rank == 0 || s.row_end <= s.row_begin) continue;
     lora_internal::reference::ShrinkTile(x + s.row_begin * x_stride, x_stride,
-                                         s.row_end - s.row_begin, w.a, in, 0, w.rank,
+                                         s.row_end - s.row_begin, w.a_rows, in, 0, w.rank,
                                          v + s.row_begin * v_stride, v_stride);
   }
 }
@@ -55,7 +55,7 @@ void LoraExpand(std::span<const LoraSegment> segments, std::span<const LoraExpan
     const LoraExpandWeight& w = weights[static_cast<size_t>(s.slot)];
     if (w.rank == 0 || s.row_end <= s.row_begin) continue;
     lora_internal::reference::ExpandTile(v + s.row_begin * v_stride + w.v_col, v_stride,
-                                         s.row_end - s.row_begin, w.bt, w.rank, out, w.scale, 0,
+                                         s.row_end - s.row_begin, w.bt_rows, w.rank, w.scale, 0,
                                          out, y + s.row_begin * y_stride, y_stride);
   }
 }

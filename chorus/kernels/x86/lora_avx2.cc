@@ -24,8 +24,8 @@ inline float HorizontalSum(__m256 v) {
 }
 
 template <int NR, int NJ>
-inline void ShrinkMicro(const float* x, int64_t x_stride, const float* a, int64_t in, int64_t j0,
-                        float* v, int64_t v_stride) {
+inline void ShrinkMicro(const float* x, int64_t x_stride, const float* const* a, int64_t in,
+                        int64_t j0, float* v, int64_t v_stride) {
   __m256 acc[NR][NJ];
 #pragma GCC unroll 4
   for (int r = 0; r < NR; ++r)
@@ -38,7 +38,7 @@ inline void ShrinkMicro(const float* x, int64_t x_stride, const float* a, int64_
     for (int r = 0; r < NR; ++r) xv[r] = _mm256_loadu_ps(x + r * x_stride + k);
 #pragma GCC unroll 4
     for (int q = 0; q < NJ; ++q) {
-      const __m256 av = _mm256_loadu_ps(a + (j0 + q) * in + k);
+      const __m256 av = _mm256_loadu_ps(a[j0 + q] + k);
 #pragma GCC unroll 4
       for (int r = 0; r < NR; ++r) acc[r][q] = _mm256_fmadd_ps(xv[r], av, acc[r][q]);
     }
@@ -50,7 +50,7 @@ inline void ShrinkMicro(const float* x, int64_t x_stride, const float* a, int64_
     for (int r = 0; r < NR; ++r) xv[r] = _mm256_maskload_ps(x + r * x_stride + k, m);
 #pragma GCC unroll 4
     for (int q = 0; q < NJ; ++q) {
-      const __m256 av = _mm256_maskload_ps(a + (j0 + q) * in + k, m);
+      const __m256 av = _mm256_maskload_ps(a[j0 + q] + k, m);
 #pragma GCC unroll 4
       for (int r = 0; r < NR; ++r) acc[r][q] = _mm256_fmadd_ps(xv[r], av, acc[r][q]);
     }
@@ -62,7 +62,7 @@ inline void ShrinkMicro(const float* x, int64_t x_stride, const float* a, int64_
 }
 
 template <int NR>
-inline void ShrinkRows(const float* x, int64_t x_stride, const float* a, int64_t in,
+inline void ShrinkRows(const float* x, int64_t x_stride, const float* const* a, int64_t in,
                        int64_t j_begin, int64_t j_end, float* v, int64_t v_stride) {
   int64_t j = j_begin;
   for (; j + 2 <= j_end; j += 2) ShrinkMicro<NR, 2>(x, x_stride, a, in, j, v, v_stride);
@@ -70,9 +70,8 @@ inline void ShrinkRows(const float* x, int64_t x_stride, const float* a, int64_t
 }
 
 template <int NR>
-inline void ExpandRows(const float* v, int64_t v_stride, const float* bt, int64_t rank,
-                       int64_t out, float scale, int64_t c_begin, int64_t c_end, float* y,
-                       int64_t y_stride) {
+inline void ExpandRows(const float* v, int64_t v_stride, const float* const* bt, int64_t rank,
+                       float scale, int64_t c_begin, int64_t c_end, float* y, int64_t y_stride) {
   const __m256 s = _mm256_set1_ps(scale);
   for (int64_t c = c_begin; c < c_end; c += 16) {
     const __m256i m0 = TailMask(c_end - c);
@@ -81,7 +80,7 @@ inline void ExpandRows(const float* v, int64_t v_stride, const float* bt, int64_
 #pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
     for (int64_t j = 0; j < rank; ++j) {
-      const float* b = bt + j * out + c;
+      const float* b = bt[j] + c;
       const __m256 b0 = _mm256_maskload_ps(b, m0);
       const __m256 b1 = _mm256_maskload_ps(b + 8, m1);
 #pragma GCC unroll 4
@@ -103,7 +102,7 @@ inline void ExpandRows(const float* v, int64_t v_stride, const float* bt, int64_
 
 }  // namespace
 
-void ShrinkTile(const float* x, int64_t x_stride, int64_t n_rows, const float* a, int64_t in,
+void ShrinkTile(const float* x, int64_t x_stride, int64_t n_rows, const float* const* a, int64_t in,
                 int64_t j_begin, int64_t j_end, float* v, int64_t v_stride) {
   int64_t i = 0;
   for (; i + 4 <= n_rows; i += 4) {
@@ -119,20 +118,26 @@ void ShrinkTile(const float* x, int64_t x_stride, int64_t n_rows, const float* a
   }
 }
 
-void ExpandTile(const float* v, int64_t v_stride, int64_t n_rows, const float* bt, int64_t rank,
-                int64_t out, float scale, int64_t c_begin, int64_t c_end, float* y,
+void ExpandTile(const float* v, int64_t v_stride, int64_t n_rows, const float* const* bt,
+                int64_t rank, float scale, int64_t c_begin, int64_t c_end, float* y,
                 int64_t y_stride) {
   int64_t i = 0;
   for (; i + 4 <= n_rows; i += 4) {
-    ExpandRows<4>(v + i * v_stride, v_stride, bt, rank, out, scale, c_begin, c_end,
-                  y + i * y_stride, y_stride);
+    ExpandRows<4>(v + i * v_stride, v_stride, bt, rank, scale, c_begin, c_end, y + i * y_stride,
+                  y_stride);
   }
   const float* vr = v + i * v_stride;
   float* yr = y + i * y_stride;
   switch (n_rows - i) {
-    case 3: ExpandRows<3>(vr, v_stride, bt, rank, out, scale, c_begin, c_end, yr, y_stride); break;
-    case 2: ExpandRows<2>(vr, v_stride, bt, rank, out, scale, c_begin, c_end, yr, y_stride); break;
-    case 1: ExpandRows<1>(vr, v_stride, bt, rank, out, scale, c_begin, c_end, yr, y_stride); break;
+    case 3:
+      ExpandRows<3>(vr, v_stride, bt, rank, scale, c_begin, c_end, yr, y_stride);
+      break;
+    case 2:
+      ExpandRows<2>(vr, v_stride, bt, rank, scale, c_begin, c_end, yr, y_stride);
+      break;
+    case 1:
+      ExpandRows<1>(vr, v_stride, bt, rank, scale, c_begin, c_end, yr, y_stride);
+      break;
     default: break;
   }
 }
