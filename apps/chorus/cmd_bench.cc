@@ -41,6 +41,7 @@ int BenchCommand(int argc, char** argv) {
   f.Int("repeats", 3, "runs per figure (median reported)");
   f.Int("adapters", 0, "also run each decode batch with every row on a different LoRA (q,k,v,o) of this many");
   f.String("lora-ranks", "8,16,32,64", "ranks of those adapters, round-robin");
+  f.String("lora-dtype", "bf16", "storage of those adapters' compute weights: bf16 or f32");
   f.String("out", "", "write <out>.csv and <out>.json");
   if (int rc = ParseOrExit(f, argc, argv); rc >= 0) return rc;
   engine::EngineBenchOptions o;
@@ -71,6 +72,11 @@ int BenchCommand(int argc, char** argv) {
     return static_cast<int64_t>(v);
   });
   if (!s.ok()) return Fail("bench", s);
+  if (f.GetString("lora-dtype") == "f32") {
+    o.lora_storage = adapters::LoraStorage::kF32;
+  } else if (f.GetString("lora-dtype") != "bf16") {
+    return Fail("bench", InvalidArgumentError("--lora-dtype must be bf16 or f32"));
+  }
   auto rep = engine::RunEngineBench(o, [](const std::string& msg) { std::fprintf(stderr, "bench: %s\n", msg.c_str()); });
   if (!rep.ok()) return Fail("bench", rep.status());
   std::fputs(rep->ToTable().c_str(), stdout);

@@ -71,6 +71,10 @@ Result<ServedAdapters> OpenAdapters(const Flags& f, const model::ModelConfig& ba
   {
     adapters::LoraLimits limits;
     limits.max_rank = ro.max_lora_rank;
+    const std::string dtype = f.GetString("lora-dtype");
+    if (dtype != "bf16" && dtype != "f32")
+      return InvalidArgumentError("flag --lora-dtype must be bf16 or f32");
+    limits.storage = dtype == "f32" ? adapters::LoraStorage::kF32 : adapters::LoraStorage::kBF16;
     out.cache = std::make_shared<adapters::AdapterCache>(base, f.GetInt("host-cache-size") << 20, limits);
   }
   std::fprintf(stderr, "chorus serve: %zu adapters registered (%s)\n", out.registry->size(), state.c_str());
@@ -103,6 +107,9 @@ int ServeCommand(int argc, char** argv) {
   f.String("registry", "", "adapter registry state file (default: <cache dir>/adapters-registry.json)");
   f.Int("host-cache-size", 2048, "MiB of decoded adapters kept in host memory (LRU)");
   f.Int("max-lora-rank", 256, "largest LoRA rank accepted");
+  f.String(
+      "lora-dtype", "bf16",
+      "adapter compute weights in memory: bf16 (rounded once at load, half the traffic) or f32");
   f.Int("max-adapters-per-step", 0, "distinct adapters in one engine step (0 = unlimited)");
   f.Int("loader-threads", 1, "threads loading adapters (disk -> host, host -> pool pages)");
   f.Bool("no-adapter-pool", "serve adapters from host memory only (no copies in pool pages)");

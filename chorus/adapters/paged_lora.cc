@@ -7,9 +7,7 @@ namespace {
 
 constexpr int64_t kRowAlign = 64;  // one cache line: rows start on a line, vector loads stay in it
 
-int64_t RowBytes(int64_t floats) {
-  return (floats * static_cast<int64_t>(sizeof(float)) + kRowAlign - 1) / kRowAlign * kRowAlign;
-}
+int64_t PaddedBytes(int64_t bytes) { return (bytes + kRowAlign - 1) / kRowAlign * kRowAlign; }
 
 // Walks the rows of `v` in flat order, packing them greedily into pages; calls
 // place(row, page_index, byte_offset) for each. Returns the number of pages used.
@@ -17,7 +15,7 @@ template <typename Place>
 Result<int64_t> Pack(const LoraView& v, int64_t page_bytes, Place place) {
   int64_t page = 0, off = 0;
   for (int64_t i = 0; i < v.n_rows(); ++i) {
-    const int64_t bytes = RowBytes(v.row_floats(i));
+    const int64_t bytes = PaddedBytes(v.row_bytes(i));
     if (bytes > page_bytes) {
       return InvalidArgumentError("adapter '" + v.name() + "' has a row of " +
                                   std::to_string(bytes) + " bytes, larger than a pool page (" +
@@ -57,8 +55,7 @@ Result<std::unique_ptr<PagedLora>> PagedLora::Create(std::shared_ptr<const LoraA
   PagedLora* self = out.get();
   CHORUS_RETURN_IF_ERROR(
       Pack(*host, pool->page_bytes(), [&](int64_t row, int64_t page, int64_t off) {
-        self->SetRow(row, reinterpret_cast<const float*>(
-                              pool->PageData(pages[static_cast<size_t>(page)]) + off));
+        self->SetRow(row, pool->PageData(pages[static_cast<size_t>(page)]) + off);
       }).status());
   out->host_ = std::move(host);
   out->pages_ = std::move(pages);
@@ -68,8 +65,8 @@ Result<std::unique_ptr<PagedLora>> PagedLora::Create(std::shared_ptr<const LoraA
 void PagedLora::CopyIn() const {
   for (int64_t i = 0; i < n_rows(); ++i) {
     // The destination is pool memory this object was given exclusively (see Create).
-    std::memcpy(const_cast<float*>(row(i)), host_->row(i),
-                static_cast<size_t>(row_floats(i)) * sizeof(float));
+    std::memcpy(const_cast<void*>(row_data(i)), host_->row_data(i),
+                static_cast<size_t>(row_bytes(i)));
   }
 }
 

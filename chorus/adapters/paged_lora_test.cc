@@ -24,11 +24,14 @@ model::ModelConfig TinyConfig() {
 }
 
 std::shared_ptr<const LoraAdapter> MakeAdapter(const model::ModelConfig& c, int64_t rank,
-                                               uint64_t seed) {
+                                               uint64_t seed,
+                                               LoraStorage storage = LoraStorage::kF32) {
   RandomLoraSpec s;
   s.rank = rank;
   s.seed = seed;
-  auto a = LoraAdapter::Build(MakeRandomLora(c, s), c, "a" + std::to_string(seed));
+  LoraLimits limits;
+  limits.storage = storage;
+  auto a = LoraAdapter::Build(MakeRandomLora(c, s), c, "a" + std::to_string(seed), limits);
   CHORUS_CHECK(a.ok()) << a.status().ToString();
   return *a;
 }
@@ -44,7 +47,7 @@ TEST(PagedLoraTest, RowsPackedIntoAdapterPagesWithoutStraddling) {
   // rows.
   EXPECT_LT(*need, host->n_rows());
   int64_t bytes = 0;
-  for (int64_t i = 0; i < host->n_rows(); ++i) bytes += host->row_floats(i) * 4;
+  for (int64_t i = 0; i < host->n_rows(); ++i) bytes += host->row_bytes(i);
   EXPECT_GE(*need * page_bytes, bytes);
 
   const int32_t kv_page =
@@ -58,16 +61,16 @@ TEST(PagedLoraTest, RowsPackedIntoAdapterPagesWithoutStraddling) {
   (*paged)->CopyIn();
   ASSERT_EQ((*paged)->n_rows(), host->n_rows());
   for (int64_t i = 0; i < host->n_rows(); ++i) {
-    const auto* p = reinterpret_cast<const uint8_t*>((*paged)->row(i));
+    const auto* p = static_cast<const uint8_t*>((*paged)->row_data(i));
     // Inside one adapter page, whole, 64-byte aligned.
     bool inside = false;
     for (int32_t pg : *pages) {
       const uint8_t* base = pool.PageData(pg);
-      if (p >= base && p + (*paged)->row_floats(i) * 4 <= base + page_bytes) inside = true;
+      if (p >= base && p + (*paged)->row_bytes(i) <= base + page_bytes) inside = true;
     }
     EXPECT_TRUE(inside) << "row " << i;
     EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u);
-    EXPECT_EQ(0, std::memcmp(p, host->row(i), static_cast<size_t>(host->row_floats(i)) * 4))
+    EXPECT_EQ(0, std::memcmp(p, host->row_data(i), static_cast<size_t>(host->row_bytes(i))))
         << "row " << i;
   }
   // The module tables are views into the same rows.
@@ -83,40 +86,44 @@ TEST(PagedLoraTest, RowsPackedIntoAdapterPagesWithoutStraddling) {
 }
 
 TEST(PagedLoraTest, PoolCopyComputesBitwiseLikeHostCopy) {
-  const auto c = TinyConfig();
-  auto a = MakeAdapter(c, 16, 2), b = MakeAdapter(c, 1, 3);
-  memory::PagePool pool(256, 8192);
-  std::vector<std::unique_ptr<PagedLora>> paged;
-  for (const auto& h : {a, b}) {
-    auto need = PagedLora::PagesNeeded(*h, pool.page_bytes());
-    ASSERT_TRUE(need.ok());
-    auto pages = pool.Allocate(*need, memory::PageKind::kAdapter);
-    ASSERT_TRUE(pages.ok());
-    auto p = PagedLora::Create(h, &pool, *pages);
-    ASSERT_TRUE(p.ok());
-    (*p)->CopyIn();
-    paged.push_back(std::move(*p));
-  }
-  const int64_t rows = 5, in = c.n_embd;
-  std::mt19937 rng(7);
-  std::normal_distribution<float> d;
-  std::vector<float> x(static_cast<size_t>(rows * in));
-  for (float& f : x) f = d(rng);
-  auto run = [&](std::vector<const LoraView*> views, Linear which) {
-    LoraHook hook(c, rows);
-    CHORUS_CHECK(hook.SetRows(views).ok());
-    const int64_t out = LinearOut(c, which);
-    std::vector<float> y(static_cast<size_t>(rows * out), 0.5f);
-    hook.Apply(1, which, x.data(), in, y.data(), out, rows, nullptr);
-    return y;
-  };
-  for (Linear which : {Linear::kQ, Linear::kK, Linear::kV, Linear::kGate, Linear::kUp}) {
-    auto host = run({a.get(), a.get(), nullptr, b.get(), a.get()}, which);
-    auto pool_copy =
-        run({paged[0].get(), paged[0].get(), nullptr, paged[1].get(), paged[0].get()}, which);
-    auto mixed = run({a.get(), a.get(), nullptr, paged[1].get(), a.get()}, which);
-    EXPECT_EQ(host, pool_copy) << model::LinearName(which);
-    EXPECT_EQ(host, mixed) << model::LinearName(which);
+  for (LoraStorage st : {LoraStorage::kF32, LoraStorage::kBF16}) {
+    SCOPED_TRACE(LoraStorageName(st));
+    const auto c = TinyConfig();
+    auto a = MakeAdapter(c, 16, 2, st), b = MakeAdapter(c, 1, 3, st);
+    EXPECT_EQ(a->storage(), st);
+    memory::PagePool pool(256, 8192);
+    std::vector<std::unique_ptr<PagedLora>> paged;
+    for (const auto& h : {a, b}) {
+      auto need = PagedLora::PagesNeeded(*h, pool.page_bytes());
+      ASSERT_TRUE(need.ok());
+      auto pages = pool.Allocate(*need, memory::PageKind::kAdapter);
+      ASSERT_TRUE(pages.ok());
+      auto p = PagedLora::Create(h, &pool, *pages);
+      ASSERT_TRUE(p.ok());
+      (*p)->CopyIn();
+      paged.push_back(std::move(*p));
+    }
+    const int64_t rows = 5, in = c.n_embd;
+    std::mt19937 rng(7);
+    std::normal_distribution<float> d;
+    std::vector<float> x(static_cast<size_t>(rows * in));
+    for (float& f : x) f = d(rng);
+    auto run = [&](std::vector<const LoraView*> views, Linear which) {
+      LoraHook hook(c, rows);
+      CHORUS_CHECK(hook.SetRows(views).ok());
+      const int64_t out = LinearOut(c, which);
+      std::vector<float> y(static_cast<size_t>(rows * out), 0.5f);
+      hook.Apply(1, which, x.data(), in, y.data(), out, rows, nullptr);
+      return y;
+    };
+    for (Linear which : {Linear::kQ, Linear::kK, Linear::kV, Linear::kGate, Linear::kUp}) {
+      auto host = run({a.get(), a.get(), nullptr, b.get(), a.get()}, which);
+      auto pool_copy =
+          run({paged[0].get(), paged[0].get(), nullptr, paged[1].get(), paged[0].get()}, which);
+      auto mixed = run({a.get(), a.get(), nullptr, paged[1].get(), a.get()}, which);
+      EXPECT_EQ(host, pool_copy) << model::LinearName(which);
+      EXPECT_EQ(host, mixed) << model::LinearName(which);
+    }
   }
 }
 

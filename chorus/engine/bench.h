@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "chorus/adapters/lora/lora_adapter.h"
 #include "chorus/base/status.h"
 #include "chorus/tensor/dtype.h"
 
@@ -30,6 +31,8 @@ struct EngineBenchOptions {
   // base-only "decode" of the same invocation.
   int64_t n_adapters = 0;
   std::vector<int64_t> lora_ranks = {8, 16, 32, 64};
+  adapters::LoraStorage lora_storage =
+      adapters::LoraStorage::kBF16;  // as `chorus serve` stores them
 };
 
 struct EngineBenchRow {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "chorus/kernels/dispatch.h"
+#include "chorus/tensor/dtype.h"
 
 namespace chorus::kernels {
 namespace {
@@ -64,13 +65,33 @@ std::vector<const float*> Scatter(const std::vector<float>& m, int64_t width,
   return t;
 }
 
-// One adapter per slot: A [rank, in], Bᵀ [rank, out], scale; the kernels read scattered copies.
+// bf16 copies of the rows of a [rows, width] matrix (values already bf16-representable).
+std::vector<const uint16_t*> Bf16Rows(const std::vector<float>& m, int64_t width,
+                                      std::vector<uint16_t>* store) {
+  store->resize(m.size());
+  for (size_t i = 0; i < m.size(); ++i) (*store)[i] = F32ToBF16(m[i]);
+  std::vector<const uint16_t*> t;
+  for (size_t off = 0; off + static_cast<size_t>(width) <= m.size();
+       off += static_cast<size_t>(width))
+    t.push_back(store->data() + off);
+  return t;
+}
+
+// Rounds every value to the nearest bf16 (so the f32 and bf16 paths see the same weights).
+void RoundToBf16(std::vector<float>* v) {
+  for (float& f : *v) f = BF16ToF32(F32ToBF16(f));
+}
+
+// One adapter per slot: A [rank, in], Bᵀ [rank, out], scale; the kernels read scattered copies
+// (f32) or bf16 copies of the same (bf16-representable) values.
 struct Adapter {
   int64_t rank = 0;
   float scale = 1.0f;
   std::vector<float> a, bt;                   // contiguous (the oracle reads these)
   std::vector<float> a_paged, bt_paged;       // scattered copies
   std::vector<const float*> a_rows, bt_rows;  // [rank] into the scattered copies
+  std::vector<uint16_t> a16, bt16;
+  std::vector<const uint16_t*> a16_rows, bt16_rows;
 };
 
 struct Problem {
@@ -80,6 +101,7 @@ struct Problem {
   std::vector<float> x;  // [n_rows, x_stride]
   int64_t x_stride = 0;
   int64_t max_rank = 0;
+  bool bf16 = false;  // the kernels read the bf16 rows
 };
 
 Problem MakeProblem(int64_t in, int64_t out, const std::vector<int64_t>& ranks,
@@ -97,6 +119,10 @@ Problem MakeProblem(int64_t in, int64_t out, const std::vector<int64_t>& ranks,
     ad.scale = 0.5f + static_cast<float>(p.adapters.size()) * 0.25f;
     ad.a = Random(static_cast<size_t>(r * in), &rng, 1.0f / std::sqrt(static_cast<float>(in)));
     ad.bt = Random(static_cast<size_t>(r * out), &rng, 0.1f);
+    RoundToBf16(&ad.a);
+    RoundToBf16(&ad.bt);
+    ad.a16_rows = Bf16Rows(ad.a, in, &ad.a16);
+    ad.bt16_rows = Bf16Rows(ad.bt, out, &ad.bt16);
     ad.a_rows = Scatter(ad.a, in, &ad.a_paged);
     ad.bt_rows = Scatter(ad.bt, out, &ad.bt_paged);
     p.max_rank = std::max(p.max_rank, r);
@@ -108,12 +134,24 @@ Problem MakeProblem(int64_t in, int64_t out, const std::vector<int64_t>& ranks,
 
 std::vector<LoraShrinkWeight> ShrinkWeights(const Problem& p) {
   std::vector<LoraShrinkWeight> w;
-  for (const Adapter& a : p.adapters) w.push_back({a.a_rows.data(), a.rank});
+  for (const Adapter& a : p.adapters) {
+    if (p.bf16) {
+      w.push_back({nullptr, a.rank, a.a16_rows.data()});
+    } else {
+      w.push_back({a.a_rows.data(), a.rank});
+    }
+  }
   return w;
 }
 std::vector<LoraExpandWeight> ExpandWeights(const Problem& p) {
   std::vector<LoraExpandWeight> w;
-  for (const Adapter& a : p.adapters) w.push_back({a.bt_rows.data(), a.rank, 0, a.scale});
+  for (const Adapter& a : p.adapters) {
+    if (p.bf16) {
+      w.push_back({nullptr, a.rank, 0, a.scale, a.bt16_rows.data()});
+    } else {
+      w.push_back({a.bt_rows.data(), a.rank, 0, a.scale});
+    }
+  }
   return w;
 }
 
@@ -316,40 +354,66 @@ TEST(LoraKernelTest, FusedShrinkEqualsSeparateShrinks) {
   }
 }
 
-// A row's result is bitwise the same alone, in a batch of mixed adapters, in a different tile
-// position, and at any thread count.
-TEST(LoraKernelTest, BatchInvariantBitwise) {
-  const int64_t in = 200, out = 136;
-  const std::vector<int64_t> ranks = {1, 8, 16, 64, 256, 5};
-  for (IsaLevel level : SupportedLevels()) {
-    IsaGuard g;
-    SetMaxIsa(level);
-    for (int64_t target_slot = 0; target_slot < static_cast<int64_t>(ranks.size()); ++target_slot) {
-      // Batch: 6 segments of varying length; the probe row sits at row 2 of segment `target`.
-      std::vector<LoraSegment> segs;
-      int64_t row = 0, probe_row = -1;
-      for (int64_t s = 0; s < static_cast<int64_t>(ranks.size()); ++s) {
-        const int64_t len = 3 + (s * 5) % 7;
-        segs.push_back({row, row + len, static_cast<int32_t>(s)});
-        if (s == target_slot) probe_row = row + 2;
-        row += len;
-      }
-      Problem batch = MakeProblem(in, out, ranks, segs, row, 99);
-      auto y0 = BaseOutput(batch, 1);
-      // Alone: the same adapters, one segment of one row holding the probe row's input.
-      Problem alone = batch;
-      alone.n_rows = 1;
-      alone.x.assign(batch.x.begin() + probe_row * batch.x_stride, batch.x.begin() + (probe_row + 1) * batch.x_stride);
-      alone.segments = {{0, 1, static_cast<int32_t>(target_slot)}};
-      std::vector<float> y0_alone(y0.begin() + probe_row * (out + 1), y0.begin() + (probe_row + 1) * (out + 1));
-      auto want = RunLora(alone, y0_alone, 1);
+// bf16 rows are widened exactly and take the f32 path: every ISA level (and the reference)
+// gives bitwise the result of its f32 path on the same values, at any thread count.
+TEST(LoraKernelTest, Bf16RowsEqualF32RowsOfTheSameValues) {
+  for (const Case& c : Cases()) {
+    Problem p = MakeProblem(c.in, c.out, c.ranks, c.segments, c.n_rows, 31);
+    auto y0 = BaseOutput(p, 3);
+    Problem q = p;
+    q.bf16 = true;
+    EXPECT_EQ(RunLora(p, y0, 0), RunLora(q, y0, 0)) << "reference " << c.name;
+    for (IsaLevel level : SupportedLevels()) {
+      IsaGuard g;
+      SetMaxIsa(level);
       for (int threads : {1, 2, 3}) {
-        auto got = RunLora(batch, y0, threads);
-        EXPECT_EQ(0, std::memcmp(got.data() + probe_row * (out + 1), want.data(), static_cast<size_t>(out) * sizeof(float)))
-            << IsaName(level) << " slot " << target_slot << " threads " << threads;
+        EXPECT_EQ(RunLora(p, y0, threads), RunLora(q, y0, threads))
+            << c.name << " " << IsaName(level) << " t" << threads;
       }
     }
   }
+}
+
+// A row's result is bitwise the same alone, in a batch of mixed adapters, in a different tile
+// position, and at any thread count (f32 and bf16 weights).
+TEST(LoraKernelTest, BatchInvariantBitwise) {
+  const int64_t in = 200, out = 136;
+  const std::vector<int64_t> ranks = {1, 8, 16, 64, 256, 5};
+  for (bool bf16 : {false, true})
+    for (IsaLevel level : SupportedLevels()) {
+      IsaGuard g;
+      SetMaxIsa(level);
+      for (int64_t target_slot = 0; target_slot < static_cast<int64_t>(ranks.size());
+           ++target_slot) {
+        // Batch: 6 segments of varying length; the probe row sits at row 2 of segment `target`.
+        std::vector<LoraSegment> segs;
+        int64_t row = 0, probe_row = -1;
+        for (int64_t s = 0; s < static_cast<int64_t>(ranks.size()); ++s) {
+          const int64_t len = 3 + (s * 5) % 7;
+          segs.push_back({row, row + len, static_cast<int32_t>(s)});
+          if (s == target_slot) probe_row = row + 2;
+          row += len;
+        }
+        Problem batch = MakeProblem(in, out, ranks, segs, row, 99);
+        batch.bf16 = bf16;
+        auto y0 = BaseOutput(batch, 1);
+        // Alone: the same adapters, one segment of one row holding the probe row's input.
+        Problem alone = batch;
+        alone.n_rows = 1;
+        alone.x.assign(batch.x.begin() + probe_row * batch.x_stride,
+                       batch.x.begin() + (probe_row + 1) * batch.x_stride);
+        alone.segments = {{0, 1, static_cast<int32_t>(target_slot)}};
+        std::vector<float> y0_alone(y0.begin() + probe_row * (out + 1),
+                                    y0.begin() + (probe_row + 1) * (out + 1));
+        auto want = RunLora(alone, y0_alone, 1);
+        for (int threads : {1, 2, 3}) {
+          auto got = RunLora(batch, y0, threads);
+          EXPECT_EQ(0, std::memcmp(got.data() + probe_row * (out + 1), want.data(),
+                                   static_cast<size_t>(out) * sizeof(float)))
+              << IsaName(level) << " slot " << target_slot << " threads " << threads;
+        }
+      }
+    }
 }
 
 }  // namespace

@@ -156,10 +156,17 @@ std::vector<int32_t> Alone(const Stories& s, GenerationRequest r) {
   return RunToEnd(**(*e)->Submit(std::move(r)));
 }
 
-TEST(EngineResidencyTest, ColdRequestEqualsWarmAndAdapterPagesComeFromThePool) {
+class EngineResidencyStorageTest : public ::testing::TestWithParam<adapters::LoraStorage> {};
+
+TEST_P(EngineResidencyStorageTest, ColdRequestEqualsWarmAndAdapterPagesComeFromThePool) {
   CHORUS_REQUIRE_SHARED_MODEL(kModel);
   Stories s = LoadStories();
-  auto a = Adapter(s.model->config(), 16, 7);
+  adapters::LoraLimits limits;
+  limits.storage = GetParam();
+  auto built = adapters::LoraAdapter::Build(Weights(s.model->config(), 16, 7), s.model->config(),
+                                            "cold", limits);
+  ASSERT_TRUE(built.ok());
+  auto a = *built;
   EngineOptions host_only = SmallOptions(64 << 20);
   host_only.adapter_pool_copies = false;
   std::vector<int32_t> host_tokens;
@@ -187,6 +194,13 @@ TEST(EngineResidencyTest, ColdRequestEqualsWarmAndAdapterPagesComeFromThePool) {
   EXPECT_EQ(m.adapters_resident.load(), 1);
   EXPECT_EQ(RunToEnd(**(*e)->Submit(Req(0, a, 24))), host_tokens);
 }
+
+INSTANTIATE_TEST_SUITE_P(Storage, EngineResidencyStorageTest,
+                         ::testing::Values(adapters::LoraStorage::kF32,
+                                           adapters::LoraStorage::kBF16),
+                         [](const auto& info) {
+                           return std::string(adapters::LoraStorageName(info.param));
+                         });
 
 // 80 pages of 20 KiB (one stories260K KV block of 16 tokens); a rank-32 adapter on every linear
 // takes ~37 of them.

@@ -168,8 +168,11 @@ Status ValidateLoraWeights(const LoraWeights& w, const model::ModelConfig& c,
   return OkStatus();
 }
 
+const char* LoraStorageName(LoraStorage s) { return s == LoraStorage::kBF16 ? "bf16" : "f32"; }
+
 void LoraView::CopyShapeFrom(const LoraView& other) {
   name_ = other.name_;
+  storage_type_ = other.storage_type_;
   n_layers_ = other.n_layers_;
   max_rank_ = other.max_rank_;
   max_fused_rank_ = other.max_fused_rank_;
@@ -183,33 +186,37 @@ void LoraView::CopyShapeFrom(const LoraView& other) {
 void LoraView::LayoutRowTables() {
   size_t total = 0;
   for (const Module& m : modules_) total += static_cast<size_t>(2 * m.rank);
-  rows_.assign(total, nullptr);
-  row_floats_.assign(total, 0);
+  const bool bf16 = storage_type_ == LoraStorage::kBF16;
+  rows_.assign(bf16 ? 0 : total, nullptr);
+  rows16_.assign(bf16 ? total : 0, nullptr);
+  row_elems_.assign(total, 0);
   size_t off = 0;
-  auto take = [&](int64_t n, int64_t width) {
-    const float* const* p = rows_.data() + off;
-    for (int64_t i = 0; i < n; ++i) row_floats_[off + static_cast<size_t>(i)] = width;
+  // Points (a_rows, a_rows_bf16) at the next n rows of the table in use (the other stays null).
+  auto take = [&](int64_t n, int64_t width, const float* const** f32, const uint16_t* const** b16) {
+    for (int64_t i = 0; i < n; ++i) row_elems_[off + static_cast<size_t>(i)] = width;
+    *f32 = bf16 ? nullptr : rows_.data() + off;
+    *b16 = bf16 ? rows16_.data() + off : nullptr;
     off += static_cast<size_t>(n);
-    return p;
   };
   auto mod = [&](int64_t l, Linear which) -> Module& {
     return modules_[static_cast<size_t>(l * model::kNumLinears + static_cast<int>(which))];
   };
   for (int64_t l = 0; l < n_layers_; ++l) {
     for (int g = 0; g < 2; ++g) {
-      fused_[static_cast<size_t>(l * 2 + g)].a_rows = rows_.data() + off;
+      Fused& f = fused_[static_cast<size_t>(l * 2 + g)];
+      take(0, 0, &f.a_rows, &f.a_rows_bf16);  // the group's rows start here
       for (int q = 0; q < kGroupSize[g]; ++q) {
         Module& m = mod(l, kGroupMembers[g][q]);
-        m.a_rows = take(m.rank, m.in);
+        take(m.rank, m.in, &m.a_rows, &m.a_rows_bf16);
       }
     }
     for (Linear which : {Linear::kO, Linear::kDown}) {
       Module& m = mod(l, which);
-      m.a_rows = take(m.rank, m.in);
+      take(m.rank, m.in, &m.a_rows, &m.a_rows_bf16);
     }
     for (int li = 0; li < model::kNumLinears; ++li) {
       Module& m = mod(l, static_cast<Linear>(li));
-      m.bt_rows = take(m.rank, m.out);
+      take(m.rank, m.out, &m.bt_rows, &m.bt_rows_bf16);
     }
   }
   CHORUS_CHECK(off == total);
@@ -299,13 +306,24 @@ Result<std::shared_ptr<const LoraAdapter>> LoraAdapter::Build(const LoraWeights&
     }
   }
   // The storage holds the rows in the flat row order of LoraView, so the row tables walk it.
+  ad->storage_type_ = limits.storage;
   ad->LayoutRowTables();
-  const float* p = base;
-  for (int64_t i = 0; i < ad->n_rows(); ++i) {
-    ad->SetRow(i, p);
-    p += ad->row_floats(i);
+  if (limits.storage == LoraStorage::kBF16) {
+    // Rounded once, here; the f32 staging copy is dropped (contiguous f32 views with it).
+    ad->storage16_.resize(total);
+    for (size_t i = 0; i < total; ++i) ad->storage16_[i] = F32ToBF16(ad->storage_[i]);
+    std::vector<float>().swap(ad->storage_);
+    for (Module& m : ad->modules_) m.a = m.bt = nullptr;
+    for (Fused& f : ad->fused_) f.a = nullptr;
   }
-  CHORUS_CHECK(p == base + total) << "LoRA row tables do not cover the storage";
+  size_t off = 0;
+  for (int64_t i = 0; i < ad->n_rows(); ++i) {
+    ad->SetRow(i, limits.storage == LoraStorage::kBF16
+                      ? static_cast<const void*>(ad->storage16_.data() + off)
+                      : static_cast<const void*>(ad->storage_.data() + off));
+    off += static_cast<size_t>(ad->row_elems(i));
+  }
+  CHORUS_CHECK(off == total) << "LoRA row tables do not cover the storage";
   return std::shared_ptr<const LoraAdapter>(std::move(ad));
 }
 
@@ -328,6 +346,20 @@ LoraWeights MakeRandomLora(const model::ModelConfig& c, const RandomLoraSpec& sp
     }
   }
   return w;
+}
+
+LoraWeights RoundedAsStored(const LoraWeights& w, LoraStorage storage) {
+  LoraWeights out = w;
+  if (storage == LoraStorage::kF32) return out;
+  for (LoraModuleWeights& m : out.modules) {
+    if (!m.present()) continue;
+    for (Tensor* t : {&m.a, &m.b}) {
+      std::vector<float> v = t->ToF32();
+      for (float& f : v) f = BF16ToF32(F32ToBF16(f));
+      *t = Tensor::FromF32(v, DType::kF32, t->shape());
+    }
+  }
+  return out;
 }
 
 Result<std::shared_ptr<const model::Model>> MergeLora(const model::Model& base,

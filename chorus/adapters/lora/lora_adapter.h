@@ -67,8 +67,16 @@ struct LoraWeights {
   int64_t MaxRank() const;
 };
 
+// Element type of the compute copy. bf16 is rounded once at Build (round to nearest even) and
+// halves the bytes a step streams per adapter; the kernels widen it exactly and accumulate in f32.
+enum class LoraStorage { kF32, kBF16 };
+const char* LoraStorageName(LoraStorage s);  // "f32", "bf16"
+
 struct LoraLimits {
   int64_t max_rank = 256;  // modules of larger rank are refused (kInvalidArgument)
+  // Not a limit but how the compute copy is stored; carried here because every path that builds
+  // an adapter (files, the host cache) takes LoraLimits.
+  LoraStorage storage = LoraStorage::kF32;
 };
 
 // Checks `w` against the base: layer count, every present module's shapes (A [r, in],
@@ -87,8 +95,10 @@ class LoraView {
     int64_t in = 0, out = 0;                // the base linear's shape
     const float* a = nullptr;               // [rank, in] contiguous (host copy only; else null)
     const float* bt = nullptr;              // [rank, out] contiguous (host copy only; else null)
-    const float* const* a_rows = nullptr;   // [rank] rows of A, each [in]
+    const float* const* a_rows = nullptr;   // [rank] rows of A, each [in] (f32 storage)
     const float* const* bt_rows = nullptr;  // [rank] rows of Bᵀ (lora_B transposed), each [out]
+    const uint16_t* const* a_rows_bf16 = nullptr;   // the same for bf16 storage (else null)
+    const uint16_t* const* bt_rows_bf16 = nullptr;  //
     int64_t fused_col = 0;                  // first row of this module's A inside its fused group
   };
   // The A of linears that read the same input, concatenated by rows: group kQkv = q|k|v
@@ -98,6 +108,7 @@ class LoraView {
     int64_t rank = 0;                      // Σ ranks of the group's modules
     const float* a = nullptr;              // [rank, in] contiguous (host copy only; else null)
     const float* const* a_rows = nullptr;  // [rank] rows (the members' a_rows, concatenated)
+    const uint16_t* const* a_rows_bf16 = nullptr;  // the same for bf16 storage
   };
 
   LoraView(const LoraView&) = delete;
@@ -115,12 +126,19 @@ class LoraView {
   int64_t max_rank() const { return max_rank_; }
   // Largest fused-group rank (what a shrink buffer row must hold).
   int64_t max_fused_rank() const { return max_fused_rank_; }
+  LoraStorage storage() const { return storage_type_; }
+  int64_t element_bytes() const { return storage_type_ == LoraStorage::kBF16 ? 2 : 4; }
   // Rows of A and Bᵀ of every module: 2 × Σ ranks.
-  int64_t n_rows() const { return static_cast<int64_t>(rows_.size()); }
+  int64_t n_rows() const { return static_cast<int64_t>(row_elems_.size()); }
   // Row `i` of the flat row order (per layer: q|k|v A rows, gate|up A rows, o A, down A, then
-  // every linear's Bᵀ rows in linear order) and its length in floats.
-  const float* row(int64_t i) const { return rows_[static_cast<size_t>(i)]; }
-  int64_t row_floats(int64_t i) const { return row_floats_[static_cast<size_t>(i)]; }
+  // every linear's Bᵀ rows in linear order): its data, elements and bytes.
+  const void* row_data(int64_t i) const {
+    return storage_type_ == LoraStorage::kBF16
+               ? static_cast<const void*>(rows16_[static_cast<size_t>(i)])
+               : static_cast<const void*>(rows_[static_cast<size_t>(i)]);
+  }
+  int64_t row_elems(int64_t i) const { return row_elems_[static_cast<size_t>(i)]; }
+  int64_t row_bytes(int64_t i) const { return row_elems(i) * element_bytes(); }
 
  protected:
   LoraView() = default;
@@ -129,16 +147,25 @@ class LoraView {
   // Sizes the row tables from the modules' ranks / shapes and points every Module / Fused at
   // its slice (in the flat row order above). Rows are then set with SetRow().
   void LayoutRowTables();
-  void SetRow(int64_t i, const float* p) { rows_[static_cast<size_t>(i)] = p; }
+  // `p` points at row_elems(i) elements of storage().
+  void SetRow(int64_t i, const void* p) {
+    if (storage_type_ == LoraStorage::kBF16) {
+      rows16_[static_cast<size_t>(i)] = static_cast<const uint16_t*>(p);
+    } else {
+      rows_[static_cast<size_t>(i)] = static_cast<const float*>(p);
+    }
+  }
 
   std::string name_;
   int64_t n_layers_ = 0, max_rank_ = 0, max_fused_rank_ = 0;
   std::vector<Module> modules_;  // [n_layers × kNumLinears]
   std::vector<Fused> fused_;     // [n_layers × 2]
+  LoraStorage storage_type_ = LoraStorage::kF32;  // set before LayoutRowTables()
 
  private:
-  std::vector<const float*> rows_;   // the row tables, [n_rows()]
-  std::vector<int64_t> row_floats_;  // [n_rows()]
+  std::vector<const float*> rows_;       // the row tables, [n_rows()] (f32 storage; else empty)
+  std::vector<const uint16_t*> rows16_;  // the row tables, [n_rows()] (bf16 storage; else empty)
+  std::vector<int64_t> row_elems_;       // [n_rows()]
 };
 
 // The host-tier copy: a LoraView over one contiguous f32 allocation.
@@ -151,12 +178,16 @@ class LoraAdapter : public LoraView {
                                                           std::string name,
                                                           const LoraLimits& limits = {});
 
-  // Bytes of f32 compute weights held.
-  int64_t memory_bytes() const { return static_cast<int64_t>(storage_.size() * sizeof(float)); }
+  // Bytes of compute weights held.
+  int64_t memory_bytes() const {
+    return static_cast<int64_t>(storage_.size() * sizeof(float) +
+                                storage16_.size() * sizeof(uint16_t));
+  }
 
  private:
   LoraAdapter() = default;
-  std::vector<float> storage_;   // every A and Bᵀ; never resized after Build
+  std::vector<float> storage_;       // every A and Bᵀ (f32 storage); never resized after Build
+  std::vector<uint16_t> storage16_;  // the same, rounded once to bf16 (bf16 storage)
 };
 
 // Which fused group a linear belongs to (q,k,v → kQkv; gate,up → kGateUp); false for o, down.
@@ -177,6 +208,11 @@ struct RandomLoraSpec {
   uint64_t seed = 1;
 };
 LoraWeights MakeRandomLora(const model::ModelConfig& base, const RandomLoraSpec& spec);
+
+// `w` with every A / B value replaced by what a compute copy of `storage` holds (bf16: rounded to
+// nearest even; f32: unchanged), as f32 tensors. Oracles (MergeLora) built from it see exactly
+// the weights the unmerged path uses.
+LoraWeights RoundedAsStored(const LoraWeights& w, LoraStorage storage);
 
 // The merged-weights oracle: the base's canonical tensors with W + s·B·A added to every
 // targeted linear (in f32; q/k rows in the base's order), rebuilt through Model::Build.

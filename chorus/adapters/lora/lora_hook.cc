@@ -77,7 +77,7 @@ void LoraHook::Apply(int64_t layer, model::Linear which, const float* x, int64_t
         cache_x_ != x) {
       for (size_t s = 0; s < n_slots; ++s) {
         const LoraAdapter::Fused& f = slots_[s]->fused(layer, group);
-        shrink_w_[s] = {f.a_rows, f.rank};
+        shrink_w_[s] = {f.a_rows, f.rank, f.a_rows_bf16};
       }
       kernels::LoraShrink(segments_, shrink_w_, x, x_stride, in, v_.data(), v_stride_, pool);
       cache_valid_ = true;
@@ -87,13 +87,13 @@ void LoraHook::Apply(int64_t layer, model::Linear which, const float* x, int64_t
     }
     for (size_t s = 0; s < n_slots; ++s) {
       const LoraAdapter::Module& m = slots_[s]->module(layer, which);
-      expand_w_[s] = {m.bt_rows, m.rank, m.fused_col, m.scale};
+      expand_w_[s] = {m.bt_rows, m.rank, m.fused_col, m.scale, m.bt_rows_bf16};
     }
   } else {
     for (size_t s = 0; s < n_slots; ++s) {
       const LoraAdapter::Module& m = slots_[s]->module(layer, which);
-      shrink_w_[s] = {m.a_rows, m.rank};
-      expand_w_[s] = {m.bt_rows, m.rank, 0, m.scale};
+      shrink_w_[s] = {m.a_rows, m.rank, m.a_rows_bf16};
+      expand_w_[s] = {m.bt_rows, m.rank, 0, m.scale, m.bt_rows_bf16};
     }
     cache_valid_ = false;
     kernels::LoraShrink(segments_, shrink_w_, x, x_stride, in, v_.data(), v_stride_, pool);
