@@ -112,6 +112,20 @@ TEST(AdapterResidencyTest, ForgetFreesAfterLastUser) {
   EXPECT_EQ(f.pool.n_used(memory::PageKind::kAdapter), 0);
 }
 
+TEST(AdapterResidencyTest, ReplacedAdapterNeverSharesThePoolCopy) {
+  Fixture f;
+  auto old_version = MakeAdapter(f.c, 1, "x"), new_version = MakeAdapter(f.c, 2, "x");
+  f.res.Prefetch(old_version, 0, true);
+  ASSERT_TRUE(WaitResident(&f.res, old_version.get()));
+  // Same name, another content hash / version: another host copy, so no pool copy yet.
+  EXPECT_FALSE(f.res.Resident(new_version.get()));
+  EXPECT_EQ(f.res.View(new_version.get()), new_version.get());
+  f.res.Forget("x");  // the registry replaced it: the predecessor's pages are freed
+  f.res.Poll();
+  EXPECT_FALSE(f.res.Resident(old_version.get()));
+  EXPECT_EQ(f.pool.n_used(memory::PageKind::kAdapter), 0);
+}
+
 TEST(AdapterResidencyTest, DiskLoadsCompleteTicketsOnLoaderThread) {
   const auto c = TinyConfig();
   const std::string dir = testing::TempDir() + "/residency_peft";

@@ -8,6 +8,11 @@
 // prompt and the tokens it had generated; batch-invariant kernels make that invisible in the
 // output. Clients submit through a bounded queue and read a RequestHandle.
 //
+// Adapters (engine/adapter_residency.h, docs/adapters.md): a request names its adapter by its
+// host copy or by its key; keyed loads run on loader threads and the request is admitted once
+// its adapter is usable. Pool copies of adapters share the KV pages (unified paging); they are
+// pinned while used and evicted LRU, before any preemption, when KV needs pages.
+//
 // Thread-safety: Submit(), Metrics(), Shutdown() are thread-safe; everything else is internal
 // to the engine thread.
 #pragma once
