@@ -172,7 +172,12 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const model::Mode
 
 Engine::~Engine() {
   if (impl_) {
-    impl_->stop_now.store(true);
+    {
+      // Under the lock: otherwise the store and notify can fall between the engine thread's
+      // predicate check and its sleep, and the wake-up is lost (the join then never returns).
+      std::lock_guard<std::mutex> lock(impl_->mu);
+      impl_->stop_now.store(true);
+    }
     impl_->cv.notify_all();
     if (impl_->thread.joinable()) impl_->thread.join();
   }
