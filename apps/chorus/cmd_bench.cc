@@ -73,6 +73,7 @@ int BenchCommand(int argc, char** argv) {
            "--dtypes) for base-only and LoRA rows by popularity Identical / Skewed / Uniform / "
            "Distinct\n"
            "(DESIGN §10), ranks round-robin over --lora-ranks; writes <out>.png too");
+  f.String("lora-dtype", "bf16", "storage of those adapters' compute weights: bf16 or f32");
   f.String("out", "", "write <out>.csv and <out>.json");
   if (int rc = ParseOrExit(f, argc, argv); rc >= 0) return rc;
   engine::EngineBenchOptions o;
@@ -106,6 +107,11 @@ int BenchCommand(int argc, char** argv) {
   o.workload = f.GetString("workload");
   if (o.workload != "default" && o.workload != "punica") {
     return Fail("bench", InvalidArgumentError("--workload must be default or punica"));
+  }
+  if (f.GetString("lora-dtype") == "f32") {
+    o.lora_storage = adapters::LoraStorage::kF32;
+  } else if (f.GetString("lora-dtype") != "bf16") {
+    return Fail("bench", InvalidArgumentError("--lora-dtype must be bf16 or f32"));
   }
   auto rep = engine::RunEngineBench(o, [](const std::string& msg) { std::fprintf(stderr, "bench: %s\n", msg.c_str()); });
   if (!rep.ok()) return Fail("bench", rep.status());

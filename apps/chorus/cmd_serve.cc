@@ -72,6 +72,10 @@ Result<ServedAdapters> OpenAdapters(const Flags& f, const model::ModelConfig& ba
   {
     adapters::LoraLimits limits;
     limits.max_rank = ro.max_lora_rank;
+    const std::string dtype = f.GetString("lora-dtype");
+    if (dtype != "bf16" && dtype != "f32")
+      return InvalidArgumentError("flag --lora-dtype must be bf16 or f32");
+    limits.storage = dtype == "f32" ? adapters::LoraStorage::kF32 : adapters::LoraStorage::kBF16;
     out.cache = std::make_shared<adapters::AdapterCache>(base, f.GetInt("host-cache-size") << 20, limits);
   }
   std::fprintf(stderr, "chorus serve: %zu adapters registered (%s)\n", out.registry->size(), state.c_str());
@@ -106,6 +110,12 @@ int ServeCommand(int argc, char** argv) {
   f.String("registry", "", "adapter registry state file (default: <cache dir>/adapters-registry.json)");
   f.Int("host-cache-size", 2048, "MiB of decoded adapters kept in host memory (LRU)");
   f.Int("max-lora-rank", 256, "largest LoRA rank accepted");
+  f.String(
+      "lora-dtype", "bf16",
+      "adapter compute weights in memory: bf16 (rounded once at load, half the traffic) or f32");
+  f.Int("max-adapters-per-step", 0, "distinct adapters in one engine step (0 = unlimited)");
+  f.Int("loader-threads", 1, "threads loading adapters (disk -> host, host -> pool pages)");
+  f.Bool("no-adapter-pool", "serve adapters from host memory only (no copies in pool pages)");
   f.Float("drain-timeout", 30.0, "seconds running requests get to finish on SIGTERM before they are aborted");
   if (int rc = ParseOrExit(f, argc, argv); rc >= 0) return rc;
 
@@ -144,6 +154,13 @@ int ServeCommand(int argc, char** argv) {
     return Fail("serve", InvalidArgumentError("flag --pool-size must be in [1, 1048576] MiB"));
   }
   eo.pool_bytes = pool_mib << 20;
+  eo.max_adapters_per_step = f.GetInt("max-adapters-per-step");
+  const int64_t loader_threads = f.GetInt("loader-threads");
+  if (loader_threads < 1 || loader_threads > 64) {
+    return Fail("serve", InvalidArgumentError("flag --loader-threads must be in [1, 64]"));
+  }
+  eo.loader_threads = static_cast<int>(loader_threads);
+  eo.adapter_pool_copies = !f.GetBool("no-adapter-pool");
   if (Status s = eo.Validate(); !s.ok()) return Fail("serve", InvalidArgumentError("flag " + s.message()));
 
   auto srv = server::Server::Create(so);
@@ -154,11 +171,12 @@ int ServeCommand(int argc, char** argv) {
 
   auto loaded = LoadModelAndTokenizer(model_path, f.GetString("tokenizer"));
   if (!loaded.ok()) return Fail("serve", loaded.status());
+  auto adapters_or = OpenAdapters(f, loaded->model->config(), so.served_model_name);
+  if (!adapters_or.ok()) return Fail("serve", adapters_or.status());
+  eo.adapter_cache = adapters_or->cache;  // the engine's loader threads read adapters through it
   auto eng = engine::Engine::Create(loaded->model, loaded->tokenizer, eo);
   if (!eng.ok()) return Fail("serve", eng.status());
   std::shared_ptr<engine::Engine> engine = std::move(*eng);
-  auto adapters_or = OpenAdapters(f, loaded->model->config(), so.served_model_name);
-  if (!adapters_or.ok()) return Fail("serve", adapters_or.status());
   if (adapters_or->registry) (*srv)->SetAdapters(adapters_or->registry, adapters_or->cache);
   (*srv)->SetEngine(engine);
   std::printf("chorus serve: serving \"%s\" at %s/v1 (context %lld tokens, %lld KV blocks)\n",

@@ -64,6 +64,15 @@ Result<std::shared_ptr<const LoraAdapter>> AdapterCache::Get(const AdapterKey& k
   return adapter;
 }
 
+std::shared_ptr<const LoraAdapter> AdapterCache::GetIfCached(const AdapterKey& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(key.Id());
+  if (it == entries_.end() || it->second.loading) return nullptr;
+  ++stats_.hits;
+  lru_.splice(lru_.begin(), lru_, it->second.lru);
+  return it->second.adapter;
+}
+
 void AdapterCache::EvictLocked() {
   // Least recently used first; entries in use (held outside the cache) or loading are skipped.
   auto it = lru_.end();

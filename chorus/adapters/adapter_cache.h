@@ -37,6 +37,8 @@ class AdapterCache {
   AdapterCache(model::ModelConfig base, int64_t max_bytes, LoraLimits limits = {});
 
   Result<std::shared_ptr<const LoraAdapter>> Get(const AdapterKey& key);
+  // The cached copy when present and loaded (counts a hit), else null; never loads.
+  std::shared_ptr<const LoraAdapter> GetIfCached(const AdapterKey& key);
   // Drops the cached copy of every version of `name` (users keep theirs until they finish).
   void Erase(const std::string& name);
 

@@ -311,8 +311,11 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
       spec.rank = opts.lora_ranks[static_cast<size_t>(a) % opts.lora_ranks.size()];
       spec.seed = 500 + static_cast<uint64_t>(a);
       spec.targets = {model::Linear::kQ, model::Linear::kK, model::Linear::kV, model::Linear::kO};
-      CHORUS_ASSIGN_OR_RETURN(auto lora, adapters::LoraAdapter::Build(adapters::MakeRandomLora(c, spec), c,
-                                                                       "bench" + std::to_string(a)));
+      adapters::LoraLimits limits;
+      limits.storage = opts.lora_storage;
+      CHORUS_ASSIGN_OR_RETURN(auto lora,
+                              adapters::LoraAdapter::Build(adapters::MakeRandomLora(c, spec), c,
+                                                           "bench" + std::to_string(a), limits));
       loras.push_back(std::move(lora));
     }
     adapters::LoraHook hook(c, max_batch_rows);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "chorus/adapters/lora/lora_adapter.h"
 #include "chorus/base/status.h"
 #include "chorus/tensor/dtype.h"
 
@@ -38,6 +39,8 @@ struct EngineBenchOptions {
   // "distinct" (B adapters). Rows of one adapter are contiguous, as the engine orders them.
   // The kinds are interleaved within each repeat so drift on a shared machine hits all alike.
   std::string workload = "default";
+  adapters::LoraStorage lora_storage =
+      adapters::LoraStorage::kBF16;  // as `chorus serve` stores them
 };
 
 struct EngineBenchRow {

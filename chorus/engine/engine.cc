@@ -5,6 +5,7 @@
 
 #include "chorus/adapters/lora/lora_hook.h"
 #include "chorus/base/logging.h"
+#include "chorus/engine/adapter_residency.h"
 #include "chorus/engine/stop_checker.h"
 #include "chorus/memory/kv_cache.h"
 #include "chorus/model/forward.h"
@@ -35,6 +36,11 @@ struct Sequence {
   // Choices 1..n-1 of a request with n > 1, held by choice 0 until its prompt is in the cache;
   // then they fork its block table (ForkChoices) instead of recomputing the prompt.
   std::vector<std::unique_ptr<Sequence>> forks;
+  // Adapter (null = base). While `ticket` is set its disk load is pending and the sequence
+  // waits; `pinned` while it runs (AdapterResidency pin).
+  std::shared_ptr<const adapters::LoraAdapter> lora;
+  std::shared_ptr<AdapterTicket> ticket;
+  bool pinned = false;
 };
 
 }  // namespace
@@ -47,6 +53,10 @@ Status EngineOptions::Validate() const {
   if (max_queue < 0 || max_queue > 1000000) return InvalidArgumentError("max-queue must be in [0, 1000000]");
   if (pool_bytes < (int64_t{1} << 20)) return InvalidArgumentError("pool-size must be at least 1 MiB");
   if (block_size < 1 || block_size > 1024) return InvalidArgumentError("block size must be in [1, 1024]");
+  if (max_adapters_per_step < 0 || max_adapters_per_step > 4096)
+    return InvalidArgumentError("max-adapters-per-step must be in [0, 4096]");
+  if (loader_threads < 1 || loader_threads > 64)
+    return InvalidArgumentError("loader-threads must be in [1, 64]");
   return OkStatus();
 }
 
@@ -85,20 +95,34 @@ struct Engine::Impl {
     bool wants_logits;
   };
   std::vector<Planned> plan;
-  std::vector<const adapters::LoraAdapter*> row_adapters;  // [rows] of the step
+  std::vector<const adapters::LoraView*> row_adapters;  // [rows] of the step
   std::unique_ptr<adapters::LoraHook> lora_hook;
+  std::vector<const adapters::LoraAdapter*> step_adapters;  // distinct adapters of the step
+  bool idle = false;  // engine thread: the last step found nothing to run
+  bool kick = false;  // guarded by mu: a loader finished something the engine waits for
+  // Declared last: destroyed first (joins its loader threads while the pool still exists).
+  std::unique_ptr<AdapterResidency> residency;
 
   explicit Impl(Engine* e, int threads) : self(e), pool(threads) {}
 
   void Loop();
   void Step();
   void Preempt(Sequence* s);
-  void Finish(Sequence* s, FinishReason why, const std::string& error = "");
+  void Finish(Sequence* s, FinishReason why, const std::string& error = "",
+              StatusCode code = StatusCode::kInternal);
   void OnToken(Sequence* s, const float* row_logits);
   void ForkChoices(Sequence* parent, const float* row_logits);
   bool ReleaseNewestWaitingTable();
   void CancelAll();
   void PublishGauges();
+  // Adapter residency helpers (engine/adapter_residency.h).
+  void ResolveAdapterLoads();
+  void UnpinAdapter(Sequence* s);
+  bool ReclaimAdapterPages(int64_t n_free);
+  bool AdapterCapAllows(const Sequence* s) const;
+  void AdmitWaiting(int64_t* budget);
+  void PrefetchAdapters();
+  void Wake();
 };
 
 int64_t Engine::context_length() const { return model_->config().max_seq_len; }
@@ -139,6 +163,13 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const model::Mode
   impl->row_adapters.reserve(static_cast<size_t>(opts.max_batch_tokens));
   impl->lora_hook = std::make_unique<adapters::LoraHook>(c, opts.max_batch_tokens);
   e->metrics_.kv_blocks_total = n_pages;
+  impl->step_adapters.reserve(static_cast<size_t>(opts.max_running));
+  AdapterResidency::Options ro{.loader_threads = opts.loader_threads,
+                               .pool_copies = opts.adapter_pool_copies};
+  Impl* raw_impl = impl.get();
+  impl->residency = std::make_unique<AdapterResidency>(
+      impl->pages.get(), &e->metrics_, opts.adapter_cache, [raw_impl] { raw_impl->Wake(); }, ro);
+  impl->residency->PublishGauges();
   e->impl_ = std::move(impl);
   e->impl_->thread = std::thread([raw = e->impl_.get()] { raw->Loop(); });
   return e;
@@ -146,7 +177,12 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const model::Mode
 
 Engine::~Engine() {
   if (impl_) {
-    impl_->stop_now.store(true);
+    {
+      // Under the lock: otherwise the store and notify can fall between the engine thread's
+      // predicate check and its sleep, and the wake-up is lost (the join then never returns).
+      std::lock_guard<std::mutex> lock(impl_->mu);
+      impl_->stop_now.store(true);
+    }
     impl_->cv.notify_all();
     if (impl_->thread.joinable()) impl_->thread.join();
   }
@@ -167,6 +203,10 @@ Result<std::shared_ptr<RequestHandle>> Engine::Submit(GenerationRequest req) {
   if (req.lora && req.lora->n_layers() != c.n_layers) {
     return InvalidArgumentError("adapter '" + req.adapter + "' was built for another base model");
   }
+  if (!req.lora && req.adapter_key && !opts_.adapter_cache) {
+    return InvalidArgumentError("adapter '" + req.adapter_key->name +
+                                "' named but the engine has no adapter cache");
+  }
   CHORUS_RETURN_IF_ERROR(req.sampling.Validate());
   const int64_t total = static_cast<int64_t>(req.prompt.size()) + req.max_tokens;
   if (total > c.max_seq_len) {
@@ -182,6 +222,9 @@ Result<std::shared_ptr<RequestHandle>> Engine::Submit(GenerationRequest req) {
     metrics_.requests_rejected.fetch_add(1);
     return ResourceExhaustedError("too many requests waiting (" + std::to_string(opts_.max_queue) + ")");
   }
+  // A cold adapter: its disk load is queued now, in arrival order, on a loader thread.
+  std::shared_ptr<AdapterTicket> ticket;
+  if (!req.lora && req.adapter_key) ticket = impl_->residency->LoadFromDisk(*req.adapter_key);
   auto shared_req = std::make_shared<const GenerationRequest>(std::move(req));
   auto handle = std::make_shared<RequestHandle>(shared_req->n, static_cast<int64_t>(shared_req->prompt.size()));
   const auto now = Clock::now();
@@ -202,6 +245,8 @@ Result<std::shared_ptr<RequestHandle>> Engine::Submit(GenerationRequest req) {
       s->detok->SetPrevious(s->tokens.back());
       s->stop = std::make_unique<StopChecker>(shared_req->stop);
       s->arrival = now;
+      s->lora = shared_req->lora;
+      s->ticket = ticket;
       if (i == 0) {
         impl_->incoming.push_back(std::move(s));
       } else {
@@ -235,9 +280,19 @@ void Engine::Impl::Loop() {
     bool past_deadline = false;
     {
       std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] {
-        return stop_now.load() || draining.load() || !incoming.empty() || !running.empty() || !waiting.empty();
-      });
+      // `idle`: the last step could run nothing (e.g. every waiting request waits for its
+      // adapter); sleep until something arrives or a loader finishes (kick).
+      auto ready = [&] {
+        const bool work = !running.empty() || !waiting.empty();
+        return stop_now.load() || !incoming.empty() || kick || (draining.load() && !work) ||
+               (!idle && (draining.load() || work));
+      };
+      if (draining.load()) {
+        cv.wait_until(lock, drain_deadline, ready);
+      } else {
+        cv.wait(lock, ready);
+      }
+      kick = false;
       while (!incoming.empty()) {
         waiting.push_back(std::move(incoming.front()));
         incoming.pop_front();
@@ -267,19 +322,22 @@ void Engine::Impl::CancelAll() {
   PublishGauges();  // the gauges show the freed blocks after a shutdown, too
 }
 
-void Engine::Impl::Finish(Sequence* s, FinishReason why, const std::string& error) {
+void Engine::Impl::Finish(Sequence* s, FinishReason why, const std::string& error,
+                          StatusCode code) {
   if (s->finished) return;
   s->finished = true;
   if (!s->table.empty()) kv->Release(&s->table);
   for (auto& f : s->forks) {  // choices that never started end with it
-    Finish(f.get(), why, error);
+    Finish(f.get(), why, error, code);
     queued.fetch_sub(1);
   }
   s->forks.clear();
+  UnpinAdapter(s);
   StreamEvent ev;
   ev.index = s->index;
   ev.finish = why;
   ev.error = error;
+  ev.error_code = code;
   s->handle->Push(std::move(ev));
 }
 
@@ -287,6 +345,7 @@ void Engine::Impl::Preempt(Sequence* s) {
   // Recompute later from prompt + generated tokens; the sampler keeps its state, so the
   // continuation is the same as without preemption.
   kv->Release(&s->table);
+  UnpinAdapter(s);
   s->n_computed = 0;
   self->metrics_.preemptions_total.fetch_add(1);
   CHORUS_LOG(DEBUG) << "preempt req=" << s->req->id << " choice=" << s->index << " tokens=" << s->tokens.size();
@@ -303,9 +362,15 @@ void Engine::Impl::ForkChoices(Sequence* parent, const float* row_logits) {
   for (auto& f : parent->forks) {
     f->table = kv->Fork(parent->table);
     f->serial = next_serial++;
+    f->lora = parent->lora;  // the parent's adapter load resolved for every choice
+    f->ticket.reset();
     if (running.size() < max_running) {
       f->n_computed = f->n_prompt;
       queued.fetch_sub(1);
+      if (f->lora) {
+        residency->Pin(f->lora);
+        f->pinned = true;
+      }
       OnToken(f.get(), row_logits);
       running.push_back(std::move(f));
     } else {
@@ -384,6 +449,7 @@ void Engine::Impl::OnToken(Sequence* s, const float* row_logits) {
     ev.finish = finish;
     s->finished = true;
     if (!s->table.empty()) kv->Release(&s->table);
+    UnpinAdapter(s);
   }
   s->handle->Push(std::move(ev));
 }
@@ -392,6 +458,9 @@ void Engine::Impl::Step() {
   const auto& c = self->model_->config();
   const auto& opts = self->opts_;
   const auto t0 = Clock::now();
+  idle = false;
+  residency->Poll();      // pool copies that landed become resident
+  ResolveAdapterLoads();  // disk loads that finished: admit (or fail) their requests
 
   // 1. Cancellations (a client that went away frees its blocks within this step).
   for (auto& s : running)
@@ -418,6 +487,10 @@ void Engine::Impl::Step() {
     while (!ok) {
       ok = kv->PrepareWrite(&s->table, s->n_computed, s->n_computed + count).ok();
       if (ok) break;
+      // KV wins over resident adapters: evict unpinned ones before preempting anyone.
+      const int64_t need =
+          kv->BlocksFor(s->n_computed + count) - static_cast<int64_t>(s->table.size());
+      if (ReclaimAdapterPages(need)) continue;
       if (ReleaseNewestWaitingTable()) continue;
       // Out of pages: preempt the newest running sequence not yet planned (possibly s itself).
       size_t victim = running.size() - 1;
@@ -435,42 +508,28 @@ void Engine::Impl::Step() {
     waiting.push_front(std::move(*it));
     queued.fetch_add(1);
   }
-  if (preempted.empty()) {
-    while (budget > 0 && !waiting.empty() && static_cast<int64_t>(running.size()) < opts.max_running) {
-      Sequence* s = waiting.front().get();
-      const int64_t remaining = static_cast<int64_t>(s->tokens.size()) - s->n_computed;
-      const int64_t count = std::min(budget, remaining);
-      // Admit only if this chunk fits and one block per running sequence stays free for
-      // their next decode step (avoids admitting work that immediately causes preemption).
-      // Its unforked choices will need a block each, too.
-      const int64_t need = kv->PagesToWrite(s->table, s->n_computed, s->n_computed + count);
-      const auto reserve =
-          static_cast<int64_t>(running.size() + (running.empty() ? 0 : s->forks.size()));
-      if (need + reserve > pages->n_free()) break;
-      if (!kv->PrepareWrite(&s->table, s->n_computed, s->n_computed + count).ok()) break;
-      s->serial = s->serial ? s->serial : next_serial++;
-      plan.push_back({s, s->n_computed, count, s->n_computed + count == static_cast<int64_t>(s->tokens.size())});
-      budget -= count;
-      running.push_back(std::move(waiting.front()));
-      waiting.pop_front();
-      queued.fetch_sub(1);
-    }
-  }
+  if (preempted.empty()) AdmitWaiting(&budget);
   if (plan.empty()) {
     PublishGauges();
-    if (!waiting.empty() && running.empty() && !ReleaseNewestWaitingTable()) {
+    auto first_ready =
+        std::find_if(waiting.begin(), waiting.end(), [](const auto& s) { return !s->ticket; });
+    if (first_ready != waiting.end() && running.empty()) {
+      if (ReleaseNewestWaitingTable()) return;  // shared prompt blocks freed: plan again
       // Nothing fits even in an empty pool: cannot happen for validated requests, but never spin.
-      Finish(waiting.front().get(), FinishReason::kError, "request does not fit in the KV pool");
-      waiting.pop_front();
+      Finish(first_ready->get(), FinishReason::kError, "request does not fit in the KV pool");
+      waiting.erase(first_ready);
       queued.fetch_sub(1);
+    } else {
+      idle = true;  // only requests whose adapters are still loading: wait for a loader
     }
     return;
   }
+  PrefetchAdapters();  // pool copies load on a loader thread while this step computes
 
   // 3. Rows of the step, grouped so equal adapters are contiguous (one segment each; rows of
   //    the base model first). Each sequence's rows stay contiguous and in position order.
   std::stable_sort(plan.begin(), plan.end(), [](const Planned& a, const Planned& b) {
-    return a.seq->req->lora.get() < b.seq->req->lora.get();
+    return a.seq->lora.get() < b.seq->lora.get();
   });
   row_adapters.clear();
   bool any_adapter = false;
@@ -488,17 +547,20 @@ void Engine::Impl::Step() {
       step_tokens.push_back(pl.seq->tokens[static_cast<size_t>(pos)]);
       step_pos.push_back(static_cast<int32_t>(pos));
       step_seq.push_back(static_cast<int32_t>(p));
-      row_adapters.push_back(pl.seq->req->lora.get());
+      row_adapters.push_back(pl.seq->lora ? residency->View(pl.seq->lora.get()) : nullptr);
       if (pos < pl.seq->n_prompt) ++prompt_rows;
     }
     if (pl.wants_logits) step_logit_rows.push_back(static_cast<int32_t>(step_tokens.size() - 1));
-    any_adapter |= pl.seq->req->lora != nullptr;
+    any_adapter |= pl.seq->lora != nullptr;
   }
   model::StepInput in{step_tokens, step_pos, step_seq, step_tables, step_logit_rows};
   if (any_adapter) {
     Status hs = lora_hook->SetRows(row_adapters);
     CHORUS_CHECK(hs.ok()) << hs.ToString();  // adapters were validated against the base at Submit
     in.hook = lora_hook.get();
+    const auto distinct = static_cast<int64_t>(lora_hook->slots().size());
+    if (distinct > self->metrics_.adapters_per_step_max.load())
+      self->metrics_.adapters_per_step_max.store(distinct);
   }
   forward->Run(in, kv.get(), &pool, logits.data());
   self->metrics_.prompt_tokens_total.fetch_add(prompt_rows);
@@ -524,6 +586,140 @@ void Engine::Impl::PublishGauges() {
   m.queue_length.store(queued.load());
   m.running.store(static_cast<int64_t>(running.size()));
   m.kv_blocks_used.store(pages->n_used(memory::PageKind::kKv));
+  residency->PublishGauges();
+}
+
+// ---- Adapter residency (DESIGN §3; engine/adapter_residency.h) ----
+
+void Engine::ForgetAdapter(const std::string& name) {
+  impl_->residency->Forget(name);
+  impl_->Wake();
+}
+
+void Engine::Impl::Wake() {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    kick = true;
+  }
+  cv.notify_all();
+}
+
+void Engine::Impl::ResolveAdapterLoads() {
+  for (auto& s : waiting) {
+    if (!s->ticket || !s->ticket->done.load(std::memory_order_acquire)) continue;
+    std::shared_ptr<AdapterTicket> t = std::move(s->ticket);
+    s->ticket.reset();
+    if (!t->status.ok()) {
+      // The adapter was valid when registered; a failure now (file vanished, truncated,
+      // unreadable) is the server's problem, not the client's: 5xx with the reason.
+      const StatusCode code = t->status.code() == StatusCode::kResourceExhausted ||
+                                      t->status.code() == StatusCode::kUnavailable
+                                  ? t->status.code()
+                                  : StatusCode::kInternal;
+      const std::string name = s->req->adapter_key ? s->req->adapter_key->name : s->req->adapter;
+      Finish(s.get(), FinishReason::kError,
+             "adapter '" + name +
+                 "' could not be loaded (it changed or became unreadable after registration): " +
+                 t->status.message(),
+             code);
+      queued.fetch_sub(1);
+    } else if (t->adapter->n_layers() != self->model_->config().n_layers) {
+      Finish(s.get(), FinishReason::kError,
+             "adapter '" + t->adapter->name() + "' was built for another base model",
+             StatusCode::kInvalidArgument);
+      queued.fetch_sub(1);
+    } else {
+      s->lora = t->adapter;
+    }
+  }
+  std::erase_if(waiting, [](const auto& s) { return s->finished; });
+}
+
+void Engine::Impl::UnpinAdapter(Sequence* s) {
+  if (!s->pinned) return;
+  residency->Unpin(s->lora.get());
+  s->pinned = false;
+}
+
+bool Engine::Impl::ReclaimAdapterPages(int64_t n_free) {
+  if (pages->n_free() >= n_free) return false;  // not an adapter problem
+  return residency->EvictFor(n_free);
+}
+
+bool Engine::Impl::AdapterCapAllows(const Sequence* s) const {
+  const int64_t cap = self->opts_.max_adapters_per_step;
+  if (cap == 0 || !s->lora) return true;
+  if (std::find(step_adapters.begin(), step_adapters.end(), s->lora.get()) != step_adapters.end())
+    return true;
+  return static_cast<int64_t>(step_adapters.size()) < cap;
+}
+
+// Admits waiting sequences in arrival order while rows, sequences and pages allow. A sequence
+// whose adapter is still loading, or whose adapter would exceed --max-adapters-per-step, is
+// passed over (it keeps its place); a sequence that does not fit in the pool stops admission.
+void Engine::Impl::AdmitWaiting(int64_t* budget) {
+  const auto& opts = self->opts_;
+  step_adapters.clear();
+  for (const Planned& p : plan) {
+    const adapters::LoraAdapter* a = p.seq->lora.get();
+    if (a && std::find(step_adapters.begin(), step_adapters.end(), a) == step_adapters.end())
+      step_adapters.push_back(a);
+  }
+  size_t i = 0;
+  while (*budget > 0 && i < waiting.size() &&
+         static_cast<int64_t>(running.size()) < opts.max_running) {
+    Sequence* s = waiting[i].get();
+    if (s->ticket || !AdapterCapAllows(s)) {
+      ++i;
+      continue;
+    }
+    const int64_t remaining = static_cast<int64_t>(s->tokens.size()) - s->n_computed;
+    const int64_t count = std::min(*budget, remaining);
+    // Admit only if this chunk fits and one block per running sequence stays free for
+    // their next decode step (avoids admitting work that immediately causes preemption).
+    // Its unforked choices will need a block each, too.
+    const int64_t need = kv->PagesToWrite(s->table, s->n_computed, s->n_computed + count);
+    const int64_t want_free =
+        need + static_cast<int64_t>(running.size() + (running.empty() ? 0 : s->forks.size()));
+    if (want_free > pages->n_free()) ReclaimAdapterPages(want_free);
+    if (want_free > pages->n_free()) break;
+    if (!kv->PrepareWrite(&s->table, s->n_computed, s->n_computed + count).ok()) break;
+    s->serial = s->serial ? s->serial : next_serial++;
+    plan.push_back(
+        {s, s->n_computed, count, s->n_computed + count == static_cast<int64_t>(s->tokens.size())});
+    *budget -= count;
+    if (s->lora) {
+      residency->Pin(s->lora);
+      s->pinned = true;
+      if (std::find(step_adapters.begin(), step_adapters.end(), s->lora.get()) ==
+          step_adapters.end()) {
+        step_adapters.push_back(s->lora.get());
+      }
+    }
+    running.push_back(std::move(waiting[i]));
+    waiting.erase(waiting.begin() + static_cast<std::ptrdiff_t>(i));
+    queued.fetch_sub(1);
+  }
+}
+
+// Starts pool copies: first of adapters this step uses (they may evict unpinned copies), then
+// of adapters named by queued requests, in arrival order (S-LoRA §5.2 prefetch; free pages
+// only). A copy is started only if pages stay free for KV: one per running sequence plus 1/8
+// of the pool (1/4 for prefetch), so adapters never crowd out the KV of work already running.
+void Engine::Impl::PrefetchAdapters() {
+  const int64_t base_reserve = static_cast<int64_t>(running.size());
+  for (const Planned& p : plan) {
+    if (p.seq->lora)
+      residency->Prefetch(p.seq->lora, base_reserve + pages->n_pages() / 8, /*may_evict=*/true);
+  }
+  int prefetched = 0;
+  for (const auto& s : waiting) {
+    if (prefetched >= 8) break;  // bound the work per step
+    if (!s->lora || residency->Resident(s->lora.get()) || residency->Loading(s->lora.get()))
+      continue;
+    residency->Prefetch(s->lora, base_reserve + pages->n_pages() / 4, /*may_evict=*/false);
+    ++prefetched;
+  }
 }
 
 }  // namespace chorus::engine

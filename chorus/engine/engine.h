@@ -8,6 +8,11 @@
 // prompt and the tokens it had generated; batch-invariant kernels make that invisible in the
 // output. Clients submit through a bounded queue and read a RequestHandle.
 //
+// Adapters (engine/adapter_residency.h, docs/adapters.md): a request names its adapter by its
+// host copy or by its key; keyed loads run on loader threads and the request is admitted once
+// its adapter is usable. Pool copies of adapters share the KV pages (unified paging); they are
+// pinned while used and evicted LRU, before any preemption, when KV needs pages.
+//
 // Thread-safety: Submit(), Metrics(), Shutdown() are thread-safe; everything else is internal
 // to the engine thread.
 #pragma once
@@ -19,6 +24,7 @@
 #include <mutex>
 #include <thread>
 
+#include "chorus/adapters/adapter_cache.h"
 #include "chorus/base/status.h"
 #include "chorus/base/thread_pool.h"
 #include "chorus/engine/metrics.h"
@@ -35,6 +41,12 @@ struct EngineOptions {
   int64_t max_queue = 256;         // waiting requests before Submit() says kResourceExhausted
   int64_t pool_bytes = int64_t{1} << 30;  // the paged pool (KV blocks; adapters later)
   int64_t block_size = 16;         // tokens per KV block
+  // Adapter residency (DESIGN §3, engine/adapter_residency.h).
+  int64_t max_adapters_per_step = 0;  // distinct adapters in one step; 0 = unlimited
+  int loader_threads = 1;             // disk → host loads and host → pool copies
+  bool adapter_pool_copies = true;    // keep resident adapters in pool pages (unified paging)
+  // Resolves GenerationRequest::adapter_key on the loader threads (null: only `lora` works).
+  std::shared_ptr<adapters::AdapterCache> adapter_cache;
   Status Validate() const;
 };
 
@@ -58,6 +70,9 @@ class Engine {
   bool accepting() const { return accepting_.load(); }
 
   const EngineMetrics& metrics() const { return metrics_; }
+  // Drops the pool copies of adapter `name` (unloaded or replaced): at once when no running
+  // sequence uses them, else when the last one finishes. Thread-safe.
+  void ForgetAdapter(const std::string& name);
   const model::Model& model() const { return *model_; }
   const tokenizer::Tokenizer& tokenizer() const { return *tok_; }
   const EngineOptions& options() const { return opts_; }

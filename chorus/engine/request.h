@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "chorus/adapters/adapter_cache.h"
 #include "chorus/adapters/lora/lora_adapter.h"
 #include "chorus/engine/sampler.h"
 
@@ -32,10 +33,13 @@ struct GenerationRequest {
   bool ignore_eos = false;
   int n = 1;                            // choices; choice i samples with seed + i
   std::string adapter;                  // variant name ("" = base), for logs and metrics
-  // The adapter's weights (null = base model), resolved by the caller (e.g. from the adapter
-  // cache) before Submit, so a load never happens on the engine thread. Held (pinned) until
-  // every choice of the request has finished.
+  // The adapter's weights (null = base model) when the caller already has them (a host-cache
+  // hit, tests). Held (pinned) until every choice of the request has finished.
   std::shared_ptr<const adapters::LoraAdapter> lora;
+  // Otherwise, when set, the adapter to load: Submit queues the disk → host load on the
+  // engine's loader threads and returns at once; the request waits in the queue (nothing else
+  // does) and finishes with an error event if the load fails (engine/adapter_residency.h).
+  std::optional<adapters::AdapterKey> adapter_key;
   std::string id;                       // for logs
 };
 
@@ -47,6 +51,7 @@ struct StreamEvent {
   std::vector<TokenLogprob> top_logprobs;
   FinishReason finish = FinishReason::kNone;  // set on the choice's last event
   std::string error;                  // when finish == kError
+  StatusCode error_code = StatusCode::kInternal;  // when finish == kError: what kind of failure
 };
 
 class RequestHandle {

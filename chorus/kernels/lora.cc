@@ -8,7 +8,9 @@
 namespace chorus::kernels {
 namespace {
 
+using lora_internal::ExpandTileBf16Fn;
 using lora_internal::ExpandTileFn;
+using lora_internal::ShrinkTileBf16Fn;
 using lora_internal::ShrinkTileFn;
 
 // Below this many multiply-adds a call runs on the calling thread: waking the pool would cost
@@ -24,6 +26,30 @@ ShrinkTileFn ShrinkTileForIsa() {
     case IsaLevel::kScalar: break;
   }
   return lora_internal::reference::ShrinkTile;
+}
+
+ShrinkTileBf16Fn ShrinkTileBf16ForIsa() {
+  switch (ActiveIsa()) {
+    case IsaLevel::kAvx512:
+      return lora_internal::avx512::ShrinkTileBf16;
+    case IsaLevel::kAvx2:
+      return lora_internal::avx2::ShrinkTileBf16;
+    case IsaLevel::kScalar:
+      break;
+  }
+  return lora_internal::reference::ShrinkTileBf16;
+}
+
+ExpandTileBf16Fn ExpandTileBf16ForIsa() {
+  switch (ActiveIsa()) {
+    case IsaLevel::kAvx512:
+      return lora_internal::avx512::ExpandTileBf16;
+    case IsaLevel::kAvx2:
+      return lora_internal::avx2::ExpandTileBf16;
+    case IsaLevel::kScalar:
+      break;
+  }
+  return lora_internal::reference::ExpandTileBf16;
 }
 
 ExpandTileFn ExpandTileForIsa() {
@@ -46,6 +72,7 @@ struct ShrinkArgs {
   int64_t v_stride;
   int64_t total_cols;  // Σ rank over active segments
   ShrinkTileFn tile;
+  ShrinkTileBf16Fn tile_bf16;
 };
 
 // Thread `ti` of `nt` computes its static slice of the flattened (segment, j) columns.
@@ -59,9 +86,12 @@ void ShrinkSlice(const ShrinkArgs& a, int ti, int nt) {
     if (!Active(s, w.rank)) continue;
     const int64_t jb = std::max<int64_t>(begin - offset, 0);
     const int64_t je = std::min<int64_t>(end - offset, w.rank);
-    if (jb < je) {
-      a.tile(a.x + s.row_begin * a.x_stride, a.x_stride, s.row_end - s.row_begin, w.a, a.in, jb,
-             je, a.v + s.row_begin * a.v_stride, a.v_stride);
+    if (jb < je && w.a_rows_bf16 != nullptr) {
+      a.tile_bf16(a.x + s.row_begin * a.x_stride, a.x_stride, s.row_end - s.row_begin,
+                  w.a_rows_bf16, a.in, jb, je, a.v + s.row_begin * a.v_stride, a.v_stride);
+    } else if (jb < je) {
+      a.tile(a.x + s.row_begin * a.x_stride, a.x_stride, s.row_end - s.row_begin, w.a_rows, a.in,
+             jb, je, a.v + s.row_begin * a.v_stride, a.v_stride);
     }
     offset += w.rank;
   }
@@ -75,6 +105,7 @@ struct ExpandArgs {
   float* y;
   int64_t y_stride;
   ExpandTileFn tile;
+  ExpandTileBf16Fn tile_bf16;
 };
 
 // Thread `ti` of `nt` adds every segment's term to its static slice of the output columns.
@@ -85,8 +116,14 @@ void ExpandSlice(const ExpandArgs& a, int ti, int nt) {
   for (const LoraSegment& s : a.segments) {
     const LoraExpandWeight& w = a.weights[static_cast<size_t>(s.slot)];
     if (!Active(s, w.rank)) continue;
-    a.tile(a.v + s.row_begin * a.v_stride + w.v_col, a.v_stride, s.row_end - s.row_begin, w.bt,
-           w.rank, a.out, w.scale, begin, end, a.y + s.row_begin * a.y_stride, a.y_stride);
+    if (w.bt_rows_bf16 != nullptr) {
+      a.tile_bf16(a.v + s.row_begin * a.v_stride + w.v_col, a.v_stride, s.row_end - s.row_begin,
+                  w.bt_rows_bf16, w.rank, w.scale, begin, end, a.y + s.row_begin * a.y_stride,
+                  a.y_stride);
+    } else {
+      a.tile(a.v + s.row_begin * a.v_stride + w.v_col, a.v_stride, s.row_end - s.row_begin,
+             w.bt_rows, w.rank, w.scale, begin, end, a.y + s.row_begin * a.y_stride, a.y_stride);
+    }
   }
 }
 
@@ -101,13 +138,14 @@ void LoraShrink(std::span<const LoraSegment> segments, std::span<const LoraShrin
         << "LoRA segment slot " << s.slot << " of " << weights.size();
     const LoraShrinkWeight& w = weights[static_cast<size_t>(s.slot)];
     if (!Active(s, w.rank)) continue;
-    CHORUS_CHECK(w.a != nullptr && w.rank <= v_stride) << "rank " << w.rank;
+    CHORUS_CHECK((w.a_rows != nullptr || w.a_rows_bf16 != nullptr) && w.rank <= v_stride)
+        << "rank " << w.rank;
     total_cols += w.rank;
     macs += (s.row_end - s.row_begin) * w.rank * in;
   }
   if (total_cols == 0) return;
-  const ShrinkArgs args{segments, weights, x, x_stride, in, v, v_stride, total_cols,
-                        ShrinkTileForIsa()};
+  const ShrinkArgs args{segments, weights,  x,          x_stride,           in,
+                        v,        v_stride, total_cols, ShrinkTileForIsa(), ShrinkTileBf16ForIsa()};
   if (pool == nullptr || pool->size() == 1 || macs < kMinParallelMacs) {
     ShrinkSlice(args, 0, 1);
     return;
@@ -125,12 +163,14 @@ void LoraExpand(std::span<const LoraSegment> segments, std::span<const LoraExpan
         << "LoRA segment slot " << s.slot << " of " << weights.size();
     const LoraExpandWeight& w = weights[static_cast<size_t>(s.slot)];
     if (!Active(s, w.rank)) continue;
-    CHORUS_CHECK(w.bt != nullptr && w.v_col >= 0 && w.v_col + w.rank <= v_stride)
+    CHORUS_CHECK((w.bt_rows != nullptr || w.bt_rows_bf16 != nullptr) && w.v_col >= 0 &&
+                 w.v_col + w.rank <= v_stride)
         << "rank " << w.rank << " at column " << w.v_col << " of " << v_stride;
     macs += (s.row_end - s.row_begin) * w.rank * out;
   }
   if (macs == 0) return;
-  const ExpandArgs args{segments, weights, v, v_stride, out, y, y_stride, ExpandTileForIsa()};
+  const ExpandArgs args{
+      segments, weights, v, v_stride, out, y, y_stride, ExpandTileForIsa(), ExpandTileBf16ForIsa()};
   if (pool == nullptr || pool->size() == 1 || macs < kMinParallelMacs) {
     ExpandSlice(args, 0, 1);
     return;

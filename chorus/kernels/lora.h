@@ -9,14 +9,21 @@
 //   shrink:  v[i, v_col_a + j]  = Σ_k x[i, k] · A_a[j, k]          i ∈ segment, j < r_a
 //   expand:  y[i, c]           += s_a · Σ_j v[i, v_col_a + j] · Bᵀ_a[j, c]      c < out
 //
-// Compute layout (f32, row-major, contiguous):
+// Compute layout (f32 or bf16): the weights of a slot are given as a table of row pointers, one per
+// rank row, so the rows may live anywhere — contiguous in a host-tier copy, or scattered over
+// the pages of the unified pool (S-LoRA unified paging: an adapter's rows are packed into pool
+// pages like KV blocks, never straddling a page). Each row itself is contiguous:
 //   A_a  [r_a, in]   as PEFT stores lora_A: shrink is r_a dot products of length `in` per row,
-//                    each streaming one contiguous row of A.
+//                    each streaming one row of A.
 //   Bᵀ_a [r_a, out]  lora_B [out, r_a] transposed at load, so expand is r_a axpys of length
-//                    `out` per row, streaming contiguous rows of Bᵀ (vectorised along out).
-// Fused shrink: the A of several linears that read the same input (q|k|v, gate|up) concatenated
-// along rows — [r_q + r_k + r_v, in] — is just a shrink of rank r_q + r_k + r_v; each expand then
-// reads its own column range of v through `v_col`.
+//                    `out` per row, streaming rows of Bᵀ (vectorised along out).
+// bf16 rows (a slot gives `*_rows_bf16` instead of `*_rows`) halve the bytes a step streams
+// (decode with many distinct adapters is bound by them); they are widened exactly to f32 in
+// registers and take the f32 path, so a bf16 slot computes bitwise what an f32 slot holding the
+// widened values computes. Slots of one call may mix f32 and bf16.
+// Fused shrink: the A rows of several linears that read the same input (q|k|v, gate|up), one row
+// table [r_q + r_k + r_v], is just a shrink of rank r_q + r_k + r_v; each expand then reads its
+// own column range of v through `v_col`.
 //
 // Batch invariance (DESIGN §4): every output element is reduced in a fixed order that does not
 // depend on the other rows, segments, their number or the thread count. shrink: one dot product
@@ -46,16 +53,18 @@ struct LoraSegment {
 
 // One adapter's A for a (possibly fused) shrink.
 struct LoraShrinkWeight {
-  const float* a = nullptr;  // [rank, in] row-major; may be null when rank == 0
+  const float* const* a_rows = nullptr;  // [rank] rows of A, each [in]; null when rank == 0
   int64_t rank = 0;          // 0 = this slot has no term here (segment skipped)
+  const uint16_t* const* a_rows_bf16 = nullptr;  // bf16 rows instead of a_rows, when set
 };
 
 // One adapter's Bᵀ for an expand.
 struct LoraExpandWeight {
-  const float* bt = nullptr;  // [rank, out] row-major (lora_B transposed)
+  const float* const* bt_rows = nullptr;  // [rank] rows of Bᵀ (lora_B transposed), each [out]
   int64_t rank = 0;           // 0 = no term (segment skipped)
   int64_t v_col = 0;          // first column of v holding this adapter's rank values
   float scale = 1.0f;         // s_a = alpha / r (or alpha / √r for rsLoRA)
+  const uint16_t* const* bt_rows_bf16 = nullptr;  // bf16 rows instead of bt_rows, when set
 };
 
 // Requires: every segment's slot < weights.size(); segments do not overlap; for each used slot

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "chorus/kernels/dispatch.h"
+#include "chorus/tensor/dtype.h"
 
 namespace chorus::kernels {
 namespace {
@@ -38,11 +39,59 @@ std::vector<float> Random(size_t n, std::mt19937* rng, float scale = 1.0f) {
   return v;
 }
 
-// One adapter per slot: A [rank, in], Bᵀ [rank, out], scale.
+// Row pointers of a contiguous [rows, width] matrix.
+std::vector<const float*> RowTable(const std::vector<float>& m, int64_t width) {
+  std::vector<const float*> t;
+  for (size_t off = 0; off + static_cast<size_t>(width) <= m.size();
+       off += static_cast<size_t>(width))
+    t.push_back(m.data() + off);
+  return t;
+}
+
+// The rows of a [rows, width] matrix copied into `paged` in reverse order with gaps between
+// them (as in pool pages), and the row table pointing at them: the kernels must not assume
+// that row j + 1 follows row j.
+std::vector<const float*> Scatter(const std::vector<float>& m, int64_t width,
+                                  std::vector<float>* paged) {
+  const int64_t rows = width == 0 ? 0 : static_cast<int64_t>(m.size()) / width;
+  const int64_t pitch = width + 5;
+  paged->assign(static_cast<size_t>(rows * pitch + 1), -7.0f);
+  std::vector<const float*> t(static_cast<size_t>(rows));
+  for (int64_t j = 0; j < rows; ++j) {
+    float* dst = paged->data() + (rows - 1 - j) * pitch + 1;
+    std::copy(m.begin() + j * width, m.begin() + (j + 1) * width, dst);
+    t[static_cast<size_t>(j)] = dst;
+  }
+  return t;
+}
+
+// bf16 copies of the rows of a [rows, width] matrix (values already bf16-representable).
+std::vector<const uint16_t*> Bf16Rows(const std::vector<float>& m, int64_t width,
+                                      std::vector<uint16_t>* store) {
+  store->resize(m.size());
+  for (size_t i = 0; i < m.size(); ++i) (*store)[i] = F32ToBF16(m[i]);
+  std::vector<const uint16_t*> t;
+  for (size_t off = 0; off + static_cast<size_t>(width) <= m.size();
+       off += static_cast<size_t>(width))
+    t.push_back(store->data() + off);
+  return t;
+}
+
+// Rounds every value to the nearest bf16 (so the f32 and bf16 paths see the same weights).
+void RoundToBf16(std::vector<float>* v) {
+  for (float& f : *v) f = BF16ToF32(F32ToBF16(f));
+}
+
+// One adapter per slot: A [rank, in], Bᵀ [rank, out], scale; the kernels read scattered copies
+// (f32) or bf16 copies of the same (bf16-representable) values.
 struct Adapter {
   int64_t rank = 0;
   float scale = 1.0f;
-  std::vector<float> a, bt;
+  std::vector<float> a, bt;                   // contiguous (the oracle reads these)
+  std::vector<float> a_paged, bt_paged;       // scattered copies
+  std::vector<const float*> a_rows, bt_rows;  // [rank] into the scattered copies
+  std::vector<uint16_t> a16, bt16;
+  std::vector<const uint16_t*> a16_rows, bt16_rows;
 };
 
 struct Problem {
@@ -52,6 +101,7 @@ struct Problem {
   std::vector<float> x;  // [n_rows, x_stride]
   int64_t x_stride = 0;
   int64_t max_rank = 0;
+  bool bf16 = false;  // the kernels read the bf16 rows
 };
 
 Problem MakeProblem(int64_t in, int64_t out, const std::vector<int64_t>& ranks,
@@ -69,6 +119,12 @@ Problem MakeProblem(int64_t in, int64_t out, const std::vector<int64_t>& ranks,
     ad.scale = 0.5f + static_cast<float>(p.adapters.size()) * 0.25f;
     ad.a = Random(static_cast<size_t>(r * in), &rng, 1.0f / std::sqrt(static_cast<float>(in)));
     ad.bt = Random(static_cast<size_t>(r * out), &rng, 0.1f);
+    RoundToBf16(&ad.a);
+    RoundToBf16(&ad.bt);
+    ad.a16_rows = Bf16Rows(ad.a, in, &ad.a16);
+    ad.bt16_rows = Bf16Rows(ad.bt, out, &ad.bt16);
+    ad.a_rows = Scatter(ad.a, in, &ad.a_paged);
+    ad.bt_rows = Scatter(ad.bt, out, &ad.bt_paged);
     p.max_rank = std::max(p.max_rank, r);
     p.adapters.push_back(std::move(ad));
   }
@@ -78,12 +134,24 @@ Problem MakeProblem(int64_t in, int64_t out, const std::vector<int64_t>& ranks,
 
 std::vector<LoraShrinkWeight> ShrinkWeights(const Problem& p) {
   std::vector<LoraShrinkWeight> w;
-  for (const Adapter& a : p.adapters) w.push_back({a.a.data(), a.rank});
+  for (const Adapter& a : p.adapters) {
+    if (p.bf16) {
+      w.push_back({nullptr, a.rank, a.a16_rows.data()});
+    } else {
+      w.push_back({a.a_rows.data(), a.rank});
+    }
+  }
   return w;
 }
 std::vector<LoraExpandWeight> ExpandWeights(const Problem& p) {
   std::vector<LoraExpandWeight> w;
-  for (const Adapter& a : p.adapters) w.push_back({a.bt.data(), a.rank, 0, a.scale});
+  for (const Adapter& a : p.adapters) {
+    if (p.bf16) {
+      w.push_back({nullptr, a.rank, 0, a.scale, a.bt16_rows.data()});
+    } else {
+      w.push_back({a.bt_rows.data(), a.rank, 0, a.scale});
+    }
+  }
   return w;
 }
 
@@ -256,21 +324,25 @@ TEST(LoraKernelTest, FusedShrinkEqualsSeparateShrinks) {
     // Fused: one shrink of rank Σr into v [n_rows, 48], expands read their column ranges.
     const int64_t vs = 48;
     std::vector<float> v(static_cast<size_t>(n_rows * vs), 0.0f);
-    std::vector<LoraShrinkWeight> fw = {{a_cat[0].data(), 12}, {a_cat[1].data(), 48}};
+    const auto cat0 = RowTable(a_cat[0], in), cat1 = RowTable(a_cat[1], in);
+    std::vector<LoraShrinkWeight> fw = {{cat0.data(), 12}, {cat1.data(), 48}};
     LoraShrink(segs, fw, x.data(), in, in, v.data(), vs, &pool);
     for (int l = 0; l < 3; ++l) {
       std::vector<float> y_fused(static_cast<size_t>(n_rows * outs[l]), 1.0f), y_sep = y_fused;
       std::vector<LoraExpandWeight> ew(2);
+      std::vector<const float*> bt_rows[2];
       for (int ad = 0; ad < 2; ++ad) {
         int64_t col = 0;
         for (int q = 0; q < l; ++q) col += ranks[ad][q];
-        ew[static_cast<size_t>(ad)] = {bt[ad][static_cast<size_t>(l)].data(), ranks[ad][l], col, 2.0f};
+        bt_rows[ad] = RowTable(bt[ad][static_cast<size_t>(l)], outs[l]);
+        ew[static_cast<size_t>(ad)] = {bt_rows[ad].data(), ranks[ad][l], col, 2.0f};
       }
       LoraExpand(segs, ew, v.data(), vs, outs[l], y_fused.data(), outs[l], &pool);
       // Separate shrink per linear.
       std::vector<float> v2(static_cast<size_t>(n_rows * 16), 0.0f);
-      std::vector<LoraShrinkWeight> sw = {{a_sep[0][static_cast<size_t>(l)].data(), ranks[0][l]},
-                                          {a_sep[1][static_cast<size_t>(l)].data(), ranks[1][l]}};
+      const auto sep0 = RowTable(a_sep[0][static_cast<size_t>(l)], in);
+      const auto sep1 = RowTable(a_sep[1][static_cast<size_t>(l)], in);
+      std::vector<LoraShrinkWeight> sw = {{sep0.data(), ranks[0][l]}, {sep1.data(), ranks[1][l]}};
       LoraShrink(segs, sw, x.data(), in, in, v2.data(), 16, &pool);
       std::vector<LoraExpandWeight> ew2 = ew;
       for (auto& w : ew2) w.v_col = 0;
@@ -282,40 +354,66 @@ TEST(LoraKernelTest, FusedShrinkEqualsSeparateShrinks) {
   }
 }
 
-// A row's result is bitwise the same alone, in a batch of mixed adapters, in a different tile
-// position, and at any thread count.
-TEST(LoraKernelTest, BatchInvariantBitwise) {
-  const int64_t in = 200, out = 136;
-  const std::vector<int64_t> ranks = {1, 8, 16, 64, 256, 5};
-  for (IsaLevel level : SupportedLevels()) {
-    IsaGuard g;
-    SetMaxIsa(level);
-    for (int64_t target_slot = 0; target_slot < static_cast<int64_t>(ranks.size()); ++target_slot) {
-      // Batch: 6 segments of varying length; the probe row sits at row 2 of segment `target`.
-      std::vector<LoraSegment> segs;
-      int64_t row = 0, probe_row = -1;
-      for (int64_t s = 0; s < static_cast<int64_t>(ranks.size()); ++s) {
-        const int64_t len = 3 + (s * 5) % 7;
-        segs.push_back({row, row + len, static_cast<int32_t>(s)});
-        if (s == target_slot) probe_row = row + 2;
-        row += len;
-      }
-      Problem batch = MakeProblem(in, out, ranks, segs, row, 99);
-      auto y0 = BaseOutput(batch, 1);
-      // Alone: the same adapters, one segment of one row holding the probe row's input.
-      Problem alone = batch;
-      alone.n_rows = 1;
-      alone.x.assign(batch.x.begin() + probe_row * batch.x_stride, batch.x.begin() + (probe_row + 1) * batch.x_stride);
-      alone.segments = {{0, 1, static_cast<int32_t>(target_slot)}};
-      std::vector<float> y0_alone(y0.begin() + probe_row * (out + 1), y0.begin() + (probe_row + 1) * (out + 1));
-      auto want = RunLora(alone, y0_alone, 1);
+// bf16 rows are widened exactly and take the f32 path: every ISA level (and the reference)
+// gives bitwise the result of its f32 path on the same values, at any thread count.
+TEST(LoraKernelTest, Bf16RowsEqualF32RowsOfTheSameValues) {
+  for (const Case& c : Cases()) {
+    Problem p = MakeProblem(c.in, c.out, c.ranks, c.segments, c.n_rows, 31);
+    auto y0 = BaseOutput(p, 3);
+    Problem q = p;
+    q.bf16 = true;
+    EXPECT_EQ(RunLora(p, y0, 0), RunLora(q, y0, 0)) << "reference " << c.name;
+    for (IsaLevel level : SupportedLevels()) {
+      IsaGuard g;
+      SetMaxIsa(level);
       for (int threads : {1, 2, 3}) {
-        auto got = RunLora(batch, y0, threads);
-        EXPECT_EQ(0, std::memcmp(got.data() + probe_row * (out + 1), want.data(), static_cast<size_t>(out) * sizeof(float)))
-            << IsaName(level) << " slot " << target_slot << " threads " << threads;
+        EXPECT_EQ(RunLora(p, y0, threads), RunLora(q, y0, threads))
+            << c.name << " " << IsaName(level) << " t" << threads;
       }
     }
   }
+}
+
+// A row's result is bitwise the same alone, in a batch of mixed adapters, in a different tile
+// position, and at any thread count (f32 and bf16 weights).
+TEST(LoraKernelTest, BatchInvariantBitwise) {
+  const int64_t in = 200, out = 136;
+  const std::vector<int64_t> ranks = {1, 8, 16, 64, 256, 5};
+  for (bool bf16 : {false, true})
+    for (IsaLevel level : SupportedLevels()) {
+      IsaGuard g;
+      SetMaxIsa(level);
+      for (int64_t target_slot = 0; target_slot < static_cast<int64_t>(ranks.size());
+           ++target_slot) {
+        // Batch: 6 segments of varying length; the probe row sits at row 2 of segment `target`.
+        std::vector<LoraSegment> segs;
+        int64_t row = 0, probe_row = -1;
+        for (int64_t s = 0; s < static_cast<int64_t>(ranks.size()); ++s) {
+          const int64_t len = 3 + (s * 5) % 7;
+          segs.push_back({row, row + len, static_cast<int32_t>(s)});
+          if (s == target_slot) probe_row = row + 2;
+          row += len;
+        }
+        Problem batch = MakeProblem(in, out, ranks, segs, row, 99);
+        batch.bf16 = bf16;
+        auto y0 = BaseOutput(batch, 1);
+        // Alone: the same adapters, one segment of one row holding the probe row's input.
+        Problem alone = batch;
+        alone.n_rows = 1;
+        alone.x.assign(batch.x.begin() + probe_row * batch.x_stride,
+                       batch.x.begin() + (probe_row + 1) * batch.x_stride);
+        alone.segments = {{0, 1, static_cast<int32_t>(target_slot)}};
+        std::vector<float> y0_alone(y0.begin() + probe_row * (out + 1),
+                                    y0.begin() + (probe_row + 1) * (out + 1));
+        auto want = RunLora(alone, y0_alone, 1);
+        for (int threads : {1, 2, 3}) {
+          auto got = RunLora(batch, y0, threads);
+          EXPECT_EQ(0, std::memcmp(got.data() + probe_row * (out + 1), want.data(),
+                                   static_cast<size_t>(out) * sizeof(float)))
+              << IsaName(level) << " slot " << target_slot << " threads " << threads;
+        }
+      }
+    }
 }
 
 }  // namespace

@@ -66,6 +66,42 @@ std::map<std::pair<std::string, int>, uint64_t> HttpCounters::Snapshot() const {
   return counts_;
 }
 
+namespace {
+// Unified pool pages by kind and adapter residency (engine/adapter_residency.h).
+void RenderPoolAndResidency(std::string* out, const engine::EngineMetrics& m) {
+  Header(out, "chorus_pool_pages", "gauge",
+         "Pages of the unified pool by kind (kv, adapter, free).");
+  const int64_t kv = m.pool_pages_kv.load(), ad = m.pool_pages_adapter.load();
+  *out += "chorus_pool_pages{kind=\"kv\"} " + std::to_string(kv) + "\n";
+  *out += "chorus_pool_pages{kind=\"adapter\"} " + std::to_string(ad) + "\n";
+  *out += "chorus_pool_pages{kind=\"free\"} " +
+          std::to_string(m.pool_pages_total.load() - kv - ad) + "\n";
+  Scalar(out, "chorus_adapters_resident", "gauge", "Adapters with a ready copy in pool pages.",
+         static_cast<double>(m.adapters_resident.load()));
+  Scalar(out, "chorus_adapter_pool_hits_total", "counter",
+         "Admissions whose adapter was resident in the pool.",
+         static_cast<double>(m.adapter_pool_hits.load()));
+  Scalar(out, "chorus_adapter_pool_misses_total", "counter",
+         "Admissions whose adapter was not resident (host copy used).",
+         static_cast<double>(m.adapter_pool_misses.load()));
+  Scalar(out, "chorus_adapter_pool_loads_total", "counter",
+         "Adapter copies into pool pages completed.",
+         static_cast<double>(m.adapter_pool_loads.load()));
+  Scalar(out, "chorus_adapter_pool_evictions_total", "counter",
+         "Adapter copies evicted from the pool (KV or unload).",
+         static_cast<double>(m.adapter_pool_evictions.load()));
+  Scalar(out, "chorus_adapter_disk_loads_total", "counter",
+         "Adapter disk loads run by the engine's loader threads.",
+         static_cast<double>(m.adapter_disk_loads.load()));
+  Scalar(out, "chorus_adapter_disk_load_errors_total", "counter", "Adapter disk loads that failed.",
+         static_cast<double>(m.adapter_disk_load_errors.load()));
+  Hist(out, "chorus_adapter_pool_load_seconds", "Time to copy an adapter into pool pages.",
+       m.adapter_pool_load_seconds);
+  Hist(out, "chorus_adapter_disk_load_seconds", "Time to load an adapter from disk.",
+       m.adapter_disk_load_seconds);
+}
+}  // namespace
+
 std::string RenderPrometheus(const engine::EngineMetrics* m, const HttpCounters& http, int64_t kv_block_bytes) {
   std::string out;
   out.reserve(8192);
@@ -99,6 +135,7 @@ std::string RenderPrometheus(const engine::EngineMetrics* m, const HttpCounters&
     Hist(&out, "chorus_time_per_output_token_seconds", "Time between consecutive generated tokens of a sequence.",
          m->time_per_output_token_seconds);
     Hist(&out, "chorus_step_seconds", "Duration of one engine step.", m->step_seconds);
+    RenderPoolAndResidency(&out, *m);
   }
   Header(&out, "chorus_http_requests_total", "counter", "HTTP requests by route and status code.");
   for (const auto& [key, n] : http.Snapshot()) {

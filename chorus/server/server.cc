@@ -160,7 +160,10 @@ struct Generation {
     if (ev.finish == engine::FinishReason::kCancelled && !error) {
       error = ErrorFromStatus(UnavailableError("the request was aborted: the server is shutting down"));
     } else if (ev.finish == engine::FinishReason::kError) {
-      error = ErrorFromStatus(InternalError("generation failed: " + ev.error.substr(0, 200)));
+      // An adapter that failed to load keeps its own code (e.g. a file that became unreadable
+      // on the server's side is not the client's fault: 5xx with the reason).
+      error =
+          ErrorFromStatus(Status(ev.error_code, "generation failed: " + ev.error.substr(0, 300)));
     }
   }
   // The next event of any unfinished handle within `timeout`.
@@ -355,10 +358,16 @@ std::optional<ApiError> Server::Impl::ResolveVariant(const std::string& name, en
     return ErrorFromStatus(FailedPreconditionError("adapter '" + info->name + "' is unavailable: " + info->problem), "model");
   }
   adapters::AdapterKey key{info->name, info->path, info->content_hash, info->version};
-  // A cold adapter is loaded here, on this request's HTTP thread: the engine never waits.
-  auto lora = adapter_cache->Get(key);
-  if (!lora.ok()) return ErrorFromStatus(lora.status().WithContext("adapter '" + info->name + "'"), "model");
-  gen->lora = *lora;
+  // A host-cache hit is handed over at once; a cold adapter is loaded by the engine's loader
+  // threads after Submit (the request waits in the queue; this thread and the engine do not).
+  gen->lora = adapter_cache->GetIfCached(key);
+  if (!gen->lora && engine->options().adapter_cache == adapter_cache) {
+    gen->adapter_key = key;
+  } else if (!gen->lora) {  // an engine without this cache: load here (the old, blocking path)
+    auto lora = adapter_cache->Get(key);
+    if (!lora.ok()) return ErrorFromStatus(lora.status().WithContext("adapter '" + info->name + "'"), "model");
+    gen->lora = *lora;
+  }
   gen->adapter = info->name;
   return std::nullopt;
 }
@@ -401,6 +410,7 @@ void Server::Impl::HandleLoadAdapter(const httplib::Request& req, httplib::Respo
     return SendError(res, e);
   }
   adapter_cache->Erase(info->name);  // a replaced adapter never reuses its predecessor's weights
+  if (engine) engine->ForgetAdapter(info->name);  // nor its pool copy
   res.set_content("Success: LoRA adapter '" + info->name + "' added successfully.", "text/plain");
 }
 
@@ -414,6 +424,7 @@ void Server::Impl::HandleUnloadAdapter(const httplib::Request& req, httplib::Res
   if (!s.ok()) return SendError(res, ErrorFromStatus(s, "lora_name"));
   // Running requests hold their own reference and finish; the weights are freed after them.
   adapter_cache->Erase(name->get<std::string>());
+  if (engine) engine->ForgetAdapter(name->get<std::string>());  // pool copy freed after its users
   res.set_content("Success: LoRA adapter '" + name->get<std::string>() + "' removed successfully.", "text/plain");
 }
 

@@ -1,8 +1,10 @@
 // Mixed-adapter batches through the engine: each request's tokens are the same whether it runs
 // alone or in a batch with other adapters and the base model (issue 4 correctness bar).
+#include <filesystem>
 #include <thread>
 
 #include "chorus/adapters/lora/lora_adapter.h"
+#include "chorus/adapters/lora/lora_files.h"
 #include "chorus/engine/engine.h"
 #include "chorus/model/loader.h"
 #include "tests/testutil/testutil.h"
@@ -81,6 +83,271 @@ TEST(EngineLoraTest, SixteenRequestsOverEightAdaptersMatchAlone) {
   std::vector<std::shared_ptr<RequestHandle>> hs;
   for (int i = 0; i < 16; ++i) hs.push_back(*(*e)->Submit(request(i)));
   for (int i = 0; i < 16; ++i) EXPECT_EQ(RunToEnd(*hs[static_cast<size_t>(i)]), alone[static_cast<size_t>(i)]) << "request " << i;
+}
+
+// ---- Residency: unified paging, loader threads, cold start (DESIGN §3) ----
+
+struct Stories {
+  std::shared_ptr<const model::Model> model;
+  std::shared_ptr<const tokenizer::Tokenizer> tok;
+};
+
+Stories LoadStories() {
+  const std::string dir = testing::SharedModelsDir() + "/stories260K/";
+  auto m = model::LoadModel(dir + "stories260K.bin");
+  CHORUS_CHECK(m.ok()) << m.status().ToString();
+  auto t = tokenizer::LoadTokenizer(dir + "tok512.bin");
+  CHORUS_CHECK(t.ok());
+  return {*m, std::shared_ptr<const tokenizer::Tokenizer>(std::move(*t))};
+}
+
+adapters::LoraWeights Weights(const model::ModelConfig& c, int64_t rank, uint64_t seed) {
+  adapters::RandomLoraSpec spec;
+  spec.rank = rank;
+  spec.seed = seed;
+  spec.b_std = 0.2f;
+  return adapters::MakeRandomLora(c, spec);
+}
+
+std::shared_ptr<const adapters::LoraAdapter> Adapter(const model::ModelConfig& c, int64_t rank,
+                                                     uint64_t seed) {
+  auto a = adapters::LoraAdapter::Build(Weights(c, rank, seed), c,
+                                        "r" + std::to_string(rank) + "s" + std::to_string(seed));
+  CHORUS_CHECK(a.ok()) << a.status().ToString();
+  return *a;
+}
+
+GenerationRequest Req(int i, std::shared_ptr<const adapters::LoraAdapter> lora,
+                      int64_t max_tokens) {
+  GenerationRequest r;
+  r.prompt = {1};
+  for (int j = 0; j < 3 + i % 4; ++j)
+    r.prompt.push_back(static_cast<int32_t>(300 + (i * 17 + j * 5) % 200));
+  r.max_tokens = max_tokens;
+  r.ignore_eos = true;
+  r.sampling.temperature = 0;
+  if (lora) r.adapter = lora->name();
+  r.lora = std::move(lora);
+  return r;
+}
+
+EngineOptions SmallOptions(int64_t pool_bytes) {
+  EngineOptions o;
+  o.threads = 2;
+  o.max_batch_tokens = 64;
+  o.max_running = 16;
+  o.pool_bytes = pool_bytes;
+  return o;
+}
+
+// Gauges are published at the end of the step that pushed the last event: wait for them.
+template <typename Pred>
+bool WaitFor(Pred pred) {
+  for (int i = 0; i < 2000; ++i) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return pred();
+}
+
+std::vector<int32_t> Alone(const Stories& s, GenerationRequest r) {
+  auto e = Engine::Create(s.model, s.tok, SmallOptions(64 << 20));
+  CHORUS_CHECK(e.ok());
+  return RunToEnd(**(*e)->Submit(std::move(r)));
+}
+
+class EngineResidencyStorageTest : public ::testing::TestWithParam<adapters::LoraStorage> {};
+
+TEST_P(EngineResidencyStorageTest, ColdRequestEqualsWarmAndAdapterPagesComeFromThePool) {
+  CHORUS_REQUIRE_SHARED_MODEL(kModel);
+  Stories s = LoadStories();
+  adapters::LoraLimits limits;
+  limits.storage = GetParam();
+  auto built = adapters::LoraAdapter::Build(Weights(s.model->config(), 16, 7), s.model->config(),
+                                            "cold", limits);
+  ASSERT_TRUE(built.ok());
+  auto a = *built;
+  EngineOptions host_only = SmallOptions(64 << 20);
+  host_only.adapter_pool_copies = false;
+  std::vector<int32_t> host_tokens;
+  {
+    auto e = Engine::Create(s.model, s.tok, host_only);
+    ASSERT_TRUE(e.ok());
+    host_tokens = RunToEnd(**(*e)->Submit(Req(0, a, 24)));
+    EXPECT_EQ((*e)->metrics().pool_pages_adapter.load(), 0);
+  }
+  auto e = Engine::Create(s.model, s.tok, SmallOptions(64 << 20));
+  ASSERT_TRUE(e.ok());
+  const auto& m = (*e)->metrics();
+  // Cold: the adapter is not resident; the request starts at once from the host copy.
+  EXPECT_EQ(RunToEnd(**(*e)->Submit(Req(0, a, 24))), host_tokens);
+  EXPECT_EQ(m.adapter_pool_misses.load(), 1u);
+  EXPECT_GT(m.pool_pages_adapter.load(), 0);  // the pool copy's pages (kind kAdapter)
+  EXPECT_GT(m.pool_pages_total.load(), m.pool_pages_adapter.load());
+  // Warm: once the loader's copy has landed, the same request reads the pool copy.
+  for (int i = 0; i < 100 && m.adapter_pool_hits.load() == 0; ++i) {
+    EXPECT_EQ(RunToEnd(**(*e)->Submit(Req(0, a, 24))), host_tokens) << "run " << i;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_GE(m.adapter_pool_hits.load(), 1u);
+  EXPECT_EQ(m.adapter_pool_loads.load(), 1u);
+  EXPECT_EQ(m.adapters_resident.load(), 1);
+  EXPECT_EQ(RunToEnd(**(*e)->Submit(Req(0, a, 24))), host_tokens);
+}
+
+INSTANTIATE_TEST_SUITE_P(Storage, EngineResidencyStorageTest,
+                         ::testing::Values(adapters::LoraStorage::kF32,
+                                           adapters::LoraStorage::kBF16),
+                         [](const auto& info) {
+                           return std::string(adapters::LoraStorageName(info.param));
+                         });
+
+// 80 pages of 20 KiB (one stories260K KV block of 16 tokens); a rank-32 adapter on every linear
+// takes ~37 of them.
+constexpr int64_t kSmallPool = 80 * 20480;
+
+TEST(EngineResidencyTest, KvEvictsUnpinnedAdaptersBeforePreempting) {
+  CHORUS_REQUIRE_SHARED_MODEL(kModel);
+  Stories s = LoadStories();
+  auto a = Adapter(s.model->config(), 32, 8);
+  auto e = Engine::Create(s.model, s.tok, SmallOptions(kSmallPool));
+  ASSERT_TRUE(e.ok());
+  const auto& m = (*e)->metrics();
+  for (int i = 0; i < 100 && m.adapter_pool_hits.load() == 0; ++i) {
+    RunToEnd(**(*e)->Submit(Req(1, a, 4)));
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(m.adapters_resident.load(), 1);
+  const int64_t adapter_pages = m.pool_pages_adapter.load();
+  ASSERT_GE(adapter_pages, 30);
+  // Two base requests of 28 blocks each: they fit only if the idle adapter makes room.
+  const auto want0 = Alone(s, Req(2, nullptr, 440)), want1 = Alone(s, Req(3, nullptr, 440));
+  auto h0 = *(*e)->Submit(Req(2, nullptr, 440));
+  auto h1 = *(*e)->Submit(Req(3, nullptr, 440));
+  EXPECT_EQ(RunToEnd(*h0), want0);
+  EXPECT_EQ(RunToEnd(*h1), want1);
+  EXPECT_GE(m.adapter_pool_evictions.load(), 1u);
+  EXPECT_EQ(m.preemptions_total.load(), 0u);  // KV won without preempting anyone
+  EXPECT_TRUE(WaitFor([&] { return m.adapters_resident.load() == 0; }));
+}
+
+TEST(EngineResidencyTest, PinnedAdapterIsNeverEvictedKvPreemptsInstead) {
+  CHORUS_REQUIRE_SHARED_MODEL(kModel);
+  Stories s = LoadStories();
+  auto a = Adapter(s.model->config(), 32, 9);
+  // a: 28 blocks, b and c: 16 each. With a's ~37 adapter pages pinned, 60 blocks do not fit in
+  // the 43 left; once a finishes, b and c fit without touching the (then unpinned) copy.
+  const auto want_a = Alone(s, Req(4, a, 440));
+  const auto want_b = Alone(s, Req(5, nullptr, 240)), want_c = Alone(s, Req(6, nullptr, 240));
+  auto e = Engine::Create(s.model, s.tok, SmallOptions(kSmallPool));
+  ASSERT_TRUE(e.ok());
+  const auto& m = (*e)->metrics();
+  auto ha = *(*e)->Submit(Req(4, a, 440));
+  auto hb = *(*e)->Submit(Req(5, nullptr, 240));
+  auto hc = *(*e)->Submit(Req(6, nullptr, 240));
+  EXPECT_EQ(RunToEnd(*ha), want_a);
+  EXPECT_EQ(RunToEnd(*hb), want_b);
+  EXPECT_EQ(RunToEnd(*hc), want_c);
+  EXPECT_EQ(m.adapter_pool_loads.load(), 1u);      // the copy landed while `a` ran...
+  EXPECT_GE(m.preemptions_total.load(), 1u);       // ...KV ran out...
+  EXPECT_EQ(m.adapter_pool_evictions.load(), 0u);  // ...and the pinned copy stayed
+}
+
+TEST(EngineResidencyTest, DiskLoadInBackgroundColdEqualsWarmErrorsFinishTheRequest) {
+  CHORUS_REQUIRE_SHARED_MODEL(kModel);
+  Stories s = LoadStories();
+  const auto& c = s.model->config();
+  const std::string dir = testing::TempDir() + "/engine_residency_peft";
+  std::filesystem::remove_all(dir);
+  CHORUS_ASSERT_OK(adapters::WritePeftLora(dir, Weights(c, 8, 11), c));
+  auto warm = adapters::LoraAdapter::Build(Weights(c, 8, 11), c, "disk");
+  ASSERT_TRUE(warm.ok());
+  const auto want_adapter = Alone(s, Req(7, *warm, 32));
+  const auto want_base = Alone(s, Req(8, nullptr, 200));
+
+  EngineOptions o = SmallOptions(64 << 20);
+  o.adapter_cache = std::make_shared<adapters::AdapterCache>(c, int64_t{64} << 20);
+  auto e = Engine::Create(s.model, s.tok, o);
+  ASSERT_TRUE(e.ok());
+  const auto& m = (*e)->metrics();
+  auto base = *(*e)->Submit(Req(8, nullptr, 200));
+  ASSERT_TRUE(
+      base->Next(std::chrono::milliseconds(30000)).has_value());  // the base request is stepping
+  GenerationRequest cold = Req(7, nullptr, 32);
+  cold.adapter = "disk";
+  cold.adapter_key = adapters::AdapterKey{"disk", dir, 42, 1};
+  GenerationRequest broken = Req(9, nullptr, 32);
+  broken.adapter = "gone";
+  broken.adapter_key = adapters::AdapterKey{"gone", dir + "/vanished", 43, 1};
+  auto hc = (*e)->Submit(std::move(cold));
+  auto hb = (*e)->Submit(std::move(broken));
+  ASSERT_TRUE(hc.ok() && hb.ok());  // queued at once; the loads run on the loader thread
+  EXPECT_EQ(RunToEnd(**hc), want_adapter);
+  auto ev = (*hb)->Next(std::chrono::milliseconds(30000));
+  ASSERT_TRUE(ev.has_value());
+  EXPECT_EQ(ev->finish, FinishReason::kError);
+  EXPECT_EQ(ev->error_code, StatusCode::kInternal);
+  EXPECT_NE(ev->error.find("adapter 'gone' could not be loaded"), std::string::npos) << ev->error;
+  std::vector<int32_t> base_tokens = RunToEnd(*base);
+  EXPECT_EQ(base_tokens.size() + 1, want_base.size());  // one token was read above
+  EXPECT_TRUE(std::equal(base_tokens.begin(), base_tokens.end(), want_base.begin() + 1));
+  EXPECT_EQ(m.adapter_disk_loads.load(), 2u);
+  EXPECT_EQ(m.adapter_disk_load_errors.load(), 1u);
+}
+
+TEST(EngineResidencyTest, MaxAdaptersPerStepIsRespected) {
+  CHORUS_REQUIRE_SHARED_MODEL(kModel);
+  Stories s = LoadStories();
+  std::vector<std::shared_ptr<const adapters::LoraAdapter>> loras;
+  for (int i = 0; i < 6; ++i)
+    loras.push_back(Adapter(s.model->config(), 4 + 4 * i, 20 + static_cast<uint64_t>(i)));
+  std::vector<std::vector<int32_t>> want;
+  for (int i = 0; i < 7; ++i)
+    want.push_back(Alone(s, Req(i, i < 6 ? loras[static_cast<size_t>(i)] : nullptr, 16)));
+  for (int64_t cap : {int64_t{0}, int64_t{2}}) {
+    EngineOptions o = SmallOptions(64 << 20);
+    o.max_adapters_per_step = cap;
+    auto e = Engine::Create(s.model, s.tok, o);
+    ASSERT_TRUE(e.ok());
+    std::vector<std::shared_ptr<RequestHandle>> hs;
+    for (int i = 0; i < 7; ++i)
+      hs.push_back(*(*e)->Submit(Req(i, i < 6 ? loras[static_cast<size_t>(i)] : nullptr, 16)));
+    for (int i = 0; i < 7; ++i)
+      EXPECT_EQ(RunToEnd(*hs[static_cast<size_t>(i)]), want[static_cast<size_t>(i)])
+          << cap << " " << i;
+    if (cap == 0) {
+      EXPECT_GT((*e)->metrics().adapters_per_step_max.load(),
+                2);  // the workload can exceed the cap
+    } else {
+      EXPECT_EQ((*e)->metrics().adapters_per_step_max.load(), cap);
+    }
+  }
+}
+
+TEST(EngineResidencyTest, UnloadWhileInUseFinishesThenFrees) {
+  CHORUS_REQUIRE_SHARED_MODEL(kModel);
+  Stories s = LoadStories();
+  auto a = Adapter(s.model->config(), 32, 30);
+  const auto want = Alone(s, Req(10, a, 120));
+  for (bool forget : {false, true}) {
+    auto e = Engine::Create(s.model, s.tok, SmallOptions(64 << 20));
+    ASSERT_TRUE(e.ok());
+    const auto& m = (*e)->metrics();
+    auto h = *(*e)->Submit(Req(10, a, 120));
+    std::vector<int32_t> got;
+    for (int i = 0; i < 60; ++i) got.push_back(h->Next(std::chrono::milliseconds(30000))->token);
+    EXPECT_GT(m.pool_pages_adapter.load(), 0);
+    if (forget) (*e)->ForgetAdapter(a->name());
+    for (int32_t t : RunToEnd(*h)) got.push_back(t);
+    EXPECT_EQ(got, want);  // the running request finished undisturbed
+    if (forget) {
+      EXPECT_TRUE(
+          WaitFor([&] { return m.pool_pages_adapter.load() == 0; }));  // freed after its last user
+      EXPECT_EQ(m.adapters_resident.load(), 0);
+    } else {
+      EXPECT_GT(m.pool_pages_adapter.load(), 0);  // control: kept cached when not unloaded
+    }
+  }
 }
 
 }  // namespace

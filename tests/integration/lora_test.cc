@@ -124,7 +124,10 @@ std::vector<int32_t> ForcedTokens(size_t n, int64_t vocab, uint32_t seed) {
 
 // Random adapters of ranks 1, 8, 16, 64 written as PEFT and as GGUF, read back and run in ONE
 // batch (with a base row in the middle); each row must equal its merged-weights oracle.
-void CheckUnmergedEqualsMerged(const ModelPtr& base, const std::string& what) {
+// `storage`: how the compute copies hold A and B; the oracle merges exactly those values
+// (bf16: rounded once at load), so the tolerance stays 1e-3.
+void CheckUnmergedEqualsMerged(const ModelPtr& base, const std::string& what,
+                               adapters::LoraStorage storage = adapters::LoraStorage::kF32) {
   const auto& c = base->config();
   const size_t prompt_len = 11;
   const int n_decode = 4;
@@ -142,8 +145,11 @@ void CheckUnmergedEqualsMerged(const ModelPtr& base, const std::string& what) {
     const std::string gp = dir + "/lora" + std::to_string(rank) + ".gguf";
     ASSERT_TRUE(adapters::WritePeftLora(pd, weights.back(), c).ok());
     ASSERT_TRUE(adapters::WriteGgufLora(gp, weights.back(), c).ok());
-    auto p = adapters::LoadLoraAdapter(pd, c);
-    auto g = adapters::LoadLoraAdapter(gp, c);
+    adapters::LoraLoadOptions lo;
+    lo.limits.storage = storage;
+    auto p = adapters::LoadLoraAdapter(pd, c, lo);
+    auto g = adapters::LoadLoraAdapter(gp, c, lo);
+    EXPECT_EQ((*p)->storage(), storage);
     ASSERT_TRUE(p.ok()) << p.status().ToString();
     ASSERT_TRUE(g.ok()) << g.status().ToString();
     peft.push_back(*p);
@@ -162,7 +168,8 @@ void CheckUnmergedEqualsMerged(const ModelPtr& base, const std::string& what) {
   for (size_t i = 0; i < batch.size(); ++i) {
     ModelPtr oracle = base;
     if (which[i] >= 0) {
-      auto merged = adapters::MergeLora(*base, weights[static_cast<size_t>(which[i])]);
+      auto merged = adapters::MergeLora(
+          *base, adapters::RoundedAsStored(weights[static_cast<size_t>(which[i])], storage));
       ASSERT_TRUE(merged.ok()) << merged.status().ToString();
       oracle = *merged;
     }
@@ -198,6 +205,16 @@ TEST(LoraIntegrationTest, Stories260KUnmergedEqualsMerged) {
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   ASSERT_EQ((*m)->config().rope_layout, kernels::RopeLayout::kInterleaved);
   CheckUnmergedEqualsMerged(*m, "stories260K");
+}
+
+TEST(LoraIntegrationTest, Bf16StorageUnmergedEqualsMergedOfRoundedWeights) {
+  auto m = model::MakeSyntheticModel({.shape = "tiny", .dtype = DType::kF32, .seed = 3});
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  CheckUnmergedEqualsMerged(*m, "synthetic tiny bf16", adapters::LoraStorage::kBF16);
+  CHORUS_REQUIRE_SHARED_MODEL(kModel);
+  auto s = model::LoadModel(ModelsPath(kModel));
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  CheckUnmergedEqualsMerged(*s, "stories260K bf16", adapters::LoraStorage::kBF16);
 }
 
 std::string Continue(const ModelPtr& m, const LoraAdapter* ad, const tokenizer::Tokenizer& tok,

@@ -168,6 +168,60 @@ Status ValidateLoraWeights(const LoraWeights& w, const model::ModelConfig& c,
   return OkStatus();
 }
 
+const char* LoraStorageName(LoraStorage s) { return s == LoraStorage::kBF16 ? "bf16" : "f32"; }
+
+void LoraView::CopyShapeFrom(const LoraView& other) {
+  name_ = other.name_;
+  storage_type_ = other.storage_type_;
+  n_layers_ = other.n_layers_;
+  max_rank_ = other.max_rank_;
+  max_fused_rank_ = other.max_fused_rank_;
+  modules_ = other.modules_;
+  fused_ = other.fused_;
+  for (Module& m : modules_) m.a = m.bt = nullptr;
+  for (Fused& f : fused_) f.a = nullptr;
+  LayoutRowTables();
+}
+
+void LoraView::LayoutRowTables() {
+  size_t total = 0;
+  for (const Module& m : modules_) total += static_cast<size_t>(2 * m.rank);
+  const bool bf16 = storage_type_ == LoraStorage::kBF16;
+  rows_.assign(bf16 ? 0 : total, nullptr);
+  rows16_.assign(bf16 ? total : 0, nullptr);
+  row_elems_.assign(total, 0);
+  size_t off = 0;
+  // Points (a_rows, a_rows_bf16) at the next n rows of the table in use (the other stays null).
+  auto take = [&](int64_t n, int64_t width, const float* const** f32, const uint16_t* const** b16) {
+    for (int64_t i = 0; i < n; ++i) row_elems_[off + static_cast<size_t>(i)] = width;
+    *f32 = bf16 ? nullptr : rows_.data() + off;
+    *b16 = bf16 ? rows16_.data() + off : nullptr;
+    off += static_cast<size_t>(n);
+  };
+  auto mod = [&](int64_t l, Linear which) -> Module& {
+    return modules_[static_cast<size_t>(l * model::kNumLinears + static_cast<int>(which))];
+  };
+  for (int64_t l = 0; l < n_layers_; ++l) {
+    for (int g = 0; g < 2; ++g) {
+      Fused& f = fused_[static_cast<size_t>(l * 2 + g)];
+      take(0, 0, &f.a_rows, &f.a_rows_bf16);  // the group's rows start here
+      for (int q = 0; q < kGroupSize[g]; ++q) {
+        Module& m = mod(l, kGroupMembers[g][q]);
+        take(m.rank, m.in, &m.a_rows, &m.a_rows_bf16);
+      }
+    }
+    for (Linear which : {Linear::kO, Linear::kDown}) {
+      Module& m = mod(l, which);
+      take(m.rank, m.in, &m.a_rows, &m.a_rows_bf16);
+    }
+    for (int li = 0; li < model::kNumLinears; ++li) {
+      Module& m = mod(l, static_cast<Linear>(li));
+      take(m.rank, m.out, &m.bt_rows, &m.bt_rows_bf16);
+    }
+  }
+  CHORUS_CHECK(off == total);
+}
+
 Result<std::shared_ptr<const LoraAdapter>> LoraAdapter::Build(const LoraWeights& w,
                                                               const model::ModelConfig& c,
                                                               std::string name,
@@ -197,6 +251,8 @@ Result<std::shared_ptr<const LoraAdapter>> LoraAdapter::Build(const LoraWeights&
         const size_t idx = static_cast<size_t>(l * model::kNumLinears + static_cast<int>(which));
         slots[idx].a_off = total;
         ad->modules_[idx].fused_col = col;
+        ad->modules_[idx].in = LinearIn(c, which);
+        ad->modules_[idx].out = LinearOut(c, which);
         col += m.rank();
         total += static_cast<size_t>(m.rank() * LinearIn(c, which));
       }
@@ -206,6 +262,8 @@ Result<std::shared_ptr<const LoraAdapter>> LoraAdapter::Build(const LoraWeights&
     for (Linear which : {Linear::kO, Linear::kDown}) {
       const size_t idx = static_cast<size_t>(l * model::kNumLinears + static_cast<int>(which));
       slots[idx].a_off = total;
+      ad->modules_[idx].in = LinearIn(c, which);
+      ad->modules_[idx].out = LinearOut(c, which);
       total += static_cast<size_t>(w.at(l, which).rank() * LinearIn(c, which));
     }
     for (int li = 0; li < model::kNumLinears; ++li) {
@@ -247,6 +305,25 @@ Result<std::shared_ptr<const LoraAdapter>> LoraAdapter::Build(const LoraWeights&
       ad->max_rank_ = std::max(ad->max_rank_, r);
     }
   }
+  // The storage holds the rows in the flat row order of LoraView, so the row tables walk it.
+  ad->storage_type_ = limits.storage;
+  ad->LayoutRowTables();
+  if (limits.storage == LoraStorage::kBF16) {
+    // Rounded once, here; the f32 staging copy is dropped (contiguous f32 views with it).
+    ad->storage16_.resize(total);
+    for (size_t i = 0; i < total; ++i) ad->storage16_[i] = F32ToBF16(ad->storage_[i]);
+    std::vector<float>().swap(ad->storage_);
+    for (Module& m : ad->modules_) m.a = m.bt = nullptr;
+    for (Fused& f : ad->fused_) f.a = nullptr;
+  }
+  size_t off = 0;
+  for (int64_t i = 0; i < ad->n_rows(); ++i) {
+    ad->SetRow(i, limits.storage == LoraStorage::kBF16
+                      ? static_cast<const void*>(ad->storage16_.data() + off)
+                      : static_cast<const void*>(ad->storage_.data() + off));
+    off += static_cast<size_t>(ad->row_elems(i));
+  }
+  CHORUS_CHECK(off == total) << "LoRA row tables do not cover the storage";
   return std::shared_ptr<const LoraAdapter>(std::move(ad));
 }
 
@@ -269,6 +346,20 @@ LoraWeights MakeRandomLora(const model::ModelConfig& c, const RandomLoraSpec& sp
     }
   }
   return w;
+}
+
+LoraWeights RoundedAsStored(const LoraWeights& w, LoraStorage storage) {
+  LoraWeights out = w;
+  if (storage == LoraStorage::kF32) return out;
+  for (LoraModuleWeights& m : out.modules) {
+    if (!m.present()) continue;
+    for (Tensor* t : {&m.a, &m.b}) {
+      std::vector<float> v = t->ToF32();
+      for (float& f : v) f = BF16ToF32(F32ToBF16(f));
+      *t = Tensor::FromF32(v, DType::kF32, t->shape());
+    }
+  }
+  return out;
 }
 
 Result<std::shared_ptr<const model::Model>> MergeLora(const model::Model& base,

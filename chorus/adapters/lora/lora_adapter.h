@@ -8,7 +8,11 @@
 //   * LoraAdapter — validated against one base ModelConfig and converted to the compute layout
 //     of the segment kernels (kernels/lora.h): f32, A [r, in] row-major with the A of linears
 //     that share an input concatenated (q|k|v, gate|up) for the fused shrink, Bᵀ [r, out], q/k
-//     rows permuted to the base's rope_layout, scale folded per module.
+//     rows permuted to the base's rope_layout, scale folded per module. The host-tier copy.
+//   * LoraView — what the kernels read: per (layer, linear) rank, scale and row tables (one
+//     pointer per row of A / Bᵀ). A LoraAdapter is a view over its contiguous storage; a
+//     PagedLora (paged_lora.h) is a view over rows packed into pool pages. Both hold the same
+//     f32 values, so a step computes bitwise the same result from either.
 //
 // Thread-safety: LoraWeights is a value type; LoraAdapter is immutable after Build() and shared
 // (`std::shared_ptr<const LoraAdapter>`).
@@ -63,8 +67,16 @@ struct LoraWeights {
   int64_t MaxRank() const;
 };
 
+// Element type of the compute copy. bf16 is rounded once at Build (round to nearest even) and
+// halves the bytes a step streams per adapter; the kernels widen it exactly and accumulate in f32.
+enum class LoraStorage { kF32, kBF16 };
+const char* LoraStorageName(LoraStorage s);  // "f32", "bf16"
+
 struct LoraLimits {
   int64_t max_rank = 256;  // modules of larger rank are refused (kInvalidArgument)
+  // Not a limit but how the compute copy is stored; carried here because every path that builds
+  // an adapter (files, the host cache) takes LoraLimits.
+  LoraStorage storage = LoraStorage::kF32;
 };
 
 // Checks `w` against the base: layer count, every present module's shapes (A [r, in],
@@ -74,30 +86,34 @@ struct LoraLimits {
 Status ValidateLoraWeights(const LoraWeights& w, const model::ModelConfig& base,
                            const LoraLimits& limits = {});
 
-class LoraAdapter {
+class LoraView {
  public:
-  // One targeted linear in compute layout (pointers into the adapter's storage).
+  // One targeted linear in compute layout.
   struct Module {
-    int64_t rank = 0;           // 0 = not targeted
-    float scale = 0.0f;         // s
-    const float* a = nullptr;   // [rank, in]
-    const float* bt = nullptr;  // [rank, out] (lora_B transposed)
-    int64_t fused_col = 0;      // first row of this module's A inside its fused group
+    int64_t rank = 0;                       // 0 = not targeted
+    float scale = 0.0f;                     // s
+    int64_t in = 0, out = 0;                // the base linear's shape
+    const float* a = nullptr;               // [rank, in] contiguous (host copy only; else null)
+    const float* bt = nullptr;              // [rank, out] contiguous (host copy only; else null)
+    const float* const* a_rows = nullptr;   // [rank] rows of A, each [in] (f32 storage)
+    const float* const* bt_rows = nullptr;  // [rank] rows of Bᵀ (lora_B transposed), each [out]
+    const uint16_t* const* a_rows_bf16 = nullptr;   // the same for bf16 storage (else null)
+    const uint16_t* const* bt_rows_bf16 = nullptr;  //
+    int64_t fused_col = 0;                  // first row of this module's A inside its fused group
   };
   // The A of linears that read the same input, concatenated by rows: group kQkv = q|k|v
   // (input n_embd), kGateUp = gate|up (input n_embd). Absent modules contribute no rows.
   enum class Group { kQkv = 0, kGateUp = 1 };
   struct Fused {
-    int64_t rank = 0;          // Σ ranks of the group's modules
-    const float* a = nullptr;  // [rank, in]
+    int64_t rank = 0;                      // Σ ranks of the group's modules
+    const float* a = nullptr;              // [rank, in] contiguous (host copy only; else null)
+    const float* const* a_rows = nullptr;  // [rank] rows (the members' a_rows, concatenated)
+    const uint16_t* const* a_rows_bf16 = nullptr;  // the same for bf16 storage
   };
 
-  // Validates (ValidateLoraWeights + every value finite — NaN/Inf refused naming the tensor)
-  // and converts. `name` is used in messages and logs.
-  static Result<std::shared_ptr<const LoraAdapter>> Build(const LoraWeights& w,
-                                                          const model::ModelConfig& base,
-                                                          std::string name,
-                                                          const LoraLimits& limits = {});
+  LoraView(const LoraView&) = delete;
+  LoraView& operator=(const LoraView&) = delete;
+  virtual ~LoraView() = default;
 
   const std::string& name() const { return name_; }
   int64_t n_layers() const { return n_layers_; }
@@ -110,16 +126,68 @@ class LoraAdapter {
   int64_t max_rank() const { return max_rank_; }
   // Largest fused-group rank (what a shrink buffer row must hold).
   int64_t max_fused_rank() const { return max_fused_rank_; }
-  // Bytes of f32 compute weights held.
-  int64_t memory_bytes() const { return static_cast<int64_t>(storage_.size() * sizeof(float)); }
+  LoraStorage storage() const { return storage_type_; }
+  int64_t element_bytes() const { return storage_type_ == LoraStorage::kBF16 ? 2 : 4; }
+  // Rows of A and Bᵀ of every module: 2 × Σ ranks.
+  int64_t n_rows() const { return static_cast<int64_t>(row_elems_.size()); }
+  // Row `i` of the flat row order (per layer: q|k|v A rows, gate|up A rows, o A, down A, then
+  // every linear's Bᵀ rows in linear order): its data, elements and bytes.
+  const void* row_data(int64_t i) const {
+    return storage_type_ == LoraStorage::kBF16
+               ? static_cast<const void*>(rows16_[static_cast<size_t>(i)])
+               : static_cast<const void*>(rows_[static_cast<size_t>(i)]);
+  }
+  int64_t row_elems(int64_t i) const { return row_elems_[static_cast<size_t>(i)]; }
+  int64_t row_bytes(int64_t i) const { return row_elems(i) * element_bytes(); }
 
- private:
-  LoraAdapter() = default;
+ protected:
+  LoraView() = default;
+  // Copies shape, ranks, scales and fused columns of `other` (not its pointers).
+  void CopyShapeFrom(const LoraView& other);
+  // Sizes the row tables from the modules' ranks / shapes and points every Module / Fused at
+  // its slice (in the flat row order above). Rows are then set with SetRow().
+  void LayoutRowTables();
+  // `p` points at row_elems(i) elements of storage().
+  void SetRow(int64_t i, const void* p) {
+    if (storage_type_ == LoraStorage::kBF16) {
+      rows16_[static_cast<size_t>(i)] = static_cast<const uint16_t*>(p);
+    } else {
+      rows_[static_cast<size_t>(i)] = static_cast<const float*>(p);
+    }
+  }
+
   std::string name_;
   int64_t n_layers_ = 0, max_rank_ = 0, max_fused_rank_ = 0;
   std::vector<Module> modules_;  // [n_layers × kNumLinears]
   std::vector<Fused> fused_;     // [n_layers × 2]
-  std::vector<float> storage_;   // every A and Bᵀ; never resized after Build
+  LoraStorage storage_type_ = LoraStorage::kF32;  // set before LayoutRowTables()
+
+ private:
+  std::vector<const float*> rows_;       // the row tables, [n_rows()] (f32 storage; else empty)
+  std::vector<const uint16_t*> rows16_;  // the row tables, [n_rows()] (bf16 storage; else empty)
+  std::vector<int64_t> row_elems_;       // [n_rows()]
+};
+
+// The host-tier copy: a LoraView over one contiguous f32 allocation.
+class LoraAdapter : public LoraView {
+ public:
+  // Validates (ValidateLoraWeights + every value finite — NaN/Inf refused naming the tensor)
+  // and converts. `name` is used in messages and logs.
+  static Result<std::shared_ptr<const LoraAdapter>> Build(const LoraWeights& w,
+                                                          const model::ModelConfig& base,
+                                                          std::string name,
+                                                          const LoraLimits& limits = {});
+
+  // Bytes of compute weights held.
+  int64_t memory_bytes() const {
+    return static_cast<int64_t>(storage_.size() * sizeof(float) +
+                                storage16_.size() * sizeof(uint16_t));
+  }
+
+ private:
+  LoraAdapter() = default;
+  std::vector<float> storage_;       // every A and Bᵀ (f32 storage); never resized after Build
+  std::vector<uint16_t> storage16_;  // the same, rounded once to bf16 (bf16 storage)
 };
 
 // Which fused group a linear belongs to (q,k,v → kQkv; gate,up → kGateUp); false for o, down.
@@ -140,6 +208,11 @@ struct RandomLoraSpec {
   uint64_t seed = 1;
 };
 LoraWeights MakeRandomLora(const model::ModelConfig& base, const RandomLoraSpec& spec);
+
+// `w` with every A / B value replaced by what a compute copy of `storage` holds (bf16: rounded to
+// nearest even; f32: unchanged), as f32 tensors. Oracles (MergeLora) built from it see exactly
+// the weights the unmerged path uses.
+LoraWeights RoundedAsStored(const LoraWeights& w, LoraStorage storage);
 
 // The merged-weights oracle: the base's canonical tensors with W + s·B·A added to every
 // targeted linear (in f32; q/k rows in the base's order), rebuilt through Model::Build.

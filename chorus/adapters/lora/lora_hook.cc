@@ -18,12 +18,17 @@ void LoraHook::Clear() {
 }
 
 Status LoraHook::SetRows(std::span<const LoraAdapter* const> row_adapters) {
+  convert_.assign(row_adapters.begin(), row_adapters.end());
+  return SetRows(std::span<const LoraView* const>(convert_));
+}
+
+Status LoraHook::SetRows(std::span<const LoraView* const> row_adapters) {
   const int64_t n = static_cast<int64_t>(row_adapters.size());
   if (n > max_rows_) {
     return InvalidArgumentError("LoRA step of " + std::to_string(n) + " rows, max " + std::to_string(max_rows_));
   }
   int64_t need_stride = 0;
-  for (const LoraAdapter* a : row_adapters) {
+  for (const LoraView* a : row_adapters) {
     if (a == nullptr) continue;
     if (a->n_layers() != config_.n_layers) {
       return InvalidArgumentError("adapter '" + a->name() + "' has " + std::to_string(a->n_layers()) +
@@ -38,7 +43,7 @@ Status LoraHook::SetRows(std::span<const LoraAdapter* const> row_adapters) {
     v_.assign(static_cast<size_t>(max_rows_ * v_stride_), 0.0f);
   }
   for (int64_t i = 0; i < n;) {
-    const LoraAdapter* a = row_adapters[static_cast<size_t>(i)];
+    const LoraView* a = row_adapters[static_cast<size_t>(i)];
     int64_t j = i + 1;
     while (j < n && row_adapters[static_cast<size_t>(j)] == a) ++j;
     if (a != nullptr) {
@@ -72,7 +77,7 @@ void LoraHook::Apply(int64_t layer, model::Linear which, const float* x, int64_t
         cache_x_ != x) {
       for (size_t s = 0; s < n_slots; ++s) {
         const LoraAdapter::Fused& f = slots_[s]->fused(layer, group);
-        shrink_w_[s] = {f.a, f.rank};
+        shrink_w_[s] = {f.a_rows, f.rank, f.a_rows_bf16};
       }
       kernels::LoraShrink(segments_, shrink_w_, x, x_stride, in, v_.data(), v_stride_, pool);
       cache_valid_ = true;
@@ -82,13 +87,13 @@ void LoraHook::Apply(int64_t layer, model::Linear which, const float* x, int64_t
     }
     for (size_t s = 0; s < n_slots; ++s) {
       const LoraAdapter::Module& m = slots_[s]->module(layer, which);
-      expand_w_[s] = {m.bt, m.rank, m.fused_col, m.scale};
+      expand_w_[s] = {m.bt_rows, m.rank, m.fused_col, m.scale, m.bt_rows_bf16};
     }
   } else {
     for (size_t s = 0; s < n_slots; ++s) {
       const LoraAdapter::Module& m = slots_[s]->module(layer, which);
-      shrink_w_[s] = {m.a, m.rank};
-      expand_w_[s] = {m.bt, m.rank, 0, m.scale};
+      shrink_w_[s] = {m.a_rows, m.rank, m.a_rows_bf16};
+      expand_w_[s] = {m.bt_rows, m.rank, 0, m.scale, m.bt_rows_bf16};
     }
     cache_valid_ = false;
     kernels::LoraShrink(segments_, shrink_w_, x, x_stride, in, v_.data(), v_stride_, pool);

@@ -11,8 +11,8 @@
 // x must not be modified between the q/k/v (gate/up) calls of one layer when the pointer is
 // the same.
 //
-// Adapters are held in host memory in f32 (LoraAdapter); paging into the unified pool and
-// residency tiers come later (DESIGN §3).
+// A row's adapter is any LoraView: the host-tier copy (LoraAdapter) or its copy in pool pages
+// (PagedLora). Both hold the same values, so which one a step uses never changes its output.
 //
 // Thread-safety: one thread (the engine thread) calls SetRows() and Forward::Run() with this
 // hook; Apply() uses internal scratch and must not run concurrently with itself. Adapters set
@@ -38,6 +38,7 @@ class LoraHook : public model::LinearHook {
   // model only. Errors (nothing changed): more rows than max_rows, an adapter built for a model
   // with another layer count. Grows the shrink buffer when a larger rank first appears (not per
   // step).
+  Status SetRows(std::span<const LoraView* const> row_adapters);
   Status SetRows(std::span<const LoraAdapter* const> row_adapters);
   // No adapter rows (the hook then does nothing).
   void Clear();
@@ -45,7 +46,7 @@ class LoraHook : public model::LinearHook {
   // The segments of the current step (for tests and metrics).
   std::span<const kernels::LoraSegment> segments() const { return segments_; }
   // Distinct adapters of the current step, indexed by segment slot.
-  std::span<const LoraAdapter* const> slots() const { return slots_; }
+  std::span<const LoraView* const> slots() const { return slots_; }
 
   void Apply(int64_t layer, model::Linear which, const float* x, int64_t x_stride, float* y,
              int64_t y_stride, int64_t n_rows, ThreadPool* pool) const override;
@@ -55,7 +56,8 @@ class LoraHook : public model::LinearHook {
   int64_t max_rows_ = 0;
   int64_t n_rows_ = 0;                            // rows of the current step
   std::vector<kernels::LoraSegment> segments_;
-  std::vector<const LoraAdapter*> slots_;
+  std::vector<const LoraView*> slots_;
+  std::vector<const LoraView*> convert_;  // SetRows(LoraAdapter) scratch
   int64_t v_stride_ = 0;
   // Scratch (Apply is const for the LinearHook interface; the hook is single-threaded).
   mutable std::vector<float> v_;                  // [max_rows, v_stride_] shrink output

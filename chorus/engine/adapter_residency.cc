@@ -1,0 +1,251 @@
+#include "chorus/engine/adapter_residency.h"
+
+#include "chorus/base/logging.h"
+
+namespace chorus::engine {
+
+using adapters::LoraAdapter;
+using Clock = std::chrono::steady_clock;
+
+AdapterResidency::AdapterResidency(memory::PagePool* pool, EngineMetrics* metrics,
+                                   std::shared_ptr<adapters::AdapterCache> cache,
+                                   std::function<void()> wake, Options opts)
+    : pool_(pool),
+      metrics_(metrics),
+      cache_(std::move(cache)),
+      wake_(std::move(wake)),
+      opts_(opts) {
+  const int n = std::max(1, opts_.loader_threads);
+  for (int i = 0; i < n; ++i) loaders_.emplace_back([this] { LoaderMain(); });
+}
+
+AdapterResidency::~AdapterResidency() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : loaders_) t.join();
+  // Tickets still queued never ran: complete them so nobody waits forever.
+  for (Job& j : jobs_) {
+    if (j.ticket) {
+      j.ticket->status = UnavailableError("server is shutting down");
+      j.ticket->done.store(true, std::memory_order_release);
+    }
+  }
+}
+
+void AdapterResidency::LoaderMain() {
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+      if (stop_) return;
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    if (job.paged != nullptr) {
+      job.paged->CopyIn();
+      std::lock_guard<std::mutex> lock(mu_);
+      copied_.push_back(job.paged);
+      continue;  // the engine applies it at its next step; nothing waits for it
+    }
+    const auto t0 = Clock::now();
+    Result<std::shared_ptr<const LoraAdapter>> r =
+        cache_ ? cache_->Get(job.key)
+               : Result<std::shared_ptr<const LoraAdapter>>(UnavailableError("no adapter cache"));
+    metrics_->adapter_disk_load_seconds.Observe(
+        std::chrono::duration<double>(Clock::now() - t0).count());
+    metrics_->adapter_disk_loads.fetch_add(1);
+    if (r.ok()) {
+      job.ticket->adapter = *r;
+    } else {
+      metrics_->adapter_disk_load_errors.fetch_add(1);
+      job.ticket->status = r.status();
+      CHORUS_LOG(WARNING) << "adapter '" << job.key.name
+                          << "' failed to load: " << r.status().ToString();
+    }
+    job.ticket->done.store(true, std::memory_order_release);
+    if (wake_) wake_();
+  }
+}
+
+std::shared_ptr<AdapterTicket> AdapterResidency::LoadFromDisk(const adapters::AdapterKey& key) {
+  auto t = std::make_shared<AdapterTicket>();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) {
+      t->status = UnavailableError("server is shutting down");
+      t->done.store(true);
+      return t;
+    }
+    jobs_.push_back(Job{nullptr, key, t});
+  }
+  cv_.notify_one();
+  return t;
+}
+
+void AdapterResidency::Forget(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  forget_.push_back(name);
+}
+
+void AdapterResidency::Poll() {
+  std::vector<const adapters::PagedLora*> copied;
+  std::vector<std::string> forget;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    copied.swap(copied_);
+    forget.swap(forget_);
+  }
+  for (const adapters::PagedLora* p : copied) {
+    auto it = entries_.find(p->host().get());
+    CHORUS_CHECK(it != entries_.end() && it->second.paged.get() == p &&
+                 it->second.state == State::kLoading);
+    Entry& e = it->second;
+    e.state = State::kResident;
+    metrics_->adapter_pool_loads.fetch_add(1);
+    metrics_->adapter_pool_load_seconds.Observe(
+        std::chrono::duration<double>(Clock::now() - e.load_start).count());
+    if (e.forgotten && e.pins == 0) Drop(it->first);
+  }
+  for (const std::string& name : forget) {
+    std::vector<const LoraAdapter*> drop;
+    for (auto& [key, e] : entries_) {
+      if (e.host->name() != name) continue;
+      e.forgotten = true;
+      if (e.pins == 0 && e.state != State::kLoading) drop.push_back(key);
+    }
+    for (const LoraAdapter* a : drop) Drop(a);
+  }
+  PublishGauges();
+}
+
+void AdapterResidency::FreePoolCopy(Entry* e) {
+  if (!e->paged) return;
+  CHORUS_CHECK(e->state != State::kLoading);
+  const std::vector<int32_t> pages = e->paged->pages();
+  e->paged.reset();
+  pool_->Free(pages);
+  e->state = State::kHostOnly;
+}
+
+void AdapterResidency::Drop(const LoraAdapter* a) {
+  auto it = entries_.find(a);
+  if (it == entries_.end()) return;
+  if (it->second.paged) metrics_->adapter_pool_evictions.fetch_add(1);
+  FreePoolCopy(&it->second);
+  entries_.erase(it);
+}
+
+void AdapterResidency::MaybeErase(const LoraAdapter* a) {
+  auto it = entries_.find(a);
+  if (it == entries_.end() || it->second.pins > 0 || it->second.state == State::kLoading) return;
+  if (it->second.forgotten || it->second.state == State::kHostOnly) Drop(a);
+}
+
+void AdapterResidency::Pin(const std::shared_ptr<const LoraAdapter>& a) {
+  Entry& e = entries_[a.get()];
+  if (!e.host) e.host = a;
+  ++e.pins;
+  e.last_use = ++tick_;
+  if (e.state == State::kResident) {
+    metrics_->adapter_pool_hits.fetch_add(1);
+  } else {
+    metrics_->adapter_pool_misses.fetch_add(1);
+  }
+}
+
+void AdapterResidency::Unpin(const LoraAdapter* a) {
+  auto it = entries_.find(a);
+  CHORUS_CHECK(it != entries_.end() && it->second.pins > 0)
+      << "unpin of an adapter that is not pinned";
+  --it->second.pins;
+  it->second.last_use = ++tick_;
+  MaybeErase(a);
+}
+
+const adapters::LoraView* AdapterResidency::View(const LoraAdapter* a) {
+  auto it = entries_.find(a);
+  if (it == entries_.end() || it->second.state != State::kResident) return a;
+  it->second.last_use = ++tick_;
+  return it->second.paged.get();
+}
+
+bool AdapterResidency::Resident(const LoraAdapter* a) const {
+  auto it = entries_.find(a);
+  return it != entries_.end() && it->second.state == State::kResident;
+}
+
+bool AdapterResidency::Loading(const LoraAdapter* a) const {
+  auto it = entries_.find(a);
+  return it != entries_.end() && it->second.state == State::kLoading;
+}
+
+void AdapterResidency::Prefetch(const std::shared_ptr<const LoraAdapter>& a, int64_t keep_free,
+                                bool may_evict) {
+  if (!opts_.pool_copies) return;
+  auto found = entries_.find(a.get());
+  if (found != entries_.end() &&
+      (found->second.state != State::kHostOnly || found->second.forgotten))
+    return;
+  auto need = adapters::PagedLora::PagesNeeded(*a, pool_->page_bytes());
+  if (!need.ok()) return;  // a row larger than a page: served from the host copy
+  if (may_evict) EvictFor(*need + keep_free);
+  if (pool_->n_free() < *need + keep_free) return;
+  auto pages = pool_->Allocate(*need, memory::PageKind::kAdapter);
+  if (!pages.ok()) return;
+  auto paged = adapters::PagedLora::Create(a, pool_, *pages);
+  if (!paged.ok()) {
+    pool_->Free(*pages);
+    CHORUS_LOG(WARNING) << "pool copy of adapter '" << a->name()
+                        << "': " << paged.status().ToString();
+    return;
+  }
+  Entry& e = entries_[a.get()];
+  if (!e.host) e.host = a;
+  e.paged = std::move(*paged);
+  e.state = State::kLoading;
+  e.load_start = Clock::now();
+  if (e.last_use == 0) e.last_use = ++tick_;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.push_front(
+        Job{e.paged.get(), {}, nullptr});  // pool copies are short: ahead of disk loads
+  }
+  cv_.notify_one();
+}
+
+bool AdapterResidency::EvictFor(int64_t n_free) {
+  while (pool_->n_free() < n_free) {
+    const LoraAdapter* victim = nullptr;
+    uint64_t oldest = UINT64_MAX;
+    for (const auto& [key, e] : entries_) {
+      if (e.state == State::kResident && e.pins == 0 && e.last_use < oldest) {
+        oldest = e.last_use;
+        victim = key;
+      }
+    }
+    if (victim == nullptr) return false;
+    CHORUS_LOG(DEBUG) << "evict adapter '" << victim->name() << "' from the pool";
+    Entry& e = entries_[victim];
+    metrics_->adapter_pool_evictions.fetch_add(1);
+    FreePoolCopy(&e);
+    MaybeErase(victim);
+  }
+  return true;
+}
+
+int64_t AdapterResidency::pages_used() const { return pool_->n_used(memory::PageKind::kAdapter); }
+
+void AdapterResidency::PublishGauges() {
+  int64_t resident = 0;
+  for (const auto& [key, e] : entries_) resident += e.state == State::kResident ? 1 : 0;
+  metrics_->adapters_resident.store(resident);
+  metrics_->pool_pages_total.store(pool_->n_pages());
+  metrics_->pool_pages_kv.store(pool_->n_used(memory::PageKind::kKv));
+  metrics_->pool_pages_adapter.store(pool_->n_used(memory::PageKind::kAdapter));
+}
+
+}  // namespace chorus::engine

@@ -1,0 +1,136 @@
+// AdapterResidency: the adapter tiers below the registry, owned by the engine (DESIGN §3):
+//
+//   disk ──(loader thread: LoadFromDisk → AdapterCache)──▶ host copy (LoraAdapter, f32)
+//        ──(engine allocates kAdapter pages; loader thread copies rows)──▶ pool copy (PagedLora)
+//
+// * Disk → host: requests name an adapter by AdapterKey; Submit queues its load here and
+//   returns at once. Loads run on loader threads in arrival order (FIFO), which is S-LoRA's
+//   prefetch of the adapters of queued requests (§5.2); the engine admits a request once its
+//   ticket is done (an error finishes the request with that error).
+// * Host → pool: the pool copy lives in pages of the unified PagePool next to KV blocks. The
+//   engine thread allocates the pages (evicting unpinned copies, never KV), a loader thread
+//   fills them, Poll() on the engine thread marks the copy resident. A step never waits for it:
+//   until the copy lands, rows of that adapter read the host copy (CaraServe-style cold start —
+//   on a CPU both copies are in the same DRAM, so the "slow path" costs nothing; the values are
+//   identical, so switching mid-sequence never changes the output).
+// * An adapter is pinned while any running sequence uses it; unpinned resident copies are
+//   evicted LRU when KV needs pages (EvictFor), before any sequence is preempted.
+//
+// Identity: entries are keyed by the host copy (a LoraAdapter object). The host cache keys
+// those by content hash + version, so a replaced adapter never shares a pool copy with its
+// predecessor; Forget(name) drops the copies of an unloaded adapter (now, or once its last
+// running user finishes).
+//
+// Thread-safety: LoadFromDisk() and Forget() may be called from any thread; everything else
+// only from the engine thread. Loader threads touch only page bytes and tickets.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "chorus/adapters/adapter_cache.h"
+#include "chorus/adapters/paged_lora.h"
+#include "chorus/engine/metrics.h"
+#include "chorus/memory/page_pool.h"
+
+namespace chorus::engine {
+
+// A disk → host load that queued sequences wait for (shared by the choices of one request).
+struct AdapterTicket {
+  std::atomic<bool> done{false};
+  Status status;                                         // valid once done
+  std::shared_ptr<const adapters::LoraAdapter> adapter;  // valid once done and status ok
+};
+
+class AdapterResidency {
+ public:
+  struct Options {
+    int loader_threads = 1;
+    bool pool_copies = true;  // false: serve every adapter from its host copy
+  };
+  // `cache` may be null (then LoadFromDisk() fails); `wake` is called on a loader thread after a
+  // disk load completes (the engine re-plans). The pool must outlive this object.
+  AdapterResidency(memory::PagePool* pool, EngineMetrics* metrics,
+                   std::shared_ptr<adapters::AdapterCache> cache, std::function<void()> wake,
+                   Options opts);
+  ~AdapterResidency();  // waits for in-flight loads
+  AdapterResidency(const AdapterResidency&) = delete;
+  AdapterResidency& operator=(const AdapterResidency&) = delete;
+
+  // Any thread.
+  std::shared_ptr<AdapterTicket> LoadFromDisk(const adapters::AdapterKey& key);
+  void Forget(const std::string& name);
+
+  // Engine thread.
+  // Applies completed pool copies (they become resident) and pending Forget()s.
+  void Poll();
+  // A sequence using `a` starts / stops running. Pin counts a pool hit or miss.
+  void Pin(const std::shared_ptr<const adapters::LoraAdapter>& a);
+  void Unpin(const adapters::LoraAdapter* a);
+  // What a step reads for `a`: its pool copy when resident, else the host copy itself.
+  const adapters::LoraView* View(const adapters::LoraAdapter* a);
+  bool Resident(const adapters::LoraAdapter* a) const;
+  bool Loading(const adapters::LoraAdapter* a) const;
+  // Starts the pool copy of `a` unless it has one, if `keep_free` pool pages stay free after it.
+  // `may_evict`: unpinned resident copies may be evicted (LRU) to make room.
+  void Prefetch(const std::shared_ptr<const adapters::LoraAdapter>& a, int64_t keep_free,
+                bool may_evict);
+  // Evicts unpinned resident copies, least recently used first, until the pool has at least
+  // `n_free` free pages. Returns whether it has. Pinned or loading copies are never evicted.
+  bool EvictFor(int64_t n_free);
+  // Pool pages held by adapter copies (resident or loading).
+  int64_t pages_used() const;
+  void PublishGauges();
+
+ private:
+  enum class State { kHostOnly, kLoading, kResident };
+  struct Entry {
+    std::shared_ptr<const adapters::LoraAdapter> host;
+    std::unique_ptr<adapters::PagedLora> paged;  // set while kLoading / kResident
+    State state = State::kHostOnly;
+    int pins = 0;
+    bool forgotten = false;
+    uint64_t last_use = 0;
+    std::chrono::steady_clock::time_point load_start;
+  };
+  struct Job {
+    const adapters::PagedLora* paged = nullptr;  // pool copy; else a disk load:
+    adapters::AdapterKey key;
+    std::shared_ptr<AdapterTicket> ticket;
+  };
+  void LoaderMain();
+  void Drop(const adapters::LoraAdapter* a);  // frees the pool copy and the entry
+  void FreePoolCopy(Entry* e);
+  void MaybeErase(const adapters::LoraAdapter* a);
+
+  memory::PagePool* const pool_;
+  EngineMetrics* const metrics_;
+  const std::shared_ptr<adapters::AdapterCache> cache_;
+  const std::function<void()> wake_;
+  const Options opts_;
+
+  // Engine thread.
+  std::unordered_map<const adapters::LoraAdapter*, Entry> entries_;
+  uint64_t tick_ = 0;
+
+  // Shared with loader threads.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;                            // guarded by mu_
+  std::vector<const adapters::PagedLora*> copied_;  // guarded by mu_: finished pool copies
+  std::vector<std::string> forget_;                 // guarded by mu_
+  bool stop_ = false;                               // guarded by mu_
+  std::vector<std::thread> loaders_;
+};
+
+}  // namespace chorus::engine

@@ -1,0 +1,158 @@
+// AdapterResidency: pool copies made by a loader thread and marked resident by Poll(); pinned
+// copies never evicted; unpinned ones evicted LRU first for KV; Forget() frees an unloaded
+// adapter's copy once its last user unpins; disk loads through the host cache complete tickets.
+#include "chorus/engine/adapter_residency.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "chorus/adapters/lora/lora_files.h"
+#include "chorus/model/synthetic.h"
+#include "tests/testutil/testutil.h"
+
+namespace chorus::engine {
+namespace {
+
+using adapters::LoraAdapter;
+
+model::ModelConfig TinyConfig() {
+  auto c = model::SyntheticConfig("tiny");
+  CHORUS_CHECK(c.ok());
+  return *c;
+}
+
+std::shared_ptr<const LoraAdapter> MakeAdapter(const model::ModelConfig& c, uint64_t seed,
+                                               const std::string& name) {
+  adapters::RandomLoraSpec s;
+  s.rank = 8;
+  s.seed = seed;
+  auto a = LoraAdapter::Build(adapters::MakeRandomLora(c, s), c, name);
+  CHORUS_CHECK(a.ok()) << a.status().ToString();
+  return *a;
+}
+
+// Polls until `a` is resident (the loader thread copies in the background).
+bool WaitResident(AdapterResidency* r, const LoraAdapter* a) {
+  for (int i = 0; i < 2000; ++i) {
+    r->Poll();
+    if (r->Resident(a)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return false;
+}
+
+struct Fixture {
+  model::ModelConfig c = TinyConfig();
+  memory::PagePool pool{256, 8192};
+  EngineMetrics metrics;
+  AdapterResidency res{&pool, &metrics, nullptr, nullptr, {}};
+};
+
+TEST(AdapterResidencyTest, PoolCopyPinnedNeverEvictedUnpinnedEvictedLru) {
+  Fixture f;
+  auto a = MakeAdapter(f.c, 1, "a"), b = MakeAdapter(f.c, 2, "b");
+  const int64_t need = *adapters::PagedLora::PagesNeeded(*a, f.pool.page_bytes());
+  f.res.Pin(a);
+  EXPECT_EQ(f.metrics.adapter_pool_misses.load(), 1u);
+  EXPECT_EQ(f.res.View(a.get()), a.get());  // cold: the host copy serves at once
+  f.res.Prefetch(a, 0, /*may_evict=*/true);
+  EXPECT_EQ(f.pool.n_used(memory::PageKind::kAdapter), need);  // allocated by the engine thread
+  ASSERT_TRUE(WaitResident(&f.res, a.get()));
+  EXPECT_NE(f.res.View(a.get()), a.get());  // now the pool copy
+  EXPECT_EQ(f.metrics.adapter_pool_loads.load(), 1u);
+  f.res.PublishGauges();
+  EXPECT_EQ(f.metrics.pool_pages_adapter.load(), need);
+  EXPECT_EQ(f.metrics.adapters_resident.load(), 1);
+
+  // Pinned: never evicted, even when KV asks for the whole pool.
+  EXPECT_FALSE(f.res.EvictFor(f.pool.n_pages()));
+  EXPECT_TRUE(f.res.Resident(a.get()));
+  f.res.Unpin(a.get());
+  EXPECT_TRUE(f.res.Resident(a.get()));  // stays cached while unpinned
+  f.res.Pin(a);
+  EXPECT_EQ(f.metrics.adapter_pool_hits.load(), 1u);
+  f.res.Unpin(a.get());
+
+  // b prefetched (unpinned), then a used: b is the least recently used.
+  f.res.Prefetch(b, 0, /*may_evict=*/false);
+  ASSERT_TRUE(WaitResident(&f.res, b.get()));
+  f.res.View(a.get());
+  EXPECT_TRUE(f.res.EvictFor(f.pool.n_free() + 1));
+  EXPECT_FALSE(f.res.Resident(b.get()));
+  EXPECT_TRUE(f.res.Resident(a.get()));
+  EXPECT_EQ(f.metrics.adapter_pool_evictions.load(), 1u);
+  EXPECT_TRUE(f.res.EvictFor(f.pool.n_pages()));
+  EXPECT_EQ(f.pool.n_used(memory::PageKind::kAdapter), 0);
+  EXPECT_EQ(f.pool.n_free(), f.pool.n_pages());
+}
+
+TEST(AdapterResidencyTest, PrefetchKeepsPagesFreeForKv) {
+  Fixture f;
+  auto a = MakeAdapter(f.c, 1, "a");
+  const int64_t need = *adapters::PagedLora::PagesNeeded(*a, f.pool.page_bytes());
+  f.res.Prefetch(a, f.pool.n_pages() - need + 1, /*may_evict=*/false);  // would leave too few free
+  EXPECT_FALSE(f.res.Loading(a.get()) || f.res.Resident(a.get()));
+  EXPECT_EQ(f.pool.n_used(memory::PageKind::kAdapter), 0);
+}
+
+TEST(AdapterResidencyTest, ForgetFreesAfterLastUser) {
+  Fixture f;
+  auto a = MakeAdapter(f.c, 1, "a");
+  f.res.Pin(a);
+  f.res.Prefetch(a, 0, true);
+  ASSERT_TRUE(WaitResident(&f.res, a.get()));
+  f.res.Forget("a");
+  f.res.Poll();
+  EXPECT_TRUE(f.res.Resident(a.get()));  // still in use: kept
+  EXPECT_GT(f.pool.n_used(memory::PageKind::kAdapter), 0);
+  f.res.Unpin(a.get());
+  EXPECT_FALSE(f.res.Resident(a.get()));
+  EXPECT_EQ(f.pool.n_used(memory::PageKind::kAdapter), 0);
+}
+
+TEST(AdapterResidencyTest, ReplacedAdapterNeverSharesThePoolCopy) {
+  Fixture f;
+  auto old_version = MakeAdapter(f.c, 1, "x"), new_version = MakeAdapter(f.c, 2, "x");
+  f.res.Prefetch(old_version, 0, true);
+  ASSERT_TRUE(WaitResident(&f.res, old_version.get()));
+  // Same name, another content hash / version: another host copy, so no pool copy yet.
+  EXPECT_FALSE(f.res.Resident(new_version.get()));
+  EXPECT_EQ(f.res.View(new_version.get()), new_version.get());
+  f.res.Forget("x");  // the registry replaced it: the predecessor's pages are freed
+  f.res.Poll();
+  EXPECT_FALSE(f.res.Resident(old_version.get()));
+  EXPECT_EQ(f.pool.n_used(memory::PageKind::kAdapter), 0);
+}
+
+TEST(AdapterResidencyTest, DiskLoadsCompleteTicketsOnLoaderThread) {
+  const auto c = TinyConfig();
+  const std::string dir = testing::TempDir() + "/residency_peft";
+  std::filesystem::remove_all(dir);
+  adapters::RandomLoraSpec s;
+  s.rank = 4;
+  CHORUS_ASSERT_OK(adapters::WritePeftLora(dir, adapters::MakeRandomLora(c, s), c));
+  auto cache = std::make_shared<adapters::AdapterCache>(c, int64_t{64} << 20);
+  memory::PagePool pool(16, 8192);
+  EngineMetrics metrics;
+  std::atomic<int> wakes{0};
+  AdapterResidency res(&pool, &metrics, cache, [&] { wakes.fetch_add(1); }, {});
+  auto ok = res.LoadFromDisk({"x", dir, 1, 1});
+  auto bad = res.LoadFromDisk({"y", dir + "/missing", 2, 1});
+  for (int i = 0; i < 5000 && !(ok->done.load() && bad->done.load()); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(ok->done.load() && bad->done.load());
+  CHORUS_ASSERT_OK(ok->status);
+  ASSERT_NE(ok->adapter, nullptr);
+  EXPECT_EQ(ok->adapter->max_rank(), 4);
+  EXPECT_FALSE(bad->status.ok());
+  EXPECT_NE(bad->status.message().find("missing"), std::string::npos) << bad->status.ToString();
+  EXPECT_EQ(wakes.load(), 2);
+  EXPECT_EQ(metrics.adapter_disk_loads.load(), 2u);
+  EXPECT_EQ(metrics.adapter_disk_load_errors.load(), 1u);
+}
+
+}  // namespace
+}  // namespace chorus::engine
