@@ -49,7 +49,7 @@ struct Avx512Traits {
   static I DotQ4(I acc, const W& w, I x) { return _mm512_dpbusd_epi32(acc, w.a, x); }
   // Weights are unsigned: q8_0 as q + 128, q4_0 nibbles q + 8. The accumulator starts at
   // corr = −offset·Σx (a broadcast load), so after the 8 vpdpbusd it holds the exact isum.
-  static int32_t Offset(int layout) { return layout == kLayoutQ4Panel16 ? 8 : 128; }
+  static int32_t Offset(int layout) { return layout == kLayoutQ4Panel ? 8 : 128; }
   template <bool kQ4>
   static I Init(const int32_t* corr) {
     return _mm512_set1_epi32(*corr);
@@ -278,7 +278,7 @@ void FloatCols(DType dtype, const void* w, int64_t k, const void* x, int64_t x_s
 
 void QPanels(int layout, const uint8_t* packed, int64_t n, int64_t k, const QRows& q, int64_t m,
              int64_t p0, int64_t p1, float* y, int64_t y_stride, bool accumulate) {
-  if (layout == kLayoutQ4Panel16) {
+  if (layout == kLayoutQ4Panel) {
     qtile::Panels<Avx512Traits, true>(packed, n, k, q, m, p0, p1, y, y_stride, accumulate);
   } else {
     qtile::Panels<Avx512Traits, false>(packed, n, k, q, m, p0, p1, y, y_stride, accumulate);
