@@ -62,14 +62,14 @@ void Forward::Attention(const StepInput& in, memory::KvCache* kv, int64_t layer,
   const int64_t n = static_cast<int64_t>(in.tokens.size());
   const int64_t group = c.n_heads / c.n_kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  // Tasks are (row, kv head) pairs split statically across threads: at batch 1 the heads are
-  // shared out; each task's result depends only on its own row (batch invariance).
+  // Tasks are (row, kv head) pairs dealt out round-robin across threads: at batch 1 the heads
+  // are shared out, and in a prefill chunk (cost grows with the row's position) every thread
+  // gets early and late rows alike — contiguous slices gave the last thread ~3x the work of the
+  // first. Each task's result depends only on its own row (batch invariance).
   const int64_t n_tasks = n * c.n_kv_heads;
   pool->Run([&](int ti, int nt) {
-    int64_t begin, end;
-    ThreadPool::Slice(n_tasks, ti, nt, 1, &begin, &end);
     float* scratch = scratch_.data() + static_cast<size_t>(ti) * c.max_seq_len;
-    for (int64_t t = begin; t < end; ++t) {
+    for (int64_t t = ti; t < n_tasks; t += nt) {
       const int64_t row = t / c.n_kv_heads, g = t % c.n_kv_heads;
       const int32_t* table = in.block_tables[static_cast<size_t>(in.seq[static_cast<size_t>(row)])];
       kernels::PagedKv view = kv->View(layer, g, table);
