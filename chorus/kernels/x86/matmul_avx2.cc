@@ -22,6 +22,8 @@ struct Avx2Traits {
   static constexpr int kMaxR = 4;
   static constexpr int kMaxC = 2;
   static constexpr int64_t kL2Budget = 256 * 1024;
+  // Batch 1 runs RowPanels (whole panels in address order): a tile covers 2 of a panel's 8 vectors.
+  static constexpr bool kRowPanels = true;
   static int CFor(int rr) { return rr <= 2 ? 2 : 1; }
 
   using I = __m256i;

@@ -26,6 +26,8 @@ struct Avx512Traits {
   static constexpr int64_t kL2Budget = 256 * 1024;
   // 4 rows × 2 vectors: 8 int + 8 float accumulators; 1-2 rows × 4 vectors for decode, which
   // keeps 4+ independent vpdpbusd chains in flight.
+  // A 1-row tile of 4 vectors already covers a whole 64-column panel.
+  static constexpr bool kRowPanels = false;
   static int CFor(int rr) { return rr <= 2 ? 4 : 2; }
 
   using I = __m512i;
