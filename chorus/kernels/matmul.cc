@@ -1,5 +1,5 @@
-// PackedWeight::Pack (repacking of q8_0/q4_0 into 16-column panels) and MatMul: threading,
-// activation scratch and the one place that picks the ISA variant.
+// PackedWeight::Pack (repacking of q8_0/q4_0 into 64-column panels) and MatMul/MatMulMulti:
+// threading, activation scratch and the one place that picks the ISA variant.
 #include "chorus/kernels/matmul.h"
 
 #include <algorithm>
