@@ -1,8 +1,9 @@
-// PackedWeight::Pack (repacking of q8_0/q4_0 into 16-column panels) and MatMul: threading,
-// activation scratch and the one place that picks the ISA variant.
+// PackedWeight::Pack (repacking of q8_0/q4_0 into 64-column panels) and MatMul/MatMulMulti:
+// threading, activation scratch and the one place that picks the ISA variant.
 #include "chorus/kernels/matmul.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -34,28 +35,30 @@ void RepackQuant(const Tensor& w, int layout, int64_t n, int64_t k, uint8_t* out
   const int64_t nb = k / kQuantBlock;
   const int64_t n_panels = (n + kPanelCols - 1) / kPanelCols;
   const int64_t qs_block = internal::QsBlockBytes(layout);
+  const int64_t blk_bytes = internal::BlockBytes(layout);
   const int64_t panel_bytes = internal::PanelBytes(layout, nb);
+  constexpr int64_t kChunk = internal::kChunkBytes;
   std::memset(out, 0, static_cast<size_t>(n_panels * panel_bytes));
   for (int64_t p = 0; p < n_panels; ++p) {
     uint8_t* panel = out + p * panel_bytes;
-    uint16_t* scales = reinterpret_cast<uint16_t*>(panel + nb * qs_block);
     const int cols = static_cast<int>(std::min<int64_t>(kPanelCols, n - p * kPanelCols));
     for (int c = 0; c < cols; ++c) {
       const int64_t col = p * kPanelCols + c;
       for (int64_t b = 0; b < nb; ++b) {
-        uint8_t* qs = panel + b * qs_block + 4 * c;
-        if (layout == internal::kLayoutQ8Panel16) {
+        uint8_t* qs = panel + b * blk_bytes + 4 * c;
+        uint16_t* scales = reinterpret_cast<uint16_t*>(panel + b * blk_bytes + qs_block);
+        if (layout == internal::kLayoutQ8Panel) {
           const BlockQ8_0& blk = static_cast<const BlockQ8_0*>(w.data())[col * nb + b];
-          scales[b * kPanelCols + c] = blk.d;
+          scales[c] = blk.d;
           for (int g = 0; g < 8; ++g) {  // k-group g: elements 4g..4g+3, stored as q + 128
             uint32_t v;
             std::memcpy(&v, blk.qs + 4 * g, 4);
             v ^= 0x80808080u;
-            std::memcpy(qs + g * 64, &v, 4);
+            std::memcpy(qs + g * kChunk, &v, 4);
           }
         } else {
           const BlockQ4_0& blk = static_cast<const BlockQ4_0*>(w.data())[col * nb + b];
-          scales[b * kPanelCols + c] = blk.d;
+          scales[c] = blk.d;
           uint8_t nib[kQuantBlock];  // GGML nibbles (q + 8) in element order
           for (int j = 0; j < 16; ++j) {
             nib[j] = blk.qs[j] & 0x0f;
@@ -63,7 +66,8 @@ void RepackQuant(const Tensor& w, int layout, int64_t n, int64_t k, uint8_t* out
           }
           for (int jj = 0; jj < 4; ++jj)  // chunk jj: k-groups 2jj (low) and 2jj + 1 (high)
             for (int t = 0; t < 4; ++t)
-              qs[jj * 64 + t] = static_cast<uint8_t>(nib[8 * jj + t] | (nib[8 * jj + 4 + t] << 4));
+              qs[jj * kChunk + t] =
+                  static_cast<uint8_t>(nib[8 * jj + t] | (nib[8 * jj + 4 + t] << 4));
         }
       }
     }
@@ -138,7 +142,7 @@ Result<PackedWeight> PackedWeightBuilder::Build(const Tensor& w) {
   pw.n_ = n;
   pw.k_ = k;
   if (DTypeIsQuantized(dt)) {
-    const int layout = dt == DType::kQ8_0 ? internal::kLayoutQ8Panel16 : internal::kLayoutQ4Panel16;
+    const int layout = dt == DType::kQ8_0 ? internal::kLayoutQ8Panel : internal::kLayoutQ4Panel;
     const int64_t bytes =
         (n + kPanelCols - 1) / kPanelCols * internal::PanelBytes(layout, k / kQuantBlock);
     std::shared_ptr<uint8_t> buf = AlignedBytes(bytes);
@@ -154,77 +158,168 @@ Result<PackedWeight> PackedWeight::Pack(const Tensor& w) { return PackedWeightBu
 
 void MatMul(const PackedWeight& w, const float* x, int64_t x_stride, int64_t m, float* y,
             int64_t y_stride, bool accumulate, ThreadPool* pool) {
-  const int64_t n = w.n();
-  if (m <= 0 || n <= 0) return;
+  const MatMulOut out{&w, y, y_stride};
+  MatMulMulti({&out, 1}, x, x_stride, m, accumulate, pool);
+}
+
+void MatMulMulti(std::span<const MatMulOut> outs, const float* x, int64_t x_stride, int64_t m,
+                 bool accumulate, ThreadPool* pool) {
+  if (m <= 0 || outs.empty()) return;
+  CHORUS_CHECK_LE(static_cast<int64_t>(outs.size()), kMaxMatMulOuts);
+  for (const MatMulOut& o : outs) {
+    CHORUS_CHECK(o.w->k() == outs[0].w->k() && o.w->dtype() == outs[0].w->dtype())
+        << "MatMulMulti: weights differ in k or dtype";
+  }
   const IsaLevel isa = ActiveIsa();
   if (isa == IsaLevel::kScalar) {
     RunOnPool(pool, [&](int i, int nt) {
-      int64_t c0, c1;
-      ThreadPool::Slice(n, i, nt, 16, &c0, &c1);
-      if (c0 < c1)
-        internal::ReferenceMatMulCols(w, x, x_stride, m, c0, c1, y, y_stride, accumulate);
+      for (const MatMulOut& o : outs) {
+        int64_t c0, c1;
+        ThreadPool::Slice(o.w->n(), i, nt, 16, &c0, &c1);
+        if (c0 < c1) {
+          internal::ReferenceMatMulCols(*o.w, x, x_stride, m, c0, c1, o.y, o.y_stride, accumulate);
+        }
+      }
     });
     return;
   }
   internal::MatMulWithKernels(
-      isa == IsaLevel::kAvx512 ? internal::Avx512Kernels() : internal::Avx2Kernels(), w, x,
-      x_stride, m, y, y_stride, accumulate, pool);
+      isa == IsaLevel::kAvx512 ? internal::Avx512Kernels() : internal::Avx2Kernels(), outs, x,
+      x_stride, m, accumulate, pool);
 }
 
-void internal::MatMulWithKernels(const IsaKernels& kern, const PackedWeight& w, const float* x,
-                                 int64_t x_stride, int64_t m, float* y, int64_t y_stride,
-                                 bool accumulate, ThreadPool* pool) {
-  const int64_t n = w.n(), k = w.k();
-  if (m <= 0 || n <= 0) return;
-  const DType dt = w.dtype();
+namespace {
 
-  if (DTypeIsQuantized(dt)) {
-    CHORUS_CHECK(w.packed() != nullptr) << "MatMul: PackedWeight not built by Pack()";
-    const int64_t n_panels = (n + kPanelCols - 1) / kPanelCols;
-    const uint8_t* packed = static_cast<const uint8_t*>(w.packed());
-    auto compute = [&](int i, int nt, const internal::QRows& q) {
-      int64_t p0, p1;
-      ThreadPool::Slice(n_panels, i, nt, 1, &p0, &p1);
-      if (p0 < p1) {
-        kern.q_panels(w.packed_layout(), packed, n, k, q, m, p0, p1, y, y_stride, accumulate);
-      }
+// The work of one MatMulMulti call cut into units of about kUnitBytes of weights (whole panels
+// for q formats, multiples of 16 columns for float weights), numbered across all outputs. Threads
+// take units from a shared counter, so a thread that is slowed down (a busy host, a slower
+// memory channel) does less of the work instead of holding the other one at the end barrier.
+// Which thread computes a column never changes its value (batch invariance).
+// 128 KB: ~8 µs of streaming at batch 1, so the wait at the end of an op stays a few µs, while
+// the shared counter is touched rarely enough to cost nothing measurable.
+constexpr int64_t kUnitBytes = 128 * 1024;
+
+struct WorkUnits {
+  int n_outs = 0;
+  int64_t first[kMaxMatMulOuts + 1] = {};  // first unit of each output; first[n_outs] = total
+  int64_t per_unit[kMaxMatMulOuts] = {};   // panels (q) or columns (float) per unit
+  int64_t items[kMaxMatMulOuts] = {};      // panels (q) or columns (float) of each output
+
+  // Output j and its item range [b, e) for unit u < total().
+  void Find(int64_t u, int* j, int64_t* b, int64_t* e) const {
+    int o = 0;
+    while (u >= first[o + 1]) ++o;
+    *j = o;
+    *b = (u - first[o]) * per_unit[o];
+    *e = std::min(items[o], *b + per_unit[o]);
+  }
+  int64_t total() const { return first[n_outs]; }
+};
+
+WorkUnits MakeUnits(std::span<const MatMulOut> outs, bool quantized, int n_threads) {
+  WorkUnits wu;
+  wu.n_outs = static_cast<int>(outs.size());
+  for (int j = 0; j < wu.n_outs; ++j) {
+    const PackedWeight& w = *outs[static_cast<size_t>(j)].w;
+    int64_t item_bytes, align;
+    if (quantized) {
+      wu.items[j] = (w.n() + kPanelCols - 1) / kPanelCols;
+      item_bytes = internal::PanelBytes(w.packed_layout(), w.k() / kQuantBlock);
+      align = 1;
+    } else {
+      wu.items[j] = w.n();
+      item_bytes = DTypeBytes(w.dtype(), w.k());
+      align = 16;
+    }
+    // About kUnitBytes per unit, but at least ~4 units per thread where the output has the
+    // columns for it, so that small weights (k/v projections) are shared out evenly too.
+    const int64_t by_bytes = std::max<int64_t>(1, kUnitBytes / item_bytes / align) * align;
+    const int64_t by_count = RoundUp((wu.items[j] + 4 * n_threads - 1) / (4 * n_threads), align);
+    wu.per_unit[j] = std::max<int64_t>(align, std::min(by_bytes, by_count));
+    wu.first[j + 1] = wu.first[j] + (wu.items[j] + wu.per_unit[j] - 1) / wu.per_unit[j];
+  }
+  return wu;
+}
+
+// Runs fn(unit) for every unit, on all threads of the pool, each unit exactly once.
+template <class Fn>
+void ForEachUnit(std::atomic<int64_t>* next, int64_t total, Fn&& fn) {
+  for (int64_t u = next->fetch_add(1, std::memory_order_relaxed); u < total;
+       u = next->fetch_add(1, std::memory_order_relaxed)) {
+    fn(u);
+  }
+}
+
+}  // namespace
+
+void internal::MatMulWithKernels(const IsaKernels& kern, std::span<const MatMulOut> outs,
+                                 const float* x, int64_t x_stride, int64_t m, bool accumulate,
+                                 ThreadPool* pool) {
+  if (m <= 0 || outs.empty()) return;
+  const DType dt = outs[0].w->dtype();
+  const int64_t k = outs[0].w->k();
+  const bool quantized = DTypeIsQuantized(dt);
+  const WorkUnits wu = MakeUnits(outs, quantized, pool == nullptr ? 1 : pool->size());
+  std::atomic<int64_t> next{0};
+
+  if (quantized) {
+    const int layout = outs[0].w->packed_layout();
+    for (const MatMulOut& o : outs)
+      CHORUS_CHECK(o.w->n() == 0 || o.w->packed() != nullptr)
+          << "MatMul: PackedWeight not built by Pack()";
+    auto compute = [&](const internal::QRows& q) {
+      ForEachUnit(&next, wu.total(), [&](int64_t u) {
+        int j;
+        int64_t p0, p1;
+        wu.Find(u, &j, &p0, &p1);
+        const MatMulOut& o = outs[static_cast<size_t>(j)];
+        kern.q_panels(layout, static_cast<const uint8_t*>(o.w->packed()), o.w->n(), k, q, m, p0, p1,
+                      o.y, o.y_stride, accumulate);
+      });
     };
     if (m <= kRedundantConvertRows) {
-      RunOnPool(pool, [&](int i, int nt) {
+      RunOnPool(pool, [&](int, int) {
+        // A thread that starts late (descheduled) finds the work done: skip the conversion.
+        if (next.load(std::memory_order_relaxed) >= wu.total()) return;
         internal::QRows q = LayoutQRows(t_scratch.Get(QRowsBytes(m, k)), m, k);
-        kern.quantize_rows(w.packed_layout(), x, x_stride, 0, m, k, q);
-        compute(i, nt, q);
+        kern.quantize_rows(layout, x, x_stride, 0, m, k, q);
+        compute(q);
       });
     } else {
       const internal::QRows q = LayoutQRows(t_scratch.Get(QRowsBytes(m, k)), m, k);
       RunOnPool(pool, [&](int i, int nt) {
         int64_t r0, r1;
         ThreadPool::Slice(m, i, nt, 1, &r0, &r1);
-        if (r0 < r1) kern.quantize_rows(w.packed_layout(), x, x_stride, r0, r1, k, q);
+        if (r0 < r1) kern.quantize_rows(layout, x, x_stride, r0, r1, k, q);
       });
-      RunOnPool(pool, [&](int i, int nt) { compute(i, nt, q); });
+      RunOnPool(pool, [&](int, int) { compute(q); });
     }
     return;
   }
 
-  auto float_compute = [&](int i, int nt, const void* xs, int64_t xs_stride) {
-    int64_t c0, c1;
-    ThreadPool::Slice(n, i, nt, 16, &c0, &c1);
-    if (c0 < c1)
-      kern.float_cols(dt, w.source().data(), k, xs, xs_stride, m, c0, c1, y, y_stride, accumulate);
+  auto float_compute = [&](const void* xs, int64_t xs_stride) {
+    ForEachUnit(&next, wu.total(), [&](int64_t u) {
+      int j;
+      int64_t c0, c1;
+      wu.Find(u, &j, &c0, &c1);
+      const MatMulOut& o = outs[static_cast<size_t>(j)];
+      kern.float_cols(dt, o.w->source().data(), k, xs, xs_stride, m, c0, c1, o.y, o.y_stride,
+                      accumulate);
+    });
   };
   if (dt != DType::kBF16) {
-    RunOnPool(pool, [&](int i, int nt) { float_compute(i, nt, x, x_stride); });
+    RunOnPool(pool, [&](int, int) { float_compute(x, x_stride); });
     return;
   }
   // bf16 weights: activations are rounded to bf16 once (see matmul.h).
   const int64_t xb_stride = RoundUp(k, 32);
   const int64_t xb_bytes = m * xb_stride * 4;  // room for either ISA's form (matmul_internal.h)
   if (m <= kRedundantConvertRows) {
-    RunOnPool(pool, [&](int i, int nt) {
+    RunOnPool(pool, [&](int, int) {
+      if (next.load(std::memory_order_relaxed) >= wu.total()) return;
       void* xb = t_scratch.Get(xb_bytes);
       kern.bf16_rows(x, x_stride, 0, m, k, xb, xb_stride);
-      float_compute(i, nt, xb, xb_stride);
+      float_compute(xb, xb_stride);
     });
   } else {
     void* xb = t_scratch.Get(xb_bytes);
@@ -233,7 +328,7 @@ void internal::MatMulWithKernels(const IsaKernels& kern, const PackedWeight& w, 
       ThreadPool::Slice(m, i, nt, 1, &r0, &r1);
       if (r0 < r1) kern.bf16_rows(x, x_stride, r0, r1, k, xb, xb_stride);
     });
-    RunOnPool(pool, [&](int i, int nt) { float_compute(i, nt, xb, xb_stride); });
+    RunOnPool(pool, [&](int, int) { float_compute(xb, xb_stride); });
   }
 }
 

@@ -14,14 +14,16 @@
 //
 // Batch invariance (DESIGN §4): the value of y[i, :] depends only on x[i, :] and W — never on
 // m, on the other rows, or on the thread count. Work is split across threads by output
-// columns only (never k), and every row uses the same reduction order whatever the block of
-// rows it is computed in.
+// columns only (never k): threads take blocks of columns from a shared counter, and every
+// column and row uses the same reduction order whichever thread computes it and whatever the
+// block of rows it is computed in.
 //
 // Thread-safety: stateless; PackedWeight is immutable after Pack() and shared freely.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <span>
 
 #include "chorus/base/thread_pool.h"
 #include "chorus/tensor/tensor.h"
@@ -62,6 +64,23 @@ class PackedWeight {
 // largest m·k seen and is then reused.
 void MatMul(const PackedWeight& w, const float* x, int64_t x_stride, int64_t m, float* y,
             int64_t y_stride, bool accumulate, ThreadPool* pool);
+
+// One output of MatMulMulti: y [m, w->n()] with row stride y_stride (in floats).
+struct MatMulOut {
+  const PackedWeight* w;
+  float* y;
+  int64_t y_stride;
+};
+inline constexpr int64_t kMaxMatMulOuts = 8;
+
+// Several weights applied to the same input in one call (q/k/v, gate/up): the activations are
+// converted once and the threads share out the columns of all outputs in one pool dispatch,
+// which saves a pool synchronization per weight at batch 1. Every output equals what MatMul
+// would give for it alone, bit for bit (columns are independent).
+// Requires: 1..kMaxMatMulOuts outputs whose weights have the same k() and dtype(); outputs do
+// not overlap each other or x. Same threading and scratch rules as MatMul.
+void MatMulMulti(std::span<const MatMulOut> outs, const float* x, int64_t x_stride, int64_t m,
+                 bool accumulate, ThreadPool* pool);
 
 namespace reference {
 // The scalar specification of MatMul (single thread). Same semantics and signature.

@@ -148,7 +148,8 @@ PackedWeight MakeWeight(DType dt, int64_t n, int64_t k, uint32_t seed) {
 
 void Emulated(const PackedWeight& w, const float* x, int64_t x_stride, int64_t m, float* y,
               int64_t y_stride, bool accumulate, ThreadPool* pool) {
-  internal::MatMulWithKernels(internal::EmulatedAvx512Kernels(), w, x, x_stride, m, y, y_stride,
+  const MatMulOut out{&w, y, y_stride};
+  internal::MatMulWithKernels(internal::EmulatedAvx512Kernels(), {&out, 1}, x, x_stride, m,
                               accumulate, pool);
 }
 

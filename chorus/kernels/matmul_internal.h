@@ -3,31 +3,41 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "chorus/kernels/matmul.h"
 #include "chorus/tensor/dtype.h"
 
 namespace chorus::kernels::internal {
 
-// Quantized weights (q8_0, q4_0) are repacked at Pack() time into panels of 16 output columns
+// Quantized weights (q8_0, q4_0) are repacked at Pack() time into panels of 64 output columns
 // (the last panel is padded with zero weights). Within a panel, a "k-group" is 4 consecutive
-// k of one block; a 64-byte chunk holds one k-group for the 16 columns: byte 4*c + t is column c,
-// element 4*g + t of the block. So one 32-bit broadcast of 4 activation bytes feeds 16 (AVX-512)
-// or 8 (AVX2, half a chunk) column dot products at once (vpdpbusd / vpmaddubsw lanes = columns).
+// k of one block; a 256-byte chunk holds one k-group for the 64 columns: byte 4*c + t is column
+// c, element 4*g + t of the block. So one 32-bit broadcast of 4 activation bytes feeds 16
+// (AVX-512) or 8 (AVX2) column dot products at once (vpdpbusd / vpmaddubsw lanes = columns), and
+// a column vector h of kL lanes is the kL*4 bytes at offset h*kL*4 of each chunk.
 //
-// Panel p occupies kPanelBytes(nb) bytes at packed + p * PanelBytes:
-//   qs : nb blocks × QsBlockBytes
-//        q8_0: 8 chunks of 64 bytes (k-groups 0..7), each byte = q + 128 (u8)
-//        q4_0: 4 chunks of 64 bytes; chunk j: low nibble = k-group 2j, high nibble = 2j + 1,
+// A panel is nb blocks stored one after the other, each block being its quants followed by its
+// scales, so a batch-1 GEMV over a panel (all 64 columns: 4 AVX-512 vectors) reads one
+// contiguous stream — the hardware prefetcher's best case; the earlier layout (16-column panels,
+// scales after all quants) made a decode tile read 8 streams at once and reached only ~60 % of
+// the single-thread read bandwidth.
+//
+// Block b of panel p occupies BlockBytes bytes at packed + p * PanelBytes + b * BlockBytes:
+//   qs : QsBlockBytes
+//        q8_0: 8 chunks of 256 bytes (k-groups 0..7), each byte = q + 128 (u8)
+//        q4_0: 4 chunks of 256 bytes; chunk j: low nibble = k-group 2j, high nibble = 2j + 1,
 //              nibble = q + 8 as in GGML
-//   d  : nb × 16 f16 scales (column order)
-inline constexpr int kPanelCols = 16;
-enum PackedLayout : int { kLayoutInPlace = 0, kLayoutQ8Panel16 = 1, kLayoutQ4Panel16 = 2 };
+//   d  : 64 f16 scales (column order)
+inline constexpr int kPanelCols = 64;
+inline constexpr int64_t kChunkBytes = 4 * kPanelCols;
+enum PackedLayout : int { kLayoutInPlace = 0, kLayoutQ8Panel = 1, kLayoutQ4Panel = 2 };
 
-inline constexpr int64_t QsBlockBytes(int layout) { return layout == kLayoutQ4Panel16 ? 256 : 512; }
-inline constexpr int64_t PanelBytes(int layout, int64_t nb) {
-  return nb * (QsBlockBytes(layout) + 2 * kPanelCols);
+inline constexpr int64_t QsBlockBytes(int layout) {
+  return (layout == kLayoutQ4Panel ? 4 : 8) * kChunkBytes;
 }
+inline constexpr int64_t BlockBytes(int layout) { return QsBlockBytes(layout) + 2 * kPanelCols; }
+inline constexpr int64_t PanelBytes(int layout, int64_t nb) { return nb * BlockBytes(layout); }
 
 // One activation row quantized to q8_0-style blocks with an f32 scale (the MatMul spec):
 // per block of 32: amax = max|x|, d = amax / 127, q = lround(x / d) (via x * (1/d)).
@@ -76,10 +86,9 @@ struct IsaKernels {
 const IsaKernels& Avx2Kernels();
 const IsaKernels& Avx512Kernels();
 
-// MatMul with the given kernels (what MatMul runs after choosing them by ActiveIsa()); lets a
-// test drive a kernel set directly.
-void MatMulWithKernels(const IsaKernels& kern, const PackedWeight& w, const float* x,
-                       int64_t x_stride, int64_t m, float* y, int64_t y_stride, bool accumulate,
-                       ThreadPool* pool);
+// MatMulMulti with the given kernels (what MatMul runs after choosing them by ActiveIsa());
+// lets a test drive a kernel set directly.
+void MatMulWithKernels(const IsaKernels& kern, std::span<const MatMulOut> outs, const float* x,
+                       int64_t x_stride, int64_t m, bool accumulate, ThreadPool* pool);
 
 }  // namespace chorus::kernels::internal

@@ -148,9 +148,11 @@ class MatMulTest : public ::testing::Test {
 };
 
 TEST_F(MatMulTest, QuantizedMatchReferenceBitExact) {
-  const Shape shapes[] = {{1, 32, 1},   {3, 96, 5},    {8, 96, 17},   {64, 32, 17},
-                          {1, 4096, 5}, {3, 4096, 17}, {8, 96, 4096}, {1, 4096, 1024},
-                          {64, 96, 64}, {5, 64, 33},   {33, 32, 48}};
+  // n past one 64-column panel and not a multiple of it (80, 130, 200) checks the padded last
+  // panel and the vectors inside a panel.
+  const Shape shapes[] = {{1, 32, 1},    {3, 96, 5},    {8, 96, 17},     {64, 32, 17}, {1, 4096, 5},
+                          {3, 4096, 17}, {8, 96, 4096}, {1, 4096, 1024}, {64, 96, 64}, {5, 64, 33},
+                          {33, 32, 48},  {2, 64, 80},   {1, 128, 200},   {40, 64, 130}};
   for (DType dt : {DType::kQ8_0, DType::kQ4_0})
     for (const Shape& s : shapes) CheckShape(dt, s, &pool1_, &pool2_);
 }
@@ -190,6 +192,53 @@ TEST_F(MatMulTest, BatchInvariance) {
       }
     }
   }
+}
+
+// MatMulMulti (q/k/v-style fused outputs sharing one input) gives every output exactly what
+// MatMul gives it alone, for every dtype, level, thread count and both activation-conversion
+// paths (m ≤ 32: per thread; m > 32: split rows), and writes nothing outside its outputs.
+TEST_F(MatMulTest, MultiEqualsSeparateBitwise) {
+  IsaGuard guard;
+  for (DType dt : kAllTypes) {
+    const int64_t k = IsQuant(dt) ? 128 : 45;
+    const int64_t ns[] = {200, 64, 17};
+    std::vector<PackedWeight> ws;
+    for (int j = 0; j < 3; ++j) ws.push_back(MakeWeight(dt, ns[j], k, 40 + j));
+    for (int64_t m : {1, 5, 40}) {
+      const int64_t x_stride = k + 1;
+      const std::vector<float> x = RandomVec(static_cast<size_t>(m * x_stride), 8);
+      for (IsaLevel level : SupportedLevels()) {
+        SetMaxIsa(level);
+        for (ThreadPool* pool : {&pool1_, &pool2_}) {
+          for (bool accumulate : {false, true}) {
+            std::vector<std::vector<float>> sep, got;
+            std::vector<MatMulOut> outs;
+            for (int j = 0; j < 3; ++j) {
+              const int64_t y_stride = ns[j] + 2;
+              sep.push_back(RandomVec(static_cast<size_t>(m * y_stride), 60 + j));
+              got.push_back(sep.back());
+              MatMul(ws[j], x.data(), x_stride, m, sep[j].data(), y_stride, accumulate, pool);
+            }
+            for (int j = 0; j < 3; ++j) outs.push_back({&ws[j], got[j].data(), ns[j] + 2});
+            MatMulMulti(outs, x.data(), x_stride, m, accumulate, pool);
+            for (int j = 0; j < 3; ++j) {
+              EXPECT_EQ(0, std::memcmp(sep[j].data(), got[j].data(), sep[j].size() * 4))
+                  << DTypeName(dt) << " " << IsaName(level) << " m=" << m << " output " << j
+                  << " threads=" << pool->size() << (accumulate ? " acc" : "");
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// A contract violation (weights of different k fused) stops the process with a clear message.
+TEST(MatMulMultiDeathTest, RejectsMismatchedWeights) {
+  const PackedWeight a = MakeWeight(DType::kQ8_0, 8, 64, 1), b = MakeWeight(DType::kQ8_0, 8, 96, 2);
+  std::vector<float> x(96), ya(8), yb(8);
+  const MatMulOut outs[] = {{&a, ya.data(), 8}, {&b, yb.data(), 8}};
+  EXPECT_DEATH(MatMulMulti(outs, x.data(), 96, 1, false, nullptr), "differ in k or dtype");
 }
 
 // Independent oracle for the reference: integer-valued data that every format represents

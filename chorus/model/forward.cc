@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "chorus/kernels/attention.h"
+#include "chorus/kernels/matmul.h"
 #include "chorus/kernels/ops.h"
 
 namespace chorus::model {
@@ -11,7 +12,9 @@ Forward::Forward(std::shared_ptr<const Model> model, int64_t max_rows, int64_t m
     : model_(std::move(model)), max_rows_(max_rows), max_logit_rows_(max_logit_rows) {
   const ModelConfig& c = model_->config();
   inv_freq_ = c.RopeInvFreq();
-  auto alloc = [&](std::vector<float>& v, int64_t width) { v.assign(static_cast<size_t>(max_rows * width), 0.0f); };
+  auto alloc = [&](std::vector<float>& v, int64_t width) {
+    v.assign(static_cast<size_t>(max_rows * width), 0.0f);
+  };
   alloc(x_, c.n_embd);
   alloc(xb_, std::max(c.n_embd, c.q_dim()));
   alloc(q_, c.q_dim());
@@ -32,25 +35,47 @@ void Forward::Linear(int64_t layer, model::Linear which, const float* x, int64_t
   if (in.hook != nullptr) in.hook->Apply(layer, which, x, x_stride, y, y_stride, n, pool);
 }
 
+void Forward::Linears(int64_t layer, std::span<const LinearOut> outs, const float* x,
+                      int64_t x_stride, int64_t n, const StepInput& in, ThreadPool* pool) {
+  const LayerWeights& lw = model_->weights().layers[static_cast<size_t>(layer)];
+  kernels::MatMulOut mm[kernels::kMaxMatMulOuts];
+  CHORUS_CHECK_LE(static_cast<int64_t>(outs.size()), kernels::kMaxMatMulOuts);
+  bool same = true;
+  for (size_t j = 0; j < outs.size(); ++j) {
+    const kernels::PackedWeight& w = lw.W(outs[j].which);
+    mm[j] = {&w, outs[j].y, outs[j].y_stride};
+    same = same && w.k() == mm[0].w->k() && w.dtype() == mm[0].w->dtype();
+  }
+  if (same) {
+    kernels::MatMulMulti({mm, outs.size()}, x, x_stride, n, /*accumulate=*/false, pool);
+  } else {  // e.g. a file that quantizes v differently from q and k
+    for (size_t j = 0; j < outs.size(); ++j)
+      kernels::MatMul(*mm[j].w, x, x_stride, n, mm[j].y, mm[j].y_stride, false, pool);
+  }
+  if (in.hook == nullptr) return;
+  for (const LinearOut& o : outs)
+    in.hook->Apply(layer, o.which, x, x_stride, o.y, o.y_stride, n, pool);
+}
+
 void Forward::Attention(const StepInput& in, memory::KvCache* kv, int64_t layer, ThreadPool* pool) {
   const ModelConfig& c = model_->config();
   const int64_t n = static_cast<int64_t>(in.tokens.size());
   const int64_t group = c.n_heads / c.n_kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  // Tasks are (row, kv head) pairs split statically across threads: at batch 1 the heads are
-  // shared out; each task's result depends only on its own row (batch invariance).
+  // Tasks are (row, kv head) pairs dealt out round-robin across threads: at batch 1 the heads
+  // are shared out, and in a prefill chunk (cost grows with the row's position) every thread
+  // gets early and late rows alike — contiguous slices gave the last thread ~3x the work of the
+  // first. Each task's result depends only on its own row (batch invariance).
   const int64_t n_tasks = n * c.n_kv_heads;
   pool->Run([&](int ti, int nt) {
-    int64_t begin, end;
-    ThreadPool::Slice(n_tasks, ti, nt, 1, &begin, &end);
     float* scratch = scratch_.data() + static_cast<size_t>(ti) * c.max_seq_len;
-    for (int64_t t = begin; t < end; ++t) {
+    for (int64_t t = ti; t < n_tasks; t += nt) {
       const int64_t row = t / c.n_kv_heads, g = t % c.n_kv_heads;
       const int32_t* table = in.block_tables[static_cast<size_t>(in.seq[static_cast<size_t>(row)])];
       kernels::PagedKv view = kv->View(layer, g, table);
       const int64_t q_off = row * c.q_dim() + g * group * c.head_dim;
-      kernels::AttentionRow(q_.data() + q_off, view, in.positions[static_cast<size_t>(row)] + 1, group, 1,
-                            c.head_dim, scale, scratch, att_.data() + q_off);
+      kernels::AttentionRow(q_.data() + q_off, view, in.positions[static_cast<size_t>(row)] + 1,
+                            group, 1, c.head_dim, scale, scratch, att_.data() + q_off);
     }
   });
 }
@@ -77,17 +102,20 @@ void Forward::Run(const StepInput& in, memory::KvCache* kv, ThreadPool* pool, fl
   // Rotation tables once per step, shared by q and k of every layer.
   const int64_t half = c.head_dim / 2;
   for (int64_t i = 0; i < n; ++i) {
-    kernels::RopeTable(in.positions[static_cast<size_t>(i)], inv_freq_.data(), half, rope_cos_.data() + i * half,
-                       rope_sin_.data() + i * half);
+    kernels::RopeTable(in.positions[static_cast<size_t>(i)], inv_freq_.data(), half,
+                       rope_cos_.data() + i * half, rope_sin_.data() + i * half);
   }
 
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& lw = w.layers[static_cast<size_t>(l)];
     // Attention block.
-    kernels::RmsNorm(x_.data(), static_cast<const float*>(lw.attn_norm.data()), n, d, c.norm_eps, xb_.data());
-    Linear(l, model::Linear::kQ, xb_.data(), d, q_.data(), qd, n, in, pool);
-    Linear(l, model::Linear::kK, xb_.data(), d, k_.data(), kvd, n, in, pool);
-    Linear(l, model::Linear::kV, xb_.data(), d, v_.data(), kvd, n, in, pool);
+    kernels::RmsNorm(x_.data(), static_cast<const float*>(lw.attn_norm.data()), n, d, c.norm_eps,
+                     xb_.data());
+    // q, k and v read the same input: one fused dispatch (then the adapter terms of each).
+    const LinearOut qkv[] = {{model::Linear::kQ, q_.data(), qd},
+                             {model::Linear::kK, k_.data(), kvd},
+                             {model::Linear::kV, v_.data(), kvd}};
+    Linears(l, qkv, xb_.data(), d, n, in, pool);
     for (int64_t i = 0; i < n; ++i) {
       float* q = q_.data() + i * qd;
       float* k = k_.data() + i * kvd;
@@ -114,9 +142,11 @@ void Forward::Run(const StepInput& in, memory::KvCache* kv, ThreadPool* pool, fl
     kernels::Add(x_.data(), xb_.data(), n * d);
 
     // MLP block.
-    kernels::RmsNorm(x_.data(), static_cast<const float*>(lw.ffn_norm.data()), n, d, c.norm_eps, xb_.data());
-    Linear(l, model::Linear::kGate, xb_.data(), d, gate_.data(), ff, n, in, pool);
-    Linear(l, model::Linear::kUp, xb_.data(), d, up_.data(), ff, n, in, pool);
+    kernels::RmsNorm(x_.data(), static_cast<const float*>(lw.ffn_norm.data()), n, d, c.norm_eps,
+                     xb_.data());
+    const LinearOut gate_up[] = {{model::Linear::kGate, gate_.data(), ff},
+                                 {model::Linear::kUp, up_.data(), ff}};
+    Linears(l, gate_up, xb_.data(), d, n, in, pool);
     kernels::SiluMul(gate_.data(), up_.data(), n * ff, gate_.data());
     Linear(l, model::Linear::kDown, gate_.data(), ff, xb_.data(), d, n, in, pool);
     kernels::Add(x_.data(), xb_.data(), n * d);
@@ -125,8 +155,9 @@ void Forward::Run(const StepInput& in, memory::KvCache* kv, ThreadPool* pool, fl
   const int64_t n_logits = static_cast<int64_t>(in.logit_rows.size());
   if (n_logits == 0) return;
   for (int64_t j = 0; j < n_logits; ++j) {
-    kernels::RmsNorm(x_.data() + in.logit_rows[static_cast<size_t>(j)] * d, static_cast<const float*>(w.output_norm.data()),
-                     1, d, c.norm_eps, logit_in_.data() + j * d);
+    kernels::RmsNorm(x_.data() + in.logit_rows[static_cast<size_t>(j)] * d,
+                     static_cast<const float*>(w.output_norm.data()), 1, d, c.norm_eps,
+                     logit_in_.data() + j * d);
   }
   kernels::MatMul(w.output, logit_in_.data(), d, n_logits, logits, c.vocab_size, false, pool);
 }

@@ -39,7 +39,7 @@ struct StepInput {
   std::span<const int32_t* const> block_tables;
   // Rows whose logits are wanted, in output order (e.g. the last row of each sequence).
   std::span<const int32_t> logit_rows;
-  const LinearHook* hook = nullptr;    // adapter terms; null = base model only
+  const LinearHook* hook = nullptr;  // adapter terms; null = base model only
 };
 
 class Forward {
@@ -58,14 +58,23 @@ class Forward {
   void Attention(const StepInput& in, memory::KvCache* kv, int64_t layer, ThreadPool* pool);
   void Linear(int64_t layer, model::Linear which, const float* x, int64_t x_stride, float* y,
               int64_t y_stride, int64_t n, const StepInput& in, ThreadPool* pool);
+  // Several linears of `layer` over the same input x (q/k/v, gate/up), computed in one fused
+  // MatMulMulti dispatch when their weights agree in k and dtype, then each one's hook terms.
+  struct LinearOut {
+    model::Linear which;
+    float* y;
+    int64_t y_stride;
+  };
+  void Linears(int64_t layer, std::span<const LinearOut> outs, const float* x, int64_t x_stride,
+               int64_t n, const StepInput& in, ThreadPool* pool);
 
   std::shared_ptr<const Model> model_;
   int64_t max_rows_, max_logit_rows_;
-  std::vector<float> inv_freq_;  // [head_dim / 2]
+  std::vector<float> inv_freq_;             // [head_dim / 2]
   std::vector<float> rope_cos_, rope_sin_;  // [max_rows, head_dim / 2]: this step's rotations
   // Step buffers, [max_rows, width] each.
   std::vector<float> x_, xb_, q_, k_, v_, att_, gate_, up_, logit_in_;
-  std::vector<float> scratch_;   // [n_threads][max_seq_len] attention scores
+  std::vector<float> scratch_;  // [n_threads][max_seq_len] attention scores
   int64_t scratch_threads_ = 0;
 };
 

@@ -22,6 +22,8 @@ struct Avx2Traits {
   static constexpr int kMaxR = 4;
   static constexpr int kMaxC = 2;
   static constexpr int64_t kL2Budget = 256 * 1024;
+  // Batch 1 runs RowPanels (whole panels in address order): a tile covers 2 of a panel's 8 vectors.
+  static constexpr bool kRowPanels = true;
   static int CFor(int rr) { return rr <= 2 ? 2 : 1; }
 
   using I = __m256i;
@@ -58,7 +60,7 @@ struct Avx2Traits {
   }
   // Weight offset removed through QMeta::corr: q4_0 nibbles are q + 8; q8_0 is multiplied
   // signed (sign trick), so no offset.
-  static int32_t Offset(int layout) { return layout == kLayoutQ4Panel16 ? 8 : 0; }
+  static int32_t Offset(int layout) { return layout == kLayoutQ4Panel ? 8 : 0; }
   template <bool kQ4>
   static I Init(const int32_t*) {
     return _mm256_setzero_si256();
@@ -376,7 +378,7 @@ void FloatCols(DType dtype, const void* w, int64_t k, const void* x, int64_t x_s
 
 void QPanels(int layout, const uint8_t* packed, int64_t n, int64_t k, const QRows& q, int64_t m,
              int64_t p0, int64_t p1, float* y, int64_t y_stride, bool accumulate) {
-  if (layout == kLayoutQ4Panel16) {
+  if (layout == kLayoutQ4Panel) {
     qtile::Panels<Avx2Traits, true>(packed, n, k, q, m, p0, p1, y, y_stride, accumulate);
   } else {
     qtile::Panels<Avx2Traits, false>(packed, n, k, q, m, p0, p1, y, y_stride, accumulate);

@@ -21,12 +21,14 @@ namespace {
 
 struct Avx512Traits {
   static constexpr int kLanes = 16;
-  static constexpr int kMaxR = 4;
+  static constexpr int kMaxR = 2;
   static constexpr int kMaxC = 4;
   static constexpr int64_t kL2Budget = 256 * 1024;
-  // 4 rows × 2 vectors: 8 int + 8 float accumulators; 1-2 rows × 4 vectors for decode, which
-  // keeps 4+ independent vpdpbusd chains in flight.
-  static int CFor(int rr) { return rr <= 2 ? 4 : 2; }
+  // Tiles of 1-2 rows × 4 vectors (8 int + 8 float accumulators): 4 vectors are a whole
+  // 64-column panel, so every tile reads its panel as one contiguous stream. (4 rows × 2
+  // vectors read every other cache line of a panel and made batch-8 decode ~1.4x slower.)
+  static constexpr bool kRowPanels = false;
+  static int CFor(int) { return 4; }
 
   using I = __m512i;
   using F = __m512;
@@ -49,7 +51,7 @@ struct Avx512Traits {
   static I DotQ4(I acc, const W& w, I x) { return _mm512_dpbusd_epi32(acc, w.a, x); }
   // Weights are unsigned: q8_0 as q + 128, q4_0 nibbles q + 8. The accumulator starts at
   // corr = −offset·Σx (a broadcast load), so after the 8 vpdpbusd it holds the exact isum.
-  static int32_t Offset(int layout) { return layout == kLayoutQ4Panel16 ? 8 : 128; }
+  static int32_t Offset(int layout) { return layout == kLayoutQ4Panel ? 8 : 128; }
   template <bool kQ4>
   static I Init(const int32_t* corr) {
     return _mm512_set1_epi32(*corr);
@@ -278,7 +280,7 @@ void FloatCols(DType dtype, const void* w, int64_t k, const void* x, int64_t x_s
 
 void QPanels(int layout, const uint8_t* packed, int64_t n, int64_t k, const QRows& q, int64_t m,
              int64_t p0, int64_t p1, float* y, int64_t y_stride, bool accumulate) {
-  if (layout == kLayoutQ4Panel16) {
+  if (layout == kLayoutQ4Panel) {
     qtile::Panels<Avx512Traits, true>(packed, n, k, q, m, p0, p1, y, y_stride, accumulate);
   } else {
     qtile::Panels<Avx512Traits, false>(packed, n, k, q, m, p0, p1, y, y_stride, accumulate);
