@@ -520,7 +520,7 @@ std::string ResponseBuilder::FinalJson(const Usage& usage) const {
   json out = {{"id", id_},
               {"object", chat ? "chat.completion" : "text_completion"},
               {"created", created_},
-              {"model", ctx_.served_model}};
+              {"model", ModelName()}};
   json choices = json::array();
   for (size_t i = 0; i < choices_.size(); ++i) {
     const Choice& c = choices_[i];
@@ -552,8 +552,13 @@ json ResponseBuilder::ChunkEnvelope() const {
   json out = {{"id", id_},
               {"object", chat ? "chat.completion.chunk" : "text_completion"},
               {"created", created_},
-              {"model", ctx_.served_model}};
+              {"model", ModelName()}};
   return out;
+}
+
+// The variant the request named (an adapter), as vLLM and OpenAI echo it; else the base.
+const std::string& ResponseBuilder::ModelName() const {
+  return req_.gen.adapter.empty() ? ctx_.served_model : req_.gen.adapter;
 }
 
 std::string ResponseBuilder::Sse(const json& j) { return "data: " + DumpJson(j) + "\n\n"; }

@@ -135,6 +135,7 @@ class ResponseBuilder {
   // Appends the logprob entries of `ev` to `c` (and to `delta`, the chunk's own logprobs).
   void AddLogprobs(Choice* c, const engine::StreamEvent& ev, nlohmann::json* delta) const;
   nlohmann::json ChunkEnvelope() const;
+  const std::string& ModelName() const;
   static std::string Sse(const nlohmann::json& j);
 
   const ApiRequest& req_;

@@ -113,7 +113,10 @@ std::string RenderPrometheus(const engine::EngineMetrics* m, const HttpCounters&
     Scalar(&out, "chorus_running_sequences", "gauge", "Sequences in the running batch.",
            static_cast<double>(m->running.load()));
     Scalar(&out, "chorus_kv_blocks_used", "gauge", "KV cache blocks in use.", used);
-    Scalar(&out, "chorus_kv_blocks_free", "gauge", "KV cache blocks free.", total - used);
+    // Free pool pages: resident adapters share the pool (unified paging) and hold the rest.
+    Scalar(&out, "chorus_kv_blocks_free", "gauge",
+           "Pool pages free for KV blocks (resident adapter pages excluded).",
+           total - used - static_cast<double>(m->pool_pages_adapter.load()));
     Scalar(&out, "chorus_kv_blocks_total", "gauge", "KV cache blocks in the pool.", total);
     if (kv_block_bytes > 0) {
       Scalar(&out, "chorus_pool_bytes_used", "gauge", "Pool bytes used by KV blocks.",

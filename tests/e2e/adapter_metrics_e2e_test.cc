@@ -108,6 +108,8 @@ TEST(AdapterMetricsE2E, PerAdapterCountersOtherBucketAndHistograms) {
       auto r = cli.Post("/v1/completions", body.dump(), "application/json");
       ASSERT_TRUE(r);
       ASSERT_EQ(r->status, 200) << r->body;
+      // The response names the variant that served it (vLLM / OpenAI echo the request's model).
+      EXPECT_EQ(json::parse(r->body).value("model", ""), name);
       ++total;
     }
   }
