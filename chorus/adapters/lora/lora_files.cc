@@ -105,6 +105,17 @@ bool PatternMatches(const std::string& key, const std::string& module_path) {
   return module_path == key || EndsWith(module_path, "." + key);
 }
 
+// The value of the first `pattern` entry (PEFT rank_pattern / alpha_pattern) matching the module
+// at `module_path`, else `fallback`.
+template <typename T>
+T PatternValue(const std::vector<std::pair<std::string, T>>& pattern,
+               const std::string& module_path, T fallback) {
+  for (const auto& [key, value] : pattern) {
+    if (PatternMatches(key, module_path)) return value;
+  }
+  return fallback;
+}
+
 Status CheckPatternKey(const std::string& key, const char* field) {
   for (char ch : key) {
     if (std::string_view("*+?()[]{}|^$\\").find(ch) != std::string_view::npos) {
@@ -317,20 +328,8 @@ Result<LoraWeights> ReadPeftDir(const std::string& dir, const model::ModelConfig
       LoraModuleWeights& m = w.at(l, which);
       if (!m.present() || m.a.shape().size() != 2) continue;  // shape errors: ValidateLoraWeights
       const std::string path = "model." + LoraModuleName(l, which);
-      int64_t want_r = pc.r;
-      for (const auto& [k, v] : pc.rank_pattern) {
-        if (PatternMatches(k, path)) {
-          want_r = v;
-          break;
-        }
-      }
-      m.alpha = static_cast<float>(pc.alpha);
-      for (const auto& [k, v] : pc.alpha_pattern) {
-        if (PatternMatches(k, path)) {
-          m.alpha = static_cast<float>(v);
-          break;
-        }
-      }
+      const int64_t want_r = PatternValue(pc.rank_pattern, path, pc.r);
+      m.alpha = static_cast<float>(PatternValue(pc.alpha_pattern, path, pc.alpha));
       if (m.a.shape()[0] != want_r) {
         return InvalidArgumentError(dir + ": lora_A of " + LoraModuleName(l, which) + " has rank " +
                                     std::to_string(m.a.shape()[0]) + ", adapter_config.json says " +
@@ -733,20 +732,8 @@ Result<LoraFileInfo> InspectPeftDir(const std::string& dir) {
   for (auto& [key, p] : probes) {
     const Linear which = static_cast<Linear>(key.second);
     const std::string path = "model." + LoraModuleName(key.first, which);
-    int64_t want_r = pc.r;
-    for (const auto& [k, v] : pc.rank_pattern) {
-      if (PatternMatches(k, path)) {
-        want_r = v;
-        break;
-      }
-    }
-    p.alpha = static_cast<float>(pc.alpha);
-    for (const auto& [k, v] : pc.alpha_pattern) {
-      if (PatternMatches(k, path)) {
-        p.alpha = static_cast<float>(v);
-        break;
-      }
-    }
+    const int64_t want_r = PatternValue(pc.rank_pattern, path, pc.r);
+    p.alpha = static_cast<float>(PatternValue(pc.alpha_pattern, path, pc.alpha));
     if (p.a_rows >= 0 && p.a_rows != want_r) {
       return InvalidArgumentError(dir + ": lora_A of " + LoraModuleName(key.first, which) +
                                   " has rank " + std::to_string(p.a_rows) +
