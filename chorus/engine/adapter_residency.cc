@@ -125,9 +125,8 @@ void AdapterResidency::Poll() {
 void AdapterResidency::FreePoolCopy(Entry* e) {
   if (!e->paged) return;
   CHORUS_CHECK(e->state != State::kLoading);
-  const std::vector<int32_t> pages = e->paged->pages();
+  pool_->Free(e->paged->pages());
   e->paged.reset();
-  pool_->Free(pages);
   e->state = State::kHostOnly;
 }
 

@@ -341,6 +341,61 @@ Result<LoraWeights> ReadPeftDir(const std::string& dir, const model::ModelConfig
   return w;
 }
 
+// One tensor of a llama.cpp LoRA GGUF: "blk.<layer>.<module>.weight.lora_a|lora_b".
+struct GgufLoraTensor {
+  bool skip = false;  // a norm tensor: ignored, as llama.cpp does
+  bool is_a = false;
+  int64_t layer = 0;  // not yet checked against a base model
+  Linear which = Linear::kQ;
+  DType dtype = DType::kF32;
+};
+
+// Decodes a tensor name and type of a GGUF LoRA file; errors name `path` and the tensor.
+Result<GgufLoraTensor> ParseGgufLoraTensor(const std::string& path, const std::string& name,
+                                           uint32_t ggml_type) {
+  GgufLoraTensor g;
+  if (EndsWith(name, ".lora_a")) {
+    g.is_a = true;
+  } else if (EndsWith(name, ".lora_b")) {
+    g.is_a = false;
+  } else if (EndsWith(name, "_norm.weight")) {
+    g.skip = true;  // llama.cpp ignores norm tensors of adapters too
+    return g;
+  } else {
+    return InvalidArgumentError(path + ": LoRA tensor '" + name + "' has an unexpected suffix (expected .lora_a / .lora_b)");
+  }
+  const std::string target = name.substr(0, name.size() - 7);
+  if (target == "token_embd.weight" || target == "output.weight") {
+    return UnimplementedError(path + ": tensor '" + name + "': LoRA on embeddings / output is not supported");
+  }
+  if (target.rfind("blk.", 0) != 0) {
+    return InvalidArgumentError(path + ": tensor '" + name + "' does not target a decoder layer");
+  }
+  size_t pos = 4;
+  std::optional<int64_t> layer = ParseIndex(target, &pos);
+  if (!layer) return InvalidArgumentError(path + ": tensor '" + name + "' has a malformed layer index");
+  g.layer = *layer;
+  const std::string leaf = target.substr(pos);
+  const ModuleName* mod = nullptr;
+  for (const ModuleName& m : kModules) {
+    if (leaf == m.gguf) mod = &m;
+  }
+  if (mod == nullptr) {
+    return InvalidArgumentError(path + ": tensor '" + name + "' targets unknown module '" + leaf +
+                                "' (Chorus applies LoRA to attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down)");
+  }
+  g.which = mod->which;
+  auto dt = formats::GgmlTypeToDType(ggml_type);
+  if (!dt.ok() || !(*dt == DType::kF32 || *dt == DType::kF16 || *dt == DType::kBF16 ||
+                    *dt == DType::kQ8_0 || *dt == DType::kQ4_0)) {
+    return InvalidArgumentError(path + ": tensor '" + name + "' has type " + formats::GgmlTypeName(ggml_type) +
+                                " (LoRA weights must be F32, F16, BF16, Q8_0 or Q4_0)");
+  }
+  g.dtype = *dt;
+  return g;
+}
+
+
 // ---- GGUF ----
 
 Result<LoraWeights> ReadGgufFile(const std::string& path, const model::ModelConfig& base,
@@ -371,44 +426,11 @@ Result<LoraWeights> ReadGgufFile(const std::string& path, const model::ModelConf
   w.qk_layout = base.arch == "llama" ? kernels::RopeLayout::kInterleaved : kernels::RopeLayout::kHalf;
   for (const formats::GgufTensorInfo& info : file->tensors()) {
     const std::string& name = info.name;
-    bool is_a;
-    if (EndsWith(name, ".lora_a")) {
-      is_a = true;
-    } else if (EndsWith(name, ".lora_b")) {
-      is_a = false;
-    } else if (EndsWith(name, "_norm.weight")) {
-      continue;  // llama.cpp ignores norm tensors of adapters too
-    } else {
-      return InvalidArgumentError(path + ": LoRA tensor '" + name + "' has an unexpected suffix (expected .lora_a / .lora_b)");
-    }
-    const std::string target = name.substr(0, name.size() - 7);
-    if (target == "token_embd.weight" || target == "output.weight") {
-      return UnimplementedError(path + ": tensor '" + name + "': LoRA on embeddings / output is not supported");
-    }
-    if (target.rfind("blk.", 0) != 0) {
-      return InvalidArgumentError(path + ": tensor '" + name + "' does not target a decoder layer");
-    }
-    size_t pos = 4;
-    std::optional<int64_t> layer = ParseIndex(target, &pos);
-    if (!layer) return InvalidArgumentError(path + ": tensor '" + name + "' has a malformed layer index");
-    CHORUS_RETURN_IF_ERROR(LayerInRange(*layer, base, name).WithContext(path));
-    const std::string leaf = target.substr(pos);
-    const ModuleName* mod = nullptr;
-    for (const ModuleName& m : kModules) {
-      if (leaf == m.gguf) mod = &m;
-    }
-    if (mod == nullptr) {
-      return InvalidArgumentError(path + ": tensor '" + name + "' targets unknown module '" + leaf +
-                                  "' (Chorus applies LoRA to attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down)");
-    }
-    auto dt = formats::GgmlTypeToDType(info.ggml_type);
-    if (!dt.ok() || !(*dt == DType::kF32 || *dt == DType::kF16 || *dt == DType::kBF16 ||
-                      *dt == DType::kQ8_0 || *dt == DType::kQ4_0)) {
-      return InvalidArgumentError(path + ": tensor '" + name + "' has type " + formats::GgmlTypeName(info.ggml_type) +
-                                  " (LoRA weights must be F32, F16, BF16, Q8_0 or Q4_0)");
-    }
+    CHORUS_ASSIGN_OR_RETURN(GgufLoraTensor g, ParseGgufLoraTensor(path, name, info.ggml_type));
+    if (g.skip) continue;
+    CHORUS_RETURN_IF_ERROR(LayerInRange(g.layer, base, name).WithContext(path));
     CHORUS_ASSIGN_OR_RETURN(Tensor t, file->GetTensor(name));
-    CHORUS_RETURN_IF_ERROR(StoreTensor(&w, *layer, mod->which, is_a, std::move(t), name).WithContext(path));
+    CHORUS_RETURN_IF_ERROR(StoreTensor(&w, g.layer, g.which, g.is_a, std::move(t), name).WithContext(path));
   }
   for (auto& m : w.modules) {
     if (m.present() && m.a.shape().size() == 2) {
@@ -775,53 +797,16 @@ Result<LoraFileInfo> InspectGguf(const std::string& path) {
   std::map<std::pair<int64_t, int>, ModuleProbe> probes;
   for (const formats::GgufTensorInfo& t : file->tensors()) {
     const std::string& name = t.name;
-    bool is_a;
-    if (EndsWith(name, ".lora_a")) {
-      is_a = true;
-    } else if (EndsWith(name, ".lora_b")) {
-      is_a = false;
-    } else if (EndsWith(name, "_norm.weight")) {
-      continue;
-    } else {
-      return InvalidArgumentError(path + ": LoRA tensor '" + name +
-                                  "' has an unexpected suffix (expected .lora_a / .lora_b)");
-    }
-    const std::string target = name.substr(0, name.size() - 7);
-    if (target == "token_embd.weight" || target == "output.weight") {
-      return UnimplementedError(path + ": tensor '" + name +
-                                "': LoRA on embeddings / output is not supported");
-    }
-    if (target.rfind("blk.", 0) != 0) {
-      return InvalidArgumentError(path + ": tensor '" + name + "' does not target a decoder layer");
-    }
-    size_t pos = 4;
-    std::optional<int64_t> layer = ParseIndex(target, &pos);
-    if (!layer)
-      return InvalidArgumentError(path + ": tensor '" + name + "' has a malformed layer index");
-    const std::string leaf = target.substr(pos);
-    const ModuleName* mod = nullptr;
-    for (const ModuleName& m : kModules) {
-      if (leaf == m.gguf) mod = &m;
-    }
-    if (mod == nullptr) {
-      return InvalidArgumentError(path + ": tensor '" + name + "' targets unknown module '" + leaf +
-                                  "'");
-    }
-    auto dt = formats::GgmlTypeToDType(t.ggml_type);
-    if (!dt.ok() || !(*dt == DType::kF32 || *dt == DType::kF16 || *dt == DType::kBF16 ||
-                      *dt == DType::kQ8_0 || *dt == DType::kQ4_0)) {
-      return InvalidArgumentError(path + ": tensor '" + name + "' has type " +
-                                  formats::GgmlTypeName(t.ggml_type) +
-                                  " (LoRA weights must be F32, F16, BF16, Q8_0 or Q4_0)");
-    }
+    CHORUS_ASSIGN_OR_RETURN(GgufLoraTensor g, ParseGgufLoraTensor(path, name, t.ggml_type));
+    if (g.skip) continue;
     if (t.shape.size() != 2)
       return InvalidArgumentError(path + ": tensor '" + name + "' is not a matrix");
-    ModuleProbe& p = probes[{*layer, static_cast<int>(mod->which)}];
-    if ((is_a && p.a_rows >= 0) || (!is_a && p.b_cols >= 0)) {
+    ModuleProbe& p = probes[{g.layer, static_cast<int>(g.which)}];
+    if ((g.is_a && p.a_rows >= 0) || (!g.is_a && p.b_cols >= 0)) {
       return InvalidArgumentError(path + ": duplicate tensor '" + name + "'");
     }
-    const std::string d(DTypeName(*dt));
-    if (is_a) {
+    const std::string d(DTypeName(g.dtype));
+    if (g.is_a) {
       p.a_rows = t.shape[0];
       p.a_cols = t.shape[1];
       p.a_dtype = d;
