@@ -4,17 +4,23 @@
 //   distinct  — every row its own adapter (decode, segments of 1 row)
 //   identical — all rows one adapter
 //   mixed     — ranks 8/16/32/64 round robin over 8 adapters, rows grouped by adapter
-// Arguments: rows, rank (0 = mixed), distinct adapters, threads, bf16 weights (0/1, optional).
+// Arguments: rows, rank (0 = mixed), distinct adapters, threads, bf16 weights (0/1), cold (0/1:
+// weights read from DRAM each iteration, as in a real step; see BM_Lora).
 // Counter: adapter weight bytes/s.
 //
 //   ./lora_bench --benchmark_filter='distinct' --benchmark_min_time=0.2
 //
 // The machine is shared: quote medians and ratios to the base run in the same invocation.
+// Environment: LORA_PHASE=1|2 times the shrink or the expand alone; LORA_ISA=avx2|scalar caps
+// the kernels' ISA level.
 #include <benchmark/benchmark.h>
 
+#include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "chorus/kernels/dispatch.h"
 #include "chorus/kernels/lora.h"
 #include "chorus/kernels/matmul.h"
 #include "chorus/tensor/dtype.h"
@@ -32,43 +38,68 @@ std::vector<float> Random(size_t n, uint32_t seed) {
   return v;
 }
 
+// The weights of one benchmark case: every adapter's A and Bᵀ, in f32 and bf16, with row tables.
+struct AdapterSet {
+  std::vector<std::vector<float>> a, bt;
+  std::vector<std::vector<uint16_t>> a16, bt16;
+  std::vector<std::vector<const float*>> a_rows, bt_rows;
+  std::vector<std::vector<const uint16_t*>> a16_rows, bt16_rows;
+  std::vector<LoraShrinkWeight> sw;
+  std::vector<LoraExpandWeight> ew;
+};
+
+// Copies are built in place (the row tables point into the set's own vectors).
+void BuildSet(int64_t n_adapters, int64_t rank_arg, bool bf16, AdapterSet* s) {
+  const int64_t mixed[4] = {8, 16, 32, 64};
+  const size_t na = static_cast<size_t>(n_adapters);
+  s->a.resize(na), s->bt.resize(na), s->a16.resize(na), s->bt16.resize(na);
+  s->a_rows.resize(na), s->bt_rows.resize(na), s->a16_rows.resize(na), s->bt16_rows.resize(na);
+  for (size_t u = 0; u < na; ++u) {
+    const int64_t r = rank_arg > 0 ? rank_arg : mixed[u % 4];
+    s->a[u] = Random(static_cast<size_t>(r * kIn), static_cast<uint32_t>(u));
+    s->bt[u] = Random(static_cast<size_t>(r * kOut), static_cast<uint32_t>(u + 99));
+    if (bf16) {
+      for (float f : s->a[u]) s->a16[u].push_back(F32ToBF16(f));
+      for (float f : s->bt[u]) s->bt16[u].push_back(F32ToBF16(f));
+      s->a[u].clear(), s->bt[u].clear();
+    }
+    for (int64_t j = 0; j < r; ++j) {
+      if (bf16) {
+        s->a16_rows[u].push_back(s->a16[u].data() + j * kIn);
+        s->bt16_rows[u].push_back(s->bt16[u].data() + j * kOut);
+      } else {
+        s->a_rows[u].push_back(s->a[u].data() + j * kIn);
+        s->bt_rows[u].push_back(s->bt[u].data() + j * kOut);
+      }
+    }
+    if (bf16) {
+      s->sw.push_back({nullptr, r, s->a16_rows[u].data()});
+      s->ew.push_back({nullptr, r, 0, 2.0f, s->bt16_rows[u].data()});
+    } else {
+      s->sw.push_back({s->a_rows[u].data(), r});
+      s->ew.push_back({s->bt_rows[u].data(), r, 0, 2.0f});
+    }
+  }
+}
+
+// Arguments: rows, rank (0 = mixed), adapters, threads, bf16, cold. cold = 1 cycles through
+// enough copies of the adapter set (≥ 256 MiB in all) that every iteration reads its weights from
+// DRAM, as a decode step does (a step's adapters are far larger than the 32 MiB L3); cold = 0
+// re-reads one set, which stays in cache when it is small.
 void BM_Lora(benchmark::State& state) {
   const int64_t rows = state.range(0), rank_arg = state.range(1), n_adapters = state.range(2);
   ThreadPool pool(static_cast<int>(state.range(3)));
+  const bool bf16 = state.range(4) != 0, cold = state.range(5) != 0;
   const int64_t mixed[4] = {8, 16, 32, 64};
-  std::vector<std::vector<float>> a(static_cast<size_t>(n_adapters)), bt(a.size());
-  std::vector<std::vector<const float*>> a_rows(a.size()), bt_rows(a.size());  // row tables
-  const bool bf16 = state.range(4) != 0;
-  std::vector<std::vector<uint16_t>> a16(a.size()), bt16(a.size());
-  std::vector<std::vector<const uint16_t*>> a16_rows(a.size()), bt16_rows(a.size());
-  std::vector<LoraShrinkWeight> sw;
-  std::vector<LoraExpandWeight> ew;
   int64_t bytes = 0, max_rank = 0;
   for (int64_t i = 0; i < n_adapters; ++i) {
     const int64_t r = rank_arg > 0 ? rank_arg : mixed[i % 4];
-    a[static_cast<size_t>(i)] = Random(static_cast<size_t>(r * kIn), static_cast<uint32_t>(i));
-    bt[static_cast<size_t>(i)] = Random(static_cast<size_t>(r * kOut), static_cast<uint32_t>(i + 99));
-    for (int64_t j = 0; j < r; ++j) {
-      a_rows[static_cast<size_t>(i)].push_back(a[static_cast<size_t>(i)].data() + j * kIn);
-      bt_rows[static_cast<size_t>(i)].push_back(bt[static_cast<size_t>(i)].data() + j * kOut);
-    }
-    const size_t u = static_cast<size_t>(i);
-    for (float f : a[u]) a16[u].push_back(F32ToBF16(f));
-    for (float f : bt[u]) bt16[u].push_back(F32ToBF16(f));
-    for (int64_t j = 0; j < r; ++j) {
-      a16_rows[u].push_back(a16[u].data() + j * kIn);
-      bt16_rows[u].push_back(bt16[u].data() + j * kOut);
-    }
-    if (bf16) {
-      sw.push_back({nullptr, r, a16_rows[u].data()});
-      ew.push_back({nullptr, r, 0, 2.0f, bt16_rows[u].data()});
-    } else {
-      sw.push_back({a_rows[u].data(), r});
-      ew.push_back({bt_rows[u].data(), r, 0, 2.0f});
-    }
     bytes += r * (kIn + kOut) * (bf16 ? 2 : 4);
     max_rank = std::max(max_rank, r);
   }
+  const int64_t n_sets = cold ? std::max<int64_t>(2, (int64_t{256} << 20) / bytes + 1) : 1;
+  std::vector<AdapterSet> sets(static_cast<size_t>(n_sets));
+  for (auto& s : sets) BuildSet(n_adapters, rank_arg, bf16, &s);
   // Rows grouped by adapter: contiguous equal shares.
   std::vector<LoraSegment> segs;
   for (int64_t i = 0; i < n_adapters; ++i) {
@@ -76,18 +107,26 @@ void BM_Lora(benchmark::State& state) {
   }
   auto x = Random(static_cast<size_t>(rows * kIn), 7);
   std::vector<float> v(static_cast<size_t>(rows * max_rank)), y(static_cast<size_t>(rows * kOut));
+  size_t next = 0;
+  // LORA_PHASE=1: shrink only, 2: expand only (which half costs what).
+  const char* phase_env = std::getenv("LORA_PHASE");
+  const int phase = phase_env ? std::atoi(phase_env) : 0;
   for (auto _ : state) {
-    LoraShrink(segs, sw, x.data(), kIn, kIn, v.data(), max_rank, &pool);
-    LoraExpand(segs, ew, v.data(), max_rank, kOut, y.data(), kOut, &pool);
+    const AdapterSet& s = sets[next];
+    next = (next + 1) % sets.size();
+    if (phase != 2) LoraShrink(segs, s.sw, x.data(), kIn, kIn, v.data(), max_rank, &pool);
+    if (phase != 1) LoraExpand(segs, s.ew, v.data(), max_rank, kOut, y.data(), kOut, &pool);
     benchmark::DoNotOptimize(y.data());
   }
-  state.counters["adapter_bytes/s"] = benchmark::Counter(static_cast<double>(bytes), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["adapter_bytes/s"] =
+      benchmark::Counter(static_cast<double>(bytes), benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void BM_BaseMatMul(benchmark::State& state) {
   const int64_t rows = state.range(0);
   ThreadPool pool(static_cast<int>(state.range(1)));
-  auto w = PackedWeight::Pack(Tensor::FromF32(Random(static_cast<size_t>(kIn * kOut), 1), DType::kBF16, {kOut, kIn}));
+  auto w = PackedWeight::Pack(
+      Tensor::FromF32(Random(static_cast<size_t>(kIn * kOut), 1), DType::kBF16, {kOut, kIn}));
   auto x = Random(static_cast<size_t>(rows * kIn), 7);
   std::vector<float> y(static_cast<size_t>(rows * kOut));
   for (auto _ : state) {
@@ -97,18 +136,61 @@ void BM_BaseMatMul(benchmark::State& state) {
 }
 
 // {rows, rank (0 = mixed), adapters, threads}
-BENCHMARK(BM_Lora)->Name("distinct")->ArgNames({"rows", "rank", "adapters", "threads", "bf16"})
-    ->Args({1, 16, 1, 1, 0})->Args({8, 16, 8, 1, 0})->Args({32, 16, 32, 1, 0})->Args({32, 16, 32, 2, 0})
-    ->Args({32, 64, 32, 2, 0})->Args({32, 0, 32, 1, 0})->Args({32, 0, 32, 1, 1})->Args({32, 0, 32, 2, 0})
-    ->Args({32, 0, 32, 2, 1});
-BENCHMARK(BM_Lora)->Name("identical")->ArgNames({"rows", "rank", "adapters", "threads", "bf16"})
-    ->Args({32, 16, 1, 2, 0})->Args({512, 16, 1, 2, 0})->Args({512, 64, 1, 2, 0});
-BENCHMARK(BM_Lora)->Name("mixed")->ArgNames({"rows", "rank", "adapters", "threads", "bf16"})
-    ->Args({32, 0, 8, 2, 0})->Args({512, 0, 8, 2, 0});
-BENCHMARK(BM_BaseMatMul)->Name("base_bf16")->ArgNames({"rows", "threads"})
-    ->Args({1, 1})->Args({8, 1})->Args({32, 1})->Args({32, 2})->Args({512, 2});
+BENCHMARK(BM_Lora)
+    ->Name("distinct")
+    ->ArgNames({"rows", "rank", "adapters", "threads", "bf16", "cold"})
+    ->Args({1, 16, 1, 1, 0, 0})
+    ->Args({8, 16, 8, 1, 0, 0})
+    ->Args({32, 16, 32, 1, 0, 0})
+    ->Args({32, 16, 32, 2, 0, 0})
+    ->Args({32, 64, 32, 2, 0, 0})
+    ->Args({32, 0, 32, 1, 0, 0})
+    ->Args({32, 0, 32, 1, 1, 0})
+    ->Args({32, 0, 32, 2, 0, 0})
+    ->Args({32, 0, 32, 2, 1, 0})
+    // DRAM-bound, as in a decode step: compare adapter_bytes/s with the machine's read bandwidth.
+    ->Args({8, 0, 8, 2, 1, 1})
+    ->Args({32, 0, 32, 2, 1, 1})
+    ->Args({8, 64, 8, 2, 1, 1})
+    ->Args({8, 0, 8, 1, 1, 1});
+BENCHMARK(BM_Lora)
+    ->Name("identical")
+    ->ArgNames({"rows", "rank", "adapters", "threads", "bf16", "cold"})
+    ->Args({32, 16, 1, 2, 0, 0})
+    ->Args({512, 16, 1, 2, 0, 0})
+    ->Args({512, 64, 1, 2, 0, 0})
+    ->Args({32, 64, 1, 2, 1, 1})
+    ->Args({512, 16, 1, 1, 1, 0})
+    ->Args({32, 64, 1, 1, 1, 1});
+BENCHMARK(BM_Lora)
+    ->Name("mixed")
+    ->ArgNames({"rows", "rank", "adapters", "threads", "bf16", "cold"})
+    ->Args({32, 0, 8, 2, 0, 0})
+    ->Args({512, 0, 8, 2, 0, 0})
+    ->Args({32, 0, 8, 2, 1, 1})
+    ->Args({32, 0, 8, 1, 1, 1});
+BENCHMARK(BM_BaseMatMul)
+    ->Name("base_bf16")
+    ->ArgNames({"rows", "threads"})
+    ->Args({1, 1})
+    ->Args({8, 1})
+    ->Args({32, 1})
+    ->Args({32, 2})
+    ->Args({512, 2});
 
 }  // namespace
 }  // namespace chorus::kernels
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  // LORA_ISA=avx2 (or scalar) caps the dispatch level, to measure the AVX2 tiles on an AVX-512
+  // machine.
+  if (const char* isa = std::getenv("LORA_ISA")) {
+    if (std::string(isa) == "avx2") chorus::kernels::SetMaxIsa(chorus::kernels::IsaLevel::kAvx2);
+    if (std::string(isa) == "scalar")
+      chorus::kernels::SetMaxIsa(chorus::kernels::IsaLevel::kScalar);
+  }
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

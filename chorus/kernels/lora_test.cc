@@ -184,11 +184,13 @@ std::vector<double> Oracle(const Problem& p, const std::vector<float>& y0) {
       std::vector<double> t(static_cast<size_t>(ad.rank), 0.0);
       for (int64_t j = 0; j < ad.rank; ++j)
         for (int64_t k = 0; k < p.in; ++k)
-          t[static_cast<size_t>(j)] += static_cast<double>(p.x[static_cast<size_t>(i * p.x_stride + k)]) *
-                                       ad.a[static_cast<size_t>(j * p.in + k)];
+          t[static_cast<size_t>(j)] +=
+              static_cast<double>(p.x[static_cast<size_t>(i * p.x_stride + k)]) *
+              ad.a[static_cast<size_t>(j * p.in + k)];
       for (int64_t c = 0; c < p.out; ++c) {
         double acc = 0;
-        for (int64_t j = 0; j < ad.rank; ++j) acc += t[static_cast<size_t>(j)] * ad.bt[static_cast<size_t>(j * p.out + c)];
+        for (int64_t j = 0; j < ad.rank; ++j)
+          acc += t[static_cast<size_t>(j)] * ad.bt[static_cast<size_t>(j * p.out + c)];
         y[static_cast<size_t>(i * ys + c)] += ad.scale * acc;
       }
     }
@@ -228,7 +230,10 @@ std::vector<Case> Cases() {
     cs.push_back({"prefill_wide_r" + std::to_string(r), 256, 272, {r}, {{0, 9, 0}}, 9});
   }
   // Decode: one row per segment, mixed ranks, slots reused, a base row between segments.
-  cs.push_back({"decode_mixed", 130, 99, {1, 8, 16, 64, 256},
+  cs.push_back({"decode_mixed",
+                130,
+                99,
+                {1, 8, 16, 64, 256},
                 {{0, 1, 0}, {1, 2, 1}, {2, 3, 2}, {4, 5, 3}, {5, 6, 4}, {6, 7, 1}, {7, 8, 0}},
                 9});
   // Many segments, including empty ones and a rank-0 slot (adapter without this linear).
@@ -243,6 +248,14 @@ std::vector<Case> Cases() {
     c.n_rows = row;
     cs.push_back(c);
   }
+  // Outputs wider than one expand block (streamed passes of 1024 columns below 4 rows; packed
+  // blocks of ≤ 2048 columns from 4 rows): segments of 1, 2, 3 and 5 rows.
+  cs.push_back({"wide_blocks",
+                40,
+                2100,
+                {64, 8, 3, 256},
+                {{0, 1, 0}, {1, 3, 1}, {3, 6, 2}, {6, 11, 0}, {11, 12, 3}, {12, 16, 3}},
+                16});
   // Tiny widths (below one vector) and exactly one vector.
   cs.push_back({"tiny", 5, 3, {2, 1}, {{0, 3, 0}, {3, 5, 1}}, 6});
   cs.push_back({"one_vector", 16, 16, {16, 8}, {{0, 4, 1}, {4, 9, 0}}, 9});
@@ -274,7 +287,9 @@ TEST(LoraKernelTest, RowsOutsideSegmentsAreUntouched) {
           << IsaName(level) << " row " << i;
     }
     // The padding column of every row (beyond `out`) is never written.
-    for (int64_t i = 2; i < 4; ++i) EXPECT_EQ(y[static_cast<size_t>(i * (p.out + 1) + p.out)], y0[static_cast<size_t>(i * (p.out + 1) + p.out)]);
+    for (int64_t i = 2; i < 4; ++i)
+      EXPECT_EQ(y[static_cast<size_t>(i * (p.out + 1) + p.out)],
+                y0[static_cast<size_t>(i * (p.out + 1) + p.out)]);
   }
 }
 
@@ -313,7 +328,8 @@ TEST(LoraKernelTest, FusedShrinkEqualsSeparateShrinks) {
     for (int l = 0; l < 3; ++l) {
       a_sep[ad].push_back(Random(static_cast<size_t>(ranks[ad][l] * in), &rng));
       bt[ad].push_back(Random(static_cast<size_t>(ranks[ad][l] * outs[l]), &rng));
-      a_cat[static_cast<size_t>(ad)].insert(a_cat[static_cast<size_t>(ad)].end(), a_sep[ad].back().begin(), a_sep[ad].back().end());
+      a_cat[static_cast<size_t>(ad)].insert(a_cat[static_cast<size_t>(ad)].end(),
+                                            a_sep[ad].back().begin(), a_sep[ad].back().end());
     }
   }
   const std::vector<LoraSegment> segs = {{0, 2, 1}, {3, 6, 0}};

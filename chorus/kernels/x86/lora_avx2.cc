@@ -1,11 +1,15 @@
 // AVX2 tiles of the LoRA segment kernels (lora.h, lora_internal.h). Same structure as the
 // AVX-512 tiles with 8 lanes: shrink tiles of NR ≤ 4 rows × NJ ≤ 2 rank columns, one 8-lane
 // accumulator per (row, j) over k in steps of 8 (masked tail) and a fixed horizontal sum;
-// expand tiles of NR ≤ 4 rows × 16 columns with masked column tails. bf16 weights are widened
-// to f32 in registers (zero-extend, shift left 16: exact) and take the same fma sequence.
+// expand as the AVX-512 tiles (streamed below 4 rows, packed panels of 16 columns from 4 rows).
+// bf16 weights are widened to f32 in registers (zero-extend, shift left 16: exact) and take the
+// same fma sequence.
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "chorus/kernels/lora_internal.h"
 
@@ -17,6 +21,8 @@ inline __m256i TailMask(int64_t remaining) {
   const int n = remaining >= 8 ? 8 : static_cast<int>(remaining);
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
+
+inline int64_t RoundUpTo(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
 inline float HorizontalSum(__m256 v) {
   const __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
@@ -49,14 +55,14 @@ inline void ShrinkMicro(const float* x, int64_t x_stride, const T* const* a, int
   __m256 acc[NR][NJ];
 #pragma GCC unroll 4
   for (int r = 0; r < NR; ++r)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int q = 0; q < NJ; ++q) acc[r][q] = _mm256_setzero_ps();
   int64_t k = 0;
   for (; k + 8 <= in; k += 8) {
     __m256 xv[NR];
 #pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) xv[r] = _mm256_loadu_ps(x + r * x_stride + k);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int q = 0; q < NJ; ++q) {
       const __m256 av = LoadW(a[j0 + q] + k);
 #pragma GCC unroll 4
@@ -68,7 +74,7 @@ inline void ShrinkMicro(const float* x, int64_t x_stride, const T* const* a, int
     __m256 xv[NR];
 #pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) xv[r] = _mm256_maskload_ps(x + r * x_stride + k, m);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int q = 0; q < NJ; ++q) {
       const __m256 av = LoadWTail(a[j0 + q] + k, in - k);
 #pragma GCC unroll 4
@@ -77,7 +83,7 @@ inline void ShrinkMicro(const float* x, int64_t x_stride, const T* const* a, int
   }
 #pragma GCC unroll 4
   for (int r = 0; r < NR; ++r)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int q = 0; q < NJ; ++q) v[r * v_stride + j0 + q] = HorizontalSum(acc[r][q]);
 }
 
@@ -85,40 +91,11 @@ template <int NR, typename T>
 inline void ShrinkRows(const float* x, int64_t x_stride, const T* const* a, int64_t in,
                        int64_t j_begin, int64_t j_end, float* v, int64_t v_stride) {
   int64_t j = j_begin;
+  if constexpr (NR == 1) {  // one row: 8 A rows at once, 8 streams in flight (decode)
+    for (; j + 8 <= j_end; j += 8) ShrinkMicro<1, 8>(x, x_stride, a, in, j, v, v_stride);
+  }
   for (; j + 2 <= j_end; j += 2) ShrinkMicro<NR, 2>(x, x_stride, a, in, j, v, v_stride);
   if (j < j_end) ShrinkMicro<NR, 1>(x, x_stride, a, in, j, v, v_stride);
-}
-
-template <int NR, typename T>
-inline void ExpandRows(const float* v, int64_t v_stride, const T* const* bt, int64_t rank,
-                       float scale, int64_t c_begin, int64_t c_end, float* y, int64_t y_stride) {
-  const __m256 s = _mm256_set1_ps(scale);
-  for (int64_t c = c_begin; c < c_end; c += 16) {
-    const __m256i m0 = TailMask(c_end - c);
-    const __m256i m1 = c + 8 < c_end ? TailMask(c_end - c - 8) : _mm256_setzero_si256();
-    const bool full = c + 16 <= c_end;
-    __m256 acc0[NR], acc1[NR];
-#pragma GCC unroll 4
-    for (int r = 0; r < NR; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
-    for (int64_t j = 0; j < rank; ++j) {
-      const T* b = bt[j] + c;
-      const __m256 b0 = full ? LoadW(b) : LoadWTail(b, c_end - c);
-      const __m256 b1 = full ? LoadW(b + 8) : LoadWTail(b + 8, c_end - c - 8);
-#pragma GCC unroll 4
-      for (int r = 0; r < NR; ++r) {
-        const __m256 vv = _mm256_broadcast_ss(v + r * v_stride + j);
-        acc0[r] = _mm256_fmadd_ps(vv, b0, acc0[r]);
-        acc1[r] = _mm256_fmadd_ps(vv, b1, acc1[r]);
-      }
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < NR; ++r) {
-      float* yr = y + r * y_stride + c;
-      _mm256_maskstore_ps(yr, m0, _mm256_fmadd_ps(s, acc0[r], _mm256_maskload_ps(yr, m0)));
-      _mm256_maskstore_ps(yr + 8, m1,
-                          _mm256_fmadd_ps(s, acc1[r], _mm256_maskload_ps(yr + 8, m1)));
-    }
-  }
 }
 
 template <typename T>
@@ -131,34 +108,192 @@ void ShrinkTileT(const float* x, int64_t x_stride, int64_t n_rows, const T* cons
   const float* xr = x + i * x_stride;
   float* vr = v + i * v_stride;
   switch (n_rows - i) {
-    case 3: ShrinkRows<3>(xr, x_stride, a, in, j_begin, j_end, vr, v_stride); break;
-    case 2: ShrinkRows<2>(xr, x_stride, a, in, j_begin, j_end, vr, v_stride); break;
-    case 1: ShrinkRows<1>(xr, x_stride, a, in, j_begin, j_end, vr, v_stride); break;
-    default: break;
+    case 3:
+      ShrinkRows<3>(xr, x_stride, a, in, j_begin, j_end, vr, v_stride);
+      break;
+    case 2:
+      ShrinkRows<2>(xr, x_stride, a, in, j_begin, j_end, vr, v_stride);
+      break;
+    case 1:
+      ShrinkRows<1>(xr, x_stride, a, in, j_begin, j_end, vr, v_stride);
+      break;
+    default:
+      break;
+  }
+}
+
+// Expand, as in the AVX-512 tiles (see there for why): fewer than 4 rows are streamed row by
+// row of Bᵀ into accumulators in L1; 4-row tiles read blocks of Bᵀ packed into an f32 panel.
+constexpr int64_t kStreamBlock = 1024;  // columns per streamed pass
+constexpr int64_t kSub = 16;            // columns per sub-panel: 2 vectors
+constexpr int64_t kMaxBlock = 2048;
+constexpr int64_t kPanelFloats = 64 * 1024;
+
+template <int NR, int NJ, typename T>
+inline void StreamRowsJ(const float* v, int64_t v_stride, const T* const* bt, int64_t j0,
+                        int64_t cb, int64_t width, float* acc) {
+  const T* b[NJ];
+#pragma GCC unroll 8
+  for (int q = 0; q < NJ; ++q) b[q] = bt[j0 + q] + cb;
+  int64_t c = 0;
+  for (; c + 8 <= width; c += 8) {
+    __m256 w[NJ];
+#pragma GCC unroll 8
+    for (int q = 0; q < NJ; ++q) w[q] = LoadW(b[q] + c);
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      __m256 a = _mm256_load_ps(acc + r * kStreamBlock + c);
+#pragma GCC unroll 8
+      for (int q = 0; q < NJ; ++q)
+        a = _mm256_fmadd_ps(_mm256_broadcast_ss(v + r * v_stride + j0 + q), w[q], a);
+      _mm256_store_ps(acc + r * kStreamBlock + c, a);
+    }
+  }
+  if (c < width) {
+    __m256 w[NJ];
+#pragma GCC unroll 8
+    for (int q = 0; q < NJ; ++q) w[q] = LoadWTail(b[q] + c, width - c);
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      __m256 a = _mm256_load_ps(acc + r * kStreamBlock + c);
+#pragma GCC unroll 8
+      for (int q = 0; q < NJ; ++q)
+        a = _mm256_fmadd_ps(_mm256_broadcast_ss(v + r * v_stride + j0 + q), w[q], a);
+      _mm256_store_ps(acc + r * kStreamBlock + c, a);
+    }
+  }
+}
+
+template <int NR, typename T>
+void ExpandStream(const float* v, int64_t v_stride, const T* const* bt, int64_t rank, float scale,
+                  int64_t c_begin, int64_t c_end, float* y, int64_t y_stride) {
+  alignas(32) float acc[NR * kStreamBlock];
+  const __m256 s = _mm256_set1_ps(scale);
+  constexpr int kJ = NR == 1 ? 8 : 4;
+  for (int64_t cb = c_begin; cb < c_end; cb += kStreamBlock) {
+    const int64_t width = std::min(kStreamBlock, c_end - cb);
+    for (int r = 0; r < NR; ++r)
+      for (int64_t c = 0; c < width; c += 8)
+        _mm256_store_ps(acc + r * kStreamBlock + c, _mm256_setzero_ps());
+    int64_t j = 0;
+    for (; j + kJ <= rank; j += kJ) StreamRowsJ<NR, kJ>(v, v_stride, bt, j, cb, width, acc);
+    for (; j < rank; ++j) StreamRowsJ<NR, 1>(v, v_stride, bt, j, cb, width, acc);
+    for (int r = 0; r < NR; ++r) {
+      float* yr = y + r * y_stride + cb;
+      for (int64_t c = 0; c < width; c += 8) {
+        const __m256i m = TailMask(width - c);
+        _mm256_maskstore_ps(yr + c, m,
+                            _mm256_fmadd_ps(s, _mm256_load_ps(acc + r * kStreamBlock + c),
+                                            _mm256_maskload_ps(yr + c, m)));
+      }
+    }
+  }
+}
+
+// panel[(s · rank + j) · kSub + c] = Bᵀ[j][cb + s · kSub + c], zero past `width`.
+template <typename T>
+void PackBlock(const T* const* bt, int64_t rank, int64_t cb, int64_t width, float* panel) {
+  const int64_t n_sub = (width + kSub - 1) / kSub;
+  for (int64_t j = 0; j < rank; ++j) {
+    const T* b = bt[j] + cb;
+    for (int64_t sp = 0; sp < n_sub; ++sp) {
+      float* dst = panel + (sp * rank + j) * kSub;
+      const int64_t col = sp * kSub;
+      _mm256_store_ps(dst, LoadWTail(b + col, width - col));
+      _mm256_store_ps(dst + 8, LoadWTail(b + col + 8, width - col - 8));
+    }
+  }
+}
+
+template <int NR>
+inline void ExpandSubPanel(const float* v, int64_t v_stride, const float* panel, int64_t rank,
+                           __m256 s, int64_t width, float* y, int64_t y_stride) {
+  __m256 acc0[NR], acc1[NR];
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < rank; ++j) {
+    const __m256 w0 = _mm256_load_ps(panel + j * kSub), w1 = _mm256_load_ps(panel + j * kSub + 8);
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      const __m256 vv = _mm256_broadcast_ss(v + r * v_stride + j);
+      acc0[r] = _mm256_fmadd_ps(vv, w0, acc0[r]);
+      acc1[r] = _mm256_fmadd_ps(vv, w1, acc1[r]);
+    }
+  }
+  const __m256i m0 = TailMask(width);
+  const __m256i m1 = width > 8 ? TailMask(width - 8) : _mm256_setzero_si256();
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r) {
+    float* yr = y + r * y_stride;
+    _mm256_maskstore_ps(yr, m0, _mm256_fmadd_ps(s, acc0[r], _mm256_maskload_ps(yr, m0)));
+    _mm256_maskstore_ps(yr + 8, m1, _mm256_fmadd_ps(s, acc1[r], _mm256_maskload_ps(yr + 8, m1)));
+  }
+}
+
+// One tile of NR rows across the block, sub-panel by sub-panel (y rows written in order).
+template <int NR>
+void ExpandRowsFromPanel(const float* v, int64_t v_stride, const float* panel, int64_t rank,
+                         __m256 s, int64_t width, float* y, int64_t y_stride) {
+  for (int64_t sp = 0; sp * kSub < width; ++sp) {
+    ExpandSubPanel<NR>(v, v_stride, panel + sp * rank * kSub, rank, s,
+                       std::min(kSub, width - sp * kSub), y + sp * kSub, y_stride);
   }
 }
 
 template <typename T>
 void ExpandTileT(const float* v, int64_t v_stride, int64_t n_rows, const T* const* bt, int64_t rank,
                  float scale, int64_t c_begin, int64_t c_end, float* y, int64_t y_stride) {
-  int64_t i = 0;
-  for (; i + 4 <= n_rows; i += 4) {
-    ExpandRows<4>(v + i * v_stride, v_stride, bt, rank, scale, c_begin, c_end, y + i * y_stride,
-                  y_stride);
+  if (n_rows < 8) {  // too few rows to pay for packing: stream 4 rows, then the rest
+    int64_t i = 0;
+    if (n_rows >= 4) {
+      ExpandStream<4>(v, v_stride, bt, rank, scale, c_begin, c_end, y, y_stride);
+      i = 4;
+    }
+    const float* vr = v + i * v_stride;
+    float* yr = y + i * y_stride;
+    switch (n_rows - i) {
+      case 3:
+        return ExpandStream<3>(vr, v_stride, bt, rank, scale, c_begin, c_end, yr, y_stride);
+      case 2:
+        return ExpandStream<2>(vr, v_stride, bt, rank, scale, c_begin, c_end, yr, y_stride);
+      case 1:
+        return ExpandStream<1>(vr, v_stride, bt, rank, scale, c_begin, c_end, yr, y_stride);
+      default:
+        return;
+    }
   }
-  const float* vr = v + i * v_stride;
-  float* yr = y + i * y_stride;
-  switch (n_rows - i) {
-    case 3:
-      ExpandRows<3>(vr, v_stride, bt, rank, scale, c_begin, c_end, yr, y_stride);
-      break;
-    case 2:
-      ExpandRows<2>(vr, v_stride, bt, rank, scale, c_begin, c_end, yr, y_stride);
-      break;
-    case 1:
-      ExpandRows<1>(vr, v_stride, bt, rank, scale, c_begin, c_end, yr, y_stride);
-      break;
-    default: break;
+  thread_local std::vector<float> panel_buf;  // grows once to the largest block seen
+  const int64_t block =
+      std::max(kSub, std::min<int64_t>(kMaxBlock, kPanelFloats / rank / kSub * kSub));
+  const int64_t widest = RoundUpTo(std::min(block, c_end - c_begin), kSub);
+  if (panel_buf.size() < static_cast<size_t>(rank * widest + 8))
+    panel_buf.resize(static_cast<size_t>(rank * widest + 8));
+  float* panel = panel_buf.data() +
+                 (8 - reinterpret_cast<uintptr_t>(panel_buf.data()) / sizeof(float) % 8) % 8;
+  const __m256 s = _mm256_set1_ps(scale);
+  for (int64_t cb = c_begin; cb < c_end; cb += block) {
+    const int64_t width = std::min(block, c_end - cb);
+    PackBlock(bt, rank, cb, width, panel);
+    int64_t i = 0;
+    for (; i + 4 <= n_rows; i += 4) {
+      ExpandRowsFromPanel<4>(v + i * v_stride, v_stride, panel, rank, s, width,
+                             y + i * y_stride + cb, y_stride);
+    }
+    const float* vr = v + i * v_stride;
+    float* yr = y + i * y_stride + cb;
+    switch (n_rows - i) {
+      case 3:
+        ExpandRowsFromPanel<3>(vr, v_stride, panel, rank, s, width, yr, y_stride);
+        break;
+      case 2:
+        ExpandRowsFromPanel<2>(vr, v_stride, panel, rank, s, width, yr, y_stride);
+        break;
+      case 1:
+        ExpandRowsFromPanel<1>(vr, v_stride, panel, rank, s, width, yr, y_stride);
+        break;
+      default:
+        break;
+    }
   }
 }
 
