@@ -330,6 +330,7 @@ const char* LoraStorageName(LoraStorage s) { return s == LoraStorage::kBF16 ? "b
 
 void LoraView::CopyShapeFrom(const LoraView& other) {
   name_ = other.name_;
+  identity_ = other.identity_;
   storage_type_ = other.storage_type_;
   n_layers_ = other.n_layers_;
   max_rank_ = other.max_rank_;
@@ -392,10 +393,12 @@ void LoraAdapter::HostBuffer::Free::operator()(void* p) const { std::free(p); }
 Result<std::shared_ptr<const LoraAdapter>> LoraAdapter::Build(const LoraWeights& w,
                                                               const model::ModelConfig& c,
                                                               std::string name,
-                                                              const LoraLimits& limits) {
+                                                              const LoraLimits& limits,
+                                                              std::string identity) {
   CHORUS_RETURN_IF_ERROR(ValidateLoraWeights(w, c, limits).WithContext("adapter '" + name + "'"));
   std::shared_ptr<LoraAdapter> ad(new LoraAdapter());
   ad->name_ = std::move(name);
+  ad->identity_ = std::move(identity);
   ad->n_layers_ = w.n_layers;
   ad->modules_.resize(w.modules.size());
   ad->fused_.resize(static_cast<size_t>(w.n_layers * 2));
