@@ -171,6 +171,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const model::Mode
                                 std::to_string(layout.PageBytes() >> 10) + " KiB for this model");
   }
   impl->pages = std::make_unique<memory::PagePool>(n_pages, layout.PageBytes());
+  if (opts.prefault_pool) impl->pages->Prefault();
   impl->kv = std::make_unique<memory::KvCache>(layout, impl->pages.get());
   impl->forward =
       std::make_unique<model::Forward>(e->model_, opts.max_batch_tokens, opts.max_running);
