@@ -1,5 +1,4 @@
 // chorus serve: the OpenAI-compatible HTTP server (docs/api.md).
-#include <filesystem>
 #include <pthread.h>
 #include <signal.h>
 
@@ -8,6 +7,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 
 #include "apps/chorus/commands.h"
 #include "apps/chorus/common.h"
@@ -28,14 +28,16 @@ struct ServedAdapters {
 
 // The registry (persisted across restarts) plus the adapters named on the command line. The
 // directories of --lora and --lora-dir paths are adapter roots too: the operator named them.
-Result<ServedAdapters> OpenAdapters(const Flags& f, const model::ModelConfig& base, const std::string& base_name) {
+Result<ServedAdapters> OpenAdapters(const Flags& f, const model::ModelConfig& base,
+                                    const std::string& base_name) {
   ServedAdapters out;
   std::vector<std::string> roots = f.GetRepeated("adapter-root");
   std::vector<std::pair<std::string, std::string>> loras;
   for (const std::string& spec : f.GetRepeated("lora")) {
     size_t eq = spec.find('=');
     if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size()) {
-      return InvalidArgumentError("flag --lora expects NAME=PATH, got '" + spec.substr(0, 64) + "'");
+      return InvalidArgumentError("flag --lora expects NAME=PATH, got '" + spec.substr(0, 64) +
+                                  "'");
     }
     std::error_code ec;
     // The registry resolves relative paths against its roots; a command-line path is relative
@@ -66,7 +68,9 @@ Result<ServedAdapters> OpenAdapters(const Flags& f, const model::ModelConfig& ba
   for (const std::string& d : f.GetRepeated("lora-dir")) {
     CHORUS_ASSIGN_OR_RETURN(auto results, out.registry->RegisterDirectory(d, /*replace=*/true));
     for (const auto& r : results) {
-      if (!r.status.ok()) std::fprintf(stderr, "chorus serve: skipping %s: %s\n", r.path.c_str(), r.status.message().c_str());
+      if (!r.status.ok())
+        std::fprintf(stderr, "chorus serve: skipping %s: %s\n", r.path.c_str(),
+                     r.status.message().c_str());
     }
   }
   {
@@ -76,24 +80,30 @@ Result<ServedAdapters> OpenAdapters(const Flags& f, const model::ModelConfig& ba
     if (dtype != "bf16" && dtype != "f32")
       return InvalidArgumentError("flag --lora-dtype must be bf16 or f32");
     limits.storage = dtype == "f32" ? adapters::LoraStorage::kF32 : adapters::LoraStorage::kBF16;
-    out.cache = std::make_shared<adapters::AdapterCache>(base, f.GetInt("host-cache-size") << 20, limits);
+    out.cache =
+        std::make_shared<adapters::AdapterCache>(base, f.GetInt("host-cache-size") << 20, limits);
   }
-  std::fprintf(stderr, "chorus serve: %zu adapters registered (%s)\n", out.registry->size(), state.c_str());
+  std::fprintf(stderr, "chorus serve: %zu adapters registered (%s)\n", out.registry->size(),
+               state.c_str());
   return out;
 }
 
 }  // namespace
 
 int ServeCommand(int argc, char** argv) {
-  Flags f("serve",
-          "Serves the model over an OpenAI-compatible HTTP API: /v1/completions, /v1/chat/completions\n"
-          "(streaming with \"stream\": true), /v1/models, /health, /metrics. See docs/api.md.\n"
-          "SIGTERM/SIGINT: stop accepting, let running requests finish for --drain-timeout, exit 0.");
-  f.String("model", "", "model: GGUF file, Hugging Face directory or llama2.c .bin (default: embedded tiny model)");
+  Flags f(
+      "serve",
+      "Serves the model over an OpenAI-compatible HTTP API: /v1/completions, /v1/chat/completions\n"
+      "(streaming with \"stream\": true), /v1/models, /health, /metrics. See docs/api.md.\n"
+      "SIGTERM/SIGINT: stop accepting, let running requests finish for --drain-timeout, exit 0.");
+  f.String(
+      "model", "",
+      "model: GGUF file, Hugging Face directory or llama2.c .bin (default: embedded tiny model)");
   f.String("tokenizer", "", "tokenizer file or directory; overrides the model's own");
   f.String("host", "127.0.0.1", "address to listen on");
   f.Int("port", 8000, "port to listen on (0 = any free port; the URL is printed)");
-  f.String("served-model-name", "", "the model name clients use (default: the --model argument, or chorus-default)");
+  f.String("served-model-name", "",
+           "the model name clients use (default: the --model argument, or chorus-default)");
   f.String("api-key", "", "require \"Authorization: Bearer KEY\" on every route but /health");
   f.Int("pool-size", 1024, "paged KV pool size in MiB");
   f.Int("threads", 0, "compute threads (0 = all cores)");
@@ -107,7 +117,8 @@ int ServeCommand(int argc, char** argv) {
   f.Repeated("lora", "serve an adapter as a variant: NAME=PATH (PEFT directory or GGUF LoRA)");
   f.Repeated("lora-dir", "register every adapter directly under DIR (named after its folder/file)");
   f.Repeated("adapter-root", "directory POST /v1/load_lora_adapter may load adapters from");
-  f.String("registry", "", "adapter registry state file (default: <cache dir>/adapters-registry.json)");
+  f.String("registry", "",
+           "adapter registry state file (default: <cache dir>/adapters-registry.json)");
   f.Int("host-cache-size", 2048, "MiB of decoded adapters kept in host memory (LRU)");
   f.Int("max-lora-rank", 256, "largest LoRA rank accepted");
   f.String(
@@ -116,7 +127,10 @@ int ServeCommand(int argc, char** argv) {
   f.Int("max-adapters-per-step", 0, "distinct adapters in one engine step (0 = unlimited)");
   f.Int("loader-threads", 1, "threads loading adapters (disk -> host, host -> pool pages)");
   f.Bool("no-adapter-pool", "serve adapters from host memory only (no copies in pool pages)");
-  f.Float("drain-timeout", 30.0, "seconds running requests get to finish on SIGTERM before they are aborted");
+  f.Bool("no-prefault-pool",
+         "leave the pool's memory untouched until used (faster start; page faults on first use)");
+  f.Float("drain-timeout", 30.0,
+          "seconds running requests get to finish on SIGTERM before they are aborted");
   if (int rc = ParseOrExit(f, argc, argv); rc >= 0) return rc;
 
   // Signals are taken synchronously by this thread (sigwait); every thread created from here
@@ -138,10 +152,12 @@ int ServeCommand(int argc, char** argv) {
   so.served_model_name = f.GetString("served-model-name");
   so.metrics_top_adapters =
       static_cast<int>(std::clamp<int64_t>(f.GetInt("metrics-top-adapters"), -1, 10001));
-  if (so.served_model_name.empty()) so.served_model_name = model_path.empty() ? "chorus-default" : model_path;
+  if (so.served_model_name.empty())
+    so.served_model_name = model_path.empty() ? "chorus-default" : model_path;
   const double drain_s = f.GetFloat("drain-timeout");
   if (!(drain_s >= 0 && drain_s <= 86400)) {
-    return Fail("serve", InvalidArgumentError("flag --drain-timeout must be in [0, 86400] seconds"));
+    return Fail("serve",
+                InvalidArgumentError("flag --drain-timeout must be in [0, 86400] seconds"));
   }
 
   engine::EngineOptions eo;
@@ -161,13 +177,16 @@ int ServeCommand(int argc, char** argv) {
   }
   eo.loader_threads = static_cast<int>(loader_threads);
   eo.adapter_pool_copies = !f.GetBool("no-adapter-pool");
-  if (Status s = eo.Validate(); !s.ok()) return Fail("serve", InvalidArgumentError("flag " + s.message()));
+  eo.prefault_pool = !f.GetBool("no-prefault-pool");
+  if (Status s = eo.Validate(); !s.ok())
+    return Fail("serve", InvalidArgumentError("flag " + s.message()));
 
   auto srv = server::Server::Create(so);
   if (!srv.ok()) return Fail("serve", InvalidArgumentError("flag " + srv.status().message()));
   if (Status s = (*srv)->Start(); !s.ok()) return Fail("serve", s);
   std::fprintf(stderr, "chorus serve: loading %s (listening on %s, /health is 503 until ready)\n",
-               model_path.empty() ? "the embedded default model" : model_path.c_str(), (*srv)->url().c_str());
+               model_path.empty() ? "the embedded default model" : model_path.c_str(),
+               (*srv)->url().c_str());
 
   auto loaded = LoadModelAndTokenizer(model_path, f.GetString("tokenizer"));
   if (!loaded.ok()) return Fail("serve", loaded.status());
@@ -181,12 +200,14 @@ int ServeCommand(int argc, char** argv) {
   (*srv)->SetEngine(engine);
   std::printf("chorus serve: serving \"%s\" at %s/v1 (context %lld tokens, %lld KV blocks)\n",
               so.served_model_name.c_str(), (*srv)->url().c_str(),
-              static_cast<long long>(engine->context_length()), static_cast<long long>(engine->kv_blocks_total()));
+              static_cast<long long>(engine->context_length()),
+              static_cast<long long>(engine->kv_blocks_total()));
   std::fflush(stdout);
 
   int sig = 0;
   sigwait(&stop_signals, &sig);
-  std::fprintf(stderr, "chorus serve: %s: draining (up to %.1f s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM", drain_s);
+  std::fprintf(stderr, "chorus serve: %s: draining (up to %.1f s)\n",
+               sig == SIGINT ? "SIGINT" : "SIGTERM", drain_s);
   (*srv)->Drain(std::chrono::milliseconds(static_cast<int64_t>(drain_s * 1000)));
   (*srv)->Stop();
   std::fprintf(stderr, "chorus serve: stopped\n");

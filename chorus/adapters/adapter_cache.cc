@@ -1,11 +1,25 @@
 #include "chorus/adapters/adapter_cache.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 
 namespace chorus::adapters {
 
 std::string AdapterKey::Id() const {
   return name + "@" + std::to_string(content_hash) + "." + std::to_string(version);
+}
+
+std::string AdapterKey::ContentId() const {
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(content_hash));
+  return std::string(hex) + "-v" + std::to_string(version);
+}
+
+const std::vector<double>& AdapterCache::LoadSecondsBounds() {
+  static const std::vector<double> kBounds = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                              0.25,  0.5,    1,     2.5,  5,     10};
+  return kBounds;
 }
 
 AdapterCache::AdapterCache(model::ModelConfig base, int64_t max_bytes, LoraLimits limits)
@@ -35,6 +49,7 @@ Result<std::shared_ptr<const LoraAdapter>> AdapterCache::Get(const AdapterKey& k
   const auto t0 = std::chrono::steady_clock::now();
   LoraLoadOptions lo;
   lo.limits = limits_;
+  lo.identity = key.ContentId();
   auto loaded = LoadLoraAdapter(key.path, base_, lo, key.name);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
@@ -52,6 +67,12 @@ Result<std::shared_ptr<const LoraAdapter>> AdapterCache::Get(const AdapterKey& k
   ++stats_.loads;
   stats_.load_seconds_total += secs;
   stats_.last_load_seconds = secs;
+  {
+    const auto& b = LoadSecondsBounds();
+    // Prometheus buckets are "≤ le": the first bound not below secs.
+    const size_t i = static_cast<size_t>(std::lower_bound(b.begin(), b.end(), secs) - b.begin());
+    ++stats_.load_seconds_buckets[i];
+  }
   std::shared_ptr<const LoraAdapter> adapter = *loaded;
   if (it != entries_.end()) {  // not erased meanwhile
     it->second.adapter = adapter;

@@ -6,7 +6,8 @@
 // reference, and only of entries nobody else holds.
 //
 // The cache key includes the registry's content hash and version, so a replaced adapter never
-// shares cached weights with its predecessor.
+// shares cached weights with its predecessor. Loaded copies carry AdapterKey::ContentId() as
+// their identity().
 //
 // Thread-safety: thread-safe.
 #pragma once
@@ -18,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "chorus/adapters/lora/lora_adapter.h"
 #include "chorus/adapters/lora/lora_files.h"
@@ -30,6 +32,10 @@ struct AdapterKey {
   uint64_t content_hash = 0;
   uint64_t version = 0;
   std::string Id() const;  // "name@hash.version"
+  // Content identity: "<hash as 16 hex digits>-v<version>" (AdapterInfo::cache_key()'s form).
+  // Loaded copies carry it as LoraView::identity(), so tiers below the host cache (pool copies)
+  // recognise a reload of the same registration.
+  std::string ContentId() const;
 };
 
 class AdapterCache {
@@ -42,9 +48,17 @@ class AdapterCache {
   // Drops the cached copy of every version of `name` (users keep theirs until they finish).
   void Erase(const std::string& name);
 
+  // Upper bounds (seconds) of the load-latency histogram: 1 ms .. 10 s, roughly 1-2.5-5 steps.
+  static const std::vector<double>& LoadSecondsBounds();
+
   struct Stats {
     uint64_t hits = 0, misses = 0, loads = 0, load_errors = 0, evictions = 0;
     double load_seconds_total = 0, last_load_seconds = 0;
+    // Successful loads by duration: load_seconds_buckets[i] counts loads with
+    // LoadSecondsBounds()[i-1] < seconds <= LoadSecondsBounds()[i] (not cumulative); the last
+    // element counts loads above the largest bound. Sums to `loads`.
+    std::vector<uint64_t> load_seconds_buckets =
+        std::vector<uint64_t>(LoadSecondsBounds().size() + 1);
     int64_t bytes = 0, entries = 0;
   };
   Stats stats() const;
@@ -53,7 +67,7 @@ class AdapterCache {
   struct Entry {
     std::shared_ptr<const LoraAdapter> adapter;  // null while loading
     bool loading = false;
-    std::list<std::string>::iterator lru;        // position in lru_ (front = most recent)
+    std::list<std::string>::iterator lru;  // position in lru_ (front = most recent)
     std::string name;
   };
   void EvictLocked();

@@ -40,6 +40,9 @@ TEST(AdapterCacheTest, HitsMissesAndLruEvictionOfUnpinnedEntries) {
   AdapterCache cache(f.base, 2 * f.bytes_each);  // room for two
   auto a0 = cache.Get(f.keys[0]);
   ASSERT_TRUE(a0.ok()) << a0.status().ToString();
+  // Loaded copies carry the content identity (hash + version) that pool copies are keyed by.
+  EXPECT_EQ(f.keys[0].ContentId(), "0000000000000064-v1");
+  EXPECT_EQ((*a0)->identity(), f.keys[0].ContentId());
   auto again = cache.Get(f.keys[0]);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(a0->get(), again->get());
@@ -58,7 +61,22 @@ TEST(AdapterCacheTest, HitsMissesAndLruEvictionOfUnpinnedEntries) {
     EXPECT_EQ(s.entries, 2);
   }
   ASSERT_TRUE(cache.Get(f.keys[0]).ok());  // reloaded
-  EXPECT_EQ(cache.stats().loads, 4u);
+  s = cache.stats();
+  EXPECT_EQ(s.loads, 4u);
+  // Every successful load lands in exactly one latency bucket; the buckets' bounds are
+  // increasing and span 1 ms .. 10 s.
+  ASSERT_EQ(s.load_seconds_buckets.size(), AdapterCache::LoadSecondsBounds().size() + 1);
+  uint64_t in_buckets = 0;
+  for (uint64_t n : s.load_seconds_buckets) in_buckets += n;
+  EXPECT_EQ(in_buckets, s.loads);
+  const auto& b = AdapterCache::LoadSecondsBounds();
+  EXPECT_EQ(b.front(), 0.001);
+  EXPECT_EQ(b.back(), 10.0);
+  for (size_t i = 1; i < b.size(); ++i) EXPECT_LT(b[i - 1], b[i]);
+  // The last load's bucket is the one whose range holds last_load_seconds.
+  size_t want = 0;
+  while (want < b.size() && s.last_load_seconds > b[want]) ++want;
+  EXPECT_GE(s.load_seconds_buckets[want], 1u);
 }
 
 TEST(AdapterCacheTest, NewVersionNeverSharesCachedWeights) {
@@ -80,7 +98,8 @@ TEST(AdapterCacheTest, ConcurrentMissesLoadOnceAndErrorsAreNotCached) {
   AdapterCache cache(f.base, int64_t{1} << 30);
   std::vector<std::thread> ts;
   std::vector<const LoraAdapter*> got(4);
-  for (int i = 0; i < 4; ++i) ts.emplace_back([&, i] { got[static_cast<size_t>(i)] = cache.Get(f.keys[0])->get(); });
+  for (int i = 0; i < 4; ++i)
+    ts.emplace_back([&, i] { got[static_cast<size_t>(i)] = cache.Get(f.keys[0])->get(); });
   for (auto& t : ts) t.join();
   for (auto* p : got) EXPECT_EQ(p, got[0]);
   EXPECT_EQ(cache.stats().loads, 1u);
@@ -89,6 +108,9 @@ TEST(AdapterCacheTest, ConcurrentMissesLoadOnceAndErrorsAreNotCached) {
   EXPECT_FALSE(cache.Get(bad).ok());
   EXPECT_EQ(cache.stats().load_errors, 2u);
   EXPECT_EQ(cache.stats().entries, 1);
+  uint64_t in_buckets = 0;  // failed loads are not in the latency histogram
+  for (uint64_t n : cache.stats().load_seconds_buckets) in_buckets += n;
+  EXPECT_EQ(in_buckets, 1u);
 }
 
 }  // namespace

@@ -63,6 +63,7 @@ Result<std::unique_ptr<PagedLora>> PagedLora::Create(std::shared_ptr<const LoraA
 }
 
 void PagedLora::CopyIn() const {
+  CHORUS_CHECK(host_ != nullptr) << "CopyIn after ReleaseHost";
   for (int64_t i = 0; i < n_rows(); ++i) {
     // The destination is pool memory this object was given exclusively (see Create).
     std::memcpy(const_cast<void*>(row_data(i)), host_->row_data(i),

@@ -6,8 +6,9 @@
 // f32 values, same op order: bitwise the same step output).
 //
 // Life cycle (engine/adapter_residency.h): the engine thread allocates the pages and calls
-// Create(); a loader thread runs CopyIn(); the engine marks the copy resident when told, and
-// frees the pages (PagePool::Free(pages())) after dropping the PagedLora.
+// Create(); a loader thread runs CopyIn(); the engine marks the copy resident when told (and
+// releases the host copy), and frees the pages (PagePool::Free(pages())) after dropping the
+// PagedLora.
 //
 // Thread-safety: immutable after Create() except for the page bytes CopyIn() writes; CopyIn()
 // touches no PagePool bookkeeping, so it may run while the engine thread uses the pool.
@@ -35,11 +36,15 @@ class PagedLora : public LoraView {
                                                    memory::PagePool* pool,
                                                    std::vector<int32_t> pages);
 
-  // Copies every row from the host copy into the pages.
+  // Copies every row from the host copy into the pages. Not after ReleaseHost().
   void CopyIn() const;
+  // Drops the reference to the host copy once CopyIn() has finished (the caller makes sure it
+  // has), so the host tier can evict that copy while this one stays resident. The rows hold the
+  // same values, identified by identity().
+  void ReleaseHost() { host_.reset(); }
 
   const std::vector<int32_t>& pages() const { return pages_; }
-  const std::shared_ptr<const LoraAdapter>& host() const { return host_; }
+  const std::shared_ptr<const LoraAdapter>& host() const { return host_; }  // null once released
 
  private:
   PagedLora() = default;

@@ -1,5 +1,7 @@
 #include "chorus/engine/adapter_residency.h"
 
+#include <cstdio>
+
 #include "chorus/base/logging.h"
 
 namespace chorus::engine {
@@ -48,7 +50,7 @@ void AdapterResidency::LoaderMain() {
     if (job.paged != nullptr) {
       job.paged->CopyIn();
       std::lock_guard<std::mutex> lock(mu_);
-      copied_.push_back(job.paged);
+      copied_.push_back(std::move(job.entry));
       continue;  // the engine applies it at its next step; nothing waits for it
     }
     const auto t0 = Clock::now();
@@ -80,7 +82,7 @@ std::shared_ptr<AdapterTicket> AdapterResidency::LoadFromDisk(const adapters::Ad
       t->done.store(true);
       return t;
     }
-    jobs_.push_back(Job{nullptr, key, t});
+    jobs_.push_back(Job{nullptr, "", key, t});
   }
   cv_.notify_one();
   return t;
@@ -91,33 +93,45 @@ void AdapterResidency::Forget(const std::string& name) {
   forget_.push_back(name);
 }
 
+std::string AdapterResidency::KeyOf(const LoraAdapter* a) {
+  if (!a->identity().empty()) return a->identity();
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "@%p", static_cast<const void*>(a));
+  return buf;
+}
+
 void AdapterResidency::Poll() {
-  std::vector<const adapters::PagedLora*> copied;
+  std::vector<std::string> copied;
   std::vector<std::string> forget;
   {
     std::lock_guard<std::mutex> lock(mu_);
     copied.swap(copied_);
     forget.swap(forget_);
   }
-  for (const adapters::PagedLora* p : copied) {
-    auto it = entries_.find(p->host().get());
-    CHORUS_CHECK(it != entries_.end() && it->second.paged.get() == p &&
+  for (const std::string& key : copied) {
+    auto it = entries_.find(key);
+    CHORUS_CHECK(it != entries_.end() && it->second.paged != nullptr &&
                  it->second.state == State::kLoading);
     Entry& e = it->second;
     e.state = State::kResident;
     metrics_->adapter_pool_loads.fetch_add(1);
     metrics_->adapter_pool_load_seconds.Observe(
         std::chrono::duration<double>(Clock::now() - e.load_start).count());
-    if (e.forgotten && e.pins == 0) Drop(it->first);
+    if (!e.host->identity().empty()) {
+      // The rows have landed: the host tier may now evict its copy; a reload finds this one.
+      e.paged->ReleaseHost();
+      e.host.reset();
+    }
+    if (e.forgotten && e.pins == 0) Drop(key);
   }
   for (const std::string& name : forget) {
-    std::vector<const LoraAdapter*> drop;
+    std::vector<std::string> drop;
     for (auto& [key, e] : entries_) {
-      if (e.host->name() != name) continue;
+      if (e.name != name) continue;
       e.forgotten = true;
       if (e.pins == 0 && e.state != State::kLoading) drop.push_back(key);
     }
-    for (const LoraAdapter* a : drop) Drop(a);
+    for (const std::string& key : drop) Drop(key);
   }
   PublishGauges();
 }
@@ -130,23 +144,26 @@ void AdapterResidency::FreePoolCopy(Entry* e) {
   e->state = State::kHostOnly;
 }
 
-void AdapterResidency::Drop(const LoraAdapter* a) {
-  auto it = entries_.find(a);
+void AdapterResidency::Drop(const std::string& key) {
+  auto it = entries_.find(key);
   if (it == entries_.end()) return;
   if (it->second.paged) metrics_->adapter_pool_evictions.fetch_add(1);
   FreePoolCopy(&it->second);
   entries_.erase(it);
 }
 
-void AdapterResidency::MaybeErase(const LoraAdapter* a) {
-  auto it = entries_.find(a);
+void AdapterResidency::MaybeErase(const std::string& key) {
+  auto it = entries_.find(key);
   if (it == entries_.end() || it->second.pins > 0 || it->second.state == State::kLoading) return;
-  if (it->second.forgotten || it->second.state == State::kHostOnly) Drop(a);
+  if (it->second.forgotten || it->second.state == State::kHostOnly) Drop(key);
 }
 
 void AdapterResidency::Pin(const std::shared_ptr<const LoraAdapter>& a) {
-  Entry& e = entries_[a.get()];
-  if (!e.host) e.host = a;
+  Entry& e = entries_[KeyOf(a.get())];
+  if (e.name.empty()) e.name = a->name();
+  // A host-only entry serves rows from its host copy: keep the newest one (a reload's), so an
+  // evicted-and-reloaded copy is what the host tier accounts for.
+  if (e.state == State::kHostOnly) e.host = a;
   ++e.pins;
   e.last_use = ++tick_;
   if (e.state == State::kResident) {
@@ -157,35 +174,37 @@ void AdapterResidency::Pin(const std::shared_ptr<const LoraAdapter>& a) {
 }
 
 void AdapterResidency::Unpin(const LoraAdapter* a) {
-  auto it = entries_.find(a);
+  const std::string key = KeyOf(a);
+  auto it = entries_.find(key);
   CHORUS_CHECK(it != entries_.end() && it->second.pins > 0)
       << "unpin of an adapter that is not pinned";
   --it->second.pins;
   it->second.last_use = ++tick_;
-  MaybeErase(a);
+  MaybeErase(key);
 }
 
 const adapters::LoraView* AdapterResidency::View(const LoraAdapter* a) {
-  auto it = entries_.find(a);
+  auto it = entries_.find(KeyOf(a));
   if (it == entries_.end() || it->second.state != State::kResident) return a;
   it->second.last_use = ++tick_;
   return it->second.paged.get();
 }
 
 bool AdapterResidency::Resident(const LoraAdapter* a) const {
-  auto it = entries_.find(a);
+  auto it = entries_.find(KeyOf(a));
   return it != entries_.end() && it->second.state == State::kResident;
 }
 
 bool AdapterResidency::Loading(const LoraAdapter* a) const {
-  auto it = entries_.find(a);
+  auto it = entries_.find(KeyOf(a));
   return it != entries_.end() && it->second.state == State::kLoading;
 }
 
 void AdapterResidency::Prefetch(const std::shared_ptr<const LoraAdapter>& a, int64_t keep_free,
                                 bool may_evict) {
   if (!opts_.pool_copies) return;
-  auto found = entries_.find(a.get());
+  const std::string key = KeyOf(a.get());
+  auto found = entries_.find(key);
   if (found != entries_.end() &&
       (found->second.state != State::kHostOnly || found->second.forgotten))
     return;
@@ -202,8 +221,9 @@ void AdapterResidency::Prefetch(const std::shared_ptr<const LoraAdapter>& a, int
                         << "': " << paged.status().ToString();
     return;
   }
-  Entry& e = entries_[a.get()];
-  if (!e.host) e.host = a;
+  Entry& e = entries_[key];
+  e.host = a;  // held until the copy lands (the PagedLora holds it too)
+  if (e.name.empty()) e.name = a->name();
   e.paged = std::move(*paged);
   e.state = State::kLoading;
   e.load_start = Clock::now();
@@ -211,27 +231,28 @@ void AdapterResidency::Prefetch(const std::shared_ptr<const LoraAdapter>& a, int
   {
     std::lock_guard<std::mutex> lock(mu_);
     jobs_.push_front(
-        Job{e.paged.get(), {}, nullptr});  // pool copies are short: ahead of disk loads
+        Job{e.paged.get(), key, {}, nullptr});  // pool copies are short: ahead of disk loads
   }
   cv_.notify_one();
 }
 
 bool AdapterResidency::EvictFor(int64_t n_free) {
   while (pool_->n_free() < n_free) {
-    const LoraAdapter* victim = nullptr;
+    const std::string* victim = nullptr;
     uint64_t oldest = UINT64_MAX;
     for (const auto& [key, e] : entries_) {
       if (e.state == State::kResident && e.pins == 0 && e.last_use < oldest) {
         oldest = e.last_use;
-        victim = key;
+        victim = &key;
       }
     }
     if (victim == nullptr) return false;
-    CHORUS_LOG(DEBUG) << "evict adapter '" << victim->name() << "' from the pool";
-    Entry& e = entries_[victim];
+    const std::string key = *victim;
+    Entry& e = entries_.at(key);
+    CHORUS_LOG(DEBUG) << "evict adapter '" << e.name << "' from the pool";
     metrics_->adapter_pool_evictions.fetch_add(1);
     FreePoolCopy(&e);
-    MaybeErase(victim);
+    MaybeErase(key);
   }
   return true;
 }

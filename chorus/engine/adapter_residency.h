@@ -16,10 +16,16 @@
 // * An adapter is pinned while any running sequence uses it; unpinned resident copies are
 //   evicted LRU when KV needs pages (EvictFor), before any sequence is preempted.
 //
-// Identity: entries are keyed by the host copy (a LoraAdapter object). The host cache keys
-// those by content hash + version, so a replaced adapter never shares a pool copy with its
-// predecessor; Forget(name) drops the copies of an unloaded adapter (now, or once its last
-// running user finishes).
+// Identity: entries are keyed by content identity (LoraView::identity(): the registry's content
+// hash + version, which the host cache stamps on every copy it loads), not by the host object.
+// So when the host LRU evicts an adapter whose pool copy is resident and a later request loads
+// it again, the new host object finds the resident pool copy (a pool hit, no second copy). To
+// let the host tier evict it at all, a resident copy does not hold its host copy: the reference
+// is dropped once the rows have landed. A replaced adapter has a new version, so it never shares
+// a pool copy with its predecessor. Adapters without an identity (built directly, e.g. in tests)
+// are keyed by their address and their entry holds them, so the address stays unique.
+// Forget(name) drops the copies of an unloaded adapter (now, or once its last running user
+// finishes).
 //
 // Thread-safety: LoadFromDisk() and Forget() may be called from any thread; everything else
 // only from the engine thread. Loader threads touch only page bytes and tickets.
@@ -95,7 +101,10 @@ class AdapterResidency {
  private:
   enum class State { kHostOnly, kLoading, kResident };
   struct Entry {
+    // The host copy this entry was made from: held while kHostOnly / kLoading, and always for
+    // adapters without an identity (see the file comment); null for a resident copy otherwise.
     std::shared_ptr<const adapters::LoraAdapter> host;
+    std::string name;
     std::unique_ptr<adapters::PagedLora> paged;  // set while kLoading / kResident
     State state = State::kHostOnly;
     int pins = 0;
@@ -104,14 +113,17 @@ class AdapterResidency {
     std::chrono::steady_clock::time_point load_start;
   };
   struct Job {
-    const adapters::PagedLora* paged = nullptr;  // pool copy; else a disk load:
+    const adapters::PagedLora* paged = nullptr;  // pool copy (of entry `entry`); else a disk load:
+    std::string entry;
     adapters::AdapterKey key;
     std::shared_ptr<AdapterTicket> ticket;
   };
+  // The entry key of `a`: its identity, or its address when it has none.
+  static std::string KeyOf(const adapters::LoraAdapter* a);
   void LoaderMain();
-  void Drop(const adapters::LoraAdapter* a);  // frees the pool copy and the entry
+  void Drop(const std::string& key);  // frees the pool copy and the entry
   void FreePoolCopy(Entry* e);
-  void MaybeErase(const adapters::LoraAdapter* a);
+  void MaybeErase(const std::string& key);
 
   memory::PagePool* const pool_;
   EngineMetrics* const metrics_;
@@ -120,16 +132,16 @@ class AdapterResidency {
   const Options opts_;
 
   // Engine thread.
-  std::unordered_map<const adapters::LoraAdapter*, Entry> entries_;
+  std::unordered_map<std::string, Entry> entries_;  // by KeyOf()
   uint64_t tick_ = 0;
 
   // Shared with loader threads.
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Job> jobs_;                            // guarded by mu_
-  std::vector<const adapters::PagedLora*> copied_;  // guarded by mu_: finished pool copies
-  std::vector<std::string> forget_;                 // guarded by mu_
-  bool stop_ = false;                               // guarded by mu_
+  std::deque<Job> jobs_;             // guarded by mu_
+  std::vector<std::string> copied_;  // guarded by mu_: keys of finished pool copies
+  std::vector<std::string> forget_;  // guarded by mu_
+  bool stop_ = false;                // guarded by mu_
   std::vector<std::thread> loaders_;
 };
 

@@ -126,6 +126,75 @@ TEST(AdapterResidencyTest, ReplacedAdapterNeverSharesThePoolCopy) {
   EXPECT_EQ(f.pool.n_used(memory::PageKind::kAdapter), 0);
 }
 
+// Pool copies are keyed by content identity (hash + version), not by the host object: after the
+// host tier dropped its copy and loaded it again (a new LoraAdapter object with the same
+// identity), the resident pool copy serves it — no second copy. A resident copy does not hold
+// its host copy, so the host tier can evict it at all.
+TEST(AdapterResidencyTest, ReloadedHostCopyReusesTheResidentPoolCopy) {
+  Fixture f;
+  adapters::RandomLoraSpec s;
+  s.rank = 8;
+  const adapters::LoraWeights w = adapters::MakeRandomLora(f.c, s);
+  auto load = [&](const std::string& identity) {
+    auto a = LoraAdapter::Build(w, f.c, "x", {}, identity);
+    CHORUS_CHECK(a.ok());
+    return *a;
+  };
+  auto first = load("00000000000000ab-v3");
+  f.res.Pin(first);
+  f.res.Prefetch(first, 0, /*may_evict=*/true);
+  ASSERT_TRUE(WaitResident(&f.res, first.get()));
+  const adapters::LoraView* pool_view = f.res.View(first.get());
+  ASSERT_NE(pool_view, first.get());
+  EXPECT_EQ(pool_view->identity(), "00000000000000ab-v3");
+  f.res.Unpin(first.get());
+  const int64_t pages = f.pool.n_used(memory::PageKind::kAdapter);
+  EXPECT_EQ(first.use_count(), 1);  // only this test holds the host copy now
+  std::weak_ptr<const LoraAdapter> gone = first;
+  first.reset();  // the host tier evicts it
+  EXPECT_TRUE(gone.expired());
+
+  auto reloaded = load("00000000000000ab-v3");
+  EXPECT_TRUE(f.res.Resident(reloaded.get()));
+  EXPECT_EQ(f.res.View(reloaded.get()), pool_view);
+  f.res.Pin(reloaded);
+  EXPECT_EQ(f.metrics.adapter_pool_hits.load(), 1u);
+  f.res.Prefetch(reloaded, 0, /*may_evict=*/true);  // nothing to do
+  f.res.Poll();
+  EXPECT_FALSE(f.res.Loading(reloaded.get()));
+  EXPECT_EQ(f.pool.n_used(memory::PageKind::kAdapter), pages);
+  EXPECT_EQ(f.metrics.adapter_pool_loads.load(), 1u);
+  f.res.Unpin(reloaded.get());
+
+  // Another version of the same bytes (a re-registration) is another adapter: its own copy.
+  auto next_version = load("00000000000000ab-v4");
+  EXPECT_FALSE(f.res.Resident(next_version.get()));
+  EXPECT_EQ(f.res.View(next_version.get()), next_version.get());
+  f.res.Prefetch(next_version, 0, /*may_evict=*/true);
+  ASSERT_TRUE(WaitResident(&f.res, next_version.get()));
+  EXPECT_EQ(f.pool.n_used(memory::PageKind::kAdapter), 2 * pages);
+
+  // Unloading the name frees both (neither is pinned).
+  f.res.Forget("x");
+  f.res.Poll();
+  EXPECT_EQ(f.pool.n_used(memory::PageKind::kAdapter), 0);
+  EXPECT_FALSE(f.res.Resident(reloaded.get()));
+}
+
+// Without an identity an adapter is only ever the same as itself: an equal copy built
+// separately does not see its pool copy, and the entry keeps its host copy alive (so the
+// address that keys it cannot be reused by another adapter).
+TEST(AdapterResidencyTest, AdapterWithoutIdentityMatchesOnlyItself) {
+  Fixture f;
+  auto a = MakeAdapter(f.c, 1, "a"), twin = MakeAdapter(f.c, 1, "a");
+  EXPECT_TRUE(a->identity().empty());
+  f.res.Prefetch(a, 0, true);
+  ASSERT_TRUE(WaitResident(&f.res, a.get()));
+  EXPECT_GT(a.use_count(), 1);
+  EXPECT_FALSE(f.res.Resident(twin.get()));
+  EXPECT_EQ(f.res.View(twin.get()), twin.get());
+}
+
 TEST(AdapterResidencyTest, DiskLoadsCompleteTicketsOnLoaderThread) {
   const auto c = TinyConfig();
   const std::string dir = testing::TempDir() + "/residency_peft";
@@ -147,6 +216,7 @@ TEST(AdapterResidencyTest, DiskLoadsCompleteTicketsOnLoaderThread) {
   CHORUS_ASSERT_OK(ok->status);
   ASSERT_NE(ok->adapter, nullptr);
   EXPECT_EQ(ok->adapter->max_rank(), 4);
+  EXPECT_EQ(ok->adapter->identity(), "0000000000000001-v1");  // the key's content identity
   EXPECT_FALSE(bad->status.ok());
   EXPECT_NE(bad->status.message().find("missing"), std::string::npos) << bad->status.ToString();
   EXPECT_EQ(wakes.load(), 2);

@@ -17,6 +17,13 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
+// Under --max-adapters-per-step, how many admission rounds a waiting sequence can be passed over
+// (its adapter would exceed the cap while newer sequences, whose adapters are already in the
+// step, are admitted) before admission stops behind it. Bounds its wait: once nothing newer is
+// admitted, the adapters in the step lose their sequences as those finish, and the first slot
+// that frees is its.
+constexpr int kMaxAdapterCapPasses = 8;
+
 // One choice of one request, as the engine thread sees it.
 struct Sequence {
   uint64_t serial = 0;  // admission order; the largest is the newest (first to be preempted)
@@ -25,8 +32,8 @@ struct Sequence {
   int index = 0;
   std::vector<int32_t> tokens;  // prompt + generated
   int64_t n_prompt = 0;
-  int64_t n_computed = 0;       // tokens whose K/V are in the cache
-  std::vector<int32_t> table;   // KV block table
+  int64_t n_computed = 0;      // tokens whose K/V are in the cache
+  std::vector<int32_t> table;  // KV block table
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<tokenizer::StreamingDetokenizer> detok;
   std::unique_ptr<StopChecker> stop;
@@ -41,18 +48,27 @@ struct Sequence {
   std::shared_ptr<const adapters::LoraAdapter> lora;
   std::shared_ptr<AdapterTicket> ticket;
   bool pinned = false;
+  int cap_passes = 0;  // admission rounds it was passed over for --max-adapters-per-step
 };
 
 }  // namespace
 
 Status EngineOptions::Validate() const {
   if (threads < 0 || threads > 256) return InvalidArgumentError("threads must be in [0, 256]");
-  if (max_batch_tokens < 1 || max_batch_tokens > 65536) return InvalidArgumentError("max-batch-tokens must be in [1, 65536]");
-  if (max_running < 1 || max_running > 4096) return InvalidArgumentError("max-running must be in [1, 4096]");
-  if (max_running > max_batch_tokens) return InvalidArgumentError("max-running must not exceed max-batch-tokens (each running sequence needs a row per step)");
-  if (max_queue < 0 || max_queue > 1000000) return InvalidArgumentError("max-queue must be in [0, 1000000]");
-  if (pool_bytes < (int64_t{1} << 20)) return InvalidArgumentError("pool-size must be at least 1 MiB");
-  if (block_size < 1 || block_size > 1024) return InvalidArgumentError("block size must be in [1, 1024]");
+  if (max_batch_tokens < 1 || max_batch_tokens > 65536)
+    return InvalidArgumentError("max-batch-tokens must be in [1, 65536]");
+  if (max_running < 1 || max_running > 4096)
+    return InvalidArgumentError("max-running must be in [1, 4096]");
+  if (max_running > max_batch_tokens)
+    return InvalidArgumentError(
+        "max-running must not exceed max-batch-tokens (each running sequence needs a row per "
+        "step)");
+  if (max_queue < 0 || max_queue > 1000000)
+    return InvalidArgumentError("max-queue must be in [0, 1000000]");
+  if (pool_bytes < (int64_t{1} << 20))
+    return InvalidArgumentError("pool-size must be at least 1 MiB");
+  if (block_size < 1 || block_size > 1024)
+    return InvalidArgumentError("block size must be in [1, 1024]");
   if (max_adapters_per_step < 0 || max_adapters_per_step > 4096)
     return InvalidArgumentError("max-adapters-per-step must be in [0, 4096]");
   if (loader_threads < 1 || loader_threads > 64)
@@ -66,11 +82,12 @@ struct Engine::Impl {
   std::unique_ptr<memory::PagePool> pages;
   std::unique_ptr<memory::KvCache> kv;
   std::unique_ptr<model::Forward> forward;
-  std::vector<float> logits;  // [max_running, vocab]
+  std::vector<float> logits;       // [max_running, vocab]
   SamplerScratch sampler_scratch;  // engine thread only
   SampleResult sample_result;      // engine thread only, reused
   // Seeds for requests without one: distinct per sequence, different on every run.
-  std::atomic<uint64_t> seed_source{static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count())};
+  std::atomic<uint64_t> seed_source{
+      static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count())};
 
   // Incoming queue: the only state shared with client threads.
   std::mutex mu;
@@ -79,7 +96,7 @@ struct Engine::Impl {
   std::atomic<int64_t> queued{0};                  // requests submitted but not yet running
   std::atomic<bool> stop_now{false};
   std::atomic<bool> draining{false};
-  Clock::time_point drain_deadline;                // guarded by mu
+  Clock::time_point drain_deadline;  // guarded by mu
   std::thread thread;
 
   // Engine-thread state.
@@ -134,24 +151,30 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const model::Mode
   if (!model || !tok) return InvalidArgumentError("engine needs a model and a tokenizer");
   const auto& c = model->config();
   if (tok->vocab_size() > c.vocab_size) {
-    return InvalidArgumentError("tokenizer has " + std::to_string(tok->vocab_size()) + " tokens but the model only " +
-                                std::to_string(c.vocab_size) + " (hint: tokenizer of another model?)");
+    return InvalidArgumentError("tokenizer has " + std::to_string(tok->vocab_size()) +
+                                " tokens but the model only " + std::to_string(c.vocab_size) +
+                                " (hint: tokenizer of another model?)");
   }
   std::unique_ptr<Engine> e(new Engine());
   e->model_ = std::move(model);
   e->tok_ = std::move(tok);
   e->opts_ = opts;
   auto impl = std::make_unique<Impl>(e.get(), opts.threads);
-  memory::KvLayout layout{.n_layers = c.n_layers, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim,
+  memory::KvLayout layout{.n_layers = c.n_layers,
+                          .n_kv_heads = c.n_kv_heads,
+                          .head_dim = c.head_dim,
                           .block_size = opts.block_size};
   const int64_t n_pages = opts.pool_bytes / layout.PageBytes();
   if (n_pages < 2) {
-    return InvalidArgumentError("pool-size " + std::to_string(opts.pool_bytes >> 20) + " MiB holds fewer than 2 KV blocks of " +
+    return InvalidArgumentError("pool-size " + std::to_string(opts.pool_bytes >> 20) +
+                                " MiB holds fewer than 2 KV blocks of " +
                                 std::to_string(layout.PageBytes() >> 10) + " KiB for this model");
   }
   impl->pages = std::make_unique<memory::PagePool>(n_pages, layout.PageBytes());
+  if (opts.prefault_pool) impl->pages->Prefault();
   impl->kv = std::make_unique<memory::KvCache>(layout, impl->pages.get());
-  impl->forward = std::make_unique<model::Forward>(e->model_, opts.max_batch_tokens, opts.max_running);
+  impl->forward =
+      std::make_unique<model::Forward>(e->model_, opts.max_batch_tokens, opts.max_running);
   impl->logits.assign(static_cast<size_t>(opts.max_running * c.vocab_size), 0.0f);
   impl->step_tokens.reserve(static_cast<size_t>(opts.max_batch_tokens));
   impl->step_pos.reserve(static_cast<size_t>(opts.max_batch_tokens));
@@ -194,8 +217,9 @@ Result<std::shared_ptr<RequestHandle>> Engine::Submit(GenerationRequest req) {
   if (req.prompt.empty()) return InvalidArgumentError("prompt is empty");
   for (int32_t t : req.prompt) {
     if (t < 0 || t >= c.vocab_size) {
-      return InvalidArgumentError("prompt token id " + std::to_string(t) + " is outside the vocabulary [0, " +
-                                  std::to_string(c.vocab_size) + ")");
+      return InvalidArgumentError("prompt token id " + std::to_string(t) +
+                                  " is outside the vocabulary [0, " + std::to_string(c.vocab_size) +
+                                  ")");
     }
   }
   if (req.max_tokens < 1) return InvalidArgumentError("max_tokens must be at least 1");
@@ -210,23 +234,28 @@ Result<std::shared_ptr<RequestHandle>> Engine::Submit(GenerationRequest req) {
   CHORUS_RETURN_IF_ERROR(req.sampling.Validate());
   const int64_t total = static_cast<int64_t>(req.prompt.size()) + req.max_tokens;
   if (total > c.max_seq_len) {
-    return OutOfRangeError("this model's maximum context length is " + std::to_string(c.max_seq_len) +
-                           " tokens, but the request needs " + std::to_string(req.prompt.size()) + " prompt + " +
+    return OutOfRangeError("this model's maximum context length is " +
+                           std::to_string(c.max_seq_len) + " tokens, but the request needs " +
+                           std::to_string(req.prompt.size()) + " prompt + " +
                            std::to_string(req.max_tokens) + " completion tokens");
   }
   if (impl_->kv->BlocksFor(total) > impl_->pages->n_pages()) {
-    return OutOfRangeError("the request needs " + std::to_string(total) + " tokens of KV cache, more than the pool holds (" +
-                           std::to_string(impl_->pages->n_pages() * opts_.block_size) + "); raise --pool-size");
+    return OutOfRangeError("the request needs " + std::to_string(total) +
+                           " tokens of KV cache, more than the pool holds (" +
+                           std::to_string(impl_->pages->n_pages() * opts_.block_size) +
+                           "); raise --pool-size");
   }
   if (impl_->queued.load() + req.n > opts_.max_queue) {
     metrics_.requests_rejected.fetch_add(1);
-    return ResourceExhaustedError("too many requests waiting (" + std::to_string(opts_.max_queue) + ")");
+    return ResourceExhaustedError("too many requests waiting (" + std::to_string(opts_.max_queue) +
+                                  ")");
   }
   // A cold adapter: its disk load is queued now, in arrival order, on a loader thread.
   std::shared_ptr<AdapterTicket> ticket;
   if (!req.lora && req.adapter_key) ticket = impl_->residency->LoadFromDisk(*req.adapter_key);
   auto shared_req = std::make_shared<const GenerationRequest>(std::move(req));
-  auto handle = std::make_shared<RequestHandle>(shared_req->n, static_cast<int64_t>(shared_req->prompt.size()));
+  auto handle = std::make_shared<RequestHandle>(shared_req->n,
+                                                static_cast<int64_t>(shared_req->prompt.size()));
   const auto now = Clock::now();
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
@@ -240,7 +269,8 @@ Result<std::shared_ptr<RequestHandle>> Engine::Submit(GenerationRequest req) {
       s->n_prompt = static_cast<int64_t>(shared_req->prompt.size());
       SamplingParams sp = shared_req->sampling;
       if (sp.seed.has_value()) sp.seed = *sp.seed + static_cast<uint64_t>(i);
-      s->sampler = std::make_unique<Sampler>(sp, c.vocab_size, impl_->seed_source.fetch_add(0x9E3779B97F4A7C15ull));
+      s->sampler = std::make_unique<Sampler>(sp, c.vocab_size,
+                                             impl_->seed_source.fetch_add(0x9E3779B97F4A7C15ull));
       s->detok = std::make_unique<tokenizer::StreamingDetokenizer>(tok_.get());
       s->detok->SetPrevious(s->tokens.back());
       s->stop = std::make_unique<StopChecker>(shared_req->stop);
@@ -348,7 +378,8 @@ void Engine::Impl::Preempt(Sequence* s) {
   UnpinAdapter(s);
   s->n_computed = 0;
   self->metrics_.preemptions_total.fetch_add(1);
-  CHORUS_LOG(DEBUG) << "preempt req=" << s->req->id << " choice=" << s->index << " tokens=" << s->tokens.size();
+  CHORUS_LOG(DEBUG) << "preempt req=" << s->req->id << " choice=" << s->index
+                    << " tokens=" << s->tokens.size();
 }
 
 // Choice 0 of `parent`'s request has just computed its prompt: every other choice takes a
@@ -399,10 +430,11 @@ void Engine::Impl::OnToken(Sequence* s, const float* row_logits) {
   const auto& c = self->model_->config();
   SampleResult& r = sample_result;
   const std::span<const int32_t> all(s->tokens);
-  const int32_t tok = s->sampler->Sample(std::span<const float>(row_logits, static_cast<size_t>(c.vocab_size)),
-                                         all.subspan(0, static_cast<size_t>(s->n_prompt)),
-                                         all.subspan(static_cast<size_t>(s->n_prompt)), &sampler_scratch,
-                                         s->req->sampling.logprobs.has_value() ? &r : nullptr);
+  const int32_t tok =
+      s->sampler->Sample(std::span<const float>(row_logits, static_cast<size_t>(c.vocab_size)),
+                         all.subspan(0, static_cast<size_t>(s->n_prompt)),
+                         all.subspan(static_cast<size_t>(s->n_prompt)), &sampler_scratch,
+                         s->req->sampling.logprobs.has_value() ? &r : nullptr);
   s->tokens.push_back(tok);
   ++s->n_generated;
   const auto now = Clock::now();
@@ -419,7 +451,8 @@ void Engine::Impl::OnToken(Sequence* s, const float* row_logits) {
 
   const GenerationRequest& req = *s->req;
   bool is_eos = !req.ignore_eos && self->tok_->IsEos(tok);
-  bool is_stop_id = std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), tok) != req.stop_token_ids.end();
+  bool is_stop_id = std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), tok) !=
+                    req.stop_token_ids.end();
   StreamEvent ev;
   ev.index = s->index;
   ev.token = tok;
@@ -435,8 +468,8 @@ void Engine::Impl::OnToken(Sequence* s, const float* row_logits) {
     ev.text = std::move(o.text);
     if (o.stopped) finish = FinishReason::kStop;
   }
-  if (finish == FinishReason::kNone &&
-      (s->n_generated >= req.max_tokens || static_cast<int64_t>(s->tokens.size()) >= c.max_seq_len)) {
+  if (finish == FinishReason::kNone && (s->n_generated >= req.max_tokens ||
+                                        static_cast<int64_t>(s->tokens.size()) >= c.max_seq_len)) {
     finish = FinishReason::kLength;
   }
   if (finish != FinishReason::kNone) {
@@ -500,7 +533,8 @@ void Engine::Impl::Step() {
       if (victim == i) break;
     }
     if (!ok) break;  // s itself was preempted; every later one too
-    plan.push_back({s, s->n_computed, count, s->n_computed + count == static_cast<int64_t>(s->tokens.size())});
+    plan.push_back(
+        {s, s->n_computed, count, s->n_computed + count == static_cast<int64_t>(s->tokens.size())});
     budget -= count;
   }
   // Preempted sequences go back to the front of the queue, oldest first.
@@ -657,6 +691,9 @@ bool Engine::Impl::AdapterCapAllows(const Sequence* s) const {
 // Admits waiting sequences in arrival order while rows, sequences and pages allow. A sequence
 // whose adapter is still loading, or whose adapter would exceed --max-adapters-per-step, is
 // passed over (it keeps its place); a sequence that does not fit in the pool stops admission.
+// Fairness under the cap: a sequence passed over kMaxAdapterCapPasses times becomes a barrier —
+// no newer sequence is admitted until it is, so the adapters in the step cannot be kept there
+// forever by a stream of newer requests for them.
 void Engine::Impl::AdmitWaiting(int64_t* budget) {
   const auto& opts = self->opts_;
   step_adapters.clear();
@@ -666,13 +703,20 @@ void Engine::Impl::AdmitWaiting(int64_t* budget) {
       step_adapters.push_back(a);
   }
   size_t i = 0;
+  bool barrier = false;  // an older sequence has waited long enough for an adapter slot
   while (*budget > 0 && i < waiting.size() &&
          static_cast<int64_t>(running.size()) < opts.max_running) {
     Sequence* s = waiting[i].get();
-    if (s->ticket || !AdapterCapAllows(s)) {
+    if (s->ticket) {
       ++i;
       continue;
     }
+    if (!AdapterCapAllows(s)) {
+      if (++s->cap_passes >= kMaxAdapterCapPasses) barrier = true;
+      ++i;
+      continue;
+    }
+    if (barrier) break;  // everything from here on is newer than the starving sequence
     const int64_t remaining = static_cast<int64_t>(s->tokens.size()) - s->n_computed;
     const int64_t count = std::min(*budget, remaining);
     // Admit only if this chunk fits and one block per running sequence stays free for

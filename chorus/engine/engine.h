@@ -40,11 +40,18 @@ struct EngineOptions {
   int64_t max_running = 64;        // sequences in the running batch
   int64_t max_queue = 256;         // waiting requests before Submit() says kResourceExhausted
   int64_t pool_bytes = int64_t{1} << 30;  // the paged pool (KV blocks; adapters later)
-  int64_t block_size = 16;         // tokens per KV block
+  int64_t block_size = 16;                // tokens per KV block
   // Adapter residency (DESIGN §3, engine/adapter_residency.h).
-  int64_t max_adapters_per_step = 0;  // distinct adapters in one step; 0 = unlimited
-  int loader_threads = 1;             // disk → host loads and host → pool copies
-  bool adapter_pool_copies = true;    // keep resident adapters in pool pages (unified paging)
+  // Distinct adapters in one step; 0 = unlimited. Requests whose adapter is already in the step
+  // may overtake one whose adapter would exceed the cap, but only for a bounded number of
+  // admissions (kMaxAdapterCapPasses, engine.cc): then nothing newer is admitted before it, so
+  // it gets a slot as soon as one adapter's running sequences have finished.
+  int64_t max_adapters_per_step = 0;
+  int loader_threads = 1;           // disk → host loads and host → pool copies
+  bool adapter_pool_copies = true;  // keep resident adapters in pool pages (unified paging)
+  // Make the whole pool resident at Create (PagePool::Prefault): no page faults when KV blocks
+  // or adapter copies first use a page. `chorus serve` turns it on; tests leave it off.
+  bool prefault_pool = false;
   // Resolves GenerationRequest::adapter_key on the loader threads (null: only `lora` works).
   std::shared_ptr<adapters::AdapterCache> adapter_cache;
   Status Validate() const;

@@ -42,6 +42,12 @@ class PagePool {
   }
   PageKind kind(int32_t page) const { return kinds_[page]; }
 
+  // Makes every page of the arena resident now (the kernel zero-fills them once), so first use
+  // of a page costs no page fault: an adapter's pool copy into never-used pages spends ~80 % of
+  // its time in page faults otherwise (36 MB: ~24 ms instead of ~5 ms on the Zen 4 VM), time a
+  // loader thread takes from the steps running next to it. Costs the whole arena in RSS.
+  void Prefault();
+
  private:
   struct FreeDeleter {
     void operator()(uint8_t* p) const;

@@ -1,8 +1,12 @@
 // test-labels: unit
+#include "chorus/memory/page_pool.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <set>
 
 #include "chorus/memory/kv_cache.h"
-#include "chorus/memory/page_pool.h"
 #include "tests/testutil/testutil.h"
 
 namespace chorus::memory {
@@ -26,6 +30,33 @@ TEST(PagePoolTest, AllocateFreeAndCountByKind) {
   pool.FreeOne(p);
   EXPECT_EQ(pool.n_free(), 8);
   EXPECT_EQ(pool.n_used(PageKind::kKv), 0);
+}
+
+// Fraction of the pool's arena that is resident in memory (mincore).
+double ResidentFraction(PagePool& pool) {
+  const size_t os_page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(pool.PageData(0)) / os_page * os_page;
+  const uintptr_t end = reinterpret_cast<uintptr_t>(pool.PageData(0)) +
+                        static_cast<uintptr_t>(pool.n_pages() * pool.page_bytes());
+  std::vector<unsigned char> vec((end - begin + os_page - 1) / os_page);
+  CHORUS_CHECK(::mincore(reinterpret_cast<void*>(begin), end - begin, vec.data()) == 0);
+  size_t resident = 0;
+  for (unsigned char v : vec) resident += v & 1;
+  return static_cast<double>(resident) / static_cast<double>(vec.size());
+}
+
+TEST(PagePoolTest, PrefaultMakesTheWholeArenaResident) {
+  // 96 MiB: above glibc's largest mmap threshold, so the arena is a fresh, untouched mapping.
+  PagePool pool(96, 1 << 20);
+  EXPECT_LT(ResidentFraction(pool), 0.5);
+  pool.Prefault();
+  EXPECT_EQ(ResidentFraction(pool), 1.0);
+  // Still an ordinary pool.
+  auto pages = pool.Allocate(96, PageKind::kKv);
+  ASSERT_TRUE(pages.ok());
+  for (int32_t p : *pages) pool.PageData(p)[pool.page_bytes() - 1] = 1;
+  pool.Free(*pages);
+  EXPECT_EQ(pool.n_free(), 96);
 }
 
 TEST(KvCacheTest, ReserveGrowsAndReleases) {

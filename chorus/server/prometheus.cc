@@ -47,7 +47,8 @@ void Hist(std::string* out, const char* name, const char* help, const engine::Hi
   Header(out, name, "histogram", help);
   const auto s = h.Get();
   for (size_t i = 0; i < s.bounds.size() && i < s.cumulative.size(); ++i) {
-    *out += std::string(name) + "_bucket{le=\"" + Num(s.bounds[i]) + "\"} " + std::to_string(s.cumulative[i]) + "\n";
+    *out += std::string(name) + "_bucket{le=\"" + Num(s.bounds[i]) + "\"} " +
+            std::to_string(s.cumulative[i]) + "\n";
   }
   *out += std::string(name) + "_bucket{le=\"+Inf\"} " + std::to_string(s.count) + "\n";
   *out += std::string(name) + "_sum " + Num(s.sum) + "\n";
@@ -102,7 +103,8 @@ void RenderPoolAndResidency(std::string* out, const engine::EngineMetrics& m) {
 }
 }  // namespace
 
-std::string RenderPrometheus(const engine::EngineMetrics* m, const HttpCounters& http, int64_t kv_block_bytes) {
+std::string RenderPrometheus(const engine::EngineMetrics* m, const HttpCounters& http,
+                             int64_t kv_block_bytes) {
   std::string out;
   out.reserve(8192);
   if (m) {
@@ -124,26 +126,30 @@ std::string RenderPrometheus(const engine::EngineMetrics* m, const HttpCounters&
     }
     Scalar(&out, "chorus_engine_requests_total", "counter", "Requests accepted by the engine.",
            static_cast<double>(m->requests_total.load()));
-    Scalar(&out, "chorus_engine_requests_rejected_total", "counter", "Requests rejected because the queue was full.",
+    Scalar(&out, "chorus_engine_requests_rejected_total", "counter",
+           "Requests rejected because the queue was full.",
            static_cast<double>(m->requests_rejected.load()));
-    Scalar(&out, "chorus_preemptions_total", "counter", "Sequences preempted (KV freed, recomputed later).",
+    Scalar(&out, "chorus_preemptions_total", "counter",
+           "Sequences preempted (KV freed, recomputed later).",
            static_cast<double>(m->preemptions_total.load()));
     Scalar(&out, "chorus_prompt_tokens_total", "counter", "Prompt tokens computed (prefill rows).",
            static_cast<double>(m->prompt_tokens_total.load()));
     Scalar(&out, "chorus_generation_tokens_total", "counter", "Tokens generated.",
            static_cast<double>(m->generation_tokens_total.load()));
-    Scalar(&out, "chorus_engine_steps_total", "counter", "Engine steps run.", static_cast<double>(m->steps_total.load()));
-    Hist(&out, "chorus_time_to_first_token_seconds", "Time from submission to the first generated token.",
-         m->ttft_seconds);
-    Hist(&out, "chorus_time_per_output_token_seconds", "Time between consecutive generated tokens of a sequence.",
+    Scalar(&out, "chorus_engine_steps_total", "counter", "Engine steps run.",
+           static_cast<double>(m->steps_total.load()));
+    Hist(&out, "chorus_time_to_first_token_seconds",
+         "Time from submission to the first generated token.", m->ttft_seconds);
+    Hist(&out, "chorus_time_per_output_token_seconds",
+         "Time between consecutive generated tokens of a sequence.",
          m->time_per_output_token_seconds);
     Hist(&out, "chorus_step_seconds", "Duration of one engine step.", m->step_seconds);
     RenderPoolAndResidency(&out, *m);
   }
   Header(&out, "chorus_http_requests_total", "counter", "HTTP requests by route and status code.");
   for (const auto& [key, n] : http.Snapshot()) {
-    out += "chorus_http_requests_total{route=\"" + key.first + "\",status=\"" + std::to_string(key.second) + "\"} " +
-           std::to_string(n) + "\n";
+    out += "chorus_http_requests_total{route=\"" + key.first + "\",status=\"" +
+           std::to_string(key.second) + "\"} " + std::to_string(n) + "\n";
   }
   return out;
 }
@@ -226,8 +232,19 @@ std::string RenderAdapterPrometheus(const engine::AdapterMetrics& m,
            "Adapters evicted from the host tier (LRU).", static_cast<double>(cache->evictions));
     Scalar(&out, "chorus_adapter_load_errors_total", "counter",
            "Adapter loads from disk that failed.", static_cast<double>(cache->load_errors));
-    Header(&out, "chorus_adapter_load_seconds", "summary",
+    Header(&out, "chorus_adapter_load_seconds", "histogram",
            "Duration of adapter loads from disk into the host tier.");
+    {
+      const auto& bounds = adapters::AdapterCache::LoadSecondsBounds();
+      uint64_t cumulative = 0;
+      for (size_t i = 0; i < bounds.size(); ++i) {
+        if (i < cache->load_seconds_buckets.size()) cumulative += cache->load_seconds_buckets[i];
+        out += "chorus_adapter_load_seconds_bucket{le=\"" + Num(bounds[i]) + "\"} " +
+               std::to_string(cumulative) + "\n";
+      }
+      out +=
+          "chorus_adapter_load_seconds_bucket{le=\"+Inf\"} " + std::to_string(cache->loads) + "\n";
+    }
     out += "chorus_adapter_load_seconds_sum " + Num(cache->load_seconds_total) + "\n";
     out += "chorus_adapter_load_seconds_count " + std::to_string(cache->loads) + "\n";
     Scalar(&out, "chorus_adapter_last_load_seconds", "gauge",

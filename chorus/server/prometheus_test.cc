@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -114,6 +115,12 @@ TEST(AdapterMetricsTest, TopNOtherAndBase) {
   cs.misses = 3;
   cs.loads = 3;
   cs.load_seconds_total = 0.75;
+  // 0.004 s (le 0.005), 0.2 s (le 0.25), 0.546 s (le 1).
+  const auto& lb = adapters::AdapterCache::LoadSecondsBounds();
+  auto bucket_of = [&](double v) {
+    return static_cast<size_t>(std::lower_bound(lb.begin(), lb.end(), v) - lb.begin());
+  };
+  for (double v : {0.004, 0.2, 0.546}) ++cs.load_seconds_buckets[bucket_of(v)];
   cs.bytes = 1024;
   cs.entries = 3;
   const std::string text = RenderAdapterPrometheus(m, &cs, 5, o);
@@ -131,6 +138,17 @@ TEST(AdapterMetricsTest, TopNOtherAndBase) {
   EXPECT_EQ(s.at("chorus_adapter_host_cache_misses_total"), 3);
   EXPECT_EQ(s.at("chorus_adapter_load_seconds_count"), 3);
   EXPECT_EQ(s.at("chorus_adapter_load_seconds_sum"), 0.75);
+  // A histogram (1 ms .. 10 s): cumulative buckets, +Inf = _count.
+  EXPECT_NE(text.find("# TYPE chorus_adapter_load_seconds histogram"), std::string::npos);
+  EXPECT_EQ(s.at("chorus_adapter_load_seconds_bucket{le=\"0.001\"}"), 0);
+  EXPECT_EQ(s.at("chorus_adapter_load_seconds_bucket{le=\"0.0025\"}"), 0);
+  EXPECT_EQ(s.at("chorus_adapter_load_seconds_bucket{le=\"0.005\"}"), 1);
+  EXPECT_EQ(s.at("chorus_adapter_load_seconds_bucket{le=\"0.1\"}"), 1);
+  EXPECT_EQ(s.at("chorus_adapter_load_seconds_bucket{le=\"0.25\"}"), 2);
+  EXPECT_EQ(s.at("chorus_adapter_load_seconds_bucket{le=\"0.5\"}"), 2);
+  EXPECT_EQ(s.at("chorus_adapter_load_seconds_bucket{le=\"1\"}"), 3);
+  EXPECT_EQ(s.at("chorus_adapter_load_seconds_bucket{le=\"10\"}"), 3);
+  EXPECT_EQ(s.at("chorus_adapter_load_seconds_bucket{le=\"+Inf\"}"), 3);
   EXPECT_EQ(s.at("chorus_adapter_host_cache_bytes"), 1024);
   const char* h = "chorus_adapter_time_to_first_token_seconds";
   for (const std::string& l : {std::string("a"), std::string("b"), std::string("(other)"), base}) {

@@ -164,6 +164,9 @@ TEST(AdapterMetricsE2E, PerAdapterCountersOtherBucketAndHistograms) {
   // Host tier: four distinct adapters were loaded once each; every adapter request looked one up.
   EXPECT_EQ(s.at("chorus_adapter_load_seconds_count"), 4);
   EXPECT_GT(s.at("chorus_adapter_load_seconds_sum"), 0);
+  EXPECT_EQ(s.at("chorus_adapter_load_seconds_bucket{le=\"+Inf\"}"), 4);  // a histogram
+  EXPECT_LE(s.at("chorus_adapter_load_seconds_bucket{le=\"0.001\"}"),
+            s.at("chorus_adapter_load_seconds_bucket{le=\"10\"}"));
   EXPECT_EQ(s.at("chorus_adapter_host_cache_misses_total"), 4);
   EXPECT_EQ(
       s.at("chorus_adapter_host_cache_hits_total") + s.at("chorus_adapter_host_cache_misses_total"),

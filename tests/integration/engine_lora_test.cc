@@ -52,7 +52,8 @@ TEST(EngineLoraTest, SixteenRequestsOverEightAdaptersMatchAlone) {
   auto request = [&](int i) {
     GenerationRequest r;
     r.prompt = {1};
-    for (int j = 0; j < 2 + i % 5; ++j) r.prompt.push_back(static_cast<int32_t>(300 + (i * 13 + j * 7) % 200));
+    for (int j = 0; j < 2 + i % 5; ++j)
+      r.prompt.push_back(static_cast<int32_t>(300 + (i * 13 + j * 7) % 200));
     r.max_tokens = 24;
     r.sampling.temperature = 0;
     if (i % 2 == 0) {  // 8 requests on the base model, 8 on the eight adapters
@@ -76,13 +77,16 @@ TEST(EngineLoraTest, SixteenRequestsOverEightAdaptersMatchAlone) {
   }
   // Adapters must change the output, or the comparison below proves nothing.
   int differs = 0;
-  for (int i = 1; i < 16; i += 2) differs += alone[static_cast<size_t>(i)] != alone[static_cast<size_t>(i - 1)] ? 1 : 0;
+  for (int i = 1; i < 16; i += 2)
+    differs += alone[static_cast<size_t>(i)] != alone[static_cast<size_t>(i - 1)] ? 1 : 0;
   EXPECT_GE(differs, 4);
   auto e = Engine::Create(*m, tok, o);
   ASSERT_TRUE(e.ok());
   std::vector<std::shared_ptr<RequestHandle>> hs;
   for (int i = 0; i < 16; ++i) hs.push_back(*(*e)->Submit(request(i)));
-  for (int i = 0; i < 16; ++i) EXPECT_EQ(RunToEnd(*hs[static_cast<size_t>(i)]), alone[static_cast<size_t>(i)]) << "request " << i;
+  for (int i = 0; i < 16; ++i)
+    EXPECT_EQ(RunToEnd(*hs[static_cast<size_t>(i)]), alone[static_cast<size_t>(i)])
+        << "request " << i;
 }
 
 // ---- Residency: unified paging, loader threads, cold start (DESIGN §3) ----
@@ -322,6 +326,38 @@ TEST(EngineResidencyTest, MaxAdaptersPerStepIsRespected) {
       EXPECT_EQ((*e)->metrics().adapters_per_step_max.load(), cap);
     }
   }
+}
+
+// Fairness under --max-adapters-per-step: with a cap of 1 and two running slots, a request for
+// adapter B waits behind a long request for adapter A and a queue of 20 short A requests, which
+// could be admitted one after another forever (A is always in the step). B may be overtaken
+// only a bounded number of times (kMaxAdapterCapPasses = 8 in engine.cc); then nothing newer
+// is admitted before it, and it runs as soon as A leaves the step. Without that bound B would
+// start after all 20.
+TEST(EngineResidencyTest, CappedAdapterIsOvertakenOnlyBoundedTimes) {
+  CHORUS_REQUIRE_SHARED_MODEL(kModel);
+  Stories s = LoadStories();
+  auto a = Adapter(s.model->config(), 8, 40), b = Adapter(s.model->config(), 16, 41);
+  const auto want_b = Alone(s, Req(1, b, 8));
+  EngineOptions o = SmallOptions(64 << 20);
+  o.max_adapters_per_step = 1;
+  o.max_running = 2;
+  auto e = Engine::Create(s.model, s.tok, o);
+  ASSERT_TRUE(e.ok());
+  auto long_a = *(*e)->Submit(Req(0, a, 48));
+  auto hb = *(*e)->Submit(Req(1, b, 8));
+  std::vector<std::shared_ptr<RequestHandle>> short_a;
+  for (int i = 0; i < 20; ++i) short_a.push_back(*(*e)->Submit(Req(2 + i, a, 3)));
+  EXPECT_EQ(RunToEnd(*hb), want_b);
+  RunToEnd(*long_a);
+  for (auto& h : short_a) RunToEnd(*h);
+  // All were submitted within microseconds; first tokens are steps apart, so TTFT orders them.
+  int ahead_of_b = 0;
+  for (auto& h : short_a) ahead_of_b += h->ttft_seconds() < hb->ttft_seconds() ? 1 : 0;
+  EXPECT_GE(ahead_of_b, 1);  // overtaking is allowed (A is in the step) ...
+  EXPECT_LE(ahead_of_b, 8);  // ... but bounded
+  EXPECT_LT(hb->ttft_seconds(), short_a.back()->ttft_seconds());
+  EXPECT_EQ((*e)->metrics().adapters_per_step_max.load(), 1);
 }
 
 TEST(EngineResidencyTest, UnloadWhileInUseFinishesThenFrees) {

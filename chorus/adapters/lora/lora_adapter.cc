@@ -1,6 +1,8 @@
 #include "chorus/adapters/lora/lora_adapter.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <sstream>
 
 #include "chorus/base/rng.h"
@@ -35,12 +37,154 @@ Tensor BInBaseOrder(const LoraWeights& w, const model::ModelConfig& c, Linear wh
   return model::PermuteRopeRows(b, heads, c.head_dim, w.qk_layout, c.rope_layout);
 }
 
-Status CheckFinite(const std::vector<float>& v, const std::string& what) {
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (!std::isfinite(v[i])) {
-      std::ostringstream os;
-      os << what << " holds a non-finite value (" << v[i] << " at element " << i << ")";
-      return InvalidArgumentError(os.str());
+Status NonFiniteError(const std::string& what, float v, int64_t element) {
+  std::ostringstream os;
+  os << what << " holds a non-finite value (" << v << " at element " << element << ")";
+  return InvalidArgumentError(os.str());
+}
+
+// One pass over a row of f32 values: copies them into `dst` in the storage type (bf16: rounded
+// to nearest even, as F32ToBF16) and tells whether every value is finite. The finiteness test
+// and the rounding work on the bit patterns, so the loop has no branch and vectorizes; for
+// finite inputs the rounding equals F32ToBF16's.
+bool EmitF32Row(const float* src, int64_t n, LoraStorage st, void* dst) {
+  uint32_t bad = 0;
+  if (st == LoraStorage::kF32) {
+    auto* d = static_cast<float*>(dst);
+    for (int64_t i = 0; i < n; ++i) {
+      uint32_t u;
+      std::memcpy(&u, src + i, 4);
+      bad |= static_cast<uint32_t>((u & 0x7f800000u) == 0x7f800000u);
+      d[i] = src[i];
+    }
+  } else {
+    auto* d = static_cast<uint16_t*>(dst);
+    for (int64_t i = 0; i < n; ++i) {
+      uint32_t u;
+      std::memcpy(&u, src + i, 4);
+      bad |= static_cast<uint32_t>((u & 0x7f800000u) == 0x7f800000u);
+      d[i] = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
+  }
+  return bad == 0;
+}
+
+// The same for a row of bf16 values (exact in either storage type).
+bool EmitBF16Row(const uint16_t* src, int64_t n, LoraStorage st, void* dst) {
+  uint32_t bad = 0;
+  if (st == LoraStorage::kBF16) {
+    auto* d = static_cast<uint16_t*>(dst);
+    for (int64_t i = 0; i < n; ++i) {
+      bad |= static_cast<uint32_t>((src[i] & 0x7f80u) == 0x7f80u);
+      d[i] = src[i];
+    }
+  } else {
+    auto* d = static_cast<uint32_t*>(dst);
+    for (int64_t i = 0; i < n; ++i) {
+      bad |= static_cast<uint32_t>((src[i] & 0x7f80u) == 0x7f80u);
+      d[i] = static_cast<uint32_t>(src[i]) << 16;
+    }
+  }
+  return bad == 0;
+}
+
+// Row `row` of the 2-D tensor `t` as f32: the tensor's own bytes for f32, else decoded into
+// `scratch` (at least cols() floats).
+const float* RowAsF32(const Tensor& t, int64_t row, float* scratch) {
+  const TensorView& v = t.view();
+  if (t.dtype() == DType::kF32) return reinterpret_cast<const float*>(v.Row(row));
+  DequantizeRow(t.dtype(), v.Row(row), scratch, v.cols());
+  return scratch;
+}
+
+// Index of the first non-finite value of `v[0..n)` (n when none).
+int64_t FirstNonFinite(const float* v, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(v[i])) return i;
+  }
+  return n;
+}
+
+// Source row of lora_B (file pair order `from`) that lands at row `o` in the base's order `to`
+// (model::PermuteRopeRows moves whole rows the same way).
+int64_t RopeSourceRow(int64_t o, int64_t head_dim, kernels::RopeLayout from,
+                      kernels::RopeLayout to) {
+  if (from == to) return o;
+  const int64_t h = o / head_dim, i = o % head_dim, half = head_dim / 2;
+  if (to == kernels::RopeLayout::kHalf) {  // interleaved → rotate-half
+    return h * head_dim + (i < half ? 2 * i : 2 * (i - half) + 1);
+  }
+  return h * head_dim + (i % 2 == 0 ? i / 2 : i / 2 + half);  // rotate-half → interleaved
+}
+
+// lora_A [r, in] → the compute copy's rows (same order), checked, converted, in one pass.
+Status EmitA(const Tensor& a, LoraStorage st, void* dst, std::vector<float>* scratch,
+             const std::string& what) {
+  const int64_t r = a.shape()[0], in = a.shape()[1];
+  const int64_t eb = st == LoraStorage::kBF16 ? 2 : 4;
+  scratch->resize(static_cast<size_t>(in));
+  for (int64_t j = 0; j < r; ++j) {
+    void* d = static_cast<uint8_t*>(dst) + j * in * eb;
+    bool ok;
+    const float* f = nullptr;
+    if (a.dtype() == DType::kBF16) {
+      ok = EmitBF16Row(reinterpret_cast<const uint16_t*>(a.view().Row(j)), in, st, d);
+    } else {
+      f = RowAsF32(a, j, scratch->data());
+      ok = EmitF32Row(f, in, st, d);
+    }
+    if (!ok) {
+      if (f == nullptr) f = RowAsF32(a, j, scratch->data());
+      const int64_t k = FirstNonFinite(f, in);
+      return NonFiniteError(what, f[k], j * in + k);
+    }
+  }
+  return OkStatus();
+}
+
+// lora_B [out, r] (rows in pair order `from`) → Bᵀ [r, out] in the base's order `to`, checked
+// and converted. Tiles of kTile rows of B are decoded into a small f32 buffer (L1-resident) and
+// written out as kTile-wide runs of each Bᵀ row, so neither side is walked with a large stride.
+Status EmitBt(const Tensor& b, int64_t rope_heads, int64_t head_dim, kernels::RopeLayout from,
+              kernels::RopeLayout to, LoraStorage st, void* dst, std::vector<float>* scratch,
+              const std::string& what) {
+  constexpr int64_t kTile = 32;
+  const int64_t out = b.shape()[0], r = b.shape()[1];
+  scratch->resize(static_cast<size_t>((kTile + 1) * r));
+  float* tile = scratch->data();      // [kTile, r]
+  float* row_buf = tile + kTile * r;  // one decoded row
+  const bool permute = rope_heads > 0 && from != to;
+  for (int64_t o0 = 0; o0 < out; o0 += kTile) {
+    const int64_t nb = std::min(kTile, out - o0);
+    for (int64_t k = 0; k < nb; ++k) {
+      const int64_t o = o0 + k;
+      const int64_t src = permute ? RopeSourceRow(o, head_dim, from, to) : o;
+      const float* f = RowAsF32(b, src, row_buf);
+      float* t = tile + k * r;
+      uint32_t bad = 0;
+      for (int64_t j = 0; j < r; ++j) {
+        uint32_t u;
+        std::memcpy(&u, f + j, 4);
+        bad |= static_cast<uint32_t>((u & 0x7f800000u) == 0x7f800000u);
+        t[j] = f[j];
+      }
+      if (bad != 0) {
+        const int64_t j = FirstNonFinite(t, r);
+        return NonFiniteError(what, t[j], o * r + j);  // index in the base-order [out, r]
+      }
+    }
+    for (int64_t j = 0; j < r; ++j) {
+      if (st == LoraStorage::kBF16) {
+        uint16_t* d = static_cast<uint16_t*>(dst) + j * out + o0;
+        for (int64_t k = 0; k < nb; ++k) {
+          uint32_t u;
+          std::memcpy(&u, tile + k * r + j, 4);
+          d[k] = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+        }
+      } else {
+        float* d = static_cast<float*>(dst) + j * out + o0;
+        for (int64_t k = 0; k < nb; ++k) d[k] = tile[k * r + j];
+      }
     }
   }
   return OkStatus();
@@ -49,28 +193,35 @@ Status CheckFinite(const std::vector<float>& v, const std::string& what) {
 }  // namespace
 
 std::string LoraModuleName(int64_t layer, Linear which) {
-  const bool attn = which == Linear::kQ || which == Linear::kK || which == Linear::kV ||
-                    which == Linear::kO;
+  const bool attn =
+      which == Linear::kQ || which == Linear::kK || which == Linear::kV || which == Linear::kO;
   return "layers." + std::to_string(layer) + (attn ? ".self_attn." : ".mlp.") +
          model::LinearName(which);
 }
 
 int64_t LinearIn(const model::ModelConfig& c, Linear which) {
   switch (which) {
-    case Linear::kO: return c.q_dim();
-    case Linear::kDown: return c.n_ff;
-    default: return c.n_embd;
+    case Linear::kO:
+      return c.q_dim();
+    case Linear::kDown:
+      return c.n_ff;
+    default:
+      return c.n_embd;
   }
 }
 
 int64_t LinearOut(const model::ModelConfig& c, Linear which) {
   switch (which) {
-    case Linear::kQ: return c.q_dim();
+    case Linear::kQ:
+      return c.q_dim();
     case Linear::kK:
-    case Linear::kV: return c.kv_dim();
+    case Linear::kV:
+      return c.kv_dim();
     case Linear::kGate:
-    case Linear::kUp: return c.n_ff;
-    default: return c.n_embd;
+    case Linear::kUp:
+      return c.n_ff;
+    default:
+      return c.n_embd;
   }
 }
 
@@ -78,10 +229,15 @@ bool LinearGroup(Linear which, LoraAdapter::Group* group) {
   switch (which) {
     case Linear::kQ:
     case Linear::kK:
-    case Linear::kV: *group = LoraAdapter::Group::kQkv; return true;
+    case Linear::kV:
+      *group = LoraAdapter::Group::kQkv;
+      return true;
     case Linear::kGate:
-    case Linear::kUp: *group = LoraAdapter::Group::kGateUp; return true;
-    default: return false;
+    case Linear::kUp:
+      *group = LoraAdapter::Group::kGateUp;
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -120,7 +276,8 @@ Status ValidateLoraWeights(const LoraWeights& w, const model::ModelConfig& c,
       const LoraModuleWeights& m = w.at(l, which);
       const std::string name = LoraModuleName(l, which);
       if (m.a.empty() != m.b.empty()) {
-        return InvalidArgumentError(name + " has " + (m.a.empty() ? "lora_B but no lora_A" : "lora_A but no lora_B"));
+        return InvalidArgumentError(
+            name + " has " + (m.a.empty() ? "lora_B but no lora_A" : "lora_A but no lora_B"));
       }
       if (!m.present()) continue;
       any = true;
@@ -150,8 +307,9 @@ Status ValidateLoraWeights(const LoraWeights& w, const model::ModelConfig& c,
                                     " outputs (hint: adapter for another base model?)");
       }
       if (m.b.shape()[1] != r) {
-        return InvalidArgumentError("rank mismatch in " + name + ": lora_A has " + std::to_string(r) +
-                                    " rows, lora_B has " + std::to_string(m.b.shape()[1]) +
+        return InvalidArgumentError("rank mismatch in " + name + ": lora_A has " +
+                                    std::to_string(r) + " rows, lora_B has " +
+                                    std::to_string(m.b.shape()[1]) +
                                     " columns (hint: lora_A/lora_B transposed?)");
       }
       if (r < 1 || r > limits.max_rank) {
@@ -172,6 +330,7 @@ const char* LoraStorageName(LoraStorage s) { return s == LoraStorage::kBF16 ? "b
 
 void LoraView::CopyShapeFrom(const LoraView& other) {
   name_ = other.name_;
+  identity_ = other.identity_;
   storage_type_ = other.storage_type_;
   n_layers_ = other.n_layers_;
   max_rank_ = other.max_rank_;
@@ -222,13 +381,24 @@ void LoraView::LayoutRowTables() {
   CHORUS_CHECK(off == total);
 }
 
+LoraAdapter::HostBuffer::HostBuffer(size_t bytes) : bytes_(bytes) {
+  void* p = nullptr;
+  CHORUS_CHECK(::posix_memalign(&p, 64, std::max<size_t>(bytes, 1)) == 0)
+      << "out of memory allocating " << bytes << " bytes for a LoRA adapter";
+  p_.reset(p);
+}
+
+void LoraAdapter::HostBuffer::Free::operator()(void* p) const { std::free(p); }
+
 Result<std::shared_ptr<const LoraAdapter>> LoraAdapter::Build(const LoraWeights& w,
                                                               const model::ModelConfig& c,
                                                               std::string name,
-                                                              const LoraLimits& limits) {
+                                                              const LoraLimits& limits,
+                                                              std::string identity) {
   CHORUS_RETURN_IF_ERROR(ValidateLoraWeights(w, c, limits).WithContext("adapter '" + name + "'"));
   std::shared_ptr<LoraAdapter> ad(new LoraAdapter());
   ad->name_ = std::move(name);
+  ad->identity_ = std::move(identity);
   ad->n_layers_ = w.n_layers;
   ad->modules_.resize(w.modules.size());
   ad->fused_.resize(static_cast<size_t>(w.n_layers * 2));
@@ -273,13 +443,23 @@ Result<std::shared_ptr<const LoraAdapter>> LoraAdapter::Build(const LoraWeights&
       total += static_cast<size_t>(w.at(l, which).rank() * LinearOut(c, which));
     }
   }
-  ad->storage_.assign(total, 0.0f);
-  float* base = ad->storage_.data();
+  // One uninitialized allocation in the storage type; every element is written exactly once
+  // below (decoded, checked, permuted / transposed and rounded in a single pass per tensor), so
+  // a load touches the file bytes once and the storage once.
+  ad->storage_type_ = limits.storage;
+  const int64_t eb = limits.storage == LoraStorage::kBF16 ? 2 : 4;
+  ad->storage_ = HostBuffer(static_cast<size_t>(total) * static_cast<size_t>(eb));
+  uint8_t* base = static_cast<uint8_t*>(ad->storage_.data());
+  const bool f32 = limits.storage == LoraStorage::kF32;
 
+  std::vector<float> scratch;
   for (int64_t l = 0; l < w.n_layers; ++l) {
     for (int g = 0; g < 2; ++g) {
       Fused& f = ad->fused_[static_cast<size_t>(l * 2 + g)];
-      f.a = f.rank > 0 ? base + fused_off[static_cast<size_t>(l * 2 + g)] : nullptr;
+      f.a =
+          f32 && f.rank > 0
+              ? reinterpret_cast<const float*>(base + fused_off[static_cast<size_t>(l * 2 + g)] * 4)
+              : nullptr;
     }
     for (int li = 0; li < model::kNumLinears; ++li) {
       const Linear which = static_cast<Linear>(li);
@@ -287,40 +467,28 @@ Result<std::shared_ptr<const LoraAdapter>> LoraAdapter::Build(const LoraWeights&
       if (!m.present()) continue;
       const size_t idx = static_cast<size_t>(l * model::kNumLinears + li);
       Module& mod = ad->modules_[idx];
-      const int64_t r = m.rank(), out = LinearOut(c, which);
+      const int64_t r = m.rank();
       const std::string mname = LoraModuleName(l, which);
-      std::vector<float> a = m.a.ToF32();  // [r, in]
-      CHORUS_RETURN_IF_ERROR(CheckFinite(a, "lora_A of " + mname).WithContext("adapter '" + ad->name_ + "'"));
-      std::vector<float> b = BInBaseOrder(w, c, which, m.b).ToF32();  // [out, r]
-      CHORUS_RETURN_IF_ERROR(CheckFinite(b, "lora_B of " + mname).WithContext("adapter '" + ad->name_ + "'"));
-      float* a_dst = base + slots[idx].a_off;
-      std::copy(a.begin(), a.end(), a_dst);
-      float* bt_dst = base + slots[idx].bt_off;
-      for (int64_t o = 0; o < out; ++o)
-        for (int64_t j = 0; j < r; ++j) bt_dst[j * out + o] = b[static_cast<size_t>(o * r + j)];
+      uint8_t* a_dst = base + slots[idx].a_off * static_cast<size_t>(eb);
+      uint8_t* bt_dst = base + slots[idx].bt_off * static_cast<size_t>(eb);
+      CHORUS_RETURN_IF_ERROR(EmitA(m.a, limits.storage, a_dst, &scratch, "lora_A of " + mname)
+                                 .WithContext("adapter '" + ad->name_ + "'"));
+      CHORUS_RETURN_IF_ERROR(EmitBt(m.b, RopeHeads(c, which), c.head_dim, w.qk_layout,
+                                    c.rope_layout, limits.storage, bt_dst, &scratch,
+                                    "lora_B of " + mname)
+                                 .WithContext("adapter '" + ad->name_ + "'"));
       mod.rank = r;
       mod.scale = w.Scale(l, which);
-      mod.a = a_dst;
-      mod.bt = bt_dst;
+      mod.a = f32 ? reinterpret_cast<const float*>(a_dst) : nullptr;
+      mod.bt = f32 ? reinterpret_cast<const float*>(bt_dst) : nullptr;
       ad->max_rank_ = std::max(ad->max_rank_, r);
     }
   }
   // The storage holds the rows in the flat row order of LoraView, so the row tables walk it.
-  ad->storage_type_ = limits.storage;
   ad->LayoutRowTables();
-  if (limits.storage == LoraStorage::kBF16) {
-    // Rounded once, here; the f32 staging copy is dropped (contiguous f32 views with it).
-    ad->storage16_.resize(total);
-    for (size_t i = 0; i < total; ++i) ad->storage16_[i] = F32ToBF16(ad->storage_[i]);
-    std::vector<float>().swap(ad->storage_);
-    for (Module& m : ad->modules_) m.a = m.bt = nullptr;
-    for (Fused& f : ad->fused_) f.a = nullptr;
-  }
   size_t off = 0;
   for (int64_t i = 0; i < ad->n_rows(); ++i) {
-    ad->SetRow(i, limits.storage == LoraStorage::kBF16
-                      ? static_cast<const void*>(ad->storage16_.data() + off)
-                      : static_cast<const void*>(ad->storage_.data() + off));
+    ad->SetRow(i, base + off * static_cast<size_t>(eb));
     off += static_cast<size_t>(ad->row_elems(i));
   }
   CHORUS_CHECK(off == total) << "LoRA row tables do not cover the storage";
@@ -383,7 +551,8 @@ Result<std::shared_ptr<const model::Model>> MergeLora(const model::Model& base,
           for (int64_t k = 0; k < in; ++k) {
             double acc = 0;
             for (int64_t j = 0; j < r; ++j)
-              acc += static_cast<double>(b[static_cast<size_t>(o * r + j)]) * a[static_cast<size_t>(j * in + k)];
+              acc += static_cast<double>(b[static_cast<size_t>(o * r + j)]) *
+                     a[static_cast<size_t>(j * in + k)];
             merged[static_cast<size_t>(o * in + k)] += static_cast<float>(s * acc);
           }
         }
@@ -391,7 +560,8 @@ Result<std::shared_ptr<const model::Model>> MergeLora(const model::Model& base,
       }
     }
   }
-  return model::Model::Build(c, std::move(tensors), base.format(), base.source() + " (merged LoRA)");
+  return model::Model::Build(c, std::move(tensors), base.format(),
+                             base.source() + " (merged LoRA)");
 }
 
 }  // namespace chorus::adapters

@@ -6,9 +6,9 @@
 //     B [out, r] per (layer, linear), any of f32/f16/bf16 (GGUF also q8_0/q4_0), q/k lora_B rows
 //     in the pair order `qk_layout` of the file. What readers produce and writers consume.
 //   * LoraAdapter — validated against one base ModelConfig and converted to the compute layout
-//     of the segment kernels (kernels/lora.h): f32, A [r, in] row-major with the A of linears
-//     that share an input concatenated (q|k|v, gate|up) for the fused shrink, Bᵀ [r, out], q/k
-//     rows permuted to the base's rope_layout, scale folded per module. The host-tier copy.
+//     of the segment kernels (kernels/lora.h): f32 or bf16, A [r, in] row-major with the A of
+//     linears that share an input concatenated (q|k|v, gate|up) for the fused shrink, Bᵀ [r, out],
+//     q/k rows permuted to the base's rope_layout, scale folded per module. The host-tier copy.
 //   * LoraView — what the kernels read: per (layer, linear) rank, scale and row tables (one
 //     pointer per row of A / Bᵀ). A LoraAdapter is a view over its contiguous storage; a
 //     PagedLora (paged_lora.h) is a view over rows packed into pool pages. Both hold the same
@@ -38,9 +38,9 @@ int64_t LinearIn(const model::ModelConfig& c, model::Linear which);
 int64_t LinearOut(const model::ModelConfig& c, model::Linear which);
 
 struct LoraModuleWeights {
-  Tensor a;          // [r, in]; empty = this linear is not targeted
-  Tensor b;          // [out, r]
-  float alpha = 0;   // lora_alpha of this module (alpha_pattern applied)
+  Tensor a;         // [r, in]; empty = this linear is not targeted
+  Tensor b;         // [out, r]
+  float alpha = 0;  // lora_alpha of this module (alpha_pattern applied)
   bool present() const { return !a.empty(); }
   int64_t rank() const { return a.empty() ? 0 : a.shape()[0]; }
 };
@@ -99,7 +99,7 @@ class LoraView {
     const float* const* bt_rows = nullptr;  // [rank] rows of Bᵀ (lora_B transposed), each [out]
     const uint16_t* const* a_rows_bf16 = nullptr;   // the same for bf16 storage (else null)
     const uint16_t* const* bt_rows_bf16 = nullptr;  //
-    int64_t fused_col = 0;                  // first row of this module's A inside its fused group
+    int64_t fused_col = 0;  // first row of this module's A inside its fused group
   };
   // The A of linears that read the same input, concatenated by rows: group kQkv = q|k|v
   // (input n_embd), kGateUp = gate|up (input n_embd). Absent modules contribute no rows.
@@ -116,6 +116,11 @@ class LoraView {
   virtual ~LoraView() = default;
 
   const std::string& name() const { return name_; }
+  // Content identity of the weights (the registry's content hash + version, set by the host
+  // cache, adapters/adapter_cache.h): two copies with the same non-empty identity hold the same
+  // values, so a pool copy made from one serves the other. Empty when unknown (adapters built
+  // directly, e.g. by tests): such a copy is only ever the same as itself.
+  const std::string& identity() const { return identity_; }
   int64_t n_layers() const { return n_layers_; }
   const Module& module(int64_t layer, model::Linear which) const {
     return modules_[static_cast<size_t>(layer * model::kNumLinears + static_cast<int>(which))];
@@ -157,9 +162,10 @@ class LoraView {
   }
 
   std::string name_;
+  std::string identity_;
   int64_t n_layers_ = 0, max_rank_ = 0, max_fused_rank_ = 0;
-  std::vector<Module> modules_;  // [n_layers × kNumLinears]
-  std::vector<Fused> fused_;     // [n_layers × 2]
+  std::vector<Module> modules_;                   // [n_layers × kNumLinears]
+  std::vector<Fused> fused_;                      // [n_layers × 2]
   LoraStorage storage_type_ = LoraStorage::kF32;  // set before LayoutRowTables()
 
  private:
@@ -168,26 +174,46 @@ class LoraView {
   std::vector<int64_t> row_elems_;       // [n_rows()]
 };
 
-// The host-tier copy: a LoraView over one contiguous f32 allocation.
+// The host-tier copy: a LoraView over one contiguous allocation of storage() elements.
 class LoraAdapter : public LoraView {
  public:
-  // Validates (ValidateLoraWeights + every value finite — NaN/Inf refused naming the tensor)
-  // and converts. `name` is used in messages and logs.
+  // Validates (ValidateLoraWeights + every value finite — NaN/Inf refused naming the tensor and
+  // the element) and converts. Each tensor is read once: decoded, checked, moved to the base's
+  // pair order / transposed and rounded in one pass straight into the storage (this is the CPU
+  // work of a cold adapter load; bench/micro/lora_load_bench.cc). `name` is used in messages
+  // and logs; `identity` becomes identity().
   static Result<std::shared_ptr<const LoraAdapter>> Build(const LoraWeights& w,
                                                           const model::ModelConfig& base,
                                                           std::string name,
-                                                          const LoraLimits& limits = {});
+                                                          const LoraLimits& limits = {},
+                                                          std::string identity = "");
 
   // Bytes of compute weights held.
-  int64_t memory_bytes() const {
-    return static_cast<int64_t>(storage_.size() * sizeof(float) +
-                                storage16_.size() * sizeof(uint16_t));
-  }
+  int64_t memory_bytes() const { return static_cast<int64_t>(storage_.size()); }
 
  private:
+  // An uninitialized, 64-byte aligned heap block: Build writes every byte once, so zero-filling
+  // it first would be a wasted pass over tens of MB. (Transparent huge pages were measured: no
+  // gain for a load, so none are asked for.)
+  class HostBuffer {
+   public:
+    HostBuffer() = default;
+    explicit HostBuffer(size_t bytes);
+    void* data() const { return p_.get(); }
+    size_t size() const { return bytes_; }
+
+   private:
+    struct Free {
+      void operator()(void* p) const;
+    };
+    std::unique_ptr<void, Free> p_;
+    size_t bytes_ = 0;
+  };
+
   LoraAdapter() = default;
-  std::vector<float> storage_;       // every A and Bᵀ (f32 storage); never resized after Build
-  std::vector<uint16_t> storage16_;  // the same, rounded once to bf16 (bf16 storage)
+  // Every A and Bᵀ in the flat row order, in storage() elements (f32, or bf16 rounded once at
+  // Build); never resized after Build.
+  HostBuffer storage_;
 };
 
 // Which fused group a linear belongs to (q,k,v → kQkv; gate,up → kGateUp); false for o, down.
@@ -202,9 +228,9 @@ struct RandomLoraSpec {
   float alpha = 16.0f;
   bool use_rslora = false;
   float b_std = 0.02f;  // PEFT initialises B to 0; a non-zero B makes the adapter visible
-  std::vector<model::Linear> targets = {model::Linear::kQ, model::Linear::kK, model::Linear::kV,
-                                        model::Linear::kO, model::Linear::kGate,
-                                        model::Linear::kUp, model::Linear::kDown};
+  std::vector<model::Linear> targets = {
+      model::Linear::kQ,    model::Linear::kK,  model::Linear::kV,   model::Linear::kO,
+      model::Linear::kGate, model::Linear::kUp, model::Linear::kDown};
   uint64_t seed = 1;
 };
 LoraWeights MakeRandomLora(const model::ModelConfig& base, const RandomLoraSpec& spec);

@@ -47,7 +47,8 @@ constexpr ModuleName kModules[] = {
 };
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 bool Contains(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
 
@@ -132,7 +133,8 @@ Result<std::string> ReadSmallFile(const std::string& path) {
   in.seekg(0, std::ios::end);
   const std::streamoff size = in.tellg();
   if (size < 0 || size > kMaxConfigBytes) {
-    return InvalidArgumentError(path + ": larger than " + std::to_string(kMaxConfigBytes) + " bytes");
+    return InvalidArgumentError(path + ": larger than " + std::to_string(kMaxConfigBytes) +
+                                " bytes");
   }
   in.seekg(0);
   std::string text(static_cast<size_t>(size), '\0');
@@ -152,10 +154,14 @@ Status CheckTargetModule(const std::string& t) {
     const std::string leaf = std::string(m.hf).substr(std::string(m.hf).find('.') + 1);
     if (t == leaf || EndsWith(t, "." + leaf)) return OkStatus();
   }
-  if (t == "lm_head" || EndsWith(t, ".lm_head") || t == "embed_tokens" || EndsWith(t, ".embed_tokens")) {
-    return UnimplementedError("LoRA on '" + t + "' (embeddings / lm_head) is not supported; Chorus applies LoRA to " + kSupportedModules);
+  if (t == "lm_head" || EndsWith(t, ".lm_head") || t == "embed_tokens" ||
+      EndsWith(t, ".embed_tokens")) {
+    return UnimplementedError("LoRA on '" + t +
+                              "' (embeddings / lm_head) is not supported; Chorus applies LoRA to " +
+                              kSupportedModules);
   }
-  return InvalidArgumentError("unknown target module '" + t + "' (Chorus applies LoRA to " + kSupportedModules + ")");
+  return InvalidArgumentError("unknown target module '" + t + "' (Chorus applies LoRA to " +
+                              kSupportedModules + ")");
 }
 
 Result<PeftConfig> ParsePeftConfig(const std::string& text) {
@@ -170,14 +176,15 @@ Result<PeftConfig> ParsePeftConfig(const std::string& text) {
   if (IsTrue(cfg, "use_dora")) {
     return UnimplementedError("DoRA adapters (use_dora: true) are not supported");
   }
-  if (auto it = cfg.find("modules_to_save"); it != cfg.end() && !it->is_null() &&
-                                             !(it->is_array() && it->empty())) {
+  if (auto it = cfg.find("modules_to_save");
+      it != cfg.end() && !it->is_null() && !(it->is_array() && it->empty())) {
     return UnimplementedError("modules_to_save " + it->dump().substr(0, 200) +
                               " (full copies of base modules) is not supported");
   }
-  if (auto it = cfg.find("bias"); it != cfg.end() && !it->is_null() &&
-                                  !(it->is_string() && it->get<std::string>() == "none")) {
-    return UnimplementedError("bias " + it->dump() + " (trained biases) is not supported; only \"none\"");
+  if (auto it = cfg.find("bias");
+      it != cfg.end() && !it->is_null() && !(it->is_string() && it->get<std::string>() == "none")) {
+    return UnimplementedError("bias " + it->dump() +
+                              " (trained biases) is not supported; only \"none\"");
   }
   if (IsTrue(cfg, "lora_bias")) return UnimplementedError("lora_bias: true is not supported");
   if (IsTrue(cfg, "fan_in_fan_out")) {
@@ -187,7 +194,8 @@ Result<PeftConfig> ParsePeftConfig(const std::string& text) {
     return UnimplementedError("layer_replication is not supported");
   }
   if (auto it = cfg.find("r"); it != cfg.end() && !it->is_null()) {
-    if (!it->is_number_integer() || it->get<int64_t>() < 1) return InvalidArgumentError("r must be a positive integer");
+    if (!it->is_number_integer() || it->get<int64_t>() < 1)
+      return InvalidArgumentError("r must be a positive integer");
     pc.r = it->get<int64_t>();
   }
   if (auto it = cfg.find("lora_alpha"); it != cfg.end() && !it->is_null()) {
@@ -212,7 +220,8 @@ Result<PeftConfig> ParsePeftConfig(const std::string& text) {
     if (!it->is_object()) return InvalidArgumentError("alpha_pattern must be an object");
     for (auto& [k, v] : it->items()) {
       CHORUS_RETURN_IF_ERROR(CheckPatternKey(k, "alpha_pattern"));
-      if (!v.is_number()) return InvalidArgumentError("alpha_pattern['" + k + "'] must be a number");
+      if (!v.is_number())
+        return InvalidArgumentError("alpha_pattern['" + k + "'] must be a number");
       pc.alpha_pattern.emplace_back(k, v.get<double>());
     }
   }
@@ -238,10 +247,13 @@ struct PeftTensorName {
 // an error naming what Chorus does not support.
 Result<PeftTensorName> ParsePeftTensorName(const std::string& name) {
   if (Contains(name, "lora_magnitude_vector")) {
-    return UnimplementedError("tensor '" + name + "' is a DoRA magnitude vector; DoRA adapters are not supported");
+    return UnimplementedError("tensor '" + name +
+                              "' is a DoRA magnitude vector; DoRA adapters are not supported");
   }
-  if (Contains(name, "lora_embedding_A") || Contains(name, "lora_embedding_B") || Contains(name, "embed_tokens")) {
-    return UnimplementedError("tensor '" + name + "': embedding LoRA / saved embeddings are not supported");
+  if (Contains(name, "lora_embedding_A") || Contains(name, "lora_embedding_B") ||
+      Contains(name, "embed_tokens")) {
+    return UnimplementedError("tensor '" + name +
+                              "': embedding LoRA / saved embeddings are not supported");
   }
   if (Contains(name, "lm_head")) {
     return UnimplementedError("tensor '" + name + "': LoRA on lm_head is not supported");
@@ -259,7 +271,8 @@ Result<PeftTensorName> ParsePeftTensorName(const std::string& name) {
   }
   const std::string tail = name.substr(ab + 8);  // after ".lora_X."
   if (tail != "weight" && !(EndsWith(tail, ".weight") && tail.find('.') == tail.size() - 7)) {
-    return UnimplementedError("tensor '" + name + "': only lora_A/lora_B .weight tensors are supported (no LoRA biases)");
+    return UnimplementedError(
+        "tensor '" + name + "': only lora_A/lora_B .weight tensors are supported (no LoRA biases)");
   }
   const std::string module = name.substr(0, ab);
   // The decoder layer: the last "layers.<N>." at the start or after a '.'.
@@ -272,7 +285,9 @@ Result<PeftTensorName> ParsePeftTensorName(const std::string& name) {
     }
   }
   if (lp == std::string::npos) {
-    return InvalidArgumentError("tensor '" + name + "' names no decoder layer (expected ...layers.N.self_attn.q_proj.lora_A.weight)");
+    return InvalidArgumentError(
+        "tensor '" + name +
+        "' names no decoder layer (expected ...layers.N.self_attn.q_proj.lora_A.weight)");
   }
   size_t pos = lp + 7;
   std::optional<int64_t> layer = ParseIndex(module, &pos);
@@ -293,7 +308,10 @@ Result<LoraWeights> ReadPeftDir(const std::string& dir, const model::ModelConfig
   const std::string cfg_path = (fs::path(dir) / kConfigFile).string();
   if (!fs::exists(st_path, ec)) {
     if (fs::exists(fs::path(dir) / kPickleFile, ec)) {
-      return UnimplementedError(dir + ": adapter_model.bin is a pickle file, which Chorus refuses to load (unpickling can run code); save the adapter as safetensors (PEFT save_pretrained(..., safe_serialization=True))");
+      return UnimplementedError(dir +
+                                ": adapter_model.bin is a pickle file, which Chorus refuses to "
+                                "load (unpickling can run code); save the adapter as safetensors "
+                                "(PEFT save_pretrained(..., safe_serialization=True))");
     }
     return NotFoundError(dir + ": no " + kSafetensorsFile);
   }
@@ -319,7 +337,8 @@ Result<LoraWeights> ReadPeftDir(const std::string& dir, const model::ModelConfig
                                   " (LoRA weights must be F32, F16 or BF16)");
     }
     CHORUS_ASSIGN_OR_RETURN(Tensor t, file->GetTensor(info.name));
-    CHORUS_RETURN_IF_ERROR(StoreTensor(&w, tn->layer, tn->which, tn->is_a, std::move(t), info.name).WithContext(st_path));
+    CHORUS_RETURN_IF_ERROR(StoreTensor(&w, tn->layer, tn->which, tn->is_a, std::move(t), info.name)
+                               .WithContext(st_path));
   }
   // Ranks must agree with the config (r / rank_pattern); alphas from lora_alpha / alpha_pattern.
   for (int64_t l = 0; l < base.n_layers; ++l) {
@@ -362,18 +381,21 @@ Result<GgufLoraTensor> ParseGgufLoraTensor(const std::string& path, const std::s
     g.skip = true;  // llama.cpp ignores norm tensors of adapters too
     return g;
   } else {
-    return InvalidArgumentError(path + ": LoRA tensor '" + name + "' has an unexpected suffix (expected .lora_a / .lora_b)");
+    return InvalidArgumentError(path + ": LoRA tensor '" + name +
+                                "' has an unexpected suffix (expected .lora_a / .lora_b)");
   }
   const std::string target = name.substr(0, name.size() - 7);
   if (target == "token_embd.weight" || target == "output.weight") {
-    return UnimplementedError(path + ": tensor '" + name + "': LoRA on embeddings / output is not supported");
+    return UnimplementedError(path + ": tensor '" + name +
+                              "': LoRA on embeddings / output is not supported");
   }
   if (target.rfind("blk.", 0) != 0) {
     return InvalidArgumentError(path + ": tensor '" + name + "' does not target a decoder layer");
   }
   size_t pos = 4;
   std::optional<int64_t> layer = ParseIndex(target, &pos);
-  if (!layer) return InvalidArgumentError(path + ": tensor '" + name + "' has a malformed layer index");
+  if (!layer)
+    return InvalidArgumentError(path + ": tensor '" + name + "' has a malformed layer index");
   g.layer = *layer;
   const std::string leaf = target.substr(pos);
   const ModuleName* mod = nullptr;
@@ -382,19 +404,20 @@ Result<GgufLoraTensor> ParseGgufLoraTensor(const std::string& path, const std::s
   }
   if (mod == nullptr) {
     return InvalidArgumentError(path + ": tensor '" + name + "' targets unknown module '" + leaf +
-                                "' (Chorus applies LoRA to attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down)");
+                                "' (Chorus applies LoRA to attn_q, attn_k, attn_v, attn_output, "
+                                "ffn_gate, ffn_up, ffn_down)");
   }
   g.which = mod->which;
   auto dt = formats::GgmlTypeToDType(ggml_type);
   if (!dt.ok() || !(*dt == DType::kF32 || *dt == DType::kF16 || *dt == DType::kBF16 ||
                     *dt == DType::kQ8_0 || *dt == DType::kQ4_0)) {
-    return InvalidArgumentError(path + ": tensor '" + name + "' has type " + formats::GgmlTypeName(ggml_type) +
+    return InvalidArgumentError(path + ": tensor '" + name + "' has type " +
+                                formats::GgmlTypeName(ggml_type) +
                                 " (LoRA weights must be F32, F16, BF16, Q8_0 or Q4_0)");
   }
   g.dtype = *dt;
   return g;
 }
-
 
 // ---- GGUF ----
 
@@ -403,34 +426,40 @@ Result<LoraWeights> ReadGgufFile(const std::string& path, const model::ModelConf
   CHORUS_ASSIGN_OR_RETURN(auto file, formats::GgufFile::Open(path));
   auto type = file->GetString("general.type");
   if (!type.ok() || *type != "adapter") {
-    return InvalidArgumentError(path + ": general.type is " + (type.ok() ? "'" + *type + "'" : "missing") +
-                                ", expected 'adapter' (is this a base model rather than a LoRA file?)");
+    return InvalidArgumentError(
+        path + ": general.type is " + (type.ok() ? "'" + *type + "'" : "missing") +
+        ", expected 'adapter' (is this a base model rather than a LoRA file?)");
   }
   auto atype = file->GetString("adapter.type");
   if (!atype.ok() || *atype != "lora") {
-    return UnimplementedError(path + ": adapter.type is " + (atype.ok() ? "'" + *atype + "'" : "missing") +
+    return UnimplementedError(path + ": adapter.type is " +
+                              (atype.ok() ? "'" + *atype + "'" : "missing") +
                               ", only 'lora' is supported");
   }
   auto arch = file->GetString("general.architecture");
   if (!arch.ok() || *arch != base.arch) {
-    return InvalidArgumentError(path + ": adapter architecture " + (arch.ok() ? "'" + *arch + "'" : "missing") +
+    return InvalidArgumentError(path + ": adapter architecture " +
+                                (arch.ok() ? "'" + *arch + "'" : "missing") +
                                 " does not match the base model's '" + base.arch + "'");
   }
   double alpha = 0;
   if (file->Has("adapter.lora.alpha")) {
     CHORUS_ASSIGN_OR_RETURN(alpha, file->GetFloat("adapter.lora.alpha"));
-    if (!std::isfinite(alpha)) return InvalidArgumentError(path + ": adapter.lora.alpha is not finite");
+    if (!std::isfinite(alpha))
+      return InvalidArgumentError(path + ": adapter.lora.alpha is not finite");
   }
   LoraWeights w = LoraWeights::Empty(base.n_layers);
   w.use_rslora = false;
-  w.qk_layout = base.arch == "llama" ? kernels::RopeLayout::kInterleaved : kernels::RopeLayout::kHalf;
+  w.qk_layout =
+      base.arch == "llama" ? kernels::RopeLayout::kInterleaved : kernels::RopeLayout::kHalf;
   for (const formats::GgufTensorInfo& info : file->tensors()) {
     const std::string& name = info.name;
     CHORUS_ASSIGN_OR_RETURN(GgufLoraTensor g, ParseGgufLoraTensor(path, name, info.ggml_type));
     if (g.skip) continue;
     CHORUS_RETURN_IF_ERROR(LayerInRange(g.layer, base, name).WithContext(path));
     CHORUS_ASSIGN_OR_RETURN(Tensor t, file->GetTensor(name));
-    CHORUS_RETURN_IF_ERROR(StoreTensor(&w, g.layer, g.which, g.is_a, std::move(t), name).WithContext(path));
+    CHORUS_RETURN_IF_ERROR(
+        StoreTensor(&w, g.layer, g.which, g.is_a, std::move(t), name).WithContext(path));
   }
   for (auto& m : w.modules) {
     if (m.present() && m.a.shape().size() == 2) {
@@ -445,7 +474,9 @@ Result<LoraWeights> ReadGgufFile(const std::string& path, const model::ModelConf
 // lora_B with q/k rows moved from pair order `from` to `to`.
 Tensor PermutedB(const Tensor& b, const model::ModelConfig& base, Linear which,
                  kernels::RopeLayout from, kernels::RopeLayout to) {
-  const int64_t heads = which == Linear::kQ ? base.n_heads : which == Linear::kK ? base.n_kv_heads : 0;
+  const int64_t heads = which == Linear::kQ   ? base.n_heads
+                        : which == Linear::kK ? base.n_kv_heads
+                                              : 0;
   if (heads == 0 || from == to) return b;
   return model::PermuteRopeRows(b, heads, base.head_dim, from, to);
 }
@@ -454,7 +485,8 @@ Result<Tensor> Converted(const Tensor& t, DType dtype) {
   if (t.dtype() == dtype) return t;
   const std::vector<float> f = t.ToF32();
   if (DTypeIsQuantized(dtype) && t.shape().back() % kQuantBlock != 0) {
-    return InvalidArgumentError("cannot store a row of " + std::to_string(t.shape().back()) + " values as " + std::string(DTypeName(dtype)));
+    return InvalidArgumentError("cannot store a row of " + std::to_string(t.shape().back()) +
+                                " values as " + std::string(DTypeName(dtype)));
   }
   return Tensor::FromF32(f, dtype, t.shape());
 }
@@ -467,8 +499,12 @@ Result<LoraWeights> ReadPeftLora(const std::string& path, const model::ModelConf
   std::error_code ec;
   if (fs::is_directory(path, ec)) return ReadPeftDir(path, base, opts);
   const fs::path p(path);
-  if (p.filename() == kPickleFile || p.extension() == ".bin" || p.extension() == ".pt" || p.extension() == ".pth") {
-    return UnimplementedError(path + ": pickle checkpoints are refused (unpickling can run code); save the adapter as safetensors (PEFT save_pretrained(..., safe_serialization=True))");
+  if (p.filename() == kPickleFile || p.extension() == ".bin" || p.extension() == ".pt" ||
+      p.extension() == ".pth") {
+    return UnimplementedError(
+        path +
+        ": pickle checkpoints are refused (unpickling can run code); save the adapter as "
+        "safetensors (PEFT save_pretrained(..., safe_serialization=True))");
   }
   if (p.filename() == kConfigFile || p.filename() == kSafetensorsFile) {
     return ReadPeftDir(p.parent_path().empty() ? "." : p.parent_path().string(), base, opts);
@@ -500,7 +536,8 @@ Result<std::shared_ptr<const LoraAdapter>> LoadLoraAdapter(const std::string& pa
                                                            const LoraLoadOptions& opts,
                                                            std::string name) {
   CHORUS_ASSIGN_OR_RETURN(LoraWeights w, ReadLora(path, base, opts));
-  auto ad = LoraAdapter::Build(w, base, name.empty() ? path : std::move(name), opts.limits);
+  auto ad = LoraAdapter::Build(w, base, name.empty() ? path : std::move(name), opts.limits,
+                               opts.identity);
   if (!ad.ok()) return ad.status().WithContext(path);
   return ad;
 }
@@ -547,7 +584,9 @@ Status WritePeftLora(const std::string& dir, const LoraWeights& w, const model::
       if (m.alpha != alpha) alpha_pattern[path] = m.alpha;
       const std::string prefix = "base_model.model." + path;
       CHORUS_ASSIGN_OR_RETURN(Tensor a, Converted(m.a, opts.dtype));
-      CHORUS_ASSIGN_OR_RETURN(Tensor b, Converted(PermutedB(m.b, base, which, w.qk_layout, kernels::RopeLayout::kHalf), opts.dtype));
+      CHORUS_ASSIGN_OR_RETURN(
+          Tensor b, Converted(PermutedB(m.b, base, which, w.qk_layout, kernels::RopeLayout::kHalf),
+                              opts.dtype));
       tensors.emplace_back(prefix + ".lora_A.weight", std::move(a));
       tensors.emplace_back(prefix + ".lora_B.weight", std::move(b));
     }
@@ -558,7 +597,8 @@ Status WritePeftLora(const std::string& dir, const LoraWeights& w, const model::
   ojson cfg = ojson::object();
   cfg["peft_type"] = "LORA";
   cfg["task_type"] = "CAUSAL_LM";
-  cfg["base_model_name_or_path"] = opts.base_model_name.empty() ? w.base_model : opts.base_model_name;
+  cfg["base_model_name_or_path"] =
+      opts.base_model_name.empty() ? w.base_model : opts.base_model_name;
   cfg["r"] = r;
   cfg["lora_alpha"] = alpha;
   cfg["lora_dropout"] = 0.0;
@@ -570,8 +610,8 @@ Status WritePeftLora(const std::string& dir, const LoraWeights& w, const model::
   cfg["target_modules"] = targets;
   cfg["rank_pattern"] = rank_pattern;
   cfg["alpha_pattern"] = alpha_pattern;
-  CHORUS_RETURN_IF_ERROR(formats::WriteSafetensors((fs::path(dir) / kSafetensorsFile).string(), tensors,
-                                                   {{"format", "pt"}}));
+  CHORUS_RETURN_IF_ERROR(formats::WriteSafetensors((fs::path(dir) / kSafetensorsFile).string(),
+                                                   tensors, {{"format", "pt"}}));
   const std::string cfg_path = (fs::path(dir) / kConfigFile).string();
   const std::string tmp = cfg_path + ".tmp";
   {
@@ -593,14 +633,18 @@ Status WriteGgufLora(const std::string& path, const LoraWeights& w, const model:
     for (int li = 0; li < model::kNumLinears; ++li) {
       const Linear which = static_cast<Linear>(li);
       if (!w.at(l, which).present()) continue;
-      const double a = static_cast<double>(w.Scale(l, which)) * static_cast<double>(w.at(l, which).rank());
+      const double a =
+          static_cast<double>(w.Scale(l, which)) * static_cast<double>(w.at(l, which).rank());
       if (!alpha) {
         alpha = a;
       } else if (std::fabs(a - *alpha) > 1e-6 * std::fabs(*alpha)) {
-        return UnimplementedError("GGUF LoRA holds one alpha for all modules; modules of this adapter need different ones (mixed alpha or rsLoRA with mixed ranks)");
+        return UnimplementedError(
+            "GGUF LoRA holds one alpha for all modules; modules of this adapter need different "
+            "ones (mixed alpha or rsLoRA with mixed ranks)");
       }
     }
-  const kernels::RopeLayout to = base.arch == "llama" ? kernels::RopeLayout::kInterleaved : kernels::RopeLayout::kHalf;
+  const kernels::RopeLayout to =
+      base.arch == "llama" ? kernels::RopeLayout::kInterleaved : kernels::RopeLayout::kHalf;
   formats::GgufWriter g;
   g.SetString("general.architecture", base.arch);
   g.SetString("general.type", "adapter");
@@ -613,7 +657,8 @@ Status WriteGgufLora(const std::string& path, const LoraWeights& w, const model:
       const std::string tname = "blk." + std::to_string(l) + "." + mn.gguf;
       CHORUS_ASSIGN_OR_RETURN(Tensor a, Converted(m.a, opts.dtype));
       const DType b_dtype = DTypeIsQuantized(opts.dtype) ? DType::kF32 : opts.dtype;
-      CHORUS_ASSIGN_OR_RETURN(Tensor b, Converted(PermutedB(m.b, base, mn.which, w.qk_layout, to), b_dtype));
+      CHORUS_ASSIGN_OR_RETURN(Tensor b,
+                              Converted(PermutedB(m.b, base, mn.which, w.qk_layout, to), b_dtype));
       g.AddTensor(tname + ".lora_a", std::move(a));
       g.AddTensor(tname + ".lora_b", std::move(b));
     }

@@ -36,7 +36,8 @@
 namespace chorus::adapters {
 
 struct LoraLoadOptions {
-  LoraLimits limits;  // max_rank (default 256)
+  LoraLimits limits;     // max_rank (default 256)
+  std::string identity;  // LoadLoraAdapter: the adapter's LoraView::identity() (default none)
 };
 
 // A PEFT adapter directory (or its adapter_config.json / adapter_model.safetensors path).
@@ -55,7 +56,7 @@ Result<std::shared_ptr<const LoraAdapter>> LoadLoraAdapter(const std::string& pa
                                                            std::string name = "");
 
 struct PeftWriteOptions {
-  DType dtype = DType::kF32;  // f32, f16 or bf16
+  DType dtype = DType::kF32;    // f32, f16 or bf16
   std::string base_model_name;  // base_model_name_or_path (default: w.base_model)
 };
 // Writes `w` as a PEFT directory `dir` (created if missing): adapter_config.json (r = the most
@@ -71,8 +72,8 @@ struct GgufLoraWriteOptions {
 // Writes `w` as a llama.cpp-style GGUF LoRA (q/k lora_b rows in the GGUF order of base.arch).
 // GGUF holds one alpha: every module must have the same alpha/r·r' relation, i.e. the same
 // scale·rank (kUnimplemented otherwise, e.g. rsLoRA with mixed ranks).
-Status WriteGgufLora(const std::string& path, const LoraWeights& w,
-                     const model::ModelConfig& base, const GgufLoraWriteOptions& opts = {});
+Status WriteGgufLora(const std::string& path, const LoraWeights& w, const model::ModelConfig& base,
+                     const GgufLoraWriteOptions& opts = {});
 
 }  // namespace chorus::adapters
 
