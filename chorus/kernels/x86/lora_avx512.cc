@@ -212,7 +212,7 @@ constexpr int64_t kStreamBlock = 1024;  // columns per pass: acc of ≤ 3 rows =
 
 template <int NR, int NJ, typename T>
 inline void StreamRowsJ(const float* v, int64_t v_stride, const T* const* bt, int64_t j0,
-                        int64_t cb, int64_t width, float* acc) {
+                        int64_t cb, int64_t width, const T* const* next, float* acc) {
   __m512 vv[NR][NJ];
 #pragma GCC unroll 4
   for (int r = 0; r < NR; ++r)
@@ -222,6 +222,11 @@ inline void StreamRowsJ(const float* v, int64_t v_stride, const T* const* bt, in
 #pragma GCC unroll 8
   for (int q = 0; q < NJ; ++q) b[q] = bt[j0 + q] + cb;
   for (int64_t c = 0; c < width; c += 16) {
+    if (next != nullptr && (sizeof(T) == 4 || (c & 31) == 0)) {  // the next NJ rows (see shrink)
+#pragma GCC unroll 16
+      for (int q = 0; q < NJ; ++q)
+        _mm_prefetch(reinterpret_cast<const char*>(next[q] + cb + c), _MM_HINT_T0);
+    }
     const __mmask16 m = TailMask(width - c);
     __m512 w[NJ];
 #pragma GCC unroll 8
@@ -248,8 +253,12 @@ void ExpandStream(const float* v, int64_t v_stride, const T* const* bt, int64_t 
       for (int64_t c = 0; c < width; c += 16)
         _mm512_store_ps(acc + r * kStreamBlock + c, _mm512_setzero_ps());
     int64_t j = 0;
-    for (; j + kJ <= rank; j += kJ) StreamRowsJ<NR, kJ>(v, v_stride, bt, j, cb, width, acc);
-    for (; j < rank; ++j) StreamRowsJ<NR, 1>(v, v_stride, bt, j, cb, width, acc);
+    for (; j + kJ <= rank; j += kJ) {
+      const T* const* next = j + 2 * kJ <= rank ? bt + j + kJ : nullptr;
+      StreamRowsJ<NR, kJ>(v, v_stride, bt, j, cb, width, next, acc);
+    }
+    for (; j < rank; ++j)
+      StreamRowsJ<NR, 1>(v, v_stride, bt, j, cb, width, static_cast<const T* const*>(nullptr), acc);
     for (int r = 0; r < NR; ++r) {
       float* yr = y + r * y_stride + cb;
       for (int64_t c = 0; c < width; c += 16) {
