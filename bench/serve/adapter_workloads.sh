@@ -18,7 +18,7 @@
 # Environment: BUILD (build/release), WORK (/tmp/chorus-adapter-bench: models, adapters, logs),
 # OUT (WORK/results), NS ("100 1000 5000"), RATE, NUM, IN_MIN/IN_MAX, OUT_MIN/OUT_MAX, ALPHA,
 # DISTINCT (64), PORT (18400), RUNS (3: repeats of eight / many), MANY_NUM (64), MANY_OUT (64),
-# EIGHT_OUT (128).
+# EIGHT_OUT (128), SERVE_FLAGS (extra `chorus serve` flags).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -41,6 +41,7 @@ RUNS=${RUNS:-3}
 MANY_NUM=${MANY_NUM:-64}
 MANY_OUT=${MANY_OUT:-64}
 EIGHT_OUT=${EIGHT_OUT:-128}
+SERVE_FLAGS=${SERVE_FLAGS:-}  # extra `chorus serve` flags for every run, e.g. "--loader-threads 4"
 TOKENIZER=${TOKENIZER:-$here/../shared/models/llama2-tokenizer/tokenizer.model}
 mkdir -p "$WORK" "$OUT"
 
@@ -109,7 +110,7 @@ start_server() {
   local t0
   t0=$(date +%s.%N)
   "$CHORUS" serve --model "$model" --port "$PORT" --threads 2 --max-running 32 --max-batch-tokens 256 \
-    --pool-size 2048 --registry "$state" --adapter-root "$WORK" "$@" >"$log" 2>&1 &
+    --pool-size 2048 --registry "$state" --adapter-root "$WORK" $SERVE_FLAGS "$@" >"$log" 2>&1 &
   server_pid=$!
   for _ in $(seq 1 7200); do
     if curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1; then
