@@ -300,8 +300,17 @@ Result<PeftTensorName> ParsePeftTensorName(const std::string& name) {
                               "' (Chorus applies LoRA to " + kSupportedModules + ")");
 }
 
-Result<LoraWeights> ReadPeftDir(const std::string& dir, const model::ModelConfig& base,
-                                const LoraLoadOptions& opts) {
+// A PEFT adapter directory, opened: its parsed adapter_config.json and its safetensors file.
+struct PeftDir {
+  PeftConfig config;
+  std::string st_path;   // the safetensors file's path (for error context)
+  std::string cfg_path;  // adapter_config.json's path
+  std::shared_ptr<const formats::SafetensorsFile> file;
+};
+
+// Opens dir's adapter_config.json and adapter_model.safetensors (shared by the reader and the
+// inspector); a pickle adapter_model.bin is refused by name.
+Result<PeftDir> OpenPeftDir(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const std::string st_path = (fs::path(dir) / kSafetensorsFile).string();
@@ -319,11 +328,16 @@ Result<LoraWeights> ReadPeftDir(const std::string& dir, const model::ModelConfig
   CHORUS_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(cfg_path));
   auto pc_or = ParsePeftConfig(text);
   if (!pc_or.ok()) return pc_or.status().WithContext(cfg_path);
-  const PeftConfig& pc = *pc_or;
+  CHORUS_ASSIGN_OR_RETURN(auto file, formats::SafetensorsFile::Open(st_path));
+  return PeftDir{std::move(*pc_or), st_path, cfg_path, std::move(file)};
+}
 
-  auto file_or = formats::SafetensorsFile::Open(st_path);
-  if (!file_or.ok()) return file_or.status();
-  const auto& file = *file_or;
+Result<LoraWeights> ReadPeftDir(const std::string& dir, const model::ModelConfig& base,
+                                const LoraLoadOptions& opts) {
+  CHORUS_ASSIGN_OR_RETURN(PeftDir pd, OpenPeftDir(dir));
+  const PeftConfig& pc = pd.config;
+  const std::string& st_path = pd.st_path;
+  const auto& file = pd.file;
   LoraWeights w = LoraWeights::Empty(base.n_layers);
   w.use_rslora = pc.use_rslora;
   w.qk_layout = kernels::RopeLayout::kHalf;
@@ -742,24 +756,10 @@ std::string LowerDType(std::string d) {
 }
 
 Result<LoraFileInfo> InspectPeftDir(const std::string& dir) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const std::string st_path = (fs::path(dir) / kSafetensorsFile).string();
-  const std::string cfg_path = (fs::path(dir) / kConfigFile).string();
-  if (!fs::exists(st_path, ec)) {
-    if (fs::exists(fs::path(dir) / kPickleFile, ec)) {
-      return UnimplementedError(dir +
-                                ": adapter_model.bin is a pickle file, which Chorus refuses to "
-                                "load (unpickling can run code); save the adapter as safetensors");
-    }
-    return NotFoundError(dir + ": no " + kSafetensorsFile);
-  }
-  if (!fs::exists(cfg_path, ec)) return NotFoundError(dir + ": no " + kConfigFile);
-  CHORUS_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(cfg_path));
-  auto pc_or = ParsePeftConfig(text);
-  if (!pc_or.ok()) return pc_or.status().WithContext(cfg_path);
-  const PeftConfig& pc = *pc_or;
-  CHORUS_ASSIGN_OR_RETURN(auto file, formats::SafetensorsFile::Open(st_path));
+  CHORUS_ASSIGN_OR_RETURN(PeftDir pd, OpenPeftDir(dir));
+  const PeftConfig& pc = pd.config;
+  const std::string& st_path = pd.st_path;
+  const auto& file = pd.file;
   LoraFileInfo info;
   info.path = dir;
   info.format = "peft";
@@ -767,7 +767,7 @@ Result<LoraFileInfo> InspectPeftDir(const std::string& dir) {
   info.use_rslora = pc.use_rslora;
   info.config_r = pc.r;
   info.config_alpha = pc.alpha;
-  info.file_bytes = FileBytes(st_path) + FileBytes(cfg_path);
+  info.file_bytes = FileBytes(st_path) + FileBytes(pd.cfg_path);
   std::map<std::pair<int64_t, int>, ModuleProbe> probes;
   for (const formats::SafetensorsTensorInfo& t : file->tensors()) {
     auto tn = ParsePeftTensorName(t.name);
