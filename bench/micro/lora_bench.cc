@@ -48,14 +48,19 @@ struct AdapterSet {
   std::vector<LoraExpandWeight> ew;
 };
 
+// Rank of adapter i: rank_arg, or 8/16/32/64 round robin when rank_arg is 0 ("mixed").
+int64_t RankOf(int64_t i, int64_t rank_arg) {
+  constexpr int64_t kMixed[4] = {8, 16, 32, 64};
+  return rank_arg > 0 ? rank_arg : kMixed[i % 4];
+}
+
 // Copies are built in place (the row tables point into the set's own vectors).
 void BuildSet(int64_t n_adapters, int64_t rank_arg, bool bf16, AdapterSet* s) {
-  const int64_t mixed[4] = {8, 16, 32, 64};
   const size_t na = static_cast<size_t>(n_adapters);
   s->a.resize(na), s->bt.resize(na), s->a16.resize(na), s->bt16.resize(na);
   s->a_rows.resize(na), s->bt_rows.resize(na), s->a16_rows.resize(na), s->bt16_rows.resize(na);
   for (size_t u = 0; u < na; ++u) {
-    const int64_t r = rank_arg > 0 ? rank_arg : mixed[u % 4];
+    const int64_t r = RankOf(static_cast<int64_t>(u), rank_arg);
     s->a[u] = Random(static_cast<size_t>(r * kIn), static_cast<uint32_t>(u));
     s->bt[u] = Random(static_cast<size_t>(r * kOut), static_cast<uint32_t>(u + 99));
     if (bf16) {
@@ -90,10 +95,9 @@ void BM_Lora(benchmark::State& state) {
   const int64_t rows = state.range(0), rank_arg = state.range(1), n_adapters = state.range(2);
   ThreadPool pool(static_cast<int>(state.range(3)));
   const bool bf16 = state.range(4) != 0, cold = state.range(5) != 0;
-  const int64_t mixed[4] = {8, 16, 32, 64};
   int64_t bytes = 0, max_rank = 0;
   for (int64_t i = 0; i < n_adapters; ++i) {
-    const int64_t r = rank_arg > 0 ? rank_arg : mixed[i % 4];
+    const int64_t r = RankOf(i, rank_arg);
     bytes += r * (kIn + kOut) * (bf16 ? 2 : 4);
     max_rank = std::max(max_rank, r);
   }

@@ -9,9 +9,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <vector>
 
 #include "chorus/kernels/lora_internal.h"
+#include "chorus/kernels/x86/lora_tiles.h"
 
 namespace chorus::kernels::lora_internal::avx2 {
 namespace {
@@ -21,8 +21,6 @@ inline __m256i TailMask(int64_t remaining) {
   const int n = remaining >= 8 ? 8 : static_cast<int>(remaining);
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
-
-inline int64_t RoundUpTo(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
 inline float HorizontalSum(__m256 v) {
   const __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
@@ -101,25 +99,10 @@ inline void ShrinkRows(const float* x, int64_t x_stride, const T* const* a, int6
 template <typename T>
 void ShrinkTileT(const float* x, int64_t x_stride, int64_t n_rows, const T* const* a, int64_t in,
                  int64_t j_begin, int64_t j_end, float* v, int64_t v_stride) {
-  int64_t i = 0;
-  for (; i + 4 <= n_rows; i += 4) {
-    ShrinkRows<4>(x + i * x_stride, x_stride, a, in, j_begin, j_end, v + i * v_stride, v_stride);
-  }
-  const float* xr = x + i * x_stride;
-  float* vr = v + i * v_stride;
-  switch (n_rows - i) {
-    case 3:
-      ShrinkRows<3>(xr, x_stride, a, in, j_begin, j_end, vr, v_stride);
-      break;
-    case 2:
-      ShrinkRows<2>(xr, x_stride, a, in, j_begin, j_end, vr, v_stride);
-      break;
-    case 1:
-      ShrinkRows<1>(xr, x_stride, a, in, j_begin, j_end, vr, v_stride);
-      break;
-    default:
-      break;
-  }
+  ForRowTiles(n_rows, [&](auto nr, int64_t i) {
+    ShrinkRows<decltype(nr)::value>(x + i * x_stride, x_stride, a, in, j_begin, j_end,
+                                    v + i * v_stride, v_stride);
+  });
 }
 
 // Expand, as in the AVX-512 tiles (see there for why): fewer than 4 rows are streamed row by
@@ -244,56 +227,22 @@ template <typename T>
 void ExpandTileT(const float* v, int64_t v_stride, int64_t n_rows, const T* const* bt, int64_t rank,
                  float scale, int64_t c_begin, int64_t c_end, float* y, int64_t y_stride) {
   if (n_rows < 8) {  // too few rows to pay for packing: stream 4 rows, then the rest
-    int64_t i = 0;
-    if (n_rows >= 4) {
-      ExpandStream<4>(v, v_stride, bt, rank, scale, c_begin, c_end, y, y_stride);
-      i = 4;
-    }
-    const float* vr = v + i * v_stride;
-    float* yr = y + i * y_stride;
-    switch (n_rows - i) {
-      case 3:
-        return ExpandStream<3>(vr, v_stride, bt, rank, scale, c_begin, c_end, yr, y_stride);
-      case 2:
-        return ExpandStream<2>(vr, v_stride, bt, rank, scale, c_begin, c_end, yr, y_stride);
-      case 1:
-        return ExpandStream<1>(vr, v_stride, bt, rank, scale, c_begin, c_end, yr, y_stride);
-      default:
-        return;
-    }
+    return ForRowTiles(n_rows, [&](auto nr, int64_t i) {
+      ExpandStream<decltype(nr)::value>(v + i * v_stride, v_stride, bt, rank, scale, c_begin, c_end,
+                                        y + i * y_stride, y_stride);
+    });
   }
-  thread_local std::vector<float> panel_buf;  // grows once to the largest block seen
   const int64_t block =
       std::max(kSub, std::min<int64_t>(kMaxBlock, kPanelFloats / rank / kSub * kSub));
-  const int64_t widest = RoundUpTo(std::min(block, c_end - c_begin), kSub);
-  if (panel_buf.size() < static_cast<size_t>(rank * widest + 8))
-    panel_buf.resize(static_cast<size_t>(rank * widest + 8));
-  float* panel = panel_buf.data() +
-                 (8 - reinterpret_cast<uintptr_t>(panel_buf.data()) / sizeof(float) % 8) % 8;
+  float* panel = PanelScratch(rank * RoundUpTo(std::min(block, c_end - c_begin), kSub));
   const __m256 s = _mm256_set1_ps(scale);
   for (int64_t cb = c_begin; cb < c_end; cb += block) {
     const int64_t width = std::min(block, c_end - cb);
     PackBlock(bt, rank, cb, width, panel);
-    int64_t i = 0;
-    for (; i + 4 <= n_rows; i += 4) {
-      ExpandRowsFromPanel<4>(v + i * v_stride, v_stride, panel, rank, s, width,
-                             y + i * y_stride + cb, y_stride);
-    }
-    const float* vr = v + i * v_stride;
-    float* yr = y + i * y_stride + cb;
-    switch (n_rows - i) {
-      case 3:
-        ExpandRowsFromPanel<3>(vr, v_stride, panel, rank, s, width, yr, y_stride);
-        break;
-      case 2:
-        ExpandRowsFromPanel<2>(vr, v_stride, panel, rank, s, width, yr, y_stride);
-        break;
-      case 1:
-        ExpandRowsFromPanel<1>(vr, v_stride, panel, rank, s, width, yr, y_stride);
-        break;
-      default:
-        break;
-    }
+    ForRowTiles(n_rows, [&](auto nr, int64_t i) {
+      ExpandRowsFromPanel<decltype(nr)::value>(v + i * v_stride, v_stride, panel, rank, s, width,
+                                               y + i * y_stride + cb, y_stride);
+    });
   }
 }
 

@@ -16,9 +16,9 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <vector>
 
 #include "chorus/kernels/lora_internal.h"
+#include "chorus/kernels/x86/lora_tiles.h"
 
 namespace chorus::kernels::lora_internal::avx512 {
 namespace {
@@ -103,25 +103,10 @@ inline void ShrinkRows(const float* x, int64_t x_stride, const T* const* a, int6
 template <typename T>
 void ShrinkTileT(const float* x, int64_t x_stride, int64_t n_rows, const T* const* a, int64_t in,
                  int64_t j_begin, int64_t j_end, float* v, int64_t v_stride) {
-  int64_t i = 0;
-  for (; i + 4 <= n_rows; i += 4) {
-    ShrinkRows<4>(x + i * x_stride, x_stride, a, in, j_begin, j_end, v + i * v_stride, v_stride);
-  }
-  const float* xr = x + i * x_stride;
-  float* vr = v + i * v_stride;
-  switch (n_rows - i) {
-    case 3:
-      ShrinkRows<3>(xr, x_stride, a, in, j_begin, j_end, vr, v_stride);
-      break;
-    case 2:
-      ShrinkRows<2>(xr, x_stride, a, in, j_begin, j_end, vr, v_stride);
-      break;
-    case 1:
-      ShrinkRows<1>(xr, x_stride, a, in, j_begin, j_end, vr, v_stride);
-      break;
-    default:
-      break;
-  }
+  ForRowTiles(n_rows, [&](auto nr, int64_t i) {
+    ShrinkRows<decltype(nr)::value>(x + i * x_stride, x_stride, a, in, j_begin, j_end,
+                                    v + i * v_stride, v_stride);
+  });
 }
 
 // Expand, packed. The obvious register tile (for each 32-column chunk: for j < rank: load
@@ -274,50 +259,24 @@ void ExpandStream(const float* v, int64_t v_stride, const T* const* bt, int64_t 
 template <typename T>
 void ExpandTileT(const float* v, int64_t v_stride, int64_t n_rows, const T* const* bt, int64_t rank,
                  float scale, int64_t c_begin, int64_t c_end, float* y, int64_t y_stride) {
-  switch (n_rows) {
-    case 1:
-      return ExpandStream<1>(v, v_stride, bt, rank, scale, c_begin, c_end, y, y_stride);
-    case 2:
-      return ExpandStream<2>(v, v_stride, bt, rank, scale, c_begin, c_end, y, y_stride);
-    case 3:
-      return ExpandStream<3>(v, v_stride, bt, rank, scale, c_begin, c_end, y, y_stride);
-    default:
-      break;
+  if (n_rows < 4) {
+    return ForRowTiles(n_rows, [&](auto nr, int64_t) {
+      ExpandStream<decltype(nr)::value>(v, v_stride, bt, rank, scale, c_begin, c_end, y, y_stride);
+    });
   }
-  // Per-thread panel, sized once for the largest (rank, block) seen; it lives in L2, which the
-  // compute streams in address order. Large blocks keep each Bᵀ row's run long.
-  thread_local std::vector<float> panel_buf;
+  // The panel lives in L2 and the compute streams it in address order; large blocks keep each
+  // Bᵀ row's run long.
   const int64_t block =
       std::max(kSub, std::min<int64_t>(kMaxBlock, kPanelFloats / rank / kSub * kSub));
-  const size_t need = static_cast<size_t>(
-      rank * ((std::min(block, c_end - c_begin) + kSub - 1) / kSub * kSub) + 16);
-  if (panel_buf.size() < need) panel_buf.resize(need);
-  float* panel = panel_buf.data() +
-                 (16 - reinterpret_cast<uintptr_t>(panel_buf.data()) / sizeof(float) % 16) % 16;
+  float* panel = PanelScratch(rank * RoundUpTo(std::min(block, c_end - c_begin), kSub));
   const __m512 s = _mm512_set1_ps(scale);
   for (int64_t cb = c_begin; cb < c_end; cb += block) {
     const int64_t width = std::min(block, c_end - cb);
     PackBlock(bt, rank, cb, width, panel);
-    int64_t i = 0;
-    for (; i + 4 <= n_rows; i += 4) {
-      ExpandRowsFromPanel<4>(v + i * v_stride, v_stride, panel, rank, s, width,
-                             y + i * y_stride + cb, y_stride);
-    }
-    const float* vr = v + i * v_stride;
-    float* yr = y + i * y_stride + cb;
-    switch (n_rows - i) {
-      case 3:
-        ExpandRowsFromPanel<3>(vr, v_stride, panel, rank, s, width, yr, y_stride);
-        break;
-      case 2:
-        ExpandRowsFromPanel<2>(vr, v_stride, panel, rank, s, width, yr, y_stride);
-        break;
-      case 1:
-        ExpandRowsFromPanel<1>(vr, v_stride, panel, rank, s, width, yr, y_stride);
-        break;
-      default:
-        break;
-    }
+    ForRowTiles(n_rows, [&](auto nr, int64_t i) {
+      ExpandRowsFromPanel<decltype(nr)::value>(v + i * v_stride, v_stride, panel, rank, s, width,
+                                               y + i * y_stride + cb, y_stride);
+    });
   }
 }
 
