@@ -128,7 +128,8 @@ int ServeCommand(int argc, char** argv) {
   f.Int("loader-threads", 1, "threads loading adapters (disk -> host, host -> pool pages)");
   f.Bool("no-adapter-pool", "serve adapters from host memory only (no copies in pool pages)");
   f.Bool("no-prefault-pool",
-         "leave the pool's memory untouched until used (faster start; page faults on first use)");
+         "leave the pool's and the host adapter cache's memory untouched until used (faster "
+         "start; page faults on first use)");
   f.Float("drain-timeout", 30.0,
           "seconds running requests get to finish on SIGTERM before they are aborted");
   if (int rc = ParseOrExit(f, argc, argv); rc >= 0) return rc;

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstdio>
 
+#include "chorus/memory/host_arena.h"
+
 namespace chorus::adapters {
 
 std::string AdapterKey::Id() const {
@@ -22,8 +24,23 @@ const std::vector<double>& AdapterCache::LoadSecondsBounds() {
   return kBounds;
 }
 
+namespace {
+
+// Decoded copies are built into one arena as large as the cache (memory/host_arena.h), unless
+// the caller brought its own.
+LoraLimits WithArena(LoraLimits limits, int64_t max_bytes) {
+  if (!limits.arena && max_bytes > 0) {
+    limits.arena = std::make_shared<memory::HostArena>(static_cast<size_t>(max_bytes));
+  }
+  return limits;
+}
+
+}  // namespace
+
 AdapterCache::AdapterCache(model::ModelConfig base, int64_t max_bytes, LoraLimits limits)
-    : base_(std::move(base)), max_bytes_(max_bytes), limits_(limits) {}
+    : base_(std::move(base)),
+      max_bytes_(max_bytes),
+      limits_(WithArena(std::move(limits), max_bytes)) {}
 
 Result<std::shared_ptr<const LoraAdapter>> AdapterCache::Get(const AdapterKey& key) {
   const std::string id = key.Id();

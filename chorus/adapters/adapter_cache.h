@@ -48,6 +48,10 @@ class AdapterCache {
   // Drops the cached copy of every version of `name` (users keep theirs until they finish).
   void Erase(const std::string& name);
 
+  // The arena decoded copies are built into (null when max_bytes is 0); StartPrefault() it to
+  // make first loads fast.
+  const std::shared_ptr<memory::HostArena>& arena() const { return limits_.arena; }
+
   // Upper bounds (seconds) of the load-latency histogram: 1 ms .. 10 s, roughly 1-2.5-5 steps.
   static const std::vector<double>& LoadSecondsBounds();
 

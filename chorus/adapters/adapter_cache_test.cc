@@ -1,8 +1,10 @@
 // test-labels: unit
 #include "chorus/adapters/adapter_cache.h"
 
+#include <cstring>
 #include <thread>
 
+#include "chorus/memory/host_arena.h"
 #include "chorus/model/synthetic.h"
 #include "tests/testutil/testutil.h"
 
@@ -33,6 +35,47 @@ Fixture Make(int n) {
   CHORUS_CHECK(probe.ok());
   f.bytes_each = (*probe)->memory_bytes();
   return f;
+}
+
+// Decoded copies are built in the cache's own arena (prefaulted by the engine) and give their
+// chunks back when the last holder drops them; copies that do not fit use ordinary memory.
+TEST(AdapterCacheTest, CopiesLiveInTheArenaUntilTheLastHolderDropsThem) {
+  Fixture f = Make(2);
+  AdapterCache cache(f.base, 2 * f.bytes_each);
+  ASSERT_NE(cache.arena(), nullptr);
+  EXPECT_GE(cache.arena()->bytes(), static_cast<size_t>(2 * f.bytes_each));
+  std::shared_ptr<const LoraAdapter> held;
+  {
+    auto a = cache.Get(f.keys[0]);
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    held = *a;
+  }
+  EXPECT_GE(cache.arena()->bytes_in_use(), static_cast<size_t>(f.bytes_each));
+  cache.Erase("a0");  // the cache drops its reference; `held` keeps the chunks
+  EXPECT_GE(cache.arena()->bytes_in_use(), static_cast<size_t>(f.bytes_each));
+  // Bitwise the same rows as a copy built outside any arena.
+  auto plain = LoadLoraAdapter(f.keys[0].path, f.base);
+  ASSERT_TRUE(plain.ok());
+  ASSERT_EQ((*plain)->n_rows(), held->n_rows());
+  for (int64_t i = 0; i < held->n_rows(); ++i) {
+    EXPECT_TRUE(cache.arena()->Contains(held->row_data(i)));
+    ASSERT_EQ(std::memcmp(held->row_data(i), (*plain)->row_data(i),
+                          static_cast<size_t>(held->row_bytes(i))),
+              0)
+        << "row " << i;
+  }
+  held.reset();
+  EXPECT_EQ(cache.arena()->bytes_in_use(), 0u);
+
+  // An arena too small for one copy: loads still work, from ordinary memory.
+  LoraLimits tiny;
+  tiny.arena = std::make_shared<memory::HostArena>(1);
+  AdapterCache small(f.base, 4 * f.bytes_each, tiny);
+  auto b = small.Get(f.keys[1]);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  if (f.bytes_each > static_cast<int64_t>(memory::HostArena::kChunkBytes)) {
+    EXPECT_EQ(small.arena()->bytes_in_use(), 0u);
+  }
 }
 
 TEST(AdapterCacheTest, HitsMissesAndLruEvictionOfUnpinnedEntries) {

@@ -7,6 +7,7 @@
 #include "chorus/base/logging.h"
 #include "chorus/engine/adapter_residency.h"
 #include "chorus/engine/stop_checker.h"
+#include "chorus/memory/host_arena.h"
 #include "chorus/memory/kv_cache.h"
 #include "chorus/model/forward.h"
 
@@ -171,7 +172,10 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const model::Mode
                                 std::to_string(layout.PageBytes() >> 10) + " KiB for this model");
   }
   impl->pages = std::make_unique<memory::PagePool>(n_pages, layout.PageBytes());
-  if (opts.prefault_pool) impl->pages->Prefault();
+  if (opts.prefault_pool) {
+    impl->pages->Prefault();
+    if (opts.adapter_cache && opts.adapter_cache->arena()) opts.adapter_cache->arena()->StartPrefault();
+  }
   impl->kv = std::make_unique<memory::KvCache>(layout, impl->pages.get());
   impl->forward =
       std::make_unique<model::Forward>(e->model_, opts.max_batch_tokens, opts.max_running);

@@ -50,7 +50,9 @@ struct EngineOptions {
   int loader_threads = 1;           // disk → host loads and host → pool copies
   bool adapter_pool_copies = true;  // keep resident adapters in pool pages (unified paging)
   // Make the whole pool resident at Create (PagePool::Prefault): no page faults when KV blocks
-  // or adapter copies first use a page. `chorus serve` turns it on; tests leave it off.
+  // or adapter copies first use a page. Also starts prefaulting adapter_cache's host arena in
+  // the background (first loads from disk then write into resident memory).
+  // `chorus serve` turns it on; tests leave it off.
   bool prefault_pool = false;
   // Resolves GenerationRequest::adapter_key on the loader threads (null: only `lora` works).
   std::shared_ptr<adapters::AdapterCache> adapter_cache;

@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "chorus/base/large_alloc.h"
+
 namespace chorus::memory {
 
 void PagePool::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
@@ -15,8 +17,8 @@ PagePool::PagePool(int64_t n_pages, int64_t page_bytes)
       kinds_(static_cast<size_t>(n_pages), PageKind::kFree) {
   CHORUS_CHECK(n_pages >= 1 && page_bytes > 0 && page_bytes % 64 == 0);
   size_t bytes = static_cast<size_t>(n_pages) * static_cast<size_t>(page_bytes);
-  arena_.reset(static_cast<uint8_t*>(std::aligned_alloc(64, bytes)));
-  CHORUS_CHECK(arena_ != nullptr) << "cannot allocate a pool of " << bytes << " bytes";
+  // Huge pages: a step streams the adapter rows held here from DRAM (base/large_alloc.h).
+  arena_.reset(static_cast<uint8_t*>(AllocateLarge(bytes, "the page pool")));
   free_.reserve(static_cast<size_t>(n_pages));
   for (int64_t i = n_pages - 1; i >= 0; --i) free_.push_back(static_cast<int32_t>(i));
   used_by_kind_[0] = n_pages;

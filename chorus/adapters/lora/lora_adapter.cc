@@ -5,7 +5,9 @@
 #include <cstring>
 #include <sstream>
 
+#include "chorus/base/large_alloc.h"
 #include "chorus/base/rng.h"
+#include "chorus/memory/host_arena.h"
 #include "chorus/model/convert.h"
 
 namespace chorus::adapters {
@@ -381,14 +383,25 @@ void LoraView::LayoutRowTables() {
   CHORUS_CHECK(off == total);
 }
 
-LoraAdapter::HostBuffer::HostBuffer(size_t bytes) : bytes_(bytes) {
-  void* p = nullptr;
-  CHORUS_CHECK(::posix_memalign(&p, 64, std::max<size_t>(bytes, 1)) == 0)
-      << "out of memory allocating " << bytes << " bytes for a LoRA adapter";
-  p_.reset(p);
+LoraAdapter::HostBuffer::HostBuffer(size_t bytes, std::shared_ptr<memory::HostArena> arena)
+    : bytes_(bytes) {
+  if (arena) {
+    if (void* p = arena->Allocate(bytes)) {
+      p_ = std::unique_ptr<void, Free>(p, Free{std::move(arena)});
+      return;
+    }
+  }
+  // Huge pages: a step with many distinct adapters streams these rows from DRAM.
+  p_.reset(AllocateLarge(bytes, "a LoRA adapter"));
 }
 
-void LoraAdapter::HostBuffer::Free::operator()(void* p) const { std::free(p); }
+void LoraAdapter::HostBuffer::Free::operator()(void* p) const {
+  if (arena) {
+    arena->Free(p);
+  } else {
+    std::free(p);
+  }
+}
 
 Result<std::shared_ptr<const LoraAdapter>> LoraAdapter::Build(const LoraWeights& w,
                                                               const model::ModelConfig& c,
@@ -448,7 +461,7 @@ Result<std::shared_ptr<const LoraAdapter>> LoraAdapter::Build(const LoraWeights&
   // a load touches the file bytes once and the storage once.
   ad->storage_type_ = limits.storage;
   const int64_t eb = limits.storage == LoraStorage::kBF16 ? 2 : 4;
-  ad->storage_ = HostBuffer(static_cast<size_t>(total) * static_cast<size_t>(eb));
+  ad->storage_ = HostBuffer(static_cast<size_t>(total) * static_cast<size_t>(eb), limits.arena);
   uint8_t* base = static_cast<uint8_t*>(ad->storage_.data());
   const bool f32 = limits.storage == LoraStorage::kF32;
 

@@ -29,6 +29,10 @@
 #include "chorus/model/model.h"
 #include "chorus/tensor/tensor.h"
 
+namespace chorus::memory {
+class HostArena;
+}
+
 namespace chorus::adapters {
 
 // "layers.3.self_attn.q_proj" — how errors and PEFT patterns name a module.
@@ -77,6 +81,9 @@ struct LoraLimits {
   // Not a limit but how the compute copy is stored; carried here because every path that builds
   // an adapter (files, the host cache) takes LoraLimits.
   LoraStorage storage = LoraStorage::kF32;
+  // Likewise not a limit: where the compute copy is built. The host tier's prefaulted arena
+  // (memory/host_arena.h) when set and not full; otherwise freshly allocated memory.
+  std::shared_ptr<memory::HostArena> arena = nullptr;
 };
 
 // Checks `w` against the base: layer count, every present module's shapes (A [r, in],
@@ -198,13 +205,14 @@ class LoraAdapter : public LoraView {
   class HostBuffer {
    public:
     HostBuffer() = default;
-    explicit HostBuffer(size_t bytes);
+    HostBuffer(size_t bytes, std::shared_ptr<memory::HostArena> arena);
     void* data() const { return p_.get(); }
     size_t size() const { return bytes_; }
 
    private:
     struct Free {
       void operator()(void* p) const;
+      std::shared_ptr<memory::HostArena> arena;  // null: p came from AllocateLarge
     };
     std::unique_ptr<void, Free> p_;
     size_t bytes_ = 0;
