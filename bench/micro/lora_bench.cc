@@ -16,10 +16,12 @@
 #include <benchmark/benchmark.h>
 
 #include <cstdlib>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "chorus/base/large_alloc.h"
 #include "chorus/kernels/dispatch.h"
 #include "chorus/kernels/lora.h"
 #include "chorus/kernels/matmul.h"
@@ -41,7 +43,9 @@ std::vector<float> Random(size_t n, uint32_t seed) {
 // The weights of one benchmark case: every adapter's A and Bᵀ, in f32 and bf16, with row tables.
 struct AdapterSet {
   std::vector<std::vector<float>> a, bt;
-  std::vector<std::vector<uint16_t>> a16, bt16;
+  // bf16: every adapter's A then Bᵀ, back to back in one buffer from AllocateLarge, as a host
+  // copy in the engine is (huge pages where the kernel allows).
+  std::unique_ptr<uint16_t, void (*)(void*)> buf16{nullptr, std::free};
   std::vector<std::vector<const float*>> a_rows, bt_rows;
   std::vector<std::vector<const uint16_t*>> a16_rows, bt16_rows;
   std::vector<LoraShrinkWeight> sw;
@@ -57,21 +61,32 @@ int64_t RankOf(int64_t i, int64_t rank_arg) {
 // Copies are built in place (the row tables point into the set's own vectors).
 void BuildSet(int64_t n_adapters, int64_t rank_arg, bool bf16, AdapterSet* s) {
   const size_t na = static_cast<size_t>(n_adapters);
-  s->a.resize(na), s->bt.resize(na), s->a16.resize(na), s->bt16.resize(na);
+  s->a.resize(na), s->bt.resize(na);
   s->a_rows.resize(na), s->bt_rows.resize(na), s->a16_rows.resize(na), s->bt16_rows.resize(na);
+  size_t elems16 = 0;
+  for (size_t u = 0; u < na; ++u) {
+    elems16 += static_cast<size_t>(RankOf(static_cast<int64_t>(u), rank_arg) * (kIn + kOut));
+  }
+  if (bf16) {
+    s->buf16.reset(static_cast<uint16_t*>(AllocateLarge(elems16 * 2, "lora_bench adapters")));
+  }
+  uint16_t* next16 = s->buf16.get();
   for (size_t u = 0; u < na; ++u) {
     const int64_t r = RankOf(static_cast<int64_t>(u), rank_arg);
     s->a[u] = Random(static_cast<size_t>(r * kIn), static_cast<uint32_t>(u));
     s->bt[u] = Random(static_cast<size_t>(r * kOut), static_cast<uint32_t>(u + 99));
+    uint16_t* a16 = next16;
+    uint16_t* bt16 = a16 + r * kIn;
     if (bf16) {
-      for (float f : s->a[u]) s->a16[u].push_back(F32ToBF16(f));
-      for (float f : s->bt[u]) s->bt16[u].push_back(F32ToBF16(f));
+      for (size_t k = 0; k < s->a[u].size(); ++k) a16[k] = F32ToBF16(s->a[u][k]);
+      for (size_t k = 0; k < s->bt[u].size(); ++k) bt16[k] = F32ToBF16(s->bt[u][k]);
+      next16 = bt16 + r * kOut;
       s->a[u].clear(), s->bt[u].clear();
     }
     for (int64_t j = 0; j < r; ++j) {
       if (bf16) {
-        s->a16_rows[u].push_back(s->a16[u].data() + j * kIn);
-        s->bt16_rows[u].push_back(s->bt16[u].data() + j * kOut);
+        s->a16_rows[u].push_back(a16 + j * kIn);
+        s->bt16_rows[u].push_back(bt16 + j * kOut);
       } else {
         s->a_rows[u].push_back(s->a[u].data() + j * kIn);
         s->bt_rows[u].push_back(s->bt[u].data() + j * kOut);
