@@ -63,34 +63,42 @@ struct Seqs {
 
 }  // namespace
 
-double MeasureReadBandwidth(int threads, int64_t bytes, int repeats, std::vector<double>* runs) {
-  bytes = bytes / 4096 * 4096;
-  auto* buf = static_cast<uint8_t*>(std::aligned_alloc(64, static_cast<size_t>(bytes)));
-  CHORUS_CHECK(buf != nullptr);
-  ThreadPool pool(threads);
+ReadBandwidthProbe::ReadBandwidthProbe(ThreadPool* pool, int64_t bytes)
+    : pool_(pool), bytes_(bytes / 4096 * 4096) {
+  buf_ = static_cast<uint8_t*>(std::aligned_alloc(64, static_cast<size_t>(bytes_)));
+  CHORUS_CHECK(buf_ != nullptr) << "cannot allocate " << bytes_ << " bytes for the bandwidth probe";
   // Touch every page from the thread that will read it (first-touch placement), non-zero data.
-  pool.Run([&](int i, int n) {
+  pool_->Run([&](int i, int n) {
     int64_t b, e;
-    ThreadPool::Slice(bytes, i, n, 4096, &b, &e);
-    std::memset(buf + b, 1 + i, static_cast<size_t>(e - b));
+    ThreadPool::Slice(bytes_, i, n, 4096, &b, &e);
+    std::memset(buf_ + b, 1 + i, static_cast<size_t>(e - b));
   });
+  sink_.assign(static_cast<size_t>(pool_->size()), 0);
+  (void)Once();  // the first pass warms up
+}
+
+ReadBandwidthProbe::~ReadBandwidthProbe() { std::free(buf_); }
+
+double ReadBandwidthProbe::Once() {
   const bool avx2 = kernels::DetectCpu().avx2;
-  std::vector<uint64_t> sink(static_cast<size_t>(threads));
-  std::vector<double> gbs;
-  for (int r = 0; r < repeats + 1; ++r) {
-    auto t0 = Clock::now();
-    pool.Run([&](int i, int n) {
-      int64_t b, e;
-      ThreadPool::Slice(bytes, i, n, 4096, &b, &e);
-      sink[static_cast<size_t>(i)] += avx2 ? SumAvx2(buf + b, e - b) : SumScalar(buf + b, e - b);
-    });
-    double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (r > 0) gbs.push_back(static_cast<double>(bytes) / s / 1e9);  // first run warms up
-  }
-  std::free(buf);
-  if (runs) *runs = gbs;
-  volatile uint64_t keep = std::accumulate(sink.begin(), sink.end(), uint64_t{0});
+  auto t0 = Clock::now();
+  pool_->Run([&](int i, int n) {
+    int64_t b, e;
+    ThreadPool::Slice(bytes_, i, n, 4096, &b, &e);
+    sink_[static_cast<size_t>(i)] += avx2 ? SumAvx2(buf_ + b, e - b) : SumScalar(buf_ + b, e - b);
+  });
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  volatile uint64_t keep = std::accumulate(sink_.begin(), sink_.end(), uint64_t{0});
   (void)keep;
+  return static_cast<double>(bytes_) / s / 1e9;
+}
+
+double MeasureReadBandwidth(int threads, int64_t bytes, int repeats, std::vector<double>* runs) {
+  ThreadPool pool(threads);
+  ReadBandwidthProbe probe(&pool, bytes);
+  std::vector<double> gbs;
+  for (int r = 0; r < repeats; ++r) gbs.push_back(probe.Once());
+  if (runs) *runs = gbs;
   return Median(gbs);
 }
 
@@ -257,6 +265,12 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
   if (opts.workload != "default")
     return InvalidArgumentError("unknown workload '" + opts.workload + "' (default, punica)");
   ThreadPool pool(opts.threads);
+  // Batch-1 decode runs are each preceded by one bandwidth probe pass (its roofline).
+  std::unique_ptr<ReadBandwidthProbe> probe;
+  if (std::find(opts.batches.begin(), opts.batches.end(), 1) != opts.batches.end() &&
+      opts.bandwidth_bytes > 0) {
+    probe = std::make_unique<ReadBandwidthProbe>(&pool, opts.bandwidth_bytes);
+  }
   // Rows of the largest step: the prefill prompt, a sequence's context fill, or a decode batch.
   const int64_t max_batch = std::max({opts.prefill_tokens, opts.context,
                                       *std::max_element(opts.batches.begin(), opts.batches.end())});
@@ -326,6 +340,7 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
     const int n_passes = loras.empty() ? 1 : 2;
     for (int64_t b : opts.batches) {
       std::vector<double> pass_runs[2];
+      std::vector<double> probe_runs;  // batch 1: the read bandwidth just before each base run
       for (int r = 0; r < opts.repeats; ++r)
       for (int pass = 0; pass < n_passes; ++pass) {
         const bool with_lora = pass == 1;
@@ -356,6 +371,10 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
           for (int64_t s = 0; s < b; ++s) rows[static_cast<size_t>(s)] = loras[static_cast<size_t>(s) % loras.size()].get();
           CHORUS_RETURN_IF_ERROR(hook.SetRows(rows));
         }
+        // The roofline of batch 1 is taken against the bandwidth measured right before each of
+        // its runs: on a shared host the bandwidth drifts by tens of percent within one
+        // invocation, and a probe from minutes earlier would score that drift, not the kernels.
+        if (b == 1 && !with_lora && probe != nullptr) probe_runs.push_back(probe->Once());
         auto t0 = Clock::now();
         for (int64_t step = 0; step < opts.decode_steps; ++step) {
           for (int64_t s = 0; s < b; ++s) pos[static_cast<size_t>(s)] = static_cast<int32_t>(opts.context + step);
@@ -377,8 +396,10 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
         const std::vector<double>& runs = pass_runs[pass];
         EngineBenchRow row{dname, with_lora ? "decode-lora" : "decode", b, Median(runs), runs, 0,
                            static_cast<double>(mdl->StreamedBytesPerToken())};
-        if (b == 1 && !with_lora && rep.bandwidth_gbs > 0) {
-          double roofline = rep.bandwidth_gbs * 1e9 / row.weight_bytes_per_token;
+        if (b == 1 && !with_lora && !probe_runs.empty()) {
+          row.roofline_bandwidth_gbs = Median(probe_runs);
+          row.roofline_bandwidth_runs = probe_runs;
+          double roofline = row.roofline_bandwidth_gbs * 1e9 / row.weight_bytes_per_token;
           row.roofline_fraction = row.tokens_per_s / roofline;
         }
         progress(dname + " " + row.metric + " batch " + std::to_string(b) + ": " + std::to_string(row.tokens_per_s) + " tok/s");
@@ -396,7 +417,8 @@ std::string EngineBenchReport::ToCsv() const {
   for (const auto& r : rows) {
     s << shape << "," << threads << "," << isa << "," << r.dtype << "," << r.metric << "," << r.batch << ","
       << std::fixed << std::setprecision(2) << r.tokens_per_s << "," << std::setprecision(3) << r.roofline_fraction
-      << "," << std::setprecision(2) << bandwidth_gbs << ",";
+      << "," << std::setprecision(2)
+      << (r.roofline_bandwidth_gbs > 0 ? r.roofline_bandwidth_gbs : bandwidth_gbs) << ",";
     for (size_t i = 0; i < r.runs.size(); ++i) s << (i ? ";" : "") << std::setprecision(2) << r.runs[i];
     s << "," << r.adapters << "\n";
   }
@@ -413,6 +435,7 @@ std::string EngineBenchReport::ToJson() const {
     s << (i ? "," : "") << "{\"dtype\":\"" << r.dtype << "\",\"metric\":\"" << r.metric
       << "\",\"batch\":" << r.batch << ",\"tokens_per_s\":" << r.tokens_per_s
       << ",\"roofline_fraction\":" << r.roofline_fraction
+      << ",\"roofline_bandwidth_gbs\":" << r.roofline_bandwidth_gbs
       << ",\"weight_bytes_per_token\":" << r.weight_bytes_per_token
       << ",\"adapters\":" << r.adapters << ",\"runs\":[";
     for (size_t j = 0; j < r.runs.size(); ++j) s << (j ? "," : "") << r.runs[j];
@@ -431,7 +454,10 @@ std::string EngineBenchReport::ToTable() const {
   for (const auto& r : rows) {
     s << std::left << std::setw(7) << r.dtype << std::setw(13) << r.metric << std::setw(8) << r.batch << std::setw(9)
       << r.tokens_per_s;
-    if (r.metric == "decode" && r.batch == 1) s << std::setprecision(1) << 100.0 * r.roofline_fraction << " %";
+    if (r.metric == "decode" && r.batch == 1 && r.roofline_bandwidth_gbs > 0) {
+      s << std::setprecision(1) << 100.0 * r.roofline_fraction << " % (of " << r.roofline_bandwidth_gbs
+        << " GB/s, probed before each run)";
+    }
     if (r.metric == "identical" || r.metric == "skewed" || r.metric == "uniform" ||
         r.metric == "distinct") {
       for (const auto& ref : rows) {

@@ -2,15 +2,19 @@
 // machine's memory read bandwidth, then for each weight dtype prefill tokens/s of a long prompt,
 // decode tokens/s at batch 1 and aggregate decode tokens/s at larger batches, all through the
 // same Forward the server uses. Decode at batch 1 is reported as a fraction of the bandwidth
-// roofline (weight bytes streamed per token ÷ measured bandwidth).
+// roofline (weight bytes streamed per token ÷ read bandwidth), against the bandwidth measured by
+// one probe pass right before each of its runs (median), so host drift within the invocation
+// moves both alike.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "chorus/adapters/lora/lora_adapter.h"
 #include "chorus/base/status.h"
+#include "chorus/base/thread_pool.h"
 #include "chorus/tensor/dtype.h"
 
 namespace chorus::engine {
@@ -52,6 +56,10 @@ struct EngineBenchRow {
   double roofline_fraction = 0;           // decode batch 1 only
   double weight_bytes_per_token = 0;
   int64_t adapters = 0;  // distinct adapters in the batch (punica workload)
+  // Decode batch 1: median read bandwidth of the probe passes run right before each run (GB/s),
+  // the denominator of roofline_fraction.
+  double roofline_bandwidth_gbs = 0;
+  std::vector<double> roofline_bandwidth_runs = {};
 };
 
 // Adapter-row assignment of the punica workload: for `kind` ("identical", "skewed", "uniform",
@@ -70,7 +78,24 @@ struct EngineBenchReport {
   std::string ToTable() const;
 };
 
-// Multi-threaded streaming read of `bytes` bytes (median of `repeats`), in GB/s.
+// Multi-threaded streaming read of one buffer of `bytes` bytes, allocated and touched once, so
+// passes can be interleaved with the runs they are the roofline of.
+class ReadBandwidthProbe {
+ public:
+  ReadBandwidthProbe(ThreadPool* pool, int64_t bytes);
+  ~ReadBandwidthProbe();
+  ReadBandwidthProbe(const ReadBandwidthProbe&) = delete;
+  ReadBandwidthProbe& operator=(const ReadBandwidthProbe&) = delete;
+  double Once();  // one pass, GB/s (1e9 B/s)
+
+ private:
+  ThreadPool* pool_;
+  int64_t bytes_;
+  uint8_t* buf_ = nullptr;
+  std::vector<uint64_t> sink_;
+};
+
+// Median of `repeats` probe passes (after one warm-up pass), in GB/s.
 double MeasureReadBandwidth(int threads, int64_t bytes, int repeats, std::vector<double>* runs);
 
 Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
