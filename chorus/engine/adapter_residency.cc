@@ -50,7 +50,7 @@ void AdapterResidency::LoaderMain() {
     if (job.paged != nullptr) {
       job.paged->CopyIn();
       std::lock_guard<std::mutex> lock(mu_);
-      copied_.push_back(std::move(job.entry));
+      copied_.emplace_back(std::move(job.entry), Clock::now());
       continue;  // the engine applies it at its next step; nothing waits for it
     }
     const auto t0 = Clock::now();
@@ -101,14 +101,14 @@ std::string AdapterResidency::KeyOf(const LoraAdapter* a) {
 }
 
 void AdapterResidency::Poll() {
-  std::vector<std::string> copied;
+  std::vector<std::pair<std::string, Clock::time_point>> copied;
   std::vector<std::string> forget;
   {
     std::lock_guard<std::mutex> lock(mu_);
     copied.swap(copied_);
     forget.swap(forget_);
   }
-  for (const std::string& key : copied) {
+  for (const auto& [key, done] : copied) {
     auto it = entries_.find(key);
     CHORUS_CHECK(it != entries_.end() && it->second.paged != nullptr &&
                  it->second.state == State::kLoading);
@@ -116,7 +116,7 @@ void AdapterResidency::Poll() {
     e.state = State::kResident;
     metrics_->adapter_pool_loads.fetch_add(1);
     metrics_->adapter_pool_load_seconds.Observe(
-        std::chrono::duration<double>(Clock::now() - e.load_start).count());
+        std::chrono::duration<double>(done - e.load_start).count());
     if (!e.host->identity().empty()) {
       // The rows have landed: the host tier may now evict its copy; a reload finds this one.
       e.paged->ReleaseHost();

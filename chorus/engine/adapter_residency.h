@@ -33,6 +33,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <utility>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -139,7 +140,9 @@ class AdapterResidency {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> jobs_;             // guarded by mu_
-  std::vector<std::string> copied_;  // guarded by mu_: keys of finished pool copies
+  // Guarded by mu_: keys of finished pool copies and when each finished (its load latency ends
+  // there, not at the engine's next step).
+  std::vector<std::pair<std::string, std::chrono::steady_clock::time_point>> copied_;
   std::vector<std::string> forget_;  // guarded by mu_
   bool stop_ = false;                // guarded by mu_
   std::vector<std::thread> loaders_;

@@ -696,8 +696,9 @@ bool Engine::Impl::AdapterCapAllows(const Sequence* s) const {
 // whose adapter is still loading, or whose adapter would exceed --max-adapters-per-step, is
 // passed over (it keeps its place); a sequence that does not fit in the pool stops admission.
 // Fairness under the cap: a sequence passed over kMaxAdapterCapPasses times becomes a barrier —
-// no newer sequence is admitted until it is, so the adapters in the step cannot be kept there
-// forever by a stream of newer requests for them.
+// no newer sequence with an adapter is admitted until it is, so the adapters in the step cannot
+// be kept there forever by a stream of newer requests for them. Newer base-model sequences are
+// still admitted: they hold no adapter slot, so they cannot delay it.
 void Engine::Impl::AdmitWaiting(int64_t* budget) {
   const auto& opts = self->opts_;
   step_adapters.clear();
@@ -720,7 +721,12 @@ void Engine::Impl::AdmitWaiting(int64_t* budget) {
       ++i;
       continue;
     }
-    if (barrier) break;  // everything from here on is newer than the starving sequence
+    // Everything from here on is newer than the starving sequence: none of it may keep an
+    // adapter in the step, but base-model sequences take no adapter slot, so they still go.
+    if (barrier && s->lora) {
+      ++i;
+      continue;
+    }
     const int64_t remaining = static_cast<int64_t>(s->tokens.size()) - s->n_computed;
     const int64_t count = std::min(*budget, remaining);
     // Admit only if this chunk fits and one block per running sequence stays free for

@@ -360,6 +360,35 @@ TEST(EngineResidencyTest, CappedAdapterIsOvertakenOnlyBoundedTimes) {
   EXPECT_EQ((*e)->metrics().adapters_per_step_max.load(), 1);
 }
 
+// The fairness barrier holds back newer requests that would keep an adapter in the step, not
+// base-model requests: those take no adapter slot. Same setup as above plus one base request
+// submitted last: it starts while B still waits for A to leave the step.
+TEST(EngineResidencyTest, BaseRequestsPassTheAdapterFairnessBarrier) {
+  CHORUS_REQUIRE_SHARED_MODEL(kModel);
+  Stories s = LoadStories();
+  auto a = Adapter(s.model->config(), 8, 40), b = Adapter(s.model->config(), 16, 41);
+  const auto want_base = Alone(s, Req(30, nullptr, 4));
+  EngineOptions o = SmallOptions(64 << 20);
+  o.max_adapters_per_step = 1;
+  o.max_running = 2;
+  auto e = Engine::Create(s.model, s.tok, o);
+  ASSERT_TRUE(e.ok());
+  auto long_a = *(*e)->Submit(Req(0, a, 400));  // holds A in the step for a long time
+  auto hb = *(*e)->Submit(Req(1, b, 8));
+  std::vector<std::shared_ptr<RequestHandle>> short_a;
+  for (int i = 0; i < 20; ++i) short_a.push_back(*(*e)->Submit(Req(2 + i, a, 3)));
+  auto base = *(*e)->Submit(Req(30, nullptr, 4));
+  EXPECT_EQ(RunToEnd(*base), want_base);
+  // The base request got in once the barrier formed (~8 short requests of 3 tokens in), long
+  // before the 400-token request ends; before this rule it started together with B, after it.
+  EXPECT_LT(long_a->completion_tokens(), 400);
+  RunToEnd(*hb);
+  RunToEnd(*long_a);
+  for (auto& h : short_a) RunToEnd(*h);
+  EXPECT_LT(base->ttft_seconds(), hb->ttft_seconds());
+  EXPECT_LT(base->ttft_seconds(), short_a.back()->ttft_seconds());
+}
+
 TEST(EngineResidencyTest, UnloadWhileInUseFinishesThenFrees) {
   CHORUS_REQUIRE_SHARED_MODEL(kModel);
   Stories s = LoadStories();
