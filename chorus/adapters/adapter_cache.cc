@@ -141,8 +141,17 @@ void AdapterCache::Erase(const std::string& name) {
 }
 
 AdapterCache::Stats AdapterCache::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  Stats s;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    s = stats_;
+  }
+  if (const auto& arena = limits_.arena) {
+    s.arena_bytes = static_cast<int64_t>(arena->bytes());
+    s.arena_prefaulted_bytes = static_cast<int64_t>(arena->prefaulted_bytes());
+    s.arena_used_bytes = static_cast<int64_t>(arena->bytes_in_use());
+  }
+  return s;
 }
 
 }  // namespace chorus::adapters

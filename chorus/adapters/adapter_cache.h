@@ -64,6 +64,9 @@ class AdapterCache {
     std::vector<uint64_t> load_seconds_buckets =
         std::vector<uint64_t>(LoadSecondsBounds().size() + 1);
     int64_t bytes = 0, entries = 0;
+    // The host arena (0 without one): its size, the part made resident by the prefault so
+    // far, and the part held by decoded copies.
+    int64_t arena_bytes = 0, arena_prefaulted_bytes = 0, arena_used_bytes = 0;
   };
   Stats stats() const;
 

@@ -27,9 +27,12 @@ Fixture Make(int n) {
     spec.rank = 8;
     spec.seed = 10 + static_cast<uint64_t>(i);
     auto w = MakeRandomLora(f.base, spec);
-    std::string path = f.dir + "/a" + std::to_string(i);
+    // Appended, not "a" + to_string(i): GCC 12 -O2 reports a false -Wrestrict for the latter.
+    std::string name = "a";
+    name += std::to_string(i);
+    const std::string path = f.dir + "/" + name;
     CHORUS_CHECK(WritePeftLora(path, w, f.base).ok());
-    f.keys.push_back({"a" + std::to_string(i), path, 100u + static_cast<uint64_t>(i), 1});
+    f.keys.push_back({name, path, 100u + static_cast<uint64_t>(i), 1});
   }
   auto probe = LoadLoraAdapter(f.keys[0].path, f.base);
   CHORUS_CHECK(probe.ok());

@@ -31,7 +31,9 @@ std::shared_ptr<const LoraAdapter> MakeAdapter(const model::ModelConfig& c, int6
   s.seed = seed;
   LoraLimits limits;
   limits.storage = storage;
-  auto a = LoraAdapter::Build(MakeRandomLora(c, s), c, "a" + std::to_string(seed), limits);
+  std::string name = "a";  // appended: "a" + to_string trips a false GCC 12 -Wrestrict
+  name += std::to_string(seed);
+  auto a = LoraAdapter::Build(MakeRandomLora(c, s), c, name, limits);
   CHORUS_CHECK(a.ok()) << a.status().ToString();
   return *a;
 }

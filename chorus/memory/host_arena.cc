@@ -49,10 +49,14 @@ void HostArena::PrefaultMain() {
 #ifdef MADV_POPULATE_WRITE
     // Populates page tables as a write fault would; pages already present keep their contents,
     // so this is safe on chunks a loader is filling right now.
-    if (::madvise(chunk, kChunkBytes, MADV_POPULATE_WRITE) == 0) continue;
+    if (::madvise(chunk, kChunkBytes, MADV_POPULATE_WRITE) == 0) {
+      prefaulted_chunks_.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
 #endif
     // Older kernels: touch the chunk only while it is free (held as in use meanwhile).
     std::unique_lock<std::mutex> lock(mu_);
+    prefaulted_chunks_.fetch_add(1, std::memory_order_relaxed);  // in use: touched by its user
     if (used_[c]) continue;
     used_[c] = true;
     lock.unlock();

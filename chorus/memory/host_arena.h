@@ -50,6 +50,10 @@ class HostArena {
 
   size_t bytes() const { return n_chunks_ * kChunkBytes; }
   size_t bytes_in_use() const;
+  // Bytes the prefault thread has made resident so far (bytes() once it has finished).
+  size_t prefaulted_bytes() const {
+    return prefaulted_chunks_.load(std::memory_order_relaxed) * kChunkBytes;
+  }
 
  private:
   void PrefaultMain();
@@ -61,6 +65,7 @@ class HostArena {
   std::vector<bool> used_;        // guarded by mu_; [chunk]
   size_t chunks_in_use_ = 0;      // guarded by mu_
   std::atomic<bool> stop_{false};
+  std::atomic<size_t> prefaulted_chunks_{0};
   std::thread prefault_;
 };
 

@@ -57,9 +57,11 @@ TEST(HostArena, PrefaultKeepsTheContentsOfChunksInUse) {
   auto* p = static_cast<uint8_t*>(arena.Allocate(5 * kChunk));
   ASSERT_NE(p, nullptr);
   for (size_t i = 0; i < 5 * kChunk; ++i) p[i] = static_cast<uint8_t>(i * 7 + 3);
+  EXPECT_EQ(arena.prefaulted_bytes(), 0u);
   arena.StartPrefault();
   arena.StartPrefault();  // idempotent
   arena.WaitPrefault();
+  EXPECT_EQ(arena.prefaulted_bytes(), arena.bytes());
   for (size_t i = 0; i < 5 * kChunk; ++i) {
     ASSERT_EQ(p[i], static_cast<uint8_t>(i * 7 + 3)) << "byte " << i;
   }
