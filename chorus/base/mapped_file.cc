@@ -114,8 +114,10 @@ Status WriteFileAtomically(const std::string& path, std::string_view data) {
     return ErrnoError(e, "cannot rename " + tmp + " to " + path);
   }
   // fsync the directory so the rename itself survives a crash.
-  std::string dir = path.substr(0, path.find_last_of('/') == std::string::npos ? 0 : path.find_last_of('/'));
-  if (dir.empty()) dir = ".";
+  const size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? std::string(".")
+                          : slash == 0               ? std::string("/")
+                                                     : path.substr(0, slash);
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     ::fsync(dfd);

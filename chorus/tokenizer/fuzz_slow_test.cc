@@ -19,7 +19,7 @@ using Json = nlohmann::json;
 std::string MutateBytes(std::string s, std::mt19937_64& rng) {
   const int edits = 1 + static_cast<int>(rng() % 4);
   for (int e = 0; e < edits; ++e) {
-    if (s.empty()) s = "{";
+    if (s.empty()) s.push_back('{');
     const size_t pos = rng() % s.size();
     switch (rng() % 6) {
       case 0: s[pos] = static_cast<char>(s[pos] ^ (1 << (rng() % 8))); break;

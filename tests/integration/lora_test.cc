@@ -311,7 +311,9 @@ TEST(LoraIntegrationTest, MixedAdapterBatchOf16IsBitwiseBatchInvariant) {
     spec.b_std = 0.05f;
     spec.seed = static_cast<uint64_t>(1000 + i);
     if (i == 5) spec.targets = {model::Linear::kQ, model::Linear::kV, model::Linear::kDown};
-    auto a = LoraAdapter::Build(adapters::MakeRandomLora(c, spec), c, "a" + std::to_string(i));
+    std::string name = "a";  // appended: "a" + to_string trips a false GCC 12 -Wrestrict
+    name += std::to_string(i);
+    auto a = LoraAdapter::Build(adapters::MakeRandomLora(c, spec), c, name);
     ASSERT_TRUE(a.ok());
     ads.push_back(*a);
   }
