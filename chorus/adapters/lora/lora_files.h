@@ -37,7 +37,7 @@ namespace chorus::adapters {
 
 struct LoraLoadOptions {
   LoraLimits limits;     // max_rank (default 256)
-  std::string identity = {};  // LoadLoraAdapter: the adapter's LoraView::identity() (default none)
+  std::string identity = {};  // LoadLoraAdapter: the copy's LoraView::identity() (default none)
 };
 
 // A PEFT adapter directory (or its adapter_config.json / adapter_model.safetensors path).
