@@ -455,8 +455,8 @@ std::string EngineBenchReport::ToTable() const {
     s << std::left << std::setw(7) << r.dtype << std::setw(13) << r.metric << std::setw(8) << r.batch << std::setw(9)
       << r.tokens_per_s;
     if (r.metric == "decode" && r.batch == 1 && r.roofline_bandwidth_gbs > 0) {
-      s << std::setprecision(1) << 100.0 * r.roofline_fraction << " % (of " << r.roofline_bandwidth_gbs
-        << " GB/s, probed before each run)";
+      s << std::setprecision(1) << 100.0 * r.roofline_fraction << " % (of "
+        << r.roofline_bandwidth_gbs << " GB/s, probed before each run)";
     }
     if (r.metric == "identical" || r.metric == "skewed" || r.metric == "uniform" ||
         r.metric == "distinct") {

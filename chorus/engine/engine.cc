@@ -174,7 +174,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const model::Mode
   impl->pages = std::make_unique<memory::PagePool>(n_pages, layout.PageBytes());
   if (opts.prefault_pool) {
     impl->pages->Prefault();
-    if (opts.adapter_cache && opts.adapter_cache->arena()) opts.adapter_cache->arena()->StartPrefault();
+    if (opts.adapter_cache && opts.adapter_cache->arena())
+      opts.adapter_cache->arena()->StartPrefault();
   }
   impl->kv = std::make_unique<memory::KvCache>(layout, impl->pages.get());
   impl->forward =

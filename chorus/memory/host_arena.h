@@ -61,7 +61,8 @@ class HostArena {
   size_t n_chunks_;
   uint8_t* base_;
   mutable std::mutex mu_;
-  std::vector<uint32_t> run_of_;  // guarded by mu_; [chunk] length of the run allocated there, 0 = free
+  // Guarded by mu_: [chunk] length of the run allocated starting there (0 = none starts there).
+  std::vector<uint32_t> run_of_;
   std::vector<bool> used_;        // guarded by mu_; [chunk]
   size_t chunks_in_use_ = 0;      // guarded by mu_
   std::atomic<bool> stop_{false};

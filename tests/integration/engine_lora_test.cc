@@ -328,65 +328,75 @@ TEST(EngineResidencyTest, MaxAdaptersPerStepIsRespected) {
   }
 }
 
-// Fairness under --max-adapters-per-step: with a cap of 1 and two running slots, a request for
-// adapter B waits behind a long request for adapter A and a queue of 20 short A requests, which
-// could be admitted one after another forever (A is always in the step). B may be overtaken
-// only a bounded number of times (kMaxAdapterCapPasses = 8 in engine.cc); then nothing newer
-// is admitted before it, and it runs as soon as A leaves the step. Without that bound B would
-// start after all 20.
+// The queue of the fairness tests below, on an engine with a cap of 1 adapter per step and two
+// running slots: a long request for adapter A, then one for B, then 20 short ones for A.
+EngineOptions CappedOptions() {
+  EngineOptions o = SmallOptions(64 << 20);
+  o.max_adapters_per_step = 1;
+  o.max_running = 2;
+  return o;
+}
+struct CappedQueue {
+  std::shared_ptr<RequestHandle> long_a, b;
+  std::vector<std::shared_ptr<RequestHandle>> short_a;
+};
+CappedQueue SubmitCappedQueue(Engine* e, const std::shared_ptr<const adapters::LoraAdapter>& a,
+                              const std::shared_ptr<const adapters::LoraAdapter>& b,
+                              int64_t long_tokens) {
+  CappedQueue q;
+  q.long_a = *e->Submit(Req(0, a, long_tokens));
+  q.b = *e->Submit(Req(1, b, 8));
+  for (int i = 0; i < 20; ++i) q.short_a.push_back(*e->Submit(Req(2 + i, a, 3)));
+  return q;
+}
+
+// Fairness under --max-adapters-per-step: the request for B waits behind the long request for
+// A and the 20 short A requests, which could be admitted one after another forever (A is always
+// in the step). B may be overtaken only a bounded number of times (kMaxAdapterCapPasses = 8 in
+// engine.cc); then nothing newer is admitted before it, and it runs as soon as A leaves the
+// step. Without that bound B would start after all 20.
 TEST(EngineResidencyTest, CappedAdapterIsOvertakenOnlyBoundedTimes) {
   CHORUS_REQUIRE_SHARED_MODEL(kModel);
   Stories s = LoadStories();
   auto a = Adapter(s.model->config(), 8, 40), b = Adapter(s.model->config(), 16, 41);
   const auto want_b = Alone(s, Req(1, b, 8));
-  EngineOptions o = SmallOptions(64 << 20);
-  o.max_adapters_per_step = 1;
-  o.max_running = 2;
-  auto e = Engine::Create(s.model, s.tok, o);
+  auto e = Engine::Create(s.model, s.tok, CappedOptions());
   ASSERT_TRUE(e.ok());
-  auto long_a = *(*e)->Submit(Req(0, a, 48));
-  auto hb = *(*e)->Submit(Req(1, b, 8));
-  std::vector<std::shared_ptr<RequestHandle>> short_a;
-  for (int i = 0; i < 20; ++i) short_a.push_back(*(*e)->Submit(Req(2 + i, a, 3)));
-  EXPECT_EQ(RunToEnd(*hb), want_b);
-  RunToEnd(*long_a);
-  for (auto& h : short_a) RunToEnd(*h);
+  CappedQueue q = SubmitCappedQueue(e->get(), a, b, 48);
+  EXPECT_EQ(RunToEnd(*q.b), want_b);
+  RunToEnd(*q.long_a);
+  for (auto& h : q.short_a) RunToEnd(*h);
   // All were submitted within microseconds; first tokens are steps apart, so TTFT orders them.
   int ahead_of_b = 0;
-  for (auto& h : short_a) ahead_of_b += h->ttft_seconds() < hb->ttft_seconds() ? 1 : 0;
+  for (auto& h : q.short_a) ahead_of_b += h->ttft_seconds() < q.b->ttft_seconds() ? 1 : 0;
   EXPECT_GE(ahead_of_b, 1);  // overtaking is allowed (A is in the step) ...
   EXPECT_LE(ahead_of_b, 8);  // ... but bounded
-  EXPECT_LT(hb->ttft_seconds(), short_a.back()->ttft_seconds());
+  EXPECT_LT(q.b->ttft_seconds(), q.short_a.back()->ttft_seconds());
   EXPECT_EQ((*e)->metrics().adapters_per_step_max.load(), 1);
 }
 
 // The fairness barrier holds back newer requests that would keep an adapter in the step, not
-// base-model requests: those take no adapter slot. Same setup as above plus one base request
+// base-model requests: those take no adapter slot. The same queue plus one base request
 // submitted last: it starts while B still waits for A to leave the step.
 TEST(EngineResidencyTest, BaseRequestsPassTheAdapterFairnessBarrier) {
   CHORUS_REQUIRE_SHARED_MODEL(kModel);
   Stories s = LoadStories();
   auto a = Adapter(s.model->config(), 8, 40), b = Adapter(s.model->config(), 16, 41);
   const auto want_base = Alone(s, Req(30, nullptr, 4));
-  EngineOptions o = SmallOptions(64 << 20);
-  o.max_adapters_per_step = 1;
-  o.max_running = 2;
-  auto e = Engine::Create(s.model, s.tok, o);
+  auto e = Engine::Create(s.model, s.tok, CappedOptions());
   ASSERT_TRUE(e.ok());
-  auto long_a = *(*e)->Submit(Req(0, a, 400));  // holds A in the step for a long time
-  auto hb = *(*e)->Submit(Req(1, b, 8));
-  std::vector<std::shared_ptr<RequestHandle>> short_a;
-  for (int i = 0; i < 20; ++i) short_a.push_back(*(*e)->Submit(Req(2 + i, a, 3)));
+  // A 400-token request holds A in the step for a long time.
+  CappedQueue q = SubmitCappedQueue(e->get(), a, b, 400);
   auto base = *(*e)->Submit(Req(30, nullptr, 4));
   EXPECT_EQ(RunToEnd(*base), want_base);
   // The base request got in once the barrier formed (~8 short requests of 3 tokens in), long
   // before the 400-token request ends; before this rule it started together with B, after it.
-  EXPECT_LT(long_a->completion_tokens(), 400);
-  RunToEnd(*hb);
-  RunToEnd(*long_a);
-  for (auto& h : short_a) RunToEnd(*h);
-  EXPECT_LT(base->ttft_seconds(), hb->ttft_seconds());
-  EXPECT_LT(base->ttft_seconds(), short_a.back()->ttft_seconds());
+  EXPECT_LT(q.long_a->completion_tokens(), 400);
+  RunToEnd(*q.b);
+  RunToEnd(*q.long_a);
+  for (auto& h : q.short_a) RunToEnd(*h);
+  EXPECT_LT(base->ttft_seconds(), q.b->ttft_seconds());
+  EXPECT_LT(base->ttft_seconds(), q.short_a.back()->ttft_seconds());
 }
 
 TEST(EngineResidencyTest, UnloadWhileInUseFinishesThenFrees) {

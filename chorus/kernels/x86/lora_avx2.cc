@@ -118,32 +118,28 @@ inline void StreamRowsJ(const float* v, int64_t v_stride, const T* const* bt, in
   const T* b[NJ];
 #pragma GCC unroll 8
   for (int q = 0; q < NJ; ++q) b[q] = bt[j0 + q] + cb;
+  // acc[r][c, c+8) += Σ_q v[r][j0+q] · w[q], q in order (the same chain for full and tail).
+  auto accumulate = [&](const __m256* w, int64_t c) {
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      __m256 a = _mm256_load_ps(acc + r * kStreamBlock + c);
+#pragma GCC unroll 8
+      for (int q = 0; q < NJ; ++q)
+        a = _mm256_fmadd_ps(_mm256_broadcast_ss(v + r * v_stride + j0 + q), w[q], a);
+      _mm256_store_ps(acc + r * kStreamBlock + c, a);
+    }
+  };
+  __m256 w[NJ];
   int64_t c = 0;
   for (; c + 8 <= width; c += 8) {
-    __m256 w[NJ];
 #pragma GCC unroll 8
     for (int q = 0; q < NJ; ++q) w[q] = LoadW(b[q] + c);
-#pragma GCC unroll 4
-    for (int r = 0; r < NR; ++r) {
-      __m256 a = _mm256_load_ps(acc + r * kStreamBlock + c);
-#pragma GCC unroll 8
-      for (int q = 0; q < NJ; ++q)
-        a = _mm256_fmadd_ps(_mm256_broadcast_ss(v + r * v_stride + j0 + q), w[q], a);
-      _mm256_store_ps(acc + r * kStreamBlock + c, a);
-    }
+    accumulate(w, c);
   }
   if (c < width) {
-    __m256 w[NJ];
 #pragma GCC unroll 8
     for (int q = 0; q < NJ; ++q) w[q] = LoadWTail(b[q] + c, width - c);
-#pragma GCC unroll 4
-    for (int r = 0; r < NR; ++r) {
-      __m256 a = _mm256_load_ps(acc + r * kStreamBlock + c);
-#pragma GCC unroll 8
-      for (int q = 0; q < NJ; ++q)
-        a = _mm256_fmadd_ps(_mm256_broadcast_ss(v + r * v_stride + j0 + q), w[q], a);
-      _mm256_store_ps(acc + r * kStreamBlock + c, a);
-    }
+    accumulate(w, c);
   }
 }
 
