@@ -1,4 +1,5 @@
-// PackedWeight::Pack (repacking of q8_0/q4_0 into 64-column panels) and MatMul/MatMulMulti:
+// PackedWeight::Pack (repacking of q8_0/q4_0, and of bf16 for AVX-512, into 64-column panels) and
+// MatMul/MatMulMulti:
 // threading, activation scratch and the one place that picks the ISA variant.
 #include "chorus/kernels/matmul.h"
 
@@ -17,7 +18,7 @@ using internal::kPanelCols;
 
 class PackedWeightBuilder {
  public:
-  static Result<PackedWeight> Build(const Tensor& w);
+  static Result<PackedWeight> Build(const Tensor& w, IsaLevel level);
 };
 
 namespace {
@@ -74,6 +75,28 @@ void RepackQuant(const Tensor& w, int layout, int64_t n, int64_t k, uint8_t* out
   }
 }
 
+// Repacks bf16 rows [n, k] into the k-pair panels of matmul_internal.h (kLayoutBf16Pairs).
+void RepackBf16Pairs(const Tensor& w, int64_t n, int64_t k, uint8_t* out) {
+  const auto* src = static_cast<const uint16_t*>(w.data());
+  const int64_t kp = (k + 1) / 2;
+  const int64_t n_panels = (n + kPanelCols - 1) / kPanelCols;
+  const int64_t panel_bytes = internal::Bf16PanelBytes(k);
+  for (int64_t p = 0; p < n_panels; ++p) {
+    const int cols = static_cast<int>(std::min<int64_t>(kPanelCols, n - p * kPanelCols));
+    // Chunk by chunk, so the output is written sequentially; the 64 source rows each advance
+    // by one pair per chunk, and their current cache lines stay in L1.
+    for (int64_t j = 0; j < kp; ++j) {
+      uint32_t words[kPanelCols] = {};
+      for (int c = 0; c < cols; ++c) {
+        const uint16_t* row = src + (p * kPanelCols + c) * k;
+        const uint32_t hi = 2 * j + 1 < k ? row[2 * j + 1] : 0u;
+        words[c] = row[2 * j] | hi << 16;
+      }
+      std::memcpy(out + p * panel_bytes + j * internal::kChunkBytes, words, sizeof(words));
+    }
+  }
+}
+
 // Per-thread scratch for converted activations. Grows on demand and is then reused: after the
 // first steps of a serving run no call allocates.
 struct Scratch {
@@ -117,7 +140,7 @@ void RunOnPool(ThreadPool* pool, const std::function<void(int, int)>& fn) {
 
 }  // namespace
 
-Result<PackedWeight> PackedWeightBuilder::Build(const Tensor& w) {
+Result<PackedWeight> PackedWeightBuilder::Build(const Tensor& w, IsaLevel level) {
   if (w.empty()) return InvalidArgumentError("PackedWeight::Pack: empty tensor");
   if (w.shape().size() != 2) {
     return InvalidArgumentError("PackedWeight::Pack: weight must be 2-D, got shape " +
@@ -150,11 +173,25 @@ Result<PackedWeight> PackedWeightBuilder::Build(const Tensor& w) {
     pw.packed_ = std::move(buf);
     pw.packed_layout_ = layout;
     pw.packed_bytes_ = bytes;
+  } else if (dt == DType::kBF16 && level == IsaLevel::kAvx512) {
+    // Only the AVX-512 kernels read this layout; other levels run on the source in place.
+    const int64_t bytes = (n + kPanelCols - 1) / kPanelCols * internal::Bf16PanelBytes(k);
+    std::shared_ptr<uint8_t> buf = AlignedBytes(bytes);
+    RepackBf16Pairs(w, n, k, buf.get());
+    pw.packed_ = std::move(buf);
+    pw.packed_layout_ = internal::kLayoutBf16Pairs;
+    pw.packed_bytes_ = bytes;
   }
   return pw;
 }
 
-Result<PackedWeight> PackedWeight::Pack(const Tensor& w) { return PackedWeightBuilder::Build(w); }
+Result<PackedWeight> PackedWeight::Pack(const Tensor& w) {
+  return PackedWeightBuilder::Build(w, ActiveIsa());
+}
+
+Result<PackedWeight> internal::PackForIsa(const Tensor& w, IsaLevel level) {
+  return PackedWeightBuilder::Build(w, level);
+}
 
 void MatMul(const PackedWeight& w, const float* x, int64_t x_stride, int64_t m, float* y,
             int64_t y_stride, bool accumulate, ThreadPool* pool) {
@@ -216,15 +253,19 @@ struct WorkUnits {
   int64_t total() const { return first[n_outs]; }
 };
 
-WorkUnits MakeUnits(std::span<const MatMulOut> outs, bool quantized, int n_threads) {
+// `panels`: the weights are repacked into 64-column panels (q formats, bf16 k-pairs), and a unit
+// is whole panels; otherwise a unit is a multiple of 16 columns of a weight in place.
+WorkUnits MakeUnits(std::span<const MatMulOut> outs, bool panels, int n_threads) {
   WorkUnits wu;
   wu.n_outs = static_cast<int>(outs.size());
   for (int j = 0; j < wu.n_outs; ++j) {
     const PackedWeight& w = *outs[static_cast<size_t>(j)].w;
     int64_t item_bytes, align;
-    if (quantized) {
+    if (panels) {
       wu.items[j] = (w.n() + kPanelCols - 1) / kPanelCols;
-      item_bytes = internal::PanelBytes(w.packed_layout(), w.k() / kQuantBlock);
+      item_bytes = w.packed_layout() == internal::kLayoutBf16Pairs
+                       ? internal::Bf16PanelBytes(w.k())
+                       : internal::PanelBytes(w.packed_layout(), w.k() / kQuantBlock);
       align = 1;
     } else {
       wu.items[j] = w.n();
@@ -259,7 +300,13 @@ void internal::MatMulWithKernels(const IsaKernels& kern, std::span<const MatMulO
   const DType dt = outs[0].w->dtype();
   const int64_t k = outs[0].w->k();
   const bool quantized = DTypeIsQuantized(dt);
-  const WorkUnits wu = MakeUnits(outs, quantized, pool == nullptr ? 1 : pool->size());
+  // bf16 k-pair panels run only where this kernel set has their kernel (and every output has
+  // them: weights packed at different ISA levels fall back to float_cols together).
+  bool bf16_pairs = dt == DType::kBF16 && kern.bf16_panels != nullptr;
+  for (const MatMulOut& o : outs)
+    bf16_pairs = bf16_pairs && o.w->packed_layout() == internal::kLayoutBf16Pairs;
+  const WorkUnits wu =
+      MakeUnits(outs, quantized || bf16_pairs, pool == nullptr ? 1 : pool->size());
   std::atomic<int64_t> next{0};
 
   if (quantized) {
@@ -300,11 +347,17 @@ void internal::MatMulWithKernels(const IsaKernels& kern, std::span<const MatMulO
   auto float_compute = [&](const void* xs, int64_t xs_stride) {
     ForEachUnit(&next, wu.total(), [&](int64_t u) {
       int j;
-      int64_t c0, c1;
+      int64_t c0, c1;  // panels when bf16_pairs, columns otherwise
       wu.Find(u, &j, &c0, &c1);
       const MatMulOut& o = outs[static_cast<size_t>(j)];
-      kern.float_cols(dt, o.w->source().data(), k, xs, xs_stride, m, c0, c1, o.y, o.y_stride,
-                      accumulate);
+      if (bf16_pairs) {
+        kern.bf16_panels(static_cast<const uint8_t*>(o.w->packed()), o.w->n(), k,
+                         static_cast<const uint16_t*>(xs), xs_stride, m, c0, c1, o.y, o.y_stride,
+                         accumulate);
+      } else {
+        kern.float_cols(dt, o.w->source().data(), k, xs, xs_stride, m, c0, c1, o.y, o.y_stride,
+                        accumulate);
+      }
     });
   };
   if (dt != DType::kBF16) {

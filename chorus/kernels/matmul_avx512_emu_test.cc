@@ -140,8 +140,10 @@ std::vector<float> RandomVec(size_t n, uint32_t seed, float scale = 1.0f) {
 }
 
 PackedWeight MakeWeight(DType dt, int64_t n, int64_t k, uint32_t seed) {
-  auto pw = PackedWeight::Pack(
-      Tensor::FromF32(RandomVec(static_cast<size_t>(n * k), seed, 0.5f), dt, {n, k}));
+  // The AVX-512 layouts (bf16 k-pair panels too) whatever this host runs.
+  auto pw = internal::PackForIsa(
+      Tensor::FromF32(RandomVec(static_cast<size_t>(n * k), seed, 0.5f), dt, {n, k}),
+      IsaLevel::kAvx512);
   CHORUS_CHECK(pw.ok()) << pw.status().ToString();
   return std::move(pw).value();
 }
@@ -161,9 +163,9 @@ TEST(MatMulAvx512Emulated, MatchesReference) {
   if (!HostCanRunEmulation()) GTEST_SKIP() << "emulation itself needs AVX2/FMA/F16C";
   ThreadPool pool(2);
   const Shape q_shapes[] = {{1, 32, 1},   {3, 96, 5},    {8, 96, 17}, {64, 32, 33},
-                            {5, 256, 70}, {1, 1024, 64}, {33, 64, 20}};
+                            {5, 256, 70}, {1, 1024, 64}, {33, 64, 20}, {2, 64, 130}};
   const Shape f_shapes[] = {{1, 1, 1},   {3, 7, 5},   {8, 33, 17}, {64, 32, 17},
-                            {5, 47, 19}, {2, 300, 9}, {33, 16, 6}};
+                            {5, 47, 19}, {2, 300, 9}, {33, 16, 6}, {7, 33, 130}};
   for (DType dt : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0}) {
     const bool quant = DTypeIsQuantized(dt);
     for (const Shape& s : quant ? q_shapes : f_shapes) {

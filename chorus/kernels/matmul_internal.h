@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <span>
 
+#include "chorus/kernels/dispatch.h"
 #include "chorus/kernels/matmul.h"
 #include "chorus/tensor/dtype.h"
 
@@ -31,13 +32,32 @@ namespace chorus::kernels::internal {
 //   d  : 64 f16 scales (column order)
 inline constexpr int kPanelCols = 64;
 inline constexpr int64_t kChunkBytes = 4 * kPanelCols;
-enum PackedLayout : int { kLayoutInPlace = 0, kLayoutQ8Panel = 1, kLayoutQ4Panel = 2 };
+enum PackedLayout : int {
+  kLayoutInPlace = 0,
+  kLayoutQ8Panel = 1,
+  kLayoutQ4Panel = 2,
+  kLayoutBf16Pairs = 3,
+};
 
 inline constexpr int64_t QsBlockBytes(int layout) {
   return (layout == kLayoutQ4Panel ? 4 : 8) * kChunkBytes;
 }
 inline constexpr int64_t BlockBytes(int layout) { return QsBlockBytes(layout) + 2 * kPanelCols; }
 inline constexpr int64_t PanelBytes(int layout, int64_t nb) { return nb * BlockBytes(layout); }
+
+// bf16 weights, on CPUs with AVX-512 BF16 (Pack() chooses by ActiveIsa()): panels of 64 output
+// columns again, but the unit is a k-pair. Chunk j (256 bytes) of a panel holds elements 2j and
+// 2j + 1 of its 64 columns: 32-bit word c = w[col c][2j] | w[col c][2j + 1] << 16 (the second is
+// 0 when 2j + 1 == k; padding columns are 0). Panel p occupies Bf16PanelBytes(k) bytes at
+// packed + p * Bf16PanelBytes(k).
+//
+// Why: vdpbf16ps multiplies 32 bf16 pairs per instruction. With lanes = columns, one 32-bit
+// broadcast of an activation pair feeds 16 columns and each weight vector feeds every row of a
+// tile, so a 6-row × 64-column tile issues 24 vdpbf16ps per 4 weight loads and needs no
+// horizontal sums, where the in-place layout (lanes over k) needed one load per 2 vdpbf16ps and
+// a reduction per output. Every output lane sums its k-pairs in order in one accumulator,
+// whatever the tile's row count, so a row's result does not depend on its batch.
+inline constexpr int64_t Bf16PanelBytes(int64_t k) { return (k + 1) / 2 * kChunkBytes; }
 
 // One activation row quantized to q8_0-style blocks with an f32 scale (the MatMul spec):
 // per block of 32: amax = max|x|, d = amax / 127, q = lround(x / d) (via x * (1/d)).
@@ -68,12 +88,13 @@ struct IsaKernels {
   void (*quantize_rows)(int layout, const float* x, int64_t x_stride, int64_t r0, int64_t r1,
                         int64_t k, const QRows& q);
   // Rows [r0, r1) of x rounded to bf16 (round to nearest even, like F32ToBF16), in the form
-  // this ISA's float_cols reads: AVX-512 stores bf16; AVX2 stores the rounded values as f32,
+  // this ISA's float_cols reads: AVX-512 stores bf16 (and zeros from k up to the next multiple
+  // of 16, which the k-pair kernel reads when k is odd); AVX2 stores the rounded values as f32,
   // permuted like its bf16→f32 unpack. `out` holds ≥ 4 bytes per element; out_stride is in
   // elements and a multiple of 32.
   void (*bf16_rows)(const float* x, int64_t x_stride, int64_t r0, int64_t r1, int64_t k, void* out,
                     int64_t out_stride);
-  // y[0..m, 16*p0 .. min(n, 16*p1)) for a repacked q weight.
+  // y[0..m, 64*p0 .. min(n, 64*p1)) for a repacked q weight.
   void (*q_panels)(int layout, const uint8_t* packed, int64_t n, int64_t k, const QRows& q,
                    int64_t m, int64_t p0, int64_t p1, float* y, int64_t y_stride, bool accumulate);
   // y[0..m, c0..c1) for a float weight in place [n, k]; x is f32 (f32/f16 weights) or the
@@ -81,10 +102,20 @@ struct IsaKernels {
   void (*float_cols)(DType dtype, const void* w, int64_t k, const void* x, int64_t x_stride,
                      int64_t m, int64_t c0, int64_t c1, float* y, int64_t y_stride,
                      bool accumulate);
+  // y[0..m, 64*p0 .. min(n, 64*p1)) for a bf16 weight repacked as kLayoutBf16Pairs; x is what
+  // bf16_rows wrote (bf16, zero past k up to the next multiple of 16). Null when this ISA has
+  // no such kernel (then float_cols runs on the weight in place).
+  void (*bf16_panels)(const uint8_t* packed, int64_t n, int64_t k, const uint16_t* x,
+                      int64_t x_stride, int64_t m, int64_t p0, int64_t p1, float* y,
+                      int64_t y_stride, bool accumulate);
 };
 
 const IsaKernels& Avx2Kernels();
 const IsaKernels& Avx512Kernels();
+
+// Pack() for a given ISA level (Pack uses ActiveIsa()): lets a test build the AVX-512 layouts on
+// any machine.
+Result<PackedWeight> PackForIsa(const Tensor& w, IsaLevel level);
 
 // MatMulMulti with the given kernels (what MatMul runs after choosing them by ActiveIsa());
 // lets a test drive a kernel set directly.

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "chorus/kernels/dispatch.h"
+#include "chorus/kernels/matmul_internal.h"
 
 namespace chorus::kernels {
 namespace {
@@ -160,7 +161,8 @@ TEST_F(MatMulTest, QuantizedMatchReferenceBitExact) {
 TEST_F(MatMulTest, FloatMatchReferenceWithinTolerance) {
   const Shape shapes[] = {{1, 1, 1},     {3, 7, 5},     {8, 33, 17},   {64, 32, 17},
                           {1, 96, 4096}, {3, 4096, 17}, {8, 4096, 64}, {64, 33, 40},
-                          {5, 1, 33},    {2, 15, 9},    {4, 47, 19},   {1, 4096, 256}};
+                          {5, 1, 33},    {2, 15, 9},    {4, 47, 19},   {1, 4096, 256},
+                          {7, 33, 130},  {13, 1, 65},   {12, 64, 200}};
   for (DType dt : {DType::kF32, DType::kF16, DType::kBF16})
     for (const Shape& s : shapes) CheckShape(dt, s, &pool1_, &pool2_);
 }
@@ -336,9 +338,13 @@ TEST_F(MatMulTest, PackValidates) {
   EXPECT_EQ(ok->k(), 64);
   EXPECT_EQ(ok->dtype(), DType::kQ4_0);
   EXPECT_GT(ok->packed_bytes(), 0);
-  auto f = PackedWeight::Pack(Tensor::Zeros(DType::kBF16, {17, 65}));
+  // bf16 is repacked into k-pair panels only for the AVX-512 kernels.
+  auto f = internal::PackForIsa(Tensor::Zeros(DType::kBF16, {17, 65}), IsaLevel::kAvx2);
   ASSERT_TRUE(f.ok());
   EXPECT_EQ(f->packed_bytes(), 0);
+  auto fp = internal::PackForIsa(Tensor::Zeros(DType::kBF16, {17, 65}), IsaLevel::kAvx512);
+  ASSERT_TRUE(fp.ok());
+  EXPECT_EQ(fp->packed_bytes(), internal::Bf16PanelBytes(65));
 }
 
 TEST_F(MatMulTest, ZeroRowsIsANoOp) {

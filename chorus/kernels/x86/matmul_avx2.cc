@@ -388,7 +388,7 @@ void QPanels(int layout, const uint8_t* packed, int64_t n, int64_t k, const QRow
 }  // namespace
 
 const IsaKernels& Avx2Kernels() {
-  static const IsaKernels k{QuantizeRows, Bf16Rows, QPanels, FloatCols};
+  static const IsaKernels k{QuantizeRows, Bf16Rows, QPanels, FloatCols, nullptr};
   return k;
 }
 

@@ -3,7 +3,8 @@
 // Quantized weights: vpdpbusd (u8 × s8 → s32, 4 products per lane, no saturation). The packed
 // weights are unsigned (q8_0: q + 128, q4_0: the GGML nibble q + 8), the activations signed, and
 // the offset is removed per block with −128·Σx or −8·Σx (Σx precomputed when quantizing x).
-// bf16 weights: vdpbf16ps on bf16-rounded activations, lanes over k.
+// bf16 weights: vdpbf16ps on bf16-rounded activations; repacked k-pair panels (lanes = columns,
+// one broadcast activation pair per row) or, for a weight left in place, lanes over k.
 // f32/f16 weights: FMA, lanes over k, masked tails.
 // GCC 12's _mm512_undefined_* helpers (used inside _mm512_cvtph_ps, _mm512_reduce_*) trip
 // -Wuninitialized once inlined; the values are never read.
@@ -12,6 +13,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "chorus/kernels/matmul_internal.h"
 #include "chorus/kernels/x86/matmul_qtile.h"
@@ -129,7 +131,10 @@ void Bf16Rows(const float* x, int64_t x_stride, int64_t r0, int64_t r1, int64_t 
     for (int64_t e = 0; e < k; e += 16) {
       const int64_t rem = std::min<int64_t>(16, k - e);
       const __mmask16 m = static_cast<__mmask16>((1u << rem) - 1u);
-      _mm256_mask_storeu_epi16(o + e, m, ToBF16x16(_mm512_maskz_loadu_ps(m, xr + e)));
+      // All 16 lanes are stored (out_stride is a multiple of 32): the tail's lanes are zero,
+      // which the k-pair kernel reads as the partner of an odd k's last element.
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + e),
+                          ToBF16x16(_mm512_maskz_loadu_ps(m, xr + e)));
     }
   }
 }
@@ -278,6 +283,80 @@ void FloatCols(DType dtype, const void* w, int64_t k, const void* x, int64_t x_s
   }
 }
 
+// ---- bf16 weights in k-pair panels ------------------------------------------------------
+
+// 6 rows × 4 column vectors: 24 accumulators + 4 weight vectors + 1 broadcast of 32 registers.
+constexpr int kBf16MaxR = 6;
+
+inline __m512i BroadcastPair(const uint16_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return _mm512_set1_epi32(v);
+}
+
+// y[r][0..cols) (+)= rows x[r] · panel for r < R. Each lane (a column) accumulates its k-pairs in
+// order in one register, so the value does not depend on R (batch invariance).
+template <int R>
+__attribute__((noinline)) void Bf16PairTile(const uint8_t* panel, int64_t kp, const uint16_t* x,
+                                            int64_t x_stride, int cols, float* y,
+                                            int64_t y_stride, bool accumulate) {
+  __m512 acc[R][4];
+  CHORUS_UNROLL
+  for (int r = 0; r < R; ++r) {
+    CHORUS_UNROLL
+    for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
+  }
+  for (int64_t j = 0; j < kp; ++j) {
+    const uint8_t* wp = panel + j * kChunkBytes;
+    __m512i wv[4];
+    CHORUS_UNROLL
+    for (int c = 0; c < 4; ++c) wv[c] = _mm512_loadu_si512(wp + 64 * c);
+    CHORUS_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const __m512i xv = BroadcastPair(x + r * x_stride + 2 * j);
+      CHORUS_UNROLL
+      for (int c = 0; c < 4; ++c) {
+        acc[r][c] = _mm512_dpbf16_ps(acc[r][c], reinterpret_cast<const __m512bh&>(xv),
+                                     reinterpret_cast<const __m512bh&>(wv[c]));
+      }
+    }
+  }
+  CHORUS_UNROLL
+  for (int c = 0; c < 4; ++c) {
+    const int valid = std::clamp(cols - 16 * c, 0, 16);
+    if (valid == 0) break;
+    CHORUS_UNROLL
+    for (int r = 0; r < R; ++r)
+      Avx512Traits::Store(y + r * y_stride + 16 * c, acc[r][c], valid, accumulate);
+  }
+}
+
+template <int R = kBf16MaxR>
+inline void Bf16PairDispatch(int rr, const uint8_t* panel, int64_t kp, const uint16_t* x,
+                             int64_t x_stride, int cols, float* y, int64_t y_stride,
+                             bool accumulate) {
+  if (rr == R) {
+    Bf16PairTile<R>(panel, kp, x, x_stride, cols, y, y_stride, accumulate);
+  } else if constexpr (R > 1) {
+    Bf16PairDispatch<R - 1>(rr, panel, kp, x, x_stride, cols, y, y_stride, accumulate);
+  }
+}
+
+void Bf16Panels(const uint8_t* packed, int64_t n, int64_t k, const uint16_t* x, int64_t x_stride,
+                int64_t m, int64_t p0, int64_t p1, float* y, int64_t y_stride, bool accumulate) {
+  const int64_t kp = (k + 1) / 2;
+  const int64_t panel_bytes = Bf16PanelBytes(k);
+  for (int64_t p = p0; p < p1; ++p) {
+    const uint8_t* panel = packed + p * panel_bytes;
+    const int cols = static_cast<int>(std::min<int64_t>(kPanelCols, n - p * kPanelCols));
+    for (int64_t r0 = 0; r0 < m; r0 += kBf16MaxR) {
+      const int rr = static_cast<int>(std::min<int64_t>(kBf16MaxR, m - r0));
+      Bf16PairDispatch(rr, panel, kp, x + r0 * x_stride, x_stride, cols,
+                       y + r0 * y_stride + p * kPanelCols, y_stride, accumulate);
+    }
+  }
+}
+
 void QPanels(int layout, const uint8_t* packed, int64_t n, int64_t k, const QRows& q, int64_t m,
              int64_t p0, int64_t p1, float* y, int64_t y_stride, bool accumulate) {
   if (layout == kLayoutQ4Panel) {
@@ -290,7 +369,7 @@ void QPanels(int layout, const uint8_t* packed, int64_t n, int64_t k, const QRow
 }  // namespace
 
 const IsaKernels& Avx512Kernels() {
-  static const IsaKernels k{QuantizeRows, Bf16Rows, QPanels, FloatCols};
+  static const IsaKernels k{QuantizeRows, Bf16Rows, QPanels, FloatCols, Bf16Panels};
   return k;
 }
 
