@@ -14,6 +14,7 @@
 
 #include "chorus/adapters/lora/lora_adapter.h"
 #include "chorus/adapters/lora/lora_hook.h"
+#include "chorus/base/large_alloc.h"
 #include "chorus/base/rng.h"
 #include "chorus/base/thread_pool.h"
 #include "chorus/kernels/dispatch.h"
@@ -65,8 +66,9 @@ struct Seqs {
 
 ReadBandwidthProbe::ReadBandwidthProbe(ThreadPool* pool, int64_t bytes)
     : pool_(pool), bytes_(bytes / 4096 * 4096) {
-  buf_ = static_cast<uint8_t*>(std::aligned_alloc(64, static_cast<size_t>(bytes_)));
-  CHORUS_CHECK(buf_ != nullptr) << "cannot allocate " << bytes_ << " bytes for the bandwidth probe";
+  // Huge pages like the packed weights it is compared with (AllocateLarge), so the roofline is
+  // the best this machine reads, not a 4 KiB-page figure the weights could beat.
+  buf_ = static_cast<uint8_t*>(AllocateLarge(static_cast<size_t>(bytes_), "the bandwidth probe"));
   // Touch every page from the thread that will read it (first-touch placement), non-zero data.
   pool_->Run([&](int i, int n) {
     int64_t b, e;

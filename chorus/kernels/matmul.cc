@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string>
 
+#include "chorus/base/large_alloc.h"
 #include "chorus/kernels/dispatch.h"
 #include "chorus/kernels/matmul_internal.h"
 
@@ -27,6 +28,14 @@ std::shared_ptr<uint8_t> AlignedBytes(int64_t bytes) {
   const size_t alloc = static_cast<size_t>((bytes + 63) / 64 * 64);
   void* p = std::aligned_alloc(64, alloc == 0 ? 64 : alloc);
   CHORUS_CHECK(p != nullptr) << "out of memory packing a weight of " << bytes << " bytes";
+  return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [](uint8_t* q) { std::free(q); });
+}
+
+// A repacked weight: streamed from DRAM at every step, so it asks for transparent huge pages
+// (AllocateLarge): with 4 KiB pages the hardware prefetchers stop at every page boundary of the
+// stream and each page costs a TLB miss.
+std::shared_ptr<uint8_t> PackedBuffer(int64_t bytes) {
+  void* p = AllocateLarge(static_cast<size_t>(std::max<int64_t>(bytes, 1)), "a packed weight");
   return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [](uint8_t* q) { std::free(q); });
 }
 
@@ -168,7 +177,7 @@ Result<PackedWeight> PackedWeightBuilder::Build(const Tensor& w, IsaLevel level)
     const int layout = dt == DType::kQ8_0 ? internal::kLayoutQ8Panel : internal::kLayoutQ4Panel;
     const int64_t bytes =
         (n + kPanelCols - 1) / kPanelCols * internal::PanelBytes(layout, k / kQuantBlock);
-    std::shared_ptr<uint8_t> buf = AlignedBytes(bytes);
+    std::shared_ptr<uint8_t> buf = PackedBuffer(bytes);
     RepackQuant(w, layout, n, k, buf.get());
     pw.packed_ = std::move(buf);
     pw.packed_layout_ = layout;
@@ -176,7 +185,7 @@ Result<PackedWeight> PackedWeightBuilder::Build(const Tensor& w, IsaLevel level)
   } else if (dt == DType::kBF16 && level == IsaLevel::kAvx512) {
     // Only the AVX-512 kernels read this layout; other levels run on the source in place.
     const int64_t bytes = (n + kPanelCols - 1) / kPanelCols * internal::Bf16PanelBytes(k);
-    std::shared_ptr<uint8_t> buf = AlignedBytes(bytes);
+    std::shared_ptr<uint8_t> buf = PackedBuffer(bytes);
     RepackBf16Pairs(w, n, k, buf.get());
     pw.packed_ = std::move(buf);
     pw.packed_layout_ = internal::kLayoutBf16Pairs;
