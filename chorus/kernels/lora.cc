@@ -1,6 +1,8 @@
 // Threading and run-time selection of the LoRA segment kernels (lora.h).
 #include "chorus/kernels/lora.h"
 
+#include <atomic>
+
 #include "chorus/base/check.h"
 #include "chorus/kernels/dispatch.h"
 #include "chorus/kernels/lora_internal.h"
@@ -108,22 +110,35 @@ struct ExpandArgs {
   ExpandTileBf16Fn tile_bf16;
 };
 
+// One segment's term over output columns [begin, end).
+void ExpandSegment(const ExpandArgs& a, const LoraSegment& s, int64_t begin, int64_t end) {
+  const LoraExpandWeight& w = a.weights[static_cast<size_t>(s.slot)];
+  if (!Active(s, w.rank)) return;
+  if (w.bt_rows_bf16 != nullptr) {
+    a.tile_bf16(a.v + s.row_begin * a.v_stride + w.v_col, a.v_stride, s.row_end - s.row_begin,
+                w.bt_rows_bf16, w.rank, w.scale, begin, end, a.y + s.row_begin * a.y_stride,
+                a.y_stride);
+  } else {
+    a.tile(a.v + s.row_begin * a.v_stride + w.v_col, a.v_stride, s.row_end - s.row_begin,
+           w.bt_rows, w.rank, w.scale, begin, end, a.y + s.row_begin * a.y_stride, a.y_stride);
+  }
+}
+
 // Thread `ti` of `nt` adds every segment's term to its static slice of the output columns.
 void ExpandSlice(const ExpandArgs& a, int ti, int nt) {
   int64_t begin, end;
   ThreadPool::Slice(a.out, ti, nt, kExpandColAlign, &begin, &end);
   if (begin >= end) return;
-  for (const LoraSegment& s : a.segments) {
-    const LoraExpandWeight& w = a.weights[static_cast<size_t>(s.slot)];
-    if (!Active(s, w.rank)) continue;
-    if (w.bt_rows_bf16 != nullptr) {
-      a.tile_bf16(a.v + s.row_begin * a.v_stride + w.v_col, a.v_stride, s.row_end - s.row_begin,
-                  w.bt_rows_bf16, w.rank, w.scale, begin, end, a.y + s.row_begin * a.y_stride,
-                  a.y_stride);
-    } else {
-      a.tile(a.v + s.row_begin * a.v_stride + w.v_col, a.v_stride, s.row_end - s.row_begin,
-             w.bt_rows, w.rank, w.scale, begin, end, a.y + s.row_begin * a.y_stride, a.y_stride);
-    }
+  for (const LoraSegment& s : a.segments) ExpandSegment(a, s, begin, end);
+}
+
+// Threads take whole segments from a shared counter, each over all `out` columns. Segments own
+// disjoint rows of y, so nothing is shared; the order of the fma chain per element is the same
+// as in ExpandSlice, so the values are too.
+void ExpandSegments(const ExpandArgs& a, std::atomic<size_t>* next) {
+  for (size_t i = next->fetch_add(1, std::memory_order_relaxed); i < a.segments.size();
+       i = next->fetch_add(1, std::memory_order_relaxed)) {
+    ExpandSegment(a, a.segments[i], 0, a.out);
   }
 }
 
@@ -157,12 +172,13 @@ void LoraShrink(std::span<const LoraSegment> segments, std::span<const LoraShrin
 void LoraExpand(std::span<const LoraSegment> segments, std::span<const LoraExpandWeight> weights,
                 const float* v, int64_t v_stride, int64_t out, float* y, int64_t y_stride,
                 ThreadPool* pool) {
-  int64_t macs = 0;
+  int64_t macs = 0, active = 0;
   for (const LoraSegment& s : segments) {
     CHORUS_CHECK(s.slot >= 0 && static_cast<size_t>(s.slot) < weights.size())
         << "LoRA segment slot " << s.slot << " of " << weights.size();
     const LoraExpandWeight& w = weights[static_cast<size_t>(s.slot)];
     if (!Active(s, w.rank)) continue;
+    ++active;
     CHORUS_CHECK((w.bt_rows != nullptr || w.bt_rows_bf16 != nullptr) && w.v_col >= 0 &&
                  w.v_col + w.rank <= v_stride)
         << "rank " << w.rank << " at column " << w.v_col << " of " << v_stride;
@@ -176,6 +192,16 @@ void LoraExpand(std::span<const LoraSegment> segments, std::span<const LoraExpan
     return;
   }
   const ExpandArgs* p = &args;
+  // Many segments (decode rows on distinct adapters): split by segment, so each thread streams
+  // whole Bᵀ rows. Splitting columns instead cuts every row in pieces: a k/v row of 256
+  // columns gave each thread 256 bytes per row, and the expand ran at ~2/3 of the shrink's
+  // bandwidth. Few segments (prefill, one adapter): columns, so every thread has work.
+  if (active >= 4 * static_cast<int64_t>(pool->size())) {
+    std::atomic<size_t> next{0};
+    std::atomic<size_t>* n = &next;
+    pool->Run([p, n](int, int) { ExpandSegments(*p, n); });
+    return;
+  }
   pool->Run([p](int ti, int nt) { ExpandSlice(*p, ti, nt); });
 }
 

@@ -394,42 +394,47 @@ TEST(LoraKernelTest, Bf16RowsEqualF32RowsOfTheSameValues) {
 // position, and at any thread count (f32 and bf16 weights).
 TEST(LoraKernelTest, BatchInvariantBitwise) {
   const int64_t in = 200, out = 136;
-  const std::vector<int64_t> ranks = {1, 8, 16, 64, 256, 5};
-  for (bool bf16 : {false, true})
-    for (IsaLevel level : SupportedLevels()) {
-      IsaGuard g;
-      SetMaxIsa(level);
-      for (int64_t target_slot = 0; target_slot < static_cast<int64_t>(ranks.size());
-           ++target_slot) {
-        // Batch: 6 segments of varying length; the probe row sits at row 2 of segment `target`.
-        std::vector<LoraSegment> segs;
-        int64_t row = 0, probe_row = -1;
-        for (int64_t s = 0; s < static_cast<int64_t>(ranks.size()); ++s) {
-          const int64_t len = 3 + (s * 5) % 7;
-          segs.push_back({row, row + len, static_cast<int32_t>(s)});
-          if (s == target_slot) probe_row = row + 2;
-          row += len;
-        }
-        Problem batch = MakeProblem(in, out, ranks, segs, row, 99);
-        batch.bf16 = bf16;
-        auto y0 = BaseOutput(batch, 1);
-        // Alone: the same adapters, one segment of one row holding the probe row's input.
-        Problem alone = batch;
-        alone.n_rows = 1;
-        alone.x.assign(batch.x.begin() + probe_row * batch.x_stride,
-                       batch.x.begin() + (probe_row + 1) * batch.x_stride);
-        alone.segments = {{0, 1, static_cast<int32_t>(target_slot)}};
-        std::vector<float> y0_alone(y0.begin() + probe_row * (out + 1),
-                                    y0.begin() + (probe_row + 1) * (out + 1));
-        auto want = RunLora(alone, y0_alone, 1);
-        for (int threads : {1, 2, 3}) {
-          auto got = RunLora(batch, y0, threads);
-          EXPECT_EQ(0, std::memcmp(got.data() + probe_row * (out + 1), want.data(),
-                                   static_cast<size_t>(out) * sizeof(float)))
-              << IsaName(level) << " slot " << target_slot << " threads " << threads;
+  // Prefill-like: 6 segments of 3..9 rows (threads split the columns). Decode-like: 12 segments
+  // of one row each (threads take whole segments in the expand). Each probe row must match the
+  // same row computed alone (one segment: columns split) bitwise.
+  for (bool decode : {false, true})
+    for (bool bf16 : {false, true})
+      for (IsaLevel level : SupportedLevels()) {
+        IsaGuard g;
+        SetMaxIsa(level);
+        std::vector<int64_t> ranks = {1, 8, 16, 64, 256, 5};
+        if (decode) ranks.insert(ranks.end(), {7, 32, 2, 64, 16, 128});
+        for (int64_t target_slot = 0; target_slot < static_cast<int64_t>(ranks.size());
+             ++target_slot) {
+          std::vector<LoraSegment> segs;
+          int64_t row = 0, probe_row = -1;
+          for (int64_t s = 0; s < static_cast<int64_t>(ranks.size()); ++s) {
+            const int64_t len = decode ? 1 : 3 + (s * 5) % 7;
+            segs.push_back({row, row + len, static_cast<int32_t>(s)});
+            if (s == target_slot) probe_row = row + (decode ? 0 : 2);
+            row += len;
+          }
+          Problem batch = MakeProblem(in, out, ranks, segs, row, 99);
+          batch.bf16 = bf16;
+          auto y0 = BaseOutput(batch, 1);
+          // Alone: the same adapters, one segment of one row holding the probe row's input.
+          Problem alone = batch;
+          alone.n_rows = 1;
+          alone.x.assign(batch.x.begin() + probe_row * batch.x_stride,
+                         batch.x.begin() + (probe_row + 1) * batch.x_stride);
+          alone.segments = {{0, 1, static_cast<int32_t>(target_slot)}};
+          std::vector<float> y0_alone(y0.begin() + probe_row * (out + 1),
+                                      y0.begin() + (probe_row + 1) * (out + 1));
+          auto want = RunLora(alone, y0_alone, 1);
+          for (int threads : {1, 2, 3}) {
+            auto got = RunLora(batch, y0, threads);
+            EXPECT_EQ(0, std::memcmp(got.data() + probe_row * (out + 1), want.data(),
+                                     static_cast<size_t>(out) * sizeof(float)))
+                << IsaName(level) << (decode ? " decode" : " prefill") << " slot " << target_slot
+                << " threads " << threads;
+          }
         }
       }
-    }
 }
 
 }  // namespace
