@@ -11,7 +11,8 @@
 //   ./lora_bench --benchmark_filter='distinct' --benchmark_min_time=0.2
 //
 // The machine is shared: quote medians and ratios to the base run in the same invocation.
-// Environment: LORA_PHASE=1|2 times the shrink or the expand alone; LORA_ISA=avx2|scalar caps
+// Environment: LORA_PHASE=1|2 times the shrink or the expand alone; LORA_OUT=N sets the
+// projection's output width (default 2048); LORA_ISA=avx2|scalar caps
 // the kernels' ISA level.
 #include <benchmark/benchmark.h>
 
@@ -30,7 +31,12 @@
 namespace chorus::kernels {
 namespace {
 
-constexpr int64_t kIn = 2048, kOut = 2048;
+constexpr int64_t kIn = 2048;
+// LORA_OUT=256 gives the k/v projections' shape (TinyLlama: 4 KV heads × 64); default q/o.
+const int64_t kOut = [] {
+  const char* e = std::getenv("LORA_OUT");
+  return e != nullptr && std::atoll(e) > 0 ? static_cast<int64_t>(std::atoll(e)) : int64_t{2048};
+}();
 
 std::vector<float> Random(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);

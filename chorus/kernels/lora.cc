@@ -193,16 +193,19 @@ void LoraExpand(std::span<const LoraSegment> segments, std::span<const LoraExpan
   }
   const ExpandArgs* p = &args;
   // Many segments (decode rows on distinct adapters): split by segment, so each thread streams
-  // whole Bᵀ rows. Splitting columns instead cuts every row in pieces: a k/v row of 256
-  // columns gave each thread 256 bytes per row, and the expand ran at ~2/3 of the shrink's
-  // bandwidth. Few segments (prefill, one adapter): columns, so every thread has work.
-  if (active >= 4 * static_cast<int64_t>(pool->size())) {
+  // whole Bᵀ rows. Splitting columns instead cuts every row in pieces: a k/v row of 256 columns
+  // gave each thread 256 bytes per row (lora_bench, LORA_OUT=256 LORA_PHASE=2, 32 one-row
+  // segments: 54 → 32 µs). With wide rows (q/o: 1024 columns per thread) the column split is
+  // as good until there are many segments (8: 48 vs 53 µs, balance; 32: 187 vs 179 µs).
+  // Few segments (prefill, one adapter): always columns, so every thread has work.
+  const int64_t nt = static_cast<int64_t>(pool->size());
+  if (active >= 4 * nt && (out / nt < 1024 || active >= 16 * nt)) {
     std::atomic<size_t> next{0};
     std::atomic<size_t>* n = &next;
     pool->Run([p, n](int, int) { ExpandSegments(*p, n); });
     return;
   }
-  pool->Run([p](int ti, int nt) { ExpandSlice(*p, ti, nt); });
+  pool->Run([p](int ti, int n_threads) { ExpandSlice(*p, ti, n_threads); });
 }
 
 }  // namespace chorus::kernels
