@@ -1,6 +1,8 @@
 // Threading and run-time selection of the LoRA segment kernels (lora.h).
 #include "chorus/kernels/lora.h"
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 
 #include "chorus/base/check.h"
@@ -99,6 +101,19 @@ void ShrinkSlice(const ShrinkArgs& a, int ti, int nt) {
   }
 }
 
+// One segment's whole shrink (all its rank columns).
+void ShrinkSegment(const ShrinkArgs& a, const LoraSegment& s) {
+  const LoraShrinkWeight& w = a.weights[static_cast<size_t>(s.slot)];
+  if (!Active(s, w.rank)) return;
+  if (w.a_rows_bf16 != nullptr) {
+    a.tile_bf16(a.x + s.row_begin * a.x_stride, a.x_stride, s.row_end - s.row_begin,
+                w.a_rows_bf16, a.in, 0, w.rank, a.v + s.row_begin * a.v_stride, a.v_stride);
+  } else {
+    a.tile(a.x + s.row_begin * a.x_stride, a.x_stride, s.row_end - s.row_begin, w.a_rows, a.in,
+           0, w.rank, a.v + s.row_begin * a.v_stride, a.v_stride);
+  }
+}
+
 struct ExpandArgs {
   std::span<const LoraSegment> segments;
   std::span<const LoraExpandWeight> weights;
@@ -144,10 +159,13 @@ void ExpandSegments(const ExpandArgs& a, std::atomic<size_t>* next) {
 
 }  // namespace
 
-void LoraShrink(std::span<const LoraSegment> segments, std::span<const LoraShrinkWeight> weights,
-                const float* x, int64_t x_stride, int64_t in, float* v, int64_t v_stride,
-                ThreadPool* pool) {
-  int64_t total_cols = 0, macs = 0;
+namespace {
+
+// Checks the segments against the shrink weights; returns Σ rank and the multiply-adds.
+void CheckShrink(std::span<const LoraSegment> segments, std::span<const LoraShrinkWeight> weights,
+                 int64_t in, int64_t v_stride, int64_t* total_cols, int64_t* macs) {
+  *total_cols = 0;
+  *macs = 0;
   for (const LoraSegment& s : segments) {
     CHORUS_CHECK(s.slot >= 0 && static_cast<size_t>(s.slot) < weights.size())
         << "LoRA segment slot " << s.slot << " of " << weights.size();
@@ -155,9 +173,69 @@ void LoraShrink(std::span<const LoraSegment> segments, std::span<const LoraShrin
     if (!Active(s, w.rank)) continue;
     CHORUS_CHECK((w.a_rows != nullptr || w.a_rows_bf16 != nullptr) && w.rank <= v_stride)
         << "rank " << w.rank;
-    total_cols += w.rank;
-    macs += (s.row_end - s.row_begin) * w.rank * in;
+    *total_cols += w.rank;
+    *macs += (s.row_end - s.row_begin) * w.rank * in;
   }
+}
+
+// Checks the segments against the expand weights; returns the multiply-adds and the number of
+// segments with a term.
+void CheckExpand(std::span<const LoraSegment> segments, std::span<const LoraExpandWeight> weights,
+                 int64_t out, int64_t v_stride, int64_t* macs, int64_t* active) {
+  *macs = 0;
+  *active = 0;
+  for (const LoraSegment& s : segments) {
+    CHORUS_CHECK(s.slot >= 0 && static_cast<size_t>(s.slot) < weights.size())
+        << "LoRA segment slot " << s.slot << " of " << weights.size();
+    const LoraExpandWeight& w = weights[static_cast<size_t>(s.slot)];
+    if (!Active(s, w.rank)) continue;
+    CHORUS_CHECK((w.bt_rows != nullptr || w.bt_rows_bf16 != nullptr) && w.v_col >= 0 &&
+                 w.v_col + w.rank <= v_stride)
+        << "rank " << w.rank << " at column " << w.v_col << " of " << v_stride;
+    ++*active;
+    *macs += (s.row_end - s.row_begin) * w.rank * out;
+  }
+}
+
+// Whether threads should take whole segments rather than split columns. Splitting columns cuts
+// every Bᵀ row in pieces: a k/v row of 256 columns gave each thread 256 bytes per row
+// (lora_bench, LORA_OUT=256 LORA_PHASE=2, 32 one-row segments: 54 → 32 µs). With wide rows
+// (q/o: 1024 columns per thread) the column split is as good until there are many segments
+// (8: 48 vs 53 µs, balance; 32: 187 vs 179 µs). Few segments (prefill, one adapter): columns,
+// so every thread has work.
+bool SplitBySegment(int64_t active, int64_t out, int64_t nt) {
+  return active >= 4 * nt && (out / nt < 1024 || active >= 16 * nt);
+}
+
+// Segment indices with a shrink term, largest rank first (so the last segments taken from the
+// shared counter are the small ones and the threads finish together). Fixed capacity, so a step
+// allocates nothing (a call with more active segments takes the separate-calls path).
+struct SegmentOrder {
+  static constexpr size_t kCap = 512;
+  std::array<int32_t, kCap> idx;
+  size_t n = 0;
+};
+void OrderByRank(std::span<const LoraSegment> segments, std::span<const LoraShrinkWeight> weights,
+                 SegmentOrder* order) {
+  order->n = 0;
+  for (size_t i = 0; i < segments.size() && order->n < SegmentOrder::kCap; ++i)
+    if (Active(segments[i], weights[static_cast<size_t>(segments[i].slot)].rank))
+      order->idx[order->n++] = static_cast<int32_t>(i);
+  std::stable_sort(order->idx.begin(), order->idx.begin() + static_cast<ptrdiff_t>(order->n),
+                   [&](int32_t a, int32_t b) {
+                     return weights[static_cast<size_t>(segments[static_cast<size_t>(a)].slot)]
+                                .rank >
+                            weights[static_cast<size_t>(segments[static_cast<size_t>(b)].slot)].rank;
+                   });
+}
+
+}  // namespace
+
+void LoraShrink(std::span<const LoraSegment> segments, std::span<const LoraShrinkWeight> weights,
+                const float* x, int64_t x_stride, int64_t in, float* v, int64_t v_stride,
+                ThreadPool* pool) {
+  int64_t total_cols, macs;
+  CheckShrink(segments, weights, in, v_stride, &total_cols, &macs);
   if (total_cols == 0) return;
   const ShrinkArgs args{segments, weights,  x,          x_stride,           in,
                         v,        v_stride, total_cols, ShrinkTileForIsa(), ShrinkTileBf16ForIsa()};
@@ -172,18 +250,8 @@ void LoraShrink(std::span<const LoraSegment> segments, std::span<const LoraShrin
 void LoraExpand(std::span<const LoraSegment> segments, std::span<const LoraExpandWeight> weights,
                 const float* v, int64_t v_stride, int64_t out, float* y, int64_t y_stride,
                 ThreadPool* pool) {
-  int64_t macs = 0, active = 0;
-  for (const LoraSegment& s : segments) {
-    CHORUS_CHECK(s.slot >= 0 && static_cast<size_t>(s.slot) < weights.size())
-        << "LoRA segment slot " << s.slot << " of " << weights.size();
-    const LoraExpandWeight& w = weights[static_cast<size_t>(s.slot)];
-    if (!Active(s, w.rank)) continue;
-    ++active;
-    CHORUS_CHECK((w.bt_rows != nullptr || w.bt_rows_bf16 != nullptr) && w.v_col >= 0 &&
-                 w.v_col + w.rank <= v_stride)
-        << "rank " << w.rank << " at column " << w.v_col << " of " << v_stride;
-    macs += (s.row_end - s.row_begin) * w.rank * out;
-  }
+  int64_t macs, active;
+  CheckExpand(segments, weights, out, v_stride, &macs, &active);
   if (macs == 0) return;
   const ExpandArgs args{
       segments, weights, v, v_stride, out, y, y_stride, ExpandTileForIsa(), ExpandTileBf16ForIsa()};
@@ -192,20 +260,60 @@ void LoraExpand(std::span<const LoraSegment> segments, std::span<const LoraExpan
     return;
   }
   const ExpandArgs* p = &args;
-  // Many segments (decode rows on distinct adapters): split by segment, so each thread streams
-  // whole Bᵀ rows. Splitting columns instead cuts every row in pieces: a k/v row of 256 columns
-  // gave each thread 256 bytes per row (lora_bench, LORA_OUT=256 LORA_PHASE=2, 32 one-row
-  // segments: 54 → 32 µs). With wide rows (q/o: 1024 columns per thread) the column split is
-  // as good until there are many segments (8: 48 vs 53 µs, balance; 32: 187 vs 179 µs).
-  // Few segments (prefill, one adapter): always columns, so every thread has work.
-  const int64_t nt = static_cast<int64_t>(pool->size());
-  if (active >= 4 * nt && (out / nt < 1024 || active >= 16 * nt)) {
+  if (SplitBySegment(active, out, static_cast<int64_t>(pool->size()))) {
     std::atomic<size_t> next{0};
     std::atomic<size_t>* n = &next;
     pool->Run([p, n](int, int) { ExpandSegments(*p, n); });
     return;
   }
   pool->Run([p](int ti, int n_threads) { ExpandSlice(*p, ti, n_threads); });
+}
+
+void LoraShrinkExpand(std::span<const LoraSegment> segments,
+                      std::span<const LoraShrinkWeight> weights, const float* x, int64_t x_stride,
+                      int64_t in, float* v, int64_t v_stride,
+                      std::span<const LoraExpandOut> outs, ThreadPool* pool) {
+  CHORUS_CHECK(!outs.empty() && outs.size() <= kMaxLoraExpandOuts)
+      << "LoraShrinkExpand: " << outs.size() << " outputs";
+  int64_t total_cols, macs;
+  CheckShrink(segments, weights, in, v_stride, &total_cols, &macs);
+  int64_t active = 0;
+  for (const LoraExpandOut& o : outs) {
+    int64_t m, a;
+    CheckExpand(segments, o.weights, o.out, v_stride, &m, &a);
+    macs += m;
+  }
+  for (const LoraSegment& s : segments)
+    if (Active(s, weights[static_cast<size_t>(s.slot)].rank)) ++active;
+  const int64_t nt = pool == nullptr ? 1 : static_cast<int64_t>(pool->size());
+  // One dispatch only where the expands would split by segment anyway (narrowest output).
+  int64_t narrowest = outs[0].out;
+  for (const LoraExpandOut& o : outs) narrowest = std::min(narrowest, o.out);
+  if (total_cols == 0 || nt == 1 || macs < kMinParallelMacs ||
+      !SplitBySegment(active, narrowest, nt) || active > static_cast<int64_t>(SegmentOrder::kCap)) {
+    LoraShrink(segments, weights, x, x_stride, in, v, v_stride, pool);
+    for (const LoraExpandOut& o : outs)
+      LoraExpand(segments, o.weights, v, v_stride, o.out, o.y, o.y_stride, pool);
+    return;
+  }
+  const ShrinkArgs shrink{segments, weights,  x,          x_stride,           in,
+                          v,        v_stride, total_cols, ShrinkTileForIsa(), ShrinkTileBf16ForIsa()};
+  std::array<ExpandArgs, kMaxLoraExpandOuts> expand;
+  for (size_t o = 0; o < outs.size(); ++o) {
+    expand[o] = ExpandArgs{segments,   outs[o].weights,    v, v_stride, outs[o].out, outs[o].y,
+                           outs[o].y_stride, ExpandTileForIsa(), ExpandTileBf16ForIsa()};
+  }
+  SegmentOrder order;
+  OrderByRank(segments, weights, &order);
+  std::atomic<size_t> next{0};
+  pool->Run([&](int, int) {
+    for (size_t i = next.fetch_add(1, std::memory_order_relaxed); i < order.n;
+         i = next.fetch_add(1, std::memory_order_relaxed)) {
+      const LoraSegment& s = segments[static_cast<size_t>(order.idx[i])];
+      ShrinkSegment(shrink, s);
+      for (size_t o = 0; o < outs.size(); ++o) ExpandSegment(expand[o], s, 0, outs[o].out);
+    }
+  });
 }
 
 }  // namespace chorus::kernels

@@ -80,6 +80,28 @@ void LoraExpand(std::span<const LoraSegment> segments, std::span<const LoraExpan
                 const float* v, int64_t v_stride, int64_t out, float* y, int64_t y_stride,
                 ThreadPool* pool);
 
+// One output of LoraShrinkExpand: its expand weights (one per slot) and where the term goes.
+struct LoraExpandOut {
+  std::span<const LoraExpandWeight> weights;
+  int64_t out = 0;
+  float* y = nullptr;
+  int64_t y_stride = 0;
+};
+inline constexpr size_t kMaxLoraExpandOuts = 4;
+
+// LoraShrink, then LoraExpand into each of `outs` (q|k|v after their fused shrink; o alone),
+// bit for bit the same results. When the step has many segments (decode rows on distinct
+// adapters) it runs as one pool dispatch in which threads take whole segments, largest rank
+// first, and do a segment's shrink and then its expands: one dispatch and barrier instead of
+// 1 + outs.size(), and each thread streams one adapter's A rows and then its Bᵀ rows end to end.
+// Otherwise (few segments: prefill, one adapter) it is exactly the separate calls.
+// Requires: what LoraShrink and LoraExpand require; 1..kMaxLoraExpandOuts outputs, each with a
+// weight per slot.
+void LoraShrinkExpand(std::span<const LoraSegment> segments,
+                      std::span<const LoraShrinkWeight> weights, const float* x, int64_t x_stride,
+                      int64_t in, float* v, int64_t v_stride,
+                      std::span<const LoraExpandOut> outs, ThreadPool* pool);
+
 namespace reference {
 // The scalar specification (single thread). Same semantics; the shrink reduces k in order
 // 0..in-1 with fma; the expand as stated above.

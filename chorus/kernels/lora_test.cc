@@ -437,5 +437,62 @@ TEST(LoraKernelTest, BatchInvariantBitwise) {
       }
 }
 
+// LoraShrinkExpand (one dispatch, threads taking whole segments when there are many) gives
+// bitwise what LoraShrink followed by LoraExpand per output gives, for outputs of different
+// widths sharing one shrink, on every ISA level and thread count.
+TEST(LoraKernelTest, ShrinkExpandEqualsSeparateCallsBitwise) {
+  const int64_t in = 200;
+  const int64_t outs_w[] = {256, 136, 2048};
+  for (bool decode : {false, true})
+    for (bool bf16 : {false, true})
+      for (IsaLevel level : SupportedLevels()) {
+        IsaGuard g;
+        SetMaxIsa(level);
+        std::vector<int64_t> ranks = {1, 8, 16, 64, 256, 5};
+        if (decode) ranks.insert(ranks.end(), {7, 32, 2, 64, 16, 128});
+        std::vector<LoraSegment> segs;
+        int64_t row = 0;
+        for (int64_t s = 0; s < static_cast<int64_t>(ranks.size()); ++s) {
+          const int64_t len = decode ? 1 : 3 + (s * 5) % 7;
+          segs.push_back({row, row + len, static_cast<int32_t>(s)});
+          row += len;
+        }
+        std::vector<Problem> probs;
+        for (int o = 0; o < 3; ++o) {
+          probs.push_back(MakeProblem(in, outs_w[o], ranks, segs, row, 31 + o));
+          probs.back().bf16 = bf16;
+        }
+        const Problem& p0 = probs[0];
+        const int64_t v_stride = p0.max_rank + 1;
+        const auto sw = ShrinkWeights(p0);
+        std::vector<std::vector<LoraExpandWeight>> ew;
+        std::vector<std::vector<float>> y0;
+        for (const Problem& p : probs) {
+          ew.push_back(ExpandWeights(p));
+          y0.push_back(BaseOutput(p, 3));
+        }
+        for (int threads : {1, 2, 3}) {
+          ThreadPool pool(threads);
+          std::vector<float> v(static_cast<size_t>(row * v_stride), 0.0f);
+          std::vector<std::vector<float>> want = y0, got = y0;
+          LoraShrink(segs, sw, p0.x.data(), p0.x_stride, in, v.data(), v_stride, &pool);
+          for (int o = 0; o < 3; ++o)
+            LoraExpand(segs, ew[o], v.data(), v_stride, outs_w[o], want[o].data(), outs_w[o] + 1,
+                       &pool);
+          std::vector<float> v2(v.size(), 0.0f);
+          std::vector<LoraExpandOut> outs;
+          for (int o = 0; o < 3; ++o)
+            outs.push_back({ew[o], outs_w[o], got[o].data(), outs_w[o] + 1});
+          LoraShrinkExpand(segs, sw, p0.x.data(), p0.x_stride, in, v2.data(), v_stride, outs,
+                           &pool);
+          for (int o = 0; o < 3; ++o) {
+            EXPECT_EQ(0, std::memcmp(want[o].data(), got[o].data(), want[o].size() * 4))
+                << IsaName(level) << (decode ? " decode" : " prefill") << (bf16 ? " bf16" : "")
+                << " out " << outs_w[o] << " threads " << threads;
+          }
+        }
+      }
+}
+
 }  // namespace
 }  // namespace chorus::kernels

@@ -52,9 +52,7 @@ void Forward::Linears(int64_t layer, std::span<const LinearOut> outs, const floa
     for (size_t j = 0; j < outs.size(); ++j)
       kernels::MatMul(*mm[j].w, x, x_stride, n, mm[j].y, mm[j].y_stride, false, pool);
   }
-  if (in.hook == nullptr) return;
-  for (const LinearOut& o : outs)
-    in.hook->Apply(layer, o.which, x, x_stride, o.y, o.y_stride, n, pool);
+  if (in.hook != nullptr) in.hook->ApplyGroup(layer, outs, x, x_stride, n, pool);
 }
 
 void Forward::Attention(const StepInput& in, memory::KvCache* kv, int64_t layer, ThreadPool* pool) {

@@ -29,6 +29,19 @@ class LinearHook {
   virtual ~LinearHook() = default;
   virtual void Apply(int64_t layer, Linear which, const float* x, int64_t x_stride, float* y,
                      int64_t y_stride, int64_t n_rows, ThreadPool* pool) const = 0;
+
+  // One output of ApplyGroup.
+  struct Target {
+    Linear which;
+    float* y;
+    int64_t y_stride;
+  };
+  // The terms of several linears of `layer` that read the same x (q/k/v, gate/up), in one call
+  // so that an implementation can share work between them. Default: Apply for each, in order.
+  virtual void ApplyGroup(int64_t layer, std::span<const Target> targets, const float* x,
+                          int64_t x_stride, int64_t n_rows, ThreadPool* pool) const {
+    for (const Target& t : targets) Apply(layer, t.which, x, x_stride, t.y, t.y_stride, n_rows, pool);
+  }
 };
 
 struct StepInput {
@@ -59,12 +72,9 @@ class Forward {
   void Linear(int64_t layer, model::Linear which, const float* x, int64_t x_stride, float* y,
               int64_t y_stride, int64_t n, const StepInput& in, ThreadPool* pool);
   // Several linears of `layer` over the same input x (q/k/v, gate/up), computed in one fused
-  // MatMulMulti dispatch when their weights agree in k and dtype, then each one's hook terms.
-  struct LinearOut {
-    model::Linear which;
-    float* y;
-    int64_t y_stride;
-  };
+  // MatMulMulti dispatch when their weights agree in k and dtype, then their hook terms in one
+  // ApplyGroup call.
+  using LinearOut = LinearHook::Target;
   void Linears(int64_t layer, std::span<const LinearOut> outs, const float* x, int64_t x_stride,
                int64_t n, const StepInput& in, ThreadPool* pool);
 

@@ -8,6 +8,7 @@ LoraHook::LoraHook(const model::ModelConfig& base, int64_t max_rows)
   slots_.reserve(static_cast<size_t>(max_rows));
   shrink_w_.reserve(static_cast<size_t>(max_rows));
   expand_w_.reserve(static_cast<size_t>(max_rows));
+  for (auto& w : group_expand_w_) w.reserve(static_cast<size_t>(max_rows));
 }
 
 void LoraHook::Clear() {
@@ -60,6 +61,7 @@ Status LoraHook::SetRows(std::span<const LoraView* const> row_adapters) {
   }
   shrink_w_.resize(slots_.size());
   expand_w_.resize(slots_.size());
+  for (auto& w : group_expand_w_) w.resize(slots_.size());
   return OkStatus();
 }
 
@@ -96,9 +98,55 @@ void LoraHook::Apply(int64_t layer, model::Linear which, const float* x, int64_t
       expand_w_[s] = {m.bt_rows, m.rank, 0, m.scale, m.bt_rows_bf16};
     }
     cache_valid_ = false;
-    kernels::LoraShrink(segments_, shrink_w_, x, x_stride, in, v_.data(), v_stride_, pool);
+    const kernels::LoraExpandOut target{expand_w_, out, y, y_stride};
+    kernels::LoraShrinkExpand(segments_, shrink_w_, x, x_stride, in, v_.data(), v_stride_,
+                              {&target, 1}, pool);
+    return;
   }
   kernels::LoraExpand(segments_, expand_w_, v_.data(), v_stride_, out, y, y_stride, pool);
+}
+
+void LoraHook::ApplyGroup(int64_t layer, std::span<const Target> targets, const float* x,
+                          int64_t x_stride, int64_t n_rows, ThreadPool* pool) const {
+  if (segments_.empty()) return;
+  // Only a whole group, each member once, shares one shrink here.
+  LoraAdapter::Group group{};
+  unsigned seen = 0;
+  bool whole = !targets.empty() && targets.size() <= kernels::kMaxLoraExpandOuts;
+  for (size_t t = 0; whole && t < targets.size(); ++t) {
+    LoraAdapter::Group g;
+    const unsigned bit = 1u << static_cast<unsigned>(targets[t].which);
+    whole = LinearGroup(targets[t].which, &g) && (t == 0 || g == group) && (seen & bit) == 0;
+    group = g;
+    seen |= bit;
+  }
+  const size_t group_size = group == LoraAdapter::Group::kQkv ? 3 : 2;
+  if (!whole || targets.size() != group_size) {
+    LinearHook::ApplyGroup(layer, targets, x, x_stride, n_rows, pool);
+    return;
+  }
+  CHORUS_CHECK_EQ(n_rows, n_rows_) << "LoraHook::SetRows was given another step's rows";
+  const size_t n_slots = slots_.size();
+  for (size_t s = 0; s < n_slots; ++s) {
+    const LoraAdapter::Fused& f = slots_[s]->fused(layer, group);
+    shrink_w_[s] = {f.a_rows, f.rank, f.a_rows_bf16};
+  }
+  std::array<kernels::LoraExpandOut, kernels::kMaxLoraExpandOuts> outs;
+  for (size_t t = 0; t < targets.size(); ++t) {
+    std::vector<kernels::LoraExpandWeight>& ew = group_expand_w_[t];
+    for (size_t s = 0; s < n_slots; ++s) {
+      const LoraAdapter::Module& m = slots_[s]->module(layer, targets[t].which);
+      ew[s] = {m.bt_rows, m.rank, m.fused_col, m.scale, m.bt_rows_bf16};
+    }
+    outs[t] = {ew, LinearOut(config_, targets[t].which), targets[t].y, targets[t].y_stride};
+  }
+  kernels::LoraShrinkExpand(segments_, shrink_w_, x, x_stride, LinearIn(config_, targets[0].which),
+                            v_.data(), v_stride_, {outs.data(), targets.size()}, pool);
+  // v_ now holds this group's shrink, as after Apply() of its first linear.
+  cache_valid_ = true;
+  cache_layer_ = layer;
+  cache_group_ = static_cast<int>(group);
+  cache_x_ = x;
 }
 
 }  // namespace chorus::adapters

@@ -19,6 +19,7 @@
 // for a step must stay alive until the step ends.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -50,6 +51,10 @@ class LoraHook : public model::LinearHook {
 
   void Apply(int64_t layer, model::Linear which, const float* x, int64_t x_stride, float* y,
              int64_t y_stride, int64_t n_rows, ThreadPool* pool) const override;
+  // A whole fused group (q, k, v or gate, up, each once, any order): the group's shrink and
+  // every expand in one kernels::LoraShrinkExpand call. Anything else: Apply for each.
+  void ApplyGroup(int64_t layer, std::span<const Target> targets, const float* x,
+                  int64_t x_stride, int64_t n_rows, ThreadPool* pool) const override;
 
  private:
   model::ModelConfig config_;
@@ -63,6 +68,9 @@ class LoraHook : public model::LinearHook {
   mutable std::vector<float> v_;                  // [max_rows, v_stride_] shrink output
   mutable std::vector<kernels::LoraShrinkWeight> shrink_w_;  // [slots]
   mutable std::vector<kernels::LoraExpandWeight> expand_w_;  // [slots]
+  // ApplyGroup: one expand table per output of the group.
+  mutable std::array<std::vector<kernels::LoraExpandWeight>, kernels::kMaxLoraExpandOuts>
+      group_expand_w_;
   // What v_ holds: a fused group's shrink of (layer, group, x), if valid.
   mutable bool cache_valid_ = false;
   mutable int64_t cache_layer_ = -1;
