@@ -125,7 +125,7 @@ int ServeCommand(int argc, char** argv) {
       "lora-dtype", "bf16",
       "adapter compute weights in memory: bf16 (rounded once at load, half the traffic) or f32");
   f.Int("max-adapters-per-step", 0, "distinct adapters in one engine step (0 = unlimited)");
-  f.Int("loader-threads", 1, "threads loading adapters (disk -> host, host -> pool pages)");
+  f.Int("loader-threads", 2, "threads loading adapters (disk -> host, host -> pool pages)");
   f.Bool("no-adapter-pool", "serve adapters from host memory only (no copies in pool pages)");
   f.Bool("no-prefault-pool",
          "leave the pool's and the host adapter cache's memory untouched until used (faster "
