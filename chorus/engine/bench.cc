@@ -69,11 +69,21 @@ ReadBandwidthProbe::ReadBandwidthProbe(ThreadPool* pool, int64_t bytes)
   // Huge pages like the packed weights it is compared with (AllocateLarge), so the roofline is
   // the best this machine reads, not a 4 KiB-page figure the weights could beat.
   buf_ = static_cast<uint8_t*>(AllocateLarge(static_cast<size_t>(bytes_), "the bandwidth probe"));
-  // Touch every page from the thread that will read it (first-touch placement), non-zero data.
+  // Touch every page from the thread that will read it (first-touch placement). The data is a
+  // pseudo-random sequence, so no two pages are alike: with a constant fill a host that merges
+  // identical pages (KSM) could back the buffer with a few physical pages, and the probe would
+  // read cache, not DRAM. A precaution: the fast probe phases of this host (50–60 GB/s) remain
+  // with random data too.
   pool_->Run([&](int i, int n) {
     int64_t b, e;
     ThreadPool::Slice(bytes_, i, n, 4096, &b, &e);
-    std::memset(buf_ + b, 1 + i, static_cast<size_t>(e - b));
+    uint64_t state = 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(i + 1);
+    for (int64_t off = b; off + 8 <= e; off += 8) {
+      state ^= state << 13;
+      state ^= state >> 7;
+      state ^= state << 17;
+      std::memcpy(buf_ + off, &state, 8);
+    }
   });
   sink_.assign(static_cast<size_t>(pool_->size()), 0);
   (void)Once();  // the first pass warms up
