@@ -390,30 +390,55 @@ TEST(LoraKernelTest, Bf16RowsEqualF32RowsOfTheSameValues) {
   }
 }
 
-// A row's result is bitwise the same alone, in a batch of mixed adapters, in a different tile
-// position, and at any thread count (f32 and bf16 weights).
-TEST(LoraKernelTest, BatchInvariantBitwise) {
-  const int64_t in = 200, out = 136;
-  // Prefill-like: 6 segments of 3..9 rows (threads split the columns). Decode-like: 12 segments
-  // of one row each (threads take whole segments in the expand). Each probe row must match the
-  // same row computed alone (one segment: columns split) bitwise.
+// The two batch shapes of the bitwise tests: prefill-like, 6 adapters on segments of 3..9 rows
+// (threads split the columns), or decode-like, 12 adapters on one row each (threads take whole
+// segments). Slot s holds ranks[s]; *n_rows gets the batch's row count.
+std::vector<int64_t> BatchRanks(bool decode) {
+  std::vector<int64_t> ranks = {1, 8, 16, 64, 256, 5};
+  if (decode) ranks.insert(ranks.end(), {7, 32, 2, 64, 16, 128});
+  return ranks;
+}
+std::vector<LoraSegment> BatchSegments(size_t n_adapters, bool decode, int64_t* n_rows) {
+  std::vector<LoraSegment> segs;
+  int64_t row = 0;
+  for (int64_t s = 0; s < static_cast<int64_t>(n_adapters); ++s) {
+    const int64_t len = decode ? 1 : 3 + (s * 5) % 7;
+    segs.push_back({row, row + len, static_cast<int32_t>(s)});
+    row += len;
+  }
+  *n_rows = row;
+  return segs;
+}
+
+// Runs fn(decode, bf16, level, ranks, segments, n_rows) for both batch shapes, f32 and bf16
+// weights, at every ISA level the machine supports (set while fn runs).
+template <class Fn>
+void ForEachBatchShape(Fn&& fn) {
   for (bool decode : {false, true})
     for (bool bf16 : {false, true})
       for (IsaLevel level : SupportedLevels()) {
         IsaGuard g;
         SetMaxIsa(level);
-        std::vector<int64_t> ranks = {1, 8, 16, 64, 256, 5};
-        if (decode) ranks.insert(ranks.end(), {7, 32, 2, 64, 16, 128});
+        const std::vector<int64_t> ranks = BatchRanks(decode);
+        int64_t n_rows = 0;
+        const std::vector<LoraSegment> segs = BatchSegments(ranks.size(), decode, &n_rows);
+        fn(decode, bf16, level, ranks, segs, n_rows);
+      }
+}
+
+// A row's result is bitwise the same alone, in a batch of mixed adapters, in a different tile
+// position, and at any thread count (f32 and bf16 weights).
+TEST(LoraKernelTest, BatchInvariantBitwise) {
+  const int64_t in = 200, out = 136;
+  // Each probe row (row 2 of its segment, or the row of a one-row segment) must match the same
+  // row computed alone (one segment: columns split) bitwise.
+  ForEachBatchShape([&](bool decode, bool bf16, IsaLevel level,
+                        const std::vector<int64_t>& ranks, const std::vector<LoraSegment>& segs,
+                        int64_t row) {
         for (int64_t target_slot = 0; target_slot < static_cast<int64_t>(ranks.size());
              ++target_slot) {
-          std::vector<LoraSegment> segs;
-          int64_t row = 0, probe_row = -1;
-          for (int64_t s = 0; s < static_cast<int64_t>(ranks.size()); ++s) {
-            const int64_t len = decode ? 1 : 3 + (s * 5) % 7;
-            segs.push_back({row, row + len, static_cast<int32_t>(s)});
-            if (s == target_slot) probe_row = row + (decode ? 0 : 2);
-            row += len;
-          }
+          const int64_t probe_row =
+              segs[static_cast<size_t>(target_slot)].row_begin + (decode ? 0 : 2);
           Problem batch = MakeProblem(in, out, ranks, segs, row, 99);
           batch.bf16 = bf16;
           auto y0 = BaseOutput(batch, 1);
@@ -434,7 +459,7 @@ TEST(LoraKernelTest, BatchInvariantBitwise) {
                 << " threads " << threads;
           }
         }
-      }
+      });
 }
 
 // LoraShrinkExpand (one dispatch, threads taking whole segments when there are many) gives
@@ -443,20 +468,9 @@ TEST(LoraKernelTest, BatchInvariantBitwise) {
 TEST(LoraKernelTest, ShrinkExpandEqualsSeparateCallsBitwise) {
   const int64_t in = 200;
   const int64_t outs_w[] = {256, 136, 2048};
-  for (bool decode : {false, true})
-    for (bool bf16 : {false, true})
-      for (IsaLevel level : SupportedLevels()) {
-        IsaGuard g;
-        SetMaxIsa(level);
-        std::vector<int64_t> ranks = {1, 8, 16, 64, 256, 5};
-        if (decode) ranks.insert(ranks.end(), {7, 32, 2, 64, 16, 128});
-        std::vector<LoraSegment> segs;
-        int64_t row = 0;
-        for (int64_t s = 0; s < static_cast<int64_t>(ranks.size()); ++s) {
-          const int64_t len = decode ? 1 : 3 + (s * 5) % 7;
-          segs.push_back({row, row + len, static_cast<int32_t>(s)});
-          row += len;
-        }
+  ForEachBatchShape([&](bool decode, bool bf16, IsaLevel level,
+                        const std::vector<int64_t>& ranks, const std::vector<LoraSegment>& segs,
+                        int64_t row) {
         std::vector<Problem> probs;
         for (int o = 0; o < 3; ++o) {
           probs.push_back(MakeProblem(in, outs_w[o], ranks, segs, row, 31 + o));
@@ -491,7 +505,7 @@ TEST(LoraKernelTest, ShrinkExpandEqualsSeparateCallsBitwise) {
                 << " out " << outs_w[o] << " threads " << threads;
           }
         }
-      }
+      });
 }
 
 }  // namespace
