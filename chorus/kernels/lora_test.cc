@@ -435,31 +435,31 @@ TEST(LoraKernelTest, BatchInvariantBitwise) {
   ForEachBatchShape([&](bool decode, bool bf16, IsaLevel level,
                         const std::vector<int64_t>& ranks, const std::vector<LoraSegment>& segs,
                         int64_t row) {
-        for (int64_t target_slot = 0; target_slot < static_cast<int64_t>(ranks.size());
-             ++target_slot) {
-          const int64_t probe_row =
-              segs[static_cast<size_t>(target_slot)].row_begin + (decode ? 0 : 2);
-          Problem batch = MakeProblem(in, out, ranks, segs, row, 99);
-          batch.bf16 = bf16;
-          auto y0 = BaseOutput(batch, 1);
-          // Alone: the same adapters, one segment of one row holding the probe row's input.
-          Problem alone = batch;
-          alone.n_rows = 1;
-          alone.x.assign(batch.x.begin() + probe_row * batch.x_stride,
-                         batch.x.begin() + (probe_row + 1) * batch.x_stride);
-          alone.segments = {{0, 1, static_cast<int32_t>(target_slot)}};
-          std::vector<float> y0_alone(y0.begin() + probe_row * (out + 1),
-                                      y0.begin() + (probe_row + 1) * (out + 1));
-          auto want = RunLora(alone, y0_alone, 1);
-          for (int threads : {1, 2, 3}) {
-            auto got = RunLora(batch, y0, threads);
-            EXPECT_EQ(0, std::memcmp(got.data() + probe_row * (out + 1), want.data(),
-                                     static_cast<size_t>(out) * sizeof(float)))
-                << IsaName(level) << (decode ? " decode" : " prefill") << " slot " << target_slot
-                << " threads " << threads;
-          }
-        }
-      });
+    for (int64_t target_slot = 0; target_slot < static_cast<int64_t>(ranks.size());
+         ++target_slot) {
+      const int64_t probe_row =
+          segs[static_cast<size_t>(target_slot)].row_begin + (decode ? 0 : 2);
+      Problem batch = MakeProblem(in, out, ranks, segs, row, 99);
+      batch.bf16 = bf16;
+      auto y0 = BaseOutput(batch, 1);
+      // Alone: the same adapters, one segment of one row holding the probe row's input.
+      Problem alone = batch;
+      alone.n_rows = 1;
+      alone.x.assign(batch.x.begin() + probe_row * batch.x_stride,
+                     batch.x.begin() + (probe_row + 1) * batch.x_stride);
+      alone.segments = {{0, 1, static_cast<int32_t>(target_slot)}};
+      std::vector<float> y0_alone(y0.begin() + probe_row * (out + 1),
+                                  y0.begin() + (probe_row + 1) * (out + 1));
+      auto want = RunLora(alone, y0_alone, 1);
+      for (int threads : {1, 2, 3}) {
+        auto got = RunLora(batch, y0, threads);
+        EXPECT_EQ(0, std::memcmp(got.data() + probe_row * (out + 1), want.data(),
+                                 static_cast<size_t>(out) * sizeof(float)))
+            << IsaName(level) << (decode ? " decode" : " prefill") << " slot " << target_slot
+            << " threads " << threads;
+      }
+    }
+  });
 }
 
 // LoraShrinkExpand (one dispatch, threads taking whole segments when there are many) gives
@@ -471,41 +471,41 @@ TEST(LoraKernelTest, ShrinkExpandEqualsSeparateCallsBitwise) {
   ForEachBatchShape([&](bool decode, bool bf16, IsaLevel level,
                         const std::vector<int64_t>& ranks, const std::vector<LoraSegment>& segs,
                         int64_t row) {
-        std::vector<Problem> probs;
-        for (int o = 0; o < 3; ++o) {
-          probs.push_back(MakeProblem(in, outs_w[o], ranks, segs, row, 31 + o));
-          probs.back().bf16 = bf16;
-        }
-        const Problem& p0 = probs[0];
-        const int64_t v_stride = p0.max_rank + 1;
-        const auto sw = ShrinkWeights(p0);
-        std::vector<std::vector<LoraExpandWeight>> ew;
-        std::vector<std::vector<float>> y0;
-        for (const Problem& p : probs) {
-          ew.push_back(ExpandWeights(p));
-          y0.push_back(BaseOutput(p, 3));
-        }
-        for (int threads : {1, 2, 3}) {
-          ThreadPool pool(threads);
-          std::vector<float> v(static_cast<size_t>(row * v_stride), 0.0f);
-          std::vector<std::vector<float>> want = y0, got = y0;
-          LoraShrink(segs, sw, p0.x.data(), p0.x_stride, in, v.data(), v_stride, &pool);
-          for (int o = 0; o < 3; ++o)
-            LoraExpand(segs, ew[o], v.data(), v_stride, outs_w[o], want[o].data(), outs_w[o] + 1,
+    std::vector<Problem> probs;
+    for (int o = 0; o < 3; ++o) {
+      probs.push_back(MakeProblem(in, outs_w[o], ranks, segs, row, 31 + o));
+      probs.back().bf16 = bf16;
+    }
+    const Problem& p0 = probs[0];
+    const int64_t v_stride = p0.max_rank + 1;
+    const auto sw = ShrinkWeights(p0);
+    std::vector<std::vector<LoraExpandWeight>> ew;
+    std::vector<std::vector<float>> y0;
+    for (const Problem& p : probs) {
+      ew.push_back(ExpandWeights(p));
+      y0.push_back(BaseOutput(p, 3));
+    }
+    for (int threads : {1, 2, 3}) {
+      ThreadPool pool(threads);
+      std::vector<float> v(static_cast<size_t>(row * v_stride), 0.0f);
+      std::vector<std::vector<float>> want = y0, got = y0;
+      LoraShrink(segs, sw, p0.x.data(), p0.x_stride, in, v.data(), v_stride, &pool);
+      for (int o = 0; o < 3; ++o)
+        LoraExpand(segs, ew[o], v.data(), v_stride, outs_w[o], want[o].data(), outs_w[o] + 1,
+                   &pool);
+      std::vector<float> v2(v.size(), 0.0f);
+      std::vector<LoraExpandOut> outs;
+      for (int o = 0; o < 3; ++o)
+        outs.push_back({ew[o], outs_w[o], got[o].data(), outs_w[o] + 1});
+      LoraShrinkExpand(segs, sw, p0.x.data(), p0.x_stride, in, v2.data(), v_stride, outs,
                        &pool);
-          std::vector<float> v2(v.size(), 0.0f);
-          std::vector<LoraExpandOut> outs;
-          for (int o = 0; o < 3; ++o)
-            outs.push_back({ew[o], outs_w[o], got[o].data(), outs_w[o] + 1});
-          LoraShrinkExpand(segs, sw, p0.x.data(), p0.x_stride, in, v2.data(), v_stride, outs,
-                           &pool);
-          for (int o = 0; o < 3; ++o) {
-            EXPECT_EQ(0, std::memcmp(want[o].data(), got[o].data(), want[o].size() * 4))
-                << IsaName(level) << (decode ? " decode" : " prefill") << (bf16 ? " bf16" : "")
-                << " out " << outs_w[o] << " threads " << threads;
-          }
-        }
-      });
+      for (int o = 0; o < 3; ++o) {
+        EXPECT_EQ(0, std::memcmp(want[o].data(), got[o].data(), want[o].size() * 4))
+            << IsaName(level) << (decode ? " decode" : " prefill") << (bf16 ? " bf16" : "")
+            << " out " << outs_w[o] << " threads " << threads;
+      }
+    }
+  });
 }
 
 }  // namespace
