@@ -161,11 +161,14 @@ void ExpandSegments(const ExpandArgs& a, std::atomic<size_t>* next) {
 
 namespace {
 
-// Checks the segments against the shrink weights; returns Σ rank and the multiply-adds.
+// Checks the segments against the shrink weights; returns Σ rank, the multiply-adds and the
+// number of segments with a term.
 void CheckShrink(std::span<const LoraSegment> segments, std::span<const LoraShrinkWeight> weights,
-                 int64_t in, int64_t v_stride, int64_t* total_cols, int64_t* macs) {
+                 int64_t in, int64_t v_stride, int64_t* total_cols, int64_t* macs,
+                 int64_t* active) {
   *total_cols = 0;
   *macs = 0;
+  *active = 0;
   for (const LoraSegment& s : segments) {
     CHORUS_CHECK(s.slot >= 0 && static_cast<size_t>(s.slot) < weights.size())
         << "LoRA segment slot " << s.slot << " of " << weights.size();
@@ -173,6 +176,7 @@ void CheckShrink(std::span<const LoraSegment> segments, std::span<const LoraShri
     if (!Active(s, w.rank)) continue;
     CHORUS_CHECK((w.a_rows != nullptr || w.a_rows_bf16 != nullptr) && w.rank <= v_stride)
         << "rank " << w.rank;
+    ++*active;
     *total_cols += w.rank;
     *macs += (s.row_end - s.row_begin) * w.rank * in;
   }
@@ -215,10 +219,11 @@ struct SegmentOrder {
   std::array<int32_t, kCap> idx;
   size_t n = 0;
 };
+// Requires: at most SegmentOrder::kCap active segments.
 void OrderByRank(std::span<const LoraSegment> segments, std::span<const LoraShrinkWeight> weights,
                  SegmentOrder* order) {
   order->n = 0;
-  for (size_t i = 0; i < segments.size() && order->n < SegmentOrder::kCap; ++i)
+  for (size_t i = 0; i < segments.size(); ++i)
     if (Active(segments[i], weights[static_cast<size_t>(segments[i].slot)].rank))
       order->idx[order->n++] = static_cast<int32_t>(i);
   std::stable_sort(order->idx.begin(), order->idx.begin() + static_cast<ptrdiff_t>(order->n),
@@ -234,8 +239,8 @@ void OrderByRank(std::span<const LoraSegment> segments, std::span<const LoraShri
 void LoraShrink(std::span<const LoraSegment> segments, std::span<const LoraShrinkWeight> weights,
                 const float* x, int64_t x_stride, int64_t in, float* v, int64_t v_stride,
                 ThreadPool* pool) {
-  int64_t total_cols, macs;
-  CheckShrink(segments, weights, in, v_stride, &total_cols, &macs);
+  int64_t total_cols, macs, active;
+  CheckShrink(segments, weights, in, v_stride, &total_cols, &macs, &active);
   if (total_cols == 0) return;
   const ShrinkArgs args{segments, weights,  x,          x_stride,           in,
                         v,        v_stride, total_cols, ShrinkTileForIsa(), ShrinkTileBf16ForIsa()};
@@ -275,16 +280,13 @@ void LoraShrinkExpand(std::span<const LoraSegment> segments,
                       std::span<const LoraExpandOut> outs, ThreadPool* pool) {
   CHORUS_CHECK(!outs.empty() && outs.size() <= kMaxLoraExpandOuts)
       << "LoraShrinkExpand: " << outs.size() << " outputs";
-  int64_t total_cols, macs;
-  CheckShrink(segments, weights, in, v_stride, &total_cols, &macs);
-  int64_t active = 0;
+  int64_t total_cols, macs, active;
+  CheckShrink(segments, weights, in, v_stride, &total_cols, &macs, &active);
   for (const LoraExpandOut& o : outs) {
-    int64_t m, a;
-    CheckExpand(segments, o.weights, o.out, v_stride, &m, &a);
-    macs += m;
+    int64_t expand_macs, expand_active;
+    CheckExpand(segments, o.weights, o.out, v_stride, &expand_macs, &expand_active);
+    macs += expand_macs;
   }
-  for (const LoraSegment& s : segments)
-    if (Active(s, weights[static_cast<size_t>(s.slot)].rank)) ++active;
   const int64_t nt = pool == nullptr ? 1 : static_cast<int64_t>(pool->size());
   // One dispatch only where the expands would split by segment anyway (narrowest output).
   int64_t narrowest = outs[0].out;

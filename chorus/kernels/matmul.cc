@@ -1,6 +1,5 @@
 // PackedWeight::Pack (repacking of q8_0/q4_0, and of bf16 for AVX-512, into 64-column panels) and
-// MatMul/MatMulMulti:
-// threading, activation scratch and the one place that picks the ISA variant.
+// MatMul/MatMulMulti: threading, activation scratch and the one place that picks the ISA variant.
 #include "chorus/kernels/matmul.h"
 
 #include <algorithm>

@@ -39,7 +39,6 @@ inline m512 loadu_ps(const float* p) { m512 r; std::memcpy(&r, p, 64); return r;
 inline m512 maskz_loadu_ps(mask16 k, const void* p) { m512 r = setzero_ps(); for (int i = 0; i < 16; ++i) if (k >> i & 1) std::memcpy(&r.f[i], (const char*)p + 4 * i, 4); return r; }
 inline m512i maskz_loadu_epi16(mask32 k, const void* p) { m512i r; std::memset(&r, 0, 64); for (int i = 0; i < 32; ++i) if (k >> i & 1) std::memcpy(&r.uw[i], (const char*)p + 2 * i, 2); return r; }
 inline __m256i maskz_loadu_epi16_256(mask16 k, const void* p) { uint16_t t[16] = {}; for (int i = 0; i < 16; ++i) if (k >> i & 1) std::memcpy(&t[i], (const char*)p + 2 * i, 2); return _mm256_loadu_si256((const __m256i*)t); }
-inline void mask_storeu_epi16_256(void* p, mask16 k, __m256i v) { uint16_t t[16]; _mm256_storeu_si256((__m256i*)t, v); for (int i = 0; i < 16; ++i) if (k >> i & 1) std::memcpy((char*)p + 2 * i, &t[i], 2); }
 inline void mask_storeu_ps(float* p, mask16 k, m512 v) { for (int i = 0; i < 16; ++i) if (k >> i & 1) p[i] = v.f[i]; }
 inline m512i dpbusd_epi32(m512i s, m512i a, m512i b) { for (int i = 0; i < 16; ++i) { int64_t acc = 0; for (int j = 0; j < 4; ++j) acc += int32_t(a.ub[4 * i + j]) * int32_t(b.b[4 * i + j]); s.d[i] = int32_t(uint32_t(s.d[i]) + uint32_t(acc)); } return s; }
 inline m512i and_si512(m512i a, m512i b) { for (int i = 0; i < 16; ++i) a.ud[i] &= b.ud[i]; return a; }
@@ -84,7 +83,6 @@ inline m512 dpbf16_ps(m512 s, m512bh a, m512bh b) { for (int i = 0; i < 16; ++i)
 #define _mm512_maskz_loadu_ps emu::maskz_loadu_ps
 #define _mm512_maskz_loadu_epi16 emu::maskz_loadu_epi16
 #define _mm256_maskz_loadu_epi16 emu::maskz_loadu_epi16_256
-#define _mm256_mask_storeu_epi16 emu::mask_storeu_epi16_256
 #define _mm512_mask_storeu_ps emu::mask_storeu_ps
 #define _mm512_dpbusd_epi32 emu::dpbusd_epi32
 #define _mm512_and_si512 emu::and_si512
