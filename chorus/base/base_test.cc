@@ -1,7 +1,9 @@
 #include <atomic>
+#include <thread>
 #include <vector>
 
 #include "chorus/base/mapped_file.h"
+#include "chorus/base/owned_ranges.h"
 #include "chorus/base/rng.h"
 #include "chorus/base/status.h"
 #include "chorus/base/thread_pool.h"
@@ -61,6 +63,61 @@ TEST(ThreadPoolTest, SliceCoversRangeAligned) {
         prev_end = e;
       }
       EXPECT_EQ(covered, n);
+    }
+  }
+}
+
+// Alone, each thread takes exactly its own contiguous range, front to back.
+TEST(OwnedRangesTest, OwnerTakesItsRangeInOrder) {
+  OwnedRanges r(10, 3);
+  std::vector<int64_t> got;
+  for (int64_t u = r.Next(1); u >= 0 && u < 6; u = r.Next(1)) got.push_back(u);
+  EXPECT_EQ(got, (std::vector<int64_t>{3, 4, 5}));
+  EXPECT_FALSE(r.Empty());
+}
+
+// A thread whose range is empty steals the back half of the largest remaining range, then
+// continues through it in order; every unit is handed out once and then Next returns -1.
+TEST(OwnedRangesTest, StealsBackHalfOfLargestRange) {
+  OwnedRanges r(12, 2);  // [0, 6) and [6, 12)
+  for (int k = 0; k < 6; ++k) EXPECT_EQ(r.Next(1), 6 + k);
+  EXPECT_EQ(r.Next(0), 0);    // thread 0 has [1, 6) left
+  EXPECT_EQ(r.Next(1), 3);    // thread 1 steals [3, 6)
+  EXPECT_EQ(r.Next(1), 4);
+  EXPECT_EQ(r.Next(0), 1);
+  EXPECT_EQ(r.Next(0), 2);
+  EXPECT_EQ(r.Next(0), 5);    // thread 0 steals the last unit back
+  EXPECT_TRUE(r.Empty());
+  EXPECT_EQ(r.Next(0), -1);
+  EXPECT_EQ(r.Next(1), -1);
+}
+
+TEST(OwnedRangesTest, FewerUnitsThanThreadsAndNone) {
+  OwnedRanges none(0, 4);
+  EXPECT_TRUE(none.Empty());
+  EXPECT_EQ(none.Next(2), -1);
+  OwnedRanges one(1, 4);
+  EXPECT_EQ(one.Next(0), 0);  // thread 0's range is empty: it steals the only unit
+  EXPECT_EQ(one.Next(3), -1);
+}
+
+// Under real concurrency (threads of uneven speed, more threads than the inline ranges), every
+// unit is handed out exactly once.
+TEST(OwnedRangesTest, EveryUnitExactlyOnceUnderContention) {
+  for (int threads : {2, 3, 12}) {
+    for (int64_t total : {1, 7, 100, 5000}) {
+      ThreadPool pool(threads);
+      OwnedRanges r(total, threads);
+      std::vector<std::atomic<int>> hits(static_cast<size_t>(total));
+      pool.Run([&](int i, int) {
+        for (int64_t u = r.Next(i); u >= 0; u = r.Next(i)) {
+          hits[static_cast<size_t>(u)].fetch_add(1);
+          if (i == 0) std::this_thread::yield();  // a slow thread: the others steal from it
+        }
+      });
+      for (int64_t u = 0; u < total; ++u)
+        ASSERT_EQ(hits[static_cast<size_t>(u)].load(), 1) << threads << " " << total << " " << u;
+      EXPECT_TRUE(r.Empty());
     }
   }
 }

@@ -277,7 +277,7 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
   if (opts.workload != "default")
     return InvalidArgumentError("unknown workload '" + opts.workload + "' (default, punica)");
   ThreadPool pool(opts.threads);
-  // Batch-1 decode runs are each preceded by one bandwidth probe pass (its roofline).
+  // Batch-1 decode runs are each bracketed by bandwidth probe passes (their roofline).
   std::unique_ptr<ReadBandwidthProbe> probe;
   if (std::find(opts.batches.begin(), opts.batches.end(), 1) != opts.batches.end() &&
       opts.bandwidth_bytes > 0) {
@@ -352,7 +352,7 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
     const int n_passes = loras.empty() ? 1 : 2;
     for (int64_t b : opts.batches) {
       std::vector<double> pass_runs[2];
-      std::vector<double> probe_runs;  // batch 1: the read bandwidth just before each base run
+      std::vector<double> probe_runs;  // batch 1: the read bandwidth around each base run
       for (int r = 0; r < opts.repeats; ++r)
       for (int pass = 0; pass < n_passes; ++pass) {
         const bool with_lora = pass == 1;
@@ -383,10 +383,13 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
           for (int64_t s = 0; s < b; ++s) rows[static_cast<size_t>(s)] = loras[static_cast<size_t>(s) % loras.size()].get();
           CHORUS_RETURN_IF_ERROR(hook.SetRows(rows));
         }
-        // The roofline of batch 1 is taken against the bandwidth measured right before each of
-        // its runs: on a shared host the bandwidth drifts by tens of percent within one
-        // invocation, and a probe from minutes earlier would score that drift, not the kernels.
-        if (b == 1 && !with_lora && probe != nullptr) probe_runs.push_back(probe->Once());
+        // The roofline of batch 1 is taken against the bandwidth measured right before and right
+        // after each of its runs: on a shared host the bandwidth drifts by tens of percent within
+        // one invocation (it switches between ~30 and ~55 GB/s within seconds here), and a probe
+        // from minutes earlier, or from one side of a switch only, would score that drift, not
+        // the kernels.
+        const bool probed = b == 1 && !with_lora && probe != nullptr;
+        const double probe_before = probed ? probe->Once() : 0;
         auto t0 = Clock::now();
         for (int64_t step = 0; step < opts.decode_steps; ++step) {
           for (int64_t s = 0; s < b; ++s) pos[static_cast<size_t>(s)] = static_cast<int32_t>(opts.context + step);
@@ -401,6 +404,7 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
         }
         double secs = std::chrono::duration<double>(Clock::now() - t0).count();
         pass_runs[pass].push_back(static_cast<double>(b * opts.decode_steps) / secs);
+        if (probed) probe_runs.push_back((probe_before + probe->Once()) / 2);
         for (auto& t : tables) kv.Release(&t);
       }
       for (int pass = 0; pass < n_passes; ++pass) {
@@ -411,8 +415,10 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
         if (b == 1 && !with_lora && !probe_runs.empty()) {
           row.roofline_bandwidth_gbs = Median(probe_runs);
           row.roofline_bandwidth_runs = probe_runs;
-          double roofline = row.roofline_bandwidth_gbs * 1e9 / row.weight_bytes_per_token;
-          row.roofline_fraction = row.tokens_per_s / roofline;
+          std::vector<double> fractions;
+          for (size_t i = 0; i < runs.size(); ++i)
+            fractions.push_back(runs[i] * row.weight_bytes_per_token / (probe_runs[i] * 1e9));
+          row.roofline_fraction = Median(fractions);
         }
         progress(dname + " " + row.metric + " batch " + std::to_string(b) + ": " + std::to_string(row.tokens_per_s) + " tok/s");
         rep.rows.push_back(row);
@@ -468,7 +474,7 @@ std::string EngineBenchReport::ToTable() const {
       << r.tokens_per_s;
     if (r.metric == "decode" && r.batch == 1 && r.roofline_bandwidth_gbs > 0) {
       s << std::setprecision(1) << 100.0 * r.roofline_fraction << " % (of "
-        << r.roofline_bandwidth_gbs << " GB/s, probed before each run)";
+        << r.roofline_bandwidth_gbs << " GB/s, probed around each run)";
     }
     if (r.metric == "identical" || r.metric == "skewed" || r.metric == "uniform" ||
         r.metric == "distinct") {

@@ -2,9 +2,9 @@
 // machine's memory read bandwidth, then for each weight dtype prefill tokens/s of a long prompt,
 // decode tokens/s at batch 1 and aggregate decode tokens/s at larger batches, all through the
 // same Forward the server uses. Decode at batch 1 is reported as a fraction of the bandwidth
-// roofline (weight bytes streamed per token ÷ read bandwidth), against the bandwidth measured by
-// one probe pass right before each of its runs (median), so host drift within the invocation
-// moves both alike.
+// roofline (weight bytes streamed per token ÷ read bandwidth), each run against the mean of
+// probe passes right before and right after it (median over runs), so host drift within the
+// invocation moves both alike.
 #pragma once
 
 #include <cstdint>
@@ -53,11 +53,13 @@ struct EngineBenchRow {
   int64_t batch = 1;     // rows per step (decode) or 1 (prefill)
   double tokens_per_s = 0;                // median
   std::vector<double> runs;               // every run, tokens/s
-  double roofline_fraction = 0;           // decode batch 1 only
+  double roofline_fraction = 0;           // decode batch 1: median of the runs' fractions
   double weight_bytes_per_token = 0;
   int64_t adapters = 0;  // distinct adapters in the batch (punica workload)
-  // Decode batch 1: median read bandwidth of the probe passes run right before each run (GB/s),
-  // the denominator of roofline_fraction.
+  // Decode batch 1: each run's roofline bandwidth is the mean of the probe passes run right
+  // before and right after it (GB/s); roofline_fraction is the median over runs of that run's
+  // tokens/s ÷ (its bandwidth ÷ weight bytes per token). roofline_bandwidth_gbs is the median
+  // of the runs' bandwidths.
   double roofline_bandwidth_gbs = 0;
   std::vector<double> roofline_bandwidth_runs = {};
 };

@@ -3,7 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
+#include <string>
+#include <vector>
 
 namespace chorus::engine {
 namespace {
@@ -42,6 +45,39 @@ TEST(PunicaAssignmentTest, SmallBatches) {
   EXPECT_EQ(GroupSizes(PunicaAssignment("uniform", 8)).size(), 3u);
   EXPECT_EQ(GroupSizes(PunicaAssignment("skewed", 1)), (std::vector<int64_t>{1}));
   EXPECT_EQ(GroupSizes(PunicaAssignment("uniform", 1)), (std::vector<int64_t>{1}));
+}
+
+// The default workload on the tiny shape: every figure is reported, and decode at batch 1
+// carries one roofline bandwidth per run (probes around that run) and a fraction equal to the
+// median of the runs' own fractions.
+TEST(EngineBenchTest, TinyShapeBatchOneRooflinePerRun) {
+  EngineBenchOptions o;
+  o.shape = "tiny";
+  o.dtypes = {DType::kQ8_0};
+  o.prefill_tokens = 16;
+  o.batches = {1, 2};
+  o.decode_steps = 4;
+  o.context = 8;
+  o.repeats = 3;
+  o.bandwidth_bytes = 8 << 20;
+  auto rep = RunEngineBench(o, [](const std::string&) {});
+  ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+  ASSERT_EQ(rep->rows.size(), 3u);  // prefill, decode b=1, decode b=2
+  const EngineBenchRow& d1 = rep->rows[1];
+  EXPECT_EQ(d1.metric, "decode");
+  EXPECT_EQ(d1.batch, 1);
+  ASSERT_EQ(d1.runs.size(), 3u);
+  ASSERT_EQ(d1.roofline_bandwidth_runs.size(), 3u);
+  std::vector<double> fractions;
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_GT(d1.roofline_bandwidth_runs[i], 0.0);
+    fractions.push_back(d1.runs[i] * d1.weight_bytes_per_token /
+                        (d1.roofline_bandwidth_runs[i] * 1e9));
+  }
+  std::sort(fractions.begin(), fractions.end());
+  EXPECT_DOUBLE_EQ(d1.roofline_fraction, fractions[1]);
+  EXPECT_EQ(rep->rows[2].roofline_bandwidth_runs.size(), 0u);  // batch > 1 has no roofline
+  EXPECT_GT(rep->rows[2].tokens_per_s, 0.0);
 }
 
 }  // namespace

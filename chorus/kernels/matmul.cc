@@ -3,12 +3,12 @@
 #include "chorus/kernels/matmul.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
 #include "chorus/base/large_alloc.h"
+#include "chorus/base/owned_ranges.h"
 #include "chorus/kernels/dispatch.h"
 #include "chorus/kernels/matmul_internal.h"
 
@@ -236,12 +236,12 @@ void MatMulMulti(std::span<const MatMulOut> outs, const float* x, int64_t x_stri
 namespace {
 
 // The work of one MatMulMulti call cut into units of about kUnitBytes of weights (whole panels
-// for q formats, multiples of 16 columns for float weights), numbered across all outputs. Threads
-// take units from a shared counter, so a thread that is slowed down (a busy host, a slower
-// memory channel) does less of the work instead of holding the other one at the end barrier.
-// Which thread computes a column never changes its value (batch invariance).
-// 128 KB: ~8 µs of streaming at batch 1, so the wait at the end of an op stays a few µs, while
-// the shared counter is touched rarely enough to cost nothing measurable.
+// for q formats, multiples of 16 columns for float weights), numbered across all outputs. Each
+// thread owns a contiguous run of units and reads it in address order; a thread that finishes
+// early steals from the back of another's run, so a thread that is slowed down (a busy host, a
+// slower memory channel) does less of the work instead of holding the others at the end barrier
+// (OwnedRanges). Which thread computes a column never changes its value (batch invariance).
+// 128 KB: ~8 µs of streaming at batch 1, so the wait at the end of an op stays a few µs.
 constexpr int64_t kUnitBytes = 128 * 1024;
 
 struct WorkUnits {
@@ -290,13 +290,10 @@ WorkUnits MakeUnits(std::span<const MatMulOut> outs, bool panels, int n_threads)
   return wu;
 }
 
-// Runs fn(unit) for every unit, on all threads of the pool, each unit exactly once.
+// Runs fn(unit) for units of `ranges` on thread i until every unit has been handed out.
 template <class Fn>
-void ForEachUnit(std::atomic<int64_t>* next, int64_t total, Fn&& fn) {
-  for (int64_t u = next->fetch_add(1, std::memory_order_relaxed); u < total;
-       u = next->fetch_add(1, std::memory_order_relaxed)) {
-    fn(u);
-  }
+void ForEachUnit(OwnedRanges* ranges, int i, Fn&& fn) {
+  for (int64_t u = ranges->Next(i); u >= 0; u = ranges->Next(i)) fn(u);
 }
 
 }  // namespace
@@ -315,15 +312,15 @@ void internal::MatMulWithKernels(const IsaKernels& kern, std::span<const MatMulO
     bf16_pairs = bf16_pairs && o.w->packed_layout() == internal::kLayoutBf16Pairs;
   const WorkUnits wu =
       MakeUnits(outs, quantized || bf16_pairs, pool == nullptr ? 1 : pool->size());
-  std::atomic<int64_t> next{0};
+  OwnedRanges ranges(wu.total(), pool == nullptr ? 1 : pool->size());
 
   if (quantized) {
     const int layout = outs[0].w->packed_layout();
     for (const MatMulOut& o : outs)
       CHORUS_CHECK(o.w->n() == 0 || o.w->packed() != nullptr)
           << "MatMul: PackedWeight not built by Pack()";
-    auto compute = [&](const internal::QRows& q) {
-      ForEachUnit(&next, wu.total(), [&](int64_t u) {
+    auto compute = [&](int i, const internal::QRows& q) {
+      ForEachUnit(&ranges, i, [&](int64_t u) {
         int j;
         int64_t p0, p1;
         wu.Find(u, &j, &p0, &p1);
@@ -333,12 +330,12 @@ void internal::MatMulWithKernels(const IsaKernels& kern, std::span<const MatMulO
       });
     };
     if (m <= kRedundantConvertRows) {
-      RunOnPool(pool, [&](int, int) {
+      RunOnPool(pool, [&](int i, int) {
         // A thread that starts late (descheduled) finds the work done: skip the conversion.
-        if (next.load(std::memory_order_relaxed) >= wu.total()) return;
+        if (ranges.Empty()) return;
         internal::QRows q = LayoutQRows(t_scratch.Get(QRowsBytes(m, k)), m, k);
         kern.quantize_rows(layout, x, x_stride, 0, m, k, q);
-        compute(q);
+        compute(i, q);
       });
     } else {
       const internal::QRows q = LayoutQRows(t_scratch.Get(QRowsBytes(m, k)), m, k);
@@ -347,13 +344,13 @@ void internal::MatMulWithKernels(const IsaKernels& kern, std::span<const MatMulO
         ThreadPool::Slice(m, i, nt, 1, &r0, &r1);
         if (r0 < r1) kern.quantize_rows(layout, x, x_stride, r0, r1, k, q);
       });
-      RunOnPool(pool, [&](int, int) { compute(q); });
+      RunOnPool(pool, [&](int i, int) { compute(i, q); });
     }
     return;
   }
 
-  auto float_compute = [&](const void* xs, int64_t xs_stride) {
-    ForEachUnit(&next, wu.total(), [&](int64_t u) {
+  auto float_compute = [&](int i, const void* xs, int64_t xs_stride) {
+    ForEachUnit(&ranges, i, [&](int64_t u) {
       int j;
       int64_t c0, c1;  // panels when bf16_pairs, columns otherwise
       wu.Find(u, &j, &c0, &c1);
@@ -369,18 +366,18 @@ void internal::MatMulWithKernels(const IsaKernels& kern, std::span<const MatMulO
     });
   };
   if (dt != DType::kBF16) {
-    RunOnPool(pool, [&](int, int) { float_compute(x, x_stride); });
+    RunOnPool(pool, [&](int i, int) { float_compute(i, x, x_stride); });
     return;
   }
   // bf16 weights: activations are rounded to bf16 once (see matmul.h).
   const int64_t xb_stride = RoundUp(k, 32);
   const int64_t xb_bytes = m * xb_stride * 4;  // room for either ISA's form (matmul_internal.h)
   if (m <= kRedundantConvertRows) {
-    RunOnPool(pool, [&](int, int) {
-      if (next.load(std::memory_order_relaxed) >= wu.total()) return;
+    RunOnPool(pool, [&](int i, int) {
+      if (ranges.Empty()) return;
       void* xb = t_scratch.Get(xb_bytes);
       kern.bf16_rows(x, x_stride, 0, m, k, xb, xb_stride);
-      float_compute(xb, xb_stride);
+      float_compute(i, xb, xb_stride);
     });
   } else {
     void* xb = t_scratch.Get(xb_bytes);
@@ -389,7 +386,7 @@ void internal::MatMulWithKernels(const IsaKernels& kern, std::span<const MatMulO
       ThreadPool::Slice(m, i, nt, 1, &r0, &r1);
       if (r0 < r1) kern.bf16_rows(x, x_stride, r0, r1, k, xb, xb_stride);
     });
-    RunOnPool(pool, [&](int, int) { float_compute(xb, xb_stride); });
+    RunOnPool(pool, [&](int i, int) { float_compute(i, xb, xb_stride); });
   }
 }
 
