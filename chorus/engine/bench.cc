@@ -457,6 +457,9 @@ std::string EngineBenchReport::ToJson() const {
       << ",\"weight_bytes_per_token\":" << r.weight_bytes_per_token
       << ",\"adapters\":" << r.adapters << ",\"runs\":[";
     for (size_t j = 0; j < r.runs.size(); ++j) s << (j ? "," : "") << r.runs[j];
+    s << "],\"roofline_bandwidth_runs\":[";  // per run, the probes around it (decode b=1)
+    for (size_t j = 0; j < r.roofline_bandwidth_runs.size(); ++j)
+      s << (j ? "," : "") << r.roofline_bandwidth_runs[j];
     s << "]}";
   }
   s << "]}\n";

@@ -78,6 +78,16 @@ TEST(EngineBenchTest, TinyShapeBatchOneRooflinePerRun) {
   EXPECT_DOUBLE_EQ(d1.roofline_fraction, fractions[1]);
   EXPECT_EQ(rep->rows[2].roofline_bandwidth_runs.size(), 0u);  // batch > 1 has no roofline
   EXPECT_GT(rep->rows[2].tokens_per_s, 0.0);
+  // The JSON carries each run's roofline bandwidth next to its tokens/s.
+  const std::string json = rep->ToJson();
+  const size_t row = json.find("\"metric\":\"decode\",\"batch\":1,");
+  ASSERT_NE(row, std::string::npos);
+  const size_t at = json.find("\"roofline_bandwidth_runs\":[", row);
+  ASSERT_NE(at, std::string::npos);
+  const size_t close = json.find(']', at);
+  EXPECT_EQ(std::count(json.begin() + static_cast<std::ptrdiff_t>(at),
+                       json.begin() + static_cast<std::ptrdiff_t>(close), ','),
+            2);  // three values
 }
 
 }  // namespace
