@@ -6,6 +6,7 @@
 #include "apps/chorus/common.h"
 #include "chorus/base/mapped_file.h"
 #include "chorus/engine/bench.h"
+#include "chorus/kernels/dispatch.h"
 
 namespace chorus::apps {
 namespace {
@@ -74,6 +75,9 @@ int BenchCommand(int argc, char** argv) {
            "Distinct\n"
            "(DESIGN §10), ranks round-robin over --lora-ranks; writes <out>.png too");
   f.String("lora-dtype", "bf16", "storage of those adapters' compute weights: bf16 or f32");
+  f.String("isa", "best",
+           "highest kernel level to use: best, avx512, avx2 or scalar (to measure the AVX2 "
+           "kernels on an AVX-512 machine)");
   f.String("out", "", "write <out>.csv and <out>.json");
   if (int rc = ParseOrExit(f, argc, argv); rc >= 0) return rc;
   engine::EngineBenchOptions o;
@@ -112,6 +116,24 @@ int BenchCommand(int argc, char** argv) {
     o.lora_storage = adapters::LoraStorage::kF32;
   } else if (f.GetString("lora-dtype") != "bf16") {
     return Fail("bench", InvalidArgumentError("--lora-dtype must be bf16 or f32"));
+  }
+  if (const std::string isa = f.GetString("isa"); isa != "best") {
+    kernels::IsaLevel cap;
+    if (isa == "avx512") {
+      cap = kernels::IsaLevel::kAvx512;
+    } else if (isa == "avx2") {
+      cap = kernels::IsaLevel::kAvx2;
+    } else if (isa == "scalar") {
+      cap = kernels::IsaLevel::kScalar;
+    } else {
+      return Fail("bench", InvalidArgumentError("--isa must be best, avx512, avx2 or scalar, got '" +
+                                                isa.substr(0, 32) + "'"));
+    }
+    kernels::SetMaxIsa(cap);
+    if (kernels::ActiveIsa() != cap) {
+      return Fail("bench", InvalidArgumentError("--isa " + isa + ": this CPU supports at most " +
+                                                kernels::IsaName(kernels::ActiveIsa())));
+    }
   }
   auto rep = engine::RunEngineBench(o, [](const std::string& msg) { std::fprintf(stderr, "bench: %s\n", msg.c_str()); });
   if (!rep.ok()) return Fail("bench", rep.status());

@@ -16,7 +16,7 @@ struct CpuFeatures {
 const CpuFeatures& DetectCpu();
 // The level the kernels use: the best the CPU supports, capped by SetMaxIsa().
 IsaLevel ActiveIsa();
-// Caps the level (tests run every level the machine supports; `--isa` flag in apps/).
+// Caps the level (tests run every level the machine supports; `chorus bench --isa`).
 // Requires: called while no kernel runs.
 void SetMaxIsa(IsaLevel level);
 std::string IsaName(IsaLevel level);
