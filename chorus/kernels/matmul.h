@@ -14,7 +14,8 @@
 //
 // Batch invariance (DESIGN §4): the value of y[i, :] depends only on x[i, :] and W — never on
 // m, on the other rows, or on the thread count. Work is split across threads by output
-// columns only (never k): threads take blocks of columns from a shared counter, and every
+// columns only (never k): each thread streams its own run of column blocks and idle threads
+// steal blocks from the others (base/owned_ranges.h), and every
 // column and row uses the same reduction order whichever thread computes it and whatever the
 // block of rows it is computed in.
 //
