@@ -1,5 +1,6 @@
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <sstream>
 
 #include "apps/chorus/commands.h"
@@ -118,19 +119,13 @@ int BenchCommand(int argc, char** argv) {
     return Fail("bench", InvalidArgumentError("--lora-dtype must be bf16 or f32"));
   }
   if (const std::string isa = f.GetString("isa"); isa != "best") {
-    kernels::IsaLevel cap;
-    if (isa == "avx512") {
-      cap = kernels::IsaLevel::kAvx512;
-    } else if (isa == "avx2") {
-      cap = kernels::IsaLevel::kAvx2;
-    } else if (isa == "scalar") {
-      cap = kernels::IsaLevel::kScalar;
-    } else {
+    const std::optional<kernels::IsaLevel> cap = kernels::ParseIsaLevel(isa);
+    if (!cap) {
       return Fail("bench", InvalidArgumentError("--isa must be best, avx512, avx2 or scalar, got '" +
                                                 isa.substr(0, 32) + "'"));
     }
-    kernels::SetMaxIsa(cap);
-    if (kernels::ActiveIsa() != cap) {
+    kernels::SetMaxIsa(*cap);
+    if (kernels::ActiveIsa() != *cap) {
       return Fail("bench", InvalidArgumentError("--isa " + isa + ": this CPU supports at most " +
                                                 kernels::IsaName(kernels::ActiveIsa())));
     }

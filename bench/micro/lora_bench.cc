@@ -210,9 +210,8 @@ int main(int argc, char** argv) {
   // LORA_ISA=avx2 (or scalar) caps the dispatch level, to measure the AVX2 tiles on an AVX-512
   // machine.
   if (const char* isa = std::getenv("LORA_ISA")) {
-    if (std::string(isa) == "avx2") chorus::kernels::SetMaxIsa(chorus::kernels::IsaLevel::kAvx2);
-    if (std::string(isa) == "scalar")
-      chorus::kernels::SetMaxIsa(chorus::kernels::IsaLevel::kScalar);
+    if (const auto level = chorus::kernels::ParseIsaLevel(isa))
+      chorus::kernels::SetMaxIsa(*level);
   }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();

@@ -70,6 +70,12 @@ std::string IsaName(IsaLevel level) {
   return "?";
 }
 
+std::optional<IsaLevel> ParseIsaLevel(const std::string& name) {
+  for (IsaLevel level : {IsaLevel::kScalar, IsaLevel::kAvx2, IsaLevel::kAvx512})
+    if (IsaName(level) == name) return level;
+  return std::nullopt;
+}
+
 std::string CpuFeaturesString() {
   const CpuFeatures& f = DetectCpu();
   std::string s;

@@ -1,6 +1,7 @@
 // Run-time CPU feature detection and the one place that chooses kernel variants.
 #pragma once
 
+#include <optional>
 #include <string>
 
 namespace chorus::kernels {
@@ -20,6 +21,8 @@ IsaLevel ActiveIsa();
 // Requires: called while no kernel runs.
 void SetMaxIsa(IsaLevel level);
 std::string IsaName(IsaLevel level);
+// The level IsaName() names ("scalar", "avx2", "avx512"); nullopt for any other string.
+std::optional<IsaLevel> ParseIsaLevel(const std::string& name);
 std::string CpuFeaturesString();  // "avx2 fma f16c avx512f ... vnni bf16"
 
 }  // namespace chorus::kernels

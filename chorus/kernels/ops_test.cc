@@ -59,6 +59,15 @@ bool BitwiseEqual(const float* a, const float* b, int64_t n) {
   return std::memcmp(a, b, static_cast<size_t>(n) * sizeof(float)) == 0;
 }
 
+// ParseIsaLevel is IsaName's inverse and refuses anything else (chorus bench --isa).
+TEST(DispatchTest, ParseIsaLevelInvertsIsaName) {
+  for (IsaLevel level : {IsaLevel::kScalar, IsaLevel::kAvx2, IsaLevel::kAvx512})
+    EXPECT_EQ(ParseIsaLevel(IsaName(level)), level);
+  EXPECT_EQ(ParseIsaLevel("best"), std::nullopt);
+  EXPECT_EQ(ParseIsaLevel("AVX2"), std::nullopt);
+  EXPECT_EQ(ParseIsaLevel(""), std::nullopt);
+}
+
 TEST_P(IsaTest, RmsNormMatchesReferenceAndFormula) {
   for (int64_t n : kLengths) {
     const int64_t m = 3;
