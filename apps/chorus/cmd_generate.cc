@@ -48,6 +48,22 @@ int GenerateCommand(int argc, char** argv) {
   engine::GenerationRequest req;
   req.prompt = prompt;
   req.max_tokens = f.GetInt("max-tokens");
+  if (req.max_tokens < 1) return Fail("generate", InvalidArgumentError("flag --max-tokens must be at least 1"));
+  // Like llama.cpp's -n, a request longer than the context is cut to what fits, with a note.
+  const int64_t room = cfg.max_seq_len - static_cast<int64_t>(prompt.size());
+  if (room < 1) {
+    return Fail("generate", InvalidArgumentError("the prompt has " + std::to_string(prompt.size()) +
+                                                 " tokens; the model's context is " +
+                                                 std::to_string(cfg.max_seq_len)));
+  }
+  if (req.max_tokens > room) {
+    std::fprintf(stderr,
+                 "chorus generate: note: --max-tokens %lld does not fit the context (%lld tokens, "
+                 "prompt %zu); generating at most %lld\n",
+                 static_cast<long long>(req.max_tokens), static_cast<long long>(cfg.max_seq_len),
+                 prompt.size(), static_cast<long long>(room));
+    req.max_tokens = room;
+  }
   req.stop = f.GetRepeated("stop");
   req.ignore_eos = f.GetBool("ignore-eos");
   req.id = "cli";

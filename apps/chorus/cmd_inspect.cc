@@ -197,7 +197,29 @@ int InspectCommand(int argc, char** argv) {
     std::printf("tokenizer:    %s, %d tokens, bos=%d, eos=", std::string((*tok)->kind()).c_str(), (*tok)->vocab_size(),
                 (*tok)->bos_id());
     for (size_t i = 0; i < (*tok)->eos_ids().size(); ++i) std::printf("%s%d", i ? "," : "", (*tok)->eos_ids()[i]);
-    std::printf(", chat template: %s\n", (*tok)->chat_template().empty() ? "none" : "yes");
+    std::printf(", chat template: %s\n",
+                (*tok)->chat_template().empty() ? "none (chat requests use the ChatML fallback)"
+                                                : "yes");
+    // The engine's rule (a tokenizer id past the model's vocabulary has no embedding row):
+    // refuse what `chorus serve` would refuse, and say when the model has rows no id reaches.
+    const int64_t tok_vocab = (*tok)->vocab_size();
+    if (tok_vocab > c.vocab_size) {
+      std::printf("vocabulary:   MISMATCH: the tokenizer has %lld tokens, the model %lld\n",
+                  static_cast<long long>(tok_vocab), static_cast<long long>(c.vocab_size));
+      return Fail("inspect", InvalidArgumentError(
+                                 "tokenizer has " + std::to_string(tok_vocab) +
+                                 " tokens but the model only " + std::to_string(c.vocab_size) +
+                                 " (tokenizer of another model?)"));
+    }
+    if (tok_vocab < c.vocab_size) {
+      std::printf("vocabulary:   tokenizer %lld tokens, model %lld rows (rows %lld.. unused, e.g. "
+                  "padding)\n",
+                  static_cast<long long>(tok_vocab), static_cast<long long>(c.vocab_size),
+                  static_cast<long long>(tok_vocab));
+    } else {
+      std::printf("vocabulary:   tokenizer and model agree (%lld tokens)\n",
+                  static_cast<long long>(tok_vocab));
+    }
   } else {
     std::printf("tokenizer:    none (%s)\n", tok.status().message().c_str());
   }

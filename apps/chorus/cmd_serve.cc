@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include "apps/chorus/commands.h"
 #include "apps/chorus/common.h"
@@ -15,11 +16,103 @@
 #include "chorus/adapters/adapter_cache.h"
 #include "chorus/adapters/registry.h"
 #include "chorus/engine/engine.h"
+#include "chorus/memory/kv_cache.h"
 #include "chorus/server/server.h"
 
 namespace chorus::apps {
 
 namespace {
+
+// A directory flag's value must exist before anything is bound or loaded, and the message names
+// the flag and the path as the user gave it.
+Status CheckDirectoryFlag(const char* flag, const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec))
+    return InvalidArgumentError(std::string("flag --") + flag + ": " + path + ": no such directory");
+  if (!std::filesystem::is_directory(path, ec))
+    return InvalidArgumentError(std::string("flag --") + flag + ": " + path + ": not a directory");
+  return OkStatus();
+}
+
+// The adapter flags' paths, checked before the port is bound or the model loaded, so that a typo
+// fails in milliseconds whatever the model's size.
+Status CheckAdapterFlags(const Flags& f) {
+  for (const std::string& r : f.GetRepeated("adapter-root"))
+    CHORUS_RETURN_IF_ERROR(CheckDirectoryFlag("adapter-root", r));
+  for (const std::string& d : f.GetRepeated("lora-dir"))
+    CHORUS_RETURN_IF_ERROR(CheckDirectoryFlag("lora-dir", d));
+  for (const std::string& spec : f.GetRepeated("lora")) {
+    const size_t eq = spec.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size()) {
+      return InvalidArgumentError("flag --lora expects NAME=PATH, got '" + spec.substr(0, 64) +
+                                  "'");
+    }
+    std::error_code ec;
+    if (!std::filesystem::exists(spec.substr(eq + 1), ec)) {
+      return InvalidArgumentError("flag --lora " + spec.substr(0, eq) + ": " +
+                                  spec.substr(eq + 1) + ": no such file or directory");
+    }
+  }
+  return OkStatus();
+}
+
+// MemAvailable from /proc/meminfo (bytes), or 0 when unknown.
+int64_t MemAvailableBytes() {
+  std::FILE* fp = std::fopen("/proc/meminfo", "r");
+  if (fp == nullptr) return 0;
+  char line[256];
+  long long kib = 0;
+  while (std::fgets(line, sizeof(line), fp)) {
+    if (std::sscanf(line, "MemAvailable: %lld kB", &kib) == 1) break;
+  }
+  std::fclose(fp);
+  return static_cast<int64_t>(kib) << 10;
+}
+
+// Sizes chosen when --pool-size / --host-cache-size are not given (0): like vLLM's KV cache
+// from a memory fraction, but no larger than what the configuration can use. Memory is only
+// reserved (virtual) unless --prefault; pages become resident as KV blocks and adapter copies
+// first use them.
+struct MemoryPlan {
+  int64_t pool_bytes = 0;
+  int64_t host_cache_bytes = 0;
+  std::string pool_reason;
+};
+
+MemoryPlan PlanMemory(const Flags& f, const model::ModelConfig& c, int64_t max_running,
+                      bool adapters) {
+  constexpr int64_t kMiB = int64_t{1} << 20;
+  MemoryPlan plan;
+  const int64_t available = MemAvailableBytes();
+  // Half of what is available for the pool, a quarter for decoded adapters in host memory.
+  const int64_t pool_cap = available > 0 ? available / 2 : int64_t{4} << 30;
+  const int64_t host_cap = available > 0 ? available / 4 : int64_t{2} << 30;
+  if (int64_t mib = f.GetInt("pool-size"); mib > 0) {
+    plan.pool_bytes = mib * kMiB;
+    plan.pool_reason = "--pool-size";
+  } else {
+    memory::KvLayout layout{.n_layers = c.n_layers, .n_kv_heads = c.n_kv_heads,
+                            .head_dim = c.head_dim, .block_size = 16};
+    const int64_t blocks_per_seq = (c.max_seq_len + 15) / 16;
+    int64_t want = max_running * blocks_per_seq * layout.PageBytes();
+    // Adapter copies share the pool's pages (unified paging): leave them room beside a full
+    // batch of KV.
+    if (adapters) want += std::max<int64_t>(want / 4, int64_t{256} * kMiB);
+    const int64_t floor = (blocks_per_seq + 1) * layout.PageBytes();  // one full context
+    plan.pool_bytes = std::max(floor, std::min(want, pool_cap));
+    plan.pool_bytes = (plan.pool_bytes + kMiB - 1) / kMiB * kMiB;
+    plan.pool_reason = "auto: " + std::to_string(max_running) + " sequences x " +
+                       std::to_string(c.max_seq_len) + " tokens of KV" +
+                       (adapters ? " + adapter room" : "") +
+                       (want > pool_cap ? ", capped at half of MemAvailable" : "");
+  }
+  if (int64_t mib = f.GetInt("host-cache-size"); mib > 0) {
+    plan.host_cache_bytes = mib * kMiB;
+  } else {
+    plan.host_cache_bytes = std::min<int64_t>(int64_t{2} << 30, host_cap);
+  }
+  return plan;
+}
 
 struct ServedAdapters {
   std::shared_ptr<adapters::AdapterRegistry> registry;
@@ -29,7 +122,7 @@ struct ServedAdapters {
 // The registry (persisted across restarts) plus the adapters named on the command line. The
 // directories of --lora and --lora-dir paths are adapter roots too: the operator named them.
 Result<ServedAdapters> OpenAdapters(const Flags& f, const model::ModelConfig& base,
-                                    const std::string& base_name) {
+                                    const std::string& base_name, int64_t host_cache_bytes) {
   ServedAdapters out;
   std::vector<std::string> roots = f.GetRepeated("adapter-root");
   std::vector<std::pair<std::string, std::string>> loras;
@@ -59,15 +152,17 @@ Result<ServedAdapters> OpenAdapters(const Flags& f, const model::ModelConfig& ba
     CHORUS_ASSIGN_OR_RETURN(std::string dir, CacheDirectory());
     state = dir + "/adapters-registry.json";
   }
-  CHORUS_ASSIGN_OR_RETURN(auto reg, adapters::AdapterRegistry::Open(state, ro));
-  out.registry = std::move(reg);
+  auto reg = adapters::AdapterRegistry::Open(state, ro);
+  if (!reg.ok()) return reg.status().WithContext("flag --registry " + state);
+  out.registry = std::move(*reg);
   for (const auto& [name, path] : loras) {
     auto info = out.registry->Register(name, path, /*replace=*/true);
-    if (!info.ok()) return info.status().WithContext("--lora " + name);
+    if (!info.ok()) return info.status().WithContext("flag --lora " + name);
   }
   for (const std::string& d : f.GetRepeated("lora-dir")) {
-    CHORUS_ASSIGN_OR_RETURN(auto results, out.registry->RegisterDirectory(d, /*replace=*/true));
-    for (const auto& r : results) {
+    auto results = out.registry->RegisterDirectory(d, /*replace=*/true);
+    if (!results.ok()) return results.status().WithContext("flag --lora-dir " + d);
+    for (const auto& r : *results) {
       if (!r.status.ok())
         std::fprintf(stderr, "chorus serve: skipping %s: %s\n", r.path.c_str(),
                      r.status.message().c_str());
@@ -80,11 +175,11 @@ Result<ServedAdapters> OpenAdapters(const Flags& f, const model::ModelConfig& ba
     if (dtype != "bf16" && dtype != "f32")
       return InvalidArgumentError("flag --lora-dtype must be bf16 or f32");
     limits.storage = dtype == "f32" ? adapters::LoraStorage::kF32 : adapters::LoraStorage::kBF16;
-    out.cache =
-        std::make_shared<adapters::AdapterCache>(base, f.GetInt("host-cache-size") << 20, limits);
+    out.cache = std::make_shared<adapters::AdapterCache>(base, host_cache_bytes, limits);
   }
-  std::fprintf(stderr, "chorus serve: %zu adapters registered (%s)\n", out.registry->size(),
-               state.c_str());
+  std::fprintf(stderr, "chorus serve: %zu adapters registered (%s); host adapter cache %lld MiB%s\n",
+               out.registry->size(), state.c_str(), static_cast<long long>(host_cache_bytes >> 20),
+               f.GetInt("host-cache-size") > 0 ? "" : " (auto)");
   return out;
 }
 
@@ -105,7 +200,12 @@ int ServeCommand(int argc, char** argv) {
   f.String("served-model-name", "",
            "the model name clients use (default: the --model argument, or chorus-default)");
   f.String("api-key", "", "require \"Authorization: Bearer KEY\" on every route but /health");
-  f.Int("pool-size", 1024, "paged KV pool size in MiB");
+  f.String("allowed-origins", "*",
+           "origins browsers may call from (CORS), comma-separated: * = any, \"\" = no CORS "
+           "headers");
+  f.Int("pool-size", 0,
+        "paged pool (KV blocks + resident adapters) in MiB; 0 = sized from the model: KV for "
+        "--max-running full contexts (+ adapter room), at most half of MemAvailable");
   f.Int("threads", 0, "compute threads (0 = all cores)");
   f.Int("max-running", 64, "sequences in the running batch");
   f.Int("max-batch-tokens", 512, "tokens (rows) per engine step: decode rows + prefill chunks");
@@ -119,7 +219,8 @@ int ServeCommand(int argc, char** argv) {
   f.Repeated("adapter-root", "directory POST /v1/load_lora_adapter may load adapters from");
   f.String("registry", "",
            "adapter registry state file (default: <cache dir>/adapters-registry.json)");
-  f.Int("host-cache-size", 2048, "MiB of decoded adapters kept in host memory (LRU)");
+  f.Int("host-cache-size", 0,
+        "MiB of decoded adapters kept in host memory (LRU); 0 = min(2048, MemAvailable / 4)");
   f.Int("max-lora-rank", 256, "largest LoRA rank accepted");
   f.String(
       "lora-dtype", "bf16",
@@ -127,9 +228,11 @@ int ServeCommand(int argc, char** argv) {
   f.Int("max-adapters-per-step", 0, "distinct adapters in one engine step (0 = unlimited)");
   f.Int("loader-threads", 2, "threads loading adapters (disk -> host, host -> pool pages)");
   f.Bool("no-adapter-pool", "serve adapters from host memory only (no copies in pool pages)");
-  f.Bool("no-prefault-pool",
-         "leave the pool's and the host adapter cache's memory untouched until used (faster "
-         "start; page faults on first use)");
+  f.Bool("prefault",
+         "make the pool and the host adapter cache resident at start (no page faults on first "
+         "use; costs their full size in resident memory from the start)");
+  f.Bool("reuse-port", "let several servers listen on --port (SO_REUSEPORT; off: a bound port "
+         "is an error)");
   f.Float("drain-timeout", 30.0,
           "seconds running requests get to finish on SIGTERM before they are aborted");
   if (int rc = ParseOrExit(f, argc, argv); rc >= 0) return rc;
@@ -148,6 +251,16 @@ int ServeCommand(int argc, char** argv) {
   so.host = f.GetString("host");
   so.port = static_cast<int>(f.GetInt("port"));
   so.api_key = f.GetString("api-key");
+  so.allowed_origins.clear();
+  const std::string origins = f.GetString("allowed-origins");
+  for (std::string_view rest = origins; !rest.empty();) {
+    const size_t comma = rest.find(',');
+    std::string_view item = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+    if (!item.empty()) so.allowed_origins.emplace_back(item);
+  }
   so.max_body_bytes = f.GetInt("max-body-bytes");
   so.max_connections = static_cast<int>(f.GetInt("max-connections"));
   so.served_model_name = f.GetString("served-model-name");
@@ -166,11 +279,13 @@ int ServeCommand(int argc, char** argv) {
   eo.max_running = f.GetInt("max-running");
   eo.max_batch_tokens = f.GetInt("max-batch-tokens");
   eo.max_queue = f.GetInt("max-queue");
-  const int64_t pool_mib = f.GetInt("pool-size");
-  if (pool_mib < 1 || pool_mib > (int64_t{1} << 20)) {
-    return Fail("serve", InvalidArgumentError("flag --pool-size must be in [1, 1048576] MiB"));
+  for (const char* flag : {"pool-size", "host-cache-size"}) {
+    const int64_t mib = f.GetInt(flag);
+    if (mib < 0 || mib > (int64_t{1} << 20)) {
+      return Fail("serve", InvalidArgumentError(std::string("flag --") + flag +
+                                                " must be in [0, 1048576] MiB (0 = auto)"));
+    }
   }
-  eo.pool_bytes = pool_mib << 20;
   eo.max_adapters_per_step = f.GetInt("max-adapters-per-step");
   const int64_t loader_threads = f.GetInt("loader-threads");
   if (loader_threads < 1 || loader_threads > 64) {
@@ -178,10 +293,12 @@ int ServeCommand(int argc, char** argv) {
   }
   eo.loader_threads = static_cast<int>(loader_threads);
   eo.adapter_pool_copies = !f.GetBool("no-adapter-pool");
-  eo.prefault_pool = !f.GetBool("no-prefault-pool");
+  eo.prefault_pool = f.GetBool("prefault");
+  so.reuse_port = f.GetBool("reuse-port");
   if (Status s = eo.Validate(); !s.ok())
     return Fail("serve", InvalidArgumentError("flag " + s.message()));
 
+  if (Status s = CheckAdapterFlags(f); !s.ok()) return Fail("serve", s);
   auto srv = server::Server::Create(so);
   if (!srv.ok()) return Fail("serve", InvalidArgumentError("flag " + srv.status().message()));
   if (Status s = (*srv)->Start(); !s.ok()) return Fail("serve", s);
@@ -189,20 +306,60 @@ int ServeCommand(int argc, char** argv) {
                model_path.empty() ? "the embedded default model" : model_path.c_str(),
                (*srv)->url().c_str());
 
-  auto loaded = LoadModelAndTokenizer(model_path, f.GetString("tokenizer"));
-  if (!loaded.ok()) return Fail("serve", loaded.status());
-  auto adapters_or = OpenAdapters(f, loaded->model->config(), so.served_model_name);
-  if (!adapters_or.ok()) return Fail("serve", adapters_or.status());
-  eo.adapter_cache = adapters_or->cache;  // the engine's loader threads read adapters through it
-  auto eng = engine::Engine::Create(loaded->model, loaded->tokenizer, eo);
-  if (!eng.ok()) return Fail("serve", eng.status());
-  std::shared_ptr<engine::Engine> engine = std::move(*eng);
-  if (adapters_or->registry) (*srv)->SetAdapters(adapters_or->registry, adapters_or->cache);
+  // Loading runs on its own thread so that this one keeps taking SIGINT/SIGTERM: a server that
+  // is still loading (a large model, thousands of adapters) ends at once when told to. A load
+  // error ends the process with a non-zero status and the flag and path in the message.
+  std::shared_ptr<engine::Engine> engine;
+  Status load_status;
+  std::atomic<bool> load_done{false};
+  std::thread loader([&] {
+    load_status = [&]() -> Status {
+      CHORUS_ASSIGN_OR_RETURN(LoadedModel loaded,
+                              LoadModelAndTokenizer(model_path, f.GetString("tokenizer")));
+      const bool with_adapters = !f.GetRepeated("lora").empty() ||
+                                 !f.GetRepeated("lora-dir").empty() ||
+                                 !f.GetRepeated("adapter-root").empty() ||
+                                 !f.GetString("registry").empty();
+      const MemoryPlan plan =
+          PlanMemory(f, loaded.model->config(), eo.max_running, with_adapters);
+      eo.pool_bytes = plan.pool_bytes;
+      CHORUS_ASSIGN_OR_RETURN(
+          ServedAdapters served,
+          OpenAdapters(f, loaded.model->config(), so.served_model_name, plan.host_cache_bytes));
+      eo.adapter_cache = served.cache;  // the engine's loader threads read adapters through it
+      auto eng = engine::Engine::Create(loaded.model, loaded.tokenizer, eo);
+      if (!eng.ok()) {
+        return f.GetInt("pool-size") > 0 ? eng.status().WithContext("flag --pool-size")
+                                         : eng.status();
+      }
+      engine = std::move(*eng);
+      std::fprintf(stderr, "chorus serve: pool %lld MiB (%s), %s\n",
+                   static_cast<long long>(plan.pool_bytes >> 20), plan.pool_reason.c_str(),
+                   eo.prefault_pool ? "prefaulted" : "made resident as it is used (--prefault: at start)");
+      if (served.registry) (*srv)->SetAdapters(served.registry, served.cache);
+      return OkStatus();
+    }();
+    load_done.store(true, std::memory_order_release);
+  });
+  while (!load_done.load(std::memory_order_acquire)) {
+    const timespec slice{0, 50'000'000};
+    const int sig = sigtimedwait(&stop_signals, nullptr, &slice);
+    if (sig == SIGINT || sig == SIGTERM) {
+      std::fprintf(stderr, "chorus serve: %s while loading: exiting\n",
+                   sig == SIGINT ? "SIGINT" : "SIGTERM");
+      std::fflush(stderr);
+      // The loader cannot be interrupted mid-read; nothing it holds needs an orderly end.
+      std::_Exit(128 + sig);
+    }
+  }
+  loader.join();
+  if (!load_status.ok()) return Fail("serve", load_status);
   (*srv)->SetEngine(engine);
   std::printf("chorus serve: serving \"%s\" at %s/v1 (context %lld tokens, %lld KV blocks)\n",
               so.served_model_name.c_str(), (*srv)->url().c_str(),
               static_cast<long long>(engine->context_length()),
               static_cast<long long>(engine->kv_blocks_total()));
+  std::printf("chorus serve: chat template: %s\n", (*srv)->chat_template_note().c_str());
   std::fflush(stdout);
 
   int sig = 0;

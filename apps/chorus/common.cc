@@ -27,10 +27,17 @@ Result<LoadedModel> LoadModelAndTokenizer(const std::string& model_path, const s
   if (path.empty()) {
     CHORUS_ASSIGN_OR_RETURN(path, EnsureDefaultModel());
   }
+  // Errors name the flag whose value failed (a supervisor's log then says what to fix).
   LoadedModel out;
-  CHORUS_ASSIGN_OR_RETURN(out.model, model::LoadModel(path));
-  CHORUS_ASSIGN_OR_RETURN(auto tok, model::LoadTokenizerFor(*out.model, tokenizer_path));
-  out.tokenizer = std::move(tok);
+  auto mdl = model::LoadModel(path);
+  if (!mdl.ok()) {
+    return mdl.status().WithContext(model_path.empty() ? "the embedded default model"
+                                                       : "flag --model");
+  }
+  out.model = std::move(*mdl);
+  auto tok = model::LoadTokenizerFor(*out.model, tokenizer_path);
+  if (!tok.ok()) return tok.status().WithContext("flag --tokenizer");
+  out.tokenizer = std::move(*tok);
   return out;
 }
 

@@ -413,7 +413,11 @@ std::optional<ApiError> MakeGenerationRequest(const ApiRequest& req, size_t i, c
   const int64_t n_prompt = static_cast<int64_t>(out->prompt.size());
   const std::string param = req.kind == ApiKind::kChat ? "messages" : "prompt";
   if (out->max_tokens < 0) {
+    // Absent max_tokens: completions generate at most kDefaultCompletionTokens (OpenAI's and
+    // vLLM's default), chat up to the end of the context (vLLM's behaviour; docs/api.md).
     out->max_tokens = ctx.max_context - n_prompt;
+    if (req.kind == ApiKind::kCompletion)
+      out->max_tokens = std::min<int64_t>(out->max_tokens, kDefaultCompletionTokens);
     if (out->max_tokens < 1) {
       return BadRequest("this model's maximum context length is " + std::to_string(ctx.max_context) +
                             " tokens, but the prompt has " + std::to_string(n_prompt) + " tokens",

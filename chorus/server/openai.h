@@ -46,6 +46,8 @@ inline constexpr int kMaxStops = 16;           // stop strings
 inline constexpr size_t kMaxStopBytes = 1024;  // bytes of one stop string
 inline constexpr int kMaxMessages = 4096;      // chat messages
 inline constexpr int kMaxJsonDepth = 64;       // nesting of the request body
+// max_tokens of a completion request that does not give one (OpenAI's and vLLM's default).
+inline constexpr int64_t kDefaultCompletionTokens = 16;
 
 // What the parser needs to know about the served model.
 struct ApiContext {

@@ -6,9 +6,15 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
+#include <cstring>
 #include <cstdlib>
 #include <ctime>
 #include <optional>
+#include <string_view>
 
 #include "chorus/base/logging.h"
 #include "chorus/memory/kv_cache.h"
@@ -31,6 +37,8 @@ class HttpServer : public httplib::Server {
 };
 
 constexpr int kListenBacklog = 1024;
+// Bytes of served names an unknown-model error lists before "and N more".
+constexpr size_t kUnknownModelListBytes = 160;
 // While a streamed request produces nothing (queued), an SSE comment this often probes the
 // connection, so a client that went away is noticed and its request cancelled.
 constexpr auto kStreamProbeInterval = std::chrono::seconds(2);
@@ -119,11 +127,66 @@ void SendError(httplib::Response& res, const ApiError& e) {
   res.set_content(e.ToJson(), "application/json");
 }
 
-bool ConstantTimeEquals(const std::string& a, const std::string& b) {
+// Why binding host:port failed (httplib only says that it did): "port P is already in use", or
+// the system's reason.
+Status BindError(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  const std::string service = std::to_string(port);
+  if (int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &res); rc != 0) {
+    return InvalidArgumentError("flag --host: cannot resolve " + host + ": " + gai_strerror(rc));
+  }
+  int err = 0;
+  const int fd = socket(res->ai_family, res->ai_socktype, res->ai_protocol);
+  if (fd >= 0) {
+    int yes = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    if (bind(fd, res->ai_addr, res->ai_addrlen) != 0) err = errno;
+    close(fd);
+  } else {
+    err = errno;
+  }
+  freeaddrinfo(res);
+  if (err == EADDRINUSE) {
+    return UnavailableError("flag --port: port " + service + " is already in use (on " + host +
+                            "); stop the other server or choose another --port");
+  }
+  return UnavailableError("flag --host/--port: cannot listen on " + host + ":" + service + ": " +
+                          (err != 0 ? std::strerror(err) : "unknown error"));
+}
+
+bool ConstantTimeEquals(std::string_view a, std::string_view b) {
   if (a.size() != b.size()) return false;
   unsigned char diff = 0;
   for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
   return diff == 0;
+}
+
+// True when an Authorization header value carries `key` as a bearer token. The scheme name is
+// case-insensitive (RFC 9110 §11.1: "bearer KEY" is as good as "Bearer KEY"); the token is not.
+bool BearerMatches(std::string_view header, const std::string& key) {
+  constexpr std::string_view kScheme = "bearer";
+  if (header.size() <= kScheme.size() || header[kScheme.size()] != ' ') return false;
+  for (size_t i = 0; i < kScheme.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(header[i])) != kScheme[i]) return false;
+  }
+  std::string_view token = header.substr(kScheme.size());
+  while (!token.empty() && token.front() == ' ') token.remove_prefix(1);
+  while (!token.empty() && token.back() == ' ') token.remove_suffix(1);
+  return ConstantTimeEquals(token, key);
+}
+
+// The Access-Control-Allow-Origin value for a request from `origin` (empty: no CORS headers):
+// "*" when every origin is allowed, else the origin itself when it is listed.
+std::string AllowedOrigin(const std::vector<std::string>& allowed, const std::string& origin) {
+  for (const std::string& a : allowed) {
+    if (a == "*") return "*";
+    if (!origin.empty() && a == origin) return origin;
+  }
+  return "";
 }
 
 // One generation request, shared by the handler and (when streamed) the content provider.
@@ -220,12 +283,15 @@ struct Server::Impl {
   explicit Impl(Server* s) : self(s) {}
 
   void Routes();
-  void HandleGenerate(ApiKind kind, const httplib::Request& req, httplib::Response& res);
+  void HandleGenerate(ApiKind kind, const httplib::Request& req, const std::string& body,
+                      httplib::Response& res);
   json ModelJson() const;
   json AdapterJson(const adapters::AdapterInfo& a) const;
   std::optional<ApiError> ResolveVariant(const std::string& name, engine::GenerationRequest* gen) const;
-  void HandleLoadAdapter(const httplib::Request& req, httplib::Response& res);
-  void HandleUnloadAdapter(const httplib::Request& req, httplib::Response& res);
+  void HandleLoadAdapter(const std::string& body, httplib::Response& res);
+  void HandleUnloadAdapter(const std::string& body, httplib::Response& res);
+  // "The model `x` does not exist" plus the names a request may use (base, then adapters).
+  ApiError UnknownModel(const std::string& name) const;
   std::optional<ApiError> Unavailable() const {
     if (self->draining()) return ErrorFromStatus(UnavailableError("the server is shutting down"));
     if (!self->ready()) return ErrorFromStatus(UnavailableError("the model is loading"));
@@ -278,18 +344,26 @@ Status Server::Start() {
   http.set_keep_alive_timeout(opts_.keep_alive_timeout_s);
   http.set_keep_alive_max_count(1000);
   http.set_tcp_nodelay(true);
+  // httplib's default socket options include SO_REUSEPORT, with which a second server binds a
+  // port that is in use and the kernel splits connections between the two.
+  const bool reuse_port = opts_.reuse_port;
+  http.set_socket_options([reuse_port](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));  // restart over TIME_WAIT
+    if (reuse_port) setsockopt(sock, SOL_SOCKET, SO_REUSEPORT, &yes, sizeof(yes));
+  });
   if (opts_.port == 0) {
     port_ = http.bind_to_any_port(opts_.host);
     if (port_ <= 0) return UnavailableError("cannot bind " + opts_.host + " on any port");
   } else {
-    if (!http.bind_to_port(opts_.host, opts_.port)) {
-      return UnavailableError("cannot bind " + opts_.host + ":" + std::to_string(opts_.port) +
-                              " (in use, or not a local address?)");
-    }
+    if (!http.bind_to_port(opts_.host, opts_.port)) return BindError(opts_.host, opts_.port);
     port_ = opts_.port;
   }
   if (int fd = http.listen_fd(); fd >= 0) ::listen(fd, kListenBacklog);  // raise the backlog (see HttpServer)
-  listen_thread_ = std::thread([this] { impl_->http.listen_after_bind(); });
+  listen_thread_ = std::thread([this] {
+    impl_->http.listen_after_bind();
+    listen_returned_.store(true);
+  });
   return OkStatus();
 }
 
@@ -298,13 +372,21 @@ void Server::SetEngine(std::shared_ptr<engine::Engine> eng) {
   auto& ctx = impl_->ctx;
   const auto& tok = eng->tokenizer();
   const auto& cfg = eng->model().config();
-  if (!tok.chat_template().empty()) {
+  // Which template chat requests are rendered with is said once, at startup: a model without
+  // one silently answering in ChatML is a surprise (its replies may never stop).
+  if (tok.chat_template().empty()) {
+    chat_template_note_ = "ChatML (fallback: the model has no chat template)";
+    CHORUS_LOG(WARNING) << "the model has no chat template; /v1/chat/completions uses the ChatML "
+                           "fallback (<|im_start|>role ... <|im_end|>)";
+  } else {
     auto t = tokenizer::ChatTemplate::ParseOrDefault(tok.chat_template());
     if (t.ok()) {
       impl_->chat_template = std::move(*t);
+      chat_template_note_ = "the model's own";
     } else {
+      chat_template_note_ = "ChatML (fallback: the model's template cannot be used)";
       CHORUS_LOG(WARNING) << "the model's chat template cannot be used (" << t.status().message()
-                          << "); chat requests use the default ChatML template";
+                          << "); /v1/chat/completions uses the ChatML fallback";
     }
   }
   ctx.tok = &tok;
@@ -313,11 +395,9 @@ void Server::SetEngine(std::shared_ptr<engine::Engine> eng) {
   const int64_t block = eng->options().block_size;
   ctx.max_context = std::min<int64_t>(eng->context_length(), eng->kv_blocks_total() * block);
   ctx.served_model = opts_.served_model_name;
-  if (impl_->registry) {
-    ctx.resolve_variant = [impl = impl_.get()](const std::string& name, engine::GenerationRequest* gen) {
-      return impl->ResolveVariant(name, gen);
-    };
-  }
+  ctx.resolve_variant = [impl = impl_.get()](const std::string& name, engine::GenerationRequest* gen) {
+    return impl->ResolveVariant(name, gen);
+  };
   memory::KvLayout layout{.n_layers = cfg.n_layers, .n_kv_heads = cfg.n_kv_heads, .head_dim = cfg.head_dim,
                           .block_size = block};
   impl_->kv_block_bytes = layout.PageBytes();
@@ -337,8 +417,16 @@ void Server::Drain(std::chrono::milliseconds drain) {
 void Server::Stop() {
   if (!impl_ || impl_->stopped) return;
   impl_->stopped = true;
-  impl_->http.stop();
-  if (listen_thread_.joinable()) listen_thread_.join();
+  // httplib's stop() does nothing until the listen loop has started running, so a Stop() right
+  // after Start() (a startup that fails at once) could leave the loop running forever and the
+  // join below hanging: repeat it until the loop has ended.
+  if (listen_thread_.joinable()) {
+    while (!listen_returned_.load()) {
+      impl_->http.stop();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    listen_thread_.join();
+  }
 }
 
 void Server::SetAdapters(std::shared_ptr<adapters::AdapterRegistry> registry,
@@ -348,12 +436,8 @@ void Server::SetAdapters(std::shared_ptr<adapters::AdapterRegistry> registry,
 }
 
 std::optional<ApiError> Server::Impl::ResolveVariant(const std::string& name, engine::GenerationRequest* gen) const {
-  auto info = registry->Lookup(name);
-  if (!info) {
-    ApiError e = NotFound("The model `" + name.substr(0, 64) + "` does not exist.", "model_not_found");
-    e.param = "model";
-    return e;
-  }
+  auto info = registry ? registry->Lookup(name) : std::nullopt;
+  if (!info) return UnknownModel(name);
   if (!info->available) {
     return ErrorFromStatus(FailedPreconditionError("adapter '" + info->name + "' is unavailable: " + info->problem), "model");
   }
@@ -372,6 +456,29 @@ std::optional<ApiError> Server::Impl::ResolveVariant(const std::string& name, en
   return std::nullopt;
 }
 
+ApiError Server::Impl::UnknownModel(const std::string& name) const {
+  // The base first, then adapters in name order, while the list stays short (error messages
+  // are kept small); the rest are counted and /v1/models lists them all.
+  std::string list = "`" + self->opts_.served_model_name + "`";
+  int64_t more = 0;
+  if (registry) {
+    for (const auto& a : registry->List()) {
+      if (!a.available) continue;
+      if (more == 0 && list.size() + a.name.size() + 4 <= kUnknownModelListBytes) {
+        list += ", `" + a.name + "`";
+      } else {
+        ++more;
+      }
+    }
+  }
+  if (more > 0) list += " and " + std::to_string(more) + " more (GET /v1/models)";
+  ApiError e = NotFound(
+      "The model `" + name.substr(0, 64) + "` does not exist. Served models: " + list + ".",
+      "model_not_found");
+  e.param = "model";
+  return e;
+}
+
 json Server::Impl::AdapterJson(const adapters::AdapterInfo& a) const {
   return {{"id", a.name},
           {"object", "model"},
@@ -385,9 +492,9 @@ json Server::Impl::AdapterJson(const adapters::AdapterInfo& a) const {
           {"version", a.version}};
 }
 
-void Server::Impl::HandleLoadAdapter(const httplib::Request& req, httplib::Response& res) {
+void Server::Impl::HandleLoadAdapter(const std::string& body, httplib::Response& res) {
   if (!registry) return SendError(res, NotFound("adapters are not enabled on this server (start it with --adapter-root)"));
-  json j = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return SendError(res, BadRequest("request body must be a JSON object"));
   auto name = j.find("lora_name");
   auto path = j.find("lora_path");
@@ -398,7 +505,15 @@ void Server::Impl::HandleLoadAdapter(const httplib::Request& req, httplib::Respo
     if (!r->is_boolean()) return SendError(res, BadRequest("replace must be a boolean", "replace"));
     replace = r->get<bool>();
   }
-  auto info = registry->Register(name->get<std::string>(), path->get<std::string>(), replace);
+  const std::string& lora_name = name->get_ref<const std::string&>();
+  if (!adapters::IsValidAdapterName(lora_name)) {
+    return SendError(res, BadRequest("lora_name must be 1-128 characters of [A-Za-z0-9._:/-]",
+                                     "lora_name"));
+  }
+  if (lora_name == self->opts_.served_model_name) {
+    return SendError(res, BadRequest("lora_name is the base model's name", "lora_name"));
+  }
+  auto info = registry->Register(lora_name, path->get<std::string>(), replace);
   if (!info.ok()) {
     ApiError e = ErrorFromStatus(info.status(), "lora_path");
     if (info.status().code() == StatusCode::kAlreadyExists) {
@@ -414,9 +529,9 @@ void Server::Impl::HandleLoadAdapter(const httplib::Request& req, httplib::Respo
   res.set_content("Success: LoRA adapter '" + info->name + "' added successfully.", "text/plain");
 }
 
-void Server::Impl::HandleUnloadAdapter(const httplib::Request& req, httplib::Response& res) {
+void Server::Impl::HandleUnloadAdapter(const std::string& body, httplib::Response& res) {
   if (!registry) return SendError(res, NotFound("adapters are not enabled on this server (start it with --adapter-root)"));
-  json j = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return SendError(res, BadRequest("request body must be a JSON object"));
   auto name = j.find("lora_name");
   if (name == j.end() || !name->is_string()) return SendError(res, BadRequest("lora_name must be a string", "lora_name"));
@@ -441,10 +556,32 @@ json Server::Impl::ModelJson() const {
 void Server::Impl::Routes() {
   const ServerOptions& opts = self->opts_;
 
+  // CORS headers go on every answer to an allowed origin (set here, before any handler runs, so
+  // errors and streams carry them too). A preflight OPTIONS is answered here without the API key:
+  // browsers never send credentials with it.
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    const std::string allow_origin =
+        AllowedOrigin(self->opts_.allowed_origins, req.get_header_value("Origin"));
+    if (!allow_origin.empty()) {
+      res.set_header("Access-Control-Allow-Origin", allow_origin);
+      if (allow_origin != "*") res.set_header("Vary", "Origin");
+    }
+    if (req.method == "OPTIONS") {
+      res.status = 204;
+      const char* allow = AllowedMethods(req.path);
+      res.set_header("Allow", allow ? std::string(allow) + ", OPTIONS" : std::string("OPTIONS"));
+      if (!allow_origin.empty()) {
+        res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+        const std::string asked = req.get_header_value("Access-Control-Request-Headers");
+        res.set_header("Access-Control-Allow-Headers",
+                       asked.empty() ? std::string("Authorization, Content-Type") : asked);
+        res.set_header("Access-Control-Max-Age", "600");
+      }
+      return httplib::Server::HandlerResponse::Handled;
+    }
     const std::string& key = self->opts_.api_key;
     if (key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
-    if (!ConstantTimeEquals(req.get_header_value("Authorization"), "Bearer " + key)) {
+    if (!BearerMatches(req.get_header_value("Authorization"), key)) {
       SendError(res, ErrorFromStatus(UnauthenticatedError("missing or incorrect API key")));
       res.set_header("WWW-Authenticate", "Bearer");
       return httplib::Server::HandlerResponse::Handled;
@@ -517,7 +654,7 @@ void Server::Impl::Routes() {
     res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
   });
 
-  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+  http.Get(R"(/v1/models/?)", [this](const httplib::Request&, httplib::Response& res) {
     if (!self->ready()) return SendError(res, *Unavailable());
     json data = json::array({ModelJson()});
     if (registry) {
@@ -540,24 +677,51 @@ void Server::Impl::Routes() {
     return SendError(res, NotFound("The model does not exist.", "model_not_found"));
   });
 
-  http.Post("/v1/load_lora_adapter", [this](const httplib::Request& req, httplib::Response& res) {
-    HandleLoadAdapter(req, res);
+  // POST routes read their bodies through a content reader: given a plain handler, httplib
+  // parses a form-urlencoded body (curl -d's default content type) into parameters and rejects
+  // one over 8 KiB with a 413. Bodies are JSON whatever the declared type (as llama.cpp's server
+  // takes them); multipart forms are refused with 415. The size limit still applies (413).
+  auto post_json = [this](const char* pattern, auto handle) {
+    http.Post(pattern, [handle](const httplib::Request& req, httplib::Response& res,
+                                const httplib::ContentReader& reader) {
+      if (req.is_multipart_form_data()) {
+        ApiError e = BadRequest("multipart/form-data bodies are not accepted; send JSON",
+                                std::string(), "unsupported_media_type");
+        e.http_status = 415;
+        return SendError(res, e);
+      }
+      std::string body;
+      if (!reader([&body](const char* data, size_t n) {
+            body.append(data, n);
+            return true;
+          })) {
+        if (res.status < 400) res.status = 400;  // httplib set 413 when the body was too large
+        return;                                  // the error handler writes the body
+      }
+      handle(req, body, res);
+    });
+  };
+  post_json("/v1/load_lora_adapter", [this](const httplib::Request&, const std::string& body,
+                                            httplib::Response& res) { HandleLoadAdapter(body, res); });
+  post_json("/v1/unload_lora_adapter", [this](const httplib::Request&, const std::string& body,
+                                              httplib::Response& res) {
+    HandleUnloadAdapter(body, res);
   });
-  http.Post("/v1/unload_lora_adapter", [this](const httplib::Request& req, httplib::Response& res) {
-    HandleUnloadAdapter(req, res);
+  post_json("/v1/completions", [this](const httplib::Request& req, const std::string& body,
+                                      httplib::Response& res) {
+    HandleGenerate(ApiKind::kCompletion, req, body, res);
   });
-  http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    HandleGenerate(ApiKind::kCompletion, req, res);
-  });
-  http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    HandleGenerate(ApiKind::kChat, req, res);
+  post_json("/v1/chat/completions", [this](const httplib::Request& req, const std::string& body,
+                                           httplib::Response& res) {
+    HandleGenerate(ApiKind::kChat, req, body, res);
   });
 }
 
-void Server::Impl::HandleGenerate(ApiKind kind, const httplib::Request& http_req, httplib::Response& res) {
+void Server::Impl::HandleGenerate(ApiKind kind, const httplib::Request& http_req,
+                                  const std::string& body, httplib::Response& res) {
   if (auto e = Unavailable()) return SendError(res, *e);
   auto gen = std::make_shared<Generation>();
-  if (auto e = ParseApiRequest(kind, http_req.body, ctx, &gen->req)) return SendError(res, *e);
+  if (auto e = ParseApiRequest(kind, body, ctx, &gen->req)) return SendError(res, *e);
 
   const std::string id = NewResponseId(kind);
   for (size_t i = 0; i < gen->req.prompts.size(); ++i) {

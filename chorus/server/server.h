@@ -28,6 +28,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "chorus/base/status.h"
 #include "chorus/adapters/adapter_cache.h"
@@ -40,6 +41,9 @@ struct ServerOptions {
   std::string host = "127.0.0.1";  // address to bind
   int port = 8000;                 // 0 = any free port (see Server::port())
   std::string api_key;             // non-empty: every route but /health needs "Authorization: Bearer KEY"
+  // Origins a browser may call from (CORS): "*" = any (the default, as vLLM's), else exact
+  // origins such as "https://app.example.com". Empty list: no CORS headers at all.
+  std::vector<std::string> allowed_origins = {"*"};
   int64_t max_body_bytes = int64_t{8} << 20;  // larger request bodies get 413
   int max_connections = 512;       // HTTP worker threads = connections served at once
   std::string served_model_name = "chorus";   // the `model` name requests must use
@@ -47,6 +51,9 @@ struct ServerOptions {
   int write_timeout_s = 30;        // a client that stops reading is cut off (request cancelled)
   int keep_alive_timeout_s = 5;    // idle keep-alive connections are closed after this
   int metrics_top_adapters = 16;   // /metrics names this many adapters; the rest are "(other)"
+  // Let other processes listen on the same port too (SO_REUSEPORT). Off: binding a port that
+  // is in use fails, so two servers never split one port's traffic by accident.
+  bool reuse_port = false;
   Status Validate() const;
 };
 
@@ -73,6 +80,9 @@ class Server {
   // Makes the server ready. Requires: Start() succeeded; called once.
   void SetEngine(std::shared_ptr<engine::Engine> engine);
   bool ready() const { return ready_.load(std::memory_order_acquire); }
+  // Which chat template /v1/chat/completions renders with ("the model's own", or ChatML as a
+  // named fallback). Set by SetEngine.
+  const std::string& chat_template_note() const { return chat_template_note_; }
   bool draining() const { return draining_.load(); }
 
   // Stops accepting generation requests (503), lets running ones finish for up to `drain`
@@ -94,8 +104,10 @@ class Server {
   std::atomic<bool> ready_{false};
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> in_flight_{0};
+  std::string chat_template_note_;
   std::unique_ptr<Impl> impl_;
   std::thread listen_thread_;
+  std::atomic<bool> listen_returned_{false};  // the listen thread's loop has ended
 };
 
 }  // namespace chorus::server

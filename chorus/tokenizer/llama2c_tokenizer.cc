@@ -88,7 +88,9 @@ Result<std::unique_ptr<Tokenizer>> Llama2cTokenizerFromBytes(std::string_view by
   if (!tok.ok()) return tok.status().WithContext(name);
   std::unique_ptr<Tokenizer> out = std::move(tok).value();
   out->set_bos_id(1);
-  out->set_eos_ids({2});
+  // llama2.c's run.c ends generation when the model samples BOS (token 1): its models were
+  // trained with BOS between stories and never emit EOS (2). Both stop generation here.
+  out->set_eos_ids({2, 1});
   out->set_add_bos(true);
   return out;
 }

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <system_error>
 
+#include "chorus/base/logging.h"
 #include "chorus/base/mapped_file.h"
 #include "chorus/formats/gguf.h"
 #include "chorus/tokenizer/internal.h"
@@ -308,21 +309,37 @@ Result<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& path) {
     const std::string model = (dir / "tokenizer.model").string();
     const std::string vocab = (dir / "vocab.json").string();
     const std::string bin = (dir / "tokenizer.bin").string();
-    std::string chosen;
-    if (IsFile(json)) {
-      chosen = json;
-    } else if (IsFile(model)) {
-      chosen = model;
-    } else if (IsFile(vocab) && IsFile((dir / "merges.txt").string())) {
-      chosen = vocab;
-    } else if (IsFile(bin)) {
-      chosen = bin;
-    } else {
+    // Candidates in order of preference. A file that exists but does not load is skipped for
+    // the next one with a warning naming it and why (a broken tokenizer.json beside a good
+    // tokenizer.model still serves); when none loads, the first one's error is returned.
+    std::vector<std::string> candidates;
+    if (IsFile(json)) candidates.push_back(json);
+    if (IsFile(model)) candidates.push_back(model);
+    if (IsFile(vocab) && IsFile((dir / "merges.txt").string())) candidates.push_back(vocab);
+    if (IsFile(bin)) candidates.push_back(bin);
+    if (candidates.empty()) {
       return NotFoundError(path +
                            ": no tokenizer.json, tokenizer.model, vocab.json + merges.txt or "
                            "tokenizer.bin in this directory");
     }
-    CHORUS_ASSIGN_OR_RETURN(tok, internal::LoadFile(chosen, &hf_style));
+    Status first_error;
+    for (const std::string& file : candidates) {
+      bool file_hf_style = false;
+      auto loaded = internal::LoadFile(file, &file_hf_style);
+      if (loaded.ok()) {
+        if (!first_error.ok()) {
+          CHORUS_LOG(WARNING) << "tokenizer: " << first_error.message() << "; using " << file
+                              << " instead";
+        }
+        tok = std::move(*loaded);
+        hf_style = file_hf_style;
+        break;
+      }
+      Status s = loaded.status();
+      if (s.message().find(file) == std::string::npos) s = s.WithContext(file);
+      if (first_error.ok()) first_error = s;
+    }
+    if (!tok) return first_error;
     side_dir = path;
   } else {
     if (!IsFile(path)) {

@@ -208,6 +208,26 @@ TEST(Loader, MissingAndUnrecognized) {
   EXPECT_CONTAINS(r.status().message(), "merges.txt");
 }
 
+// A directory whose tokenizer.json is broken: the tokenizer.model beside it serves (the
+// broken file is named in a warning); with nothing to fall back to, the error names the file.
+TEST(Loader, DirectoryWithBrokenTokenizerJsonFallsBackOrNamesTheFile) {
+  CHORUS_REQUIRE_SHARED_MODEL("llama2-tokenizer/tokenizer.model");
+  const std::string dir = TempDir() + "/broken-json-dir";
+  std::filesystem::create_directories(dir);
+  Write(dir + "/tokenizer.json", "{\"model\": {\"type\": \"BPE\", ");
+  auto alone = LoadTokenizer(dir);
+  ASSERT_FALSE(alone.ok());
+  EXPECT_CONTAINS(alone.status().message(), dir + "/tokenizer.json");
+  EXPECT_CONTAINS(alone.status().message(), "malformed JSON");
+  auto spm = ReadFileToString(SharedModelsDir() + "/llama2-tokenizer/tokenizer.model");
+  ASSERT_TRUE(spm.ok());
+  Write(dir + "/tokenizer.model", *spm);
+  auto fallback = LoadTokenizer(dir);
+  ASSERT_TRUE(fallback.ok()) << fallback.status().ToString();
+  EXPECT_EQ((*fallback)->kind(), "sentencepiece");
+  EXPECT_EQ((*fallback)->vocab_size(), 32000);
+}
+
 // ---- malformed tokenizer.json ----------------------------------------------------------------
 
 Json SpmJson() { return Json::parse(SmallSpmTokenizerJson()); }

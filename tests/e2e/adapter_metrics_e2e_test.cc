@@ -117,6 +117,18 @@ TEST(AdapterMetricsE2E, PerAdapterCountersOtherBucketAndHistograms) {
                       "application/json");
   ASSERT_TRUE(bad);
   EXPECT_EQ(bad->status, 404);
+  // The error lists the names a request may use: the base, then the adapters.
+  EXPECT_NE(bad->body.find("Served models: `stories`, `a0`, `a1`"), std::string::npos) << bad->body;
+
+  // A bad adapter name is blamed on lora_name, not on lora_path.
+  for (const char* name : {"bad name!", "stories"}) {
+    json load = {{"lora_name", name}, {"lora_path", root + "/a0"}};
+    auto r = cli.Post("/v1/load_lora_adapter", load.dump(), "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << r->body;
+    EXPECT_EQ(json::parse(r->body)["error"]["param"], "lora_name") << name << ": " << r->body;
+  }
+  ASSERT_EQ(registry->size(), names.size());
 
   auto m = cli.Get("/metrics");
   ASSERT_TRUE(m);

@@ -294,6 +294,11 @@ TEST(ServerE2E, HealthModelsMetrics) {
   auto one = cli.Get(std::string("/v1/models/") + kName);
   ASSERT_TRUE(one);
   EXPECT_EQ(one->status, 200);
+  auto slash = cli.Get("/v1/models/");  // a trailing slash is the same list
+  ASSERT_TRUE(slash);
+  EXPECT_EQ(slash->status, 200) << slash->body;
+  EXPECT_EQ(json::parse(slash->body, nullptr, false), models);
+  EXPECT_EQ(ts->server->chat_template_note(), "ChatML (fallback: the model has no chat template)");
   auto metrics = cli.Get("/metrics");
   ASSERT_TRUE(metrics);
   EXPECT_EQ(metrics->status, 200);
@@ -511,7 +516,9 @@ TEST(ServerE2E, ErrorRows) {
   ExpectError(Post(*ts, C, json{{"prompt", json::array()}}), 400, "prompt");
   ExpectError(Post(*ts, C, json{{"prompt", {1, 99999}}}), 400, "prompt");
   ExpectError(Post(*ts, C, json{{"prompt", "x"}, {"max_tokens", 100000}}), 400, "prompt", "context_length_exceeded");
-  ExpectError(Post(*ts, C, json{{"prompt", "x"}, {"model", "gpt-4o"}}), 404, "model", "model_not_found");
+  auto unknown = Post(*ts, C, json{{"prompt", "x"}, {"model", "gpt-4o"}});
+  ExpectError(unknown, 404, "model", "model_not_found");
+  EXPECT_NE(unknown.raw.find("Served models: `stories260K`"), std::string::npos) << unknown.raw;
   ExpectError(Post(*ts, "/v1/chat/completions", json{{"messages", "hi"}}), 400, "messages");
   ExpectError(Post(*ts, C, std::string(20000, '[')), 400);
   // Routes and methods.
@@ -544,7 +551,9 @@ TEST(ServerE2E, BodyTooLarge413) {
   so.max_body_bytes = 4096;
   START_OR_SKIP(ts, SmallEngine(), so);
   std::string big = json{{"prompt", std::string(10000, 'a')}}.dump();
-  ExpectError(Post(*ts, "/v1/completions", big), 413);
+  auto too_big = Post(*ts, "/v1/completions", big);
+  ExpectError(too_big, 413);
+  EXPECT_NE(too_big.raw.find("larger than 4096 bytes"), std::string::npos) << too_big.raw;
   // Just under the limit is fine.
   auto ok = Post(*ts, "/v1/completions", json{{"prompt", std::string(300, 'a')}, {"max_tokens", 1}});
   EXPECT_EQ(ok.status, 200) << ok.raw;
@@ -560,11 +569,110 @@ TEST(ServerE2E, ApiKey) {
   ExpectError(Post(*ts, "/v1/completions", body, {{"Authorization", "Bearer wrong"}}), 401);
   ExpectError(Post(*ts, "/v1/completions", body, {{"Authorization", "sekret"}}), 401);
   EXPECT_EQ(Post(*ts, "/v1/completions", body, {{"Authorization", "Bearer sekret"}}).status, 200);
+  // The scheme name is case-insensitive (RFC 9110 §11.1); the key is not.
+  EXPECT_EQ(Post(*ts, "/v1/completions", body, {{"Authorization", "bearer sekret"}}).status, 200);
+  EXPECT_EQ(Post(*ts, "/v1/completions", body, {{"Authorization", "BEARER sekret"}}).status, 200);
+  ExpectError(Post(*ts, "/v1/completions", body, {{"Authorization", "Bearer SEKRET"}}), 401);
+  ExpectError(Post(*ts, "/v1/completions", body, {{"Authorization", "Basic sekret"}}), 401);
   auto cli = ts->Client();
   EXPECT_EQ(cli.Get("/health")->status, 200);  // no key needed
   EXPECT_EQ(cli.Get("/v1/models")->status, 401);
   EXPECT_EQ(cli.Get("/metrics")->status, 401);
   EXPECT_EQ(cli.Get("/v1/models", {{"Authorization", "Bearer sekret"}})->status, 200);
+}
+
+// curl -d sends application/x-www-form-urlencoded, other clients text/plain: the body is JSON
+// whatever the declared type, at any size up to the limit (httplib alone parsed such bodies as
+// forms and refused them over 8 KiB with a 413 quoting the wrong limit). Multipart is 415.
+TEST(ServerE2E, JsonBodyWhateverTheContentType) {
+  START_OR_SKIP(ts);
+  const std::string body =
+      json{{"prompt", json::array({1})}, {"max_tokens", 1}}.dump() + std::string(9000, ' ');
+  auto cli = ts->Client();
+  for (const char* type : {"application/x-www-form-urlencoded", "text/plain", "application/json"}) {
+    auto r = cli.Post("/v1/completions", body, type);
+    ASSERT_TRUE(r) << type;
+    EXPECT_EQ(r->status, 200) << type << ": " << r->body;
+    EXPECT_EQ(json::parse(r->body, nullptr, false)["usage"]["completion_tokens"], 1) << type;
+  }
+  auto form = cli.Post("/v1/completions", "prompt=hello&max_tokens=1", "application/x-www-form-urlencoded");
+  ASSERT_TRUE(form);
+  EXPECT_EQ(form->status, 400) << form->body;
+  auto multi = cli.Post("/v1/completions", "--x\r\n\r\n--x--\r\n", "multipart/form-data; boundary=x");
+  ASSERT_TRUE(multi);
+  EXPECT_EQ(multi->status, 415) << multi->body;
+  EXPECT_NE(multi->body.find("multipart/form-data"), std::string::npos) << multi->body;
+}
+
+// Without max_tokens a completion generates 16 tokens (OpenAI's and vLLM's default), a chat
+// completion up to the end of the context (vLLM's behaviour).
+TEST(ServerE2E, DefaultMaxTokens) {
+  START_OR_SKIP(ts);
+  for (const json& body : {json{{"prompt", json::array({1})}, {"temperature", 0}, {"ignore_eos", true}},
+                           json{{"prompt", json::array({1})}, {"temperature", 0}, {"ignore_eos", true},
+                                {"max_tokens", nullptr}}}) {
+    auto r = Post(*ts, "/v1/completions", body);
+    ASSERT_EQ(r.status, 200) << r.raw;
+    EXPECT_EQ(r.body["usage"]["completion_tokens"], 16) << body.dump();
+    EXPECT_EQ(r.body["choices"][0]["finish_reason"], "length");
+  }
+  auto chat = Post(*ts, "/v1/chat/completions",
+                   json{{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"temperature", 0},
+                        {"ignore_eos", true}});
+  ASSERT_EQ(chat.status, 200) << chat.raw;
+  EXPECT_EQ(chat.body["usage"]["prompt_tokens"].get<int>() + chat.body["usage"]["completion_tokens"].get<int>(),
+            512);
+}
+
+// A browser's preflight carries no credentials: it is answered without the API key, and every
+// answer to an allowed origin carries Access-Control-Allow-Origin (errors too).
+TEST(ServerE2E, CorsPreflightAndHeaders) {
+  server::ServerOptions so;
+  so.api_key = "sekret";
+  START_OR_SKIP(ts, SmallEngine(), so);
+  auto cli = ts->Client();
+  const httplib::Headers origin = {{"Origin", "https://app.example"}};
+  auto pre = cli.Options("/v1/chat/completions",
+                         {{"Origin", "https://app.example"},
+                          {"Access-Control-Request-Method", "POST"},
+                          {"Access-Control-Request-Headers", "authorization, content-type"}});
+  ASSERT_TRUE(pre);
+  EXPECT_EQ(pre->status, 204);
+  EXPECT_EQ(pre->get_header_value("Access-Control-Allow-Origin"), "*");
+  EXPECT_NE(pre->get_header_value("Access-Control-Allow-Methods").find("POST"), std::string::npos);
+  EXPECT_EQ(pre->get_header_value("Access-Control-Allow-Headers"), "authorization, content-type");
+  EXPECT_FALSE(pre->get_header_value("Access-Control-Max-Age").empty());
+  auto denied = cli.Get("/v1/models", origin);
+  ASSERT_TRUE(denied);
+  EXPECT_EQ(denied->status, 401);
+  EXPECT_EQ(denied->get_header_value("Access-Control-Allow-Origin"), "*");
+  auto ok = Post(*ts, "/v1/completions", json{{"prompt", "x"}, {"max_tokens", 2}},
+                 {{"Origin", "https://app.example"}, {"Authorization", "Bearer sekret"}});
+  EXPECT_EQ(ok.status, 200) << ok.raw;
+  auto it = ok.headers.find("Access-Control-Allow-Origin");
+  ASSERT_NE(it, ok.headers.end());
+  EXPECT_EQ(it->second, "*");
+}
+
+TEST(ServerE2E, CorsAllowedOriginsList) {
+  server::ServerOptions so;
+  so.allowed_origins = {"https://good.example"};
+  START_OR_SKIP(ts, SmallEngine(), so);
+  auto cli = ts->Client();
+  auto good = cli.Get("/v1/models", {{"Origin", "https://good.example"}});
+  ASSERT_TRUE(good);
+  EXPECT_EQ(good->status, 200);
+  EXPECT_EQ(good->get_header_value("Access-Control-Allow-Origin"), "https://good.example");
+  EXPECT_EQ(good->get_header_value("Vary"), "Origin");
+  auto evil = cli.Get("/v1/models", {{"Origin", "https://evil.example"}});
+  ASSERT_TRUE(evil);
+  EXPECT_EQ(evil->status, 200);
+  EXPECT_FALSE(evil->has_header("Access-Control-Allow-Origin"));
+  auto pre = cli.Options("/v1/completions", {{"Origin", "https://evil.example"},
+                                             {"Access-Control-Request-Method", "POST"}});
+  ASSERT_TRUE(pre);
+  EXPECT_EQ(pre->status, 204);
+  EXPECT_FALSE(pre->has_header("Access-Control-Allow-Origin"));
 }
 
 TEST(ServerE2E, QueueFull429) {

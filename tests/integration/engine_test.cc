@@ -174,6 +174,29 @@ TEST(EngineTest, StopStringEndsGenerationAndIsNotEmitted) {
   EXPECT_EQ(cut.text, full.text.substr(0, full.text.find("Lily")));
 }
 
+// llama2.c models end a story by sampling BOS (run.c stops there; they never emit EOS): the
+// engine stops at it too, so no generated text runs on into the next story.
+TEST(EngineTest, Llama2cModelStopsAtBos) {
+  CHORUS_REQUIRE_SHARED_MODEL(kModel);
+  Loaded l = Load();
+  EXPECT_TRUE(l.tok->IsEos(1));
+  auto e = Engine::Create(l.model, l.tok, Opts());
+  ASSERT_TRUE(e.ok());
+  int stopped = 0;
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    GenerationRequest r = Greedy({1}, 400);
+    r.sampling.temperature = 1.0f;
+    r.sampling.seed = seed;
+    Output o = Collect(**(*e)->Submit(std::move(r)));
+    ASSERT_FALSE(o.tokens.empty());
+    for (size_t i = 0; i + 1 < o.tokens.size(); ++i) {
+      EXPECT_NE(o.tokens[i], 1) << "seed " << seed << ": generation went on past BOS at " << i;
+    }
+    if (o.finish == FinishReason::kStop) ++stopped;
+  }
+  EXPECT_GT(stopped, 0) << "no sampled story ended within 400 tokens";
+}
+
 TEST(EngineTest, SeedsMakeSamplingReproducibleAndChoicesDiffer) {
   CHORUS_REQUIRE_SHARED_MODEL(kModel);
   Loaded l = Load();
