@@ -116,6 +116,8 @@ struct Engine::Impl {
   std::vector<const adapters::LoraView*> row_adapters;  // [rows] of the step
   std::unique_ptr<adapters::LoraHook> lora_hook;
   std::vector<const adapters::LoraAdapter*> step_adapters;  // distinct adapters of the step
+  // PublishAdapterActivity's scratch (reserved at Create: no allocation per step).
+  std::vector<const std::string*> activity_running, activity_waiting;
   bool idle = false;  // engine thread: the last step found nothing to run
   bool kick = false;  // guarded by mu: a loader finished something the engine waits for
   // Declared last: destroyed first (joins its loader threads while the pool still exists).
@@ -133,6 +135,7 @@ struct Engine::Impl {
   bool ReleaseNewestWaitingTable();
   void CancelAll();
   void PublishGauges();
+  void PublishAdapterActivity();
   // Adapter residency helpers (engine/adapter_residency.h).
   void ResolveAdapterLoads();
   void UnpinAdapter(Sequence* s);
@@ -192,6 +195,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const model::Mode
   impl->lora_hook = std::make_unique<adapters::LoraHook>(c, opts.max_batch_tokens);
   e->metrics_.kv_blocks_total = n_pages;
   impl->step_adapters.reserve(static_cast<size_t>(opts.max_running));
+  impl->activity_running.reserve(static_cast<size_t>(opts.max_running));
+  impl->activity_waiting.reserve(static_cast<size_t>(opts.max_queue + opts.max_running));
   AdapterResidency::Options ro{.loader_threads = opts.loader_threads,
                                .pool_copies = opts.adapter_pool_copies};
   Impl* raw_impl = impl.get();
@@ -626,6 +631,25 @@ void Engine::Impl::PublishGauges() {
   m.running.store(static_cast<int64_t>(running.size()));
   m.kv_blocks_used.store(pages->n_used(memory::PageKind::kKv));
   residency->PublishGauges();
+  PublishAdapterActivity();
+}
+
+// The distinct adapter names of running and waiting sequences, sorted; the metrics copy them
+// only when they differ from what was published (a few hundred pointer compares per step).
+void Engine::Impl::PublishAdapterActivity() {
+  auto collect = [](const auto& seqs, std::vector<const std::string*>* out) {
+    out->clear();
+    for (const auto& s : seqs) {
+      if (!s->req->adapter.empty()) out->push_back(&s->req->adapter);
+    }
+    std::sort(out->begin(), out->end(), [](const std::string* a, const std::string* b) { return *a < *b; });
+    out->erase(std::unique(out->begin(), out->end(),
+                           [](const std::string* a, const std::string* b) { return *a == *b; }),
+               out->end());
+  };
+  collect(running, &activity_running);
+  collect(waiting, &activity_waiting);
+  self->metrics_.adapter_activity.Publish(activity_running, activity_waiting);
 }
 
 // ---- Adapter residency (DESIGN §3; engine/adapter_residency.h) ----

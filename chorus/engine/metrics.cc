@@ -1,5 +1,7 @@
 #include "chorus/engine/metrics.h"
 
+#include <chrono>
+
 #include <algorithm>
 
 namespace chorus::engine {
@@ -126,6 +128,30 @@ AdapterMetrics::Export AdapterMetrics::Top(size_t top_n) const {
     ++out.other_adapters;
   }
   return out;
+}
+
+bool AdapterActivity::Publish(const std::vector<const std::string*>& running,
+                              const std::vector<const std::string*>& waiting) {
+  auto same = [](const std::vector<std::string>& a, const std::vector<const std::string*>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i)
+      if (a[i] != *b[i]) return false;
+    return true;
+  };
+  std::lock_guard<std::mutex> lock(mu_);
+  if (same(snapshot_.running, running) && same(snapshot_.waiting, waiting)) return false;
+  snapshot_.running.clear();
+  for (const std::string* s : running) snapshot_.running.push_back(*s);
+  snapshot_.waiting.clear();
+  for (const std::string* s : waiting) snapshot_.waiting.push_back(*s);
+  snapshot_.updated_unix_seconds =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  return true;
+}
+
+AdapterActivity::Snapshot AdapterActivity::Get() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return snapshot_;
 }
 
 }  // namespace chorus::engine

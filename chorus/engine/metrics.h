@@ -75,6 +75,27 @@ class AdapterMetrics {
   Entry overflow_;                                  // guarded by mu_; names beyond kMaxTracked
 };
 
+// The adapters of the requests running and waiting now (distinct names, sorted; the base model
+// is not listed), and when that last changed — what an inference gateway's LoRA-affinity
+// routing reads (vllm:lora_requests_info, docs/deploy/kubernetes.md). The engine thread
+// publishes it only when it changes.
+class AdapterActivity {
+ public:
+  struct Snapshot {
+    std::vector<std::string> running;
+    std::vector<std::string> waiting;
+    double updated_unix_seconds = 0;  // wall-clock time of the last change (0 = never)
+  };
+  // Returns false (and copies nothing) when `running` and `waiting` equal the published lists.
+  bool Publish(const std::vector<const std::string*>& running,
+               const std::vector<const std::string*>& waiting);
+  Snapshot Get() const;
+
+ private:
+  mutable std::mutex mu_;
+  Snapshot snapshot_;  // guarded by mu_
+};
+
 struct EngineMetrics {
   std::atomic<int64_t> queue_length{0};
   std::atomic<int64_t> running{0};
@@ -89,7 +110,8 @@ struct EngineMetrics {
   Histogram ttft_seconds{{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}};
   Histogram time_per_output_token_seconds{{0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2.5}};
   Histogram step_seconds{{0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2.5}};
-  AdapterMetrics adapters;  // per-adapter requests and TTFT (issue 4)
+  AdapterMetrics adapters;  // per-adapter requests and TTFT
+  AdapterActivity adapter_activity;  // adapters of running / waiting requests
 
   // Unified pool and adapter residency (DESIGN §3; engine/adapter_residency.h).
   std::atomic<int64_t> pool_pages_total{0};

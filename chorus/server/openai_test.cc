@@ -86,7 +86,7 @@ TEST_F(OpenAiTest, CompletionDefaults) {
   EXPECT_FALSE(req_.gen.sampling.logprobs.has_value());
   engine::GenerationRequest g;
   ASSERT_FALSE(MakeGenerationRequest(req_, 0, ctx_, &g));
-  EXPECT_EQ(g.max_tokens, 512 - static_cast<int64_t>(req_.prompts[0].size()));  // up to the context
+  EXPECT_EQ(g.max_tokens, kDefaultCompletionTokens);  // 16, as OpenAI and vLLM
   EXPECT_EQ(g.prompt, req_.prompts[0]);
 }
 

@@ -266,4 +266,36 @@ std::string RenderAdapterPrometheus(const engine::AdapterMetrics& m,
   return out;
 }
 
+std::string RenderGatewayPrometheus(const engine::EngineMetrics& m,
+                                    const GatewayExportOptions& opts) {
+  std::string out;
+  const std::string model = "{model_name=\"" + EscapeLabelValue(opts.model_name) + "\"} ";
+  auto gauge = [&](const char* name, const char* help, double v) {
+    Header(&out, name, "gauge", help);
+    out += name + model + Num(v) + "\n";
+  };
+  gauge("vllm:num_requests_running", "Requests (choices) in the running batch.",
+        static_cast<double>(m.running.load()));
+  gauge("vllm:num_requests_waiting", "Requests (choices) waiting to run.",
+        static_cast<double>(m.queue_length.load()));
+  const int64_t total = m.kv_blocks_total.load();
+  gauge("vllm:kv_cache_usage_perc", "KV-cache usage: blocks in use over pool pages (1 = full).",
+        total > 0 ? static_cast<double>(m.kv_blocks_used.load()) / static_cast<double>(total) : 0);
+  Header(&out, "vllm:cache_config_info", "gauge", "KV-cache configuration (value 1).");
+  out += "vllm:cache_config_info{block_size=\"" + std::to_string(opts.block_size) +
+         "\",num_gpu_blocks=\"" + std::to_string(total) + "\"} 1\n";
+  const engine::AdapterActivity::Snapshot a = m.adapter_activity.Get();
+  auto join = [](const std::vector<std::string>& names) {
+    std::string s;
+    for (const std::string& n : names) s += (s.empty() ? "" : ",") + n;
+    return EscapeLabelValue(s);
+  };
+  Header(&out, "vllm:lora_requests_info", "gauge",
+         "Adapters of running and waiting requests; the value is the Unix time of the last change.");
+  out += "vllm:lora_requests_info{max_lora=\"" + std::to_string(opts.max_lora) +
+         "\",running_lora_adapters=\"" + join(a.running) + "\",waiting_lora_adapters=\"" +
+         join(a.waiting) + "\"} " + Num(a.updated_unix_seconds) + "\n";
+  return out;
+}
+
 }  // namespace chorus::server

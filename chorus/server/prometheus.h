@@ -53,6 +53,26 @@ std::string RenderAdapterPrometheus(const engine::AdapterMetrics& m,
                                     const adapters::AdapterCache::Stats* cache, int64_t registered,
                                     const AdapterExportOptions& opts);
 
+// ---- What an inference gateway reads ----
+
+struct GatewayExportOptions {
+  std::string model_name;  // the served model name (label `model_name`)
+  int64_t block_size = 16;  // tokens per KV block
+  // Distinct adapters a step may run (--max-adapters-per-step; unlimited is reported as the
+  // running-batch size, the most distinct adapters a step can hold).
+  int64_t max_lora = 0;
+};
+
+// The model-server metrics of Kubernetes' Gateway API Inference Extension, under the vLLM
+// names its reference endpoint picker scrapes by default: vllm:num_requests_waiting and
+// vllm:num_requests_running (gauges, label model_name), vllm:kv_cache_usage_perc (KV blocks in
+// use over pool pages, a 0..1 fraction), vllm:cache_config_info (value 1; labels block_size and
+// num_gpu_blocks = the pool's pages) and vllm:lora_requests_info (labels max_lora,
+// running_lora_adapters and waiting_lora_adapters, comma-separated names; value = Unix time of
+// the last change). docs/deploy/kubernetes.md.
+std::string RenderGatewayPrometheus(const engine::EngineMetrics& m,
+                                    const GatewayExportOptions& opts);
+
 // Escapes a label value for the text format: backslash, double quote and newline.
 std::string EscapeLabelValue(std::string_view v);
 

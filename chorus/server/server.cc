@@ -650,6 +650,11 @@ void Server::Impl::Routes() {
       text += RenderAdapterPrometheus(
           m->adapters, cs ? &*cs : nullptr, registry ? static_cast<int64_t>(registry->size()) : -1,
           {static_cast<size_t>(self->opts_.metrics_top_adapters), self->opts_.served_model_name});
+      const engine::EngineOptions& eo = engine->options();
+      text += RenderGatewayPrometheus(
+          *m, {.model_name = self->opts_.served_model_name,
+               .block_size = eo.block_size,
+               .max_lora = eo.max_adapters_per_step > 0 ? eo.max_adapters_per_step : eo.max_running});
     }
     res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
   });

@@ -192,7 +192,8 @@ TEST(ExportRoundTrip, Llama2cBecomesSentencePieceVocabulary) {
   EXPECT_EQ(c["bos_token"], "<s>");
   EXPECT_EQ(c["eos_token"], "</s>");
   EXPECT_EQ(c["add_bos_token"], true);
-  EXPECT_TRUE(files->generation_config_json.empty());
+  // llama2.c stops at BOS as well as EOS: both travel as the generation config's stop ids.
+  EXPECT_EQ(Json::parse(files->generation_config_json)["eos_token_id"], Json::array({2, 1}));
 }
 
 TEST(ExportRoundTrip, SentencePieceModel) {

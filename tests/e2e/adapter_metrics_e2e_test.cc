@@ -4,7 +4,11 @@
 // TTFT histograms consistent with the counters and the global histogram, host-tier stats.
 #include <httplib.h>
 
+#include <atomic>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <thread>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -184,6 +188,149 @@ TEST(AdapterMetricsE2E, PerAdapterCountersOtherBucketAndHistograms) {
       s.at("chorus_adapter_host_cache_hits_total") + s.at("chorus_adapter_host_cache_misses_total"),
       10);
   EXPECT_EQ(s.at("chorus_adapter_host_cache_entries"), 4);
+
+  (*srv)->Drain(std::chrono::milliseconds(1000));
+  (*srv)->Stop();
+}
+
+// Runs the Prometheus reference parser (Debian's python3-prometheus-client, installed by
+// scripts/setup.sh) over `text`; returns its samples, one JSON object each.
+std::vector<json> ParseWithPrometheusClient(const std::string& text) {
+  const std::string dir = testing::TempDir();
+  const std::string in = dir + "/metrics.txt", out = dir + "/samples.jsonl";
+  {
+    std::ofstream f(in);
+    f << text;
+  }
+  const std::string cmd = "/usr/bin/python3 " CHORUS_SOURCE_DIR "/tests/e2e/parse_prometheus.py <" +
+                          in + " >" + out + " 2>" + dir + "/parse.err";
+  const int rc = std::system(cmd.c_str());
+  std::ifstream err(dir + "/parse.err");
+  std::stringstream err_text;
+  err_text << err.rdbuf();
+  EXPECT_EQ(rc, 0) << "the Prometheus parser rejected /metrics (or is missing): " << err_text.str();
+  std::vector<json> samples;
+  std::ifstream f(out);
+  std::string line;
+  while (std::getline(f, line)) samples.push_back(json::parse(line));
+  return samples;
+}
+
+// The gauges an inference gateway (Kubernetes Gateway API Inference Extension) scrapes, under
+// vLLM's names: while a request for adapter a0 runs and one for a1 waits (one running slot),
+// vllm:lora_requests_info names them in running_lora_adapters / waiting_lora_adapters, and the
+// whole /metrics text parses with the reference Prometheus parser.
+TEST(AdapterMetricsE2E, GatewayMetricsNameRunningAndWaitingAdapters) {
+  CHORUS_REQUIRE_SHARED_MODEL(kModel);
+  SetMinLogLevel(LogLevel::kError);
+  const std::string models = testing::SharedModelsDir();
+  auto mdl = model::LoadModel(models + "/" + kModel);
+  ASSERT_TRUE(mdl.ok()) << mdl.status().ToString();
+  auto tok = tokenizer::LoadTokenizer(models + "/" + kTok);
+  ASSERT_TRUE(tok.ok());
+  const model::ModelConfig& cfg = (*mdl)->config();
+  const std::string tmp = fs::canonical(testing::TempDir()).string();
+  const std::string root = tmp + "/gateway-adapters";
+  fs::create_directories(root);
+  for (int i = 0; i < 2; ++i) {
+    adapters::RandomLoraSpec spec;
+    spec.rank = 4;
+    spec.seed = 7 + i;
+    spec.targets = {model::Linear::kQ, model::Linear::kV};
+    ASSERT_TRUE(adapters::WritePeftLora(root + "/a" + std::to_string(i),
+                                        adapters::MakeRandomLora(cfg, spec), cfg)
+                    .ok());
+  }
+  adapters::RegistryOptions ro;
+  ro.adapter_roots = {root};
+  ro.base = cfg;
+  ro.base_model_name = "stories";
+  auto reg = adapters::AdapterRegistry::Open(tmp + "/gateway-registry.json", ro);
+  ASSERT_TRUE(reg.ok()) << reg.status().ToString();
+  std::shared_ptr<adapters::AdapterRegistry> registry = std::move(*reg);
+  ASSERT_TRUE(registry->RegisterDirectory(root).ok());
+  auto cache = std::make_shared<adapters::AdapterCache>(cfg, int64_t{16} << 20);
+
+  server::ServerOptions so;
+  so.port = 0;
+  so.served_model_name = "stories";
+  auto srv = server::Server::Create(so);
+  ASSERT_TRUE(srv.ok());
+  ASSERT_TRUE((*srv)->Start().ok());
+  (*srv)->SetAdapters(registry, cache);
+  engine::EngineOptions eo;
+  eo.threads = 1;
+  eo.max_running = 1;  // a0's request runs; a1's waits behind it
+  eo.max_batch_tokens = 64;
+  eo.pool_bytes = int64_t{8} << 20;
+  eo.adapter_cache = cache;
+  auto eng = engine::Engine::Create(
+      *mdl, std::shared_ptr<const tokenizer::Tokenizer>(std::move(*tok)), eo);
+  ASSERT_TRUE(eng.ok());
+  std::shared_ptr<engine::Engine> engine = std::move(*eng);
+  (*srv)->SetEngine(engine);
+  const int port = (*srv)->port();
+
+  // Streams until the test has seen what it needs, then hangs up (cancelling the request).
+  std::atomic<bool> done{false};
+  auto stream = [&](const std::string& adapter) {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(60, 0);
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = json{{"model", adapter}, {"prompt", json::array({1})}, {"max_tokens", 500},
+                    {"ignore_eos", true}, {"stream", true}}
+                   .dump();
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return !done.load(); };
+    c.send(req);
+  };
+  std::thread a0(stream, "a0");
+  httplib::Client cli("127.0.0.1", port);
+  std::string text;
+  auto has = [&](const std::string& needle) { return text.find(needle) != std::string::npos; };
+  std::thread a1;
+  for (int i = 0; i < 3000; ++i) {
+    auto m = cli.Get("/metrics");
+    ASSERT_TRUE(m);
+    text = m->body;
+    if (!a1.joinable() && has("running_lora_adapters=\"a0\"")) a1 = std::thread(stream, "a1");
+    if (has("running_lora_adapters=\"a0\",waiting_lora_adapters=\"a1\"")) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  done.store(true);
+  a0.join();
+  if (a1.joinable()) a1.join();
+  ASSERT_TRUE(has("running_lora_adapters=\"a0\",waiting_lora_adapters=\"a1\"")) << text;
+
+  const std::vector<json> samples = ParseWithPrometheusClient(text);
+  ASSERT_FALSE(samples.empty());
+  auto find = [&](const std::string& name) -> const json* {
+    for (const json& s : samples)
+      if (s["name"] == name) return &s;
+    return nullptr;
+  };
+  const json* lora = find("vllm:lora_requests_info");
+  ASSERT_NE(lora, nullptr) << text;
+  EXPECT_EQ((*lora)["type"], "gauge");
+  EXPECT_EQ((*lora)["labels"]["running_lora_adapters"], "a0");
+  EXPECT_EQ((*lora)["labels"]["waiting_lora_adapters"], "a1");
+  EXPECT_EQ((*lora)["labels"]["max_lora"], "1");  // unlimited per step: the running-batch size
+  EXPECT_GT((*lora)["value"].get<double>(), 1.7e9);  // a Unix time
+  const json* running = find("vllm:num_requests_running");
+  const json* waiting = find("vllm:num_requests_waiting");
+  const json* usage = find("vllm:kv_cache_usage_perc");
+  const json* config = find("vllm:cache_config_info");
+  ASSERT_TRUE(running && waiting && usage && config) << text;
+  EXPECT_EQ((*running)["labels"]["model_name"], "stories");
+  EXPECT_GE((*running)["value"].get<double>(), 1);
+  EXPECT_GE((*waiting)["value"].get<double>(), 1);
+  EXPECT_GT((*usage)["value"].get<double>(), 0);
+  EXPECT_LE((*usage)["value"].get<double>(), 1);
+  EXPECT_EQ((*config)["labels"]["block_size"], "16");
+  EXPECT_EQ((*config)["labels"]["num_gpu_blocks"], std::to_string(engine->kv_blocks_total()));
+  EXPECT_NE(find("chorus_queue_length"), nullptr);  // Chorus's own series parse too
 
   (*srv)->Drain(std::chrono::milliseconds(1000));
   (*srv)->Stop();
