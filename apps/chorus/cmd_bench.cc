@@ -74,7 +74,7 @@ int BenchCommand(int argc, char** argv) {
            "the first of\n"
            "--dtypes) for base-only and LoRA rows by popularity Identical / Skewed / Uniform / "
            "Distinct\n"
-           "(DESIGN §10), ranks round-robin over --lora-ranks; writes <out>.png too");
+           "(docs/benchmarks.md), ranks round-robin over --lora-ranks; writes <out>.png too");
   f.String("lora-dtype", "bf16", "storage of those adapters' compute weights: bf16 or f32");
   f.String("isa", "best",
            "highest kernel level to use: best, avx512, avx2 or scalar (to measure the AVX2 "

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue-4 adapter workloads over real HTTP (docs/benchmarks.md, "Adapter workloads (issue 4)").
+# Adapter workloads over real HTTP (docs/benchmarks.md, "Adapters").
 #
 #   bench/serve/adapter_workloads.sh setup     # once: adapters + registries (n = 5000: ~20 min)
 #   bench/serve/adapter_workloads.sh slora     # slora for n = $NS registered adapters + throughput-vs-n plot

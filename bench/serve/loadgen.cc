@@ -1,4 +1,4 @@
-// chorus_bench_serve — open-loop load generator for `chorus serve` (DESIGN §10, issue 3).
+// chorus_bench_serve — open-loop load generator for `chorus serve` (docs/benchmarks.md).
 //
 // Sends streaming /v1/completions requests over real HTTP at gamma-distributed arrival times
 // (shape 1/cv², scale cv²/R; cv = 1 is Poisson) with the `slora` workload's shapes (input and
@@ -50,7 +50,7 @@ struct Planned {
   int input_tokens = 0;
   int output_tokens = 0;
   std::vector<int> prompt;
-  int adapter = -1;   // index into the adapter names; -1 = base model (issue 4)
+  int adapter = -1;   // index into the adapter names; -1 = base model
   bool cold = false;  // first request of this run to use its adapter
 };
 
@@ -338,7 +338,7 @@ Outcome RunOne(const Url& url, const std::string& api_key, const std::string& mo
   return o;
 }
 
-// ---- Adapter workload (issue 4) ----
+// ---- Adapter workload ----
 
 // Adapters the server serves: /v1/models entries with a non-empty `parent`, sorted by id.
 std::vector<std::string> ListAdapters(const Url& url, const std::string& api_key,

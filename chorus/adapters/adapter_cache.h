@@ -1,4 +1,4 @@
-// AdapterCache: the host tier of adapter residency (DESIGN §3): decoded adapters in compute
+// AdapterCache: the host tier of adapter residency (docs/architecture.md, "Memory tiers"): decoded adapters in compute
 // layout, LRU-bounded by bytes (`--host-cache-size`). A miss loads the adapter from disk on the
 // CALLING thread (an HTTP handler, the CLI) — never on the engine thread, so a load never stalls
 // a step; concurrent callers for the same adapter wait for one load. An entry handed out stays

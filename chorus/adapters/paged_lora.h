@@ -1,4 +1,4 @@
-// PagedLora: the pool tier of an adapter (DESIGN §3, S-LoRA §4 unified paging). The rows of an
+// PagedLora: the pool tier of an adapter (docs/architecture.md, "Memory tiers", S-LoRA §4 unified paging). The rows of an
 // adapter's A and Bᵀ (LoraView's flat row order) are packed into pages of the same PagePool that
 // holds KV blocks (PageKind::kAdapter), so adapters and KV trade space dynamically. Each row is
 // 64-byte aligned and never straddles a page; many rows share a page. The segment kernels read

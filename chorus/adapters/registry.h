@@ -1,4 +1,4 @@
-// AdapterRegistry: the persistent name → adapter table of a server (DESIGN §4, vLLM's
+// AdapterRegistry: the persistent name → adapter table of a server (docs/adapters.md, vLLM's
 // /v1/load_lora_adapter and /v1/unload_lora_adapter, `chorus serve --lora NAME=PATH`,
 // `--lora-dir DIR`). A request's OpenAI `model` field names a registered adapter; the engine
 // looks it up here and loads its weights through Load().

@@ -1,7 +1,7 @@
 // ThreadPool: the one compute pool. Kernels split their output columns across threads —
 // statically, or as owned runs of blocks that idle threads steal from (MatMul, OwnedRanges) — and
 // never the reduction dimension, so a value never depends on which thread computed it or on thread
-// timing (batch invariance, DESIGN §4).
+// timing (batch invariance, docs/architecture.md, "Kernels and batch invariance").
 //
 // Run(fn) calls fn(thread_index, n_threads) on every thread — the caller participates as
 // thread 0 — and returns when all are done. Workers spin on an atomic generation counter

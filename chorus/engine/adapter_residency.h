@@ -1,4 +1,4 @@
-// AdapterResidency: the adapter tiers below the registry, owned by the engine (DESIGN §3):
+// AdapterResidency: the adapter tiers below the registry, owned by the engine (docs/architecture.md, "Memory tiers"):
 //
 //   disk ──(loader thread: LoadFromDisk → AdapterCache)──▶ host copy (LoraAdapter, f32)
 //        ──(engine allocates kAdapter pages; loader thread copies rows)──▶ pool copy (PagedLora)

@@ -114,7 +114,7 @@ double MeasureReadBandwidth(int threads, int64_t bytes, int repeats, std::vector
   return Median(gbs);
 }
 
-// ---- Workload "punica" (issue 4) ----
+// ---- Workload "punica" ----
 
 std::vector<int> PunicaAssignment(const std::string& kind, int64_t b) {
   std::vector<int> rows(static_cast<size_t>(b), 0);

@@ -1,4 +1,4 @@
-// Engine-level benchmark (`chorus bench`, issue 2 speed bars): in one invocation it measures the
+// Engine-level benchmark (`chorus bench`): in one invocation it measures the
 // machine's memory read bandwidth, then for each weight dtype prefill tokens/s of a long prompt,
 // decode tokens/s at batch 1 and aggregate decode tokens/s at larger batches, all through the
 // same Forward the server uses. Decode at batch 1 is reported as a fraction of the bandwidth
@@ -29,13 +29,13 @@ struct EngineBenchOptions {
   int64_t context = 128;       // tokens already in each sequence's KV when decode is timed
   int repeats = 3;             // each figure is the median of this many runs
   int64_t bandwidth_bytes = int64_t{1} << 30;
-  // Mixed-adapter decode (issue 4): when > 0, every decode batch is run a second time with each
+  // Mixed-adapter decode: when > 0, every decode batch is run a second time with each
   // row using a different LoRA adapter (row i → adapter i mod n_adapters; ranks round-robin
   // over `lora_ranks`; targets q, k, v, o), reported as metric "decode-lora" next to the
   // base-only "decode" of the same invocation.
   int64_t n_adapters = 0;
   std::vector<int64_t> lora_ranks = {8, 16, 32, 64};
-  // Workload (issue 4): "default" = the figures above; "punica" = DESIGN §10's Punica
+  // Workload: "default" = the figures above; "punica" = the reference Punica
   // popularity workload instead: for each decode batch B (dtype = dtypes[0]), decode tokens/s
   // with every row on the base model ("base"), and with LoRA adapters (q,k,v,o, ranks
   // round-robin over lora_ranks) assigned by popularity: "identical" (one adapter), "skewed"

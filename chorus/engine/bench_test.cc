@@ -1,4 +1,4 @@
-// The punica workload's row → adapter assignment (DESIGN §10): group counts and sizes.
+// The punica workload's row → adapter assignment (docs/benchmarks.md): group counts and sizes.
 #include "chorus/engine/bench.h"
 
 #include <gtest/gtest.h>

@@ -296,7 +296,7 @@ Result<std::shared_ptr<RequestHandle>> Engine::Submit(GenerationRequest req) {
     impl_->queued.fetch_add(shared_req->n);
   }
   metrics_.requests_total.fetch_add(1);
-  metrics_.adapters.CountRequest(shared_req->adapter);  // per-adapter series (issue 4)
+  metrics_.adapters.CountRequest(shared_req->adapter);  // per-adapter series
   metrics_.queue_length.store(impl_->queued.load());
   impl_->cv.notify_all();
   return handle;
@@ -652,7 +652,7 @@ void Engine::Impl::PublishAdapterActivity() {
   self->metrics_.adapter_activity.Publish(activity_running, activity_waiting);
 }
 
-// ---- Adapter residency (DESIGN §3; engine/adapter_residency.h) ----
+// ---- Adapter residency (docs/adapters.md; engine/adapter_residency.h) ----
 
 void Engine::ForgetAdapter(const std::string& name) {
   impl_->residency->Forget(name);

@@ -1,4 +1,4 @@
-// Engine: iteration-level continuous batching over the paged KV cache (DESIGN §2, issue 3).
+// Engine: iteration-level continuous batching over the paged KV cache (docs/architecture.md).
 //
 // One engine thread owns all scheduling state and runs steps back to back. Each step mixes
 // decode rows of running sequences and prefill chunks of new or preempted ones, under
@@ -41,7 +41,7 @@ struct EngineOptions {
   int64_t max_queue = 256;         // waiting requests before Submit() says kResourceExhausted
   int64_t pool_bytes = int64_t{1} << 30;  // the paged pool (KV blocks; adapters later)
   int64_t block_size = 16;                // tokens per KV block
-  // Adapter residency (DESIGN §3, engine/adapter_residency.h).
+  // Adapter residency (docs/adapters.md, engine/adapter_residency.h).
   // Distinct adapters in one step; 0 = unlimited. Requests whose adapter is already in the step
   // may overtake one whose adapter would exceed the cap, but only for a bounded number of
   // admissions (kMaxAdapterCapPasses, engine.cc): then nothing newer is admitted before it, so

@@ -33,7 +33,7 @@ class Histogram {
   uint64_t count_ = 0;            // guarded by mu_
 };
 
-// ---- Per-adapter series (issue 4) ----
+// ---- Per-adapter series ----
 // Request counters and TTFT histograms by adapter name ("" = the base model). Every name is
 // tracked in memory (up to kMaxTracked names; later new names are folded into an overflow
 // entry, so a stream of one-off names cannot grow memory without bound), but /metrics exports
@@ -113,7 +113,7 @@ struct EngineMetrics {
   AdapterMetrics adapters;  // per-adapter requests and TTFT
   AdapterActivity adapter_activity;  // adapters of running / waiting requests
 
-  // Unified pool and adapter residency (DESIGN §3; engine/adapter_residency.h).
+  // Unified pool and adapter residency (docs/adapters.md; engine/adapter_residency.h).
   std::atomic<int64_t> pool_pages_total{0};
   std::atomic<int64_t> pool_pages_kv{0};
   std::atomic<int64_t> pool_pages_adapter{0};

@@ -1,4 +1,4 @@
-// Per-request token sampling (DESIGN §2): penalties, temperature, min-p / top-k / top-p
+// Per-request token sampling (docs/architecture.md, "One request"): penalties, temperature, min-p / top-k / top-p
 // truncation, a seeded draw, and optional logprobs — the parameters of vLLM and the OpenAI API.
 //
 // Pipeline for one step, on a scratch copy of the logits row [vocab]:

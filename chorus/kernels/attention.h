@@ -1,4 +1,4 @@
-// Causal attention of one query token over a paged KV cache (DESIGN §3, Punica §5.4).
+// Causal attention of one query token over a paged KV cache (docs/architecture.md, "Memory tiers", Punica §5.4).
 //
 // KV layout: the cache is cut into blocks of `block_size` tokens. For one layer, token t of a
 // sequence lives in block block_table[t / block_size] at slot t % block_size; K of that token is

@@ -1,4 +1,4 @@
-// LoRA segment kernels (DESIGN §1, §4): the adapter term s·(x·Aᵀ)·Bᵀ of a step's rows, grouped
+// LoRA segment kernels (docs/architecture.md): the adapter term s·(x·Aᵀ)·Bᵀ of a step's rows, grouped
 // into segments of consecutive rows that use the same adapter (Punica SGMV; S-LoRA MBGMV/MBGMM:
 // ranks differ per segment and nothing is padded to the largest rank).
 //
@@ -25,7 +25,7 @@
 // table [r_q + r_k + r_v], is just a shrink of rank r_q + r_k + r_v; each expand then reads its
 // own column range of v through `v_col`.
 //
-// Batch invariance (DESIGN §4): every output element is reduced in a fixed order that does not
+// Batch invariance (docs/architecture.md, "Kernels and batch invariance"): every output element is reduced in a fixed order that does not
 // depend on the other rows, segments, their number or the thread count. shrink: one dot product
 // per (row, j), computed whole by one thread with the same lane split and the same horizontal
 // sum for every row; expand: acc = fma chain over j = 0..r-1 in order, then y = fma(s, acc, y),

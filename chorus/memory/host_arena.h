@@ -1,4 +1,4 @@
-// HostArena: the memory of the host tier (DESIGN §3): one region, carved into 256 KiB chunks,
+// HostArena: the memory of the host tier (docs/architecture.md, "Memory tiers"): one region, carved into 256 KiB chunks,
 // that decoded adapters are built into, prefaulted once instead of at every load.
 //
 // Why: on the VMs Chorus runs on, the first touch of a page costs far more than a copy — the

@@ -1,4 +1,4 @@
-// PagePool: one arena of `n_pages` fixed-size pages (DESIGN §3, S-LoRA unified paging). KV
+// PagePool: one arena of `n_pages` fixed-size pages (docs/architecture.md, "Memory tiers", S-LoRA unified paging). KV
 // blocks are one page each; resident adapter weights (a later issue) take pages from the same
 // free list, so KV and adapters trade space dynamically. Pages are tagged by kind for metrics.
 //

@@ -1,10 +1,10 @@
-// The forward pass over one step (DESIGN §2): any mix of prefill chunks and decode rows of many
+// The forward pass over one step (docs/architecture.md, "One request"): any mix of prefill chunks and decode rows of many
 // sequences, computed as one batch. Each row is one token of one sequence at one position; its
 // K/V are written into the sequence's paged KV blocks, then attention reads positions [0, pos].
 //
 // Every linear layer is computed once for all rows of the step (x·Wᵀ streams W once), after
 // which an optional LinearHook adds per-row terms — the seam where LoRA / delta adapters plug
-// in (DESIGN §1) without the model knowing about them.
+// in (docs/architecture.md, "The one equation") without the model knowing about them.
 //
 // Thread-safety: a Forward object is used by one thread (the engine thread) at a time; it uses
 // the ThreadPool for parallel kernels. The Model is shared and immutable.

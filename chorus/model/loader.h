@@ -1,4 +1,4 @@
-// Loading a base model from the formats people have (issue 2):
+// Loading a base model from the formats people have:
 //   * a Hugging Face directory: config.json + model.safetensors or sharded
 //     model.safetensors.index.json (F32/F16/BF16);
 //   * a GGUF v3 file (llama / qwen2 architectures; F32, F16, BF16, Q8_0, Q4_0 used in place);

@@ -110,7 +110,7 @@ Result<std::shared_ptr<const Model>> Model::Build(ModelConfig config, NamedTenso
       if (!packed.ok()) return packed.status().WithContext(source + ": " + name);
       lw.linear[li] = std::move(packed).value();
       // A repacked copy replaces the source for compute: let the mmapped pages go so the
-      // weights are resident once (issue 2 memory bar), not twice.
+      // weights are resident once, not twice.
       if (lw.linear[li].packed_bytes() > 0) ReleaseResidentPages(t.data(), static_cast<size_t>(t.view().NumBytes()));
     }
     if (c.qkv_bias) {

@@ -1,6 +1,6 @@
 // Model: a loaded base model — config, weights ready for the kernels, and where they came from.
 // Base weights are immutable and shared (`std::shared_ptr<const Model>`); matrices point into
-// the mmapped file where its layout is the compute layout (CONVENTIONS "Ownership").
+// the mmapped file where its layout is the compute layout (base weights are immutable and shared).
 //
 // Thread-safety: immutable after Load(); share freely.
 #pragma once

@@ -1,5 +1,5 @@
 // Synthetic models at real shapes (seeded random weights), so benchmarks get realistic sizes
-// without downloads and the server has an embedded default model (issue 2).
+// without downloads and the server has an embedded default model.
 #pragma once
 
 #include <cstdint>

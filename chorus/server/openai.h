@@ -1,4 +1,4 @@
-// The OpenAI API surface (DESIGN §9, issue 3): parsing /v1/completions and /v1/chat/completions
+// The OpenAI API surface (docs/api.md): parsing /v1/completions and /v1/chat/completions
 // bodies into engine requests, and building OpenAI-shaped responses and SSE chunks from the
 // engine's stream events. No HTTP here (server.h does the transport), so every rule is testable
 // on strings.

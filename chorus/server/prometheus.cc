@@ -154,7 +154,7 @@ std::string RenderPrometheus(const engine::EngineMetrics* m, const HttpCounters&
   return out;
 }
 
-// ---- Adapter series (issue 4) ----
+// ---- Adapter series ----
 
 std::string EscapeLabelValue(std::string_view v) {
   std::string out;

@@ -33,7 +33,7 @@ class HttpCounters {
 std::string RenderPrometheus(const engine::EngineMetrics* engine, const HttpCounters& http,
                              int64_t kv_block_bytes);
 
-// ---- Adapter series (issue 4) ----
+// ---- Adapter series ----
 
 // Label value of the series that sums every adapter outside the top N. Parentheses are not
 // allowed in adapter names, so it never collides with a real adapter.

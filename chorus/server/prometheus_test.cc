@@ -1,4 +1,4 @@
-// Per-adapter /metrics series (issue 4): top-N + (other) folding, base label, label escaping
+// Per-adapter /metrics series: top-N + (other) folding, base label, label escaping
 // and histogram consistency of the rendered Prometheus text.
 #include "chorus/server/prometheus.h"
 

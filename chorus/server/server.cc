@@ -644,7 +644,7 @@ void Server::Impl::Routes() {
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     const engine::EngineMetrics* m = self->ready() ? &engine->metrics() : nullptr;
     std::string text = RenderPrometheus(m, counters, kv_block_bytes);
-    if (m) {  // per-adapter series and the host tier (issue 4)
+    if (m) {  // per-adapter series and the host tier
       std::optional<adapters::AdapterCache::Stats> cs;
       if (adapter_cache) cs = adapter_cache->stats();
       text += RenderAdapterPrometheus(

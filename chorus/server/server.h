@@ -1,4 +1,4 @@
-// The OpenAI-compatible HTTP server (DESIGN §2, §9; issue 3) over cpp-httplib.
+// The OpenAI-compatible HTTP server (docs/api.md) over cpp-httplib.
 //
 // Routes:
 //   POST /v1/completions, POST /v1/chat/completions   (JSON or SSE with "stream": true)

@@ -1,4 +1,4 @@
-// Tokenizer: text <-> token ids for every tokenizer family Chorus loads (DESIGN §2, issue 2):
+// Tokenizer: text <-> token ids for every tokenizer family Chorus loads:
 //   * SentencePiece BPE with byte fallback — from tokenizer.model (libsentencepiece), or from
 //     tokenizer.json / GGUF metadata (Chorus's own implementation);
 //   * byte-level BPE (GPT-2, Llama-3, Qwen2 pre-tokenizer regexes) — tokenizer.json / GGUF;

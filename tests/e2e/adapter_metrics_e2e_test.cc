@@ -1,4 +1,4 @@
-// /metrics per-adapter series end to end (issue 4): a real server over loopback serving the
+// /metrics per-adapter series end to end: a real server over loopback serving the
 // stories260K model with random PEFT adapters registered, requests for several adapters and
 // the base, then a scrape: request counters by adapter (top N + "(other)" + the base),
 // TTFT histograms consistent with the counters and the global histogram, host-tier stats.

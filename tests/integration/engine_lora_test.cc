@@ -1,5 +1,5 @@
 // Mixed-adapter batches through the engine: each request's tokens are the same whether it runs
-// alone or in a batch with other adapters and the base model (issue 4 correctness bar).
+// alone or in a batch with other adapters and the base model (correctness).
 #include <filesystem>
 #include <thread>
 
@@ -89,7 +89,7 @@ TEST(EngineLoraTest, SixteenRequestsOverEightAdaptersMatchAlone) {
         << "request " << i;
 }
 
-// ---- Residency: unified paging, loader threads, cold start (DESIGN §3) ----
+// ---- Residency: unified paging, loader threads, cold start (docs/architecture.md, "Memory tiers") ----
 
 struct Stories {
   std::shared_ptr<const model::Model> model;

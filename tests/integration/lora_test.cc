@@ -1,4 +1,4 @@
-// LoRA end to end (issue 4 correctness bars): the batched unmerged path (Forward + LoraHook)
+// LoRA end to end (correctness): the batched unmerged path (Forward + LoraHook)
 // equals merged weights W + s·B·A for PEFT and GGUF files of the same adapter, on the real
 // stories260K (llama2.c, interleaved q/k rows) and a synthetic HF-layout model, prefill and
 // decode, ranks 1..64 mixed in one batch; the real trained adapter of stories260K-finetunes

@@ -1,4 +1,4 @@
-// LoraHook: the model::LinearHook that adds the LoRA terms of a step (DESIGN §1):
+// LoraHook: the model::LinearHook that adds the LoRA terms of a step (docs/architecture.md, "The one equation"):
 //   y[i, :] += s_a · (x[i, :]·A_aᵀ)·B_aᵀ     for every row i whose adapter a is set
 // using the segment kernels (kernels/lora.h). Rows with equal adapters that are contiguous form
 // one segment (the step planner sorts rows by adapter; unsorted rows still work, as more
