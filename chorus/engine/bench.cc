@@ -20,6 +20,7 @@
 #include "chorus/kernels/dispatch.h"
 #include "chorus/memory/kv_cache.h"
 #include "chorus/model/forward.h"
+#include "chorus/model/step_builder.h"
 #include "chorus/model/synthetic.h"
 
 namespace chorus::engine {
@@ -151,6 +152,7 @@ Result<EngineBenchReport> RunPunicaWorkload(const EngineBenchOptions& opts,
   CHORUS_ASSIGN_OR_RETURN(auto mdl, model::MakeSyntheticModel(spec));
   const model::ModelConfig& c = mdl->config();
   model::Forward fwd(mdl, max_rows, max_rows);
+  model::StepBuilder builder(max_rows, max_b);
   memory::KvLayout layout{
       .n_layers = c.n_layers, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim, .block_size = 16};
   const int64_t blocks_per_seq = (opts.context + opts.decode_steps + 16 + 15) / 16;
@@ -198,37 +200,28 @@ Result<EngineBenchReport> RunPunicaWorkload(const EngineBenchOptions& opts,
         }
         // Context of every sequence, one prefill step each (untimed), with its adapter.
         for (int64_t s = 0; s < b; ++s) {
-          std::vector<int32_t> toks(static_cast<size_t>(opts.context)), pos(toks.size()),
-              seq(toks.size(), static_cast<int32_t>(s)), lrows(toks.size());
-          for (size_t i = 0; i < toks.size(); ++i) {
-            toks[i] = random_token();
-            pos[i] = static_cast<int32_t>(i);
-            lrows[i] = static_cast<int32_t>(i);
-          }
-          model::StepInput in{toks, pos, seq, tps, {}};
+          std::vector<int32_t> toks(static_cast<size_t>(opts.context));
+          for (int32_t& t : toks) t = random_token();
+          builder.Clear();
+          builder.AddSequence(toks, 0, tps[static_cast<size_t>(s)], /*want_logits=*/false);
           if (with_lora) {
             std::vector<const adapters::LoraAdapter*> prow(toks.size(),
                                                            row_adapters[static_cast<size_t>(s)]);
             CHORUS_RETURN_IF_ERROR(hook.SetRows(prow));
-            in.hook = &hook;
           }
-          fwd.Run(in, &kv, &pool, logits.data());
+          fwd.Run(builder.Input(with_lora ? &hook : nullptr), &kv, &pool, logits.data());
         }
-        std::vector<int32_t> toks(static_cast<size_t>(b)), pos(toks.size()), seq(toks.size()),
-            lrows(toks.size());
-        for (int64_t s = 0; s < b; ++s) {
-          toks[static_cast<size_t>(s)] = random_token();
-          seq[static_cast<size_t>(s)] = static_cast<int32_t>(s);
-          lrows[static_cast<size_t>(s)] = static_cast<int32_t>(s);
-        }
+        std::vector<int32_t> toks(static_cast<size_t>(b));
+        for (int32_t& t : toks) t = random_token();
         if (with_lora) CHORUS_RETURN_IF_ERROR(hook.SetRows(row_adapters));
         auto t0 = Clock::now();
         for (int64_t step = 0; step < opts.decode_steps; ++step) {
-          for (int64_t s = 0; s < b; ++s)
-            pos[static_cast<size_t>(s)] = static_cast<int32_t>(opts.context + step);
-          model::StepInput in{toks, pos, seq, tps, lrows};
-          if (with_lora) in.hook = &hook;
-          fwd.Run(in, &kv, &pool, logits.data());
+          builder.Clear();
+          for (size_t s = 0; s < toks.size(); ++s) {
+            builder.AddSequence(std::span<const int32_t>(&toks[s], 1), opts.context + step, tps[s],
+                                /*want_logits=*/true);
+          }
+          fwd.Run(builder.Input(with_lora ? &hook : nullptr), &kv, &pool, logits.data());
           for (int64_t s = 0; s < b; ++s) {
             const float* lg = logits.data() + s * c.vocab_size;
             toks[static_cast<size_t>(s)] =
@@ -295,6 +288,7 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
     const model::ModelConfig& c = mdl->config();
     const int64_t max_batch_rows = std::max<int64_t>(max_batch, 1);
     model::Forward fwd(mdl, max_batch_rows, max_batch_rows);
+    model::StepBuilder builder(max_batch_rows, max_batch_rows);
     memory::KvLayout layout{.n_layers = c.n_layers, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim, .block_size = 16};
     const int64_t max_seqs = *std::max_element(opts.batches.begin(), opts.batches.end());
     const int64_t ctx_tokens = std::max(opts.prefill_tokens, opts.context + opts.decode_steps) + 16;
@@ -310,17 +304,13 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
       std::vector<double> runs;
       std::vector<int32_t> table;
       CHORUS_RETURN_IF_ERROR(kv.Reserve(&table, opts.prefill_tokens));
-      const int32_t* tp = table.data();
-      std::vector<int32_t> toks(static_cast<size_t>(opts.prefill_tokens)), pos(toks.size()), seq(toks.size(), 0);
-      for (size_t i = 0; i < toks.size(); ++i) {
-        toks[i] = random_token();
-        pos[i] = static_cast<int32_t>(i);
-      }
-      int32_t last = static_cast<int32_t>(toks.size() - 1);
+      std::vector<int32_t> toks(static_cast<size_t>(opts.prefill_tokens));
+      for (int32_t& t : toks) t = random_token();
+      builder.Clear();
+      builder.AddSequence(toks, 0, table.data(), /*want_logits=*/true);
       for (int r = 0; r < opts.repeats + 1; ++r) {
-        model::StepInput in{toks, pos, seq, std::span<const int32_t* const>(&tp, 1), std::span<const int32_t>(&last, 1)};
         auto t0 = Clock::now();
-        fwd.Run(in, &kv, &pool, logits.data());
+        fwd.Run(builder.Input(), &kv, &pool, logits.data());
         double s = std::chrono::duration<double>(Clock::now() - t0).count();
         if (r > 0) runs.push_back(static_cast<double>(opts.prefill_tokens) / s);
       }
@@ -364,20 +354,14 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
         }
         // Fill the context of every sequence with one prefill step each (untimed).
         for (int64_t s = 0; s < b; ++s) {
-          std::vector<int32_t> toks(static_cast<size_t>(opts.context)), pos(toks.size()), seq(toks.size(), static_cast<int32_t>(s));
-          for (size_t i = 0; i < toks.size(); ++i) {
-            toks[i] = random_token();
-            pos[i] = static_cast<int32_t>(i);
-          }
-          model::StepInput in{toks, pos, seq, tps, {}};
-          fwd.Run(in, &kv, &pool, logits.data());
+          std::vector<int32_t> toks(static_cast<size_t>(opts.context));
+          for (int32_t& t : toks) t = random_token();
+          builder.Clear();
+          builder.AddSequence(toks, 0, tps[static_cast<size_t>(s)], /*want_logits=*/false);
+          fwd.Run(builder.Input(), &kv, &pool, logits.data());
         }
-        std::vector<int32_t> toks(static_cast<size_t>(b)), pos(toks.size()), seq(toks.size()), lrows(toks.size());
-        for (int64_t s = 0; s < b; ++s) {
-          toks[static_cast<size_t>(s)] = random_token();
-          seq[static_cast<size_t>(s)] = static_cast<int32_t>(s);
-          lrows[static_cast<size_t>(s)] = static_cast<int32_t>(s);
-        }
+        std::vector<int32_t> toks(static_cast<size_t>(b));
+        for (int32_t& t : toks) t = random_token();
         if (with_lora) {
           std::vector<const adapters::LoraAdapter*> rows(static_cast<size_t>(b));
           for (int64_t s = 0; s < b; ++s) rows[static_cast<size_t>(s)] = loras[static_cast<size_t>(s) % loras.size()].get();
@@ -392,10 +376,12 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
         const double probe_before = probed ? probe->Once() : 0;
         auto t0 = Clock::now();
         for (int64_t step = 0; step < opts.decode_steps; ++step) {
-          for (int64_t s = 0; s < b; ++s) pos[static_cast<size_t>(s)] = static_cast<int32_t>(opts.context + step);
-          model::StepInput in{toks, pos, seq, tps, lrows};
-          if (with_lora) in.hook = &hook;
-          fwd.Run(in, &kv, &pool, logits.data());
+          builder.Clear();
+          for (size_t s = 0; s < toks.size(); ++s) {
+            builder.AddSequence(std::span<const int32_t>(&toks[s], 1), opts.context + step, tps[s],
+                                /*want_logits=*/true);
+          }
+          fwd.Run(builder.Input(with_lora ? &hook : nullptr), &kv, &pool, logits.data());
           // Greedy next tokens so the work is that of real decoding (argmax over the vocab).
           for (int64_t s = 0; s < b; ++s) {
             const float* lg = logits.data() + s * c.vocab_size;

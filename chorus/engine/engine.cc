@@ -10,6 +10,7 @@
 #include "chorus/memory/host_arena.h"
 #include "chorus/memory/kv_cache.h"
 #include "chorus/model/forward.h"
+#include "chorus/model/step_builder.h"
 
 namespace chorus::engine {
 namespace {
@@ -105,8 +106,7 @@ struct Engine::Impl {
   std::vector<std::unique_ptr<Sequence>> running;  // admission order
   uint64_t next_serial = 1;
   // Step arrays, preallocated for max_batch_tokens rows.
-  std::vector<int32_t> step_tokens, step_pos, step_seq, step_logit_rows;
-  std::vector<const int32_t*> step_tables;
+  std::unique_ptr<model::StepBuilder> step;  // the step's arrays, reserved at Create
   struct Planned {
     Sequence* seq;
     int64_t start, count;
@@ -184,11 +184,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const model::Mode
   impl->forward =
       std::make_unique<model::Forward>(e->model_, opts.max_batch_tokens, opts.max_running);
   impl->logits.assign(static_cast<size_t>(opts.max_running * c.vocab_size), 0.0f);
-  impl->step_tokens.reserve(static_cast<size_t>(opts.max_batch_tokens));
-  impl->step_pos.reserve(static_cast<size_t>(opts.max_batch_tokens));
-  impl->step_seq.reserve(static_cast<size_t>(opts.max_batch_tokens));
-  impl->step_logit_rows.reserve(static_cast<size_t>(opts.max_running));
-  impl->step_tables.reserve(static_cast<size_t>(opts.max_running));
+  impl->step = std::make_unique<model::StepBuilder>(opts.max_batch_tokens, opts.max_running);
   impl->plan.reserve(static_cast<size_t>(opts.max_running));
   impl->sampler_scratch.Reserve(c.vocab_size);
   impl->row_adapters.reserve(static_cast<size_t>(opts.max_batch_tokens));
@@ -577,27 +573,19 @@ void Engine::Impl::Step() {
   });
   row_adapters.clear();
   bool any_adapter = false;
-  step_tokens.clear();
-  step_pos.clear();
-  step_seq.clear();
-  step_logit_rows.clear();
-  step_tables.clear();
+  step->Clear();
   uint64_t prompt_rows = 0;
-  for (size_t p = 0; p < plan.size(); ++p) {
-    const Planned& pl = plan[p];
-    step_tables.push_back(pl.seq->table.data());
-    for (int64_t j = 0; j < pl.count; ++j) {
-      const int64_t pos = pl.start + j;
-      step_tokens.push_back(pl.seq->tokens[static_cast<size_t>(pos)]);
-      step_pos.push_back(static_cast<int32_t>(pos));
-      step_seq.push_back(static_cast<int32_t>(p));
-      row_adapters.push_back(pl.seq->lora ? residency->View(pl.seq->lora.get()) : nullptr);
-      if (pos < pl.seq->n_prompt) ++prompt_rows;
-    }
-    if (pl.wants_logits) step_logit_rows.push_back(static_cast<int32_t>(step_tokens.size() - 1));
+  for (const Planned& pl : plan) {
+    step->AddSequence(std::span<const int32_t>(pl.seq->tokens).subspan(
+                          static_cast<size_t>(pl.start), static_cast<size_t>(pl.count)),
+                      pl.start, pl.seq->table.data(), pl.wants_logits);
+    const adapters::LoraView* view = pl.seq->lora ? residency->View(pl.seq->lora.get()) : nullptr;
+    row_adapters.insert(row_adapters.end(), static_cast<size_t>(pl.count), view);
+    prompt_rows += static_cast<uint64_t>(
+        std::clamp<int64_t>(pl.seq->n_prompt - pl.start, 0, pl.count));
     any_adapter |= pl.seq->lora != nullptr;
   }
-  model::StepInput in{step_tokens, step_pos, step_seq, step_tables, step_logit_rows};
+  model::StepInput in = step->Input();
   if (any_adapter) {
     Status hs = lora_hook->SetRows(row_adapters);
     CHORUS_CHECK(hs.ok()) << hs.ToString();  // adapters were validated against the base at Submit

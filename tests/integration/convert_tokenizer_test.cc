@@ -11,6 +11,7 @@
 #include "chorus/memory/kv_cache.h"
 #include "chorus/model/convert.h"
 #include "chorus/model/forward.h"
+#include "chorus/model/step_builder.h"
 #include "chorus/model/loader.h"
 #include "chorus/tokenizer/export.h"
 #include "chorus/tokenizer/tokenizer.h"
@@ -47,14 +48,10 @@ std::vector<int32_t> Greedy(std::shared_ptr<const model::Model> m,
   int64_t computed = 0;
   for (int step = 0; step < n; ++step) {
     EXPECT_TRUE(kv.Reserve(&table, static_cast<int64_t>(toks.size())).ok());
-    std::vector<int32_t> t(toks.begin() + computed, toks.end()), pos, seq(t.size(), 0);
-    for (int64_t p = computed; p < static_cast<int64_t>(toks.size()); ++p)
-      pos.push_back(static_cast<int32_t>(p));
-    const int32_t* tp = table.data();
-    int32_t last = static_cast<int32_t>(t.size() - 1);
-    model::StepInput in{t, pos, seq, std::span<const int32_t* const>(&tp, 1),
-                        std::span<const int32_t>(&last, 1)};
-    fwd.Run(in, &kv, &pool, logits.data());
+    model::StepBuilder builder(512, 1);
+    builder.AddSequence(std::span<const int32_t>(toks).subspan(static_cast<size_t>(computed)),
+                        computed, table.data(), /*want_logits=*/true);
+    fwd.Run(builder.Input(), &kv, &pool, logits.data());
     computed = static_cast<int64_t>(toks.size());
     const int32_t next =
         static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());

@@ -1,0 +1,46 @@
+#include "chorus/model/step_builder.h"
+
+#include "chorus/base/check.h"
+
+namespace chorus::model {
+
+StepBuilder::StepBuilder(int64_t max_rows, int64_t max_seqs)
+    : max_rows_(max_rows), max_seqs_(max_seqs) {
+  tokens_.reserve(static_cast<size_t>(max_rows));
+  positions_.reserve(static_cast<size_t>(max_rows));
+  seq_.reserve(static_cast<size_t>(max_rows));
+  tables_.reserve(static_cast<size_t>(max_seqs));
+  logit_rows_.reserve(static_cast<size_t>(max_seqs));
+}
+
+void StepBuilder::Clear() {
+  tokens_.clear();
+  positions_.clear();
+  seq_.clear();
+  tables_.clear();
+  logit_rows_.clear();
+}
+
+int32_t StepBuilder::AddSequence(std::span<const int32_t> tokens, int64_t first_pos,
+                                 const int32_t* table, bool want_logits) {
+  CHORUS_CHECK(!tokens.empty());
+  CHORUS_CHECK(rows() + static_cast<int64_t>(tokens.size()) <= max_rows_);
+  CHORUS_CHECK(seqs() < max_seqs_);
+  const auto index = static_cast<int32_t>(tables_.size());
+  tables_.push_back(table);
+  for (size_t j = 0; j < tokens.size(); ++j) {
+    tokens_.push_back(tokens[j]);
+    positions_.push_back(static_cast<int32_t>(first_pos + static_cast<int64_t>(j)));
+    seq_.push_back(index);
+  }
+  if (want_logits) logit_rows_.push_back(static_cast<int32_t>(tokens_.size() - 1));
+  return index;
+}
+
+StepInput StepBuilder::Input(const LinearHook* hook) const {
+  StepInput in{tokens_, positions_, seq_, tables_, logit_rows_};
+  in.hook = hook;
+  return in;
+}
+
+}  // namespace chorus::model
