@@ -1,5 +1,5 @@
-// libFuzzer target for the safetensors reader: the body lives in chorus/formats/fuzz_entry.cc so that
-// ordinary tests (formats_fuzz_test, formats_fuzz_slow_test) run it too. See docs/fuzzing.md.
+// libFuzzer target for the safetensors reader: the body lives in chorus/formats/fuzz_entry.cc so
+// that ordinary tests (formats_fuzz_test, formats_fuzz_slow_test) run it too. See docs/fuzzing.md.
 #include <cstddef>
 #include <cstdint>
 

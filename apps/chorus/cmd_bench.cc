@@ -67,7 +67,8 @@ int BenchCommand(int argc, char** argv) {
   f.Int("decode-steps", 32, "timed decode steps per batch size");
   f.Int("context", 128, "tokens in each sequence's KV cache when decode is timed");
   f.Int("repeats", 3, "runs per figure (median reported)");
-  f.Int("adapters", 0, "also run each decode batch with every row on a different LoRA (q,k,v,o) of this many");
+  f.Int("adapters", 0,
+        "also run each decode batch with every row on a different LoRA (q,k,v,o) of this many");
   f.String("lora-ranks", "8,16,32,64", "ranks of those adapters, round-robin");
   f.String("workload", "default",
            "default: the figures above; punica: decode tokens/s at each --batches size (dtype = "
@@ -88,26 +89,35 @@ int BenchCommand(int argc, char** argv) {
   o.decode_steps = f.GetInt("decode-steps");
   o.context = f.GetInt("context");
   o.repeats = static_cast<int>(f.GetInt("repeats"));
-  if (o.threads < 1 || o.prefill_tokens < 1 || o.decode_steps < 1 || o.context < 1 || o.repeats < 1) {
-    return Fail("bench", InvalidArgumentError("--threads, --prefill, --decode-steps, --context and --repeats must be positive"));
+  if (o.threads < 1 || o.prefill_tokens < 1 || o.decode_steps < 1 || o.context < 1 ||
+      o.repeats < 1) {
+    return Fail(
+        "bench",
+        InvalidArgumentError(
+            "--threads, --prefill, --decode-steps, --context and --repeats must be positive"));
   }
-  Status s = ParseList(f.GetString("dtypes"), &o.dtypes, [](const std::string& x) { return ParseDType(x); });
+  Status s = ParseList(f.GetString("dtypes"), &o.dtypes,
+                       [](const std::string& x) { return ParseDType(x); });
   if (!s.ok()) return Fail("bench", s);
   s = ParseList(f.GetString("batches"), &o.batches, [](const std::string& x) -> Result<int64_t> {
     char* end = nullptr;
     long long v = std::strtoll(x.c_str(), &end, 10);
-    if (x.empty() || *end || v < 1 || v > 512) return InvalidArgumentError("bad batch size '" + x + "'");
+    if (x.empty() || *end || v < 1 || v > 512)
+      return InvalidArgumentError("bad batch size '" + x + "'");
     return static_cast<int64_t>(v);
   });
   if (!s.ok()) return Fail("bench", s);
   o.n_adapters = f.GetInt("adapters");
-  if (o.n_adapters < 0 || o.n_adapters > 4096) return Fail("bench", InvalidArgumentError("--adapters must be in [0, 4096]"));
-  s = ParseList(f.GetString("lora-ranks"), &o.lora_ranks, [](const std::string& x) -> Result<int64_t> {
-    char* end = nullptr;
-    long long v = std::strtoll(x.c_str(), &end, 10);
-    if (x.empty() || *end || v < 1 || v > 256) return InvalidArgumentError("bad LoRA rank '" + x + "'");
-    return static_cast<int64_t>(v);
-  });
+  if (o.n_adapters < 0 || o.n_adapters > 4096)
+    return Fail("bench", InvalidArgumentError("--adapters must be in [0, 4096]"));
+  s = ParseList(f.GetString("lora-ranks"), &o.lora_ranks,
+                [](const std::string& x) -> Result<int64_t> {
+                  char* end = nullptr;
+                  long long v = std::strtoll(x.c_str(), &end, 10);
+                  if (x.empty() || *end || v < 1 || v > 256)
+                    return InvalidArgumentError("bad LoRA rank '" + x + "'");
+                  return static_cast<int64_t>(v);
+                });
   if (!s.ok()) return Fail("bench", s);
   o.workload = f.GetString("workload");
   if (o.workload != "default" && o.workload != "punica") {
@@ -121,8 +131,9 @@ int BenchCommand(int argc, char** argv) {
   if (const std::string isa = f.GetString("isa"); isa != "best") {
     const std::optional<kernels::IsaLevel> cap = kernels::ParseIsaLevel(isa);
     if (!cap) {
-      return Fail("bench", InvalidArgumentError("--isa must be best, avx512, avx2 or scalar, got '" +
-                                                isa.substr(0, 32) + "'"));
+      return Fail("bench",
+                  InvalidArgumentError("--isa must be best, avx512, avx2 or scalar, got '" +
+                                       isa.substr(0, 32) + "'"));
     }
     kernels::SetMaxIsa(*cap);
     if (kernels::ActiveIsa() != *cap) {
@@ -130,7 +141,8 @@ int BenchCommand(int argc, char** argv) {
                                                 kernels::IsaName(kernels::ActiveIsa())));
     }
   }
-  auto rep = engine::RunEngineBench(o, [](const std::string& msg) { std::fprintf(stderr, "bench: %s\n", msg.c_str()); });
+  auto rep = engine::RunEngineBench(
+      o, [](const std::string& msg) { std::fprintf(stderr, "bench: %s\n", msg.c_str()); });
   if (!rep.ok()) return Fail("bench", rep.status());
   std::fputs(rep->ToTable().c_str(), stdout);
   if (!f.GetString("out").empty()) {

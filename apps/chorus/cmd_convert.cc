@@ -31,11 +31,12 @@ struct TokenizerOut {
   tokenizer::HfTokenizerFiles hf;  // filled for HF output
 };
 
-Status PrepareTokenizer(std::shared_ptr<const tokenizer::Tokenizer> tok, int64_t model_vocab, bool gguf_out,
-                        TokenizerOut* out) {
+Status PrepareTokenizer(std::shared_ptr<const tokenizer::Tokenizer> tok, int64_t model_vocab,
+                        bool gguf_out, TokenizerOut* out) {
   if (tok->vocab_size() > model_vocab) {
     return InvalidArgumentError("the tokenizer has " + std::to_string(tok->vocab_size()) +
-                                " tokens but the model's vocabulary has only " + std::to_string(model_vocab));
+                                " tokens but the model's vocabulary has only " +
+                                std::to_string(model_vocab));
   }
   // Token list padded to the embedding rows, as llama.cpp's converter does.
   out->gguf_opts.pad_to_vocab_size = model_vocab;
@@ -132,18 +133,23 @@ int WriteLoraSet(const Flags& f, const model::ModelConfig& base, const std::stri
 }  // namespace
 
 int ConvertCommand(int argc, char** argv) {
-  Flags f("convert",
-          "Writes a model as GGUF (f32/f16/bf16/q8_0/q4_0) or a Hugging Face directory (f32/f16/bf16).\n"
-          "Either --model PATH (any loadable model) or --shape NAME (seeded random weights at a real\n"
-          "shape: " + ShapeList() + ").");
+  Flags f(
+      "convert",
+      "Writes a model as GGUF (f32/f16/bf16/q8_0/q4_0) or a Hugging Face directory "
+      "(f32/f16/bf16).\n"
+      "Either --model PATH (any loadable model) or --shape NAME (seeded random weights at a real\n"
+      "shape: " +
+          ShapeList() + ").");
   f.String("model", "", "source model: GGUF file, Hugging Face directory or llama2.c .bin");
   f.String("shape", "", "synthetic shape instead of --model");
   f.Int("seed", 1, "seed of the synthetic weights");
-  f.String("dtype", "", "dtype of the matrices (default: keep the source's where the target allows)");
+  f.String("dtype", "",
+           "dtype of the matrices (default: keep the source's where the target allows)");
   f.String("format", "gguf", "output format: gguf or hf");
   f.String("output", "", "output file (gguf) or directory (hf)");
   f.String("tokenizer", "",
-           "tokenizer file or directory to embed (default: the model's own, found as `chorus generate` finds it);\n"
+           "tokenizer file or directory to embed (default: the model's own, found as `chorus "
+           "generate` finds it);\n"
            "its vocabulary must not be larger than the model's");
   f.Int("lora-count", 0,
         "instead of a model, write this many synthetic PEFT LoRA adapters for the base (--shape or "
@@ -161,7 +167,8 @@ int ConvertCommand(int argc, char** argv) {
       "a multiple of the number of ranks). Each directory is still a separate adapter to register");
   f.String("lora-prefix", "lora-", "adapter directory name prefix");
   if (int rc = ParseOrExit(f, argc, argv); rc >= 0) return rc;
-  if (f.GetString("output").empty()) return Fail("convert", InvalidArgumentError("--output is required"));
+  if (f.GetString("output").empty())
+    return Fail("convert", InvalidArgumentError("--output is required"));
   if (f.IsSet("model") == f.IsSet("shape")) {
     return Fail("convert", InvalidArgumentError("give exactly one of --model and --shape"));
   }
@@ -178,9 +185,13 @@ int ConvertCommand(int argc, char** argv) {
   model::ConvertOptions opts;
   opts.output = f.GetString("output");
   const std::string fmt = f.GetString("format");
-  if (fmt == "gguf") opts.format = model::OutputFormat::kGguf;
-  else if (fmt == "hf") opts.format = model::OutputFormat::kHfDirectory;
-  else return Fail("convert", InvalidArgumentError("--format must be gguf or hf, not '" + fmt.substr(0, 32) + "'"));
+  if (fmt == "gguf")
+    opts.format = model::OutputFormat::kGguf;
+  else if (fmt == "hf")
+    opts.format = model::OutputFormat::kHfDirectory;
+  else
+    return Fail("convert", InvalidArgumentError("--format must be gguf or hf, not '" +
+                                                fmt.substr(0, 32) + "'"));
   if (f.IsSet("dtype")) {
     auto d = ParseDType(f.GetString("dtype"));
     if (!d.ok()) return Fail("convert", d.status());
@@ -192,7 +203,8 @@ int ConvertCommand(int argc, char** argv) {
   TokenizerOut tok_out;
   std::shared_ptr<const model::Model> mdl;
   if (f.IsSet("shape")) {
-    model::SyntheticSpec spec{.shape = f.GetString("shape"), .dtype = opts.dtype.value_or(DType::kF32),
+    model::SyntheticSpec spec{.shape = f.GetString("shape"),
+                              .dtype = opts.dtype.value_or(DType::kF32),
                               .seed = static_cast<uint64_t>(f.GetInt("seed"))};
     auto cfg = model::SyntheticConfig(spec.shape);
     if (!cfg.ok()) return Fail("convert", cfg.status());
@@ -218,8 +230,9 @@ int ConvertCommand(int argc, char** argv) {
   // conversion copies the source's tokenizer data as is (lossless); otherwise the tokenizer is
   // loaded as `chorus generate` loads it and exported into the target format: an explicit
   // --tokenizer must be written, the model's own is written when it can be (else a note).
-  const bool verbatim = !explicit_tok && ((mdl->format() == model::ModelFormat::kGguf && gguf_out) ||
-                                          (mdl->format() == model::ModelFormat::kHfDirectory && !gguf_out));
+  const bool verbatim =
+      !explicit_tok && ((mdl->format() == model::ModelFormat::kGguf && gguf_out) ||
+                        (mdl->format() == model::ModelFormat::kHfDirectory && !gguf_out));
   if (!verbatim && mdl->format() != model::ModelFormat::kSynthetic) {
     Status s;
     auto t = model::LoadTokenizerFor(*mdl, f.GetString("tokenizer"));
@@ -255,14 +268,16 @@ int ConvertCommand(int argc, char** argv) {
   Status s = model::ConvertModel(*mdl, opts, extra);
   if (!s.ok()) return Fail("convert", s);
   if (verbatim && !gguf_out) {
-    for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
-                             "generation_config.json"}) {
+    for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json",
+                             "special_tokens_map.json", "generation_config.json"}) {
       std::error_code ec;
       std::filesystem::path src = std::filesystem::path(mdl->source()) / name;
       if (std::filesystem::exists(src, ec)) {
         std::filesystem::copy_file(src, std::filesystem::path(opts.output) / name,
                                    std::filesystem::copy_options::overwrite_existing, ec);
-        if (ec) return Fail("convert", InternalError("cannot copy " + src.string() + ": " + ec.message()));
+        if (ec)
+          return Fail("convert",
+                      InternalError("cannot copy " + src.string() + ": " + ec.message()));
       }
     }
   } else if (tok && !gguf_out) {
@@ -278,10 +293,11 @@ int ConvertCommand(int argc, char** argv) {
     }
   }
   if (tok) {
-    std::fprintf(stderr, "chorus convert: tokenizer written (%s, %d tokens)\n", std::string(tok->kind()).c_str(),
-                 tok->vocab_size());
+    std::fprintf(stderr, "chorus convert: tokenizer written (%s, %d tokens)\n",
+                 std::string(tok->kind()).c_str(), tok->vocab_size());
   } else if (mdl->format() == model::ModelFormat::kSynthetic) {
-    std::fprintf(stderr, "chorus convert: note: no tokenizer written; pass --tokenizer PATH to embed one\n");
+    std::fprintf(
+        stderr, "chorus convert: note: no tokenizer written; pass --tokenizer PATH to embed one\n");
   }
   std::fprintf(stderr, "chorus convert: wrote %s\n", opts.output.c_str());
   return 0;

@@ -10,9 +10,12 @@
 namespace chorus::apps {
 
 int GenerateCommand(int argc, char** argv) {
-  Flags f("generate", "Generates text from --prompt and streams it to stdout; prints prefill and decode\n"
-                      "tokens/s to stderr at the end. --prompt \"\" starts from BOS alone.");
-  f.String("model", "", "model: GGUF file, Hugging Face directory or llama2.c .bin (default: embedded tiny model)");
+  Flags f("generate",
+          "Generates text from --prompt and streams it to stdout; prints prefill and decode\n"
+          "tokens/s to stderr at the end. --prompt \"\" starts from BOS alone.");
+  f.String(
+      "model", "",
+      "model: GGUF file, Hugging Face directory or llama2.c .bin (default: embedded tiny model)");
   f.String("tokenizer", "", "tokenizer file or directory; overrides the model's own");
   f.String("prompt", "", "prompt text");
   f.Int("max-tokens", 128, "tokens to generate");
@@ -41,14 +44,17 @@ int GenerateCommand(int argc, char** argv) {
   eo.add_bos = !f.GetBool("no-bos") && tok.add_bos();
   std::vector<int32_t> prompt = tok.Encode(f.GetString("prompt"), eo);
   if (prompt.empty()) {
-    if (tok.bos_id() < 0) return Fail("generate", InvalidArgumentError("empty prompt and the tokenizer has no BOS token"));
+    if (tok.bos_id() < 0)
+      return Fail("generate",
+                  InvalidArgumentError("empty prompt and the tokenizer has no BOS token"));
     prompt.push_back(tok.bos_id());
   }
 
   engine::GenerationRequest req;
   req.prompt = prompt;
   req.max_tokens = f.GetInt("max-tokens");
-  if (req.max_tokens < 1) return Fail("generate", InvalidArgumentError("flag --max-tokens must be at least 1"));
+  if (req.max_tokens < 1)
+    return Fail("generate", InvalidArgumentError("flag --max-tokens must be at least 1"));
   // Like llama.cpp's -n, a request longer than the context is cut to what fits, with a note.
   const int64_t room = cfg.max_seq_len - static_cast<int64_t>(prompt.size());
   if (room < 1) {
@@ -83,9 +89,13 @@ int GenerateCommand(int argc, char** argv) {
   eopts.max_batch_tokens = f.GetInt("max-batch-tokens");
   eopts.max_running = 1;
   eopts.max_queue = 1;
-  memory::KvLayout layout{.n_layers = cfg.n_layers, .n_kv_heads = cfg.n_kv_heads, .head_dim = cfg.head_dim, .block_size = 16};
+  memory::KvLayout layout{.n_layers = cfg.n_layers,
+                          .n_kv_heads = cfg.n_kv_heads,
+                          .head_dim = cfg.head_dim,
+                          .block_size = 16};
   const int64_t tokens = static_cast<int64_t>(prompt.size()) + req.max_tokens;
-  eopts.pool_bytes = std::max<int64_t>(int64_t{1} << 20, ((tokens + 15) / 16 + 1) * layout.PageBytes());
+  eopts.pool_bytes =
+      std::max<int64_t>(int64_t{1} << 20, ((tokens + 15) / 16 + 1) * layout.PageBytes());
   auto eng = engine::Engine::Create(loaded->model, loaded->tokenizer, eopts);
   if (!eng.ok()) return Fail("generate", eng.status());
   const auto t0 = std::chrono::steady_clock::now();
@@ -108,10 +118,12 @@ int GenerateCommand(int argc, char** argv) {
     const double prefill_s = std::chrono::duration<double>(t_first - t0).count();
     const double decode_s = std::chrono::duration<double>(t_end - t_first).count();
     std::fprintf(stderr,
-                 "chorus generate: prompt %zu tokens, prefill %.1f tok/s (%.3f s); generated %lld tokens, decode %.1f tok/s; "
+                 "chorus generate: prompt %zu tokens, prefill %.1f tok/s (%.3f s); generated %lld "
+                 "tokens, decode %.1f tok/s; "
                  "finish=%s\n",
-                 prompt.size(), n_gen ? prompt.size() / prefill_s : 0.0, prefill_s, static_cast<long long>(n_gen),
-                 n_gen > 1 ? (n_gen - 1) / decode_s : 0.0, engine::FinishReasonName(finish));
+                 prompt.size(), n_gen ? prompt.size() / prefill_s : 0.0, prefill_s,
+                 static_cast<long long>(n_gen), n_gen > 1 ? (n_gen - 1) / decode_s : 0.0,
+                 engine::FinishReasonName(finish));
   }
   return finish == engine::FinishReason::kError ? 1 : 0;
 }

@@ -128,7 +128,9 @@ int InspectCommand(int argc, char** argv) {
       "       chorus inspect ADAPTER [--model BASE]   (PEFT directory or GGUF LoRA; with --model,\n"
       "                                                validated against BASE as registration "
       "does)");
-  f.String("model", "", "model: GGUF file, Hugging Face directory or llama2.c .bin (default: embedded tiny model)");
+  f.String(
+      "model", "",
+      "model: GGUF file, Hugging Face directory or llama2.c .bin (default: embedded tiny model)");
   f.String("tokenizer", "", "tokenizer file or directory; overrides the model's own");
   f.Bool("tensors", "list every tensor");
   f.String("adapter", "",
@@ -177,15 +179,16 @@ int InspectCommand(int argc, char** argv) {
   std::printf("tensors:      %zu (", mdl->tensors().size());
   bool first = true;
   for (const auto& [d, e] : by_dtype) {
-    std::printf("%s%s x%lld %.1f MiB", first ? "" : ", ", d.c_str(), static_cast<long long>(e.first),
-                static_cast<double>(e.second) / (1 << 20));
+    std::printf("%s%s x%lld %.1f MiB", first ? "" : ", ", d.c_str(),
+                static_cast<long long>(e.first), static_cast<double>(e.second) / (1 << 20));
     first = false;
   }
   std::printf(")\n");
-  std::printf("weights:      %.1f MiB, streamed per decode step %.1f MiB, repacked copies %.1f MiB\n",
-              static_cast<double>(mdl->WeightBytes()) / (1 << 20),
-              static_cast<double>(mdl->StreamedBytesPerToken()) / (1 << 20),
-              static_cast<double>(mdl->PackedBytes()) / (1 << 20));
+  std::printf(
+      "weights:      %.1f MiB, streamed per decode step %.1f MiB, repacked copies %.1f MiB\n",
+      static_cast<double>(mdl->WeightBytes()) / (1 << 20),
+      static_cast<double>(mdl->StreamedBytesPerToken()) / (1 << 20),
+      static_cast<double>(mdl->PackedBytes()) / (1 << 20));
   if (f.GetBool("tensors")) {
     for (const auto& [name, t] : mdl->tensors()) {
       std::printf("  %-48s %-5s %s\n", name.c_str(), std::string(DTypeName(t.dtype())).c_str(),
@@ -194,28 +197,30 @@ int InspectCommand(int argc, char** argv) {
   }
   auto tok = model::LoadTokenizerFor(*mdl, f.GetString("tokenizer"));
   if (tok.ok()) {
-    std::printf("tokenizer:    %s, %d tokens, bos=%d, eos=", std::string((*tok)->kind()).c_str(), (*tok)->vocab_size(),
-                (*tok)->bos_id());
-    for (size_t i = 0; i < (*tok)->eos_ids().size(); ++i) std::printf("%s%d", i ? "," : "", (*tok)->eos_ids()[i]);
-    std::printf(", chat template: %s\n",
-                (*tok)->chat_template().empty() ? "none (chat requests use the ChatML fallback)"
-                                                : "yes");
+    std::printf("tokenizer:    %s, %d tokens, bos=%d, eos=", std::string((*tok)->kind()).c_str(),
+                (*tok)->vocab_size(), (*tok)->bos_id());
+    for (size_t i = 0; i < (*tok)->eos_ids().size(); ++i)
+      std::printf("%s%d", i ? "," : "", (*tok)->eos_ids()[i]);
+    std::printf(", chat template: %s\n", (*tok)->chat_template().empty()
+                                             ? "none (chat requests use the ChatML fallback)"
+                                             : "yes");
     // The engine's rule (a tokenizer id past the model's vocabulary has no embedding row):
     // refuse what `chorus serve` would refuse, and say when the model has rows no id reaches.
     const int64_t tok_vocab = (*tok)->vocab_size();
     if (tok_vocab > c.vocab_size) {
       std::printf("vocabulary:   MISMATCH: the tokenizer has %lld tokens, the model %lld\n",
                   static_cast<long long>(tok_vocab), static_cast<long long>(c.vocab_size));
-      return Fail("inspect", InvalidArgumentError(
-                                 "tokenizer has " + std::to_string(tok_vocab) +
-                                 " tokens but the model only " + std::to_string(c.vocab_size) +
-                                 " (tokenizer of another model?)"));
+      return Fail("inspect", InvalidArgumentError("tokenizer has " + std::to_string(tok_vocab) +
+                                                  " tokens but the model only " +
+                                                  std::to_string(c.vocab_size) +
+                                                  " (tokenizer of another model?)"));
     }
     if (tok_vocab < c.vocab_size) {
-      std::printf("vocabulary:   tokenizer %lld tokens, model %lld rows (rows %lld.. unused, e.g. "
-                  "padding)\n",
-                  static_cast<long long>(tok_vocab), static_cast<long long>(c.vocab_size),
-                  static_cast<long long>(tok_vocab));
+      std::printf(
+          "vocabulary:   tokenizer %lld tokens, model %lld rows (rows %lld.. unused, e.g. "
+          "padding)\n",
+          static_cast<long long>(tok_vocab), static_cast<long long>(c.vocab_size),
+          static_cast<long long>(tok_vocab));
     } else {
       std::printf("vocabulary:   tokenizer and model agree (%lld tokens)\n",
                   static_cast<long long>(tok_vocab));

@@ -28,7 +28,8 @@ namespace {
 Status CheckDirectoryFlag(const char* flag, const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec))
-    return InvalidArgumentError(std::string("flag --") + flag + ": " + path + ": no such directory");
+    return InvalidArgumentError(std::string("flag --") + flag + ": " + path +
+                                ": no such directory");
   if (!std::filesystem::is_directory(path, ec))
     return InvalidArgumentError(std::string("flag --") + flag + ": " + path + ": not a directory");
   return OkStatus();
@@ -49,8 +50,8 @@ Status CheckAdapterFlags(const Flags& f) {
     }
     std::error_code ec;
     if (!std::filesystem::exists(spec.substr(eq + 1), ec)) {
-      return InvalidArgumentError("flag --lora " + spec.substr(0, eq) + ": " +
-                                  spec.substr(eq + 1) + ": no such file or directory");
+      return InvalidArgumentError("flag --lora " + spec.substr(0, eq) + ": " + spec.substr(eq + 1) +
+                                  ": no such file or directory");
     }
   }
   return OkStatus();
@@ -91,8 +92,10 @@ MemoryPlan PlanMemory(const Flags& f, const model::ModelConfig& c, int64_t max_r
     plan.pool_bytes = mib * kMiB;
     plan.pool_reason = "--pool-size";
   } else {
-    memory::KvLayout layout{.n_layers = c.n_layers, .n_kv_heads = c.n_kv_heads,
-                            .head_dim = c.head_dim, .block_size = 16};
+    memory::KvLayout layout{.n_layers = c.n_layers,
+                            .n_kv_heads = c.n_kv_heads,
+                            .head_dim = c.head_dim,
+                            .block_size = 16};
     const int64_t blocks_per_seq = (c.max_seq_len + 15) / 16;
     int64_t want = max_running * blocks_per_seq * layout.PageBytes();
     // Adapter copies share the pool's pages (unified paging): leave them room beside a full
@@ -177,7 +180,8 @@ Result<ServedAdapters> OpenAdapters(const Flags& f, const model::ModelConfig& ba
     limits.storage = dtype == "f32" ? adapters::LoraStorage::kF32 : adapters::LoraStorage::kBF16;
     out.cache = std::make_shared<adapters::AdapterCache>(base, host_cache_bytes, limits);
   }
-  std::fprintf(stderr, "chorus serve: %zu adapters registered (%s); host adapter cache %lld MiB%s\n",
+  std::fprintf(stderr,
+               "chorus serve: %zu adapters registered (%s); host adapter cache %lld MiB%s\n",
                out.registry->size(), state.c_str(), static_cast<long long>(host_cache_bytes >> 20),
                f.GetInt("host-cache-size") > 0 ? "" : " (auto)");
   return out;
@@ -231,7 +235,8 @@ int ServeCommand(int argc, char** argv) {
   f.Bool("prefault",
          "make the pool and the host adapter cache resident at start (no page faults on first "
          "use; costs their full size in resident memory from the start)");
-  f.Bool("reuse-port", "let several servers listen on --port (SO_REUSEPORT; off: a bound port "
+  f.Bool("reuse-port",
+         "let several servers listen on --port (SO_REUSEPORT; off: a bound port "
          "is an error)");
   f.Float("drain-timeout", 30.0,
           "seconds running requests get to finish on SIGTERM before they are aborted");
@@ -316,12 +321,10 @@ int ServeCommand(int argc, char** argv) {
     load_status = [&]() -> Status {
       CHORUS_ASSIGN_OR_RETURN(LoadedModel loaded,
                               LoadModelAndTokenizer(model_path, f.GetString("tokenizer")));
-      const bool with_adapters = !f.GetRepeated("lora").empty() ||
-                                 !f.GetRepeated("lora-dir").empty() ||
-                                 !f.GetRepeated("adapter-root").empty() ||
-                                 !f.GetString("registry").empty();
-      const MemoryPlan plan =
-          PlanMemory(f, loaded.model->config(), eo.max_running, with_adapters);
+      const bool with_adapters =
+          !f.GetRepeated("lora").empty() || !f.GetRepeated("lora-dir").empty() ||
+          !f.GetRepeated("adapter-root").empty() || !f.GetString("registry").empty();
+      const MemoryPlan plan = PlanMemory(f, loaded.model->config(), eo.max_running, with_adapters);
       eo.pool_bytes = plan.pool_bytes;
       CHORUS_ASSIGN_OR_RETURN(
           ServedAdapters served,
@@ -333,9 +336,10 @@ int ServeCommand(int argc, char** argv) {
                                          : eng.status();
       }
       engine = std::move(*eng);
-      std::fprintf(stderr, "chorus serve: pool %lld MiB (%s), %s\n",
-                   static_cast<long long>(plan.pool_bytes >> 20), plan.pool_reason.c_str(),
-                   eo.prefault_pool ? "prefaulted" : "made resident as it is used (--prefault: at start)");
+      std::fprintf(
+          stderr, "chorus serve: pool %lld MiB (%s), %s\n",
+          static_cast<long long>(plan.pool_bytes >> 20), plan.pool_reason.c_str(),
+          eo.prefault_pool ? "prefaulted" : "made resident as it is used (--prefault: at start)");
       if (served.registry) (*srv)->SetAdapters(served.registry, served.cache);
       return OkStatus();
     }();

@@ -10,5 +10,4 @@ int ConvertCommand(int argc, char** argv);
 int BenchCommand(int argc, char** argv);
 int ServeCommand(int argc, char** argv);
 
-
 }  // namespace chorus::apps

@@ -9,7 +9,9 @@ namespace chorus::apps {
 
 int Fail(const std::string& cmd, const Status& s) {
   std::fprintf(stderr, "chorus %s: %s\n", cmd.c_str(), s.message().c_str());
-  return s.code() == StatusCode::kInvalidArgument && s.message().find("flag") != std::string::npos ? 2 : 1;
+  return s.code() == StatusCode::kInvalidArgument && s.message().find("flag") != std::string::npos
+             ? 2
+             : 1;
 }
 
 int ParseOrExit(Flags& flags, int argc, char** argv) {
@@ -22,7 +24,8 @@ int ParseOrExit(Flags& flags, int argc, char** argv) {
   return -1;
 }
 
-Result<LoadedModel> LoadModelAndTokenizer(const std::string& model_path, const std::string& tokenizer_path) {
+Result<LoadedModel> LoadModelAndTokenizer(const std::string& model_path,
+                                          const std::string& tokenizer_path) {
   std::string path = model_path;
   if (path.empty()) {
     CHORUS_ASSIGN_OR_RETURN(path, EnsureDefaultModel());

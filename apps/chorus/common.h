@@ -23,7 +23,8 @@ struct LoadedModel {
   std::shared_ptr<const tokenizer::Tokenizer> tokenizer;
 };
 // --model PATH (or the embedded default when empty) and --tokenizer PATH.
-Result<LoadedModel> LoadModelAndTokenizer(const std::string& model_path, const std::string& tokenizer_path);
+Result<LoadedModel> LoadModelAndTokenizer(const std::string& model_path,
+                                          const std::string& tokenizer_path);
 
 // Applies --threads: 0 means all cores.
 int ThreadsFlag(const Flags& f);

@@ -52,11 +52,14 @@ void AddTokenizer(formats::GgufWriter* w, int64_t vocab) {
   std::vector<std::string> pieces = {space};
   for (char ch = 'a'; ch <= 'z'; ++ch) pieces.emplace_back(1, ch);
   for (char ch = 'A'; ch <= 'Z'; ++ch) pieces.emplace_back(1, ch);
-  for (const char* p : {".", ",", "!", "?", "'", "\"", "-", ":", "0", "1", "2", "3"}) pieces.emplace_back(p);
-  const char* words[] = {"the", "and", "was", "she", "he", "they", "a", "to", "of", "in", "it", "with", "said",
-                         "day", "one", "time", "upon", "once", "there", "little", "girl", "boy", "play", "happy",
-                         "big", "friend", "saw", "went", "mom", "dog", "cat", "sun", "tree", "park", "ball", "named",
-                         "loved", "very", "had", "her", "his", "not", "but", "so", "you", "we", "for", "on", "is"};
+  for (const char* p : {".", ",", "!", "?", "'", "\"", "-", ":", "0", "1", "2", "3"})
+    pieces.emplace_back(p);
+  const char* words[] = {
+      "the",  "and",  "was",  "she",   "he",   "they",   "a",     "to",   "of",    "in",
+      "it",   "with", "said", "day",   "one",  "time",   "upon",  "once", "there", "little",
+      "girl", "boy",  "play", "happy", "big",  "friend", "saw",   "went", "mom",   "dog",
+      "cat",  "sun",  "tree", "park",  "ball", "named",  "loved", "very", "had",   "her",
+      "his",  "not",  "but",  "so",    "you",  "we",     "for",   "on",   "is"};
   std::set<std::string> seen(pieces.begin(), pieces.end());
   for (const char* word : words) {
     std::string wd = space + word;
@@ -87,7 +90,8 @@ void AddTokenizer(formats::GgufWriter* w, int64_t vocab) {
   w->SetUint32("tokenizer.ggml.unknown_token_id", 0);
   w->SetBool("tokenizer.ggml.add_bos_token", true);
   w->SetString("tokenizer.chat_template",
-               "{% for message in messages %}{{ '<|' + message['role'] + '|>\\n' + message['content'] + '\\n' }}"
+               "{% for message in messages %}{{ '<|' + message['role'] + '|>\\n' + "
+               "message['content'] + '\\n' }}"
                "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}");
 }
 

@@ -37,7 +37,8 @@ Status Flags::Parse(int argc, char** argv) {
       std::fputs(Help().c_str(), stdout);
       return CancelledError("help");
     }
-    if (a.rfind("--", 0) != 0) return InvalidArgumentError("unexpected argument '" + a.substr(0, 64) + "' (see --help)");
+    if (a.rfind("--", 0) != 0)
+      return InvalidArgumentError("unexpected argument '" + a.substr(0, 64) + "' (see --help)");
     std::string name = a.substr(2), value;
     bool has_value = false;
     if (auto eq = name.find('='); eq != std::string::npos) {
@@ -46,7 +47,9 @@ Status Flags::Parse(int argc, char** argv) {
       has_value = true;
     }
     auto it = flags_.find(name);
-    if (it == flags_.end()) return InvalidArgumentError("unknown flag --" + name.substr(0, 64) + " for '" + command_ + "' (see --help)");
+    if (it == flags_.end())
+      return InvalidArgumentError("unknown flag --" + name.substr(0, 64) + " for '" + command_ +
+                                  "' (see --help)");
     Flag& f = it->second;
     if (f.kind == Kind::kBool) {
       if (has_value && value != "true" && value != "false" && value != "1" && value != "0")
@@ -62,15 +65,21 @@ Status Flags::Parse(int argc, char** argv) {
       errno = 0;
       char* end = nullptr;
       long long v = std::strtoll(value.c_str(), &end, 10);
-      if (value.empty() || *end != '\0' || errno == ERANGE) return InvalidArgumentError("--" + name + " expects an integer, got '" + value.substr(0, 32) + "'");
+      if (value.empty() || *end != '\0' || errno == ERANGE)
+        return InvalidArgumentError("--" + name + " expects an integer, got '" +
+                                    value.substr(0, 32) + "'");
       (void)v;
     } else if (f.kind == Kind::kFloat) {
       char* end = nullptr;
       double v = std::strtod(value.c_str(), &end);
-      if (value.empty() || *end != '\0' || !std::isfinite(v)) return InvalidArgumentError("--" + name + " expects a number, got '" + value.substr(0, 32) + "'");
+      if (value.empty() || *end != '\0' || !std::isfinite(v))
+        return InvalidArgumentError("--" + name + " expects a number, got '" + value.substr(0, 32) +
+                                    "'");
     }
-    if (f.kind == Kind::kRepeated) f.values.push_back(value);
-    else f.values = {value};
+    if (f.kind == Kind::kRepeated)
+      f.values.push_back(value);
+    else
+      f.values = {value};
   }
   return OkStatus();
 }
@@ -79,22 +88,32 @@ std::string Flags::GetString(const std::string& n) const {
   const Flag& f = flags_.at(n);
   return f.values.empty() ? f.def : f.values.back();
 }
-int64_t Flags::GetInt(const std::string& n) const { return std::strtoll(GetString(n).c_str(), nullptr, 10); }
-double Flags::GetFloat(const std::string& n) const { return std::strtod(GetString(n).c_str(), nullptr); }
+int64_t Flags::GetInt(const std::string& n) const {
+  return std::strtoll(GetString(n).c_str(), nullptr, 10);
+}
+double Flags::GetFloat(const std::string& n) const {
+  return std::strtod(GetString(n).c_str(), nullptr);
+}
 bool Flags::GetBool(const std::string& n) const { return GetString(n) == "true"; }
 bool Flags::IsSet(const std::string& n) const { return !flags_.at(n).values.empty(); }
-std::vector<std::string> Flags::GetRepeated(const std::string& n) const { return flags_.at(n).values; }
+std::vector<std::string> Flags::GetRepeated(const std::string& n) const {
+  return flags_.at(n).values;
+}
 
 std::string Flags::Help() const {
   std::string s = "usage: chorus " + command_ + " [flags]\n\n" + summary_ + "\n\nflags:\n";
   for (const auto& n : order_) {
     const Flag& f = flags_.at(n);
     std::string left = "  --" + n;
-    if (f.kind != Kind::kBool) left += f.kind == Kind::kInt ? " N" : f.kind == Kind::kFloat ? " X" : " VALUE";
-    if (left.size() < 28) left.resize(28, ' ');
-    else left += "\n" + std::string(28, ' ');
+    if (f.kind != Kind::kBool)
+      left += f.kind == Kind::kInt ? " N" : f.kind == Kind::kFloat ? " X" : " VALUE";
+    if (left.size() < 28)
+      left.resize(28, ' ');
+    else
+      left += "\n" + std::string(28, ' ');
     s += left + f.help;
-    if (f.kind != Kind::kBool && f.kind != Kind::kRepeated && !f.def.empty()) s += " (default: " + f.def + ")";
+    if (f.kind != Kind::kBool && f.kind != Kind::kRepeated && !f.def.empty())
+      s += " (default: " + f.def + ")";
     if (f.kind == Kind::kRepeated) s += " (repeatable)";
     s += "\n";
   }

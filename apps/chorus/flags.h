@@ -14,7 +14,8 @@ namespace chorus::apps {
 
 class Flags {
  public:
-  Flags(std::string command, std::string summary) : command_(std::move(command)), summary_(std::move(summary)) {}
+  Flags(std::string command, std::string summary)
+      : command_(std::move(command)), summary_(std::move(summary)) {}
 
   // Declarations (before Parse). `def` is shown in --help and returned when the flag is absent.
   void String(const std::string& name, std::string def, std::string help);

@@ -210,8 +210,7 @@ int main(int argc, char** argv) {
   // LORA_ISA=avx2 (or scalar) caps the dispatch level, to measure the AVX2 tiles on an AVX-512
   // machine.
   if (const char* isa = std::getenv("LORA_ISA")) {
-    if (const auto level = chorus::kernels::ParseIsaLevel(isa))
-      chorus::kernels::SetMaxIsa(*level);
+    if (const auto level = chorus::kernels::ParseIsaLevel(isa)) chorus::kernels::SetMaxIsa(*level);
   }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();

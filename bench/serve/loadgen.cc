@@ -57,9 +57,9 @@ struct Planned {
 struct Outcome {
   int status = 0;  // HTTP status; 0 = connection failure
   std::string error;
-  double ttft_s = -1;      // send → first text chunk
-  double latency_s = -1;   // send → [DONE]
-  double tpot_s = -1;      // (last token − first token) / (tokens − 1)
+  double ttft_s = -1;     // send → first text chunk
+  double latency_s = -1;  // send → [DONE]
+  double tpot_s = -1;     // (last token − first token) / (tokens − 1)
   int64_t completion_tokens = 0;
   int64_t prompt_tokens = 0;
   // Seconds since the run's start: when the request was sent and ended, and when each chunk
@@ -114,12 +114,9 @@ Outcome RunOneUnstamped(const Url& url, const std::string& api_key, const std::s
   cli.set_connection_timeout(30, 0);
   cli.set_read_timeout(timeout_s, 0);
   cli.set_write_timeout(timeout_s, 0);
-  json body = {{"prompt", p.prompt},
-               {"max_tokens", p.output_tokens},
-               {"ignore_eos", true},
-               {"temperature", 0},
-               {"stream", true},
-               {"stream_options", {{"include_usage", true}}}};
+  json body = {{"prompt", p.prompt}, {"max_tokens", p.output_tokens},
+               {"ignore_eos", true}, {"temperature", 0},
+               {"stream", true},     {"stream_options", {{"include_usage", true}}}};
   if (!model.empty()) body["model"] = model;
   httplib::Request req;
   req.method = "POST";
@@ -176,12 +173,14 @@ Outcome RunOneUnstamped(const Url& url, const std::string& api_key, const std::s
   o.status = res->status;
   if (o.status != 200) {
     json j = json::parse(res->body, nullptr, false);
-    o.error = !j.is_discarded() && j.contains("error") ? j["error"].value("message", "") : res->body.substr(0, 200);
+    o.error = !j.is_discarded() && j.contains("error") ? j["error"].value("message", "")
+                                                       : res->body.substr(0, 200);
     return o;
   }
   if (got_first) o.ttft_s = std::chrono::duration<double>(t_first - t0).count();
   if (o.completion_tokens > 1 && got_first) {
-    o.tpot_s = std::chrono::duration<double>(t_last - t_first).count() / static_cast<double>(o.completion_tokens - 1);
+    o.tpot_s = std::chrono::duration<double>(t_last - t_first).count() /
+               static_cast<double>(o.completion_tokens - 1);
   }
   if (o.latency_s < 0 && o.error.empty()) o.error = "stream ended without [DONE]";
   return o;
@@ -459,13 +458,15 @@ std::string CsvEscape(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  chorus::apps::Flags f("chorus_bench_serve",
-                        "Open-loop load generator for `chorus serve` (streaming /v1/completions). Writes\n"
-                        "PREFIX.csv, PREFIX.json and PREFIX.png. Keep runs short on shared machines.");
+  chorus::apps::Flags f(
+      "chorus_bench_serve",
+      "Open-loop load generator for `chorus serve` (streaming /v1/completions). Writes\n"
+      "PREFIX.csv, PREFIX.json and PREFIX.png. Keep runs short on shared machines.");
   f.String("url", "http://127.0.0.1:8000", "server base URL (with or without /v1)");
   f.String("model", "", "model name to send (default: none, the server's model)");
   f.String("api-key", "", "bearer token");
-  f.String("workload", "slora", "workload shape (slora: uniform lengths, gamma arrivals; adapters not used yet)");
+  f.String("workload", "slora",
+           "workload shape (slora: uniform lengths, gamma arrivals; adapters not used yet)");
   f.Float("rate", 2.0, "mean arrival rate R (requests/s)");
   f.Float("cv", 1.0, "coefficient of variation of inter-arrival times (1 = Poisson)");
   f.Int("num-requests", 50, "requests to send");
@@ -513,16 +514,19 @@ int main(int argc, char** argv) {
   const int64_t in_lo = f.GetInt("input-min"), in_hi = f.GetInt("input-max");
   const int64_t out_lo = f.GetInt("output-min"), out_hi = f.GetInt("output-max");
   const int64_t id_lo = f.GetInt("token-id-min"), id_hi = f.GetInt("token-id-max");
-  if (!(rate > 0) || !(cv > 0) || n < 1 || n > 100000 || in_lo < 1 || in_hi <= in_lo || out_lo < 1 ||
-      out_hi <= out_lo || id_lo < 0 || id_hi <= id_lo) {
-    std::fprintf(stderr, "chorus_bench_serve: need rate > 0, cv > 0, 1 <= num-requests <= 100000, 1 <= min < max\n");
+  if (!(rate > 0) || !(cv > 0) || n < 1 || n > 100000 || in_lo < 1 || in_hi <= in_lo ||
+      out_lo < 1 || out_hi <= out_lo || id_lo < 0 || id_hi <= id_lo) {
+    std::fprintf(
+        stderr,
+        "chorus_bench_serve: need rate > 0, cv > 0, 1 <= num-requests <= 100000, 1 <= min < max\n");
     return 2;
   }
 
   // The plan: gamma inter-arrival times with mean 1/R and CV cv.
   std::mt19937_64 rng(static_cast<uint64_t>(f.GetInt("seed")));
   std::gamma_distribution<double> gap(1.0 / (cv * cv), cv * cv / rate);
-  std::uniform_int_distribution<int64_t> in_len(in_lo, in_hi - 1), out_len(out_lo, out_hi - 1), tok(id_lo, id_hi - 1);
+  std::uniform_int_distribution<int64_t> in_len(in_lo, in_hi - 1), out_len(out_lo, out_hi - 1),
+      tok(id_lo, id_hi - 1);
   std::vector<Planned> plan(static_cast<size_t>(n));
   double t = 0;
   for (auto& p : plan) {
@@ -593,24 +597,24 @@ int main(int argc, char** argv) {
         << plan[i].adapter << ',' << (plan[i].cold ? 1 : 0) << '\n';
   }
   csv.close();
-  json summary = {{"workload", "slora"},
-                  {"url", url.scheme_host_port},
-                  {"rate", rate},
-                  {"cv", cv},
-                  {"requests_sent", ok + errors},
-                  {"requests_ok", ok},
-                  {"errors", errors},
-                  {"duration_s", elapsed},
-                  {"throughput_req_s", static_cast<double>(ok) / elapsed},
-                  {"output_tokens_s", static_cast<double>(gen_tokens) / elapsed},
-                  {"total_tokens_s", static_cast<double>(gen_tokens + prompt_tokens) / elapsed},
-                  {"ttft_s", Stats(ttft)},
-                  {"tpot_s", Stats(tpot)},
-                  {"latency_s", Stats(latency)},
-                  {"steady_state",
-                   SteadyState(outcomes, sent, poller.samples(), f.GetInt("saturation"))},
-                  {"input_len", {in_lo, in_hi}},
-                  {"output_len", {out_lo, out_hi}}};
+  json summary = {
+      {"workload", "slora"},
+      {"url", url.scheme_host_port},
+      {"rate", rate},
+      {"cv", cv},
+      {"requests_sent", ok + errors},
+      {"requests_ok", ok},
+      {"errors", errors},
+      {"duration_s", elapsed},
+      {"throughput_req_s", static_cast<double>(ok) / elapsed},
+      {"output_tokens_s", static_cast<double>(gen_tokens) / elapsed},
+      {"total_tokens_s", static_cast<double>(gen_tokens + prompt_tokens) / elapsed},
+      {"ttft_s", Stats(ttft)},
+      {"tpot_s", Stats(tpot)},
+      {"latency_s", Stats(latency)},
+      {"steady_state", SteadyState(outcomes, sent, poller.samples(), f.GetInt("saturation"))},
+      {"input_len", {in_lo, in_hi}},
+      {"output_len", {out_lo, out_hi}}};
   if (n_adapters > 0)
     AddAdapterSummary(&summary, plan, outcomes, sent, static_cast<int>(n_adapters), alpha,
                       round_robin);
@@ -622,8 +626,7 @@ int main(int argc, char** argv) {
     std::vector<char> base_sent;
     const double base_elapsed = SendPlan(
         url, api_key, plan, max_duration, timeout_s, [&](size_t) { return model; }, Clock::now(),
-        &base_out,
-        &base_sent);
+        &base_out, &base_sent);
     int64_t base_ok = 0, base_tokens = 0;
     std::vector<double> base_ttft;
     for (size_t i = 0; i < plan.size(); ++i) {
@@ -650,19 +653,24 @@ int main(int argc, char** argv) {
      << "set output '" << prefix << ".png'\n"
      << "set datafile separator ','\n"
      << "set key autotitle columnhead\n"
-     << "set multiplot layout 2,1 title 'chorus serve: slora, R=" << rate << " req/s, cv=" << cv << "'\n"
+     << "set multiplot layout 2,1 title 'chorus serve: slora, R=" << rate << " req/s, cv=" << cv
+     << "'\n"
      << "set xlabel 'arrival time (s)'\nset ylabel 'seconds'\nset grid\n"
-     << "plot '" << prefix << ".csv' using 2:($5==200?$6:1/0) with points pt 7 ps 0.6 title 'TTFT', "
+     << "plot '" << prefix
+     << ".csv' using 2:($5==200?$6:1/0) with points pt 7 ps 0.6 title 'TTFT', "
      << "'' using 2:($5==200?$8:1/0) with points pt 6 ps 0.6 title 'latency'\n"
      << "set ylabel 'ms per output token'\n"
-     << "plot '" << prefix << ".csv' using 2:($5==200?$7*1000:1/0) with points pt 7 ps 0.6 title 'time per output token'\n"
+     << "plot '" << prefix
+     << ".csv' using 2:($5==200?$7*1000:1/0) with points pt 7 ps 0.6 title 'time per output "
+        "token'\n"
      << "unset multiplot\n";
   gp.close();
   if (std::system("command -v gnuplot >/dev/null 2>&1") == 0) {
     const std::string cmd = "gnuplot '" + prefix + ".gp'";
     if (std::system(cmd.c_str()) != 0) std::fprintf(stderr, "chorus_bench_serve: gnuplot failed\n");
   } else {
-    std::fprintf(stderr, "chorus_bench_serve: gnuplot not installed; wrote %s.gp only\n", prefix.c_str());
+    std::fprintf(stderr, "chorus_bench_serve: gnuplot not installed; wrote %s.gp only\n",
+                 prefix.c_str());
   }
   return errors == 0 ? 0 : 1;
 }

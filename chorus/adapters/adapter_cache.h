@@ -1,9 +1,9 @@
-// AdapterCache: the host tier of adapter residency (docs/architecture.md, "Memory tiers"): decoded adapters in compute
-// layout, LRU-bounded by bytes (`--host-cache-size`). A miss loads the adapter from disk on the
-// CALLING thread (an HTTP handler, the CLI) — never on the engine thread, so a load never stalls
-// a step; concurrent callers for the same adapter wait for one load. An entry handed out stays
-// alive while anyone holds it (running sequences pin it); eviction only drops the cache's own
-// reference, and only of entries nobody else holds.
+// AdapterCache: the host tier of adapter residency (docs/architecture.md, "Memory tiers"): decoded
+// adapters in compute layout, LRU-bounded by bytes (`--host-cache-size`). A miss loads the adapter
+// from disk on the CALLING thread (an HTTP handler, the CLI) — never on the engine thread, so a
+// load never stalls a step; concurrent callers for the same adapter wait for one load. An entry
+// handed out stays alive while anyone holds it (running sequences pin it); eviction only drops the
+// cache's own reference, and only of entries nobody else holds.
 //
 // The cache key includes the registry's content hash and version, so a replaced adapter never
 // shares cached weights with its predecessor. Loaded copies carry AdapterKey::ContentId() as

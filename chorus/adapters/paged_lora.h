@@ -1,9 +1,9 @@
-// PagedLora: the pool tier of an adapter (docs/architecture.md, "Memory tiers", S-LoRA §4 unified paging). The rows of an
-// adapter's A and Bᵀ (LoraView's flat row order) are packed into pages of the same PagePool that
-// holds KV blocks (PageKind::kAdapter), so adapters and KV trade space dynamically. Each row is
-// 64-byte aligned and never straddles a page; many rows share a page. The segment kernels read
-// the rows through the row tables, so a PagedLora and its host copy are interchangeable (same
-// f32 values, same op order: bitwise the same step output).
+// PagedLora: the pool tier of an adapter (docs/architecture.md, "Memory tiers", S-LoRA §4 unified
+// paging). The rows of an adapter's A and Bᵀ (LoraView's flat row order) are packed into pages of
+// the same PagePool that holds KV blocks (PageKind::kAdapter), so adapters and KV trade space
+// dynamically. Each row is 64-byte aligned and never straddles a page; many rows share a page. The
+// segment kernels read the rows through the row tables, so a PagedLora and its host copy are
+// interchangeable (same f32 values, same op order: bitwise the same step output).
 //
 // Life cycle (engine/adapter_residency.h): the engine thread allocates the pages and calls
 // Create(); a loader thread runs CopyIn(); the engine marks the copy resident when told (and

@@ -81,12 +81,12 @@ TEST(OwnedRangesTest, OwnerTakesItsRangeInOrder) {
 TEST(OwnedRangesTest, StealsBackHalfOfLargestRange) {
   OwnedRanges r(12, 2);  // [0, 6) and [6, 12)
   for (int k = 0; k < 6; ++k) EXPECT_EQ(r.Next(1), 6 + k);
-  EXPECT_EQ(r.Next(0), 0);    // thread 0 has [1, 6) left
-  EXPECT_EQ(r.Next(1), 3);    // thread 1 steals [3, 6)
+  EXPECT_EQ(r.Next(0), 0);  // thread 0 has [1, 6) left
+  EXPECT_EQ(r.Next(1), 3);  // thread 1 steals [3, 6)
   EXPECT_EQ(r.Next(1), 4);
   EXPECT_EQ(r.Next(0), 1);
   EXPECT_EQ(r.Next(0), 2);
-  EXPECT_EQ(r.Next(0), 5);    // thread 0 steals the last unit back
+  EXPECT_EQ(r.Next(0), 5);  // thread 0 steals the last unit back
   EXPECT_TRUE(r.Empty());
   EXPECT_EQ(r.Next(0), -1);
   EXPECT_EQ(r.Next(1), -1);

@@ -29,9 +29,9 @@ struct Voidify {
 
 }  // namespace chorus::internal
 
-#define CHORUS_CHECK(cond)                  \
-  (cond) ? (void)0                          \
-         : ::chorus::internal::Voidify() &  \
+#define CHORUS_CHECK(cond)                 \
+  (cond) ? (void)0                         \
+         : ::chorus::internal::Voidify() & \
                ::chorus::internal::CheckFailure(__FILE__, __LINE__, #cond)
 
 #define CHORUS_CHECK_EQ(a, b) CHORUS_CHECK((a) == (b)) << " (" << (a) << " vs " << (b) << ") "

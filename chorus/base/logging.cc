@@ -14,10 +14,14 @@ namespace {
 std::atomic<int> g_min_level{static_cast<int>(LogLevel::kInfo)};
 const char* LevelLetter(LogLevel l) {
   switch (l) {
-    case LogLevel::kDebug: return "D";
-    case LogLevel::kInfo: return "I";
-    case LogLevel::kWarning: return "W";
-    case LogLevel::kError: return "E";
+    case LogLevel::kDebug:
+      return "D";
+    case LogLevel::kInfo:
+      return "I";
+    case LogLevel::kWarning:
+      return "W";
+    case LogLevel::kError:
+      return "E";
   }
   return "?";
 }

@@ -36,7 +36,7 @@ class LogLine {
 #define CHORUS_LOG_LEVEL_INFO ::chorus::LogLevel::kInfo
 #define CHORUS_LOG_LEVEL_WARNING ::chorus::LogLevel::kWarning
 #define CHORUS_LOG_LEVEL_ERROR ::chorus::LogLevel::kError
-#define CHORUS_LOG(level)                                         \
-  if (CHORUS_LOG_LEVEL_##level < ::chorus::MinLogLevel()) {       \
-  } else                                                          \
+#define CHORUS_LOG(level)                                   \
+  if (CHORUS_LOG_LEVEL_##level < ::chorus::MinLogLevel()) { \
+  } else                                                    \
     ::chorus::internal::LogLine(CHORUS_LOG_LEVEL_##level, __FILE__, __LINE__)

@@ -11,8 +11,8 @@
 // GB/s (q4_0 decode at batch 1, TinyLlama shape, 2 threads): ~36 GB/s of weights with a shared
 // counter, ~45 GB/s with contiguous ranges.
 //
-// Which thread computes a unit must not change its value (batch invariance, docs/architecture.md, "Kernels and batch invariance"): callers
-// compute each unit independently of the others.
+// Which thread computes a unit must not change its value (batch invariance, docs/architecture.md,
+// "Kernels and batch invariance"): callers compute each unit independently of the others.
 //
 // Thread-safety: Next(i) may be called concurrently for distinct i; each thread index must be
 // used by one thread at a time.

@@ -10,21 +10,36 @@ namespace chorus {
 
 std::string_view StatusCodeName(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "OK";
-    case StatusCode::kCancelled: return "CANCELLED";
-    case StatusCode::kInvalidArgument: return "INVALID_ARGUMENT";
-    case StatusCode::kNotFound: return "NOT_FOUND";
-    case StatusCode::kAlreadyExists: return "ALREADY_EXISTS";
-    case StatusCode::kPermissionDenied: return "PERMISSION_DENIED";
-    case StatusCode::kResourceExhausted: return "RESOURCE_EXHAUSTED";
-    case StatusCode::kFailedPrecondition: return "FAILED_PRECONDITION";
-    case StatusCode::kOutOfRange: return "OUT_OF_RANGE";
-    case StatusCode::kUnimplemented: return "UNIMPLEMENTED";
-    case StatusCode::kInternal: return "INTERNAL";
-    case StatusCode::kUnavailable: return "UNAVAILABLE";
-    case StatusCode::kDataLoss: return "DATA_LOSS";
-    case StatusCode::kDeadlineExceeded: return "DEADLINE_EXCEEDED";
-    case StatusCode::kUnauthenticated: return "UNAUTHENTICATED";
+    case StatusCode::kOk:
+      return "OK";
+    case StatusCode::kCancelled:
+      return "CANCELLED";
+    case StatusCode::kInvalidArgument:
+      return "INVALID_ARGUMENT";
+    case StatusCode::kNotFound:
+      return "NOT_FOUND";
+    case StatusCode::kAlreadyExists:
+      return "ALREADY_EXISTS";
+    case StatusCode::kPermissionDenied:
+      return "PERMISSION_DENIED";
+    case StatusCode::kResourceExhausted:
+      return "RESOURCE_EXHAUSTED";
+    case StatusCode::kFailedPrecondition:
+      return "FAILED_PRECONDITION";
+    case StatusCode::kOutOfRange:
+      return "OUT_OF_RANGE";
+    case StatusCode::kUnimplemented:
+      return "UNIMPLEMENTED";
+    case StatusCode::kInternal:
+      return "INTERNAL";
+    case StatusCode::kUnavailable:
+      return "UNAVAILABLE";
+    case StatusCode::kDataLoss:
+      return "DATA_LOSS";
+    case StatusCode::kDeadlineExceeded:
+      return "DEADLINE_EXCEEDED";
+    case StatusCode::kUnauthenticated:
+      return "UNAUTHENTICATED";
   }
   return "UNKNOWN";
 }
@@ -73,10 +88,14 @@ Status ErrnoError(int err, std::string_view what) {
   m += ": ";
   m += std::strerror(err);
   StatusCode code = StatusCode::kInternal;
-  if (err == ENOENT || err == ENOTDIR) code = StatusCode::kNotFound;
-  else if (err == EACCES || err == EPERM) code = StatusCode::kPermissionDenied;
-  else if (err == EISDIR || err == EINVAL || err == ENAMETOOLONG) code = StatusCode::kInvalidArgument;
-  else if (err == ENOMEM || err == ENOSPC) code = StatusCode::kResourceExhausted;
+  if (err == ENOENT || err == ENOTDIR)
+    code = StatusCode::kNotFound;
+  else if (err == EACCES || err == EPERM)
+    code = StatusCode::kPermissionDenied;
+  else if (err == EISDIR || err == EINVAL || err == ENAMETOOLONG)
+    code = StatusCode::kInvalidArgument;
+  else if (err == ENOMEM || err == ENOSPC)
+    code = StatusCode::kResourceExhausted;
   return Status(code, std::move(m));
 }
 

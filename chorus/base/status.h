@@ -16,17 +16,17 @@ namespace chorus {
 enum class StatusCode : uint8_t {
   kOk = 0,
   kCancelled,
-  kInvalidArgument,    // bad user input: malformed file, request or flag
-  kNotFound,           // a file, model, adapter or tensor that does not exist
+  kInvalidArgument,  // bad user input: malformed file, request or flag
+  kNotFound,         // a file, model, adapter or tensor that does not exist
   kAlreadyExists,
   kPermissionDenied,
   kResourceExhausted,  // out of pool pages, queue full, size limit
   kFailedPrecondition,
-  kOutOfRange,         // an offset or index outside its container
-  kUnimplemented,      // a valid input Chorus does not support (yet)
-  kInternal,           // a bug in Chorus
-  kUnavailable,        // try again later (overload, draining)
-  kDataLoss,           // truncated or corrupted file
+  kOutOfRange,     // an offset or index outside its container
+  kUnimplemented,  // a valid input Chorus does not support (yet)
+  kInternal,       // a bug in Chorus
+  kUnavailable,    // try again later (overload, draining)
+  kDataLoss,       // truncated or corrupted file
   kDeadlineExceeded,
   kUnauthenticated,
 };
@@ -78,7 +78,7 @@ Status ErrnoError(int err, std::string_view what);
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : v_(std::move(value)) {}        // NOLINT: implicit by design
   Result(Status status) : v_(std::move(status)) {  // NOLINT: implicit by design
     CHORUS_CHECK(!std::get<Status>(v_).ok()) << "Result constructed from an OK Status";
   }

@@ -1,4 +1,5 @@
-// AdapterResidency: the adapter tiers below the registry, owned by the engine (docs/architecture.md, "Memory tiers"):
+// AdapterResidency: the adapter tiers below the registry, owned by the engine
+// (docs/architecture.md, "Memory tiers"):
 //
 //   disk ──(loader thread: LoadFromDisk → AdapterCache)──▶ host copy (LoraAdapter, f32)
 //        ──(engine allocates kAdapter pages; loader thread copies rows)──▶ pool copy (PagedLora)
@@ -33,7 +34,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <utility>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -43,6 +43,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "chorus/adapters/adapter_cache.h"
@@ -139,7 +140,7 @@ class AdapterResidency {
   // Shared with loader threads.
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Job> jobs_;             // guarded by mu_
+  std::deque<Job> jobs_;  // guarded by mu_
   // Guarded by mu_: keys of finished pool copies and when each finished (its load latency ends
   // there, not at the engine's next step).
   std::vector<std::pair<std::string, std::chrono::steady_clock::time_point>> copied_;

@@ -263,9 +263,10 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
   rep.shape = opts.shape;
   rep.threads = opts.threads;
   rep.isa = kernels::IsaName(kernels::ActiveIsa());
-  progress("measuring memory read bandwidth (" + std::to_string(opts.bandwidth_bytes >> 20) + " MiB, " +
-           std::to_string(opts.threads) + " threads)");
-  rep.bandwidth_gbs = MeasureReadBandwidth(opts.threads, opts.bandwidth_bytes, opts.repeats, &rep.bandwidth_runs);
+  progress("measuring memory read bandwidth (" + std::to_string(opts.bandwidth_bytes >> 20) +
+           " MiB, " + std::to_string(opts.threads) + " threads)");
+  rep.bandwidth_gbs =
+      MeasureReadBandwidth(opts.threads, opts.bandwidth_bytes, opts.repeats, &rep.bandwidth_runs);
   if (opts.workload == "punica") return RunPunicaWorkload(opts, progress, std::move(rep));
   if (opts.workload != "default")
     return InvalidArgumentError("unknown workload '" + opts.workload + "' (default, punica)");
@@ -289,7 +290,10 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
     const int64_t max_batch_rows = std::max<int64_t>(max_batch, 1);
     model::Forward fwd(mdl, max_batch_rows, max_batch_rows);
     model::StepBuilder builder(max_batch_rows, max_batch_rows);
-    memory::KvLayout layout{.n_layers = c.n_layers, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim, .block_size = 16};
+    memory::KvLayout layout{.n_layers = c.n_layers,
+                            .n_kv_heads = c.n_kv_heads,
+                            .head_dim = c.head_dim,
+                            .block_size = 16};
     const int64_t max_seqs = *std::max_element(opts.batches.begin(), opts.batches.end());
     const int64_t ctx_tokens = std::max(opts.prefill_tokens, opts.context + opts.decode_steps) + 16;
     const int64_t blocks_per_seq = (ctx_tokens + 15) / 16;
@@ -297,7 +301,9 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
     memory::KvCache kv(layout, &pool_pages);
     std::vector<float> logits(static_cast<size_t>(max_batch_rows * c.vocab_size));
     Rng rng(7);
-    auto random_token = [&] { return static_cast<int32_t>(rng.NextU64() % static_cast<uint64_t>(c.vocab_size)); };
+    auto random_token = [&] {
+      return static_cast<int32_t>(rng.NextU64() % static_cast<uint64_t>(c.vocab_size));
+    };
 
     // Prefill: one sequence, the whole prompt in one step (chunk = prompt length).
     {
@@ -316,7 +322,8 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
       }
       kv.Release(&table);
       EngineBenchRow row{dname, "prefill", opts.prefill_tokens, Median(runs), runs, 0, 0};
-      progress(dname + " prefill " + std::to_string(opts.prefill_tokens) + ": " + std::to_string(row.tokens_per_s) + " tok/s");
+      progress(dname + " prefill " + std::to_string(opts.prefill_tokens) + ": " +
+               std::to_string(row.tokens_per_s) + " tok/s");
       rep.rows.push_back(row);
     }
 
@@ -344,59 +351,68 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
       std::vector<double> pass_runs[2];
       std::vector<double> probe_runs;  // batch 1: the read bandwidth around each base run
       for (int r = 0; r < opts.repeats; ++r)
-      for (int pass = 0; pass < n_passes; ++pass) {
-        const bool with_lora = pass == 1;
-        std::vector<std::vector<int32_t>> tables(static_cast<size_t>(b));
-        std::vector<const int32_t*> tps(static_cast<size_t>(b));
-        for (int64_t s = 0; s < b; ++s) {
-          CHORUS_RETURN_IF_ERROR(kv.Reserve(&tables[static_cast<size_t>(s)], opts.context + opts.decode_steps));
-          tps[static_cast<size_t>(s)] = tables[static_cast<size_t>(s)].data();
-        }
-        // Fill the context of every sequence with one prefill step each (untimed).
-        for (int64_t s = 0; s < b; ++s) {
-          std::vector<int32_t> toks(static_cast<size_t>(opts.context));
-          for (int32_t& t : toks) t = random_token();
-          builder.Clear();
-          builder.AddSequence(toks, 0, tps[static_cast<size_t>(s)], /*want_logits=*/false);
-          fwd.Run(builder.Input(), &kv, &pool, logits.data());
-        }
-        std::vector<int32_t> toks(static_cast<size_t>(b));
-        for (int32_t& t : toks) t = random_token();
-        if (with_lora) {
-          std::vector<const adapters::LoraAdapter*> rows(static_cast<size_t>(b));
-          for (int64_t s = 0; s < b; ++s) rows[static_cast<size_t>(s)] = loras[static_cast<size_t>(s) % loras.size()].get();
-          CHORUS_RETURN_IF_ERROR(hook.SetRows(rows));
-        }
-        // The roofline of batch 1 is taken against the bandwidth measured right before and right
-        // after each of its runs: on a shared host the bandwidth drifts by tens of percent within
-        // one invocation (it switches between ~30 and ~55 GB/s within seconds here), and a probe
-        // from minutes earlier, or from one side of a switch only, would score that drift, not
-        // the kernels.
-        const bool probed = b == 1 && !with_lora && probe != nullptr;
-        const double probe_before = probed ? probe->Once() : 0;
-        auto t0 = Clock::now();
-        for (int64_t step = 0; step < opts.decode_steps; ++step) {
-          builder.Clear();
-          for (size_t s = 0; s < toks.size(); ++s) {
-            builder.AddSequence(std::span<const int32_t>(&toks[s], 1), opts.context + step, tps[s],
-                                /*want_logits=*/true);
-          }
-          fwd.Run(builder.Input(with_lora ? &hook : nullptr), &kv, &pool, logits.data());
-          // Greedy next tokens so the work is that of real decoding (argmax over the vocab).
+        for (int pass = 0; pass < n_passes; ++pass) {
+          const bool with_lora = pass == 1;
+          std::vector<std::vector<int32_t>> tables(static_cast<size_t>(b));
+          std::vector<const int32_t*> tps(static_cast<size_t>(b));
           for (int64_t s = 0; s < b; ++s) {
-            const float* lg = logits.data() + s * c.vocab_size;
-            toks[static_cast<size_t>(s)] = static_cast<int32_t>(std::max_element(lg, lg + c.vocab_size) - lg);
+            CHORUS_RETURN_IF_ERROR(
+                kv.Reserve(&tables[static_cast<size_t>(s)], opts.context + opts.decode_steps));
+            tps[static_cast<size_t>(s)] = tables[static_cast<size_t>(s)].data();
           }
+          // Fill the context of every sequence with one prefill step each (untimed).
+          for (int64_t s = 0; s < b; ++s) {
+            std::vector<int32_t> toks(static_cast<size_t>(opts.context));
+            for (int32_t& t : toks) t = random_token();
+            builder.Clear();
+            builder.AddSequence(toks, 0, tps[static_cast<size_t>(s)], /*want_logits=*/false);
+            fwd.Run(builder.Input(), &kv, &pool, logits.data());
+          }
+          std::vector<int32_t> toks(static_cast<size_t>(b));
+          for (int32_t& t : toks) t = random_token();
+          if (with_lora) {
+            std::vector<const adapters::LoraAdapter*> rows(static_cast<size_t>(b));
+            for (int64_t s = 0; s < b; ++s)
+              rows[static_cast<size_t>(s)] = loras[static_cast<size_t>(s) % loras.size()].get();
+            CHORUS_RETURN_IF_ERROR(hook.SetRows(rows));
+          }
+          // The roofline of batch 1 is taken against the bandwidth measured right before and right
+          // after each of its runs: on a shared host the bandwidth drifts by tens of percent within
+          // one invocation (it switches between ~30 and ~55 GB/s within seconds here), and a probe
+          // from minutes earlier, or from one side of a switch only, would score that drift, not
+          // the kernels.
+          const bool probed = b == 1 && !with_lora && probe != nullptr;
+          const double probe_before = probed ? probe->Once() : 0;
+          auto t0 = Clock::now();
+          for (int64_t step = 0; step < opts.decode_steps; ++step) {
+            builder.Clear();
+            for (size_t s = 0; s < toks.size(); ++s) {
+              builder.AddSequence(std::span<const int32_t>(&toks[s], 1), opts.context + step,
+                                  tps[s],
+                                  /*want_logits=*/true);
+            }
+            fwd.Run(builder.Input(with_lora ? &hook : nullptr), &kv, &pool, logits.data());
+            // Greedy next tokens so the work is that of real decoding (argmax over the vocab).
+            for (int64_t s = 0; s < b; ++s) {
+              const float* lg = logits.data() + s * c.vocab_size;
+              toks[static_cast<size_t>(s)] =
+                  static_cast<int32_t>(std::max_element(lg, lg + c.vocab_size) - lg);
+            }
+          }
+          double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+          pass_runs[pass].push_back(static_cast<double>(b * opts.decode_steps) / secs);
+          if (probed) probe_runs.push_back((probe_before + probe->Once()) / 2);
+          for (auto& t : tables) kv.Release(&t);
         }
-        double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-        pass_runs[pass].push_back(static_cast<double>(b * opts.decode_steps) / secs);
-        if (probed) probe_runs.push_back((probe_before + probe->Once()) / 2);
-        for (auto& t : tables) kv.Release(&t);
-      }
       for (int pass = 0; pass < n_passes; ++pass) {
         const bool with_lora = pass == 1;
         const std::vector<double>& runs = pass_runs[pass];
-        EngineBenchRow row{dname, with_lora ? "decode-lora" : "decode", b, Median(runs), runs, 0,
+        EngineBenchRow row{dname,
+                           with_lora ? "decode-lora" : "decode",
+                           b,
+                           Median(runs),
+                           runs,
+                           0,
                            static_cast<double>(mdl->StreamedBytesPerToken())};
         if (b == 1 && !with_lora && !probe_runs.empty()) {
           row.roofline_bandwidth_gbs = Median(probe_runs);
@@ -406,7 +422,8 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
             fractions.push_back(runs[i] * row.weight_bytes_per_token / (probe_runs[i] * 1e9));
           row.roofline_fraction = Median(fractions);
         }
-        progress(dname + " " + row.metric + " batch " + std::to_string(b) + ": " + std::to_string(row.tokens_per_s) + " tok/s");
+        progress(dname + " " + row.metric + " batch " + std::to_string(b) + ": " +
+                 std::to_string(row.tokens_per_s) + " tok/s");
         rep.rows.push_back(row);
       }
     }
@@ -419,11 +436,12 @@ std::string EngineBenchReport::ToCsv() const {
   s << "shape,threads,isa,dtype,metric,batch,tokens_per_s,roofline_fraction,bandwidth_gbs,runs,"
        "adapters\n";
   for (const auto& r : rows) {
-    s << shape << "," << threads << "," << isa << "," << r.dtype << "," << r.metric << "," << r.batch << ","
-      << std::fixed << std::setprecision(2) << r.tokens_per_s << "," << std::setprecision(3) << r.roofline_fraction
-      << "," << std::setprecision(2)
+    s << shape << "," << threads << "," << isa << "," << r.dtype << "," << r.metric << ","
+      << r.batch << "," << std::fixed << std::setprecision(2) << r.tokens_per_s << ","
+      << std::setprecision(3) << r.roofline_fraction << "," << std::setprecision(2)
       << (r.roofline_bandwidth_gbs > 0 ? r.roofline_bandwidth_gbs : bandwidth_gbs) << ",";
-    for (size_t i = 0; i < r.runs.size(); ++i) s << (i ? ";" : "") << std::setprecision(2) << r.runs[i];
+    for (size_t i = 0; i < r.runs.size(); ++i)
+      s << (i ? ";" : "") << std::setprecision(2) << r.runs[i];
     s << "," << r.adapters << "\n";
   }
   return s.str();
@@ -455,12 +473,12 @@ std::string EngineBenchReport::ToJson() const {
 std::string EngineBenchReport::ToTable() const {
   std::ostringstream s;
   s << std::fixed << std::setprecision(1);
-  s << "shape " << shape << ", " << threads << " threads, isa " << isa << ", read bandwidth " << bandwidth_gbs
-    << " GB/s (median)\n";
+  s << "shape " << shape << ", " << threads << " threads, isa " << isa << ", read bandwidth "
+    << bandwidth_gbs << " GB/s (median)\n";
   s << "dtype  metric       batch   tok/s    roofline\n";
   for (const auto& r : rows) {
-    s << std::left << std::setw(7) << r.dtype << std::setw(13) << r.metric << std::setw(8) << r.batch << std::setw(9)
-      << r.tokens_per_s;
+    s << std::left << std::setw(7) << r.dtype << std::setw(13) << r.metric << std::setw(8)
+      << r.batch << std::setw(9) << r.tokens_per_s;
     if (r.metric == "decode" && r.batch == 1 && r.roofline_bandwidth_gbs > 0) {
       s << std::setprecision(1) << 100.0 * r.roofline_fraction << " % (of "
         << r.roofline_bandwidth_gbs << " GB/s, probed around each run)";
@@ -478,8 +496,10 @@ std::string EngineBenchReport::ToTable() const {
     }
     if (r.metric == "decode-lora") {
       for (const auto& base : rows) {
-        if (base.dtype == r.dtype && base.metric == "decode" && base.batch == r.batch && base.tokens_per_s > 0) {
-          s << std::setprecision(1) << 100.0 * r.tokens_per_s / base.tokens_per_s << " % of base-only";
+        if (base.dtype == r.dtype && base.metric == "decode" && base.batch == r.batch &&
+            base.tokens_per_s > 0) {
+          s << std::setprecision(1) << 100.0 * r.tokens_per_s / base.tokens_per_s
+            << " % of base-only";
         }
       }
     }

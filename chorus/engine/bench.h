@@ -25,9 +25,9 @@ struct EngineBenchOptions {
   int threads = 2;
   int64_t prefill_tokens = 512;
   std::vector<int64_t> batches = {1, 8, 32};
-  int64_t decode_steps = 32;   // timed decode steps per batch size
-  int64_t context = 128;       // tokens already in each sequence's KV when decode is timed
-  int repeats = 3;             // each figure is the median of this many runs
+  int64_t decode_steps = 32;  // timed decode steps per batch size
+  int64_t context = 128;      // tokens already in each sequence's KV when decode is timed
+  int repeats = 3;            // each figure is the median of this many runs
   int64_t bandwidth_bytes = int64_t{1} << 30;
   // Mixed-adapter decode: when > 0, every decode batch is run a second time with each
   // row using a different LoRA adapter (row i → adapter i mod n_adapters; ranks round-robin
@@ -49,11 +49,11 @@ struct EngineBenchOptions {
 
 struct EngineBenchRow {
   std::string dtype;
-  std::string metric;    // "prefill", "decode", "decode-lora"; punica: "base", "identical", ...
-  int64_t batch = 1;     // rows per step (decode) or 1 (prefill)
-  double tokens_per_s = 0;                // median
-  std::vector<double> runs;               // every run, tokens/s
-  double roofline_fraction = 0;           // decode batch 1: median of the runs' fractions
+  std::string metric;        // "prefill", "decode", "decode-lora"; punica: "base", "identical", ...
+  int64_t batch = 1;         // rows per step (decode) or 1 (prefill)
+  double tokens_per_s = 0;   // median
+  std::vector<double> runs;  // every run, tokens/s
+  double roofline_fraction = 0;  // decode batch 1: median of the runs' fractions
   double weight_bytes_per_token = 0;
   int64_t adapters = 0;  // distinct adapters in the batch (punica workload)
   // Decode batch 1: each run's roofline bandwidth is the mean of the probe passes run right
@@ -72,7 +72,7 @@ struct EngineBenchReport {
   std::string shape;
   int threads = 0;
   std::string isa;
-  double bandwidth_gbs = 0;               // median read bandwidth (GB/s = 1e9 B/s)
+  double bandwidth_gbs = 0;  // median read bandwidth (GB/s = 1e9 B/s)
   std::vector<double> bandwidth_runs;
   std::vector<EngineBenchRow> rows;
   std::string ToCsv() const;

@@ -576,13 +576,13 @@ void Engine::Impl::Step() {
   step->Clear();
   uint64_t prompt_rows = 0;
   for (const Planned& pl : plan) {
-    step->AddSequence(std::span<const int32_t>(pl.seq->tokens).subspan(
-                          static_cast<size_t>(pl.start), static_cast<size_t>(pl.count)),
+    step->AddSequence(std::span<const int32_t>(pl.seq->tokens)
+                          .subspan(static_cast<size_t>(pl.start), static_cast<size_t>(pl.count)),
                       pl.start, pl.seq->table.data(), pl.wants_logits);
     const adapters::LoraView* view = pl.seq->lora ? residency->View(pl.seq->lora.get()) : nullptr;
     row_adapters.insert(row_adapters.end(), static_cast<size_t>(pl.count), view);
-    prompt_rows += static_cast<uint64_t>(
-        std::clamp<int64_t>(pl.seq->n_prompt - pl.start, 0, pl.count));
+    prompt_rows +=
+        static_cast<uint64_t>(std::clamp<int64_t>(pl.seq->n_prompt - pl.start, 0, pl.count));
     any_adapter |= pl.seq->lora != nullptr;
   }
   model::StepInput in = step->Input();
@@ -630,7 +630,8 @@ void Engine::Impl::PublishAdapterActivity() {
     for (const auto& s : seqs) {
       if (!s->req->adapter.empty()) out->push_back(&s->req->adapter);
     }
-    std::sort(out->begin(), out->end(), [](const std::string* a, const std::string* b) { return *a < *b; });
+    std::sort(out->begin(), out->end(),
+              [](const std::string* a, const std::string* b) { return *a < *b; });
     out->erase(std::unique(out->begin(), out->end(),
                            [](const std::string* a, const std::string* b) { return *a == *b; }),
                out->end());

@@ -1,8 +1,7 @@
 #include "chorus/engine/metrics.h"
 
-#include <chrono>
-
 #include <algorithm>
+#include <chrono>
 
 namespace chorus::engine {
 
@@ -10,7 +9,8 @@ Histogram::Histogram(std::vector<double> upper_bounds)
     : bounds_(std::move(upper_bounds)), counts_(bounds_.size() + 1, 0) {}
 
 void Histogram::Observe(double v) {
-  size_t i = static_cast<size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin());
+  size_t i =
+      static_cast<size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin());
   std::lock_guard<std::mutex> lock(mu_);
   ++counts_[i];
   sum_ += v;

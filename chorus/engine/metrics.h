@@ -108,9 +108,10 @@ struct EngineMetrics {
   std::atomic<uint64_t> generation_tokens_total{0};
   std::atomic<uint64_t> steps_total{0};
   Histogram ttft_seconds{{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}};
-  Histogram time_per_output_token_seconds{{0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2.5}};
+  Histogram time_per_output_token_seconds{
+      {0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2.5}};
   Histogram step_seconds{{0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2.5}};
-  AdapterMetrics adapters;  // per-adapter requests and TTFT
+  AdapterMetrics adapters;           // per-adapter requests and TTFT
   AdapterActivity adapter_activity;  // adapters of running / waiting requests
 
   // Unified pool and adapter residency (docs/adapters.md; engine/adapter_residency.h).

@@ -4,11 +4,16 @@ namespace chorus::engine {
 
 const char* FinishReasonName(FinishReason r) {
   switch (r) {
-    case FinishReason::kNone: return "";
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kCancelled: return "cancelled";
-    case FinishReason::kError: return "error";
+    case FinishReason::kNone:
+      return "";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kError:
+      return "error";
   }
   return "";
 }

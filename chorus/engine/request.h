@@ -25,14 +25,14 @@ enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
 const char* FinishReasonName(FinishReason r);  // "stop", "length", "cancelled", "error"
 
 struct GenerationRequest {
-  std::vector<int32_t> prompt;          // token ids, BOS included when wanted
+  std::vector<int32_t> prompt;  // token ids, BOS included when wanted
   SamplingParams sampling;
   int64_t max_tokens = 16;              // generated tokens per choice
   std::vector<std::string> stop;        // stop strings (not included in the output)
   std::vector<int32_t> stop_token_ids;  // extra end ids
   bool ignore_eos = false;
-  int n = 1;                            // choices; choice i samples with seed + i
-  std::string adapter;                  // variant name ("" = base), for logs and metrics
+  int n = 1;            // choices; choice i samples with seed + i
+  std::string adapter;  // variant name ("" = base), for logs and metrics
   // The adapter's weights (null = base model) when the caller already has them (a host-cache
   // hit, tests). Held (pinned) until every choice of the request has finished.
   std::shared_ptr<const adapters::LoraAdapter> lora;
@@ -40,17 +40,17 @@ struct GenerationRequest {
   // engine's loader threads and returns at once; the request waits in the queue (nothing else
   // does) and finishes with an error event if the load fails (engine/adapter_residency.h).
   std::optional<adapters::AdapterKey> adapter_key;
-  std::string id;                       // for logs
+  std::string id;  // for logs
 };
 
 struct StreamEvent {
-  int index = 0;                      // choice
-  int32_t token = -1;                 // the new token (-1 on a final event without one)
-  std::string text;                   // text completed by this event (may be empty)
-  float logprob = 0;                  // when sampling.logprobs is set
+  int index = 0;       // choice
+  int32_t token = -1;  // the new token (-1 on a final event without one)
+  std::string text;    // text completed by this event (may be empty)
+  float logprob = 0;   // when sampling.logprobs is set
   std::vector<TokenLogprob> top_logprobs;
-  FinishReason finish = FinishReason::kNone;  // set on the choice's last event
-  std::string error;                  // when finish == kError
+  FinishReason finish = FinishReason::kNone;      // set on the choice's last event
+  std::string error;                              // when finish == kError
   StatusCode error_code = StatusCode::kInternal;  // when finish == kError: what kind of failure
 };
 

@@ -86,8 +86,9 @@ Sampler::Seen& Sampler::Find(int32_t token) {
 
 void Sampler::UpdateHistory(std::span<const int32_t> prompt, std::span<const int32_t> generated) {
   const bool rewritten =
-      counted_ && (prompt.size() != prompt_counted_ || generated.size() < generated_counted_ ||
-                   (generated_counted_ > 0 && generated[generated_counted_ - 1] != last_generated_));
+      counted_ &&
+      (prompt.size() != prompt_counted_ || generated.size() < generated_counted_ ||
+       (generated_counted_ > 0 && generated[generated_counted_ - 1] != last_generated_));
   if (!counted_ || rewritten) {
     history_.clear();
     prompt_counted_ = generated_counted_ = 0;
@@ -114,7 +115,8 @@ void Sampler::ApplyPenalties(float* logits) const {
     float& l = logits[s.token];
     if (rp != 1.0f) l = l > 0.0f ? l / rp : l * rp;
     if (s.generated_count > 0) {
-      l -= params_.frequency_penalty * static_cast<float>(s.generated_count) + params_.presence_penalty;
+      l -= params_.frequency_penalty * static_cast<float>(s.generated_count) +
+           params_.presence_penalty;
     }
   }
 }

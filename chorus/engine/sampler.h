@@ -1,5 +1,6 @@
-// Per-request token sampling (docs/architecture.md, "One request"): penalties, temperature, min-p / top-k / top-p
-// truncation, a seeded draw, and optional logprobs — the parameters of vLLM and the OpenAI API.
+// Per-request token sampling (docs/architecture.md, "One request"): penalties, temperature, min-p /
+// top-k / top-p truncation, a seeded draw, and optional logprobs — the parameters of vLLM and the
+// OpenAI API.
 //
 // Pipeline for one step, on a scratch copy of the logits row [vocab]:
 //   1. sanitize: NaN → −inf, +inf → FLT_MAX (a broken row never crashes or hangs the sampler);
@@ -49,7 +50,7 @@ enum class LogprobsMode {
 inline constexpr float kMaxTemperature = 100.0f;    // higher is uniform noise for any model
 inline constexpr float kGreedyTemperature = 1e-5f;  // below this, temperature means greedy (vLLM)
 inline constexpr float kMaxRepetitionPenalty = 10.0f;
-inline constexpr int32_t kMaxLogprobs = 20;          // OpenAI top_logprobs / vLLM max_logprobs
+inline constexpr int32_t kMaxLogprobs = 20;  // OpenAI top_logprobs / vLLM max_logprobs
 
 // Per-request sampling parameters. Defaults are vLLM's / OpenAI's: plain sampling at T = 1.
 struct SamplingParams {
@@ -108,9 +109,9 @@ class SamplerScratch {
 
  private:
   friend class Sampler;
-  std::vector<float> logits_;  // [vocab] processed logits
-  std::vector<float> probs_;   // [vocab] probabilities, zeroed where truncated
-  std::vector<int32_t> order_; // [vocab] token ids, partially sorted
+  std::vector<float> logits_;   // [vocab] processed logits
+  std::vector<float> probs_;    // [vocab] probabilities, zeroed where truncated
+  std::vector<int32_t> order_;  // [vocab] token ids, partially sorted
 };
 
 class Sampler {

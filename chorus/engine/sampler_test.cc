@@ -272,7 +272,8 @@ int32_t NaiveDraw(const std::vector<float>& logits, const SamplingParams& p, dou
       return prob[a] > prob[b] || (prob[a] == prob[b] && a < b);
     });
   }
-  if (p.top_k > 0 && static_cast<size_t>(p.top_k) < order.size()) order.resize(static_cast<size_t>(p.top_k));
+  if (p.top_k > 0 && static_cast<size_t>(p.top_k) < order.size())
+    order.resize(static_cast<size_t>(p.top_k));
   double total = 0;
   for (int32_t t : order) total += prob[t];
   if (p.top_p < 1.0f) {
@@ -482,12 +483,14 @@ TEST(SamplerTest, BrokenLogitsNeverCrashOrPickNaN) {
   SampleResult r;
   const float nan = std::nanf("");
   for (int i = 0; i < 50; ++i) {
-    const int32_t t = s.Sample(std::vector<float>{nan, 1.0f, nan, 1.2f, -kInf}, {}, {}, &scratch, &r);
+    const int32_t t =
+        s.Sample(std::vector<float>{nan, 1.0f, nan, 1.2f, -kInf}, {}, {}, &scratch, &r);
     EXPECT_TRUE(t == 1 || t == 3) << t;
     EXPECT_TRUE(std::isfinite(r.logprob));
   }
   EXPECT_EQ(s.Sample(std::vector<float>{nan, nan, -kInf, nan, -kInf}, {}, {}, &scratch, &r), 0);
-  const int32_t t = s.Sample(std::vector<float>{kInf, 0.0f, kInf, 1.0f, 0.0f}, {}, {}, &scratch, &r);
+  const int32_t t =
+      s.Sample(std::vector<float>{kInf, 0.0f, kInf, 1.0f, 0.0f}, {}, {}, &scratch, &r);
   EXPECT_TRUE(t == 0 || t == 2) << t;
 }
 

@@ -30,7 +30,8 @@ StopChecker::Output StopChecker::Push(std::string_view text) {
   size_t keep = std::min(held_.size(), max_stop_ - 1);
   size_t cut = held_.size() - keep;
   // Never split a UTF-8 character: move the cut back over continuation bytes.
-  while (cut > 0 && cut < held_.size() && (static_cast<unsigned char>(held_[cut]) & 0xC0) == 0x80) --cut;
+  while (cut > 0 && cut < held_.size() && (static_cast<unsigned char>(held_[cut]) & 0xC0) == 0x80)
+    --cut;
   out.text = held_.substr(0, cut);
   held_.erase(0, cut);
   return out;

@@ -30,8 +30,8 @@ double Touch(const Tensor& t) {
 }  // namespace
 
 bool FuzzGgufInput(const uint8_t* data, size_t size) {
-  auto file = GgufFile::FromBytes("fuzz.gguf",
-                                  std::string(reinterpret_cast<const char*>(data), size));
+  auto file =
+      GgufFile::FromBytes("fuzz.gguf", std::string(reinterpret_cast<const char*>(data), size));
   if (!file.ok()) {
     CHORUS_CHECK(!file.status().message().empty());
     return false;
@@ -85,8 +85,8 @@ bool FuzzGgufInput(const uint8_t* data, size_t size) {
 }
 
 bool FuzzSafetensorsInput(const uint8_t* data, size_t size) {
-  auto file = SafetensorsFile::FromBytes(
-      "fuzz.safetensors", std::string(reinterpret_cast<const char*>(data), size));
+  auto file = SafetensorsFile::FromBytes("fuzz.safetensors",
+                                         std::string(reinterpret_cast<const char*>(data), size));
   if (!file.ok()) {
     CHORUS_CHECK(!file.status().message().empty());
     return false;
@@ -170,12 +170,12 @@ std::vector<std::string> GgufFuzzSeeds() {
     w.Set("a_f64", GgufValue::FloatArray(GgufType::kFloat64, {1.0}));
     std::vector<float> v(64);
     for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i) / 8 - 4;
-    w.AddTensor("f32", Tensor::FromF32(std::vector<float>(v.begin(), v.begin() + 6), DType::kF32,
-                                       {2, 3}));
-    w.AddTensor("f16", Tensor::FromF32(std::vector<float>(v.begin(), v.begin() + 4), DType::kF16,
-                                       {4}));
-    w.AddTensor("bf16", Tensor::FromF32(std::vector<float>(v.begin(), v.begin() + 8),
-                                        DType::kBF16, {2, 2, 2}));
+    w.AddTensor("f32",
+                Tensor::FromF32(std::vector<float>(v.begin(), v.begin() + 6), DType::kF32, {2, 3}));
+    w.AddTensor("f16",
+                Tensor::FromF32(std::vector<float>(v.begin(), v.begin() + 4), DType::kF16, {4}));
+    w.AddTensor("bf16", Tensor::FromF32(std::vector<float>(v.begin(), v.begin() + 8), DType::kBF16,
+                                        {2, 2, 2}));
     w.AddTensor("q8_0", Tensor::FromF32(v, DType::kQ8_0, {2, 32}));
     w.AddTensor("q4_0", Tensor::FromF32(v, DType::kQ4_0, {1, 1, 2, 32}));
     w.AddTensor("i32", Tensor::Zeros(DType::kI32, {2}));
@@ -209,11 +209,11 @@ std::vector<std::string> SafetensorsFuzzSeeds() {
   ts.emplace_back("w.i32", Tensor::Zeros(DType::kI32, {1}));
   seeds.push_back(*SerializeSafetensors(ts, {{"format", "pt"}}));
   seeds.push_back(*SerializeSafetensors({}));
-  seeds.push_back(*SerializeSafetensors(
-      {{"base_model.model.layers.0.q_proj.lora_A.weight",
-        Tensor::FromF32({1, 2, 3, 4, 5, 6, 7, 8}, DType::kF32, {2, 4})},
-       {"base_model.model.layers.0.q_proj.lora_B.weight",
-        Tensor::FromF32({1, 2, 3, 4, 5, 6, 7, 8}, DType::kF32, {4, 2})}}));
+  seeds.push_back(
+      *SerializeSafetensors({{"base_model.model.layers.0.q_proj.lora_A.weight",
+                              Tensor::FromF32({1, 2, 3, 4, 5, 6, 7, 8}, DType::kF32, {2, 4})},
+                             {"base_model.model.layers.0.q_proj.lora_B.weight",
+                              Tensor::FromF32({1, 2, 3, 4, 5, 6, 7, 8}, DType::kF32, {4, 2})}}));
   return seeds;
 }
 
@@ -221,8 +221,8 @@ std::vector<std::string> Llama2cFuzzSeeds() {
   std::vector<std::string> seeds;
   for (bool shared : {true, false}) {
     Llama2cCheckpoint ck;
-    ck.config = {/*dim=*/8, /*hidden_dim=*/12, /*n_layers=*/1, /*n_heads=*/2,
-                 /*n_kv_heads=*/1, /*vocab_size=*/5, /*seq_len=*/4, shared, true};
+    ck.config = {/*dim=*/8,        /*hidden_dim=*/12, /*n_layers=*/1, /*n_heads=*/2,
+                 /*n_kv_heads=*/1, /*vocab_size=*/5,  /*seq_len=*/4,  shared,        true};
     auto make = [](std::vector<int64_t> shape) {
       int64_t n = 1;
       for (int64_t s : shape) n *= s;
@@ -254,13 +254,12 @@ std::string MutateForFuzz(const std::string& input, const std::vector<std::strin
   const int n_edits = 1 + static_cast<int>(below(4));
   for (int e = 0; e < n_edits; ++e) {
     const uint64_t sz = s.size();
-    const uint64_t interesting[] = {0,          1,          2,          3,
-                                    4,          8,          9,          12,
-                                    13,         31,         32,         64,
-                                    255,        256,        65535,      0x7fffffff,
-                                    0x80000000, 0xffffffff, 1ull << 32, 1ull << 40,
-                                    1ull << 62, 1ull << 63, UINT64_MAX, UINT64_MAX - 7,
-                                    sz,         sz + 1,     sz - 1,     sz - 8};
+    const uint64_t interesting[] = {
+        0,          1,          2,          3,          4,          8,
+        9,          12,         13,         31,         32,         64,
+        255,        256,        65535,      0x7fffffff, 0x80000000, 0xffffffff,
+        1ull << 32, 1ull << 40, 1ull << 62, 1ull << 63, UINT64_MAX, UINT64_MAX - 7,
+        sz,         sz + 1,     sz - 1,     sz - 8};
     switch (below(10)) {
       case 0:  // bit flips
         for (size_t k = 1 + below(8); k > 0 && !s.empty(); --k) {
@@ -272,7 +271,7 @@ std::string MutateForFuzz(const std::string& input, const std::vector<std::strin
         if (!s.empty()) s[below(s.size())] = bytes[below(sizeof(bytes))];
         break;
       }
-      case 2:    // interesting u32 / u64 at a 4-aligned position (header fields are aligned)
+      case 2:  // interesting u32 / u64 at a 4-aligned position (header fields are aligned)
       case 3: {
         const size_t width = below(2) ? 8 : 4;
         if (s.size() < width) break;

@@ -14,7 +14,7 @@ namespace {
 constexpr int64_t kIterations = 20000;
 
 void RunTarget(const char* name, FuzzTarget fn, const std::vector<std::string>& seeds,
-         int64_t iterations) {
+               int64_t iterations) {
   for (uint64_t rng_seed : {11u, 12u}) {
     FuzzRunStats st = RunMutationFuzz(fn, seeds, iterations / 2, rng_seed);
     EXPECT_EQ(st.seeds_parsed, static_cast<int64_t>(seeds.size())) << name;

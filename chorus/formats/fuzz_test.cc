@@ -1,9 +1,9 @@
 // test-labels: unit
 // A short run of each format fuzzer's entry point over mutated seed files (the long run is
 // formats_fuzz_slow_test; real libFuzzer runs are in docs/fuzzing.md).
-#include "chorus/formats/fuzz_entry.h"
-
 #include <gtest/gtest.h>
+
+#include "chorus/formats/fuzz_entry.h"
 
 namespace chorus::formats {
 namespace {

@@ -19,14 +19,14 @@ using internal::CheckedAdd;
 using internal::CheckedMul;
 using internal::Printable;
 
-constexpr uint32_t kMaxDims = 4;                 // GGML_MAX_DIMS
-constexpr uint64_t kMaxKeyLen = 65535;           // the spec's limit on key length
+constexpr uint32_t kMaxDims = 4;        // GGML_MAX_DIMS
+constexpr uint64_t kMaxKeyLen = 65535;  // the spec's limit on key length
 constexpr uint64_t kMaxTensorNameLen = 65535;
 constexpr uint32_t kDefaultAlignment = 32;
-constexpr uint32_t kMaxGgmlTypeId = 63;          // ids above are rejected as garbage
+constexpr uint32_t kMaxGgmlTypeId = 63;  // ids above are rejected as garbage
 // Minimum encoded sizes, used to reject counts that cannot fit in the remaining bytes before
 // anything is allocated.
-constexpr uint64_t kMinKvBytes = 8 + 4 + 1;      // empty key, type, 1-byte value
+constexpr uint64_t kMinKvBytes = 8 + 4 + 1;          // empty key, type, 1-byte value
 constexpr uint64_t kMinTensorBytes = 8 + 4 + 4 + 8;  // empty name, n_dims=0, type, offset
 
 struct GgmlTypeTraits {
@@ -39,17 +39,14 @@ struct GgmlTypeTraits {
 // Block sizes from the GGML block structs (ggml-common.h); types whose layout Chorus does not
 // know are listed with block_elems = 0 so files holding them still open (GetTensor refuses them).
 constexpr GgmlTypeTraits kGgmlTypes[] = {
-    {0, "F32", 1, 4},        {1, "F16", 1, 2},        {2, "Q4_0", 32, 18},
-    {3, "Q4_1", 32, 20},     {6, "Q5_0", 32, 22},     {7, "Q5_1", 32, 24},
-    {8, "Q8_0", 32, 34},     {9, "Q8_1", 32, 36},     {10, "Q2_K", 256, 84},
-    {11, "Q3_K", 256, 110},  {12, "Q4_K", 256, 144},  {13, "Q5_K", 256, 176},
-    {14, "Q6_K", 256, 210},  {15, "Q8_K", 256, 292},  {16, "IQ2_XXS", 0, 0},
-    {17, "IQ2_XS", 0, 0},    {18, "IQ3_XXS", 0, 0},   {19, "IQ1_S", 0, 0},
-    {20, "IQ4_NL", 32, 18},  {21, "IQ3_S", 0, 0},     {22, "IQ2_S", 0, 0},
-    {23, "IQ4_XS", 0, 0},    {24, "I8", 1, 1},        {25, "I16", 1, 2},
-    {26, "I32", 1, 4},       {27, "I64", 1, 8},       {28, "F64", 1, 8},
-    {29, "IQ1_M", 0, 0},     {30, "BF16", 1, 2},      {34, "TQ1_0", 0, 0},
-    {35, "TQ2_0", 0, 0},
+    {0, "F32", 1, 4},       {1, "F16", 1, 2},       {2, "Q4_0", 32, 18},    {3, "Q4_1", 32, 20},
+    {6, "Q5_0", 32, 22},    {7, "Q5_1", 32, 24},    {8, "Q8_0", 32, 34},    {9, "Q8_1", 32, 36},
+    {10, "Q2_K", 256, 84},  {11, "Q3_K", 256, 110}, {12, "Q4_K", 256, 144}, {13, "Q5_K", 256, 176},
+    {14, "Q6_K", 256, 210}, {15, "Q8_K", 256, 292}, {16, "IQ2_XXS", 0, 0},  {17, "IQ2_XS", 0, 0},
+    {18, "IQ3_XXS", 0, 0},  {19, "IQ1_S", 0, 0},    {20, "IQ4_NL", 32, 18}, {21, "IQ3_S", 0, 0},
+    {22, "IQ2_S", 0, 0},    {23, "IQ4_XS", 0, 0},   {24, "I8", 1, 1},       {25, "I16", 1, 2},
+    {26, "I32", 1, 4},      {27, "I64", 1, 8},      {28, "F64", 1, 8},      {29, "IQ1_M", 0, 0},
+    {30, "BF16", 1, 2},     {34, "TQ1_0", 0, 0},    {35, "TQ2_0", 0, 0},
 };
 
 const GgmlTypeTraits* FindGgmlType(uint32_t id) {
@@ -75,17 +72,22 @@ uint64_t ScalarBytes(GgufType t) {
   switch (t) {
     case GgufType::kUint8:
     case GgufType::kInt8:
-    case GgufType::kBool: return 1;
+    case GgufType::kBool:
+      return 1;
     case GgufType::kUint16:
-    case GgufType::kInt16: return 2;
+    case GgufType::kInt16:
+      return 2;
     case GgufType::kUint32:
     case GgufType::kInt32:
-    case GgufType::kFloat32: return 4;
+    case GgufType::kFloat32:
+      return 4;
     case GgufType::kUint64:
     case GgufType::kInt64:
-    case GgufType::kFloat64: return 8;
+    case GgufType::kFloat64:
+      return 8;
     case GgufType::kString:
-    case GgufType::kArray: return 0;
+    case GgufType::kArray:
+      return 0;
   }
   return 0;
 }
@@ -93,16 +95,46 @@ uint64_t ScalarBytes(GgufType t) {
 // Range of an integer type, as [lo, hi] in int128 so both signed and unsigned fit.
 void IntRange(GgufType t, __int128* lo, __int128* hi) {
   switch (t) {
-    case GgufType::kUint8: *lo = 0; *hi = 255; return;
-    case GgufType::kInt8: *lo = -128; *hi = 127; return;
-    case GgufType::kUint16: *lo = 0; *hi = 65535; return;
-    case GgufType::kInt16: *lo = -32768; *hi = 32767; return;
-    case GgufType::kUint32: *lo = 0; *hi = 4294967295LL; return;
-    case GgufType::kInt32: *lo = INT32_MIN; *hi = INT32_MAX; return;
-    case GgufType::kUint64: *lo = 0; *hi = static_cast<__int128>(UINT64_MAX); return;
-    case GgufType::kInt64: *lo = INT64_MIN; *hi = INT64_MAX; return;
-    case GgufType::kBool: *lo = 0; *hi = 1; return;
-    default: *lo = 0; *hi = -1; return;
+    case GgufType::kUint8:
+      *lo = 0;
+      *hi = 255;
+      return;
+    case GgufType::kInt8:
+      *lo = -128;
+      *hi = 127;
+      return;
+    case GgufType::kUint16:
+      *lo = 0;
+      *hi = 65535;
+      return;
+    case GgufType::kInt16:
+      *lo = -32768;
+      *hi = 32767;
+      return;
+    case GgufType::kUint32:
+      *lo = 0;
+      *hi = 4294967295LL;
+      return;
+    case GgufType::kInt32:
+      *lo = INT32_MIN;
+      *hi = INT32_MAX;
+      return;
+    case GgufType::kUint64:
+      *lo = 0;
+      *hi = static_cast<__int128>(UINT64_MAX);
+      return;
+    case GgufType::kInt64:
+      *lo = INT64_MIN;
+      *hi = INT64_MAX;
+      return;
+    case GgufType::kBool:
+      *lo = 0;
+      *hi = 1;
+      return;
+    default:
+      *lo = 0;
+      *hi = -1;
+      return;
   }
 }
 
@@ -158,7 +190,8 @@ bool ReadIntScalar(ByteReader& r, GgufType t, __int128* out) {
       *out = v;
       return true;
     }
-    default: return false;
+    default:
+      return false;
   }
 }
 
@@ -178,15 +211,32 @@ bool ReadFloatScalar(ByteReader& r, GgufType t, double* out) {
 void WriteIntScalar(ByteWriter& w, GgufType t, __int128 v) {
   switch (t) {
     case GgufType::kUint8:
-    case GgufType::kBool: w.Write(static_cast<uint8_t>(v)); return;
-    case GgufType::kInt8: w.Write(static_cast<int8_t>(v)); return;
-    case GgufType::kUint16: w.Write(static_cast<uint16_t>(v)); return;
-    case GgufType::kInt16: w.Write(static_cast<int16_t>(v)); return;
-    case GgufType::kUint32: w.Write(static_cast<uint32_t>(v)); return;
-    case GgufType::kInt32: w.Write(static_cast<int32_t>(v)); return;
-    case GgufType::kUint64: w.Write(static_cast<uint64_t>(v)); return;
-    case GgufType::kInt64: w.Write(static_cast<int64_t>(v)); return;
-    default: return;
+    case GgufType::kBool:
+      w.Write(static_cast<uint8_t>(v));
+      return;
+    case GgufType::kInt8:
+      w.Write(static_cast<int8_t>(v));
+      return;
+    case GgufType::kUint16:
+      w.Write(static_cast<uint16_t>(v));
+      return;
+    case GgufType::kInt16:
+      w.Write(static_cast<int16_t>(v));
+      return;
+    case GgufType::kUint32:
+      w.Write(static_cast<uint32_t>(v));
+      return;
+    case GgufType::kInt32:
+      w.Write(static_cast<int32_t>(v));
+      return;
+    case GgufType::kUint64:
+      w.Write(static_cast<uint64_t>(v));
+      return;
+    case GgufType::kInt64:
+      w.Write(static_cast<int64_t>(v));
+      return;
+    default:
+      return;
   }
 }
 
@@ -201,19 +251,32 @@ struct Backing {
 
 std::string_view GgufTypeName(GgufType t) {
   switch (t) {
-    case GgufType::kUint8: return "uint8";
-    case GgufType::kInt8: return "int8";
-    case GgufType::kUint16: return "uint16";
-    case GgufType::kInt16: return "int16";
-    case GgufType::kUint32: return "uint32";
-    case GgufType::kInt32: return "int32";
-    case GgufType::kFloat32: return "float32";
-    case GgufType::kBool: return "bool";
-    case GgufType::kString: return "string";
-    case GgufType::kArray: return "array";
-    case GgufType::kUint64: return "uint64";
-    case GgufType::kInt64: return "int64";
-    case GgufType::kFloat64: return "float64";
+    case GgufType::kUint8:
+      return "uint8";
+    case GgufType::kInt8:
+      return "int8";
+    case GgufType::kUint16:
+      return "uint16";
+    case GgufType::kInt16:
+      return "int16";
+    case GgufType::kUint32:
+      return "uint32";
+    case GgufType::kInt32:
+      return "int32";
+    case GgufType::kFloat32:
+      return "float32";
+    case GgufType::kBool:
+      return "bool";
+    case GgufType::kString:
+      return "string";
+    case GgufType::kArray:
+      return "array";
+    case GgufType::kUint64:
+      return "uint64";
+    case GgufType::kInt64:
+      return "int64";
+    case GgufType::kFloat64:
+      return "float64";
   }
   return "?";
 }
@@ -276,9 +339,7 @@ bool operator==(const GgufValue& a, const GgufValue& b) {
   if (a.type != b.type) return false;
   if (a.type == GgufType::kArray && a.element_type != b.element_type) return false;
   if (a.value.index() != b.value.index()) return false;
-  auto same_double = [](double x, double y) {
-    return (std::isnan(x) && std::isnan(y)) || x == y;
-  };
+  auto same_double = [](double x, double y) { return (std::isnan(x) && std::isnan(y)) || x == y; };
   if (auto* x = std::get_if<double>(&a.value)) return same_double(*x, std::get<double>(b.value));
   if (auto* x = std::get_if<std::vector<double>>(&a.value)) {
     const auto& y = std::get<std::vector<double>>(b.value);
@@ -298,13 +359,20 @@ std::string GgmlTypeName(uint32_t ggml_type) {
 
 Result<DType> GgmlTypeToDType(uint32_t ggml_type) {
   switch (ggml_type) {
-    case kGgmlF32: return DType::kF32;
-    case kGgmlF16: return DType::kF16;
-    case kGgmlBF16: return DType::kBF16;
-    case kGgmlQ8_0: return DType::kQ8_0;
-    case kGgmlQ4_0: return DType::kQ4_0;
-    case kGgmlI8: return DType::kI8;
-    case kGgmlI32: return DType::kI32;
+    case kGgmlF32:
+      return DType::kF32;
+    case kGgmlF16:
+      return DType::kF16;
+    case kGgmlBF16:
+      return DType::kBF16;
+    case kGgmlQ8_0:
+      return DType::kQ8_0;
+    case kGgmlQ4_0:
+      return DType::kQ4_0;
+    case kGgmlI8:
+      return DType::kI8;
+    case kGgmlI32:
+      return DType::kI32;
     default:
       return UnimplementedError("GGML type " + GgmlTypeName(ggml_type) +
                                 " is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, I8, "
@@ -314,14 +382,22 @@ Result<DType> GgmlTypeToDType(uint32_t ggml_type) {
 
 Result<uint32_t> DTypeToGgmlType(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return kGgmlF32;
-    case DType::kF16: return kGgmlF16;
-    case DType::kBF16: return kGgmlBF16;
-    case DType::kQ8_0: return kGgmlQ8_0;
-    case DType::kQ4_0: return kGgmlQ4_0;
-    case DType::kI8: return kGgmlI8;
-    case DType::kI32: return kGgmlI32;
-    case DType::kU8: break;
+    case DType::kF32:
+      return kGgmlF32;
+    case DType::kF16:
+      return kGgmlF16;
+    case DType::kBF16:
+      return kGgmlBF16;
+    case DType::kQ8_0:
+      return kGgmlQ8_0;
+    case DType::kQ4_0:
+      return kGgmlQ4_0;
+    case DType::kI8:
+      return kGgmlI8;
+    case DType::kI32:
+      return kGgmlI32;
+    case DType::kU8:
+      break;
   }
   return UnimplementedError("dtype " + std::string(DTypeName(dtype)) + " has no GGML type");
 }
@@ -344,15 +420,14 @@ namespace {
 
 class Parser {
  public:
-  explicit Parser(GgufFile::Impl* impl)
-      : impl_(impl), r_(impl->backing.data, impl->backing.size) {}
+  explicit Parser(GgufFile::Impl* impl) : impl_(impl), r_(impl->backing.data, impl->backing.size) {}
 
   Status Parse() {
     const size_t file_size = impl_->backing.size;
     std::string_view magic;
     if (!r_.ReadBytes(4, &magic)) {
-      return Fail(StatusCode::kDataLoss, "file is " + std::to_string(file_size) +
-                                             " bytes, too short for a GGUF header");
+      return Fail(StatusCode::kDataLoss,
+                  "file is " + std::to_string(file_size) + " bytes, too short for a GGUF header");
     }
     if (magic != "GGUF") {
       return Fail(StatusCode::kInvalidArgument,
@@ -397,8 +472,8 @@ class Parser {
   }
   Status Truncated(const std::string& what) const {
     return Fail(StatusCode::kDataLoss, "truncated: file ends (at " +
-                                           std::to_string(impl_->backing.size) +
-                                           " bytes) inside " + what);
+                                           std::to_string(impl_->backing.size) + " bytes) inside " +
+                                           what);
   }
 
   Status ReadString(uint64_t max_len, const std::string& what, std::string* out) {
@@ -406,13 +481,12 @@ class Parser {
     if (!r_.Read(&len)) return Truncated("the length of " + what);
     if (len > max_len) {
       return Fail(StatusCode::kDataLoss, what + " has length " + std::to_string(len) +
-                                             ", more than the limit of " +
-                                             std::to_string(max_len));
+                                             ", more than the limit of " + std::to_string(max_len));
     }
     std::string_view s;
     if (!r_.ReadBytes(len, &s)) {
-      return Fail(StatusCode::kDataLoss, what + " of " + std::to_string(len) +
-                                             " bytes at offset " + std::to_string(r_.pos()) +
+      return Fail(StatusCode::kDataLoss, what + " of " + std::to_string(len) + " bytes at offset " +
+                                             std::to_string(r_.pos()) +
                                              " extends past end of file (" +
                                              std::to_string(r_.size()) + " bytes)");
     }
@@ -424,8 +498,7 @@ class Parser {
     uint32_t t = 0;
     if (!r_.Read(&t)) return Truncated("the type of " + what);
     if (t > static_cast<uint32_t>(GgufType::kFloat64)) {
-      return Fail(StatusCode::kDataLoss,
-                  what + " has invalid value type " + std::to_string(t));
+      return Fail(StatusCode::kDataLoss, what + " has invalid value type " + std::to_string(t));
     }
     *out = static_cast<GgufType>(t);
     return OkStatus();
@@ -460,8 +533,8 @@ class Parser {
       __int128 x;
       if (!ReadIntScalar(r_, v->type, &x)) return Truncated(what);
       if (v->type == GgufType::kBool && x > 1) {
-        return Fail(StatusCode::kDataLoss, what + " is a bool with invalid byte " +
-                                               std::to_string(static_cast<int>(x)));
+        return Fail(StatusCode::kDataLoss,
+                    what + " is a bool with invalid byte " + std::to_string(static_cast<int>(x)));
       }
       if (IsSignedInt(v->type)) {
         v->value = static_cast<int64_t>(x);
@@ -485,8 +558,7 @@ class Parser {
       return Fail(StatusCode::kDataLoss, what + " has " + std::to_string(n) + " " +
                                              std::string(GgufTypeName(et)) +
                                              " elements, more than the remaining " +
-                                             std::to_string(r_.remaining()) +
-                                             " bytes can hold");
+                                             std::to_string(r_.remaining()) + " bytes can hold");
     }
     const size_t count = static_cast<size_t>(n);
     if (et == GgufType::kString) {
@@ -494,8 +566,7 @@ class Parser {
       out.reserve(count);
       for (size_t i = 0; i < count; ++i) {
         std::string s;
-        CHORUS_RETURN_IF_ERROR(
-            ReadString(UINT64_MAX, what + " element " + std::to_string(i), &s));
+        CHORUS_RETURN_IF_ERROR(ReadString(UINT64_MAX, what + " element " + std::to_string(i), &s));
         out.push_back(std::move(s));
       }
       v->value = std::move(out);
@@ -527,9 +598,9 @@ class Parser {
     if (it == impl_->metadata.end()) return OkStatus();
     const GgufValue& v = it->second;
     if (v.type != GgufType::kUint32) {
-      return Fail(StatusCode::kDataLoss, "general.alignment has type " +
-                                             std::string(GgufTypeName(v.type)) +
-                                             ", expected uint32");
+      return Fail(
+          StatusCode::kDataLoss,
+          "general.alignment has type " + std::string(GgufTypeName(v.type)) + ", expected uint32");
     }
     const uint64_t a = std::get<uint64_t>(v.value);
     if (a == 0 || (a & (a - 1)) != 0) {
@@ -555,8 +626,8 @@ class Parser {
     if (!r_.Read(&n_dims)) return Truncated("the dimensions of " + what);
     if (n_dims > kMaxDims) {
       return Fail(StatusCode::kDataLoss, what + " has " + std::to_string(n_dims) +
-                                             " dimensions (at most " +
-                                             std::to_string(kMaxDims) + ")");
+                                             " dimensions (at most " + std::to_string(kMaxDims) +
+                                             ")");
     }
     uint64_t ne[kMaxDims] = {1, 1, 1, 1};
     uint64_t n_elems = 1;
@@ -565,8 +636,8 @@ class Parser {
       if (ne[d] > static_cast<uint64_t>(INT64_MAX) || !CheckedMul(n_elems, ne[d], &n_elems) ||
           n_elems > static_cast<uint64_t>(INT64_MAX)) {
         return Fail(StatusCode::kDataLoss, what + " has an absurd shape (dimension " +
-                                               std::to_string(d) + " = " +
-                                               std::to_string(ne[d]) + ")");
+                                               std::to_string(d) + " = " + std::to_string(ne[d]) +
+                                               ")");
       }
     }
     // GGUF's ne[] is innermost first; Chorus shapes are outermost first.
@@ -585,10 +656,10 @@ class Parser {
     if (const GgmlTypeTraits* tt = FindGgmlType(t.ggml_type); tt && tt->block_elems > 0) {
       const uint64_t row = n_dims > 0 ? ne[0] : 1;
       if (row % static_cast<uint64_t>(tt->block_elems) != 0) {
-        return Fail(StatusCode::kDataLoss,
-                    what + " of type " + tt->name + " has rows of " + std::to_string(row) +
-                        " elements, not a multiple of the block size " +
-                        std::to_string(tt->block_elems));
+        return Fail(StatusCode::kDataLoss, what + " of type " + tt->name + " has rows of " +
+                                               std::to_string(row) +
+                                               " elements, not a multiple of the block size " +
+                                               std::to_string(tt->block_elems));
       }
       if (!CheckedMul(n_elems / static_cast<uint64_t>(tt->block_elems),
                       static_cast<uint64_t>(tt->block_bytes), &t.n_bytes)) {
@@ -610,19 +681,18 @@ class Parser {
     if (impl_->tensors.empty()) return OkStatus();  // vocab-only files may end unpadded
     if (data_offset > file_size) {
       return Fail(StatusCode::kDataLoss, "data section starts at " + std::to_string(data_offset) +
-                                             ", past end of file (" +
-                                             std::to_string(file_size) + " bytes)");
+                                             ", past end of file (" + std::to_string(file_size) +
+                                             " bytes)");
     }
     const uint64_t data_size = file_size - data_offset;
     for (const GgufTensorInfo& t : impl_->tensors) {
       uint64_t end = 0;
       if (!CheckedAdd(t.offset, t.n_bytes, &end) || end > data_size) {
         return Fail(StatusCode::kDataLoss,
-                    "tensor '" + Printable(t.name) + "' data [offset " +
-                        std::to_string(t.offset) + ", " + std::to_string(t.n_bytes) +
-                        " bytes] extends past end of data section (" +
-                        std::to_string(data_size) + " bytes; file " +
-                        std::to_string(file_size) + " bytes)");
+                    "tensor '" + Printable(t.name) + "' data [offset " + std::to_string(t.offset) +
+                        ", " + std::to_string(t.n_bytes) +
+                        " bytes] extends past end of data section (" + std::to_string(data_size) +
+                        " bytes; file " + std::to_string(file_size) + " bytes)");
       }
     }
     std::vector<size_t> order(impl_->tensors.size());
@@ -634,11 +704,11 @@ class Parser {
       const GgufTensorInfo& prev = impl_->tensors[order[k - 1]];
       const GgufTensorInfo& cur = impl_->tensors[order[k]];
       if (prev.offset + prev.n_bytes > cur.offset) {
-        return Fail(StatusCode::kDataLoss,
-                    "tensors '" + Printable(prev.name) + "' [" + std::to_string(prev.offset) +
-                        ", " + std::to_string(prev.offset + prev.n_bytes) + ") and '" +
-                        Printable(cur.name) + "' [" + std::to_string(cur.offset) +
-                        ", ...) overlap");
+        return Fail(StatusCode::kDataLoss, "tensors '" + Printable(prev.name) + "' [" +
+                                               std::to_string(prev.offset) + ", " +
+                                               std::to_string(prev.offset + prev.n_bytes) +
+                                               ") and '" + Printable(cur.name) + "' [" +
+                                               std::to_string(cur.offset) + ", ...) overlap");
       }
     }
     return OkStatus();
@@ -717,8 +787,8 @@ Result<int64_t> GgufFile::GetInt(const std::string& key) const {
   if (IsUnsignedIntOrBool(v->type)) {
     const uint64_t u = std::get<uint64_t>(v->value);
     if (u > static_cast<uint64_t>(INT64_MAX)) {
-      return InvalidArgumentError(impl_->path + ": metadata '" + key + "' = " +
-                                  std::to_string(u) + " does not fit in int64");
+      return InvalidArgumentError(impl_->path + ": metadata '" + key + "' = " + std::to_string(u) +
+                                  " does not fit in int64");
     }
     return static_cast<int64_t>(u);
   }
@@ -751,8 +821,8 @@ Result<std::vector<double>> GgufFile::GetFloatArray(const std::string& key) cons
     std::vector<double> out(ints.size());
     const bool u64 = v->element_type == GgufType::kUint64;
     for (size_t i = 0; i < ints.size(); ++i) {
-      out[i] = u64 ? static_cast<double>(static_cast<uint64_t>(ints[i]))
-                   : static_cast<double>(ints[i]);
+      out[i] =
+          u64 ? static_cast<double>(static_cast<uint64_t>(ints[i])) : static_cast<double>(ints[i]);
     }
     return out;
   }

@@ -31,8 +31,19 @@ namespace chorus::formats {
 
 // GGUF metadata value types (numbering from the GGUF spec).
 enum class GgufType : uint32_t {
-  kUint8 = 0, kInt8 = 1, kUint16 = 2, kInt16 = 3, kUint32 = 4, kInt32 = 5, kFloat32 = 6,
-  kBool = 7, kString = 8, kArray = 9, kUint64 = 10, kInt64 = 11, kFloat64 = 12,
+  kUint8 = 0,
+  kInt8 = 1,
+  kUint16 = 2,
+  kInt16 = 3,
+  kUint32 = 4,
+  kInt32 = 5,
+  kFloat32 = 6,
+  kBool = 7,
+  kString = 8,
+  kArray = 9,
+  kUint64 = 10,
+  kInt64 = 11,
+  kFloat64 = 12,
 };
 
 // "uint32", "string", "array", ... (for messages).
@@ -52,9 +63,9 @@ struct GgufValue {
       value;
 
   // Constructors for the writer and tests.
-  static GgufValue Int(GgufType t, int64_t v);      // t: any signed integer type
-  static GgufValue Uint(GgufType t, uint64_t v);    // t: any unsigned integer type or kBool
-  static GgufValue Float(GgufType t, double v);     // t: kFloat32 or kFloat64
+  static GgufValue Int(GgufType t, int64_t v);    // t: any signed integer type
+  static GgufValue Uint(GgufType t, uint64_t v);  // t: any unsigned integer type or kBool
+  static GgufValue Float(GgufType t, double v);   // t: kFloat32 or kFloat64
   static GgufValue String(std::string v);
   static GgufValue IntArray(GgufType element, std::vector<int64_t> v);  // integer/bool elements
   static GgufValue FloatArray(GgufType element, std::vector<double> v);
@@ -77,8 +88,8 @@ struct GgufTensorInfo {
 };
 
 // GGML type ids (ggml.h enum ggml_type) of the types Chorus reads and writes.
-inline constexpr uint32_t kGgmlF32 = 0, kGgmlF16 = 1, kGgmlQ4_0 = 2, kGgmlQ8_0 = 8,
-                          kGgmlI8 = 24, kGgmlI32 = 26, kGgmlBF16 = 30;
+inline constexpr uint32_t kGgmlF32 = 0, kGgmlF16 = 1, kGgmlQ4_0 = 2, kGgmlQ8_0 = 8, kGgmlI8 = 24,
+                          kGgmlI32 = 26, kGgmlBF16 = 30;
 // "F32", "Q4_K", ... or "type<id>" for an id Chorus does not know.
 std::string GgmlTypeName(uint32_t ggml_type);
 // The Chorus dtype of a GGML type (F32, F16, BF16, Q8_0, Q4_0, I8, I32), else kUnimplemented.
@@ -103,7 +114,7 @@ class GgufFile {
   bool Has(const std::string& key) const;
   // Typed getters: kNotFound if absent, kInvalidArgument if the type does not fit.
   Result<std::string> GetString(const std::string& key) const;
-  Result<int64_t> GetInt(const std::string& key) const;  // any integer or bool type
+  Result<int64_t> GetInt(const std::string& key) const;   // any integer or bool type
   Result<double> GetFloat(const std::string& key) const;  // any float or integer type
   Result<std::vector<std::string>> GetStringArray(const std::string& key) const;
   Result<std::vector<double>> GetFloatArray(const std::string& key) const;

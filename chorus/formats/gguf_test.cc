@@ -48,9 +48,9 @@ class RawGguf {
 // Data: a = 0..7, b = 100..107 (each 32 bytes, so there is no trailing padding).
 struct SmallFile {
   std::string bytes;
-  size_t off_version, off_n_tensors, off_n_kv, off_key0_len, off_val0, off_key1_type,
-      off_arr_count, off_t0_name_len, off_t0_ndims, off_t0_ne0, off_t0_type, off_t0_offset,
-      off_t1_offset, off_t1_name, off_data;
+  size_t off_version, off_n_tensors, off_n_kv, off_key0_len, off_val0, off_key1_type, off_arr_count,
+      off_t0_name_len, off_t0_ndims, off_t0_ne0, off_t0_type, off_t0_offset, off_t1_offset,
+      off_t1_name, off_data;
 };
 
 SmallFile MakeSmallFile() {
@@ -176,9 +176,9 @@ TEST(GgufTest, RealLlamaSpmVocab) {
   auto types = g.GetIntArray("tokenizer.ggml.token_type");
   ASSERT_TRUE(types.ok());
   EXPECT_EQ(types->size(), 32000u);
-  EXPECT_EQ((*types)[0], 2);  // UNKNOWN
-  EXPECT_EQ((*types)[1], 3);  // CONTROL
-  EXPECT_EQ((*types)[3], 6);  // BYTE
+  EXPECT_EQ((*types)[0], 2);    // UNKNOWN
+  EXPECT_EQ((*types)[1], 3);    // CONTROL
+  EXPECT_EQ((*types)[3], 6);    // BYTE
   EXPECT_EQ((*types)[450], 1);  // NORMAL
   EXPECT_EQ(*g.GetInt("tokenizer.ggml.bos_token_id"), 1);
   EXPECT_EQ(*g.GetInt("tokenizer.ggml.eos_token_id"), 2);
@@ -255,10 +255,10 @@ TEST(GgufTest, RoundTripAllTypes) {
   tensors.emplace_back("f16", Tensor::FromF32(RandomFloats(10, 2), DType::kF16, {10}));
   tensors.emplace_back("bf16", Tensor::FromF32(RandomFloats(24, 3), DType::kBF16, {2, 3, 4}));
   tensors.emplace_back("q8_0", Tensor::FromF32(RandomFloats(128, 4), DType::kQ8_0, {2, 64}));
-  tensors.emplace_back("q4_0",
-                       Tensor::FromF32(RandomFloats(192, 5), DType::kQ4_0, {1, 2, 3, 32}));
+  tensors.emplace_back("q4_0", Tensor::FromF32(RandomFloats(192, 5), DType::kQ4_0, {1, 2, 3, 32}));
   Tensor i8 = Tensor::Zeros(DType::kI8, {5});
-  for (int i = 0; i < 5; ++i) static_cast<int8_t*>(i8.mutable_data())[i] = static_cast<int8_t>(i - 2);
+  for (int i = 0; i < 5; ++i)
+    static_cast<int8_t*>(i8.mutable_data())[i] = static_cast<int8_t>(i - 2);
   tensors.emplace_back("i8", i8);
   Tensor i32 = Tensor::Zeros(DType::kI32, {3});
   static_cast<int32_t*>(i32.mutable_data())[2] = -7;
@@ -301,8 +301,7 @@ TEST(GgufTest, RoundTripAllTypes) {
   EXPECT_EQ(g.metadata().at("a_bool").element_type, GgufType::kBool);
   EXPECT_EQ(*g.GetFloatArray("a_f32"), (std::vector<double>{1.5, -2.25}));
   EXPECT_EQ(*g.GetFloatArray("a_f64"), (std::vector<double>{1e300, -1e-300}));
-  EXPECT_EQ(*g.GetStringArray("a_str"),
-            (std::vector<std::string>{"", "x", std::string(300, 'y')}));
+  EXPECT_EQ(*g.GetStringArray("a_str"), (std::vector<std::string>{"", "x", std::string(300, 'y')}));
   EXPECT_TRUE(g.GetStringArray("a_empty")->empty());
 
   ASSERT_EQ(g.tensors().size(), tensors.size());
@@ -422,26 +421,24 @@ TEST(GgufTest, CorruptionsGiveCleanErrors) {
       {"bad magic", [](SmallFile& f) { f.bytes[0] = 'X'; }, "bad magic"},
       {"v1", [](SmallFile& f) { Poke<uint32_t>(&f.bytes, f.off_version, 1); }, "v1"},
       {"v99", [](SmallFile& f) { Poke<uint32_t>(&f.bytes, f.off_version, 99); }, "version 99"},
-      {"big endian",
-       [](SmallFile& f) { Poke<uint32_t>(&f.bytes, f.off_version, 0x03000000u); }, "big-endian"},
+      {"big endian", [](SmallFile& f) { Poke<uint32_t>(&f.bytes, f.off_version, 0x03000000u); },
+       "big-endian"},
       {"huge tensor count",
-       [](SmallFile& f) { Poke<uint64_t>(&f.bytes, f.off_n_tensors, UINT64_MAX); },
-       "tensor count"},
+       [](SmallFile& f) { Poke<uint64_t>(&f.bytes, f.off_n_tensors, UINT64_MAX); }, "tensor count"},
       {"huge kv count",
        [](SmallFile& f) { Poke<uint64_t>(&f.bytes, f.off_n_kv, uint64_t{1} << 40); },
        "metadata count"},
-      {"kv count too big by one",
-       [](SmallFile& f) { Poke<uint64_t>(&f.bytes, f.off_n_kv, 3); }, "small.gguf"},
+      {"kv count too big by one", [](SmallFile& f) { Poke<uint64_t>(&f.bytes, f.off_n_kv, 3); },
+       "small.gguf"},
       {"huge key length",
-       [](SmallFile& f) { Poke<uint64_t>(&f.bytes, f.off_key0_len, uint64_t{1} << 62); },
-       "limit"},
+       [](SmallFile& f) { Poke<uint64_t>(&f.bytes, f.off_key0_len, uint64_t{1} << 62); }, "limit"},
       {"huge string value",
        [](SmallFile& f) { Poke<uint64_t>(&f.bytes, f.off_val0, UINT64_MAX - 3); },
        "extends past end of file"},
-      {"bad value type",
-       [](SmallFile& f) { Poke<uint32_t>(&f.bytes, f.off_key1_type, 13); }, "invalid value type"},
-      {"nested array",
-       [](SmallFile& f) { Poke<uint32_t>(&f.bytes, f.off_key1_type + 4, 9); }, "nested array"},
+      {"bad value type", [](SmallFile& f) { Poke<uint32_t>(&f.bytes, f.off_key1_type, 13); },
+       "invalid value type"},
+      {"nested array", [](SmallFile& f) { Poke<uint32_t>(&f.bytes, f.off_key1_type + 4, 9); },
+       "nested array"},
       {"huge array count",
        [](SmallFile& f) { Poke<uint64_t>(&f.bytes, f.off_arr_count, uint64_t{1} << 61); },
        "elements"},
@@ -462,8 +459,7 @@ TEST(GgufTest, CorruptionsGiveCleanErrors) {
          Poke<uint64_t>(&b, f.off_t0_name_len, 0);
        },
        "empty name"},
-      {"n_dims 5", [](SmallFile& f) { Poke<uint32_t>(&f.bytes, f.off_t0_ndims, 5); },
-       "dimensions"},
+      {"n_dims 5", [](SmallFile& f) { Poke<uint32_t>(&f.bytes, f.off_t0_ndims, 5); }, "dimensions"},
       {"n_dims huge", [](SmallFile& f) { Poke<uint32_t>(&f.bytes, f.off_t0_ndims, 0xffffffffu); },
        "dimensions"},
       {"shape overflow",
@@ -474,17 +470,15 @@ TEST(GgufTest, CorruptionsGiveCleanErrors) {
        "absurd shape"},
       {"negative-as-signed dim",
        [](SmallFile& f) { Poke<uint64_t>(&f.bytes, f.off_t0_ne0, UINT64_MAX); }, "absurd shape"},
-      {"shape past end",
-       [](SmallFile& f) { Poke<uint64_t>(&f.bytes, f.off_t0_ne0, 1000); },
+      {"shape past end", [](SmallFile& f) { Poke<uint64_t>(&f.bytes, f.off_t0_ne0, 1000); },
        "tensor 'a' data [offset 0, 8000 bytes] extends past end"},
-      {"invalid ggml type",
-       [](SmallFile& f) { Poke<uint32_t>(&f.bytes, f.off_t0_type, 200); }, "invalid GGML type"},
+      {"invalid ggml type", [](SmallFile& f) { Poke<uint32_t>(&f.bytes, f.off_t0_type, 200); },
+       "invalid GGML type"},
       {"quant row not multiple of 32",
        [](SmallFile& f) { Poke<uint32_t>(&f.bytes, f.off_t0_type, 8); }, "block size"},
-      {"misaligned offset",
-       [](SmallFile& f) { Poke<uint64_t>(&f.bytes, f.off_t0_offset, 4); }, "alignment"},
-      {"offset past end",
-       [](SmallFile& f) { Poke<uint64_t>(&f.bytes, f.off_t1_offset, 64); },
+      {"misaligned offset", [](SmallFile& f) { Poke<uint64_t>(&f.bytes, f.off_t0_offset, 4); },
+       "alignment"},
+      {"offset past end", [](SmallFile& f) { Poke<uint64_t>(&f.bytes, f.off_t1_offset, 64); },
        "extends past end"},
       {"offset overflow",
        [](SmallFile& f) { Poke<uint64_t>(&f.bytes, f.off_t1_offset, UINT64_MAX - 31); },

@@ -11,7 +11,6 @@
 namespace chorus::formats {
 namespace {
 
-
 constexpr uint64_t kHeaderBytes = 7 * 4;
 // Plausibility limits: far above any llama2.c-format model, low enough that every size product
 // below fits comfortably in 64 bits.
@@ -134,9 +133,8 @@ Result<Llama2cCheckpoint> Parse(const std::string& name, std::shared_ptr<const v
                          std::to_string(c.hidden_dim) + ", " + std::to_string(c.n_layers) +
                          " layers, vocab " + std::to_string(h[5]) + ", seq_len " +
                          std::to_string(c.seq_len) + ") implies a file of " +
-                         std::to_string(size_with) + " bytes (or " +
-                         std::to_string(size_without) + " without freq_cis), but it is " +
-                         std::to_string(size) + " bytes");
+                         std::to_string(size_with) + " bytes (or " + std::to_string(size_without) +
+                         " without freq_cis), but it is " + std::to_string(size) + " bytes");
   }
   uint64_t offset = kHeaderBytes;
   for (const Piece& p : *layout) {
@@ -176,9 +174,9 @@ Result<std::string> SerializeLlama2c(const Llama2cCheckpoint& ckpt) {
   std::string out;
   out.reserve(static_cast<size_t>(TotalBytes(layout)));
   internal::ByteWriter w(&out);
-  const int32_t header[7] = {c.dim,     c.hidden_dim, c.n_layers,
-                             c.n_heads, c.n_kv_heads, c.shared_classifier ? c.vocab_size
-                                                                          : -c.vocab_size,
+  const int32_t header[7] = {c.dim,        c.hidden_dim,
+                             c.n_layers,   c.n_heads,
+                             c.n_kv_heads, c.shared_classifier ? c.vocab_size : -c.vocab_size,
                              c.seq_len};
   for (int32_t v : header) w.Write(v);
   const int64_t hd = c.dim / c.n_heads;
@@ -188,8 +186,8 @@ Result<std::string> SerializeLlama2c(const Llama2cCheckpoint& ckpt) {
       const bool real = std::strcmp(p.name, "freq_cis_real") == 0;
       for (int64_t pos = 0; pos < c.seq_len; ++pos) {
         for (int64_t i = 0; i < hd / 2; ++i) {
-          const float freq = 1.0f / std::pow(10000.0f, static_cast<float>(2 * i) /
-                                                           static_cast<float>(hd));
+          const float freq =
+              1.0f / std::pow(10000.0f, static_cast<float>(2 * i) / static_cast<float>(hd));
           const float angle = static_cast<float>(pos) * freq;
           w.Write(real ? std::cos(angle) : std::sin(angle));
         }
@@ -205,8 +203,8 @@ Result<std::string> SerializeLlama2c(const Llama2cCheckpoint& ckpt) {
       TensorView want;
       want.shape = p.shape;
       return InvalidArgumentError("llama2.c checkpoint: tensor '" + std::string(p.name) +
-                                  "' has shape " + it->second.view().ShapeString() +
-                                  ", expected " + want.ShapeString());
+                                  "' has shape " + it->second.view().ShapeString() + ", expected " +
+                                  want.ShapeString());
     }
     if (it->second.dtype() == DType::kF32) {
       w.WriteBytes(std::string_view(static_cast<const char*>(it->second.data()),

@@ -34,13 +34,17 @@ TEST(Llama2cTest, ReadsStories260K) {
   EXPECT_TRUE(c.has_freq_cis);
   EXPECT_EQ(ck->tensors.size(), 11u);
   EXPECT_EQ(ck->tensors.count("wcls"), 0u);
-  const std::map<std::string, std::vector<int64_t>> shapes = {
-      {"token_embedding_table", {512, 64}}, {"rms_att_weight", {5, 64}},
-      {"wq", {5, 64, 64}},                  {"wk", {5, 32, 64}},
-      {"wv", {5, 32, 64}},                  {"wo", {5, 64, 64}},
-      {"rms_ffn_weight", {5, 64}},          {"w1", {5, 172, 64}},
-      {"w2", {5, 64, 172}},                 {"w3", {5, 172, 64}},
-      {"rms_final_weight", {64}}};
+  const std::map<std::string, std::vector<int64_t>> shapes = {{"token_embedding_table", {512, 64}},
+                                                              {"rms_att_weight", {5, 64}},
+                                                              {"wq", {5, 64, 64}},
+                                                              {"wk", {5, 32, 64}},
+                                                              {"wv", {5, 32, 64}},
+                                                              {"wo", {5, 64, 64}},
+                                                              {"rms_ffn_weight", {5, 64}},
+                                                              {"w1", {5, 172, 64}},
+                                                              {"w2", {5, 64, 172}},
+                                                              {"w3", {5, 172, 64}},
+                                                              {"rms_final_weight", {64}}};
   int64_t total = 0;
   for (const auto& [name, shape] : shapes) {
     ASSERT_EQ(ck->tensors.count(name), 1u) << name;
@@ -105,8 +109,9 @@ TEST(Llama2cTest, RewriteStoriesIsBitExact) {
 
 Llama2cCheckpoint RandomCheckpoint(bool shared, uint32_t seed) {
   Llama2cCheckpoint ck;
-  ck.config = {/*dim=*/16, /*hidden_dim=*/24, /*n_layers=*/2, /*n_heads=*/4, /*n_kv_heads=*/2,
-               /*vocab_size=*/10, /*seq_len=*/8, shared, true};
+  ck.config = {/*dim=*/16,        /*hidden_dim=*/24, /*n_layers=*/2, /*n_heads=*/4,
+               /*n_kv_heads=*/2,
+               /*vocab_size=*/10, /*seq_len=*/8,     shared,         true};
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> u(-1, 1);
   auto make = [&](std::vector<int64_t> shape) {

@@ -55,14 +55,21 @@ Result<DType> SafetensorsDTypeToDType(std::string_view name) {
 
 Result<std::string> DTypeToSafetensorsDType(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return std::string("F32");
-    case DType::kF16: return std::string("F16");
-    case DType::kBF16: return std::string("BF16");
-    case DType::kI8: return std::string("I8");
-    case DType::kU8: return std::string("U8");
-    case DType::kI32: return std::string("I32");
+    case DType::kF32:
+      return std::string("F32");
+    case DType::kF16:
+      return std::string("F16");
+    case DType::kBF16:
+      return std::string("BF16");
+    case DType::kI8:
+      return std::string("I8");
+    case DType::kU8:
+      return std::string("U8");
+    case DType::kI32:
+      return std::string("I32");
     case DType::kQ8_0:
-    case DType::kQ4_0: break;
+    case DType::kQ4_0:
+      break;
   }
   return UnimplementedError("dtype " + std::string(DTypeName(dtype)) +
                             " cannot be stored in safetensors");
@@ -124,9 +131,8 @@ Status ParseEntry(const std::string& file, const std::string& name, const Json& 
   if (!CheckedMul(n, info->bytes, &bytes)) return bad("byte size overflows");
   if (bytes != out->end - out->begin) {
     return bad("of dtype " + out->dtype + " and " + std::to_string(n) + " elements needs " +
-               std::to_string(bytes) + " bytes, but data_offsets [" +
-               std::to_string(out->begin) + ", " + std::to_string(out->end) + "] hold " +
-               std::to_string(out->end - out->begin));
+               std::to_string(bytes) + " bytes, but data_offsets [" + std::to_string(out->begin) +
+               ", " + std::to_string(out->end) + "] hold " + std::to_string(out->end - out->begin));
   }
   return OkStatus();
 }
@@ -136,8 +142,7 @@ Result<std::shared_ptr<const SafetensorsFile>> Parse(std::unique_ptr<Safetensors
   const std::string& file = impl->path;
   auto bad = [&](const std::string& m) { return DataLossError(file + ": " + m); };
   if (size < 8) {
-    return bad("file is " + std::to_string(size) +
-               " bytes, too short for a safetensors header");
+    return bad("file is " + std::to_string(size) + " bytes, too short for a safetensors header");
   }
   uint64_t n = 0;
   std::memcpy(&n, data, 8);
@@ -279,7 +284,8 @@ bool IsFile(const std::string& p) {
   return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 bool EndsWith(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 }  // namespace
@@ -320,7 +326,8 @@ Result<std::shared_ptr<const SafetensorsModel>> SafetensorsModel::Open(const std
       index_path.find('/') == std::string::npos ? "." : index_path.substr(0, index_path.rfind('/'));
   std::map<std::string, size_t> shard_ids;
   for (const auto& [name, shard] : wm->items()) {
-    if (!shard.is_string()) return bad("weight_map entry '" + Printable(name) + "' is not a string");
+    if (!shard.is_string())
+      return bad("weight_map entry '" + Printable(name) + "' is not a string");
     const std::string s = shard.get<std::string>();
     // Shards are plain names next to the index; anything else could escape the model folder.
     if (s.empty() || s == "." || s == ".." || s.find('/') != std::string::npos ||
@@ -362,9 +369,8 @@ Result<Tensor> SafetensorsModel::GetTensor(const std::string& name) const {
 // ---------------------------------------------------------------------------------------------
 // Writers
 
-Result<std::string> SerializeSafetensors(
-    const std::vector<std::pair<std::string, Tensor>>& tensors,
-    const std::map<std::string, std::string>& metadata) {
+Result<std::string> SerializeSafetensors(const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                         const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
     header["__metadata__"] = nlohmann::ordered_json::object();

@@ -22,9 +22,9 @@ namespace chorus::formats {
 
 struct SafetensorsTensorInfo {
   std::string name;
-  std::string dtype;           // as written in the header, e.g. "BF16"
-  std::vector<int64_t> shape;  // outermost first
-  uint64_t begin = 0, end = 0; // byte offsets relative to the data section
+  std::string dtype;            // as written in the header, e.g. "BF16"
+  std::vector<int64_t> shape;   // outermost first
+  uint64_t begin = 0, end = 0;  // byte offsets relative to the data section
 };
 
 class SafetensorsFile {
@@ -39,7 +39,7 @@ class SafetensorsFile {
                                                                   std::string bytes);
 
   const std::string& path() const;
-  const std::vector<SafetensorsTensorInfo>& tensors() const;  // in data-offset order
+  const std::vector<SafetensorsTensorInfo>& tensors() const;   // in data-offset order
   const std::map<std::string, std::string>& metadata() const;  // "__metadata__"
   bool Has(const std::string& name) const;
   // A view into the file (a heap copy if the data is not aligned to its element size).
@@ -77,9 +77,8 @@ class SafetensorsModel {
 Status WriteSafetensors(const std::string& path,
                         const std::vector<std::pair<std::string, Tensor>>& tensors,
                         const std::map<std::string, std::string>& metadata = {});
-Result<std::string> SerializeSafetensors(
-    const std::vector<std::pair<std::string, Tensor>>& tensors,
-    const std::map<std::string, std::string>& metadata = {});
+Result<std::string> SerializeSafetensors(const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                         const std::map<std::string, std::string>& metadata = {});
 
 // Writes a sharded checkpoint into directory `dir` (which must exist): shards
 // model-00001-of-0000N.safetensors of at most `max_shard_bytes` of tensor data each (a larger

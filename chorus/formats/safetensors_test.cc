@@ -38,12 +38,10 @@ TEST(SafetensorsTest, ReadsRealLoraAdapter) {
   ASSERT_EQ((*f)->tensors().size(), 70u);
   EXPECT_TRUE((*f)->metadata().empty());
   const std::map<std::string, std::vector<int64_t>> shapes = {
-      {"q_proj.lora_A", {8, 64}},    {"q_proj.lora_B", {64, 8}},
-      {"k_proj.lora_A", {8, 64}},    {"k_proj.lora_B", {32, 8}},
-      {"v_proj.lora_A", {8, 64}},    {"v_proj.lora_B", {32, 8}},
-      {"o_proj.lora_A", {8, 64}},    {"o_proj.lora_B", {64, 8}},
-      {"gate_proj.lora_A", {8, 64}}, {"gate_proj.lora_B", {172, 8}},
-      {"up_proj.lora_A", {8, 64}},   {"up_proj.lora_B", {172, 8}},
+      {"q_proj.lora_A", {8, 64}},     {"q_proj.lora_B", {64, 8}},   {"k_proj.lora_A", {8, 64}},
+      {"k_proj.lora_B", {32, 8}},     {"v_proj.lora_A", {8, 64}},   {"v_proj.lora_B", {32, 8}},
+      {"o_proj.lora_A", {8, 64}},     {"o_proj.lora_B", {64, 8}},   {"gate_proj.lora_A", {8, 64}},
+      {"gate_proj.lora_B", {172, 8}}, {"up_proj.lora_A", {8, 64}},  {"up_proj.lora_B", {172, 8}},
       {"down_proj.lora_A", {8, 172}}, {"down_proj.lora_B", {64, 8}}};
   for (const auto& t : (*f)->tensors()) {
     SCOPED_TRACE(t.name);
@@ -66,8 +64,8 @@ TEST(SafetensorsTest, ReadsRealLoraAdapter) {
   EXPECT_EQ((*f)->tensors()[0].begin, 0u);  // data-offset order
 
   // The same through SafetensorsModel on the adapter directory.
-  auto m = SafetensorsModel::Open(testing::SharedModelsDir() +
-                                  "/stories260K-finetunes/things/lora");
+  auto m =
+      SafetensorsModel::Open(testing::SharedModelsDir() + "/stories260K-finetunes/things/lora");
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   auto names = (*m)->TensorNames();
   ASSERT_EQ(names.size(), 70u);
@@ -85,10 +83,9 @@ TEST(SafetensorsTest, WriterProducesSpecBytes) {
   while (padded.size() % 8) padded.push_back(' ');
   const uint16_t h = F32ToF16(1.5f);
   std::string data = Floats({1, 2}) + std::string(reinterpret_cast<const char*>(&h), 2);
-  auto bytes = SerializeSafetensors(
-      {{"b", Tensor::FromF32({1, 2}, DType::kF32, {2})},
-       {"a", Tensor::FromF32({1.5f}, DType::kF16, {1, 1})}},
-      {{"format", "pt"}});
+  auto bytes = SerializeSafetensors({{"b", Tensor::FromF32({1, 2}, DType::kF32, {2})},
+                                     {"a", Tensor::FromF32({1.5f}, DType::kF16, {1, 1})}},
+                                    {{"format", "pt"}});
   ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
   EXPECT_EQ(*bytes, MakeFile(padded, data));
 }
@@ -129,15 +126,16 @@ TEST(SafetensorsTest, RoundTripAllDTypes) {
     EXPECT_EQ(got->dtype(), want.dtype());
     EXPECT_EQ(got->shape(), want.shape());
     ASSERT_EQ(got->view().NumBytes(), want.view().NumBytes());
-    EXPECT_EQ(std::memcmp(got->data(), want.data(), static_cast<size_t>(want.view().NumBytes())), 0);
+    EXPECT_EQ(std::memcmp(got->data(), want.data(), static_cast<size_t>(want.view().NumBytes())),
+              0);
   }
 }
 
 TEST(SafetensorsTest, WriterRejectsBadInput) {
   EXPECT_EQ(SerializeSafetensors({{"q", Tensor::Zeros(DType::kQ8_0, {32})}}).status().code(),
             StatusCode::kUnimplemented);
-  EXPECT_FALSE(SerializeSafetensors({{"a", Tensor::Zeros(DType::kF32, {1})},
-                                     {"a", Tensor::Zeros(DType::kF32, {1})}})
+  EXPECT_FALSE(SerializeSafetensors(
+                   {{"a", Tensor::Zeros(DType::kF32, {1})}, {"a", Tensor::Zeros(DType::kF32, {1})}})
                    .ok());
   EXPECT_FALSE(SerializeSafetensors({{"", Tensor::Zeros(DType::kF32, {1})}}).ok());
   EXPECT_FALSE(SerializeSafetensors({{"__metadata__", Tensor::Zeros(DType::kF32, {1})}}).ok());
@@ -179,8 +177,8 @@ TEST(SafetensorsTest, ShardedRoundTrip) {
 
 TEST(SafetensorsTest, BadIndexFiles) {
   const std::string dir = testing::TempDir();
-  CHORUS_ASSERT_OK(WriteSafetensors(dir + "/s.safetensors",
-                                    {{"a", Tensor::FromF32({1}, DType::kF32, {1})}}));
+  CHORUS_ASSERT_OK(
+      WriteSafetensors(dir + "/s.safetensors", {{"a", Tensor::FromF32({1}, DType::kF32, {1})}}));
   struct Case {
     const char* json;
     const char* expect;

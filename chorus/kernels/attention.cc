@@ -18,7 +18,8 @@ void AttentionRow(const float* q, const PagedKv& kv, int64_t n_ctx, int64_t n_he
     case IsaLevel::kAvx512:
     case IsaLevel::kAvx2:
       return avx2::AttentionRow(q, kv, n_ctx, n_heads, n_kv_heads, head_dim, scale, scratch, out);
-    case IsaLevel::kScalar: break;
+    case IsaLevel::kScalar:
+      break;
   }
   reference::AttentionRow(q, kv, n_ctx, n_heads, n_kv_heads, head_dim, scale, scratch, out);
 }

@@ -1,4 +1,5 @@
-// Causal attention of one query token over a paged KV cache (docs/architecture.md, "Memory tiers", Punica §5.4).
+// Causal attention of one query token over a paged KV cache (docs/architecture.md, "Memory tiers",
+// Punica §5.4).
 //
 // KV layout: the cache is cut into blocks of `block_size` tokens. For one layer, token t of a
 // sequence lives in block block_table[t / block_size] at slot t % block_size; K of that token is
@@ -24,11 +25,13 @@
 namespace chorus::kernels {
 
 struct PagedKv {
-  const float* const* k_blocks = nullptr;  // [n_blocks_total] base pointer of each block's K (this layer)
-  const float* const* v_blocks = nullptr;  // [n_blocks_total] base pointer of each block's V (this layer)
-  const int32_t* block_table = nullptr;    // [ceil(n_ctx / block_size)] block ids of this sequence
-  int64_t block_size = 16;                 // tokens per block
-  int64_t kv_stride = 0;                   // floats between consecutive tokens in a block
+  const float* const* k_blocks =
+      nullptr;  // [n_blocks_total] base pointer of each block's K (this layer)
+  const float* const* v_blocks =
+      nullptr;  // [n_blocks_total] base pointer of each block's V (this layer)
+  const int32_t* block_table = nullptr;  // [ceil(n_ctx / block_size)] block ids of this sequence
+  int64_t block_size = 16;               // tokens per block
+  int64_t kv_stride = 0;                 // floats between consecutive tokens in a block
 };
 
 // q: [n_heads, head_dim]; out: [n_heads, head_dim]; scratch: at least n_ctx floats.

@@ -42,8 +42,8 @@ class AttentionTest : public ::testing::TestWithParam<IsaLevel> {
 struct Paged {
   int64_t n_ctx, n_kv_heads, head_dim, block_size, kv_stride;
   std::vector<float> k_dense, v_dense;
-  std::vector<float> pool_k, pool_v;         // [n_blocks_total, block_size, kv_stride]
-  std::vector<const float*> k_ptr, v_ptr;    // [n_blocks_total]
+  std::vector<float> pool_k, pool_v;       // [n_blocks_total, block_size, kv_stride]
+  std::vector<const float*> k_ptr, v_ptr;  // [n_blocks_total]
   std::vector<int32_t> table;
 
   Paged(int64_t n_ctx_, int64_t n_kv_heads_, int64_t head_dim_, int64_t block_size_, uint64_t seed)
@@ -90,7 +90,8 @@ struct Paged {
   // softmax(scale · q_h · K[:, g]ᵀ) · V[:, g] in double.
   std::vector<double> Naive(const std::vector<float>& q, int64_t n_heads, double scale) const {
     const int64_t group = n_heads / n_kv_heads, kv_dim = n_kv_heads * head_dim;
-    std::vector<double> out(static_cast<size_t>(n_heads * head_dim), 0.0), s(static_cast<size_t>(n_ctx));
+    std::vector<double> out(static_cast<size_t>(n_heads * head_dim), 0.0),
+        s(static_cast<size_t>(n_ctx));
     for (int64_t h = 0; h < n_heads; ++h) {
       const int64_t g = h / group;
       double max = -1e300;
@@ -124,7 +125,8 @@ std::vector<float> RandomQ(int64_t n, uint64_t seed, float scale) {
 void CheckCase(int64_t n_ctx, int64_t n_kv_heads, int64_t ratio, int64_t head_dim,
                int64_t block_size, float q_scale) {
   const int64_t n_heads = n_kv_heads * ratio;
-  const uint64_t seed = static_cast<uint64_t>(n_ctx * 1000003 + n_kv_heads * 101 + ratio * 7 + head_dim);
+  const uint64_t seed =
+      static_cast<uint64_t>(n_ctx * 1000003 + n_kv_heads * 101 + ratio * 7 + head_dim);
   Paged p(n_ctx, n_kv_heads, head_dim, block_size, seed);
   const std::vector<float> q = RandomQ(n_heads * head_dim, seed + 1, q_scale);
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
@@ -135,9 +137,9 @@ void CheckCase(int64_t n_ctx, int64_t n_kv_heads, int64_t ratio, int64_t head_di
   const std::vector<double> want = p.Naive(q, n_heads, scale);
   for (size_t i = 0; i < want.size(); ++i) {
     // Outputs are convex combinations of N(0,1) values: an absolute bound is the right scale.
-    ASSERT_NEAR(out[i], want[i], 2e-5) << "n_ctx=" << n_ctx << " kv=" << n_kv_heads
-                                       << " ratio=" << ratio << " hd=" << head_dim
-                                       << " bs=" << block_size << " i=" << i;
+    ASSERT_NEAR(out[i], want[i], 2e-5)
+        << "n_ctx=" << n_ctx << " kv=" << n_kv_heads << " ratio=" << ratio << " hd=" << head_dim
+        << " bs=" << block_size << " i=" << i;
   }
 }
 
@@ -170,9 +172,7 @@ TEST_P(AttentionTest, PeakedScores) {
   CheckCase(97, 1, 8, 128, 16, 10.0f);
 }
 
-TEST_P(AttentionTest, LongContext) {
-  CheckCase(4100, 2, 4, 64, 16, 1.0f);
-}
+TEST_P(AttentionTest, LongContext) { CheckCase(4100, 2, 4, 64, 16, 1.0f); }
 
 // The forward pass calls the kernel once per KV head with a view shifted to that head; the
 // result must equal the all-heads call bit for bit.
@@ -204,7 +204,8 @@ TEST(AttentionReference, MatchesDense) {
     const int64_t n_heads = 2 * ratio;
     const std::vector<float> q = RandomQ(n_heads * 24, 6, 2.0f);
     std::vector<float> scratch(50), out(static_cast<size_t>(n_heads * 24));
-    reference::AttentionRow(q.data(), p.View(), 50, n_heads, 2, 24, 0.2f, scratch.data(), out.data());
+    reference::AttentionRow(q.data(), p.View(), 50, n_heads, 2, 24, 0.2f, scratch.data(),
+                            out.data());
     const std::vector<double> want = p.Naive(q, n_heads, 0.2f);
     for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(out[i], want[i], 2e-5) << i;
   }

@@ -63,9 +63,12 @@ void SetMaxIsa(IsaLevel level) { g_max_level.store(static_cast<int>(level)); }
 
 std::string IsaName(IsaLevel level) {
   switch (level) {
-    case IsaLevel::kScalar: return "scalar";
-    case IsaLevel::kAvx2: return "avx2";
-    case IsaLevel::kAvx512: return "avx512";
+    case IsaLevel::kScalar:
+      return "scalar";
+    case IsaLevel::kAvx2:
+      return "avx2";
+    case IsaLevel::kAvx512:
+      return "avx512";
   }
   return "?";
 }

@@ -10,8 +10,8 @@ enum class IsaLevel { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
 
 struct CpuFeatures {
   bool avx2 = false, fma = false, f16c = false;
-  bool avx512f = false, avx512bw = false, avx512vl = false, avx512vnni = false,
-       avx512bf16 = false, avxvnni = false;
+  bool avx512f = false, avx512bw = false, avx512vl = false, avx512vnni = false, avx512bf16 = false,
+       avxvnni = false;
 };
 
 const CpuFeatures& DetectCpu();

@@ -25,9 +25,12 @@ constexpr int64_t kExpandColAlign = 16;
 
 ShrinkTileFn ShrinkTileForIsa() {
   switch (ActiveIsa()) {
-    case IsaLevel::kAvx512: return lora_internal::avx512::ShrinkTile;
-    case IsaLevel::kAvx2: return lora_internal::avx2::ShrinkTile;
-    case IsaLevel::kScalar: break;
+    case IsaLevel::kAvx512:
+      return lora_internal::avx512::ShrinkTile;
+    case IsaLevel::kAvx2:
+      return lora_internal::avx2::ShrinkTile;
+    case IsaLevel::kScalar:
+      break;
   }
   return lora_internal::reference::ShrinkTile;
 }
@@ -58,9 +61,12 @@ ExpandTileBf16Fn ExpandTileBf16ForIsa() {
 
 ExpandTileFn ExpandTileForIsa() {
   switch (ActiveIsa()) {
-    case IsaLevel::kAvx512: return lora_internal::avx512::ExpandTile;
-    case IsaLevel::kAvx2: return lora_internal::avx2::ExpandTile;
-    case IsaLevel::kScalar: break;
+    case IsaLevel::kAvx512:
+      return lora_internal::avx512::ExpandTile;
+    case IsaLevel::kAvx2:
+      return lora_internal::avx2::ExpandTile;
+    case IsaLevel::kScalar:
+      break;
   }
   return lora_internal::reference::ExpandTile;
 }
@@ -106,11 +112,11 @@ void ShrinkSegment(const ShrinkArgs& a, const LoraSegment& s) {
   const LoraShrinkWeight& w = a.weights[static_cast<size_t>(s.slot)];
   if (!Active(s, w.rank)) return;
   if (w.a_rows_bf16 != nullptr) {
-    a.tile_bf16(a.x + s.row_begin * a.x_stride, a.x_stride, s.row_end - s.row_begin,
-                w.a_rows_bf16, a.in, 0, w.rank, a.v + s.row_begin * a.v_stride, a.v_stride);
+    a.tile_bf16(a.x + s.row_begin * a.x_stride, a.x_stride, s.row_end - s.row_begin, w.a_rows_bf16,
+                a.in, 0, w.rank, a.v + s.row_begin * a.v_stride, a.v_stride);
   } else {
-    a.tile(a.x + s.row_begin * a.x_stride, a.x_stride, s.row_end - s.row_begin, w.a_rows, a.in,
-           0, w.rank, a.v + s.row_begin * a.v_stride, a.v_stride);
+    a.tile(a.x + s.row_begin * a.x_stride, a.x_stride, s.row_end - s.row_begin, w.a_rows, a.in, 0,
+           w.rank, a.v + s.row_begin * a.v_stride, a.v_stride);
   }
 }
 
@@ -134,8 +140,8 @@ void ExpandSegment(const ExpandArgs& a, const LoraSegment& s, int64_t begin, int
                 w.bt_rows_bf16, w.rank, w.scale, begin, end, a.y + s.row_begin * a.y_stride,
                 a.y_stride);
   } else {
-    a.tile(a.v + s.row_begin * a.v_stride + w.v_col, a.v_stride, s.row_end - s.row_begin,
-           w.bt_rows, w.rank, w.scale, begin, end, a.y + s.row_begin * a.y_stride, a.y_stride);
+    a.tile(a.v + s.row_begin * a.v_stride + w.v_col, a.v_stride, s.row_end - s.row_begin, w.bt_rows,
+           w.rank, w.scale, begin, end, a.y + s.row_begin * a.y_stride, a.y_stride);
   }
 }
 
@@ -226,12 +232,12 @@ void OrderByRank(std::span<const LoraSegment> segments, std::span<const LoraShri
   for (size_t i = 0; i < segments.size(); ++i)
     if (Active(segments[i], weights[static_cast<size_t>(segments[i].slot)].rank))
       order->idx[order->n++] = static_cast<int32_t>(i);
-  std::stable_sort(order->idx.begin(), order->idx.begin() + static_cast<ptrdiff_t>(order->n),
-                   [&](int32_t a, int32_t b) {
-                     return weights[static_cast<size_t>(segments[static_cast<size_t>(a)].slot)]
-                                .rank >
-                            weights[static_cast<size_t>(segments[static_cast<size_t>(b)].slot)].rank;
-                   });
+  std::stable_sort(
+      order->idx.begin(), order->idx.begin() + static_cast<ptrdiff_t>(order->n),
+      [&](int32_t a, int32_t b) {
+        return weights[static_cast<size_t>(segments[static_cast<size_t>(a)].slot)].rank >
+               weights[static_cast<size_t>(segments[static_cast<size_t>(b)].slot)].rank;
+      });
 }
 
 }  // namespace
@@ -276,8 +282,8 @@ void LoraExpand(std::span<const LoraSegment> segments, std::span<const LoraExpan
 
 void LoraShrinkExpand(std::span<const LoraSegment> segments,
                       std::span<const LoraShrinkWeight> weights, const float* x, int64_t x_stride,
-                      int64_t in, float* v, int64_t v_stride,
-                      std::span<const LoraExpandOut> outs, ThreadPool* pool) {
+                      int64_t in, float* v, int64_t v_stride, std::span<const LoraExpandOut> outs,
+                      ThreadPool* pool) {
   CHORUS_CHECK(!outs.empty() && outs.size() <= kMaxLoraExpandOuts)
       << "LoraShrinkExpand: " << outs.size() << " outputs";
   int64_t total_cols, macs, active;
@@ -298,11 +304,13 @@ void LoraShrinkExpand(std::span<const LoraSegment> segments,
       LoraExpand(segments, o.weights, v, v_stride, o.out, o.y, o.y_stride, pool);
     return;
   }
-  const ShrinkArgs shrink{segments, weights,  x,          x_stride,           in,
-                          v,        v_stride, total_cols, ShrinkTileForIsa(), ShrinkTileBf16ForIsa()};
+  const ShrinkArgs shrink{
+      segments, weights,  x,          x_stride,           in,
+      v,        v_stride, total_cols, ShrinkTileForIsa(), ShrinkTileBf16ForIsa()};
   std::array<ExpandArgs, kMaxLoraExpandOuts> expand;
   for (size_t o = 0; o < outs.size(); ++o) {
-    expand[o] = ExpandArgs{segments,   outs[o].weights,    v, v_stride, outs[o].out, outs[o].y,
+    expand[o] = ExpandArgs{segments,         outs[o].weights,    v,
+                           v_stride,         outs[o].out,        outs[o].y,
                            outs[o].y_stride, ExpandTileForIsa(), ExpandTileBf16ForIsa()};
   }
   SegmentOrder order;

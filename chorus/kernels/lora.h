@@ -1,6 +1,6 @@
-// LoRA segment kernels (docs/architecture.md): the adapter term s·(x·Aᵀ)·Bᵀ of a step's rows, grouped
-// into segments of consecutive rows that use the same adapter (Punica SGMV; S-LoRA MBGMV/MBGMM:
-// ranks differ per segment and nothing is padded to the largest rank).
+// LoRA segment kernels (docs/architecture.md): the adapter term s·(x·Aᵀ)·Bᵀ of a step's rows,
+// grouped into segments of consecutive rows that use the same adapter (Punica SGMV; S-LoRA
+// MBGMV/MBGMM: ranks differ per segment and nothing is padded to the largest rank).
 //
 // A segment is (row_begin, row_end, slot); `slot` indexes the per-call weight table, so one
 // adapter may own several segments and rows outside every segment (base-model rows) cost
@@ -25,12 +25,12 @@
 // table [r_q + r_k + r_v], is just a shrink of rank r_q + r_k + r_v; each expand then reads its
 // own column range of v through `v_col`.
 //
-// Batch invariance (docs/architecture.md, "Kernels and batch invariance"): every output element is reduced in a fixed order that does not
-// depend on the other rows, segments, their number or the thread count. shrink: one dot product
-// per (row, j), computed whole by one thread with the same lane split and the same horizontal
-// sum for every row; expand: acc = fma chain over j = 0..r-1 in order, then y = fma(s, acc, y),
-// identical in vector lanes and the scalar tail. Threads split output columns only (shrink: the
-// Σ r_a (segment, j) columns; expand: `out`), never the reduction.
+// Batch invariance (docs/architecture.md, "Kernels and batch invariance"): every output element is
+// reduced in a fixed order that does not depend on the other rows, segments, their number or the
+// thread count. shrink: one dot product per (row, j), computed whole by one thread with the same
+// lane split and the same horizontal sum for every row; expand: acc = fma chain over j = 0..r-1 in
+// order, then y = fma(s, acc, y), identical in vector lanes and the scalar tail. Threads split
+// output columns only (shrink: the Σ r_a (segment, j) columns; expand: `out`), never the reduction.
 //
 // The x86 variants sum in a different order from the scalar reference (lane partial sums), so
 // they agree with it to rounding, not bitwise; each variant is bitwise batch-invariant.
@@ -53,17 +53,17 @@ struct LoraSegment {
 
 // One adapter's A for a (possibly fused) shrink.
 struct LoraShrinkWeight {
-  const float* const* a_rows = nullptr;  // [rank] rows of A, each [in]; null when rank == 0
-  int64_t rank = 0;          // 0 = this slot has no term here (segment skipped)
+  const float* const* a_rows = nullptr;          // [rank] rows of A, each [in]; null when rank == 0
+  int64_t rank = 0;                              // 0 = this slot has no term here (segment skipped)
   const uint16_t* const* a_rows_bf16 = nullptr;  // bf16 rows instead of a_rows, when set
 };
 
 // One adapter's Bᵀ for an expand.
 struct LoraExpandWeight {
   const float* const* bt_rows = nullptr;  // [rank] rows of Bᵀ (lora_B transposed), each [out]
-  int64_t rank = 0;           // 0 = no term (segment skipped)
-  int64_t v_col = 0;          // first column of v holding this adapter's rank values
-  float scale = 1.0f;         // s_a = alpha / r (or alpha / √r for rsLoRA)
+  int64_t rank = 0;                       // 0 = no term (segment skipped)
+  int64_t v_col = 0;                      // first column of v holding this adapter's rank values
+  float scale = 1.0f;                     // s_a = alpha / r (or alpha / √r for rsLoRA)
   const uint16_t* const* bt_rows_bf16 = nullptr;  // bf16 rows instead of bt_rows, when set
 };
 
@@ -99,8 +99,8 @@ inline constexpr size_t kMaxLoraExpandOuts = 4;
 // weight per slot.
 void LoraShrinkExpand(std::span<const LoraSegment> segments,
                       std::span<const LoraShrinkWeight> weights, const float* x, int64_t x_stride,
-                      int64_t in, float* v, int64_t v_stride,
-                      std::span<const LoraExpandOut> outs, ThreadPool* pool);
+                      int64_t in, float* v, int64_t v_stride, std::span<const LoraExpandOut> outs,
+                      ThreadPool* pool);
 
 namespace reference {
 // The scalar specification (single thread). Same semantics; the shrink reduces k in order

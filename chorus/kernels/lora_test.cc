@@ -432,13 +432,10 @@ TEST(LoraKernelTest, BatchInvariantBitwise) {
   const int64_t in = 200, out = 136;
   // Each probe row (row 2 of its segment, or the row of a one-row segment) must match the same
   // row computed alone (one segment: columns split) bitwise.
-  ForEachBatchShape([&](bool decode, bool bf16, IsaLevel level,
-                        const std::vector<int64_t>& ranks, const std::vector<LoraSegment>& segs,
-                        int64_t row) {
-    for (int64_t target_slot = 0; target_slot < static_cast<int64_t>(ranks.size());
-         ++target_slot) {
-      const int64_t probe_row =
-          segs[static_cast<size_t>(target_slot)].row_begin + (decode ? 0 : 2);
+  ForEachBatchShape([&](bool decode, bool bf16, IsaLevel level, const std::vector<int64_t>& ranks,
+                        const std::vector<LoraSegment>& segs, int64_t row) {
+    for (int64_t target_slot = 0; target_slot < static_cast<int64_t>(ranks.size()); ++target_slot) {
+      const int64_t probe_row = segs[static_cast<size_t>(target_slot)].row_begin + (decode ? 0 : 2);
       Problem batch = MakeProblem(in, out, ranks, segs, row, 99);
       batch.bf16 = bf16;
       auto y0 = BaseOutput(batch, 1);
@@ -468,9 +465,8 @@ TEST(LoraKernelTest, BatchInvariantBitwise) {
 TEST(LoraKernelTest, ShrinkExpandEqualsSeparateCallsBitwise) {
   const int64_t in = 200;
   const int64_t outs_w[] = {256, 136, 2048};
-  ForEachBatchShape([&](bool decode, bool bf16, IsaLevel level,
-                        const std::vector<int64_t>& ranks, const std::vector<LoraSegment>& segs,
-                        int64_t row) {
+  ForEachBatchShape([&](bool decode, bool bf16, IsaLevel level, const std::vector<int64_t>& ranks,
+                        const std::vector<LoraSegment>& segs, int64_t row) {
     std::vector<Problem> probs;
     for (int o = 0; o < 3; ++o) {
       probs.push_back(MakeProblem(in, outs_w[o], ranks, segs, row, 31 + o));
@@ -495,10 +491,8 @@ TEST(LoraKernelTest, ShrinkExpandEqualsSeparateCallsBitwise) {
                    &pool);
       std::vector<float> v2(v.size(), 0.0f);
       std::vector<LoraExpandOut> outs;
-      for (int o = 0; o < 3; ++o)
-        outs.push_back({ew[o], outs_w[o], got[o].data(), outs_w[o] + 1});
-      LoraShrinkExpand(segs, sw, p0.x.data(), p0.x_stride, in, v2.data(), v_stride, outs,
-                       &pool);
+      for (int o = 0; o < 3; ++o) outs.push_back({ew[o], outs_w[o], got[o].data(), outs_w[o] + 1});
+      LoraShrinkExpand(segs, sw, p0.x.data(), p0.x_stride, in, v2.data(), v_stride, outs, &pool);
       for (int o = 0; o < 3; ++o) {
         EXPECT_EQ(0, std::memcmp(want[o].data(), got[o].data(), want[o].size() * 4))
             << IsaName(level) << (decode ? " decode" : " prefill") << (bf16 ? " bf16" : "")

@@ -310,8 +310,7 @@ void internal::MatMulWithKernels(const IsaKernels& kern, std::span<const MatMulO
   bool bf16_pairs = dt == DType::kBF16 && kern.bf16_panels != nullptr;
   for (const MatMulOut& o : outs)
     bf16_pairs = bf16_pairs && o.w->packed_layout() == internal::kLayoutBf16Pairs;
-  const WorkUnits wu =
-      MakeUnits(outs, quantized || bf16_pairs, pool == nullptr ? 1 : pool->size());
+  const WorkUnits wu = MakeUnits(outs, quantized || bf16_pairs, pool == nullptr ? 1 : pool->size());
   OwnedRanges ranges(wu.total(), pool == nullptr ? 1 : pool->size());
 
   if (quantized) {

@@ -1,4 +1,5 @@
-// Dense matrix multiply against a weight matrix: the base term x·Wᵀ of docs/architecture.md, "The one equation".
+// Dense matrix multiply against a weight matrix: the base term x·Wᵀ of docs/architecture.md, "The
+// one equation".
 //
 //   y[m, n] = x[m, k] · W[n, k]ᵀ          (accumulate=false)
 //   y[m, n] += x[m, k] · W[n, k]ᵀ         (accumulate=true)
@@ -12,12 +13,12 @@
 // so products are exact and fast paths differ from the reference only in summation order.
 // f32/f16 weights: f32 products and sums (summation order differs per ISA level).
 //
-// Batch invariance (docs/architecture.md, "Kernels and batch invariance"): the value of y[i, :] depends only on x[i, :] and W — never on
-// m, on the other rows, or on the thread count. Work is split across threads by output
-// columns only (never k): each thread streams its own run of column blocks and idle threads
-// steal blocks from the others (base/owned_ranges.h), and every
-// column and row uses the same reduction order whichever thread computes it and whatever the
-// block of rows it is computed in.
+// Batch invariance (docs/architecture.md, "Kernels and batch invariance"): the value of y[i, :]
+// depends only on x[i, :] and W — never on m, on the other rows, or on the thread count. Work is
+// split across threads by output columns only (never k): each thread streams its own run of column
+// blocks and idle threads steal blocks from the others (base/owned_ranges.h), and every column and
+// row uses the same reduction order whichever thread computes it and whatever the block of rows it
+// is computed in.
 //
 // Thread-safety: stateless; PackedWeight is immutable after Pack() and shared freely.
 #pragma once

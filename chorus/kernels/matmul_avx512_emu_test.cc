@@ -160,7 +160,7 @@ struct Shape {
 TEST(MatMulAvx512Emulated, MatchesReference) {
   if (!HostCanRunEmulation()) GTEST_SKIP() << "emulation itself needs AVX2/FMA/F16C";
   ThreadPool pool(2);
-  const Shape q_shapes[] = {{1, 32, 1},   {3, 96, 5},    {8, 96, 17}, {64, 32, 33},
+  const Shape q_shapes[] = {{1, 32, 1},   {3, 96, 5},    {8, 96, 17},  {64, 32, 33},
                             {5, 256, 70}, {1, 1024, 64}, {33, 64, 20}, {2, 64, 130}};
   const Shape f_shapes[] = {{1, 1, 1},   {3, 7, 5},   {8, 33, 17}, {64, 32, 17},
                             {5, 47, 19}, {2, 300, 9}, {33, 16, 6}, {7, 33, 130}};

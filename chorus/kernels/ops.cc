@@ -9,20 +9,26 @@ namespace chorus::kernels {
 
 void RmsNorm(const float* x, const float* weight, int64_t m, int64_t n, float eps, float* out) {
   switch (ActiveIsa()) {
-    case IsaLevel::kAvx512: return avx512::RmsNorm(x, weight, m, n, eps, out);
-    case IsaLevel::kAvx2: return avx2::RmsNorm(x, weight, m, n, eps, out);
-    case IsaLevel::kScalar: break;
+    case IsaLevel::kAvx512:
+      return avx512::RmsNorm(x, weight, m, n, eps, out);
+    case IsaLevel::kAvx2:
+      return avx2::RmsNorm(x, weight, m, n, eps, out);
+    case IsaLevel::kScalar:
+      break;
   }
   reference::RmsNorm(x, weight, m, n, eps, out);
 }
 
-void RopeApply(float* x, int64_t n_heads, int64_t head_dim, const float* cos_t,
-               const float* sin_t, RopeLayout layout) {
+void RopeApply(float* x, int64_t n_heads, int64_t head_dim, const float* cos_t, const float* sin_t,
+               RopeLayout layout) {
   CHORUS_CHECK(head_dim % 2 == 0 && head_dim <= kMaxRopeHeadDim) << "head_dim " << head_dim;
   switch (ActiveIsa()) {
-    case IsaLevel::kAvx512: return avx512::RopeApply(x, n_heads, head_dim, cos_t, sin_t, layout);
-    case IsaLevel::kAvx2: return avx2::RopeApply(x, n_heads, head_dim, cos_t, sin_t, layout);
-    case IsaLevel::kScalar: break;
+    case IsaLevel::kAvx512:
+      return avx512::RopeApply(x, n_heads, head_dim, cos_t, sin_t, layout);
+    case IsaLevel::kAvx2:
+      return avx2::RopeApply(x, n_heads, head_dim, cos_t, sin_t, layout);
+    case IsaLevel::kScalar:
+      break;
   }
   reference::RopeApply(x, n_heads, head_dim, cos_t, sin_t, layout);
 }
@@ -37,27 +43,36 @@ void Rope(float* x, int64_t n_heads, int64_t head_dim, int64_t pos, const float*
 
 void SiluMul(const float* gate, const float* up, int64_t n, float* out) {
   switch (ActiveIsa()) {
-    case IsaLevel::kAvx512: return avx512::SiluMul(gate, up, n, out);
-    case IsaLevel::kAvx2: return avx2::SiluMul(gate, up, n, out);
-    case IsaLevel::kScalar: break;
+    case IsaLevel::kAvx512:
+      return avx512::SiluMul(gate, up, n, out);
+    case IsaLevel::kAvx2:
+      return avx2::SiluMul(gate, up, n, out);
+    case IsaLevel::kScalar:
+      break;
   }
   reference::SiluMul(gate, up, n, out);
 }
 
 void Softmax(float* x, int64_t n) {
   switch (ActiveIsa()) {
-    case IsaLevel::kAvx512: return avx512::Softmax(x, n);
-    case IsaLevel::kAvx2: return avx2::Softmax(x, n);
-    case IsaLevel::kScalar: break;
+    case IsaLevel::kAvx512:
+      return avx512::Softmax(x, n);
+    case IsaLevel::kAvx2:
+      return avx2::Softmax(x, n);
+    case IsaLevel::kScalar:
+      break;
   }
   reference::Softmax(x, n);
 }
 
 void Add(float* y, const float* x, int64_t n) {
   switch (ActiveIsa()) {
-    case IsaLevel::kAvx512: return avx512::Add(y, x, n);
-    case IsaLevel::kAvx2: return avx2::Add(y, x, n);
-    case IsaLevel::kScalar: break;
+    case IsaLevel::kAvx512:
+      return avx512::Add(y, x, n);
+    case IsaLevel::kAvx2:
+      return avx2::Add(y, x, n);
+    case IsaLevel::kScalar:
+      break;
   }
   reference::Add(y, x, n);
 }

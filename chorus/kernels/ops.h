@@ -43,8 +43,8 @@ void Rope(float* x, int64_t n_heads, int64_t head_dim, int64_t pos, const float*
 // The same rotation with precomputed tables cos_t[i] = cos θ_i, sin_t[i] = sin θ_i
 // (i < head_dim/2): lets a caller rotate q and k of one position with one table.
 void RopeTable(int64_t pos, const float* inv_freq, int64_t half_dim, float* cos_t, float* sin_t);
-void RopeApply(float* x, int64_t n_heads, int64_t head_dim, const float* cos_t,
-               const float* sin_t, RopeLayout layout);
+void RopeApply(float* x, int64_t n_heads, int64_t head_dim, const float* cos_t, const float* sin_t,
+               RopeLayout layout);
 
 // out[i] = silu(gate[i]) * up[i] = gate[i] / (1 + exp(-gate[i])) * up[i]   (n elements)
 // out may alias gate or up.
@@ -63,8 +63,8 @@ namespace reference {
 void RmsNorm(const float* x, const float* weight, int64_t m, int64_t n, float eps, float* out);
 void Rope(float* x, int64_t n_heads, int64_t head_dim, int64_t pos, const float* inv_freq,
           RopeLayout layout);
-void RopeApply(float* x, int64_t n_heads, int64_t head_dim, const float* cos_t,
-               const float* sin_t, RopeLayout layout);
+void RopeApply(float* x, int64_t n_heads, int64_t head_dim, const float* cos_t, const float* sin_t,
+               RopeLayout layout);
 void SiluMul(const float* gate, const float* up, int64_t n, float* out);
 void Softmax(float* x, int64_t n);
 void Add(float* y, const float* x, int64_t n);

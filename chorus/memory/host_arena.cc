@@ -20,8 +20,8 @@ HostArena::HostArena(size_t bytes)
 HostArena::~HostArena() {
   stop_.store(true, std::memory_order_relaxed);
   if (prefault_.joinable()) prefault_.join();
-  CHORUS_CHECK(chunks_in_use_ == 0) << "host arena destroyed with " << chunks_in_use_
-                                    << " chunks still in use";
+  CHORUS_CHECK(chunks_in_use_ == 0)
+      << "host arena destroyed with " << chunks_in_use_ << " chunks still in use";
   std::free(base_);
 }
 

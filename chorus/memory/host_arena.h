@@ -1,5 +1,6 @@
-// HostArena: the memory of the host tier (docs/architecture.md, "Memory tiers"): one region, carved into 256 KiB chunks,
-// that decoded adapters are built into, prefaulted once instead of at every load.
+// HostArena: the memory of the host tier (docs/architecture.md, "Memory tiers"): one region, carved
+// into 256 KiB chunks, that decoded adapters are built into, prefaulted once instead of at every
+// load.
 //
 // Why: on the VMs Chorus runs on, the first touch of a page costs far more than a copy — the
 // guest zeroes it and the hypervisor backs it (measured ~0.3–0.5 GB/s, against ~10 GB/s for a
@@ -63,8 +64,8 @@ class HostArena {
   mutable std::mutex mu_;
   // Guarded by mu_: [chunk] length of the run allocated starting there (0 = none starts there).
   std::vector<uint32_t> run_of_;
-  std::vector<bool> used_;        // guarded by mu_; [chunk]
-  size_t chunks_in_use_ = 0;      // guarded by mu_
+  std::vector<bool> used_;    // guarded by mu_; [chunk]
+  size_t chunks_in_use_ = 0;  // guarded by mu_
   std::atomic<bool> stop_{false};
   std::atomic<size_t> prefaulted_chunks_{0};
   std::thread prefault_;

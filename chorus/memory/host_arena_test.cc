@@ -15,7 +15,7 @@ constexpr size_t kChunk = HostArena::kChunkBytes;
 TEST(HostArena, AllocatesAlignedRunsAndReusesFreedOnes) {
   HostArena arena(8 * kChunk);
   EXPECT_EQ(arena.bytes(), 8 * kChunk);
-  void* a = arena.Allocate(1);              // 1 chunk
+  void* a = arena.Allocate(1);               // 1 chunk
   void* b = arena.Allocate(2 * kChunk + 1);  // 3 chunks
   ASSERT_NE(a, nullptr);
   ASSERT_NE(b, nullptr);

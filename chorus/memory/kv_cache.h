@@ -1,5 +1,5 @@
-// KvCache: the paged KV cache over a PagePool (docs/architecture.md, "Memory tiers", Punica §5.4, vLLM PagedAttention).
-// One KV block = one page = `block_size` tokens of K and V for every layer:
+// KvCache: the paged KV cache over a PagePool (docs/architecture.md, "Memory tiers", Punica §5.4,
+// vLLM PagedAttention). One KV block = one page = `block_size` tokens of K and V for every layer:
 //   page bytes = n_layers × 2 × block_size × n_kv_heads × head_dim × sizeof(float)
 // laid out [layer][K|V][slot][kv_head][head_dim], so one layer's K of a block is contiguous.
 // A sequence owns a block table (block ids in position order); token t lives in block

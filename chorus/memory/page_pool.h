@@ -1,6 +1,7 @@
-// PagePool: one arena of `n_pages` fixed-size pages (docs/architecture.md, "Memory tiers", S-LoRA unified paging). KV
-// blocks are one page each; resident adapter weights (a later issue) take pages from the same
-// free list, so KV and adapters trade space dynamically. Pages are tagged by kind for metrics.
+// PagePool: one arena of `n_pages` fixed-size pages (docs/architecture.md, "Memory tiers", S-LoRA
+// unified paging). KV blocks are one page each; resident adapter weights (a later issue) take pages
+// from the same free list, so KV and adapters trade space dynamically. Pages are tagged by kind for
+// metrics.
 //
 // Thread-safety: owned by the engine thread; not thread-safe.
 #pragma once

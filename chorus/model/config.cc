@@ -9,20 +9,30 @@ namespace chorus::model {
 Status ModelConfig::Validate() const {
   auto bad = [](const std::string& m) { return InvalidArgumentError("model config: " + m); };
   constexpr int64_t kMaxDim = 1 << 17, kMaxLayers = 1024, kMaxVocab = 1 << 22;
-  if (n_embd <= 0 || n_embd > kMaxDim) return bad("hidden size " + std::to_string(n_embd) + " out of range");
-  if (n_layers <= 0 || n_layers > kMaxLayers) return bad("layer count " + std::to_string(n_layers) + " out of range");
-  if (n_heads <= 0 || n_heads > 1024) return bad("head count " + std::to_string(n_heads) + " out of range");
+  if (n_embd <= 0 || n_embd > kMaxDim)
+    return bad("hidden size " + std::to_string(n_embd) + " out of range");
+  if (n_layers <= 0 || n_layers > kMaxLayers)
+    return bad("layer count " + std::to_string(n_layers) + " out of range");
+  if (n_heads <= 0 || n_heads > 1024)
+    return bad("head count " + std::to_string(n_heads) + " out of range");
   if (n_kv_heads <= 0 || n_kv_heads > n_heads || n_heads % n_kv_heads != 0)
-    return bad("kv head count " + std::to_string(n_kv_heads) + " must divide head count " + std::to_string(n_heads));
-  if (head_dim <= 0 || head_dim % 2 != 0 || head_dim > 1024) return bad("head_dim " + std::to_string(head_dim) + " must be even and positive");
-  if (n_ff <= 0 || n_ff > 8 * kMaxDim) return bad("intermediate size " + std::to_string(n_ff) + " out of range");
-  if (vocab_size <= 0 || vocab_size > kMaxVocab) return bad("vocab size " + std::to_string(vocab_size) + " out of range");
-  if (max_seq_len <= 0 || max_seq_len > (1 << 24)) return bad("context length " + std::to_string(max_seq_len) + " out of range");
+    return bad("kv head count " + std::to_string(n_kv_heads) + " must divide head count " +
+               std::to_string(n_heads));
+  if (head_dim <= 0 || head_dim % 2 != 0 || head_dim > 1024)
+    return bad("head_dim " + std::to_string(head_dim) + " must be even and positive");
+  if (n_ff <= 0 || n_ff > 8 * kMaxDim)
+    return bad("intermediate size " + std::to_string(n_ff) + " out of range");
+  if (vocab_size <= 0 || vocab_size > kMaxVocab)
+    return bad("vocab size " + std::to_string(vocab_size) + " out of range");
+  if (max_seq_len <= 0 || max_seq_len > (1 << 24))
+    return bad("context length " + std::to_string(max_seq_len) + " out of range");
   if (!(norm_eps > 0 && norm_eps < 1)) return bad("rms_norm_eps must be in (0, 1)");
   if (!(rope_theta > 0 && std::isfinite(rope_theta))) return bad("rope_theta must be positive");
-  if (!(rope_scaling.factor > 0 && std::isfinite(rope_scaling.factor))) return bad("rope_scaling.factor must be positive");
+  if (!(rope_scaling.factor > 0 && std::isfinite(rope_scaling.factor)))
+    return bad("rope_scaling.factor must be positive");
   if (!rope_freq_factors.empty() && static_cast<int64_t>(rope_freq_factors.size()) != head_dim / 2)
-    return bad("rope_freqs has " + std::to_string(rope_freq_factors.size()) + " entries, expected head_dim/2");
+    return bad("rope_freqs has " + std::to_string(rope_freq_factors.size()) +
+               " entries, expected head_dim/2");
   if (arch != "llama" && arch != "qwen2") return bad("unsupported architecture '" + arch + "'");
   return OkStatus();
 }
@@ -31,10 +41,14 @@ std::vector<float> ModelConfig::RopeInvFreq() const {
   const int64_t half = head_dim / 2;
   std::vector<float> inv(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i) {
-    double f = 1.0 / std::pow(static_cast<double>(rope_theta), (2.0 * i) / static_cast<double>(head_dim));
+    double f =
+        1.0 / std::pow(static_cast<double>(rope_theta), (2.0 * i) / static_cast<double>(head_dim));
     switch (rope_scaling.type) {
-      case RopeScaling::Type::kNone: break;
-      case RopeScaling::Type::kLinear: f /= rope_scaling.factor; break;
+      case RopeScaling::Type::kNone:
+        break;
+      case RopeScaling::Type::kLinear:
+        f /= rope_scaling.factor;
+        break;
       case RopeScaling::Type::kLlama3: {
         // Llama 3.1 frequency-dependent scaling: long wavelengths are divided by `factor`,
         // short ones kept, and the band between interpolated smoothly.
@@ -89,15 +103,16 @@ Result<ModelConfig> ConfigFromHfJson(const std::string& text, const std::string&
   } else if (j.contains("model_type") && j["model_type"].is_string()) {
     arch_name = j["model_type"].get<std::string>();
   }
-  if (arch_name == "LlamaForCausalLM" || arch_name == "MistralForCausalLM" || arch_name == "llama" ||
-      arch_name == "mistral") {
+  if (arch_name == "LlamaForCausalLM" || arch_name == "MistralForCausalLM" ||
+      arch_name == "llama" || arch_name == "mistral") {
     c.arch = "llama";
   } else if (arch_name == "Qwen2ForCausalLM" || arch_name == "qwen2") {
     c.arch = "qwen2";
     c.qkv_bias = true;
   } else {
-    return UnimplementedError(file + ": unsupported architecture '" + arch_name.substr(0, 64) +
-                              "' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)");
+    return UnimplementedError(
+        file + ": unsupported architecture '" + arch_name.substr(0, 64) +
+        "' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)");
   }
   // Reads an integer field; `required` fields produce an error naming the key.
   auto get_int = [&](const char* key, int64_t* out, bool required) -> Status {
@@ -127,7 +142,8 @@ Result<ModelConfig> ConfigFromHfJson(const std::string& text, const std::string&
   CHORUS_RETURN_IF_ERROR(get_float("rms_norm_eps", &c.norm_eps));
   CHORUS_RETURN_IF_ERROR(get_float("rope_theta", &c.rope_theta));
   if (j.contains("tie_word_embeddings")) {
-    if (!j["tie_word_embeddings"].is_boolean()) return err("'tie_word_embeddings' must be a boolean");
+    if (!j["tie_word_embeddings"].is_boolean())
+      return err("'tie_word_embeddings' must be a boolean");
     c.tie_embeddings = j["tie_word_embeddings"].get<bool>();
   }
   if (j.contains("attention_bias") && j["attention_bias"].is_boolean()) {
@@ -137,8 +153,10 @@ Result<ModelConfig> ConfigFromHfJson(const std::string& text, const std::string&
     const json& rs = j["rope_scaling"];
     if (!rs.is_object()) return err("'rope_scaling' must be an object");
     std::string type;
-    if (rs.contains("rope_type") && rs["rope_type"].is_string()) type = rs["rope_type"];
-    else if (rs.contains("type") && rs["type"].is_string()) type = rs["type"];
+    if (rs.contains("rope_type") && rs["rope_type"].is_string())
+      type = rs["rope_type"];
+    else if (rs.contains("type") && rs["type"].is_string())
+      type = rs["type"];
     auto num = [&](const char* k, float def) -> float {
       return rs.contains(k) && rs[k].is_number() ? rs[k].get<float>() : def;
     };
@@ -156,7 +174,8 @@ Result<ModelConfig> ConfigFromHfJson(const std::string& text, const std::string&
       c.rope_scaling.factor = num("factor", 1.0f);
     } else if (type == "default" || type.empty()) {
     } else {
-      return UnimplementedError(file + ": rope_scaling type '" + type.substr(0, 32) + "' is not supported (supported: linear, llama3)");
+      return UnimplementedError(file + ": rope_scaling type '" + type.substr(0, 32) +
+                                "' is not supported (supported: linear, llama3)");
     }
   }
   c.rope_layout = kernels::RopeLayout::kHalf;  // HF checkpoints use rotate_half

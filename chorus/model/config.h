@@ -15,8 +15,8 @@ struct RopeScaling {
   enum class Type { kNone, kLinear, kLlama3 };
   Type type = Type::kNone;
   float factor = 1.0f;
-  float low_freq_factor = 1.0f;    // llama3
-  float high_freq_factor = 4.0f;   // llama3
+  float low_freq_factor = 1.0f;          // llama3
+  float high_freq_factor = 4.0f;         // llama3
   int64_t original_max_position = 8192;  // llama3
 };
 
@@ -26,8 +26,8 @@ struct ModelConfig {
   int64_t n_layers = 0;
   int64_t n_heads = 0;
   int64_t n_kv_heads = 0;
-  int64_t head_dim = 0;        // default n_embd / n_heads
-  int64_t n_ff = 0;            // MLP intermediate size
+  int64_t head_dim = 0;  // default n_embd / n_heads
+  int64_t n_ff = 0;      // MLP intermediate size
   int64_t vocab_size = 0;
   int64_t max_seq_len = 2048;  // context length
   float norm_eps = 1e-5f;
@@ -54,6 +54,7 @@ struct ModelConfig {
 };
 
 // Parses a Hugging Face config.json (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM).
-Result<ModelConfig> ConfigFromHfJson(const std::string& json_text, const std::string& file_for_errors);
+Result<ModelConfig> ConfigFromHfJson(const std::string& json_text,
+                                     const std::string& file_for_errors);
 
 }  // namespace chorus::model

@@ -49,8 +49,8 @@ Tensor Recast(const Tensor& t, DType dtype) {
 }
 
 // The tensor as the target wants it: dtype and q/k row order.
-Result<Tensor> Prepare(const Model& m, const std::string& name, const Tensor& t, const ConvertOptions& o,
-                       kernels::RopeLayout target_layout) {
+Result<Tensor> Prepare(const Model& m, const std::string& name, const Tensor& t,
+                       const ConvertOptions& o, kernels::RopeLayout target_layout) {
   const ModelConfig& c = m.config();
   Tensor out = t;
   if (IsMatrixName(name)) {
@@ -61,19 +61,22 @@ Result<Tensor> Prepare(const Model& m, const std::string& name, const Tensor& t,
     }
     if (DTypeIsQuantized(d) && t.view().cols() % kQuantBlock != 0) {
       return InvalidArgumentError("tensor '" + name + "' has " + std::to_string(t.view().cols()) +
-                                  " columns, not a multiple of 32 as " + std::string(DTypeName(d)) + " needs");
+                                  " columns, not a multiple of 32 as " + std::string(DTypeName(d)) +
+                                  " needs");
     }
     out = Recast(t, d);
   } else if (out.dtype() != DType::kF32) {
     out = Recast(t, DType::kF32);
   }
-  const bool is_q = name.find("q_proj") != std::string::npos, is_k = name.find("k_proj") != std::string::npos;
+  const bool is_q = name.find("q_proj") != std::string::npos,
+             is_k = name.find("k_proj") != std::string::npos;
   if ((is_q || is_k) && c.rope_layout != target_layout) {
     const int64_t heads = is_q ? c.n_heads : c.n_kv_heads;
     if (out.view().n_dims() == 1) {
       // A bias permutes like a column of rows.
       Tensor as_rows = out.Reshaped({out.shape()[0], 1});
-      out = PermuteRopeRows(as_rows, heads, c.head_dim, c.rope_layout, target_layout).Reshaped({out.shape()[0]});
+      out = PermuteRopeRows(as_rows, heads, c.head_dim, c.rope_layout, target_layout)
+                .Reshaped({out.shape()[0]});
     } else {
       out = PermuteRopeRows(out, heads, c.head_dim, c.rope_layout, target_layout);
     }
@@ -81,7 +84,8 @@ Result<Tensor> Prepare(const Model& m, const std::string& name, const Tensor& t,
   return out;
 }
 
-Status WriteGguf(const Model& m, const ConvertOptions& o, const std::function<Status(formats::GgufWriter*)>& extra) {
+Status WriteGguf(const Model& m, const ConvertOptions& o,
+                 const std::function<Status(formats::GgufWriter*)>& extra) {
   const ModelConfig& c = m.config();
   formats::GgufWriter w;
   const std::string a = c.arch;
@@ -114,10 +118,12 @@ Status WriteGguf(const Model& m, const ConvertOptions& o, const std::function<St
     for (size_t i = 0; i < base.size(); ++i) freq_factors[i] = base[i] / scaled[i];
   }
   if (!freq_factors.empty()) {
-    w.AddTensor("rope_freqs.weight", Tensor::FromF32(freq_factors, DType::kF32, {static_cast<int64_t>(freq_factors.size())}));
+    w.AddTensor("rope_freqs.weight", Tensor::FromF32(freq_factors, DType::kF32,
+                                                     {static_cast<int64_t>(freq_factors.size())}));
   }
   // llama.cpp's llama architecture uses the interleaved pair order; qwen2 rotate-half.
-  const auto target = c.arch == "llama" ? kernels::RopeLayout::kInterleaved : kernels::RopeLayout::kHalf;
+  const auto target =
+      c.arch == "llama" ? kernels::RopeLayout::kInterleaved : kernels::RopeLayout::kHalf;
   for (const auto& [name, t] : m.tensors()) {
     auto g = HfToGgufName(name);
     if (!g) return InvalidArgumentError("no GGUF name for tensor '" + name + "'");
@@ -130,13 +136,15 @@ Status WriteGguf(const Model& m, const ConvertOptions& o, const std::function<St
 
 Status WriteHf(const Model& m, const ConvertOptions& o) {
   const ModelConfig& c = m.config();
-  if (::mkdir(o.output.c_str(), 0755) != 0 && errno != EEXIST) return ErrnoError(errno, "cannot create " + o.output);
+  if (::mkdir(o.output.c_str(), 0755) != 0 && errno != EEXIST)
+    return ErrnoError(errno, "cannot create " + o.output);
   std::vector<std::pair<std::string, Tensor>> out;
   for (const auto& [name, t] : m.tensors()) {
     CHORUS_ASSIGN_OR_RETURN(Tensor p, Prepare(m, name, t, o, kernels::RopeLayout::kHalf));
     out.emplace_back(name, std::move(p));
   }
-  CHORUS_RETURN_IF_ERROR(formats::WriteSafetensors(o.output + "/model.safetensors", out, {{"format", "pt"}}));
+  CHORUS_RETURN_IF_ERROR(
+      formats::WriteSafetensors(o.output + "/model.safetensors", out, {{"format", "pt"}}));
   nlohmann::json j;
   j["architectures"] = {c.arch == "qwen2" ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
   j["model_type"] = c.arch;
@@ -156,13 +164,15 @@ Status WriteHf(const Model& m, const ConvertOptions& o) {
   if (c.rope_scaling.type == RopeScaling::Type::kLinear) {
     j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rope_scaling.factor}};
   } else if (c.rope_scaling.type == RopeScaling::Type::kLlama3) {
-    j["rope_scaling"] = {{"rope_type", "llama3"},
-                         {"factor", c.rope_scaling.factor},
-                         {"low_freq_factor", c.rope_scaling.low_freq_factor},
-                         {"high_freq_factor", c.rope_scaling.high_freq_factor},
-                         {"original_max_position_embeddings", c.rope_scaling.original_max_position}};
+    j["rope_scaling"] = {
+        {"rope_type", "llama3"},
+        {"factor", c.rope_scaling.factor},
+        {"low_freq_factor", c.rope_scaling.low_freq_factor},
+        {"high_freq_factor", c.rope_scaling.high_freq_factor},
+        {"original_max_position_embeddings", c.rope_scaling.original_max_position}};
   } else if (!c.rope_freq_factors.empty()) {
-    return UnimplementedError("per-frequency rope factors (GGUF rope_freqs) have no Hugging Face config equivalent");
+    return UnimplementedError(
+        "per-frequency rope factors (GGUF rope_freqs) have no Hugging Face config equivalent");
   }
   const char* dtype_name = "float32";
   if (o.dtype == DType::kBF16) dtype_name = "bfloat16";

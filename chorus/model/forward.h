@@ -1,6 +1,7 @@
-// The forward pass over one step (docs/architecture.md, "One request"): any mix of prefill chunks and decode rows of many
-// sequences, computed as one batch. Each row is one token of one sequence at one position; its
-// K/V are written into the sequence's paged KV blocks, then attention reads positions [0, pos].
+// The forward pass over one step (docs/architecture.md, "One request"): any mix of prefill chunks
+// and decode rows of many sequences, computed as one batch. Each row is one token of one sequence
+// at one position; its K/V are written into the sequence's paged KV blocks, then attention reads
+// positions [0, pos].
 //
 // Every linear layer is computed once for all rows of the step (x·Wᵀ streams W once), after
 // which an optional LinearHook adds per-row terms — the seam where LoRA / delta adapters plug
@@ -40,7 +41,8 @@ class LinearHook {
   // so that an implementation can share work between them. Default: Apply for each, in order.
   virtual void ApplyGroup(int64_t layer, std::span<const Target> targets, const float* x,
                           int64_t x_stride, int64_t n_rows, ThreadPool* pool) const {
-    for (const Target& t : targets) Apply(layer, t.which, x, x_stride, t.y, t.y_stride, n_rows, pool);
+    for (const Target& t : targets)
+      Apply(layer, t.which, x, x_stride, t.y, t.y_stride, n_rows, pool);
   }
 };
 

@@ -38,7 +38,8 @@ Result<std::shared_ptr<const Model>> LoadLlama2c(const std::string& path) {
   Model::NamedTensors named;
   auto get = [&](const char* n) -> Result<Tensor> {
     auto it = ck.tensors.find(n);
-    if (it == ck.tensors.end()) return DataLossError(path + ": llama2.c tensor '" + n + "' missing");
+    if (it == ck.tensors.end())
+      return DataLossError(path + ": llama2.c tensor '" + n + "' missing");
     return it->second;
   };
   CHORUS_ASSIGN_OR_RETURN(Tensor emb, get("token_embedding_table"));
@@ -130,12 +131,17 @@ Result<std::shared_ptr<const Model>> LoadGguf(const std::string& path) {
   CHORUS_RETURN_IF_ERROR(get_int("context_length", &c.max_seq_len, false));
   c.head_dim = c.n_heads > 0 ? c.n_embd / c.n_heads : 0;
   CHORUS_RETURN_IF_ERROR(get_int("attention.key_length", &c.head_dim, false));
-  if (auto eps = g->GetFloat(arch + ".attention.layer_norm_rms_epsilon"); eps.ok()) c.norm_eps = static_cast<float>(*eps);
-  if (auto th = g->GetFloat(arch + ".rope.freq_base"); th.ok()) c.rope_theta = static_cast<float>(*th);
+  if (auto eps = g->GetFloat(arch + ".attention.layer_norm_rms_epsilon"); eps.ok())
+    c.norm_eps = static_cast<float>(*eps);
+  if (auto th = g->GetFloat(arch + ".rope.freq_base"); th.ok())
+    c.rope_theta = static_cast<float>(*th);
   if (auto st = g->GetString(arch + ".rope.scaling.type"); st.ok() && *st != "none") {
-    if (*st != "linear") return UnimplementedError(path + ": rope scaling '" + st->substr(0, 32) + "' is not supported");
+    if (*st != "linear")
+      return UnimplementedError(path + ": rope scaling '" + st->substr(0, 32) +
+                                "' is not supported");
     c.rope_scaling.type = RopeScaling::Type::kLinear;
-    if (auto f = g->GetFloat(arch + ".rope.scaling.factor"); f.ok()) c.rope_scaling.factor = static_cast<float>(*f);
+    if (auto f = g->GetFloat(arch + ".rope.scaling.factor"); f.ok())
+      c.rope_scaling.factor = static_cast<float>(*f);
   }
   Model::NamedTensors named;
   bool has_output = false;
@@ -147,7 +153,8 @@ Result<std::shared_ptr<const Model>> LoadGguf(const std::string& path) {
       continue;
     }
     auto hf = GgufToHfName(info.name);
-    if (!hf) return err("unexpected tensor '" + info.name.substr(0, 96) + "' for architecture " + arch);
+    if (!hf)
+      return err("unexpected tensor '" + info.name.substr(0, 96) + "' for architecture " + arch);
     CHORUS_ASSIGN_OR_RETURN(Tensor t, g->GetTensor(info.name));
     has_output |= *hf == "lm_head.weight";
     named.emplace_back(*hf, std::move(t));
@@ -157,7 +164,8 @@ Result<std::shared_ptr<const Model>> LoadGguf(const std::string& path) {
     if (name == "model.embed_tokens.weight" && t.view().n_dims() == 2) c.vocab_size = t.shape()[0];
   }
   if (auto vs = g->GetInt(arch + ".vocab_size"); vs.ok() && c.vocab_size != *vs) {
-    return err("vocab_size " + std::to_string(*vs) + " disagrees with token_embd rows " + std::to_string(c.vocab_size));
+    return err("vocab_size " + std::to_string(*vs) + " disagrees with token_embd rows " +
+               std::to_string(c.vocab_size));
   }
   return Model::Build(std::move(c), std::move(named), ModelFormat::kGguf, path);
 }
@@ -169,10 +177,14 @@ Result<std::shared_ptr<const Model>> LoadModel(const std::string& path) {
   CHORUS_ASSIGN_OR_RETURN(auto mf, MappedFile::Open(path));
   if (mf->size() >= 4 && std::memcmp(mf->data(), "GGUF", 4) == 0) return LoadGguf(path);
   if (mf->size() >= 8 && (std::memcmp(mf->data() + 1, "HDF", 3) == 0 || mf->data()[0] == '{')) {
-    return InvalidArgumentError(path + ": not a model file Chorus reads (expected a GGUF file, a llama2.c .bin or a Hugging Face directory)");
+    return InvalidArgumentError(path +
+                                ": not a model file Chorus reads (expected a GGUF file, a llama2.c "
+                                ".bin or a Hugging Face directory)");
   }
   if (path.size() > 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0) {
-    return InvalidArgumentError(path + ": pass the Hugging Face model directory (with config.json), not the .safetensors file");
+    return InvalidArgumentError(
+        path +
+        ": pass the Hugging Face model directory (with config.json), not the .safetensors file");
   }
   return LoadLlama2c(path);
 }

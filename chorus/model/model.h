@@ -23,8 +23,8 @@ inline constexpr int kNumLinears = 7;
 const char* LinearName(Linear l);  // "q_proj", ...
 
 struct LayerWeights {
-  Tensor attn_norm;  // [n_embd] f32
-  Tensor ffn_norm;   // [n_embd] f32
+  Tensor attn_norm;                           // [n_embd] f32
+  Tensor ffn_norm;                            // [n_embd] f32
   kernels::PackedWeight linear[kNumLinears];  // q [q_dim, n_embd], k/v [kv_dim, n_embd],
                                               // o [n_embd, q_dim], gate/up [n_ff, n_embd],
                                               // down [n_embd, n_ff]
@@ -33,8 +33,8 @@ struct LayerWeights {
 };
 
 struct Weights {
-  Tensor tok_embd;     // [vocab, n_embd], any dtype (rows dequantized at lookup)
-  Tensor output_norm;  // [n_embd] f32
+  Tensor tok_embd;               // [vocab, n_embd], any dtype (rows dequantized at lookup)
+  Tensor output_norm;            // [n_embd] f32
   kernels::PackedWeight output;  // [vocab, n_embd] (the embedding itself when tied)
   std::vector<LayerWeights> layers;
 };
@@ -73,7 +73,8 @@ class Model {
 
 // HF tensor names used by Model::Build.
 std::string HfLayerTensorName(int64_t layer, Linear l);  // ...self_attn.q_proj.weight
-std::string HfLayerNormName(int64_t layer, bool ffn);    // ...input_layernorm / post_attention_layernorm
-std::string HfBiasName(int64_t layer, Linear l);         // ...self_attn.q_proj.bias
+std::string HfLayerNormName(int64_t layer,
+                            bool ffn);            // ...input_layernorm / post_attention_layernorm
+std::string HfBiasName(int64_t layer, Linear l);  // ...self_attn.q_proj.bias
 
 }  // namespace chorus::model

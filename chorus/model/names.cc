@@ -28,7 +28,8 @@ constexpr std::pair<const char*, const char*> kGlobalNames[] = {
 };
 
 // Splits "<prefix><digits>.<rest>" into layer and rest.
-bool SplitLayer(const std::string& name, const std::string& prefix, std::string* layer, std::string* rest) {
+bool SplitLayer(const std::string& name, const std::string& prefix, std::string* layer,
+                std::string* rest) {
   if (name.compare(0, prefix.size(), prefix) != 0) return false;
   size_t i = prefix.size(), j = i;
   while (j < name.size() && name[j] >= '0' && name[j] <= '9') ++j;

@@ -42,11 +42,11 @@ class StepBuilder {
 
  private:
   int64_t max_rows_, max_seqs_;
-  std::vector<int32_t> tokens_;      // [rows]
-  std::vector<int32_t> positions_;   // [rows]
-  std::vector<int32_t> seq_;         // [rows] index into tables_
+  std::vector<int32_t> tokens_;         // [rows]
+  std::vector<int32_t> positions_;      // [rows]
+  std::vector<int32_t> seq_;            // [rows] index into tables_
   std::vector<const int32_t*> tables_;  // [seqs] not owned
-  std::vector<int32_t> logit_rows_;  // [sequences that want logits]
+  std::vector<int32_t> logit_rows_;     // [sequences that want logits]
 };
 
 }  // namespace chorus::model

@@ -14,10 +14,10 @@ TEST(StepBuilderTest, SequencesBecomeContiguousRowsWithTheirTablesAndLogitRows) 
   const std::vector<int32_t> table_a = {4, 5}, table_b = {7}, table_c = {9};
   const std::vector<int32_t> prompt = {1, 10, 11, 12};
   const std::vector<int32_t> decode = {42};
-  EXPECT_EQ(b.AddSequence(prompt, 0, table_a.data(), /*want_logits=*/true), 0);    // prefill
-  EXPECT_EQ(b.AddSequence(decode, 17, table_b.data(), /*want_logits=*/true), 1);   // decode row
+  EXPECT_EQ(b.AddSequence(prompt, 0, table_a.data(), /*want_logits=*/true), 0);   // prefill
+  EXPECT_EQ(b.AddSequence(decode, 17, table_b.data(), /*want_logits=*/true), 1);  // decode row
   EXPECT_EQ(b.AddSequence(std::span<const int32_t>(prompt).subspan(2), 2, table_c.data(),
-                          /*want_logits=*/false),                                  // a chunk
+                          /*want_logits=*/false),  // a chunk
             2);
   EXPECT_EQ(b.rows(), 7);
   EXPECT_EQ(b.seqs(), 3);

@@ -36,7 +36,8 @@ Tensor RandomTensor(DType dtype, std::vector<int64_t> shape, uint64_t seed, floa
   for (int64_t r = 0; r < rows; ++r) {
     // Uniform with matching variance: much faster than Box–Muller for billions of weights.
     for (auto& v : row) v = (rng.NextFloat() * 2.0f - 1.0f) * stddev * 1.7320508f;
-    QuantizeRow(dtype, row.data(), static_cast<uint8_t*>(t.mutable_data()) + r * t.view().RowBytes(), cols);
+    QuantizeRow(dtype, row.data(),
+                static_cast<uint8_t*>(t.mutable_data()) + r * t.view().RowBytes(), cols);
   }
   return t;
 }
@@ -71,7 +72,8 @@ Result<ModelConfig> SyntheticConfig(const std::string& shape) {
   }
   std::string list;
   for (const Shape& s : kShapes) list += std::string(list.empty() ? "" : ", ") + s.name;
-  return InvalidArgumentError("unknown synthetic shape '" + shape.substr(0, 64) + "' (known: " + list + ")");
+  return InvalidArgumentError("unknown synthetic shape '" + shape.substr(0, 64) +
+                              "' (known: " + list + ")");
 }
 
 Result<std::shared_ptr<const Model>> MakeSyntheticModel(const SyntheticSpec& spec) {
@@ -88,7 +90,8 @@ Result<std::shared_ptr<const Model>> MakeSyntheticModel(const SyntheticSpec& spe
   const float s_out = s / std::sqrt(2.0f * static_cast<float>(c.n_layers));
   jobs.push_back({"model.embed_tokens.weight", {c.vocab_size, c.n_embd}, spec.dtype, 1.0f});
   jobs.push_back({"model.norm.weight", {c.n_embd}, DType::kF32, 0.0f});
-  if (!c.tie_embeddings) jobs.push_back({"lm_head.weight", {c.vocab_size, c.n_embd}, spec.dtype, s});
+  if (!c.tie_embeddings)
+    jobs.push_back({"lm_head.weight", {c.vocab_size, c.n_embd}, spec.dtype, s});
   const int64_t shapes[kNumLinears][2] = {
       {c.q_dim(), c.n_embd}, {c.kv_dim(), c.n_embd}, {c.kv_dim(), c.n_embd}, {c.n_embd, c.q_dim()},
       {c.n_ff, c.n_embd},    {c.n_ff, c.n_embd},     {c.n_embd, c.n_ff}};

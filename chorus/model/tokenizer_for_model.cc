@@ -25,8 +25,8 @@ Result<std::unique_ptr<tokenizer::Tokenizer>> LoadTokenizerFor(const Model& mode
       std::string candidate = dir + "/tokenizer.bin";
       struct stat st {};
       if (::stat(candidate.c_str(), &st) == 0) return tokenizer::LoadTokenizer(candidate);
-      return InvalidArgumentError(model.source() +
-                                  ": llama2.c checkpoints carry no tokenizer; pass --tokenizer PATH");
+      return InvalidArgumentError(
+          model.source() + ": llama2.c checkpoints carry no tokenizer; pass --tokenizer PATH");
     }
     case ModelFormat::kSynthetic:
       break;

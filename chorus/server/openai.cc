@@ -54,15 +54,15 @@ bool AsInt(const json& v, int64_t* out) {
   return false;
 }
 
-std::optional<ApiError> GetInt(const json& body, const char* key, int64_t lo, int64_t hi, int64_t* out,
-                               bool* present = nullptr) {
+std::optional<ApiError> GetInt(const json& body, const char* key, int64_t lo, int64_t hi,
+                               int64_t* out, bool* present = nullptr) {
   const json* v = Field(body, key);
   if (!v) return std::nullopt;
   int64_t x = 0;
   if (!AsInt(*v, &x)) return BadRequest(std::string(key) + " must be an integer", key);
   if (x < lo || x > hi) {
-    return BadRequest(std::string(key) + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " +
-                          std::to_string(x),
+    return BadRequest(std::string(key) + " must be in [" + std::to_string(lo) + ", " +
+                          std::to_string(hi) + "], got " + std::to_string(x),
                       key);
   }
   *out = x;
@@ -71,29 +71,33 @@ std::optional<ApiError> GetInt(const json& body, const char* key, int64_t lo, in
 }
 
 // A number in [lo, hi] (open at lo when lo_open).
-std::optional<ApiError> GetFloat(const json& body, const char* key, double lo, double hi, bool lo_open, float* out) {
+std::optional<ApiError> GetFloat(const json& body, const char* key, double lo, double hi,
+                                 bool lo_open, float* out) {
   const json* v = Field(body, key);
   if (!v) return std::nullopt;
   if (!v->is_number()) return BadRequest(std::string(key) + " must be a number", key);
   double d = v->get<double>();
   if (!std::isfinite(d) || d < lo || d > hi || (lo_open && d == lo)) {
     char buf[160];
-    std::snprintf(buf, sizeof(buf), "%s must be in %c%g, %g], got %g", key, lo_open ? '(' : '[', lo, hi, d);
+    std::snprintf(buf, sizeof(buf), "%s must be in %c%g, %g], got %g", key, lo_open ? '(' : '[', lo,
+                  hi, d);
     return BadRequest(buf, key);
   }
   *out = static_cast<float>(d);
   return std::nullopt;
 }
 
-std::optional<ApiError> CheckTokenIds(const json& arr, int32_t vocab, const char* param, std::vector<int32_t>* out) {
+std::optional<ApiError> CheckTokenIds(const json& arr, int32_t vocab, const char* param,
+                                      std::vector<int32_t>* out) {
   out->clear();
   out->reserve(arr.size());
   for (const json& t : arr) {
     int64_t id = 0;
-    if (!AsInt(t, &id)) return BadRequest(std::string(param) + " token ids must be integers", param);
+    if (!AsInt(t, &id))
+      return BadRequest(std::string(param) + " token ids must be integers", param);
     if (id < 0 || id >= vocab) {
-      return BadRequest(std::string(param) + " token id " + std::to_string(id) + " is outside the vocabulary [0, " +
-                            std::to_string(vocab) + ")",
+      return BadRequest(std::string(param) + " token id " + std::to_string(id) +
+                            " is outside the vocabulary [0, " + std::to_string(vocab) + ")",
                         param);
     }
     out->push_back(static_cast<int32_t>(id));
@@ -124,7 +128,9 @@ std::optional<ApiError> ParsePrompt(const json& body, const ApiContext& ctx, Api
     return std::nullopt;
   };
   if (p->is_string()) return add_text(p->get_ref<const std::string&>());
-  if (!p->is_array()) return BadRequest("prompt must be a string, a list of strings or a list of token ids", "prompt");
+  if (!p->is_array())
+    return BadRequest("prompt must be a string, a list of strings or a list of token ids",
+                      "prompt");
   if (p->empty()) return BadRequest("prompt must not be empty", "prompt");
   const json& first = (*p)[0];
   if (first.is_number()) return add_ids(*p);
@@ -137,8 +143,10 @@ std::optional<ApiError> ParsePrompt(const json& body, const ApiContext& ctx, Api
     } else if (first.is_array() && e.is_array()) {
       if (auto err = add_ids(e)) return err;
     } else {
-      return BadRequest("prompt must be a string, a list of strings, a list of token ids or a list of token-id lists",
-                        "prompt");
+      return BadRequest(
+          "prompt must be a string, a list of strings, a list of token ids or a list of token-id "
+          "lists",
+          "prompt");
     }
   }
   return std::nullopt;
@@ -152,7 +160,8 @@ std::optional<ApiError> MessageContent(const json& content, std::string* out) {
     *out = content.get<std::string>();
     return std::nullopt;
   }
-  if (!content.is_array()) return BadRequest("message content must be a string or a list of parts", "messages");
+  if (!content.is_array())
+    return BadRequest("message content must be a string or a list of parts", "messages");
   bool first = true;
   for (const json& part : content) {
     if (!part.is_object()) return BadRequest("message content parts must be objects", "messages");
@@ -161,7 +170,8 @@ std::optional<ApiError> MessageContent(const json& content, std::string* out) {
       return BadRequest("only text content parts are supported", "messages", "unsupported");
     }
     auto text = part.find("text");
-    if (text == part.end() || !text->is_string()) return BadRequest("a text part needs a string `text`", "messages");
+    if (text == part.end() || !text->is_string())
+      return BadRequest("a text part needs a string `text`", "messages");
     if (!first) *out += "\n";
     *out += text->get_ref<const std::string&>();
     first = false;
@@ -175,7 +185,8 @@ std::optional<ApiError> ParseMessages(const json& body, const ApiContext& ctx, A
   if (!m->is_array()) return BadRequest("messages must be a list", "messages");
   if (m->empty()) return BadRequest("messages must not be empty", "messages");
   if (m->size() > static_cast<size_t>(kMaxMessages)) {
-    return BadRequest("at most " + std::to_string(kMaxMessages) + " messages per request", "messages");
+    return BadRequest("at most " + std::to_string(kMaxMessages) + " messages per request",
+                      "messages");
   }
   std::vector<tokenizer::ChatMessage> msgs;
   msgs.reserve(m->size());
@@ -227,7 +238,8 @@ std::optional<ApiError> ParseStop(const json& body, ApiRequest* out) {
     const auto& str = v.get_ref<const std::string&>();
     if (str.empty()) return BadRequest("stop strings must not be empty", "stop");
     if (str.size() > kMaxStopBytes) {
-      return BadRequest("stop strings must be at most " + std::to_string(kMaxStopBytes) + " bytes", "stop");
+      return BadRequest("stop strings must be at most " + std::to_string(kMaxStopBytes) + " bytes",
+                        "stop");
     }
     out->gen.stop.push_back(str);
     return std::nullopt;
@@ -277,7 +289,8 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, std::string_view body, con
                                         ApiRequest* out) {
   *out = ApiRequest{};
   out->kind = kind;
-  if (JsonNestingDepth(body, kMaxJsonDepth) > kMaxJsonDepth) return BadRequest("request body is nested too deeply");
+  if (JsonNestingDepth(body, kMaxJsonDepth) > kMaxJsonDepth)
+    return BadRequest("request body is nested too deeply");
   json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return BadRequest("request body is not valid JSON (or not UTF-8)");
   if (!j.is_object()) return BadRequest("request body must be a JSON object");
@@ -323,7 +336,8 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, std::string_view body, con
   }
 
   auto& sp = g.sampling;
-  if (auto e = GetFloat(j, "temperature", 0.0, engine::kMaxTemperature, false, &sp.temperature)) return e;
+  if (auto e = GetFloat(j, "temperature", 0.0, engine::kMaxTemperature, false, &sp.temperature))
+    return e;
   if (auto e = GetFloat(j, "top_p", 0.0, 1.0, true, &sp.top_p)) return e;
   v = 0;
   if (auto e = GetInt(j, "top_k", -1, INT32_MAX, &v)) return e;
@@ -331,7 +345,8 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, std::string_view body, con
   if (auto e = GetFloat(j, "min_p", 0.0, 1.0, false, &sp.min_p)) return e;
   if (auto e = GetFloat(j, "presence_penalty", -2.0, 2.0, false, &sp.presence_penalty)) return e;
   if (auto e = GetFloat(j, "frequency_penalty", -2.0, 2.0, false, &sp.frequency_penalty)) return e;
-  if (auto e = GetFloat(j, "repetition_penalty", 0.0, engine::kMaxRepetitionPenalty, true, &sp.repetition_penalty))
+  if (auto e = GetFloat(j, "repetition_penalty", 0.0, engine::kMaxRepetitionPenalty, true,
+                        &sp.repetition_penalty))
     return e;
   if (const json* s = Field(j, "seed")) {
     if (s->is_number_unsigned()) {
@@ -344,7 +359,8 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, std::string_view body, con
   }
   if (auto e = ParseStop(j, out)) return e;
   if (const json* ids = Field(j, "stop_token_ids")) {
-    if (!ids->is_array()) return BadRequest("stop_token_ids must be a list of token ids", "stop_token_ids");
+    if (!ids->is_array())
+      return BadRequest("stop_token_ids must be a list of token ids", "stop_token_ids");
     if (ids->size() > 256) return BadRequest("at most 256 stop_token_ids", "stop_token_ids");
     if (auto e = CheckTokenIds(*ids, ctx.vocab_size, "stop_token_ids", &g.stop_token_ids)) return e;
   }
@@ -352,7 +368,8 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, std::string_view body, con
   if (auto e = GetBool(j, "stream", &out->stream)) return e;
   if (const json* so = Field(j, "stream_options")) {
     if (!so->is_object()) return BadRequest("stream_options must be an object", "stream_options");
-    if (!out->stream) return BadRequest("stream_options is only allowed when stream is true", "stream_options");
+    if (!out->stream)
+      return BadRequest("stream_options is only allowed when stream is true", "stream_options");
     if (auto e = GetBool(*so, "include_usage", &out->include_usage)) {
       e->param = "stream_options.include_usage";
       return e;
@@ -364,7 +381,8 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, std::string_view body, con
     out->logprobs = static_cast<int>(v);
     if (auto e = GetBool(j, "echo", &out->echo)) return e;
     if (out->echo && out->logprobs >= 0) {
-      return BadRequest("echo with logprobs (prompt logprobs) is not supported", "echo", "unsupported");
+      return BadRequest("echo with logprobs (prompt logprobs) is not supported", "echo",
+                        "unsupported");
     }
     if (const json* s = Field(j, "suffix")) {
       if (!s->is_string() || !s->get_ref<const std::string&>().empty()) {
@@ -377,21 +395,25 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, std::string_view body, con
     bool top_present = false;
     v = 0;
     if (auto e = GetInt(j, "top_logprobs", 0, engine::kMaxLogprobs, &v, &top_present)) return e;
-    if (top_present && !logprobs) return BadRequest("top_logprobs requires logprobs to be true", "top_logprobs");
+    if (top_present && !logprobs)
+      return BadRequest("top_logprobs requires logprobs to be true", "top_logprobs");
     out->logprobs = logprobs ? static_cast<int>(v) : -1;
     if (const json* t = Field(j, "tools")) {
-      if (!t->is_array() || !t->empty()) return BadRequest("tools are not supported", "tools", "unsupported");
+      if (!t->is_array() || !t->empty())
+        return BadRequest("tools are not supported", "tools", "unsupported");
     }
     if (const json* rf = Field(j, "response_format")) {
       auto type = rf->is_object() ? rf->find("type") : rf->end();
       if (!rf->is_object() || type == rf->end() || *type != "text") {
-        return BadRequest("only response_format {\"type\": \"text\"} is supported", "response_format", "unsupported");
+        return BadRequest("only response_format {\"type\": \"text\"} is supported",
+                          "response_format", "unsupported");
       }
     }
   }
   if (out->logprobs >= 0) sp.logprobs = out->logprobs;
   if (const json* lb = Field(j, "logit_bias")) {
-    if (!lb->is_object() || !lb->empty()) return BadRequest("logit_bias is not supported", "logit_bias", "unsupported");
+    if (!lb->is_object() || !lb->empty())
+      return BadRequest("logit_bias is not supported", "logit_bias", "unsupported");
   }
   if (Status s = sp.Validate(); !s.ok()) return ErrorFromStatus(s);
 
@@ -400,13 +422,15 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, std::string_view body, con
   } else {
     if (auto e = ParseMessages(j, ctx, out)) return e;
   }
-  if (out->prompts.size() * static_cast<size_t>(g.n) > static_cast<size_t>(kMaxPrompts) * kMaxChoices) {
+  if (out->prompts.size() * static_cast<size_t>(g.n) >
+      static_cast<size_t>(kMaxPrompts) * kMaxChoices) {
     return BadRequest("too many choices (prompts x n)", "n");
   }
   return std::nullopt;
 }
 
-std::optional<ApiError> MakeGenerationRequest(const ApiRequest& req, size_t i, const ApiContext& ctx,
+std::optional<ApiError> MakeGenerationRequest(const ApiRequest& req, size_t i,
+                                              const ApiContext& ctx,
                                               engine::GenerationRequest* out) {
   *out = req.gen;
   out->prompt = req.prompts[i];
@@ -419,14 +443,15 @@ std::optional<ApiError> MakeGenerationRequest(const ApiRequest& req, size_t i, c
     if (req.kind == ApiKind::kCompletion)
       out->max_tokens = std::min<int64_t>(out->max_tokens, kDefaultCompletionTokens);
     if (out->max_tokens < 1) {
-      return BadRequest("this model's maximum context length is " + std::to_string(ctx.max_context) +
-                            " tokens, but the prompt has " + std::to_string(n_prompt) + " tokens",
+      return BadRequest("this model's maximum context length is " +
+                            std::to_string(ctx.max_context) + " tokens, but the prompt has " +
+                            std::to_string(n_prompt) + " tokens",
                         param, "context_length_exceeded");
     }
   } else if (n_prompt + out->max_tokens > ctx.max_context) {
     return BadRequest("this model's maximum context length is " + std::to_string(ctx.max_context) +
-                          " tokens, but the request needs " + std::to_string(n_prompt) + " prompt + " +
-                          std::to_string(out->max_tokens) + " completion tokens",
+                          " tokens, but the request needs " + std::to_string(n_prompt) +
+                          " prompt + " + std::to_string(out->max_tokens) + " completion tokens",
                       param, "context_length_exceeded");
   }
   return std::nullopt;
@@ -440,7 +465,9 @@ std::string NewResponseId(ApiKind kind) {
   return id;
 }
 
-std::string DumpJson(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+std::string DumpJson(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
 
 json Usage::ToJson() const {
   return {{"prompt_tokens", prompt_tokens},
@@ -448,7 +475,8 @@ json Usage::ToJson() const {
           {"total_tokens", prompt_tokens + completion_tokens}};
 }
 
-ResponseBuilder::ResponseBuilder(const ApiRequest& req, const ApiContext& ctx, std::string id, int64_t created)
+ResponseBuilder::ResponseBuilder(const ApiRequest& req, const ApiContext& ctx, std::string id,
+                                 int64_t created)
     : req_(req), ctx_(ctx), id_(std::move(id)), created_(created) {
   const size_t n = static_cast<size_t>(req.gen.n);
   choices_.resize(req.prompts.size() * n);
@@ -501,7 +529,10 @@ void ResponseBuilder::AddLogprobs(Choice* c, const engine::StreamEvent& ev, json
       std::string tt = TokenText(c->prev_token, t.token);
       top.push_back({{"token", tt}, {"logprob", clamp(t.logprob)}, {"bytes", bytes(tt)}});
     }
-    json entry = {{"token", text}, {"logprob", clamp(ev.logprob)}, {"bytes", bytes(text)}, {"top_logprobs", top}};
+    json entry = {{"token", text},
+                  {"logprob", clamp(ev.logprob)},
+                  {"bytes", bytes(text)},
+                  {"top_logprobs", top}};
     c->content.push_back(entry);
     if (delta) *delta = {{"content", json::array({entry})}};
   }
@@ -572,10 +603,15 @@ std::string ResponseBuilder::OpeningChunks() {
   for (size_t i = 0; i < choices_.size(); ++i) {
     json choice;
     if (req_.kind == ApiKind::kChat) {
-      choice = {{"index", i}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr},
+      choice = {{"index", i},
+                {"delta", {{"role", "assistant"}, {"content", ""}}},
+                {"logprobs", nullptr},
                 {"finish_reason", nullptr}};
     } else if (req_.echo) {
-      choice = {{"index", i}, {"text", choices_[i].text}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+      choice = {{"index", i},
+                {"text", choices_[i].text},
+                {"logprobs", nullptr},
+                {"finish_reason", nullptr}};
     } else {
       continue;
     }
@@ -626,6 +662,8 @@ std::string ResponseBuilder::ClosingChunks(const Usage& usage) const {
   return out;
 }
 
-std::string ResponseBuilder::ErrorChunk(const ApiError& e) { return "data: " + e.ToJson() + "\n\n"; }
+std::string ResponseBuilder::ErrorChunk(const ApiError& e) {
+  return "data: " + e.ToJson() + "\n\n";
+}
 
 }  // namespace chorus::server

@@ -23,12 +23,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "chorus/engine/request.h"
 #include "chorus/server/api_error.h"
@@ -53,12 +52,13 @@ inline constexpr int64_t kDefaultCompletionTokens = 16;
 struct ApiContext {
   const tokenizer::Tokenizer* tok = nullptr;
   const tokenizer::ChatTemplate* chat_template = nullptr;  // required for chat
-  int32_t vocab_size = 0;      // token ids accepted in prompts: [0, vocab_size)
-  int64_t max_context = 0;     // prompt + completion tokens one sequence may hold
-  std::string served_model;    // the base model's name
+  int32_t vocab_size = 0;    // token ids accepted in prompts: [0, vocab_size)
+  int64_t max_context = 0;   // prompt + completion tokens one sequence may hold
+  std::string served_model;  // the base model's name
   // Resolves a `model` other than served_model to a variant: sets gen->lora and gen->adapter,
   // or returns the error (404 model_not_found for an unknown name). Null = base model only.
-  std::function<std::optional<ApiError>(const std::string& model, engine::GenerationRequest* gen)> resolve_variant;
+  std::function<std::optional<ApiError>(const std::string& model, engine::GenerationRequest* gen)>
+      resolve_variant;
 };
 
 // A parsed request: one engine request per prompt, sharing everything but the prompt.
@@ -80,7 +80,8 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, std::string_view body, con
 
 // The engine request for prompt `i` with max_tokens resolved against the context. Errors:
 // 400 context_length_exceeded when the prompt leaves no room.
-std::optional<ApiError> MakeGenerationRequest(const ApiRequest& req, size_t i, const ApiContext& ctx,
+std::optional<ApiError> MakeGenerationRequest(const ApiRequest& req, size_t i,
+                                              const ApiContext& ctx,
                                               engine::GenerationRequest* out);
 
 // Depth of [ and { nesting outside strings; stops counting past `limit` (cheap pre-check that
@@ -124,7 +125,7 @@ class ResponseBuilder {
   struct Choice {
     int32_t prev_token = -1;  // for token text in logprobs
     std::string text;
-    std::string finish;       // "stop" / "length" / ""
+    std::string finish;  // "stop" / "length" / ""
     // completions logprobs
     nlohmann::json tokens = nlohmann::json::array();
     nlohmann::json token_logprobs = nlohmann::json::array();

@@ -28,7 +28,9 @@ class OpenAiTest : public ::testing::Test {
     ctx_.served_model = "stories";
   }
 
-  std::optional<ApiError> Parse(ApiKind kind, const std::string& body) { return ParseApiRequest(kind, body, ctx_, &req_); }
+  std::optional<ApiError> Parse(ApiKind kind, const std::string& body) {
+    return ParseApiRequest(kind, body, ctx_, &req_);
+  }
   // Expects a 400 naming `param`.
   void ExpectBad(ApiKind kind, const std::string& body, const std::string& param) {
     auto e = Parse(kind, body);
@@ -91,8 +93,9 @@ TEST_F(OpenAiTest, CompletionDefaults) {
 }
 
 TEST_F(OpenAiTest, CompletionFieldsAndPromptForms) {
-  ASSERT_FALSE(Parse(ApiKind::kCompletion,
-                     R"({"prompt":["a","b c"],"n":2,"max_tokens":7,"temperature":0.5,"top_p":0.9,"top_k":5,
+  ASSERT_FALSE(
+      Parse(ApiKind::kCompletion,
+            R"({"prompt":["a","b c"],"n":2,"max_tokens":7,"temperature":0.5,"top_p":0.9,"top_k":5,
                          "min_p":0.1,"presence_penalty":0.5,"frequency_penalty":-0.5,"repetition_penalty":1.2,
                          "seed":-3,"stop":["x","yz"],"ignore_eos":true,"stream":true,
                          "stream_options":{"include_usage":true},"logprobs":3,"user":"u","stop_token_ids":[5]})"));
@@ -191,7 +194,8 @@ TEST_F(OpenAiTest, ChatRendersWithTemplate) {
   ASSERT_EQ(req_.prompts.size(), 1u);
   // ChatML default template, BOS prepended by the tokenizer's rule.
   const std::string expected =
-      "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi\nthere<|im_end|>\n<|im_start|>assistant\n";
+      "<|im_start|>system\nBe "
+      "brief.<|im_end|>\n<|im_start|>user\nHi\nthere<|im_end|>\n<|im_start|>assistant\n";
   EXPECT_EQ(req_.prompts[0], tok_->Encode(expected, {}));
   EXPECT_EQ(req_.gen.max_tokens, 5);  // max_completion_tokens wins
   EXPECT_EQ(req_.logprobs, 2);
@@ -202,10 +206,12 @@ TEST_F(OpenAiTest, ChatRendersWithTemplate) {
   ExpectBad(K, R"({"messages":"hi"})", "messages");
   ExpectBad(K, R"({"messages":[{"content":"x"}]})", "messages");
   ExpectBad(K, R"({"messages":[{"role":"user","content":5}]})", "messages");
-  ExpectBad(K, R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{}}]}]})", "messages");
+  ExpectBad(K, R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{}}]}]})",
+            "messages");
   ExpectBad(K, R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", "top_logprobs");
   ExpectBad(K, R"({"messages":[{"role":"user","content":"x"}],"logprobs":1})", "logprobs");
-  ExpectBad(K, R"({"messages":[{"role":"user","content":"x"}],"max_completion_tokens":-1})", "max_completion_tokens");
+  ExpectBad(K, R"({"messages":[{"role":"user","content":"x"}],"max_completion_tokens":-1})",
+            "max_completion_tokens");
 }
 
 TEST_F(OpenAiTest, ChatTemplateErrorsAreBadRequests) {
@@ -218,7 +224,8 @@ TEST_F(OpenAiTest, ChatTemplateErrorsAreBadRequests) {
   EXPECT_NE(e->message.find("roles must alternate"), std::string::npos);
 }
 
-engine::StreamEvent Ev(int index, int32_t token, std::string text, engine::FinishReason f = engine::FinishReason::kNone) {
+engine::StreamEvent Ev(int index, int32_t token, std::string text,
+                       engine::FinishReason f = engine::FinishReason::kNone) {
   engine::StreamEvent ev;
   ev.index = index;
   ev.token = token;
@@ -309,7 +316,9 @@ TEST_F(OpenAiTest, ChatChunkShapes) {
 }
 
 TEST_F(OpenAiTest, ChatLogprobsShape) {
-  ASSERT_FALSE(Parse(ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":2})"));
+  ASSERT_FALSE(
+      Parse(ApiKind::kChat,
+            R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":2})"));
   ResponseBuilder b(req_, ctx_, "chatcmpl-2", 7);
   auto ev = Ev(0, 403, "Once", engine::FinishReason::kLength);
   ev.logprob = -0.25f;
@@ -344,11 +353,15 @@ TEST(PrometheusTest, RendersEngineAndHttpSeries) {
   EXPECT_NE(t.find("chorus_queue_length 3\n"), std::string::npos);
   EXPECT_NE(t.find("chorus_kv_blocks_free 6\n"), std::string::npos);
   EXPECT_NE(t.find("# TYPE chorus_time_to_first_token_seconds histogram"), std::string::npos);
-  EXPECT_NE(t.find("chorus_time_to_first_token_seconds_bucket{le=\"0.025\"} 1\n"), std::string::npos);
-  EXPECT_NE(t.find("chorus_time_to_first_token_seconds_bucket{le=\"+Inf\"} 2\n"), std::string::npos);
+  EXPECT_NE(t.find("chorus_time_to_first_token_seconds_bucket{le=\"0.025\"} 1\n"),
+            std::string::npos);
+  EXPECT_NE(t.find("chorus_time_to_first_token_seconds_bucket{le=\"+Inf\"} 2\n"),
+            std::string::npos);
   EXPECT_NE(t.find("chorus_time_to_first_token_seconds_count 2\n"), std::string::npos);
-  EXPECT_NE(t.find("chorus_http_requests_total{route=\"/v1/completions\",status=\"200\"} 2\n"), std::string::npos);
-  EXPECT_NE(t.find("chorus_http_requests_total{route=\"other\",status=\"404\"} 1\n"), std::string::npos);
+  EXPECT_NE(t.find("chorus_http_requests_total{route=\"/v1/completions\",status=\"200\"} 2\n"),
+            std::string::npos);
+  EXPECT_NE(t.find("chorus_http_requests_total{route=\"other\",status=\"404\"} 1\n"),
+            std::string::npos);
   EXPECT_EQ(RenderPrometheus(nullptr, http, 0).find("chorus_queue_length"), std::string::npos);
 }
 

@@ -290,8 +290,9 @@ std::string RenderGatewayPrometheus(const engine::EngineMetrics& m,
     for (const std::string& n : names) s += (s.empty() ? "" : ",") + n;
     return EscapeLabelValue(s);
   };
-  Header(&out, "vllm:lora_requests_info", "gauge",
-         "Adapters of running and waiting requests; the value is the Unix time of the last change.");
+  Header(
+      &out, "vllm:lora_requests_info", "gauge",
+      "Adapters of running and waiting requests; the value is the Unix time of the last change.");
   out += "vllm:lora_requests_info{max_lora=\"" + std::to_string(opts.max_lora) +
          "\",running_lora_adapters=\"" + join(a.running) + "\",waiting_lora_adapters=\"" +
          join(a.waiting) + "\"} " + Num(a.updated_unix_seconds) + "\n";

@@ -56,7 +56,7 @@ std::string RenderAdapterPrometheus(const engine::AdapterMetrics& m,
 // ---- What an inference gateway reads ----
 
 struct GatewayExportOptions {
-  std::string model_name;  // the served model name (label `model_name`)
+  std::string model_name;   // the served model name (label `model_name`)
   int64_t block_size = 16;  // tokens per KV block
   // Distinct adapters a step may run (--max-adapters-per-step; unlimited is reported as the
   // running-batch size, the most distinct adapters a step can hold).

@@ -5,13 +5,12 @@
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
-
 #include <unistd.h>
 
 #include <cctype>
 #include <cerrno>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <optional>
 #include <string_view>
@@ -117,7 +116,9 @@ const char* RouteLabel(const std::string& path) {
 // Methods each known route accepts (for 405 and Allow).
 const char* AllowedMethods(const std::string& path) {
   if (path == "/v1/completions" || path == "/v1/chat/completions") return "POST";
-  if (path == "/v1/models" || path.starts_with("/v1/models/") || path == "/health" || path == "/metrics") return "GET";
+  if (path == "/v1/models" || path.starts_with("/v1/models/") || path == "/health" ||
+      path == "/metrics")
+    return "GET";
   return nullptr;
 }
 
@@ -221,7 +222,8 @@ struct Generation {
     if (ev.finish == engine::FinishReason::kNone) return;
     ++finished[which];
     if (ev.finish == engine::FinishReason::kCancelled && !error) {
-      error = ErrorFromStatus(UnavailableError("the request was aborted: the server is shutting down"));
+      error =
+          ErrorFromStatus(UnavailableError("the request was aborted: the server is shutting down"));
     } else if (ev.finish == engine::FinishReason::kError) {
       // An adapter that failed to load keeps its own code (e.g. a file that became unreadable
       // on the server's side is not the client's fault: 5xx with the reason).
@@ -271,7 +273,7 @@ struct Server::Impl {
   Server* self;
   HttpServer http;
   HttpCounters counters;
-  std::shared_ptr<engine::Engine> engine;  // set once, before ready_
+  std::shared_ptr<engine::Engine> engine;               // set once, before ready_
   std::shared_ptr<adapters::AdapterRegistry> registry;  // null = base model only
   std::shared_ptr<adapters::AdapterCache> adapter_cache;
   tokenizer::ChatTemplate chat_template = tokenizer::DefaultChatTemplate();
@@ -287,7 +289,8 @@ struct Server::Impl {
                       httplib::Response& res);
   json ModelJson() const;
   json AdapterJson(const adapters::AdapterInfo& a) const;
-  std::optional<ApiError> ResolveVariant(const std::string& name, engine::GenerationRequest* gen) const;
+  std::optional<ApiError> ResolveVariant(const std::string& name,
+                                         engine::GenerationRequest* gen) const;
   void HandleLoadAdapter(const std::string& body, httplib::Response& res);
   void HandleUnloadAdapter(const std::string& body, httplib::Response& res);
   // "The model `x` does not exist" plus the names a request may use (base, then adapters).
@@ -304,7 +307,8 @@ Status ServerOptions::Validate() const {
   if (max_body_bytes < 1024 || max_body_bytes > (int64_t{1} << 34)) {
     return InvalidArgumentError("max-body-bytes must be in [1024, 16 GiB]");
   }
-  if (max_connections < 1 || max_connections > 65536) return InvalidArgumentError("max-connections must be in [1, 65536]");
+  if (max_connections < 1 || max_connections > 65536)
+    return InvalidArgumentError("max-connections must be in [1, 65536]");
   if (served_model_name.empty()) return InvalidArgumentError("served-model-name must not be empty");
   if (metrics_top_adapters < 0 || metrics_top_adapters > 10000) {
     return InvalidArgumentError("metrics-top-adapters must be in [0, 10000]");
@@ -330,14 +334,17 @@ Server::~Server() {
 }
 
 std::string Server::url() const {
-  const std::string host = opts_.host.find(':') != std::string::npos ? "[" + opts_.host + "]" : opts_.host;
+  const std::string host =
+      opts_.host.find(':') != std::string::npos ? "[" + opts_.host + "]" : opts_.host;
   return "http://" + host + ":" + std::to_string(port_);
 }
 
 Status Server::Start() {
   auto& http = impl_->http;
   const int n_threads = opts_.max_connections;
-  http.new_task_queue = [n_threads] { return new httplib::ThreadPool(static_cast<size_t>(n_threads)); };
+  http.new_task_queue = [n_threads] {
+    return new httplib::ThreadPool(static_cast<size_t>(n_threads));
+  };
   http.set_payload_max_length(static_cast<size_t>(opts_.max_body_bytes));
   http.set_read_timeout(opts_.read_timeout_s);
   http.set_write_timeout(opts_.write_timeout_s);
@@ -359,7 +366,8 @@ Status Server::Start() {
     if (!http.bind_to_port(opts_.host, opts_.port)) return BindError(opts_.host, opts_.port);
     port_ = opts_.port;
   }
-  if (int fd = http.listen_fd(); fd >= 0) ::listen(fd, kListenBacklog);  // raise the backlog (see HttpServer)
+  if (int fd = http.listen_fd(); fd >= 0)
+    ::listen(fd, kListenBacklog);  // raise the backlog (see HttpServer)
   listen_thread_ = std::thread([this] {
     impl_->http.listen_after_bind();
     listen_returned_.store(true);
@@ -395,10 +403,13 @@ void Server::SetEngine(std::shared_ptr<engine::Engine> eng) {
   const int64_t block = eng->options().block_size;
   ctx.max_context = std::min<int64_t>(eng->context_length(), eng->kv_blocks_total() * block);
   ctx.served_model = opts_.served_model_name;
-  ctx.resolve_variant = [impl = impl_.get()](const std::string& name, engine::GenerationRequest* gen) {
+  ctx.resolve_variant = [impl = impl_.get()](const std::string& name,
+                                             engine::GenerationRequest* gen) {
     return impl->ResolveVariant(name, gen);
   };
-  memory::KvLayout layout{.n_layers = cfg.n_layers, .n_kv_heads = cfg.n_kv_heads, .head_dim = cfg.head_dim,
+  memory::KvLayout layout{.n_layers = cfg.n_layers,
+                          .n_kv_heads = cfg.n_kv_heads,
+                          .head_dim = cfg.head_dim,
                           .block_size = block};
   impl_->kv_block_bytes = layout.PageBytes();
   impl_->engine = std::move(eng);
@@ -411,7 +422,8 @@ void Server::Drain(std::chrono::milliseconds drain) {
   // Every choice has now ended (finished or aborted); wait for the responses to be written.
   // A client that stops reading is cut off by the write timeout, so this is bounded.
   const auto deadline = Clock::now() + std::chrono::seconds(opts_.write_timeout_s + 5);
-  while (in_flight_.load() > 0 && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  while (in_flight_.load() > 0 && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
 }
 
 void Server::Stop() {
@@ -435,11 +447,14 @@ void Server::SetAdapters(std::shared_ptr<adapters::AdapterRegistry> registry,
   impl_->adapter_cache = std::move(cache);
 }
 
-std::optional<ApiError> Server::Impl::ResolveVariant(const std::string& name, engine::GenerationRequest* gen) const {
+std::optional<ApiError> Server::Impl::ResolveVariant(const std::string& name,
+                                                     engine::GenerationRequest* gen) const {
   auto info = registry ? registry->Lookup(name) : std::nullopt;
   if (!info) return UnknownModel(name);
   if (!info->available) {
-    return ErrorFromStatus(FailedPreconditionError("adapter '" + info->name + "' is unavailable: " + info->problem), "model");
+    return ErrorFromStatus(
+        FailedPreconditionError("adapter '" + info->name + "' is unavailable: " + info->problem),
+        "model");
   }
   adapters::AdapterKey key{info->name, info->path, info->content_hash, info->version};
   // A host-cache hit is handed over at once; a cold adapter is loaded by the engine's loader
@@ -449,7 +464,8 @@ std::optional<ApiError> Server::Impl::ResolveVariant(const std::string& name, en
     gen->adapter_key = key;
   } else if (!gen->lora) {  // an engine without this cache: load here (the old, blocking path)
     auto lora = adapter_cache->Get(key);
-    if (!lora.ok()) return ErrorFromStatus(lora.status().WithContext("adapter '" + info->name + "'"), "model");
+    if (!lora.ok())
+      return ErrorFromStatus(lora.status().WithContext("adapter '" + info->name + "'"), "model");
     gen->lora = *lora;
   }
   gen->adapter = info->name;
@@ -493,13 +509,18 @@ json Server::Impl::AdapterJson(const adapters::AdapterInfo& a) const {
 }
 
 void Server::Impl::HandleLoadAdapter(const std::string& body, httplib::Response& res) {
-  if (!registry) return SendError(res, NotFound("adapters are not enabled on this server (start it with --adapter-root)"));
+  if (!registry)
+    return SendError(
+        res, NotFound("adapters are not enabled on this server (start it with --adapter-root)"));
   json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return SendError(res, BadRequest("request body must be a JSON object"));
+  if (j.is_discarded() || !j.is_object())
+    return SendError(res, BadRequest("request body must be a JSON object"));
   auto name = j.find("lora_name");
   auto path = j.find("lora_path");
-  if (name == j.end() || !name->is_string()) return SendError(res, BadRequest("lora_name must be a string", "lora_name"));
-  if (path == j.end() || !path->is_string()) return SendError(res, BadRequest("lora_path must be a string", "lora_path"));
+  if (name == j.end() || !name->is_string())
+    return SendError(res, BadRequest("lora_name must be a string", "lora_name"));
+  if (path == j.end() || !path->is_string())
+    return SendError(res, BadRequest("lora_path must be a string", "lora_path"));
   bool replace = false;
   if (auto r = j.find("replace"); r != j.end()) {
     if (!r->is_boolean()) return SendError(res, BadRequest("replace must be a boolean", "replace"));
@@ -507,8 +528,8 @@ void Server::Impl::HandleLoadAdapter(const std::string& body, httplib::Response&
   }
   const std::string& lora_name = name->get_ref<const std::string&>();
   if (!adapters::IsValidAdapterName(lora_name)) {
-    return SendError(res, BadRequest("lora_name must be 1-128 characters of [A-Za-z0-9._:/-]",
-                                     "lora_name"));
+    return SendError(
+        res, BadRequest("lora_name must be 1-128 characters of [A-Za-z0-9._:/-]", "lora_name"));
   }
   if (lora_name == self->opts_.served_model_name) {
     return SendError(res, BadRequest("lora_name is the base model's name", "lora_name"));
@@ -530,17 +551,22 @@ void Server::Impl::HandleLoadAdapter(const std::string& body, httplib::Response&
 }
 
 void Server::Impl::HandleUnloadAdapter(const std::string& body, httplib::Response& res) {
-  if (!registry) return SendError(res, NotFound("adapters are not enabled on this server (start it with --adapter-root)"));
+  if (!registry)
+    return SendError(
+        res, NotFound("adapters are not enabled on this server (start it with --adapter-root)"));
   json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return SendError(res, BadRequest("request body must be a JSON object"));
+  if (j.is_discarded() || !j.is_object())
+    return SendError(res, BadRequest("request body must be a JSON object"));
   auto name = j.find("lora_name");
-  if (name == j.end() || !name->is_string()) return SendError(res, BadRequest("lora_name must be a string", "lora_name"));
+  if (name == j.end() || !name->is_string())
+    return SendError(res, BadRequest("lora_name must be a string", "lora_name"));
   Status s = registry->Unregister(name->get<std::string>());
   if (!s.ok()) return SendError(res, ErrorFromStatus(s, "lora_name"));
   // Running requests hold their own reference and finish; the weights are freed after them.
   adapter_cache->Erase(name->get<std::string>());
   if (engine) engine->ForgetAdapter(name->get<std::string>());  // pool copy freed after its users
-  res.set_content("Success: LoRA adapter '" + name->get<std::string>() + "' removed successfully.", "text/plain");
+  res.set_content("Success: LoRA adapter '" + name->get<std::string>() + "' removed successfully.",
+                  "text/plain");
 }
 
 json Server::Impl::ModelJson() const {
@@ -592,38 +618,39 @@ void Server::Impl::Routes() {
   // Errors httplib produces itself (no route, body too large, bad request line) get OpenAI's
   // body; a known route with another method is 405.
   const int64_t max_body = opts.max_body_bytes;
-  http.set_error_handler(httplib::Server::HandlerWithResponse([max_body](const httplib::Request& req,
-                                                                         httplib::Response& res) {
-    if (!res.body.empty()) return httplib::Server::HandlerResponse::Handled;  // ours already
-    ApiError e;
-    e.http_status = res.status;
-    if (res.status == 404) {
-      if (const char* allow = AllowedMethods(req.path)) {
-        e.http_status = 405;
-        e.message = "method not allowed; use " + std::string(allow);
-        e.code = "method_not_allowed";
-        res.set_header("Allow", allow);
-      } else {
-        e.message = "no such route";
-        e.code = "not_found";
-      }
-    } else if (res.status == 413) {
-      e.message = "request body is larger than " + std::to_string(max_body) + " bytes";
-      e.code = "request_too_large";
-    } else if (res.status < 500) {
-      e.message = "malformed HTTP request";
-    } else {
-      e.type = "server_error";
-      e.message = "internal error";
-    }
-    res.status = e.http_status;
-    res.set_content(e.ToJson(), "application/json");
-    return httplib::Server::HandlerResponse::Handled;
-  }));
+  http.set_error_handler(httplib::Server::HandlerWithResponse(
+      [max_body](const httplib::Request& req, httplib::Response& res) {
+        if (!res.body.empty()) return httplib::Server::HandlerResponse::Handled;  // ours already
+        ApiError e;
+        e.http_status = res.status;
+        if (res.status == 404) {
+          if (const char* allow = AllowedMethods(req.path)) {
+            e.http_status = 405;
+            e.message = "method not allowed; use " + std::string(allow);
+            e.code = "method_not_allowed";
+            res.set_header("Allow", allow);
+          } else {
+            e.message = "no such route";
+            e.code = "not_found";
+          }
+        } else if (res.status == 413) {
+          e.message = "request body is larger than " + std::to_string(max_body) + " bytes";
+          e.code = "request_too_large";
+        } else if (res.status < 500) {
+          e.message = "malformed HTTP request";
+        } else {
+          e.type = "server_error";
+          e.message = "internal error";
+        }
+        res.status = e.http_status;
+        res.set_content(e.ToJson(), "application/json");
+        return httplib::Server::HandlerResponse::Handled;
+      }));
 
-  http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
-    SendError(res, ErrorFromStatus(InternalError("internal error")));
-  });
+  http.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+        SendError(res, ErrorFromStatus(InternalError("internal error")));
+      });
 
   http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
     counters.Add(RouteLabel(req.path), res.status);
@@ -652,9 +679,10 @@ void Server::Impl::Routes() {
           {static_cast<size_t>(self->opts_.metrics_top_adapters), self->opts_.served_model_name});
       const engine::EngineOptions& eo = engine->options();
       text += RenderGatewayPrometheus(
-          *m, {.model_name = self->opts_.served_model_name,
-               .block_size = eo.block_size,
-               .max_lora = eo.max_adapters_per_step > 0 ? eo.max_adapters_per_step : eo.max_running});
+          *m,
+          {.model_name = self->opts_.served_model_name,
+           .block_size = eo.block_size,
+           .max_lora = eo.max_adapters_per_step > 0 ? eo.max_adapters_per_step : eo.max_running});
     }
     res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
   });
@@ -677,7 +705,8 @@ void Server::Impl::Routes() {
       return res.set_content(DumpJson(ModelJson()), "application/json");
     }
     if (registry && req.matches.size() >= 2) {
-      if (auto a = registry->Lookup(req.matches[1].str())) return res.set_content(DumpJson(AdapterJson(*a)), "application/json");
+      if (auto a = registry->Lookup(req.matches[1].str()))
+        return res.set_content(DumpJson(AdapterJson(*a)), "application/json");
     }
     return SendError(res, NotFound("The model does not exist.", "model_not_found"));
   });
@@ -706,20 +735,22 @@ void Server::Impl::Routes() {
       handle(req, body, res);
     });
   };
-  post_json("/v1/load_lora_adapter", [this](const httplib::Request&, const std::string& body,
-                                            httplib::Response& res) { HandleLoadAdapter(body, res); });
-  post_json("/v1/unload_lora_adapter", [this](const httplib::Request&, const std::string& body,
-                                              httplib::Response& res) {
-    HandleUnloadAdapter(body, res);
-  });
-  post_json("/v1/completions", [this](const httplib::Request& req, const std::string& body,
-                                      httplib::Response& res) {
-    HandleGenerate(ApiKind::kCompletion, req, body, res);
-  });
-  post_json("/v1/chat/completions", [this](const httplib::Request& req, const std::string& body,
-                                           httplib::Response& res) {
-    HandleGenerate(ApiKind::kChat, req, body, res);
-  });
+  post_json("/v1/load_lora_adapter",
+            [this](const httplib::Request&, const std::string& body, httplib::Response& res) {
+              HandleLoadAdapter(body, res);
+            });
+  post_json("/v1/unload_lora_adapter",
+            [this](const httplib::Request&, const std::string& body, httplib::Response& res) {
+              HandleUnloadAdapter(body, res);
+            });
+  post_json("/v1/completions",
+            [this](const httplib::Request& req, const std::string& body, httplib::Response& res) {
+              HandleGenerate(ApiKind::kCompletion, req, body, res);
+            });
+  post_json("/v1/chat/completions",
+            [this](const httplib::Request& req, const std::string& body, httplib::Response& res) {
+              HandleGenerate(ApiKind::kChat, req, body, res);
+            });
 }
 
 void Server::Impl::HandleGenerate(ApiKind kind, const httplib::Request& http_req,
@@ -741,14 +772,16 @@ void Server::Impl::HandleGenerate(ApiKind kind, const httplib::Request& http_req
         continue;
       }
       err = ErrorFromStatus(h.status(), kind == ApiKind::kChat ? "messages" : "prompt");
-      if (h.status().code() != StatusCode::kInvalidArgument && h.status().code() != StatusCode::kOutOfRange) {
+      if (h.status().code() != StatusCode::kInvalidArgument &&
+          h.status().code() != StatusCode::kOutOfRange) {
         err->param.clear();
       }
     }
     gen->CancelAll();
     return SendError(res, *err);
   }
-  gen->builder = std::make_unique<ResponseBuilder>(gen->req, ctx, id, static_cast<int64_t>(std::time(nullptr)));
+  gen->builder = std::make_unique<ResponseBuilder>(gen->req, ctx, id,
+                                                   static_cast<int64_t>(std::time(nullptr)));
   self->in_flight_.fetch_add(1);
 
   if (!gen->req.stream) {

@@ -30,9 +30,9 @@
 #include <thread>
 #include <vector>
 
-#include "chorus/base/status.h"
 #include "chorus/adapters/adapter_cache.h"
 #include "chorus/adapters/registry.h"
+#include "chorus/base/status.h"
 #include "chorus/engine/engine.h"
 
 namespace chorus::server {
@@ -40,17 +40,17 @@ namespace chorus::server {
 struct ServerOptions {
   std::string host = "127.0.0.1";  // address to bind
   int port = 8000;                 // 0 = any free port (see Server::port())
-  std::string api_key;             // non-empty: every route but /health needs "Authorization: Bearer KEY"
+  std::string api_key;  // non-empty: every route but /health needs "Authorization: Bearer KEY"
   // Origins a browser may call from (CORS): "*" = any (the default, as vLLM's), else exact
   // origins such as "https://app.example.com". Empty list: no CORS headers at all.
   std::vector<std::string> allowed_origins = {"*"};
   int64_t max_body_bytes = int64_t{8} << 20;  // larger request bodies get 413
-  int max_connections = 512;       // HTTP worker threads = connections served at once
+  int max_connections = 512;                  // HTTP worker threads = connections served at once
   std::string served_model_name = "chorus";   // the `model` name requests must use
-  int read_timeout_s = 30;         // a client must send its request within this
-  int write_timeout_s = 30;        // a client that stops reading is cut off (request cancelled)
-  int keep_alive_timeout_s = 5;    // idle keep-alive connections are closed after this
-  int metrics_top_adapters = 16;   // /metrics names this many adapters; the rest are "(other)"
+  int read_timeout_s = 30;                    // a client must send its request within this
+  int write_timeout_s = 30;       // a client that stops reading is cut off (request cancelled)
+  int keep_alive_timeout_s = 5;   // idle keep-alive connections are closed after this
+  int metrics_top_adapters = 16;  // /metrics names this many adapters; the rest are "(other)"
   // Let other processes listen on the same port too (SO_REUSEPORT). Off: binding a port that
   // is in use fails, so two servers never split one port's traffic by accident.
   bool reuse_port = false;

@@ -9,14 +9,22 @@ namespace chorus {
 
 std::string_view DTypeName(DType t) {
   switch (t) {
-    case DType::kF32: return "f32";
-    case DType::kF16: return "f16";
-    case DType::kBF16: return "bf16";
-    case DType::kQ8_0: return "q8_0";
-    case DType::kQ4_0: return "q4_0";
-    case DType::kI32: return "i32";
-    case DType::kI8: return "i8";
-    case DType::kU8: return "u8";
+    case DType::kF32:
+      return "f32";
+    case DType::kF16:
+      return "f16";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kQ8_0:
+      return "q8_0";
+    case DType::kQ4_0:
+      return "q4_0";
+    case DType::kI32:
+      return "i32";
+    case DType::kI8:
+      return "i8";
+    case DType::kU8:
+      return "u8";
   }
   return "?";
 }
@@ -36,14 +44,22 @@ int64_t DTypeBlockElems(DType t) { return DTypeIsQuantized(t) ? kQuantBlock : 1;
 
 int64_t DTypeBlockBytes(DType t) {
   switch (t) {
-    case DType::kF32: return 4;
-    case DType::kF16: return 2;
-    case DType::kBF16: return 2;
-    case DType::kQ8_0: return sizeof(BlockQ8_0);
-    case DType::kQ4_0: return sizeof(BlockQ4_0);
-    case DType::kI32: return 4;
-    case DType::kI8: return 1;
-    case DType::kU8: return 1;
+    case DType::kF32:
+      return 4;
+    case DType::kF16:
+      return 2;
+    case DType::kBF16:
+      return 2;
+    case DType::kQ8_0:
+      return sizeof(BlockQ8_0);
+    case DType::kQ4_0:
+      return sizeof(BlockQ4_0);
+    case DType::kI32:
+      return 4;
+    case DType::kI8:
+      return 1;
+    case DType::kU8:
+      return 1;
   }
   return 1;
 }
@@ -82,9 +98,9 @@ uint16_t F32ToF16(float f) {
   std::memcpy(&u, &f, 4);
   uint32_t sign = (u >> 16) & 0x8000u;
   uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
   if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
-  if (abs < 0x38800000u) {  // subnormal or zero in f16
+  if (abs < 0x38800000u) {                                               // subnormal or zero in f16
     if (abs < 0x33000000u) return static_cast<uint16_t>(sign);
     uint32_t exp = abs >> 23;
     uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
@@ -209,9 +225,14 @@ void QuantizeRow(DType t, const float* src, void* dst, int64_t n) {
       for (int64_t i = 0; i < n; ++i) d[i] = F32ToBF16(src[i]);
       return;
     }
-    case DType::kQ8_0: QuantizeRowQ8_0(src, static_cast<BlockQ8_0*>(dst), n); return;
-    case DType::kQ4_0: QuantizeRowQ4_0(src, static_cast<BlockQ4_0*>(dst), n); return;
-    default: CHORUS_CHECK(false) << "QuantizeRow: unsupported dtype " << DTypeName(t);
+    case DType::kQ8_0:
+      QuantizeRowQ8_0(src, static_cast<BlockQ8_0*>(dst), n);
+      return;
+    case DType::kQ4_0:
+      QuantizeRowQ4_0(src, static_cast<BlockQ4_0*>(dst), n);
+      return;
+    default:
+      CHORUS_CHECK(false) << "QuantizeRow: unsupported dtype " << DTypeName(t);
   }
 }
 

@@ -20,8 +20,8 @@ enum class DType : uint8_t { kF32 = 0, kF16, kBF16, kQ8_0, kQ4_0, kI32, kI8, kU8
 inline constexpr int kQuantBlock = 32;  // elements per Q8_0 / Q4_0 block
 
 struct BlockQ8_0 {
-  uint16_t d;      // f16 scale
-  int8_t qs[32];   // quants
+  uint16_t d;     // f16 scale
+  int8_t qs[32];  // quants
 };
 static_assert(sizeof(BlockQ8_0) == 34);
 
@@ -31,7 +31,7 @@ struct BlockQ4_0 {
 };
 static_assert(sizeof(BlockQ4_0) == 18);
 
-std::string_view DTypeName(DType t);  // "f32", "f16", "bf16", "q8_0", "q4_0", ...
+std::string_view DTypeName(DType t);              // "f32", "f16", "bf16", "q8_0", "q4_0", ...
 Result<DType> ParseDType(std::string_view name);  // accepts the names above, case-insensitive
 
 // Elements per storage block (32 for Q8_0/Q4_0, else 1) and bytes per block.

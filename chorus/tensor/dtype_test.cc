@@ -1,8 +1,9 @@
+#include "chorus/tensor/dtype.h"
+
 #include <cmath>
 #include <vector>
 
 #include "chorus/base/rng.h"
-#include "chorus/tensor/dtype.h"
 #include "chorus/tensor/tensor.h"
 #include "tests/testutil/testutil.h"
 

@@ -25,9 +25,8 @@ Tensor Tensor::Zeros(DType dtype, std::vector<int64_t> shape) {
   CHORUS_CHECK(p != nullptr) << "out of memory allocating " << alloc << " bytes";
   std::memset(p, 0, alloc);
   v.data = p;
-  return Tensor(std::move(v), std::shared_ptr<const void>(p, [](const void* q) {
-                  std::free(const_cast<void*>(q));
-                }));
+  return Tensor(std::move(v), std::shared_ptr<const void>(
+                                  p, [](const void* q) { std::free(const_cast<void*>(q)); }));
 }
 
 Tensor Tensor::FromF32(const std::vector<float>& values, DType dtype, std::vector<int64_t> shape) {

@@ -16,9 +16,9 @@ namespace chorus::tokenizer::internal {
 struct AddedToken {
   std::string content;
   int32_t id = -1;
-  bool special = true;   // matched only when EncodeOptions::parse_special; hidden when decoding
-  bool lstrip = false;   // swallow whitespace to the left of the match
-  bool rstrip = false;   // swallow whitespace to the right of the match
+  bool special = true;  // matched only when EncodeOptions::parse_special; hidden when decoding
+  bool lstrip = false;  // swallow whitespace to the left of the match
+  bool rstrip = false;  // swallow whitespace to the right of the match
 };
 
 // A piece of the input: raw text (id < 0) or one added token (id >= 0).

@@ -15,8 +15,8 @@ using ::chorus::testing::SharedModelsDir;
 using ::chorus::testing::TempDir;
 
 // Substring check with the full message on failure (no gmock dependency).
-#define EXPECT_CONTAINS(haystack, needle)                                              \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos)                     \
+#define EXPECT_CONTAINS(haystack, needle)                          \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) \
       << "[" << (haystack) << "] does not contain [" << (needle) << "]"
 
 void AppendI32(std::string* s, int32_t v) { s->append(reinterpret_cast<const char*>(&v), 4); }
@@ -51,8 +51,8 @@ Result<std::unique_ptr<Tokenizer>> LoadBytes(const std::string& name, const std:
 
 TEST(Llama2c, EncodeMergesHighestScoreFirstWithDummyPrefix) {
   // ids: 259 " ", 260 "a", 261 "b", 262 " a", 263 "ab", 264 " ab"
-  const auto bin = Llama2cBin({{" ", -1}, {"a", -1}, {"b", -1}, {" a", -3}, {"ab", -2},
-                               {" ab", -1}});
+  const auto bin =
+      Llama2cBin({{" ", -1}, {"a", -1}, {"b", -1}, {" a", -3}, {"ab", -2}, {" ab", -1}});
   auto tok = LoadBytes("l2c.bin", bin);
   ASSERT_TRUE(tok.ok()) << tok.status().ToString();
   EXPECT_EQ((*tok)->kind(), "llama2c");

@@ -13,8 +13,7 @@ namespace {
 constexpr std::string_view kSpmSpace = "\xE2\x96\x81";  // U+2581 "▁"
 
 inline uint64_t PairKey(int32_t left, int32_t right) {
-  return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) |
-         static_cast<uint32_t>(right);
+  return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
 }
 
 std::string ReplaceAll(std::string_view s, std::string_view from, std::string_view to) {
@@ -177,7 +176,8 @@ Status BpeTokenizer::Build(BpeSpec spec) {
     }
   }
   if (mode_ == BpeMode::kLlama2c) byte_fallback_ = true;
-  for (int c = 0; c < 128; ++c) ascii_ids_[c] = InternalLookup(std::string(1, static_cast<char>(c)));
+  for (int c = 0; c < 128; ++c)
+    ascii_ids_[c] = InternalLookup(std::string(1, static_cast<char>(c)));
 
   // Merge table.
   if (spec.merges_from_scores) {
@@ -295,7 +295,8 @@ void BpeTokenizer::EncodeWord(std::string_view word, std::vector<int32_t>* out) 
       if (len == 0) len = 1;
       const std::string_view c = word.substr(i, len);
       i += len;
-      if (len == 1 && static_cast<uint8_t>(c[0]) < 128 && ascii_ids_[static_cast<uint8_t>(c[0])] >= 0) {
+      if (len == 1 && static_cast<uint8_t>(c[0]) < 128 &&
+          ascii_ids_[static_cast<uint8_t>(c[0])] >= 0) {
         push(ascii_ids_[static_cast<uint8_t>(c[0])]);
         last_was_unk = false;
         continue;
@@ -370,8 +371,8 @@ void BpeTokenizer::EncodeWord(std::string_view word, std::vector<int32_t>* out) 
 void BpeTokenizer::EncodeSegment(std::string_view text, bool at_text_start,
                                  std::vector<int32_t>* out) const {
   if (text.empty()) return;
-  const bool want_prefix = prepend_ == PrependScheme::kAlways ||
-                           (prepend_ == PrependScheme::kFirst && at_text_start);
+  const bool want_prefix =
+      prepend_ == PrependScheme::kAlways || (prepend_ == PrependScheme::kFirst && at_text_start);
   switch (mode_) {
     case BpeMode::kLlama2c: {
       if (want_prefix) {
@@ -419,8 +420,7 @@ void BpeTokenizer::EncodeSegment(std::string_view text, bool at_text_start,
   }
 }
 
-std::vector<int32_t> BpeTokenizer::Encode(std::string_view text,
-                                          const EncodeOptions& opts) const {
+std::vector<int32_t> BpeTokenizer::Encode(std::string_view text, const EncodeOptions& opts) const {
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 4);
   if (opts.add_bos && add_bos_ && bos_id_ >= 0) out.push_back(bos_id_);

@@ -33,12 +33,17 @@ namespace chorus::tokenizer::internal {
 
 // GGUF/SentencePiece token types (llama.cpp's LLAMA_TOKEN_TYPE_* numbering).
 enum class TokenType : uint8_t {
-  kUndefined = 0, kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5,
+  kUndefined = 0,
+  kNormal = 1,
+  kUnknown = 2,
+  kControl = 3,
+  kUserDefined = 4,
+  kUnused = 5,
   kByte = 6,
 };
 
 enum class BpeMode : uint8_t {
-  kSpm,      // characters, spaces as "▁", byte fallback <0xXX>
+  kSpm,  // characters, spaces as "▁", byte fallback <0xXX>
   kByteLevel,
   kLlama2c,  // characters, spaces as " ", byte tokens at id byte+3
 };
@@ -65,15 +70,15 @@ struct BpeSpec {
   bool byte_fallback = false;
   int32_t unk_id = -1;
   bool fuse_unk = false;
-  bool ignore_merges = false;       // HF: a word that is itself in the vocab is not split
+  bool ignore_merges = false;  // HF: a word that is itself in the vocab is not split
   PrependScheme prepend = PrependScheme::kNever;
   // Metaspace semantics: no prefix when the (space-replaced) segment already starts with "▁".
   bool prepend_only_if_missing = false;
-  bool metaspace_split = false;     // Metaspace(split=true): a word starts at every "▁"
+  bool metaspace_split = false;  // Metaspace(split=true): a word starts at every "▁"
   bool byte_level_add_prefix_space = false;
   std::vector<PreTokenizerStep> pre_steps;  // byte-level regex splits
-  std::vector<AddedToken> added;    // matched in the text before the model runs
-  bool strip_leading_space = false; // decode: drop the first " " of the text (SPM decoders)
+  std::vector<AddedToken> added;            // matched in the text before the model runs
+  bool strip_leading_space = false;         // decode: drop the first " " of the text (SPM decoders)
   bool llama2c_strip_after_bos_only = false;
 };
 
@@ -98,7 +103,7 @@ class PairTable {
 
  private:
   static constexpr uint64_t kEmpty = ~uint64_t{0};  // ids are < 2^24, so never a real key
-  static uint64_t Hash(uint64_t x) {  // splitmix64 finalizer
+  static uint64_t Hash(uint64_t x) {                // splitmix64 finalizer
     x ^= x >> 30;
     x *= 0xbf58476d1ce4e5b9ULL;
     x ^= x >> 27;
@@ -160,8 +165,9 @@ class BpeTokenizer final : public Tokenizer {
   std::vector<PreTokenizerStep> pre_steps_;
   bool merges_from_scores_ = false;
   bool spec_byte_fallback_ = false;
-  int32_t byte_ids_[256];  // byte-level: id of each byte; SPM: id of <0xXX> (or -1)
-  int32_t ascii_ids_[128];  // SPM/llama2c: id of each one-byte character piece (or -1)  // byte-level: id of each byte; SPM: id of <0xXX> (or -1)
+  int32_t byte_ids_[256];   // byte-level: id of each byte; SPM: id of <0xXX> (or -1)
+  int32_t ascii_ids_[128];  // SPM/llama2c: id of each one-byte character piece (or -1)  //
+                            // byte-level: id of each byte; SPM: id of <0xXX> (or -1)
   bool byte_fallback_ = false;
   int32_t unk_id_ = -1;
   bool fuse_unk_ = false;

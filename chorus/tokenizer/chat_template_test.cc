@@ -8,12 +8,11 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "tests/testutil/testutil.h"
 
@@ -165,8 +164,7 @@ TEST(ChatTemplateModels, Llama3Instruct) {
       "<|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>";
   EXPECT_EQ(MustRender(t, WithSystem(), Opts(true, "<|begin_of_text|>", "<|end_of_text|>")),
             body + "<|start_header_id|>assistant<|end_header_id|>\n\n");
-  EXPECT_EQ(MustRender(t, WithSystem(), Opts(false, "<|begin_of_text|>", "<|end_of_text|>")),
-            body);
+  EXPECT_EQ(MustRender(t, WithSystem(), Opts(false, "<|begin_of_text|>", "<|end_of_text|>")), body);
 }
 
 TEST(ChatTemplateModels, MistralInstructV02) {
@@ -277,8 +275,8 @@ TEST(ChatTemplateModels, Phi3FromTokenizerConfig) {
 
 TEST(ChatTemplateModels, ModelsWithoutTemplateFallBackToChatMl) {
   // The Llama 2 (base) and phi-2 tokenizer configs carry no chat_template.
-  for (const char* rel : {"llama2-tokenizer/tokenizer_config.json",
-                          "phi2-tokenizer/tokenizer_config.json"}) {
+  for (const char* rel :
+       {"llama2-tokenizer/tokenizer_config.json", "phi2-tokenizer/tokenizer_config.json"}) {
     CHORUS_REQUIRE_SHARED_MODEL(rel);
     std::ifstream f(testing::SharedModelsDir() + "/" + rel);
     std::stringstream ss;
@@ -399,9 +397,10 @@ TEST(ChatTemplateWhitespace, RawBlock) {
 // ============================================================ features
 
 TEST(ChatTemplateFeatures, Loops) {
-  EXPECT_EQ(Eval("{% for x in ['a','b','c'] %}{{ loop.index0 }}{{ loop.index }}{{ x }}"
-                 "{{ loop.first }}{{ loop.last }}{{ loop.length }}{{ loop.revindex }}|{% endfor %}"),
-            "01aTrueFalse33|12bFalseFalse32|23cFalseTrue31|");
+  EXPECT_EQ(
+      Eval("{% for x in ['a','b','c'] %}{{ loop.index0 }}{{ loop.index }}{{ x }}"
+           "{{ loop.first }}{{ loop.last }}{{ loop.length }}{{ loop.revindex }}|{% endfor %}"),
+      "01aTrueFalse33|12bFalseFalse32|23cFalseTrue31|");
   EXPECT_EQ(Eval("{% for k, v in {'a': 1, 'b': 2}.items() %}{{ k }}={{ v }};{% endfor %}"),
             "a=1;b=2;");
   EXPECT_EQ(Eval("{% for k, v in {'x': [1], 'y': none} | items %}{{ k }}:{{ v }} {% endfor %}"),
@@ -452,14 +451,15 @@ TEST(ChatTemplateFeatures, Macros) {
 }
 
 TEST(ChatTemplateFeatures, Filters) {
-  EXPECT_EQ(Eval("{{ '  hi \n' | trim }}|{{ [1,2,3] | length }}|{{ 'héllo' | length }}|"
-                 "{{ {'a': 1} | length }}|{{ 'abc' | upper }}|{{ 'ABC' | lower }}|"
-                 "{{ nope | default('dflt') }}|{{ '' | default('e', true) }}|{{ 'v' | default('x') }}|"
-                 "{{ ['a','b'] | join(', ') }}|{{ [1,2] | first }}|{{ [1,2] | last }}|"
-                 "{{ 42 | string }}|{{ 'hello World' | capitalize }}|"
-                 "{{ 'a-b-c' | replace('-', '+') }}|{{ '<x>' | safe }}|{{ 'hello world' | title }}|"
-                 "{{ 'xyx' | trim('x') }}|{{ '3' | int + 1 }}|{{ [3, 1] | reverse | list }}"),
-            "hi|3|5|1|ABC|abc|dflt|e|v|a, b|1|2|42|Hello world|a+b+c|<x>|Hello World|y|4|[1, 3]");
+  EXPECT_EQ(
+      Eval("{{ '  hi \n' | trim }}|{{ [1,2,3] | length }}|{{ 'héllo' | length }}|"
+           "{{ {'a': 1} | length }}|{{ 'abc' | upper }}|{{ 'ABC' | lower }}|"
+           "{{ nope | default('dflt') }}|{{ '' | default('e', true) }}|{{ 'v' | default('x') }}|"
+           "{{ ['a','b'] | join(', ') }}|{{ [1,2] | first }}|{{ [1,2] | last }}|"
+           "{{ 42 | string }}|{{ 'hello World' | capitalize }}|"
+           "{{ 'a-b-c' | replace('-', '+') }}|{{ '<x>' | safe }}|{{ 'hello world' | title }}|"
+           "{{ 'xyx' | trim('x') }}|{{ '3' | int + 1 }}|{{ [3, 1] | reverse | list }}"),
+      "hi|3|5|1|ABC|abc|dflt|e|v|a, b|1|2|42|Hello world|a+b+c|<x>|Hello World|y|4|[1, 3]");
   // The title filter splits words at whitespace and '-' only; str.title() at any non-letter.
   EXPECT_EQ(Eval("{{ \"o'neil x2y-z\" | title }}|{{ \"o'neil x2y-z\".title() }}"),
             "O'neil X2y-Z|O'Neil X2Y-Z");
@@ -514,8 +514,7 @@ TEST(ChatTemplateFeatures, Operators) {
             "TrueTrueTrue");
   // ~ binds tighter than +, filters tighter than both.
   EXPECT_EQ(Eval("{{ 'a' + 'b' ~ 'c' }}|{{ 'x' ~ ' y ' | trim }}"), "abc|xy");
-  EXPECT_EQ(Eval("{{ 'a' if true else 'b' }}{{ 'c' if false else 'd' }}{{ 'e' if false }}"),
-            "ad");
+  EXPECT_EQ(Eval("{{ 'a' if true else 'b' }}{{ 'c' if false else 'd' }}{{ 'e' if false }}"), "ad");
   EXPECT_EQ(Eval("{% if false %}1{% elif none %}2{% elif 'x' %}3{% else %}4{% endif %}"), "3");
 }
 
@@ -543,14 +542,15 @@ TEST(ChatTemplateFeatures, IndexingAndSlicing) {
 }
 
 TEST(ChatTemplateFeatures, StringMethods) {
-  EXPECT_EQ(Eval("{{ '  x  '.strip() }}|{{ '  x'.lstrip() }}|{{ 'x  '.rstrip() }}|"
-                 "{{ 'abc'.startswith('ab') }}|{{ 'abc'.endswith('bc') }}|"
-                 "{{ 'a,b,,c'.split(',') }}|{{ ' a  b '.split() }}|{{ 'aB'.upper() }}|"
-                 "{{ 'aB'.lower() }}|{{ 'hello there'.title() }}|{{ 'xxaxx'.strip('x') }}|"
-                 "{{ 'a b c'.split(' ', 1) }}|{{ 'abc'.replace('b', 'B') }}|"
-                 "{{ '-'.join(['a', 'b']) }}|{{ 'abc'.find('c') }}|{{ 'abc'.startswith(['z', 'a']) }}"),
-            "x|x|x|True|True|['a', 'b', '', 'c']|['a', 'b']|AB|ab|Hello There|a|"
-            "['a', 'b c']|aBc|a-b|2|True");
+  EXPECT_EQ(
+      Eval("{{ '  x  '.strip() }}|{{ '  x'.lstrip() }}|{{ 'x  '.rstrip() }}|"
+           "{{ 'abc'.startswith('ab') }}|{{ 'abc'.endswith('bc') }}|"
+           "{{ 'a,b,,c'.split(',') }}|{{ ' a  b '.split() }}|{{ 'aB'.upper() }}|"
+           "{{ 'aB'.lower() }}|{{ 'hello there'.title() }}|{{ 'xxaxx'.strip('x') }}|"
+           "{{ 'a b c'.split(' ', 1) }}|{{ 'abc'.replace('b', 'B') }}|"
+           "{{ '-'.join(['a', 'b']) }}|{{ 'abc'.find('c') }}|{{ 'abc'.startswith(['z', 'a']) }}"),
+      "x|x|x|True|True|['a', 'b', '', 'c']|['a', 'b']|AB|ab|Hello There|a|"
+      "['a', 'b c']|aBc|a-b|2|True");
 }
 
 TEST(ChatTemplateFeatures, MessagesWithToolCallsAndContentParts) {
@@ -600,7 +600,8 @@ TEST(ChatTemplateErrors, SyntaxErrorsCarryPositions) {
   ExpectParseError("{% if x", "unclosed '{%'");
   ExpectParseError("{# never closed", "unclosed comment");
   ExpectParseError("{{ 'abc }}", "unterminated string");
-  ExpectParseError("x\n  {% if true %}yes", "line 2, column 6: unclosed block: missing {% endif %}");
+  ExpectParseError("x\n  {% if true %}yes",
+                   "line 2, column 6: unclosed block: missing {% endif %}");
   ExpectParseError("{% for x in y %}", "missing {% endfor %}");
   ExpectParseError("{% endif %}", "unexpected {% endif %}");
   ExpectParseError("{{ 1 + }}", "unexpected '}}'");
@@ -624,10 +625,11 @@ TEST(ChatTemplateErrors, RaiseException) {
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(s.message(), "System role not supported");
   // From inside a macro and a loop, with a computed message.
-  s = RenderStatus("{% macro check(m) %}{% if m.role == 'assistant' %}"
-                   "{{ raise_exception('bad role: ' ~ m.role) }}{% endif %}{% endmacro %}"
-                   "{% for m in messages %}{{ check(m) }}{% endfor %}",
-                   o);
+  s = RenderStatus(
+      "{% macro check(m) %}{% if m.role == 'assistant' %}"
+      "{{ raise_exception('bad role: ' ~ m.role) }}{% endif %}{% endmacro %}"
+      "{% for m in messages %}{{ check(m) }}{% endfor %}",
+      o);
   EXPECT_EQ(s.message(), "bad role: assistant");
 }
 
@@ -664,9 +666,10 @@ TEST(ChatTemplateErrors, RuntimeErrors) {
 TEST(ChatTemplateErrors, RunawayLoopsAreCapped) {
   ChatRenderOptions o = Opts(true, "", "");
   o.max_steps = 200'000;
-  Status s = RenderStatus("{% for i in range(100000) %}{% for j in range(100000) %}"
-                          "{% endfor %}{% endfor %}",
-                          o);
+  Status s = RenderStatus(
+      "{% for i in range(100000) %}{% for j in range(100000) %}"
+      "{% endfor %}{% endfor %}",
+      o);
   EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
   EXPECT_NE(s.message().find("evaluation steps"), std::string::npos) << s.message();
   // A huge range fails on the allocation budget before allocating.
@@ -678,9 +681,10 @@ TEST(ChatTemplateErrors, MemoryAndOutputAreCapped) {
   ChatRenderOptions o = Opts(true, "", "");
   o.max_output_bytes = 1 << 20;
   // Doubling a string 100 times.
-  Status s = RenderStatus("{% set ns = namespace(s='ab') %}{% for i in range(100) %}"
-                          "{% set ns.s = ns.s + ns.s %}{% endfor %}",
-                          o);
+  Status s = RenderStatus(
+      "{% set ns = namespace(s='ab') %}{% for i in range(100) %}"
+      "{% set ns.s = ns.s + ns.s %}{% endfor %}",
+      o);
   EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
   s = RenderStatus("{{ 'x' * 9000000000000 }}", o);
   EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
@@ -691,33 +695,37 @@ TEST(ChatTemplateErrors, MemoryAndOutputAreCapped) {
   EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
   // Many small allocations (a growing list copied each iteration) hit the byte budget.
   o.max_alloc_bytes = 1 << 20;
-  s = RenderStatus("{% set ns = namespace(l=[]) %}{% for i in range(100000) %}"
-                   "{% set ns.l = ns.l + [i] %}{% endfor %}",
-                   o);
+  s = RenderStatus(
+      "{% set ns = namespace(l=[]) %}{% for i in range(100000) %}"
+      "{% set ns.l = ns.l + [i] %}{% endfor %}",
+      o);
   EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
   // Nesting lists one level per iteration is stopped at the depth cap.
-  s = RenderStatus("{% set ns = namespace(x=[]) %}{% for i in range(1000) %}"
-                   "{% set ns.x = [ns.x] %}{% endfor %}",
-                   Opts(true, "", ""));
+  s = RenderStatus(
+      "{% set ns = namespace(x=[]) %}{% for i in range(1000) %}"
+      "{% set ns.x = [ns.x] %}{% endfor %}",
+      Opts(true, "", ""));
   EXPECT_FALSE(s.ok());
   // Shared sub-lists doubling in size: printing is bounded by the output cap.
   o = Opts(true, "", "");
   o.max_output_bytes = 1 << 20;
-  s = RenderStatus("{% set ns = namespace(x=[1]) %}{% for i in range(40) %}"
-                   "{% set ns.x = [ns.x, ns.x] %}{% endfor %}{{ ns.x }}",
-                   o);
+  s = RenderStatus(
+      "{% set ns = namespace(x=[1]) %}{% for i in range(40) %}"
+      "{% set ns.x = [ns.x, ns.x] %}{% endfor %}{{ ns.x }}",
+      o);
   EXPECT_FALSE(s.ok());
   // ... and so is comparing them (step budget).
-  s = RenderStatus("{% set ns = namespace(x=[1], y=[1]) %}{% for i in range(40) %}"
-                   "{% set ns.x = [ns.x, ns.x] %}{% set ns.y = [ns.y, ns.y] %}{% endfor %}"
-                   "{{ ns.x == ns.y }}",
-                   o);
+  s = RenderStatus(
+      "{% set ns = namespace(x=[1], y=[1]) %}{% for i in range(40) %}"
+      "{% set ns.x = [ns.x, ns.x] %}{% set ns.y = [ns.y, ns.y] %}{% endfor %}"
+      "{{ ns.x == ns.y }}",
+      o);
   EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
 }
 
 TEST(ChatTemplateErrors, RecursionIsCapped) {
-  Status s = RenderStatus("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
-                          Opts(true, "", ""));
+  Status s =
+      RenderStatus("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", Opts(true, "", ""));
   EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
   // Deep JSON input is rejected rather than recursed into.
   nlohmann::json deep = "x";
@@ -745,9 +753,15 @@ TEST(ChatTemplateErrors, MutatedTemplatesNeverCrash) {
     for (int e = 0; e < edits && !s.empty(); ++e) {
       const size_t pos = rng() % s.size();
       switch (rng() % 3) {
-        case 0: s.erase(pos, 1 + rng() % 3); break;
-        case 1: s.insert(pos, 1, alphabet[rng() % alphabet.size()]); break;
-        default: s[pos] = alphabet[rng() % alphabet.size()]; break;
+        case 0:
+          s.erase(pos, 1 + rng() % 3);
+          break;
+        case 1:
+          s.insert(pos, 1, alphabet[rng() % alphabet.size()]);
+          break;
+        default:
+          s[pos] = alphabet[rng() % alphabet.size()];
+          break;
       }
     }
     auto t = ChatTemplate::Parse(s);

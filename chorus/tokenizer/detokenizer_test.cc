@@ -31,15 +31,19 @@ TEST(Utf8, ValidCharLenFollowsTable3_7) {
 TEST(Utf8, SanitizeReplacesMaximalSubparts) {
   // Same results as Python's bytes.decode("utf-8", "replace").
   EXPECT_EQ(SanitizeUtf8("ok"), "ok");
-  EXPECT_EQ(SanitizeUtf8("\xF0\x9F\x98" "A"), kFffd + "A");
+  EXPECT_EQ(SanitizeUtf8("\xF0\x9F\x98"
+                         "A"),
+            kFffd + "A");
   EXPECT_EQ(SanitizeUtf8("\xE0\x80"), kFffd + kFffd);
   EXPECT_EQ(SanitizeUtf8("\xED\xA0\x80"), kFffd + kFffd + kFffd);
-  EXPECT_EQ(SanitizeUtf8("a\xFF" "b"), "a" + kFffd + "b");
+  EXPECT_EQ(SanitizeUtf8("a\xFF"
+                         "b"),
+            "a" + kFffd + "b");
   EXPECT_EQ(SanitizeUtf8("\xC3"), kFffd);
 }
 
 TEST(Utf8, ByteLevelAlphabetIsGpt2s) {
-  EXPECT_EQ(internal::ByteToUnicode(' '), 0x120u);  // "Ġ"
+  EXPECT_EQ(internal::ByteToUnicode(' '), 0x120u);   // "Ġ"
   EXPECT_EQ(internal::ByteToUnicode('\n'), 0x10Au);  // "Ċ"
   EXPECT_EQ(internal::ByteToUnicode('A'), static_cast<uint32_t>('A'));
   EXPECT_EQ(internal::ByteToUnicode(0xAD), 0x143u);  // soft hyphen is remapped (last one)
@@ -131,10 +135,12 @@ TEST_F(StreamingTest, OutOfRangeIdsDecodeToNothing) {
 
 TEST(StreamingReal, Llama2EmojiAndCjkThroughByteFallback) {
   CHORUS_REQUIRE_SHARED_MODEL("llama2-tokenizer/tokenizer.model");
-  auto tok = LoadTokenizer(::chorus::testing::SharedModelsDir() + "/llama2-tokenizer/tokenizer.model");
+  auto tok =
+      LoadTokenizer(::chorus::testing::SharedModelsDir() + "/llama2-tokenizer/tokenizer.model");
   ASSERT_TRUE(tok.ok()) << tok.status().ToString();
   // 😀 is not in the Llama 2 vocabulary: it is four byte-fallback tokens.
-  const std::string text = "Smile \xF0\x9F\x98\x80 \xE7\x94\x9F\xE6\xB4\xBB\xE7\x9A\x84\xE7\x9C\x9F\xE8\xB0\x9B";
+  const std::string text =
+      "Smile \xF0\x9F\x98\x80 \xE7\x94\x9F\xE6\xB4\xBB\xE7\x9A\x84\xE7\x9C\x9F\xE8\xB0\x9B";
   const auto ids = (*tok)->Encode(text, EncodeOptions{});
   int byte_tokens = 0;
   StreamingDetokenizer d(tok->get());
@@ -151,7 +157,8 @@ TEST(StreamingReal, Llama2EmojiAndCjkThroughByteFallback) {
 }
 
 TEST(CleanUp, MatchesTransformersRules) {
-  EXPECT_EQ(CleanUpTokenizationSpaces("A\n'll !!to?'d''d of, can't ."), "A\n'll!!to?'d''d of, can't.");
+  EXPECT_EQ(CleanUpTokenizationSpaces("A\n'll !!to?'d''d of, can't ."),
+            "A\n'll!!to?'d''d of, can't.");
   EXPECT_EQ(CleanUpTokenizationSpaces("do n't , 's 've 're 'm"), "don't,'s've're'm");
 }
 

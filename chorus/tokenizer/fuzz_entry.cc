@@ -1,8 +1,7 @@
 #include "chorus/tokenizer/fuzz_entry.h"
 
-#include <nlohmann/json.hpp>
-
 #include <cstdio>
+#include <nlohmann/json.hpp>
 
 #include "chorus/base/check.h"
 #include "chorus/tokenizer/tokenizer.h"
@@ -48,9 +47,8 @@ namespace {
 
 nlohmann::json AddedTokenJson(int id, const std::string& content, bool special, bool lstrip = false,
                               bool rstrip = false) {
-  return {{"id", id},           {"content", content}, {"single_word", false},
-          {"lstrip", lstrip},   {"rstrip", rstrip},   {"normalized", false},
-          {"special", special}};
+  return {{"id", id},         {"content", content},  {"single_word", false}, {"lstrip", lstrip},
+          {"rstrip", rstrip}, {"normalized", false}, {"special", special}};
 }
 
 }  // namespace
@@ -65,13 +63,14 @@ std::string SmallSpmTokenizerJson() {
     std::snprintf(buf, sizeof(buf), "<0x%02X>", b);
     vocab[buf] = 3 + b;
   }
-  const char* const pieces[] = {"\u2581", "h", "e", "l", "o", "w", "r", "d",
-                                "\u2581h", "el", "\u2581hel", "lo", "\u2581hello", "\u2581w",
-                                "or", "\u2581wor", "ld", "\u2581world"};
+  const char* const pieces[] = {"\u2581",    "h",  "e",           "l",       "o",
+                                "w",         "r",  "d",           "\u2581h", "el",
+                                "\u2581hel", "lo", "\u2581hello", "\u2581w", "or",
+                                "\u2581wor", "ld", "\u2581world"};
   int id = 259;
   for (const char* p : pieces) vocab[p] = id++;
-  nlohmann::json merges = {"\u2581 h", "e l", "\u2581h el", "l o", "\u2581hel lo", "\u2581 w",
-                           "o r", "\u2581w or", "l d", "\u2581wor ld"};
+  nlohmann::json merges = {"\u2581 h", "e l", "\u2581h el", "l o", "\u2581hel lo",
+                           "\u2581 w", "o r", "\u2581w or", "l d", "\u2581wor ld"};
   nlohmann::json j = {
       {"version", "1.0"},
       {"added_tokens",
@@ -111,21 +110,19 @@ std::string SmallByteLevelTokenizerJson() {
     vocab[internal::ByteLevelEncode(std::string(1, static_cast<char>(b)))] = b;
   }
   // "Ġ" is the byte-level form of a space.
-  const char* const pieces[] = {"he", "\u0120t", "\u0120the", "ll", "llo", "\u0120w", "or",
-                                "\u0120wor", "ld", "\u0120world"};
+  const char* const pieces[] = {"he",      "\u0120t", "\u0120the", "ll", "llo",
+                                "\u0120w", "or",      "\u0120wor", "ld", "\u0120world"};
   int id = 256;
   for (const char* p : pieces) vocab[p] = id++;
-  nlohmann::json merges = {"h e",    "\u0120 t", "\u0120t he",  "l l",  "ll o",
-                           "\u0120 w", "o r",    "\u0120w or", "l d", "\u0120wor ld"};
+  nlohmann::json merges = {"h e",      "\u0120 t", "\u0120t he", "l l", "ll o",
+                           "\u0120 w", "o r",      "\u0120w or", "l d", "\u0120wor ld"};
   nlohmann::json j = {
       {"version", "1.0"},
       {"added_tokens",
        {AddedTokenJson(266, "<|endoftext|>", true),
-        AddedTokenJson(267, "<|im_start|>", true, false, true),
-        AddedTokenJson(268, "  ", false)}},
+        AddedTokenJson(267, "<|im_start|>", true, false, true), AddedTokenJson(268, "  ", false)}},
       {"normalizer", nullptr},
-      {"pre_tokenizer",
-       {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
       {"post_processor", {{"type", "ByteLevel"}}},
       {"decoder", {{"type", "ByteLevel"}}},
       {"model",

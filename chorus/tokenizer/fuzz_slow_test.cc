@@ -5,7 +5,6 @@
 // the tokenizer builder with wrong types, out-of-range ids, odd regexes and broken merges).
 // Any crash, hang, sanitizer report or CHORUS_CHECK failure is a bug.
 #include <nlohmann/json.hpp>
-
 #include <random>
 
 #include "chorus/tokenizer/fuzz_entry.h"
@@ -22,18 +21,28 @@ std::string MutateBytes(std::string s, std::mt19937_64& rng) {
     if (s.empty()) s.push_back('{');
     const size_t pos = rng() % s.size();
     switch (rng() % 6) {
-      case 0: s[pos] = static_cast<char>(s[pos] ^ (1 << (rng() % 8))); break;
-      case 1: s.erase(pos, 1 + rng() % 16); break;
-      case 2: s.insert(pos, 1, "{}[]\":,0-9e\\u"[rng() % 14]); break;
-      case 3: s.resize(pos); break;
+      case 0:
+        s[pos] = static_cast<char>(s[pos] ^ (1 << (rng() % 8)));
+        break;
+      case 1:
+        s.erase(pos, 1 + rng() % 16);
+        break;
+      case 2:
+        s.insert(pos, 1, "{}[]\":,0-9e\\u"[rng() % 14]);
+        break;
+      case 3:
+        s.resize(pos);
+        break;
       case 4: {  // duplicate a range
         const size_t len = std::min<size_t>(1 + rng() % 64, s.size() - pos);
         s.insert(rng() % s.size(), s.substr(pos, len));
         break;
       }
       default:
-        if (s[pos] >= '0' && s[pos] <= '9') s[pos] = static_cast<char>('0' + rng() % 10);
-        else s[pos] = static_cast<char>(rng() % 256);
+        if (s[pos] >= '0' && s[pos] <= '9')
+          s[pos] = static_cast<char>('0' + rng() % 10);
+        else
+          s[pos] = static_cast<char>(rng() % 256);
     }
   }
   return s;
@@ -41,18 +50,30 @@ std::string MutateBytes(std::string s, std::mt19937_64& rng) {
 
 Json RandomValue(std::mt19937_64& rng, const Json& sibling) {
   switch (rng() % 12) {
-    case 0: return nullptr;
-    case 1: return static_cast<bool>(rng() % 2);
-    case 2: return -1;
-    case 3: return int64_t{1} << (rng() % 63);
-    case 4: return 1e300;
-    case 5: return "";
-    case 6: return "\u2581";
-    case 7: return Json::array();
-    case 8: return Json::object();
-    case 9: return std::string("(") + "[\\p{L}" + "*+?"[rng() % 3];
-    case 10: return sibling;  // duplicate a neighbour (same type, maybe wrong place)
-    default: return static_cast<int64_t>(rng() % 600);
+    case 0:
+      return nullptr;
+    case 1:
+      return static_cast<bool>(rng() % 2);
+    case 2:
+      return -1;
+    case 3:
+      return int64_t{1} << (rng() % 63);
+    case 4:
+      return 1e300;
+    case 5:
+      return "";
+    case 6:
+      return "\u2581";
+    case 7:
+      return Json::array();
+    case 8:
+      return Json::object();
+    case 9:
+      return std::string("(") + "[\\p{L}" + "*+?"[rng() % 3];
+    case 10:
+      return sibling;  // duplicate a neighbour (same type, maybe wrong place)
+    default:
+      return static_cast<int64_t>(rng() % 600);
   }
 }
 

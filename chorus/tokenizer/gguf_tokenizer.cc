@@ -33,12 +33,10 @@ Result<std::vector<PreTokenizerStep>> PreStepsFor(const std::string& pre) {
         {R"(\p{N}+)", false},
         {R"([0-9][0-9][0-9])", false}};
   }
-  static const char* const kGpt2Names[] = {"gpt-2", "gpt2", "phi-2", "roberta-bpe", "olmo",
-                                           "jais"};
+  static const char* const kGpt2Names[] = {"gpt-2", "gpt2", "phi-2", "roberta-bpe", "olmo", "jais"};
   static const char* const kLlama3Names[] = {"llama3", "llama-v3", "llama-bpe", "falcon3",
                                              "pixtral"};
-  static const char* const kQwen2Names[] = {"qwen2", "deepseek-r1-qwen", "stablelm2",
-                                            "megrez"};
+  static const char* const kQwen2Names[] = {"qwen2", "deepseek-r1-qwen", "stablelm2", "megrez"};
   auto in = [&](const auto& names) {
     return std::any_of(std::begin(names), std::end(names), [&](const char* n) { return pre == n; });
   };
@@ -80,9 +78,8 @@ Result<std::unique_ptr<Tokenizer>> Build(const formats::GgufFile& gguf) {
   spec.types.assign(n, TokenType::kNormal);
   if (types) {
     if (types->size() != n) {
-      return InvalidArgumentError("tokenizer.ggml.token_type has " +
-                                  std::to_string(types->size()) + " entries for " +
-                                  std::to_string(n) + " tokens");
+      return InvalidArgumentError("tokenizer.ggml.token_type has " + std::to_string(types->size()) +
+                                  " entries for " + std::to_string(n) + " tokens");
     }
     for (size_t i = 0; i < n; ++i) {
       const int64_t t = (*types)[i];
@@ -112,8 +109,8 @@ Result<std::unique_ptr<Tokenizer>> Build(const formats::GgufFile& gguf) {
     CHORUS_ASSIGN_OR_RETURN(auto space_prefix,
                             OptionalKey(gguf.GetInt("tokenizer.ggml.add_space_prefix")));
     // llama.cpp prefixes every raw-text fragment (the text start and after each special token).
-    spec.prepend = (!space_prefix || *space_prefix != 0) ? PrependScheme::kAlways
-                                                         : PrependScheme::kNever;
+    spec.prepend =
+        (!space_prefix || *space_prefix != 0) ? PrependScheme::kAlways : PrependScheme::kNever;
     spec.strip_leading_space = spec.prepend != PrependScheme::kNever;
   } else {
     CHORUS_ASSIGN_OR_RETURN(auto merges, gguf.GetStringArray("tokenizer.ggml.merges"));

@@ -108,8 +108,24 @@ struct UnaryExpr : Expr {
 };
 struct BinaryExpr : Expr {
   enum class Op : uint8_t {
-    kOr, kAnd, kEq, kNe, kLt, kGt, kLe, kGe, kIn, kNotIn,
-    kAdd, kSub, kMul, kDiv, kFloorDiv, kMod, kPow, kConcat,
+    kOr,
+    kAnd,
+    kEq,
+    kNe,
+    kLt,
+    kGt,
+    kLe,
+    kGe,
+    kIn,
+    kNotIn,
+    kAdd,
+    kSub,
+    kMul,
+    kDiv,
+    kFloorDiv,
+    kMod,
+    kPow,
+    kConcat,
   };
   Op op = Op::kAdd;
   ExprPtr a, b;
@@ -121,7 +137,7 @@ struct CompareChainExpr : Expr {
   std::vector<std::pair<BinaryExpr::Op, ExprPtr>> rest;
   Result<Value> Eval(Interp& in) const override;
 };
-struct CondExpr : Expr {  // then if cond else otherwise
+struct CondExpr : Expr {          // then if cond else otherwise
   ExprPtr cond, then, otherwise;  // otherwise may be null (→ undefined)
   Result<Value> Eval(Interp& in) const override;
 };

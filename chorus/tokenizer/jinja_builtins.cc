@@ -279,8 +279,8 @@ Result<Value> FDefault(Interp& in, const Value& v, CallArgs& a) {
   CHORUS_RETURN_IF_ERROR(MaxArgs(a, 2, "default"));
   const Value* def = Arg(a, 0, "default_value");
   const Value* boolean = Arg(a, 1, "boolean");
-  const bool use_default = v.is_undefined() || (boolean != nullptr && boolean->Truthy() &&
-                                                !v.Truthy());
+  const bool use_default =
+      v.is_undefined() || (boolean != nullptr && boolean->Truthy() && !v.Truthy());
   if (!use_default) return v;
   return def != nullptr ? *def : Value::Str("");
 }
@@ -311,14 +311,16 @@ Result<Value> FJoin(Interp& in, const Value& v, CallArgs& a) {
 }
 
 Result<Value> FFirst(Interp& in, const Value& v, CallArgs& a) {
-  if (v.is_list()) return v.list().empty() ? Value::Undefined("first of an empty list") : v.list()[0];
+  if (v.is_list())
+    return v.list().empty() ? Value::Undefined("first of an empty list") : v.list()[0];
   Node at;
   CHORUS_ASSIGN_OR_RETURN(std::vector<Value> items, in.Iterate(v, at));
   return items.empty() ? Value::Undefined("first of an empty sequence") : items.front();
 }
 
 Result<Value> FLast(Interp& in, const Value& v, CallArgs& a) {
-  if (v.is_list()) return v.list().empty() ? Value::Undefined("last of an empty list") : v.list().back();
+  if (v.is_list())
+    return v.list().empty() ? Value::Undefined("last of an empty list") : v.list().back();
   Node at;
   CHORUS_ASSIGN_OR_RETURN(std::vector<Value> items, in.Iterate(v, at));
   return items.empty() ? Value::Undefined("last of an empty sequence") : items.back();
@@ -350,12 +352,23 @@ Result<Value> FEscape(Interp& in, const Value& v, CallArgs& a) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&#34;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out.push_back(c);
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&#34;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out.push_back(c);
     }
   }
   return in.MakeString(std::move(out));
@@ -672,7 +685,8 @@ Result<Value> GRange(Interp& in, CallArgs& a) {
   // Count in floating point first so that absurd ranges fail before any arithmetic overflows.
   const double count_f = std::ceil((static_cast<double>(stop) - static_cast<double>(start)) /
                                    static_cast<double>(step));
-  const int64_t count = count_f <= 0 ? 0 : (count_f > 1e15 ? int64_t{1} << 50 : static_cast<int64_t>(count_f));
+  const int64_t count =
+      count_f <= 0 ? 0 : (count_f > 1e15 ? int64_t{1} << 50 : static_cast<int64_t>(count_f));
   if (count > std::numeric_limits<int64_t>::max() / kSlotBytes) {
     return in.Alloc(std::numeric_limits<int64_t>::max());
   }
@@ -722,8 +736,7 @@ Result<Value> GRaiseException(Interp& in, CallArgs& a) {
 
 // ---------------------------------------------------------------- methods
 
-Result<Value> StringMethod(Interp& in, const std::string& s, const std::string& name,
-                           CallArgs& a) {
+Result<Value> StringMethod(Interp& in, const std::string& s, const std::string& name, CallArgs& a) {
   if (name == "strip" || name == "lstrip" || name == "rstrip") {
     CHORUS_RETURN_IF_ERROR(MaxArgs(a, 1, name));
     const Value* chars = Arg(a, 0, "chars");
@@ -741,9 +754,9 @@ Result<Value> StringMethod(Interp& in, const std::string& s, const std::string& 
     std::vector<Value> options = p->is_list() ? p->list() : std::vector<Value>{*p};
     for (const auto& o : options) {
       CHORUS_ASSIGN_OR_RETURN(std::string x, StrArg(&o, name + " argument"));
-      const bool hit = name == "startswith"
-                           ? s.compare(0, x.size(), x) == 0
-                           : (s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0);
+      const bool hit = name == "startswith" ? s.compare(0, x.size(), x) == 0
+                                            : (s.size() >= x.size() &&
+                                               s.compare(s.size() - x.size(), x.size(), x) == 0);
       if (hit) return Value::Bool(true);
     }
     return Value::Bool(false);
@@ -826,16 +839,35 @@ Result<Value> StringMethod(Interp& in, const std::string& s, const std::string& 
 
 FilterFn FindFilter(std::string_view name) {
   static const auto* const kFilters = new std::unordered_map<std::string_view, FilterFn>{
-      {"trim", FTrim},         {"length", FLength},       {"count", FLength},
-      {"upper", FUpper},       {"lower", FLower},         {"title", FTitle},
-      {"capitalize", FCapitalize}, {"tojson", FToJson},   {"default", FDefault},
-      {"d", FDefault},         {"join", FJoin},           {"first", FFirst},
-      {"last", FLast},         {"string", FString},       {"replace", FReplace},
-      {"safe", FSafe},         {"e", FEscape},            {"escape", FEscape},
-      {"items", FItems},       {"list", FList},           {"int", FInt},
-      {"float", FFloat},       {"abs", FAbs},             {"reverse", FReverse},
-      {"map", FMap},           {"select", FSelect},       {"reject", FReject},
-      {"selectattr", FSelectAttr}, {"rejectattr", FRejectAttr},
+      {"trim", FTrim},
+      {"length", FLength},
+      {"count", FLength},
+      {"upper", FUpper},
+      {"lower", FLower},
+      {"title", FTitle},
+      {"capitalize", FCapitalize},
+      {"tojson", FToJson},
+      {"default", FDefault},
+      {"d", FDefault},
+      {"join", FJoin},
+      {"first", FFirst},
+      {"last", FLast},
+      {"string", FString},
+      {"replace", FReplace},
+      {"safe", FSafe},
+      {"e", FEscape},
+      {"escape", FEscape},
+      {"items", FItems},
+      {"list", FList},
+      {"int", FInt},
+      {"float", FFloat},
+      {"abs", FAbs},
+      {"reverse", FReverse},
+      {"map", FMap},
+      {"select", FSelect},
+      {"reject", FReject},
+      {"selectattr", FSelectAttr},
+      {"rejectattr", FRejectAttr},
   };
   auto it = kFilters->find(name);
   return it == kFilters->end() ? nullptr : it->second;
@@ -843,17 +875,38 @@ FilterFn FindFilter(std::string_view name) {
 
 TestFn FindTest(std::string_view name) {
   static const auto* const kTests = new std::unordered_map<std::string_view, TestFn>{
-      {"defined", TDefined},   {"undefined", TUndefined}, {"none", TNone},
-      {"string", TString},     {"mapping", TMapping},     {"iterable", TIterable},
-      {"sequence", TSequence}, {"number", TNumber},       {"integer", TInteger},
-      {"float", TFloat},       {"boolean", TBoolean},     {"true", TTrue},
-      {"false", TFalse},       {"callable", TCallable},   {"odd", TOdd},
-      {"even", TEven},         {"divisibleby", TDivisibleBy},
-      {"eq", TEq},             {"equalto", TEq},          {"==", TEq},
-      {"ne", TNe},             {"!=", TNe},               {"lt", TLt},
-      {"lessthan", TLt},       {"le", TLe},               {"gt", TGt},
-      {"greaterthan", TGt},    {"ge", TGe},               {"in", TIn},
-      {"lower", TLower},       {"upper", TUpper},         {"sameas", TSameAs},
+      {"defined", TDefined},
+      {"undefined", TUndefined},
+      {"none", TNone},
+      {"string", TString},
+      {"mapping", TMapping},
+      {"iterable", TIterable},
+      {"sequence", TSequence},
+      {"number", TNumber},
+      {"integer", TInteger},
+      {"float", TFloat},
+      {"boolean", TBoolean},
+      {"true", TTrue},
+      {"false", TFalse},
+      {"callable", TCallable},
+      {"odd", TOdd},
+      {"even", TEven},
+      {"divisibleby", TDivisibleBy},
+      {"eq", TEq},
+      {"equalto", TEq},
+      {"==", TEq},
+      {"ne", TNe},
+      {"!=", TNe},
+      {"lt", TLt},
+      {"lessthan", TLt},
+      {"le", TLe},
+      {"gt", TGt},
+      {"greaterthan", TGt},
+      {"ge", TGe},
+      {"in", TIn},
+      {"lower", TLower},
+      {"upper", TUpper},
+      {"sameas", TSameAs},
   };
   auto it = kTests->find(name);
   return it == kTests->end() ? nullptr : it->second;
@@ -884,8 +937,8 @@ Result<Value> GetAttr(const Value& obj, const std::string& name, const Node& at)
     if (const Value* v = obj.dict().Find(name)) return *v;
     return Value::Undefined("'dict object' has no attribute '" + name + "'");
   }
-  return Value::Undefined("'" + std::string(obj.TypeName()) + " object' has no attribute '" +
-                          name + "'");
+  return Value::Undefined("'" + std::string(obj.TypeName()) + " object' has no attribute '" + name +
+                          "'");
 }
 
 Result<Value> CallMethod(Interp& in, const Value& obj, const std::string& name, CallArgs& args) {
@@ -922,8 +975,8 @@ Result<Value> CallMethod(Interp& in, const Value& obj, const std::string& name, 
       return c.builtin(in, args);
     }
   }
-  if (obj.is_list() && (name == "append" || name == "extend" || name == "pop" ||
-                        name == "insert" || name == "remove" || name == "clear")) {
+  if (obj.is_list() && (name == "append" || name == "extend" || name == "pop" || name == "insert" ||
+                        name == "remove" || name == "clear")) {
     return InvalidArgumentError("lists are immutable in chat templates ('" + name + "')");
   }
   return InvalidArgumentError("'" + std::string(obj.TypeName()) + "' object has no attribute '" +

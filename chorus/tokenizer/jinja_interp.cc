@@ -23,18 +23,30 @@ bool IsNumeric(const Value& v) { return v.is_int() || v.is_float() || v.is_bool(
 
 std::string BinOpName(BinaryExpr::Op op) {
   switch (op) {
-    case BinaryExpr::Op::kAdd: return "+";
-    case BinaryExpr::Op::kSub: return "-";
-    case BinaryExpr::Op::kMul: return "*";
-    case BinaryExpr::Op::kDiv: return "/";
-    case BinaryExpr::Op::kFloorDiv: return "//";
-    case BinaryExpr::Op::kMod: return "%";
-    case BinaryExpr::Op::kPow: return "**";
-    case BinaryExpr::Op::kLt: return "<";
-    case BinaryExpr::Op::kGt: return ">";
-    case BinaryExpr::Op::kLe: return "<=";
-    case BinaryExpr::Op::kGe: return ">=";
-    default: return "?";
+    case BinaryExpr::Op::kAdd:
+      return "+";
+    case BinaryExpr::Op::kSub:
+      return "-";
+    case BinaryExpr::Op::kMul:
+      return "*";
+    case BinaryExpr::Op::kDiv:
+      return "/";
+    case BinaryExpr::Op::kFloorDiv:
+      return "//";
+    case BinaryExpr::Op::kMod:
+      return "%";
+    case BinaryExpr::Op::kPow:
+      return "**";
+    case BinaryExpr::Op::kLt:
+      return "<";
+    case BinaryExpr::Op::kGt:
+      return ">";
+    case BinaryExpr::Op::kLe:
+      return "<=";
+    case BinaryExpr::Op::kGe:
+      return ">=";
+    default:
+      return "?";
   }
 }
 
@@ -42,8 +54,8 @@ Status TypeError(const Node& at, BinaryExpr::Op op, const Value& a, const Value&
   if (a.is_undefined()) return RuntimeError(at, a.str());
   if (b.is_undefined()) return RuntimeError(at, b.str());
   return RuntimeError(at, "unsupported operand type(s) for " + BinOpName(op) + ": '" +
-                              std::string(a.TypeName()) + "' and '" +
-                              std::string(b.TypeName()) + "'");
+                              std::string(a.TypeName()) + "' and '" + std::string(b.TypeName()) +
+                              "'");
 }
 
 Result<Value> EvalArgs(Interp& in, const ArgList& list, CallArgs* out) {
@@ -65,8 +77,7 @@ Status WithPosition(const Status& s, const Node& at, std::string_view what) {
   return RuntimeError(at, std::string(what) + ": " + s.message());
 }
 
-Result<Value> Arith(Interp& in, const Node& at, BinaryExpr::Op op, const Value& a,
-                    const Value& b) {
+Result<Value> Arith(Interp& in, const Node& at, BinaryExpr::Op op, const Value& a, const Value& b) {
   using Op = BinaryExpr::Op;
   // String and list operators.
   if (op == Op::kAdd && a.is_string() && b.is_string()) {
@@ -101,7 +112,8 @@ Result<Value> Arith(Interp& in, const Node& at, BinaryExpr::Op op, const Value& 
       return Value::Str(std::move(s));
     }
     const size_t unit = b.list().size();
-    if (unit != 0 && n > std::numeric_limits<int64_t>::max() / kSlotBytes / static_cast<int64_t>(unit)) {
+    if (unit != 0 &&
+        n > std::numeric_limits<int64_t>::max() / kSlotBytes / static_cast<int64_t>(unit)) {
       return in.Alloc(std::numeric_limits<int64_t>::max());
     }
     CHORUS_RETURN_IF_ERROR(in.Alloc(static_cast<int64_t>(unit) * n * kSlotBytes));
@@ -166,9 +178,12 @@ Result<Value> Arith(Interp& in, const Node& at, BinaryExpr::Op op, const Value& 
   }
   const double x = a.AsDouble(), y = b.AsDouble();
   switch (op) {
-    case Op::kAdd: return Value::Float(x + y);
-    case Op::kSub: return Value::Float(x - y);
-    case Op::kMul: return Value::Float(x * y);
+    case Op::kAdd:
+      return Value::Float(x + y);
+    case Op::kSub:
+      return Value::Float(x - y);
+    case Op::kMul:
+      return Value::Float(x * y);
     case Op::kDiv:
       if (y == 0) return RuntimeError(at, "float division by zero");
       return Value::Float(x / y);
@@ -181,8 +196,10 @@ Result<Value> Arith(Interp& in, const Node& at, BinaryExpr::Op op, const Value& 
       if (m != 0 && ((m < 0) != (y < 0))) m += y;
       return Value::Float(m);
     }
-    case Op::kPow: return Value::Float(std::pow(x, y));
-    default: break;
+    case Op::kPow:
+      return Value::Float(std::pow(x, y));
+    default:
+      break;
   }
   return TypeError(at, op, a, b);
 }
@@ -216,11 +233,16 @@ Result<Value> Compare(Interp& in, const Node& at, BinaryExpr::Op op, const Value
     return TypeError(at, op, a, b);
   }
   switch (op) {
-    case Op::kLt: return Value::Bool(c < 0);
-    case Op::kGt: return Value::Bool(c > 0);
-    case Op::kLe: return Value::Bool(c <= 0);
-    case Op::kGe: return Value::Bool(c >= 0);
-    default: break;
+    case Op::kLt:
+      return Value::Bool(c < 0);
+    case Op::kGt:
+      return Value::Bool(c > 0);
+    case Op::kLe:
+      return Value::Bool(c <= 0);
+    case Op::kGe:
+      return Value::Bool(c >= 0);
+    default:
+      break;
   }
   return TypeError(at, op, a, b);
 }
@@ -246,8 +268,8 @@ Result<bool> Contains(Interp& in, const Node& at, const Value& container, const 
     case Value::Kind::kUndefined:
       return false;
     default:
-      return RuntimeError(at, "argument of type '" + std::string(container.TypeName()) +
-                                  "' is not iterable");
+      return RuntimeError(
+          at, "argument of type '" + std::string(container.TypeName()) + "' is not iterable");
   }
 }
 
@@ -706,8 +728,8 @@ Result<Value> UnaryExpr::Eval(Interp& in) const {
   }
   if (v.is_undefined()) return RuntimeError(*this, v.str());
   return RuntimeError(*this, std::string("bad operand type for unary ") +
-                                 (op == Op::kNeg ? "-" : "+") + ": '" +
-                                 std::string(v.TypeName()) + "'");
+                                 (op == Op::kNeg ? "-" : "+") + ": '" + std::string(v.TypeName()) +
+                                 "'");
 }
 
 Result<Value> BinaryExpr::Eval(Interp& in) const {

@@ -27,7 +27,7 @@ enum class TokKind : uint8_t {
   kString,      // string literal (escapes decoded)
   kInt,
   kFloat,
-  kOp,          // operator or punctuation: == != <= >= // ** + - * / % ~ < > ( ) [ ] { } , . : | =
+  kOp,  // operator or punctuation: == != <= >= // ** + - * / % ~ < > ( ) [ ] { } , . : | =
   kEof,
 };
 

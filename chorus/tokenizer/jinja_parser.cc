@@ -48,17 +48,27 @@ class Parser {
   }
   static std::string Describe(const Token& t) {
     switch (t.kind) {
-      case TokKind::kText: return "template text";
-      case TokKind::kVarBegin: return "'{{'";
-      case TokKind::kVarEnd: return "'}}'";
-      case TokKind::kBlockBegin: return "'{%'";
-      case TokKind::kBlockEnd: return "'%}'";
-      case TokKind::kName: return "'" + t.text + "'";
-      case TokKind::kString: return "string literal";
+      case TokKind::kText:
+        return "template text";
+      case TokKind::kVarBegin:
+        return "'{{'";
+      case TokKind::kVarEnd:
+        return "'}}'";
+      case TokKind::kBlockBegin:
+        return "'{%'";
+      case TokKind::kBlockEnd:
+        return "'%}'";
+      case TokKind::kName:
+        return "'" + t.text + "'";
+      case TokKind::kString:
+        return "string literal";
       case TokKind::kInt:
-      case TokKind::kFloat: return "number '" + t.text + "'";
-      case TokKind::kOp: return "'" + t.text + "'";
-      case TokKind::kEof: return "end of template";
+      case TokKind::kFloat:
+        return "number '" + t.text + "'";
+      case TokKind::kOp:
+        return "'" + t.text + "'";
+      case TokKind::kEof:
+        return "end of template";
     }
     return "token";
   }
@@ -437,8 +447,8 @@ class Parser {
     while (IsOp("+") || IsOp("-")) {
       const Token& at = Next();
       CHORUS_ASSIGN_OR_RETURN(ExprPtr r, ParseConcat());
-      e = MakeBinary(at, at.text == "+" ? BinaryExpr::Op::kAdd : BinaryExpr::Op::kSub,
-                     std::move(e), std::move(r));
+      e = MakeBinary(at, at.text == "+" ? BinaryExpr::Op::kAdd : BinaryExpr::Op::kSub, std::move(e),
+                     std::move(r));
     }
     return e;
   }

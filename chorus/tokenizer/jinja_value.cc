@@ -16,8 +16,7 @@ const std::string& EmptyString() {
 }
 
 Status TooLarge(size_t limit) {
-  return ResourceExhaustedError("chat template output exceeds " + std::to_string(limit) +
-                                " bytes");
+  return ResourceExhaustedError("chat template output exceeds " + std::to_string(limit) + " bytes");
 }
 
 Status Append(std::string* out, std::string_view s, size_t limit) {
@@ -86,13 +85,27 @@ Status AppendJsonString(std::string_view s, std::string* out, size_t limit) {
   for (char c : s) {
     const auto u = static_cast<unsigned char>(c);
     switch (c) {
-      case '"': r += "\\\""; break;
-      case '\\': r += "\\\\"; break;
-      case '\n': r += "\\n"; break;
-      case '\r': r += "\\r"; break;
-      case '\t': r += "\\t"; break;
-      case '\b': r += "\\b"; break;
-      case '\f': r += "\\f"; break;
+      case '"':
+        r += "\\\"";
+        break;
+      case '\\':
+        r += "\\\\";
+        break;
+      case '\n':
+        r += "\\n";
+        break;
+      case '\r':
+        r += "\\r";
+        break;
+      case '\t':
+        r += "\\t";
+        break;
+      case '\b':
+        r += "\\b";
+        break;
+      case '\f':
+        r += "\\f";
+        break;
       default:
         if (u < 0x20) {
           char buf[8];
@@ -366,16 +379,26 @@ bool Value::Truthy() const {
 
 std::string_view Value::TypeName() const {
   switch (kind_) {
-    case Kind::kUndefined: return "Undefined";
-    case Kind::kNone: return "NoneType";
-    case Kind::kBool: return "bool";
-    case Kind::kInt: return "int";
-    case Kind::kFloat: return "float";
-    case Kind::kString: return "str";
-    case Kind::kList: return "list";
-    case Kind::kDict: return "dict";
-    case Kind::kNamespace: return "Namespace";
-    case Kind::kCallable: return "function";
+    case Kind::kUndefined:
+      return "Undefined";
+    case Kind::kNone:
+      return "NoneType";
+    case Kind::kBool:
+      return "bool";
+    case Kind::kInt:
+      return "int";
+    case Kind::kFloat:
+      return "float";
+    case Kind::kString:
+      return "str";
+    case Kind::kList:
+      return "list";
+    case Kind::kDict:
+      return "dict";
+    case Kind::kNamespace:
+      return "Namespace";
+    case Kind::kCallable:
+      return "function";
   }
   return "?";
 }

@@ -13,13 +13,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "chorus/base/status.h"
 
@@ -149,8 +148,8 @@ using BuiltinFn = Result<Value> (*)(Interp& in, CallArgs& args);
 
 struct Callable {
   std::string name;
-  BuiltinFn builtin = nullptr;        // a global function (range, namespace, ...)
-  const MacroStmt* macro = nullptr;   // or a macro (owned by the Program)
+  BuiltinFn builtin = nullptr;       // a global function (range, namespace, ...)
+  const MacroStmt* macro = nullptr;  // or a macro (owned by the Program)
 };
 
 // Converts JSON (request messages, extra context) to a Value, keeping object key order.

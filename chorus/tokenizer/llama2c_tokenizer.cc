@@ -33,8 +33,8 @@ Status ParseLlama2c(std::string_view bytes, std::string_view name, Llama2cVocab*
   size_t pos = 4;
   while (pos < bytes.size()) {
     if (bytes.size() - pos < 8) {
-      return err("truncated record of token " + std::to_string(v->pieces.size()) +
-                 " at offset " + std::to_string(pos));
+      return err("truncated record of token " + std::to_string(v->pieces.size()) + " at offset " +
+                 std::to_string(pos));
     }
     float score;
     int32_t len;
@@ -46,8 +46,8 @@ Status ParseLlama2c(std::string_view bytes, std::string_view name, Llama2cVocab*
                  std::to_string(len));
     }
     if (bytes.size() - pos < static_cast<size_t>(len)) {
-      return err("token " + std::to_string(v->pieces.size()) + " (length " +
-                 std::to_string(len) + ") runs past the end of the file");
+      return err("token " + std::to_string(v->pieces.size()) + " (length " + std::to_string(len) +
+                 ") runs past the end of the file");
     }
     v->pieces.emplace_back(bytes.substr(pos, len));
     v->scores.push_back(score);

@@ -1,10 +1,9 @@
 // LoadTokenizer: format detection by content, and the HF side files (tokenizer_config.json,
 // special_tokens_map.json, generation_config.json).
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <system_error>
 
 #include "chorus/base/logging.h"
@@ -95,10 +94,10 @@ std::string Sibling(const std::string& path, std::string_view file) {
 }
 
 Status ApplySideFiles(Tokenizer* tok, const std::string& dir) {
-  const std::pair<const char*, Status (*)(Tokenizer*, std::string_view, std::string_view)> kFiles[] =
-      {{"special_tokens_map.json", ApplySpecialTokensMapJson},
-       {"tokenizer_config.json", ApplyTokenizerConfigJson},
-       {"generation_config.json", ApplyGenerationConfigJson}};
+  const std::pair<const char*, Status (*)(Tokenizer*, std::string_view, std::string_view)>
+      kFiles[] = {{"special_tokens_map.json", ApplySpecialTokensMapJson},
+                  {"tokenizer_config.json", ApplyTokenizerConfigJson},
+                  {"generation_config.json", ApplyGenerationConfigJson}};
   for (const auto& [file, apply] : kFiles) {
     const std::string p = (fs::path(dir) / file).string();
     if (!IsFile(p)) continue;
@@ -186,7 +185,8 @@ Status ApplyTokenizerConfigJson(Tokenizer* tok, std::string_view json, std::stri
     if (has) tok->set_add_eos(*b);
     if (auto it = j.find("added_tokens_decoder"); it != j.end() && !it->is_null()) {
       if (!it->is_object()) {
-        return InvalidArgumentError(std::string(name) + ": 'added_tokens_decoder' must be an object");
+        return InvalidArgumentError(std::string(name) +
+                                    ": 'added_tokens_decoder' must be an object");
       }
       std::vector<int32_t> special = tok->special_ids();
       for (auto a = it->begin(); a != it->end(); ++a) {
@@ -225,7 +225,8 @@ Status ApplyTokenizerConfigJson(Tokenizer* tok, std::string_view json, std::stri
           auto n = t.find("name");
           auto tpl = t.find("template");
           if (tpl == t.end() || !tpl->is_string()) continue;
-          const bool is_default = n != t.end() && n->is_string() && n->get<std::string>() == "default";
+          const bool is_default =
+              n != t.end() && n->is_string() && n->get<std::string>() == "default";
           if (chosen.empty() || is_default) chosen = tpl->get<std::string>();
           if (is_default) break;
         }
@@ -256,8 +257,7 @@ Status ApplyGenerationConfigJson(Tokenizer* tok, std::string_view json, std::str
   CHORUS_ASSIGN_OR_RETURN(Json j, ParseObject(json, name));
   try {
     auto valid = [&](const Json& v) {
-      return v.is_number_integer() && v.get<int64_t>() >= 0 &&
-             v.get<int64_t>() < tok->vocab_size();
+      return v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < tok->vocab_size();
     };
     if (auto it = j.find("bos_token_id"); it != j.end() && !it->is_null()) {
       if (!valid(*it)) {

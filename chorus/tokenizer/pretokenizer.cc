@@ -21,9 +21,9 @@ Status PreTokenizer::Init(const std::vector<PreTokenizerStep>& steps) {
     PCRE2_SIZE err_off = 0;
     auto c = std::make_shared<Compiled>();
     c->remove_matches = s.remove_matches;
-    c->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(s.pattern.data()), s.pattern.size(),
-                            PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &err_off,
-                            nullptr);
+    c->code =
+        pcre2_compile(reinterpret_cast<PCRE2_SPTR>(s.pattern.data()), s.pattern.size(),
+                      PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &err_off, nullptr);
     if (c->code == nullptr) {
       PCRE2_UCHAR buf[256];
       pcre2_get_error_message(err, buf, sizeof(buf));

@@ -33,8 +33,8 @@ TEST(PreTokenizer, Llama3GroupsDigitsByThreeAndIgnoresCaseInContractions) {
 }
 
 TEST(PreTokenizer, Qwen2SplitsEveryDigit) {
-  EXPECT_EQ(SplitWith(kQwen2Pattern, kText), (Words{"Hello", " ", " world", " ", "1", "2", "3",
-                                                    "4", "5", " I", "'M", "\n\n", " x"}));
+  EXPECT_EQ(SplitWith(kQwen2Pattern, kText), (Words{"Hello", " ", " world", " ", "1", "2", "3", "4",
+                                                    "5", " I", "'M", "\n\n", " x"}));
 }
 
 TEST(PreTokenizer, UnicodeClassesAndInvalidBytes) {

@@ -24,8 +24,8 @@ class SentencePieceTokenizer final : public Tokenizer {
                                     ": not a valid SentencePiece model: " + st.ToString());
       }
     } catch (const std::exception& e) {
-      return InvalidArgumentError(std::string(name) + ": not a valid SentencePiece model: " +
-                                  e.what());
+      return InvalidArgumentError(std::string(name) +
+                                  ": not a valid SentencePiece model: " + e.what());
     }
     const int n = sp_.GetPieceSize();
     if (n <= 0) return InvalidArgumentError(std::string(name) + ": SentencePiece model is empty");
@@ -93,8 +93,7 @@ class SentencePieceTokenizer final : public Tokenizer {
     if (id < 0 || id >= vocab_size()) return {};
     if (IsSpecial(id)) return include_special ? sp_.IdToPiece(id) : std::string();
     const std::string& s = decoded_[id];
-    if (!s.empty() && s[0] == ' ' &&
-        (prev_id < 0 || (!include_special && prev_id == bos_id_))) {
+    if (!s.empty() && s[0] == ' ' && (prev_id < 0 || (!include_special && prev_id == bos_id_))) {
       return s.substr(1);
     }
     return s;

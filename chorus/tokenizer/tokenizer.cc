@@ -46,8 +46,7 @@ std::string StreamingDetokenizer::Push(int32_t id) {
     break;
   }
   std::string out;
-  internal::AppendSanitizedUtf8(std::string_view(pending_).substr(0, pending_.size() - hold),
-                                &out);
+  internal::AppendSanitizedUtf8(std::string_view(pending_).substr(0, pending_.size() - hold), &out);
   pending_.erase(0, pending_.size() - hold);
   return out;
 }
@@ -60,8 +59,8 @@ std::string StreamingDetokenizer::Flush() {
 
 std::string CleanUpTokenizationSpaces(std::string_view text) {
   static constexpr std::pair<std::string_view, std::string_view> kRules[] = {
-      {" .", "."},     {" ?", "?"},     {" !", "!"},     {" ,", ","},     {" ' ", "'"},
-      {" n't", "n't"}, {" 'm", "'m"},   {" 's", "'s"},   {" 've", "'ve"}, {" 're", "'re"},
+      {" .", "."},     {" ?", "?"},   {" !", "!"},   {" ,", ","},     {" ' ", "'"},
+      {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"},
   };
   std::string s(text);
   for (const auto& [from, to] : kRules) {

@@ -125,9 +125,9 @@ Result<std::unique_ptr<Tokenizer>> TokenizerFromGguf(const formats::GgufFile& gg
 // Builds a tokenizer from the text of a tokenizer.json (HF tokenizers format) and, optionally,
 // of a tokenizer_config.json (empty = none). `name` is used in error messages. Never throws,
 // whatever the bytes (the fuzz target feeds arbitrary input here).
-Result<std::unique_ptr<Tokenizer>> TokenizerFromJsonString(std::string_view json,
-                                                           std::string_view config_json = {},
-                                                           std::string_view name = "tokenizer.json");
+Result<std::unique_ptr<Tokenizer>> TokenizerFromJsonString(
+    std::string_view json, std::string_view config_json = {},
+    std::string_view name = "tokenizer.json");
 
 // HF's clean_up_tokenization_spaces post-processing of decoded text (" ." -> ".", " n't" ->
 // "n't", ...). Not applied by Decode (it is not streamable); offered for callers that want

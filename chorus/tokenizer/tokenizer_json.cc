@@ -10,9 +10,8 @@
 //   decoder:        ByteLevel / Sequence[Replace, ByteFallback, Fuse, Strip] / Metaspace
 //
 // Every field is type-checked: malformed input yields kInvalidArgument, never an exception.
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
+#include <nlohmann/json.hpp>
 #include <unordered_map>
 
 #include "chorus/tokenizer/bpe_tokenizer.h"
@@ -37,8 +36,8 @@ Result<Json> ParseJson(std::string_view text, std::string_view name) {
 }
 
 Status TypeError(std::string_view name, std::string_view field, std::string_view want) {
-  return InvalidArgumentError(std::string(name) + ": field '" + std::string(field) +
-                              "' must be " + std::string(want));
+  return InvalidArgumentError(std::string(name) + ": field '" + std::string(field) + "' must be " +
+                              std::string(want));
 }
 
 // Optional typed fields: absent or null -> default.
@@ -85,7 +84,8 @@ constexpr int kMaxDepth = 16;
 
 Status ParseNormalizer(const Json& n, std::string_view name, JsonPipeline* p, int depth = 0) {
   if (n.is_null()) return OkStatus();
-  if (depth > kMaxDepth) return InvalidArgumentError(std::string(name) + ": normalizer nested too deeply");
+  if (depth > kMaxDepth)
+    return InvalidArgumentError(std::string(name) + ": normalizer nested too deeply");
   if (!n.is_object()) return TypeError(name, "normalizer", "an object or null");
   const std::string type = TypeOf(n);
   if (type == "Sequence") {
@@ -124,7 +124,8 @@ Status ParseNormalizer(const Json& n, std::string_view name, JsonPipeline* p, in
 
 Status ParsePreTokenizer(const Json& n, std::string_view name, JsonPipeline* p, int depth = 0) {
   if (n.is_null()) return OkStatus();
-  if (depth > kMaxDepth) return InvalidArgumentError(std::string(name) + ": pre_tokenizer nested too deeply");
+  if (depth > kMaxDepth)
+    return InvalidArgumentError(std::string(name) + ": pre_tokenizer nested too deeply");
   if (!n.is_object()) return TypeError(name, "pre_tokenizer", "an object or null");
   const std::string type = TypeOf(n);
   if (type == "Sequence") {
@@ -175,8 +176,8 @@ Status ParsePreTokenizer(const Json& n, std::string_view name, JsonPipeline* p, 
     }
     p->spm = true;
     CHORUS_ASSIGN_OR_RETURN(bool legacy_prefix, GetBool(n, "add_prefix_space", true, name));
-    CHORUS_ASSIGN_OR_RETURN(std::string scheme,
-                            GetString(n, "prepend_scheme", name, legacy_prefix ? "always" : "never"));
+    CHORUS_ASSIGN_OR_RETURN(std::string scheme, GetString(n, "prepend_scheme", name,
+                                                          legacy_prefix ? "always" : "never"));
     if (scheme == "always") {
       p->spec->prepend = PrependScheme::kAlways;
     } else if (scheme == "first") {
@@ -235,8 +236,8 @@ Status ReadVocab(const Json& vocab, std::string_view name, std::vector<std::stri
     }
     const int64_t id = it.value().get<int64_t>();
     if (id < 0 || id >= static_cast<int64_t>(vocab.size()) + kMaxIdSlack) {
-      return InvalidArgumentError(std::string(name) + ": vocab id " + std::to_string(id) +
-                                  " of '" + it.key() + "' is out of range");
+      return InvalidArgumentError(std::string(name) + ": vocab id " + std::to_string(id) + " of '" +
+                                  it.key() + "' is out of range");
     }
     max_id = std::max(max_id, id);
   }
@@ -266,8 +267,8 @@ Status ReadMerges(const Json& merges, std::string_view name,
       const size_t sp = s.find(' ');
       if (sp == std::string::npos || sp == 0 || sp + 1 >= s.size() ||
           s.find(' ', sp + 1) != std::string::npos) {
-        return InvalidArgumentError(std::string(name) + ": merge " + std::to_string(i) + " '" +
-                                    s + "' is not two pieces separated by one space");
+        return InvalidArgumentError(std::string(name) + ": merge " + std::to_string(i) + " '" + s +
+                                    "' is not two pieces separated by one space");
       }
       out->emplace_back(s.substr(0, sp), s.substr(sp + 1));
     } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
@@ -287,7 +288,8 @@ Status ReadAddedTokens(const Json& added, std::string_view name, size_t vocab_si
   for (const Json& a : added) {
     if (!a.is_object()) return TypeError(name, "added_tokens[]", "objects");
     auto id = a.find("id");
-    if (id == a.end() || !id->is_number_integer()) return TypeError(name, "added_tokens[].id", "an integer");
+    if (id == a.end() || !id->is_number_integer())
+      return TypeError(name, "added_tokens[].id", "an integer");
     const int64_t v = id->get<int64_t>();
     if (v < 0 || v >= static_cast<int64_t>(vocab_size) + kMaxIdSlack) {
       return InvalidArgumentError(std::string(name) + ": added token id " + std::to_string(v) +
@@ -296,7 +298,9 @@ Status ReadAddedTokens(const Json& added, std::string_view name, size_t vocab_si
     AddedToken t;
     t.id = static_cast<int32_t>(v);
     CHORUS_ASSIGN_OR_RETURN(t.content, GetString(a, "content", name));
-    if (t.content.empty()) return InvalidArgumentError(std::string(name) + ": added token " + std::to_string(v) + " has empty content");
+    if (t.content.empty())
+      return InvalidArgumentError(std::string(name) + ": added token " + std::to_string(v) +
+                                  " has empty content");
     CHORUS_ASSIGN_OR_RETURN(t.special, GetBool(a, "special", false, name));
     CHORUS_ASSIGN_OR_RETURN(t.lstrip, GetBool(a, "lstrip", false, name));
     CHORUS_ASSIGN_OR_RETURN(t.rstrip, GetBool(a, "rstrip", false, name));
@@ -344,7 +348,8 @@ Result<std::unique_ptr<Tokenizer>> FromJsonImpl(std::string_view text, std::stri
   CHORUS_ASSIGN_OR_RETURN(Json root, ParseJson(text, name));
   if (!root.is_object()) return TypeError(name, "(root)", "an object");
   auto model_it = root.find("model");
-  if (model_it == root.end() || !model_it->is_object()) return TypeError(name, "model", "an object");
+  if (model_it == root.end() || !model_it->is_object())
+    return TypeError(name, "model", "an object");
   const Json& model = *model_it;
   std::string type = TypeOf(model);
   if (type.empty() && model.contains("merges")) type = "BPE";
@@ -424,7 +429,8 @@ Result<std::unique_ptr<Tokenizer>> FromJsonImpl(std::string_view text, std::stri
   std::unique_ptr<Tokenizer> tok = std::move(built).value();
 
   std::optional<int32_t> bos, eos;
-  if (auto it = root.find("post_processor"); it != root.end()) ReadPostProcessor(*it, *tok, &bos, &eos);
+  if (auto it = root.find("post_processor"); it != root.end())
+    ReadPostProcessor(*it, *tok, &bos, &eos);
   tok->set_add_bos(bos.has_value());
   tok->set_add_eos(eos.has_value());
   if (!bos) bos = FirstPresent(*tok, {"<s>", "<|begin_of_text|>", "<bos>"});

@@ -1,8 +1,7 @@
 // tokenizer.json parsing (small hand-made files), side-file config, format detection in
 // LoadTokenizer, and clean errors for bad input.
-#include <nlohmann/json.hpp>
-
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "chorus/base/mapped_file.h"
 #include "chorus/tokenizer/fuzz_entry.h"
@@ -17,8 +16,8 @@ using ::chorus::testing::SharedModelsDir;
 using ::chorus::testing::TempDir;
 
 // Substring check with the full message on failure (no gmock dependency).
-#define EXPECT_CONTAINS(haystack, needle)                                              \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos)                     \
+#define EXPECT_CONTAINS(haystack, needle)                          \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) \
       << "[" << (haystack) << "] does not contain [" << (needle) << "]"
 
 constexpr EncodeOptions kNoBos{.add_bos = false, .parse_special = true};
@@ -109,9 +108,9 @@ TEST(Config, TokenizerConfigOverridesAndCarriesChatTemplate) {
             (std::vector<int32_t>{Id(*tok, "\u2581hello"), 2}));
   EXPECT_TRUE(tok->IsSpecial(260));
   // List form: the "default" template is chosen.
-  const Json list = {{"chat_template",
-                      {{{"name", "tool_use"}, {"template", "T"}},
-                       {{"name", "default"}, {"template", "D"}}}}};
+  const Json list = {
+      {"chat_template",
+       {{{"name", "tool_use"}, {"template", "T"}}, {{"name", "default"}, {"template", "D"}}}}};
   EXPECT_EQ(Small(SmallSpmTokenizerJson(), list.dump())->chat_template(), "D");
 }
 

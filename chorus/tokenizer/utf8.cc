@@ -9,11 +9,16 @@ namespace {
 // bytes are always 80..BF.
 inline bool SecondByteOk(uint8_t lead, uint8_t b) {
   switch (lead) {
-    case 0xE0: return b >= 0xA0 && b <= 0xBF;
-    case 0xED: return b >= 0x80 && b <= 0x9F;
-    case 0xF0: return b >= 0x90 && b <= 0xBF;
-    case 0xF4: return b >= 0x80 && b <= 0x8F;
-    default: return b >= 0x80 && b <= 0xBF;
+    case 0xE0:
+      return b >= 0xA0 && b <= 0xBF;
+    case 0xED:
+      return b >= 0x80 && b <= 0x9F;
+    case 0xF0:
+      return b >= 0x90 && b <= 0xBF;
+    case 0xF4:
+      return b >= 0x80 && b <= 0x8F;
+    default:
+      return b >= 0x80 && b <= 0xBF;
   }
 }
 
@@ -63,12 +68,17 @@ uint32_t NextCodepoint(std::string_view s, size_t* i) {
   const auto* p = reinterpret_cast<const uint8_t*>(s.data() + *i);
   uint32_t cp;
   switch (n) {
-    case 1: cp = p[0]; break;
-    case 2: cp = ((p[0] & 0x1Fu) << 6) | (p[1] & 0x3Fu); break;
-    case 3: cp = ((p[0] & 0x0Fu) << 12) | ((p[1] & 0x3Fu) << 6) | (p[2] & 0x3Fu); break;
+    case 1:
+      cp = p[0];
+      break;
+    case 2:
+      cp = ((p[0] & 0x1Fu) << 6) | (p[1] & 0x3Fu);
+      break;
+    case 3:
+      cp = ((p[0] & 0x0Fu) << 12) | ((p[1] & 0x3Fu) << 6) | (p[2] & 0x3Fu);
+      break;
     default:
-      cp = ((p[0] & 0x07u) << 18) | ((p[1] & 0x3Fu) << 12) | ((p[2] & 0x3Fu) << 6) |
-           (p[3] & 0x3Fu);
+      cp = ((p[0] & 0x07u) << 18) | ((p[1] & 0x3Fu) << 12) | ((p[2] & 0x3Fu) << 6) | (p[3] & 0x3Fu);
   }
   *i += n;
   return cp;

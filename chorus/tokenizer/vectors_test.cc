@@ -1,9 +1,8 @@
 // Real tokenizers against independent reference vectors (../shared/models, see each
 // PROVENANCE.md): llama.cpp test-tokenizer-0 (.inp/.out), swift-transformers (HF transformers
 // output) and llama2.c test.c. Every case must match exactly.
-#include <nlohmann/json.hpp>
-
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "chorus/base/mapped_file.h"
@@ -171,13 +170,13 @@ std::vector<std::pair<std::string, std::unique_ptr<Tokenizer>>> Gpt2Tokenizers()
   return v;
 }
 
-#define REQUIRE_ALL_TOKENIZERS()                                        \
-  CHORUS_REQUIRE_SHARED_MODEL("llama2-tokenizer/tokenizer.model");      \
-  CHORUS_REQUIRE_SHARED_MODEL("llama2-tokenizer/tokenizer.bin");        \
-  CHORUS_REQUIRE_SHARED_MODEL("phi3-tokenizer/tokenizer.json");         \
-  CHORUS_REQUIRE_SHARED_MODEL("ggml-vocab/ggml-vocab-llama-spm.gguf");  \
-  CHORUS_REQUIRE_SHARED_MODEL("ggml-vocab/ggml-vocab-gpt-2.gguf");      \
-  CHORUS_REQUIRE_SHARED_MODEL("gpt2-tokenizer/vocab.json");             \
+#define REQUIRE_ALL_TOKENIZERS()                                       \
+  CHORUS_REQUIRE_SHARED_MODEL("llama2-tokenizer/tokenizer.model");     \
+  CHORUS_REQUIRE_SHARED_MODEL("llama2-tokenizer/tokenizer.bin");       \
+  CHORUS_REQUIRE_SHARED_MODEL("phi3-tokenizer/tokenizer.json");        \
+  CHORUS_REQUIRE_SHARED_MODEL("ggml-vocab/ggml-vocab-llama-spm.gguf"); \
+  CHORUS_REQUIRE_SHARED_MODEL("ggml-vocab/ggml-vocab-gpt-2.gguf");     \
+  CHORUS_REQUIRE_SHARED_MODEL("gpt2-tokenizer/vocab.json");            \
   CHORUS_REQUIRE_SHARED_MODEL("tokenizer-test-vectors/tokenizer_tests.json")
 
 std::vector<int32_t> Ids(const Json& j) { return j.get<std::vector<int32_t>>(); }

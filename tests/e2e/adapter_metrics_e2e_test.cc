@@ -8,10 +8,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <thread>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "chorus/adapters/adapter_cache.h"
 #include "chorus/adapters/lora/lora_files.h"
@@ -279,9 +279,13 @@ TEST(AdapterMetricsE2E, GatewayMetricsNameRunningAndWaitingAdapters) {
     httplib::Request req;
     req.method = "POST";
     req.path = "/v1/completions";
-    req.body = json{{"model", adapter}, {"prompt", json::array({1})}, {"max_tokens", 500},
-                    {"ignore_eos", true}, {"stream", true}}
-                   .dump();
+    req.body = json{
+        {"model", adapter},
+        {"prompt", json::array({1})},
+        {"max_tokens", 500},
+        {"ignore_eos", true},
+        {"stream",
+         true}}.dump();
     req.set_header("Content-Type", "application/json");
     req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return !done.load(); };
     c.send(req);
@@ -316,7 +320,7 @@ TEST(AdapterMetricsE2E, GatewayMetricsNameRunningAndWaitingAdapters) {
   EXPECT_EQ((*lora)["type"], "gauge");
   EXPECT_EQ((*lora)["labels"]["running_lora_adapters"], "a0");
   EXPECT_EQ((*lora)["labels"]["waiting_lora_adapters"], "a1");
-  EXPECT_EQ((*lora)["labels"]["max_lora"], "1");  // unlimited per step: the running-batch size
+  EXPECT_EQ((*lora)["labels"]["max_lora"], "1");     // unlimited per step: the running-batch size
   EXPECT_GT((*lora)["value"].get<double>(), 1.7e9);  // a Unix time
   const json* running = find("vllm:num_requests_running");
   const json* waiting = find("vllm:num_requests_waiting");

@@ -86,7 +86,8 @@ engine::EngineOptions SmallEngine() {
   return eo;
 }
 
-std::unique_ptr<TestServer> Start(engine::EngineOptions eo = SmallEngine(), server::ServerOptions so = {}) {
+std::unique_ptr<TestServer> Start(engine::EngineOptions eo = SmallEngine(),
+                                  server::ServerOptions so = {}) {
   const Loaded& l = Stories();
   if (!l.model) return nullptr;
   auto ts = std::make_unique<TestServer>();
@@ -106,9 +107,9 @@ std::unique_ptr<TestServer> Start(engine::EngineOptions eo = SmallEngine(), serv
   return ts;
 }
 
-#define START_OR_SKIP(var, ...)                  \
-  CHORUS_REQUIRE_SHARED_MODEL(kModel);           \
-  auto var = Start(__VA_ARGS__);                 \
+#define START_OR_SKIP(var, ...)        \
+  CHORUS_REQUIRE_SHARED_MODEL(kModel); \
+  auto var = Start(__VA_ARGS__);       \
   ASSERT_NE(var, nullptr)
 
 struct HttpReply {
@@ -129,7 +130,8 @@ HttpReply Post(const TestServer& ts, const std::string& path, const std::string&
   out.body = json::parse(r->body, nullptr, false);
   return out;
 }
-HttpReply Post(const TestServer& ts, const std::string& path, const json& body, const httplib::Headers& headers = {}) {
+HttpReply Post(const TestServer& ts, const std::string& path, const json& body,
+               const httplib::Headers& headers = {}) {
   return Post(ts, path, body.dump(), headers);
 }
 
@@ -211,7 +213,8 @@ Streamed StreamCollect(const TestServer& ts, const std::string& path, json body)
               EXPECT_TRUE(s.text[idx].empty()) << "role chunk must come first";
               ++s.role_chunks[idx];
             }
-            if (c["delta"].contains("content")) s.text[idx] += c["delta"]["content"].get<std::string>();
+            if (c["delta"].contains("content"))
+              s.text[idx] += c["delta"]["content"].get<std::string>();
           } else {
             s.text[idx] += c["text"].get<std::string>();
           }
@@ -240,7 +243,8 @@ std::string ExpectedText() {
   return ss.str();
 }
 
-void ExpectError(const HttpReply& r, int status, const std::string& param = "", const std::string& code = "") {
+void ExpectError(const HttpReply& r, int status, const std::string& param = "",
+                 const std::string& code = "") {
   EXPECT_EQ(r.status, status) << r.raw;
   ASSERT_TRUE(r.body.is_object()) << r.raw;
   ASSERT_TRUE(r.body.contains("error")) << r.raw;
@@ -302,14 +306,16 @@ TEST(ServerE2E, HealthModelsMetrics) {
   auto metrics = cli.Get("/metrics");
   ASSERT_TRUE(metrics);
   EXPECT_EQ(metrics->status, 200);
-  for (const char* name : {"chorus_queue_length", "chorus_running_sequences", "chorus_preemptions_total",
-                           "chorus_prompt_tokens_total", "chorus_generation_tokens_total", "chorus_kv_blocks_used",
-                           "chorus_kv_blocks_free"}) {
+  for (const char* name :
+       {"chorus_queue_length", "chorus_running_sequences", "chorus_preemptions_total",
+        "chorus_prompt_tokens_total", "chorus_generation_tokens_total", "chorus_kv_blocks_used",
+        "chorus_kv_blocks_free"}) {
     EXPECT_GE(MetricValue(metrics->body, name), 0) << name;
   }
   EXPECT_NE(metrics->body.find("chorus_time_to_first_token_seconds_bucket"), std::string::npos);
   EXPECT_NE(metrics->body.find("chorus_time_per_output_token_seconds_bucket"), std::string::npos);
-  EXPECT_NE(metrics->body.find("chorus_http_requests_total{route=\"/health\",status=\"200\"} 1"), std::string::npos)
+  EXPECT_NE(metrics->body.find("chorus_http_requests_total{route=\"/health\",status=\"200\"} 1"),
+            std::string::npos)
       << metrics->body;
 }
 
@@ -335,8 +341,9 @@ TEST(ServerE2E, CompletionGreedyMatchesLlama2c) {
   const auto expected = ExpectedGreedyIds();
   ASSERT_EQ(expected.size(), 200u);
   const std::vector<int32_t> want(expected.begin(), expected.begin() + 40);
-  auto r = Post(*ts, "/v1/completions",
-                json{{"model", kName}, {"prompt", json::array({1})}, {"max_tokens", 40}, {"temperature", 0}});
+  auto r = Post(
+      *ts, "/v1/completions",
+      json{{"model", kName}, {"prompt", json::array({1})}, {"max_tokens", 40}, {"temperature", 0}});
   ASSERT_EQ(r.status, 200) << r.raw;
   EXPECT_EQ(r.body["object"], "text_completion");
   EXPECT_EQ(r.body["id"].get<std::string>().rfind("cmpl-", 0), 0u);
@@ -346,7 +353,8 @@ TEST(ServerE2E, CompletionGreedyMatchesLlama2c) {
   const json& c = r.body["choices"][0];
   EXPECT_EQ(c["index"], 0);
   EXPECT_EQ(c["text"], DecodeAfterBos(want));
-  EXPECT_EQ(ExpectedText().rfind(c["text"].get<std::string>(), 0), 0u) << "not a prefix of llama2.c's output";
+  EXPECT_EQ(ExpectedText().rfind(c["text"].get<std::string>(), 0), 0u)
+      << "not a prefix of llama2.c's output";
   EXPECT_EQ(c["finish_reason"], "length");
   EXPECT_TRUE(c["logprobs"].is_null());
   EXPECT_EQ(r.body["usage"]["prompt_tokens"], 1);
@@ -375,22 +383,33 @@ TEST(ServerE2E, CompletionGreedyMatchesLlama2c) {
 TEST(ServerE2E, StopSeedEchoAndMultiplePrompts) {
   START_OR_SKIP(ts);
   const auto expected = ExpectedGreedyIds();
-  const std::string full = DecodeAfterBos(std::vector<int32_t>(expected.begin(), expected.begin() + 60));
+  const std::string full =
+      DecodeAfterBos(std::vector<int32_t>(expected.begin(), expected.begin() + 60));
   // Stop string taken from the known greedy continuation.
   const size_t cut = full.find(" She loved");
   ASSERT_NE(cut, std::string::npos);
   auto r = Post(*ts, "/v1/completions",
-                json{{"prompt", json::array({1})}, {"max_tokens", 60}, {"temperature", 0}, {"stop", {"zzz", " She loved"}}});
+                json{{"prompt", json::array({1})},
+                     {"max_tokens", 60},
+                     {"temperature", 0},
+                     {"stop", {"zzz", " She loved"}}});
   ASSERT_EQ(r.status, 200) << r.raw;
   EXPECT_EQ(r.body["choices"][0]["text"], full.substr(0, cut));
   EXPECT_EQ(r.body["choices"][0]["finish_reason"], "stop");
   Streamed s = StreamCollect(*ts, "/v1/completions",
-                             json{{"prompt", json::array({1})}, {"max_tokens", 60}, {"temperature", 0}, {"stop", " She loved"}});
+                             json{{"prompt", json::array({1})},
+                                  {"max_tokens", 60},
+                                  {"temperature", 0},
+                                  {"stop", " She loved"}});
   EXPECT_EQ(s.text[0], full.substr(0, cut));
   EXPECT_EQ(s.finish[0], "stop");
 
   // Seeded sampling is reproducible; n choices with one seed differ from each other.
-  json seeded = {{"prompt", "Once upon a time"}, {"max_tokens", 24}, {"temperature", 1.0}, {"seed", 1234}, {"n", 3}};
+  json seeded = {{"prompt", "Once upon a time"},
+                 {"max_tokens", 24},
+                 {"temperature", 1.0},
+                 {"seed", 1234},
+                 {"n", 3}};
   auto a = Post(*ts, "/v1/completions", seeded);
   auto b = Post(*ts, "/v1/completions", seeded);
   ASSERT_EQ(a.status, 200) << a.raw;
@@ -401,7 +420,10 @@ TEST(ServerE2E, StopSeedEchoAndMultiplePrompts) {
 
   // A list of prompts × n: index = prompt * n + i; greedy choices of one prompt are equal.
   auto m = Post(*ts, "/v1/completions",
-                json{{"prompt", {"Once upon a time", "The cat"}}, {"n", 2}, {"max_tokens", 8}, {"temperature", 0}});
+                json{{"prompt", {"Once upon a time", "The cat"}},
+                     {"n", 2},
+                     {"max_tokens", 8},
+                     {"temperature", 0}});
   ASSERT_EQ(m.status, 200) << m.raw;
   ASSERT_EQ(m.body["choices"].size(), 4u);
   for (int i = 0; i < 4; ++i) EXPECT_EQ(m.body["choices"][i]["index"], i);
@@ -413,13 +435,19 @@ TEST(ServerE2E, StopSeedEchoAndMultiplePrompts) {
   EXPECT_EQ(m.body["usage"]["prompt_tokens"], p0 + p1);
   EXPECT_EQ(m.body["usage"]["completion_tokens"], 32);
   Streamed ms = StreamCollect(*ts, "/v1/completions",
-                              json{{"prompt", {"Once upon a time", "The cat"}}, {"n", 2}, {"max_tokens", 8}, {"temperature", 0}});
+                              json{{"prompt", {"Once upon a time", "The cat"}},
+                                   {"n", 2},
+                                   {"max_tokens", 8},
+                                   {"temperature", 0}});
   ASSERT_EQ(ms.text.size(), 4u);
   for (int i = 0; i < 4; ++i) EXPECT_EQ(ms.text[i], m.body["choices"][i]["text"]) << i;
 
   // Token-id lists; echo prepends the prompt text.
   auto e = Post(*ts, "/v1/completions",
-                json{{"prompt", {{1, 403}, {1, 403, 407}}}, {"max_tokens", 3}, {"temperature", 0}, {"echo", true}});
+                json{{"prompt", {{1, 403}, {1, 403, 407}}},
+                     {"max_tokens", 3},
+                     {"temperature", 0},
+                     {"echo", true}});
   ASSERT_EQ(e.status, 200) << e.raw;
   EXPECT_EQ(e.body["choices"][0]["text"].get<std::string>().rfind(Decode({1, 403}), 0), 0u);
   EXPECT_EQ(e.body["choices"][1]["text"].get<std::string>().rfind(Decode({1, 403, 407}), 0), 0u);
@@ -427,7 +455,9 @@ TEST(ServerE2E, StopSeedEchoAndMultiplePrompts) {
 
 TEST(ServerE2E, LogprobsShapes) {
   START_OR_SKIP(ts);
-  auto r = Post(*ts, "/v1/completions", json{{"prompt", json::array({1})}, {"max_tokens", 5}, {"temperature", 0}, {"logprobs", 2}});
+  auto r = Post(
+      *ts, "/v1/completions",
+      json{{"prompt", json::array({1})}, {"max_tokens", 5}, {"temperature", 0}, {"logprobs", 2}});
   ASSERT_EQ(r.status, 200) << r.raw;
   const json& lp = r.body["choices"][0]["logprobs"];
   ASSERT_EQ(lp["tokens"].size(), 5u);
@@ -443,13 +473,17 @@ TEST(ServerE2E, LogprobsShapes) {
     const json& top = lp["top_logprobs"][i];
     EXPECT_GE(top.size(), 2u);
     EXPECT_LE(top.size(), 3u);
-    for (auto it = top.begin(); it != top.end(); ++it) EXPECT_LE(it.value().get<double>(), l + 1e-6);
+    for (auto it = top.begin(); it != top.end(); ++it)
+      EXPECT_LE(it.value().get<double>(), l + 1e-6);
   }
   EXPECT_EQ(joined, r.body["choices"][0]["text"]);
 
   auto c = Post(*ts, "/v1/chat/completions",
-                json{{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 4}, {"temperature", 0},
-                     {"logprobs", true}, {"top_logprobs", 3}});
+                json{{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                     {"max_tokens", 4},
+                     {"temperature", 0},
+                     {"logprobs", true},
+                     {"top_logprobs", 3}});
   ASSERT_EQ(c.status, 200) << c.raw;
   const json& content = c.body["choices"][0]["logprobs"]["content"];
   ASSERT_EQ(content.size(), 4u);
@@ -458,11 +492,15 @@ TEST(ServerE2E, LogprobsShapes) {
     EXPECT_LE(t["logprob"].get<double>(), 0.0);
     EXPECT_TRUE(t["bytes"].is_array());
     EXPECT_EQ(t["top_logprobs"].size(), 3u);
-    EXPECT_NEAR(t["top_logprobs"][0]["logprob"].get<double>(), t["logprob"].get<double>(), 1e-6);  // greedy
+    EXPECT_NEAR(t["top_logprobs"][0]["logprob"].get<double>(), t["logprob"].get<double>(),
+                1e-6);  // greedy
   }
   // Streamed chat logprobs: one entry per chunk.
-  json body = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 4}, {"temperature", 0},
-               {"logprobs", true}, {"stream", true}};
+  json body = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+               {"max_tokens", 4},
+               {"temperature", 0},
+               {"logprobs", true},
+               {"stream", true}};
   int entries = 0;
   Stream(*ts, "/v1/chat/completions", body, [&](const std::string& d) {
     if (d == "[DONE]") return true;
@@ -477,7 +515,9 @@ TEST(ServerE2E, LogprobsShapes) {
 TEST(ServerE2E, ChatCompletions) {
   START_OR_SKIP(ts);
   json body = {{"model", kName},
-               {"messages", {{{"role", "system"}, {"content", "You tell stories."}}, {{"role", "user"}, {"content", "Once upon a time"}}}},
+               {"messages",
+                {{{"role", "system"}, {"content", "You tell stories."}},
+                 {{"role", "user"}, {"content", "Once upon a time"}}}},
                {"max_completion_tokens", 16},
                {"temperature", 0},
                {"user", "ignored"}};
@@ -491,9 +531,11 @@ TEST(ServerE2E, ChatCompletions) {
   EXPECT_TRUE(c["finish_reason"] == "length" || c["finish_reason"] == "stop");
   // The prompt is the default ChatML rendering (stories260K has no template) plus BOS.
   const std::string rendered =
-      "<|im_start|>system\nYou tell stories.<|im_end|>\n<|im_start|>user\nOnce upon a time<|im_end|>\n"
+      "<|im_start|>system\nYou tell stories.<|im_end|>\n<|im_start|>user\nOnce upon a "
+      "time<|im_end|>\n"
       "<|im_start|>assistant\n";
-  EXPECT_EQ(r.body["usage"]["prompt_tokens"], static_cast<int64_t>(Stories().tok->Encode(rendered, {}).size()));
+  EXPECT_EQ(r.body["usage"]["prompt_tokens"],
+            static_cast<int64_t>(Stories().tok->Encode(rendered, {}).size()));
 
   Streamed s = StreamCollect(*ts, "/v1/chat/completions", body);
   EXPECT_EQ(s.status, 200);
@@ -515,7 +557,8 @@ TEST(ServerE2E, ErrorRows) {
   ExpectError(Post(*ts, C, json{{"prompt", "x"}, {"top_p", 7}}), 400, "top_p");
   ExpectError(Post(*ts, C, json{{"prompt", json::array()}}), 400, "prompt");
   ExpectError(Post(*ts, C, json{{"prompt", {1, 99999}}}), 400, "prompt");
-  ExpectError(Post(*ts, C, json{{"prompt", "x"}, {"max_tokens", 100000}}), 400, "prompt", "context_length_exceeded");
+  ExpectError(Post(*ts, C, json{{"prompt", "x"}, {"max_tokens", 100000}}), 400, "prompt",
+              "context_length_exceeded");
   auto unknown = Post(*ts, C, json{{"prompt", "x"}, {"model", "gpt-4o"}});
   ExpectError(unknown, 404, "model", "model_not_found");
   EXPECT_NE(unknown.raw.find("Served models: `stories260K`"), std::string::npos) << unknown.raw;
@@ -541,7 +584,8 @@ TEST(ServerE2E, ErrorRows) {
   // The server is still fine.
   auto ok = Post(*ts, C, json{{"prompt", "x"}, {"max_tokens", 2}});
   EXPECT_EQ(ok.status, 200);
-  EXPECT_NE(ts->MetricsText().find("chorus_http_requests_total{route=\"/v1/completions\",status=\"400\"} 10"),
+  EXPECT_NE(ts->MetricsText().find(
+                "chorus_http_requests_total{route=\"/v1/completions\",status=\"400\"} 10"),
             std::string::npos)
       << ts->MetricsText();
 }
@@ -555,7 +599,8 @@ TEST(ServerE2E, BodyTooLarge413) {
   ExpectError(too_big, 413);
   EXPECT_NE(too_big.raw.find("larger than 4096 bytes"), std::string::npos) << too_big.raw;
   // Just under the limit is fine.
-  auto ok = Post(*ts, "/v1/completions", json{{"prompt", std::string(300, 'a')}, {"max_tokens", 1}});
+  auto ok =
+      Post(*ts, "/v1/completions", json{{"prompt", std::string(300, 'a')}, {"max_tokens", 1}});
   EXPECT_EQ(ok.status, 200) << ok.raw;
 }
 
@@ -595,10 +640,12 @@ TEST(ServerE2E, JsonBodyWhateverTheContentType) {
     EXPECT_EQ(r->status, 200) << type << ": " << r->body;
     EXPECT_EQ(json::parse(r->body, nullptr, false)["usage"]["completion_tokens"], 1) << type;
   }
-  auto form = cli.Post("/v1/completions", "prompt=hello&max_tokens=1", "application/x-www-form-urlencoded");
+  auto form =
+      cli.Post("/v1/completions", "prompt=hello&max_tokens=1", "application/x-www-form-urlencoded");
   ASSERT_TRUE(form);
   EXPECT_EQ(form->status, 400) << form->body;
-  auto multi = cli.Post("/v1/completions", "--x\r\n\r\n--x--\r\n", "multipart/form-data; boundary=x");
+  auto multi =
+      cli.Post("/v1/completions", "--x\r\n\r\n--x--\r\n", "multipart/form-data; boundary=x");
   ASSERT_TRUE(multi);
   EXPECT_EQ(multi->status, 415) << multi->body;
   EXPECT_NE(multi->body.find("multipart/form-data"), std::string::npos) << multi->body;
@@ -608,19 +655,24 @@ TEST(ServerE2E, JsonBodyWhateverTheContentType) {
 // completion up to the end of the context (vLLM's behaviour).
 TEST(ServerE2E, DefaultMaxTokens) {
   START_OR_SKIP(ts);
-  for (const json& body : {json{{"prompt", json::array({1})}, {"temperature", 0}, {"ignore_eos", true}},
-                           json{{"prompt", json::array({1})}, {"temperature", 0}, {"ignore_eos", true},
-                                {"max_tokens", nullptr}}}) {
+  for (const json& body :
+       {json{{"prompt", json::array({1})}, {"temperature", 0}, {"ignore_eos", true}},
+        json{{"prompt", json::array({1})},
+             {"temperature", 0},
+             {"ignore_eos", true},
+             {"max_tokens", nullptr}}}) {
     auto r = Post(*ts, "/v1/completions", body);
     ASSERT_EQ(r.status, 200) << r.raw;
     EXPECT_EQ(r.body["usage"]["completion_tokens"], 16) << body.dump();
     EXPECT_EQ(r.body["choices"][0]["finish_reason"], "length");
   }
   auto chat = Post(*ts, "/v1/chat/completions",
-                   json{{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"temperature", 0},
+                   json{{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                        {"temperature", 0},
                         {"ignore_eos", true}});
   ASSERT_EQ(chat.status, 200) << chat.raw;
-  EXPECT_EQ(chat.body["usage"]["prompt_tokens"].get<int>() + chat.body["usage"]["completion_tokens"].get<int>(),
+  EXPECT_EQ(chat.body["usage"]["prompt_tokens"].get<int>() +
+                chat.body["usage"]["completion_tokens"].get<int>(),
             512);
 }
 
@@ -681,7 +733,8 @@ TEST(ServerE2E, QueueFull429) {
   eo.max_queue = 1;
   START_OR_SKIP(ts, eo);
   // One long request runs, one waits in the queue; a third finds the queue full.
-  json longreq = {{"prompt", json::array({1})}, {"max_tokens", 500}, {"ignore_eos", true}, {"stream", true}};
+  json longreq = {
+      {"prompt", json::array({1})}, {"max_tokens", 500}, {"ignore_eos", true}, {"stream", true}};
   std::atomic<bool> hang_up{false};
   std::vector<std::thread> holders;
   for (int i = 0; i < 2; ++i) {
@@ -706,9 +759,11 @@ TEST(ServerE2E, QueueFull429) {
 
 TEST(ServerE2E, DisconnectCancelsAndFreesKvBlocks) {
   START_OR_SKIP(ts);
-  json body = {{"prompt", json::array({1})}, {"max_tokens", 500}, {"ignore_eos", true}, {"stream", true}};
+  json body = {
+      {"prompt", json::array({1})}, {"max_tokens", 500}, {"ignore_eos", true}, {"stream", true}};
   int chunks = 0;
-  int status = Stream(*ts, "/v1/completions", body, [&](const std::string&) { return ++chunks < 5; });
+  int status =
+      Stream(*ts, "/v1/completions", body, [&](const std::string&) { return ++chunks < 5; });
   EXPECT_EQ(status, 0);  // we hung up
   EXPECT_EQ(chunks, 5);
   // The engine notices on its next write, cancels, and frees every block.
@@ -807,7 +862,9 @@ std::vector<std::string> ConcurrentGreedy(const TestServer& ts, int n, int max_t
   std::vector<std::thread> threads;
   for (int i = 0; i < n; ++i) {
     threads.emplace_back([&, i] {
-      json body = {{"prompt", json::array({1, 403 + i % 8})}, {"max_tokens", max_tokens}, {"temperature", 0},
+      json body = {{"prompt", json::array({1, 403 + i % 8})},
+                   {"max_tokens", max_tokens},
+                   {"temperature", 0},
                    {"ignore_eos", true}};
       auto r = Post(ts, "/v1/completions", body);
       EXPECT_EQ(r.status, 200) << r.raw;
@@ -821,7 +878,10 @@ std::vector<std::string> ConcurrentGreedy(const TestServer& ts, int n, int max_t
 TEST(ServerE2E, GreedyIdenticalAloneAndAmong16) {
   START_OR_SKIP(ts);
   auto alone = Post(*ts, "/v1/completions",
-                    json{{"prompt", json::array({1, 403})}, {"max_tokens", 48}, {"temperature", 0}, {"ignore_eos", true}});
+                    json{{"prompt", json::array({1, 403})},
+                         {"max_tokens", 48},
+                         {"temperature", 0},
+                         {"ignore_eos", true}});
   ASSERT_EQ(alone.status, 200);
   auto batch = ConcurrentGreedy(*ts, 16, 48);
   // Requests 0 and 8 used the same prompt as `alone`.
@@ -840,7 +900,8 @@ TEST(ServerE2E, PreemptionKeepsGreedyOutput) {
   ASSERT_LT(small->engine->kv_blocks_total() * 16, 8 * 202);
   auto got = ConcurrentGreedy(*small, 8, 200);
   EXPECT_EQ(got, reference);
-  EXPECT_GT(MetricValue(small->MetricsText(), "chorus_preemptions_total"), 0) << small->MetricsText();
+  EXPECT_GT(MetricValue(small->MetricsText(), "chorus_preemptions_total"), 0)
+      << small->MetricsText();
 }
 
 TEST(ServerE2E, Holds256ConcurrentStreams) {
@@ -854,7 +915,9 @@ TEST(ServerE2E, Holds256ConcurrentStreams) {
   std::vector<std::thread> threads;
   for (int i = 0; i < kClients; ++i) {
     threads.emplace_back([&, i] {
-      json body = {{"prompt", json::array({1, 403 + i % 16})}, {"max_tokens", 12}, {"ignore_eos", true},
+      json body = {{"prompt", json::array({1, 403 + i % 16})},
+                   {"max_tokens", 12},
+                   {"ignore_eos", true},
                    {"temperature", 0}};
       Streamed s = StreamCollect(*ts, "/v1/completions", body);
       first_chunks.fetch_add(s.chunks > 0);
@@ -869,7 +932,8 @@ TEST(ServerE2E, Holds256ConcurrentStreams) {
 
 TEST(ServerE2E, DrainFinishesRunningRequestsAndRejectsNewOnes) {
   START_OR_SKIP(ts);
-  json body = {{"prompt", json::array({1})}, {"max_tokens", 300}, {"ignore_eos", true}, {"temperature", 0}};
+  json body = {
+      {"prompt", json::array({1})}, {"max_tokens", 300}, {"ignore_eos", true}, {"temperature", 0}};
   std::atomic<bool> first{false};
   Streamed s;
   std::thread client([&] {
@@ -908,7 +972,8 @@ TEST(ServerE2E, DrainFinishesRunningRequestsAndRejectsNewOnes) {
 
 TEST(ServerE2E, DrainTimeoutAbortsWithAnErrorEvent) {
   START_OR_SKIP(ts);
-  json body = {{"prompt", json::array({1})}, {"max_tokens", 500}, {"ignore_eos", true}, {"stream", true}};
+  json body = {
+      {"prompt", json::array({1})}, {"max_tokens", 500}, {"ignore_eos", true}, {"stream", true}};
   std::atomic<bool> first{false};
   bool error_event = false, done = false;
   std::thread client([&] {

@@ -89,7 +89,8 @@ TEST(EngineLoraTest, SixteenRequestsOverEightAdaptersMatchAlone) {
         << "request " << i;
 }
 
-// ---- Residency: unified paging, loader threads, cold start (docs/architecture.md, "Memory tiers") ----
+// ---- Residency: unified paging, loader threads, cold start (docs/architecture.md, "Memory tiers")
+// ----
 
 struct Stories {
   std::shared_ptr<const model::Model> model;

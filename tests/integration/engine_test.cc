@@ -1,8 +1,9 @@
 // Engine behaviour on the real stories260K model: batching, preemption, cancellation, limits.
+#include "chorus/engine/engine.h"
+
 #include <future>
 #include <thread>
 
-#include "chorus/engine/engine.h"
 #include "chorus/model/loader.h"
 #include "tests/testutil/testutil.h"
 
@@ -49,7 +50,8 @@ Output Collect(RequestHandle& h) {
 
 // The engine publishes its gauges at the end of a step, just after the last events: poll.
 int64_t BlocksUsedWhenSettled(const Engine& e) {
-  for (int i = 0; i < 200 && e.kv_blocks_used() != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (int i = 0; i < 200 && e.kv_blocks_used() != 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   return e.kv_blocks_used();
 }
 
@@ -63,7 +65,8 @@ GenerationRequest Greedy(std::vector<int32_t> prompt, int64_t max_tokens) {
 
 std::vector<int32_t> PromptFor(int i) {
   std::vector<int32_t> p = {1};
-  for (int j = 0; j < 3 + i % 7; ++j) p.push_back(static_cast<int32_t>(260 + (i * 31 + j * 17) % 250));
+  for (int j = 0; j < 3 + i % 7; ++j)
+    p.push_back(static_cast<int32_t>(260 + (i * 31 + j * 17) % 250));
   return p;
 }
 

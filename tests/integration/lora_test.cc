@@ -37,7 +37,7 @@ const char* kRealLora = "stories260K-finetunes/things/lora";
 std::string ModelsPath(const std::string& rel) { return testing::SharedModelsDir() + "/" + rel; }
 
 struct Seq {
-  std::vector<int32_t> tokens;          // prompt followed by forced decode tokens
+  std::vector<int32_t> tokens;           // prompt followed by forced decode tokens
   const LoraAdapter* adapter = nullptr;  // nullptr = base
 };
 
@@ -52,7 +52,8 @@ std::vector<std::vector<float>> RunBatch(const ModelPtr& m, const std::vector<Se
   const auto& c = m->config();
   const int64_t n = static_cast<int64_t>(seqs.size());
   model::Forward fwd(m, 512, n);
-  memory::KvLayout layout{.n_layers = c.n_layers, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim, .block_size = 16};
+  memory::KvLayout layout{
+      .n_layers = c.n_layers, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim, .block_size = 16};
   memory::PagePool pages(256, layout.PageBytes());
   memory::KvCache kv(layout, &pages);
   ThreadPool pool(threads);
@@ -161,7 +162,8 @@ void CheckUnmergedEqualsMerged(const ModelPtr& base, const std::string& what,
   for (int i = 0; i < 9; ++i) {
     const int ad = i < 2 ? i : i == 2 ? -1 : i < 5 ? i - 1 : i - 5;
     const LoraAdapter* a = ad < 0 ? nullptr : (i < 5 ? peft : gguf)[static_cast<size_t>(ad)].get();
-    batch.push_back({ForcedTokens(prompt_len + n_decode + 1, c.vocab_size, 7u + static_cast<uint32_t>(i)), a});
+    batch.push_back(
+        {ForcedTokens(prompt_len + n_decode + 1, c.vocab_size, 7u + static_cast<uint32_t>(i)), a});
     which.push_back(ad);
   }
   const auto got = RunBatch(base, batch, prompt_len, n_decode, /*forced=*/true, 2);
@@ -174,7 +176,8 @@ void CheckUnmergedEqualsMerged(const ModelPtr& base, const std::string& what,
       oracle = *merged;
     }
     const auto want = RunBatch(oracle, {{batch[i].tokens, nullptr}}, prompt_len, n_decode, true, 1);
-    const auto base_alone = RunBatch(base, {{batch[i].tokens, nullptr}}, prompt_len, n_decode, true, 1);
+    const auto base_alone =
+        RunBatch(base, {{batch[i].tokens, nullptr}}, prompt_len, n_decode, true, 1);
     // Prefill (first vocab logits) and decode steps separately.
     const size_t v = static_cast<size_t>(c.vocab_size);
     const std::vector<float> got_prefill(got[i].begin(), got[i].begin() + static_cast<long>(v));
@@ -182,7 +185,8 @@ void CheckUnmergedEqualsMerged(const ModelPtr& base, const std::string& what,
     EXPECT_LT(RelDiff(got_prefill, want_prefill), 1e-3) << what << " seq " << i << " prefill";
     EXPECT_LT(RelDiff(got[i], want[0]), 1e-3) << what << " seq " << i << " all steps";
     std::printf("%s seq %zu (adapter %d): unmerged vs merged rel diff %.2e, adapter effect %.2e\n",
-                what.c_str(), i, which[i], RelDiff(got[i], want[0]), RelDiff(want[0], base_alone[0]));
+                what.c_str(), i, which[i], RelDiff(got[i], want[0]),
+                RelDiff(want[0], base_alone[0]));
     if (which[i] >= 0) {
       // The adapter does change the output (so the comparison above can fail).
       EXPECT_GT(RelDiff(want[0], base_alone[0]), 3e-3) << what << " seq " << i;
@@ -325,7 +329,8 @@ TEST(LoraIntegrationTest, MixedAdapterBatchOf16IsBitwiseBatchInvariant) {
     seqs.push_back({ForcedTokens(prompt_len, c.vocab_size, 500u + static_cast<uint32_t>(s)),
                     ad == 8 ? nullptr : ads[static_cast<size_t>(ad)].get()});
   }
-  std::stable_sort(seqs.begin(), seqs.end(), [](const Seq& a, const Seq& b) { return a.adapter < b.adapter; });
+  std::stable_sort(seqs.begin(), seqs.end(),
+                   [](const Seq& a, const Seq& b) { return a.adapter < b.adapter; });
   const auto batched = RunBatch(base, seqs, prompt_len, n_decode, /*forced=*/false, 2);
   for (size_t s = 0; s < seqs.size(); ++s) {
     const auto alone = RunBatch(base, {seqs[s]}, prompt_len, n_decode, false, 1);

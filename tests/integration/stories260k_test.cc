@@ -9,8 +9,8 @@
 #include "chorus/memory/kv_cache.h"
 #include "chorus/model/convert.h"
 #include "chorus/model/forward.h"
-#include "chorus/model/step_builder.h"
 #include "chorus/model/loader.h"
+#include "chorus/model/step_builder.h"
 #include "chorus/tokenizer/tokenizer.h"
 #include "tests/testutil/testutil.h"
 
@@ -39,11 +39,14 @@ std::string ReadText(const std::string& path) {
 
 // Runs one sequence greedily from `prompt`, feeding one token per step after a prefill of the
 // prompt in one step. Returns generated ids; `all_logits` gets the logits of every step.
-std::vector<int32_t> Greedy(std::shared_ptr<const model::Model> m, const std::vector<int32_t>& prompt, int n,
-                            std::vector<std::vector<float>>* all_logits = nullptr, int threads = 2) {
+std::vector<int32_t> Greedy(std::shared_ptr<const model::Model> m,
+                            const std::vector<int32_t>& prompt, int n,
+                            std::vector<std::vector<float>>* all_logits = nullptr,
+                            int threads = 2) {
   const auto& c = m->config();
   model::Forward fwd(m, 512, 8);
-  memory::KvLayout layout{.n_layers = c.n_layers, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim, .block_size = 16};
+  memory::KvLayout layout{
+      .n_layers = c.n_layers, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim, .block_size = 16};
   memory::PagePool pages(64, layout.PageBytes());
   memory::KvCache kv(layout, &pages);
   ThreadPool pool(threads);
@@ -59,7 +62,8 @@ std::vector<int32_t> Greedy(std::shared_ptr<const model::Model> m, const std::ve
     fwd.Run(builder.Input(), &kv, &pool, logits.data());
     computed = static_cast<int64_t>(toks.size());
     if (all_logits) all_logits->push_back(logits);
-    int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    int32_t next =
+        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     out.push_back(next);
     toks.push_back(next);
   }
@@ -95,7 +99,8 @@ TEST(Stories260KTest, HfAndGgufConversionsGiveSameTokensAndLogits) {
     model::OutputFormat format;
     std::string path;
   };
-  for (const Case& cs : {Case{model::OutputFormat::kHfDirectory, dir + "/hf"}, Case{model::OutputFormat::kGguf, dir + "/m.gguf"}}) {
+  for (const Case& cs : {Case{model::OutputFormat::kHfDirectory, dir + "/hf"},
+                         Case{model::OutputFormat::kGguf, dir + "/m.gguf"}}) {
     model::ConvertOptions o;
     o.format = cs.format;
     o.dtype = DType::kF32;
@@ -103,15 +108,17 @@ TEST(Stories260KTest, HfAndGgufConversionsGiveSameTokensAndLogits) {
     CHORUS_ASSERT_OK(model::ConvertModel(**m, o));
     auto m2 = model::LoadModel(cs.path);
     ASSERT_TRUE(m2.ok()) << m2.status().ToString();
-    EXPECT_EQ((*m2)->config().rope_layout,
-              cs.format == model::OutputFormat::kGguf ? kernels::RopeLayout::kInterleaved : kernels::RopeLayout::kHalf);
+    EXPECT_EQ((*m2)->config().rope_layout, cs.format == model::OutputFormat::kGguf
+                                               ? kernels::RopeLayout::kInterleaved
+                                               : kernels::RopeLayout::kHalf);
     std::vector<std::vector<float>> logits;
     auto ids = Greedy(*m2, {1}, 40, &logits);
     EXPECT_EQ(ids, ref) << cs.path;
     ASSERT_EQ(logits.size(), ref_logits.size());
     float max_diff = 0;
     for (size_t s = 0; s < logits.size(); ++s)
-      for (size_t i = 0; i < logits[s].size(); ++i) max_diff = std::max(max_diff, std::fabs(logits[s][i] - ref_logits[s][i]));
+      for (size_t i = 0; i < logits[s].size(); ++i)
+        max_diff = std::max(max_diff, std::fabs(logits[s][i] - ref_logits[s][i]));
     EXPECT_LT(max_diff, 1e-4f) << cs.path;
   }
 }
@@ -122,13 +129,15 @@ TEST(Stories260KTest, RowAloneOrInBatchOfEightHasBitwiseIdenticalLogits) {
   ASSERT_TRUE(mr.ok()) << mr.status().ToString();
   auto m = *mr;
   const auto& c = m->config();
-  memory::KvLayout layout{.n_layers = c.n_layers, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim, .block_size = 16};
+  memory::KvLayout layout{
+      .n_layers = c.n_layers, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim, .block_size = 16};
   ThreadPool pool(2);
   // Eight sequences with different prompts; sequence 3 is also run alone.
   std::vector<std::vector<int32_t>> prompts;
   for (int s = 0; s < 8; ++s) {
     std::vector<int32_t> p = {1};
-    for (int j = 0; j < 5 + 3 * s; ++j) p.push_back(static_cast<int32_t>(3 + (s * 37 + j * 11) % 500));
+    for (int j = 0; j < 5 + 3 * s; ++j)
+      p.push_back(static_cast<int32_t>(3 + (s * 37 + j * 11) % 500));
     prompts.push_back(p);
   }
   auto run = [&](const std::vector<int>& which) {

@@ -21,25 +21,25 @@ std::string TempDir();
 }  // namespace chorus::testing
 
 // Skips the test (or fails it when CHORUS_REQUIRE_MODELS=1) unless ../shared/models/<rel> exists.
-#define CHORUS_REQUIRE_SHARED_MODEL(rel)                                                    \
-  do {                                                                                      \
-    if (!::chorus::testing::HaveSharedModel(rel)) {                                         \
-      if (::chorus::testing::ModelsRequired()) {                                            \
-        FAIL() << "shared model asset missing (CHORUS_REQUIRE_MODELS=1): "                  \
-               << ::chorus::testing::SharedModelsDir() << "/" << (rel);                     \
-      }                                                                                     \
+#define CHORUS_REQUIRE_SHARED_MODEL(rel)                                                       \
+  do {                                                                                         \
+    if (!::chorus::testing::HaveSharedModel(rel)) {                                            \
+      if (::chorus::testing::ModelsRequired()) {                                               \
+        FAIL() << "shared model asset missing (CHORUS_REQUIRE_MODELS=1): "                     \
+               << ::chorus::testing::SharedModelsDir() << "/" << (rel);                        \
+      }                                                                                        \
       GTEST_SKIP() << "shared model asset not found: " << ::chorus::testing::SharedModelsDir() \
-                   << "/" << (rel) << " (tests read ../shared/models in place)";            \
-    }                                                                                       \
+                   << "/" << (rel) << " (tests read ../shared/models in place)";               \
+    }                                                                                          \
   } while (0)
 
-#define CHORUS_ASSERT_OK(expr)                                        \
-  do {                                                                \
-    auto chorus_s_ = ::chorus::internal::AsStatus((expr));            \
-    ASSERT_TRUE(chorus_s_.ok()) << chorus_s_.ToString();              \
+#define CHORUS_ASSERT_OK(expr)                             \
+  do {                                                     \
+    auto chorus_s_ = ::chorus::internal::AsStatus((expr)); \
+    ASSERT_TRUE(chorus_s_.ok()) << chorus_s_.ToString();   \
   } while (0)
-#define CHORUS_EXPECT_OK(expr)                                        \
-  do {                                                                \
-    auto chorus_s_ = ::chorus::internal::AsStatus((expr));            \
-    EXPECT_TRUE(chorus_s_.ok()) << chorus_s_.ToString();              \
+#define CHORUS_EXPECT_OK(expr)                             \
+  do {                                                     \
+    auto chorus_s_ = ::chorus::internal::AsStatus((expr)); \
+    EXPECT_TRUE(chorus_s_.ok()) << chorus_s_.ToString();   \
   } while (0)

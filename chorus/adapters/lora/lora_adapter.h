@@ -1,5 +1,5 @@
-// LoRA adapters (docs/architecture.md, "The one equation"): y = x·Wᵀ + s·(x·Aᵀ)·Bᵀ per targeted linear, s = alpha/r
-// (rsLoRA: alpha/√r).
+// LoRA adapters (docs/architecture.md, "The one equation"): y = x·Wᵀ + s·(x·Aᵀ)·Bᵀ per targeted
+// linear, s = alpha/r (rsLoRA: alpha/√r).
 //
 // Two representations:
 //   * LoraWeights — the tensors as a file holds them (PEFT / GGUF / synthetic): A [r, in] and
@@ -250,7 +250,8 @@ LoraWeights RoundedAsStored(const LoraWeights& w, LoraStorage storage);
 
 // The merged-weights oracle: the base's canonical tensors with W + s·B·A added to every
 // targeted linear (in f32; q/k rows in the base's order), rebuilt through Model::Build.
-// Serving never merges (docs/architecture.md, "The one equation"); tests compare the unmerged path against this.
+// Serving never merges (docs/architecture.md, "The one equation"); tests compare the unmerged path
+// against this.
 Result<std::shared_ptr<const model::Model>> MergeLora(const model::Model& base,
                                                       const LoraWeights& w);
 

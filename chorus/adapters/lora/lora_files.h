@@ -36,7 +36,7 @@
 namespace chorus::adapters {
 
 struct LoraLoadOptions {
-  LoraLimits limits;     // max_rank (default 256)
+  LoraLimits limits;          // max_rank (default 256)
   std::string identity = {};  // LoadLoraAdapter: the copy's LoraView::identity() (default none)
 };
 

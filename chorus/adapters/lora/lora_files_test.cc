@@ -2,6 +2,8 @@
 // LoRA adapter files: PEFT and GGUF round trips (mixed ranks, patterns, dtypes, q/k pair order),
 // the compute layout LoraAdapter builds, LoraHook segments, and bad input — each refused with a
 // message that says what does not fit.
+#include "chorus/adapters/lora/lora_files.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,7 +13,6 @@
 #include <limits>
 
 #include "chorus/adapters/lora/lora_adapter.h"
-#include "chorus/adapters/lora/lora_files.h"
 #include "chorus/adapters/lora/lora_hook.h"
 #include "chorus/formats/gguf.h"
 #include "chorus/formats/safetensors.h"
@@ -73,8 +74,10 @@ void ExpectSameAdapters(const LoraAdapter& a, const LoraAdapter& b, const model:
       if (ma.rank == 0) continue;
       EXPECT_NEAR(ma.scale, mb.scale, 1e-6f * std::fabs(ma.scale)) << LoraModuleName(l, which);
       const int64_t na = ma.rank * LinearIn(c, which), nb = ma.rank * LinearOut(c, which);
-      for (int64_t i = 0; i < na; ++i) ASSERT_NEAR(ma.a[i], mb.a[i], tol) << LoraModuleName(l, which) << " A " << i;
-      for (int64_t i = 0; i < nb; ++i) ASSERT_NEAR(ma.bt[i], mb.bt[i], tol) << LoraModuleName(l, which) << " Bt " << i;
+      for (int64_t i = 0; i < na; ++i)
+        ASSERT_NEAR(ma.a[i], mb.a[i], tol) << LoraModuleName(l, which) << " A " << i;
+      for (int64_t i = 0; i < nb; ++i)
+        ASSERT_NEAR(ma.bt[i], mb.bt[i], tol) << LoraModuleName(l, which) << " Bt " << i;
     }
   }
 }
@@ -160,9 +163,10 @@ TEST(LoraFilesTest, GgufRoundTripPermutesQkRows) {
   ASSERT_TRUE(qb.ok());
   EXPECT_EQ(qb->shape(), (std::vector<int64_t>{c.q_dim(), 8}));
   const auto stored = qb->ToF32();
-  const auto want = model::PermuteRopeRows(w.at(0, Linear::kQ).b, c.n_heads, c.head_dim,
-                                           kernels::RopeLayout::kHalf,
-                                           kernels::RopeLayout::kInterleaved).ToF32();
+  const auto want =
+      model::PermuteRopeRows(w.at(0, Linear::kQ).b, c.n_heads, c.head_dim,
+                             kernels::RopeLayout::kHalf, kernels::RopeLayout::kInterleaved)
+          .ToF32();
   EXPECT_EQ(stored, want);
   EXPECT_NE(stored, w.at(0, Linear::kQ).b.ToF32());
   auto back = ReadLora(path, c);
@@ -257,9 +261,12 @@ TEST(LoraFilesBadInputTest, UnsupportedConfigs) {
   };
   const Case cases[] = {
       {R"({"peft_type":"LORA","r":4,"lora_alpha":8,"use_dora":true})", "DoRA"},
-      {R"({"peft_type":"LORA","r":4,"lora_alpha":8,"modules_to_save":["lm_head"]})", "modules_to_save"},
-      {R"({"peft_type":"LORA","r":4,"lora_alpha":8,"target_modules":["q_proj","embed_tokens"]})", "embed_tokens"},
-      {R"({"peft_type":"LORA","r":4,"lora_alpha":8,"target_modules":["q_proj","wqkv"]})", "unknown target module 'wqkv'"},
+      {R"({"peft_type":"LORA","r":4,"lora_alpha":8,"modules_to_save":["lm_head"]})",
+       "modules_to_save"},
+      {R"({"peft_type":"LORA","r":4,"lora_alpha":8,"target_modules":["q_proj","embed_tokens"]})",
+       "embed_tokens"},
+      {R"({"peft_type":"LORA","r":4,"lora_alpha":8,"target_modules":["q_proj","wqkv"]})",
+       "unknown target module 'wqkv'"},
       {R"({"peft_type":"IA3"})", "peft_type"},
       {R"({"peft_type":"LORA","r":4,"bias":"all"})", "bias"},
       {R"({"peft_type":"LORA","r":8,"lora_alpha":8})", "has rank 4, adapter_config.json says 8"},
@@ -273,7 +280,11 @@ TEST(LoraFilesBadInputTest, UnsupportedConfigs) {
     EXPECT_NE(e.find(cs.expect), std::string::npos) << cs.json << " -> " << e;
   }
   // A rank_pattern that matches the file is accepted, and alpha_pattern changes the scale.
-  auto ok = LoadLoraAdapter(WriteDir(w, c, R"({"r":8,"lora_alpha":8,"rank_pattern":{"q_proj":4,"v_proj":4},"alpha_pattern":{"model.layers.2.self_attn.v_proj":2}})"), c);
+  auto ok = LoadLoraAdapter(
+      WriteDir(
+          w, c,
+          R"({"r":8,"lora_alpha":8,"rank_pattern":{"q_proj":4,"v_proj":4},"alpha_pattern":{"model.layers.2.self_attn.v_proj":2}})"),
+      c);
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
   EXPECT_FLOAT_EQ((*ok)->module(2, Linear::kV).scale, 0.5f);
   EXPECT_FLOAT_EQ((*ok)->module(1, Linear::kV).scale, 2.0f);
@@ -283,7 +294,8 @@ TEST(LoraFilesBadInputTest, UnsupportedConfigs) {
 std::string DirWithTensors(const std::vector<std::pair<std::string, Tensor>>& tensors, int r = 4) {
   const std::string dir = testing::TempDir() + "/t";
   fs::create_directories(dir);
-  std::ofstream(dir + "/adapter_config.json") << R"({"peft_type":"LORA","lora_alpha":8,"r":)" << r << "}";
+  std::ofstream(dir + "/adapter_config.json")
+      << R"({"peft_type":"LORA","lora_alpha":8,"r":)" << r << "}";
   CHORUS_CHECK(formats::WriteSafetensors(dir + "/adapter_model.safetensors", tensors).ok());
   return dir;
 }
@@ -304,35 +316,42 @@ TEST(LoraFilesBadInputTest, WrongShapesNamesRanksValues) {
   std::vector<Case> cases;
   cases.push_back({{{p + "3.self_attn.q_proj.lora_A.weight", Filled({4, 96})},
                     {p + "3.self_attn.q_proj.lora_B.weight", Filled({128, 4})}},
-                   "lora_A of layers.3.self_attn.q_proj has 96 columns, base q_proj has 128 inputs (hint: adapter for another base model?)"});
+                   "lora_A of layers.3.self_attn.q_proj has 96 columns, base q_proj has 128 inputs "
+                   "(hint: adapter for another base model?)"});
   cases.push_back({{{p + "0.self_attn.k_proj.lora_A.weight", Filled({4, 128})},
                     {p + "0.self_attn.k_proj.lora_B.weight", Filled({128, 4})}},
                    "lora_B of layers.0.self_attn.k_proj has 128 rows, base k_proj has 64 outputs"});
   cases.push_back({{{p + "0.self_attn.q_proj.lora_A.weight", Filled({4, 128})},
                     {p + "0.self_attn.q_proj.lora_B.weight", Filled({4, 128})}},
                    "lora_B of layers.0.self_attn.q_proj has 4 rows"});
-  cases.push_back({{{p + "0.self_attn.q_proj.lora_A.weight", Filled({4, 128})}}, "lora_A but no lora_B"});
+  cases.push_back(
+      {{{p + "0.self_attn.q_proj.lora_A.weight", Filled({4, 128})}}, "lora_A but no lora_B"});
   cases.push_back({{{p + "9.self_attn.q_proj.lora_A.weight", Filled({4, 128})},
                     {p + "9.self_attn.q_proj.lora_B.weight", Filled({128, 4})}},
                    "layer 9, the base model has 4 layers"});
-  cases.push_back({{{p + "0.self_attn.rotary.lora_A.weight", Filled({4, 128})}}, "unknown module 'self_attn.rotary'"});
+  cases.push_back({{{p + "0.self_attn.rotary.lora_A.weight", Filled({4, 128})}},
+                   "unknown module 'self_attn.rotary'"});
   cases.push_back({{{p + "0.self_attn.q_proj.lora_magnitude_vector", Filled({128})}}, "DoRA"});
   cases.push_back({{{"base_model.model.lm_head.lora_A.weight", Filled({4, 128})}}, "lm_head"});
-  cases.push_back({{{"base_model.model.model.embed_tokens.lora_embedding_A", Filled({4, 512})}}, "embedding"});
+  cases.push_back(
+      {{{"base_model.model.model.embed_tokens.lora_embedding_A", Filled({4, 512})}}, "embedding"});
   cases.push_back({{{p + "0.self_attn.q_proj.lora_B.bias", Filled({128})}}, "no LoRA biases"});
   cases.push_back({{{p + "0.self_attn.q_proj.weight", Filled({128, 128})}}, "unexpected tensor"});
-  cases.push_back({{{p + "99999999999999.self_attn.q_proj.lora_A.weight", Filled({4, 128})}}, "malformed layer index"});
+  cases.push_back({{{p + "99999999999999.self_attn.q_proj.lora_A.weight", Filled({4, 128})}},
+                   "malformed layer index"});
   {
     std::vector<float> nan(4 * 128, 0.01f);
     nan[77] = std::numeric_limits<float>::quiet_NaN();
-    cases.push_back({{{p + "1.self_attn.v_proj.lora_A.weight", Tensor::FromF32(nan, DType::kF32, {4, 128})},
-                      {p + "1.self_attn.v_proj.lora_B.weight", Filled({64, 4})}},
-                     "lora_A of layers.1.self_attn.v_proj holds a non-finite value"});
+    cases.push_back(
+        {{{p + "1.self_attn.v_proj.lora_A.weight", Tensor::FromF32(nan, DType::kF32, {4, 128})},
+          {p + "1.self_attn.v_proj.lora_B.weight", Filled({64, 4})}},
+         "lora_A of layers.1.self_attn.v_proj holds a non-finite value"});
     std::vector<float> inf(64 * 4, 0.01f);
     inf[3] = std::numeric_limits<float>::infinity();
-    cases.push_back({{{p + "1.self_attn.v_proj.lora_A.weight", Filled({4, 128})},
-                      {p + "1.self_attn.v_proj.lora_B.weight", Tensor::FromF32(inf, DType::kBF16, {64, 4})}},
-                     "lora_B of layers.1.self_attn.v_proj holds a non-finite value"});
+    cases.push_back(
+        {{{p + "1.self_attn.v_proj.lora_A.weight", Filled({4, 128})},
+          {p + "1.self_attn.v_proj.lora_B.weight", Tensor::FromF32(inf, DType::kBF16, {64, 4})}},
+         "lora_B of layers.1.self_attn.v_proj holds a non-finite value"});
   }
   cases.push_back({{{p + "0.self_attn.q_proj.lora_A.weight", Tensor::Zeros(DType::kI32, {4, 128})},
                     {p + "0.self_attn.q_proj.lora_B.weight", Filled({128, 4})}},
@@ -342,16 +361,19 @@ TEST(LoraFilesBadInputTest, WrongShapesNamesRanksValues) {
     EXPECT_NE(e.find(cs.expect), std::string::npos) << cs.tensors[0].first << " -> " << e;
   }
   // Rank above the limit.
-  const std::string big = DirWithTensors({{p + "0.self_attn.q_proj.lora_A.weight", Filled({300, 128})},
-                                          {p + "0.self_attn.q_proj.lora_B.weight", Filled({128, 300})}},
-                                         300);
-  EXPECT_NE(ErrorOf(big, c).find("rank 300, outside the supported 1..256"), std::string::npos) << ErrorOf(big, c);
+  const std::string big =
+      DirWithTensors({{p + "0.self_attn.q_proj.lora_A.weight", Filled({300, 128})},
+                      {p + "0.self_attn.q_proj.lora_B.weight", Filled({128, 300})}},
+                     300);
+  EXPECT_NE(ErrorOf(big, c).find("rank 300, outside the supported 1..256"), std::string::npos)
+      << ErrorOf(big, c);
   EXPECT_EQ(ErrorOf(big, c, {.limits = {.max_rank = 512}}), "OK");
   // The adapter name inside the tensor name (older PEFT saves) is accepted.
-  EXPECT_EQ(ErrorOf(DirWithTensors({{p + "0.self_attn.q_proj.lora_A.default.weight", Filled({4, 128})},
-                                     {p + "0.self_attn.q_proj.lora_B.default.weight", Filled({128, 4})}}),
-                    c),
-            "OK");
+  EXPECT_EQ(
+      ErrorOf(DirWithTensors({{p + "0.self_attn.q_proj.lora_A.default.weight", Filled({4, 128})},
+                              {p + "0.self_attn.q_proj.lora_B.default.weight", Filled({128, 4})}}),
+              c),
+      "OK");
 }
 
 TEST(LoraFilesBadInputTest, TruncatedFiles) {
@@ -376,7 +398,8 @@ TEST(LoraFilesBadInputTest, TruncatedFiles) {
 
 TEST(LoraFilesBadInputTest, GgufMetadataAndNames) {
   const auto c = TinyConfig();
-  auto write = [&](const std::string& type, const std::string& adapter_type, const std::string& arch,
+  auto write = [&](const std::string& type, const std::string& adapter_type,
+                   const std::string& arch,
                    const std::vector<std::pair<std::string, Tensor>>& tensors) {
     formats::GgufWriter g;
     g.SetString("general.architecture", arch);
@@ -389,16 +412,38 @@ TEST(LoraFilesBadInputTest, GgufMetadataAndNames) {
     return path;
   };
   const std::vector<std::pair<std::string, Tensor>> good = {
-      {"blk.0.attn_q.weight.lora_a", Filled({4, 128})}, {"blk.0.attn_q.weight.lora_b", Filled({128, 4})}};
+      {"blk.0.attn_q.weight.lora_a", Filled({4, 128})},
+      {"blk.0.attn_q.weight.lora_b", Filled({128, 4})}};
   EXPECT_EQ(ErrorOf(write("adapter", "lora", "llama", good), c), "OK");
-  EXPECT_NE(ErrorOf(write("model", "lora", "llama", good), c).find("expected 'adapter'"), std::string::npos);
-  EXPECT_NE(ErrorOf(write("", "lora", "llama", good), c).find("general.type is missing"), std::string::npos);
-  EXPECT_NE(ErrorOf(write("adapter", "control_vector", "llama", good), c).find("only 'lora'"), std::string::npos);
-  EXPECT_NE(ErrorOf(write("adapter", "lora", "qwen2", good), c).find("does not match"), std::string::npos);
-  EXPECT_NE(ErrorOf(write("adapter", "lora", "llama", {{"token_embd.weight.lora_a", Filled({4, 512})}}), c).find("embeddings"), std::string::npos);
-  EXPECT_NE(ErrorOf(write("adapter", "lora", "llama", {{"blk.0.attn_qkv.weight.lora_a", Filled({4, 128})}}), c).find("unknown module 'attn_qkv.weight'"), std::string::npos);
-  EXPECT_NE(ErrorOf(write("adapter", "lora", "llama", {{"blk.0.attn_q.weight.lora_x", Filled({4, 128})}}), c).find("unexpected suffix"), std::string::npos);
-  EXPECT_NE(ErrorOf(write("adapter", "lora", "llama", {{"blk.0.attn_q.weight.lora_a", Filled({4, 128})}, {"blk.0.attn_q.weight.lora_b", Filled({4, 128})}}), c).find("lora_B of layers.0.self_attn.q_proj has 4 rows"), std::string::npos);
+  EXPECT_NE(ErrorOf(write("model", "lora", "llama", good), c).find("expected 'adapter'"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(write("", "lora", "llama", good), c).find("general.type is missing"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(write("adapter", "control_vector", "llama", good), c).find("only 'lora'"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(write("adapter", "lora", "qwen2", good), c).find("does not match"),
+            std::string::npos);
+  EXPECT_NE(
+      ErrorOf(write("adapter", "lora", "llama", {{"token_embd.weight.lora_a", Filled({4, 512})}}),
+              c)
+          .find("embeddings"),
+      std::string::npos);
+  EXPECT_NE(ErrorOf(write("adapter", "lora", "llama",
+                          {{"blk.0.attn_qkv.weight.lora_a", Filled({4, 128})}}),
+                    c)
+                .find("unknown module 'attn_qkv.weight'"),
+            std::string::npos);
+  EXPECT_NE(
+      ErrorOf(write("adapter", "lora", "llama", {{"blk.0.attn_q.weight.lora_x", Filled({4, 128})}}),
+              c)
+          .find("unexpected suffix"),
+      std::string::npos);
+  EXPECT_NE(ErrorOf(write("adapter", "lora", "llama",
+                          {{"blk.0.attn_q.weight.lora_a", Filled({4, 128})},
+                           {"blk.0.attn_q.weight.lora_b", Filled({4, 128})}}),
+                    c)
+                .find("lora_B of layers.0.self_attn.q_proj has 4 rows"),
+            std::string::npos);
   // Scale = alpha / r per module (llama.cpp).
   auto ad = LoadLoraAdapter(write("adapter", "lora", "llama", good), c);
   ASSERT_TRUE(ad.ok());

@@ -26,14 +26,16 @@ Status LoraHook::SetRows(std::span<const LoraAdapter* const> row_adapters) {
 Status LoraHook::SetRows(std::span<const LoraView* const> row_adapters) {
   const int64_t n = static_cast<int64_t>(row_adapters.size());
   if (n > max_rows_) {
-    return InvalidArgumentError("LoRA step of " + std::to_string(n) + " rows, max " + std::to_string(max_rows_));
+    return InvalidArgumentError("LoRA step of " + std::to_string(n) + " rows, max " +
+                                std::to_string(max_rows_));
   }
   int64_t need_stride = 0;
   for (const LoraView* a : row_adapters) {
     if (a == nullptr) continue;
     if (a->n_layers() != config_.n_layers) {
-      return InvalidArgumentError("adapter '" + a->name() + "' has " + std::to_string(a->n_layers()) +
-                                  " layers, the base model " + std::to_string(config_.n_layers));
+      return InvalidArgumentError("adapter '" + a->name() + "' has " +
+                                  std::to_string(a->n_layers()) + " layers, the base model " +
+                                  std::to_string(config_.n_layers));
     }
     need_stride = std::max({need_stride, a->max_fused_rank(), a->max_rank()});
   }
@@ -75,8 +77,8 @@ void LoraHook::Apply(int64_t layer, model::Linear which, const float* x, int64_t
   const size_t n_slots = slots_.size();
   if (fused) {
     const bool first = which == model::Linear::kQ || which == model::Linear::kGate;
-    if (first || !cache_valid_ || cache_layer_ != layer || cache_group_ != static_cast<int>(group) ||
-        cache_x_ != x) {
+    if (first || !cache_valid_ || cache_layer_ != layer ||
+        cache_group_ != static_cast<int>(group) || cache_x_ != x) {
       for (size_t s = 0; s < n_slots; ++s) {
         const LoraAdapter::Fused& f = slots_[s]->fused(layer, group);
         shrink_w_[s] = {f.a_rows, f.rank, f.a_rows_bf16};

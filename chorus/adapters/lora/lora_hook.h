@@ -1,4 +1,5 @@
-// LoraHook: the model::LinearHook that adds the LoRA terms of a step (docs/architecture.md, "The one equation"):
+// LoraHook: the model::LinearHook that adds the LoRA terms of a step (docs/architecture.md, "The
+// one equation"):
 //   y[i, :] += s_a · (x[i, :]·A_aᵀ)·B_aᵀ     for every row i whose adapter a is set
 // using the segment kernels (kernels/lora.h). Rows with equal adapters that are contiguous form
 // one segment (the step planner sorts rows by adapter; unsorted rows still work, as more
@@ -53,19 +54,19 @@ class LoraHook : public model::LinearHook {
              int64_t y_stride, int64_t n_rows, ThreadPool* pool) const override;
   // A whole fused group (q, k, v or gate, up, each once, any order): the group's shrink and
   // every expand in one kernels::LoraShrinkExpand call. Anything else: Apply for each.
-  void ApplyGroup(int64_t layer, std::span<const Target> targets, const float* x,
-                  int64_t x_stride, int64_t n_rows, ThreadPool* pool) const override;
+  void ApplyGroup(int64_t layer, std::span<const Target> targets, const float* x, int64_t x_stride,
+                  int64_t n_rows, ThreadPool* pool) const override;
 
  private:
   model::ModelConfig config_;
   int64_t max_rows_ = 0;
-  int64_t n_rows_ = 0;                            // rows of the current step
+  int64_t n_rows_ = 0;  // rows of the current step
   std::vector<kernels::LoraSegment> segments_;
   std::vector<const LoraView*> slots_;
   std::vector<const LoraView*> convert_;  // SetRows(LoraAdapter) scratch
   int64_t v_stride_ = 0;
   // Scratch (Apply is const for the LinearHook interface; the hook is single-threaded).
-  mutable std::vector<float> v_;                  // [max_rows, v_stride_] shrink output
+  mutable std::vector<float> v_;                             // [max_rows, v_stride_] shrink output
   mutable std::vector<kernels::LoraShrinkWeight> shrink_w_;  // [slots]
   mutable std::vector<kernels::LoraExpandWeight> expand_w_;  // [slots]
   // ApplyGroup: one expand table per output of the group.

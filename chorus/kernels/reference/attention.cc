@@ -1,6 +1,7 @@
 // Scalar specification of paged attention (attention.h), llama2.c style: scores, softmax,
 // weighted sum of V, one query head at a time.
 #include "chorus/kernels/attention.h"
+
 #include "chorus/kernels/ops.h"
 
 namespace chorus::kernels::reference {

@@ -1,8 +1,9 @@
 // Scalar specifications of the element-wise kernels (ops.h), written for clarity.
+#include "chorus/kernels/ops.h"
+
 #include <cmath>
 
 #include "chorus/base/check.h"
-#include "chorus/kernels/ops.h"
 
 namespace chorus::kernels {
 
@@ -30,8 +31,8 @@ void RmsNorm(const float* x, const float* weight, int64_t m, int64_t n, float ep
   }
 }
 
-void RopeApply(float* x, int64_t n_heads, int64_t head_dim, const float* cos_t,
-               const float* sin_t, RopeLayout layout) {
+void RopeApply(float* x, int64_t n_heads, int64_t head_dim, const float* cos_t, const float* sin_t,
+               RopeLayout layout) {
   const int64_t half = head_dim / 2;
   for (int64_t h = 0; h < n_heads; ++h) {
     float* xh = x + h * head_dim;

@@ -61,7 +61,8 @@ inline __m256 Dot8(const float* q, const float* const* k, int64_t n) {
     const __m256i mask = TailMask(n - d);
     const __m256 qv = _mm256_maskload_ps(q + d, mask);
 #pragma GCC unroll 8
-    for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, _mm256_maskload_ps(k[j] + d, mask), acc[j]);
+    for (int j = 0; j < 8; ++j)
+      acc[j] = _mm256_fmadd_ps(qv, _mm256_maskload_ps(k[j] + d, mask), acc[j]);
   }
   return Reduce8(acc);
 }
@@ -72,7 +73,8 @@ template <bool kFull>
 inline void AccumulateV(float* o, const float* const* v, int64_t d0, const float* p, int64_t nc,
                         __m256 alpha, int64_t rem) {
   auto load = [&](const float* ptr, int j) {
-    return kFull ? _mm256_loadu_ps(ptr + 8 * j) : _mm256_maskload_ps(ptr + 8 * j, TailMask(rem - 8 * j));
+    return kFull ? _mm256_loadu_ps(ptr + 8 * j)
+                 : _mm256_maskload_ps(ptr + 8 * j, TailMask(rem - 8 * j));
   };
   __m256 acc[4];
 #pragma GCC unroll 4

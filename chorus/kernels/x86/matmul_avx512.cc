@@ -298,8 +298,8 @@ inline __m512i BroadcastPair(const uint16_t* p) {
 // order in one register, so the value does not depend on R (batch invariance).
 template <int R>
 __attribute__((noinline)) void Bf16PairTile(const uint8_t* panel, int64_t kp, const uint16_t* x,
-                                            int64_t x_stride, int cols, float* y,
-                                            int64_t y_stride, bool accumulate) {
+                                            int64_t x_stride, int cols, float* y, int64_t y_stride,
+                                            bool accumulate) {
   __m512 acc[R][4];
   CHORUS_UNROLL
   for (int r = 0; r < R; ++r) {

@@ -62,7 +62,8 @@ inline __m256 Exp(__m256 x) {
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256i bits =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
   y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, lo, _CMP_LT_OQ));
   y = _mm256_blendv_ps(y, _mm256_set1_ps(std::numeric_limits<float>::infinity()),
@@ -97,8 +98,8 @@ void RmsNorm(const float* x, const float* weight, int64_t m, int64_t n, float ep
   }
 }
 
-void RopeApply(float* x, int64_t n_heads, int64_t head_dim, const float* cos_t,
-               const float* sin_t, RopeLayout layout) {
+void RopeApply(float* x, int64_t n_heads, int64_t head_dim, const float* cos_t, const float* sin_t,
+               RopeLayout layout) {
   const int64_t half = head_dim / 2;
   // Both layouts evaluate a' = fma(a, c, −(b·s)), b' = fma(b, c, a·s), so they give identical
   // bits for the same pair.
@@ -130,7 +131,8 @@ void RopeApply(float* x, int64_t n_heads, int64_t head_dim, const float* cos_t,
       const int64_t rem = head_dim - j;
       const __m256 v = Load(xh + j, rem);
       const __m256 swapped = _mm256_permute_ps(v, 0xB1);
-      const __m256 r = _mm256_fmadd_ps(v, Load(cc + j, rem), _mm256_mul_ps(swapped, Load(ss + j, rem)));
+      const __m256 r =
+          _mm256_fmadd_ps(v, Load(cc + j, rem), _mm256_mul_ps(swapped, Load(ss + j, rem)));
       Store(xh + j, rem, r);
     }
   }
@@ -152,7 +154,8 @@ float Max(const float* x, int64_t n) {
   __m256 m = neg_inf;
   for (int64_t i = 0; i < n; i += 8) {
     const __m256 v = Load(x + i, n - i);
-    m = _mm256_max_ps(m, n - i >= 8 ? v : _mm256_blendv_ps(neg_inf, v, _mm256_castsi256_ps(TailMask(n - i))));
+    m = _mm256_max_ps(
+        m, n - i >= 8 ? v : _mm256_blendv_ps(neg_inf, v, _mm256_castsi256_ps(TailMask(n - i))));
   }
   return HorizontalMax(m);
 }

@@ -70,8 +70,8 @@ void RmsNorm(const float* x, const float* weight, int64_t m, int64_t n, float ep
   }
 }
 
-void RopeApply(float* x, int64_t n_heads, int64_t head_dim, const float* cos_t,
-               const float* sin_t, RopeLayout layout) {
+void RopeApply(float* x, int64_t n_heads, int64_t head_dim, const float* cos_t, const float* sin_t,
+               RopeLayout layout) {
   const int64_t half = head_dim / 2;
   // Both layouts evaluate a' = fma(a, c, −(b·s)), b' = fma(b, c, a·s), so they give identical
   // bits for the same pair.
@@ -82,7 +82,8 @@ void RopeApply(float* x, int64_t n_heads, int64_t head_dim, const float* cos_t,
       for (int64_t i = 0; i < half; i += 16) {
         const __mmask16 k = TailMask(half - i);
         const __m512 a = _mm512_maskz_loadu_ps(k, xa + i), b = _mm512_maskz_loadu_ps(k, xb + i);
-        const __m512 c = _mm512_maskz_loadu_ps(k, cos_t + i), s = _mm512_maskz_loadu_ps(k, sin_t + i);
+        const __m512 c = _mm512_maskz_loadu_ps(k, cos_t + i),
+                     s = _mm512_maskz_loadu_ps(k, sin_t + i);
         _mm512_mask_storeu_ps(xa + i, k, _mm512_fmsub_ps(a, c, _mm512_mul_ps(b, s)));
         _mm512_mask_storeu_ps(xb + i, k, _mm512_fmadd_ps(b, c, _mm512_mul_ps(a, s)));
       }
@@ -154,8 +155,8 @@ void Softmax(float* x, int64_t n) {
 void Add(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 k = TailMask(n - i);
-    _mm512_mask_storeu_ps(y + i, k, _mm512_add_ps(_mm512_maskz_loadu_ps(k, y + i),
-                                                  _mm512_maskz_loadu_ps(k, x + i)));
+    _mm512_mask_storeu_ps(
+        y + i, k, _mm512_add_ps(_mm512_maskz_loadu_ps(k, y + i), _mm512_maskz_loadu_ps(k, x + i)));
   }
 }
 
