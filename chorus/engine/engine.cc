@@ -6,6 +6,7 @@
 #include "chorus/adapters/lora/lora_hook.h"
 #include "chorus/base/logging.h"
 #include "chorus/engine/adapter_residency.h"
+#include "chorus/engine/policy.h"
 #include "chorus/engine/stop_checker.h"
 #include "chorus/memory/host_arena.h"
 #include "chorus/memory/kv_cache.h"
@@ -24,7 +25,6 @@ double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 // step, are admitted) before admission stops behind it. Bounds its wait: once nothing newer is
 // admitted, the adapters in the step lose their sequences as those finish, and the first slot
 // that frees is its.
-constexpr int kMaxAdapterCapPasses = 8;
 
 // One choice of one request, as the engine thread sees it.
 struct Sequence {
@@ -50,7 +50,7 @@ struct Sequence {
   std::shared_ptr<const adapters::LoraAdapter> lora;
   std::shared_ptr<AdapterTicket> ticket;
   bool pinned = false;
-  int cap_passes = 0;  // admission rounds it was passed over for --max-adapters-per-step
+  int policy_passes = 0;  // the admission policy's counter (Candidate::passes)
 };
 
 }  // namespace
@@ -115,7 +115,8 @@ struct Engine::Impl {
   std::vector<Planned> plan;
   std::vector<const adapters::LoraView*> row_adapters;  // [rows] of the step
   std::unique_ptr<adapters::LoraHook> lora_hook;
-  std::vector<const adapters::LoraAdapter*> step_adapters;  // distinct adapters of the step
+  std::vector<const void*> step_adapters;  // distinct adapters of the step (AdmitWaiting)
+  std::unique_ptr<Policy> policy;          // which waiting sequences may join a step
   // PublishAdapterActivity's scratch (reserved at Create: no allocation per step).
   std::vector<const std::string*> activity_running, activity_waiting;
   bool idle = false;  // engine thread: the last step found nothing to run
@@ -140,7 +141,6 @@ struct Engine::Impl {
   void ResolveAdapterLoads();
   void UnpinAdapter(Sequence* s);
   bool ReclaimAdapterPages(int64_t n_free);
-  bool AdapterCapAllows(const Sequence* s) const;
   void AdmitWaiting(int64_t* budget);
   void PrefetchAdapters();
   void Wake();
@@ -191,6 +191,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const model::Mode
   impl->lora_hook = std::make_unique<adapters::LoraHook>(c, opts.max_batch_tokens);
   e->metrics_.kv_blocks_total = n_pages;
   impl->step_adapters.reserve(static_cast<size_t>(opts.max_running));
+  impl->policy = std::make_unique<FcfsPolicy>(opts.max_adapters_per_step);
   impl->activity_running.reserve(static_cast<size_t>(opts.max_running));
   impl->activity_waiting.reserve(static_cast<size_t>(opts.max_queue + opts.max_running));
   AdapterResidency::Options ro{.loader_threads = opts.loader_threads,
@@ -698,46 +699,24 @@ bool Engine::Impl::ReclaimAdapterPages(int64_t n_free) {
   return residency->EvictFor(n_free);
 }
 
-bool Engine::Impl::AdapterCapAllows(const Sequence* s) const {
-  const int64_t cap = self->opts_.max_adapters_per_step;
-  if (cap == 0 || !s->lora) return true;
-  if (std::find(step_adapters.begin(), step_adapters.end(), s->lora.get()) != step_adapters.end())
-    return true;
-  return static_cast<int64_t>(step_adapters.size()) < cap;
-}
-
-// Admits waiting sequences in arrival order while rows, sequences and pages allow. A sequence
-// whose adapter is still loading, or whose adapter would exceed --max-adapters-per-step, is
-// passed over (it keeps its place); a sequence that does not fit in the pool stops admission.
-// Fairness under the cap: a sequence passed over kMaxAdapterCapPasses times becomes a barrier —
-// no newer sequence with an adapter is admitted until it is, so the adapters in the step cannot
-// be kept there forever by a stream of newer requests for them. Newer base-model sequences are
-// still admitted: they hold no adapter slot, so they cannot delay it.
+// Admits waiting sequences in queue order while rows, sequences and pages allow and the policy
+// (engine/policy.h) agrees. A sequence whose adapter is still loading, or that the policy passes
+// over, keeps its place; a sequence that does not fit in the pool stops admission.
 void Engine::Impl::AdmitWaiting(int64_t* budget) {
   const auto& opts = self->opts_;
   step_adapters.clear();
   for (const Planned& p : plan) {
-    const adapters::LoraAdapter* a = p.seq->lora.get();
+    const void* a = p.seq->lora.get();
     if (a && std::find(step_adapters.begin(), step_adapters.end(), a) == step_adapters.end())
       step_adapters.push_back(a);
   }
+  policy->BeginRound(step_adapters);
   size_t i = 0;
-  bool barrier = false;  // an older sequence has waited long enough for an adapter slot
   while (*budget > 0 && i < waiting.size() &&
          static_cast<int64_t>(running.size()) < opts.max_running) {
     Sequence* s = waiting[i].get();
-    if (s->ticket) {
-      ++i;
-      continue;
-    }
-    if (!AdapterCapAllows(s)) {
-      if (++s->cap_passes >= kMaxAdapterCapPasses) barrier = true;
-      ++i;
-      continue;
-    }
-    // Everything from here on is newer than the starving sequence: none of it may keep an
-    // adapter in the step, but base-model sequences take no adapter slot, so they still go.
-    if (barrier && s->lora) {
+    const Candidate candidate{.adapter = s->lora.get(), .passes = &s->policy_passes};
+    if (s->ticket || !policy->MayAdmit(candidate)) {
       ++i;
       continue;
     }
@@ -756,13 +735,10 @@ void Engine::Impl::AdmitWaiting(int64_t* budget) {
     plan.push_back(
         {s, s->n_computed, count, s->n_computed + count == static_cast<int64_t>(s->tokens.size())});
     *budget -= count;
+    policy->Admitted(candidate);
     if (s->lora) {
       residency->Pin(s->lora);
       s->pinned = true;
-      if (std::find(step_adapters.begin(), step_adapters.end(), s->lora.get()) ==
-          step_adapters.end()) {
-        step_adapters.push_back(s->lora.get());
-      }
     }
     running.push_back(std::move(waiting[i]));
     waiting.erase(waiting.begin() + static_cast<std::ptrdiff_t>(i));

@@ -39,13 +39,13 @@ struct EngineOptions {
   int64_t max_batch_tokens = 512;  // rows (tokens) per step, decode + prefill
   int64_t max_running = 64;        // sequences in the running batch
   int64_t max_queue = 256;         // waiting requests before Submit() says kResourceExhausted
-  int64_t pool_bytes = int64_t{1} << 30;  // the paged pool (KV blocks; adapters later)
+  int64_t pool_bytes = int64_t{1} << 30;  // the paged pool (KV blocks and resident adapters)
   int64_t block_size = 16;                // tokens per KV block
   // Adapter residency (docs/adapters.md, engine/adapter_residency.h).
   // Distinct adapters in one step; 0 = unlimited. Requests whose adapter is already in the step
   // may overtake one whose adapter would exceed the cap, but only for a bounded number of
-  // admissions (kMaxAdapterCapPasses, engine.cc): then nothing newer is admitted before it, so
-  // it gets a slot as soon as one adapter's running sequences have finished.
+  // admissions (FcfsPolicy::kMaxPasses, engine/policy.h): then nothing newer is admitted before it,
+  // so it gets a slot as soon as one adapter's running sequences have finished.
   int64_t max_adapters_per_step = 0;
   int loader_threads = 1;           // disk → host loads and host → pool copies
   bool adapter_pool_copies = true;  // keep resident adapters in pool pages (unified paging)

@@ -353,8 +353,8 @@ CappedQueue SubmitCappedQueue(Engine* e, const std::shared_ptr<const adapters::L
 
 // Fairness under --max-adapters-per-step: the request for B waits behind the long request for
 // A and the 20 short A requests, which could be admitted one after another forever (A is always
-// in the step). B may be overtaken only a bounded number of times (kMaxAdapterCapPasses = 8 in
-// engine.cc); then nothing newer is admitted before it, and it runs as soon as A leaves the
+// in the step). B may be overtaken only a bounded number of times (FcfsPolicy::kMaxPasses = 8 in
+// engine/policy.h); then nothing newer is admitted before it, and it runs as soon as A leaves the
 // step. Without that bound B would start after all 20.
 TEST(EngineResidencyTest, CappedAdapterIsOvertakenOnlyBoundedTimes) {
   CHORUS_REQUIRE_SHARED_MODEL(kModel);

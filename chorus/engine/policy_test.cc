@@ -1,0 +1,64 @@
+// FcfsPolicy without a model: admission decisions for adapter identities in queue order.
+#include "chorus/engine/policy.h"
+
+#include <gtest/gtest.h>
+
+namespace chorus::engine {
+namespace {
+
+// Distinct adapter identities (only their addresses matter).
+const int kA = 0, kB = 0, kC = 0;
+
+struct Waiting {
+  const void* adapter;
+  int passes = 0;
+  Candidate candidate() { return {.adapter = adapter, .passes = &passes}; }
+};
+
+TEST(FcfsPolicyTest, WithoutACapEveryoneMayJoin) {
+  FcfsPolicy p(0);
+  p.BeginRound({});
+  for (const void* a : {static_cast<const void*>(&kA), static_cast<const void*>(&kB),
+                        static_cast<const void*>(&kC), static_cast<const void*>(nullptr)}) {
+    Waiting w{a};
+    EXPECT_TRUE(p.MayAdmit(w.candidate()));
+    p.Admitted(w.candidate());
+    EXPECT_EQ(w.passes, 0);
+  }
+}
+
+TEST(FcfsPolicyTest, CapPassesOverNewAdaptersButNotTheStepsOrTheBase) {
+  FcfsPolicy p(2);
+  p.BeginRound({&kA});  // A runs already
+  Waiting b{&kB}, c{&kC}, a{&kA}, base{nullptr};
+  EXPECT_TRUE(p.MayAdmit(b.candidate()));  // a second adapter fits
+  p.Admitted(b.candidate());
+  EXPECT_FALSE(p.MayAdmit(c.candidate()));  // a third does not
+  EXPECT_EQ(c.passes, 1);
+  EXPECT_TRUE(p.MayAdmit(a.candidate()));  // A and B are in the step
+  EXPECT_TRUE(p.MayAdmit(base.candidate()));
+}
+
+TEST(FcfsPolicyTest, ASequencePassedOverEightTimesBlocksNewerAdapterSequences) {
+  FcfsPolicy p(1);
+  Waiting starving{&kB};
+  for (int round = 1; round <= FcfsPolicy::kMaxPasses; ++round) {
+    p.BeginRound({&kA});
+    EXPECT_FALSE(p.MayAdmit(starving.candidate()));
+    EXPECT_EQ(starving.passes, round);
+    Waiting newer_a{&kA}, newer_base{nullptr};
+    // Until the bound, newer requests for the adapter in the step overtake it; at the bound
+    // they stop, while base-model requests (no adapter slot) still go.
+    EXPECT_EQ(p.MayAdmit(newer_a.candidate()), round < FcfsPolicy::kMaxPasses) << round;
+    EXPECT_TRUE(p.MayAdmit(newer_base.candidate()));
+  }
+  // Once A has left the step, the starving sequence is admitted first.
+  p.BeginRound({});
+  EXPECT_TRUE(p.MayAdmit(starving.candidate()));
+  p.Admitted(starving.candidate());
+  Waiting later_a{&kA};
+  EXPECT_FALSE(p.MayAdmit(later_a.candidate()));  // the cap of 1 is now B's
+}
+
+}  // namespace
+}  // namespace chorus::engine
