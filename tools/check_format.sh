@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v clang-format >/dev/null || { echo "check_format: clang-format is not installed (scripts/setup.sh installs it)" >&2; exit 1; }
-mapfile -t files < <(git ls-files '*.cc' '*.h')
+mapfile -t files < <(git ls-files --cached --others --exclude-standard '*.cc' '*.h')
 if [[ ${1:-} == --fix ]]; then
   clang-format -i "${files[@]}"
   exit 0

@@ -12,14 +12,13 @@ void FcfsPolicy::BeginRound(const std::vector<const void*>& step_adapters) {
 }
 
 bool FcfsPolicy::InStep(const void* adapter) const {
-  return std::find(step_adapters_.begin(), step_adapters_.end(), adapter) !=
-         step_adapters_.end();
+  return std::find(step_adapters_.begin(), step_adapters_.end(), adapter) != step_adapters_.end();
 }
 
 bool FcfsPolicy::MayAdmit(const Candidate& c) {
   if (c.adapter == nullptr) return true;  // the base model takes no adapter slot
-  const bool fits = cap_ == 0 || InStep(c.adapter) ||
-                    static_cast<int64_t>(step_adapters_.size()) < cap_;
+  const bool fits =
+      cap_ == 0 || InStep(c.adapter) || static_cast<int64_t>(step_adapters_.size()) < cap_;
   if (!fits) {
     if (++*c.passes >= kMaxPasses) barrier_ = true;
     return false;
