@@ -44,24 +44,25 @@ AdapterCache::AdapterCache(model::ModelConfig base, int64_t max_bytes, LoraLimit
 
 Result<std::shared_ptr<const LoraAdapter>> AdapterCache::Get(const AdapterKey& key) {
   const std::string id = key.Id();
-  std::unique_lock<std::mutex> lock(mu_);
-  for (;;) {
-    auto it = entries_.find(id);
-    if (it == entries_.end()) break;
-    if (!it->second.loading) {
-      ++stats_.hits;
-      lru_.splice(lru_.begin(), lru_, it->second.lru);
-      return it->second.adapter;
+  {
+    MutexLock lock(&mu_);
+    for (;;) {
+      auto it = entries_.find(id);
+      if (it == entries_.end()) break;
+      if (!it->second.loading) {
+        ++stats_.hits;
+        lru_.splice(lru_.begin(), lru_, it->second.lru);
+        return it->second.adapter;
+      }
+      loaded_.Wait(&mu_);  // another thread is loading this adapter
     }
-    loaded_.wait(lock);  // another thread is loading this adapter
+    ++stats_.misses;
+    Entry& e = entries_[id];
+    e.loading = true;
+    e.name = key.name;
+    lru_.push_front(id);
+    e.lru = lru_.begin();
   }
-  ++stats_.misses;
-  Entry& e = entries_[id];
-  e.loading = true;
-  e.name = key.name;
-  lru_.push_front(id);
-  e.lru = lru_.begin();
-  lock.unlock();
 
   const auto t0 = std::chrono::steady_clock::now();
   LoraLoadOptions lo;
@@ -70,7 +71,7 @@ Result<std::shared_ptr<const LoraAdapter>> AdapterCache::Get(const AdapterKey& k
   auto loaded = LoadLoraAdapter(key.path, base_, lo, key.name);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
-  lock.lock();
+  MutexLock lock(&mu_);
   auto it = entries_.find(id);
   if (!loaded.ok()) {
     ++stats_.load_errors;
@@ -78,7 +79,7 @@ Result<std::shared_ptr<const LoraAdapter>> AdapterCache::Get(const AdapterKey& k
       lru_.erase(it->second.lru);
       entries_.erase(it);
     }
-    loaded_.notify_all();
+    loaded_.SignalAll();
     return loaded.status();
   }
   ++stats_.loads;
@@ -98,12 +99,12 @@ Result<std::shared_ptr<const LoraAdapter>> AdapterCache::Get(const AdapterKey& k
     ++stats_.entries;
     EvictLocked();
   }
-  loaded_.notify_all();
+  loaded_.SignalAll();
   return adapter;
 }
 
 std::shared_ptr<const LoraAdapter> AdapterCache::GetIfCached(const AdapterKey& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = entries_.find(key.Id());
   if (it == entries_.end() || it->second.loading) return nullptr;
   ++stats_.hits;
@@ -127,7 +128,7 @@ void AdapterCache::EvictLocked() {
 }
 
 void AdapterCache::Erase(const std::string& name) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (auto it = entries_.begin(); it != entries_.end();) {
     if (it->second.name == name && !it->second.loading) {
       stats_.bytes -= it->second.adapter->memory_bytes();
@@ -143,7 +144,7 @@ void AdapterCache::Erase(const std::string& name) {
 AdapterCache::Stats AdapterCache::stats() const {
   Stats s;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     s = stats_;
   }
   if (const auto& arena = limits_.arena) {

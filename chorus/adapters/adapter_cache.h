@@ -12,17 +12,16 @@
 // Thread-safety: thread-safe.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <list>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "chorus/adapters/lora/lora_adapter.h"
 #include "chorus/adapters/lora/lora_files.h"
+#include "chorus/base/mutex.h"
 
 namespace chorus::adapters {
 
@@ -77,16 +76,16 @@ class AdapterCache {
     std::list<std::string>::iterator lru;  // position in lru_ (front = most recent)
     std::string name;
   };
-  void EvictLocked();
+  void EvictLocked() REQUIRES(mu_);
 
   const model::ModelConfig base_;
   const int64_t max_bytes_;
   const LoraLimits limits_;
-  mutable std::mutex mu_;
-  std::condition_variable loaded_;
-  std::map<std::string, Entry> entries_;  // guarded by mu_; by AdapterKey::Id()
-  std::list<std::string> lru_;            // guarded by mu_
-  Stats stats_;                           // guarded by mu_
+  mutable Mutex mu_;
+  CondVar loaded_;                                        // signalled when a load ends
+  std::map<std::string, Entry> entries_ GUARDED_BY(mu_);  // by AdapterKey::Id()
+  std::list<std::string> lru_ GUARDED_BY(mu_);
+  Stats stats_ GUARDED_BY(mu_);
 };
 
 }  // namespace chorus::adapters

@@ -479,8 +479,12 @@ Result<std::unique_ptr<AdapterRegistry>> AdapterRegistry::Open(const std::string
     if (!entries.emplace(name, std::move(a)).second)
       return r.Error("adapter '" + name + "' listed twice");
   }
-  reg->entries_ = std::move(entries);
-  reg->next_version_ = next_version;
+  {
+    MutexLock write_lock(&reg->write_mu_);  // not shared yet; taken for the rule's sake
+    MutexLock lock(&reg->mu_);
+    reg->entries_ = std::move(entries);
+    reg->next_version_ = next_version;
+  }
   for (const auto& [name, why] : reg->Revalidate()) {
     CHORUS_LOG(WARNING) << "adapter=" << name << " unavailable after restart: " << why.ToString();
   }
@@ -548,13 +552,12 @@ struct ResolvedAdapter {
 
 Result<AdapterInfo> AdapterRegistry::Register(const std::string& name, const std::string& path,
                                               bool replace) {
-  std::lock_guard<std::mutex> write_lock(write_mu_);
+  MutexLock write_lock(&write_mu_);
   CHORUS_RETURN_IF_ERROR(ValidateName(name, options_.base_model_name));
-  // entries_ and next_version_ are only written under write_mu_, which we hold: reading them
-  // here without mu_ is safe.
-  if (!replace && entries_.count(name) != 0) {
+  const std::map<std::string, AdapterInfo>& entries = WriterEntries();
+  if (!replace && entries.count(name) != 0) {
     return AlreadyExistsError("adapter '" + name + "' is already registered (" +
-                              entries_.at(name).path + "); unregister it or replace it");
+                              entries.at(name).path + "); unregister it or replace it");
   }
   if (path.empty()) return InvalidArgumentError("adapter '" + name + "': empty path");
 
@@ -652,14 +655,14 @@ Result<AdapterInfo> AdapterRegistry::Register(const std::string& name, const std
                             ")");
   }
 
-  const uint64_t version = next_version_;
+  const uint64_t version = WriterNextVersion();
   info.version = version;
   info.created = static_cast<int64_t>(std::time(nullptr));
-  std::map<std::string, AdapterInfo> next = entries_;
+  std::map<std::string, AdapterInfo> next = WriterEntries();
   next[name] = info;
   CHORUS_RETURN_IF_ERROR(Persist(next, version + 1));
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     entries_ = std::move(next);
     next_version_ = version + 1;
   }
@@ -669,13 +672,14 @@ Result<AdapterInfo> AdapterRegistry::Register(const std::string& name, const std
 }
 
 Status AdapterRegistry::Unregister(const std::string& name) {
-  std::lock_guard<std::mutex> write_lock(write_mu_);
-  if (entries_.count(name) == 0) return NotFoundError("adapter '" + name + "' is not registered");
-  std::map<std::string, AdapterInfo> next = entries_;
+  MutexLock write_lock(&write_mu_);
+  if (WriterEntries().count(name) == 0)
+    return NotFoundError("adapter '" + name + "' is not registered");
+  std::map<std::string, AdapterInfo> next = WriterEntries();
   next.erase(name);
-  CHORUS_RETURN_IF_ERROR(Persist(next, next_version_));
+  CHORUS_RETURN_IF_ERROR(Persist(next, WriterNextVersion()));
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     entries_ = std::move(next);
   }
   CHORUS_LOG(INFO) << "adapter=" << name << " unregistered";
@@ -738,14 +742,14 @@ Result<std::vector<DirectoryEntryResult>> AdapterRegistry::RegisterDirectory(con
 }
 
 std::optional<AdapterInfo> AdapterRegistry::Lookup(const std::string& name) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = entries_.find(name);
   if (it == entries_.end()) return std::nullopt;
   return it->second;
 }
 
 std::vector<AdapterInfo> AdapterRegistry::List() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<AdapterInfo> out;
   out.reserve(entries_.size());
   for (const auto& [name, info] : entries_) out.push_back(info);  // std::map: sorted by name
@@ -753,12 +757,12 @@ std::vector<AdapterInfo> AdapterRegistry::List() const {
 }
 
 size_t AdapterRegistry::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return entries_.size();
 }
 
 uint64_t AdapterRegistry::next_version() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return next_version_;
 }
 
@@ -794,15 +798,15 @@ Status AdapterRegistry::CheckEntry(const AdapterInfo& info) const {
 }
 
 std::vector<std::pair<std::string, Status>> AdapterRegistry::Revalidate() {
-  std::lock_guard<std::mutex> write_lock(write_mu_);
+  MutexLock write_lock(&write_mu_);
   std::vector<std::pair<std::string, Status>> bad;
   std::map<std::string, Status> checked;
-  for (const auto& [name, info] : entries_) {  // no writer but us: safe without mu_
+  for (const auto& [name, info] : WriterEntries()) {
     Status s = CheckEntry(info);
     if (!s.ok()) bad.emplace_back(name, s);
     checked.emplace(name, std::move(s));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (auto& [name, info] : entries_) {
     const Status& s = checked.at(name);
     info.available = s.ok();

@@ -47,13 +47,13 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "chorus/adapters/lora/lora_adapter.h"
+#include "chorus/base/mutex.h"
 #include "chorus/base/status.h"
 #include "chorus/model/config.h"
 
@@ -182,10 +182,20 @@ class AdapterRegistry {
   int lock_fd_ = -1;
 
   // Serializes mutators (held across reading, validating and persisting). Acquired before mu_.
-  std::mutex write_mu_;
-  mutable std::mutex mu_;
-  std::map<std::string, AdapterInfo> entries_;  // guarded by mu_ (written also under write_mu_)
-  uint64_t next_version_ = 1;                   // guarded by mu_ (written also under write_mu_)
+  Mutex write_mu_ ACQUIRED_BEFORE(mu_);
+  mutable Mutex mu_;
+  // Written with write_mu_ and mu_ held; read with mu_ held, or by a writer (holding write_mu_)
+  // through WriterEntries() / WriterNextVersion(): no one else can change them meanwhile.
+  std::map<std::string, AdapterInfo> entries_ GUARDED_BY(mu_);
+  uint64_t next_version_ GUARDED_BY(mu_) = 1;
+  // The analysis cannot express "guarded by either lock"; these are the one exception.
+  const std::map<std::string, AdapterInfo>& WriterEntries() const
+      REQUIRES(write_mu_) NO_THREAD_SAFETY_ANALYSIS {
+    return entries_;
+  }
+  uint64_t WriterNextVersion() const REQUIRES(write_mu_) NO_THREAD_SAFETY_ANALYSIS {
+    return next_version_;
+  }
 };
 
 // FNV-1a 64-bit: h = (h XOR byte) · 0x100000001b3 per byte, starting from `h`

@@ -23,10 +23,10 @@ AdapterResidency::AdapterResidency(memory::PagePool* pool, EngineMetrics* metric
 
 AdapterResidency::~AdapterResidency() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   for (auto& t : loaders_) t.join();
   // Tickets still queued never ran: complete them so nobody waits forever.
   for (Job& j : jobs_) {
@@ -41,15 +41,15 @@ void AdapterResidency::LoaderMain() {
   for (;;) {
     Job job;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+      MutexLock lock(&mu_);
+      while (!stop_ && jobs_.empty()) cv_.Wait(&mu_);
       if (stop_) return;
       job = std::move(jobs_.front());
       jobs_.pop_front();
     }
     if (job.paged != nullptr) {
       job.paged->CopyIn();
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       copied_.emplace_back(std::move(job.entry), Clock::now());
       continue;  // the engine applies it at its next step; nothing waits for it
     }
@@ -76,7 +76,7 @@ void AdapterResidency::LoaderMain() {
 std::shared_ptr<AdapterTicket> AdapterResidency::LoadFromDisk(const adapters::AdapterKey& key) {
   auto t = std::make_shared<AdapterTicket>();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stop_) {
       t->status = UnavailableError("server is shutting down");
       t->done.store(true);
@@ -84,12 +84,12 @@ std::shared_ptr<AdapterTicket> AdapterResidency::LoadFromDisk(const adapters::Ad
     }
     jobs_.push_back(Job{nullptr, "", key, t});
   }
-  cv_.notify_one();
+  cv_.Signal();
   return t;
 }
 
 void AdapterResidency::Forget(const std::string& name) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   forget_.push_back(name);
 }
 
@@ -104,7 +104,7 @@ void AdapterResidency::Poll() {
   std::vector<std::pair<std::string, Clock::time_point>> copied;
   std::vector<std::string> forget;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     copied.swap(copied_);
     forget.swap(forget_);
   }
@@ -229,11 +229,11 @@ void AdapterResidency::Prefetch(const std::shared_ptr<const LoraAdapter>& a, int
   e.load_start = Clock::now();
   if (e.last_use == 0) e.last_use = ++tick_;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     jobs_.push_front(
         Job{e.paged.get(), key, {}, nullptr});  // pool copies are short: ahead of disk loads
   }
-  cv_.notify_one();
+  cv_.Signal();
 }
 
 bool AdapterResidency::EvictFor(int64_t n_free) {

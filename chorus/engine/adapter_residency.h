@@ -34,12 +34,10 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -48,6 +46,7 @@
 
 #include "chorus/adapters/adapter_cache.h"
 #include "chorus/adapters/paged_lora.h"
+#include "chorus/base/mutex.h"
 #include "chorus/engine/metrics.h"
 #include "chorus/memory/page_pool.h"
 
@@ -138,14 +137,15 @@ class AdapterResidency {
   uint64_t tick_ = 0;
 
   // Shared with loader threads.
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Job> jobs_;  // guarded by mu_
-  // Guarded by mu_: keys of finished pool copies and when each finished (its load latency ends
-  // there, not at the engine's next step).
-  std::vector<std::pair<std::string, std::chrono::steady_clock::time_point>> copied_;
-  std::vector<std::string> forget_;  // guarded by mu_
-  bool stop_ = false;                // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<Job> jobs_ GUARDED_BY(mu_);
+  // Keys of finished pool copies and when each finished (its load latency ends there, not at
+  // the engine's next step).
+  std::vector<std::pair<std::string, std::chrono::steady_clock::time_point>> copied_
+      GUARDED_BY(mu_);
+  std::vector<std::string> forget_ GUARDED_BY(mu_);
+  bool stop_ GUARDED_BY(mu_) = false;
   std::vector<std::thread> loaders_;
 };
 

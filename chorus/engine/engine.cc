@@ -5,6 +5,7 @@
 
 #include "chorus/adapters/lora/lora_hook.h"
 #include "chorus/base/logging.h"
+#include "chorus/base/mutex.h"
 #include "chorus/engine/adapter_residency.h"
 #include "chorus/engine/policy.h"
 #include "chorus/engine/stop_checker.h"
@@ -92,13 +93,13 @@ struct Engine::Impl {
       static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count())};
 
   // Incoming queue: the only state shared with client threads.
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<std::unique_ptr<Sequence>> incoming;  // guarded by mu
-  std::atomic<int64_t> queued{0};                  // requests submitted but not yet running
+  Mutex mu;
+  CondVar cv;
+  std::deque<std::unique_ptr<Sequence>> incoming GUARDED_BY(mu);
+  std::atomic<int64_t> queued{0};  // requests submitted but not yet running
   std::atomic<bool> stop_now{false};
   std::atomic<bool> draining{false};
-  Clock::time_point drain_deadline;  // guarded by mu
+  Clock::time_point drain_deadline GUARDED_BY(mu);
   std::thread thread;
 
   // Engine-thread state.
@@ -119,14 +120,22 @@ struct Engine::Impl {
   std::unique_ptr<Policy> policy;          // which waiting sequences may join a step
   // PublishAdapterActivity's scratch (reserved at Create: no allocation per step).
   std::vector<const std::string*> activity_running, activity_waiting;
-  bool idle = false;  // engine thread: the last step found nothing to run
-  bool kick = false;  // guarded by mu: a loader finished something the engine waits for
+  bool idle = false;                 // engine thread: the last step found nothing to run
+  bool kick GUARDED_BY(mu) = false;  // a loader finished something the engine waits for
   // Declared last: destroyed first (joins its loader threads while the pool still exists).
   std::unique_ptr<AdapterResidency> residency;
 
   explicit Impl(Engine* e, int threads) : self(e), pool(threads) {}
 
   void Loop();
+  // Whether the engine thread has something to do. `idle`: the last step could run nothing
+  // (e.g. every waiting request waits for its adapter); sleep until something arrives or a
+  // loader finishes (kick).
+  bool ReadyLocked() const REQUIRES(mu) {
+    const bool work = !running.empty() || !waiting.empty();
+    return stop_now.load() || !incoming.empty() || kick || (draining.load() && !work) ||
+           (!idle && (draining.load() || work));
+  }
   void Step();
   void Preempt(Sequence* s);
   void Finish(Sequence* s, FinishReason why, const std::string& error = "",
@@ -210,10 +219,10 @@ Engine::~Engine() {
     {
       // Under the lock: otherwise the store and notify can fall between the engine thread's
       // predicate check and its sleep, and the wake-up is lost (the join then never returns).
-      std::lock_guard<std::mutex> lock(impl_->mu);
+      MutexLock lock(&impl_->mu);
       impl_->stop_now.store(true);
     }
-    impl_->cv.notify_all();
+    impl_->cv.SignalAll();
     if (impl_->thread.joinable()) impl_->thread.join();
   }
 }
@@ -265,7 +274,7 @@ Result<std::shared_ptr<RequestHandle>> Engine::Submit(GenerationRequest req) {
                                                 static_cast<int64_t>(shared_req->prompt.size()));
   const auto now = Clock::now();
   {
-    std::lock_guard<std::mutex> lock(impl_->mu);
+    MutexLock lock(&impl_->mu);
     for (int i = 0; i < shared_req->n; ++i) {
       auto s = std::make_unique<Sequence>();
       s->handle = handle;
@@ -295,20 +304,20 @@ Result<std::shared_ptr<RequestHandle>> Engine::Submit(GenerationRequest req) {
   metrics_.requests_total.fetch_add(1);
   metrics_.adapters.CountRequest(shared_req->adapter);  // per-adapter series
   metrics_.queue_length.store(impl_->queued.load());
-  impl_->cv.notify_all();
+  impl_->cv.SignalAll();
   return handle;
 }
 
 void Engine::Shutdown(std::chrono::milliseconds drain) {
   accepting_.store(false);
   {
-    std::lock_guard<std::mutex> lock(impl_->mu);
+    MutexLock lock(&impl_->mu);
     if (!impl_->draining.load()) {
       impl_->drain_deadline = Clock::now() + drain;
       impl_->draining.store(true);
     }
   }
-  impl_->cv.notify_all();
+  impl_->cv.SignalAll();
   if (impl_->thread.joinable()) impl_->thread.join();
 }
 
@@ -316,18 +325,13 @@ void Engine::Impl::Loop() {
   for (;;) {
     bool past_deadline = false;
     {
-      std::unique_lock<std::mutex> lock(mu);
-      // `idle`: the last step could run nothing (e.g. every waiting request waits for its
-      // adapter); sleep until something arrives or a loader finishes (kick).
-      auto ready = [&] {
-        const bool work = !running.empty() || !waiting.empty();
-        return stop_now.load() || !incoming.empty() || kick || (draining.load() && !work) ||
-               (!idle && (draining.load() || work));
-      };
+      MutexLock lock(&mu);
       if (draining.load()) {
-        cv.wait_until(lock, drain_deadline, ready);
+        while (!ReadyLocked()) {
+          if (!cv.WaitUntil(&mu, drain_deadline)) break;
+        }
       } else {
-        cv.wait(lock, ready);
+        while (!ReadyLocked()) cv.Wait(&mu);
       }
       kick = false;
       while (!incoming.empty()) {
@@ -351,7 +355,7 @@ void Engine::Impl::CancelAll() {
   for (auto& s : waiting) Finish(s.get(), FinishReason::kCancelled);
   waiting.clear();
   {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     for (auto& s : incoming) Finish(s.get(), FinishReason::kCancelled);
     incoming.clear();
     queued.store(0);
@@ -651,10 +655,10 @@ void Engine::ForgetAdapter(const std::string& name) {
 
 void Engine::Impl::Wake() {
   {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     kick = true;
   }
-  cv.notify_all();
+  cv.SignalAll();
 }
 
 void Engine::Impl::ResolveAdapterLoads() {

@@ -11,7 +11,7 @@ Histogram::Histogram(std::vector<double> upper_bounds)
 void Histogram::Observe(double v) {
   size_t i =
       static_cast<size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin());
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ++counts_[i];
   sum_ += v;
   ++count_;
@@ -20,7 +20,7 @@ void Histogram::Observe(double v) {
 Histogram::Snapshot Histogram::Get() const {
   Snapshot s;
   s.bounds = bounds_;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   uint64_t acc = 0;
   for (uint64_t c : counts_) {
     acc += c;
@@ -53,14 +53,14 @@ AdapterMetrics::Entry& AdapterMetrics::EntryLocked(const std::string& adapter) {
 }
 
 void AdapterMetrics::CountRequest(const std::string& adapter) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ++EntryLocked(adapter).requests;
 }
 
 void AdapterMetrics::ObserveTtft(const std::string& adapter, double seconds) {
   const auto& b = TtftBounds();
   const size_t i = static_cast<size_t>(std::lower_bound(b.begin(), b.end(), seconds) - b.begin());
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Entry& e = EntryLocked(adapter);
   ++e.counts[i];
   e.sum += seconds;
@@ -94,7 +94,7 @@ AdapterMetrics::Export AdapterMetrics::Top(size_t top_n) const {
   };
   init(&out.base, "");
   init(&out.other, "");
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<std::pair<const std::string*, const Entry*>> named;
   named.reserve(entries_.size());
   for (const auto& [name, e] : entries_) {
@@ -138,7 +138,7 @@ bool AdapterActivity::Publish(const std::vector<const std::string*>& running,
       if (a[i] != *b[i]) return false;
     return true;
   };
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (same(snapshot_.running, running) && same(snapshot_.waiting, waiting)) return false;
   snapshot_.running.clear();
   for (const std::string* s : running) snapshot_.running.push_back(*s);
@@ -150,7 +150,7 @@ bool AdapterActivity::Publish(const std::vector<const std::string*>& running,
 }
 
 AdapterActivity::Snapshot AdapterActivity::Get() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return snapshot_;
 }
 

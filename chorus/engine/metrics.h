@@ -6,10 +6,11 @@
 
 #include <atomic>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
+
+#include "chorus/base/mutex.h"
 
 namespace chorus::engine {
 
@@ -27,10 +28,10 @@ class Histogram {
 
  private:
   std::vector<double> bounds_;
-  mutable std::mutex mu_;
-  std::vector<uint64_t> counts_;  // guarded by mu_; [bounds + 1]
-  double sum_ = 0;                // guarded by mu_
-  uint64_t count_ = 0;            // guarded by mu_
+  mutable Mutex mu_;
+  std::vector<uint64_t> counts_ GUARDED_BY(mu_);  // [bounds + 1]
+  double sum_ GUARDED_BY(mu_) = 0;
+  uint64_t count_ GUARDED_BY(mu_) = 0;
 };
 
 // ---- Per-adapter series ----
@@ -68,11 +69,11 @@ class AdapterMetrics {
     double sum = 0;
     uint64_t count = 0;
   };
-  Entry& EntryLocked(const std::string& adapter);
+  Entry& EntryLocked(const std::string& adapter) REQUIRES(mu_);
 
-  mutable std::mutex mu_;
-  std::unordered_map<std::string, Entry> entries_;  // guarded by mu_
-  Entry overflow_;                                  // guarded by mu_; names beyond kMaxTracked
+  mutable Mutex mu_;
+  std::unordered_map<std::string, Entry> entries_ GUARDED_BY(mu_);
+  Entry overflow_ GUARDED_BY(mu_);  // names beyond kMaxTracked
 };
 
 // The adapters of the requests running and waiting now (distinct names, sorted; the base model
@@ -92,8 +93,8 @@ class AdapterActivity {
   Snapshot Get() const;
 
  private:
-  mutable std::mutex mu_;
-  Snapshot snapshot_;  // guarded by mu_
+  mutable Mutex mu_;
+  Snapshot snapshot_ GUARDED_BY(mu_);
 };
 
 struct EngineMetrics {

@@ -19,8 +19,11 @@ const char* FinishReasonName(FinishReason r) {
 }
 
 std::optional<StreamEvent> RequestHandle::Next(std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_for(lock, timeout, [&] { return !events_.empty(); })) return std::nullopt;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  MutexLock lock(&mu_);
+  while (events_.empty()) {
+    if (!cv_.WaitUntil(&mu_, deadline) && events_.empty()) return std::nullopt;
+  }
   StreamEvent ev = std::move(events_.front());
   events_.pop_front();
   if (ev.finish != FinishReason::kNone) ++finished_popped_;
@@ -28,17 +31,17 @@ std::optional<StreamEvent> RequestHandle::Next(std::chrono::milliseconds timeout
 }
 
 bool RequestHandle::Done() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return finished_popped_ >= n_choices_ && events_.empty();
 }
 
 void RequestHandle::Push(StreamEvent ev) {
   if (ev.token >= 0) completion_tokens_.fetch_add(1);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     events_.push_back(std::move(ev));
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 }  // namespace chorus::engine

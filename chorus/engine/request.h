@@ -7,16 +7,15 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "chorus/adapters/adapter_cache.h"
 #include "chorus/adapters/lora/lora_adapter.h"
+#include "chorus/base/mutex.h"
 #include "chorus/engine/sampler.h"
 
 namespace chorus::engine {
@@ -82,10 +81,10 @@ class RequestHandle {
  private:
   const int n_choices_;
   const int64_t prompt_tokens_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<StreamEvent> events_;  // guarded by mu_
-  int finished_popped_ = 0;         // guarded by mu_
+  mutable Mutex mu_;
+  CondVar cv_;  // signalled when events_ grows
+  std::deque<StreamEvent> events_ GUARDED_BY(mu_);
+  int finished_popped_ GUARDED_BY(mu_) = 0;
   std::atomic<bool> cancelled_{false};
   std::atomic<int64_t> completion_tokens_{0};
   std::atomic<double> ttft_{0};

@@ -26,7 +26,7 @@ HostArena::~HostArena() {
 }
 
 void HostArena::StartPrefault() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (prefault_.joinable()) return;
   prefault_ = std::thread([this] { PrefaultMain(); });
 }
@@ -34,7 +34,7 @@ void HostArena::StartPrefault() {
 void HostArena::WaitPrefault() {
   std::thread t;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     t.swap(prefault_);
   }
   if (t.joinable()) t.join();
@@ -55,20 +55,21 @@ void HostArena::PrefaultMain() {
     }
 #endif
     // Older kernels: touch the chunk only while it is free (held as in use meanwhile).
-    std::unique_lock<std::mutex> lock(mu_);
     prefaulted_chunks_.fetch_add(1, std::memory_order_relaxed);  // in use: touched by its user
-    if (used_[c]) continue;
-    used_[c] = true;
-    lock.unlock();
+    {
+      MutexLock lock(&mu_);
+      if (used_[c]) continue;
+      used_[c] = true;
+    }
     for (size_t off = 0; off < kChunkBytes; off += 4096) chunk[off] = 0;
-    lock.lock();
+    MutexLock lock(&mu_);
     used_[c] = false;
   }
 }
 
 void* HostArena::Allocate(size_t bytes) {
   const size_t need = std::max<size_t>(1, (bytes + kChunkBytes - 1) / kChunkBytes);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   size_t run = 0;
   for (size_t c = 0; c < n_chunks_; ++c) {
     run = used_[c] ? 0 : run + 1;
@@ -93,7 +94,7 @@ void HostArena::Free(void* p) {
   const size_t off = static_cast<size_t>(static_cast<uint8_t*>(p) - base_);
   CHORUS_CHECK(off % kChunkBytes == 0) << "free of a pointer the host arena did not return";
   const size_t first = off / kChunkBytes;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const size_t n = run_of_[first];
   CHORUS_CHECK(n > 0) << "double free in the host arena";
   run_of_[first] = 0;
@@ -102,7 +103,7 @@ void HostArena::Free(void* p) {
 }
 
 size_t HostArena::bytes_in_use() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return chunks_in_use_ * kChunkBytes;
 }
 

@@ -19,9 +19,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "chorus/base/mutex.h"
 
 namespace chorus::memory {
 
@@ -61,11 +62,11 @@ class HostArena {
 
   size_t n_chunks_;
   uint8_t* base_;
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   // Guarded by mu_: [chunk] length of the run allocated starting there (0 = none starts there).
   std::vector<uint32_t> run_of_;
-  std::vector<bool> used_;    // guarded by mu_; [chunk]
-  size_t chunks_in_use_ = 0;  // guarded by mu_
+  std::vector<bool> used_ GUARDED_BY(mu_);  // [chunk]
+  size_t chunks_in_use_ GUARDED_BY(mu_) = 0;
   std::atomic<bool> stop_{false};
   std::atomic<size_t> prefaulted_chunks_{0};
   std::thread prefault_;

@@ -58,12 +58,12 @@ void Hist(std::string* out, const char* name, const char* help, const engine::Hi
 }  // namespace
 
 void HttpCounters::Add(std::string_view route, int status) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ++counts_[{std::string(route), status}];
 }
 
 std::map<std::pair<std::string, int>, uint64_t> HttpCounters::Snapshot() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return counts_;
 }
 

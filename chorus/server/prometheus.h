@@ -6,12 +6,12 @@
 
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
 
 #include "chorus/adapters/adapter_cache.h"
+#include "chorus/base/mutex.h"
 #include "chorus/engine/metrics.h"
 
 namespace chorus::server {
@@ -24,8 +24,8 @@ class HttpCounters {
   std::map<std::pair<std::string, int>, uint64_t> Snapshot() const;
 
  private:
-  mutable std::mutex mu_;
-  std::map<std::pair<std::string, int>, uint64_t> counts_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::map<std::pair<std::string, int>, uint64_t> counts_ GUARDED_BY(mu_);
 };
 
 // Renders every metric; `engine` may be null (still loading): engine series are then omitted.
