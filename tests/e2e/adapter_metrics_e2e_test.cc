@@ -44,61 +44,92 @@ std::map<std::string, double> Samples(const std::string& text) {
   return out;
 }
 
+// A real server over loopback serving stories260K with random PEFT adapters a0, a1, ... (one
+// per rank in `ranks`, on q and v) registered under a fresh adapter root.
+struct AdapterServer {
+  std::string root;
+  std::shared_ptr<adapters::AdapterRegistry> registry;
+  std::shared_ptr<adapters::AdapterCache> cache;
+  std::shared_ptr<engine::Engine> engine;
+  std::unique_ptr<server::Server> server;
+  ~AdapterServer() {
+    if (server) {
+      server->Drain(std::chrono::milliseconds(1000));
+      server->Stop();
+    }
+  }
+};
+
+// `loader_cache`: the engine's loader threads load cold adapters through the host cache (as
+// `chorus serve` does); false leaves loading to the server's resolve path.
+std::unique_ptr<AdapterServer> StartAdapterServer(const std::vector<int64_t>& ranks, uint64_t seed,
+                                                  server::ServerOptions so,
+                                                  engine::EngineOptions eo, bool loader_cache) {
+  const std::string models = testing::SharedModelsDir();
+  auto mdl = model::LoadModel(models + "/" + kModel);
+  auto tok = tokenizer::LoadTokenizer(models + "/" + kTok);
+  EXPECT_TRUE(mdl.ok() && tok.ok());
+  if (!mdl.ok() || !tok.ok()) return nullptr;
+  const model::ModelConfig& cfg = (*mdl)->config();
+  auto out = std::make_unique<AdapterServer>();
+  const std::string tmp = fs::canonical(testing::TempDir()).string();
+  out->root = tmp + "/adapters-" + std::to_string(seed);
+  fs::create_directories(out->root);
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    adapters::RandomLoraSpec spec;
+    spec.rank = ranks[i];
+    spec.seed = seed + i;
+    spec.targets = {model::Linear::kQ, model::Linear::kV};
+    Status w = adapters::WritePeftLora(out->root + "/a" + std::to_string(i),
+                                       adapters::MakeRandomLora(cfg, spec), cfg);
+    EXPECT_TRUE(w.ok()) << w.ToString();
+    if (!w.ok()) return nullptr;
+  }
+  adapters::RegistryOptions ro;
+  ro.adapter_roots = {out->root};
+  ro.base = cfg;
+  ro.base_model_name = "stories";
+  auto reg = adapters::AdapterRegistry::Open(out->root + ".registry.json", ro);
+  EXPECT_TRUE(reg.ok()) << reg.status().ToString();
+  if (!reg.ok()) return nullptr;
+  out->registry = std::move(*reg);
+  EXPECT_TRUE(out->registry->RegisterDirectory(out->root).ok());
+  EXPECT_EQ(out->registry->size(), ranks.size());
+  out->cache = std::make_shared<adapters::AdapterCache>(cfg, int64_t{64} << 20);
+  so.port = 0;
+  so.served_model_name = "stories";
+  auto srv = server::Server::Create(so);
+  EXPECT_TRUE(srv.ok() && (*srv)->Start().ok());
+  if (!srv.ok()) return nullptr;
+  out->server = std::move(*srv);
+  out->server->SetAdapters(out->registry, out->cache);
+  eo.threads = 1;
+  eo.pool_bytes = int64_t{8} << 20;
+  if (loader_cache) eo.adapter_cache = out->cache;
+  auto eng = engine::Engine::Create(
+      *mdl, std::shared_ptr<const tokenizer::Tokenizer>(std::move(*tok)), eo);
+  EXPECT_TRUE(eng.ok()) << eng.status().ToString();
+  if (!eng.ok()) return nullptr;
+  out->engine = std::move(*eng);
+  out->server->SetEngine(out->engine);
+  return out;
+}
+
 TEST(AdapterMetricsE2E, PerAdapterCountersOtherBucketAndHistograms) {
   CHORUS_REQUIRE_SHARED_MODEL(kModel);
   SetMinLogLevel(LogLevel::kError);
-  const std::string models = testing::SharedModelsDir();
-  auto mdl = model::LoadModel(models + "/" + kModel);
-  ASSERT_TRUE(mdl.ok()) << mdl.status().ToString();
-  auto tok = tokenizer::LoadTokenizer(models + "/" + kTok);
-  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
-  const model::ModelConfig& cfg = (*mdl)->config();
-
-  // Five adapters of mixed ranks under an adapter root.
-  const std::string tmp = fs::canonical(testing::TempDir()).string();
-  const std::string root = tmp + "/adapters";
-  fs::create_directories(root);
-  const std::vector<std::string> names = {"a0", "a1", "a2", "a3", "a4"};
-  for (size_t i = 0; i < names.size(); ++i) {
-    adapters::RandomLoraSpec spec;
-    spec.rank = int64_t{1} << i;  // 1, 2, 4, 8, 16
-    spec.seed = 100 + i;
-    spec.targets = {model::Linear::kQ, model::Linear::kV};
-    ASSERT_TRUE(
-        adapters::WritePeftLora(root + "/" + names[i], adapters::MakeRandomLora(cfg, spec), cfg)
-            .ok());
-  }
-  adapters::RegistryOptions ro;
-  ro.adapter_roots = {root};
-  ro.base = cfg;
-  ro.base_model_name = "stories";
-  auto reg = adapters::AdapterRegistry::Open(tmp + "/registry.json", ro);
-  ASSERT_TRUE(reg.ok()) << reg.status().ToString();
-  std::shared_ptr<adapters::AdapterRegistry> registry = std::move(*reg);
-  auto dir = registry->RegisterDirectory(root);
-  ASSERT_TRUE(dir.ok());
-  ASSERT_EQ(registry->size(), names.size());
-  auto cache = std::make_shared<adapters::AdapterCache>(cfg, int64_t{64} << 20);
-
+  // Five adapters of mixed ranks.
   server::ServerOptions so;
-  so.port = 0;
-  so.served_model_name = "stories";
   so.metrics_top_adapters = 2;
-  auto srv = server::Server::Create(so);
-  ASSERT_TRUE(srv.ok());
-  ASSERT_TRUE((*srv)->Start().ok());
-  (*srv)->SetAdapters(registry, cache);
   engine::EngineOptions eo;
-  eo.threads = 1;
   eo.max_running = 16;
   eo.max_batch_tokens = 128;
-  eo.pool_bytes = int64_t{8} << 20;
-  auto eng = engine::Engine::Create(
-      *mdl, std::shared_ptr<const tokenizer::Tokenizer>(std::move(*tok)), eo);
-  ASSERT_TRUE(eng.ok());
-  std::shared_ptr<engine::Engine> engine = std::move(*eng);
-  (*srv)->SetEngine(engine);
-  httplib::Client cli("127.0.0.1", (*srv)->port());
+  auto ts = StartAdapterServer({1, 2, 4, 8, 16}, 100, so, eo, /*loader_cache=*/false);
+  ASSERT_NE(ts, nullptr);
+  const std::vector<std::string> names = {"a0", "a1", "a2", "a3", "a4"};
+  const std::string& root = ts->root;
+  const auto& registry = ts->registry;
+  httplib::Client cli("127.0.0.1", ts->server->port());
   cli.set_read_timeout(60, 0);
 
   // a0 ×4, a1 ×3, a2 ×2, a3 ×1, a4 ×0, base ×2, one unknown adapter (404, not counted).
@@ -188,9 +219,6 @@ TEST(AdapterMetricsE2E, PerAdapterCountersOtherBucketAndHistograms) {
       s.at("chorus_adapter_host_cache_hits_total") + s.at("chorus_adapter_host_cache_misses_total"),
       10);
   EXPECT_EQ(s.at("chorus_adapter_host_cache_entries"), 4);
-
-  (*srv)->Drain(std::chrono::milliseconds(1000));
-  (*srv)->Stop();
 }
 
 // Runs the Prometheus reference parser (Debian's python3-prometheus-client, installed by
@@ -223,53 +251,12 @@ std::vector<json> ParseWithPrometheusClient(const std::string& text) {
 TEST(AdapterMetricsE2E, GatewayMetricsNameRunningAndWaitingAdapters) {
   CHORUS_REQUIRE_SHARED_MODEL(kModel);
   SetMinLogLevel(LogLevel::kError);
-  const std::string models = testing::SharedModelsDir();
-  auto mdl = model::LoadModel(models + "/" + kModel);
-  ASSERT_TRUE(mdl.ok()) << mdl.status().ToString();
-  auto tok = tokenizer::LoadTokenizer(models + "/" + kTok);
-  ASSERT_TRUE(tok.ok());
-  const model::ModelConfig& cfg = (*mdl)->config();
-  const std::string tmp = fs::canonical(testing::TempDir()).string();
-  const std::string root = tmp + "/gateway-adapters";
-  fs::create_directories(root);
-  for (int i = 0; i < 2; ++i) {
-    adapters::RandomLoraSpec spec;
-    spec.rank = 4;
-    spec.seed = 7 + i;
-    spec.targets = {model::Linear::kQ, model::Linear::kV};
-    ASSERT_TRUE(adapters::WritePeftLora(root + "/a" + std::to_string(i),
-                                        adapters::MakeRandomLora(cfg, spec), cfg)
-                    .ok());
-  }
-  adapters::RegistryOptions ro;
-  ro.adapter_roots = {root};
-  ro.base = cfg;
-  ro.base_model_name = "stories";
-  auto reg = adapters::AdapterRegistry::Open(tmp + "/gateway-registry.json", ro);
-  ASSERT_TRUE(reg.ok()) << reg.status().ToString();
-  std::shared_ptr<adapters::AdapterRegistry> registry = std::move(*reg);
-  ASSERT_TRUE(registry->RegisterDirectory(root).ok());
-  auto cache = std::make_shared<adapters::AdapterCache>(cfg, int64_t{16} << 20);
-
-  server::ServerOptions so;
-  so.port = 0;
-  so.served_model_name = "stories";
-  auto srv = server::Server::Create(so);
-  ASSERT_TRUE(srv.ok());
-  ASSERT_TRUE((*srv)->Start().ok());
-  (*srv)->SetAdapters(registry, cache);
   engine::EngineOptions eo;
-  eo.threads = 1;
   eo.max_running = 1;  // a0's request runs; a1's waits behind it
   eo.max_batch_tokens = 64;
-  eo.pool_bytes = int64_t{8} << 20;
-  eo.adapter_cache = cache;
-  auto eng = engine::Engine::Create(
-      *mdl, std::shared_ptr<const tokenizer::Tokenizer>(std::move(*tok)), eo);
-  ASSERT_TRUE(eng.ok());
-  std::shared_ptr<engine::Engine> engine = std::move(*eng);
-  (*srv)->SetEngine(engine);
-  const int port = (*srv)->port();
+  auto ts = StartAdapterServer({4, 4}, 7, {}, eo, /*loader_cache=*/true);
+  ASSERT_NE(ts, nullptr);
+  const int port = ts->server->port();
 
   // Streams until the test has seen what it needs, then hangs up (cancelling the request).
   std::atomic<bool> done{false};
@@ -333,11 +320,8 @@ TEST(AdapterMetricsE2E, GatewayMetricsNameRunningAndWaitingAdapters) {
   EXPECT_GT((*usage)["value"].get<double>(), 0);
   EXPECT_LE((*usage)["value"].get<double>(), 1);
   EXPECT_EQ((*config)["labels"]["block_size"], "16");
-  EXPECT_EQ((*config)["labels"]["num_gpu_blocks"], std::to_string(engine->kv_blocks_total()));
+  EXPECT_EQ((*config)["labels"]["num_gpu_blocks"], std::to_string(ts->engine->kv_blocks_total()));
   EXPECT_NE(find("chorus_queue_length"), nullptr);  // Chorus's own series parse too
-
-  (*srv)->Drain(std::chrono::milliseconds(1000));
-  (*srv)->Stop();
 }
 
 }  // namespace
