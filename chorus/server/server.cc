@@ -509,6 +509,8 @@ json Server::Impl::AdapterJson(const adapters::AdapterInfo& a) const {
 }
 
 void Server::Impl::HandleLoadAdapter(const std::string& body, httplib::Response& res) {
+  // The registry is set while the model loads: until ready, answer 503 as generation does.
+  if (auto e = Unavailable()) return SendError(res, *e);
   if (!registry)
     return SendError(
         res, NotFound("adapters are not enabled on this server (start it with --adapter-root)"));
@@ -551,6 +553,8 @@ void Server::Impl::HandleLoadAdapter(const std::string& body, httplib::Response&
 }
 
 void Server::Impl::HandleUnloadAdapter(const std::string& body, httplib::Response& res) {
+  // The registry is set while the model loads: until ready, answer 503 as generation does.
+  if (auto e = Unavailable()) return SendError(res, *e);
   if (!registry)
     return SendError(
         res, NotFound("adapters are not enabled on this server (start it with --adapter-root)"));

@@ -333,6 +333,11 @@ TEST(ServerE2E, HealthIs503WhileLoading) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 503);
   EXPECT_TRUE(r->has_header("Retry-After"));
+  // Adapter registration waits for the model too (its registry is set while loading).
+  auto load = cli.Post("/v1/load_lora_adapter", R"({"lora_name":"a","lora_path":"/x"})",
+                       "application/json");
+  ASSERT_TRUE(load);
+  EXPECT_EQ(load->status, 503) << load->body;
   (*s)->Stop();
 }
 
