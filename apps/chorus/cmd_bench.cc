@@ -26,31 +26,6 @@ Status ParseList(const std::string& s, std::vector<T>* out, F parse) {
   return OkStatus();
 }
 
-// <out>.png: decode tokens/s per popularity kind and batch size (gnuplot, when installed).
-void WritePunicaPlot(const std::string& out) {
-  const std::string gp = out + ".gp";
-  std::string text =
-      "set terminal pngcairo size 900,600 noenhanced\n"
-      "set output '" +
-      out +
-      ".png'\n"
-      "set datafile separator ','\n"
-      "set title 'chorus bench --workload punica: decode tokens/s by adapter popularity'\n"
-      "set style data histograms\nset style histogram clustered\nset style fill solid 0.8 border "
-      "-1\n"
-      "set ylabel 'decode tokens/s'\nset grid ytics\nset yrange [0:*]\nset xtics rotate by -35\n"
-      "plot '" +
-      out + ".csv' every ::1 using 7:xtic(sprintf('%s b%s', strcol(5), strcol(6))) notitle\n";
-  if (!WriteFileAtomically(gp, text).ok()) return;
-  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
-    std::fprintf(stderr, "bench: gnuplot not installed; wrote %s only\n", gp.c_str());
-    return;
-  }
-  const std::string cmd = "gnuplot '" + gp + "'";
-  if (std::system(cmd.c_str()) != 0)
-    std::fprintf(stderr, "bench: gnuplot failed on %s\n", gp.c_str());
-}
-
 }  // namespace
 
 int BenchCommand(int argc, char** argv) {
@@ -75,7 +50,8 @@ int BenchCommand(int argc, char** argv) {
            "the first of\n"
            "--dtypes) for base-only and LoRA rows by popularity Identical / Skewed / Uniform / "
            "Distinct\n"
-           "(docs/benchmarks.md), ranks round-robin over --lora-ranks; writes <out>.png too");
+           "(docs/benchmarks.md), ranks round-robin over --lora-ranks; plot: tools/plot.py punica "
+           "<out>.csv");
   f.String("lora-dtype", "bf16", "storage of those adapters' compute weights: bf16 or f32");
   f.String("isa", "best",
            "highest kernel level to use: best, avx512, avx2 or scalar (to measure the AVX2 "
@@ -150,7 +126,10 @@ int BenchCommand(int argc, char** argv) {
     Status w2 = WriteFileAtomically(f.GetString("out") + ".json", rep->ToJson());
     if (!w1.ok()) return Fail("bench", w1);
     if (!w2.ok()) return Fail("bench", w2);
-    if (o.workload == "punica") WritePunicaPlot(f.GetString("out"));
+    if (o.workload == "punica") {
+      std::fprintf(stderr, "bench: plot it with tools/plot.py punica %s.csv\n",
+                   f.GetString("out").c_str());
+    }
   }
   return 0;
 }

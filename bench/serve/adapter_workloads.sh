@@ -181,28 +181,8 @@ EOF
     { echo "n,requests_ok,errors,req_s,output_tok_s,ttft_p50,ttft_p99,tpot_p50,tpot_p99,ttft_cold_p50,ttft_warm_p50,cold_over_warm_p50,distinct_used,load_avg"
       cat "$OUT"/slora-n*.row | sort -t, -k1,1n; } >"$csv"
     cat "$csv"
-    if command -v gnuplot >/dev/null 2>&1; then
-      gnuplot <<EOF
-set terminal pngcairo size 900,600 noenhanced
-set output '$OUT/slora_vs_n.png'
-set datafile separator ','
-set title 'slora over HTTP: throughput vs registered adapters n (alpha=$ALPHA, R=$RATE req/s)'
-set logscale x
-set xlabel 'registered adapters n'
-set ylabel 'output tokens/s'
-set y2label 'TTFT p50 (s)'
-set ytics nomirror
-set y2tics
-set yrange [0:*]
-set y2range [0:*]
-set grid
-plot '$csv' every ::1 using 1:5 with linespoints pt 7 lw 2 title 'output tokens/s', \
-     '' every ::1 using 1:6 axes x1y2 with linespoints pt 5 title 'TTFT p50 (s)', \
-     '' every ::1 using 1:10 axes x1y2 with linespoints pt 4 title 'TTFT p50 cold (s)', \
-     '' every ::1 using 1:11 axes x1y2 with linespoints pt 6 title 'TTFT p50 warm (s)'
-EOF
-      echo "plot: $OUT/slora_vs_n.png"
-    fi
+    python3 "$here/tools/plot.py" slora-vs-n "$csv" -o "$OUT/slora_vs_n.png" \
+      --title "slora over HTTP: throughput vs registered adapters n (alpha=$ALPHA, R=$RATE req/s)" || true
     ;;
   eight)
     # 8 concurrent requests (all sent at t≈0), 8 different adapters, then the same 8 without

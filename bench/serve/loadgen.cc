@@ -9,8 +9,8 @@
 // sends the same plan again without adapters and reports adapter / base-only throughput. Prompts
 // are random token ids so their lengths are exact; `ignore_eos` makes output lengths exact. Reports
 // throughput (req/s, tokens/s), TTFT and time per output token (p50/p90/p99), end-to-end latency
-// and errors, as PREFIX.csv (one row per request), PREFIX.json (summary) and PREFIX.png (gnuplot,
-// when installed).
+// and errors, as PREFIX.csv (one row per request) and PREFIX.json (summary); tools/plot.py
+// requests PREFIX.csv plots them.
 //
 // Open loop: each request is sent at its arrival time on its own thread whatever the server is
 // doing, so overload shows up as growing TTFT rather than as a slower client.
@@ -461,7 +461,8 @@ int main(int argc, char** argv) {
   chorus::apps::Flags f(
       "chorus_bench_serve",
       "Open-loop load generator for `chorus serve` (streaming /v1/completions). Writes\n"
-      "PREFIX.csv, PREFIX.json and PREFIX.png. Keep runs short on shared machines.");
+      "PREFIX.csv and PREFIX.json (tools/plot.py requests PREFIX.csv plots them). Keep runs short "
+      "on shared machines.");
   f.String("url", "http://127.0.0.1:8000", "server base URL (with or without /v1)");
   f.String("model", "", "model name to send (default: none, the server's model)");
   f.String("api-key", "", "bearer token");
@@ -479,7 +480,7 @@ int main(int argc, char** argv) {
   f.Int("token-id-max", 200, "see token-id-min (must be within the model's vocabulary)");
   f.Int("seed", 1, "seed of the arrival times, lengths and prompts");
   f.Int("timeout", 600, "per-request timeout in seconds");
-  f.String("out", "serve_bench", "output prefix: PREFIX.csv, PREFIX.json, PREFIX.png");
+  f.String("out", "serve_bench", "output prefix: PREFIX.csv, PREFIX.json");
   f.Int("saturation", 0,
         "steady-state window: while at least this many requests are in flight (e.g. the server's "
         "--max-running; 0 = the peak in flight)");
@@ -647,30 +648,7 @@ int main(int argc, char** argv) {
   std::ofstream(prefix + ".json") << summary.dump(2) << "\n";
   std::printf("%s\n", summary.dump(2).c_str());
 
-  // Plot: TTFT and latency against arrival time (gnuplot, when installed).
-  std::ofstream gp(prefix + ".gp");
-  gp << "set terminal pngcairo size 1000,700 noenhanced\n"
-     << "set output '" << prefix << ".png'\n"
-     << "set datafile separator ','\n"
-     << "set key autotitle columnhead\n"
-     << "set multiplot layout 2,1 title 'chorus serve: slora, R=" << rate << " req/s, cv=" << cv
-     << "'\n"
-     << "set xlabel 'arrival time (s)'\nset ylabel 'seconds'\nset grid\n"
-     << "plot '" << prefix
-     << ".csv' using 2:($5==200?$6:1/0) with points pt 7 ps 0.6 title 'TTFT', "
-     << "'' using 2:($5==200?$8:1/0) with points pt 6 ps 0.6 title 'latency'\n"
-     << "set ylabel 'ms per output token'\n"
-     << "plot '" << prefix
-     << ".csv' using 2:($5==200?$7*1000:1/0) with points pt 7 ps 0.6 title 'time per output "
-        "token'\n"
-     << "unset multiplot\n";
-  gp.close();
-  if (std::system("command -v gnuplot >/dev/null 2>&1") == 0) {
-    const std::string cmd = "gnuplot '" + prefix + ".gp'";
-    if (std::system(cmd.c_str()) != 0) std::fprintf(stderr, "chorus_bench_serve: gnuplot failed\n");
-  } else {
-    std::fprintf(stderr, "chorus_bench_serve: gnuplot not installed; wrote %s.gp only\n",
-                 prefix.c_str());
-  }
+  std::fprintf(stderr, "chorus_bench_serve: plot it with tools/plot.py requests %s.csv\n",
+               prefix.c_str());
   return errors == 0 ? 0 : 1;
 }

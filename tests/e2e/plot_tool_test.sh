@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# tools/plot.py, the one plotting tool: each kind turns a CSV of the matching benchmark into a
+# PNG; a CSV of another kind is refused with a message naming the missing columns.
+# usage: plot_tool_test.sh REPO_ROOT
+set -euo pipefail
+root=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+plot() { python3 "$root/tools/plot.py" "$@"; }
+is_png() { [[ $(head -c 8 "$1" | od -An -tx1 | tr -d ' \n') == 89504e470d0a1a0a ]]; }
+
+cat >"$tmp/punica.csv" <<'CSV'
+shape,threads,isa,dtype,metric,batch,tokens_per_s,roofline_fraction,bandwidth_gbs,runs,adapters
+tiny,2,avx512,q4_0,base,32,266.67,0,0,266.67,0
+tiny,2,avx512,q4_0,distinct,32,234.5,0,0,234.5,32
+CSV
+cat >"$tmp/requests.csv" <<'CSV'
+request,arrival_s,input_tokens,output_tokens,status,ttft_s,tpot_s,latency_s,completion_tokens,error,adapter,cold
+0,0.0,16,8,200,0.07,0.05,0.5,8,"",0,1
+1,0.5,16,8,200,0.06,0.04,0.4,8,"",1,1
+2,0.9,16,8,503,0,0,0,0,"busy",-1,0
+CSV
+cat >"$tmp/slora.csv" <<'CSV'
+n,requests_ok,errors,req_s,output_tok_s,ttft_p50,ttft_p99,tpot_p50,tpot_p99,ttft_cold_p50,ttft_warm_p50,cold_over_warm_p50,distinct_used,load_avg
+100,60,0,1.0,37.2,0.18,0.33,0.02,0.05,0.18,0.18,1.01,46,0.35
+1000,60,0,1.0,37.1,0.19,0.34,0.02,0.05,0.2,0.18,1.08,50,0.4
+CSV
+plot punica "$tmp/punica.csv" >/dev/null
+is_png "$tmp/punica.png" || fail "punica: no PNG"
+plot requests "$tmp/requests.csv" -o "$tmp/r.png" >/dev/null
+is_png "$tmp/r.png" || fail "requests: no PNG"
+plot slora-vs-n "$tmp/slora.csv" -o "$tmp/s.png" --title "test" >/dev/null
+is_png "$tmp/s.png" || fail "slora-vs-n: no PNG"
+if plot punica "$tmp/slora.csv" -o "$tmp/x.png" 2>"$tmp/err"; then fail "a slora CSV plotted as punica"; fi
+grep -q "missing column(s) dtype, metric, batch, tokens_per_s" "$tmp/err" || fail "message: $(cat "$tmp/err")"
+[[ ! -e $tmp/x.png ]] || fail "a PNG was written for a refused CSV"
+if plot requests "$tmp/none.csv" 2>"$tmp/err"; then fail "a missing CSV was accepted"; fi
+grep -q "cannot read" "$tmp/err" || fail "message: $(cat "$tmp/err")"
+echo "plot_tool_test: all checks passed"

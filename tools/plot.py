@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""The one plotting tool for Chorus's benchmark output: CSV in, PNG out (gnuplot, from Debian's
+gnuplot-nox, which scripts/setup.sh installs). Benchmarks write CSV/JSON only; plots are made
+here.
+
+  tools/plot.py punica   OUT.csv [-o OUT.png]   chorus bench --workload punica: decode tokens/s
+                                                 by adapter popularity and batch size
+  tools/plot.py requests PREFIX.csv [-o ...]    chorus_bench_serve's per-request CSV: TTFT,
+                                                 latency and time per output token by arrival
+  tools/plot.py slora-vs-n slora_vs_n.csv [-o ...]  bench/serve/adapter_workloads.sh slora:
+                                                 throughput and TTFT against registered adapters
+
+The PNG defaults to the CSV's path with .png. Exit status: 0 written, 1 bad input or gnuplot
+failed, 2 usage.
+"""
+import argparse
+import csv
+import os
+import shutil
+import subprocess
+import sys
+
+
+def gp_quote(path):
+    return "'" + path.replace("'", "''") + "'"
+
+
+def punica(csv_path, png, title):
+    return f"""set terminal pngcairo size 900,600 noenhanced
+set output {gp_quote(png)}
+set datafile separator ','
+set title {gp_quote(title or 'chorus bench --workload punica: decode tokens/s by adapter popularity')}
+set style data histograms
+set style histogram clustered
+set style fill solid 0.8 border -1
+set ylabel 'decode tokens/s'
+set grid ytics
+set yrange [0:*]
+set xtics rotate by -35
+plot {gp_quote(csv_path)} every ::1 using 7:xtic(sprintf('%s b%s', strcol(5), strcol(6))) notitle
+"""
+
+
+def requests(csv_path, png, title):
+    return f"""set terminal pngcairo size 1000,700 noenhanced
+set output {gp_quote(png)}
+set datafile separator ','
+set key autotitle columnhead
+set multiplot layout 2,1 title {gp_quote(title or 'chorus serve: requests by arrival time')}
+set xlabel 'arrival time (s)'
+set ylabel 'seconds'
+set grid
+plot {gp_quote(csv_path)} using 2:($5==200?$6:1/0) with points pt 7 ps 0.6 title 'TTFT', \\
+     '' using 2:($5==200?$8:1/0) with points pt 6 ps 0.6 title 'latency'
+set ylabel 'ms per output token'
+plot {gp_quote(csv_path)} using 2:($5==200?$7*1000:1/0) with points pt 7 ps 0.6 title 'time per output token'
+unset multiplot
+"""
+
+
+def slora_vs_n(csv_path, png, title):
+    return f"""set terminal pngcairo size 900,600 noenhanced
+set output {gp_quote(png)}
+set datafile separator ','
+set title {gp_quote(title or 'slora over HTTP: throughput vs registered adapters n')}
+set logscale x
+set xlabel 'registered adapters n'
+set ylabel 'output tokens/s'
+set y2label 'TTFT p50 (s)'
+set ytics nomirror
+set y2tics
+set yrange [0:*]
+set y2range [0:*]
+set grid
+plot {gp_quote(csv_path)} every ::1 using 1:5 with linespoints pt 7 lw 2 title 'output tokens/s', \\
+     '' every ::1 using 1:6 axes x1y2 with linespoints pt 5 title 'TTFT p50 (s)', \\
+     '' every ::1 using 1:10 axes x1y2 with linespoints pt 4 title 'TTFT p50 cold (s)', \\
+     '' every ::1 using 1:11 axes x1y2 with linespoints pt 6 title 'TTFT p50 warm (s)'
+"""
+
+
+# kind -> (script builder, columns the CSV header must have)
+KINDS = {
+    "punica": (punica, ["dtype", "metric", "batch", "tokens_per_s"]),
+    "requests": (requests, ["arrival_s", "status", "ttft_s", "tpot_s", "latency_s"]),
+    "slora-vs-n": (slora_vs_n, ["n", "output_tok_s", "ttft_p50", "ttft_cold_p50", "ttft_warm_p50"]),
+}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("kind", choices=sorted(KINDS))
+    ap.add_argument("csv")
+    ap.add_argument("-o", "--output", help="PNG to write (default: the CSV's path with .png)")
+    ap.add_argument("--title", help="plot title")
+    a = ap.parse_args()
+    build, columns = KINDS[a.kind]
+    try:
+        with open(a.csv, newline="") as f:
+            header = next(csv.reader(f), [])
+    except OSError as e:
+        print(f"plot: cannot read {a.csv}: {e.strerror}", file=sys.stderr)
+        return 1
+    missing = [c for c in columns if c not in header]
+    if missing:
+        print(f"plot: {a.csv} is not a '{a.kind}' CSV (missing column(s) {', '.join(missing)})",
+              file=sys.stderr)
+        return 1
+    if shutil.which("gnuplot") is None:
+        print("plot: gnuplot is not installed (Debian package gnuplot-nox)", file=sys.stderr)
+        return 1
+    png = a.output or os.path.splitext(a.csv)[0] + ".png"
+    r = subprocess.run(["gnuplot"], input=build(a.csv, png, a.title), text=True,
+                       capture_output=True)
+    if r.returncode != 0:
+        print(f"plot: gnuplot failed: {r.stderr.strip()[:500]}", file=sys.stderr)
+        return 1
+    print(f"plot: {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
