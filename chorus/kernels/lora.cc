@@ -23,53 +23,25 @@ constexpr int64_t kMinParallelMacs = 1 << 15;
 // Expand splits `out` in multiples of this many columns (one AVX-512 vector).
 constexpr int64_t kExpandColAlign = 16;
 
-ShrinkTileFn ShrinkTileForIsa() {
-  switch (ActiveIsa()) {
-    case IsaLevel::kAvx512:
-      return lora_internal::avx512::ShrinkTile;
-    case IsaLevel::kAvx2:
-      return lora_internal::avx2::ShrinkTile;
-    case IsaLevel::kScalar:
-      break;
-  }
-  return lora_internal::reference::ShrinkTile;
-}
+// The segment kernels' tiles at each ISA level: one table, indexed by IsaLevel.
+struct LoraTiles {
+  ShrinkTileFn shrink;
+  ShrinkTileBf16Fn shrink_bf16;
+  ExpandTileFn expand;
+  ExpandTileBf16Fn expand_bf16;
+};
+constexpr LoraTiles kLoraTiles[] = {
+    {lora_internal::reference::ShrinkTile, lora_internal::reference::ShrinkTileBf16,
+     lora_internal::reference::ExpandTile, lora_internal::reference::ExpandTileBf16},
+    {lora_internal::avx2::ShrinkTile, lora_internal::avx2::ShrinkTileBf16,
+     lora_internal::avx2::ExpandTile, lora_internal::avx2::ExpandTileBf16},
+    {lora_internal::avx512::ShrinkTile, lora_internal::avx512::ShrinkTileBf16,
+     lora_internal::avx512::ExpandTile, lora_internal::avx512::ExpandTileBf16},
+};
+static_assert(static_cast<int>(IsaLevel::kScalar) == 0 && static_cast<int>(IsaLevel::kAvx2) == 1 &&
+              static_cast<int>(IsaLevel::kAvx512) == 2);
 
-ShrinkTileBf16Fn ShrinkTileBf16ForIsa() {
-  switch (ActiveIsa()) {
-    case IsaLevel::kAvx512:
-      return lora_internal::avx512::ShrinkTileBf16;
-    case IsaLevel::kAvx2:
-      return lora_internal::avx2::ShrinkTileBf16;
-    case IsaLevel::kScalar:
-      break;
-  }
-  return lora_internal::reference::ShrinkTileBf16;
-}
-
-ExpandTileBf16Fn ExpandTileBf16ForIsa() {
-  switch (ActiveIsa()) {
-    case IsaLevel::kAvx512:
-      return lora_internal::avx512::ExpandTileBf16;
-    case IsaLevel::kAvx2:
-      return lora_internal::avx2::ExpandTileBf16;
-    case IsaLevel::kScalar:
-      break;
-  }
-  return lora_internal::reference::ExpandTileBf16;
-}
-
-ExpandTileFn ExpandTileForIsa() {
-  switch (ActiveIsa()) {
-    case IsaLevel::kAvx512:
-      return lora_internal::avx512::ExpandTile;
-    case IsaLevel::kAvx2:
-      return lora_internal::avx2::ExpandTile;
-    case IsaLevel::kScalar:
-      break;
-  }
-  return lora_internal::reference::ExpandTile;
-}
+const LoraTiles& TilesForIsa() { return kLoraTiles[static_cast<int>(ActiveIsa())]; }
 
 bool Active(const LoraSegment& s, int64_t rank) { return rank > 0 && s.row_end > s.row_begin; }
 
@@ -248,8 +220,16 @@ void LoraShrink(std::span<const LoraSegment> segments, std::span<const LoraShrin
   int64_t total_cols, macs, active;
   CheckShrink(segments, weights, in, v_stride, &total_cols, &macs, &active);
   if (total_cols == 0) return;
-  const ShrinkArgs args{segments, weights,  x,          x_stride,           in,
-                        v,        v_stride, total_cols, ShrinkTileForIsa(), ShrinkTileBf16ForIsa()};
+  const ShrinkArgs args{segments,
+                        weights,
+                        x,
+                        x_stride,
+                        in,
+                        v,
+                        v_stride,
+                        total_cols,
+                        TilesForIsa().shrink,
+                        TilesForIsa().shrink_bf16};
   if (pool == nullptr || pool->size() == 1 || macs < kMinParallelMacs) {
     ShrinkSlice(args, 0, 1);
     return;
@@ -264,8 +244,15 @@ void LoraExpand(std::span<const LoraSegment> segments, std::span<const LoraExpan
   int64_t macs, active;
   CheckExpand(segments, weights, out, v_stride, &macs, &active);
   if (macs == 0) return;
-  const ExpandArgs args{
-      segments, weights, v, v_stride, out, y, y_stride, ExpandTileForIsa(), ExpandTileBf16ForIsa()};
+  const ExpandArgs args{segments,
+                        weights,
+                        v,
+                        v_stride,
+                        out,
+                        y,
+                        y_stride,
+                        TilesForIsa().expand,
+                        TilesForIsa().expand_bf16};
   if (pool == nullptr || pool->size() == 1 || macs < kMinParallelMacs) {
     ExpandSlice(args, 0, 1);
     return;
@@ -304,14 +291,21 @@ void LoraShrinkExpand(std::span<const LoraSegment> segments,
       LoraExpand(segments, o.weights, v, v_stride, o.out, o.y, o.y_stride, pool);
     return;
   }
-  const ShrinkArgs shrink{
-      segments, weights,  x,          x_stride,           in,
-      v,        v_stride, total_cols, ShrinkTileForIsa(), ShrinkTileBf16ForIsa()};
+  const ShrinkArgs shrink{segments,
+                          weights,
+                          x,
+                          x_stride,
+                          in,
+                          v,
+                          v_stride,
+                          total_cols,
+                          TilesForIsa().shrink,
+                          TilesForIsa().shrink_bf16};
   std::array<ExpandArgs, kMaxLoraExpandOuts> expand;
   for (size_t o = 0; o < outs.size(); ++o) {
-    expand[o] = ExpandArgs{segments,         outs[o].weights,    v,
-                           v_stride,         outs[o].out,        outs[o].y,
-                           outs[o].y_stride, ExpandTileForIsa(), ExpandTileBf16ForIsa()};
+    expand[o] = ExpandArgs{segments,         outs[o].weights,      v,
+                           v_stride,         outs[o].out,          outs[o].y,
+                           outs[o].y_stride, TilesForIsa().expand, TilesForIsa().expand_bf16};
   }
   SegmentOrder order;
   OrderByRank(segments, weights, &order);
