@@ -377,6 +377,9 @@ Status Server::Start() {
 
 void Server::SetEngine(std::shared_ptr<engine::Engine> eng) {
   CHORUS_CHECK(eng != nullptr);
+  // Cold adapters are loaded by the engine's loader threads, through the same host cache.
+  CHORUS_CHECK(!impl_->registry || eng->options().adapter_cache == impl_->adapter_cache)
+      << "an engine serving adapters must load them through the server's adapter cache";
   auto& ctx = impl_->ctx;
   const auto& tok = eng->tokenizer();
   const auto& cfg = eng->model().config();
@@ -459,15 +462,9 @@ std::optional<ApiError> Server::Impl::ResolveVariant(const std::string& name,
   adapters::AdapterKey key{info->name, info->path, info->content_hash, info->version};
   // A host-cache hit is handed over at once; a cold adapter is loaded by the engine's loader
   // threads after Submit (the request waits in the queue; this thread and the engine do not).
+  // No adapter file is read on an HTTP thread.
   gen->lora = adapter_cache->GetIfCached(key);
-  if (!gen->lora && engine->options().adapter_cache == adapter_cache) {
-    gen->adapter_key = key;
-  } else if (!gen->lora) {  // an engine without this cache: load here (the old, blocking path)
-    auto lora = adapter_cache->Get(key);
-    if (!lora.ok())
-      return ErrorFromStatus(lora.status().WithContext("adapter '" + info->name + "'"), "model");
-    gen->lora = *lora;
-  }
+  if (!gen->lora) gen->adapter_key = key;
   gen->adapter = info->name;
   return std::nullopt;
 }

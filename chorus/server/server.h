@@ -73,7 +73,8 @@ class Server {
 
   // Serves adapters as variants: a request's `model` may name a registered adapter; /v1/models
   // lists them with `parent` = the base; POST /v1/load_lora_adapter and /v1/unload_lora_adapter
-  // (vLLM's names) change the registry at run time. Requires: called before SetEngine.
+  // (vLLM's names) change the registry at run time. Requires: called before SetEngine, whose
+  // engine loads cold adapters through `cache` (EngineOptions::adapter_cache).
   void SetAdapters(std::shared_ptr<adapters::AdapterRegistry> registry,
                    std::shared_ptr<adapters::AdapterCache> cache);
 

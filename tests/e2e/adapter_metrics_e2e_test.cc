@@ -60,11 +60,11 @@ struct AdapterServer {
   }
 };
 
-// `loader_cache`: the engine's loader threads load cold adapters through the host cache (as
-// `chorus serve` does); false leaves loading to the server's resolve path.
+// The engine's loader threads load cold adapters through the server's host cache, as in
+// `chorus serve`.
 std::unique_ptr<AdapterServer> StartAdapterServer(const std::vector<int64_t>& ranks, uint64_t seed,
                                                   server::ServerOptions so,
-                                                  engine::EngineOptions eo, bool loader_cache) {
+                                                  engine::EngineOptions eo) {
   const std::string models = testing::SharedModelsDir();
   auto mdl = model::LoadModel(models + "/" + kModel);
   auto tok = tokenizer::LoadTokenizer(models + "/" + kTok);
@@ -105,7 +105,7 @@ std::unique_ptr<AdapterServer> StartAdapterServer(const std::vector<int64_t>& ra
   out->server->SetAdapters(out->registry, out->cache);
   eo.threads = 1;
   eo.pool_bytes = int64_t{8} << 20;
-  if (loader_cache) eo.adapter_cache = out->cache;
+  eo.adapter_cache = out->cache;
   auto eng = engine::Engine::Create(
       *mdl, std::shared_ptr<const tokenizer::Tokenizer>(std::move(*tok)), eo);
   EXPECT_TRUE(eng.ok()) << eng.status().ToString();
@@ -124,7 +124,7 @@ TEST(AdapterMetricsE2E, PerAdapterCountersOtherBucketAndHistograms) {
   engine::EngineOptions eo;
   eo.max_running = 16;
   eo.max_batch_tokens = 128;
-  auto ts = StartAdapterServer({1, 2, 4, 8, 16}, 100, so, eo, /*loader_cache=*/false);
+  auto ts = StartAdapterServer({1, 2, 4, 8, 16}, 100, so, eo);
   ASSERT_NE(ts, nullptr);
   const std::vector<std::string> names = {"a0", "a1", "a2", "a3", "a4"};
   const std::string& root = ts->root;
@@ -254,7 +254,7 @@ TEST(AdapterMetricsE2E, GatewayMetricsNameRunningAndWaitingAdapters) {
   engine::EngineOptions eo;
   eo.max_running = 1;  // a0's request runs; a1's waits behind it
   eo.max_batch_tokens = 64;
-  auto ts = StartAdapterServer({4, 4}, 7, {}, eo, /*loader_cache=*/true);
+  auto ts = StartAdapterServer({4, 4}, 7, {}, eo);
   ASSERT_NE(ts, nullptr);
   const int port = ts->server->port();
 
