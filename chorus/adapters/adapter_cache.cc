@@ -68,7 +68,19 @@ Result<std::shared_ptr<const LoraAdapter>> AdapterCache::Get(const AdapterKey& k
   LoraLoadOptions lo;
   lo.limits = limits_;
   lo.identity = key.ContentId();
-  auto loaded = LoadLoraAdapter(key.path, base_, lo, key.name);
+  // Never load changed files under the registered identity: check them before, and that they
+  // did not change while being read.
+  auto loaded = [&]() -> Result<std::shared_ptr<const LoraAdapter>> {
+    CHORUS_RETURN_IF_ERROR(
+        VerifyRegisteredContent(key.name, key.path, key.files, key.content_hash));
+    CHORUS_ASSIGN_OR_RETURN(std::vector<AdapterFile> before, CurrentFingerprints(key.files));
+    CHORUS_ASSIGN_OR_RETURN(auto adapter, LoadLoraAdapter(key.path, base_, lo, key.name));
+    if (!CheckFingerprints(before).ok()) {
+      return UnavailableError("adapter '" + key.name + "': " + key.path +
+                              " changed while being loaded; try again");
+    }
+    return adapter;
+  }();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   MutexLock lock(&mu_);

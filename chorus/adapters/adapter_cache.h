@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "chorus/adapters/fingerprint.h"
 #include "chorus/adapters/lora/lora_adapter.h"
 #include "chorus/adapters/lora/lora_files.h"
 #include "chorus/base/mutex.h"
@@ -30,6 +31,9 @@ struct AdapterKey {
   std::string path;
   uint64_t content_hash = 0;
   uint64_t version = 0;
+  // The files' fingerprints recorded at registration: checked before a load from disk, so a
+  // file changed since is refused rather than served under this identity (empty: unchecked).
+  std::vector<AdapterFile> files = {};
   std::string Id() const;  // "name@hash.version"
   // Content identity: "<hash as 16 hex digits>-v<version>" (AdapterInfo::cache_key()'s form).
   // Loaded copies carry it as LoraView::identity(), so tiers below the host cache (pool copies)

@@ -34,15 +34,6 @@ constexpr size_t kMaxStateBytes = 64u << 20;
 constexpr const char* kPeftConfig = "adapter_config.json";
 constexpr const char* kPeftWeights = "adapter_model.safetensors";
 constexpr const char* kPeftPickle = "adapter_model.bin";
-// The role of a file in the content hash: its PEFT name, or "adapter.gguf" whatever the GGUF
-// file is called, so the hash depends on the bytes only, not on where the adapter lives.
-constexpr const char* kGgufRole = "adapter.gguf";
-
-std::string Hex64(uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
 
 bool ParseHex64(const std::string& s, uint64_t* v) {
   if (s.size() != 16) return false;
@@ -74,12 +65,6 @@ std::string Dirname(const std::string& p) {
   return p.substr(0, slash);
 }
 
-std::string RoleOf(const std::string& file) {
-  const std::string base = Basename(file);
-  if (base == kPeftConfig || base == kPeftWeights) return base;
-  return kGgufRole;
-}
-
 // realpath(3) as a Result (ENOENT → kNotFound).
 Result<std::string> RealPath(const std::string& path) {
   char* r = ::realpath(path.c_str(), nullptr);
@@ -95,77 +80,6 @@ bool IsInside(const std::string& resolved, const std::string& root) {
   if (root == "/") return !resolved.empty() && resolved[0] == '/';
   if (resolved.size() < root.size() || resolved.compare(0, root.size(), root) != 0) return false;
   return resolved.size() == root.size() || resolved[root.size()] == '/';
-}
-
-int64_t MtimeNs(const struct stat& st) {
-  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-}
-
-// stat(2) of a file that must be regular.
-Result<struct stat> StatRegular(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return ErrnoError(errno, "cannot stat " + path);
-  if (!S_ISREG(st.st_mode)) return InvalidArgumentError(path + ": not a regular file");
-  return st;
-}
-
-// Opens a regular file for reading without following a final symlink and without blocking on
-// a FIFO (O_NONBLOCK; the fstat check then refuses it).
-Result<int> OpenRegular(const std::string& path, struct stat* st) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-  if (fd < 0) return ErrnoError(errno, "cannot open " + path);
-  if (::fstat(fd, st) != 0 || !S_ISREG(st->st_mode)) {
-    ::close(fd);
-    return InvalidArgumentError(path + ": not a regular file");
-  }
-  return fd;
-}
-
-// Hashes the files (given sorted) and records their fingerprints.
-Result<uint64_t> HashFiles(const std::vector<std::string>& files, std::vector<AdapterFile>* out) {
-  uint64_t h = kFnv1a64Offset;
-  std::vector<char> buf(1u << 20);
-  out->clear();
-  for (const std::string& path : files) {
-    struct stat st {};
-    CHORUS_ASSIGN_OR_RETURN(const int fd, OpenRegular(path, &st));
-    const std::string role = RoleOf(path);
-    h = Fnv1a64(std::string_view(role.data(), role.size() + 1), h);  // with its NUL
-    char size_le[8];
-    for (int i = 0; i < 8; ++i)
-      size_le[i] = static_cast<char>((static_cast<uint64_t>(st.st_size) >> (8 * i)) & 0xff);
-    h = Fnv1a64(std::string_view(size_le, 8), h);
-    int64_t total = 0;
-    for (;;) {
-      const ssize_t n = ::read(fd, buf.data(), buf.size());
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) {
-        const int e = errno;
-        ::close(fd);
-        return ErrnoError(e, "cannot read " + path);
-      }
-      if (n == 0) break;
-      h = Fnv1a64(std::string_view(buf.data(), static_cast<size_t>(n)), h);
-      total += n;
-    }
-    ::close(fd);
-    if (total != static_cast<int64_t>(st.st_size)) {
-      return UnavailableError(path + ": changed while being read; try again");
-    }
-    out->push_back(AdapterFile{path, static_cast<int64_t>(st.st_size), MtimeNs(st)});
-  }
-  return h;
-}
-
-// Compares the files with their recorded (size, mtime). OK when they match.
-Status CheckFingerprints(const std::vector<AdapterFile>& files) {
-  for (const AdapterFile& f : files) {
-    CHORUS_ASSIGN_OR_RETURN(struct stat st, StatRegular(f.path));
-    if (static_cast<int64_t>(st.st_size) != f.size || MtimeNs(st) != f.mtime_ns) {
-      return FailedPreconditionError(f.path + ": size or modification time changed");
-    }
-  }
-  return OkStatus();
 }
 
 Status ValidateName(const std::string& name, const std::string& base_name) {
@@ -349,14 +263,6 @@ Result<AdapterInfo> ParseEntry(const json& e, const std::string& where) {
 }
 
 }  // namespace
-
-uint64_t Fnv1a64(std::string_view data, uint64_t h) {
-  for (unsigned char c : data) {
-    h ^= c;
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
 
 bool IsValidAdapterName(std::string_view name) {
   if (name.empty() || name.size() > kMaxNameLength) return false;
@@ -782,19 +688,7 @@ Status AdapterRegistry::CheckEntry(const AdapterInfo& info) const {
       return FailedPreconditionError(f.path + " now resolves to " + real + "; register it again");
     }
   }
-  if (CheckFingerprints(info.files).ok()) return OkStatus();
-  // Touched (or copied without preserving times): the content decides.
-  std::vector<std::string> paths;
-  for (const AdapterFile& f : info.files) paths.push_back(f.path);
-  std::vector<AdapterFile> now;
-  CHORUS_ASSIGN_OR_RETURN(uint64_t hash, HashFiles(paths, &now));
-  if (hash != info.content_hash) {
-    return FailedPreconditionError("adapter '" + info.name + "': " + info.path +
-                                   " changed since it was registered (content hash " + Hex64(hash) +
-                                   ", registered " + Hex64(info.content_hash) +
-                                   "); register it again with replace");
-  }
-  return OkStatus();
+  return VerifyRegisteredContent(info.name, info.path, info.files, info.content_hash);
 }
 
 std::vector<std::pair<std::string, Status>> AdapterRegistry::Revalidate() {

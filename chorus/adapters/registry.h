@@ -52,6 +52,7 @@
 #include <string_view>
 #include <vector>
 
+#include "chorus/adapters/fingerprint.h"
 #include "chorus/adapters/lora/lora_adapter.h"
 #include "chorus/base/mutex.h"
 #include "chorus/base/status.h"
@@ -69,13 +70,6 @@ struct RegistryOptions {
   model::ModelConfig base;
   // The base's served model name; an adapter may not take it (default empty = no such check).
   std::string base_model_name;
-};
-
-// One file of an adapter as recorded at registration.
-struct AdapterFile {
-  std::string path;  // resolved real path
-  int64_t size = 0;
-  int64_t mtime_ns = 0;  // st_mtim in nanoseconds since the epoch
 };
 
 struct AdapterInfo {
@@ -197,11 +191,6 @@ class AdapterRegistry {
     return next_version_;
   }
 };
-
-// FNV-1a 64-bit: h = (h XOR byte) · 0x100000001b3 per byte, starting from `h`
-// (default: the offset basis 0xcbf29ce484222325). Exposed for tests and tools.
-inline constexpr uint64_t kFnv1a64Offset = 0xcbf29ce484222325ull;
-uint64_t Fnv1a64(std::string_view data, uint64_t h = kFnv1a64Offset);
 
 // True for a valid adapter name: 1..128 characters of [A-Za-z0-9._:/-].
 bool IsValidAdapterName(std::string_view name);

@@ -324,5 +324,49 @@ TEST(AdapterMetricsE2E, GatewayMetricsNameRunningAndWaitingAdapters) {
   EXPECT_NE(find("chorus_queue_length"), nullptr);  // Chorus's own series parse too
 }
 
+// A registered adapter's file overwritten with another adapter's after registration: the
+// request for it gets a clear error naming the change instead of the other adapter's weights
+// under the old identity; registering it again (replace) serves the new content.
+TEST(AdapterMetricsE2E, AdapterChangedOnDiskIsRefusedNotServedUnderItsOldIdentity) {
+  CHORUS_REQUIRE_SHARED_MODEL(kModel);
+  SetMinLogLevel(LogLevel::kError);
+  engine::EngineOptions eo;
+  eo.max_running = 4;
+  eo.max_batch_tokens = 64;
+  auto ts = StartAdapterServer({4, 8}, 300, {}, eo);
+  ASSERT_NE(ts, nullptr);
+  for (const char* f : {"adapter_config.json", "adapter_model.safetensors"}) {
+    fs::copy_file(ts->root + "/a1/" + f, ts->root + "/a0/" + f,
+                  fs::copy_options::overwrite_existing);
+  }
+  httplib::Client cli("127.0.0.1", ts->server->port());
+  cli.set_read_timeout(60, 0);
+  auto complete = [&](const std::string& model) {
+    json body = {
+        {"model", model}, {"prompt", "Once upon a time"}, {"max_tokens", 4}, {"temperature", 0}};
+    return cli.Post("/v1/completions", body.dump(), "application/json");
+  };
+  auto changed = complete("a0");
+  ASSERT_TRUE(changed);
+  EXPECT_EQ(changed->status, 500) << changed->body;  // the server's files, not the request
+  EXPECT_NE(changed->body.find("changed since it was registered"), std::string::npos)
+      << changed->body;
+  EXPECT_NE(changed->body.find("register it again with replace"), std::string::npos);
+  auto other = complete("a1");  // the untouched adapter still serves
+  ASSERT_TRUE(other);
+  EXPECT_EQ(other->status, 200) << other->body;
+
+  json reload = {{"lora_name", "a0"}, {"lora_path", ts->root + "/a0"}, {"replace", true}};
+  auto replaced = cli.Post("/v1/load_lora_adapter", reload.dump(), "application/json");
+  ASSERT_TRUE(replaced);
+  EXPECT_EQ(replaced->status, 200) << replaced->body;
+  auto again = complete("a0");
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->status, 200) << again->body;
+  // a0 now holds a1's weights: the same greedy text as a1.
+  EXPECT_EQ(json::parse(again->body)["choices"][0]["text"],
+            json::parse(other->body)["choices"][0]["text"]);
+}
+
 }  // namespace
 }  // namespace chorus
