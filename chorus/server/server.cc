@@ -291,6 +291,9 @@ struct Server::Impl {
   json AdapterJson(const adapters::AdapterInfo& a) const;
   std::optional<ApiError> ResolveVariant(const std::string& name,
                                          engine::GenerationRequest* gen) const;
+  // The body of an adapter endpoint, once the server is ready, serves adapters, and the body is
+  // a JSON object with a string lora_name; otherwise the error is sent and nullopt returned.
+  std::optional<json> AdapterRequest(const std::string& body, httplib::Response& res) const;
   void HandleLoadAdapter(const std::string& body, httplib::Response& res);
   void HandleUnloadAdapter(const std::string& body, httplib::Response& res);
   // "The model `x` does not exist" plus the names a request may use (base, then adapters).
@@ -505,23 +508,38 @@ json Server::Impl::AdapterJson(const adapters::AdapterInfo& a) const {
           {"version", a.version}};
 }
 
-void Server::Impl::HandleLoadAdapter(const std::string& body, httplib::Response& res) {
+std::optional<json> Server::Impl::AdapterRequest(const std::string& body,
+                                                 httplib::Response& res) const {
   // The registry is set while the model loads: until ready, answer 503 as generation does.
-  if (auto e = Unavailable()) return SendError(res, *e);
-  if (!registry)
-    return SendError(
-        res, NotFound("adapters are not enabled on this server (start it with --adapter-root)"));
-  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object())
-    return SendError(res, BadRequest("request body must be a JSON object"));
-  auto name = j.find("lora_name");
-  auto path = j.find("lora_path");
-  if (name == j.end() || !name->is_string())
-    return SendError(res, BadRequest("lora_name must be a string", "lora_name"));
-  if (path == j.end() || !path->is_string())
+  std::optional<ApiError> e = Unavailable();
+  json j;
+  if (!e && !registry) {
+    e = NotFound("adapters are not enabled on this server (start it with --adapter-root)");
+  }
+  if (!e) {
+    j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) {
+      e = BadRequest("request body must be a JSON object");
+    } else if (auto name = j.find("lora_name"); name == j.end() || !name->is_string()) {
+      e = BadRequest("lora_name must be a string", "lora_name");
+    }
+  }
+  if (e) {
+    SendError(res, *e);
+    return std::nullopt;
+  }
+  return j;
+}
+
+void Server::Impl::HandleLoadAdapter(const std::string& body, httplib::Response& res) {
+  std::optional<json> j = AdapterRequest(body, res);
+  if (!j) return;
+  auto name = j->find("lora_name");
+  auto path = j->find("lora_path");
+  if (path == j->end() || !path->is_string())
     return SendError(res, BadRequest("lora_path must be a string", "lora_path"));
   bool replace = false;
-  if (auto r = j.find("replace"); r != j.end()) {
+  if (auto r = j->find("replace"); r != j->end()) {
     if (!r->is_boolean()) return SendError(res, BadRequest("replace must be a boolean", "replace"));
     replace = r->get<bool>();
   }
@@ -550,17 +568,9 @@ void Server::Impl::HandleLoadAdapter(const std::string& body, httplib::Response&
 }
 
 void Server::Impl::HandleUnloadAdapter(const std::string& body, httplib::Response& res) {
-  // The registry is set while the model loads: until ready, answer 503 as generation does.
-  if (auto e = Unavailable()) return SendError(res, *e);
-  if (!registry)
-    return SendError(
-        res, NotFound("adapters are not enabled on this server (start it with --adapter-root)"));
-  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object())
-    return SendError(res, BadRequest("request body must be a JSON object"));
-  auto name = j.find("lora_name");
-  if (name == j.end() || !name->is_string())
-    return SendError(res, BadRequest("lora_name must be a string", "lora_name"));
+  std::optional<json> j = AdapterRequest(body, res);
+  if (!j) return;
+  auto name = j->find("lora_name");
   Status s = registry->Unregister(name->get<std::string>());
   if (!s.ok()) return SendError(res, ErrorFromStatus(s, "lora_name"));
   // Running requests hold their own reference and finish; the weights are freed after them.

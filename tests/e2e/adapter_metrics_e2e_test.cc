@@ -368,5 +368,44 @@ TEST(AdapterMetricsE2E, AdapterChangedOnDiskIsRefusedNotServedUnderItsOldIdentit
             json::parse(other->body)["choices"][0]["text"]);
 }
 
+// POST /v1/unload_lora_adapter: the adapter stops being served; unknown names and malformed
+// bodies are clean errors naming lora_name; the others keep serving.
+TEST(AdapterMetricsE2E, UnloadAdapter) {
+  CHORUS_REQUIRE_SHARED_MODEL(kModel);
+  SetMinLogLevel(LogLevel::kError);
+  engine::EngineOptions eo;
+  eo.max_running = 4;
+  eo.max_batch_tokens = 64;
+  auto ts = StartAdapterServer({4, 4}, 400, {}, eo);
+  ASSERT_NE(ts, nullptr);
+  httplib::Client cli("127.0.0.1", ts->server->port());
+  cli.set_read_timeout(60, 0);
+  auto post = [&](const std::string& path, const std::string& body) {
+    return cli.Post(path, body, "application/json");
+  };
+  auto complete = [&](const std::string& model) {
+    return post("/v1/completions",
+                json{{"model", model}, {"prompt", "Once"}, {"max_tokens", 2}}.dump());
+  };
+  ASSERT_EQ(complete("a0")->status, 200);
+  auto unloaded = post("/v1/unload_lora_adapter", R"({"lora_name":"a0"})");
+  ASSERT_TRUE(unloaded);
+  EXPECT_EQ(unloaded->status, 200) << unloaded->body;
+  EXPECT_EQ(complete("a0")->status, 404);
+  EXPECT_EQ(complete("a1")->status, 200);
+  EXPECT_EQ(ts->registry->size(), 1u);
+  for (const char* body : {R"({"lora_name":"a0"})", R"({"name":"a1"})", R"([1,2])"}) {
+    auto r = post("/v1/unload_lora_adapter", body);
+    ASSERT_TRUE(r);
+    EXPECT_GE(r->status, 400) << body;
+    EXPECT_LT(r->status, 500) << body;
+    const json e = json::parse(r->body)["error"];
+    if (std::string(body) != "[1,2]") {
+      EXPECT_EQ(e["param"], "lora_name") << body << r->body;
+    }
+  }
+  EXPECT_EQ(ts->registry->size(), 1u);
+}
+
 }  // namespace
 }  // namespace chorus
