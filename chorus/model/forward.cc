@@ -35,11 +35,34 @@ void Forward::Linear(int64_t layer, model::Linear which, const float* x, int64_t
   if (in.hook != nullptr) in.hook->Apply(layer, which, x, x_stride, y, y_stride, n, pool);
 }
 
-void Forward::Linears(int64_t layer, std::span<const LinearOut> outs, const float* x,
-                      int64_t x_stride, int64_t n, const StepInput& in, ThreadPool* pool) {
+Forward::LinearOut Forward::OutputOf(model::Linear which) {
+  const ModelConfig& c = model_->config();
+  switch (which) {
+    case model::Linear::kQ:
+      return {which, q_.data(), c.q_dim()};
+    case model::Linear::kK:
+      return {which, k_.data(), c.kv_dim()};
+    case model::Linear::kV:
+      return {which, v_.data(), c.kv_dim()};
+    case model::Linear::kGate:
+      return {which, gate_.data(), c.n_ff};
+    case model::Linear::kUp:
+      return {which, up_.data(), c.n_ff};
+    default:
+      CHORUS_CHECK(false) << "linear " << LinearName(which) << " belongs to no group";
+      return {};
+  }
+}
+
+void Forward::Linears(int64_t layer, LinearGroup group, const float* x, int64_t x_stride, int64_t n,
+                      const StepInput& in, ThreadPool* pool) {
   const LayerWeights& lw = model_->weights().layers[static_cast<size_t>(layer)];
+  const std::span<const model::Linear> members = LinearGroupMembers(group);
+  LinearOut out_storage[kMaxLinearGroupSize];
+  for (size_t j = 0; j < members.size(); ++j) out_storage[j] = OutputOf(members[j]);
+  const std::span<const LinearOut> outs(out_storage, members.size());
   kernels::MatMulOut mm[kernels::kMaxMatMulOuts];
-  CHORUS_CHECK_LE(static_cast<int64_t>(outs.size()), kernels::kMaxMatMulOuts);
+  static_assert(kMaxLinearGroupSize <= kernels::kMaxMatMulOuts);
   bool same = true;
   for (size_t j = 0; j < outs.size(); ++j) {
     const kernels::PackedWeight& w = lw.W(outs[j].which);
@@ -52,7 +75,7 @@ void Forward::Linears(int64_t layer, std::span<const LinearOut> outs, const floa
     for (size_t j = 0; j < outs.size(); ++j)
       kernels::MatMul(*mm[j].w, x, x_stride, n, mm[j].y, mm[j].y_stride, false, pool);
   }
-  if (in.hook != nullptr) in.hook->ApplyGroup(layer, outs, x, x_stride, n, pool);
+  if (in.hook != nullptr) in.hook->ApplyGroup(layer, group, outs, x, x_stride, n, pool);
 }
 
 void Forward::Attention(const StepInput& in, memory::KvCache* kv, int64_t layer, ThreadPool* pool) {
@@ -110,10 +133,7 @@ void Forward::Run(const StepInput& in, memory::KvCache* kv, ThreadPool* pool, fl
     kernels::RmsNorm(x_.data(), static_cast<const float*>(lw.attn_norm.data()), n, d, c.norm_eps,
                      xb_.data());
     // q, k and v read the same input: one fused dispatch (then the adapter terms of each).
-    const LinearOut qkv[] = {{model::Linear::kQ, q_.data(), qd},
-                             {model::Linear::kK, k_.data(), kvd},
-                             {model::Linear::kV, v_.data(), kvd}};
-    Linears(l, qkv, xb_.data(), d, n, in, pool);
+    Linears(l, LinearGroup::kQkv, xb_.data(), d, n, in, pool);
     for (int64_t i = 0; i < n; ++i) {
       float* q = q_.data() + i * qd;
       float* k = k_.data() + i * kvd;
@@ -142,9 +162,7 @@ void Forward::Run(const StepInput& in, memory::KvCache* kv, ThreadPool* pool, fl
     // MLP block.
     kernels::RmsNorm(x_.data(), static_cast<const float*>(lw.ffn_norm.data()), n, d, c.norm_eps,
                      xb_.data());
-    const LinearOut gate_up[] = {{model::Linear::kGate, gate_.data(), ff},
-                                 {model::Linear::kUp, up_.data(), ff}};
-    Linears(l, gate_up, xb_.data(), d, n, in, pool);
+    Linears(l, LinearGroup::kGateUp, xb_.data(), d, n, in, pool);
     kernels::SiluMul(gate_.data(), up_.data(), n * ff, gate_.data());
     Linear(l, model::Linear::kDown, gate_.data(), ff, xb_.data(), d, n, in, pool);
     kernels::Add(x_.data(), xb_.data(), n * d);

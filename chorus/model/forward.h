@@ -37,10 +37,13 @@ class LinearHook {
     float* y;
     int64_t y_stride;
   };
-  // The terms of several linears of `layer` that read the same x (q/k/v, gate/up), in one call
-  // so that an implementation can share work between them. Default: Apply for each, in order.
-  virtual void ApplyGroup(int64_t layer, std::span<const Target> targets, const float* x,
-                          int64_t x_stride, int64_t n_rows, ThreadPool* pool) const {
+  // The terms of one LinearGroup of `layer` (model.h: q|k|v or gate|up, which read the same x),
+  // in one call so that an implementation can share work between them. `targets` are the
+  // group's members in LinearGroupMembers() order. Default: Apply for each, in order.
+  virtual void ApplyGroup(int64_t layer, LinearGroup group, std::span<const Target> targets,
+                          const float* x, int64_t x_stride, int64_t n_rows,
+                          ThreadPool* pool) const {
+    (void)group;
     for (const Target& t : targets)
       Apply(layer, t.which, x, x_stride, t.y, t.y_stride, n_rows, pool);
   }
@@ -73,12 +76,13 @@ class Forward {
   void Attention(const StepInput& in, memory::KvCache* kv, int64_t layer, ThreadPool* pool);
   void Linear(int64_t layer, model::Linear which, const float* x, int64_t x_stride, float* y,
               int64_t y_stride, int64_t n, const StepInput& in, ThreadPool* pool);
-  // Several linears of `layer` over the same input x (q/k/v, gate/up), computed in one fused
-  // MatMulMulti dispatch when their weights agree in k and dtype, then their hook terms in one
-  // ApplyGroup call.
+  // The linears of `group` (model.h's LinearGroup: q|k|v, gate|up) of `layer` over their
+  // shared input x, computed in one fused MatMulMulti dispatch when their weights agree in k and
+  // dtype, then their hook terms in one ApplyGroup call.
   using LinearOut = LinearHook::Target;
-  void Linears(int64_t layer, std::span<const LinearOut> outs, const float* x, int64_t x_stride,
-               int64_t n, const StepInput& in, ThreadPool* pool);
+  void Linears(int64_t layer, LinearGroup group, const float* x, int64_t x_stride, int64_t n,
+               const StepInput& in, ThreadPool* pool);
+  LinearOut OutputOf(model::Linear which);  // the step buffer a grouped linear writes
 
   std::shared_ptr<const Model> model_;
   int64_t max_rows_, max_logit_rows_;

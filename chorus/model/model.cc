@@ -12,6 +12,21 @@ const char* LinearName(Linear l) {
   return kNames[static_cast<int>(l)];
 }
 
+std::span<const Linear> LinearGroupMembers(LinearGroup g) {
+  static constexpr Linear kQkv[] = {Linear::kQ, Linear::kK, Linear::kV};
+  static constexpr Linear kGateUp[] = {Linear::kGate, Linear::kUp};
+  if (g == LinearGroup::kQkv) return kQkv;
+  return kGateUp;
+}
+
+std::optional<LinearGroup> LinearGroupOf(Linear l) {
+  for (int g = 0; g < kNumLinearGroups; ++g) {
+    for (Linear m : LinearGroupMembers(static_cast<LinearGroup>(g)))
+      if (m == l) return static_cast<LinearGroup>(g);
+  }
+  return std::nullopt;
+}
+
 const char* ModelFormatName(ModelFormat f) {
   switch (f) {
     case ModelFormat::kLlama2c:

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,6 +23,19 @@ namespace chorus::model {
 enum class Linear : int { kQ = 0, kK, kV, kO, kGate, kUp, kDown };
 inline constexpr int kNumLinears = 7;
 const char* LinearName(Linear l);  // "q_proj", ...
+
+// Linears that read the same input, declared once for every consumer: the forward pass computes
+// a group in one fused dispatch, and a variant kind (model::LinearHook) receives the group's
+// outputs in one ApplyGroup call so that it can share work between them (LoRA fuses the
+// group's shrinks). kQkv = q|k|v read the attention norm's output; kGateUp = gate|up read the
+// MLP norm's. o and down belong to no group.
+enum class LinearGroup : int { kQkv = 0, kGateUp = 1 };
+inline constexpr int kNumLinearGroups = 2;
+inline constexpr int kMaxLinearGroupSize = 3;
+// The members of `g`, in the order the forward pass computes them.
+std::span<const Linear> LinearGroupMembers(LinearGroup g);
+// The group `l` belongs to, or nullopt (o, down).
+std::optional<LinearGroup> LinearGroupOf(Linear l);
 
 struct LayerWeights {
   Tensor attn_norm;                           // [n_embd] f32

@@ -15,10 +15,6 @@ namespace {
 
 using model::Linear;
 
-constexpr Linear kGroupMembers[2][3] = {{Linear::kQ, Linear::kK, Linear::kV},
-                                        {Linear::kGate, Linear::kUp, Linear::kGate}};
-constexpr int kGroupSize[2] = {3, 2};
-
 bool UsableDType(DType t) {
   return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16 || t == DType::kQ8_0 ||
          t == DType::kQ4_0;
@@ -227,22 +223,6 @@ int64_t LinearOut(const model::ModelConfig& c, Linear which) {
   }
 }
 
-bool LinearGroup(Linear which, LoraAdapter::Group* group) {
-  switch (which) {
-    case Linear::kQ:
-    case Linear::kK:
-    case Linear::kV:
-      *group = LoraAdapter::Group::kQkv;
-      return true;
-    case Linear::kGate:
-    case Linear::kUp:
-      *group = LoraAdapter::Group::kGateUp;
-      return true;
-    default:
-      return false;
-  }
-}
-
 LoraWeights LoraWeights::Empty(int64_t n_layers) {
   LoraWeights w;
   w.n_layers = n_layers;
@@ -363,11 +343,11 @@ void LoraView::LayoutRowTables() {
     return modules_[static_cast<size_t>(l * model::kNumLinears + static_cast<int>(which))];
   };
   for (int64_t l = 0; l < n_layers_; ++l) {
-    for (int g = 0; g < 2; ++g) {
-      Fused& f = fused_[static_cast<size_t>(l * 2 + g)];
+    for (int g = 0; g < model::kNumLinearGroups; ++g) {
+      Fused& f = fused_[static_cast<size_t>(l * model::kNumLinearGroups + g)];
       take(0, 0, &f.a_rows, &f.a_rows_bf16);  // the group's rows start here
-      for (int q = 0; q < kGroupSize[g]; ++q) {
-        Module& m = mod(l, kGroupMembers[g][q]);
+      for (Linear member : model::LinearGroupMembers(static_cast<model::LinearGroup>(g))) {
+        Module& m = mod(l, member);
         take(m.rank, m.in, &m.a_rows, &m.a_rows_bf16);
       }
     }
@@ -414,7 +394,7 @@ Result<std::shared_ptr<const LoraAdapter>> LoraAdapter::Build(const LoraWeights&
   ad->identity_ = std::move(identity);
   ad->n_layers_ = w.n_layers;
   ad->modules_.resize(w.modules.size());
-  ad->fused_.resize(static_cast<size_t>(w.n_layers * 2));
+  ad->fused_.resize(static_cast<size_t>(w.n_layers * model::kNumLinearGroups));
 
   // Storage layout per layer: for each group its fused A (members in order), then o's and
   // down's A, then every module's Bᵀ. Offsets first, so pointers are set after one allocation.
@@ -425,11 +405,10 @@ Result<std::shared_ptr<const LoraAdapter>> LoraAdapter::Build(const LoraWeights&
   std::vector<size_t> fused_off(ad->fused_.size());
   size_t total = 0;
   for (int64_t l = 0; l < w.n_layers; ++l) {
-    for (int g = 0; g < 2; ++g) {
-      fused_off[static_cast<size_t>(l * 2 + g)] = total;
+    for (int g = 0; g < model::kNumLinearGroups; ++g) {
+      fused_off[static_cast<size_t>(l * model::kNumLinearGroups + g)] = total;
       int64_t col = 0;
-      for (int q = 0; q < kGroupSize[g]; ++q) {
-        const Linear which = kGroupMembers[g][q];
+      for (Linear which : model::LinearGroupMembers(static_cast<model::LinearGroup>(g))) {
         const LoraModuleWeights& m = w.at(l, which);
         const size_t idx = static_cast<size_t>(l * model::kNumLinears + static_cast<int>(which));
         slots[idx].a_off = total;
@@ -439,7 +418,7 @@ Result<std::shared_ptr<const LoraAdapter>> LoraAdapter::Build(const LoraWeights&
         col += m.rank();
         total += static_cast<size_t>(m.rank() * LinearIn(c, which));
       }
-      ad->fused_[static_cast<size_t>(l * 2 + g)].rank = col;
+      ad->fused_[static_cast<size_t>(l * model::kNumLinearGroups + g)].rank = col;
       ad->max_fused_rank_ = std::max(ad->max_fused_rank_, col);
     }
     for (Linear which : {Linear::kO, Linear::kDown}) {
@@ -467,12 +446,12 @@ Result<std::shared_ptr<const LoraAdapter>> LoraAdapter::Build(const LoraWeights&
 
   std::vector<float> scratch;
   for (int64_t l = 0; l < w.n_layers; ++l) {
-    for (int g = 0; g < 2; ++g) {
-      Fused& f = ad->fused_[static_cast<size_t>(l * 2 + g)];
-      f.a =
-          f32 && f.rank > 0
-              ? reinterpret_cast<const float*>(base + fused_off[static_cast<size_t>(l * 2 + g)] * 4)
-              : nullptr;
+    for (int g = 0; g < model::kNumLinearGroups; ++g) {
+      Fused& f = ad->fused_[static_cast<size_t>(l * model::kNumLinearGroups + g)];
+      f.a = f32 && f.rank > 0
+                ? reinterpret_cast<const float*>(
+                      base + fused_off[static_cast<size_t>(l * model::kNumLinearGroups + g)] * 4)
+                : nullptr;
     }
     for (int li = 0; li < model::kNumLinears; ++li) {
       const Linear which = static_cast<Linear>(li);

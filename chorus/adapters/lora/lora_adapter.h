@@ -108,9 +108,9 @@ class LoraView {
     const uint16_t* const* bt_rows_bf16 = nullptr;  //
     int64_t fused_col = 0;  // first row of this module's A inside its fused group
   };
-  // The A of linears that read the same input, concatenated by rows: group kQkv = q|k|v
-  // (input n_embd), kGateUp = gate|up (input n_embd). Absent modules contribute no rows.
-  enum class Group { kQkv = 0, kGateUp = 1 };
+  // The A of the linears of one model::LinearGroup (they read the same input), concatenated by
+  // rows in LinearGroupMembers() order. Absent modules contribute no rows.
+  using Group = model::LinearGroup;
   struct Fused {
     int64_t rank = 0;                      // Σ ranks of the group's modules
     const float* a = nullptr;              // [rank, in] contiguous (host copy only; else null)
@@ -133,7 +133,7 @@ class LoraView {
     return modules_[static_cast<size_t>(layer * model::kNumLinears + static_cast<int>(which))];
   }
   const Fused& fused(int64_t layer, Group g) const {
-    return fused_[static_cast<size_t>(layer * 2 + static_cast<int>(g))];
+    return fused_[static_cast<size_t>(layer * model::kNumLinearGroups + static_cast<int>(g))];
   }
   int64_t max_rank() const { return max_rank_; }
   // Largest fused-group rank (what a shrink buffer row must hold).
@@ -223,9 +223,6 @@ class LoraAdapter : public LoraView {
   // Build); never resized after Build.
   HostBuffer storage_;
 };
-
-// Which fused group a linear belongs to (q,k,v → kQkv; gate,up → kGateUp); false for o, down.
-bool LinearGroup(model::Linear which, LoraAdapter::Group* group);
 
 // ---- Test oracles and synthetic adapters ----
 

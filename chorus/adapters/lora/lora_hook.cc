@@ -15,7 +15,6 @@ void LoraHook::Clear() {
   segments_.clear();
   slots_.clear();
   n_rows_ = 0;
-  cache_valid_ = false;
 }
 
 Status LoraHook::SetRows(std::span<const LoraAdapter* const> row_adapters) {
@@ -71,84 +70,42 @@ void LoraHook::Apply(int64_t layer, model::Linear which, const float* x, int64_t
                      int64_t y_stride, int64_t n_rows, ThreadPool* pool) const {
   if (segments_.empty()) return;
   CHORUS_CHECK_EQ(n_rows, n_rows_) << "LoraHook::SetRows was given another step's rows";
-  const int64_t in = LinearIn(config_, which), out = LinearOut(config_, which);
-  LoraAdapter::Group group;
-  const bool fused = LinearGroup(which, &group);
-  const size_t n_slots = slots_.size();
-  if (fused) {
-    const bool first = which == model::Linear::kQ || which == model::Linear::kGate;
-    if (first || !cache_valid_ || cache_layer_ != layer ||
-        cache_group_ != static_cast<int>(group) || cache_x_ != x) {
-      for (size_t s = 0; s < n_slots; ++s) {
-        const LoraAdapter::Fused& f = slots_[s]->fused(layer, group);
-        shrink_w_[s] = {f.a_rows, f.rank, f.a_rows_bf16};
-      }
-      kernels::LoraShrink(segments_, shrink_w_, x, x_stride, in, v_.data(), v_stride_, pool);
-      cache_valid_ = true;
-      cache_layer_ = layer;
-      cache_group_ = static_cast<int>(group);
-      cache_x_ = x;
-    }
-    for (size_t s = 0; s < n_slots; ++s) {
-      const LoraAdapter::Module& m = slots_[s]->module(layer, which);
-      expand_w_[s] = {m.bt_rows, m.rank, m.fused_col, m.scale, m.bt_rows_bf16};
-    }
-  } else {
-    for (size_t s = 0; s < n_slots; ++s) {
-      const LoraAdapter::Module& m = slots_[s]->module(layer, which);
-      shrink_w_[s] = {m.a_rows, m.rank, m.a_rows_bf16};
-      expand_w_[s] = {m.bt_rows, m.rank, 0, m.scale, m.bt_rows_bf16};
-    }
-    cache_valid_ = false;
-    const kernels::LoraExpandOut target{expand_w_, out, y, y_stride};
-    kernels::LoraShrinkExpand(segments_, shrink_w_, x, x_stride, in, v_.data(), v_stride_,
-                              {&target, 1}, pool);
-    return;
-  }
-  kernels::LoraExpand(segments_, expand_w_, v_.data(), v_stride_, out, y, y_stride, pool);
-}
-
-void LoraHook::ApplyGroup(int64_t layer, std::span<const Target> targets, const float* x,
-                          int64_t x_stride, int64_t n_rows, ThreadPool* pool) const {
-  if (segments_.empty()) return;
-  // Only a whole group, each member once, shares one shrink here.
-  LoraAdapter::Group group{};
-  unsigned seen = 0;
-  bool whole = !targets.empty() && targets.size() <= kernels::kMaxLoraExpandOuts;
-  for (size_t t = 0; whole && t < targets.size(); ++t) {
-    LoraAdapter::Group g;
-    const unsigned bit = 1u << static_cast<unsigned>(targets[t].which);
-    whole = LinearGroup(targets[t].which, &g) && (t == 0 || g == group) && (seen & bit) == 0;
-    group = g;
-    seen |= bit;
-  }
-  const size_t group_size = group == LoraAdapter::Group::kQkv ? 3 : 2;
-  if (!whole || targets.size() != group_size) {
-    LinearHook::ApplyGroup(layer, targets, x, x_stride, n_rows, pool);
-    return;
-  }
-  CHORUS_CHECK_EQ(n_rows, n_rows_) << "LoraHook::SetRows was given another step's rows";
   const size_t n_slots = slots_.size();
   for (size_t s = 0; s < n_slots; ++s) {
-    const LoraAdapter::Fused& f = slots_[s]->fused(layer, group);
+    const LoraView::Module& m = slots_[s]->module(layer, which);
+    shrink_w_[s] = {m.a_rows, m.rank, m.a_rows_bf16};
+    expand_w_[s] = {m.bt_rows, m.rank, 0, m.scale, m.bt_rows_bf16};
+  }
+  const kernels::LoraExpandOut target{expand_w_, LinearOut(config_, which), y, y_stride};
+  kernels::LoraShrinkExpand(segments_, shrink_w_, x, x_stride, LinearIn(config_, which), v_.data(),
+                            v_stride_, {&target, 1}, pool);
+}
+
+void LoraHook::ApplyGroup(int64_t layer, model::LinearGroup group, std::span<const Target> targets,
+                          const float* x, int64_t x_stride, int64_t n_rows,
+                          ThreadPool* pool) const {
+  if (segments_.empty()) return;
+  CHORUS_CHECK_EQ(n_rows, n_rows_) << "LoraHook::SetRows was given another step's rows";
+  const std::span<const model::Linear> members = model::LinearGroupMembers(group);
+  CHORUS_CHECK_EQ(targets.size(), members.size()) << "ApplyGroup needs the whole group";
+  static_assert(model::kMaxLinearGroupSize <= kernels::kMaxLoraExpandOuts);
+  const size_t n_slots = slots_.size();
+  for (size_t s = 0; s < n_slots; ++s) {
+    const LoraView::Fused& f = slots_[s]->fused(layer, group);
     shrink_w_[s] = {f.a_rows, f.rank, f.a_rows_bf16};
   }
   std::array<kernels::LoraExpandOut, kernels::kMaxLoraExpandOuts> outs;
   for (size_t t = 0; t < targets.size(); ++t) {
+    CHORUS_CHECK(targets[t].which == members[t]) << "ApplyGroup targets out of group order";
     std::vector<kernels::LoraExpandWeight>& ew = group_expand_w_[t];
     for (size_t s = 0; s < n_slots; ++s) {
-      const LoraAdapter::Module& m = slots_[s]->module(layer, targets[t].which);
+      const LoraView::Module& m = slots_[s]->module(layer, targets[t].which);
       ew[s] = {m.bt_rows, m.rank, m.fused_col, m.scale, m.bt_rows_bf16};
     }
     outs[t] = {ew, LinearOut(config_, targets[t].which), targets[t].y, targets[t].y_stride};
   }
-  kernels::LoraShrinkExpand(segments_, shrink_w_, x, x_stride, LinearIn(config_, targets[0].which),
+  kernels::LoraShrinkExpand(segments_, shrink_w_, x, x_stride, LinearIn(config_, members[0]),
                             v_.data(), v_stride_, {outs.data(), targets.size()}, pool);
-  // v_ now holds this group's shrink, as after Apply() of its first linear.
-  cache_valid_ = true;
-  cache_layer_ = layer;
-  cache_group_ = static_cast<int>(group);
-  cache_x_ = x;
 }
 
 }  // namespace chorus::adapters

@@ -5,12 +5,10 @@
 // one segment (the step planner sorts rows by adapter; unsorted rows still work, as more
 // segments). Rows without an adapter cost nothing.
 //
-// Fused shrinks: linears reading the same input (q|k|v, gate|up) share one shrink of rank
-// Σ r over the concatenated A. The shrink runs when Apply() is called for the group's first
-// linear (q, gate) and is reused by the others of the same layer called with the same x
-// pointer — the order model::Forward uses. Any other call order recomputes (still correct), but
-// x must not be modified between the q/k/v (gate/up) calls of one layer when the pointer is
-// the same.
+// Fused shrinks: the linears of one model::LinearGroup (q|k|v, gate|up) read the same input, so
+// ApplyGroup() runs one shrink of rank Σ r over the group's concatenated A and every member's
+// expand in one kernels::LoraShrinkExpand call. Apply() (a single linear) shrinks with that
+// linear's own A.
 //
 // A row's adapter is any LoraView: the host-tier copy (LoraAdapter) or its copy in pool pages
 // (PagedLora). Both hold the same values, so which one a step uses never changes its output.
@@ -52,10 +50,11 @@ class LoraHook : public model::LinearHook {
 
   void Apply(int64_t layer, model::Linear which, const float* x, int64_t x_stride, float* y,
              int64_t y_stride, int64_t n_rows, ThreadPool* pool) const override;
-  // A whole fused group (q, k, v or gate, up, each once, any order): the group's shrink and
-  // every expand in one kernels::LoraShrinkExpand call. Anything else: Apply for each.
-  void ApplyGroup(int64_t layer, std::span<const Target> targets, const float* x, int64_t x_stride,
-                  int64_t n_rows, ThreadPool* pool) const override;
+  // The group's shrink and every member's expand in one kernels::LoraShrinkExpand call.
+  // Requires: `targets` are the members of `group` in LinearGroupMembers() order.
+  void ApplyGroup(int64_t layer, model::LinearGroup group, std::span<const Target> targets,
+                  const float* x, int64_t x_stride, int64_t n_rows,
+                  ThreadPool* pool) const override;
 
  private:
   model::ModelConfig config_;
@@ -72,11 +71,6 @@ class LoraHook : public model::LinearHook {
   // ApplyGroup: one expand table per output of the group.
   mutable std::array<std::vector<kernels::LoraExpandWeight>, kernels::kMaxLoraExpandOuts>
       group_expand_w_;
-  // What v_ holds: a fused group's shrink of (layer, group, x), if valid.
-  mutable bool cache_valid_ = false;
-  mutable int64_t cache_layer_ = -1;
-  mutable int cache_group_ = -1;
-  mutable const float* cache_x_ = nullptr;
 };
 
 }  // namespace chorus::adapters
