@@ -1,0 +1,102 @@
+#include "chorus/engine/output_stage.h"
+
+#include <algorithm>
+#include <span>
+
+namespace chorus::engine {
+namespace {
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+}  // namespace
+
+OutputStage::OutputStage(const model::ModelConfig& config, const tokenizer::Tokenizer* tok,
+                         EngineMetrics* metrics)
+    : config_(config),
+      tok_(tok),
+      metrics_(metrics),
+      seed_source_(static_cast<uint64_t>(Clock::now().time_since_epoch().count())) {
+  scratch_.Reserve(config_.vocab_size);
+}
+
+void OutputStage::Attach(Sequence* s) {
+  SamplingParams sp = s->req->sampling;
+  if (sp.seed.has_value()) sp.seed = *sp.seed + static_cast<uint64_t>(s->index);
+  s->sampler = std::make_unique<Sampler>(sp, config_.vocab_size,
+                                         seed_source_.fetch_add(0x9E3779B97F4A7C15ull));
+  s->detok = std::make_unique<tokenizer::StreamingDetokenizer>(tok_);
+  s->detok->SetPrevious(s->tokens.back());
+  s->stop = std::make_unique<StopChecker>(s->req->stop);
+}
+
+FinishReason OutputStage::Emit(Sequence* s, const float* row_logits) {
+  SampleResult& r = result_;
+  const GenerationRequest& req = *s->req;
+  const std::span<const int32_t> all(s->tokens);
+  const int32_t tok = s->sampler->Sample(
+      std::span<const float>(row_logits, static_cast<size_t>(config_.vocab_size)),
+      all.subspan(0, static_cast<size_t>(s->n_prompt)),
+      all.subspan(static_cast<size_t>(s->n_prompt)), &scratch_,
+      req.sampling.logprobs.has_value() ? &r : nullptr);
+  s->tokens.push_back(tok);
+  ++s->n_generated;
+  const auto now = Clock::now();
+  if (s->n_generated == 1) {
+    const double ttft = Seconds(now - s->arrival);
+    s->handle->SetTtft(ttft);
+    metrics_->ttft_seconds.Observe(ttft);
+    metrics_->adapters.ObserveTtft(req.adapter, ttft);
+  } else {
+    metrics_->time_per_output_token_seconds.Observe(Seconds(now - s->last_token));
+  }
+  s->last_token = now;
+  metrics_->generation_tokens_total.fetch_add(1);
+
+  const bool is_eos = !req.ignore_eos && tok_->IsEos(tok);
+  const bool is_stop_id = std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), tok) !=
+                          req.stop_token_ids.end();
+  StreamEvent ev;
+  ev.index = s->index;
+  ev.token = tok;
+  if (req.sampling.logprobs.has_value()) {
+    ev.logprob = r.logprob;
+    ev.top_logprobs = r.top;
+  }
+  FinishReason finish = FinishReason::kNone;
+  if (is_eos || is_stop_id) {
+    finish = FinishReason::kStop;  // the end token itself contributes no text
+  } else {
+    auto o = s->stop->Push(s->detok->Push(tok));
+    ev.text = std::move(o.text);
+    if (o.stopped) finish = FinishReason::kStop;
+  }
+  if (finish == FinishReason::kNone &&
+      (s->n_generated >= req.max_tokens ||
+       static_cast<int64_t>(s->tokens.size()) >= config_.max_seq_len)) {
+    finish = FinishReason::kLength;
+  }
+  if (finish != FinishReason::kNone) {
+    if (!s->stop->stopped()) {
+      // Release what the detokenizer and the stop checker still hold back.
+      auto o = s->stop->Push(s->detok->Flush());
+      ev.text += o.text;
+      if (!o.stopped) ev.text += s->stop->Flush();
+    }
+    ev.finish = finish;
+    s->finished = true;
+  }
+  s->handle->Push(std::move(ev));
+  return finish;
+}
+
+void OutputStage::PushFinal(Sequence* s, FinishReason why, const std::string& error,
+                            StatusCode code) {
+  StreamEvent ev;
+  ev.index = s->index;
+  ev.finish = why;
+  ev.error = error;
+  ev.error_code = code;
+  s->handle->Push(std::move(ev));
+}
+
+}  // namespace chorus::engine

@@ -1,0 +1,299 @@
+#include "chorus/engine/scheduler.h"
+
+#include <algorithm>
+
+#include "chorus/base/logging.h"
+
+namespace chorus::engine {
+
+Scheduler::Scheduler(SchedulerOptions opts, memory::PagePool* pages, memory::KvCache* kv,
+                     AdapterResidency* residency, std::unique_ptr<Policy> policy,
+                     EngineMetrics* metrics)
+    : opts_(opts),
+      pages_(pages),
+      kv_(kv),
+      residency_(residency),
+      policy_(std::move(policy)),
+      metrics_(metrics) {
+  plan_.reserve(static_cast<size_t>(opts_.max_running));
+  step_adapters_.reserve(static_cast<size_t>(opts_.max_running));
+}
+
+void Scheduler::Enqueue(std::unique_ptr<Sequence> s) { waiting_.push_back(std::move(s)); }
+
+Scheduler::Outcome Scheduler::Plan() {
+  residency_->Poll();     // pool copies that landed become resident
+  ResolveAdapterLoads();  // disk loads that finished: admit (or fail) their requests
+
+  // 1. Cancellations (a client that went away frees its blocks within this step).
+  for (auto& s : running_)
+    if (s->handle->cancelled()) Finish(s.get(), FinishReason::kCancelled);
+  std::erase_if(running_, [](const auto& s) { return s->finished; });
+  for (auto& s : waiting_) {
+    if (s->handle->cancelled()) {
+      Finish(s.get(), FinishReason::kCancelled);  // with its unforked choices
+      queued_.fetch_sub(1);
+    }
+  }
+  std::erase_if(waiting_, [](const auto& s) { return s->finished; });
+
+  // 2. Running sequences oldest first (decode rows or their next prefill chunk), then admit
+  //    waiting ones in queue order while rows, sequences and pages allow.
+  plan_.clear();
+  int64_t budget = opts_.max_batch_tokens;
+  std::vector<std::unique_ptr<Sequence>> preempted;
+  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+    Sequence* s = running_[i].get();
+    const int64_t remaining = static_cast<int64_t>(s->tokens.size()) - s->n_computed;
+    const int64_t count = std::min(budget, remaining);
+    bool ok = false;
+    while (!ok) {
+      ok = kv_->PrepareWrite(&s->table, s->n_computed, s->n_computed + count).ok();
+      if (ok) break;
+      // KV wins over resident adapters: evict unpinned ones before preempting anyone.
+      const int64_t need =
+          kv_->BlocksFor(s->n_computed + count) - static_cast<int64_t>(s->table.size());
+      if (ReclaimAdapterPages(need)) continue;
+      if (ReleaseNewestWaitingTable()) continue;
+      // Out of pages: preempt the newest running sequence not yet planned (possibly s itself).
+      const size_t victim = running_.size() - 1;
+      Preempt(running_[victim].get());
+      preempted.push_back(std::move(running_[victim]));
+      running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(victim));
+      if (victim == i) break;
+    }
+    if (!ok) break;  // s itself was preempted; every later one too
+    plan_.push_back(
+        {s, s->n_computed, count, s->n_computed + count == static_cast<int64_t>(s->tokens.size())});
+    budget -= count;
+  }
+  // Preempted sequences go back to the front of the queue, oldest first.
+  for (auto it = preempted.rbegin(); it != preempted.rend(); ++it) {
+    waiting_.push_front(std::move(*it));
+    queued_.fetch_add(1);
+  }
+  if (preempted.empty()) AdmitWaiting(&budget);
+  if (plan_.empty()) {
+    auto first_ready =
+        std::find_if(waiting_.begin(), waiting_.end(), [](const auto& s) { return !s->ticket; });
+    if (first_ready == waiting_.end() || !running_.empty()) {
+      return Outcome::kIdle;  // only requests whose adapters are still loading
+    }
+    if (ReleaseNewestWaitingTable()) return Outcome::kReplan;  // shared prompt blocks freed
+    // Nothing fits even in an empty pool: cannot happen for validated requests, but never spin.
+    Finish(first_ready->get(), FinishReason::kError, "request does not fit in the KV pool");
+    waiting_.erase(first_ready);
+    queued_.fetch_sub(1);
+    return Outcome::kReplan;
+  }
+
+  // 3. Equal adapters contiguous (one segment each; base-model rows first); stable, so each
+  //    sequence's rows stay contiguous and in position order.
+  std::stable_sort(plan_.begin(), plan_.end(), [](const Planned& a, const Planned& b) {
+    return a.seq->lora.get() < b.seq->lora.get();
+  });
+  return Outcome::kRun;
+}
+
+void Scheduler::Complete(const float* logits, int64_t vocab, TokenSink* sink) {
+  size_t li = 0;
+  for (const Planned& pl : plan_) {
+    pl.seq->n_computed += pl.count;
+    if (!pl.wants_logits) continue;
+    const float* row = logits + li * static_cast<size_t>(vocab);
+    if (!pl.seq->forks.empty()) ForkChoices(pl.seq, row, sink);  // before the prompt may be freed
+    if (sink->Emit(pl.seq, row) != FinishReason::kNone) Retire(pl.seq);
+    ++li;
+  }
+  std::erase_if(running_, [](const auto& s) { return s->finished; });
+}
+
+void Scheduler::CancelAll() {
+  for (auto& s : running_) Finish(s.get(), FinishReason::kCancelled);
+  running_.clear();
+  for (auto& s : waiting_) Finish(s.get(), FinishReason::kCancelled);
+  waiting_.clear();
+  queued_.store(0);
+}
+
+void Scheduler::Retire(Sequence* s) {
+  s->finished = true;
+  if (!s->table.empty()) kv_->Release(&s->table);
+  UnpinAdapter(s);
+}
+
+void Scheduler::Finish(Sequence* s, FinishReason why, const std::string& error, StatusCode code) {
+  if (s->finished) return;
+  Retire(s);
+  for (auto& f : s->forks) {  // choices that never started end with it
+    Finish(f.get(), why, error, code);
+    queued_.fetch_sub(1);
+  }
+  s->forks.clear();
+  OutputStage::PushFinal(s, why, error, code);
+}
+
+void Scheduler::Preempt(Sequence* s) {
+  // Recompute later from prompt + generated tokens; the sampler keeps its state, so the
+  // continuation is the same as without preemption.
+  kv_->Release(&s->table);
+  UnpinAdapter(s);
+  s->n_computed = 0;
+  metrics_->preemptions_total.fetch_add(1);
+  CHORUS_LOG(DEBUG) << "preempt req=" << s->req->id << " choice=" << s->index
+                    << " tokens=" << s->tokens.size();
+}
+
+// Choice 0 of `parent`'s request has just computed its prompt: every other choice takes a
+// reference on the prompt's blocks (the partly filled last block is copied when a choice first
+// writes into it, KvCache::PrepareWrite) and samples its first token from the same logits row,
+// which is what it would have computed alone (batch invariance). Choices that find no room in
+// the running batch wait with the shared blocks and recompute only the last prompt token.
+void Scheduler::ForkChoices(Sequence* parent, const float* row_logits, TokenSink* sink) {
+  const auto max_running = static_cast<size_t>(opts_.max_running);
+  std::vector<std::unique_ptr<Sequence>> later;
+  for (auto& f : parent->forks) {
+    f->table = kv_->Fork(parent->table);
+    f->serial = next_serial_++;
+    f->lora = parent->lora;  // the parent's adapter load resolved for every choice
+    f->ticket.reset();
+    if (running_.size() < max_running) {
+      f->n_computed = f->n_prompt;
+      queued_.fetch_sub(1);
+      if (f->lora) {
+        residency_->Pin(f->lora);
+        f->pinned = true;
+      }
+      if (sink->Emit(f.get(), row_logits) != FinishReason::kNone) Retire(f.get());
+      running_.push_back(std::move(f));
+    } else {
+      f->n_computed = f->n_prompt - 1;
+      later.push_back(std::move(f));
+    }
+  }
+  parent->forks.clear();
+  for (auto it = later.rbegin(); it != later.rend(); ++it) waiting_.push_front(std::move(*it));
+}
+
+// Under pool pressure, a waiting choice that holds forked prompt blocks gives them up (it will
+// recompute its prompt) before any running sequence is preempted. False when none holds any.
+bool Scheduler::ReleaseNewestWaitingTable() {
+  for (auto it = waiting_.rbegin(); it != waiting_.rend(); ++it) {
+    Sequence* w = it->get();
+    if (w->table.empty()) continue;
+    kv_->Release(&w->table);
+    w->n_computed = 0;
+    return true;
+  }
+  return false;
+}
+
+void Scheduler::ResolveAdapterLoads() {
+  for (auto& s : waiting_) {
+    if (!s->ticket || !s->ticket->done.load(std::memory_order_acquire)) continue;
+    std::shared_ptr<AdapterTicket> t = std::move(s->ticket);
+    s->ticket.reset();
+    if (!t->status.ok()) {
+      // The adapter was valid when registered; a failure now (file vanished, truncated,
+      // unreadable) is the server's problem, not the client's: 5xx with the reason.
+      const StatusCode code = t->status.code() == StatusCode::kResourceExhausted ||
+                                      t->status.code() == StatusCode::kUnavailable
+                                  ? t->status.code()
+                                  : StatusCode::kInternal;
+      const std::string name = s->req->adapter_key ? s->req->adapter_key->name : s->req->adapter;
+      Finish(s.get(), FinishReason::kError,
+             "adapter '" + name +
+                 "' could not be loaded (it changed or became unreadable after registration): " +
+                 t->status.message(),
+             code);
+      queued_.fetch_sub(1);
+    } else if (t->adapter->n_layers() != kv_->layout().n_layers) {
+      Finish(s.get(), FinishReason::kError,
+             "adapter '" + t->adapter->name() + "' was built for another base model",
+             StatusCode::kInvalidArgument);
+      queued_.fetch_sub(1);
+    } else {
+      s->lora = t->adapter;
+    }
+  }
+  std::erase_if(waiting_, [](const auto& s) { return s->finished; });
+}
+
+void Scheduler::UnpinAdapter(Sequence* s) {
+  if (!s->pinned) return;
+  residency_->Unpin(s->lora.get());
+  s->pinned = false;
+}
+
+bool Scheduler::ReclaimAdapterPages(int64_t n_free) {
+  if (pages_->n_free() >= n_free) return false;  // not an adapter problem
+  return residency_->EvictFor(n_free);
+}
+
+// Admits waiting sequences in queue order while rows, sequences and pages allow and the policy
+// (engine/policy.h) agrees. A sequence whose adapter is still loading, or that the policy passes
+// over, keeps its place; a sequence that does not fit in the pool stops admission.
+void Scheduler::AdmitWaiting(int64_t* budget) {
+  step_adapters_.clear();
+  for (const Planned& p : plan_) {
+    const void* a = p.seq->lora.get();
+    if (a && std::find(step_adapters_.begin(), step_adapters_.end(), a) == step_adapters_.end())
+      step_adapters_.push_back(a);
+  }
+  policy_->BeginRound(step_adapters_);
+  size_t i = 0;
+  while (*budget > 0 && i < waiting_.size() &&
+         static_cast<int64_t>(running_.size()) < opts_.max_running) {
+    Sequence* s = waiting_[i].get();
+    const Candidate candidate{.adapter = s->lora.get(), .passes = &s->policy_passes};
+    if (s->ticket || !policy_->MayAdmit(candidate)) {
+      ++i;
+      continue;
+    }
+    const int64_t remaining = static_cast<int64_t>(s->tokens.size()) - s->n_computed;
+    const int64_t count = std::min(*budget, remaining);
+    // Admit only if this chunk fits and one block per running sequence stays free for
+    // their next decode step (avoids admitting work that immediately causes preemption).
+    // Its unforked choices will need a block each, too.
+    const int64_t need = kv_->PagesToWrite(s->table, s->n_computed, s->n_computed + count);
+    const int64_t want_free =
+        need + static_cast<int64_t>(running_.size() + (running_.empty() ? 0 : s->forks.size()));
+    if (want_free > pages_->n_free()) ReclaimAdapterPages(want_free);
+    if (want_free > pages_->n_free()) break;
+    if (!kv_->PrepareWrite(&s->table, s->n_computed, s->n_computed + count).ok()) break;
+    s->serial = s->serial ? s->serial : next_serial_++;
+    plan_.push_back(
+        {s, s->n_computed, count, s->n_computed + count == static_cast<int64_t>(s->tokens.size())});
+    *budget -= count;
+    policy_->Admitted(candidate);
+    if (s->lora) {
+      residency_->Pin(s->lora);
+      s->pinned = true;
+    }
+    running_.push_back(std::move(waiting_[i]));
+    waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(i));
+    queued_.fetch_sub(1);
+  }
+}
+
+// Starts pool copies: first of adapters this step uses (they may evict unpinned copies), then
+// of adapters named by queued requests, in arrival order (S-LoRA's prefetch; free pages only).
+// A copy is started only if pages stay free for KV: one per running sequence plus 1/8 of the
+// pool (1/4 for prefetch), so adapters never crowd out the KV of work already running.
+void Scheduler::PrefetchAdapters() {
+  const int64_t base_reserve = static_cast<int64_t>(running_.size());
+  for (const Planned& p : plan_) {
+    if (p.seq->lora)
+      residency_->Prefetch(p.seq->lora, base_reserve + pages_->n_pages() / 8, /*may_evict=*/true);
+  }
+  int prefetched = 0;
+  for (const auto& s : waiting_) {
+    if (prefetched >= 8) break;  // bound the work per step
+    if (!s->lora || residency_->Resident(s->lora.get()) || residency_->Loading(s->lora.get()))
+      continue;
+    residency_->Prefetch(s->lora, base_reserve + pages_->n_pages() / 4, /*may_evict=*/false);
+    ++prefetched;
+  }
+}
+
+}  // namespace chorus::engine

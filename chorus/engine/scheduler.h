@@ -1,0 +1,111 @@
+// Scheduler: which rows the next step computes (docs/architecture.md, "Scheduling"). It owns the
+// waiting and running sequences, their KV blocks and their adapter pins, and decides, step by
+// step: cancellations, the next decode row or prefill chunk of every running sequence (oldest
+// first, preempting the newest when the pool runs out of pages, after evicting unpinned
+// adapters), admission of waiting sequences in queue order as rows, sequences and pages allow
+// and the Policy agrees, and the fork of n > 1 choices once their prompt is computed. It never
+// computes: the engine turns the plan into a step (model::StepBuilder), runs the forward pass
+// and hands the logits back through Complete(), which sends each row to a TokenSink (the
+// output stage) and retires finished sequences.
+//
+// Testable without a model: it needs a page pool, a KV cache over it, adapter residency (with
+// or without a host cache) and a policy (engine/scheduler_test.cc drives it with fake logits).
+//
+// Thread-safety: engine thread only, except `queued`, the count of waiting choices, which
+// Engine::Submit reads and increments.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "chorus/engine/adapter_residency.h"
+#include "chorus/engine/metrics.h"
+#include "chorus/engine/output_stage.h"
+#include "chorus/engine/policy.h"
+#include "chorus/engine/sequence.h"
+#include "chorus/memory/kv_cache.h"
+#include "chorus/memory/page_pool.h"
+
+namespace chorus::engine {
+
+struct SchedulerOptions {
+  int64_t max_batch_tokens = 512;  // rows per step, decode + prefill
+  int64_t max_running = 64;        // sequences in the running batch
+};
+
+class Scheduler {
+ public:
+  // One planned piece of work: `count` tokens of `seq` from position `start`.
+  struct Planned {
+    Sequence* seq;
+    int64_t start, count;
+    bool wants_logits;  // the chunk ends at the sequence's last token: sample after it
+  };
+  enum class Outcome {
+    kRun,     // plan() holds the step's rows
+    kIdle,    // nothing can run until a loader finishes or a request arrives
+    kReplan,  // pages were freed (shared prompt blocks): plan again at once
+  };
+
+  // Every pointer must outlive the scheduler.
+  Scheduler(SchedulerOptions opts, memory::PagePool* pages, memory::KvCache* kv,
+            AdapterResidency* residency, std::unique_ptr<Policy> policy, EngineMetrics* metrics);
+
+  // A new request's first choice (its other choices in `forks`), counted in `queued`
+  // already by the submitter.
+  void Enqueue(std::unique_ptr<Sequence> s);
+
+  // Plans the next step. On kRun, plan() lists its rows, grouped so that equal adapters are
+  // contiguous (base-model rows first), each sequence's rows contiguous and in position order.
+  Outcome Plan();
+  std::span<const Planned> plan() const { return plan_; }
+  // Starts pool copies of the adapters this step and the queue will need (on loader threads,
+  // while the step computes). Call after Plan() returned kRun.
+  void PrefetchAdapters();
+  // The step ran: advances every planned sequence, and for each row that wanted logits (in
+  // plan order; logits holds them in that order, [n, vocab]) forks pending choices and emits
+  // the next token through `sink`; finished sequences release their blocks and pins.
+  void Complete(const float* logits, int64_t vocab, TokenSink* sink);
+
+  // Ends every sequence (shutdown) with kCancelled, freeing everything.
+  void CancelAll();
+  // Ends `s` with an event without a token (and its unforked choices).
+  void Finish(Sequence* s, FinishReason why, const std::string& error = "",
+              StatusCode code = StatusCode::kInternal);
+
+  bool has_work() const { return !running_.empty() || !waiting_.empty(); }
+  const std::vector<std::unique_ptr<Sequence>>& running() const { return running_; }
+  const std::deque<std::unique_ptr<Sequence>>& waiting() const { return waiting_; }
+  // Choices submitted and not yet running (Engine::Submit adds, the scheduler subtracts).
+  std::atomic<int64_t>& queued() { return queued_; }
+
+ private:
+  void Preempt(Sequence* s);
+  void Retire(Sequence* s);  // a finished sequence gives back its blocks and pin
+  void ForkChoices(Sequence* parent, const float* row_logits, TokenSink* sink);
+  bool ReleaseNewestWaitingTable();
+  void ResolveAdapterLoads();
+  void UnpinAdapter(Sequence* s);
+  bool ReclaimAdapterPages(int64_t n_free);
+  void AdmitWaiting(int64_t* budget);
+
+  const SchedulerOptions opts_;
+  memory::PagePool* const pages_;
+  memory::KvCache* const kv_;
+  AdapterResidency* const residency_;
+  const std::unique_ptr<Policy> policy_;
+  EngineMetrics* const metrics_;
+
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  std::vector<std::unique_ptr<Sequence>> running_;  // admission order
+  std::atomic<int64_t> queued_{0};
+  uint64_t next_serial_ = 1;
+  std::vector<Planned> plan_;               // reserved for max_running
+  std::vector<const void*> step_adapters_;  // distinct adapters of the step (AdmitWaiting)
+};
+
+}  // namespace chorus::engine

@@ -1,0 +1,197 @@
+// Scheduler without a model: a page pool, a KV cache over it and adapter residency without a
+// host cache. A fake token sink stands in for the forward pass and the output stage: every
+// planned row that wants logits gets token 1 + its sequence's generated count, and a sequence
+// finishes at its max_tokens. What is checked is the mechanics: chunked prefill under the row
+// budget, FCFS admission, preemption when pages run out (and recompute to the same tokens),
+// n > 1 choices forked onto the prompt's blocks, cancellation, and every page back at the end.
+#include "chorus/engine/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+
+namespace chorus::engine {
+namespace {
+
+struct FakeSink : TokenSink {
+  std::map<const Sequence*, int> emitted;
+  FinishReason Emit(Sequence* s, const float* /*row_logits*/) override {
+    ++emitted[s];
+    s->tokens.push_back(static_cast<int32_t>(1 + s->n_generated));
+    ++s->n_generated;
+    if (s->n_generated < s->req->max_tokens) return FinishReason::kNone;
+    s->finished = true;
+    StreamEvent ev;
+    ev.index = s->index;
+    ev.finish = FinishReason::kLength;
+    s->handle->Push(std::move(ev));
+    return FinishReason::kLength;
+  }
+};
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  void Build(int64_t n_pages, int64_t max_batch_tokens, int64_t max_running) {
+    layout_ = {.n_layers = 2, .n_kv_heads = 1, .head_dim = 8, .block_size = 4};
+    pages_ = std::make_unique<memory::PagePool>(n_pages, layout_.PageBytes());
+    kv_ = std::make_unique<memory::KvCache>(layout_, pages_.get());
+    residency_ = std::make_unique<AdapterResidency>(
+        pages_.get(), &metrics_, nullptr, [] {}, AdapterResidency::Options{});
+    sched_ = std::make_unique<Scheduler>(
+        SchedulerOptions{.max_batch_tokens = max_batch_tokens, .max_running = max_running},
+        pages_.get(), kv_.get(), residency_.get(), std::make_unique<FcfsPolicy>(0), &metrics_);
+  }
+
+  // Submits a request of `prompt_len` tokens for `max_tokens` tokens per choice.
+  std::shared_ptr<RequestHandle> Submit(int64_t prompt_len, int64_t max_tokens, int n = 1) {
+    auto req = std::make_shared<GenerationRequest>();
+    req->prompt.assign(static_cast<size_t>(prompt_len), 5);
+    req->max_tokens = max_tokens;
+    req->n = n;
+    auto handle = std::make_shared<RequestHandle>(n, prompt_len);
+    std::unique_ptr<Sequence> first;
+    for (int i = 0; i < n; ++i) {
+      auto s = std::make_unique<Sequence>();
+      s->handle = handle;
+      s->req = req;
+      s->index = i;
+      s->tokens = req->prompt;
+      s->n_prompt = prompt_len;
+      if (i == 0) {
+        first = std::move(s);
+      } else {
+        first->forks.push_back(std::move(s));
+      }
+    }
+    sched_->queued().fetch_add(n);
+    sched_->Enqueue(std::move(first));
+    return handle;
+  }
+
+  // Plans and completes one step; returns its rows (0 when nothing ran).
+  int64_t RunStep() {
+    const auto outcome = sched_->Plan();
+    if (outcome != Scheduler::Outcome::kRun) return 0;
+    int64_t rows = 0, logit_rows = 0;
+    for (const auto& p : sched_->plan()) {
+      rows += p.count;
+      logit_rows += p.wants_logits ? 1 : 0;
+    }
+    logits_.assign(static_cast<size_t>(logit_rows * 4), 0.0f);
+    sched_->Complete(logits_.data(), 4, &sink_);
+    return rows;
+  }
+
+  int64_t RunToIdle(int max_steps = 1000) {
+    int steps = 0;
+    while (sched_->has_work() && steps < max_steps) {
+      RunStep();
+      ++steps;
+    }
+    return steps;
+  }
+
+  memory::KvLayout layout_;
+  EngineMetrics metrics_;
+  std::unique_ptr<memory::PagePool> pages_;
+  std::unique_ptr<memory::KvCache> kv_;
+  std::unique_ptr<AdapterResidency> residency_;
+  std::unique_ptr<Scheduler> sched_;
+  FakeSink sink_;
+  std::vector<float> logits_;
+};
+
+TEST_F(SchedulerTest, ChunkedPrefillUnderTheRowBudgetThenDecode) {
+  Build(/*n_pages=*/64, /*max_batch_tokens=*/8, /*max_running=*/4);
+  Submit(6, 3);
+  Submit(6, 3);
+  ASSERT_EQ(sched_->Plan(), Scheduler::Outcome::kRun);
+  // The first prompt whole, then a 2-token chunk of the second (which wants no logits yet).
+  ASSERT_EQ(sched_->plan().size(), 2u);
+  EXPECT_EQ(sched_->plan()[0].count, 6);
+  EXPECT_TRUE(sched_->plan()[0].wants_logits);
+  EXPECT_EQ(sched_->plan()[1].count, 2);
+  EXPECT_EQ(sched_->plan()[1].start, 0);
+  EXPECT_FALSE(sched_->plan()[1].wants_logits);
+  sched_->Complete(std::vector<float>(4).data(), 4, &sink_);
+  EXPECT_EQ(sched_->queued().load(), 0);
+  // Next step: one decode row of the first, the last 4 prompt tokens of the second.
+  EXPECT_EQ(RunStep(), 5);
+  RunToIdle();
+  EXPECT_FALSE(sched_->has_work());
+  EXPECT_EQ(pages_->n_used(memory::PageKind::kKv), 0);
+  for (const auto& [seq, n] : sink_.emitted) EXPECT_EQ(n, 3);
+}
+
+TEST_F(SchedulerTest, AdmitsInArrivalOrderUpToMaxRunning) {
+  Build(64, 64, /*max_running=*/2);
+  std::vector<std::shared_ptr<RequestHandle>> h;
+  for (int i = 0; i < 4; ++i) h.push_back(Submit(3, 4));
+  ASSERT_EQ(sched_->Plan(), Scheduler::Outcome::kRun);
+  ASSERT_EQ(sched_->plan().size(), 2u);
+  EXPECT_EQ(sched_->plan()[0].seq->handle, h[0]);
+  EXPECT_EQ(sched_->plan()[1].seq->handle, h[1]);
+  EXPECT_EQ(sched_->queued().load(), 2);
+  sched_->Complete(std::vector<float>(8).data(), 4, &sink_);
+  RunToIdle();
+  EXPECT_EQ(sink_.emitted.size(), 4u);
+  EXPECT_EQ(pages_->n_used(memory::PageKind::kKv), 0);
+}
+
+TEST_F(SchedulerTest, PreemptsTheNewestWhenPagesRunOutAndRecomputesToTheSameLength) {
+  // 6 pages of 4 tokens; two sequences that each grow to 4 + 12 = 16 tokens (4 pages) cannot
+  // both stay: the newer one is preempted, recomputed later, and still generates all its tokens.
+  Build(/*n_pages=*/6, 64, 4);
+  Submit(4, 12);
+  Submit(4, 12);
+  RunToIdle();
+  EXPECT_FALSE(sched_->has_work());
+  EXPECT_GE(metrics_.preemptions_total.load(), 1u);
+  ASSERT_EQ(sink_.emitted.size(), 2u);
+  for (const auto& [seq, n] : sink_.emitted) EXPECT_EQ(n, 12);
+  EXPECT_EQ(pages_->n_used(memory::PageKind::kKv), 0);
+}
+
+TEST_F(SchedulerTest, ChoicesForkThePromptBlocksInsteadOfRecomputingThem) {
+  Build(64, 64, 8);
+  Submit(/*prompt_len=*/10, /*max_tokens=*/2, /*n=*/3);
+  EXPECT_EQ(RunStep(), 10);  // the prompt once; the three choices sample from its logits row
+  EXPECT_EQ(sched_->running().size(), 3u);
+  // 3 prompt blocks (10 tokens of 4) shared by the three choices: no copies yet.
+  EXPECT_EQ(pages_->n_used(memory::PageKind::kKv), 3);
+  EXPECT_EQ(RunStep(), 3);  // one decode row each; the partly filled last block is copied
+  EXPECT_FALSE(sched_->has_work());
+  EXPECT_EQ(sink_.emitted.size(), 3u);
+  EXPECT_EQ(pages_->n_used(memory::PageKind::kKv), 0);
+}
+
+TEST_F(SchedulerTest, CancelledRequestsFreeTheirBlocksWithinOneStep) {
+  Build(64, 64, 4);
+  auto running = Submit(8, 100);
+  auto waiting = Submit(8, 100);
+  EXPECT_EQ(RunStep(), 16);
+  EXPECT_GT(pages_->n_used(memory::PageKind::kKv), 0);
+  running->Cancel();
+  waiting->Cancel();
+  EXPECT_EQ(RunStep(), 0);
+  EXPECT_FALSE(sched_->has_work());
+  EXPECT_EQ(pages_->n_used(memory::PageKind::kKv), 0);
+  auto ev = running->Next(std::chrono::milliseconds(0));
+  while (ev && ev->finish == FinishReason::kNone) ev = running->Next(std::chrono::milliseconds(0));
+  ASSERT_TRUE(ev.has_value());
+  EXPECT_EQ(ev->finish, FinishReason::kCancelled);
+}
+
+TEST_F(SchedulerTest, ARequestThatCanNeverFitFailsInsteadOfSpinning) {
+  Build(/*n_pages=*/2, 64, 4);  // 8 tokens of KV in the whole pool
+  auto h = Submit(12, 1);
+  EXPECT_EQ(sched_->Plan(), Scheduler::Outcome::kReplan);
+  EXPECT_FALSE(sched_->has_work());
+  auto ev = h->Next(std::chrono::milliseconds(0));
+  ASSERT_TRUE(ev.has_value());
+  EXPECT_EQ(ev->finish, FinishReason::kError);
+  EXPECT_EQ(sched_->queued().load(), 0);
+}
+
+}  // namespace
+}  // namespace chorus::engine

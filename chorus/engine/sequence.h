@@ -1,0 +1,53 @@
+// Sequence: one choice of one request, as the engine thread sees it. The scheduler
+// (engine/scheduler.h) owns sequences and their KV blocks and adapter pins; the output stage
+// (engine/output_stage.h) owns their sampler, detokenizer and stop checker.
+//
+// Thread-safety: created on a client thread (Engine::Submit) and handed over through the
+// engine's incoming queue; from then on only the engine thread touches it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "chorus/adapters/lora/lora_adapter.h"
+#include "chorus/engine/request.h"
+#include "chorus/engine/sampler.h"
+#include "chorus/engine/stop_checker.h"
+#include "chorus/tokenizer/tokenizer.h"
+
+namespace chorus::engine {
+
+struct AdapterTicket;
+
+using Clock = std::chrono::steady_clock;
+
+struct Sequence {
+  uint64_t serial = 0;  // admission order; the largest is the newest (first to be preempted)
+  std::shared_ptr<RequestHandle> handle;
+  std::shared_ptr<const GenerationRequest> req;
+  int index = 0;                // choice
+  std::vector<int32_t> tokens;  // prompt + generated
+  int64_t n_prompt = 0;
+  int64_t n_computed = 0;      // tokens whose K/V are in the cache
+  std::vector<int32_t> table;  // KV block table
+  int64_t n_generated = 0;
+  Clock::time_point arrival, last_token;
+  bool finished = false;
+  // Choices 1..n-1 of a request with n > 1, held by choice 0 until its prompt is in the cache;
+  // then they fork its block table (Scheduler::ForkChoices) instead of recomputing the prompt.
+  std::vector<std::unique_ptr<Sequence>> forks;
+  // The variant's adapter (null = base model). While `ticket` is set its load is pending and
+  // the sequence waits; `pinned` while it runs (AdapterResidency pin).
+  std::shared_ptr<const adapters::LoraAdapter> lora;
+  std::shared_ptr<AdapterTicket> ticket;
+  bool pinned = false;
+  int policy_passes = 0;  // the admission policy's counter (Candidate::passes)
+  // Output stage state (engine/output_stage.h).
+  std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<tokenizer::StreamingDetokenizer> detok;
+  std::unique_ptr<StopChecker> stop;
+};
+
+}  // namespace chorus::engine
