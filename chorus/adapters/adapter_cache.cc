@@ -8,16 +8,6 @@
 
 namespace chorus::adapters {
 
-std::string AdapterKey::Id() const {
-  return name + "@" + std::to_string(content_hash) + "." + std::to_string(version);
-}
-
-std::string AdapterKey::ContentId() const {
-  char hex[17];
-  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(content_hash));
-  return std::string(hex) + "-v" + std::to_string(version);
-}
-
 const std::vector<double>& AdapterCache::LoadSecondsBounds() {
   static const std::vector<double> kBounds = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                                               0.25,  0.5,    1,     2.5,  5,     10};
@@ -42,8 +32,9 @@ AdapterCache::AdapterCache(model::ModelConfig base, int64_t max_bytes, LoraLimit
       max_bytes_(max_bytes),
       limits_(WithArena(std::move(limits), max_bytes)) {}
 
-Result<std::shared_ptr<const LoraAdapter>> AdapterCache::Get(const AdapterKey& key) {
-  const std::string id = key.Id();
+Result<std::shared_ptr<const LoraAdapter>> AdapterCache::Get(const VariantRef& key) {
+  CHORUS_CHECK(!key.id.empty()) << "AdapterCache::Get of '" << key.name << "' without an id";
+  const VariantId id = key.id;
   {
     MutexLock lock(&mu_);
     for (;;) {
@@ -67,12 +58,12 @@ Result<std::shared_ptr<const LoraAdapter>> AdapterCache::Get(const AdapterKey& k
   const auto t0 = std::chrono::steady_clock::now();
   LoraLoadOptions lo;
   lo.limits = limits_;
-  lo.identity = key.ContentId();
+  lo.id = key.id;
   // Never load changed files under the registered identity: check them before, and that they
   // did not change while being read.
   auto loaded = [&]() -> Result<std::shared_ptr<const LoraAdapter>> {
     CHORUS_RETURN_IF_ERROR(
-        VerifyRegisteredContent(key.name, key.path, key.files, key.content_hash));
+        VerifyRegisteredContent(key.name, key.path, key.files, key.id.content_hash));
     CHORUS_ASSIGN_OR_RETURN(std::vector<AdapterFile> before, CurrentFingerprints(key.files));
     CHORUS_ASSIGN_OR_RETURN(auto adapter, LoadLoraAdapter(key.path, base_, lo, key.name));
     if (!CheckFingerprints(before).ok()) {
@@ -115,9 +106,9 @@ Result<std::shared_ptr<const LoraAdapter>> AdapterCache::Get(const AdapterKey& k
   return adapter;
 }
 
-std::shared_ptr<const LoraAdapter> AdapterCache::GetIfCached(const AdapterKey& key) {
+std::shared_ptr<const LoraAdapter> AdapterCache::GetIfCached(const VariantId& id) {
   MutexLock lock(&mu_);
-  auto it = entries_.find(key.Id());
+  auto it = entries_.find(id);
   if (it == entries_.end() || it->second.loading) return nullptr;
   ++stats_.hits;
   lru_.splice(lru_.begin(), lru_, it->second.lru);

@@ -1,13 +1,14 @@
 // AdapterCache: the host tier of adapter residency (docs/architecture.md, "Memory tiers"): decoded
 // adapters in compute layout, LRU-bounded by bytes (`--host-cache-size`). A miss loads the adapter
-// from disk on the CALLING thread (an HTTP handler, the CLI) — never on the engine thread, so a
-// load never stalls a step; concurrent callers for the same adapter wait for one load. An entry
+// from disk on the calling thread — in serving, one of engine residency's loader threads, never
+// the engine thread or an HTTP thread, so a load never stalls a step or a handler; concurrent
+// callers for the same adapter wait for one load. An entry
 // handed out stays alive while anyone holds it (running sequences pin it); eviction only drops the
 // cache's own reference, and only of entries nobody else holds.
 //
-// The cache key includes the registry's content hash and version, so a replaced adapter never
-// shares cached weights with its predecessor. Loaded copies carry AdapterKey::ContentId() as
-// their identity().
+// Entries are keyed by VariantId (adapters/variant.h): content hash and registration version,
+// so a replaced adapter never shares cached weights with its predecessor. Loaded copies carry
+// the id (LoraView::id()).
 //
 // Thread-safety: thread-safe.
 #pragma once
@@ -22,32 +23,19 @@
 #include "chorus/adapters/fingerprint.h"
 #include "chorus/adapters/lora/lora_adapter.h"
 #include "chorus/adapters/lora/lora_files.h"
+#include "chorus/adapters/variant.h"
 #include "chorus/base/mutex.h"
 
 namespace chorus::adapters {
-
-struct AdapterKey {
-  std::string name;
-  std::string path;
-  uint64_t content_hash = 0;
-  uint64_t version = 0;
-  // The files' fingerprints recorded at registration: checked before a load from disk, so a
-  // file changed since is refused rather than served under this identity (empty: unchecked).
-  std::vector<AdapterFile> files = {};
-  std::string Id() const;  // "name@hash.version"
-  // Content identity: "<hash as 16 hex digits>-v<version>" (AdapterInfo::cache_key()'s form).
-  // Loaded copies carry it as LoraView::identity(), so tiers below the host cache (pool copies)
-  // recognise a reload of the same registration.
-  std::string ContentId() const;
-};
 
 class AdapterCache {
  public:
   AdapterCache(model::ModelConfig base, int64_t max_bytes, LoraLimits limits = {});
 
-  Result<std::shared_ptr<const LoraAdapter>> Get(const AdapterKey& key);
+  // The decoded copy of `ref` (loading it on a miss). Requires: !ref.id.empty().
+  Result<std::shared_ptr<const LoraAdapter>> Get(const VariantRef& ref);
   // The cached copy when present and loaded (counts a hit), else null; never loads.
-  std::shared_ptr<const LoraAdapter> GetIfCached(const AdapterKey& key);
+  std::shared_ptr<const LoraAdapter> GetIfCached(const VariantId& id);
   // Drops the cached copy of every version of `name` (users keep theirs until they finish).
   void Erase(const std::string& name);
 
@@ -77,7 +65,7 @@ class AdapterCache {
   struct Entry {
     std::shared_ptr<const LoraAdapter> adapter;  // null while loading
     bool loading = false;
-    std::list<std::string>::iterator lru;  // position in lru_ (front = most recent)
+    std::list<VariantId>::iterator lru;  // position in lru_ (front = most recent)
     std::string name;
   };
   void EvictLocked() REQUIRES(mu_);
@@ -86,9 +74,9 @@ class AdapterCache {
   const int64_t max_bytes_;
   const LoraLimits limits_;
   mutable Mutex mu_;
-  CondVar loaded_;                                        // signalled when a load ends
-  std::map<std::string, Entry> entries_ GUARDED_BY(mu_);  // by AdapterKey::Id()
-  std::list<std::string> lru_ GUARDED_BY(mu_);
+  CondVar loaded_;  // signalled when a load ends
+  std::map<VariantId, Entry> entries_ GUARDED_BY(mu_);
+  std::list<VariantId> lru_ GUARDED_BY(mu_);
   Stats stats_ GUARDED_BY(mu_);
 };
 

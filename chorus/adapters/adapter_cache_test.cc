@@ -14,7 +14,7 @@ namespace {
 struct Fixture {
   model::ModelConfig base;
   std::string dir;
-  std::vector<AdapterKey> keys;
+  std::vector<VariantRef> keys;
   int64_t bytes_each = 0;
 };
 
@@ -32,7 +32,7 @@ Fixture Make(int n) {
     name += std::to_string(i);
     const std::string path = f.dir + "/" + name;
     CHORUS_CHECK(WritePeftLora(path, w, f.base).ok());
-    f.keys.push_back({name, path, 100u + static_cast<uint64_t>(i), 1});
+    f.keys.push_back({.name = name, .id = {100u + static_cast<uint64_t>(i), 1}, .path = path});
   }
   auto probe = LoadLoraAdapter(f.keys[0].path, f.base);
   CHORUS_CHECK(probe.ok());
@@ -87,8 +87,8 @@ TEST(AdapterCacheTest, HitsMissesAndLruEvictionOfUnpinnedEntries) {
   auto a0 = cache.Get(f.keys[0]);
   ASSERT_TRUE(a0.ok()) << a0.status().ToString();
   // Loaded copies carry the content identity (hash + version) that pool copies are keyed by.
-  EXPECT_EQ(f.keys[0].ContentId(), "0000000000000064-v1");
-  EXPECT_EQ((*a0)->identity(), f.keys[0].ContentId());
+  EXPECT_EQ(f.keys[0].id.ToString(), "0000000000000064-v1");
+  EXPECT_EQ((*a0)->id(), f.keys[0].id);
   auto again = cache.Get(f.keys[0]);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(a0->get(), again->get());
@@ -129,8 +129,8 @@ TEST(AdapterCacheTest, NewVersionNeverSharesCachedWeights) {
   Fixture f = Make(1);
   AdapterCache cache(f.base, int64_t{1} << 30);
   auto v1 = cache.Get(f.keys[0]);
-  AdapterKey k2 = f.keys[0];
-  k2.version = 2;
+  VariantRef k2 = f.keys[0];
+  k2.id.version = 2;
   auto v2 = cache.Get(k2);
   ASSERT_TRUE(v1.ok() && v2.ok());
   EXPECT_NE(v1->get(), v2->get());
@@ -149,7 +149,7 @@ TEST(AdapterCacheTest, ConcurrentMissesLoadOnceAndErrorsAreNotCached) {
   for (auto& t : ts) t.join();
   for (auto* p : got) EXPECT_EQ(p, got[0]);
   EXPECT_EQ(cache.stats().loads, 1u);
-  AdapterKey bad{"missing", f.dir + "/nope", 1, 1};
+  VariantRef bad{.name = "missing", .id = {1, 1}, .path = f.dir + "/nope"};
   EXPECT_FALSE(cache.Get(bad).ok());
   EXPECT_FALSE(cache.Get(bad).ok());
   EXPECT_EQ(cache.stats().load_errors, 2u);

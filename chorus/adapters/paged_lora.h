@@ -40,7 +40,7 @@ class PagedLora : public LoraView {
   void CopyIn() const;
   // Drops the reference to the host copy once CopyIn() has finished (the caller makes sure it
   // has), so the host tier can evict that copy while this one stays resident. The rows hold the
-  // same values, identified by identity().
+  // same values, identified by id().
   void ReleaseHost() { host_.reset(); }
 
   const std::vector<int32_t>& pages() const { return pages_; }

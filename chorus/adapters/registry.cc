@@ -274,10 +274,6 @@ bool IsValidAdapterName(std::string_view name) {
   return true;
 }
 
-std::string AdapterInfo::cache_key() const {
-  return Hex64(content_hash) + "-v" + std::to_string(version);
-}
-
 Result<std::unique_ptr<AdapterRegistry>> AdapterRegistry::Open(const std::string& state_path,
                                                                RegistryOptions options) {
   if (state_path.empty()) return InvalidArgumentError("adapter registry: empty state path");
@@ -573,7 +569,7 @@ Result<AdapterInfo> AdapterRegistry::Register(const std::string& name, const std
     next_version_ = version + 1;
   }
   CHORUS_LOG(INFO) << "adapter=" << name << " registered: " << info.path << " rank " << info.rank
-                   << " key " << info.cache_key();
+                   << " id " << info.id().ToString();
   return info;
 }
 
@@ -707,34 +703,6 @@ std::vector<std::pair<std::string, Status>> AdapterRegistry::Revalidate() {
     info.problem = s.ok() ? "" : s.ToString();
   }
   return bad;
-}
-
-Result<LoadedAdapter> AdapterRegistry::Load(const std::string& name) const {
-  std::optional<AdapterInfo> info = Lookup(name);
-  if (!info) return NotFoundError("adapter '" + name + "' is not registered");
-  LoadedAdapter out;
-  CHORUS_RETURN_IF_ERROR(CheckEntry(*info).WithContext("adapter '" + name + "'"));
-  LoraLoadOptions lo;
-  lo.limits.max_rank = options_.max_lora_rank;
-  // (size, mtime) now — CheckEntry accepted them, possibly by content after a touch — so the
-  // read can be checked not to have raced with a writer.
-  std::vector<AdapterFile> before = info->files;
-  for (AdapterFile& f : before) {
-    CHORUS_ASSIGN_OR_RETURN(struct stat st, StatRegular(f.path));
-    f.size = static_cast<int64_t>(st.st_size);
-    f.mtime_ns = MtimeNs(st);
-  }
-  auto lora = LoadLoraAdapter(info->path, options_.base, lo, name);
-  if (!lora.ok()) return lora.status().WithContext("adapter '" + name + "'");
-  if (Status s = CheckFingerprints(before); !s.ok()) {
-    return UnavailableError("adapter '" + name +
-                            "': files changed while being loaded; try again (" + s.message() + ")");
-  }
-  info->available = true;
-  info->problem.clear();
-  out.info = std::move(*info);
-  out.lora = std::move(*lora);
-  return out;
 }
 
 }  // namespace chorus::adapters

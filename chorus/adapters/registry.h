@@ -1,7 +1,8 @@
 // AdapterRegistry: the persistent name → adapter table of a server (docs/adapters.md, vLLM's
 // /v1/load_lora_adapter and /v1/unload_lora_adapter, `chorus serve --lora NAME=PATH`,
-// `--lora-dir DIR`). A request's OpenAI `model` field names a registered adapter; the engine
-// looks it up here and loads its weights through Load().
+// `--lora-dir DIR`). A request's OpenAI `model` field names a registered adapter; the server
+// looks it up here and hands its VariantRef (AdapterInfo::ref()) to the engine, whose loader
+// threads read the files through the host cache (adapters/adapter_cache.h).
 //
 // What Register() accepts:
 //   * name: 1..128 characters of [A-Za-z0-9._:/-], not the base model's served name.
@@ -19,7 +20,7 @@
 // the file name, a NUL byte, its size as 8 little-endian bytes, then its bytes). version is a
 // registry-wide counter that only grows (persisted; never reused, also after Unregister), so
 // a replaced adapter always gets a new version even when its bytes are identical, and
-// cache_key() = (content_hash, version) never names the state of a predecessor.
+// id() = VariantId{content_hash, version} never names the state of a predecessor.
 //
 // Persistence: the whole table is one JSON file (`state_path`) rewritten atomically on every
 // change (temp file in the same directory, fsync, rename, directory fsync), so a process killed
@@ -36,7 +37,8 @@
 // entry that fails (files vanished, outside the roots now, content changed, name now equal to
 // the base's) is KEPT but marked unavailable (`available = false`, `problem` says why) and a
 // warning is logged: an admin may restore the files (Revalidate() re-checks) or Unregister() it.
-// Full validation against the base happens in Load(), which checks again.
+// Full validation against the base happens again when the host cache loads the files (and
+// checks their fingerprints first).
 //
 // Thread-safety: all methods may be called from any thread (HTTP threads and the engine).
 // Readers (Lookup, List, size) take a short mutex and never wait for disk I/O; mutators
@@ -54,6 +56,7 @@
 
 #include "chorus/adapters/fingerprint.h"
 #include "chorus/adapters/lora/lora_adapter.h"
+#include "chorus/adapters/variant.h"
 #include "chorus/base/mutex.h"
 #include "chorus/base/status.h"
 #include "chorus/model/config.h"
@@ -95,15 +98,11 @@ struct AdapterInfo {
   bool available = true;
   std::string problem;
 
-  // Key for caches of this adapter's derived state (host copies, pool pages): unique for this
-  // registration; differs from every earlier registration of the same name.
-  std::string cache_key() const;
-};
-
-// A loaded adapter and the registration it was loaded from (use info.cache_key() for caches).
-struct LoadedAdapter {
-  AdapterInfo info;
-  std::shared_ptr<const LoraAdapter> lora;
+  // This registration's VariantId (content_hash, version): the key of every tier's copies;
+  // differs from every earlier registration of the same name.
+  VariantId id() const { return {content_hash, version}; }
+  // What a request for this adapter carries (GenerationRequest::variant).
+  VariantRef ref() const { return {name, id(), kind, path, files}; }
 };
 
 // Outcome of one entry of RegisterDirectory().
@@ -149,13 +148,6 @@ class AdapterRegistry {
   size_t size() const;
   // The next version Register() will assign (all registered versions are smaller).
   uint64_t next_version() const;
-
-  // Reads `name`'s adapter and validates it against the base (as Register did, with the
-  // current options). Checks first that the path is still inside a root and that the files
-  // still match the registration (size/mtime; if those changed, the content hash): a changed
-  // adapter is kFailedPrecondition ("register it again with replace"), vanished files
-  // kNotFound. Does not hold the registry's locks while reading.
-  Result<LoadedAdapter> Load(const std::string& name) const;
 
   // Re-checks every entry as Open() does and updates `available` / `problem`. Returns the
   // entries found unavailable, with the reason. Nothing is persisted.

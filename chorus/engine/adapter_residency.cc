@@ -73,8 +73,16 @@ void AdapterResidency::LoaderMain() {
   }
 }
 
-std::shared_ptr<AdapterTicket> AdapterResidency::LoadFromDisk(const adapters::AdapterKey& key) {
+std::shared_ptr<AdapterTicket> AdapterResidency::Load(const adapters::VariantRef& key) {
   auto t = std::make_shared<AdapterTicket>();
+  // A host-cache hit is handed over at once (no file is read); a miss queues a disk load.
+  if (cache_ && !key.id.empty()) {
+    if (auto hit = cache_->GetIfCached(key.id)) {
+      t->adapter = std::move(hit);
+      t->done.store(true, std::memory_order_release);
+      return t;
+    }
+  }
   {
     MutexLock lock(&mu_);
     if (stop_) {
@@ -94,7 +102,7 @@ void AdapterResidency::Forget(const std::string& name) {
 }
 
 std::string AdapterResidency::KeyOf(const LoraAdapter* a) {
-  if (!a->identity().empty()) return a->identity();
+  if (!a->id().empty()) return a->id().ToString();
   char buf[32];
   std::snprintf(buf, sizeof(buf), "@%p", static_cast<const void*>(a));
   return buf;
@@ -117,7 +125,7 @@ void AdapterResidency::Poll() {
     metrics_->adapter_pool_loads.fetch_add(1);
     metrics_->adapter_pool_load_seconds.Observe(
         std::chrono::duration<double>(done - e.load_start).count());
-    if (!e.host->identity().empty()) {
+    if (!e.host->id().empty()) {
       // The rows have landed: the host tier may now evict its copy; a reload finds this one.
       e.paged->ReleaseHost();
       e.host.reset();

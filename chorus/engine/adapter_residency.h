@@ -1,13 +1,14 @@
 // AdapterResidency: the adapter tiers below the registry, owned by the engine
 // (docs/architecture.md, "Memory tiers"):
 //
-//   disk ──(loader thread: LoadFromDisk → AdapterCache)──▶ host copy (LoraAdapter, f32)
+//   disk ──(loader thread: Load → AdapterCache)──▶ host copy (LoraAdapter, bf16 or f32)
 //        ──(engine allocates kAdapter pages; loader thread copies rows)──▶ pool copy (PagedLora)
 //
-// * Disk → host: requests name an adapter by AdapterKey; Submit queues its load here and
-//   returns at once. Loads run on loader threads in arrival order (FIFO), which is S-LoRA's
-//   prefetch of the adapters of queued requests (§5.2); the engine admits a request once its
-//   ticket is done (an error finishes the request with that error).
+// * Disk → host: requests name a variant by VariantRef (adapters/variant.h); Submit asks Load()
+//   here, which hands over a host-cache hit at once or queues a disk load and returns. Loads run on
+//   loader threads in arrival order (FIFO), which is S-LoRA's prefetch of the adapters of queued
+//   requests (§5.2); the engine admits a request once its ticket is done (an error finishes the
+//   request with that error).
 // * Host → pool: the pool copy lives in pages of the unified PagePool next to KV blocks. The
 //   engine thread allocates the pages (evicting unpinned copies, never KV), a loader thread
 //   fills them, Poll() on the engine thread marks the copy resident. A step never waits for it:
@@ -17,18 +18,18 @@
 // * An adapter is pinned while any running sequence uses it; unpinned resident copies are
 //   evicted LRU when KV needs pages (EvictFor), before any sequence is preempted.
 //
-// Identity: entries are keyed by content identity (LoraView::identity(): the registry's content
-// hash + version, which the host cache stamps on every copy it loads), not by the host object.
+// Identity: entries are keyed by VariantId (LoraView::id(): the registry's content hash +
+// version, which the host cache stamps on every copy it loads), not by the host object.
 // So when the host LRU evicts an adapter whose pool copy is resident and a later request loads
 // it again, the new host object finds the resident pool copy (a pool hit, no second copy). To
 // let the host tier evict it at all, a resident copy does not hold its host copy: the reference
 // is dropped once the rows have landed. A replaced adapter has a new version, so it never shares
-// a pool copy with its predecessor. Adapters without an identity (built directly, e.g. in tests)
+// a pool copy with its predecessor. Adapters without an id (built in memory, e.g. in tests)
 // are keyed by their address and their entry holds them, so the address stays unique.
 // Forget(name) drops the copies of an unloaded adapter (now, or once its last running user
 // finishes).
 //
-// Thread-safety: LoadFromDisk() and Forget() may be called from any thread; everything else
+// Thread-safety: Load() and Forget() may be called from any thread; everything else
 // only from the engine thread. Loader threads touch only page bytes and tickets.
 #pragma once
 
@@ -65,7 +66,7 @@ class AdapterResidency {
     int loader_threads = 1;
     bool pool_copies = true;  // false: serve every adapter from its host copy
   };
-  // `cache` may be null (then LoadFromDisk() fails); `wake` is called on a loader thread after a
+  // `cache` may be null (then Load() fails); `wake` is called on a loader thread after a
   // disk load completes (the engine re-plans). The pool must outlive this object.
   AdapterResidency(memory::PagePool* pool, EngineMetrics* metrics,
                    std::shared_ptr<adapters::AdapterCache> cache, std::function<void()> wake,
@@ -75,7 +76,9 @@ class AdapterResidency {
   AdapterResidency& operator=(const AdapterResidency&) = delete;
 
   // Any thread.
-  std::shared_ptr<AdapterTicket> LoadFromDisk(const adapters::AdapterKey& key);
+  // The host copy of `ref` for a request: done at once on a host-cache hit, else loaded from
+  // disk on a loader thread (FIFO). Fails (in the ticket) without a host cache or an id.
+  std::shared_ptr<AdapterTicket> Load(const adapters::VariantRef& ref);
   void Forget(const std::string& name);
 
   // Engine thread.
@@ -103,7 +106,7 @@ class AdapterResidency {
   enum class State { kHostOnly, kLoading, kResident };
   struct Entry {
     // The host copy this entry was made from: held while kHostOnly / kLoading, and always for
-    // adapters without an identity (see the file comment); null for a resident copy otherwise.
+    // adapters without an id (see the file comment); null for a resident copy otherwise.
     std::shared_ptr<const adapters::LoraAdapter> host;
     std::string name;
     std::unique_ptr<adapters::PagedLora> paged;  // set while kLoading / kResident
@@ -116,10 +119,10 @@ class AdapterResidency {
   struct Job {
     const adapters::PagedLora* paged = nullptr;  // pool copy (of entry `entry`); else a disk load:
     std::string entry;
-    adapters::AdapterKey key;
+    adapters::VariantRef key;
     std::shared_ptr<AdapterTicket> ticket;
   };
-  // The entry key of `a`: its identity, or its address when it has none.
+  // The entry key of `a`: its VariantId, or its address when it has none.
   static std::string KeyOf(const adapters::LoraAdapter* a);
   void LoaderMain();
   void Drop(const std::string& key);  // frees the pool copy and the entry

@@ -135,18 +135,18 @@ TEST(AdapterResidencyTest, ReloadedHostCopyReusesTheResidentPoolCopy) {
   adapters::RandomLoraSpec s;
   s.rank = 8;
   const adapters::LoraWeights w = adapters::MakeRandomLora(f.c, s);
-  auto load = [&](const std::string& identity) {
-    auto a = LoraAdapter::Build(w, f.c, "x", {}, identity);
+  auto load = [&](adapters::VariantId id) {
+    auto a = LoraAdapter::Build(w, f.c, "x", {}, id);
     CHORUS_CHECK(a.ok());
     return *a;
   };
-  auto first = load("00000000000000ab-v3");
+  auto first = load({0xab, 3});
   f.res.Pin(first);
   f.res.Prefetch(first, 0, /*may_evict=*/true);
   ASSERT_TRUE(WaitResident(&f.res, first.get()));
   const adapters::LoraView* pool_view = f.res.View(first.get());
   ASSERT_NE(pool_view, first.get());
-  EXPECT_EQ(pool_view->identity(), "00000000000000ab-v3");
+  EXPECT_EQ(pool_view->id().ToString(), "00000000000000ab-v3");
   f.res.Unpin(first.get());
   const int64_t pages = f.pool.n_used(memory::PageKind::kAdapter);
   EXPECT_EQ(first.use_count(), 1);  // only this test holds the host copy now
@@ -154,7 +154,7 @@ TEST(AdapterResidencyTest, ReloadedHostCopyReusesTheResidentPoolCopy) {
   first.reset();  // the host tier evicts it
   EXPECT_TRUE(gone.expired());
 
-  auto reloaded = load("00000000000000ab-v3");
+  auto reloaded = load({0xab, 3});
   EXPECT_TRUE(f.res.Resident(reloaded.get()));
   EXPECT_EQ(f.res.View(reloaded.get()), pool_view);
   f.res.Pin(reloaded);
@@ -167,7 +167,7 @@ TEST(AdapterResidencyTest, ReloadedHostCopyReusesTheResidentPoolCopy) {
   f.res.Unpin(reloaded.get());
 
   // Another version of the same bytes (a re-registration) is another adapter: its own copy.
-  auto next_version = load("00000000000000ab-v4");
+  auto next_version = load({0xab, 4});
   EXPECT_FALSE(f.res.Resident(next_version.get()));
   EXPECT_EQ(f.res.View(next_version.get()), next_version.get());
   f.res.Prefetch(next_version, 0, /*may_evict=*/true);
@@ -187,7 +187,7 @@ TEST(AdapterResidencyTest, ReloadedHostCopyReusesTheResidentPoolCopy) {
 TEST(AdapterResidencyTest, AdapterWithoutIdentityMatchesOnlyItself) {
   Fixture f;
   auto a = MakeAdapter(f.c, 1, "a"), twin = MakeAdapter(f.c, 1, "a");
-  EXPECT_TRUE(a->identity().empty());
+  EXPECT_TRUE(a->id().empty());
   f.res.Prefetch(a, 0, true);
   ASSERT_TRUE(WaitResident(&f.res, a.get()));
   EXPECT_GT(a.use_count(), 1);
@@ -207,8 +207,8 @@ TEST(AdapterResidencyTest, DiskLoadsCompleteTicketsOnLoaderThread) {
   EngineMetrics metrics;
   std::atomic<int> wakes{0};
   AdapterResidency res(&pool, &metrics, cache, [&] { wakes.fetch_add(1); }, {});
-  auto ok = res.LoadFromDisk({"x", dir, 1, 1});
-  auto bad = res.LoadFromDisk({"y", dir + "/missing", 2, 1});
+  auto ok = res.Load({.name = "x", .id = {1, 1}, .path = dir});
+  auto bad = res.Load({.name = "y", .id = {2, 1}, .path = dir + "/missing"});
   for (int i = 0; i < 5000 && !(ok->done.load() && bad->done.load()); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
@@ -216,7 +216,11 @@ TEST(AdapterResidencyTest, DiskLoadsCompleteTicketsOnLoaderThread) {
   CHORUS_ASSERT_OK(ok->status);
   ASSERT_NE(ok->adapter, nullptr);
   EXPECT_EQ(ok->adapter->max_rank(), 4);
-  EXPECT_EQ(ok->adapter->identity(), "0000000000000001-v1");  // the key's content identity
+  EXPECT_EQ(ok->adapter->id(), (adapters::VariantId{1, 1}));  // the reference's id
+  // Once cached, the same id is handed over at once, without a loader thread.
+  auto hit = res.Load({.name = "x", .id = {1, 1}, .path = dir});
+  EXPECT_TRUE(hit->done.load());
+  EXPECT_EQ(hit->adapter, ok->adapter);
   EXPECT_FALSE(bad->status.ok());
   EXPECT_NE(bad->status.message().find("missing"), std::string::npos) << bad->status.ToString();
   EXPECT_EQ(wakes.load(), 2);

@@ -181,12 +181,10 @@ Result<std::shared_ptr<RequestHandle>> Engine::Submit(GenerationRequest req) {
   }
   if (req.max_tokens < 1) return InvalidArgumentError("max_tokens must be at least 1");
   if (req.n < 1 || req.n > 16) return InvalidArgumentError("n must be in [1, 16]");
-  if (req.lora && req.lora->n_layers() != c.n_layers) {
-    return InvalidArgumentError("adapter '" + req.adapter + "' was built for another base model");
-  }
-  if (!req.lora && req.adapter_key && !opts_.adapter_cache) {
-    return InvalidArgumentError("adapter '" + req.adapter_key->name +
-                                "' named but the engine has no adapter cache");
+  if (req.variant && (!opts_.adapter_cache || req.variant->id.empty())) {
+    return InvalidArgumentError("variant '" + req.variant->name + "' named but " +
+                                (opts_.adapter_cache ? "it has no registered identity"
+                                                     : "the engine has no adapter cache"));
   }
   CHORUS_RETURN_IF_ERROR(req.sampling.Validate());
   const int64_t total = static_cast<int64_t>(req.prompt.size()) + req.max_tokens;
@@ -207,9 +205,10 @@ Result<std::shared_ptr<RequestHandle>> Engine::Submit(GenerationRequest req) {
     return ResourceExhaustedError("too many requests waiting (" + std::to_string(opts_.max_queue) +
                                   ")");
   }
-  // A cold adapter: its disk load is queued now, in arrival order, on a loader thread.
+  // The variant's host copy: a cache hit at once, else a disk load queued now, in arrival
+  // order, on a loader thread (the scheduler admits the request once it is done).
   std::shared_ptr<AdapterTicket> ticket;
-  if (!req.lora && req.adapter_key) ticket = impl_->residency->LoadFromDisk(*req.adapter_key);
+  if (req.variant) ticket = impl_->residency->Load(*req.variant);
   auto shared_req = std::make_shared<const GenerationRequest>(std::move(req));
   auto handle = std::make_shared<RequestHandle>(shared_req->n,
                                                 static_cast<int64_t>(shared_req->prompt.size()));
@@ -226,7 +225,6 @@ Result<std::shared_ptr<RequestHandle>> Engine::Submit(GenerationRequest req) {
       s->n_prompt = static_cast<int64_t>(shared_req->prompt.size());
       impl_->output->Attach(s.get());
       s->arrival = now;
-      s->lora = shared_req->lora;
       s->ticket = ticket;
       if (i == 0) {
         impl_->incoming.push_back(std::move(s));
@@ -237,7 +235,7 @@ Result<std::shared_ptr<RequestHandle>> Engine::Submit(GenerationRequest req) {
     impl_->scheduler->queued().fetch_add(shared_req->n);
   }
   metrics_.requests_total.fetch_add(1);
-  metrics_.adapters.CountRequest(shared_req->adapter);  // per-adapter series
+  metrics_.adapters.CountRequest(shared_req->variant_name());  // per-adapter series
   metrics_.queue_length.store(impl_->scheduler->queued().load());
   impl_->cv.SignalAll();
   return handle;
@@ -355,7 +353,7 @@ void Engine::Impl::PublishAdapterActivity() {
   auto collect = [](const auto& seqs, std::vector<const std::string*>* out) {
     out->clear();
     for (const auto& s : seqs) {
-      if (!s->req->adapter.empty()) out->push_back(&s->req->adapter);
+      if (s->req->variant) out->push_back(&s->req->variant->name);
     }
     std::sort(out->begin(), out->end(),
               [](const std::string* a, const std::string* b) { return *a < *b; });

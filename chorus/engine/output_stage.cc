@@ -45,7 +45,7 @@ FinishReason OutputStage::Emit(Sequence* s, const float* row_logits) {
     const double ttft = Seconds(now - s->arrival);
     s->handle->SetTtft(ttft);
     metrics_->ttft_seconds.Observe(ttft);
-    metrics_->adapters.ObserveTtft(req.adapter, ttft);
+    metrics_->adapters.ObserveTtft(req.variant_name(), ttft);
   } else {
     metrics_->time_per_output_token_seconds.Observe(Seconds(now - s->last_token));
   }

@@ -13,8 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "chorus/adapters/adapter_cache.h"
-#include "chorus/adapters/lora/lora_adapter.h"
+#include "chorus/adapters/variant.h"
 #include "chorus/base/mutex.h"
 #include "chorus/engine/sampler.h"
 
@@ -30,16 +29,19 @@ struct GenerationRequest {
   std::vector<std::string> stop;        // stop strings (not included in the output)
   std::vector<int32_t> stop_token_ids;  // extra end ids
   bool ignore_eos = false;
-  int n = 1;            // choices; choice i samples with seed + i
-  std::string adapter;  // variant name ("" = base), for logs and metrics
-  // The adapter's weights (null = base model) when the caller already has them (a host-cache
-  // hit, tests). Held (pinned) until every choice of the request has finished.
-  std::shared_ptr<const adapters::LoraAdapter> lora;
-  // Otherwise, when set, the adapter to load: Submit queues the disk → host load on the
-  // engine's loader threads and returns at once; the request waits in the queue (nothing else
-  // does) and finishes with an error event if the load fails (engine/adapter_residency.h).
-  std::optional<adapters::AdapterKey> adapter_key;
+  int n = 1;  // choices; choice i samples with seed + i
+  // The variant (none = the base model), as the server resolved the request's `model`. The
+  // engine's residency brings its weights disk → host → pool (engine/adapter_residency.h): a
+  // host-cache hit at once, else on a loader thread while the request waits in the queue
+  // (nothing else does); a load failure finishes the request with an error event.
+  std::optional<adapters::VariantRef> variant;
   std::string id;  // for logs
+
+  // The variant's name, "" for the base model (logs, metrics).
+  const std::string& variant_name() const {
+    static const std::string kBase;
+    return variant ? variant->name : kBase;
+  }
 };
 
 struct StreamEvent {

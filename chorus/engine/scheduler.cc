@@ -200,7 +200,7 @@ void Scheduler::ResolveAdapterLoads() {
                                       t->status.code() == StatusCode::kUnavailable
                                   ? t->status.code()
                                   : StatusCode::kInternal;
-      const std::string name = s->req->adapter_key ? s->req->adapter_key->name : s->req->adapter;
+      const std::string& name = s->req->variant_name();
       Finish(s.get(), FinishReason::kError,
              "adapter '" + name +
                  "' could not be loaded (it changed or became unreadable after registration): " +

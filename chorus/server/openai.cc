@@ -593,7 +593,7 @@ json ResponseBuilder::ChunkEnvelope() const {
 
 // The variant the request named (an adapter), as vLLM and OpenAI echo it; else the base.
 const std::string& ResponseBuilder::ModelName() const {
-  return req_.gen.adapter.empty() ? ctx_.served_model : req_.gen.adapter;
+  return req_.gen.variant ? req_.gen.variant->name : ctx_.served_model;
 }
 
 std::string ResponseBuilder::Sse(const json& j) { return "data: " + DumpJson(j) + "\n\n"; }

@@ -462,13 +462,9 @@ std::optional<ApiError> Server::Impl::ResolveVariant(const std::string& name,
         FailedPreconditionError("adapter '" + info->name + "' is unavailable: " + info->problem),
         "model");
   }
-  adapters::AdapterKey key{info->name, info->path, info->content_hash, info->version, info->files};
-  // A host-cache hit is handed over at once; a cold adapter is loaded by the engine's loader
-  // threads after Submit (the request waits in the queue; this thread and the engine do not).
-  // No adapter file is read on an HTTP thread.
-  gen->lora = adapter_cache->GetIfCached(key);
-  if (!gen->lora) gen->adapter_key = key;
-  gen->adapter = info->name;
+  // Name → VariantRef is all the server does: the engine's residency brings the weights from
+  // the host cache or, on its loader threads, from disk. No adapter file is read here.
+  gen->variant = info->ref();
   return std::nullopt;
 }
 

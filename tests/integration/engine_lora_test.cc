@@ -27,6 +27,26 @@ std::vector<int32_t> RunToEnd(RequestHandle& h) {
   }
 }
 
+// An adapter as the server hands it to the engine: PEFT files on disk and a VariantRef (name,
+// id, path). The engine's residency loads it through its host cache (the serving path).
+adapters::VariantRef WriteVariant(const model::ModelConfig& c, const adapters::LoraWeights& w,
+                                  const std::string& name) {
+  static uint64_t next_version = 1;
+  const std::string dir = testing::TempDir() + "/engine_lora_" + name;
+  std::filesystem::remove_all(dir);
+  CHORUS_CHECK(adapters::WritePeftLora(dir, w, c).ok());
+  return {.name = name, .id = {adapters::Fnv1a64(name), next_version++}, .path = dir};
+}
+
+// Engine options with a host cache (adapters are loaded through it).
+EngineOptions WithCache(EngineOptions o, const model::ModelConfig& c,
+                        adapters::LoraStorage storage = adapters::LoraLimits{}.storage) {
+  adapters::LoraLimits limits;
+  limits.storage = storage;
+  o.adapter_cache = std::make_shared<adapters::AdapterCache>(c, int64_t{64} << 20, limits);
+  return o;
+}
+
 TEST(EngineLoraTest, SixteenRequestsOverEightAdaptersMatchAlone) {
   CHORUS_REQUIRE_SHARED_MODEL(kModel);
   const std::string dir = testing::SharedModelsDir() + "/stories260K/";
@@ -36,7 +56,7 @@ TEST(EngineLoraTest, SixteenRequestsOverEightAdaptersMatchAlone) {
   ASSERT_TRUE(t.ok());
   std::shared_ptr<const tokenizer::Tokenizer> tok(std::move(*t));
   // Eight adapters of mixed ranks (and one with only attention targets).
-  std::vector<std::shared_ptr<const adapters::LoraAdapter>> loras;
+  std::vector<adapters::VariantRef> loras;
   const int64_t ranks[] = {1, 8, 16, 64, 4, 8, 32, 2};
   for (int i = 0; i < 8; ++i) {
     adapters::RandomLoraSpec spec;
@@ -44,10 +64,10 @@ TEST(EngineLoraTest, SixteenRequestsOverEightAdaptersMatchAlone) {
     spec.seed = 1000 + static_cast<uint64_t>(i);
     spec.b_std = 0.2f;  // visible effect on the tiny model
     if (i == 4) spec.targets = {model::Linear::kQ, model::Linear::kV};
-    auto w = adapters::MakeRandomLora((*m)->config(), spec);
-    auto a = adapters::LoraAdapter::Build(w, (*m)->config(), "a" + std::to_string(i));
-    ASSERT_TRUE(a.ok()) << a.status().ToString();
-    loras.push_back(*a);
+    std::string name = "a";  // appended: GCC 12 -O2 reports a false -Wrestrict for "a" + ...
+    name += std::to_string(i);
+    loras.push_back(
+        WriteVariant((*m)->config(), adapters::MakeRandomLora((*m)->config(), spec), name));
   }
   auto request = [&](int i) {
     GenerationRequest r;
@@ -56,12 +76,7 @@ TEST(EngineLoraTest, SixteenRequestsOverEightAdaptersMatchAlone) {
       r.prompt.push_back(static_cast<int32_t>(300 + (i * 13 + j * 7) % 200));
     r.max_tokens = 24;
     r.sampling.temperature = 0;
-    if (i % 2 == 0) {  // 8 requests on the base model, 8 on the eight adapters
-      r.lora = nullptr;
-    } else {
-      r.lora = loras[static_cast<size_t>(i / 2)];
-      r.adapter = r.lora->name();
-    }
+    if (i % 2 == 1) r.variant = loras[static_cast<size_t>(i / 2)];  // 8 base, 8 on adapters
     return r;
   };
   EngineOptions o;
@@ -69,6 +84,7 @@ TEST(EngineLoraTest, SixteenRequestsOverEightAdaptersMatchAlone) {
   o.max_batch_tokens = 64;
   o.max_running = 16;
   o.pool_bytes = 64 << 20;
+  o = WithCache(o, (*m)->config());
   std::vector<std::vector<int32_t>> alone;
   {
     auto e = Engine::Create(*m, tok, o);
@@ -80,10 +96,10 @@ TEST(EngineLoraTest, SixteenRequestsOverEightAdaptersMatchAlone) {
   for (int i = 1; i < 16; i += 2)
     differs += alone[static_cast<size_t>(i)] != alone[static_cast<size_t>(i - 1)] ? 1 : 0;
   EXPECT_GE(differs, 4);
-  auto e = Engine::Create(*m, tok, o);
-  ASSERT_TRUE(e.ok());
   std::vector<std::shared_ptr<RequestHandle>> hs;
-  for (int i = 0; i < 16; ++i) hs.push_back(*(*e)->Submit(request(i)));
+  auto e2 = Engine::Create(*m, tok, o);  // its own host cache: every adapter starts cold
+  ASSERT_TRUE(e2.ok());
+  for (int i = 0; i < 16; ++i) hs.push_back(*(*e2)->Submit(request(i)));
   for (int i = 0; i < 16; ++i)
     EXPECT_EQ(RunToEnd(*hs[static_cast<size_t>(i)]), alone[static_cast<size_t>(i)])
         << "request " << i;
@@ -114,16 +130,15 @@ adapters::LoraWeights Weights(const model::ModelConfig& c, int64_t rank, uint64_
   return adapters::MakeRandomLora(c, spec);
 }
 
-std::shared_ptr<const adapters::LoraAdapter> Adapter(const model::ModelConfig& c, int64_t rank,
-                                                     uint64_t seed) {
-  auto a = adapters::LoraAdapter::Build(Weights(c, rank, seed), c,
-                                        "r" + std::to_string(rank) + "s" + std::to_string(seed));
-  CHORUS_CHECK(a.ok()) << a.status().ToString();
-  return *a;
+adapters::VariantRef Adapter(const model::ModelConfig& c, int64_t rank, uint64_t seed) {
+  std::string name = "r";  // appended: GCC 12 -O2 reports a false -Wrestrict for "r" + ...
+  name += std::to_string(rank);
+  name += "s";
+  name += std::to_string(seed);
+  return WriteVariant(c, Weights(c, rank, seed), name);
 }
 
-GenerationRequest Req(int i, std::shared_ptr<const adapters::LoraAdapter> lora,
-                      int64_t max_tokens) {
+GenerationRequest Req(int i, std::optional<adapters::VariantRef> variant, int64_t max_tokens) {
   GenerationRequest r;
   r.prompt = {1};
   for (int j = 0; j < 3 + i % 4; ++j)
@@ -131,18 +146,18 @@ GenerationRequest Req(int i, std::shared_ptr<const adapters::LoraAdapter> lora,
   r.max_tokens = max_tokens;
   r.ignore_eos = true;
   r.sampling.temperature = 0;
-  if (lora) r.adapter = lora->name();
-  r.lora = std::move(lora);
+  r.variant = std::move(variant);
   return r;
 }
 
-EngineOptions SmallOptions(int64_t pool_bytes) {
+EngineOptions SmallOptions(const Stories& s, int64_t pool_bytes,
+                           adapters::LoraStorage storage = adapters::LoraLimits{}.storage) {
   EngineOptions o;
   o.threads = 2;
   o.max_batch_tokens = 64;
   o.max_running = 16;
   o.pool_bytes = pool_bytes;
-  return o;
+  return WithCache(o, s.model->config(), storage);
 }
 
 // Gauges are published at the end of the step that pushed the last event: wait for them.
@@ -156,7 +171,7 @@ bool WaitFor(Pred pred) {
 }
 
 std::vector<int32_t> Alone(const Stories& s, GenerationRequest r) {
-  auto e = Engine::Create(s.model, s.tok, SmallOptions(64 << 20));
+  auto e = Engine::Create(s.model, s.tok, SmallOptions(s, 64 << 20));
   CHORUS_CHECK(e.ok());
   return RunToEnd(**(*e)->Submit(std::move(r)));
 }
@@ -166,13 +181,8 @@ class EngineResidencyStorageTest : public ::testing::TestWithParam<adapters::Lor
 TEST_P(EngineResidencyStorageTest, ColdRequestEqualsWarmAndAdapterPagesComeFromThePool) {
   CHORUS_REQUIRE_SHARED_MODEL(kModel);
   Stories s = LoadStories();
-  adapters::LoraLimits limits;
-  limits.storage = GetParam();
-  auto built = adapters::LoraAdapter::Build(Weights(s.model->config(), 16, 7), s.model->config(),
-                                            "cold", limits);
-  ASSERT_TRUE(built.ok());
-  auto a = *built;
-  EngineOptions host_only = SmallOptions(64 << 20);
+  const auto a = WriteVariant(s.model->config(), Weights(s.model->config(), 16, 7), "cold");
+  EngineOptions host_only = SmallOptions(s, 64 << 20, GetParam());
   host_only.adapter_pool_copies = false;
   std::vector<int32_t> host_tokens;
   {
@@ -181,10 +191,10 @@ TEST_P(EngineResidencyStorageTest, ColdRequestEqualsWarmAndAdapterPagesComeFromT
     host_tokens = RunToEnd(**(*e)->Submit(Req(0, a, 24)));
     EXPECT_EQ((*e)->metrics().pool_pages_adapter.load(), 0);
   }
-  auto e = Engine::Create(s.model, s.tok, SmallOptions(64 << 20));
+  auto e = Engine::Create(s.model, s.tok, SmallOptions(s, 64 << 20, GetParam()));
   ASSERT_TRUE(e.ok());
   const auto& m = (*e)->metrics();
-  // Cold: the adapter is not resident; the request starts at once from the host copy.
+  // Cold: the adapter is not resident; the request starts from the host copy once it is read.
   EXPECT_EQ(RunToEnd(**(*e)->Submit(Req(0, a, 24))), host_tokens);
   EXPECT_EQ(m.adapter_pool_misses.load(), 1u);
   EXPECT_GT(m.pool_pages_adapter.load(), 0);  // the pool copy's pages (kind kAdapter)
@@ -215,7 +225,7 @@ TEST(EngineResidencyTest, KvEvictsUnpinnedAdaptersBeforePreempting) {
   CHORUS_REQUIRE_SHARED_MODEL(kModel);
   Stories s = LoadStories();
   auto a = Adapter(s.model->config(), 32, 8);
-  auto e = Engine::Create(s.model, s.tok, SmallOptions(kSmallPool));
+  auto e = Engine::Create(s.model, s.tok, SmallOptions(s, kSmallPool, adapters::LoraStorage::kF32));
   ASSERT_TRUE(e.ok());
   const auto& m = (*e)->metrics();
   for (int i = 0; i < 100 && m.adapter_pool_hits.load() == 0; ++i) {
@@ -226,9 +236,10 @@ TEST(EngineResidencyTest, KvEvictsUnpinnedAdaptersBeforePreempting) {
   const int64_t adapter_pages = m.pool_pages_adapter.load();
   ASSERT_GE(adapter_pages, 30);
   // Two base requests of 28 blocks each: they fit only if the idle adapter makes room.
-  const auto want0 = Alone(s, Req(2, nullptr, 440)), want1 = Alone(s, Req(3, nullptr, 440));
-  auto h0 = *(*e)->Submit(Req(2, nullptr, 440));
-  auto h1 = *(*e)->Submit(Req(3, nullptr, 440));
+  const auto want0 = Alone(s, Req(2, std::nullopt, 440)),
+             want1 = Alone(s, Req(3, std::nullopt, 440));
+  auto h0 = *(*e)->Submit(Req(2, std::nullopt, 440));
+  auto h1 = *(*e)->Submit(Req(3, std::nullopt, 440));
   EXPECT_EQ(RunToEnd(*h0), want0);
   EXPECT_EQ(RunToEnd(*h1), want1);
   EXPECT_GE(m.adapter_pool_evictions.load(), 1u);
@@ -243,13 +254,14 @@ TEST(EngineResidencyTest, PinnedAdapterIsNeverEvictedKvPreemptsInstead) {
   // a: 28 blocks, b and c: 16 each. With a's ~37 adapter pages pinned, 60 blocks do not fit in
   // the 43 left; once a finishes, b and c fit without touching the (then unpinned) copy.
   const auto want_a = Alone(s, Req(4, a, 440));
-  const auto want_b = Alone(s, Req(5, nullptr, 240)), want_c = Alone(s, Req(6, nullptr, 240));
-  auto e = Engine::Create(s.model, s.tok, SmallOptions(kSmallPool));
+  const auto want_b = Alone(s, Req(5, std::nullopt, 240)),
+             want_c = Alone(s, Req(6, std::nullopt, 240));
+  auto e = Engine::Create(s.model, s.tok, SmallOptions(s, kSmallPool, adapters::LoraStorage::kF32));
   ASSERT_TRUE(e.ok());
   const auto& m = (*e)->metrics();
   auto ha = *(*e)->Submit(Req(4, a, 440));
-  auto hb = *(*e)->Submit(Req(5, nullptr, 240));
-  auto hc = *(*e)->Submit(Req(6, nullptr, 240));
+  auto hb = *(*e)->Submit(Req(5, std::nullopt, 240));
+  auto hc = *(*e)->Submit(Req(6, std::nullopt, 240));
   EXPECT_EQ(RunToEnd(*ha), want_a);
   EXPECT_EQ(RunToEnd(*hb), want_b);
   EXPECT_EQ(RunToEnd(*hc), want_c);
@@ -265,25 +277,19 @@ TEST(EngineResidencyTest, DiskLoadInBackgroundColdEqualsWarmErrorsFinishTheReque
   const std::string dir = testing::TempDir() + "/engine_residency_peft";
   std::filesystem::remove_all(dir);
   CHORUS_ASSERT_OK(adapters::WritePeftLora(dir, Weights(c, 8, 11), c));
-  auto warm = adapters::LoraAdapter::Build(Weights(c, 8, 11), c, "disk");
-  ASSERT_TRUE(warm.ok());
-  const auto want_adapter = Alone(s, Req(7, *warm, 32));
-  const auto want_base = Alone(s, Req(8, nullptr, 200));
+  const adapters::VariantRef disk{.name = "disk", .id = {42, 1}, .path = dir};
+  const auto want_adapter = Alone(s, Req(7, disk, 32));
+  const auto want_base = Alone(s, Req(8, std::nullopt, 200));
 
-  EngineOptions o = SmallOptions(64 << 20);
-  o.adapter_cache = std::make_shared<adapters::AdapterCache>(c, int64_t{64} << 20);
-  auto e = Engine::Create(s.model, s.tok, o);
+  auto e = Engine::Create(s.model, s.tok, SmallOptions(s, 64 << 20));
   ASSERT_TRUE(e.ok());
   const auto& m = (*e)->metrics();
-  auto base = *(*e)->Submit(Req(8, nullptr, 200));
+  auto base = *(*e)->Submit(Req(8, std::nullopt, 200));
   ASSERT_TRUE(
       base->Next(std::chrono::milliseconds(30000)).has_value());  // the base request is stepping
-  GenerationRequest cold = Req(7, nullptr, 32);
-  cold.adapter = "disk";
-  cold.adapter_key = adapters::AdapterKey{"disk", dir, 42, 1};
-  GenerationRequest broken = Req(9, nullptr, 32);
-  broken.adapter = "gone";
-  broken.adapter_key = adapters::AdapterKey{"gone", dir + "/vanished", 43, 1};
+  GenerationRequest cold = Req(7, disk, 32);
+  GenerationRequest broken =
+      Req(9, adapters::VariantRef{.name = "gone", .id = {43, 1}, .path = dir + "/vanished"}, 32);
   auto hc = (*e)->Submit(std::move(cold));
   auto hb = (*e)->Submit(std::move(broken));
   ASSERT_TRUE(hc.ok() && hb.ok());  // queued at once; the loads run on the loader thread
@@ -303,20 +309,22 @@ TEST(EngineResidencyTest, DiskLoadInBackgroundColdEqualsWarmErrorsFinishTheReque
 TEST(EngineResidencyTest, MaxAdaptersPerStepIsRespected) {
   CHORUS_REQUIRE_SHARED_MODEL(kModel);
   Stories s = LoadStories();
-  std::vector<std::shared_ptr<const adapters::LoraAdapter>> loras;
+  std::vector<adapters::VariantRef> loras;
   for (int i = 0; i < 6; ++i)
     loras.push_back(Adapter(s.model->config(), 4 + 4 * i, 20 + static_cast<uint64_t>(i)));
   std::vector<std::vector<int32_t>> want;
   for (int i = 0; i < 7; ++i)
-    want.push_back(Alone(s, Req(i, i < 6 ? loras[static_cast<size_t>(i)] : nullptr, 16)));
+    want.push_back(
+        Alone(s, Req(i, i < 6 ? std::optional(loras[static_cast<size_t>(i)]) : std::nullopt, 16)));
   for (int64_t cap : {int64_t{0}, int64_t{2}}) {
-    EngineOptions o = SmallOptions(64 << 20);
+    EngineOptions o = SmallOptions(s, 64 << 20);
     o.max_adapters_per_step = cap;
     auto e = Engine::Create(s.model, s.tok, o);
     ASSERT_TRUE(e.ok());
     std::vector<std::shared_ptr<RequestHandle>> hs;
     for (int i = 0; i < 7; ++i)
-      hs.push_back(*(*e)->Submit(Req(i, i < 6 ? loras[static_cast<size_t>(i)] : nullptr, 16)));
+      hs.push_back(*(*e)->Submit(
+          Req(i, i < 6 ? std::optional(loras[static_cast<size_t>(i)]) : std::nullopt, 16)));
     for (int i = 0; i < 7; ++i)
       EXPECT_EQ(RunToEnd(*hs[static_cast<size_t>(i)]), want[static_cast<size_t>(i)])
           << cap << " " << i;
@@ -331,8 +339,8 @@ TEST(EngineResidencyTest, MaxAdaptersPerStepIsRespected) {
 
 // The queue of the fairness tests below, on an engine with a cap of 1 adapter per step and two
 // running slots: a long request for adapter A, then one for B, then 20 short ones for A.
-EngineOptions CappedOptions() {
-  EngineOptions o = SmallOptions(64 << 20);
+EngineOptions CappedOptions(const Stories& s) {
+  EngineOptions o = SmallOptions(s, 64 << 20);
   o.max_adapters_per_step = 1;
   o.max_running = 2;
   return o;
@@ -341,9 +349,12 @@ struct CappedQueue {
   std::shared_ptr<RequestHandle> long_a, b;
   std::vector<std::shared_ptr<RequestHandle>> short_a;
 };
-CappedQueue SubmitCappedQueue(Engine* e, const std::shared_ptr<const adapters::LoraAdapter>& a,
-                              const std::shared_ptr<const adapters::LoraAdapter>& b,
-                              int64_t long_tokens) {
+CappedQueue SubmitCappedQueue(Engine* e, const adapters::VariantRef& a,
+                              const adapters::VariantRef& b, int64_t long_tokens) {
+  // Both adapters in the host cache first, so the queue's order is the admission order (not the
+  // order in which two loader threads happen to finish reading them).
+  RunToEnd(**e->Submit(Req(0, a, 1)));
+  RunToEnd(**e->Submit(Req(0, b, 1)));
   CappedQueue q;
   q.long_a = *e->Submit(Req(0, a, long_tokens));
   q.b = *e->Submit(Req(1, b, 8));
@@ -361,7 +372,7 @@ TEST(EngineResidencyTest, CappedAdapterIsOvertakenOnlyBoundedTimes) {
   Stories s = LoadStories();
   auto a = Adapter(s.model->config(), 8, 40), b = Adapter(s.model->config(), 16, 41);
   const auto want_b = Alone(s, Req(1, b, 8));
-  auto e = Engine::Create(s.model, s.tok, CappedOptions());
+  auto e = Engine::Create(s.model, s.tok, CappedOptions(s));
   ASSERT_TRUE(e.ok());
   CappedQueue q = SubmitCappedQueue(e->get(), a, b, 48);
   EXPECT_EQ(RunToEnd(*q.b), want_b);
@@ -383,12 +394,12 @@ TEST(EngineResidencyTest, BaseRequestsPassTheAdapterFairnessBarrier) {
   CHORUS_REQUIRE_SHARED_MODEL(kModel);
   Stories s = LoadStories();
   auto a = Adapter(s.model->config(), 8, 40), b = Adapter(s.model->config(), 16, 41);
-  const auto want_base = Alone(s, Req(30, nullptr, 4));
-  auto e = Engine::Create(s.model, s.tok, CappedOptions());
+  const auto want_base = Alone(s, Req(30, std::nullopt, 4));
+  auto e = Engine::Create(s.model, s.tok, CappedOptions(s));
   ASSERT_TRUE(e.ok());
   // A 400-token request holds A in the step for a long time.
   CappedQueue q = SubmitCappedQueue(e->get(), a, b, 400);
-  auto base = *(*e)->Submit(Req(30, nullptr, 4));
+  auto base = *(*e)->Submit(Req(30, std::nullopt, 4));
   EXPECT_EQ(RunToEnd(*base), want_base);
   // The base request got in once the barrier formed (~8 short requests of 3 tokens in), long
   // before the 400-token request ends; before this rule it started together with B, after it.
@@ -406,14 +417,14 @@ TEST(EngineResidencyTest, UnloadWhileInUseFinishesThenFrees) {
   auto a = Adapter(s.model->config(), 32, 30);
   const auto want = Alone(s, Req(10, a, 120));
   for (bool forget : {false, true}) {
-    auto e = Engine::Create(s.model, s.tok, SmallOptions(64 << 20));
+    auto e = Engine::Create(s.model, s.tok, SmallOptions(s, 64 << 20));
     ASSERT_TRUE(e.ok());
     const auto& m = (*e)->metrics();
     auto h = *(*e)->Submit(Req(10, a, 120));
     std::vector<int32_t> got;
     for (int i = 0; i < 60; ++i) got.push_back(h->Next(std::chrono::milliseconds(30000))->token);
     EXPECT_GT(m.pool_pages_adapter.load(), 0);
-    if (forget) (*e)->ForgetAdapter(a->name());
+    if (forget) (*e)->ForgetAdapter(a.name);
     for (int32_t t : RunToEnd(*h)) got.push_back(t);
     EXPECT_EQ(got, want);  // the running request finished undisturbed
     if (forget) {

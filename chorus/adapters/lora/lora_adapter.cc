@@ -312,7 +312,7 @@ const char* LoraStorageName(LoraStorage s) { return s == LoraStorage::kBF16 ? "b
 
 void LoraView::CopyShapeFrom(const LoraView& other) {
   name_ = other.name_;
-  identity_ = other.identity_;
+  id_ = other.id_;
   storage_type_ = other.storage_type_;
   n_layers_ = other.n_layers_;
   max_rank_ = other.max_rank_;
@@ -387,11 +387,11 @@ Result<std::shared_ptr<const LoraAdapter>> LoraAdapter::Build(const LoraWeights&
                                                               const model::ModelConfig& c,
                                                               std::string name,
                                                               const LoraLimits& limits,
-                                                              std::string identity) {
+                                                              VariantId id) {
   CHORUS_RETURN_IF_ERROR(ValidateLoraWeights(w, c, limits).WithContext("adapter '" + name + "'"));
   std::shared_ptr<LoraAdapter> ad(new LoraAdapter());
   ad->name_ = std::move(name);
-  ad->identity_ = std::move(identity);
+  ad->id_ = id;
   ad->n_layers_ = w.n_layers;
   ad->modules_.resize(w.modules.size());
   ad->fused_.resize(static_cast<size_t>(w.n_layers * model::kNumLinearGroups));

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "chorus/adapters/variant.h"
 #include "chorus/base/status.h"
 #include "chorus/kernels/ops.h"
 #include "chorus/model/model.h"
@@ -123,11 +124,11 @@ class LoraView {
   virtual ~LoraView() = default;
 
   const std::string& name() const { return name_; }
-  // Content identity of the weights (the registry's content hash + version, set by the host
-  // cache, adapters/adapter_cache.h): two copies with the same non-empty identity hold the same
-  // values, so a pool copy made from one serves the other. Empty when unknown (adapters built
-  // directly, e.g. by tests): such a copy is only ever the same as itself.
-  const std::string& identity() const { return identity_; }
+  // The weights' VariantId (adapters/variant.h; set by the host cache from the registration):
+  // two copies with the same non-empty id hold the same values, so a pool copy made from one
+  // serves the other. Empty for adapters built in memory (benchmarks, kernel tests): such a
+  // copy is only ever the same as itself.
+  const VariantId& id() const { return id_; }
   int64_t n_layers() const { return n_layers_; }
   const Module& module(int64_t layer, model::Linear which) const {
     return modules_[static_cast<size_t>(layer * model::kNumLinears + static_cast<int>(which))];
@@ -169,7 +170,7 @@ class LoraView {
   }
 
   std::string name_;
-  std::string identity_;
+  VariantId id_;
   int64_t n_layers_ = 0, max_rank_ = 0, max_fused_rank_ = 0;
   std::vector<Module> modules_;                   // [n_layers × kNumLinears]
   std::vector<Fused> fused_;                      // [n_layers × 2]
@@ -188,12 +189,12 @@ class LoraAdapter : public LoraView {
   // the element) and converts. Each tensor is read once: decoded, checked, moved to the base's
   // pair order / transposed and rounded in one pass straight into the storage (this is the CPU
   // work of a cold adapter load; bench/micro/lora_load_bench.cc). `name` is used in messages
-  // and logs; `identity` becomes identity().
+  // and logs; `id` becomes id().
   static Result<std::shared_ptr<const LoraAdapter>> Build(const LoraWeights& w,
                                                           const model::ModelConfig& base,
                                                           std::string name,
                                                           const LoraLimits& limits = {},
-                                                          std::string identity = "");
+                                                          VariantId id = {});
 
   // Bytes of compute weights held.
   int64_t memory_bytes() const { return static_cast<int64_t>(storage_.size()); }

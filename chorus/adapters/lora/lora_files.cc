@@ -550,8 +550,8 @@ Result<std::shared_ptr<const LoraAdapter>> LoadLoraAdapter(const std::string& pa
                                                            const LoraLoadOptions& opts,
                                                            std::string name) {
   CHORUS_ASSIGN_OR_RETURN(LoraWeights w, ReadLora(path, base, opts));
-  auto ad = LoraAdapter::Build(w, base, name.empty() ? path : std::move(name), opts.limits,
-                               opts.identity);
+  auto ad =
+      LoraAdapter::Build(w, base, name.empty() ? path : std::move(name), opts.limits, opts.id);
   if (!ad.ok()) return ad.status().WithContext(path);
   return ad;
 }

@@ -36,8 +36,8 @@
 namespace chorus::adapters {
 
 struct LoraLoadOptions {
-  LoraLimits limits;          // max_rank (default 256)
-  std::string identity = {};  // LoadLoraAdapter: the copy's LoraView::identity() (default none)
+  LoraLimits limits;  // max_rank (default 256)
+  VariantId id = {};  // LoadLoraAdapter: the copy's LoraView::id() (default none)
 };
 
 // A PEFT adapter directory (or its adapter_config.json / adapter_model.safetensors path).
