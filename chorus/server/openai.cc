@@ -299,8 +299,8 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, std::string_view body, con
     if (!m->is_string()) return BadRequest("model must be a string", "model");
     const std::string& name = m->get_ref<const std::string&>();
     if (name != ctx.served_model) {
-      if (ctx.resolve_variant) {
-        if (auto err = ctx.resolve_variant(name, &out->gen)) return err;
+      if (ctx.serves_variants) {
+        out->variant_name = name;
       } else {
         ApiError e = NotFound("The model `" + Clip(name) + "` does not exist.", "model_not_found");
         e.param = "model";

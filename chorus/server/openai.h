@@ -55,10 +55,9 @@ struct ApiContext {
   int32_t vocab_size = 0;    // token ids accepted in prompts: [0, vocab_size)
   int64_t max_context = 0;   // prompt + completion tokens one sequence may hold
   std::string served_model;  // the base model's name
-  // Resolves a `model` other than served_model to a variant: sets gen->lora and gen->adapter,
-  // or returns the error (404 model_not_found for an unknown name). Null = base model only.
-  std::function<std::optional<ApiError>(const std::string& model, engine::GenerationRequest* gen)>
-      resolve_variant;
+  // Whether a `model` other than served_model may name a variant (the server resolves it after
+  // parsing, ApiRequest::variant_name); false: such a request is 404 model_not_found here.
+  bool serves_variants = false;
 };
 
 // A parsed request: one engine request per prompt, sharing everything but the prompt.
@@ -67,6 +66,9 @@ struct ApiRequest {
   std::vector<std::vector<int32_t>> prompts;  // token ids, one list per prompt
   std::vector<std::string> echo_text;         // per prompt, when echo
   engine::GenerationRequest gen;              // prompt empty; max_tokens = -1 when absent
+  // The `model` when it names something other than the base (ApiContext::serves_variants):
+  // the caller resolves it to gen.variant. Empty for the base model.
+  std::string variant_name;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool echo = false;           // completions only

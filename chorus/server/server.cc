@@ -289,6 +289,8 @@ struct Server::Impl {
                       httplib::Response& res);
   json ModelJson() const;
   json AdapterJson(const adapters::AdapterInfo& a) const;
+  // The one step from a request's `model` to what the engine loads: the registered variant's
+  // reference into gen->variant, or 404 (unknown) / 400 (unavailable). Reads no file.
   std::optional<ApiError> ResolveVariant(const std::string& name,
                                          engine::GenerationRequest* gen) const;
   // The body of an adapter endpoint, once the server is ready, serves adapters, and the body is
@@ -409,10 +411,7 @@ void Server::SetEngine(std::shared_ptr<engine::Engine> eng) {
   const int64_t block = eng->options().block_size;
   ctx.max_context = std::min<int64_t>(eng->context_length(), eng->kv_blocks_total() * block);
   ctx.served_model = opts_.served_model_name;
-  ctx.resolve_variant = [impl = impl_.get()](const std::string& name,
-                                             engine::GenerationRequest* gen) {
-    return impl->ResolveVariant(name, gen);
-  };
+  ctx.serves_variants = true;  // HandleGenerate resolves them (or answers 404 with the names)
   memory::KvLayout layout{.n_layers = cfg.n_layers,
                           .n_kv_heads = cfg.n_kv_heads,
                           .head_dim = cfg.head_dim,
@@ -765,6 +764,9 @@ void Server::Impl::HandleGenerate(ApiKind kind, const httplib::Request& http_req
   if (auto e = Unavailable()) return SendError(res, *e);
   auto gen = std::make_shared<Generation>();
   if (auto e = ParseApiRequest(kind, body, ctx, &gen->req)) return SendError(res, *e);
+  if (!gen->req.variant_name.empty()) {
+    if (auto e = ResolveVariant(gen->req.variant_name, &gen->req.gen)) return SendError(res, *e);
+  }
 
   const std::string id = NewResponseId(kind);
   for (size_t i = 0; i < gen->req.prompts.size(); ++i) {
