@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "chorus/adapters/lora/lora_hook.h"
+#include "chorus/adapters/variant_hook.h"
 #include "chorus/base/logging.h"
 #include "chorus/base/mutex.h"
 #include "chorus/engine/adapter_residency.h"
@@ -56,7 +57,8 @@ struct Engine::Impl {
   std::vector<float> logits;                            // [max_running, vocab]
   std::unique_ptr<model::StepBuilder> step;             // the step's arrays, reserved at Create
   std::vector<const adapters::LoraView*> row_adapters;  // [rows] of the step
-  std::unique_ptr<adapters::LoraHook> lora_hook;
+  std::unique_ptr<adapters::LoraHook> lora_hook;        // the LoRA kind's term (docs/variants.md)
+  adapters::VariantHook variant_hook;                   // every kind with rows in the step
   std::unique_ptr<OutputStage> output;
   // PublishAdapterActivity's scratch (reserved at Create: no allocation per step).
   std::vector<const std::string*> activity_running, activity_waiting;
@@ -321,10 +323,12 @@ void Engine::Impl::Step() {
     any_adapter |= pl.seq->lora != nullptr;
   }
   model::StepInput in = step->Input();
+  variant_hook.Clear();
   if (any_adapter) {
     Status hs = lora_hook->SetRows(row_adapters);
     CHORUS_CHECK(hs.ok()) << hs.ToString();  // adapters were validated against the base at load
-    in.hook = lora_hook.get();
+    variant_hook.Add(lora_hook.get());
+    in.hook = &variant_hook;
     const auto distinct = static_cast<int64_t>(lora_hook->slots().size());
     if (distinct > self->metrics_.adapters_per_step_max.load())
       self->metrics_.adapters_per_step_max.store(distinct);

@@ -8,10 +8,14 @@
 // prompt and the tokens it had generated; batch-invariant kernels make that invisible in the
 // output. Clients submit through a bounded queue and read a RequestHandle.
 //
-// Adapters (engine/adapter_residency.h, docs/adapters.md): a request names its adapter by its
-// host copy or by its key; keyed loads run on loader threads and the request is admitted once
-// its adapter is usable. Pool copies of adapters share the KV pages (unified paging); they are
-// pinned while used and evicted LRU, before any preemption, when KV needs pages.
+// The engine keeps the thread, the incoming queue and the step; the Scheduler (scheduler.h)
+// decides the rows and the OutputStage (output_stage.h) turns logits into streamed tokens.
+//
+// Variants (engine/adapter_residency.h, docs/variants.md): a request names its variant by one
+// VariantRef; its host copy is handed over at Submit on a host-cache hit, else loaded by a
+// loader thread, and the request is admitted once its adapter is usable. Pool copies of adapters
+// share the KV pages (unified paging); they are pinned while used and evicted LRU, before any
+// preemption, when KV needs pages.
 //
 // Thread-safety: Submit(), Metrics(), Shutdown() are thread-safe; everything else is internal
 // to the engine thread.
@@ -54,7 +58,8 @@ struct EngineOptions {
   // the background (first loads from disk then write into resident memory).
   // `chorus serve` turns it on; tests leave it off.
   bool prefault_pool = false;
-  // Resolves GenerationRequest::adapter_key on the loader threads (null: only `lora` works).
+  // The host tier that GenerationRequest::variant is loaded through (on the loader threads);
+  // null: requests for a variant are refused (base model only).
   std::shared_ptr<adapters::AdapterCache> adapter_cache;
   Status Validate() const;
 };

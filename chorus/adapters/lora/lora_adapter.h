@@ -1,7 +1,7 @@
 // LoRA adapters (docs/architecture.md, "The one equation"): y = x·Wᵀ + s·(x·Aᵀ)·Bᵀ per targeted
 // linear, s = alpha/r (rsLoRA: alpha/√r).
 //
-// Two representations:
+// Three representations:
 //   * LoraWeights — the tensors as a file holds them (PEFT / GGUF / synthetic): A [r, in] and
 //     B [out, r] per (layer, linear), any of f32/f16/bf16 (GGUF also q8_0/q4_0), q/k lora_B rows
 //     in the pair order `qk_layout` of the file. What readers produce and writers consume.
@@ -12,7 +12,7 @@
 //   * LoraView — what the kernels read: per (layer, linear) rank, scale and row tables (one
 //     pointer per row of A / Bᵀ). A LoraAdapter is a view over its contiguous storage; a
 //     PagedLora (paged_lora.h) is a view over rows packed into pool pages. Both hold the same
-//     f32 values, so a step computes bitwise the same result from either.
+//     values (f32 or bf16 storage), so a step computes bitwise the same result from either.
 //
 // Thread-safety: LoraWeights is a value type; LoraAdapter is immutable after Build() and shared
 // (`std::shared_ptr<const LoraAdapter>`).
