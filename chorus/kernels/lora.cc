@@ -57,6 +57,16 @@ struct ShrinkArgs {
   ShrinkTileBf16Fn tile_bf16;
 };
 
+// The shrink's arguments with the active level's tiles.
+ShrinkArgs MakeShrinkArgs(std::span<const LoraSegment> segments,
+                          std::span<const LoraShrinkWeight> weights, const float* x,
+                          int64_t x_stride, int64_t in, float* v, int64_t v_stride,
+                          int64_t total_cols) {
+  const LoraTiles& tiles = TilesForIsa();
+  return {segments, weights,  x,          x_stride,     in,
+          v,        v_stride, total_cols, tiles.shrink, tiles.shrink_bf16};
+}
+
 // Thread `ti` of `nt` computes its static slice of the flattened (segment, j) columns.
 void ShrinkSlice(const ShrinkArgs& a, int ti, int nt) {
   int64_t begin, end;
@@ -220,16 +230,8 @@ void LoraShrink(std::span<const LoraSegment> segments, std::span<const LoraShrin
   int64_t total_cols, macs, active;
   CheckShrink(segments, weights, in, v_stride, &total_cols, &macs, &active);
   if (total_cols == 0) return;
-  const ShrinkArgs args{segments,
-                        weights,
-                        x,
-                        x_stride,
-                        in,
-                        v,
-                        v_stride,
-                        total_cols,
-                        TilesForIsa().shrink,
-                        TilesForIsa().shrink_bf16};
+  const ShrinkArgs args =
+      MakeShrinkArgs(segments, weights, x, x_stride, in, v, v_stride, total_cols);
   if (pool == nullptr || pool->size() == 1 || macs < kMinParallelMacs) {
     ShrinkSlice(args, 0, 1);
     return;
@@ -291,16 +293,8 @@ void LoraShrinkExpand(std::span<const LoraSegment> segments,
       LoraExpand(segments, o.weights, v, v_stride, o.out, o.y, o.y_stride, pool);
     return;
   }
-  const ShrinkArgs shrink{segments,
-                          weights,
-                          x,
-                          x_stride,
-                          in,
-                          v,
-                          v_stride,
-                          total_cols,
-                          TilesForIsa().shrink,
-                          TilesForIsa().shrink_bf16};
+  const ShrinkArgs shrink =
+      MakeShrinkArgs(segments, weights, x, x_stride, in, v, v_stride, total_cols);
   std::array<ExpandArgs, kMaxLoraExpandOuts> expand;
   for (size_t o = 0; o < outs.size(); ++o) {
     expand[o] = ExpandArgs{segments,         outs[o].weights,      v,

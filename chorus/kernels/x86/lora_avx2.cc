@@ -228,18 +228,14 @@ void ExpandTileT(const float* v, int64_t v_stride, int64_t n_rows, const T* cons
                                         y + i * y_stride, y_stride);
     });
   }
-  const int64_t block =
-      std::max(kSub, std::min<int64_t>(kMaxBlock, kPanelFloats / rank / kSub * kSub));
-  float* panel = PanelScratch(rank * RoundUpTo(std::min(block, c_end - c_begin), kSub));
   const __m256 s = _mm256_set1_ps(scale);
-  for (int64_t cb = c_begin; cb < c_end; cb += block) {
-    const int64_t width = std::min(block, c_end - cb);
-    PackBlock(bt, rank, cb, width, panel);
-    ForRowTiles(n_rows, [&](auto nr, int64_t i) {
-      ExpandRowsFromPanel<decltype(nr)::value>(v + i * v_stride, v_stride, panel, rank, s, width,
-                                               y + i * y_stride + cb, y_stride);
-    });
-  }
+  ExpandByPanels(
+      n_rows, rank, c_begin, c_end, kSub, kMaxBlock, kPanelFloats,
+      [&](int64_t cb, int64_t width, float* panel) { PackBlock(bt, rank, cb, width, panel); },
+      [&](auto nr, int64_t i, const float* panel, int64_t cb, int64_t width) {
+        ExpandRowsFromPanel<decltype(nr)::value>(v + i * v_stride, v_stride, panel, rank, s, width,
+                                                 y + i * y_stride + cb, y_stride);
+      });
 }
 
 }  // namespace

@@ -87,19 +87,10 @@ inline void ShrinkRows(const float* x, int64_t x_stride, const T* const* a, int6
     const T* const* next = j + 8 <= j_end ? a + j + 4 : nullptr;
     ShrinkMicro<NR, 4>(x, x_stride, a, in, j, next, v, v_stride);
   }
-  switch (j_end - j) {
-    case 3:
-      ShrinkMicro<NR, 3>(x, x_stride, a, in, j, static_cast<const T* const*>(nullptr), v, v_stride);
-      break;
-    case 2:
-      ShrinkMicro<NR, 2>(x, x_stride, a, in, j, static_cast<const T* const*>(nullptr), v, v_stride);
-      break;
-    case 1:
-      ShrinkMicro<NR, 1>(x, x_stride, a, in, j, static_cast<const T* const*>(nullptr), v, v_stride);
-      break;
-    default:
-      break;
-  }
+  ForTailOf4(j_end - j, j, [&](auto nj, int64_t j0) {
+    ShrinkMicro<NR, decltype(nj)::value>(x, x_stride, a, in, j0,
+                                         static_cast<const T* const*>(nullptr), v, v_stride);
+  });
 }
 
 template <typename T>
@@ -268,18 +259,14 @@ void ExpandTileT(const float* v, int64_t v_stride, int64_t n_rows, const T* cons
   }
   // The panel lives in L2 and the compute streams it in address order; large blocks keep each
   // Bᵀ row's run long.
-  const int64_t block =
-      std::max(kSub, std::min<int64_t>(kMaxBlock, kPanelFloats / rank / kSub * kSub));
-  float* panel = PanelScratch(rank * RoundUpTo(std::min(block, c_end - c_begin), kSub));
   const __m512 s = _mm512_set1_ps(scale);
-  for (int64_t cb = c_begin; cb < c_end; cb += block) {
-    const int64_t width = std::min(block, c_end - cb);
-    PackBlock(bt, rank, cb, width, panel);
-    ForRowTiles(n_rows, [&](auto nr, int64_t i) {
-      ExpandRowsFromPanel<decltype(nr)::value>(v + i * v_stride, v_stride, panel, rank, s, width,
-                                               y + i * y_stride + cb, y_stride);
-    });
-  }
+  ExpandByPanels(
+      n_rows, rank, c_begin, c_end, kSub, kMaxBlock, kPanelFloats,
+      [&](int64_t cb, int64_t width, float* panel) { PackBlock(bt, rank, cb, width, panel); },
+      [&](auto nr, int64_t i, const float* panel, int64_t cb, int64_t width) {
+        ExpandRowsFromPanel<decltype(nr)::value>(v + i * v_stride, v_stride, panel, rank, s, width,
+                                                 y + i * y_stride + cb, y_stride);
+      });
 }
 
 }  // namespace
