@@ -235,6 +235,9 @@ int ServeCommand(int argc, char** argv) {
   f.Bool("prefault",
          "make the pool and the host adapter cache resident at start (no page faults on first "
          "use; costs their full size in resident memory from the start)");
+  f.Bool("no-prefix-cache",
+         "do not keep computed KV blocks for reuse by later requests with the same prefix "
+         "(prompt caching; keyed by variant, outputs are the same either way)");
   f.Bool("reuse-port",
          "let several servers listen on --port (SO_REUSEPORT; off: a bound port "
          "is an error)");
@@ -299,6 +302,7 @@ int ServeCommand(int argc, char** argv) {
   eo.loader_threads = static_cast<int>(loader_threads);
   eo.adapter_pool_copies = !f.GetBool("no-adapter-pool");
   eo.prefault_pool = f.GetBool("prefault");
+  eo.prefix_cache = !f.GetBool("no-prefix-cache");
   so.reuse_port = f.GetBool("reuse-port");
   if (Status s = eo.Validate(); !s.ok())
     return Fail("serve", InvalidArgumentError("flag " + s.message()));

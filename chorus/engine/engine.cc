@@ -13,6 +13,7 @@
 #include "chorus/engine/scheduler.h"
 #include "chorus/memory/host_arena.h"
 #include "chorus/memory/kv_cache.h"
+#include "chorus/memory/prefix_cache.h"
 #include "chorus/model/forward.h"
 #include "chorus/model/step_builder.h"
 
@@ -77,6 +78,7 @@ struct Engine::Impl {
   // Declared last: destroyed first. The scheduler before the residency it pins adapters in;
   // the residency joins its loader threads while the pool still exists.
   std::unique_ptr<AdapterResidency> residency;
+  std::unique_ptr<memory::PrefixCache> prefix;  // null when disabled
   std::unique_ptr<Scheduler> scheduler;
 
   explicit Impl(Engine* e, int threads) : self(e), pool(threads) {}
@@ -148,10 +150,11 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const model::Mode
   impl->residency = std::make_unique<AdapterResidency>(
       impl->pages.get(), &e->metrics_, opts.adapter_cache, [raw_impl] { raw_impl->Wake(); }, ro);
   impl->residency->PublishGauges();
+  if (opts.prefix_cache) impl->prefix = std::make_unique<memory::PrefixCache>(impl->kv.get());
   impl->scheduler = std::make_unique<Scheduler>(
       SchedulerOptions{.max_batch_tokens = opts.max_batch_tokens, .max_running = opts.max_running},
       impl->pages.get(), impl->kv.get(), impl->residency.get(),
-      std::make_unique<FcfsPolicy>(opts.max_adapters_per_step), &e->metrics_);
+      std::make_unique<FcfsPolicy>(opts.max_adapters_per_step), &e->metrics_, impl->prefix.get());
   e->impl_ = std::move(impl);
   e->impl_->thread = std::thread([raw = e->impl_.get()] { raw->Loop(); });
   return e;
@@ -226,6 +229,10 @@ Result<std::shared_ptr<RequestHandle>> Engine::Submit(GenerationRequest req) {
       s->tokens.reserve(static_cast<size_t>(total));
       s->n_prompt = static_cast<int64_t>(shared_req->prompt.size());
       impl_->output->Attach(s.get());
+      if (shared_req->variant) {
+        const adapters::VariantId& id = shared_req->variant->id;
+        s->prefix_variant = memory::PrefixVariantKey(id.content_hash, id.version);
+      }
       s->arrival = now;
       s->ticket = ticket;
       if (i == 0) {
@@ -346,7 +353,13 @@ void Engine::Impl::PublishGauges() {
   auto& m = self->metrics_;
   m.queue_length.store(scheduler->queued().load());
   m.running.store(static_cast<int64_t>(scheduler->running().size()));
-  m.kv_blocks_used.store(pages->n_used(memory::PageKind::kKv));
+  // Cached prefix blocks that no request holds are free for the taking: not "used".
+  const int64_t evictable = prefix ? prefix->n_evictable() : 0;
+  m.kv_blocks_used.store(pages->n_used(memory::PageKind::kKv) - evictable);
+  if (prefix) {
+    m.prefix_cache_blocks.store(prefix->n_cached());
+    m.prefix_cache_evictions.store(prefix->evictions());
+  }
   residency->PublishGauges();
   PublishAdapterActivity();
 }

@@ -58,6 +58,11 @@ struct EngineOptions {
   // the background (first loads from disk then write into resident memory).
   // `chorus serve` turns it on; tests leave it off.
   bool prefault_pool = false;
+  // Automatic prefix caching (memory/prefix_cache.h): full KV blocks are kept, keyed by variant
+  // and tokens, and reused by later requests with the same prefix; evicted LRU (after unpinned
+  // adapters) before anyone is preempted. Outputs are bitwise the same with it or without it.
+  // `chorus serve --no-prefix-cache` turns it off.
+  bool prefix_cache = true;
   // The host tier that GenerationRequest::variant is loaded through (on the loader threads);
   // null: requests for a variant are refused (base model only).
   std::shared_ptr<adapters::AdapterCache> adapter_cache;

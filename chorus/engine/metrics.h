@@ -108,6 +108,13 @@ struct EngineMetrics {
   std::atomic<uint64_t> prompt_tokens_total{0};
   std::atomic<uint64_t> generation_tokens_total{0};
   std::atomic<uint64_t> steps_total{0};
+  // Prefix caching (memory/prefix_cache.h): prompt tokens looked up at admission, how many were
+  // found cached (their prefill skipped), full blocks cached (evictable ones count as free in
+  // kv_blocks_used), blocks evicted.
+  std::atomic<uint64_t> prefix_cache_query_tokens{0};
+  std::atomic<uint64_t> prefix_cache_hit_tokens{0};
+  std::atomic<int64_t> prefix_cache_blocks{0};
+  std::atomic<uint64_t> prefix_cache_evictions{0};
   Histogram ttft_seconds{{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}};
   Histogram time_per_output_token_seconds{
       {0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2.5}};

@@ -8,13 +8,14 @@ namespace chorus::engine {
 
 Scheduler::Scheduler(SchedulerOptions opts, memory::PagePool* pages, memory::KvCache* kv,
                      AdapterResidency* residency, std::unique_ptr<Policy> policy,
-                     EngineMetrics* metrics)
+                     EngineMetrics* metrics, memory::PrefixCache* prefix)
     : opts_(opts),
       pages_(pages),
       kv_(kv),
       residency_(residency),
       policy_(std::move(policy)),
-      metrics_(metrics) {
+      metrics_(metrics),
+      prefix_(prefix) {
   plan_.reserve(static_cast<size_t>(opts_.max_running));
   step_adapters_.reserve(static_cast<size_t>(opts_.max_running));
 }
@@ -53,7 +54,7 @@ Scheduler::Outcome Scheduler::Plan() {
       // KV wins over resident adapters: evict unpinned ones before preempting anyone.
       const int64_t need =
           kv_->BlocksFor(s->n_computed + count) - static_cast<int64_t>(s->table.size());
-      if (ReclaimAdapterPages(need)) continue;
+      if (ReclaimPages(need)) continue;
       if (ReleaseNewestWaitingTable()) continue;
       // Out of pages: preempt the newest running sequence not yet planned (possibly s itself).
       const size_t victim = running_.size() - 1;
@@ -98,7 +99,10 @@ Scheduler::Outcome Scheduler::Plan() {
 void Scheduler::Complete(const float* logits, int64_t vocab, TokenSink* sink) {
   size_t li = 0;
   for (const Planned& pl : plan_) {
-    pl.seq->n_computed += pl.count;
+    Sequence* s = pl.seq;
+    s->n_computed += pl.count;
+    if (prefix_ != nullptr)
+      prefix_->Insert(s->prefix_variant, s->tokens, s->n_computed, s->table, &s->prefix);
     if (!pl.wants_logits) continue;
     const float* row = logits + li * static_cast<size_t>(vocab);
     if (!pl.seq->forks.empty()) ForkChoices(pl.seq, row, sink);  // before the prompt may be freed
@@ -139,6 +143,7 @@ void Scheduler::Preempt(Sequence* s) {
   kv_->Release(&s->table);
   UnpinAdapter(s);
   s->n_computed = 0;
+  s->prefix = {};
   metrics_->preemptions_total.fetch_add(1);
   CHORUS_LOG(DEBUG) << "preempt req=" << s->req->id << " choice=" << s->index
                     << " tokens=" << s->tokens.size();
@@ -154,6 +159,7 @@ void Scheduler::ForkChoices(Sequence* parent, const float* row_logits, TokenSink
   std::vector<std::unique_ptr<Sequence>> later;
   for (auto& f : parent->forks) {
     f->table = kv_->Fork(parent->table);
+    f->prefix = parent->prefix;
     f->serial = next_serial_++;
     f->lora = parent->lora;  // the parent's adapter load resolved for every choice
     f->ticket.reset();
@@ -183,6 +189,7 @@ bool Scheduler::ReleaseNewestWaitingTable() {
     if (w->table.empty()) continue;
     kv_->Release(&w->table);
     w->n_computed = 0;
+    w->prefix = {};
     return true;
   }
   return false;
@@ -225,9 +232,11 @@ void Scheduler::UnpinAdapter(Sequence* s) {
   s->pinned = false;
 }
 
-bool Scheduler::ReclaimAdapterPages(int64_t n_free) {
-  if (pages_->n_free() >= n_free) return false;  // not an adapter problem
-  return residency_->EvictFor(n_free);
+bool Scheduler::ReclaimPages(int64_t n_free) {
+  if (pages_->n_free() >= n_free) return false;  // nothing to reclaim for
+  const int64_t before = pages_->n_free();
+  if (!residency_->EvictFor(n_free) && prefix_ != nullptr) prefix_->EvictFor(n_free);
+  return pages_->n_free() > before;
 }
 
 // Admits waiting sequences in queue order while rows, sequences and pages allow and the policy
@@ -250,6 +259,14 @@ void Scheduler::AdmitWaiting(int64_t* budget) {
       ++i;
       continue;
     }
+    if (prefix_ != nullptr && s->table.empty() && s->n_computed == 0) {
+      // The longest cached prefix (whole blocks; the last token is always computed, for its
+      // logits). A sequence that then does not fit keeps the blocks while it waits.
+      const int64_t n = static_cast<int64_t>(s->tokens.size());
+      s->n_computed = prefix_->Match(s->prefix_variant, s->tokens, n - 1, &s->table, &s->prefix);
+      metrics_->prefix_cache_query_tokens.fetch_add(static_cast<uint64_t>(n));
+      metrics_->prefix_cache_hit_tokens.fetch_add(static_cast<uint64_t>(s->n_computed));
+    }
     const int64_t remaining = static_cast<int64_t>(s->tokens.size()) - s->n_computed;
     const int64_t count = std::min(*budget, remaining);
     // Admit only if this chunk fits and one block per running sequence stays free for
@@ -258,7 +275,7 @@ void Scheduler::AdmitWaiting(int64_t* budget) {
     const int64_t need = kv_->PagesToWrite(s->table, s->n_computed, s->n_computed + count);
     const int64_t want_free =
         need + static_cast<int64_t>(running_.size() + (running_.empty() ? 0 : s->forks.size()));
-    if (want_free > pages_->n_free()) ReclaimAdapterPages(want_free);
+    if (want_free > pages_->n_free()) ReclaimPages(want_free);
     if (want_free > pages_->n_free()) break;
     if (!kv_->PrepareWrite(&s->table, s->n_computed, s->n_computed + count).ok()) break;
     s->serial = s->serial ? s->serial : next_serial_++;

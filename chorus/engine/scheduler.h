@@ -11,6 +11,11 @@
 // Testable without a model: it needs a page pool, a KV cache over it, adapter residency (with
 // or without a host cache) and a policy (engine/scheduler_test.cc drives it with fake logits).
 //
+// Prefix caching (memory/prefix_cache.h, optional): a sequence admitted with no blocks first
+// takes the longest cached prefix of its tokens (of its variant) and computes only the rest;
+// every full block computed is registered for later requests; cached blocks nobody holds are
+// evicted (after unpinned adapter copies) before anyone is preempted.
+//
 // Thread-safety: engine thread only, except `queued`, the count of waiting choices, which
 // Engine::Submit reads and increments.
 #pragma once
@@ -51,9 +56,10 @@ class Scheduler {
     kReplan,  // pages were freed (shared prompt blocks): plan again at once
   };
 
-  // Every pointer must outlive the scheduler.
+  // Every pointer must outlive the scheduler; `prefix` may be null (no prefix caching).
   Scheduler(SchedulerOptions opts, memory::PagePool* pages, memory::KvCache* kv,
-            AdapterResidency* residency, std::unique_ptr<Policy> policy, EngineMetrics* metrics);
+            AdapterResidency* residency, std::unique_ptr<Policy> policy, EngineMetrics* metrics,
+            memory::PrefixCache* prefix = nullptr);
 
   // A new request's first choice (its other choices in `forks`), counted in `queued`
   // already by the submitter.
@@ -90,7 +96,9 @@ class Scheduler {
   bool ReleaseNewestWaitingTable();
   void ResolveAdapterLoads();
   void UnpinAdapter(Sequence* s);
-  bool ReclaimAdapterPages(int64_t n_free);
+  // Frees pages until `n_free` are free: unpinned adapter copies first, then cached prefix
+  // blocks no sequence holds. Returns whether it freed anything it could.
+  bool ReclaimPages(int64_t n_free);
   void AdmitWaiting(int64_t* budget);
 
   const SchedulerOptions opts_;
@@ -99,6 +107,7 @@ class Scheduler {
   AdapterResidency* const residency_;
   const std::unique_ptr<Policy> policy_;
   EngineMetrics* const metrics_;
+  memory::PrefixCache* const prefix_;
 
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;  // admission order

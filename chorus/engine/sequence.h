@@ -15,6 +15,7 @@
 #include "chorus/engine/request.h"
 #include "chorus/engine/sampler.h"
 #include "chorus/engine/stop_checker.h"
+#include "chorus/memory/prefix_cache.h"
 #include "chorus/tokenizer/tokenizer.h"
 
 namespace chorus::engine {
@@ -44,6 +45,10 @@ struct Sequence {
   std::shared_ptr<AdapterTicket> ticket;
   bool pinned = false;
   int policy_passes = 0;  // the admission policy's counter (Candidate::passes)
+  // Prefix caching (memory/prefix_cache.h): the variant's cache key (0 = base model) and how far
+  // this sequence's full blocks are matched or registered.
+  uint64_t prefix_variant = 0;
+  memory::PrefixChain prefix;
   // Output stage state (engine/output_stage.h).
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<tokenizer::StreamingDetokenizer> detok;

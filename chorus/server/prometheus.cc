@@ -129,6 +129,18 @@ std::string RenderPrometheus(const engine::EngineMetrics* m, const HttpCounters&
     Scalar(&out, "chorus_engine_requests_rejected_total", "counter",
            "Requests rejected because the queue was full.",
            static_cast<double>(m->requests_rejected.load()));
+    Scalar(&out, "chorus_prefix_cache_query_tokens_total", "counter",
+           "Prompt tokens looked up in the prefix cache at admission.",
+           static_cast<double>(m->prefix_cache_query_tokens.load()));
+    Scalar(&out, "chorus_prefix_cache_hit_tokens_total", "counter",
+           "Prompt tokens found in the prefix cache (prefill skipped).",
+           static_cast<double>(m->prefix_cache_hit_tokens.load()));
+    Scalar(&out, "chorus_prefix_cache_blocks", "gauge",
+           "Full KV blocks held by the prefix cache (those no request uses are free to evict).",
+           static_cast<double>(m->prefix_cache_blocks.load()));
+    Scalar(&out, "chorus_prefix_cache_evictions_total", "counter",
+           "Cached KV blocks evicted to make room.",
+           static_cast<double>(m->prefix_cache_evictions.load()));
     Scalar(&out, "chorus_preemptions_total", "counter",
            "Sequences preempted (KV freed, recomputed later).",
            static_cast<double>(m->preemptions_total.load()));

@@ -221,11 +221,20 @@ INSTANTIATE_TEST_SUITE_P(Storage, EngineResidencyStorageTest,
 // takes ~37 of them.
 constexpr int64_t kSmallPool = 80 * 20480;
 
+// The small pool, f32 adapters, and no prefix cache: these tests count which pages KV takes
+// from whom, and cached blocks of finished requests would add a third party (their eviction
+// order is tested in tests/integration/prefix_cache_test.cc).
+EngineOptions SmallPoolOptions(const Stories& s) {
+  EngineOptions o = SmallOptions(s, kSmallPool, adapters::LoraStorage::kF32);
+  o.prefix_cache = false;
+  return o;
+}
+
 TEST(EngineResidencyTest, KvEvictsUnpinnedAdaptersBeforePreempting) {
   CHORUS_REQUIRE_SHARED_MODEL(kModel);
   Stories s = LoadStories();
   auto a = Adapter(s.model->config(), 32, 8);
-  auto e = Engine::Create(s.model, s.tok, SmallOptions(s, kSmallPool, adapters::LoraStorage::kF32));
+  auto e = Engine::Create(s.model, s.tok, SmallPoolOptions(s));
   ASSERT_TRUE(e.ok());
   const auto& m = (*e)->metrics();
   for (int i = 0; i < 100 && m.adapter_pool_hits.load() == 0; ++i) {
@@ -256,7 +265,7 @@ TEST(EngineResidencyTest, PinnedAdapterIsNeverEvictedKvPreemptsInstead) {
   const auto want_a = Alone(s, Req(4, a, 440));
   const auto want_b = Alone(s, Req(5, std::nullopt, 240)),
              want_c = Alone(s, Req(6, std::nullopt, 240));
-  auto e = Engine::Create(s.model, s.tok, SmallOptions(s, kSmallPool, adapters::LoraStorage::kF32));
+  auto e = Engine::Create(s.model, s.tok, SmallPoolOptions(s));
   ASSERT_TRUE(e.ok());
   const auto& m = (*e)->metrics();
   auto ha = *(*e)->Submit(Req(4, a, 440));
