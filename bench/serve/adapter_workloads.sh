@@ -6,6 +6,8 @@
 #   bench/serve/adapter_workloads.sh eight     # 8 concurrent requests, 8 adapters vs none
 #   bench/serve/adapter_workloads.sh many      # n = 1000 registered, batch 32, every request on an adapter vs none
 #   bench/serve/adapter_workloads.sh coldwarm  # cold vs warm TTFT below saturation (fresh server)
+#   bench/serve/adapter_workloads.sh prefix    # chat: 80 % share a 512-token system prompt, 8 adapters,
+#                                              # with the prefix cache vs --no-prefix-cache
 #
 # Every run starts a fresh `chorus serve` (synthetic TinyLlama-1.1B q4_0, --threads 2,
 # --max-running 32) with a fresh registry holding exactly the adapters of that run, so "cold"
@@ -18,7 +20,7 @@
 # Environment: BUILD (build/release), WORK (/tmp/chorus-adapter-bench: models, adapters, logs),
 # OUT (WORK/results), NS ("100 1000 5000"), RATE, NUM, IN_MIN/IN_MAX, OUT_MIN/OUT_MAX, ALPHA,
 # DISTINCT (64), PORT (18400), RUNS (3: repeats of eight / many), MANY_NUM (64), MANY_OUT (64),
-# EIGHT_OUT (128), SERVE_FLAGS (extra `chorus serve` flags).
+# EIGHT_OUT (128), SERVE_FLAGS (extra `chorus serve` flags), PREFIX_RATE (0.3), PREFIX_NUM (40).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -154,6 +156,24 @@ start_server() {
 loadgen() { "$LOADGEN" --url "http://127.0.0.1:$PORT" --token-id-max 30000 "$@"; }
 
 case ${1:-} in
+  prefix)
+    # The same plan (seeded) against a fresh server with the prefix cache and one without.
+    state=$(registry 8)
+    common=(--adapters 8 --adapter-assign round-robin --shared-prefix 512 --shared-fraction 0.8
+            --rate "${PREFIX_RATE:-0.3}" --num-requests "${PREFIX_NUM:-40}" --input-min 16
+            --input-max 64 --output-min 16 --output-max 48)
+    for arm in cache nocache; do
+      flags=()
+      [[ $arm == nocache ]] && flags=(--no-prefix-cache)
+      start_server "$OUT/serve-prefix-$arm.log" "$state" "${flags[@]}"
+      load=$(cut -d' ' -f1 /proc/loadavg)
+      loadgen "${common[@]}" --out "$OUT/prefix-$arm" >/dev/null || true
+      curl -s "http://127.0.0.1:$PORT/metrics" >"$OUT/prefix-$arm.metrics.txt" || true
+      stop_server
+      python3 -c "import json;j=json.load(open('$OUT/prefix-$arm.json'));print('prefix $arm: ttft p50 %.3f s p90 %.3f s, %.2f output tok/s, %.3f req/s, ok %d, load %s' % (j['ttft_s']['p50'], j['ttft_s']['p90'], j['output_tokens_s'], j['throughput_req_s'], j['requests_ok'], '$load'))"
+    done
+    python3 -c "import json;a=json.load(open('$OUT/prefix-cache.json'));b=json.load(open('$OUT/prefix-nocache.json'));print('prefix: ttft p50 without/with cache %.2fx, output tok/s with/without %.3fx' % (b['ttft_s']['p50']/a['ttft_s']['p50'], a['output_tokens_s']/b['output_tokens_s']))"
+    ;;
   slora)
     # One row per n (slora-nN.row); the CSV and plot hold every n measured into $OUT so far, so
     # NS can also be run one value at a time.

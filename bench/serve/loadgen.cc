@@ -479,6 +479,10 @@ int main(int argc, char** argv) {
   f.Int("token-id-min", 10, "prompts are random token ids in [token-id-min, token-id-max)");
   f.Int("token-id-max", 200, "see token-id-min (must be within the model's vocabulary)");
   f.Int("seed", 1, "seed of the arrival times, lengths and prompts");
+  f.Int("shared-prefix", 0,
+        "chat workload: this many tokens (a system prompt, the same for every such request) "
+        "start --shared-fraction of the prompts, before their own input-min..input-max tokens");
+  f.Float("shared-fraction", 0.8, "fraction of requests that start with the shared prefix");
   f.Int("timeout", 600, "per-request timeout in seconds");
   f.String("out", "serve_bench", "output prefix: PREFIX.csv, PREFIX.json");
   f.Int("saturation", 0,
@@ -515,6 +519,15 @@ int main(int argc, char** argv) {
   const int64_t in_lo = f.GetInt("input-min"), in_hi = f.GetInt("input-max");
   const int64_t out_lo = f.GetInt("output-min"), out_hi = f.GetInt("output-max");
   const int64_t id_lo = f.GetInt("token-id-min"), id_hi = f.GetInt("token-id-max");
+  const int64_t shared_prefix = f.GetInt("shared-prefix");
+  const double shared_fraction = f.GetFloat("shared-fraction");
+  if (shared_prefix < 0 || shared_prefix > 1000000 || !(shared_fraction >= 0) ||
+      shared_fraction > 1) {
+    std::fprintf(stderr,
+                 "chorus_bench_serve: need 0 <= shared-prefix <= 1000000, 0 <= shared-fraction <= "
+                 "1\n");
+    return 2;
+  }
   if (!(rate > 0) || !(cv > 0) || n < 1 || n > 100000 || in_lo < 1 || in_hi <= in_lo ||
       out_lo < 1 || out_hi <= out_lo || id_lo < 0 || id_hi <= id_lo) {
     std::fprintf(
@@ -529,6 +542,9 @@ int main(int argc, char** argv) {
   std::uniform_int_distribution<int64_t> in_len(in_lo, in_hi - 1), out_len(out_lo, out_hi - 1),
       tok(id_lo, id_hi - 1);
   std::vector<Planned> plan(static_cast<size_t>(n));
+  std::vector<int> system_prompt(static_cast<size_t>(shared_prefix));
+  for (int& id : system_prompt) id = static_cast<int>(tok(rng));
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
   double t = 0;
   for (auto& p : plan) {
     t += gap(rng);
@@ -537,6 +553,10 @@ int main(int argc, char** argv) {
     p.output_tokens = static_cast<int>(out_len(rng));
     p.prompt.resize(static_cast<size_t>(p.input_tokens));
     for (int& id : p.prompt) id = static_cast<int>(tok(rng));
+    if (shared_prefix > 0 && unit(rng) < shared_fraction) {
+      p.prompt.insert(p.prompt.begin(), system_prompt.begin(), system_prompt.end());
+      p.input_tokens = static_cast<int>(p.prompt.size());
+    }
   }
 
   const Url url = ParseUrl(f.GetString("url"));
@@ -615,6 +635,8 @@ int main(int argc, char** argv) {
       {"latency_s", Stats(latency)},
       {"steady_state", SteadyState(outcomes, sent, poller.samples(), f.GetInt("saturation"))},
       {"input_len", {in_lo, in_hi}},
+      {"shared_prefix", shared_prefix},
+      {"shared_fraction", shared_prefix > 0 ? shared_fraction : 0.0},
       {"output_len", {out_lo, out_hi}}};
   if (n_adapters > 0)
     AddAdapterSummary(&summary, plan, outcomes, sent, static_cast<int>(n_adapters), alpha,
