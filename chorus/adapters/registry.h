@@ -44,6 +44,10 @@
 // Readers (Lookup, List, size) take a short mutex and never wait for disk I/O; mutators
 // (Register, Unregister, RegisterDirectory, Revalidate) are serialized among themselves and
 // swap the new table in only after it is persisted.
+//
+// The implementation is split by concern: registry_paths.h (adapter roots, realpath policy, an
+// adapter's files), registry_state.h (the state file, its lock, leftover temp files) and
+// registry.cc (registration and lookups).
 #pragma once
 
 #include <cstdint>
@@ -159,8 +163,6 @@ class AdapterRegistry {
  private:
   AdapterRegistry() = default;
   Status CheckEntry(const AdapterInfo& info) const;
-  Status Persist(const std::map<std::string, AdapterInfo>& entries, uint64_t next_version);
-  Status ResolveInsideRoots(const std::string& path, std::string* resolved) const;
 
   std::string state_path_;
   RegistryOptions options_;         // immutable after Open

@@ -22,6 +22,11 @@
 // All readers validate against the base ModelConfig before converting anything (layer index,
 // shapes, rank ≤ max_rank, dtype), so a hostile file cannot cause a huge allocation; NaN/Inf
 // values are refused by LoraAdapter::Build. Errors start with the file's path.
+//
+// Implemented by concern: peft_codec.cc and gguf_lora_codec.cc (each format's reader and
+// writer), lora_inspect.cc (InspectLoraFile), lora_synthetic.cc (WriteSyntheticLoraSet) and
+// lora_files.cc (ReadLora / LoadLoraAdapter: the format dispatch); helpers they share are in
+// lora_files_internal.h.
 #pragma once
 
 #include <functional>
