@@ -25,11 +25,11 @@ ThreadPool::ThreadPool(int n_threads) {
 
 ThreadPool::~ThreadPool() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_.store(true);
     generation_.fetch_add(1);
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   for (auto& t : workers_) t.join();
 }
 
@@ -42,10 +42,10 @@ void ThreadPool::Run(const std::function<void(int, int)>& fn) {
   pending_.store(n_threads_ - 1, std::memory_order_relaxed);
   {
     // The lock orders the generation bump against a worker that is about to sleep.
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     generation_.fetch_add(1, std::memory_order_release);
   }
-  if (sleepers_.load(std::memory_order_acquire) > 0) cv_.notify_all();
+  if (sleepers_.load(std::memory_order_acquire) > 0) cv_.SignalAll();
   fn(0, n_threads_);
   // Spin briefly, then yield: on an oversubscribed machine a descheduled worker must get the
   // core back instead of waiting out our time slice.
@@ -72,9 +72,9 @@ void ThreadPool::WorkerLoop(int index) {
         std::this_thread::yield();
       }
       if (spins % 1024 == 0 && std::chrono::steady_clock::now() - spin_start > kSpinBudget) {
-        std::unique_lock<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         sleepers_.fetch_add(1);
-        cv_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
+        while (generation_.load(std::memory_order_acquire) == seen) cv_.Wait(&mu_);
         sleepers_.fetch_sub(1);
         spin_start = std::chrono::steady_clock::now();
       }

@@ -12,12 +12,12 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "chorus/base/mutex.h"
 
 namespace chorus {
 
@@ -47,8 +47,10 @@ class ThreadPool {
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> pending_{0};
   std::atomic<bool> stop_{false};
-  std::mutex mu_;
-  std::condition_variable cv_;
+  // The shared state above is atomic; mu_ only orders a generation_ bump (Run, the destructor)
+  // against a worker that checks it and goes to sleep on cv_, so that wake-up is never lost.
+  Mutex mu_;
+  CondVar cv_;  // signalled after generation_ grows, when a worker sleeps
   std::atomic<int> sleepers_{0};
 };
 
