@@ -187,6 +187,20 @@ Result<ServedAdapters> OpenAdapters(const Flags& f, const model::ModelConfig& ba
   return out;
 }
 
+// SIGHUP: the tenants file again. A bad file keeps the tenants in force and says why.
+void ReloadTenants(const server::ServerOptions& so) {
+  if (!so.tenants) {
+    std::fprintf(stderr, "chorus serve: SIGHUP: no --tenants to reload\n");
+    return;
+  }
+  if (Status s = so.tenants->Reload(); !s.ok()) {
+    std::fprintf(stderr, "chorus serve: SIGHUP: kept the tenants in force: %s\n",
+                 s.ToString().c_str());
+  } else {
+    std::fprintf(stderr, "chorus serve: SIGHUP: reloaded %s\n", so.tenants->path().c_str());
+  }
+}
+
 }  // namespace
 
 int ServeCommand(int argc, char** argv) {
@@ -204,6 +218,10 @@ int ServeCommand(int argc, char** argv) {
   f.String("served-model-name", "",
            "the model name clients use (default: the --model argument, or chorus-default)");
   f.String("api-key", "", "require \"Authorization: Bearer KEY\" on every route but /health");
+  f.String("tenants", "",
+           "tenants file (JSON: {\"tenants\": {\"NAME\": {\"keys\": [...], \"max_concurrent\": N, "
+           "\"tokens_per_second\": X}}}): every route but /health needs a tenant's key; adapters "
+           "loaded through the API belong to their tenant; reloaded on SIGHUP");
   f.String("allowed-origins", "*",
            "origins browsers may call from (CORS), comma-separated: * = any, \"\" = no CORS "
            "headers");
@@ -251,6 +269,7 @@ int ServeCommand(int argc, char** argv) {
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGHUP);  // reloads --tenants (ignored without it)
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
@@ -259,6 +278,16 @@ int ServeCommand(int argc, char** argv) {
   so.host = f.GetString("host");
   so.port = static_cast<int>(f.GetInt("port"));
   so.api_key = f.GetString("api-key");
+  if (const std::string tenants = f.GetString("tenants"); !tenants.empty()) {
+    if (!so.api_key.empty()) {
+      return Fail("serve",
+                  InvalidArgumentError("flags --api-key and --tenants exclude each other "
+                                       "(with --tenants, the tenants' keys are the keys)"));
+    }
+    auto t = server::Tenants::Load(tenants);
+    if (!t.ok()) return Fail("serve", t.status().WithContext("flag --tenants"));
+    so.tenants = std::move(*t);
+  }
   so.allowed_origins.clear();
   const std::string origins = f.GetString("allowed-origins");
   for (std::string_view rest = origins; !rest.empty();) {
@@ -352,6 +381,7 @@ int ServeCommand(int argc, char** argv) {
   while (!load_done.load(std::memory_order_acquire)) {
     const timespec slice{0, 50'000'000};
     const int sig = sigtimedwait(&stop_signals, nullptr, &slice);
+    if (sig == SIGHUP) ReloadTenants(so);
     if (sig == SIGINT || sig == SIGTERM) {
       std::fprintf(stderr, "chorus serve: %s while loading: exiting\n",
                    sig == SIGINT ? "SIGINT" : "SIGTERM");
@@ -371,7 +401,11 @@ int ServeCommand(int argc, char** argv) {
   std::fflush(stdout);
 
   int sig = 0;
-  sigwait(&stop_signals, &sig);
+  for (;;) {
+    sigwait(&stop_signals, &sig);
+    if (sig != SIGHUP) break;
+    ReloadTenants(so);
+  }
   std::fprintf(stderr, "chorus serve: %s: draining (up to %.1f s)\n",
                sig == SIGINT ? "SIGINT" : "SIGTERM", drain_s);
   (*srv)->Drain(std::chrono::milliseconds(static_cast<int64_t>(drain_s * 1000)));

@@ -146,10 +146,13 @@ AdapterRegistry::~AdapterRegistry() {
 }
 
 Result<AdapterInfo> AdapterRegistry::Register(const std::string& name, const std::string& path,
-                                              bool replace) {
+                                              bool replace, const std::string& owner) {
   MutexLock write_lock(&write_mu_);
   CHORUS_RETURN_IF_ERROR(ValidateName(name, options_.base_model_name));
   const std::map<std::string, AdapterInfo>& entries = WriterEntries();
+  if (auto it = entries.find(name); it != entries.end() && it->second.owner != owner) {
+    return AlreadyExistsError("adapter name '" + name + "' is taken");
+  }
   if (!replace && entries.count(name) != 0) {
     return AlreadyExistsError("adapter '" + name + "' is already registered (" +
                               entries.at(name).path + "); unregister it or replace it");
@@ -160,6 +163,7 @@ Result<AdapterInfo> AdapterRegistry::Register(const std::string& name, const std
 
   AdapterInfo info;
   info.name = name;
+  info.owner = owner;
   info.path = ra.path;
   info.format = ra.format;
   CHORUS_ASSIGN_OR_RETURN(info.content_hash, HashFiles(ra.files, &info.files));
@@ -199,9 +203,11 @@ Result<AdapterInfo> AdapterRegistry::Register(const std::string& name, const std
   return info;
 }
 
-Status AdapterRegistry::Unregister(const std::string& name) {
+Status AdapterRegistry::Unregister(const std::string& name,
+                                   const std::optional<std::string>& owner) {
   MutexLock write_lock(&write_mu_);
-  if (WriterEntries().count(name) == 0)
+  auto it = WriterEntries().find(name);
+  if (it == WriterEntries().end() || (owner && it->second.owner != *owner))
     return NotFoundError("adapter '" + name + "' is not registered");
   std::map<std::string, AdapterInfo> next = WriterEntries();
   next.erase(name);

@@ -90,11 +90,14 @@ struct AdapterInfo {
   float alpha = 0;  // the most common lora_alpha of the modules (ties: the first in model order)
   float scale = 0;  // the most common scale s = alpha/r (rsLoRA alpha/√r) of the modules
   bool use_rslora = false;
-  std::string base_model;          // informational, from the adapter file (may be empty)
-  uint64_t content_hash = 0;       // FNV-1a 64 over the files (see the file comment)
-  uint64_t version = 0;            // registry-wide, strictly increasing with every registration
-  int64_t bytes = 0;               // total size of the adapter's files
-  int64_t created = 0;             // unix time (seconds) of this registration
+  std::string base_model;     // informational, from the adapter file (may be empty)
+  uint64_t content_hash = 0;  // FNV-1a 64 over the files (see the file comment)
+  uint64_t version = 0;       // registry-wide, strictly increasing with every registration
+  int64_t bytes = 0;          // total size of the adapter's files
+  int64_t created = 0;        // unix time (seconds) of this registration
+  // The tenant that registered it through the API (server/tenants.h); empty = shared (command
+  // line, --lora-dir, or a server without tenants). Persisted.
+  std::string owner;
   std::vector<AdapterFile> files;  // sorted by path
 
   // Runtime state, not persisted: false when the last check (Open, Revalidate, Load) found the
@@ -134,11 +137,13 @@ class AdapterRegistry {
   // and !replace — HTTP 409), kPermissionDenied (outside the roots), kNotFound (no such path),
   // kUnimplemented (a valid adapter Chorus cannot serve), kDataLoss (truncated file), kUnavailable
   // (files changed while being read), I/O errors from persisting. replace=true also registers
-  // a new name.
+  // a new name. `owner` (a tenant, "" = shared) is recorded; an entry is only replaced by its
+  // own owner (another owner's name is kAlreadyExists, with no detail about the entry).
   Result<AdapterInfo> Register(const std::string& name, const std::string& path,
-                               bool replace = false);
-  // Removes `name` and persists. kNotFound when absent.
-  Status Unregister(const std::string& name);
+                               bool replace = false, const std::string& owner = "");
+  // Removes `name` and persists. kNotFound when absent, or when `owner` is given and the entry
+  // has another owner (a tenant never learns that another tenant's adapter exists).
+  Status Unregister(const std::string& name, const std::optional<std::string>& owner = {});
   // Registers every adapter directly under `dir` (which must be inside a root): each
   // subdirectory holding adapter_config.json, named after the subdirectory, and each *.gguf
   // file whose general.type is "adapter", named after its stem. Hidden entries and other GGUF

@@ -51,21 +51,23 @@ json ToJson(const AdapterInfo& a) {
   for (const AdapterFile& f : a.files) {
     files.push_back({{"path", f.path}, {"size", f.size}, {"mtime_ns", f.mtime_ns}});
   }
-  return json{{"name", a.name},
-              {"path", a.path},
-              {"kind", a.kind},
-              {"format", a.format},
-              {"rank", a.rank},
-              {"target_modules", a.target_modules},
-              {"alpha", a.alpha},
-              {"scale", a.scale},
-              {"use_rslora", a.use_rslora},
-              {"base_model", a.base_model},
-              {"content_hash", Hex64(a.content_hash)},
-              {"version", a.version},
-              {"bytes", a.bytes},
-              {"created", a.created},
-              {"files", files}};
+  json out{{"name", a.name},
+           {"path", a.path},
+           {"kind", a.kind},
+           {"format", a.format},
+           {"rank", a.rank},
+           {"target_modules", a.target_modules},
+           {"alpha", a.alpha},
+           {"scale", a.scale},
+           {"use_rslora", a.use_rslora},
+           {"base_model", a.base_model},
+           {"content_hash", Hex64(a.content_hash)},
+           {"version", a.version},
+           {"bytes", a.bytes},
+           {"created", a.created},
+           {"files", files}};
+  if (!a.owner.empty()) out["owner"] = a.owner;  // absent: shared (older state files too)
+  return out;
 }
 
 // Strict field access for the state file: every error says which field of which entry.
@@ -152,6 +154,10 @@ Result<AdapterInfo> ParseEntry(const json& e, const std::string& where) {
   if (a.version == 0) return re.Error("version 0");
   CHORUS_ASSIGN_OR_RETURN(a.bytes, re.Int(e, "bytes", 0));
   CHORUS_ASSIGN_OR_RETURN(a.created, re.Int(e, "created", 0));
+  if (e.contains("owner")) {
+    CHORUS_ASSIGN_OR_RETURN(a.owner, re.String(e, "owner"));
+    if (a.owner.empty()) return re.Error("field 'owner' is empty");
+  }
   CHORUS_ASSIGN_OR_RETURN(const json* files, re.Field(e, "files"));
   if (!files->is_array() || files->empty())
     return re.Error("field 'files' is not a non-empty array");

@@ -168,6 +168,31 @@ std::string RenderPrometheus(const engine::EngineMetrics* m, const HttpCounters&
 
 // ---- Adapter series ----
 
+std::string RenderTenantPrometheus(const std::vector<std::shared_ptr<Tenant>>& tenants) {
+  std::string out;
+  std::vector<std::pair<std::string, Tenant::Stats>> rows;
+  for (const auto& t : tenants) rows.emplace_back(EscapeLabelValue(t->name()), t->stats());
+  Header(&out, "chorus_tenant_requests_total", "counter", "Requests admitted, by tenant.");
+  for (const auto& [n, s] : rows)
+    out += "chorus_tenant_requests_total{tenant=\"" + n + "\"} " + Num(s.requests) + "\n";
+  Header(&out, "chorus_tenant_rejected_total", "counter",
+         "Requests refused with 429 by a tenant limit, by tenant and limit.");
+  for (const auto& [n, s] : rows) {
+    out += "chorus_tenant_rejected_total{tenant=\"" + n + "\",reason=\"max_concurrent\"} " +
+           Num(s.rejected_concurrency) + "\n";
+    out += "chorus_tenant_rejected_total{tenant=\"" + n + "\",reason=\"tokens_per_second\"} " +
+           Num(s.rejected_rate) + "\n";
+  }
+  Header(&out, "chorus_tenant_tokens_total", "counter",
+         "Prompt and completion tokens of finished requests, by tenant.");
+  for (const auto& [n, s] : rows)
+    out += "chorus_tenant_tokens_total{tenant=\"" + n + "\"} " + Num(s.tokens) + "\n";
+  Header(&out, "chorus_tenant_requests_in_flight", "gauge", "Requests running, by tenant.");
+  for (const auto& [n, s] : rows)
+    out += "chorus_tenant_requests_in_flight{tenant=\"" + n + "\"} " + Num(s.in_flight) + "\n";
+  return out;
+}
+
 std::string EscapeLabelValue(std::string_view v) {
   std::string out;
   out.reserve(v.size());

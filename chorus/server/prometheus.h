@@ -13,6 +13,7 @@
 #include "chorus/adapters/adapter_cache.h"
 #include "chorus/base/mutex.h"
 #include "chorus/engine/metrics.h"
+#include "chorus/server/tenants.h"
 
 namespace chorus::server {
 
@@ -72,6 +73,12 @@ struct GatewayExportOptions {
 // the last change). docs/deploy/kubernetes.md.
 std::string RenderGatewayPrometheus(const engine::EngineMetrics& m,
                                     const GatewayExportOptions& opts);
+
+// Per-tenant series (server/tenants.h), label `tenant`: chorus_tenant_requests_total (admitted),
+// chorus_tenant_rejected_total{reason="max_concurrent"|"tokens_per_second"},
+// chorus_tenant_tokens_total (prompt + completion tokens of finished requests),
+// chorus_tenant_requests_in_flight (gauge).
+std::string RenderTenantPrometheus(const std::vector<std::shared_ptr<Tenant>>& tenants);
 
 // Escapes a label value for the text format: backslash, double quote and newline.
 std::string EscapeLabelValue(std::string_view v);

@@ -168,16 +168,22 @@ bool ConstantTimeEquals(std::string_view a, std::string_view b) {
 
 // True when an Authorization header value carries `key` as a bearer token. The scheme name is
 // case-insensitive (RFC 9110 §11.1: "bearer KEY" is as good as "Bearer KEY"); the token is not.
-bool BearerMatches(std::string_view header, const std::string& key) {
+// The token of an "Authorization: Bearer TOKEN" header value ("" when it is not one).
+std::string_view BearerToken(std::string_view header) {
   constexpr std::string_view kScheme = "bearer";
-  if (header.size() <= kScheme.size() || header[kScheme.size()] != ' ') return false;
+  if (header.size() <= kScheme.size() || header[kScheme.size()] != ' ') return {};
   for (size_t i = 0; i < kScheme.size(); ++i) {
-    if (std::tolower(static_cast<unsigned char>(header[i])) != kScheme[i]) return false;
+    if (std::tolower(static_cast<unsigned char>(header[i])) != kScheme[i]) return {};
   }
   std::string_view token = header.substr(kScheme.size());
   while (!token.empty() && token.front() == ' ') token.remove_prefix(1);
   while (!token.empty() && token.back() == ' ') token.remove_suffix(1);
-  return ConstantTimeEquals(token, key);
+  return token;
+}
+
+bool BearerMatches(std::string_view header, const std::string& key) {
+  const std::string_view token = BearerToken(header);
+  return !token.empty() && ConstantTimeEquals(token, key);
 }
 
 // The Access-Control-Allow-Origin value for a request from `origin` (empty: no CORS headers):
@@ -192,6 +198,14 @@ std::string AllowedOrigin(const std::vector<std::string>& allowed, const std::st
 
 // One generation request, shared by the handler and (when streamed) the content provider.
 struct Generation {
+  ~Generation() {
+    if (tenant) {
+      const Usage u = GetUsage();
+      tenant->Finish(u.prompt_tokens + u.completion_tokens);
+    }
+  }
+  // The tenant that was admitted for this request (null: no tenants); charged when it ends.
+  std::shared_ptr<Tenant> tenant;
   ApiRequest req;
   std::unique_ptr<ResponseBuilder> builder;
   std::vector<std::shared_ptr<engine::RequestHandle>> handles;  // one per prompt
@@ -291,13 +305,25 @@ struct Server::Impl {
   json AdapterJson(const adapters::AdapterInfo& a) const;
   // The one step from a request's `model` to what the engine loads: the registered variant's
   // reference into gen->variant, or 404 (unknown) / 400 (unavailable). Reads no file.
-  std::optional<ApiError> ResolveVariant(const std::string& name,
+  std::optional<ApiError> ResolveVariant(const std::string& name, const Tenant* tenant,
                                          engine::GenerationRequest* gen) const;
   // The body of an adapter endpoint, once the server is ready, serves adapters, and the body is
   // a JSON object with a string lora_name; otherwise the error is sent and nullopt returned.
   std::optional<json> AdapterRequest(const std::string& body, httplib::Response& res) const;
-  void HandleLoadAdapter(const std::string& body, httplib::Response& res);
-  void HandleUnloadAdapter(const std::string& body, httplib::Response& res);
+  void HandleLoadAdapter(const httplib::Request& req, const std::string& body,
+                         httplib::Response& res);
+  void HandleUnloadAdapter(const httplib::Request& req, const std::string& body,
+                           httplib::Response& res);
+  // The tenant of a request (null without tenants; the pre-routing check already refused a
+  // request without a tenant's key).
+  std::shared_ptr<Tenant> TenantOf(const httplib::Request& req) const {
+    if (!self->opts_.tenants) return nullptr;
+    return self->opts_.tenants->ForKey(BearerToken(req.get_header_value("Authorization")));
+  }
+  // Whether `tenant` may see and use adapter `a`: shared ones, and its own.
+  static bool Visible(const adapters::AdapterInfo& a, const Tenant* tenant) {
+    return a.owner.empty() || (tenant != nullptr && a.owner == tenant->name());
+  }
   // "The model `x` does not exist" plus the names a request may use (base, then adapters).
   ApiError UnknownModel(const std::string& name) const;
   std::optional<ApiError> Unavailable() const {
@@ -315,6 +341,10 @@ Status ServerOptions::Validate() const {
   if (max_connections < 1 || max_connections > 65536)
     return InvalidArgumentError("max-connections must be in [1, 65536]");
   if (served_model_name.empty()) return InvalidArgumentError("served-model-name must not be empty");
+  if (tenants && !api_key.empty()) {
+    return InvalidArgumentError(
+        "api-key and tenants exclude each other (with --tenants, the tenants' keys are the keys)");
+  }
   if (metrics_top_adapters < 0 || metrics_top_adapters > 10000) {
     return InvalidArgumentError("metrics-top-adapters must be in [0, 10000]");
   }
@@ -452,10 +482,10 @@ void Server::SetAdapters(std::shared_ptr<adapters::AdapterRegistry> registry,
   impl_->adapter_cache = std::move(cache);
 }
 
-std::optional<ApiError> Server::Impl::ResolveVariant(const std::string& name,
+std::optional<ApiError> Server::Impl::ResolveVariant(const std::string& name, const Tenant* tenant,
                                                      engine::GenerationRequest* gen) const {
   auto info = registry ? registry->Lookup(name) : std::nullopt;
-  if (!info) return UnknownModel(name);
+  if (!info || !Visible(*info, tenant)) return UnknownModel(name);
   if (!info->available) {
     return ErrorFromStatus(
         FailedPreconditionError("adapter '" + info->name + "' is unavailable: " + info->problem),
@@ -526,7 +556,9 @@ std::optional<json> Server::Impl::AdapterRequest(const std::string& body,
   return j;
 }
 
-void Server::Impl::HandleLoadAdapter(const std::string& body, httplib::Response& res) {
+void Server::Impl::HandleLoadAdapter(const httplib::Request& http_req, const std::string& body,
+                                     httplib::Response& res) {
+  const std::shared_ptr<Tenant> tenant = TenantOf(http_req);
   std::optional<json> j = AdapterRequest(body, res);
   if (!j) return;
   auto name = j->find("lora_name");
@@ -546,7 +578,8 @@ void Server::Impl::HandleLoadAdapter(const std::string& body, httplib::Response&
   if (lora_name == self->opts_.served_model_name) {
     return SendError(res, BadRequest("lora_name is the base model's name", "lora_name"));
   }
-  auto info = registry->Register(lora_name, path->get<std::string>(), replace);
+  auto info = registry->Register(lora_name, path->get<std::string>(), replace,
+                                 tenant ? tenant->name() : "");
   if (!info.ok()) {
     ApiError e = ErrorFromStatus(info.status(), "lora_path");
     if (info.status().code() == StatusCode::kAlreadyExists) {
@@ -562,11 +595,15 @@ void Server::Impl::HandleLoadAdapter(const std::string& body, httplib::Response&
   res.set_content("Success: LoRA adapter '" + info->name + "' added successfully.", "text/plain");
 }
 
-void Server::Impl::HandleUnloadAdapter(const std::string& body, httplib::Response& res) {
+void Server::Impl::HandleUnloadAdapter(const httplib::Request& http_req, const std::string& body,
+                                       httplib::Response& res) {
   std::optional<json> j = AdapterRequest(body, res);
   if (!j) return;
   auto name = j->find("lora_name");
-  Status s = registry->Unregister(name->get<std::string>());
+  // A tenant unloads only its own adapters; another's (or a shared one) is "not registered".
+  const std::shared_ptr<Tenant> tenant = TenantOf(http_req);
+  Status s = registry->Unregister(
+      name->get<std::string>(), tenant ? std::optional<std::string>(tenant->name()) : std::nullopt);
   if (!s.ok()) return SendError(res, ErrorFromStatus(s, "lora_name"));
   // Running requests hold their own reference and finish; the weights are freed after them.
   adapter_cache->Erase(name->get<std::string>());
@@ -611,8 +648,17 @@ void Server::Impl::Routes() {
       }
       return httplib::Server::HandlerResponse::Handled;
     }
+    if (req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    if (self->opts_.tenants) {
+      if (!TenantOf(req)) {
+        SendError(res, ErrorFromStatus(UnauthenticatedError("missing or unknown tenant key")));
+        res.set_header("WWW-Authenticate", "Bearer");
+        return httplib::Server::HandlerResponse::Handled;
+      }
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
     const std::string& key = self->opts_.api_key;
-    if (key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    if (key.empty()) return httplib::Server::HandlerResponse::Unhandled;
     if (!BearerMatches(req.get_header_value("Authorization"), key)) {
       SendError(res, ErrorFromStatus(UnauthenticatedError("missing or incorrect API key")));
       res.set_header("WWW-Authenticate", "Bearer");
@@ -690,15 +736,17 @@ void Server::Impl::Routes() {
            .block_size = eo.block_size,
            .max_lora = eo.max_adapters_per_step > 0 ? eo.max_adapters_per_step : eo.max_running});
     }
+    if (self->opts_.tenants) text += RenderTenantPrometheus(self->opts_.tenants->All());
     res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
   });
 
-  http.Get(R"(/v1/models/?)", [this](const httplib::Request&, httplib::Response& res) {
+  http.Get(R"(/v1/models/?)", [this](const httplib::Request& req, httplib::Response& res) {
     if (!self->ready()) return SendError(res, *Unavailable());
     json data = json::array({ModelJson()});
     if (registry) {
+      const std::shared_ptr<Tenant> tenant = TenantOf(req);
       for (const auto& a : registry->List()) {
-        if (a.available) data.push_back(AdapterJson(a));
+        if (a.available && Visible(a, tenant.get())) data.push_back(AdapterJson(a));
       }
     }
     json out = {{"object", "list"}, {"data", data}};
@@ -711,7 +759,8 @@ void Server::Impl::Routes() {
       return res.set_content(DumpJson(ModelJson()), "application/json");
     }
     if (registry && req.matches.size() >= 2) {
-      if (auto a = registry->Lookup(req.matches[1].str()))
+      auto a = registry->Lookup(req.matches[1].str());
+      if (a && Visible(*a, TenantOf(req).get()))
         return res.set_content(DumpJson(AdapterJson(*a)), "application/json");
     }
     return SendError(res, NotFound("The model does not exist.", "model_not_found"));
@@ -742,12 +791,12 @@ void Server::Impl::Routes() {
     });
   };
   post_json("/v1/load_lora_adapter",
-            [this](const httplib::Request&, const std::string& body, httplib::Response& res) {
-              HandleLoadAdapter(body, res);
+            [this](const httplib::Request& req, const std::string& body, httplib::Response& res) {
+              HandleLoadAdapter(req, body, res);
             });
   post_json("/v1/unload_lora_adapter",
-            [this](const httplib::Request&, const std::string& body, httplib::Response& res) {
-              HandleUnloadAdapter(body, res);
+            [this](const httplib::Request& req, const std::string& body, httplib::Response& res) {
+              HandleUnloadAdapter(req, body, res);
             });
   post_json("/v1/completions",
             [this](const httplib::Request& req, const std::string& body, httplib::Response& res) {
@@ -764,8 +813,21 @@ void Server::Impl::HandleGenerate(ApiKind kind, const httplib::Request& http_req
   if (auto e = Unavailable()) return SendError(res, *e);
   auto gen = std::make_shared<Generation>();
   if (auto e = ParseApiRequest(kind, body, ctx, &gen->req)) return SendError(res, *e);
+  std::shared_ptr<Tenant> tenant = TenantOf(http_req);
   if (!gen->req.variant_name.empty()) {
-    if (auto e = ResolveVariant(gen->req.variant_name, &gen->req.gen)) return SendError(res, *e);
+    if (auto e = ResolveVariant(gen->req.variant_name, tenant.get(), &gen->req.gen))
+      return SendError(res, *e);
+  }
+  if (tenant) {
+    if (auto refusal = tenant->Admit()) {
+      ApiError e = ErrorFromStatus(ResourceExhaustedError(
+          "tenant '" + tenant->name() + "' is over its " + refusal->reason +
+          " limit; retry after " + std::to_string(refusal->retry_after_s) + " s"));
+      SendError(res, e);
+      res.set_header("Retry-After", std::to_string(refusal->retry_after_s));
+      return;
+    }
+    gen->tenant = std::move(tenant);  // admitted: charged when the generation ends
   }
 
   const std::string id = NewResponseId(kind);

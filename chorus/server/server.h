@@ -34,6 +34,7 @@
 #include "chorus/adapters/registry.h"
 #include "chorus/base/status.h"
 #include "chorus/engine/engine.h"
+#include "chorus/server/tenants.h"
 
 namespace chorus::server {
 
@@ -41,6 +42,10 @@ struct ServerOptions {
   std::string host = "127.0.0.1";  // address to bind
   int port = 8000;                 // 0 = any free port (see Server::port())
   std::string api_key;  // non-empty: every route but /health needs "Authorization: Bearer KEY"
+  // Tenants (server/tenants.h; `--tenants FILE`): every route but /health needs one of a
+  // tenant's keys; adapters loaded through the API belong to their tenant; per-tenant limits.
+  // Null: none. Not together with api_key.
+  std::shared_ptr<Tenants> tenants;
   // Origins a browser may call from (CORS): "*" = any (the default, as vLLM's), else exact
   // origins such as "https://app.example.com". Empty list: no CORS headers at all.
   std::vector<std::string> allowed_origins = {"*"};

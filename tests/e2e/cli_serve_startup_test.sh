@@ -132,4 +132,28 @@ grep -q "vocabulary:   tokenizer and model agree (512 tokens)" "$tmp/out" || fai
   --max-tokens 100000 --ignore-eos --quiet >"$tmp/out" 2>"$tmp/err" || fail "generate: $(cat "$tmp/err")"
 grep -q "note: --max-tokens 100000 does not fit the context (512 tokens, prompt 1); generating at most 511" \
   "$tmp/err" || fail "generate note: $(cat "$tmp/err")"
+# --tenants: a malformed file is refused at start naming its line; SIGHUP reloads it, and a
+# broken file at reload keeps the tenants in force.
+printf '{"tenants": {\n  "a": {"keys": ["sk-aaaa-0001"],}\n}}\n' >"$tmp/bad-tenants.json"
+expect_startup_error 1 "flag --tenants" "bad-tenants.json: line 2" -- --tenants "$tmp/bad-tenants.json"
+printf '{"tenants": {"a": {"keys": ["sk-aaaa-0001"]}}}\n' >"$tmp/tenants.json"
+"$chorus" serve --port 0 --tenants "$tmp/tenants.json" >"$tmp/out" 2>"$tmp/tenants.err" &
+tpid=$!
+pids+=("$tpid")
+tport=$(wait_ready "$tmp/tenants.err")
+code() { curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $1" "http://127.0.0.1:$tport/v1/models"; }
+[[ $(code sk-aaaa-0001) == 200 && $(code sk-bbbb-0001) == 401 ]] || fail "tenant keys before reload"
+printf '{"tenants": {"b": {"keys": ["sk-bbbb-0001"]}}}\n' >"$tmp/tenants.json"
+kill -HUP "$tpid"
+for _ in $(seq 1 100); do grep -q "SIGHUP: reloaded" "$tmp/tenants.err" && break; sleep 0.05; done
+[[ $(code sk-bbbb-0001) == 200 && $(code sk-aaaa-0001) == 401 ]] || fail "tenant keys after reload"
+printf 'not json' >"$tmp/tenants.json"
+kill -HUP "$tpid"
+for _ in $(seq 1 100); do grep -q "kept the tenants in force" "$tmp/tenants.err" && break; sleep 0.05; done
+grep -q "kept the tenants in force: .*tenants.json: line 1" "$tmp/tenants.err" ||
+  fail "bad reload not reported: $(cat "$tmp/tenants.err")"
+[[ $(code sk-bbbb-0001) == 200 ]] || fail "a bad reload dropped the tenants"
+kill -TERM "$tpid"
+wait "$tpid" || fail "tenants server did not exit 0"
+
 echo "cli_serve_startup_test: all checks passed"
