@@ -606,9 +606,12 @@ TEST(ChatTemplateErrors, SyntaxErrorsCarryPositions) {
   ExpectParseError("{% endif %}", "unexpected {% endif %}");
   ExpectParseError("{{ 1 + }}", "unexpected '}}'");
   ExpectParseError("{{ a b }}", "expected '}}'");
-  ExpectParseError("{{ x | frobnicate }}", "unknown filter 'frobnicate'");
-  ExpectParseError("{% if x is shiny %}{% endif %}", "unknown test 'shiny'");
-  ExpectParseError("{% include 'other.jinja' %}", "unsupported tag 'include'");
+  ExpectParseError("{{ x | frobnicate }}", "line 1, column 8: no filter named 'frobnicate'");
+  ExpectParseError("{{ x is shiny }}", "no test named 'shiny'");
+  // Outside an `if`, a loop body is a hard frame again (Jinja's compiler).
+  ExpectParseError("{% if x %}{% for y in x %}{{ y | nope }}{% endfor %}{% endif %}",
+                   "no filter named 'nope'");
+  ExpectParseError("{% do x %}", "unsupported tag 'do'");
   ExpectParseError("{% break %}", "'break' outside of a for loop");
   ExpectParseError("{{ $ }}", "unexpected character '$'");
   ExpectParseError("{% raw %}never ended", "missing {% endraw %}");
@@ -617,6 +620,34 @@ TEST(ChatTemplateErrors, SyntaxErrorsCarryPositions) {
   ExpectParseError("{{ " + std::string(5000, '[') + std::string(5000, ']') + " }}",
                    "nests too deeply");
   ExpectParseError("{{ " + std::string(5000, '[') + " }}", "unclosed '{{'");
+}
+
+// Jinja 3: an unknown filter or test inside an `if` or a conditional expression is an error
+// only when that code runs.
+TEST(ChatTemplateErrors, UnknownFilterInUntakenBranchIsLazy) {
+  ChatRenderOptions o = Opts(true, "", "");
+  auto t = ChatTemplate::Parse(
+      "{% if false %}{{ x | from_json }}{% elif false and y is shiny %}b{% endif %}"
+      "{{ 'a' if true else z | from_json }}");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  auto r = t->Render(std::vector<ChatMessage>{}, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, "a");
+  Status s = RenderStatus("x\n{% if true %}{{ 1 | from_json }}{% endif %}", o);
+  EXPECT_NE(s.message().find("line 2, column 21: No filter named 'from_json' found."),
+            std::string::npos)
+      << s.message();
+}
+
+TEST(ChatTemplateFeatures, StrftimeNowUsesTheRenderClock) {
+  ChatRenderOptions o = Opts(true, "", "");
+  o.now_unix_seconds = 86400 * 365;  // 1971-01-01 in UTC
+  setenv("TZ", "UTC", 1);
+  auto t = ChatTemplate::Parse("{{ strftime_now('%Y-%m-%d %d %B %Y') }}");
+  ASSERT_TRUE(t.ok());
+  auto r = t->Render(std::vector<ChatMessage>{}, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, "1971-01-01 01 January 1971");
 }
 
 TEST(ChatTemplateErrors, RaiseException) {
@@ -644,7 +675,8 @@ TEST(ChatTemplateErrors, RuntimeErrors) {
   EXPECT_NE(s.message().find("'str' and 'int'"), std::string::npos) << s.message();
   EXPECT_FALSE(RenderStatus("{{ messages.append(1) }}", o).ok());
   EXPECT_FALSE(RenderStatus("{{ 1 // 0 }}", o).ok());
-  EXPECT_FALSE(RenderStatus("{{ strftime_now('%Y') }}", o).ok());
+  s = RenderStatus("{% include 'other.jinja' %}", o);
+  EXPECT_NE(s.message().find("no loader"), std::string::npos) << s.message();
   EXPECT_FALSE(RenderStatus("{% for x in 3 %}{% endfor %}", o).ok());
   EXPECT_FALSE(RenderStatus("{% set ns = namespace() %}{% set ns.me = ns %}", o).ok());
   EXPECT_FALSE(RenderStatus("{% set x = 1 %}{% set x.y = 2 %}", o).ok());

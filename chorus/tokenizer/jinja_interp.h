@@ -23,6 +23,8 @@ struct Limits {
   int max_call_depth = 64;
 };
 
+using Scope = std::unordered_map<std::string, Value>;
+
 class Interp {
  public:
   // `globals` become the root scope (the render variables).
@@ -51,21 +53,37 @@ class Interp {
   size_t max_output_bytes() const { return limits_.max_output_bytes; }
 
   // ---- value helpers (budgeted)
-  Result<Value> MakeList(std::vector<Value> items, bool tuple = false);
+  Result<Value> MakeList(std::vector<Value> items, bool tuple = false,
+                         SeqKind seq = SeqKind::kList);
   Result<Value> MakeString(std::string s);
   Result<bool> Equal(const Value& a, const Value& b);
   Result<std::string> ToStr(const Value& v);
   // Items a `for` loop visits (lists; dict keys; string characters; undefined → none).
   Result<std::vector<Value>> Iterate(const Value& v, const Node& at);
 
+  // Every variable visible here (innermost wins), for a closure (a call block's caller).
+  Scope VisibleLocals() const;
+
   // ---- calls
-  Result<Value> CallMacro(const MacroStmt& m, CallArgs& args, const Node& at);
+  // Calls macro `m`. `caller`: the body of a {% call %} block; `closure`: variables the
+  // macro body sees besides its parameters (a caller sees those of its call site).
+  Result<Value> CallMacro(const MacroStmt& m, CallArgs& args, const Node& at,
+                          const Value* caller = nullptr, const Scope* closure = nullptr);
+  // Calls any callable value (builtin, macro, caller).
+  Result<Value> CallValue(const Value& f, CallArgs& args, const Node& at);
   int& call_depth() { return call_depth_; }
   const Limits& limits() const { return limits_; }
 
   // Loop control signalled by {% break %} / {% continue %}.
   enum class Flow : uint8_t { kNormal, kBreak, kContinue };
   Flow flow = Flow::kNormal;
+
+  // The value of the enclosing {% filter %} block (BlockValueExpr).
+  Value block_value;
+  // Per running for-loop (innermost last): the last value given to loop.changed().
+  std::vector<Value> loop_changed;
+  // Seconds since the epoch for strftime_now (negative: the current time).
+  int64_t now_unix = -1;
 
  private:
   Limits limits_;
@@ -75,7 +93,7 @@ class Interp {
   int call_depth_ = 0;
   // scopes_[0] is the root; lookups scan scopes_[floor_..] then scopes_[0] (a macro body
   // sees its own scopes and the template's top level, not its caller's locals).
-  std::vector<std::unordered_map<std::string, Value>> scopes_;
+  std::vector<Scope> scopes_;
   size_t floor_ = 0;
 };
 

@@ -35,6 +35,12 @@ struct MacroStmt;
 // of printing, comparing and destroying values.
 inline constexpr int kMaxValueDepth = 64;
 
+// What Python object a list value stands for. Jinja's select/map/... filters return
+// generators and dict.items()/keys()/values() return views; they behave differently from a
+// list (a generator has no len() and is always true; neither can be indexed) and print
+// differently, so the difference is kept.
+enum class SeqKind : uint8_t { kList, kGenerator, kDictItems, kDictKeys, kDictValues };
+
 class Value {
  public:
   enum class Kind : uint8_t {
@@ -63,6 +69,10 @@ class Value {
   static Value List(std::vector<Value> items);
   // A tuple: a list that prints as "(a, b)" (Python repr) and is not equal to a list.
   static Value Tuple(std::vector<Value> items);
+  // A generator or dict view over `items` (see SeqKind).
+  static Value Seq(std::vector<Value> items, SeqKind kind);
+  // A named tuple (`names` label the items; attribute access reads them).
+  static Value NamedTuple(std::vector<Value> items, std::vector<std::string> names);
   static Value Dict(std::shared_ptr<DictData> d);  // Requires: d != nullptr.
   static Value Namespace(std::shared_ptr<DictData> d);
   static Value Function(std::shared_ptr<const Callable> c);
@@ -77,6 +87,10 @@ class Value {
   bool is_string() const { return kind_ == Kind::kString; }
   bool is_list() const { return kind_ == Kind::kList; }  // lists and tuples
   bool is_tuple() const;
+  // SeqKind of a list value (kList for plain lists and tuples).
+  SeqKind seq_kind() const;
+  // A plain list or tuple (indexable, has len(), prints as itself).
+  bool is_plain_list() const { return is_list() && seq_kind() == SeqKind::kList; }
   bool is_dict() const { return kind_ == Kind::kDict; }
   bool is_namespace() const { return kind_ == Kind::kNamespace; }
   bool is_mapping() const { return kind_ == Kind::kDict || kind_ == Kind::kNamespace; }
@@ -91,6 +105,8 @@ class Value {
   const std::string& str() const;
   // Requires: is_list().
   const std::vector<Value>& list() const;
+  // Field names of a named tuple (empty otherwise). Requires: is_list().
+  const std::vector<std::string>& field_names() const;
   // Requires: is_mapping().
   const DictData& dict() const;
   DictData& mutable_namespace() const;  // Requires: is_namespace().
@@ -123,6 +139,9 @@ struct ListData {
   int depth = 1;
   bool holds_namespace = false;
   bool is_tuple = false;
+  SeqKind seq = SeqKind::kList;
+  // Field names of a named tuple (groupby's (grouper, list)); empty for other lists.
+  std::vector<std::string> field_names;
 };
 
 // Insertion-ordered string-keyed mapping.
@@ -150,6 +169,8 @@ struct Callable {
   std::string name;
   BuiltinFn builtin = nullptr;       // a global function (range, namespace, ...)
   const MacroStmt* macro = nullptr;  // or a macro (owned by the Program)
+  // For a call block's `caller`: the variables of the call site it closes over.
+  std::shared_ptr<const std::unordered_map<std::string, Value>> closure;
 };
 
 // Converts JSON (request messages, extra context) to a Value, keeping object key order.
@@ -163,10 +184,20 @@ Result<Value> FromJson(const nlohmann::ordered_json& j);
 Status AppendStr(const Value& v, std::string* out, size_t limit);
 // Appends repr(v) (strings quoted).
 Status AppendRepr(const Value& v, std::string* out, size_t limit);
-// Appends json.dumps(v, ensure_ascii=False, indent=indent) as Hugging Face's `tojson`
-// filter does (indent < 0: one line with ", " and ": " separators). Undefined and
-// callables are errors.
-Status AppendJson(const Value& v, int indent, std::string* out, size_t limit);
+// json.dumps options as Hugging Face's `tojson` filter passes them.
+struct JsonOptions {
+  int indent = -1;  // < 0: one line
+  // Separators (null: Python's defaults, ", " / ": ", or "," / ": " with an indent).
+  const std::string* item_sep = nullptr;
+  const std::string* key_sep = nullptr;
+  bool sort_keys = false;
+  bool ensure_ascii = false;  // non-ASCII as \uXXXX (surrogate pairs above U+FFFF)
+};
+// Appends json.dumps(v, ...) as Hugging Face's `tojson` filter does. Undefined, namespaces
+// and callables are errors.
+Status AppendJson(const Value& v, const JsonOptions& opts, std::string* out, size_t limit);
+// Length in bytes of the valid UTF-8 sequence starting at s[i], or 1 when invalid.
+size_t Utf8SeqLen(std::string_view s, size_t i);
 // Python repr of a float ("1.0", "0.1", "1e+16", "inf", "nan").
 std::string FloatRepr(double f);
 
