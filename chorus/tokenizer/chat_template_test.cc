@@ -548,7 +548,7 @@ TEST(ChatTemplateFeatures, StringMethods) {
            "{{ 'a,b,,c'.split(',') }}|{{ ' a  b '.split() }}|{{ 'aB'.upper() }}|"
            "{{ 'aB'.lower() }}|{{ 'hello there'.title() }}|{{ 'xxaxx'.strip('x') }}|"
            "{{ 'a b c'.split(' ', 1) }}|{{ 'abc'.replace('b', 'B') }}|"
-           "{{ '-'.join(['a', 'b']) }}|{{ 'abc'.find('c') }}|{{ 'abc'.startswith(['z', 'a']) }}"),
+           "{{ '-'.join(['a', 'b']) }}|{{ 'abc'.find('c') }}|{{ 'abc'.startswith(('z', 'a')) }}"),
       "x|x|x|True|True|['a', 'b', '', 'c']|['a', 'b']|AB|ab|Hello There|a|"
       "['a', 'b c']|aBc|a-b|2|True");
 }

@@ -24,6 +24,9 @@ using TestFn = Result<bool> (*)(Interp& in, const Value& input, CallArgs& args);
 // Looks up a filter / test by name (nullptr when there is no such builtin).
 FilterFn FindFilter(std::string_view name);
 TestFn FindTest(std::string_view name);
+// Every builtin filter / test name (sorted), for tests that check their coverage.
+std::vector<std::string> FilterNames();
+std::vector<std::string> TestNames();
 
 struct Node {
   int line = 0;

@@ -7,8 +7,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <functional>
-#include <random>
 #include <limits>
+#include <random>
 #include <string_view>
 #include <unordered_map>
 #include <utility>
@@ -86,9 +86,8 @@ std::vector<std::string> Split(const std::string& s, const std::string* sep, int
       while (i < u.size() && IsPySpace(u[i])) ++i;
       if (i >= u.size()) break;
       if (maxsplit >= 0 && static_cast<int64_t>(parts.size()) >= maxsplit) {
-        size_t e = u.size();
-        while (e > i && IsPySpace(u[e - 1])) --e;
-        std::u32string piece = u.substr(i, e - i);
+        // The unsplit remainder keeps its trailing whitespace (Python).
+        std::u32string piece = u.substr(i);
         if (from_right) std::reverse(piece.begin(), piece.end());
         parts.push_back(EncodeUtf8(piece));
         break;
@@ -430,11 +429,22 @@ Result<Value> FInt(Interp& in, const Value& v, CallArgs& a) {
     if (!std::isfinite(f) || std::fabs(f) >= 9.2e18) return fallback;
     return Value::Int(static_cast<int64_t>(f));
   }
+  int base = 10;
+  if (const Value* b = Arg(a, 1, "base"); b != nullptr && !b->is_none()) {
+    CHORUS_ASSIGN_OR_RETURN(int64_t n, IntArg(b, "int base"));
+    if (n != 0 && (n < 2 || n > 36))
+      return InvalidArgumentError("int() base must be >= 2 and <= 36, or 0");
+    base = static_cast<int>(n);
+  }
   if (v.is_string()) {
     const std::string s = Strip(v.str(), nullptr, true, true);
     errno = 0;
     char* end = nullptr;
-    const long long n = std::strtoll(s.c_str(), &end, 10);
+    const long long n = std::strtoll(s.c_str(), &end, base);
+    if (base != 10) {
+      if (!s.empty() && end == s.c_str() + s.size() && errno == 0) return Value::Int(n);
+      return fallback;
+    }
     if (!s.empty() && end == s.c_str() + s.size() && errno == 0) return Value::Int(n);
     const double f = std::strtod(s.c_str(), &end);
     if (!s.empty() && end == s.c_str() + s.size() && std::isfinite(f) && std::fabs(f) < 9.2e18) {
@@ -650,7 +660,6 @@ Status SortByKeys(Interp& in, std::vector<Value>* items, const std::vector<Value
   return OkStatus();
 }
 
-
 Result<Value> FSort(Interp& in, const Value& v, CallArgs& a) {
   CHORUS_RETURN_IF_ERROR(MaxArgs(a, 3, "sort"));
   const bool reverse = BoolArg(a, 0, "reverse", false);
@@ -679,7 +688,8 @@ Result<Value> FDictSort(Interp& in, const Value& v, CallArgs& a) {
     return InvalidArgumentError("You can only sort by either 'key' or 'value'");
   }
   if (!v.is_mapping()) {
-    return InvalidArgumentError("'" + std::string(v.TypeName()) + "' object has no attribute 'items'");
+    return InvalidArgumentError("'" + std::string(v.TypeName()) +
+                                "' object has no attribute 'items'");
   }
   std::vector<Value> items, keys;
   for (const auto& [k, val] : v.dict().items) {
@@ -738,7 +748,8 @@ Result<Value> MinOrMax(Interp& in, const Value& v, CallArgs& a, bool want_max) {
   for (size_t i = 1; i < items.size(); ++i) {
     CHORUS_ASSIGN_OR_RETURN(Value k, SortKey(items[i], attribute, case_sensitive));
     // Python's min/max keep the first of equal items.
-    CHORUS_ASSIGN_OR_RETURN(int c, want_max ? PyCompare(in, best_key, k) : PyCompare(in, k, best_key));
+    CHORUS_ASSIGN_OR_RETURN(int c,
+                            want_max ? PyCompare(in, best_key, k) : PyCompare(in, k, best_key));
     if (c < 0) {
       best = i;
       best_key = std::move(k);
@@ -754,7 +765,8 @@ Result<Value> FSum(Interp& in, const Value& v, CallArgs& a) {
   const Value* attribute = Arg(a, 0, "attribute");
   const Value* start = Arg(a, 1, "start");
   Value acc = start != nullptr ? *start : Value::Int(0);
-  if (acc.is_string()) return InvalidArgumentError("sum() can't sum strings [use ''.join(seq) instead]");
+  if (acc.is_string())
+    return InvalidArgumentError("sum() can't sum strings [use ''.join(seq) instead]");
   Node at;
   CHORUS_ASSIGN_OR_RETURN(std::vector<Value> items, in.Iterate(v, at));
   for (const auto& item : items) {
@@ -946,7 +958,8 @@ Result<Value> FTruncate(Interp& in, const Value& v, CallArgs& a) {
   }
   const std::u32string u = DecodeUtf8(s);
   const auto end_len = static_cast<int64_t>(Utf8Length(end));
-  if (length < end_len) return InvalidArgumentError("expected length >= " + std::to_string(end_len));
+  if (length < end_len)
+    return InvalidArgumentError("expected length >= " + std::to_string(end_len));
   if (leeway < 0) return InvalidArgumentError("expected leeway >= 0");
   if (static_cast<int64_t>(u.size()) <= length + leeway) return in.MakeString(std::move(s));
   std::u32string head = u.substr(0, static_cast<size_t>(length - end_len));
@@ -1026,7 +1039,8 @@ Result<Value> FWordWrap(Interp& in, const Value& v, CallArgs& a) {
   if (const Value* w = Arg(a, 0, "width")) {
     CHORUS_ASSIGN_OR_RETURN(width, IntArg(w, "wordwrap width"));
   }
-  if (width <= 0) return InvalidArgumentError("invalid width " + std::to_string(width) + " (must be > 0)");
+  if (width <= 0)
+    return InvalidArgumentError("invalid width " + std::to_string(width) + " (must be > 0)");
   const bool break_long = BoolArg(a, 1, "break_long_words", true);
   std::string wrapstring = "\n";
   if (const Value* w = Arg(a, 2, "wrapstring"); w != nullptr && !w->is_none()) {
@@ -1110,13 +1124,14 @@ Result<Value> FAttr(Interp& in, const Value& v, CallArgs& a) {
     Node at;
     return GetAttr(v, name, at);
   }
-  return Value::Undefined("'" + std::string(v.TypeName()) + " object' has no attribute '" + name + "'");
+  return Value::Undefined("'" + std::string(v.TypeName()) + " object' has no attribute '" + name +
+                          "'");
 }
 
 std::string HtmlUnescape(const std::string& s) {
   static constexpr std::pair<std::string_view, std::string_view> kNamed[] = {
-      {"&amp;", "&"}, {"&lt;", "<"}, {"&gt;", ">"}, {"&quot;", "\""}, {"&apos;", "'"},
-      {"&nbsp;", "\xC2\xA0"}};
+      {"&amp;", "&"},   {"&lt;", "<"},   {"&gt;", ">"},
+      {"&quot;", "\""}, {"&apos;", "'"}, {"&nbsp;", "\xC2\xA0"}};
   std::string out;
   for (size_t i = 0; i < s.size();) {
     if (s[i] != '&') {
@@ -1141,9 +1156,10 @@ std::string HtmlUnescape(const std::string& s) {
              (hex ? std::isxdigit(static_cast<unsigned char>(s[j])) != 0
                   : std::isdigit(static_cast<unsigned char>(s[j])) != 0)) {
         cp = cp * (hex ? 16 : 10) +
-             static_cast<uint32_t>(std::isdigit(static_cast<unsigned char>(s[j]))
-                                       ? s[j] - '0'
-                                       : (std::tolower(static_cast<unsigned char>(s[j])) - 'a' + 10));
+             static_cast<uint32_t>(
+                 std::isdigit(static_cast<unsigned char>(s[j]))
+                     ? s[j] - '0'
+                     : (std::tolower(static_cast<unsigned char>(s[j])) - 'a' + 10));
         ++j;
       }
       if (j > digits_start && cp > 0 && cp < 0x110000 && !(cp >= 0xD800 && cp < 0xE000)) {
@@ -1316,14 +1332,14 @@ Result<Value> FUrlize(Interp& in, const Value& v, CallArgs& a) {
     const std::string head = word.substr(0, h), mid = word.substr(h, t - h), tail = word.substr(t);
     std::string link;
     if (mid.rfind("http://", 0) == 0 || mid.rfind("https://", 0) == 0) {
-      link = "<a href=\"" + HtmlEscape(mid) + "\"" + attrs + ">" + HtmlEscape(trim_text(mid)) + "</a>";
+      link =
+          "<a href=\"" + HtmlEscape(mid) + "\"" + attrs + ">" + HtmlEscape(trim_text(mid)) + "</a>";
     } else if (mid.rfind("www.", 0) == 0 && mid.size() > 4) {
       link = "<a href=\"https://" + HtmlEscape(mid) + "\"" + attrs + ">" +
              HtmlEscape(trim_text(mid)) + "</a>";
-    } else if (const size_t at = mid.find('@'); at != std::string::npos && at > 0 &&
-                                                mid.find('@', at + 1) == std::string::npos &&
-                                                mid.find('.', at) != std::string::npos &&
-                                                mid.find(':') == std::string::npos) {
+    } else if (const size_t at = mid.find('@');
+               at != std::string::npos && at > 0 && mid.find('@', at + 1) == std::string::npos &&
+               mid.find('.', at) != std::string::npos && mid.find(':') == std::string::npos) {
       link = "<a href=\"mailto:" + HtmlEscape(mid) + "\">" + HtmlEscape(mid) + "</a>";
     }
     out += link.empty() ? HtmlEscape(word) : HtmlEscape(head) + link + HtmlEscape(tail);
@@ -1335,7 +1351,8 @@ Result<Value> FPprint(Interp& in, const Value& v, CallArgs& a) {
   // pprint.pformat: repr with dict keys sorted (values that fit one 80-column line).
   std::function<Result<Value>(const Value&)> sorted = [&](const Value& x) -> Result<Value> {
     if (x.is_dict()) {
-      std::vector<std::pair<std::string, Value>> items(x.dict().items.begin(), x.dict().items.end());
+      std::vector<std::pair<std::string, Value>> items(x.dict().items.begin(),
+                                                       x.dict().items.end());
       std::stable_sort(items.begin(), items.end(),
                        [](const auto& p, const auto& q) { return p.first < q.first; });
       auto d = std::make_shared<DictData>();
@@ -1392,15 +1409,17 @@ Result<Value> FRound(Interp& in, const Value& v, CallArgs& a) {
     // value, which printf's correctly rounded conversion does too.
     if (!v.is_float()) {
       if (precision >= 0) return Value::Int(v.int_value());
-      const double r = std::nearbyint(static_cast<double>(v.int_value()) / std::pow(10.0, -precision)) *
-                       std::pow(10.0, -precision);
+      const double r =
+          std::nearbyint(static_cast<double>(v.int_value()) / std::pow(10.0, -precision)) *
+          std::pow(10.0, -precision);
       return Value::Int(static_cast<int64_t>(r));
     }
     const double f = v.float_value();
     if (!std::isfinite(f)) return Value::Float(f);
     if (precision >= 0) {
       char buf[400];
-      std::snprintf(buf, sizeof(buf), "%.*f", static_cast<int>(std::min<int64_t>(precision, 300)), f);
+      std::snprintf(buf, sizeof(buf), "%.*f", static_cast<int>(std::min<int64_t>(precision, 300)),
+                    f);
       return Value::Float(std::strtod(buf, nullptr));
     }
     const double scale = std::pow(10.0, -precision);
@@ -1638,6 +1657,10 @@ Result<Value> StringMethod(Interp& in, const std::string& s, const std::string& 
   if (name == "startswith" || name == "endswith") {
     const Value* p = Arg(a, 0, "prefix");
     if (p == nullptr) return InvalidArgumentError(name + " needs an argument");
+    if (p->is_list() && !p->is_tuple()) {
+      return InvalidArgumentError(name + " first arg must be str or a tuple of str, not " +
+                                  std::string(p->TypeName()));
+    }
     std::vector<Value> options = p->is_list() ? p->list() : std::vector<Value>{*p};
     for (const auto& o : options) {
       CHORUS_ASSIGN_OR_RETURN(std::string x, StrArg(&o, name + " argument"));
@@ -1814,7 +1837,8 @@ Result<Value> StringMethod(Interp& in, const std::string& s, const std::string& 
                   ? std::vector<Value>{Value::Str(s), Value::Str(""), Value::Str("")}
                   : std::vector<Value>{Value::Str(""), Value::Str(""), Value::Str(s)};
     } else {
-      parts = {Value::Str(s.substr(0, pos)), Value::Str(sep), Value::Str(s.substr(pos + sep.size()))};
+      parts = {Value::Str(s.substr(0, pos)), Value::Str(sep),
+               Value::Str(s.substr(pos + sep.size()))};
     }
     CHORUS_RETURN_IF_ERROR(in.Alloc(static_cast<int64_t>(s.size())));
     return in.MakeList(std::move(parts), /*tuple=*/true);
@@ -1859,7 +1883,8 @@ Result<Value> StringMethod(Interp& in, const std::string& s, const std::string& 
 
 // ---------------------------------------------------------------- registries
 
-FilterFn FindFilter(std::string_view name) {
+namespace {
+const std::unordered_map<std::string_view, FilterFn>& Filters() {
   static const auto* const kFilters = new std::unordered_map<std::string_view, FilterFn>{
       {"trim", FTrim},
       {"length", FLength},
@@ -1916,11 +1941,10 @@ FilterFn FindFilter(std::string_view name) {
       {"wordwrap", FWordWrap},
       {"xmlattr", FXmlAttr},
   };
-  auto it = kFilters->find(name);
-  return it == kFilters->end() ? nullptr : it->second;
+  return *kFilters;
 }
 
-TestFn FindTest(std::string_view name) {
+const std::unordered_map<std::string_view, TestFn>& Tests() {
   static const auto* const kTests = new std::unordered_map<std::string_view, TestFn>{
       {"defined", TDefined},
       {"undefined", TUndefined},
@@ -1962,9 +1986,30 @@ TestFn FindTest(std::string_view name) {
       {"filter", TFilter},
       {"test", TTest},
   };
-  auto it = kTests->find(name);
-  return it == kTests->end() ? nullptr : it->second;
+  return *kTests;
 }
+
+template <typename Map>
+std::vector<std::string> SortedNames(const Map& m) {
+  std::vector<std::string> names;
+  for (const auto& kv : m) names.emplace_back(kv.first);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+}  // namespace
+
+FilterFn FindFilter(std::string_view name) {
+  auto it = Filters().find(name);
+  return it == Filters().end() ? nullptr : it->second;
+}
+
+TestFn FindTest(std::string_view name) {
+  auto it = Tests().find(name);
+  return it == Tests().end() ? nullptr : it->second;
+}
+
+std::vector<std::string> FilterNames() { return SortedNames(Filters()); }
+std::vector<std::string> TestNames() { return SortedNames(Tests()); }
 
 const Value* FindGlobal(const std::string& name) {
   static const auto* const kGlobals = [] {
@@ -2027,6 +2072,18 @@ Result<Value> CallMethod(Interp& in, const Value& obj, const std::string& name, 
       const int64_t i = d.Find("index0")->int_value();
       return args.pos[static_cast<size_t>(i) % args.pos.size()];
     }
+    // loop.changed(*values): true when the values differ from the previous call's.
+    if (name == "changed" && d.Find("index0") != nullptr && d.Find("revindex0") != nullptr &&
+        !in.loop_changed.empty()) {
+      CHORUS_ASSIGN_OR_RETURN(Value now, in.MakeList(args.pos, /*tuple=*/true));
+      Value& last = in.loop_changed.back();
+      if (!last.is_undefined()) {
+        CHORUS_ASSIGN_OR_RETURN(bool same, in.Equal(last, now));
+        if (same) return Value::Bool(false);
+      }
+      last = std::move(now);
+      return Value::Bool(true);
+    }
     // A callable stored in a dict (rare): call it.
     if (const Value* v = d.Find(name); v != nullptr && v->is_callable()) {
       const Callable& c = v->callable();
@@ -2035,7 +2092,7 @@ Result<Value> CallMethod(Interp& in, const Value& obj, const std::string& name, 
       return c.builtin(in, args);
     }
   }
- if (obj.is_plain_list() && (name == "index" || name == "count")) {
+  if (obj.is_plain_list() && (name == "index" || name == "count")) {
     const Value* x = Arg(args, 0, "value");
     if (x == nullptr) return InvalidArgumentError(name + "() takes exactly one argument");
     int64_t n = 0;

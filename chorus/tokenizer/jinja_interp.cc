@@ -400,7 +400,7 @@ Status Interp::CheckStringSize(size_t bytes) const {
 
 Result<Value> Interp::MakeList(std::vector<Value> items, bool tuple, SeqKind seq) {
   CHORUS_RETURN_IF_ERROR(Alloc(static_cast<int64_t>(items.size()) * kSlotBytes));
-  Value v = tuple                      ? Value::Tuple(std::move(items))
+  Value v = tuple                   ? Value::Tuple(std::move(items))
             : seq != SeqKind::kList ? Value::Seq(std::move(items), seq)
                                     : Value::List(std::move(items));
   if (v.depth() > kMaxValueDepth) {
@@ -525,8 +525,8 @@ Result<Value> Interp::CallMacro(const MacroStmt& m, CallArgs& args, const Node& 
       if (m.params[i].first == k) {
         known = true;
         if (i < args.pos.size()) {
-          return RuntimeError(at, "macro '" + m.name + "' got multiple values for argument '" +
-                                      k + "'");
+          return RuntimeError(
+              at, "macro '" + m.name + "' got multiple values for argument '" + k + "'");
         }
       }
     }
@@ -584,7 +584,7 @@ Result<Value> Interp::CallMacro(const MacroStmt& m, CallArgs& args, const Node& 
   }
   if (m.uses_caller) {
     const Value* kw_caller = args.Kw("caller");
-    Set("caller", caller != nullptr       ? *caller
+    Set("caller", caller != nullptr      ? *caller
                   : kw_caller != nullptr ? *kw_caller
                                          : Value::Undefined("'caller' is undefined"));
   }

@@ -26,9 +26,9 @@ class Parser {
     // the first refused one (in source order) is the error.
     for (const auto& u : unknowns_) {
       if (!u.soft) {
-        return SyntaxError(u.line, u.col,
-                           std::string("no ") + (u.is_filter ? "filter" : "test") + " named '" +
-                               u.name + "'");
+        return SyntaxError(
+            u.line, u.col,
+            std::string("no ") + (u.is_filter ? "filter" : "test") + " named '" + u.name + "'");
       }
     }
     return body;
@@ -849,7 +849,8 @@ class Parser {
     }
     if (t.kind == TokKind::kOp) return t.text == "[" || t.text == "{";
     if (t.kind == TokKind::kName) {
-      static constexpr std::string_view kStop[] = {"else", "or", "and", "if", "in", "is", "not"};
+      // Jinja's parse_test stops only at these; any other name (even `if`) is the argument.
+      static constexpr std::string_view kStop[] = {"else", "or", "and"};
       for (auto s : kStop) {
         if (t.text == s) return false;
       }
@@ -892,6 +893,7 @@ class Parser {
         if (IsOp("(")) {
           CHORUS_ASSIGN_OR_RETURN(t->args, ParseCallArgs());
         } else if (StartsBareTestArg()) {
+          if (IsName("is")) return ErrorAt(Peek(), "You cannot chain multiple tests with is");
           CHORUS_ASSIGN_OR_RETURN(ExprPtr arg, ParsePrimary());
           CHORUS_ASSIGN_OR_RETURN(arg, ParsePostfix(std::move(arg)));
           t->args.pos.push_back(std::move(arg));

@@ -1,13 +1,13 @@
 #include "chorus/tokenizer/jinja_strings.h"
 
+#include <locale.h>  // newlocale, towupper_l (POSIX)
+
 #include <clocale>
 #include <cmath>
 #include <cstdio>
 #include <cwctype>
 #include <limits>
 #include <optional>
-
-#include <locale.h>  // newlocale, towupper_l (POSIX)
 
 namespace chorus::tokenizer::jinja {
 
@@ -156,8 +156,8 @@ std::string EncodeUtf8(std::u32string_view s) {
 
 bool IsPySpace(char32_t c) {
   return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 ||
-         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 ||
-         c == 0x202F || c == 0x205F || c == 0x3000;
+         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
+         c == 0x205F || c == 0x3000;
 }
 
 bool IsUpperCp(char32_t c) { return !IsTitleCp(c) && ToLowerCp(c) != c; }
@@ -320,8 +320,8 @@ std::vector<std::string> PySplitLines(std::string_view s, bool keepends) {
   size_t start = 0;
   for (size_t i = 0; i < u.size(); ++i) {
     const char32_t c = u[i];
-    const bool brk = c == U'\n' || c == U'\r' || c == 0x0B || c == 0x0C || c == 0x1C ||
-                     c == 0x1D || c == 0x1E || c == 0x85 || c == 0x2028 || c == 0x2029;
+    const bool brk = c == U'\n' || c == U'\r' || c == 0x0B || c == 0x0C || c == 0x1C || c == 0x1D ||
+                     c == 0x1E || c == 0x85 || c == 0x2028 || c == 0x2029;
     if (!brk) continue;
     size_t end = i + 1;
     if (c == U'\r' && i + 1 < u.size() && u[i + 1] == U'\n') end = i + 2;
@@ -362,7 +362,8 @@ Result<Spec> ParseSpec(std::string_view spec) {
     s.align = static_cast<char>(u[0]);
     i = 1;
   }
-  if (i < u.size() && (u[i] == U'+' || u[i] == U'-' || u[i] == U' ')) s.sign = static_cast<char>(u[i++]);
+  if (i < u.size() && (u[i] == U'+' || u[i] == U'-' || u[i] == U' '))
+    s.sign = static_cast<char>(u[i++]);
   if (i < u.size() && u[i] == U'#') {
     s.alt = true;
     ++i;
@@ -471,10 +472,8 @@ Result<std::string> FormatInt(int64_t v, Spec s) {
       return InvalidArgumentError(std::string("Unknown format code '") + s.type +
                                   "' for object of type 'int'");
   }
-  digits = Group(digits, s.grouping, (s.type == 'x' || s.type == 'X' || s.type == 'o' ||
-                                      s.type == 'b')
-                                         ? 4
-                                         : 3);
+  digits = Group(digits, s.grouping,
+                 (s.type == 'x' || s.type == 'X' || s.type == 'o' || s.type == 'b') ? 4 : 3);
   const std::string sign = neg ? "-" : (s.sign == '+' ? "+" : (s.sign == ' ' ? " " : ""));
   if (s.zero && s.align == 0) {
     s.fill = U'0';
@@ -681,7 +680,8 @@ Result<std::string> PyFormat(std::string_view fmt, const CallArgs& args, size_t 
         name_end = next;
       } else {
         const size_t rb = field.find(']', name_end);
-        if (rb == std::string_view::npos) return InvalidArgumentError("Missing ']' in format string");
+        if (rb == std::string_view::npos)
+          return InvalidArgumentError("Missing ']' in format string");
         const std::string key(field.substr(name_end + 1, rb - name_end - 1));
         CHORUS_ASSIGN_OR_RETURN(v, FieldPart(v, key, true));
         name_end = rb + 1;
@@ -753,7 +753,8 @@ Result<std::string> PyPercent(std::string_view fmt, const Value& arg, size_t lim
       ++i;
     }
     auto take_value = [&]() -> Result<Value> {
-      if (next >= items.size()) return InvalidArgumentError("not enough arguments for format string");
+      if (next >= items.size())
+        return InvalidArgumentError("not enough arguments for format string");
       return items[next++];
     };
     auto read_num = [&](int* out_n) -> Status {
@@ -838,7 +839,8 @@ Result<std::string> PyPercent(std::string_view fmt, const Value& arg, size_t lim
                    type != 'o') {
           n = static_cast<int64_t>(v.float_value());
         } else {
-          return InvalidArgumentError(std::string("%") + type + " format: a real number is required, not " +
+          return InvalidArgumentError(std::string("%") + type +
+                                      " format: a real number is required, not " +
                                       std::string(v.TypeName()));
         }
         Spec is = s;

@@ -101,7 +101,8 @@ Status AppendJsonString(std::string_view s, bool ensure_ascii, std::string* out,
       uint32_t cp = u;
       if (n > 1) {
         cp = u & (0xFF >> (n + 1));
-        for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+        for (size_t k = 1; k < n; ++k)
+          cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
       }
       if (cp >= 0x10000) {
         cp -= 0x10000;
@@ -157,8 +158,8 @@ Status AppendJsonImpl(const Value& v, const JsonOptions& o, int level, std::stri
     return Append(out, nl, limit);
   };
   const std::string_view item_sep = o.item_sep != nullptr ? std::string_view(*o.item_sep)
-                                    : o.indent < 0      ? std::string_view(", ")
-                                                        : std::string_view(",");
+                                    : o.indent < 0        ? std::string_view(", ")
+                                                          : std::string_view(",");
   const std::string_view key_sep =
       o.key_sep != nullptr ? std::string_view(*o.key_sep) : std::string_view(": ");
   switch (v.kind()) {
