@@ -317,7 +317,9 @@ Status RuntimeError(const Node& at, std::string_view what) {
 
 Interp::Interp(const Limits& limits, std::unordered_map<std::string, Value> globals)
     : limits_(limits) {
-  scopes_.push_back(std::move(globals));
+  scopes_.emplace_back();
+  for (auto& [k, v] : globals) scopes_[0].emplace_back(k, std::move(v));
+  n_scopes_ = 1;
 }
 
 Status Interp::Run(const Body& body, std::string* out) {
@@ -325,22 +327,41 @@ Status Interp::Run(const Body& body, std::string* out) {
   return ExecBody(body);
 }
 
+namespace {
+const Value* FindVar(const VarList& vars, const std::string& name) {
+  for (const auto& [k, v] : vars) {
+    if (k == name) return &v;
+  }
+  return nullptr;
+}
+}  // namespace
+
 Value Interp::Lookup(const std::string& name) const {
-  for (size_t i = scopes_.size(); i-- > floor_;) {
-    auto it = scopes_[i].find(name);
-    if (it != scopes_[i].end()) return it->second;
+  for (size_t i = n_scopes_; i-- > floor_;) {
+    if (const Value* v = FindVar(scopes_[i], name)) return *v;
   }
   if (floor_ > 0) {
-    auto it = scopes_[0].find(name);
-    if (it != scopes_[0].end()) return it->second;
+    if (const Value* v = FindVar(scopes_[0], name)) return *v;
   }
   if (const Value* g = FindGlobal(name)) return *g;
   return Value::Undefined("'" + name + "' is undefined");
 }
 
-void Interp::Set(const std::string& name, Value v) { scopes_.back()[name] = std::move(v); }
-void Interp::PushScope() { scopes_.emplace_back(); }
-void Interp::PopScope() { scopes_.pop_back(); }
+void Interp::Set(const std::string& name, Value v) {
+  VarList& vars = scopes_[n_scopes_ - 1];
+  for (auto& [k, old] : vars) {
+    if (k == name) {
+      old = std::move(v);
+      return;
+    }
+  }
+  vars.emplace_back(name, std::move(v));
+}
+void Interp::PushScope() {
+  if (n_scopes_ == scopes_.size()) scopes_.emplace_back();
+  ++n_scopes_;
+}
+void Interp::PopScope() { scopes_[--n_scopes_].clear(); }
 
 Status Interp::Write(std::string_view s) {
   if (out_->size() + s.size() > limits_.max_output_bytes) {
@@ -499,17 +520,19 @@ Result<std::vector<Value>> Interp::Iterate(const Value& v, const Node& at) {
   }
 }
 
-Scope Interp::VisibleLocals() const {
-  Scope out;
-  for (size_t i = scopes_.size(); i-- > floor_;) {
+VarList Interp::VisibleLocals() const {
+  VarList out;
+  for (size_t i = n_scopes_; i-- > floor_;) {
     if (i == 0) break;
-    for (const auto& [k, v] : scopes_[i]) out.emplace(k, v);
+    for (const auto& [k, v] : scopes_[i]) {
+      if (FindVar(out, k) == nullptr) out.emplace_back(k, v);  // the innermost wins
+    }
   }
   return out;
 }
 
 Result<Value> Interp::CallMacro(const MacroStmt& m, CallArgs& args, const Node& at,
-                                const Value* caller, const Scope* closure) {
+                                const Value* caller, const VarList* closure) {
   if (call_depth_ >= limits_.max_call_depth) {
     return ResourceExhaustedError("chat template macro calls nest deeper than " +
                                   std::to_string(limits_.max_call_depth));
@@ -543,9 +566,9 @@ Result<Value> Interp::CallMacro(const MacroStmt& m, CallArgs& args, const Node& 
   ++call_depth_;
   const size_t saved_floor = floor_;
   PushScope();
-  floor_ = scopes_.size() - 1;
+  floor_ = n_scopes_ - 1;
   auto restore = [&]() {
-    scopes_.resize(floor_);
+    while (n_scopes_ > floor_) PopScope();
     floor_ = saved_floor;
     --call_depth_;
     flow = Flow::kNormal;
@@ -914,17 +937,18 @@ Status ForStmt::Exec(Interp& in) const {
     const auto k = static_cast<size_t>(i);
     CHORUS_RETURN_IF_ERROR(BindTargets(in, *this, targets, items[k]));
     auto loop = std::make_shared<DictData>();
-    loop->Set("index", Value::Int(i + 1));
-    loop->Set("index0", Value::Int(i));
-    loop->Set("revindex", Value::Int(n - i));
-    loop->Set("revindex0", Value::Int(n - i - 1));
-    loop->Set("first", Value::Bool(i == 0));
-    loop->Set("last", Value::Bool(i == n - 1));
-    loop->Set("length", Value::Int(n));
-    loop->Set("depth", Value::Int(1));
-    loop->Set("depth0", Value::Int(0));
-    if (i > 0) loop->Set("previtem", items[k - 1]);
-    if (i + 1 < n) loop->Set("nextitem", items[k + 1]);
+    loop->items.reserve(11);
+    loop->AppendNew("index", Value::Int(i + 1));
+    loop->AppendNew("index0", Value::Int(i));
+    loop->AppendNew("revindex", Value::Int(n - i));
+    loop->AppendNew("revindex0", Value::Int(n - i - 1));
+    loop->AppendNew("first", Value::Bool(i == 0));
+    loop->AppendNew("last", Value::Bool(i == n - 1));
+    loop->AppendNew("length", Value::Int(n));
+    loop->AppendNew("depth", Value::Int(1));
+    loop->AppendNew("depth0", Value::Int(0));
+    if (i > 0) loop->AppendNew("previtem", items[k - 1]);
+    if (i + 1 < n) loop->AppendNew("nextitem", items[k + 1]);
     in.Set("loop", Value::Dict(std::move(loop)));
     CHORUS_RETURN_IF_ERROR(in.ExecBody(body));
     if (in.flow == Interp::Flow::kBreak) {
@@ -990,7 +1014,7 @@ Status CallBlockStmt::Exec(Interp& in) const {
   auto c = std::make_shared<Callable>();
   c->name = "caller";
   c->macro = &caller;
-  c->closure = std::make_shared<const Scope>(in.VisibleLocals());
+  c->closure = std::make_shared<const VarList>(in.VisibleLocals());
   const Value caller_value = Value::Function(std::move(c));
   Value result;
   if (f.is_callable() && f.callable().macro != nullptr) {

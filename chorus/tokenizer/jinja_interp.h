@@ -23,7 +23,8 @@ struct Limits {
   int max_call_depth = 64;
 };
 
-using Scope = std::unordered_map<std::string, Value>;
+// A scope's variables; scopes hold a handful of names, so a flat list beats hashing.
+using VarList = std::vector<std::pair<std::string, Value>>;
 
 class Interp {
  public:
@@ -62,13 +63,13 @@ class Interp {
   Result<std::vector<Value>> Iterate(const Value& v, const Node& at);
 
   // Every variable visible here (innermost wins), for a closure (a call block's caller).
-  Scope VisibleLocals() const;
+  VarList VisibleLocals() const;
 
   // ---- calls
   // Calls macro `m`. `caller`: the body of a {% call %} block; `closure`: variables the
   // macro body sees besides its parameters (a caller sees those of its call site).
   Result<Value> CallMacro(const MacroStmt& m, CallArgs& args, const Node& at,
-                          const Value* caller = nullptr, const Scope* closure = nullptr);
+                          const Value* caller = nullptr, const VarList* closure = nullptr);
   // Calls any callable value (builtin, macro, caller).
   Result<Value> CallValue(const Value& f, CallArgs& args, const Node& at);
   int& call_depth() { return call_depth_; }
@@ -93,7 +94,10 @@ class Interp {
   int call_depth_ = 0;
   // scopes_[0] is the root; lookups scan scopes_[floor_..] then scopes_[0] (a macro body
   // sees its own scopes and the template's top level, not its caller's locals).
-  std::vector<Scope> scopes_;
+  // scopes_[0, n_scopes_) are live; popped ones keep their capacity for the next push (a loop
+  // opens a scope per iteration).
+  std::vector<VarList> scopes_;
+  size_t n_scopes_ = 0;
   size_t floor_ = 0;
 };
 

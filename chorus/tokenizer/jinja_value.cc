@@ -290,7 +290,7 @@ Status AppendReprImpl(const Value& v, bool top_level_str, std::string* out, size
 
 Value Value::Undefined(std::string hint) {
   Value v;
-  v.s_ = std::make_shared<const std::string>(std::move(hint));
+  v.p_ = std::make_shared<const std::string>(std::move(hint));
   return v;
 }
 Value Value::None() {
@@ -320,7 +320,7 @@ Value Value::Float(double f) {
 Value Value::Str(std::string s) {
   Value v;
   v.kind_ = Kind::kString;
-  v.s_ = std::make_shared<const std::string>(std::move(s));
+  v.p_ = std::make_shared<const std::string>(std::move(s));
   return v;
 }
 Value Value::List(std::vector<Value> items) {
@@ -334,43 +334,43 @@ Value Value::List(std::vector<Value> items) {
   l->items = std::move(items);
   Value v;
   v.kind_ = Kind::kList;
-  v.l_ = std::move(l);
+  v.p_ = std::move(l);
   return v;
 }
 Value Value::Tuple(std::vector<Value> items) {
   Value v = List(std::move(items));
-  std::const_pointer_cast<ListData>(v.l_)->is_tuple = true;
+  const_cast<ListData*>(v.l())->is_tuple = true;
   return v;
 }
-bool Value::is_tuple() const { return kind_ == Kind::kList && l_->is_tuple; }
-const std::vector<std::string>& Value::field_names() const { return l_->field_names; }
-SeqKind Value::seq_kind() const { return kind_ == Kind::kList ? l_->seq : SeqKind::kList; }
+bool Value::is_tuple() const { return kind_ == Kind::kList && l()->is_tuple; }
+const std::vector<std::string>& Value::field_names() const { return l()->field_names; }
+SeqKind Value::seq_kind() const { return kind_ == Kind::kList ? l()->seq : SeqKind::kList; }
 Value Value::Seq(std::vector<Value> items, SeqKind kind) {
   Value v = List(std::move(items));
-  std::const_pointer_cast<ListData>(v.l_)->seq = kind;
+  const_cast<ListData*>(v.l())->seq = kind;
   return v;
 }
 Value Value::NamedTuple(std::vector<Value> items, std::vector<std::string> names) {
   Value v = Tuple(std::move(items));
-  std::const_pointer_cast<ListData>(v.l_)->field_names = std::move(names);
+  const_cast<ListData*>(v.l())->field_names = std::move(names);
   return v;
 }
 Value Value::Dict(std::shared_ptr<DictData> d) {
   Value v;
   v.kind_ = Kind::kDict;
-  v.d_ = std::move(d);
+  v.p_ = std::move(d);
   return v;
 }
 Value Value::Namespace(std::shared_ptr<DictData> d) {
   Value v;
   v.kind_ = Kind::kNamespace;
-  v.d_ = std::move(d);
+  v.p_ = std::move(d);
   return v;
 }
 Value Value::Function(std::shared_ptr<const Callable> c) {
   Value v;
   v.kind_ = Kind::kCallable;
-  v.c_ = std::move(c);
+  v.p_ = std::move(c);
   return v;
 }
 
@@ -379,31 +379,31 @@ double Value::AsDouble() const {
   return static_cast<double>(i_);
 }
 
-const std::string& Value::str() const { return s_ ? *s_ : EmptyString(); }
+const std::string& Value::str() const { return p_ ? *s() : EmptyString(); }
 
 const std::vector<Value>& Value::list() const {
-  CHORUS_CHECK(l_ != nullptr);
-  return l_->items;
+  CHORUS_CHECK(kind_ == Kind::kList && p_ != nullptr);
+  return l()->items;
 }
 const DictData& Value::dict() const {
-  CHORUS_CHECK(d_ != nullptr);
-  return *d_;
+  CHORUS_CHECK(is_mapping() && p_ != nullptr);
+  return *d();
 }
 DictData& Value::mutable_namespace() const {
-  CHORUS_CHECK(kind_ == Kind::kNamespace && d_ != nullptr);
-  return *d_;
+  CHORUS_CHECK(kind_ == Kind::kNamespace && p_ != nullptr);
+  return *d();
 }
 const Callable& Value::callable() const {
-  CHORUS_CHECK(c_ != nullptr);
-  return *c_;
+  CHORUS_CHECK(kind_ == Kind::kCallable && p_ != nullptr);
+  return *c();
 }
 
 int Value::depth() const {
   switch (kind_) {
     case Kind::kList:
-      return l_->depth;
+      return l()->depth;
     case Kind::kDict:
-      return d_->depth;
+      return d()->depth;
     case Kind::kNamespace:
       // A namespace never holds another namespace (Interp enforces it) and its values are
       // at most kMaxValueDepth deep, whatever it is later mutated to.
@@ -418,9 +418,9 @@ bool Value::HoldsNamespace() const {
     case Kind::kNamespace:
       return true;
     case Kind::kList:
-      return l_->holds_namespace;
+      return l()->holds_namespace;
     case Kind::kDict:
-      return d_->holds_namespace;
+      return d()->holds_namespace;
     default:
       return false;
   }
@@ -440,9 +440,9 @@ bool Value::Truthy() const {
     case Kind::kString:
       return !str().empty();
     case Kind::kList:
-      return l_->seq == SeqKind::kGenerator || !l_->items.empty();
+      return l()->seq == SeqKind::kGenerator || !l()->items.empty();
     case Kind::kDict:
-      return !d_->items.empty();
+      return !d()->items.empty();
     case Kind::kNamespace:
     case Kind::kCallable:
       return true;
@@ -465,7 +465,7 @@ std::string_view Value::TypeName() const {
     case Kind::kString:
       return "str";
     case Kind::kList:
-      switch (l_->seq) {
+      switch (l()->seq) {
         case SeqKind::kGenerator:
           return "generator";
         case SeqKind::kDictItems:
@@ -477,7 +477,7 @@ std::string_view Value::TypeName() const {
         case SeqKind::kList:
           break;
       }
-      return l_->is_tuple ? "tuple" : "list";
+      return l()->is_tuple ? "tuple" : "list";
     case Kind::kDict:
       return "dict";
     case Kind::kNamespace:
@@ -489,15 +489,43 @@ std::string_view Value::TypeName() const {
 }
 
 const Value* DictData::Find(std::string_view key) const {
-  auto it = index.find(std::string(key));
+  if (index.empty()) {
+    for (const auto& [k, v] : items) {
+      if (k == key) return &v;
+    }
+    return nullptr;
+  }
+  auto it = index.find(key);
   if (it == index.end()) return nullptr;
   return &items[it->second].second;
+}
+void DictData::AppendNew(std::string key, Value v) {
+  depth = std::max(depth, v.depth() + 1);
+  holds_namespace = holds_namespace || v.HoldsNamespace();
+  if (!index.empty()) index.emplace(key, items.size());
+  items.emplace_back(std::move(key), std::move(v));
+  if (index.empty() && items.size() > kIndexThreshold) {
+    for (size_t i = 0; i < items.size(); ++i) index.emplace(items[i].first, i);
+  }
 }
 
 void DictData::Set(std::string key, Value v) {
   depth = std::max(depth, v.depth() + 1);
   // Only ever set, never cleared on replacement: a conservative answer is fine.
   holds_namespace = holds_namespace || v.HoldsNamespace();
+  if (index.empty()) {
+    for (auto& [k, old] : items) {
+      if (k == key) {
+        old = std::move(v);
+        return;
+      }
+    }
+    items.emplace_back(std::move(key), std::move(v));
+    if (items.size() > kIndexThreshold) {
+      for (size_t i = 0; i < items.size(); ++i) index.emplace(items[i].first, i);
+    }
+    return;
+  }
   auto it = index.find(key);
   if (it != index.end()) {
     items[it->second].second = std::move(v);
@@ -551,9 +579,10 @@ Result<Value> FromJsonImpl(const Json& j, int depth) {
     }
     case Json::value_t::object: {
       auto d = std::make_shared<DictData>();
+      d->items.reserve(j.size());
       for (auto it = j.begin(); it != j.end(); ++it) {
         CHORUS_ASSIGN_OR_RETURN(Value v, FromJsonImpl(it.value(), depth + 1));
-        d->Set(it.key(), std::move(v));
+        d->AppendNew(it.key(), std::move(v));  // JSON object keys are unique
       }
       return Value::Dict(std::move(d));
     }

@@ -128,10 +128,14 @@ class Value {
   bool b_ = false;
   int64_t i_ = 0;
   double f_ = 0;
-  std::shared_ptr<const std::string> s_;  // kString contents; kUndefined hint
-  std::shared_ptr<const ListData> l_;
-  std::shared_ptr<DictData> d_;  // kDict (never mutated) and kNamespace (mutable)
-  std::shared_ptr<const Callable> c_;
+  // One pointer for every boxed kind (a Value is copied constantly; one refcount, not four):
+  // kString and kUndefined (the hint): std::string; kList: ListData; kDict/kNamespace:
+  // DictData (a namespace's is mutated through mutable_namespace); kCallable: Callable.
+  std::shared_ptr<const void> p_;
+  const std::string* s() const { return static_cast<const std::string*>(p_.get()); }
+  const ListData* l() const { return static_cast<const ListData*>(p_.get()); }
+  DictData* d() const { return const_cast<DictData*>(static_cast<const DictData*>(p_.get())); }
+  const Callable* c() const { return static_cast<const Callable*>(p_.get()); }
 };
 
 struct ListData {
@@ -144,16 +148,27 @@ struct ListData {
   std::vector<std::string> field_names;
 };
 
-// Insertion-ordered string-keyed mapping.
+// Heterogeneous string hashing (lookups by string_view without building a std::string).
+struct StrHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+
+// Insertion-ordered string-keyed mapping. Small dicts (messages, tool calls, the loop object:
+// nearly all of them) are searched linearly; a hash index is built once a dict grows past
+// kIndexThreshold entries.
 struct DictData {
+  static constexpr size_t kIndexThreshold = 16;
   std::vector<std::pair<std::string, Value>> items;
-  std::unordered_map<std::string, size_t> index;
+  std::unordered_map<std::string, size_t, StrHash, std::equal_to<>> index;  // empty when small
   int depth = 1;
   bool holds_namespace = false;
 
   const Value* Find(std::string_view key) const;
   // Inserts or replaces (keeps the first insertion position) and updates depth.
   void Set(std::string key, Value v);
+  // Appends a key known not to be present (a JSON object's keys, the loop object's fields).
+  void AppendNew(std::string key, Value v);
 };
 
 // Positional and keyword arguments of a call.
@@ -170,7 +185,7 @@ struct Callable {
   BuiltinFn builtin = nullptr;       // a global function (range, namespace, ...)
   const MacroStmt* macro = nullptr;  // or a macro (owned by the Program)
   // For a call block's `caller`: the variables of the call site it closes over.
-  std::shared_ptr<const std::unordered_map<std::string, Value>> closure;
+  std::shared_ptr<const std::vector<std::pair<std::string, Value>>> closure;
 };
 
 // Converts JSON (request messages, extra context) to a Value, keeping object key order.
