@@ -58,20 +58,50 @@ Result<int64_t> IntArg(const Value* v, std::string_view what) {
 // ---------------------------------------------------------------- string helpers
 
 // Strips whitespace (chars == nullptr) or any code point of *chars.
+// The code point starting at byte i (an invalid byte is itself) and its length.
+char32_t CodePointAt(const std::string& s, size_t i, size_t* len) {
+  *len = Utf8SeqLen(s, i);
+  const auto b = static_cast<unsigned char>(s[i]);
+  if (*len == 1) return b;
+  char32_t cp = b & (0xFF >> (*len + 1));
+  for (size_t k = 1; k < *len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+  return cp;
+}
+
+// Start of the code point that ends at byte e (exclusive), e > 0.
+size_t CodePointStartBefore(const std::string& s, size_t e) {
+  size_t b = e - 1;
+  // Back over up to three continuation bytes, then check that they form one valid sequence.
+  size_t k = b;
+  while (k > 0 && e - k < 4 && (static_cast<unsigned char>(s[k]) & 0xC0) == 0x80) --k;
+  if (Utf8SeqLen(s, k) == e - k) return k;
+  return b;
+}
+
+// Strips whitespace (chars == nullptr) or any code point of *chars, from the ends inwards
+// (only the code points removed are decoded).
 std::string Strip(const std::string& s, const std::string* chars, bool left, bool right) {
-  const std::u32string u = DecodeUtf8(s);
   const std::u32string set = chars != nullptr ? DecodeUtf8(*chars) : std::u32string();
   auto strip_cp = [&](char32_t c) {
     return chars == nullptr ? IsPySpace(c) : set.find(c) != std::u32string::npos;
   };
-  size_t b = 0, e = u.size();
+  size_t b = 0, e = s.size();
   if (left) {
-    while (b < e && strip_cp(u[b])) ++b;
+    while (b < e) {
+      size_t len;
+      if (!strip_cp(CodePointAt(s, b, &len))) break;
+      b += len;
+    }
   }
   if (right) {
-    while (e > b && strip_cp(u[e - 1])) --e;
+    while (e > b) {
+      const size_t start = std::max(b, CodePointStartBefore(s, e));
+      size_t len;
+      if (!strip_cp(CodePointAt(s, start, &len))) break;
+      e = start;
+    }
   }
-  return EncodeUtf8(u.substr(b, e - b));
+  return s.substr(b, e - b);
 }
 
 // str.split / str.rsplit. sep == nullptr splits at runs of Unicode whitespace.

@@ -392,13 +392,9 @@ Status Interp::ExecBody(const Body& body) {
   return OkStatus();
 }
 
-Status Interp::Step(int64_t n) {
-  steps_ += n;
-  if (steps_ > limits_.max_steps) {
-    return ResourceExhaustedError("chat template exceeded " + std::to_string(limits_.max_steps) +
-                                  " evaluation steps (runaway loop?)");
-  }
-  return OkStatus();
+Status Interp::StepsExceeded() const {
+  return ResourceExhaustedError("chat template exceeded " + std::to_string(limits_.max_steps) +
+                                " evaluation steps (runaway loop?)");
 }
 
 Status Interp::Alloc(int64_t bytes) {

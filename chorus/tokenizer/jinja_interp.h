@@ -47,7 +47,12 @@ class Interp {
   Status ExecBody(const Body& body);
 
   // ---- budgets
-  Status Step(int64_t n = 1);
+  Status Step(int64_t n = 1) {
+    steps_ += n;
+    if (steps_ > limits_.max_steps) [[unlikely]]
+      return StepsExceeded();
+    return OkStatus();
+  }
   // Charges `bytes` of allocation; also fails when one string would exceed the output cap.
   Status Alloc(int64_t bytes);
   Status CheckStringSize(size_t bytes) const;
@@ -87,6 +92,7 @@ class Interp {
   int64_t now_unix = -1;
 
  private:
+  Status StepsExceeded() const;
   Limits limits_;
   std::string* out_ = nullptr;
   int64_t steps_ = 0;

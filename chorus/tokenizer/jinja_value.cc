@@ -115,6 +115,19 @@ Status AppendJsonString(std::string_view s, bool ensure_ascii, std::string* out,
       continue;
     }
     ++i;
+    // Runs of characters that need no escaping are copied at once.
+    if (u >= 0x20 && c != '"' && c != '\\' && !(u == 0x7f && ensure_ascii) && u < 0x80) {
+      size_t j = i;
+      while (j < s.size()) {
+        const auto w = static_cast<unsigned char>(s[j]);
+        if (w < 0x20 || w == '"' || w == '\\' || w >= 0x7f) break;
+        ++j;
+      }
+      r.push_back(c);
+      r.append(s.data() + i, j - i);
+      i = j;
+      continue;
+    }
     switch (c) {
       case '"':
         r += "\\\"";
