@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -14,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "chorus/tokenizer/fuzz_entry.h"
 #include "tests/testutil/testutil.h"
 
 namespace chorus::tokenizer {
@@ -803,6 +806,52 @@ TEST(ChatTemplateErrors, MutatedTemplatesNeverCrash) {
   }
   EXPECT_GT(parsed, 0);
   EXPECT_GT(rendered, 0);
+}
+
+// The fuzz target's body (fuzz/fuzz_chat_template.cc) on the differential-test corpus and
+// 2000 seeded mutations of it (byte flips, deletions, duplications, splices of template syntax):
+// every input parses or fails cleanly and renders or fails with a clean Status.
+TEST(ChatTemplateFuzz, CorpusAndMutationsThroughTheFuzzEntry) {
+  std::vector<std::string> seeds;
+  for (const auto& e :
+       std::filesystem::directory_iterator(std::string(CHORUS_SOURCE_DIR) + "/tests/chat_templates/corpus")) {
+    std::ifstream f(e.path(), std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    seeds.push_back(ss.str());
+  }
+  std::sort(seeds.begin(), seeds.end());
+  ASSERT_GE(seeds.size(), 15u);
+  int parsed = 0;
+  for (const auto& s : seeds) {
+    parsed += FuzzChatTemplateInput(reinterpret_cast<const uint8_t*>(s.data()), s.size());
+  }
+  EXPECT_EQ(parsed, static_cast<int>(seeds.size()));
+  static constexpr std::string_view kSnippets[] = {
+      "{%", "%}", "{{", "}}", "{#", "#}", "-", "|", "(", ")", "[", "]", "'", "\"", "loop",
+      " if ", " else ", "{% endfor %}", "{% endif %}", "|tojson", "|batch(2)", "*", "%"};
+  std::mt19937 rng(7);
+  for (int i = 0; i < 2000; ++i) {
+    std::string s = seeds[rng() % seeds.size()];
+    const int edits = 1 + static_cast<int>(rng() % 4);
+    for (int k = 0; k < edits && !s.empty(); ++k) {
+      const size_t pos = rng() % s.size();
+      switch (rng() % 4) {
+        case 0:
+          s[pos] = static_cast<char>(rng() % 256);
+          break;
+        case 1:
+          s.erase(pos, 1 + rng() % 16);
+          break;
+        case 2:
+          s.insert(pos, kSnippets[rng() % std::size(kSnippets)]);
+          break;
+        default:
+          s.insert(pos, s.substr(rng() % s.size(), 1 + rng() % 32));
+      }
+    }
+    FuzzChatTemplateInput(reinterpret_cast<const uint8_t*>(s.data()), s.size());
+  }
 }
 
 }  // namespace

@@ -464,6 +464,9 @@ Result<std::string> FormatInt(int64_t v, Spec s) {
       break;
     }
     case 'c': {
+      if (v < 0 || v > 0x10FFFF || (v >= 0xD800 && v < 0xE000)) {
+        return InvalidArgumentError("%c arg not in range(0x110000)");
+      }
       std::string out;
       AppendUtf8(static_cast<char32_t>(v), &out);
       return Pad(out, s, '<', 0);
@@ -878,7 +881,11 @@ Result<std::string> PyPercent(std::string_view fmt, const Value& arg, size_t lim
         if (v.is_string() && Utf8Length(v.str()) == 1) {
           piece = v.str();
         } else if (v.is_int()) {
-          AppendUtf8(static_cast<char32_t>(v.int_value()), &piece);
+          const int64_t cp = v.int_value();
+          if (cp < 0 || cp > 0x10FFFF || (cp >= 0xD800 && cp < 0xE000)) {
+            return InvalidArgumentError("%c arg not in range(0x110000)");
+          }
+          AppendUtf8(static_cast<char32_t>(cp), &piece);
         } else {
           return InvalidArgumentError("%c requires int or char");
         }
