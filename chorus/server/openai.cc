@@ -334,9 +334,17 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, std::string_view body, con
     if (top_present && !logprobs)
       return BadRequest("top_logprobs requires logprobs to be true", "top_logprobs");
     out->logprobs = logprobs ? static_cast<int>(v) : -1;
-    if (const json* t = Field(j, "tools")) {
-      if (!t->is_array() || !t->empty())
-        return BadRequest("tools are not supported", "tools", "unsupported");
+    // `tools` reach the chat template (the prompt shows them to the model, as vLLM does with
+    // tool_choice "none"); tool calls are not parsed out of the reply, so a request may not ask
+    // for them.
+    if (const json* t = Field(j, "tools"); t != nullptr && !t->is_array()) {
+      return BadRequest("tools must be a list", "tools");
+    }
+    if (const json* tc = Field(j, "tool_choice"); tc != nullptr && *tc != "none") {
+      return BadRequest(
+          "only tool_choice \"none\" is supported (tool calls are not parsed "
+          "from the reply; tools are shown to the model through the chat template)",
+          "tool_choice", "unsupported");
     }
     if (const json* rf = Field(j, "response_format")) {
       auto type = rf->is_object() ? rf->find("type") : rf->end();

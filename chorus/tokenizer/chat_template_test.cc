@@ -813,8 +813,8 @@ TEST(ChatTemplateErrors, MutatedTemplatesNeverCrash) {
 // every input parses or fails cleanly and renders or fails with a clean Status.
 TEST(ChatTemplateFuzz, CorpusAndMutationsThroughTheFuzzEntry) {
   std::vector<std::string> seeds;
-  for (const auto& e :
-       std::filesystem::directory_iterator(std::string(CHORUS_SOURCE_DIR) + "/tests/chat_templates/corpus")) {
+  for (const auto& e : std::filesystem::directory_iterator(std::string(CHORUS_SOURCE_DIR) +
+                                                           "/tests/chat_templates/corpus")) {
     std::ifstream f(e.path(), std::ios::binary);
     std::stringstream ss;
     ss << f.rdbuf();
@@ -828,8 +828,9 @@ TEST(ChatTemplateFuzz, CorpusAndMutationsThroughTheFuzzEntry) {
   }
   EXPECT_EQ(parsed, static_cast<int>(seeds.size()));
   static constexpr std::string_view kSnippets[] = {
-      "{%", "%}", "{{", "}}", "{#", "#}", "-", "|", "(", ")", "[", "]", "'", "\"", "loop",
-      " if ", " else ", "{% endfor %}", "{% endif %}", "|tojson", "|batch(2)", "*", "%"};
+      "{%",          "%}",      "{{",        "}}", "{#", "#}",   "-",    "|",      "(",
+      ")",           "[",       "]",         "'",  "\"", "loop", " if ", " else ", "{% endfor %}",
+      "{% endif %}", "|tojson", "|batch(2)", "*",  "%"};
   std::mt19937 rng(7);
   for (int i = 0; i < 2000; ++i) {
     std::string s = seeds[rng() % seeds.size()];

@@ -186,6 +186,7 @@ struct SetStmt : Stmt {
   std::string ns_attr;               // `set ns.attr = ...` (targets = {ns})
   ExprPtr value;                     // null for a block set
   Body block;                        // {% set x %}...{% endset %}
+  ExprPtr block_filter;              // {% set x | f %}: filters on a BlockValueExpr (or null)
   Status Exec(Interp& in) const override;
 };
 struct MacroStmt : Stmt {

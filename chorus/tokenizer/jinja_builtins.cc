@@ -1661,6 +1661,32 @@ Result<Value> GStrftimeNow(Interp& in, CallArgs& a) {
   return in.MakeString(std::move(out));
 }
 
+// joiner(sep=", "): a callable that returns "" the first time and `sep` afterwards.
+Result<Value> JoinerCall(Interp& in, const Callable& self, CallArgs& a) {
+  if (self.state->counter++ == 0) return Value::Str("");
+  return self.state->items[0];
+}
+Result<Value> GJoiner(Interp& in, CallArgs& a) {
+  CHORUS_RETURN_IF_ERROR(MaxArgs(a, 1, "joiner"));
+  auto c = std::make_shared<Callable>();
+  c->name = "joiner";
+  c->bound = JoinerCall;
+  c->state = std::make_shared<CallState>();
+  const Value* sep = Arg(a, 0, "sep");
+  c->state->items.push_back(sep != nullptr ? *sep : Value::Str(", "));
+  return Value::Function(std::move(c));
+}
+
+// cycler(*items): an object with next(), reset() and `current` (CallMethod / GetAttr).
+Result<Value> GCycler(Interp& in, CallArgs& a) {
+  if (a.pos.empty()) return InvalidArgumentError("at least one item has to be provided");
+  auto c = std::make_shared<Callable>();
+  c->name = "cycler";
+  c->state = std::make_shared<CallState>();
+  c->state->items = a.pos;
+  return Value::Function(std::move(c));
+}
+
 // The template's own error: its message becomes the Status message verbatim.
 Result<Value> GRaiseException(Interp& in, CallArgs& a) {
   std::string msg = "raise_exception called";
@@ -2055,6 +2081,8 @@ const Value* FindGlobal(const std::string& name) {
     add("dict", GDict);
     add("raise_exception", GRaiseException);
     add("strftime_now", GStrftimeNow);
+    add("joiner", GJoiner);
+    add("cycler", GCycler);
     return m;
   }();
   auto it = kGlobals->find(name);
@@ -2063,6 +2091,11 @@ const Value* FindGlobal(const std::string& name) {
 
 Result<Value> GetAttr(const Value& obj, const std::string& name, const Node& at) {
   if (obj.is_undefined()) return RuntimeError(at, obj.str());
+  if (obj.is_callable() && obj.callable().name == "cycler" && obj.callable().state &&
+      name == "current") {
+    const CallState& st = *obj.callable().state;
+    return st.items[static_cast<size_t>(st.counter) % st.items.size()];
+  }
   if (obj.is_list()) {
     const auto& names = obj.field_names();
     for (size_t i = 0; i < names.size(); ++i) {
@@ -2079,6 +2112,19 @@ Result<Value> GetAttr(const Value& obj, const std::string& name, const Node& at)
 
 Result<Value> CallMethod(Interp& in, const Value& obj, const std::string& name, CallArgs& args) {
   if (obj.is_string()) return StringMethod(in, obj.str(), name, args);
+  if (obj.is_callable() && obj.callable().name == "cycler" && obj.callable().state) {
+    CallState& st = *obj.callable().state;
+    const auto n = static_cast<int64_t>(st.items.size());
+    if (name == "next") {
+      const Value v = st.items[static_cast<size_t>(st.counter % n)];
+      st.counter = (st.counter + 1) % n;
+      return v;
+    }
+    if (name == "reset") {
+      st.counter = 0;
+      return Value::None();
+    }
+  }
   if (obj.is_dict()) {
     const DictData& d = obj.dict();
     if (name == "items") return ItemPairs(in, obj, SeqKind::kDictItems);

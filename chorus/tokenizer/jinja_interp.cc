@@ -620,6 +620,12 @@ Result<Value> Interp::CallValue(const Value& f, CallArgs& args, const Node& at) 
   }
   const Callable& c = f.callable();
   if (c.macro != nullptr) return CallMacro(*c.macro, args, at, nullptr, c.closure.get());
+  if (c.bound != nullptr) {
+    auto r = c.bound(*this, c, args);
+    if (!r.ok()) return WithPosition(r.status(), at, c.name);
+    return r;
+  }
+  if (c.builtin == nullptr) return RuntimeError(at, "'" + c.name + "' object is not callable");
   auto r = c.builtin(*this, args);
   if (!r.ok() && c.name != "raise_exception") return WithPosition(r.status(), at, c.name);
   return r;
@@ -963,6 +969,14 @@ Status SetStmt::Exec(Interp& in) const {
   } else {
     CHORUS_ASSIGN_OR_RETURN(std::string s, in.Capture(block));
     CHORUS_ASSIGN_OR_RETURN(v, in.MakeString(std::move(s)));
+    if (block_filter) {
+      Value saved = std::move(in.block_value);
+      in.block_value = std::move(v);
+      auto r = block_filter->Eval(in);
+      in.block_value = std::move(saved);
+      if (!r.ok()) return r.status();
+      v = std::move(r).value();
+    }
   }
   if (!ns_attr.empty()) {
     Value target = in.Lookup(targets[0]);

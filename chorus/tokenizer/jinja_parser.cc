@@ -305,6 +305,9 @@ class Parser {
     if (s->targets.size() != 1 || !s->ns_attr.empty()) {
       return ErrorAt(Peek(), "a block {% set %} takes a single name");
     }
+    if (IsOp("|")) {
+      CHORUS_ASSIGN_OR_RETURN(s->block_filter, ParseFilterExpr(Make<BlockValueExpr>(kw)));
+    }
     CHORUS_RETURN_IF_ERROR(ExpectBlockEnd());
     std::string end;
     CHORUS_ASSIGN_OR_RETURN(s->block, ParseBody({"endset"}, &end, &kw));

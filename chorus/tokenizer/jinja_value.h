@@ -180,9 +180,19 @@ struct CallArgs {
 
 using BuiltinFn = Result<Value> (*)(Interp& in, CallArgs& args);
 
+// Mutable state of a stateful global's object (joiner, cycler): how often it was called and
+// what it cycles through. Confined to one render like every value.
+struct CallState {
+  int64_t counter = 0;
+  std::vector<Value> items;
+};
+
 struct Callable {
   std::string name;
-  BuiltinFn builtin = nullptr;       // a global function (range, namespace, ...)
+  BuiltinFn builtin = nullptr;  // a global function (range, namespace, ...)
+  // joiner() / cycler() objects: called (or their methods called) with their own state.
+  Result<Value> (*bound)(Interp& in, const Callable& self, CallArgs& args) = nullptr;
+  std::shared_ptr<CallState> state;
   const MacroStmt* macro = nullptr;  // or a macro (owned by the Program)
   // For a call block's `caller`: the variables of the call site it closes over.
   std::shared_ptr<const std::vector<std::pair<std::string, Value>>> closure;
