@@ -925,7 +925,12 @@ Result<Value> FGroupBy(Interp& in, const Value& v, CallArgs& a) {
 
 Result<Value> FIndent(Interp& in, const Value& v, CallArgs& a) {
   CHORUS_RETURN_IF_ERROR(MaxArgs(a, 3, "indent"));
-  CHORUS_ASSIGN_OR_RETURN(std::string s, in.ToStr(v));
+  // Jinja appends "\n" to the value itself: anything but a string is a TypeError there.
+  if (!v.is_string()) {
+    return InvalidArgumentError("unsupported operand type(s) for +=: '" +
+                                std::string(v.TypeName()) + "' and 'str'");
+  }
+  std::string s = v.str();
   std::string indention = "    ";
   if (const Value* w = Arg(a, 0, "width")) {
     if (w->is_string()) {
@@ -973,6 +978,11 @@ Result<Value> FCenter(Interp& in, const Value& v, CallArgs& a) {
 
 Result<Value> FTruncate(Interp& in, const Value& v, CallArgs& a) {
   CHORUS_RETURN_IF_ERROR(MaxArgs(a, 4, "truncate"));
+  // Jinja measures the value itself: a short list or dict comes back unchanged, a value
+  // without len() is a TypeError.
+  if (!v.is_string() && !(v.is_plain_list() || v.is_dict())) {
+    return InvalidArgumentError("object of type '" + std::string(v.TypeName()) + "' has no len()");
+  }
   CHORUS_ASSIGN_OR_RETURN(std::string s, in.ToStr(v));
   int64_t length = 255, leeway = 5;
   if (const Value* l = Arg(a, 0, "length")) {
@@ -991,7 +1001,10 @@ Result<Value> FTruncate(Interp& in, const Value& v, CallArgs& a) {
   if (length < end_len)
     return InvalidArgumentError("expected length >= " + std::to_string(end_len));
   if (leeway < 0) return InvalidArgumentError("expected leeway >= 0");
-  if (static_cast<int64_t>(u.size()) <= length + leeway) return in.MakeString(std::move(s));
+  const int64_t len = v.is_string() ? static_cast<int64_t>(u.size())
+                      : v.is_dict() ? static_cast<int64_t>(v.dict().items.size())
+                                    : static_cast<int64_t>(v.list().size());
+  if (len <= length + leeway) return v.is_string() ? in.MakeString(std::move(s)) : v;
   std::u32string head = u.substr(0, static_cast<size_t>(length - end_len));
   if (!killwords) {
     const size_t sp = head.rfind(U' ');
@@ -1064,7 +1077,11 @@ std::vector<std::u32string> WrapLine(const std::u32string& line, size_t width, b
 
 Result<Value> FWordWrap(Interp& in, const Value& v, CallArgs& a) {
   CHORUS_RETURN_IF_ERROR(MaxArgs(a, 5, "wordwrap"));
-  CHORUS_ASSIGN_OR_RETURN(std::string s, in.ToStr(v));
+  if (!v.is_string()) {  // Jinja calls s.splitlines()
+    return InvalidArgumentError("'" + std::string(v.TypeName()) +
+                                "' object has no attribute 'splitlines'");
+  }
+  const std::string& s = v.str();
   int64_t width = 79;
   if (const Value* w = Arg(a, 0, "width")) {
     CHORUS_ASSIGN_OR_RETURN(width, IntArg(w, "wordwrap width"));
@@ -1254,6 +1271,10 @@ std::string UrlQuote(const std::string& s, bool for_qs) {
 
 Result<Value> FUrlEncode(Interp& in, const Value& v, CallArgs& a) {
   if (v.is_string()) return in.MakeString(UrlQuote(v.str(), false));
+  if (!v.is_list() && !v.is_mapping() && !v.is_undefined()) {  // not iterable: quote str(v)
+    CHORUS_ASSIGN_OR_RETURN(std::string s, in.ToStr(v));
+    return in.MakeString(UrlQuote(s, false));
+  }
   std::vector<std::pair<Value, Value>> pairs;
   if (v.is_mapping()) {
     for (const auto& [k, x] : v.dict().items) pairs.emplace_back(Value::Str(k), x);

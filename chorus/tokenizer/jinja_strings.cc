@@ -903,7 +903,10 @@ Result<std::string> PyPercent(std::string_view fmt, const Value& arg, size_t lim
                                     std::to_string(limit) + " bytes");
     }
   }
-  if (!used_mapping && next < items.size() && !(arg.is_mapping() && !is_tuple)) {
+  // Python treats any subscriptable non-tuple argument (a list or dict) as a mapping here,
+  // so only a tuple or a scalar can have arguments left over.
+  const bool mapping_like = !is_tuple && (arg.is_list() || arg.is_mapping());
+  if (!used_mapping && next < items.size() && !mapping_like) {
     return InvalidArgumentError("not all arguments converted during string formatting");
   }
   return out;
