@@ -179,7 +179,11 @@ struct ForStmt : Stmt {
   ExprPtr filter;  // `for x in xs if cond` (may be null)
   Body body;
   Body else_body;
+  bool recursive = false;  // `for ... recursive`: the body may call loop(children)
   Status Exec(Interp& in) const override;
+  // Runs the loop over `seq` at nesting `depth` (1 for the statement itself; a recursive
+  // loop(children) call runs it again one deeper).
+  Status Run(Interp& in, const Value& seq, int64_t depth) const;
 };
 struct SetStmt : Stmt {
   std::vector<std::string> targets;  // `set a = ...`, `set a, b = ...`

@@ -383,6 +383,16 @@ Result<std::string> Interp::Capture(const Body& body) {
   return buf;
 }
 
+Result<std::string> Interp::CaptureWith(const std::function<Status()>& f) {
+  std::string buf;
+  std::string* saved = out_;
+  out_ = &buf;
+  Status s = f();
+  out_ = saved;
+  if (!s.ok()) return s;
+  return buf;
+}
+
 Status Interp::ExecBody(const Body& body) {
   for (const auto& stmt : body) {
     CHORUS_RETURN_IF_ERROR(Step());
@@ -613,8 +623,16 @@ Result<Value> Interp::CallMacro(const MacroStmt& m, CallArgs& args, const Node& 
   return MakeString(std::move(text).value());
 }
 
+// The loop object of a recursive loop carries its loop(...) callable under this key.
+constexpr std::string_view kLoopRecurseKey = "\x01loop";
+
 Result<Value> Interp::CallValue(const Value& f, CallArgs& args, const Node& at) {
   if (f.is_undefined()) return RuntimeError(at, f.str());
+  if (f.is_dict()) {
+    if (const Value* r = f.dict().Find(kLoopRecurseKey); r != nullptr && r->is_callable()) {
+      return CallValue(*r, args, at);
+    }
+  }
   if (!f.is_callable()) {
     return RuntimeError(at, "'" + std::string(f.TypeName()) + "' object is not callable");
   }
@@ -912,8 +930,32 @@ Status IfStmt::Exec(Interp& in) const {
   return in.ExecBody(else_body);
 }
 
+namespace {
+// loop(children) in a recursive loop: the loop again over `children`, one level deeper; its
+// output is the call's value.
+Result<Value> LoopRecurse(Interp& in, const Callable& self, CallArgs& args) {
+  if (args.pos.size() != 1 || !args.kw.empty()) {
+    return InvalidArgumentError("loop() takes exactly one argument (the items to recurse into)");
+  }
+  if (in.call_depth() >= in.limits().max_call_depth) {
+    return ResourceExhaustedError("chat template recursive loop nests deeper than " +
+                                  std::to_string(in.limits().max_call_depth));
+  }
+  ++in.call_depth();
+  const int64_t depth = self.state->counter;
+  auto text = in.CaptureWith([&] { return self.state->loop->Run(in, args.pos[0], depth + 1); });
+  --in.call_depth();
+  if (!text.ok()) return text.status();
+  return in.MakeString(std::move(text).value());
+}
+}  // namespace
+
 Status ForStmt::Exec(Interp& in) const {
   CHORUS_ASSIGN_OR_RETURN(Value seq, iter->Eval(in));
+  return Run(in, seq, 1);
+}
+
+Status ForStmt::Run(Interp& in, const Value& seq, int64_t depth) const {
   CHORUS_ASSIGN_OR_RETURN(std::vector<Value> items, in.Iterate(seq, *this));
   if (filter) {
     std::vector<Value> kept;
@@ -947,10 +989,19 @@ Status ForStmt::Exec(Interp& in) const {
     loop->AppendNew("first", Value::Bool(i == 0));
     loop->AppendNew("last", Value::Bool(i == n - 1));
     loop->AppendNew("length", Value::Int(n));
-    loop->AppendNew("depth", Value::Int(1));
-    loop->AppendNew("depth0", Value::Int(0));
+    loop->AppendNew("depth", Value::Int(depth));
+    loop->AppendNew("depth0", Value::Int(depth - 1));
     if (i > 0) loop->AppendNew("previtem", items[k - 1]);
     if (i + 1 < n) loop->AppendNew("nextitem", items[k + 1]);
+    if (recursive) {
+      auto c = std::make_shared<Callable>();
+      c->name = "loop";
+      c->bound = LoopRecurse;
+      c->state = std::make_shared<CallState>();
+      c->state->counter = depth;
+      c->state->loop = this;
+      loop->AppendNew(std::string(kLoopRecurseKey), Value::Function(std::move(c)));
+    }
     in.Set("loop", Value::Dict(std::move(loop)));
     CHORUS_RETURN_IF_ERROR(in.ExecBody(body));
     if (in.flow == Interp::Flow::kBreak) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -44,6 +45,8 @@ class Interp {
   Status Write(std::string_view s);
   // Renders `body` into a fresh string (macro calls, block set).
   Result<std::string> Capture(const Body& body);
+  // What `f` writes, as a fresh string (a recursive loop's loop(children)).
+  Result<std::string> CaptureWith(const std::function<Status()>& f);
   Status ExecBody(const Body& body);
 
   // ---- budgets

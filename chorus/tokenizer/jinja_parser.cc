@@ -262,7 +262,10 @@ class Parser {
       Next();
       CHORUS_ASSIGN_OR_RETURN(s->filter, WithSoft(false, [&] { return ParseExpr(); }));
     }
-    if (IsName("recursive")) return ErrorAt(Peek(), "recursive for loops are not supported");
+    if (IsName("recursive")) {
+      Next();
+      s->recursive = true;
+    }
     CHORUS_RETURN_IF_ERROR(ExpectBlockEnd());
     ++loop_depth_;
     std::string end;

@@ -28,6 +28,7 @@ class Value;
 struct ListData;
 struct DictData;
 struct Callable;
+struct ForStmt;
 class Interp;
 struct MacroStmt;
 
@@ -185,6 +186,7 @@ using BuiltinFn = Result<Value> (*)(Interp& in, CallArgs& args);
 struct CallState {
   int64_t counter = 0;
   std::vector<Value> items;
+  const ForStmt* loop = nullptr;  // a recursive loop's loop(...) (counter = its depth)
 };
 
 struct Callable {
