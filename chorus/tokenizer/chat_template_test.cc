@@ -625,6 +625,21 @@ TEST(ChatTemplateErrors, SyntaxErrorsCarryPositions) {
   ExpectParseError("{{ " + std::string(5000, '[') + " }}", "unclosed '{{'");
 }
 
+// Widths and counts near 2^63 in the padding methods hit the output limit instead of wrapping
+// around or allocating.
+TEST(ChatTemplateErrors, HugeWidthsHitTheLimit) {
+  ChatRenderOptions o = Opts(true, "", "");
+  for (const char* src :
+       {"{{ 'x'.center(9223372036854775807) }}", "{{ 'x'.ljust(9223372036854775000, '.') }}",
+        "{{ 'x' | center(9223372036854775807) }}", "{{ 'a\tb'.expandtabs(9223372036854775807) }}",
+        "{{ '7'.zfill(9223372036854775807) }}", "{{ '{:>99999999}'.format(1) }}",
+        "{{ '%99999999d' % 1 }}", "{{ '%.999999999f' % 1.5 }}", "{{ '{:.999999999f}'.format(2) }}",
+        "{{ 'x' | indent(9223372036854775807) }}"}) {
+    Status s = RenderStatus(src, o);
+    EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << src << ": " << s.ToString();
+  }
+}
+
 // Jinja 3: an unknown filter or test inside an `if` or a conditional expression is an error
 // only when that code runs.
 TEST(ChatTemplateErrors, UnknownFilterInUntakenBranchIsLazy) {

@@ -208,6 +208,10 @@ Result<std::string> Justify(Interp& in, const std::string& s, int64_t width,
   const int64_t len = static_cast<int64_t>(Utf8Length(s));
   if (width <= len) return s;
   const int64_t marg = width - len;
+  // Checked before multiplying: a width near 2^63 must not wrap around.
+  if (static_cast<uint64_t>(marg) > in.max_output_bytes()) {
+    return in.CheckStringSize(in.max_output_bytes() + 1);
+  }
   CHORUS_RETURN_IF_ERROR(
       in.CheckStringSize(s.size() + static_cast<size_t>(marg) * std::max<size_t>(1, fill.size())));
   int64_t left = 0;
@@ -1942,6 +1946,7 @@ Result<Value> StringMethod(Interp& in, const std::string& s, const std::string& 
       if (c == U'\t') {
         if (tab > 0) {
           const size_t n = static_cast<size_t>(tab) - col % static_cast<size_t>(tab);
+          CHORUS_RETURN_IF_ERROR(in.CheckStringSize(out.size() + n));
           out.append(n, ' ');
           col += n;
         }

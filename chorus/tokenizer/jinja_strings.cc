@@ -377,7 +377,7 @@ Result<Spec> ParseSpec(std::string_view spec) {
     bool any = false;
     while (i < u.size() && u[i] >= U'0' && u[i] <= U'9') {
       v = v * 10 + (u[i] - U'0');
-      if (v > 100000) v = 100000;  // bounded: a huge width is refused by the size limit anyway
+      if (v > (1 << 30)) v = 1 << 30;  // saturates; the output limit then refuses it
       ++i;
       any = true;
     }
@@ -537,6 +537,10 @@ Result<std::string> FormatValue(const Value& v, std::string_view spec_text, size
   CHORUS_ASSIGN_OR_RETURN(Spec s, ParseSpec(spec_text));
   if (s.width > 0 && static_cast<size_t>(s.width) > limit) {
     return ResourceExhaustedError("chat template format width exceeds the output limit");
+  }
+  // A number's precision is digits to print (a string's only truncates).
+  if (!v.is_string() && s.precision > 0 && static_cast<size_t>(s.precision) > limit) {
+    return ResourceExhaustedError("chat template format precision exceeds the output limit");
   }
   if (v.is_string()) {
     if (s.type != 0 && s.type != 's') {
@@ -765,13 +769,13 @@ Result<std::string> PyPercent(std::string_view fmt, const Value& arg, size_t lim
         ++i;
         CHORUS_ASSIGN_OR_RETURN(Value w, take_value());
         if (!w.is_int()) return InvalidArgumentError("* wants int");
-        *out_n = static_cast<int>(std::clamp<int64_t>(w.int_value(), -100000, 100000));
+        *out_n = static_cast<int>(std::clamp<int64_t>(w.int_value(), -(1 << 30), 1 << 30));
         return OkStatus();
       }
       int64_t n = -1;
       while (i < fmt.size() && fmt[i] >= '0' && fmt[i] <= '9') {
         n = (n < 0 ? 0 : n) * 10 + (fmt[i] - '0');
-        if (n > 100000) n = 100000;
+        if (n > (1 << 30)) n = 1 << 30;  // saturates; the output limit then refuses it
         ++i;
       }
       if (n >= 0) *out_n = static_cast<int>(n);
@@ -794,7 +798,9 @@ Result<std::string> PyPercent(std::string_view fmt, const Value& arg, size_t lim
       out.push_back('%');
       continue;
     }
-    if (s.width > 0 && static_cast<size_t>(s.width) > limit) {
+    if ((s.width > 0 && static_cast<size_t>(s.width) > limit) ||
+        (s.precision > 0 && static_cast<size_t>(s.precision) > limit && type != 's' &&
+         type != 'r' && type != 'a')) {
       return ResourceExhaustedError("chat template format width exceeds the output limit");
     }
     if (!have_value) {
