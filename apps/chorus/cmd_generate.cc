@@ -1,11 +1,13 @@
 #include <chrono>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "apps/chorus/commands.h"
 #include "apps/chorus/common.h"
 #include "chorus/engine/engine.h"
 #include "chorus/memory/kv_cache.h"
+#include "chorus/server/template_routes.h"
 
 namespace chorus::apps {
 
@@ -33,6 +35,12 @@ int GenerateCommand(int argc, char** argv) {
   f.Int("threads", 0, "compute threads (0 = all cores)");
   f.Int("max-batch-tokens", 512, "prefill chunk size (tokens per step)");
   f.Bool("quiet", "do not print the statistics line");
+  f.Bool("chat", "send --prompt as a user message through the model's chat template");
+  f.String("system", "", "with --chat: a system message before the prompt");
+  f.String("chat-template", "",
+           "chat template (a Jinja FILE or the template STRING itself) replacing the model's "
+           "own; implies --chat");
+  f.Bool("show-prompt", "print the prompt text (after the chat template) to stderr");
   if (int rc = ParseOrExit(f, argc, argv); rc >= 0) return rc;
 
   auto loaded = LoadModelAndTokenizer(f.GetString("model"), f.GetString("tokenizer"));
@@ -40,9 +48,35 @@ int GenerateCommand(int argc, char** argv) {
   const auto& tok = *loaded->tokenizer;
   const auto& cfg = loaded->model->config();
 
-  tokenizer::EncodeOptions eo;
-  eo.add_bos = !f.GetBool("no-bos") && tok.add_bos();
-  std::vector<int32_t> prompt = tok.Encode(f.GetString("prompt"), eo);
+  auto chat_template = ReadChatTemplateFlag(f.GetString("chat-template"));
+  if (!chat_template.ok()) return Fail("generate", chat_template.status());
+  std::vector<int32_t> prompt;
+  if (f.GetBool("chat") || !chat_template->source.empty()) {
+    // The same template choice and rendering as `chorus serve`'s /v1/chat/completions.
+    auto choice = server::ChooseChatTemplate(tok, chat_template->source, chat_template->label);
+    if (!choice.ok()) return Fail("generate", choice.status());
+    if (choice->is_fallback)
+      std::fprintf(stderr, "chorus generate: chat template: %s\n", choice->note.c_str());
+    nlohmann::json body = {{"messages", nlohmann::json::array()}};
+    if (!f.GetString("system").empty()) {
+      body["messages"].push_back({{"role", "system"}, {"content", f.GetString("system")}});
+    }
+    body["messages"].push_back({{"role", "user"}, {"content", f.GetString("prompt")}});
+    server::ApiContext ctx;
+    ctx.tok = &tok;
+    ctx.chat_template = &choice->tmpl;
+    std::string text;
+    if (auto e = server::RenderChatPrompt(body.dump(), ctx, &text)) {
+      return Fail("generate", InvalidArgumentError(e->message));
+    }
+    if (f.GetBool("show-prompt")) std::fprintf(stderr, "%s\n", text.c_str());
+    prompt = server::EncodeChatPrompt(tok, text);
+  } else {
+    tokenizer::EncodeOptions eo;
+    eo.add_bos = !f.GetBool("no-bos") && tok.add_bos();
+    if (f.GetBool("show-prompt")) std::fprintf(stderr, "%s\n", f.GetString("prompt").c_str());
+    prompt = tok.Encode(f.GetString("prompt"), eo);
+  }
   if (prompt.empty()) {
     if (tok.bos_id() < 0)
       return Fail("generate",

@@ -18,6 +18,7 @@
 #include "chorus/engine/engine.h"
 #include "chorus/memory/kv_cache.h"
 #include "chorus/server/server.h"
+#include "chorus/server/template_routes.h"
 
 namespace chorus::apps {
 
@@ -259,6 +260,9 @@ int ServeCommand(int argc, char** argv) {
   f.Bool("reuse-port",
          "let several servers listen on --port (SO_REUSEPORT; off: a bound port "
          "is an error)");
+  f.String("chat-template", "",
+           "chat template for /v1/chat/completions, a Jinja FILE or the template STRING itself; "
+           "replaces the model's own (which must otherwise compile)");
   f.Float("drain-timeout", 30.0,
           "seconds running requests get to finish on SIGTERM before they are aborted");
   if (int rc = ParseOrExit(f, argc, argv); rc >= 0) return rc;
@@ -337,6 +341,10 @@ int ServeCommand(int argc, char** argv) {
     return Fail("serve", InvalidArgumentError("flag " + s.message()));
 
   if (Status s = CheckAdapterFlags(f); !s.ok()) return Fail("serve", s);
+  auto chat_template = ReadChatTemplateFlag(f.GetString("chat-template"));
+  if (!chat_template.ok()) return Fail("serve", chat_template.status());
+  so.chat_template = chat_template->source;
+  so.chat_template_label = chat_template->label;
   auto srv = server::Server::Create(so);
   if (!srv.ok()) return Fail("serve", InvalidArgumentError("flag " + srv.status().message()));
   if (Status s = (*srv)->Start(); !s.ok()) return Fail("serve", s);
@@ -354,6 +362,10 @@ int ServeCommand(int argc, char** argv) {
     load_status = [&]() -> Status {
       CHORUS_ASSIGN_OR_RETURN(LoadedModel loaded,
                               LoadModelAndTokenizer(model_path, f.GetString("tokenizer")));
+      // No silent fallback: a model template that does not compile stops the server here.
+      CHORUS_RETURN_IF_ERROR(
+          server::ChooseChatTemplate(*loaded.tokenizer, so.chat_template, so.chat_template_label)
+              .status());
       const bool with_adapters =
           !f.GetRepeated("lora").empty() || !f.GetRepeated("lora-dir").empty() ||
           !f.GetRepeated("adapter-root").empty() || !f.GetString("registry").empty();

@@ -1,9 +1,13 @@
 #include "apps/chorus/common.h"
 
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "apps/chorus/default_model.h"
 #include "chorus/model/loader.h"
+#include "chorus/tokenizer/chat_template.h"
 
 namespace chorus::apps {
 
@@ -48,6 +52,35 @@ int ThreadsFlag(const Flags& f) {
   int64_t t = f.GetInt("threads");
   if (t <= 0) t = static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency()));
   return static_cast<int>(t);
+}
+
+Result<ChatTemplateFlag> ReadChatTemplateFlag(const std::string& value) {
+  ChatTemplateFlag out;
+  if (value.empty()) return out;
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(value, ec)) {
+    if (std::filesystem::file_size(value, ec) > (size_t{1} << 20)) {
+      return InvalidArgumentError("flag --chat-template " + value + ": larger than 1 MiB");
+    }
+    std::ifstream in(value, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    if (!in) return InvalidArgumentError("flag --chat-template " + value + ": cannot be read");
+    out.source = ss.str();
+    out.label = value;
+  } else if (value.find("{{") != std::string::npos || value.find("{%") != std::string::npos) {
+    out.source = value;
+    out.label = "(inline)";
+  } else {
+    return InvalidArgumentError("flag --chat-template " + value +
+                                ": no such file, and not a template (no {{ or {% in it)");
+  }
+  auto t = tokenizer::ChatTemplate::Parse(out.source);
+  if (!t.ok()) {
+    return InvalidArgumentError("flag --chat-template " + out.label +
+                                " does not compile: " + t.status().message());
+  }
+  return out;
 }
 
 }  // namespace chorus::apps

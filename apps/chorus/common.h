@@ -29,4 +29,13 @@ Result<LoadedModel> LoadModelAndTokenizer(const std::string& model_path,
 // Applies --threads: 0 means all cores.
 int ThreadsFlag(const Flags& f);
 
+// The --chat-template value (vLLM's and llama.cpp's FILE|STRING): a file's contents when it
+// names one, else the text itself when it contains a Jinja tag ("{{" or "{%"); checked to
+// compile. `label` names it in messages (the path, or "(inline)"). Empty value → empty result.
+struct ChatTemplateFlag {
+  std::string source;
+  std::string label;
+};
+Result<ChatTemplateFlag> ReadChatTemplateFlag(const std::string& value);
+
 }  // namespace chorus::apps

@@ -4,6 +4,7 @@
 #include <random>
 
 #include "chorus/engine/sampler.h"
+#include "chorus/server/template_routes.h"
 
 namespace chorus::server {
 namespace {
@@ -152,78 +153,13 @@ std::optional<ApiError> ParsePrompt(const json& body, const ApiContext& ctx, Api
   return std::nullopt;
 }
 
-// Flattens OpenAI message content (string, null or a list of text parts) to a string.
-std::optional<ApiError> MessageContent(const json& content, std::string* out) {
-  out->clear();
-  if (content.is_null()) return std::nullopt;
-  if (content.is_string()) {
-    *out = content.get<std::string>();
-    return std::nullopt;
-  }
-  if (!content.is_array())
-    return BadRequest("message content must be a string or a list of parts", "messages");
-  bool first = true;
-  for (const json& part : content) {
-    if (!part.is_object()) return BadRequest("message content parts must be objects", "messages");
-    auto type = part.find("type");
-    if (type == part.end() || !type->is_string() || *type != "text") {
-      return BadRequest("only text content parts are supported", "messages", "unsupported");
-    }
-    auto text = part.find("text");
-    if (text == part.end() || !text->is_string())
-      return BadRequest("a text part needs a string `text`", "messages");
-    if (!first) *out += "\n";
-    *out += text->get_ref<const std::string&>();
-    first = false;
-  }
-  return std::nullopt;
-}
-
-std::optional<ApiError> ParseMessages(const json& body, const ApiContext& ctx, ApiRequest* out) {
-  const json* m = Field(body, "messages");
-  if (!m) return BadRequest("messages is required", "messages");
-  if (!m->is_array()) return BadRequest("messages must be a list", "messages");
-  if (m->empty()) return BadRequest("messages must not be empty", "messages");
-  if (m->size() > static_cast<size_t>(kMaxMessages)) {
-    return BadRequest("at most " + std::to_string(kMaxMessages) + " messages per request",
-                      "messages");
-  }
-  std::vector<tokenizer::ChatMessage> msgs;
-  msgs.reserve(m->size());
-  for (const json& e : *m) {
-    if (!e.is_object()) return BadRequest("each message must be an object", "messages");
-    auto role = e.find("role");
-    if (role == e.end() || !role->is_string() || role->get_ref<const std::string&>().empty()) {
-      return BadRequest("each message needs a string `role`", "messages");
-    }
-    tokenizer::ChatMessage cm;
-    cm.role = role->get<std::string>();
-    auto content = e.find("content");
-    if (content != e.end()) {
-      if (auto err = MessageContent(*content, &cm.content)) return err;
-    }
-    if (auto name = e.find("name"); name != e.end() && name->is_string()) cm.extra["name"] = *name;
-    msgs.push_back(std::move(cm));
-  }
-  bool add_generation_prompt = true;
-  if (auto e = GetBool(body, "add_generation_prompt", &add_generation_prompt)) return e;
-  tokenizer::ChatRenderOptions ro;
-  ro.add_generation_prompt = add_generation_prompt;
-  const auto& tok = *ctx.tok;
-  std::string bos_piece;
-  if (tok.bos_id() >= 0) bos_piece = std::string(tok.Piece(tok.bos_id()));
-  ro.bos_token = bos_piece;
-  if (!tok.eos_ids().empty()) ro.eos_token = std::string(tok.Piece(tok.eos_ids()[0]));
-  auto rendered = ctx.chat_template->Render(msgs, ro);
-  if (!rendered.ok()) {
-    // Whatever the template says (raise_exception, a render limit) is about this request.
-    return BadRequest("chat template: " + Clip(rendered.status().message(), 200), "messages");
-  }
-  tokenizer::EncodeOptions eo;
-  eo.parse_special = true;
-  eo.add_eos = false;
-  eo.add_bos = tok.add_bos() && !(bos_piece.size() > 0 && rendered->starts_with(bos_piece));
-  std::vector<int32_t> ids = tok.Encode(*rendered, eo);
+// Chat messages go through the chat template (template_routes.h renders them, with tools,
+// documents and chat_template_kwargs; the raw body keeps the request's key order for tojson).
+std::optional<ApiError> ParseMessages(std::string_view raw_body, const ApiContext& ctx,
+                                      ApiRequest* out) {
+  std::string rendered;
+  if (auto e = RenderChatPrompt(raw_body, ctx, &rendered)) return e;
+  std::vector<int32_t> ids = EncodeChatPrompt(*ctx.tok, rendered);
   if (ids.empty()) return BadRequest("the rendered conversation is empty", "messages");
   out->prompts.push_back(std::move(ids));
   out->echo_text.push_back({});
@@ -398,9 +334,17 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, std::string_view body, con
     if (top_present && !logprobs)
       return BadRequest("top_logprobs requires logprobs to be true", "top_logprobs");
     out->logprobs = logprobs ? static_cast<int>(v) : -1;
-    if (const json* t = Field(j, "tools")) {
-      if (!t->is_array() || !t->empty())
-        return BadRequest("tools are not supported", "tools", "unsupported");
+    // `tools` reach the chat template (the prompt shows them to the model, as vLLM does with
+    // tool_choice "none"); tool calls are not parsed out of the reply, so a request may not ask
+    // for them.
+    if (const json* t = Field(j, "tools"); t != nullptr && !t->is_array()) {
+      return BadRequest("tools must be a list", "tools");
+    }
+    if (const json* tc = Field(j, "tool_choice"); tc != nullptr && *tc != "none") {
+      return BadRequest(
+          "only tool_choice \"none\" is supported (tool calls are not parsed "
+          "from the reply; tools are shown to the model through the chat template)",
+          "tool_choice", "unsupported");
     }
     if (const json* rf = Field(j, "response_format")) {
       auto type = rf->is_object() ? rf->find("type") : rf->end();
@@ -420,7 +364,7 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, std::string_view body, con
   if (kind == ApiKind::kCompletion) {
     if (auto e = ParsePrompt(j, ctx, out)) return e;
   } else {
-    if (auto e = ParseMessages(j, ctx, out)) return e;
+    if (auto e = ParseMessages(body, ctx, out)) return e;
   }
   if (out->prompts.size() * static_cast<size_t>(g.n) >
       static_cast<size_t>(kMaxPrompts) * kMaxChoices) {

@@ -20,6 +20,7 @@
 #include "chorus/server/api_error.h"
 #include "chorus/server/openai.h"
 #include "chorus/server/prometheus.h"
+#include "chorus/server/template_routes.h"
 
 namespace chorus::server {
 namespace {
@@ -110,12 +111,14 @@ const char* RouteLabel(const std::string& path) {
   if (path == "/v1/models" || path.starts_with("/v1/models/")) return "/v1/models";
   if (path == "/health") return "/health";
   if (path == "/metrics") return "/metrics";
+  if (const char* p = TemplateRoutePath(path)) return p;
   return "other";
 }
 
 // Methods each known route accepts (for 405 and Allow).
 const char* AllowedMethods(const std::string& path) {
   if (path == "/v1/completions" || path == "/v1/chat/completions") return "POST";
+  if (TemplateRoutePath(path) != nullptr) return "POST";
   if (path == "/v1/models" || path.starts_with("/v1/models/") || path == "/health" ||
       path == "/metrics")
     return "GET";
@@ -418,25 +421,18 @@ void Server::SetEngine(std::shared_ptr<engine::Engine> eng) {
   auto& ctx = impl_->ctx;
   const auto& tok = eng->tokenizer();
   const auto& cfg = eng->model().config();
-  // Which template chat requests are rendered with is said once, at startup: a model without
-  // one silently answering in ChatML is a surprise (its replies may never stop).
-  if (tok.chat_template().empty()) {
-    chat_template_note_ = "ChatML (fallback: the model has no chat template)";
-    CHORUS_LOG(WARNING) << "the model has no chat template; /v1/chat/completions uses the ChatML "
-                           "fallback (<|im_start|>role ... <|im_end|>)";
+  // Which template chat requests are rendered with is said once, at startup; one that does not
+  // compile leaves chat requests failing (the app refuses to start before this happens).
+  auto choice = ChooseChatTemplate(tok, opts_.chat_template, opts_.chat_template_label);
+  if (choice.ok()) {
+    impl_->chat_template = std::move(choice->tmpl);
+    chat_template_note_ = choice->note;
   } else {
-    auto t = tokenizer::ChatTemplate::ParseOrDefault(tok.chat_template());
-    if (t.ok()) {
-      impl_->chat_template = std::move(*t);
-      chat_template_note_ = "the model's own";
-    } else {
-      chat_template_note_ = "ChatML (fallback: the model's template cannot be used)";
-      CHORUS_LOG(WARNING) << "the model's chat template cannot be used (" << t.status().message()
-                          << "); /v1/chat/completions uses the ChatML fallback";
-    }
+    chat_template_note_ = "none (" + choice.status().message() + ")";
+    CHORUS_LOG(ERROR) << choice.status().message();
   }
   ctx.tok = &tok;
-  ctx.chat_template = &impl_->chat_template;
+  ctx.chat_template = choice.ok() ? &impl_->chat_template : nullptr;
   ctx.vocab_size = static_cast<int32_t>(std::min<int64_t>(tok.vocab_size(), cfg.vocab_size));
   const int64_t block = eng->options().block_size;
   ctx.max_context = std::min<int64_t>(eng->context_length(), eng->kv_blocks_total() * block);
@@ -798,6 +794,15 @@ void Server::Impl::Routes() {
             [this](const httplib::Request& req, const std::string& body, httplib::Response& res) {
               HandleUnloadAdapter(req, body, res);
             });
+  for (const TemplateRoute& r : kTemplateRoutes) {
+    post_json(r.path,
+              [this, &r](const httplib::Request&, const std::string& body, httplib::Response& res) {
+                if (auto e = Unavailable()) return SendError(res, *e);
+                RouteReply reply = r.handle(body, ctx);
+                res.status = reply.status;
+                res.set_content(reply.body, "application/json");
+              });
+  }
   post_json("/v1/completions",
             [this](const httplib::Request& req, const std::string& body, httplib::Response& res) {
               HandleGenerate(ApiKind::kCompletion, req, body, res);

@@ -5,6 +5,7 @@
 //   GET  /v1/models, GET /v1/models/{id}
 //   GET  /health    200 when ready; 503 while loading or draining (never needs the API key)
 //   GET  /metrics   Prometheus text (engine metrics + HTTP requests by route and status)
+//   POST /tokenize, /detokenize, /apply-template   (template_routes.h)
 // Errors use OpenAI's body (api_error.h); the Status → HTTP mapping is ErrorFromStatus.
 //
 // Lifecycle: Create → Start (binds; /health says 503 "loading") → SetEngine (ready) → ... →
@@ -59,6 +60,10 @@ struct ServerOptions {
   // Let other processes listen on the same port too (SO_REUSEPORT). Off: binding a port that
   // is in use fails, so two servers never split one port's traffic by accident.
   bool reuse_port = false;
+  // Chat template source replacing the model's own (--chat-template; empty = the model's).
+  // `chat_template_label` names it in messages (the file or "(inline)").
+  std::string chat_template;
+  std::string chat_template_label;
   Status Validate() const;
 };
 

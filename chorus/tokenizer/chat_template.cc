@@ -55,6 +55,7 @@ Result<std::string> RenderValues(const jinja::Program& program, jinja::Value mes
   limits.max_alloc_bytes = opts.max_alloc_bytes;
   limits.max_call_depth = opts.max_call_depth;
   jinja::Interp interp(limits, std::move(globals));
+  interp.now_unix = opts.now_unix_seconds;
   std::string out;
   CHORUS_RETURN_IF_ERROR(interp.Run(program.body, &out));
   return out;

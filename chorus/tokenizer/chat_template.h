@@ -56,6 +56,9 @@ struct ChatRenderOptions {
   // printed into the prompt): parse requests into nlohmann::ordered_json to match Hugging
   // Face exactly; a plain nlohmann::json converts implicitly with sorted keys.
   nlohmann::ordered_json extra_context = nlohmann::ordered_json::object();
+  // The clock of the `strftime_now(format)` global, in seconds since the epoch (printed in
+  // local time, as transformers' datetime.now() does). Negative: the current time.
+  int64_t now_unix_seconds = -1;
 
   // --- Limits (exceeding one fails the render with kResourceExhausted) ---
   // Size of the rendered prompt (and of any one string built while rendering). Default 4 MiB.

@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -14,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "chorus/tokenizer/fuzz_entry.h"
 #include "tests/testutil/testutil.h"
 
 namespace chorus::tokenizer {
@@ -548,7 +551,7 @@ TEST(ChatTemplateFeatures, StringMethods) {
            "{{ 'a,b,,c'.split(',') }}|{{ ' a  b '.split() }}|{{ 'aB'.upper() }}|"
            "{{ 'aB'.lower() }}|{{ 'hello there'.title() }}|{{ 'xxaxx'.strip('x') }}|"
            "{{ 'a b c'.split(' ', 1) }}|{{ 'abc'.replace('b', 'B') }}|"
-           "{{ '-'.join(['a', 'b']) }}|{{ 'abc'.find('c') }}|{{ 'abc'.startswith(['z', 'a']) }}"),
+           "{{ '-'.join(['a', 'b']) }}|{{ 'abc'.find('c') }}|{{ 'abc'.startswith(('z', 'a')) }}"),
       "x|x|x|True|True|['a', 'b', '', 'c']|['a', 'b']|AB|ab|Hello There|a|"
       "['a', 'b c']|aBc|a-b|2|True");
 }
@@ -606,9 +609,12 @@ TEST(ChatTemplateErrors, SyntaxErrorsCarryPositions) {
   ExpectParseError("{% endif %}", "unexpected {% endif %}");
   ExpectParseError("{{ 1 + }}", "unexpected '}}'");
   ExpectParseError("{{ a b }}", "expected '}}'");
-  ExpectParseError("{{ x | frobnicate }}", "unknown filter 'frobnicate'");
-  ExpectParseError("{% if x is shiny %}{% endif %}", "unknown test 'shiny'");
-  ExpectParseError("{% include 'other.jinja' %}", "unsupported tag 'include'");
+  ExpectParseError("{{ x | frobnicate }}", "line 1, column 8: no filter named 'frobnicate'");
+  ExpectParseError("{{ x is shiny }}", "no test named 'shiny'");
+  // Outside an `if`, a loop body is a hard frame again (Jinja's compiler).
+  ExpectParseError("{% if x %}{% for y in x %}{{ y | nope }}{% endfor %}{% endif %}",
+                   "no filter named 'nope'");
+  ExpectParseError("{% do x %}", "unsupported tag 'do'");
   ExpectParseError("{% break %}", "'break' outside of a for loop");
   ExpectParseError("{{ $ }}", "unexpected character '$'");
   ExpectParseError("{% raw %}never ended", "missing {% endraw %}");
@@ -617,6 +623,49 @@ TEST(ChatTemplateErrors, SyntaxErrorsCarryPositions) {
   ExpectParseError("{{ " + std::string(5000, '[') + std::string(5000, ']') + " }}",
                    "nests too deeply");
   ExpectParseError("{{ " + std::string(5000, '[') + " }}", "unclosed '{{'");
+}
+
+// Widths and counts near 2^63 in the padding methods hit the output limit instead of wrapping
+// around or allocating.
+TEST(ChatTemplateErrors, HugeWidthsHitTheLimit) {
+  ChatRenderOptions o = Opts(true, "", "");
+  for (const char* src :
+       {"{{ 'x'.center(9223372036854775807) }}", "{{ 'x'.ljust(9223372036854775000, '.') }}",
+        "{{ 'x' | center(9223372036854775807) }}", "{{ 'a\tb'.expandtabs(9223372036854775807) }}",
+        "{{ '7'.zfill(9223372036854775807) }}", "{{ '{:>99999999}'.format(1) }}",
+        "{{ '%99999999d' % 1 }}", "{{ '%.999999999f' % 1.5 }}", "{{ '{:.999999999f}'.format(2) }}",
+        "{{ 'x' | indent(9223372036854775807) }}"}) {
+    Status s = RenderStatus(src, o);
+    EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << src << ": " << s.ToString();
+  }
+}
+
+// Jinja 3: an unknown filter or test inside an `if` or a conditional expression is an error
+// only when that code runs.
+TEST(ChatTemplateErrors, UnknownFilterInUntakenBranchIsLazy) {
+  ChatRenderOptions o = Opts(true, "", "");
+  auto t = ChatTemplate::Parse(
+      "{% if false %}{{ x | from_json }}{% elif false and y is shiny %}b{% endif %}"
+      "{{ 'a' if true else z | from_json }}");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  auto r = t->Render(std::vector<ChatMessage>{}, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, "a");
+  Status s = RenderStatus("x\n{% if true %}{{ 1 | from_json }}{% endif %}", o);
+  EXPECT_NE(s.message().find("line 2, column 21: No filter named 'from_json' found."),
+            std::string::npos)
+      << s.message();
+}
+
+TEST(ChatTemplateFeatures, StrftimeNowUsesTheRenderClock) {
+  ChatRenderOptions o = Opts(true, "", "");
+  o.now_unix_seconds = 86400 * 365;  // 1971-01-01 in UTC
+  setenv("TZ", "UTC", 1);
+  auto t = ChatTemplate::Parse("{{ strftime_now('%Y-%m-%d %d %B %Y') }}");
+  ASSERT_TRUE(t.ok());
+  auto r = t->Render(std::vector<ChatMessage>{}, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, "1971-01-01 01 January 1971");
 }
 
 TEST(ChatTemplateErrors, RaiseException) {
@@ -644,7 +693,8 @@ TEST(ChatTemplateErrors, RuntimeErrors) {
   EXPECT_NE(s.message().find("'str' and 'int'"), std::string::npos) << s.message();
   EXPECT_FALSE(RenderStatus("{{ messages.append(1) }}", o).ok());
   EXPECT_FALSE(RenderStatus("{{ 1 // 0 }}", o).ok());
-  EXPECT_FALSE(RenderStatus("{{ strftime_now('%Y') }}", o).ok());
+  s = RenderStatus("{% include 'other.jinja' %}", o);
+  EXPECT_NE(s.message().find("no loader"), std::string::npos) << s.message();
   EXPECT_FALSE(RenderStatus("{% for x in 3 %}{% endfor %}", o).ok());
   EXPECT_FALSE(RenderStatus("{% set ns = namespace() %}{% set ns.me = ns %}", o).ok());
   EXPECT_FALSE(RenderStatus("{% set x = 1 %}{% set x.y = 2 %}", o).ok());
@@ -771,6 +821,53 @@ TEST(ChatTemplateErrors, MutatedTemplatesNeverCrash) {
   }
   EXPECT_GT(parsed, 0);
   EXPECT_GT(rendered, 0);
+}
+
+// The fuzz target's body (fuzz/fuzz_chat_template.cc) on the differential-test corpus and
+// 2000 seeded mutations of it (byte flips, deletions, duplications, splices of template syntax):
+// every input parses or fails cleanly and renders or fails with a clean Status.
+TEST(ChatTemplateFuzz, CorpusAndMutationsThroughTheFuzzEntry) {
+  std::vector<std::string> seeds;
+  for (const auto& e : std::filesystem::directory_iterator(std::string(CHORUS_SOURCE_DIR) +
+                                                           "/tests/chat_templates/corpus")) {
+    std::ifstream f(e.path(), std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    seeds.push_back(ss.str());
+  }
+  std::sort(seeds.begin(), seeds.end());
+  ASSERT_GE(seeds.size(), 15u);
+  int parsed = 0;
+  for (const auto& s : seeds) {
+    parsed += FuzzChatTemplateInput(reinterpret_cast<const uint8_t*>(s.data()), s.size());
+  }
+  EXPECT_EQ(parsed, static_cast<int>(seeds.size()));
+  static constexpr std::string_view kSnippets[] = {
+      "{%",          "%}",      "{{",        "}}", "{#", "#}",   "-",    "|",      "(",
+      ")",           "[",       "]",         "'",  "\"", "loop", " if ", " else ", "{% endfor %}",
+      "{% endif %}", "|tojson", "|batch(2)", "*",  "%"};
+  std::mt19937 rng(7);
+  for (int i = 0; i < 2000; ++i) {
+    std::string s = seeds[rng() % seeds.size()];
+    const int edits = 1 + static_cast<int>(rng() % 4);
+    for (int k = 0; k < edits && !s.empty(); ++k) {
+      const size_t pos = rng() % s.size();
+      switch (rng() % 4) {
+        case 0:
+          s[pos] = static_cast<char>(rng() % 256);
+          break;
+        case 1:
+          s.erase(pos, 1 + rng() % 16);
+          break;
+        case 2:
+          s.insert(pos, kSnippets[rng() % std::size(kSnippets)]);
+          break;
+        default:
+          s.insert(pos, s.substr(rng() % s.size(), 1 + rng() % 32));
+      }
+    }
+    FuzzChatTemplateInput(reinterpret_cast<const uint8_t*>(s.data()), s.size());
+  }
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "chorus/base/check.h"
+#include "chorus/tokenizer/chat_template.h"
 #include "chorus/tokenizer/tokenizer.h"
 #include "chorus/tokenizer/utf8.h"
 
@@ -39,6 +40,59 @@ bool FuzzTokenizerJsonInput(const uint8_t* data, size_t size) {
   for (int32_t id : {-1, 0, 1, (*tok)->vocab_size() - 1, (*tok)->vocab_size(), 1 << 30}) {
     (*tok)->TokenBytes(-1, id, true);
     (*tok)->Piece(id);
+  }
+  return true;
+}
+
+bool FuzzChatTemplateInput(const uint8_t* data, size_t size) {
+  const std::string_view source(reinterpret_cast<const char*>(data), size);
+  auto tmpl = ChatTemplate::Parse(source);
+  if (!tmpl.ok()) {
+    CHORUS_CHECK(tmpl.status().code() == StatusCode::kInvalidArgument) << tmpl.status().ToString();
+    return false;
+  }
+  static const nlohmann::ordered_json kConversations = nlohmann::ordered_json::parse(R"([
+    [{"role": "user", "content": "Hello"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
+     {"role": "assistant", "content": "4"}, {"role": "user", "content": ""}],
+    [{"role": "user", "content": "Weather?"},
+     {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+       "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+     {"role": "tool", "tool_call_id": "c1", "content": "{\"t\": 18.5}"},
+     {"role": "user", "content": "caf\u00e9 \ud83d\ude00 \u03a3\u03a3 \u0130"}]
+  ])");
+  ChatRenderOptions o;
+  o.bos_token = "<s>";
+  o.eos_token = "</s>";
+  o.now_unix_seconds = 0;
+  // Tight limits keep each run short; hitting one is a normal outcome.
+  o.max_steps = 200'000;
+  o.max_alloc_bytes = 8 << 20;
+  o.max_output_bytes = 1 << 20;
+  o.max_call_depth = 16;
+  for (const auto& conv : kConversations) {
+    for (bool with_tools : {false, true}) {
+      o.add_generation_prompt = with_tools;
+      o.extra_context = nlohmann::ordered_json::object();
+      o.extra_context["tools"] =
+          with_tools ? nlohmann::ordered_json::parse(
+                           R"([{"type": "function", "function": {"name": "get_weather",
+                               "parameters": {"type": "object", "properties":
+                               {"city": {"type": "string"}}}}}])")
+                     : nlohmann::ordered_json(nullptr);
+      o.extra_context["documents"] = nullptr;
+      auto r = tmpl->RenderJson(conv, o);
+      if (!r.ok()) {
+        CHORUS_CHECK(r.status().code() == StatusCode::kInvalidArgument ||
+                     r.status().code() == StatusCode::kResourceExhausted)
+            << r.status().ToString();
+        continue;
+      }
+      CHORUS_CHECK(r->size() <= o.max_output_bytes) << "render exceeded its output limit";
+      if (internal::SanitizeUtf8(source) == source) {
+        CHORUS_CHECK(internal::SanitizeUtf8(*r) == *r) << "valid UTF-8 in, invalid UTF-8 out";
+      }
+    }
   }
   return true;
 }

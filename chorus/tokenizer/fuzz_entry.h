@@ -18,6 +18,13 @@ namespace chorus::tokenizer {
 // Returns whether the input parsed. Aborts (CHORUS_CHECK) only on a Chorus bug.
 bool FuzzTokenizerJsonInput(const uint8_t* data, size_t size);
 
+// Parses `data` as a chat template; when that succeeds, renders it on a few conversations
+// (system, tools and tool calls, empty and non-ASCII content) with tight limits. Any failure
+// must be a kInvalidArgument or kResourceExhausted Status (never an exception turned into
+// kInternal, never a crash); a successful render must be valid UTF-8 when the template and
+// conversation are. Returns whether the template parsed.
+bool FuzzChatTemplateInput(const uint8_t* data, size_t size);
+
 // Small valid tokenizer.json files: a SentencePiece-style BPE with byte fallback and a
 // byte-level BPE with added tokens (seed corpus of the fuzzer, fixtures of the unit tests).
 std::string SmallSpmTokenizerJson();

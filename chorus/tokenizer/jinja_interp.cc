@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "chorus/tokenizer/jinja_builtins.h"
+#include "chorus/tokenizer/jinja_strings.h"
 
 namespace chorus::tokenizer::jinja {
 
@@ -84,7 +85,11 @@ Result<Value> Arith(Interp& in, const Node& at, BinaryExpr::Op op, const Value& 
     CHORUS_RETURN_IF_ERROR(in.CheckStringSize(a.str().size() + b.str().size()));
     return in.MakeString(a.str() + b.str());
   }
-  if (op == Op::kAdd && a.is_list() && b.is_list()) {
+  if (op == Op::kMod && a.is_string()) {
+    CHORUS_ASSIGN_OR_RETURN(std::string r, PyPercent(a.str(), b, in.max_output_bytes()));
+    return in.MakeString(std::move(r));
+  }
+  if (op == Op::kAdd && a.is_plain_list() && b.is_plain_list()) {
     const bool tuple = a.is_tuple() && b.is_tuple();
     std::vector<Value> items;
     CHORUS_RETURN_IF_ERROR(
@@ -94,10 +99,10 @@ Result<Value> Arith(Interp& in, const Node& at, BinaryExpr::Op op, const Value& 
     items.insert(items.end(), b.list().begin(), b.list().end());
     return in.MakeList(std::move(items), tuple);
   }
-  if (op == Op::kMul && ((a.is_string() || a.is_list()) && (b.is_int() || b.is_bool()))) {
+  if (op == Op::kMul && ((a.is_string() || a.is_plain_list()) && (b.is_int() || b.is_bool()))) {
     return Arith(in, at, op, b, a);
   }
-  if (op == Op::kMul && (a.is_int() || a.is_bool()) && (b.is_string() || b.is_list())) {
+  if (op == Op::kMul && (a.is_int() || a.is_bool()) && (b.is_string() || b.is_plain_list())) {
     const int64_t n = std::max<int64_t>(0, a.int_value());
     if (b.is_string()) {
       const size_t unit = b.str().size();
@@ -220,7 +225,7 @@ Result<Value> Compare(Interp& in, const Node& at, BinaryExpr::Op op, const Value
     // Byte order of UTF-8 equals code point order (Python's str comparison).
     c = a.str().compare(b.str());
     c = c < 0 ? -1 : (c > 0 ? 1 : 0);
-  } else if (a.is_list() && b.is_list() && a.is_tuple() == b.is_tuple()) {
+  } else if (a.is_plain_list() && b.is_plain_list() && a.is_tuple() == b.is_tuple()) {
     // Lexicographic: the first unequal pair decides, else the shorter sequence is smaller.
     const auto& x = a.list();
     const auto& y = b.list();
@@ -312,7 +317,9 @@ Status RuntimeError(const Node& at, std::string_view what) {
 
 Interp::Interp(const Limits& limits, std::unordered_map<std::string, Value> globals)
     : limits_(limits) {
-  scopes_.push_back(std::move(globals));
+  scopes_.emplace_back();
+  for (auto& [k, v] : globals) scopes_[0].emplace_back(k, std::move(v));
+  n_scopes_ = 1;
 }
 
 Status Interp::Run(const Body& body, std::string* out) {
@@ -320,22 +327,41 @@ Status Interp::Run(const Body& body, std::string* out) {
   return ExecBody(body);
 }
 
+namespace {
+const Value* FindVar(const VarList& vars, const std::string& name) {
+  for (const auto& [k, v] : vars) {
+    if (k == name) return &v;
+  }
+  return nullptr;
+}
+}  // namespace
+
 Value Interp::Lookup(const std::string& name) const {
-  for (size_t i = scopes_.size(); i-- > floor_;) {
-    auto it = scopes_[i].find(name);
-    if (it != scopes_[i].end()) return it->second;
+  for (size_t i = n_scopes_; i-- > floor_;) {
+    if (const Value* v = FindVar(scopes_[i], name)) return *v;
   }
   if (floor_ > 0) {
-    auto it = scopes_[0].find(name);
-    if (it != scopes_[0].end()) return it->second;
+    if (const Value* v = FindVar(scopes_[0], name)) return *v;
   }
   if (const Value* g = FindGlobal(name)) return *g;
   return Value::Undefined("'" + name + "' is undefined");
 }
 
-void Interp::Set(const std::string& name, Value v) { scopes_.back()[name] = std::move(v); }
-void Interp::PushScope() { scopes_.emplace_back(); }
-void Interp::PopScope() { scopes_.pop_back(); }
+void Interp::Set(const std::string& name, Value v) {
+  VarList& vars = scopes_[n_scopes_ - 1];
+  for (auto& [k, old] : vars) {
+    if (k == name) {
+      old = std::move(v);
+      return;
+    }
+  }
+  vars.emplace_back(name, std::move(v));
+}
+void Interp::PushScope() {
+  if (n_scopes_ == scopes_.size()) scopes_.emplace_back();
+  ++n_scopes_;
+}
+void Interp::PopScope() { scopes_[--n_scopes_].clear(); }
 
 Status Interp::Write(std::string_view s) {
   if (out_->size() + s.size() > limits_.max_output_bytes) {
@@ -357,6 +383,16 @@ Result<std::string> Interp::Capture(const Body& body) {
   return buf;
 }
 
+Result<std::string> Interp::CaptureWith(const std::function<Status()>& f) {
+  std::string buf;
+  std::string* saved = out_;
+  out_ = &buf;
+  Status s = f();
+  out_ = saved;
+  if (!s.ok()) return s;
+  return buf;
+}
+
 Status Interp::ExecBody(const Body& body) {
   for (const auto& stmt : body) {
     CHORUS_RETURN_IF_ERROR(Step());
@@ -366,13 +402,9 @@ Status Interp::ExecBody(const Body& body) {
   return OkStatus();
 }
 
-Status Interp::Step(int64_t n) {
-  steps_ += n;
-  if (steps_ > limits_.max_steps) {
-    return ResourceExhaustedError("chat template exceeded " + std::to_string(limits_.max_steps) +
-                                  " evaluation steps (runaway loop?)");
-  }
-  return OkStatus();
+Status Interp::StepsExceeded() const {
+  return ResourceExhaustedError("chat template exceeded " + std::to_string(limits_.max_steps) +
+                                " evaluation steps (runaway loop?)");
 }
 
 Status Interp::Alloc(int64_t bytes) {
@@ -393,9 +425,11 @@ Status Interp::CheckStringSize(size_t bytes) const {
   return OkStatus();
 }
 
-Result<Value> Interp::MakeList(std::vector<Value> items, bool tuple) {
+Result<Value> Interp::MakeList(std::vector<Value> items, bool tuple, SeqKind seq) {
   CHORUS_RETURN_IF_ERROR(Alloc(static_cast<int64_t>(items.size()) * kSlotBytes));
-  Value v = tuple ? Value::Tuple(std::move(items)) : Value::List(std::move(items));
+  Value v = tuple                   ? Value::Tuple(std::move(items))
+            : seq != SeqKind::kList ? Value::Seq(std::move(items), seq)
+                                    : Value::List(std::move(items));
   if (v.depth() > kMaxValueDepth) {
     return InvalidArgumentError("chat template built lists nested deeper than " +
                                 std::to_string(kMaxValueDepth) + " levels");
@@ -426,6 +460,8 @@ Result<bool> Interp::Equal(const Value& a, const Value& b) {
     case Value::Kind::kList: {
       const auto& x = a.list();
       const auto& y = b.list();
+      if (a.seq_kind() != b.seq_kind()) return false;
+      if (a.seq_kind() == SeqKind::kGenerator) return &x == &y;
       if (x.size() != y.size() || a.is_tuple() != b.is_tuple()) return false;
       if (&x == &y) return true;
       for (size_t i = 0; i < x.size(); ++i) {
@@ -490,30 +526,62 @@ Result<std::vector<Value>> Interp::Iterate(const Value& v, const Node& at) {
   }
 }
 
-Result<Value> Interp::CallMacro(const MacroStmt& m, CallArgs& args, const Node& at) {
+VarList Interp::VisibleLocals() const {
+  VarList out;
+  for (size_t i = n_scopes_; i-- > floor_;) {
+    if (i == 0) break;
+    for (const auto& [k, v] : scopes_[i]) {
+      if (FindVar(out, k) == nullptr) out.emplace_back(k, v);  // the innermost wins
+    }
+  }
+  return out;
+}
+
+Result<Value> Interp::CallMacro(const MacroStmt& m, CallArgs& args, const Node& at,
+                                const Value* caller, const VarList* closure) {
   if (call_depth_ >= limits_.max_call_depth) {
     return ResourceExhaustedError("chat template macro calls nest deeper than " +
                                   std::to_string(limits_.max_call_depth));
   }
-  if (args.pos.size() > m.params.size()) {
-    return RuntimeError(at, "macro '" + m.name + "' takes at most " +
-                                std::to_string(m.params.size()) + " arguments");
+  if (args.pos.size() > m.params.size() && !m.uses_varargs) {
+    return RuntimeError(at, "macro '" + m.name + "' takes not more than " +
+                                std::to_string(m.params.size()) + " argument(s)");
   }
+  std::vector<std::pair<std::string, Value>> extra_kw;
   for (const auto& [k, v] : args.kw) {
     bool known = false;
-    for (const auto& p : m.params) known = known || p.first == k;
-    if (!known) return RuntimeError(at, "macro '" + m.name + "' has no parameter '" + k + "'");
+    for (size_t i = 0; i < m.params.size(); ++i) {
+      if (m.params[i].first == k) {
+        known = true;
+        if (i < args.pos.size()) {
+          return RuntimeError(
+              at, "macro '" + m.name + "' got multiple values for argument '" + k + "'");
+        }
+      }
+    }
+    if (known) continue;
+    if (k == "caller" && m.uses_caller) continue;
+    if (!m.uses_kwargs) {
+      return RuntimeError(at, "macro '" + m.name + "' takes no keyword argument '" + k + "'");
+    }
+    extra_kw.emplace_back(k, v);
+  }
+  if (caller != nullptr && !m.uses_caller) {
+    return RuntimeError(at, "macro '" + m.name + "' takes no keyword argument 'caller'");
   }
   ++call_depth_;
   const size_t saved_floor = floor_;
   PushScope();
-  floor_ = scopes_.size() - 1;
+  floor_ = n_scopes_ - 1;
   auto restore = [&]() {
-    scopes_.resize(floor_);
+    while (n_scopes_ > floor_) PopScope();
     floor_ = saved_floor;
     --call_depth_;
     flow = Flow::kNormal;
   };
+  if (closure != nullptr) {
+    for (const auto& [k, v] : *closure) Set(k, v);
+  }
   for (size_t i = 0; i < m.params.size(); ++i) {
     const auto& [pname, pdefault] = m.params[i];
     Value v;
@@ -529,14 +597,56 @@ Result<Value> Interp::CallMacro(const MacroStmt& m, CallArgs& args, const Node& 
       }
       v = std::move(r).value();
     } else {
-      v = Value::Undefined("'" + pname + "' is undefined");
+      v = Value::Undefined("parameter '" + pname + "' was not provided");
     }
     Set(pname, std::move(v));
+  }
+  if (m.uses_varargs) {
+    std::vector<Value> rest;
+    for (size_t i = m.params.size(); i < args.pos.size(); ++i) rest.push_back(args.pos[i]);
+    Set("varargs", Value::Tuple(std::move(rest)));
+  }
+  if (m.uses_kwargs) {
+    auto d = std::make_shared<DictData>();
+    for (auto& [k, v] : extra_kw) d->Set(k, v);
+    Set("kwargs", Value::Dict(std::move(d)));
+  }
+  if (m.uses_caller) {
+    const Value* kw_caller = args.Kw("caller");
+    Set("caller", caller != nullptr      ? *caller
+                  : kw_caller != nullptr ? *kw_caller
+                                         : Value::Undefined("'caller' is undefined"));
   }
   auto text = Capture(m.body);
   restore();
   if (!text.ok()) return text.status();
   return MakeString(std::move(text).value());
+}
+
+// The loop object of a recursive loop carries its loop(...) callable under this key.
+constexpr std::string_view kLoopRecurseKey = "\x01loop";
+
+Result<Value> Interp::CallValue(const Value& f, CallArgs& args, const Node& at) {
+  if (f.is_undefined()) return RuntimeError(at, f.str());
+  if (f.is_dict()) {
+    if (const Value* r = f.dict().Find(kLoopRecurseKey); r != nullptr && r->is_callable()) {
+      return CallValue(*r, args, at);
+    }
+  }
+  if (!f.is_callable()) {
+    return RuntimeError(at, "'" + std::string(f.TypeName()) + "' object is not callable");
+  }
+  const Callable& c = f.callable();
+  if (c.macro != nullptr) return CallMacro(*c.macro, args, at, nullptr, c.closure.get());
+  if (c.bound != nullptr) {
+    auto r = c.bound(*this, c, args);
+    if (!r.ok()) return WithPosition(r.status(), at, c.name);
+    return r;
+  }
+  if (c.builtin == nullptr) return RuntimeError(at, "'" + c.name + "' object is not callable");
+  auto r = c.builtin(*this, args);
+  if (!r.ok() && c.name != "raise_exception") return WithPosition(r.status(), at, c.name);
+  return r;
 }
 
 // ---------------------------------------------------------------- expressions
@@ -589,7 +699,7 @@ Result<Value> IndexExpr::Eval(Interp& in) const {
   if (i.is_string() && (o.is_mapping())) return GetAttr(o, i.str(), *this);
   if (i.is_int() || i.is_bool()) {
     int64_t k = i.int_value();
-    if (o.is_list()) {
+    if (o.is_plain_list()) {
       const auto n = static_cast<int64_t>(o.list().size());
       if (k < 0) k += n;
       if (k < 0 || k >= n) return Value::Undefined("list index out of range");
@@ -635,6 +745,9 @@ Result<Value> SliceExpr::Eval(Interp& in) const {
 
   std::vector<size_t> offs;
   int64_t n;
+  if (!o.is_plain_list() && o.is_list()) {
+    return Value::Undefined("'" + std::string(o.TypeName()) + "' object is not subscriptable");
+  }
   if (o.is_list()) {
     n = static_cast<int64_t>(o.list().size());
   } else if (o.is_string()) {
@@ -671,16 +784,9 @@ Result<Value> CallExpr::Eval(Interp& in) const {
   CHORUS_RETURN_IF_ERROR(in.Step());
   CHORUS_ASSIGN_OR_RETURN(Value f, callee->Eval(in));
   if (f.is_undefined()) return RuntimeError(*this, f.str());
-  if (!f.is_callable()) {
-    return RuntimeError(*this, "'" + std::string(f.TypeName()) + "' object is not callable");
-  }
   CallArgs args;
   CHORUS_RETURN_IF_ERROR(EvalArgs(in, this->args, &args).status());
-  const Callable& c = f.callable();
-  if (c.macro != nullptr) return in.CallMacro(*c.macro, args, *this);
-  auto r = c.builtin(in, args);
-  if (!r.ok() && c.name != "raise_exception") return WithPosition(r.status(), *this, c.name);
-  return r;
+  return in.CallValue(f, args, *this);
 }
 
 Result<Value> MethodCallExpr::Eval(Interp& in) const {
@@ -694,8 +800,11 @@ Result<Value> MethodCallExpr::Eval(Interp& in) const {
   return r;
 }
 
+Result<Value> BlockValueExpr::Eval(Interp& in) const { return in.block_value; }
+
 Result<Value> FilterExpr::Eval(Interp& in) const {
   CHORUS_RETURN_IF_ERROR(in.Step());
+  if (fn == nullptr) return RuntimeError(*this, "No filter named '" + name + "' found.");
   CHORUS_ASSIGN_OR_RETURN(Value o, obj->Eval(in));
   CallArgs args;
   CHORUS_RETURN_IF_ERROR(EvalArgs(in, this->args, &args).status());
@@ -706,6 +815,7 @@ Result<Value> FilterExpr::Eval(Interp& in) const {
 
 Result<Value> TestExpr::Eval(Interp& in) const {
   CHORUS_RETURN_IF_ERROR(in.Step());
+  if (fn == nullptr) return RuntimeError(*this, "No test named '" + name + "' found.");
   CHORUS_ASSIGN_OR_RETURN(Value o, obj->Eval(in));
   CallArgs args;
   CHORUS_RETURN_IF_ERROR(EvalArgs(in, this->args, &args).status());
@@ -820,8 +930,32 @@ Status IfStmt::Exec(Interp& in) const {
   return in.ExecBody(else_body);
 }
 
+namespace {
+// loop(children) in a recursive loop: the loop again over `children`, one level deeper; its
+// output is the call's value.
+Result<Value> LoopRecurse(Interp& in, const Callable& self, CallArgs& args) {
+  if (args.pos.size() != 1 || !args.kw.empty()) {
+    return InvalidArgumentError("loop() takes exactly one argument (the items to recurse into)");
+  }
+  if (in.call_depth() >= in.limits().max_call_depth) {
+    return ResourceExhaustedError("chat template recursive loop nests deeper than " +
+                                  std::to_string(in.limits().max_call_depth));
+  }
+  ++in.call_depth();
+  const int64_t depth = self.state->counter;
+  auto text = in.CaptureWith([&] { return self.state->loop->Run(in, args.pos[0], depth + 1); });
+  --in.call_depth();
+  if (!text.ok()) return text.status();
+  return in.MakeString(std::move(text).value());
+}
+}  // namespace
+
 Status ForStmt::Exec(Interp& in) const {
   CHORUS_ASSIGN_OR_RETURN(Value seq, iter->Eval(in));
+  return Run(in, seq, 1);
+}
+
+Status ForStmt::Run(Interp& in, const Value& seq, int64_t depth) const {
   CHORUS_ASSIGN_OR_RETURN(std::vector<Value> items, in.Iterate(seq, *this));
   if (filter) {
     std::vector<Value> kept;
@@ -836,23 +970,38 @@ Status ForStmt::Exec(Interp& in) const {
   }
   if (items.empty()) return in.ExecBody(else_body);
   const auto n = static_cast<int64_t>(items.size());
+  in.loop_changed.emplace_back();
+  struct Pop {
+    Interp& in;
+    ~Pop() { in.loop_changed.pop_back(); }
+  } pop{in};
   for (int64_t i = 0; i < n; ++i) {
     CHORUS_RETURN_IF_ERROR(in.Step());
     ScopeGuard scope(in);
     const auto k = static_cast<size_t>(i);
     CHORUS_RETURN_IF_ERROR(BindTargets(in, *this, targets, items[k]));
     auto loop = std::make_shared<DictData>();
-    loop->Set("index", Value::Int(i + 1));
-    loop->Set("index0", Value::Int(i));
-    loop->Set("revindex", Value::Int(n - i));
-    loop->Set("revindex0", Value::Int(n - i - 1));
-    loop->Set("first", Value::Bool(i == 0));
-    loop->Set("last", Value::Bool(i == n - 1));
-    loop->Set("length", Value::Int(n));
-    loop->Set("depth", Value::Int(1));
-    loop->Set("depth0", Value::Int(0));
-    if (i > 0) loop->Set("previtem", items[k - 1]);
-    if (i + 1 < n) loop->Set("nextitem", items[k + 1]);
+    loop->items.reserve(11);
+    loop->AppendNew("index", Value::Int(i + 1));
+    loop->AppendNew("index0", Value::Int(i));
+    loop->AppendNew("revindex", Value::Int(n - i));
+    loop->AppendNew("revindex0", Value::Int(n - i - 1));
+    loop->AppendNew("first", Value::Bool(i == 0));
+    loop->AppendNew("last", Value::Bool(i == n - 1));
+    loop->AppendNew("length", Value::Int(n));
+    loop->AppendNew("depth", Value::Int(depth));
+    loop->AppendNew("depth0", Value::Int(depth - 1));
+    if (i > 0) loop->AppendNew("previtem", items[k - 1]);
+    if (i + 1 < n) loop->AppendNew("nextitem", items[k + 1]);
+    if (recursive) {
+      auto c = std::make_shared<Callable>();
+      c->name = "loop";
+      c->bound = LoopRecurse;
+      c->state = std::make_shared<CallState>();
+      c->state->counter = depth;
+      c->state->loop = this;
+      loop->AppendNew(std::string(kLoopRecurseKey), Value::Function(std::move(c)));
+    }
     in.Set("loop", Value::Dict(std::move(loop)));
     CHORUS_RETURN_IF_ERROR(in.ExecBody(body));
     if (in.flow == Interp::Flow::kBreak) {
@@ -871,6 +1020,14 @@ Status SetStmt::Exec(Interp& in) const {
   } else {
     CHORUS_ASSIGN_OR_RETURN(std::string s, in.Capture(block));
     CHORUS_ASSIGN_OR_RETURN(v, in.MakeString(std::move(s)));
+    if (block_filter) {
+      Value saved = std::move(in.block_value);
+      in.block_value = std::move(v);
+      auto r = block_filter->Eval(in);
+      in.block_value = std::move(saved);
+      if (!r.ok()) return r.status();
+      v = std::move(r).value();
+    }
   }
   if (!ns_attr.empty()) {
     Value target = in.Lookup(targets[0]);
@@ -901,5 +1058,62 @@ Status LoopControlStmt::Exec(Interp& in) const {
 }
 
 Status BlockStmt::Exec(Interp& in) const { return in.ExecBody(body); }
+
+Status CallBlockStmt::Exec(Interp& in) const {
+  CHORUS_RETURN_IF_ERROR(in.Step());
+  CHORUS_ASSIGN_OR_RETURN(Value f, call->callee->Eval(in));
+  if (f.is_undefined()) return RuntimeError(*call, f.str());
+  CallArgs args;
+  for (const auto& e : call->args.pos) {
+    CHORUS_ASSIGN_OR_RETURN(Value v, e->Eval(in));
+    args.pos.push_back(std::move(v));
+  }
+  for (const auto& [k, e] : call->args.kw) {
+    CHORUS_ASSIGN_OR_RETURN(Value v, e->Eval(in));
+    args.kw.emplace_back(k, std::move(v));
+  }
+  auto c = std::make_shared<Callable>();
+  c->name = "caller";
+  c->macro = &caller;
+  c->closure = std::make_shared<const VarList>(in.VisibleLocals());
+  const Value caller_value = Value::Function(std::move(c));
+  Value result;
+  if (f.is_callable() && f.callable().macro != nullptr) {
+    CHORUS_ASSIGN_OR_RETURN(result, in.CallMacro(*f.callable().macro, args, *call, &caller_value,
+                                                 f.callable().closure.get()));
+  } else {
+    args.kw.emplace_back("caller", caller_value);
+    CHORUS_ASSIGN_OR_RETURN(result, in.CallValue(f, args, *call));
+  }
+  CHORUS_ASSIGN_OR_RETURN(std::string s, in.ToStr(result));
+  return in.Write(s);
+}
+
+Status FilterBlockStmt::Exec(Interp& in) const {
+  CHORUS_ASSIGN_OR_RETURN(std::string text, in.Capture(body));
+  CHORUS_ASSIGN_OR_RETURN(Value v, in.MakeString(std::move(text)));
+  Value saved = std::move(in.block_value);
+  in.block_value = std::move(v);
+  auto r = chain->Eval(in);
+  in.block_value = std::move(saved);
+  if (!r.ok()) return r.status();
+  CHORUS_ASSIGN_OR_RETURN(std::string s, in.ToStr(*r));
+  return in.Write(s);
+}
+
+Status WithStmt::Exec(Interp& in) const {
+  std::vector<Value> values;
+  for (const auto& [name, e] : vars) {
+    CHORUS_ASSIGN_OR_RETURN(Value v, e->Eval(in));
+    values.push_back(std::move(v));
+  }
+  ScopeGuard scope(in);
+  for (size_t i = 0; i < vars.size(); ++i) in.Set(vars[i].first, std::move(values[i]));
+  return in.ExecBody(body);
+}
+
+Status LoaderStmt::Exec(Interp& in) const {
+  return RuntimeError(*this, "{% " + tag + " %}: no loader for this environment specified");
+}
 
 }  // namespace chorus::tokenizer::jinja

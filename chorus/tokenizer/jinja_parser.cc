@@ -21,6 +21,16 @@ class Parser {
   Result<Body> ParseTemplate() {
     std::string end;
     CHORUS_ASSIGN_OR_RETURN(Body body, ParseBody({}, &end, nullptr));
+    // Jinja 3 compiles a filter or test it does not know into a run-time error when it sits in
+    // an `if` (test or body) or a conditional expression, and refuses the template otherwise;
+    // the first refused one (in source order) is the error.
+    for (const auto& u : unknowns_) {
+      if (!u.soft) {
+        return SyntaxError(
+            u.line, u.col,
+            std::string("no ") + (u.is_filter ? "filter" : "test") + " named '" + u.name + "'");
+      }
+    }
     return body;
   }
 
@@ -193,6 +203,13 @@ class Parser {
       CHORUS_RETURN_IF_ERROR(ExpectBlockEnd());
       return StmtPtr(std::move(s));
     }
+    if (name == "call") return ParseCallBlock(kw);
+    if (name == "filter") return ParseFilterBlock(kw);
+    if (name == "with") return ParseWith(kw);
+    if (name == "block") return ParseBlock(kw);
+    if (name == "include" || name == "import" || name == "from" || name == "extends") {
+      return ParseLoaderTag(kw);
+    }
     if (name == "elif" || name == "else" || name.rfind("end", 0) == 0) {
       return ErrorAt(kw, "unexpected {% " + name + " %} (no open block it could close)");
     }
@@ -201,6 +218,9 @@ class Parser {
   }
 
   Result<StmtPtr> ParseIf(const Token& kw) {
+    return WithSoft(true, [&] { return ParseIfSoft(kw); });
+  }
+  Result<StmtPtr> ParseIfSoft(const Token& kw) {
     auto s = Make<IfStmt>(kw);
     CHORUS_ASSIGN_OR_RETURN(ExprPtr cond, ParseExpr());
     CHORUS_RETURN_IF_ERROR(ExpectBlockEnd());
@@ -240,13 +260,16 @@ class Parser {
     CHORUS_ASSIGN_OR_RETURN(s->iter, ParseExpr(/*allow_cond=*/false));
     if (IsName("if")) {
       Next();
-      CHORUS_ASSIGN_OR_RETURN(s->filter, ParseExpr());
+      CHORUS_ASSIGN_OR_RETURN(s->filter, WithSoft(false, [&] { return ParseExpr(); }));
     }
-    if (IsName("recursive")) return ErrorAt(Peek(), "recursive for loops are not supported");
+    if (IsName("recursive")) {
+      Next();
+      s->recursive = true;
+    }
     CHORUS_RETURN_IF_ERROR(ExpectBlockEnd());
     ++loop_depth_;
     std::string end;
-    auto body = ParseBody({"else", "endfor"}, &end, &kw);
+    auto body = WithSoft(false, [&] { return ParseBody({"else", "endfor"}, &end, &kw); });
     if (!body.ok()) {
       --loop_depth_;
       return body.status();
@@ -255,7 +278,8 @@ class Parser {
     --loop_depth_;
     if (end == "else") {
       CHORUS_RETURN_IF_ERROR(ExpectBlockEnd());
-      CHORUS_ASSIGN_OR_RETURN(s->else_body, ParseBody({"endfor"}, &end, &kw));
+      CHORUS_ASSIGN_OR_RETURN(s->else_body,
+                              WithSoft(false, [&] { return ParseBody({"endfor"}, &end, &kw); }));
     }
     CHORUS_RETURN_IF_ERROR(ExpectBlockEnd());
     return StmtPtr(std::move(s));
@@ -284,6 +308,9 @@ class Parser {
     if (s->targets.size() != 1 || !s->ns_attr.empty()) {
       return ErrorAt(Peek(), "a block {% set %} takes a single name");
     }
+    if (IsOp("|")) {
+      CHORUS_ASSIGN_OR_RETURN(s->block_filter, ParseFilterExpr(Make<BlockValueExpr>(kw)));
+    }
     CHORUS_RETURN_IF_ERROR(ExpectBlockEnd());
     std::string end;
     CHORUS_ASSIGN_OR_RETURN(s->block, ParseBody({"endset"}, &end, &kw));
@@ -294,6 +321,28 @@ class Parser {
   Result<StmtPtr> ParseMacro(const Token& kw) {
     auto s = Make<MacroStmt>(kw);
     CHORUS_ASSIGN_OR_RETURN(s->name, ExpectName());
+    CHORUS_RETURN_IF_ERROR(ParseParams(&s->params).status());
+    CHORUS_RETURN_IF_ERROR(ExpectBlockEnd());
+    // A loop outside the macro is not a loop inside it.
+    CHORUS_ASSIGN_OR_RETURN(s->body, ParseMacroBody(s.get(), {"endmacro"}, kw));
+    CHORUS_RETURN_IF_ERROR(ExpectBlockEnd());
+    return StmtPtr(std::move(s));
+  }
+
+  // A macro (or call-block caller) body: its own frame, no enclosing loop.
+  Result<Body> ParseMacroBody(MacroStmt* m, std::initializer_list<std::string_view> end_kw,
+                              const Token& kw) {
+    const int saved_loop_depth = loop_depth_;
+    loop_depth_ = 0;
+    macros_.push_back(m);
+    std::string end;
+    auto body = WithSoft(false, [&] { return ParseBody(end_kw, &end, &kw); });
+    macros_.pop_back();
+    loop_depth_ = saved_loop_depth;
+    return body;
+  }
+
+  Result<ArgList> ParseParams(std::vector<std::pair<std::string, ExprPtr>>* params) {
     CHORUS_RETURN_IF_ERROR(ExpectOp("("));
     while (!IsOp(")")) {
       CHORUS_ASSIGN_OR_RETURN(std::string p, ExpectName());
@@ -302,20 +351,106 @@ class Parser {
         Next();
         CHORUS_ASSIGN_OR_RETURN(def, ParseExpr());
       }
-      s->params.emplace_back(std::move(p), std::move(def));
+      params->emplace_back(std::move(p), std::move(def));
       if (!IsOp(",")) break;
       Next();
     }
     CHORUS_RETURN_IF_ERROR(ExpectOp(")"));
+    return ArgList{};
+  }
+
+  // {% call [(params)] macro(args) %} ... {% endcall %}
+  Result<StmtPtr> ParseCallBlock(const Token& kw) {
+    auto s = Make<CallBlockStmt>(kw);
+    s->caller.name = "caller";
+    s->caller.line = kw.line;
+    s->caller.col = kw.col;
+    if (IsOp("(")) CHORUS_RETURN_IF_ERROR(ParseParams(&s->caller.params).status());
+    const Token& at = Peek();
+    CHORUS_ASSIGN_OR_RETURN(ExprPtr e, ParseExpr());
+    auto* call = dynamic_cast<CallExpr*>(e.get());
+    if (call == nullptr) return ErrorAt(at, "expected a call after {% call %}");
+    e.release();
+    s->call.reset(call);
     CHORUS_RETURN_IF_ERROR(ExpectBlockEnd());
-    // A loop outside the macro is not a loop inside it.
-    const int saved_loop_depth = loop_depth_;
-    loop_depth_ = 0;
+    CHORUS_ASSIGN_OR_RETURN(s->caller.body, ParseMacroBody(&s->caller, {"endcall"}, kw));
+    CHORUS_RETURN_IF_ERROR(ExpectBlockEnd());
+    return StmtPtr(std::move(s));
+  }
+
+  // {% filter name(args) | other %} ... {% endfilter %}
+  Result<StmtPtr> ParseFilterBlock(const Token& kw) {
+    auto s = Make<FilterBlockStmt>(kw);
+    ExprPtr chain = Make<BlockValueExpr>(kw);
+    bool first = true;
+    while (first || IsOp("|")) {
+      if (!first) Next();
+      first = false;
+      const Token& name_tok = Peek();
+      CHORUS_ASSIGN_OR_RETURN(std::string name, ExpectName());
+      auto f = Make<FilterExpr>(name_tok);
+      f->fn = FindFilter(name);
+      if (f->fn == nullptr) NoteUnknown(name_tok, name, true);
+      f->name = std::move(name);
+      f->obj = std::move(chain);
+      if (IsOp("(")) {
+        CHORUS_ASSIGN_OR_RETURN(f->args, ParseCallArgs());
+      }
+      chain = std::move(f);
+    }
+    s->chain = std::move(chain);
+    CHORUS_RETURN_IF_ERROR(ExpectBlockEnd());
     std::string end;
-    auto body = ParseBody({"endmacro"}, &end, &kw);
-    loop_depth_ = saved_loop_depth;
-    if (!body.ok()) return body.status();
-    s->body = std::move(body).value();
+    CHORUS_ASSIGN_OR_RETURN(s->body,
+                            WithSoft(false, [&] { return ParseBody({"endfilter"}, &end, &kw); }));
+    CHORUS_RETURN_IF_ERROR(ExpectBlockEnd());
+    return StmtPtr(std::move(s));
+  }
+
+  // {% with a = x, b = y %} ... {% endwith %}
+  Result<StmtPtr> ParseWith(const Token& kw) {
+    auto s = Make<WithStmt>(kw);
+    while (Peek().kind != TokKind::kBlockEnd) {
+      if (!s->vars.empty()) CHORUS_RETURN_IF_ERROR(ExpectOp(","));
+      CHORUS_ASSIGN_OR_RETURN(std::string name, ExpectName());
+      CHORUS_RETURN_IF_ERROR(ExpectOp("="));
+      CHORUS_ASSIGN_OR_RETURN(ExprPtr v, ParseExpr());
+      s->vars.emplace_back(std::move(name), std::move(v));
+    }
+    CHORUS_RETURN_IF_ERROR(ExpectBlockEnd());
+    std::string end;
+    CHORUS_ASSIGN_OR_RETURN(s->body,
+                            WithSoft(false, [&] { return ParseBody({"endwith"}, &end, &kw); }));
+    CHORUS_RETURN_IF_ERROR(ExpectBlockEnd());
+    return StmtPtr(std::move(s));
+  }
+
+  // {% include/import/from/extends ... %}: the expression and clauses are parsed and kept
+  // only for their syntax; running the tag is an error (no template loader).
+  Result<StmtPtr> ParseLoaderTag(const Token& kw) {
+    auto s = Make<LoaderStmt>(kw);
+    s->tag = kw.text;
+    CHORUS_ASSIGN_OR_RETURN(ExprPtr e, ParseExpr());
+    (void)e;
+    while (Peek().kind != TokKind::kBlockEnd) {
+      if (Peek().kind == TokKind::kEof) return ErrorAt(Peek(), "expected '%}'");
+      Next();
+    }
+    CHORUS_RETURN_IF_ERROR(ExpectBlockEnd());
+    return StmtPtr(std::move(s));
+  }
+
+  // {% block name [scoped] [required] %} ... {% endblock [name] %}: without inheritance a
+  // block renders in place.
+  Result<StmtPtr> ParseBlock(const Token& kw) {
+    auto s = Make<BlockStmt>(kw);
+    CHORUS_ASSIGN_OR_RETURN(std::string name, ExpectName());
+    while (IsName("scoped") || IsName("required")) Next();
+    CHORUS_RETURN_IF_ERROR(ExpectBlockEnd());
+    std::string end;
+    CHORUS_ASSIGN_OR_RETURN(s->body,
+                            WithSoft(false, [&] { return ParseBody({"endblock"}, &end, &kw); }));
+    if (IsName(name)) Next();
     CHORUS_RETURN_IF_ERROR(ExpectBlockEnd());
     return StmtPtr(std::move(s));
   }
@@ -342,16 +477,19 @@ class Parser {
   Result<ExprPtr> ParseExpr(bool allow_cond = true) {
     DepthGuard g(&depth_);
     CHORUS_RETURN_IF_ERROR(CheckDepth());
+    const size_t unknowns_before = unknowns_.size();
     CHORUS_ASSIGN_OR_RETURN(ExprPtr e, ParseOr());
     if (!allow_cond) return e;
     while (IsName("if")) {
+      // The whole conditional expression is a soft frame, its `then` part included.
+      for (size_t k = unknowns_before; k < unknowns_.size(); ++k) unknowns_[k].soft = true;
       const Token& at = Next();
       auto c = Make<CondExpr>(at);
       c->then = std::move(e);
-      CHORUS_ASSIGN_OR_RETURN(c->cond, ParseOr());
+      CHORUS_ASSIGN_OR_RETURN(c->cond, WithSoft(true, [&] { return ParseOr(); }));
       if (IsName("else")) {
         Next();
-        CHORUS_ASSIGN_OR_RETURN(c->otherwise, ParseExpr());
+        CHORUS_ASSIGN_OR_RETURN(c->otherwise, WithSoft(true, [&] { return ParseExpr(); }));
       }
       e = std::move(c);
     }
@@ -522,6 +660,12 @@ class Parser {
         } else {
           auto n = Make<NameExpr>(t);
           n->name = t.text;
+          if (!macros_.empty()) {
+            MacroStmt* m = macros_.back();
+            m->uses_varargs = m->uses_varargs || t.text == "varargs";
+            m->uses_kwargs = m->uses_kwargs || t.text == "kwargs";
+            m->uses_caller = m->uses_caller || t.text == "caller";
+          }
           return ExprPtr(std::move(n));
         }
         return ExprPtr(std::move(lit));
@@ -711,7 +855,8 @@ class Parser {
     }
     if (t.kind == TokKind::kOp) return t.text == "[" || t.text == "{";
     if (t.kind == TokKind::kName) {
-      static constexpr std::string_view kStop[] = {"else", "or", "and", "if", "in", "is", "not"};
+      // Jinja's parse_test stops only at these; any other name (even `if`) is the argument.
+      static constexpr std::string_view kStop[] = {"else", "or", "and"};
       for (auto s : kStop) {
         if (t.text == s) return false;
       }
@@ -728,7 +873,7 @@ class Parser {
         CHORUS_ASSIGN_OR_RETURN(std::string name, ExpectName());
         auto f = Make<FilterExpr>(name_tok);
         f->fn = FindFilter(name);
-        if (f->fn == nullptr) return ErrorAt(name_tok, "unknown filter '" + name + "'");
+        if (f->fn == nullptr) NoteUnknown(name_tok, name, true);
         f->name = std::move(name);
         f->obj = std::move(node);
         if (IsOp("(")) {
@@ -747,13 +892,14 @@ class Parser {
         // `is none` / `is true` come through as names here (keywords are names).
         auto t = Make<TestExpr>(name_tok);
         t->fn = FindTest(name);
-        if (t->fn == nullptr) return ErrorAt(name_tok, "unknown test '" + name + "'");
+        if (t->fn == nullptr) NoteUnknown(name_tok, name, false);
         t->name = std::move(name);
         t->negated = negated;
         t->obj = std::move(node);
         if (IsOp("(")) {
           CHORUS_ASSIGN_OR_RETURN(t->args, ParseCallArgs());
         } else if (StartsBareTestArg()) {
+          if (IsName("is")) return ErrorAt(Peek(), "You cannot chain multiple tests with is");
           CHORUS_ASSIGN_OR_RETURN(ExprPtr arg, ParsePrimary());
           CHORUS_ASSIGN_OR_RETURN(arg, ParsePostfix(std::move(arg)));
           t->args.pos.push_back(std::move(arg));
@@ -765,10 +911,36 @@ class Parser {
     }
   }
 
+  // A use of a name that is not a filter / test, and whether it sits where Jinja defers the
+  // error to run time (a "soft" frame: `if` statements and conditional expressions, but not
+  // inside a loop, macro or block nested in them).
+  struct Unknown {
+    int line, col;
+    std::string name;
+    bool is_filter;
+    bool soft;
+  };
+  void NoteUnknown(const Token& at, const std::string& name, bool is_filter) {
+    unknowns_.push_back({at.line, at.col, name, is_filter, soft_ > 0});
+  }
+  // Runs `f` with the soft-frame state set to `soft` (restored afterwards).
+  template <typename F>
+  auto WithSoft(bool soft, F&& f) -> decltype(f()) {
+    const int saved = soft_;
+    soft_ = soft ? saved + 1 : 0;
+    auto r = f();
+    soft_ = saved;
+    return r;
+  }
+
   std::vector<Token> t_;
   size_t i_ = 0;
   int depth_ = 0;
   int loop_depth_ = 0;
+  int soft_ = 0;
+  std::vector<Unknown> unknowns_;
+  // Macros being parsed (innermost last): names they mention decide varargs/kwargs/caller.
+  std::vector<MacroStmt*> macros_;
 };
 
 }  // namespace

@@ -25,8 +25,7 @@ Status Append(std::string* out, std::string_view s, size_t limit) {
   return OkStatus();
 }
 
-// Length in bytes of the valid UTF-8 sequence starting at s[i], or 1 when invalid.
-size_t Utf8SeqLen(std::string_view s, size_t i) {
+size_t Utf8SeqLenImpl(std::string_view s, size_t i) {
   const auto b = static_cast<unsigned char>(s[i]);
   size_t n;
   if (b < 0x80) return 1;
@@ -45,6 +44,12 @@ size_t Utf8SeqLen(std::string_view s, size_t i) {
   }
   return n;
 }
+
+}  // namespace
+
+size_t Utf8SeqLen(std::string_view s, size_t i) { return Utf8SeqLenImpl(s, i); }
+
+namespace {
 
 Status AppendPyStrRepr(std::string_view s, std::string* out, size_t limit) {
   const bool has_single = s.find('\'') != std::string_view::npos;
@@ -78,12 +83,51 @@ Status AppendPyStrRepr(std::string_view s, std::string* out, size_t limit) {
   return Append(out, r, limit);
 }
 
-Status AppendJsonString(std::string_view s, std::string* out, size_t limit) {
+Status AppendJsonString(std::string_view s, bool ensure_ascii, std::string* out, size_t limit) {
   std::string r;
   r.reserve(s.size() + 2);
   r.push_back('"');
-  for (char c : s) {
+  auto u_escape = [&](uint32_t cp) {
+    char buf[8];
+    std::snprintf(buf, sizeof(buf), "\\u%04x", cp);
+    r += buf;
+  };
+  for (size_t i = 0; i < s.size();) {
+    const char c = s[i];
     const auto u = static_cast<unsigned char>(c);
+    if (u >= 0x80 && ensure_ascii) {
+      // Python's json.dumps(ensure_ascii=True): \uXXXX, astral code points as surrogate pairs.
+      const size_t n = Utf8SeqLen(s, i);
+      uint32_t cp = u;
+      if (n > 1) {
+        cp = u & (0xFF >> (n + 1));
+        for (size_t k = 1; k < n; ++k)
+          cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+      }
+      if (cp >= 0x10000) {
+        cp -= 0x10000;
+        u_escape(0xD800 + (cp >> 10));
+        u_escape(0xDC00 + (cp & 0x3FF));
+      } else {
+        u_escape(cp);
+      }
+      i += n;
+      continue;
+    }
+    ++i;
+    // Runs of characters that need no escaping are copied at once.
+    if (u >= 0x20 && c != '"' && c != '\\' && !(u == 0x7f && ensure_ascii) && u < 0x80) {
+      size_t j = i;
+      while (j < s.size()) {
+        const auto w = static_cast<unsigned char>(s[j]);
+        if (w < 0x20 || w == '"' || w == '\\' || w >= 0x7f) break;
+        ++j;
+      }
+      r.push_back(c);
+      r.append(s.data() + i, j - i);
+      i = j;
+      continue;
+    }
     switch (c) {
       case '"':
         r += "\\\"";
@@ -107,10 +151,8 @@ Status AppendJsonString(std::string_view s, std::string* out, size_t limit) {
         r += "\\f";
         break;
       default:
-        if (u < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", u);
-          r += buf;
+        if (u < 0x20 || (u == 0x7f && ensure_ascii)) {
+          u_escape(u);
         } else {
           r.push_back(c);
         }
@@ -120,14 +162,19 @@ Status AppendJsonString(std::string_view s, std::string* out, size_t limit) {
   return Append(out, r, limit);
 }
 
-Status AppendJsonImpl(const Value& v, int indent, int level, std::string* out, size_t limit) {
+Status AppendJsonImpl(const Value& v, const JsonOptions& o, int level, std::string* out,
+                      size_t limit) {
   auto newline = [&](int lvl) -> Status {
-    if (indent < 0) return OkStatus();
+    if (o.indent < 0) return OkStatus();
     std::string nl = "\n";
-    nl.append(static_cast<size_t>(indent) * static_cast<size_t>(lvl), ' ');
+    nl.append(static_cast<size_t>(o.indent) * static_cast<size_t>(lvl), ' ');
     return Append(out, nl, limit);
   };
-  const std::string_view item_sep = indent < 0 ? ", " : ",";
+  const std::string_view item_sep = o.item_sep != nullptr ? std::string_view(*o.item_sep)
+                                    : o.indent < 0        ? std::string_view(", ")
+                                                          : std::string_view(",");
+  const std::string_view key_sep =
+      o.key_sep != nullptr ? std::string_view(*o.key_sep) : std::string_view(": ");
   switch (v.kind()) {
     case Value::Kind::kNone:
       return Append(out, "null", limit);
@@ -142,38 +189,50 @@ Status AppendJsonImpl(const Value& v, int indent, int level, std::string* out, s
       return Append(out, FloatRepr(f), limit);
     }
     case Value::Kind::kString:
-      return AppendJsonString(v.str(), out, limit);
+      return AppendJsonString(v.str(), o.ensure_ascii, out, limit);
     case Value::Kind::kList: {
+      if (!v.is_plain_list()) {
+        return InvalidArgumentError("Object of type " + std::string(v.TypeName()) +
+                                    " is not JSON serializable");
+      }
       const auto& items = v.list();
       if (items.empty()) return Append(out, "[]", limit);
       CHORUS_RETURN_IF_ERROR(Append(out, "[", limit));
       for (size_t i = 0; i < items.size(); ++i) {
         if (i > 0) CHORUS_RETURN_IF_ERROR(Append(out, item_sep, limit));
         CHORUS_RETURN_IF_ERROR(newline(level + 1));
-        CHORUS_RETURN_IF_ERROR(AppendJsonImpl(items[i], indent, level + 1, out, limit));
+        CHORUS_RETURN_IF_ERROR(AppendJsonImpl(items[i], o, level + 1, out, limit));
       }
       CHORUS_RETURN_IF_ERROR(newline(level));
       return Append(out, "]", limit);
     }
-    case Value::Kind::kDict:
-    case Value::Kind::kNamespace: {
+    case Value::Kind::kDict: {
       const auto& items = v.dict().items;
       if (items.empty()) return Append(out, "{}", limit);
+      std::vector<size_t> order(items.size());
+      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+      if (o.sort_keys) {
+        std::stable_sort(order.begin(), order.end(),
+                         [&](size_t a, size_t b) { return items[a].first < items[b].first; });
+      }
       CHORUS_RETURN_IF_ERROR(Append(out, "{", limit));
-      for (size_t i = 0; i < items.size(); ++i) {
-        if (i > 0) CHORUS_RETURN_IF_ERROR(Append(out, item_sep, limit));
+      for (size_t k = 0; k < order.size(); ++k) {
+        const auto& [key, val] = items[order[k]];
+        if (k > 0) CHORUS_RETURN_IF_ERROR(Append(out, item_sep, limit));
         CHORUS_RETURN_IF_ERROR(newline(level + 1));
-        CHORUS_RETURN_IF_ERROR(AppendJsonString(items[i].first, out, limit));
-        CHORUS_RETURN_IF_ERROR(Append(out, ": ", limit));
-        CHORUS_RETURN_IF_ERROR(AppendJsonImpl(items[i].second, indent, level + 1, out, limit));
+        CHORUS_RETURN_IF_ERROR(AppendJsonString(key, o.ensure_ascii, out, limit));
+        CHORUS_RETURN_IF_ERROR(Append(out, key_sep, limit));
+        CHORUS_RETURN_IF_ERROR(AppendJsonImpl(val, o, level + 1, out, limit));
       }
       CHORUS_RETURN_IF_ERROR(newline(level));
       return Append(out, "}", limit);
     }
+    case Value::Kind::kNamespace:
+      return InvalidArgumentError("Object of type Namespace is not JSON serializable");
     case Value::Kind::kUndefined:
-      return InvalidArgumentError("tojson: Object of type Undefined is not JSON serializable");
+      return InvalidArgumentError("Object of type Undefined is not JSON serializable");
     case Value::Kind::kCallable:
-      return InvalidArgumentError("tojson: a function is not JSON serializable");
+      return InvalidArgumentError("Object of type function is not JSON serializable");
   }
   return InternalError("unreachable");
 }
@@ -195,6 +254,21 @@ Status AppendReprImpl(const Value& v, bool top_level_str, std::string* out, size
       return AppendPyStrRepr(v.str(), out, limit);
     case Value::Kind::kList: {
       const bool tuple = v.is_tuple();
+      switch (v.seq_kind()) {
+        case SeqKind::kGenerator:
+          // CPython prints the object's address here, which no other engine can reproduce.
+          return Append(out, "<generator object>", limit);
+        case SeqKind::kDictItems:
+        case SeqKind::kDictKeys:
+        case SeqKind::kDictValues: {
+          CHORUS_RETURN_IF_ERROR(Append(out, v.TypeName(), limit));
+          CHORUS_RETURN_IF_ERROR(Append(out, "(", limit));
+          CHORUS_RETURN_IF_ERROR(AppendReprImpl(Value::List(v.list()), false, out, limit));
+          return Append(out, ")", limit);
+        }
+        case SeqKind::kList:
+          break;
+      }
       CHORUS_RETURN_IF_ERROR(Append(out, tuple ? "(" : "[", limit));
       const auto& items = v.list();
       for (size_t i = 0; i < items.size(); ++i) {
@@ -229,7 +303,7 @@ Status AppendReprImpl(const Value& v, bool top_level_str, std::string* out, size
 
 Value Value::Undefined(std::string hint) {
   Value v;
-  v.s_ = std::make_shared<const std::string>(std::move(hint));
+  v.p_ = std::make_shared<const std::string>(std::move(hint));
   return v;
 }
 Value Value::None() {
@@ -259,7 +333,7 @@ Value Value::Float(double f) {
 Value Value::Str(std::string s) {
   Value v;
   v.kind_ = Kind::kString;
-  v.s_ = std::make_shared<const std::string>(std::move(s));
+  v.p_ = std::make_shared<const std::string>(std::move(s));
   return v;
 }
 Value Value::List(std::vector<Value> items) {
@@ -273,31 +347,43 @@ Value Value::List(std::vector<Value> items) {
   l->items = std::move(items);
   Value v;
   v.kind_ = Kind::kList;
-  v.l_ = std::move(l);
+  v.p_ = std::move(l);
   return v;
 }
 Value Value::Tuple(std::vector<Value> items) {
   Value v = List(std::move(items));
-  std::const_pointer_cast<ListData>(v.l_)->is_tuple = true;
+  const_cast<ListData*>(v.l())->is_tuple = true;
   return v;
 }
-bool Value::is_tuple() const { return kind_ == Kind::kList && l_->is_tuple; }
+bool Value::is_tuple() const { return kind_ == Kind::kList && l()->is_tuple; }
+const std::vector<std::string>& Value::field_names() const { return l()->field_names; }
+SeqKind Value::seq_kind() const { return kind_ == Kind::kList ? l()->seq : SeqKind::kList; }
+Value Value::Seq(std::vector<Value> items, SeqKind kind) {
+  Value v = List(std::move(items));
+  const_cast<ListData*>(v.l())->seq = kind;
+  return v;
+}
+Value Value::NamedTuple(std::vector<Value> items, std::vector<std::string> names) {
+  Value v = Tuple(std::move(items));
+  const_cast<ListData*>(v.l())->field_names = std::move(names);
+  return v;
+}
 Value Value::Dict(std::shared_ptr<DictData> d) {
   Value v;
   v.kind_ = Kind::kDict;
-  v.d_ = std::move(d);
+  v.p_ = std::move(d);
   return v;
 }
 Value Value::Namespace(std::shared_ptr<DictData> d) {
   Value v;
   v.kind_ = Kind::kNamespace;
-  v.d_ = std::move(d);
+  v.p_ = std::move(d);
   return v;
 }
 Value Value::Function(std::shared_ptr<const Callable> c) {
   Value v;
   v.kind_ = Kind::kCallable;
-  v.c_ = std::move(c);
+  v.p_ = std::move(c);
   return v;
 }
 
@@ -306,31 +392,31 @@ double Value::AsDouble() const {
   return static_cast<double>(i_);
 }
 
-const std::string& Value::str() const { return s_ ? *s_ : EmptyString(); }
+const std::string& Value::str() const { return p_ ? *s() : EmptyString(); }
 
 const std::vector<Value>& Value::list() const {
-  CHORUS_CHECK(l_ != nullptr);
-  return l_->items;
+  CHORUS_CHECK(kind_ == Kind::kList && p_ != nullptr);
+  return l()->items;
 }
 const DictData& Value::dict() const {
-  CHORUS_CHECK(d_ != nullptr);
-  return *d_;
+  CHORUS_CHECK(is_mapping() && p_ != nullptr);
+  return *d();
 }
 DictData& Value::mutable_namespace() const {
-  CHORUS_CHECK(kind_ == Kind::kNamespace && d_ != nullptr);
-  return *d_;
+  CHORUS_CHECK(kind_ == Kind::kNamespace && p_ != nullptr);
+  return *d();
 }
 const Callable& Value::callable() const {
-  CHORUS_CHECK(c_ != nullptr);
-  return *c_;
+  CHORUS_CHECK(kind_ == Kind::kCallable && p_ != nullptr);
+  return *c();
 }
 
 int Value::depth() const {
   switch (kind_) {
     case Kind::kList:
-      return l_->depth;
+      return l()->depth;
     case Kind::kDict:
-      return d_->depth;
+      return d()->depth;
     case Kind::kNamespace:
       // A namespace never holds another namespace (Interp enforces it) and its values are
       // at most kMaxValueDepth deep, whatever it is later mutated to.
@@ -345,9 +431,9 @@ bool Value::HoldsNamespace() const {
     case Kind::kNamespace:
       return true;
     case Kind::kList:
-      return l_->holds_namespace;
+      return l()->holds_namespace;
     case Kind::kDict:
-      return d_->holds_namespace;
+      return d()->holds_namespace;
     default:
       return false;
   }
@@ -367,9 +453,9 @@ bool Value::Truthy() const {
     case Kind::kString:
       return !str().empty();
     case Kind::kList:
-      return !l_->items.empty();
+      return l()->seq == SeqKind::kGenerator || !l()->items.empty();
     case Kind::kDict:
-      return !d_->items.empty();
+      return !d()->items.empty();
     case Kind::kNamespace:
     case Kind::kCallable:
       return true;
@@ -392,7 +478,19 @@ std::string_view Value::TypeName() const {
     case Kind::kString:
       return "str";
     case Kind::kList:
-      return "list";
+      switch (l()->seq) {
+        case SeqKind::kGenerator:
+          return "generator";
+        case SeqKind::kDictItems:
+          return "dict_items";
+        case SeqKind::kDictKeys:
+          return "dict_keys";
+        case SeqKind::kDictValues:
+          return "dict_values";
+        case SeqKind::kList:
+          break;
+      }
+      return l()->is_tuple ? "tuple" : "list";
     case Kind::kDict:
       return "dict";
     case Kind::kNamespace:
@@ -404,15 +502,43 @@ std::string_view Value::TypeName() const {
 }
 
 const Value* DictData::Find(std::string_view key) const {
-  auto it = index.find(std::string(key));
+  if (index.empty()) {
+    for (const auto& [k, v] : items) {
+      if (k == key) return &v;
+    }
+    return nullptr;
+  }
+  auto it = index.find(key);
   if (it == index.end()) return nullptr;
   return &items[it->second].second;
+}
+void DictData::AppendNew(std::string key, Value v) {
+  depth = std::max(depth, v.depth() + 1);
+  holds_namespace = holds_namespace || v.HoldsNamespace();
+  if (!index.empty()) index.emplace(key, items.size());
+  items.emplace_back(std::move(key), std::move(v));
+  if (index.empty() && items.size() > kIndexThreshold) {
+    for (size_t i = 0; i < items.size(); ++i) index.emplace(items[i].first, i);
+  }
 }
 
 void DictData::Set(std::string key, Value v) {
   depth = std::max(depth, v.depth() + 1);
   // Only ever set, never cleared on replacement: a conservative answer is fine.
   holds_namespace = holds_namespace || v.HoldsNamespace();
+  if (index.empty()) {
+    for (auto& [k, old] : items) {
+      if (k == key) {
+        old = std::move(v);
+        return;
+      }
+    }
+    items.emplace_back(std::move(key), std::move(v));
+    if (items.size() > kIndexThreshold) {
+      for (size_t i = 0; i < items.size(); ++i) index.emplace(items[i].first, i);
+    }
+    return;
+  }
   auto it = index.find(key);
   if (it != index.end()) {
     items[it->second].second = std::move(v);
@@ -466,9 +592,10 @@ Result<Value> FromJsonImpl(const Json& j, int depth) {
     }
     case Json::value_t::object: {
       auto d = std::make_shared<DictData>();
+      d->items.reserve(j.size());
       for (auto it = j.begin(); it != j.end(); ++it) {
         CHORUS_ASSIGN_OR_RETURN(Value v, FromJsonImpl(it.value(), depth + 1));
-        d->Set(it.key(), std::move(v));
+        d->AppendNew(it.key(), std::move(v));  // JSON object keys are unique
       }
       return Value::Dict(std::move(d));
     }
@@ -488,8 +615,8 @@ Status AppendRepr(const Value& v, std::string* out, size_t limit) {
   return AppendReprImpl(v, /*top_level_str=*/false, out, limit);
 }
 
-Status AppendJson(const Value& v, int indent, std::string* out, size_t limit) {
-  return AppendJsonImpl(v, indent, 0, out, limit);
+Status AppendJson(const Value& v, const JsonOptions& opts, std::string* out, size_t limit) {
+  return AppendJsonImpl(v, opts, 0, out, limit);
 }
 
 std::string FloatRepr(double f) {

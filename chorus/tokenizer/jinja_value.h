@@ -28,12 +28,19 @@ class Value;
 struct ListData;
 struct DictData;
 struct Callable;
+struct ForStmt;
 class Interp;
 struct MacroStmt;
 
 // Maximum nesting of lists/dicts a render may build (deeper → error). Bounds the recursion
 // of printing, comparing and destroying values.
 inline constexpr int kMaxValueDepth = 64;
+
+// What Python object a list value stands for. Jinja's select/map/... filters return
+// generators and dict.items()/keys()/values() return views; they behave differently from a
+// list (a generator has no len() and is always true; neither can be indexed) and print
+// differently, so the difference is kept.
+enum class SeqKind : uint8_t { kList, kGenerator, kDictItems, kDictKeys, kDictValues };
 
 class Value {
  public:
@@ -63,6 +70,10 @@ class Value {
   static Value List(std::vector<Value> items);
   // A tuple: a list that prints as "(a, b)" (Python repr) and is not equal to a list.
   static Value Tuple(std::vector<Value> items);
+  // A generator or dict view over `items` (see SeqKind).
+  static Value Seq(std::vector<Value> items, SeqKind kind);
+  // A named tuple (`names` label the items; attribute access reads them).
+  static Value NamedTuple(std::vector<Value> items, std::vector<std::string> names);
   static Value Dict(std::shared_ptr<DictData> d);  // Requires: d != nullptr.
   static Value Namespace(std::shared_ptr<DictData> d);
   static Value Function(std::shared_ptr<const Callable> c);
@@ -77,6 +88,10 @@ class Value {
   bool is_string() const { return kind_ == Kind::kString; }
   bool is_list() const { return kind_ == Kind::kList; }  // lists and tuples
   bool is_tuple() const;
+  // SeqKind of a list value (kList for plain lists and tuples).
+  SeqKind seq_kind() const;
+  // A plain list or tuple (indexable, has len(), prints as itself).
+  bool is_plain_list() const { return is_list() && seq_kind() == SeqKind::kList; }
   bool is_dict() const { return kind_ == Kind::kDict; }
   bool is_namespace() const { return kind_ == Kind::kNamespace; }
   bool is_mapping() const { return kind_ == Kind::kDict || kind_ == Kind::kNamespace; }
@@ -91,6 +106,8 @@ class Value {
   const std::string& str() const;
   // Requires: is_list().
   const std::vector<Value>& list() const;
+  // Field names of a named tuple (empty otherwise). Requires: is_list().
+  const std::vector<std::string>& field_names() const;
   // Requires: is_mapping().
   const DictData& dict() const;
   DictData& mutable_namespace() const;  // Requires: is_namespace().
@@ -112,10 +129,14 @@ class Value {
   bool b_ = false;
   int64_t i_ = 0;
   double f_ = 0;
-  std::shared_ptr<const std::string> s_;  // kString contents; kUndefined hint
-  std::shared_ptr<const ListData> l_;
-  std::shared_ptr<DictData> d_;  // kDict (never mutated) and kNamespace (mutable)
-  std::shared_ptr<const Callable> c_;
+  // One pointer for every boxed kind (a Value is copied constantly; one refcount, not four):
+  // kString and kUndefined (the hint): std::string; kList: ListData; kDict/kNamespace:
+  // DictData (a namespace's is mutated through mutable_namespace); kCallable: Callable.
+  std::shared_ptr<const void> p_;
+  const std::string* s() const { return static_cast<const std::string*>(p_.get()); }
+  const ListData* l() const { return static_cast<const ListData*>(p_.get()); }
+  DictData* d() const { return const_cast<DictData*>(static_cast<const DictData*>(p_.get())); }
+  const Callable* c() const { return static_cast<const Callable*>(p_.get()); }
 };
 
 struct ListData {
@@ -123,18 +144,32 @@ struct ListData {
   int depth = 1;
   bool holds_namespace = false;
   bool is_tuple = false;
+  SeqKind seq = SeqKind::kList;
+  // Field names of a named tuple (groupby's (grouper, list)); empty for other lists.
+  std::vector<std::string> field_names;
 };
 
-// Insertion-ordered string-keyed mapping.
+// Heterogeneous string hashing (lookups by string_view without building a std::string).
+struct StrHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+
+// Insertion-ordered string-keyed mapping. Small dicts (messages, tool calls, the loop object:
+// nearly all of them) are searched linearly; a hash index is built once a dict grows past
+// kIndexThreshold entries.
 struct DictData {
+  static constexpr size_t kIndexThreshold = 16;
   std::vector<std::pair<std::string, Value>> items;
-  std::unordered_map<std::string, size_t> index;
+  std::unordered_map<std::string, size_t, StrHash, std::equal_to<>> index;  // empty when small
   int depth = 1;
   bool holds_namespace = false;
 
   const Value* Find(std::string_view key) const;
   // Inserts or replaces (keeps the first insertion position) and updates depth.
   void Set(std::string key, Value v);
+  // Appends a key known not to be present (a JSON object's keys, the loop object's fields).
+  void AppendNew(std::string key, Value v);
 };
 
 // Positional and keyword arguments of a call.
@@ -146,10 +181,23 @@ struct CallArgs {
 
 using BuiltinFn = Result<Value> (*)(Interp& in, CallArgs& args);
 
+// Mutable state of a stateful global's object (joiner, cycler): how often it was called and
+// what it cycles through. Confined to one render like every value.
+struct CallState {
+  int64_t counter = 0;
+  std::vector<Value> items;
+  const ForStmt* loop = nullptr;  // a recursive loop's loop(...) (counter = its depth)
+};
+
 struct Callable {
   std::string name;
-  BuiltinFn builtin = nullptr;       // a global function (range, namespace, ...)
+  BuiltinFn builtin = nullptr;  // a global function (range, namespace, ...)
+  // joiner() / cycler() objects: called (or their methods called) with their own state.
+  Result<Value> (*bound)(Interp& in, const Callable& self, CallArgs& args) = nullptr;
+  std::shared_ptr<CallState> state;
   const MacroStmt* macro = nullptr;  // or a macro (owned by the Program)
+  // For a call block's `caller`: the variables of the call site it closes over.
+  std::shared_ptr<const std::vector<std::pair<std::string, Value>>> closure;
 };
 
 // Converts JSON (request messages, extra context) to a Value, keeping object key order.
@@ -163,10 +211,20 @@ Result<Value> FromJson(const nlohmann::ordered_json& j);
 Status AppendStr(const Value& v, std::string* out, size_t limit);
 // Appends repr(v) (strings quoted).
 Status AppendRepr(const Value& v, std::string* out, size_t limit);
-// Appends json.dumps(v, ensure_ascii=False, indent=indent) as Hugging Face's `tojson`
-// filter does (indent < 0: one line with ", " and ": " separators). Undefined and
-// callables are errors.
-Status AppendJson(const Value& v, int indent, std::string* out, size_t limit);
+// json.dumps options as Hugging Face's `tojson` filter passes them.
+struct JsonOptions {
+  int indent = -1;  // < 0: one line
+  // Separators (null: Python's defaults, ", " / ": ", or "," / ": " with an indent).
+  const std::string* item_sep = nullptr;
+  const std::string* key_sep = nullptr;
+  bool sort_keys = false;
+  bool ensure_ascii = false;  // non-ASCII as \uXXXX (surrogate pairs above U+FFFF)
+};
+// Appends json.dumps(v, ...) as Hugging Face's `tojson` filter does. Undefined, namespaces
+// and callables are errors.
+Status AppendJson(const Value& v, const JsonOptions& opts, std::string* out, size_t limit);
+// Length in bytes of the valid UTF-8 sequence starting at s[i], or 1 when invalid.
+size_t Utf8SeqLen(std::string_view s, size_t i);
 // Python repr of a float ("1.0", "0.1", "1e+16", "inf", "nan").
 std::string FloatRepr(double f);
 

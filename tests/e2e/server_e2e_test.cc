@@ -302,7 +302,8 @@ TEST(ServerE2E, HealthModelsMetrics) {
   ASSERT_TRUE(slash);
   EXPECT_EQ(slash->status, 200) << slash->body;
   EXPECT_EQ(json::parse(slash->body, nullptr, false), models);
-  EXPECT_EQ(ts->server->chat_template_note(), "ChatML (fallback: the model has no chat template)");
+  EXPECT_EQ(ts->server->chat_template_note(),
+            "ChatML (the model ships no chat template; --chat-template sets one)");
   auto metrics = cli.Get("/metrics");
   ASSERT_TRUE(metrics);
   EXPECT_EQ(metrics->status, 200);
