@@ -1,6 +1,7 @@
 // `chorus eval`: perplexity of a model or variant over a text file in llama.cpp's windows, and
 // with --kl-reference the KL divergence and same-top-token rate against a reference model
 // (docs/eval.md).
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -68,6 +69,8 @@ int EvalCommand(int argc, char** argv) {
   f.String("data", "", "text file to evaluate on (required)");
   f.Int("ctx", 0, "chunk length in tokens (0 = min(512, the model's context))");
   f.String("kl-reference", "", "reference model for KL / same-top-token (e.g. the full fine-tune)");
+  f.Repeated("greedy-prompt", "also print the greedy continuation of this prompt (task checks)");
+  f.Int("greedy-tokens", 12, "tokens of each --greedy-prompt continuation");
   f.Bool("json", "print one JSON object on the last line");
   f.Int("threads", 0, "compute threads (0 = all cores)");
   if (int rc = ParseOrExit(f, argc, argv); rc >= 0) return rc;
@@ -142,6 +145,38 @@ int EvalCommand(int argc, char** argv) {
   if (ref) {
     std::printf("kl_divergence %.6f (vs %s)\n", s.mean_kl(), ref->source().c_str());
     std::printf("same_top_token %.4f\n", s.same_top());
+  }
+  // Greedy continuations, recomputed from scratch for each token (a check, not a server).
+  const int64_t n_greedy = f.GetInt("greedy-tokens");
+  for (const std::string& prompt : f.GetRepeated("greedy-prompt")) {
+    std::vector<int32_t> seq = tok.Encode(prompt, eo);
+    if (seq.empty() || static_cast<int64_t>(seq.size()) + n_greedy > cfg.max_seq_len) {
+      return Fail("eval", InvalidArgumentError("flag --greedy-prompt: '" + prompt.substr(0, 64) +
+                                               "' is empty or too long for the context"));
+    }
+    const size_t n_prompt = seq.size();
+    eval::LogitsRunner runner(m, cfg.max_seq_len, kMaxRows);
+    std::vector<float> logits;
+    for (int64_t i = 0; i < n_greedy; ++i) {
+      if (Status st = runner.Run(seq, static_cast<int64_t>(seq.size()) - 1, lora_hook.get(), &pool,
+                                 &logits);
+          !st.ok()) {
+        return Fail("eval", st);
+      }
+      seq.push_back(
+          static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+    }
+    const std::string cont = tok.Decode(std::span<const int32_t>(seq).subspan(n_prompt));
+    std::string quoted;
+    for (char ch : cont) {
+      if (ch == '"' || ch == '\\') quoted += '\\';
+      if (ch == '\n') {
+        quoted += "\\n";
+        continue;
+      }
+      quoted += ch;
+    }
+    std::printf("greedy \"%s\" -> \"%s\"\n", prompt.c_str(), quoted.c_str());
   }
   if (f.GetBool("json")) {
     char kl[32] = "null", same[32] = "null";

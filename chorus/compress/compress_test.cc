@@ -109,7 +109,9 @@ TEST(CompressTest, EveryMethodWritesAValidDeltaCloserThanTheBase) {
     ASSERT_TRUE(rebuilt.ok()) << rebuilt.status().ToString();
     kl[delta::MethodName(c.method)] = kl_of(*rebuilt);
     EXPECT_LT(kl[delta::MethodName(c.method)], 0.5 * base_kl) << delta::MethodName(c.method);
-    if (c.method == delta::Method::kBitDelta) EXPECT_LE(rep.final_kl_calib, rep.base_kl_calib);
+    if (c.method == delta::Method::kBitDelta) {
+      EXPECT_LE(rep.final_kl_calib, rep.base_kl_calib);
+    }
   }
   EXPECT_LT(kl["deltazip"], kl["rtn"]);
 }

@@ -125,7 +125,9 @@ std::string BaseWeightsHash(const model::Model& base) {
       if (i) line += "x";
       line += std::to_string(t.shape()[i]);
     }
-    line += " " + Hex(Fnv(t.data(), static_cast<size_t>(t.view().NumBytes()))) + "\n";
+    line += ' ';
+    line += Hex(Fnv(t.data(), static_cast<size_t>(t.view().NumBytes())));
+    line += '\n';
     h = Fnv(line.data(), line.size(), h);
   }
   return "fnv1a64:" + Hex(h);
@@ -297,7 +299,11 @@ Result<Delta> ParseDelta(const std::string& file, std::string bytes) {
     if (f->Has(name + ".codes.zst")) {
       CHORUS_ASSIGN_OR_RETURN(auto z, ReadBytes(*f, name + ".codes.zst", {}, DType::kU8, file));
       const unsigned long long n = ZSTD_getFrameContentSize(z.data(), z.size());
-      if (n == ZSTD_CONTENTSIZE_ERROR || n == ZSTD_CONTENTSIZE_UNKNOWN ||
+      // Packed codes never compress 4096:1; a frame announcing more is refused before the
+      // output is allocated (a small file must not make the reader allocate gigabytes).
+      const bool plausible =
+          static_cast<unsigned long long>(raw_size) <= 4096ull * z.size() + (1ull << 20);
+      if (n == ZSTD_CONTENTSIZE_ERROR || n == ZSTD_CONTENTSIZE_UNKNOWN || !plausible ||
           n != static_cast<unsigned long long>(raw_size)) {
         return DataLossError(file + ": tensor " + name +
                              ".codes.zst is not a zstd frame of the layout's " +
