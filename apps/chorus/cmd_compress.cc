@@ -69,7 +69,8 @@ int CompressCommand(int argc, char** argv) {
   if (Status s = compress::ValidateCompressOptions(o); !s.ok())
     return Fail("compress", InvalidArgumentError("flag " + s.message()));
 
-  const bool needs_calib = o.method != delta::Method::kRtn;
+  const bool needs_calib = o.method == delta::Method::kDeltaZip ||
+                           (o.method == delta::Method::kBitDelta && o.distill_steps > 0);
   std::shared_ptr<const model::Model> base;
   std::shared_ptr<const tokenizer::Tokenizer> tok;
   if (needs_calib) {

@@ -333,7 +333,9 @@ Result<delta::Delta> CompressDelta(std::shared_ptr<const model::Model> base,
   };
 
   std::vector<std::vector<int32_t>> seqs;
-  if (opts.method != delta::Method::kRtn) {
+  const bool needs_calib = opts.method == delta::Method::kDeltaZip ||
+                           (opts.method == delta::Method::kBitDelta && opts.distill_steps > 0);
+  if (needs_calib) {
     seqs = CalibrationSequences(calib_tokens, std::min(opts.calib_seq_len, c.max_seq_len), bos);
     if (seqs.empty()) {
       return InvalidArgumentError(std::string(delta::MethodName(opts.method)) +
@@ -389,22 +391,28 @@ Result<delta::Delta> CompressDelta(std::shared_ptr<const model::Model> base,
   }
 
   if (opts.method == delta::Method::kBitDelta) {
-    DenseDeltaHook hook(c);
     for (int64_t l = 0; l < c.n_layers; ++l) {
       for (int w = 0; w < model::kNumLinears; ++w) {
         MatrixLayout layout;
         auto d = linear_delta(l, static_cast<Linear>(w), &layout);
         CHORUS_RETURN_IF_ERROR(
             delta::ValidateLayout(layout, model::HfLayerTensorName(l, static_cast<Linear>(w))));
-        UnpackedMatrix m = SignCompress(d, layout);
-        // The hook holds the signs at scale 1 and multiplies by the trained scale.
-        UnpackedMatrix unit = m;
-        unit.scales[0] = 1.0f;
-        hook.Set(l, static_cast<Linear>(w), unit.Decode());
-        hook.SetScale(l, static_cast<Linear>(w), m.scales[0]);
-        slot(l, static_cast<Linear>(w)) = std::move(m);
+        // The distillation hook below holds the signs at scale 1 and multiplies by the scale.
+        slot(l, static_cast<Linear>(w)) = SignCompress(d, layout);
       }
       layer_progress(l);
+    }
+  }
+  if (opts.method == delta::Method::kBitDelta && opts.distill_steps > 0) {
+    DenseDeltaHook hook(c);
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      for (int w = 0; w < model::kNumLinears; ++w) {
+        UnpackedMatrix unit = slot(l, static_cast<Linear>(w));
+        const float scale = unit.scales[0];
+        unit.scales[0] = 1.0f;
+        hook.Set(l, static_cast<Linear>(w), unit.Decode());
+        hook.SetScale(l, static_cast<Linear>(w), scale);
+      }
     }
     // Scale distillation against the fine-tune's logits.
     const int64_t len = static_cast<int64_t>(seqs[0].size());
@@ -482,6 +490,33 @@ Result<delta::Delta> CompressDelta(std::shared_ptr<const model::Model> base,
   }
   if (report) *report = rep;
   return out;
+}
+
+Result<std::shared_ptr<const model::Model>> MakeSyntheticFineTune(const model::Model& base,
+                                                                  double rel_lo, double rel_hi,
+                                                                  uint64_t seed) {
+  if (!(rel_lo >= 0) || !(rel_hi >= rel_lo) || rel_hi > 1)
+    return InvalidArgumentError("relative delta norms must satisfy 0 <= lo <= hi <= 1");
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> pick(rel_lo, rel_hi);
+  std::normal_distribution<float> g(0, 1);
+  model::Model::NamedTensors ts;
+  for (const auto& [name, t] : base.tensors()) {
+    if (!IsLinearName(base.config(), name)) {
+      ts.emplace_back(name, t);
+      continue;
+    }
+    std::vector<float> v = t.ToF32();
+    double norm2 = 0;
+    for (float x : v) norm2 += static_cast<double>(x) * x;
+    // Noise of per-element sd σ has norm ≈ σ·√n: σ = rel·‖W‖/√n.
+    const float sd =
+        static_cast<float>(pick(rng) * std::sqrt(norm2 / static_cast<double>(v.size())));
+    for (float& x : v) x += sd * g(rng);
+    ts.emplace_back(name, Tensor::FromF32(v, t.dtype(), t.shape()));
+  }
+  return model::Model::Build(base.config(), std::move(ts), base.format(),
+                             base.source() + " + synthetic fine-tune");
 }
 
 }  // namespace chorus::compress

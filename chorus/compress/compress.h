@@ -99,4 +99,12 @@ Result<delta::Delta> CompressDelta(std::shared_ptr<const model::Model> base,
                                    const CompressOptions& opts, ThreadPool* pool,
                                    CompressReport* report = nullptr);
 
+// A synthetic full fine-tune for benchmarks: every linear matrix of `base` plus Gaussian noise
+// whose Frobenius norm is a fraction of the matrix's own, drawn per matrix uniformly from
+// [rel_lo, rel_hi] (seeded; DeltaZip §3.1 observes 2–6 % for real fine-tunes); other tensors
+// unchanged; stored in the base's dtypes.
+Result<std::shared_ptr<const model::Model>> MakeSyntheticFineTune(const model::Model& base,
+                                                                  double rel_lo, double rel_hi,
+                                                                  uint64_t seed);
+
 }  // namespace chorus::compress

@@ -268,6 +268,10 @@ Result<Delta> ParseDelta(const std::string& file, std::string bytes) {
     return DataLossError(file + ": __metadata__ 'sparsity' must be '2:4' or 'none'");
   d.sparse24 = sp->second == "2:4";
   CHORUS_ASSIGN_OR_RETURN(d.group_size, MetaInt(meta, "group_size", file));
+  if (d.bits != 1 && d.bits != 2 && d.bits != 3 && d.bits != 4 && d.bits != 8) {
+    return DataLossError(file + ": __metadata__ 'bits' is " + std::to_string(d.bits) +
+                         ", not one of 1, 2, 3, 4, 8");
+  }
   auto bh = meta.find("base_hash");
   if (bh == meta.end() || bh->second.empty())
     return DataLossError(file + ": __metadata__ lacks 'base_hash'");
@@ -351,6 +355,7 @@ Result<Delta> ParseDelta(const std::string& file, std::string bytes) {
     d.matrices.push_back(std::move(md));
   }
   // Extras, and nothing else.
+  std::set<std::string> extra_names;
   for (const auto& info : f->tensors()) {
     if (used.count(info.name)) continue;
     ExtraDelta e;
@@ -389,6 +394,13 @@ Result<Delta> ParseDelta(const std::string& file, std::string bytes) {
       continue;  // checked with its .q8 (an orphan is caught below)
     } else {
       return DataLossError(file + ": tensor " + info.name + " is not part of the delta format");
+    }
+    if (!extra_names.insert(e.name).second) {
+      return DataLossError(file + ": tensor " + e.name + " has two extra deltas");
+    }
+    if (shapes.contains(e.name)) {
+      return DataLossError(file + ": tensor " + e.name +
+                           " is both a compressed matrix and an extra");
     }
     used.insert(info.name);
     d.extras.push_back(std::move(e));
