@@ -92,7 +92,7 @@ int EvalCommand(int argc, char** argv) {
   const std::string variant = f.GetString("variant");
   std::string variant_kind = "base";
   if (!variant.empty()) {
-    if (delta::IsDeltaPath(variant)) {
+    if (delta::LooksLikeDeltaPath(variant)) {
       auto d = delta::ReadDelta(variant);
       if (!d.ok()) return Fail("eval", d.status().WithContext("flag --variant"));
       // The dense reconstruction W_b + Δ̃: the oracle the served delta path is checked against.

@@ -427,6 +427,15 @@ bool IsDeltaPath(const std::string& path) {
   return it != (*f)->metadata().end() && it->second == kDeltaFormatName;
 }
 
+bool LooksLikeDeltaPath(const std::string& path) {
+  if (IsDeltaPath(path)) return true;
+  struct stat st;
+  if (IsDirectory(path)) return ::stat((path + "/" + kDeltaFileName).c_str(), &st) == 0;
+  const size_t slash = path.find_last_of('/');
+  const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
+  return EndsWith(path, ".safetensors") && base != "adapter_model.safetensors";
+}
+
 Status CheckDeltaBase(const Delta& d, const model::Model& base, const std::string& delta_path) {
   const std::string h = BaseWeightsHash(base);
   if (h != d.base_hash) {

@@ -95,6 +95,10 @@ Result<Delta> ParseDelta(const std::string& name_for_errors, std::string bytes);
 // True when `path` is a delta (a safetensors file or directory whose metadata says
 // format=chorus-delta); false for anything else, including unreadable paths.
 bool IsDeltaPath(const std::string& path);
+// True when `path` should be read as a delta rather than a LoRA adapter: IsDeltaPath, or a
+// directory holding kDeltaFileName, or a .safetensors file that is not a PEFT
+// adapter_model.safetensors (so a damaged delta gets the delta reader's error).
+bool LooksLikeDeltaPath(const std::string& path);
 
 // Checks the delta against `base`: the base hash (kFailedPrecondition naming both hashes), and
 // every tensor it names exists in the base with its shape. `delta_path` is used in messages.

@@ -177,8 +177,12 @@ TEST(DeltaFileTest, TruncatedAndCorruptFilesAreRefusedNamingFileAndTensor) {
     ASSERT_FALSE(r.ok());
     EXPECT_NE(r.status().message().find("not a Chorus delta"), std::string::npos);
   }
-  // A plain model file is not a delta.
+  // A missing path is not a delta; a damaged .safetensors is read as one (to get its error), a
+  // PEFT adapter file is not.
   EXPECT_FALSE(IsDeltaPath(testing::TempDir() + "/missing"));
+  EXPECT_TRUE(LooksLikeDeltaPath(testing::TempDir() + "/broken.safetensors"));
+  EXPECT_FALSE(LooksLikeDeltaPath(testing::TempDir() + "/lora/adapter_model.safetensors"));
+  EXPECT_FALSE(LooksLikeDeltaPath(testing::TempDir()));
 }
 
 }  // namespace
