@@ -133,7 +133,7 @@ int CompressCommand(int argc, char** argv) {
       "whole file: %lld bytes vs %lld bytes of the whole fine-tune in bf16: %.2fx smaller\n",
       static_cast<long long>(ws.file_bytes), static_cast<long long>(rep.finetuned_bf16_bytes),
       static_cast<double>(rep.finetuned_bf16_bytes) / static_cast<double>(ws.file_bytes));
-  if (bd)
+  if (bd && o.distill_steps > 0)
     std::printf("distillation: calibration KL %.6f -> %.6f\n", rep.base_kl_calib,
                 rep.final_kl_calib);
   return 0;
