@@ -71,17 +71,21 @@ int CompressCommand(int argc, char** argv) {
 
   const bool needs_calib = o.method == delta::Method::kDeltaZip ||
                            (o.method == delta::Method::kBitDelta && o.distill_steps > 0);
+  if (needs_calib && f.GetString("calib").empty())
+    return Fail("compress",
+                InvalidArgumentError(std::string("flag --calib is required by --method ") +
+                                     delta::MethodName(o.method)));
   std::shared_ptr<const model::Model> base;
   std::shared_ptr<const tokenizer::Tokenizer> tok;
-  if (needs_calib) {
-    auto loaded = LoadModelAndTokenizer(f.GetString("base"), f.GetString("tokenizer"));
-    if (!loaded.ok()) return Fail("compress", loaded.status().WithContext("flag --base"));
-    base = loaded->model;
-    tok = loaded->tokenizer;
-  } else {
+  {
     auto b = model::LoadModel(f.GetString("base"));
     if (!b.ok()) return Fail("compress", b.status().WithContext("flag --base"));
     base = *b;
+  }
+  if (needs_calib) {
+    auto t = model::LoadTokenizerFor(*base, f.GetString("tokenizer"));
+    if (!t.ok()) return Fail("compress", t.status().WithContext("flag --tokenizer"));
+    tok = std::shared_ptr<const tokenizer::Tokenizer>(std::move(*t));
   }
   auto ft = model::LoadModel(f.GetString("finetuned"));
   if (!ft.ok()) return Fail("compress", ft.status().WithContext("flag --finetuned"));
@@ -89,10 +93,6 @@ int CompressCommand(int argc, char** argv) {
   std::vector<int32_t> calib;
   int32_t bos = -1;
   if (needs_calib) {
-    if (f.GetString("calib").empty())
-      return Fail("compress",
-                  InvalidArgumentError(std::string("flag --calib is required by --method ") +
-                                       delta::MethodName(o.method)));
     std::ifstream in(f.GetString("calib"), std::ios::binary);
     if (!in)
       return Fail("compress", NotFoundError("flag --calib: cannot open " + f.GetString("calib")));
