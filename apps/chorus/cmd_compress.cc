@@ -25,7 +25,7 @@ int CompressCommand(int argc, char** argv) {
   f.String("sparsity", "", "2:4 or none (default 2:4; bitdelta: none)");
   f.Int("group-size", -1, "columns per scale (default 64; bitdelta: one scale per matrix)");
   f.String("calib", "", "calibration text file (deltazip, bitdelta)");
-  f.Int("calib-tokens", 4096, "calibration tokens taken from the start of --calib");
+  f.Int("calib-tokens", 4096, "calibration tokens taken from the start of --calib (0 = all)");
   f.Int("calib-seq-len", 128, "calibration sequence length in tokens");
   f.Float("damp", 0.01, "deltazip: Hessian damping, a fraction of its mean diagonal");
   f.Int("refine-sweeps", 4, "deltazip: local-search sweeps after OBS (0 = plain OBS)");
