@@ -1,4 +1,4 @@
-// Writes the fuzzers' seed corpora: <out>/{gguf,safetensors,llama2c}/seed_<n>, small valid
+// Writes the fuzzers' seed corpora: <out>/{gguf,safetensors,llama2c,delta}/seed_<n>, small valid
 // files covering every type the readers support (chorus/formats/fuzz_entry.h). Usage:
 //   fuzz_seed_corpus <out_dir>
 #include <sys/stat.h>
@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "chorus/adapters/delta/delta_fuzz.h"
 #include "chorus/base/mapped_file.h"
 #include "chorus/formats/fuzz_entry.h"
 
@@ -19,7 +20,8 @@ int main(int argc, char** argv) {
   const std::pair<const char*, std::vector<std::string>> sets[] = {
       {"gguf", chorus::formats::GgufFuzzSeeds()},
       {"safetensors", chorus::formats::SafetensorsFuzzSeeds()},
-      {"llama2c", chorus::formats::Llama2cFuzzSeeds()}};
+      {"llama2c", chorus::formats::Llama2cFuzzSeeds()},
+      {"delta", chorus::delta::DeltaFuzzSeeds()}};
   ::mkdir(out.c_str(), 0755);
   for (const auto& [name, seeds] : sets) {
     const std::string dir = out + "/" + name;

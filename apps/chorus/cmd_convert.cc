@@ -8,6 +8,7 @@
 #include "apps/chorus/common.h"
 #include "chorus/adapters/lora/lora_files.h"
 #include "chorus/base/mapped_file.h"
+#include "chorus/compress/compress.h"
 #include "chorus/formats/gguf.h"
 #include "chorus/model/convert.h"
 #include "chorus/model/loader.h"
@@ -166,6 +167,11 @@ int ConvertCommand(int argc, char** argv) {
       "distinct;\n"
       "a multiple of the number of ranks). Each directory is still a separate adapter to register");
   f.String("lora-prefix", "lora-", "adapter directory name prefix");
+  f.String(
+      "finetune-delta", "",
+      "LO:HI — write a synthetic full fine-tune of the model instead: every linear matrix plus\n"
+      "Gaussian noise of relative norm uniform in [LO, HI] per matrix (e.g. 0.02:0.06), seeded by "
+      "--seed");
   if (int rc = ParseOrExit(f, argc, argv); rc >= 0) return rc;
   if (f.GetString("output").empty())
     return Fail("convert", InvalidArgumentError("--output is required"));
@@ -224,6 +230,19 @@ int ConvertCommand(int argc, char** argv) {
     auto m = model::LoadModel(f.GetString("model"));
     if (!m.ok()) return Fail("convert", m.status());
     mdl = *m;
+  }
+  if (f.IsSet("finetune-delta")) {
+    const std::string r = f.GetString("finetune-delta");
+    double lo = 0, hi = 0;
+    char tail = 0;
+    if (std::sscanf(r.c_str(), "%lf:%lf%c", &lo, &hi, &tail) != 2) {
+      return Fail("convert",
+                  InvalidArgumentError("flag --finetune-delta must be LO:HI, e.g. 0.02:0.06"));
+    }
+    auto ft =
+        compress::MakeSyntheticFineTune(*mdl, lo, hi, static_cast<uint64_t>(f.GetInt("seed")) + 7);
+    if (!ft.ok()) return Fail("convert", ft.status().WithContext("flag --finetune-delta"));
+    mdl = *ft;
   }
 
   // The tokenizer travels with the weights. Without --tokenizer, a GGUF->GGUF or HF->HF

@@ -9,5 +9,7 @@ int InspectCommand(int argc, char** argv);
 int ConvertCommand(int argc, char** argv);
 int BenchCommand(int argc, char** argv);
 int ServeCommand(int argc, char** argv);
+int EvalCommand(int argc, char** argv);
+int CompressCommand(int argc, char** argv);
 
 }  // namespace chorus::apps

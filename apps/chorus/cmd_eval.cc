@@ -1,0 +1,194 @@
+// `chorus eval`: perplexity of a model or variant over a text file in llama.cpp's windows, and
+// with --kl-reference the KL divergence and same-top-token rate against a reference model
+// (docs/eval.md).
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "apps/chorus/commands.h"
+#include "apps/chorus/common.h"
+#include "chorus/adapters/delta/delta_file.h"
+#include "chorus/adapters/lora/lora_files.h"
+#include "chorus/adapters/lora/lora_hook.h"
+#include "chorus/eval/eval.h"
+#include "chorus/model/loader.h"
+
+namespace chorus::apps {
+namespace {
+
+// Every row of every step uses one LoRA adapter: re-points the LoraHook's rows when a step's
+// row count changes (the last step of a chunk may be shorter).
+class AllRowsLora : public model::LinearHook {
+ public:
+  AllRowsLora(const model::ModelConfig& c, int64_t max_rows, const adapters::LoraAdapter* a)
+      : hook_(c, max_rows), adapter_(a) {}
+  void Apply(int64_t layer, model::Linear which, const float* x, int64_t x_stride, float* y,
+             int64_t y_stride, int64_t n_rows, ThreadPool* pool) const override {
+    Ensure(n_rows);
+    hook_.Apply(layer, which, x, x_stride, y, y_stride, n_rows, pool);
+  }
+  void ApplyGroup(int64_t layer, std::span<const Target> targets, const float* x, int64_t x_stride,
+                  int64_t n_rows, ThreadPool* pool) const override {
+    Ensure(n_rows);
+    hook_.ApplyGroup(layer, targets, x, x_stride, n_rows, pool);
+  }
+
+ private:
+  void Ensure(int64_t n) const {
+    if (n == n_) return;
+    rows_.assign(static_cast<size_t>(n), adapter_);
+    CHORUS_CHECK(hook_.SetRows(std::span<const adapters::LoraAdapter* const>(rows_)).ok());
+    n_ = n;
+  }
+  mutable adapters::LoraHook hook_;
+  const adapters::LoraAdapter* adapter_;
+  mutable std::vector<const adapters::LoraAdapter*> rows_;
+  mutable int64_t n_ = -1;
+};
+
+Result<std::string> ReadText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFoundError("flag --data: cannot open " + path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+int EvalCommand(int argc, char** argv) {
+  Flags f("eval",
+          "Perplexity of a model (or a variant: a LoRA adapter or a delta) over a text file, in\n"
+          "llama.cpp llama-perplexity windows (chunks of --ctx tokens, the second half of each\n"
+          "scored; docs/eval.md). With --kl-reference, also the mean KL(reference || evaluated)\n"
+          "per scored token and the fraction of positions whose top token equals the reference's.");
+  f.String("model", "", "base model: GGUF file, Hugging Face directory or llama2.c .bin");
+  f.String("variant", "", "a LoRA adapter (PEFT dir / GGUF) or a delta (chorus compress output)");
+  f.String("tokenizer", "", "tokenizer file or directory; overrides the model's own");
+  f.String("data", "", "text file to evaluate on (required)");
+  f.Int("ctx", 0, "chunk length in tokens (0 = min(512, the model's context))");
+  f.String("kl-reference", "", "reference model for KL / same-top-token (e.g. the full fine-tune)");
+  f.Repeated("greedy-prompt", "also print the greedy continuation of this prompt (task checks)");
+  f.Int("greedy-tokens", 12, "tokens of each --greedy-prompt continuation");
+  f.Bool("json", "print one JSON object on the last line");
+  f.Int("threads", 0, "compute threads (0 = all cores)");
+  if (int rc = ParseOrExit(f, argc, argv); rc >= 0) return rc;
+  if (f.GetString("data").empty())
+    return Fail("eval", InvalidArgumentError("flag --data is required"));
+  if (f.GetString("model").empty())
+    return Fail("eval", InvalidArgumentError("flag --model is required"));
+
+  auto loaded = LoadModelAndTokenizer(f.GetString("model"), f.GetString("tokenizer"));
+  if (!loaded.ok()) return Fail("eval", loaded.status());
+  std::shared_ptr<const model::Model> m = loaded->model;
+  const auto& cfg = m->config();
+  int64_t ctx = f.GetInt("ctx");
+  if (ctx == 0) ctx = std::min<int64_t>(512, cfg.max_seq_len);
+  constexpr int64_t kMaxRows = 256;
+
+  std::unique_ptr<AllRowsLora> lora_hook;
+  std::shared_ptr<const adapters::LoraAdapter> lora;
+  const std::string variant = f.GetString("variant");
+  std::string variant_kind = "base";
+  if (!variant.empty()) {
+    if (delta::LooksLikeDeltaPath(variant)) {
+      auto d = delta::ReadDelta(variant);
+      if (!d.ok()) return Fail("eval", d.status().WithContext("flag --variant"));
+      // The dense reconstruction W_b + Δ̃: the oracle the served delta path is checked against.
+      auto rebuilt = delta::ApplyDeltaDense(*m, *d, variant);
+      if (!rebuilt.ok()) return Fail("eval", rebuilt.status().WithContext("flag --variant"));
+      m = *rebuilt;
+      variant_kind =
+          std::string("delta (") + delta::MethodName(d->method) + ", dense reconstruction)";
+    } else {
+      auto a = adapters::LoadLoraAdapter(variant, cfg);
+      if (!a.ok()) return Fail("eval", a.status().WithContext("flag --variant"));
+      lora = *a;
+      lora_hook = std::make_unique<AllRowsLora>(cfg, kMaxRows, lora.get());
+      variant_kind = "lora";
+    }
+  }
+  std::shared_ptr<const model::Model> ref;
+  if (!f.GetString("kl-reference").empty()) {
+    auto r = model::LoadModel(f.GetString("kl-reference"));
+    if (!r.ok()) return Fail("eval", r.status().WithContext("flag --kl-reference"));
+    ref = *r;
+  }
+  auto text = ReadText(f.GetString("data"));
+  if (!text.ok()) return Fail("eval", text.status());
+  const auto& tok = *loaded->tokenizer;
+  tokenizer::EncodeOptions eo;
+  eo.add_bos = tok.add_bos();
+  std::vector<int32_t> tokens = tok.Encode(*text, eo);
+
+  eval::EvalOptions eopts;
+  eopts.ctx = ctx;
+  eopts.bos_id = tok.add_bos() ? tok.bos_id() : -1;
+  eopts.max_rows = kMaxRows;
+  ThreadPool pool(ThreadsFlag(f));
+  std::fprintf(stderr, "chorus eval: %s%s, %zu tokens, ctx %lld\n", m->source().c_str(),
+               variant.empty() ? "" : (" + " + variant_kind + " " + variant).c_str(), tokens.size(),
+               static_cast<long long>(ctx));
+  auto res = eval::Evaluate(
+      m, lora_hook.get(), ref, tokens, eopts, &pool, [](int64_t done, int64_t total) {
+        std::fprintf(stderr, "\rchorus eval: chunk %lld/%lld", static_cast<long long>(done),
+                     static_cast<long long>(total));
+        if (done == total) std::fputc('\n', stderr);
+      });
+  if (!res.ok()) return Fail("eval", res.status());
+  const eval::Scores& s = res->scores;
+  std::printf("chunks %lld x %lld tokens, %lld scored\n",
+              static_cast<long long>(res->windows.n_chunks),
+              static_cast<long long>(res->windows.ctx), static_cast<long long>(s.tokens()));
+  std::printf("perplexity %.4f\n", s.perplexity());
+  if (ref) {
+    std::printf("kl_divergence %.6f (vs %s)\n", s.mean_kl(), ref->source().c_str());
+    std::printf("same_top_token %.4f\n", s.same_top());
+  }
+  // Greedy continuations, recomputed from scratch for each token (a check, not a server).
+  const int64_t n_greedy = f.GetInt("greedy-tokens");
+  for (const std::string& prompt : f.GetRepeated("greedy-prompt")) {
+    std::vector<int32_t> seq = tok.Encode(prompt, eo);
+    if (seq.empty() || static_cast<int64_t>(seq.size()) + n_greedy > cfg.max_seq_len) {
+      return Fail("eval", InvalidArgumentError("flag --greedy-prompt: '" + prompt.substr(0, 64) +
+                                               "' is empty or too long for the context"));
+    }
+    const size_t n_prompt = seq.size();
+    eval::LogitsRunner runner(m, cfg.max_seq_len, kMaxRows);
+    std::vector<float> logits;
+    for (int64_t i = 0; i < n_greedy; ++i) {
+      if (Status st = runner.Run(seq, static_cast<int64_t>(seq.size()) - 1, lora_hook.get(), &pool,
+                                 &logits);
+          !st.ok()) {
+        return Fail("eval", st);
+      }
+      seq.push_back(
+          static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+    }
+    const std::string cont = tok.Decode(std::span<const int32_t>(seq).subspan(n_prompt));
+    std::string quoted;
+    for (char ch : cont) {
+      if (ch == '"' || ch == '\\') quoted += '\\';
+      if (ch == '\n') {
+        quoted += "\\n";
+        continue;
+      }
+      quoted += ch;
+    }
+    std::printf("greedy \"%s\" -> \"%s\"\n", prompt.c_str(), quoted.c_str());
+  }
+  if (f.GetBool("json")) {
+    char kl[32] = "null", same[32] = "null";
+    if (ref) {
+      std::snprintf(kl, sizeof(kl), "%.9g", s.mean_kl());
+      std::snprintf(same, sizeof(same), "%.9g", s.same_top());
+    }
+    std::printf(
+        "{\"perplexity\": %.9g, \"kl_divergence\": %s, \"same_top_token\": %s, \"tokens\": %lld}\n",
+        s.perplexity(), kl, same, static_cast<long long>(s.tokens()));
+  }
+  return 0;
+}
+
+}  // namespace chorus::apps

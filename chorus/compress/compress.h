@@ -1,0 +1,110 @@
+// `chorus compress`: a full fine-tune F of a base B into a delta file (docs/deltas.md).
+//
+//   * rtn       — RtnCompress of every linear's Δ = W_F − W_B; no calibration.
+//   * deltazip  — ΔCompress (DeltaZip Alg. 1): layer by layer, and inside a layer in the order
+//                 the inputs are produced (q|k|v, o, gate|up, down), the calibration text is run
+//                 through B + the deltas already compressed (a DenseDeltaHook) to collect the
+//                 linear's inputs X, H = 2·XᵀX / n, and ObsCompress chooses mask and codes.
+//   * bitdelta  — SignCompress of every linear, then scale distillation (BitDelta §3.2): the
+//                 per-matrix scales are trained with Adam to minimise the mean KL(F ‖ B + Δ̃) of
+//                 the next-token distributions on calibration text. The gradient is estimated
+//                 by simultaneous perturbation (SPSA: two evaluations per step on the same
+//                 minibatch, whatever the number of scales), since Chorus has no backward pass.
+//
+// Non-linear tensors that differ (embeddings, output head, norms) become extra deltas: vectors
+// exact, matrices int8 per row (or exact with extras_exact).
+//
+// Thread-safety: functions; the models are shared and immutable.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "chorus/adapters/delta/delta_file.h"
+#include "chorus/base/thread_pool.h"
+#include "chorus/model/forward.h"
+
+namespace chorus::compress {
+
+struct CompressOptions {
+  delta::Method method = delta::Method::kDeltaZip;
+  int bits = 4;                 // 1 for bitdelta
+  bool sparse24 = true;         // 2:4 structured sparsity (bitdelta default none)
+  int64_t group_size = 64;      // columns per scale; 0 = one per matrix (bitdelta)
+  double damp = 0.01;           // deltazip: damping × mean diag(H)
+  int refine_sweeps = 4;        // deltazip: local-search sweeps after OBS (quantize.h)
+  int64_t calib_seq_len = 128;  // calibration sequences (BOS + text), tokens each
+  int distill_steps = 200;      // bitdelta: Adam steps
+  int64_t distill_batch = 4;    // bitdelta: sequences per step
+  double distill_lr = 0.02;     // bitdelta: Adam step on log-scale
+  bool extras_exact = false;    // keep matrix extras (embeddings, head) exact f32, not int8
+  uint64_t seed = 1;
+  // Progress lines ("layer 3/5 ...", "distill step 50/200 kl=..."); may be empty.
+  std::function<void(const std::string&)> progress;
+};
+Status ValidateCompressOptions(const CompressOptions& o);
+
+// B and F must have the same configuration and tensors (names, shapes); the error names the
+// first tensor that differs.
+Status CheckSameArchitecture(const model::Model& base, const model::Model& finetuned);
+
+// Cuts calibration tokens (the whole text tokenized, BOS first) into sequences of
+// `seq_len` tokens, each starting with BOS (when bos ≥ 0).
+std::vector<std::vector<int32_t>> CalibrationSequences(std::span<const int32_t> tokens,
+                                                       int64_t seq_len, int32_t bos);
+
+// Adds x·Dᵀ for every (layer, linear) that has a dense delta D, and optionally accumulates
+// H += 2·xᵀx of one linear's inputs (the capture target). The test oracle of the served delta
+// path and the calibration engine of ΔCompress.
+class DenseDeltaHook : public model::LinearHook {
+ public:
+  explicit DenseDeltaHook(const model::ModelConfig& c);
+  // d: [out, in] f32 for (layer, which), or empty to remove.
+  void Set(int64_t layer, model::Linear which, std::vector<float> d);
+  const std::vector<float>& Get(int64_t layer, model::Linear which) const;
+  // Multiplies (layer, which)'s delta by `scale` at apply time (bitdelta distillation).
+  void SetScale(int64_t layer, model::Linear which, float scale);
+  // Capture the inputs of (layer, which) into h [in, in] (+= 2·xᵀx per row; counts rows).
+  void Capture(int64_t layer, model::Linear which, std::vector<double>* h, int64_t* n_rows);
+  void StopCapture();
+  void Apply(int64_t layer, model::Linear which, const float* x, int64_t x_stride, float* y,
+             int64_t y_stride, int64_t n_rows, ThreadPool* pool) const override;
+
+ private:
+  model::ModelConfig config_;
+  std::vector<std::vector<float>> d_;  // [n_layers × kNumLinears]
+  std::vector<float> scale_;
+  int64_t cap_layer_ = -1;
+  model::Linear cap_which_ = model::Linear::kQ;
+  std::vector<double>* cap_h_ = nullptr;
+  int64_t* cap_n_ = nullptr;
+};
+
+struct CompressReport {
+  int64_t finetuned_matrix_bf16_bytes = 0;  // Σ linear matrices of F × 2 bytes
+  int64_t finetuned_bf16_bytes = 0;         // every tensor of F × 2 bytes
+  double base_kl_calib = 0,
+         final_kl_calib = 0;  // bitdelta: calibration KL before / after distillation
+};
+
+// Compresses F against B. `calib_tokens` (the calibration text, tokenized) is needed by deltazip
+// and bitdelta (kInvalidArgument when empty). The result's base_hash is BaseWeightsHash(B).
+Result<delta::Delta> CompressDelta(std::shared_ptr<const model::Model> base,
+                                   std::shared_ptr<const model::Model> finetuned,
+                                   std::span<const int32_t> calib_tokens, int32_t bos,
+                                   const CompressOptions& opts, ThreadPool* pool,
+                                   CompressReport* report = nullptr);
+
+// A synthetic full fine-tune for benchmarks: every linear matrix of `base` plus Gaussian noise
+// whose Frobenius norm is a fraction of the matrix's own, drawn per matrix uniformly from
+// [rel_lo, rel_hi] (seeded; DeltaZip §3.1 observes 2–6 % for real fine-tunes); other tensors
+// unchanged; stored in the base's dtypes.
+Result<std::shared_ptr<const model::Model>> MakeSyntheticFineTune(const model::Model& base,
+                                                                  double rel_lo, double rel_hi,
+                                                                  uint64_t seed);
+
+}  // namespace chorus::compress

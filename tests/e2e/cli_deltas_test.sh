@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# `chorus compress` and `chorus eval` through the real binary (docs/deltas.md, docs/eval.md):
+# a delta of a synthetic fine-tune of stories260K round-trips into `chorus eval`, whose --json
+# last line parses and puts the delta much closer to the fine-tune than the base; bad input
+# (a truncated delta, a delta for another base, a fine-tune of another architecture, bad flags)
+# exits non-zero naming the problem.
+# Usage: cli_deltas_test.sh CHORUS MODELS_DIR
+# Exit 77 (skip) when MODELS_DIR is missing, unless CHORUS_REQUIRE_MODELS=1 (CI): then it fails.
+set -euo pipefail
+chorus=$1
+models=$2
+base=$models/stories260K/stories260K.bin
+tok=$models/stories260K/tok512.bin
+data=$models/stories260K-finetunes/things/data/heldout.txt
+if [[ ! -f $base || ! -f $tok || ! -f $data ]]; then
+  echo "shared models not found under $models"
+  [[ ${CHORUS_REQUIRE_MODELS:-0} == 1 ]] && exit 1
+  exit 77
+fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+"$chorus" convert --model "$base" --tokenizer "$tok" --finetune-delta 0.03:0.05 --output "$tmp/ft.gguf" 2>/dev/null
+"$chorus" compress --base "$base" --finetuned "$tmp/ft.gguf" --method rtn --bits 4 \
+  --output "$tmp/d" > "$tmp/compress.out" 2>"$tmp/compress.err" || fail "compress: $(cat "$tmp/compress.err")"
+grep -q "x smaller" "$tmp/compress.out" || fail "no size ratio printed"
+grep -q "layer 5/5" "$tmp/compress.err" || fail "no per-layer progress"
+[[ -f $tmp/d/delta.safetensors ]] || fail "no delta.safetensors in the output directory"
+
+ev() { "$chorus" eval --model "$base" --tokenizer "$tok" --data "$data" --ctx 128 --kl-reference "$tmp/ft.gguf" --json "$@" 2>/dev/null | tail -1; }
+kl() { python3 -c 'import json,sys; j=json.loads(sys.stdin.read()); assert set(j)=={"perplexity","kl_divergence","same_top_token","tokens"}; print(j["kl_divergence"])'; }
+base_kl=$(ev | kl)
+delta_kl=$(ev --variant "$tmp/d" | kl)
+python3 -c "import sys; b,d=$base_kl,$delta_kl; sys.exit(0 if d < 0.2*b else 1)" || fail "delta KL $delta_kl not far below base KL $base_kl"
+
+# A truncated delta: non-zero exit naming the file.
+head -c 3000 "$tmp/d/delta.safetensors" > "$tmp/trunc.safetensors"
+if "$chorus" eval --model "$base" --tokenizer "$tok" --data "$data" --variant "$tmp/trunc.safetensors" 2>"$tmp/e"; then
+  fail "truncated delta accepted"
+fi
+grep -q "trunc.safetensors" "$tmp/e" || fail "truncated: $(cat "$tmp/e")"
+# A delta for another base: both hashes named.
+if "$chorus" eval --model "$tmp/ft.gguf" --data "$data" --variant "$tmp/d" 2>"$tmp/e"; then
+  fail "delta for another base accepted"
+fi
+grep -q "was made against base weights fnv1a64:.*is fnv1a64:" "$tmp/e" || fail "other base: $(cat "$tmp/e")"
+# A fine-tune of another architecture.
+"$chorus" convert --shape tiny --output "$tmp/tiny.gguf" 2>/dev/null
+if "$chorus" compress --base "$base" --finetuned "$tmp/tiny.gguf" --method rtn --output "$tmp/x" 2>"$tmp/e"; then
+  fail "another architecture accepted"
+fi
+grep -q "another architecture" "$tmp/e" || fail "architecture: $(cat "$tmp/e")"
+# Bad flags: exit 2.
+set +e
+"$chorus" compress --base "$base" --finetuned "$tmp/ft.gguf" --bits 5 --output "$tmp/y" 2>/dev/null
+[[ $? == 2 ]] || fail "--bits 5 did not exit 2"
+"$chorus" compress --base "$base" --finetuned "$tmp/ft.gguf" --method deltazip --output "$tmp/y" 2>"$tmp/e"
+[[ $? != 0 ]] && grep -q "calib" "$tmp/e" || fail "deltazip without --calib: $(cat "$tmp/e")"
+set -e
+echo PASS
