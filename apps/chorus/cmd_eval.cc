@@ -28,10 +28,11 @@ class AllRowsLora : public model::LinearHook {
     Ensure(n_rows);
     hook_.Apply(layer, which, x, x_stride, y, y_stride, n_rows, pool);
   }
-  void ApplyGroup(int64_t layer, std::span<const Target> targets, const float* x, int64_t x_stride,
-                  int64_t n_rows, ThreadPool* pool) const override {
+  void ApplyGroup(int64_t layer, model::LinearGroup group, std::span<const Target> targets,
+                  const float* x, int64_t x_stride, int64_t n_rows,
+                  ThreadPool* pool) const override {
     Ensure(n_rows);
-    hook_.ApplyGroup(layer, targets, x, x_stride, n_rows, pool);
+    hook_.ApplyGroup(layer, group, targets, x, x_stride, n_rows, pool);
   }
 
  private:
