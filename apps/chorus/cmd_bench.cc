@@ -1,13 +1,11 @@
 #include <cstdio>
 #include <cstdlib>
-#include <optional>
 #include <sstream>
 
 #include "apps/chorus/commands.h"
 #include "apps/chorus/common.h"
 #include "chorus/base/mapped_file.h"
 #include "chorus/engine/bench.h"
-#include "chorus/kernels/dispatch.h"
 
 namespace chorus::apps {
 namespace {
@@ -54,8 +52,9 @@ int BenchCommand(int argc, char** argv) {
            "<out>.csv");
   f.String("lora-dtype", "bf16", "storage of those adapters' compute weights: bf16 or f32");
   f.String("isa", "best",
-           "highest kernel level to use: best, avx512, avx2 or scalar (to measure the AVX2 "
-           "kernels on an AVX-512 machine)");
+           "highest kernel level to use: best, amx, avx512, avx2 or scalar (to measure the "
+           "AVX-512 kernels on an AMX machine, or the AVX2 ones on an AVX-512 machine); "
+           "best defers to CHORUS_ISA when set");
   f.String("out", "", "write <out>.csv and <out>.json");
   if (int rc = ParseOrExit(f, argc, argv); rc >= 0) return rc;
   engine::EngineBenchOptions o;
@@ -104,19 +103,8 @@ int BenchCommand(int argc, char** argv) {
   } else if (f.GetString("lora-dtype") != "bf16") {
     return Fail("bench", InvalidArgumentError("--lora-dtype must be bf16 or f32"));
   }
-  if (const std::string isa = f.GetString("isa"); isa != "best") {
-    const std::optional<kernels::IsaLevel> cap = kernels::ParseIsaLevel(isa);
-    if (!cap) {
-      return Fail("bench",
-                  InvalidArgumentError("--isa must be best, avx512, avx2 or scalar, got '" +
-                                       isa.substr(0, 32) + "'"));
-    }
-    kernels::SetMaxIsa(*cap);
-    if (kernels::ActiveIsa() != *cap) {
-      return Fail("bench", InvalidArgumentError("--isa " + isa + ": this CPU supports at most " +
-                                                kernels::IsaName(kernels::ActiveIsa())));
-    }
-  }
+  if (Status si = ApplyIsaFlag(f); !si.ok()) return Fail("bench", si);
+  std::fprintf(stderr, "bench: %s\n", IsaLine().c_str());
   auto rep = engine::RunEngineBench(
       o, [](const std::string& msg) { std::fprintf(stderr, "bench: %s\n", msg.c_str()); });
   if (!rep.ok()) return Fail("bench", rep.status());

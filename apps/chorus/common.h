@@ -29,4 +29,11 @@ Result<LoadedModel> LoadModelAndTokenizer(const std::string& model_path,
 // Applies --threads: 0 means all cores.
 int ThreadsFlag(const Flags& f);
 
+// Applies --isa (best, amx, avx512, avx2, scalar; "best" defers to the environment variable
+// CHORUS_ISA when it is set): caps the kernel level (kernels/dispatch.h). An unknown name, or a
+// level this CPU (or, for amx, the OS tile permission) does not allow, is an error naming why.
+Status ApplyIsaFlag(const Flags& f);
+// "kernels: isa amx (cpu: ...)" — the level in use, for the start-up lines of serve and bench.
+std::string IsaLine();
+
 }  // namespace chorus::apps

@@ -4,9 +4,12 @@
 //
 //   ./matmul_bench --benchmark_filter='q4_0/2048x2048/m:1/' --benchmark_min_time=0.2
 //
+// CHORUS_ISA=avx512 (or avx2, scalar) caps the kernel level, e.g. to compare the AMX tile
+// kernels with the AVX-512 ones on an AMX machine.
 // The machine is shared: quote medians and ratios to a baseline run in the same invocation.
 #include <benchmark/benchmark.h>
 
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <random>
@@ -133,4 +136,12 @@ const int kRegistered = Register();
 }  // namespace
 }  // namespace chorus::kernels
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  if (const char* isa = std::getenv("CHORUS_ISA")) {
+    if (const auto level = chorus::kernels::ParseIsaLevel(isa)) chorus::kernels::SetMaxIsa(*level);
+  }
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -22,7 +22,7 @@ namespace {
 const DType kAllTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0};
 
 std::vector<IsaLevel> SupportedLevels() {
-  SetMaxIsa(IsaLevel::kAvx512);
+  SetMaxIsa(kMaxIsaLevel);
   const IsaLevel best = ActiveIsa();
   std::vector<IsaLevel> out;
   for (int l = 0; l <= static_cast<int>(best); ++l) out.push_back(static_cast<IsaLevel>(l));
@@ -31,7 +31,7 @@ std::vector<IsaLevel> SupportedLevels() {
 
 // Restores the best ISA level when a test ends, whatever happens inside it.
 struct IsaGuard {
-  ~IsaGuard() { SetMaxIsa(IsaLevel::kAvx512); }
+  ~IsaGuard() { SetMaxIsa(kMaxIsaLevel); }
 };
 
 std::vector<float> RandomVec(size_t n, uint32_t seed, float scale = 1.0f) {
