@@ -253,14 +253,20 @@ void QPanels(int layout, const uint8_t* packed, int64_t n, int64_t k, const QRow
   if (m < kAmxMinRows) {
     return Avx512Kernels().q_panels(layout, packed, n, k, q, m, p0, p1, y, y_stride, accumulate);
   }
+  AmxTileQPanels(layout, packed, n, k, q, m, p0, p1, y, y_stride, accumulate);
+}
+
+}  // namespace
+
+void AmxTileQPanels(int layout, const uint8_t* packed, int64_t n, int64_t k, const QRows& q,
+                    int64_t m, int64_t p0, int64_t p1, float* y, int64_t y_stride,
+                    bool accumulate) {
   if (layout == kLayoutQ4Panel) {
     AmxPanels<true>(packed, n, k, q, m, p0, p1, y, y_stride, accumulate);
   } else {
     AmxPanels<false>(packed, n, k, q, m, p0, p1, y, y_stride, accumulate);
   }
 }
-
-}  // namespace
 
 const IsaKernels& AmxKernels() {
   static const IsaKernels k = [] {
