@@ -1,11 +1,13 @@
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <sstream>
 
 #include "apps/chorus/commands.h"
 #include "apps/chorus/common.h"
 #include "chorus/base/mapped_file.h"
 #include "chorus/engine/bench.h"
+#include "chorus/kernels/dispatch.h"
 
 namespace chorus::apps {
 namespace {
@@ -54,7 +56,8 @@ int BenchCommand(int argc, char** argv) {
   f.String("isa", "best",
            "highest kernel level to use: best, amx, avx512, avx2 or scalar (to measure the "
            "AVX-512 kernels on an AMX machine, or the AVX2 ones on an AVX-512 machine); "
-           "best defers to CHORUS_ISA when set");
+           "best defers to CHORUS_ISA when set. A comma-separated list (amx,avx512) measures "
+           "every figure at each level, alternating inside each repeat on the same model");
   f.String("out", "", "write <out>.csv and <out>.json");
   if (int rc = ParseOrExit(f, argc, argv); rc >= 0) return rc;
   engine::EngineBenchOptions o;
@@ -103,7 +106,19 @@ int BenchCommand(int argc, char** argv) {
   } else if (f.GetString("lora-dtype") != "bf16") {
     return Fail("bench", InvalidArgumentError("--lora-dtype must be bf16 or f32"));
   }
-  if (Status si = ApplyIsaFlag(f); !si.ok()) return Fail("bench", si);
+  if (const std::string isa = f.GetString("isa"); isa.find(',') != std::string::npos) {
+    s = ParseList(isa, &o.isas, [](const std::string& x) -> Result<kernels::IsaLevel> {
+      const std::optional<kernels::IsaLevel> l = kernels::ParseIsaLevel(x);
+      if (!l) return InvalidArgumentError("--isa: unknown kernel level '" + x.substr(0, 32) + "'");
+      return *l;
+    });
+    if (!s.ok()) return Fail("bench", s);
+    if (o.workload != "default")
+      return Fail("bench",
+                  InvalidArgumentError("--isa with several levels needs --workload default"));
+  } else if (Status si = ApplyIsaFlag(f); !si.ok()) {
+    return Fail("bench", si);
+  }
   std::fprintf(stderr, "bench: %s\n", IsaLine().c_str());
   auto rep = engine::RunEngineBench(
       o, [](const std::string& msg) { std::fprintf(stderr, "bench: %s\n", msg.c_str()); });
