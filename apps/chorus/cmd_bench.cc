@@ -119,7 +119,12 @@ int BenchCommand(int argc, char** argv) {
   } else if (Status si = ApplyIsaFlag(f); !si.ok()) {
     return Fail("bench", si);
   }
-  std::fprintf(stderr, "bench: %s\n", IsaLine().c_str());
+  if (o.isas.empty()) {
+    std::fprintf(stderr, "bench: %s\n", IsaLine().c_str());
+  } else {
+    std::fprintf(stderr, "bench: kernels: isa %s alternating (cpu: %s)\n",
+                 f.GetString("isa").c_str(), kernels::CpuFeaturesString().c_str());
+  }
   auto rep = engine::RunEngineBench(
       o, [](const std::string& msg) { std::fprintf(stderr, "bench: %s\n", msg.c_str()); });
   if (!rep.ok()) return Fail("bench", rep.status());

@@ -69,10 +69,13 @@ struct EngineBenchRow {
   double roofline_bandwidth_gbs = 0;
   std::vector<double> roofline_bandwidth_runs = {};
   // Prefill: int8 operations per token the base matmuls perform (2 · the weights of every layer's
-  // linears; the output head runs for the last row only), and the median tokens/s as a fraction
-  // of the report's int8 VNNI limit (0 when the CPU has no AVX-512 VNNI).
+  // linears; the output head runs for the last row only), and, like the bandwidth roofline of
+  // batch-1 decode, each run against the int8 VNNI limit probed right before and right after it
+  // (MeasureVnniPeak): vnni_fraction is the median over runs of run tokens/s · ops_per_token ÷
+  // its limit, vnni_gops the median of the runs' limits (both 0 without AVX-512 VNNI).
   double ops_per_token = 0;
   double vnni_fraction = 0;
+  double vnni_gops = 0;
   std::string isa = {};  // the kernel level of this row (EngineBenchOptions::isas)
 };
 
