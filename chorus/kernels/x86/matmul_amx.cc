@@ -23,7 +23,7 @@
 // (128 KiB at k = 2048, 352 KiB for TinyLlama's down projection, k = 5632).
 //
 // Tiles (palette 1, loaded by every thread before its first tile instruction, released after):
-//   tmm0..tmm3: C, 16 rows × 16 int32      (four, so consecutive blocks overlap)
+//   tmm0..tmm3: C, 16 rows × 16 int32      (four: blocks go in groups of four)
 //   tmm4, tmm5: A, 16 activation rows × 32 int8 (one block)
 //   tmm6, tmm7: B, 8 k-groups × 64 bytes (16 columns × 4 k)
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -153,9 +153,6 @@ inline __m512 BlockScales(const uint8_t* d) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d)));
 }
 
-// y[r0 + r][0 .. valid) (+)= rows r0 .. r0 + rows of q times one column vector: tb points at
-// its block-0 B tile (blocks kBBlockBytes apart), wd at its block-0 f16 scales (blocks
-// block_bytes apart).
 // One block's tile multiply into C tile kC (A tile kA, B tile kB), stored to c. A macro: the
 // _tile_* intrinsics paste their tile numbers into the instruction text, so they must be
 // literals.
@@ -170,8 +167,9 @@ inline __m512 BlockScales(const uint8_t* d) {
 
 // y[r0 + r][0 .. valid) (+)= rows r0 .. r0 + rows of q times one column vector: tb points at
 // its block-0 B tile (blocks kBBlockBytes apart), wd at its block-0 f16 scales (blocks
-// block_bytes apart). Four blocks are in flight at a time (four C tiles), so the tile unit
-// multiplies the next blocks while the vector units run the epilogue of the previous ones.
+// block_bytes apart). Blocks go in groups of four (four C tiles): four multiplies and stores,
+// then the group's epilogue. (On Sapphire Rapids the loads after a tile store wait for it, so
+// the tile side and the epilogue add up; docs/kernels.md.)
 template <bool kFull>
 __attribute__((noinline)) void TileColumn(const int8_t* tb, const uint8_t* wd, int64_t block_bytes,
                                           int64_t nb, const QRows& q, int64_t r0, int rows,
