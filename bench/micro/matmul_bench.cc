@@ -1,6 +1,6 @@
-// MatMul over TinyLlama-1.1B projection shapes (n × k), every weight dtype, decode (m = 1, 8, 32)
-// and prefill (m = 512). Counters: weight bytes/s (what bounds decode) and FLOP/s (2·m·n·k, what
-// bounds prefill), for 1 and 2 threads (the `threads` argument).
+// MatMul over TinyLlama-1.1B projection shapes (n × k), every weight dtype, decode (m = 1, 8, 16,
+// 32) and prefill (m = 512). Counters: weight bytes/s (what bounds decode) and FLOP/s (2·m·n·k,
+// what bounds prefill), for 1 and 2 threads (the `threads` argument).
 //
 //   ./matmul_bench --benchmark_filter='q4_0/2048x2048/m:1/' --benchmark_min_time=0.2
 //
@@ -24,7 +24,7 @@ namespace {
 
 const DType kTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0};
 const int64_t kShapes[][2] = {{2048, 2048}, {256, 2048}, {5632, 2048}, {2048, 5632}, {32000, 2048}};
-const int64_t kRows[] = {1, 8, 32, 512};
+const int64_t kRows[] = {1, 8, 16, 32, 512};
 
 // Packed weights are cached across benchmarks (building a 32000×2048 one takes a while).
 const PackedWeight& Weight(DType dt, int64_t n, int64_t k) {

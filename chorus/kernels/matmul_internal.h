@@ -120,7 +120,7 @@ const IsaKernels& Avx512Kernels();
 // steps of several rows. Requires: BestIsa() == kAmx (the tile permission is granted).
 const IsaKernels& AmxKernels();
 // AmxKernels().q_panels without its choice of the VNNI kernel for steps of few rows: the tile
-// GEMM at any m (lets a test check the tiles on 1..3 rows too). Same requirement.
+// GEMM at any m (lets a test check the tiles on 1..11 rows too). Same requirement.
 void AmxTileQPanels(int layout, const uint8_t* packed, int64_t n, int64_t k, const QRows& q,
                     int64_t m, int64_t p0, int64_t p1, float* y, int64_t y_stride, bool accumulate);
 

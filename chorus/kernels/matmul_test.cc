@@ -234,7 +234,7 @@ TEST_F(MatMulTest, MultiEqualsSeparateBitwise) {
   }
 }
 
-// The AMX tile GEMM itself (AmxTileQPanels, at every row count, including the 1..3 rows that
+// The AMX tile GEMM itself (AmxTileQPanels, at every row count, including the 1..11 rows that
 // MatMul gives the VNNI kernel) equals the AVX-512 VNNI kernel and the scalar reference bit for
 // bit: odd block counts (k/32 = 1, 3, 5, 7: the four-block groups' tail), ragged 16-row tiles,
 // a ragged last panel and column vector, strided x and y, accumulate on and off, 1 and 2
