@@ -11,8 +11,9 @@
 // Why one tile multiply per block: tdpbssd sums over its whole K (up to 64 bytes), and the
 // spec scales each block's sum separately, so K is one block (32 bytes). On Sapphire Rapids a
 // tdpbssd costs the same 16 cycles at K = 32 as at K = 64, so the tile unit runs at half its
-// int8 peak; the float epilogue (convert, multiply the scales, fma: 3 vector operations per 16
-// outputs per block) is the bound either way.
+// int8 peak; the bound is elsewhere anyway: one 1 KiB tile store per 16×16 outputs per block,
+// and the float epilogue (convert, multiply the scales, fma: 3 vector operations per 16 outputs
+// per block), which on this CPU do not overlap (docs/kernels.md, measured).
 //
 // Weight layout: the 64-column panels of matmul_internal.h are kept as they are (no second
 // copy at load). Before a panel is multiplied, the thread converts it into tile form in a
