@@ -34,7 +34,7 @@ endfunction()
 # chorus_glob_module(NAME n DEPS ...) — a module whose sources are every *.cc in its folder,
 # reference/ and x86/ (tests *_test.cc and benches excluded); each foo_test.cc becomes a test
 # binary `<n>_foo_test` labelled from a first-line comment `// test-labels: kernel slow`
-# (default unit). Files in x86/ named *_avx2.cc / *_avx512.cc get their ISA flags here and
+# (default unit). Files in x86/ named *_avx2.cc / *_avx512.cc / *_amx.cc get their ISA flags here and
 # nowhere else; run-time dispatch (kernels/dispatch.h) decides which runs.
 function(chorus_glob_module)
   cmake_parse_arguments(A "" "NAME" "DEPS;TEST_DEPS" ${ARGN})
@@ -53,6 +53,9 @@ function(chorus_glob_module)
     elseif(f MATCHES "_avx512\\.cc$")
       set_source_files_properties(${f} PROPERTIES COMPILE_OPTIONS
         "-mavx512f;-mavx512bw;-mavx512vl;-mavx512vnni;-mavx512bf16;-mavx2;-mfma;-mf16c")
+    elseif(f MATCHES "_amx\\.cc$")  # AMX tiles, with AVX-512 for the float epilogue
+      set_source_files_properties(${f} PROPERTIES COMPILE_OPTIONS
+        "-mamx-tile;-mamx-int8;-mamx-bf16;-mavx512f;-mavx512bw;-mavx512vl;-mavx512vnni;-mavx512bf16;-mavx2;-mfma;-mf16c")
     endif()
   endforeach()
   chorus_cc_library(NAME ${A_NAME} SRCS ${lib_srcs} DEPS ${A_DEPS})

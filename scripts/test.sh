@@ -6,4 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CHORUS_PRESET=release bash scripts/setup.sh
+# Which kernel levels this host runs the differential tests at (docs/kernels.md).
+build/release/chorus/kernels/kernels_matmul_test --gtest_filter=MatMulLevels.* |
+  grep "tested at ISA levels"
 ctest --test-dir build/release --output-on-failure -j2 "$@"

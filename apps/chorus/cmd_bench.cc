@@ -54,8 +54,10 @@ int BenchCommand(int argc, char** argv) {
            "<out>.csv");
   f.String("lora-dtype", "bf16", "storage of those adapters' compute weights: bf16 or f32");
   f.String("isa", "best",
-           "highest kernel level to use: best, avx512, avx2 or scalar (to measure the AVX2 "
-           "kernels on an AVX-512 machine)");
+           "highest kernel level to use: best, amx, avx512, avx2 or scalar (to measure the "
+           "AVX-512 kernels on an AMX machine, or the AVX2 ones on an AVX-512 machine); "
+           "best defers to CHORUS_ISA when set. A comma-separated list (amx,avx512) measures "
+           "every figure at each level, alternating inside each repeat on the same model");
   f.String("out", "", "write <out>.csv and <out>.json");
   if (int rc = ParseOrExit(f, argc, argv); rc >= 0) return rc;
   engine::EngineBenchOptions o;
@@ -104,18 +106,24 @@ int BenchCommand(int argc, char** argv) {
   } else if (f.GetString("lora-dtype") != "bf16") {
     return Fail("bench", InvalidArgumentError("--lora-dtype must be bf16 or f32"));
   }
-  if (const std::string isa = f.GetString("isa"); isa != "best") {
-    const std::optional<kernels::IsaLevel> cap = kernels::ParseIsaLevel(isa);
-    if (!cap) {
+  if (const std::string isa = f.GetString("isa"); isa.find(',') != std::string::npos) {
+    s = ParseList(isa, &o.isas, [](const std::string& x) -> Result<kernels::IsaLevel> {
+      const std::optional<kernels::IsaLevel> l = kernels::ParseIsaLevel(x);
+      if (!l) return InvalidArgumentError("--isa: unknown kernel level '" + x.substr(0, 32) + "'");
+      return *l;
+    });
+    if (!s.ok()) return Fail("bench", s);
+    if (o.workload != "default")
       return Fail("bench",
-                  InvalidArgumentError("--isa must be best, avx512, avx2 or scalar, got '" +
-                                       isa.substr(0, 32) + "'"));
-    }
-    kernels::SetMaxIsa(*cap);
-    if (kernels::ActiveIsa() != *cap) {
-      return Fail("bench", InvalidArgumentError("--isa " + isa + ": this CPU supports at most " +
-                                                kernels::IsaName(kernels::ActiveIsa())));
-    }
+                  InvalidArgumentError("--isa with several levels needs --workload default"));
+  } else if (Status si = ApplyIsaFlag(f); !si.ok()) {
+    return Fail("bench", si);
+  }
+  if (o.isas.empty()) {
+    std::fprintf(stderr, "bench: %s\n", IsaLine().c_str());
+  } else {
+    std::fprintf(stderr, "bench: kernels: isa %s alternating (cpu: %s)\n",
+                 f.GetString("isa").c_str(), kernels::CpuFeaturesString().c_str());
   }
   auto rep = engine::RunEngineBench(
       o, [](const std::string& msg) { std::fprintf(stderr, "bench: %s\n", msg.c_str()); });

@@ -230,6 +230,9 @@ int ServeCommand(int argc, char** argv) {
         "paged pool (KV blocks + resident adapters) in MiB; 0 = sized from the model: KV for "
         "--max-running full contexts (+ adapter room), at most half of MemAvailable");
   f.Int("threads", 0, "compute threads (0 = all cores)");
+  f.String("isa", "best",
+           "highest kernel level: best, amx, avx512, avx2 or scalar (best defers to CHORUS_ISA "
+           "when set)");
   f.Int("max-running", 64, "sequences in the running batch");
   f.Int("max-batch-tokens", 512, "tokens (rows) per engine step: decode rows + prefill chunks");
   f.Int("max-queue", 256, "waiting requests before answering 429");
@@ -317,6 +320,7 @@ int ServeCommand(int argc, char** argv) {
 
   engine::EngineOptions eo;
   eo.threads = ThreadsFlag(f);
+  if (Status si = ApplyIsaFlag(f); !si.ok()) return Fail("serve", si);
   eo.max_running = f.GetInt("max-running");
   eo.max_batch_tokens = f.GetInt("max-batch-tokens");
   eo.max_queue = f.GetInt("max-queue");
@@ -348,6 +352,7 @@ int ServeCommand(int argc, char** argv) {
   auto srv = server::Server::Create(so);
   if (!srv.ok()) return Fail("serve", InvalidArgumentError("flag " + srv.status().message()));
   if (Status s = (*srv)->Start(); !s.ok()) return Fail("serve", s);
+  std::fprintf(stderr, "chorus serve: %s\n", IsaLine().c_str());
   std::fprintf(stderr, "chorus serve: loading %s (listening on %s, /health is 503 until ready)\n",
                model_path.empty() ? "the embedded default model" : model_path.c_str(),
                (*srv)->url().c_str());

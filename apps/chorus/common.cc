@@ -3,9 +3,12 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <cstdlib>
+#include <optional>
 #include <thread>
 
 #include "apps/chorus/default_model.h"
+#include "chorus/kernels/dispatch.h"
 #include "chorus/model/loader.h"
 #include "chorus/tokenizer/chat_template.h"
 
@@ -46,6 +49,32 @@ Result<LoadedModel> LoadModelAndTokenizer(const std::string& model_path,
   if (!tok.ok()) return tok.status().WithContext("flag --tokenizer");
   out.tokenizer = std::move(*tok);
   return out;
+}
+
+Status ApplyIsaFlag(const Flags& f) {
+  std::string isa = f.GetString("isa");
+  if (const char* env = std::getenv("CHORUS_ISA"); isa == "best" && env != nullptr && *env)
+    isa = env;
+  if (isa == "best") return OkStatus();
+  const std::optional<kernels::IsaLevel> cap = kernels::ParseIsaLevel(isa);
+  if (!cap) {
+    return InvalidArgumentError(
+        "--isa (or CHORUS_ISA) must be best, amx, avx512, avx2 or scalar, got '" +
+        isa.substr(0, 32) + "'");
+  }
+  kernels::SetMaxIsa(*cap);
+  if (kernels::ActiveIsa() != *cap) {
+    std::string why =
+        "--isa " + isa + ": this CPU supports at most " + kernels::IsaName(kernels::ActiveIsa());
+    if (*cap == kernels::IsaLevel::kAmx) why += " (" + kernels::AmxUnavailableReason() + ")";
+    return InvalidArgumentError(why);
+  }
+  return OkStatus();
+}
+
+std::string IsaLine() {
+  return "kernels: isa " + kernels::IsaName(kernels::ActiveIsa()) +
+         " (cpu: " + kernels::CpuFeaturesString() + ")";
 }
 
 int ThreadsFlag(const Flags& f) {

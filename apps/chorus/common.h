@@ -38,4 +38,11 @@ struct ChatTemplateFlag {
 };
 Result<ChatTemplateFlag> ReadChatTemplateFlag(const std::string& value);
 
+// Applies --isa (best, amx, avx512, avx2, scalar; "best" defers to the environment variable
+// CHORUS_ISA when it is set): caps the kernel level (kernels/dispatch.h). An unknown name, or a
+// level this CPU (or, for amx, the OS tile permission) does not allow, is an error naming why.
+Status ApplyIsaFlag(const Flags& f);
+// "kernels: isa amx (cpu: ...)" — the level in use, for the start-up lines of serve and bench.
+std::string IsaLine();
+
 }  // namespace chorus::apps

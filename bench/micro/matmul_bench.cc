@@ -1,12 +1,15 @@
-// MatMul over TinyLlama-1.1B projection shapes (n × k), every weight dtype, decode (m = 1, 8, 32)
-// and prefill (m = 512). Counters: weight bytes/s (what bounds decode) and FLOP/s (2·m·n·k, what
-// bounds prefill), for 1 and 2 threads (the `threads` argument).
+// MatMul over TinyLlama-1.1B projection shapes (n × k), every weight dtype, decode (m = 1, 8, 16,
+// 32) and prefill (m = 512). Counters: weight bytes/s (what bounds decode) and FLOP/s (2·m·n·k,
+// what bounds prefill), for 1 and 2 threads (the `threads` argument).
 //
 //   ./matmul_bench --benchmark_filter='q4_0/2048x2048/m:1/' --benchmark_min_time=0.2
 //
+// CHORUS_ISA=avx512 (or avx2, scalar) caps the kernel level, e.g. to compare the AMX tile
+// kernels with the AVX-512 ones on an AMX machine.
 // The machine is shared: quote medians and ratios to a baseline run in the same invocation.
 #include <benchmark/benchmark.h>
 
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <random>
@@ -21,7 +24,7 @@ namespace {
 
 const DType kTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0};
 const int64_t kShapes[][2] = {{2048, 2048}, {256, 2048}, {5632, 2048}, {2048, 5632}, {32000, 2048}};
-const int64_t kRows[] = {1, 8, 32, 512};
+const int64_t kRows[] = {1, 8, 16, 32, 512};
 
 // Packed weights are cached across benchmarks (building a 32000×2048 one takes a while).
 const PackedWeight& Weight(DType dt, int64_t n, int64_t k) {
@@ -133,4 +136,12 @@ const int kRegistered = Register();
 }  // namespace
 }  // namespace chorus::kernels
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  if (const char* isa = std::getenv("CHORUS_ISA")) {
+    if (const auto level = chorus::kernels::ParseIsaLevel(isa)) chorus::kernels::SetMaxIsa(*level);
+  }
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -56,6 +57,24 @@ uint64_t SumScalar(const uint8_t* p, int64_t n) {
   return s;
 }
 
+// vpdpbusd on 12 zmm accumulators, `iters` times each; the sum keeps the loop alive.
+__attribute__((target("avx512f,avx512vnni"))) int64_t VnniLoop(int64_t iters) {
+  const __m512i a = _mm512_set1_epi32(0x01020304), b = _mm512_set1_epi32(0x01ff01ff);
+  __m512i c[12];
+  for (__m512i& v : c) v = _mm512_setzero_si512();
+  for (int64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 12
+    for (__m512i& v : c) v = _mm512_dpbusd_epi32(v, a, b);
+    // Keeps GCC from folding the loop: the operands look loop-variant to it.
+    __asm__ volatile("" : "+v"(c[0]), "+v"(c[6]));
+  }
+  __m512i s = c[0];
+  for (int j = 1; j < 12; ++j) s = _mm512_add_epi32(s, c[j]);
+  alignas(64) int32_t lanes[16];
+  _mm512_store_si512(lanes, s);
+  return std::accumulate(lanes, lanes + 16, int64_t{0});
+}
+
 // A step over `n` sequences at the given positions, one row each (decode) — or one sequence's
 // chunk of rows (prefill).
 struct Seqs {
@@ -104,6 +123,18 @@ double ReadBandwidthProbe::Once() {
   volatile uint64_t keep = std::accumulate(sink_.begin(), sink_.end(), uint64_t{0});
   (void)keep;
   return static_cast<double>(bytes_) / s / 1e9;
+}
+
+double MeasureVnniPeak(ThreadPool* pool) {
+  if (!kernels::DetectCpu().avx512vnni) return 0;
+  constexpr int64_t kIters = 16'000'000;  // 192 M instructions per thread: ~30 ms at 2 per cycle
+  std::vector<int64_t> sink(static_cast<size_t>(pool->size()));
+  const auto t0 = Clock::now();
+  pool->Run([&](int i, int) { sink[static_cast<size_t>(i)] = VnniLoop(kIters); });
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  volatile int64_t keep = sink[0];
+  (void)keep;
+  return static_cast<double>(pool->size()) * kIters * 12 * 128 / s / 1e9;
 }
 
 double MeasureReadBandwidth(int threads, int64_t bytes, int repeats, std::vector<double>* runs) {
@@ -262,7 +293,28 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
   EngineBenchReport rep;
   rep.shape = opts.shape;
   rep.threads = opts.threads;
-  rep.isa = kernels::IsaName(kernels::ActiveIsa());
+  const kernels::IsaLevel entry_isa = kernels::ActiveIsa();
+  const std::vector<kernels::IsaLevel> isas =
+      opts.isas.empty() ? std::vector<kernels::IsaLevel>{entry_isa} : opts.isas;
+  for (kernels::IsaLevel l : isas) {
+    kernels::SetMaxIsa(l);
+    const bool ok = kernels::ActiveIsa() == l;
+    kernels::SetMaxIsa(entry_isa);
+    if (!ok) {
+      return InvalidArgumentError(
+          "kernel level " + kernels::IsaName(l) + " is not supported on this CPU" +
+          (l == kernels::IsaLevel::kAmx ? " (" + kernels::AmxUnavailableReason() + ")" : ""));
+    }
+  }
+  // The levels are switched inside the runs; the one active on entry is restored on return.
+  struct RestoreIsa {
+    kernels::IsaLevel level;
+    ~RestoreIsa() { kernels::SetMaxIsa(level); }
+  } restore{entry_isa};
+  for (size_t i = 0; i < isas.size(); ++i) {
+    if (i > 0) rep.isa += ',';
+    rep.isa += kernels::IsaName(isas[i]);
+  }
   progress("measuring memory read bandwidth (" + std::to_string(opts.bandwidth_bytes >> 20) +
            " MiB, " + std::to_string(opts.threads) + " threads)");
   rep.bandwidth_gbs =
@@ -271,6 +323,14 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
   if (opts.workload != "default")
     return InvalidArgumentError("unknown workload '" + opts.workload + "' (default, punica)");
   ThreadPool pool(opts.threads);
+  if (kernels::DetectCpu().avx512vnni) {
+    progress("measuring the int8 VNNI limit (vpdpbusd, " + std::to_string(opts.threads) +
+             " threads)");
+    MeasureVnniPeak(&pool);  // warm-up (clock ramp)
+    for (int r = 0; r < std::max(opts.repeats, 3); ++r)
+      rep.vnni_runs.push_back(MeasureVnniPeak(&pool));
+    rep.vnni_gops = Median(rep.vnni_runs);
+  }
   // Batch-1 decode runs are each bracketed by bandwidth probe passes (their roofline).
   std::unique_ptr<ReadBandwidthProbe> probe;
   if (std::find(opts.batches.begin(), opts.batches.end(), 1) != opts.batches.end() &&
@@ -305,26 +365,53 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
       return static_cast<int32_t>(rng.NextU64() % static_cast<uint64_t>(c.vocab_size));
     };
 
-    // Prefill: one sequence, the whole prompt in one step (chunk = prompt length).
+    // Prefill: one sequence, the whole prompt in one step (chunk = prompt length); the levels
+    // alternate inside each repeat.
     {
-      std::vector<double> runs;
+      std::vector<std::vector<double>> runs(isas.size());
       std::vector<int32_t> table;
       CHORUS_RETURN_IF_ERROR(kv.Reserve(&table, opts.prefill_tokens));
       std::vector<int32_t> toks(static_cast<size_t>(opts.prefill_tokens));
       for (int32_t& t : toks) t = random_token();
       builder.Clear();
       builder.AddSequence(toks, 0, table.data(), /*want_logits=*/true);
+      // [level]: per run, the VNNI limit probed around it (GOP/s).
+      std::vector<std::vector<double>> limits(isas.size());
+      const bool vnni = rep.vnni_gops > 0;
       for (int r = 0; r < opts.repeats + 1; ++r) {
-        auto t0 = Clock::now();
-        fwd.Run(builder.Input(), &kv, &pool, logits.data());
-        double s = std::chrono::duration<double>(Clock::now() - t0).count();
-        if (r > 0) runs.push_back(static_cast<double>(opts.prefill_tokens) / s);
+        for (size_t li = 0; li < isas.size(); ++li) {
+          kernels::SetMaxIsa(isas[li]);
+          const double before = vnni && r > 0 ? MeasureVnniPeak(&pool) : 0;
+          auto t0 = Clock::now();
+          fwd.Run(builder.Input(), &kv, &pool, logits.data());
+          double s = std::chrono::duration<double>(Clock::now() - t0).count();
+          if (r > 0) {
+            runs[li].push_back(static_cast<double>(opts.prefill_tokens) / s);
+            if (vnni) limits[li].push_back((before + MeasureVnniPeak(&pool)) / 2);
+          }
+        }
       }
       kv.Release(&table);
-      EngineBenchRow row{dname, "prefill", opts.prefill_tokens, Median(runs), runs, 0, 0};
-      progress(dname + " prefill " + std::to_string(opts.prefill_tokens) + ": " +
-               std::to_string(row.tokens_per_s) + " tok/s");
-      rep.rows.push_back(row);
+      for (size_t li = 0; li < isas.size(); ++li) {
+        EngineBenchRow row{.dtype = dname,
+                           .metric = "prefill",
+                           .batch = opts.prefill_tokens,
+                           .tokens_per_s = Median(runs[li]),
+                           .runs = runs[li],
+                           .isa = kernels::IsaName(isas[li])};
+        for (const auto& l : mdl->weights().layers)
+          for (const auto& m : l.linear) row.ops_per_token += 2.0 * m.n() * m.k();
+        if (vnni) {
+          std::vector<double> fractions;
+          for (size_t i = 0; i < runs[li].size(); ++i)
+            fractions.push_back(runs[li][i] * row.ops_per_token / (limits[li][i] * 1e9));
+          row.vnni_fraction = Median(fractions);
+          row.vnni_gops = Median(limits[li]);
+        }
+        progress(dname + " prefill " + std::to_string(opts.prefill_tokens) + " (" + row.isa +
+                 "): " + std::to_string(row.tokens_per_s) + " tok/s");
+        rep.rows.push_back(row);
+      }
     }
 
     // Adapters for the mixed runs (compute layout, in memory: the kernels' cost, not loading).
@@ -348,10 +435,15 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
     // base, lora, ...), so a slow spell of the shared host weighs on both medians alike.
     const int n_passes = loras.empty() ? 1 : 2;
     for (int64_t b : opts.batches) {
-      std::vector<double> pass_runs[2];
-      std::vector<double> probe_runs;  // batch 1: the read bandwidth around each base run
+      // [level][pass]; probe_runs[level]: batch 1, the read bandwidth around each base run.
+      std::vector<std::array<std::vector<double>, 2>> pass_runs(isas.size());
+      std::vector<std::vector<double>> probe_runs_by_isa(isas.size());
       for (int r = 0; r < opts.repeats; ++r)
-        for (int pass = 0; pass < n_passes; ++pass) {
+        for (int pass_li = 0; pass_li < n_passes * static_cast<int>(isas.size()); ++pass_li) {
+          const size_t li = static_cast<size_t>(pass_li / n_passes);
+          const int pass = pass_li % n_passes;
+          kernels::SetMaxIsa(isas[li]);
+          std::vector<double>& probe_runs = probe_runs_by_isa[li];
           const bool with_lora = pass == 1;
           std::vector<std::vector<int32_t>> tables(static_cast<size_t>(b));
           std::vector<const int32_t*> tps(static_cast<size_t>(b));
@@ -400,20 +492,26 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
             }
           }
           double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-          pass_runs[pass].push_back(static_cast<double>(b * opts.decode_steps) / secs);
+          pass_runs[li][static_cast<size_t>(pass)].push_back(
+              static_cast<double>(b * opts.decode_steps) / secs);
           if (probed) probe_runs.push_back((probe_before + probe->Once()) / 2);
           for (auto& t : tables) kv.Release(&t);
         }
-      for (int pass = 0; pass < n_passes; ++pass) {
+      for (int pass_li = 0; pass_li < n_passes * static_cast<int>(isas.size()); ++pass_li) {
+        const size_t li = static_cast<size_t>(pass_li / n_passes);
+        const int pass = pass_li % n_passes;
+        const std::vector<double>& probe_runs = probe_runs_by_isa[li];
         const bool with_lora = pass == 1;
-        const std::vector<double>& runs = pass_runs[pass];
-        EngineBenchRow row{dname,
-                           with_lora ? "decode-lora" : "decode",
-                           b,
-                           Median(runs),
-                           runs,
-                           0,
-                           static_cast<double>(mdl->StreamedBytesPerToken())};
+        const std::vector<double>& runs = pass_runs[li][static_cast<size_t>(pass)];
+        EngineBenchRow row{
+            .dtype = dname,
+            .metric = with_lora ? "decode-lora" : "decode",
+            .batch = b,
+            .tokens_per_s = Median(runs),
+            .runs = runs,
+            .roofline_fraction = 0,
+            .weight_bytes_per_token = static_cast<double>(mdl->StreamedBytesPerToken()),
+            .isa = kernels::IsaName(isas[li])};
         if (b == 1 && !with_lora && !probe_runs.empty()) {
           row.roofline_bandwidth_gbs = Median(probe_runs);
           row.roofline_bandwidth_runs = probe_runs;
@@ -422,8 +520,8 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
             fractions.push_back(runs[i] * row.weight_bytes_per_token / (probe_runs[i] * 1e9));
           row.roofline_fraction = Median(fractions);
         }
-        progress(dname + " " + row.metric + " batch " + std::to_string(b) + ": " +
-                 std::to_string(row.tokens_per_s) + " tok/s");
+        progress(dname + " " + row.metric + " batch " + std::to_string(b) + " (" + row.isa +
+                 "): " + std::to_string(row.tokens_per_s) + " tok/s");
         rep.rows.push_back(row);
       }
     }
@@ -436,9 +534,9 @@ std::string EngineBenchReport::ToCsv() const {
   s << "shape,threads,isa,dtype,metric,batch,tokens_per_s,roofline_fraction,bandwidth_gbs,runs,"
        "adapters\n";
   for (const auto& r : rows) {
-    s << shape << "," << threads << "," << isa << "," << r.dtype << "," << r.metric << ","
-      << r.batch << "," << std::fixed << std::setprecision(2) << r.tokens_per_s << ","
-      << std::setprecision(3) << r.roofline_fraction << "," << std::setprecision(2)
+    s << shape << "," << threads << "," << (r.isa.empty() ? isa : r.isa) << "," << r.dtype << ","
+      << r.metric << "," << r.batch << "," << std::fixed << std::setprecision(2) << r.tokens_per_s
+      << "," << std::setprecision(3) << r.roofline_fraction << "," << std::setprecision(2)
       << (r.roofline_bandwidth_gbs > 0 ? r.roofline_bandwidth_gbs : bandwidth_gbs) << ",";
     for (size_t i = 0; i < r.runs.size(); ++i)
       s << (i ? ";" : "") << std::setprecision(2) << r.runs[i];
@@ -451,15 +549,17 @@ std::string EngineBenchReport::ToJson() const {
   std::ostringstream s;
   s << std::fixed << std::setprecision(3);
   s << "{\"shape\":\"" << shape << "\",\"threads\":" << threads << ",\"isa\":\"" << isa
-    << "\",\"bandwidth_gbs\":" << bandwidth_gbs << ",\"rows\":[";
+    << "\",\"bandwidth_gbs\":" << bandwidth_gbs << ",\"vnni_gops\":" << vnni_gops << ",\"rows\":[";
   for (size_t i = 0; i < rows.size(); ++i) {
     const auto& r = rows[i];
-    s << (i ? "," : "") << "{\"dtype\":\"" << r.dtype << "\",\"metric\":\"" << r.metric
-      << "\",\"batch\":" << r.batch << ",\"tokens_per_s\":" << r.tokens_per_s
-      << ",\"roofline_fraction\":" << r.roofline_fraction
+    s << (i ? "," : "") << "{\"isa\":\"" << (r.isa.empty() ? isa : r.isa) << "\",\"dtype\":\""
+      << r.dtype << "\",\"metric\":\"" << r.metric << "\",\"batch\":" << r.batch
+      << ",\"tokens_per_s\":" << r.tokens_per_s << ",\"roofline_fraction\":" << r.roofline_fraction
       << ",\"roofline_bandwidth_gbs\":" << r.roofline_bandwidth_gbs
       << ",\"weight_bytes_per_token\":" << r.weight_bytes_per_token
-      << ",\"adapters\":" << r.adapters << ",\"runs\":[";
+      << ",\"adapters\":" << r.adapters << ",\"ops_per_token\":" << r.ops_per_token
+      << ",\"vnni_fraction\":" << r.vnni_fraction << ",\"vnni_gops\":" << r.vnni_gops
+      << ",\"runs\":[";
     for (size_t j = 0; j < r.runs.size(); ++j) s << (j ? "," : "") << r.runs[j];
     s << "],\"roofline_bandwidth_runs\":[";  // per run, the probes around it (decode b=1)
     for (size_t j = 0; j < r.roofline_bandwidth_runs.size(); ++j)
@@ -474,11 +574,21 @@ std::string EngineBenchReport::ToTable() const {
   std::ostringstream s;
   s << std::fixed << std::setprecision(1);
   s << "shape " << shape << ", " << threads << " threads, isa " << isa << ", read bandwidth "
-    << bandwidth_gbs << " GB/s (median)\n";
+    << bandwidth_gbs << " GB/s (median)";
+  if (vnni_gops > 0) s << ", int8 VNNI limit " << vnni_gops << " GOP/s (median)";
+  s << "\n";
+  const bool by_isa = isa.find(',') != std::string::npos;
+  if (by_isa) s << "isa     ";
   s << "dtype  metric       batch   tok/s    roofline\n";
   for (const auto& r : rows) {
+    if (by_isa) s << std::left << std::setw(8) << r.isa;
     s << std::left << std::setw(7) << r.dtype << std::setw(13) << r.metric << std::setw(8)
       << r.batch << std::setw(9) << r.tokens_per_s;
+    if (r.metric == "prefill" && r.vnni_fraction > 0) {
+      s << std::setprecision(1) << 100.0 * r.vnni_fraction << " % of the int8 VNNI limit (of "
+        << r.vnni_gops << " GOP/s probed around each run, " << std::setprecision(2)
+        << r.ops_per_token / 1e9 << " GOP/token)" << std::setprecision(1);
+    }
     if (r.metric == "decode" && r.batch == 1 && r.roofline_bandwidth_gbs > 0) {
       s << std::setprecision(1) << 100.0 * r.roofline_fraction << " % (of "
         << r.roofline_bandwidth_gbs << " GB/s, probed around each run)";
@@ -486,8 +596,8 @@ std::string EngineBenchReport::ToTable() const {
     if (r.metric == "identical" || r.metric == "skewed" || r.metric == "uniform" ||
         r.metric == "distinct") {
       for (const auto& ref : rows) {
-        if (ref.dtype == r.dtype && ref.batch == r.batch && ref.tokens_per_s > 0 &&
-            (ref.metric == "base" || ref.metric == "identical")) {
+        if (ref.isa == r.isa && ref.dtype == r.dtype && ref.batch == r.batch &&
+            ref.tokens_per_s > 0 && (ref.metric == "base" || ref.metric == "identical")) {
           s << std::setprecision(1) << 100.0 * r.tokens_per_s / ref.tokens_per_s << " % of "
             << ref.metric << "  ";
         }
@@ -496,8 +606,8 @@ std::string EngineBenchReport::ToTable() const {
     }
     if (r.metric == "decode-lora") {
       for (const auto& base : rows) {
-        if (base.dtype == r.dtype && base.metric == "decode" && base.batch == r.batch &&
-            base.tokens_per_s > 0) {
+        if (base.isa == r.isa && base.dtype == r.dtype && base.metric == "decode" &&
+            base.batch == r.batch && base.tokens_per_s > 0) {
           s << std::setprecision(1) << 100.0 * r.tokens_per_s / base.tokens_per_s
             << " % of base-only";
         }

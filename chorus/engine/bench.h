@@ -15,6 +15,7 @@
 #include "chorus/adapters/lora/lora_adapter.h"
 #include "chorus/base/status.h"
 #include "chorus/base/thread_pool.h"
+#include "chorus/kernels/dispatch.h"
 #include "chorus/tensor/dtype.h"
 
 namespace chorus::engine {
@@ -45,6 +46,11 @@ struct EngineBenchOptions {
   std::string workload = "default";
   adapters::LoraStorage lora_storage =
       adapters::LoraStorage::kBF16;  // as `chorus serve` stores them
+  // Kernel levels to measure (default workload): empty = the active one. With several, every
+  // prefill and decode figure is measured at each level, the levels alternating inside every
+  // repeat on the same model (a same-run A/B of the kernels); rows carry their level. Requires:
+  // every level is supported (ActiveIsa() reaches it once uncapped).
+  std::vector<kernels::IsaLevel> isas;
 };
 
 struct EngineBenchRow {
@@ -62,6 +68,15 @@ struct EngineBenchRow {
   // of the runs' bandwidths.
   double roofline_bandwidth_gbs = 0;
   std::vector<double> roofline_bandwidth_runs = {};
+  // Prefill: int8 operations per token the base matmuls perform (2 · the weights of every layer's
+  // linears; the output head runs for the last row only), and, like the bandwidth roofline of
+  // batch-1 decode, each run against the int8 VNNI limit probed right before and right after it
+  // (MeasureVnniPeak): vnni_fraction is the median over runs of run tokens/s · ops_per_token ÷
+  // its limit, vnni_gops the median of the runs' limits (both 0 without AVX-512 VNNI).
+  double ops_per_token = 0;
+  double vnni_fraction = 0;
+  double vnni_gops = 0;
+  std::string isa = {};  // the kernel level of this row (EngineBenchOptions::isas)
 };
 
 // Adapter-row assignment of the punica workload: for `kind` ("identical", "skewed", "uniform",
@@ -74,6 +89,10 @@ struct EngineBenchReport {
   std::string isa;
   double bandwidth_gbs = 0;  // median read bandwidth (GB/s = 1e9 B/s)
   std::vector<double> bandwidth_runs;
+  // The int8 dot-product limit of the vector units (VnniPeakProbe, all `threads`): median GOP/s
+  // (1e9 int8 multiply-adds counted as 2 operations each); 0 without AVX-512 VNNI.
+  double vnni_gops = 0;
+  std::vector<double> vnni_runs;
   std::vector<EngineBenchRow> rows;
   std::string ToCsv() const;
   std::string ToJson() const;
@@ -96,6 +115,12 @@ class ReadBandwidthProbe {
   uint8_t* buf_ = nullptr;
   std::vector<uint64_t> sink_;
 };
+
+// The int8 limit the VNNI kernels are measured against: every pool thread runs a register-only
+// loop of vpdpbusd on zmm registers (12 independent accumulators, more than the instruction's
+// latency × throughput on Zen 4 and Sapphire Rapids) for a fixed count. GOP/s counts 2
+// operations per int8 multiply-add (128 per instruction). 0 when the CPU lacks AVX-512 VNNI.
+double MeasureVnniPeak(ThreadPool* pool);
 
 // Median of `repeats` probe passes (after one warm-up pass), in GB/s.
 double MeasureReadBandwidth(int threads, int64_t bytes, int repeats, std::vector<double>* runs);

@@ -15,6 +15,7 @@ void AttentionRow(const float* q, const PagedKv& kv, int64_t n_ctx, int64_t n_he
     // The AVX-512 level runs the AVX2 kernel: it is bound by fetching K/V rows scattered over
     // blocks, and on Zen 4 a 512-bit FMA has the throughput of two 256-bit ones, so a 512-bit
     // copy would add code without adding speed.
+    case IsaLevel::kAmx:
     case IsaLevel::kAvx512:
     case IsaLevel::kAvx2:
       return avx2::AttentionRow(q, kv, n_ctx, n_heads, n_kv_heads, head_dim, scale, scratch, out);

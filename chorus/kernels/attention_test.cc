@@ -23,7 +23,7 @@ void PrintTo(IsaLevel level, std::ostream* os) { *os << IsaName(level); }
 namespace {
 
 bool Supported(IsaLevel level) {
-  SetMaxIsa(IsaLevel::kAvx512);
+  SetMaxIsa(kMaxIsaLevel);
   return static_cast<int>(ActiveIsa()) >= static_cast<int>(level);
 }
 
@@ -33,7 +33,7 @@ class AttentionTest : public ::testing::TestWithParam<IsaLevel> {
     if (!Supported(GetParam())) GTEST_SKIP() << IsaName(GetParam()) << " not supported here";
     SetMaxIsa(GetParam());
   }
-  void TearDown() override { SetMaxIsa(IsaLevel::kAvx512); }
+  void TearDown() override { SetMaxIsa(kMaxIsaLevel); }
 };
 
 // One sequence's K and V, dense ([n_ctx, n_kv_heads, head_dim]) and paged into a pool of
@@ -212,7 +212,8 @@ TEST(AttentionReference, MatchesDense) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Levels, AttentionTest,
-                         ::testing::Values(IsaLevel::kScalar, IsaLevel::kAvx2, IsaLevel::kAvx512),
+                         ::testing::Values(IsaLevel::kScalar, IsaLevel::kAvx2, IsaLevel::kAvx512,
+                                           IsaLevel::kAmx),
                          [](const ::testing::TestParamInfo<IsaLevel>& info) {
                            return IsaName(info.param);
                          });

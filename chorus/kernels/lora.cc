@@ -37,9 +37,12 @@ constexpr LoraTiles kLoraTiles[] = {
      lora_internal::avx2::ExpandTile, lora_internal::avx2::ExpandTileBf16},
     {lora_internal::avx512::ShrinkTile, lora_internal::avx512::ShrinkTileBf16,
      lora_internal::avx512::ExpandTile, lora_internal::avx512::ExpandTileBf16},
+    // kAmx: the LoRA terms have no tile kernel yet; the AVX-512 ones run (docs/kernels.md).
+    {lora_internal::avx512::ShrinkTile, lora_internal::avx512::ShrinkTileBf16,
+     lora_internal::avx512::ExpandTile, lora_internal::avx512::ExpandTileBf16},
 };
 static_assert(static_cast<int>(IsaLevel::kScalar) == 0 && static_cast<int>(IsaLevel::kAvx2) == 1 &&
-              static_cast<int>(IsaLevel::kAvx512) == 2);
+              static_cast<int>(IsaLevel::kAvx512) == 2 && static_cast<int>(IsaLevel::kAmx) == 3);
 
 const LoraTiles& TilesForIsa() { return kLoraTiles[static_cast<int>(ActiveIsa())]; }
 

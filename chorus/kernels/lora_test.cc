@@ -21,7 +21,7 @@ namespace chorus::kernels {
 namespace {
 
 std::vector<IsaLevel> SupportedLevels() {
-  SetMaxIsa(IsaLevel::kAvx512);
+  SetMaxIsa(kMaxIsaLevel);
   const IsaLevel best = ActiveIsa();
   std::vector<IsaLevel> out;
   for (int l = 0; l <= static_cast<int>(best); ++l) out.push_back(static_cast<IsaLevel>(l));
@@ -29,7 +29,7 @@ std::vector<IsaLevel> SupportedLevels() {
 }
 
 struct IsaGuard {
-  ~IsaGuard() { SetMaxIsa(IsaLevel::kAvx512); }
+  ~IsaGuard() { SetMaxIsa(kMaxIsaLevel); }
 };
 
 std::vector<float> Random(size_t n, std::mt19937* rng, float scale = 1.0f) {

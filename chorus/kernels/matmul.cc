@@ -127,11 +127,12 @@ internal::QRows LayoutQRows(uint8_t* base, int64_t m, int64_t k) {
   q.qs_stride = RoundUp(k, 64);
   q.meta_stride = k / kQuantBlock;
   q.qs = reinterpret_cast<int8_t*>(base);
-  q.meta = reinterpret_cast<internal::QMeta*>(base + m * q.qs_stride);
+  q.meta = reinterpret_cast<internal::QMeta*>(base + RoundUp(m, internal::kQRowsPad) * q.qs_stride);
   return q;
 }
 int64_t QRowsBytes(int64_t m, int64_t k) {
-  return m * RoundUp(k, 64) + m * (k / kQuantBlock) * static_cast<int64_t>(sizeof(internal::QMeta));
+  return RoundUp(m, internal::kQRowsPad) * RoundUp(k, 64) +
+         m * (k / kQuantBlock) * static_cast<int64_t>(sizeof(internal::QMeta));
 }
 
 // Up to this many rows, every thread converts all activations itself (cheap, and it saves a
@@ -181,8 +182,9 @@ Result<PackedWeight> PackedWeightBuilder::Build(const Tensor& w, IsaLevel level)
     pw.packed_ = std::move(buf);
     pw.packed_layout_ = layout;
     pw.packed_bytes_ = bytes;
-  } else if (dt == DType::kBF16 && level == IsaLevel::kAvx512) {
-    // Only the AVX-512 kernels read this layout; other levels run on the source in place.
+  } else if (dt == DType::kBF16 && level >= IsaLevel::kAvx512) {
+    // Only the AVX-512 kernels (which the amx level runs for bf16) read this layout; other
+    // levels run on the source in place.
     const int64_t bytes = (n + kPanelCols - 1) / kPanelCols * internal::Bf16PanelBytes(k);
     std::shared_ptr<uint8_t> buf = PackedBuffer(bytes);
     RepackBf16Pairs(w, n, k, buf.get());
@@ -228,9 +230,10 @@ void MatMulMulti(std::span<const MatMulOut> outs, const float* x, int64_t x_stri
     });
     return;
   }
-  internal::MatMulWithKernels(
-      isa == IsaLevel::kAvx512 ? internal::Avx512Kernels() : internal::Avx2Kernels(), outs, x,
-      x_stride, m, accumulate, pool);
+  const internal::IsaKernels& kern = isa == IsaLevel::kAmx      ? internal::AmxKernels()
+                                     : isa == IsaLevel::kAvx512 ? internal::Avx512Kernels()
+                                                                : internal::Avx2Kernels();
+  internal::MatMulWithKernels(kern, outs, x, x_stride, m, accumulate, pool);
 }
 
 namespace {

@@ -68,6 +68,10 @@ struct QMeta {
   float d;
   int32_t corr;
 };
+// The buffer holds RoundUp(m, kQRowsPad) rows of quants: the AMX kernel loads activation tiles
+// of 16 rows, and the rows past m (never quantized, any bytes) only feed tile rows whose
+// results are discarded (a tile row's products depend on that row alone).
+inline constexpr int64_t kQRowsPad = 16;
 struct QRows {
   int8_t* qs = nullptr;     // [m, qs_stride] quants, row r block b at qs + r*qs_stride + 32*b
   QMeta* meta = nullptr;    // [m, meta_stride]
@@ -112,6 +116,13 @@ struct IsaKernels {
 
 const IsaKernels& Avx2Kernels();
 const IsaKernels& Avx512Kernels();
+// The AVX-512 kernels with q_panels replaced by the AMX int8 tile GEMM (x86/matmul_amx.cc) for
+// steps of several rows. Requires: BestIsa() == kAmx (the tile permission is granted).
+const IsaKernels& AmxKernels();
+// AmxKernels().q_panels without its choice of the VNNI kernel for steps of few rows: the tile
+// GEMM at any m (lets a test check the tiles on 1..11 rows too). Same requirement.
+void AmxTileQPanels(int layout, const uint8_t* packed, int64_t n, int64_t k, const QRows& q,
+                    int64_t m, int64_t p0, int64_t p1, float* y, int64_t y_stride, bool accumulate);
 
 // Pack() for a given ISA level (Pack uses ActiveIsa()): lets a test build the AVX-512 layouts on
 // any machine.

@@ -22,7 +22,7 @@ namespace {
 const DType kAllTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0};
 
 std::vector<IsaLevel> SupportedLevels() {
-  SetMaxIsa(IsaLevel::kAvx512);
+  SetMaxIsa(kMaxIsaLevel);
   const IsaLevel best = ActiveIsa();
   std::vector<IsaLevel> out;
   for (int l = 0; l <= static_cast<int>(best); ++l) out.push_back(static_cast<IsaLevel>(l));
@@ -31,7 +31,7 @@ std::vector<IsaLevel> SupportedLevels() {
 
 // Restores the best ISA level when a test ends, whatever happens inside it.
 struct IsaGuard {
-  ~IsaGuard() { SetMaxIsa(IsaLevel::kAvx512); }
+  ~IsaGuard() { SetMaxIsa(kMaxIsaLevel); }
 };
 
 std::vector<float> RandomVec(size_t n, uint32_t seed, float scale = 1.0f) {
@@ -226,6 +226,53 @@ TEST_F(MatMulTest, MultiEqualsSeparateBitwise) {
               EXPECT_EQ(0, std::memcmp(sep[j].data(), got[j].data(), sep[j].size() * 4))
                   << DTypeName(dt) << " " << IsaName(level) << " m=" << m << " output " << j
                   << " threads=" << pool->size() << (accumulate ? " acc" : "");
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The AMX tile GEMM itself (AmxTileQPanels, at every row count, including the 1..11 rows that
+// MatMul gives the VNNI kernel) equals the AVX-512 VNNI kernel and the scalar reference bit for
+// bit: odd block counts (k/32 = 1, 3, 5, 7: the four-block groups' tail), ragged 16-row tiles,
+// a ragged last panel and column vector, strided x and y, accumulate on and off, 1 and 2
+// threads.
+TEST_F(MatMulTest, AmxTilesEqualVnniAndReferenceBitwise) {
+  if (BestIsa() != IsaLevel::kAmx) {
+    GTEST_SKIP() << "no amx level on this host: " << AmxUnavailableReason();
+  }
+  internal::IsaKernels tiles = internal::AmxKernels();
+  tiles.q_panels = internal::AmxTileQPanels;
+  const Shape shapes[] = {{1, 32, 1},    {2, 96, 17},   {3, 160, 64},  {5, 224, 65},
+                          {15, 32, 130}, {16, 256, 48}, {17, 96, 200}, {31, 2048, 70},
+                          {33, 160, 16}, {47, 64, 129}, {64, 288, 64}, {100, 544, 190}};
+  for (DType dt : {DType::kQ8_0, DType::kQ4_0}) {
+    for (const Shape& s : shapes) {
+      const int64_t x_stride = s.k + 7, y_stride = s.n + 3;
+      const PackedWeight w = MakeWeight(dt, s.n, s.k, static_cast<uint32_t>(s.m + 3 * s.k + s.n));
+      const std::vector<float> x = RandomVec(static_cast<size_t>(s.m * x_stride), 17 + s.k);
+      const std::vector<float> y0 = RandomVec(static_cast<size_t>(s.m * y_stride), 23);
+      for (bool accumulate : {false, true}) {
+        std::vector<float> ref(y0), vnni(y0);
+        reference::MatMul(w, x.data(), x_stride, s.m, ref.data(), y_stride, accumulate);
+        const MatMulOut vo{&w, vnni.data(), y_stride};
+        internal::MatMulWithKernels(internal::Avx512Kernels(), {&vo, 1}, x.data(), x_stride, s.m,
+                                    accumulate, &pool2_);
+        ASSERT_EQ(0, std::memcmp(ref.data(), vnni.data(), ref.size() * 4));
+        for (ThreadPool* pool : {&pool1_, &pool2_}) {
+          std::vector<float> got(y0);
+          const MatMulOut o{&w, got.data(), y_stride};
+          internal::MatMulWithKernels(tiles, {&o, 1}, x.data(), x_stride, s.m, accumulate, pool);
+          const std::string name =
+              "amx tiles " + Name(dt, IsaLevel::kAmx, s, pool->size()) + (accumulate ? " acc" : "");
+          int bad = 0;
+          for (size_t i = 0; i < got.size() && bad < 5; ++i) {
+            if (std::memcmp(&got[i], &ref[i], 4) != 0) {
+              ADD_FAILURE() << name << " y[" << i / y_stride << "," << i % y_stride
+                            << "] = " << got[i] << " ref " << ref[i];
+              ++bad;
             }
           }
         }

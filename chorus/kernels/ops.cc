@@ -9,6 +9,7 @@ namespace chorus::kernels {
 
 void RmsNorm(const float* x, const float* weight, int64_t m, int64_t n, float eps, float* out) {
   switch (ActiveIsa()) {
+    case IsaLevel::kAmx:  // no tile kernel for element-wise ops
     case IsaLevel::kAvx512:
       return avx512::RmsNorm(x, weight, m, n, eps, out);
     case IsaLevel::kAvx2:
@@ -23,6 +24,7 @@ void RopeApply(float* x, int64_t n_heads, int64_t head_dim, const float* cos_t, 
                RopeLayout layout) {
   CHORUS_CHECK(head_dim % 2 == 0 && head_dim <= kMaxRopeHeadDim) << "head_dim " << head_dim;
   switch (ActiveIsa()) {
+    case IsaLevel::kAmx:  // no tile kernel for element-wise ops
     case IsaLevel::kAvx512:
       return avx512::RopeApply(x, n_heads, head_dim, cos_t, sin_t, layout);
     case IsaLevel::kAvx2:
@@ -43,6 +45,7 @@ void Rope(float* x, int64_t n_heads, int64_t head_dim, int64_t pos, const float*
 
 void SiluMul(const float* gate, const float* up, int64_t n, float* out) {
   switch (ActiveIsa()) {
+    case IsaLevel::kAmx:  // no tile kernel for element-wise ops
     case IsaLevel::kAvx512:
       return avx512::SiluMul(gate, up, n, out);
     case IsaLevel::kAvx2:
@@ -55,6 +58,7 @@ void SiluMul(const float* gate, const float* up, int64_t n, float* out) {
 
 void Softmax(float* x, int64_t n) {
   switch (ActiveIsa()) {
+    case IsaLevel::kAmx:  // no tile kernel for element-wise ops
     case IsaLevel::kAvx512:
       return avx512::Softmax(x, n);
     case IsaLevel::kAvx2:
@@ -67,6 +71,7 @@ void Softmax(float* x, int64_t n) {
 
 void Add(float* y, const float* x, int64_t n) {
   switch (ActiveIsa()) {
+    case IsaLevel::kAmx:  // no tile kernel for element-wise ops
     case IsaLevel::kAvx512:
       return avx512::Add(y, x, n);
     case IsaLevel::kAvx2:

@@ -24,7 +24,7 @@ namespace {
 const int64_t kLengths[] = {1, 2, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 4096, 4099};
 
 bool Supported(IsaLevel level) {
-  SetMaxIsa(IsaLevel::kAvx512);
+  SetMaxIsa(kMaxIsaLevel);
   return static_cast<int>(ActiveIsa()) >= static_cast<int>(level);
 }
 
@@ -36,7 +36,7 @@ class IsaTest : public ::testing::TestWithParam<IsaLevel> {
     SetMaxIsa(GetParam());
     ASSERT_EQ(ActiveIsa(), GetParam());
   }
-  void TearDown() override { SetMaxIsa(IsaLevel::kAvx512); }
+  void TearDown() override { SetMaxIsa(kMaxIsaLevel); }
 };
 
 std::vector<float> Random(int64_t n, uint64_t seed, float scale = 1.0f) {
@@ -61,7 +61,7 @@ bool BitwiseEqual(const float* a, const float* b, int64_t n) {
 
 // ParseIsaLevel is IsaName's inverse and refuses anything else (chorus bench --isa).
 TEST(DispatchTest, ParseIsaLevelInvertsIsaName) {
-  for (IsaLevel level : {IsaLevel::kScalar, IsaLevel::kAvx2, IsaLevel::kAvx512})
+  for (IsaLevel level : {IsaLevel::kScalar, IsaLevel::kAvx2, IsaLevel::kAvx512, IsaLevel::kAmx})
     EXPECT_EQ(ParseIsaLevel(IsaName(level)), level);
   EXPECT_EQ(ParseIsaLevel("best"), std::nullopt);
   EXPECT_EQ(ParseIsaLevel("AVX2"), std::nullopt);
@@ -244,7 +244,8 @@ TEST_P(IsaTest, RopeLayoutsRelatedByPermutation) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Levels, IsaTest,
-                         ::testing::Values(IsaLevel::kScalar, IsaLevel::kAvx2, IsaLevel::kAvx512),
+                         ::testing::Values(IsaLevel::kScalar, IsaLevel::kAvx2, IsaLevel::kAvx512,
+                                           IsaLevel::kAmx),
                          [](const ::testing::TestParamInfo<IsaLevel>& info) {
                            return IsaName(info.param);
                          });

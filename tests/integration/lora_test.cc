@@ -15,6 +15,7 @@
 #include "chorus/adapters/lora/lora_files.h"
 #include "chorus/adapters/lora/lora_hook.h"
 #include "chorus/base/thread_pool.h"
+#include "chorus/kernels/dispatch.h"
 #include "chorus/memory/kv_cache.h"
 #include "chorus/model/convert.h"
 #include "chorus/model/forward.h"
@@ -337,6 +338,77 @@ TEST(LoraIntegrationTest, MixedAdapterBatchOf16IsBitwiseBatchInvariant) {
     ASSERT_EQ(alone[0].size(), batched[s].size());
     EXPECT_EQ(0, std::memcmp(alone[0].data(), batched[s].data(), alone[0].size() * sizeof(float)))
         << "sequence " << s << " differs alone vs in the batch of 16";
+  }
+}
+
+// A mixed batch (4 adapters of ranks 1..64 + base) on q8_0 and q4_0 bases: at the amx level the
+// multi-row steps (the 108-row prefill, the 12-row decode steps) run the int8 tile GEMM and a
+// sequence alone decodes on the VNNI kernel (1 row), so "bitwise alone = batched" checks the two
+// kernels against each other end to end; and the batched logits are bitwise those of the
+// avx512 level (every other kernel is the same at both levels).
+TEST(LoraIntegrationTest, QuantizedMixedBatchIsBitwiseInvariantAcrossLevels) {
+  struct Restore {
+    ~Restore() { kernels::SetMaxIsa(kernels::kMaxIsaLevel); }
+  } restore;
+  kernels::SetMaxIsa(kernels::kMaxIsaLevel);
+  const kernels::IsaLevel best = kernels::ActiveIsa();
+  if (best != kernels::IsaLevel::kAmx) {
+    std::printf("no amx level here (%s): batch invariance at %s only\n",
+                kernels::AmxUnavailableReason().c_str(), kernels::IsaName(best).c_str());
+  }
+  for (DType dt : {DType::kQ8_0, DType::kQ4_0}) {
+    auto mr = model::MakeSyntheticModel({.shape = "tiny", .dtype = dt, .seed = 5});
+    ASSERT_TRUE(mr.ok()) << mr.status().ToString();
+    const ModelPtr base = *mr;
+    const auto& c = base->config();
+    std::vector<std::shared_ptr<const LoraAdapter>> ads;
+    const int64_t ranks[4] = {1, 8, 16, 64};
+    for (int i = 0; i < 4; ++i) {
+      adapters::RandomLoraSpec spec;
+      spec.rank = ranks[i];
+      spec.alpha = 16;
+      spec.b_std = 0.05f;
+      spec.seed = static_cast<uint64_t>(2000 + i);
+      std::string name = "q";
+      name += std::to_string(i);
+      auto a = LoraAdapter::Build(adapters::MakeRandomLora(c, spec), c, name);
+      ASSERT_TRUE(a.ok());
+      ads.push_back(*a);
+    }
+    const size_t prompt_len = 9;
+    const int n_decode = 4;
+    std::vector<Seq> seqs;
+    for (int s = 0; s < 12; ++s) {
+      const int ad = s % 5;  // 0..3 adapters, 4 = base
+      seqs.push_back({ForcedTokens(prompt_len, c.vocab_size, 700u + static_cast<uint32_t>(s)),
+                      ad == 4 ? nullptr : ads[static_cast<size_t>(ad)].get()});
+    }
+    std::stable_sort(seqs.begin(), seqs.end(),
+                     [](const Seq& a, const Seq& b) { return a.adapter < b.adapter; });
+    std::vector<std::vector<float>> at_best;
+    for (kernels::IsaLevel level : {best, kernels::IsaLevel::kAvx512}) {
+      if (level > best || (level == kernels::IsaLevel::kAvx512 && best != kernels::IsaLevel::kAmx))
+        continue;
+      kernels::SetMaxIsa(level);
+      const std::string what = std::string(DTypeName(dt)) + " " + kernels::IsaName(level);
+      const auto batched = RunBatch(base, seqs, prompt_len, n_decode, /*forced=*/false, 2);
+      for (size_t s = 0; s < seqs.size(); ++s) {
+        const auto alone = RunBatch(base, {seqs[s]}, prompt_len, n_decode, false, 1);
+        ASSERT_EQ(alone[0].size(), batched[s].size());
+        EXPECT_EQ(0,
+                  std::memcmp(alone[0].data(), batched[s].data(), alone[0].size() * sizeof(float)))
+            << what << ": sequence " << s << " differs alone vs in the batch of 12";
+      }
+      if (level == best) {
+        at_best = batched;
+      } else {
+        for (size_t s = 0; s < seqs.size(); ++s) {
+          EXPECT_EQ(0, std::memcmp(at_best[s].data(), batched[s].data(),
+                                   batched[s].size() * sizeof(float)))
+              << what << ": sequence " << s << " differs between amx and avx512";
+        }
+      }
+    }
   }
 }
 
