@@ -1,10 +1,10 @@
 #include "apps/chorus/common.h"
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
-#include <cstdlib>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 #include "apps/chorus/default_model.h"

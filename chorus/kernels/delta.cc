@@ -1,0 +1,124 @@
+#include "chorus/kernels/delta.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "chorus/base/check.h"
+
+namespace chorus::kernels {
+namespace {
+
+constexpr int kPairs24[6][2] = {{0, 1}, {0, 2}, {0, 3}, {1, 2}, {1, 3}, {2, 3}};
+
+// Code j of a row's little-endian bit stream of `bits`-bit codes.
+inline int CodeAt(const uint8_t* row, int64_t j, int bits) {
+  const int64_t bit = j * bits;
+  const int64_t byte = bit >> 3;
+  const int shift = static_cast<int>(bit & 7);
+  // Two bytes cover any code of ≤ 8 bits at any shift; the second is read only when needed.
+  uint32_t v = row[byte];
+  if (shift + bits > 8) v |= static_cast<uint32_t>(row[byte + 1]) << 8;
+  return static_cast<int>((v >> shift) & ((1u << bits) - 1u));
+}
+
+inline float ScaleAt(const DeltaMatrixView& m, int64_t o, int64_t col) {
+  return m.group_size == 0 ? m.scales[0] : m.scales[o * m.groups() + col / m.group_size];
+}
+
+// Σ_k a[k]·b[k] in the fixed order DeltaApply promises: 16 partial sums, then pairwise.
+inline float Dot16(const float* a, const float* b, int64_t n) {
+  float acc[16] = {};
+  int64_t k = 0;
+  for (; k + 16 <= n; k += 16)
+    for (int l = 0; l < 16; ++l) acc[l] += a[k + l] * b[k + l];
+  for (int l = 0; k + l < n; ++l) acc[l] += a[k + l] * b[k + l];
+  for (int w = 8; w >= 1; w /= 2)
+    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
+  return acc[0];
+}
+
+void CheckArgs(std::span<const LoraSegment> segments, std::span<const DeltaMatrixView> weights) {
+  for (const LoraSegment& s : segments) {
+    CHORUS_CHECK(s.slot >= 0 && static_cast<size_t>(s.slot) < weights.size())
+        << "delta segment slot " << s.slot << " of " << weights.size();
+    CHORUS_CHECK(s.row_begin <= s.row_end);
+  }
+}
+
+}  // namespace
+
+void DeltaDecodeRow(const DeltaMatrixView& m, int64_t o, float* out) {
+  const uint8_t* codes = m.codes + o * m.code_row_bytes();
+  const float half = static_cast<float>((1 << m.bits) - 1) / 2.0f;
+  if (!m.sparse24) {
+    for (int64_t c = 0; c < m.cols; ++c)
+      out[c] = ScaleAt(m, o, c) * (static_cast<float>(CodeAt(codes, c, m.bits)) - half);
+    return;
+  }
+  const uint8_t* mask = m.mask + o * m.mask_row_bytes();
+  std::fill(out, out + m.cols, 0.0f);
+  for (int64_t g = 0; g < m.cols / 4; ++g) {
+    int p = mask[g / 3];
+    for (int64_t t = g % 3; t > 0; --t) p /= 6;
+    p %= 6;
+    for (int e = 0; e < 2; ++e) {
+      const int64_t col = g * 4 + kPairs24[p][e];
+      out[col] = ScaleAt(m, o, col) * (static_cast<float>(CodeAt(codes, g * 2 + e, m.bits)) - half);
+    }
+  }
+}
+
+void DeltaApplyReference(std::span<const LoraSegment> segments,
+                         std::span<const DeltaMatrixView> weights, const float* x, int64_t x_stride,
+                         float* y, int64_t y_stride) {
+  CheckArgs(segments, weights);
+  std::vector<float> row;
+  for (const LoraSegment& s : segments) {
+    const DeltaMatrixView& m = weights[static_cast<size_t>(s.slot)];
+    if (m.rows == 0) continue;
+    row.resize(static_cast<size_t>(m.cols));
+    for (int64_t o = 0; o < m.rows; ++o) {
+      DeltaDecodeRow(m, o, row.data());
+      for (int64_t i = s.row_begin; i < s.row_end; ++i) {
+        float sum = 0;
+        for (int64_t k = 0; k < m.cols; ++k)
+          sum += x[i * x_stride + k] * row[static_cast<size_t>(k)];
+        y[i * y_stride + o] += sum;
+      }
+    }
+  }
+}
+
+void DeltaApply(std::span<const LoraSegment> segments, std::span<const DeltaMatrixView> weights,
+                const float* x, int64_t x_stride, float* y, int64_t y_stride, ThreadPool* pool) {
+  CheckArgs(segments, weights);
+  int64_t max_rows = 0;
+  for (const LoraSegment& s : segments)
+    if (s.row_end > s.row_begin)
+      max_rows = std::max(max_rows, weights[static_cast<size_t>(s.slot)].rows);
+  if (max_rows == 0) return;
+  // Thread t owns output rows [begin, end) of every slot: each output element is computed whole
+  // by one thread (no split of k), so the split never changes a value.
+  auto work = [&](int t, int nt) {
+    int64_t begin, end;
+    ThreadPool::Slice(max_rows, t, nt, 8, &begin, &end);
+    thread_local std::vector<float> row;
+    for (const LoraSegment& s : segments) {
+      const DeltaMatrixView& m = weights[static_cast<size_t>(s.slot)];
+      if (m.rows == 0 || s.row_end <= s.row_begin) continue;
+      if (row.size() < static_cast<size_t>(m.cols)) row.resize(static_cast<size_t>(m.cols));
+      for (int64_t o = begin; o < std::min(end, m.rows); ++o) {
+        DeltaDecodeRow(m, o, row.data());
+        for (int64_t i = s.row_begin; i < s.row_end; ++i)
+          y[i * y_stride + o] += Dot16(x + i * x_stride, row.data(), m.cols);
+      }
+    }
+  };
+  if (pool == nullptr || pool->size() == 1) {
+    work(0, 1);
+  } else {
+    pool->Run(work);
+  }
+}
+
+}  // namespace chorus::kernels
