@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <utility>
 
+#include "chorus/adapters/delta/delta_hook.h"
 #include "chorus/adapters/lora/lora_files.h"
 #include "chorus/adapters/registry_paths.h"
 #include "chorus/adapters/registry_state.h"
@@ -145,6 +146,22 @@ AdapterRegistry::~AdapterRegistry() {
   if (lock_fd_ >= 0) ::close(lock_fd_);  // closing releases the flock
 }
 
+Status AdapterRegistry::ValidateLora(const std::string& name, const std::string& path,
+                                     AdapterInfo* info) const {
+  // Validate exactly as serving will load it. The files read are the resolved ones: a PEFT
+  // directory's two files, or the GGUF file.
+  LoraLoadOptions lo;
+  lo.limits.max_rank = options_.max_lora_rank;
+  auto weights = ReadLora(path, options_.base, lo);
+  if (!weights.ok()) return weights.status().WithContext("adapter '" + name + "'");
+  auto built = LoraAdapter::Build(*weights, options_.base, name, lo.limits);
+  if (!built.ok()) return built.status().WithContext("adapter '" + name + "': " + path);
+  Summarize(*weights, info);
+  if (info->rank < 1)
+    return InvalidArgumentError("adapter '" + name + "': " + path + " holds no LoRA modules");
+  return OkStatus();
+}
+
 Result<AdapterInfo> AdapterRegistry::Register(const std::string& name, const std::string& path,
                                               bool replace, const std::string& owner) {
   MutexLock write_lock(&write_mu_);
@@ -169,17 +186,24 @@ Result<AdapterInfo> AdapterRegistry::Register(const std::string& name, const std
   CHORUS_ASSIGN_OR_RETURN(info.content_hash, HashFiles(ra.files, &info.files));
   for (const AdapterFile& f : info.files) info.bytes += f.size;
 
-  // Validate exactly as serving will load it. The files read are the resolved ones: a PEFT
-  // directory's two files (checked above), or the GGUF file.
-  LoraLoadOptions lo;
-  lo.limits.max_rank = options_.max_lora_rank;
-  auto weights = ReadLora(ra.path, options_.base, lo);
-  if (!weights.ok()) return weights.status().WithContext("adapter '" + name + "'");
-  auto built = LoraAdapter::Build(*weights, options_.base, name, lo.limits);
-  if (!built.ok()) return built.status().WithContext("adapter '" + name + "': " + ra.path);
-  Summarize(*weights, &info);
-  if (info.rank < 1)
-    return InvalidArgumentError("adapter '" + name + "': " + ra.path + " holds no LoRA modules");
+  if (ra.format == "delta") {
+    // A delta: read, checked against the base's weights hash and mapped to its linears, as
+    // serving will load it.
+    auto w = delta::LoadDeltaWeights(ra.files[0], options_.base, options_.base_weights_hash, name);
+    if (!w.ok()) return w.status().WithContext("adapter '" + name + "'");
+    info.kind = "delta";
+    info.base_model = (*w)->delta().base_source;
+    for (int li = 0; li < model::kNumLinears; ++li) {
+      for (int64_t l = 0; l < (*w)->n_layers(); ++l) {
+        if ((*w)->at(l, static_cast<model::Linear>(li)).rows > 0) {
+          info.target_modules.push_back(model::LinearName(static_cast<model::Linear>(li)));
+          break;
+        }
+      }
+    }
+  } else {
+    CHORUS_RETURN_IF_ERROR(ValidateLora(name, ra.path, &info));
+  }
   // The bytes read must be the bytes hashed.
   if (Status s = CheckFingerprints(info.files); !s.ok()) {
     return UnavailableError("adapter '" + name +

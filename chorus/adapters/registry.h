@@ -77,14 +77,17 @@ struct RegistryOptions {
   model::ModelConfig base;
   // The base's served model name; an adapter may not take it (default empty = no such check).
   std::string base_model_name;
+  // delta::BaseWeightsHash() of the served base: a delta made against other weights is refused
+  // naming both hashes (empty: not checked, e.g. tests that only register LoRA adapters).
+  std::string base_weights_hash;
 };
 
 struct AdapterInfo {
   std::string name;
   std::string path;           // resolved real path of the PEFT directory or GGUF file
-  std::string kind = "lora";  // adapter kind (only LoRA so far)
-  std::string format;         // "peft" or "gguf"
-  int64_t rank = 0;           // largest rank of any module
+  std::string kind = "lora";  // "lora" or "delta" (a compressed full fine-tune, docs/deltas.md)
+  std::string format;         // "peft", "gguf" or "delta"
+  int64_t rank = 0;           // largest rank of any module (0 for a delta)
   // Targeted linears, in model order: "q_proj", "k_proj", ... (Hugging Face names).
   std::vector<std::string> target_modules;
   float alpha = 0;  // the most common lora_alpha of the modules (ties: the first in model order)
@@ -168,6 +171,8 @@ class AdapterRegistry {
  private:
   AdapterRegistry() = default;
   Status CheckEntry(const AdapterInfo& info) const;
+  // Reads and validates a LoRA adapter as serving loads it; fills rank, targets, alpha, scale.
+  Status ValidateLora(const std::string& name, const std::string& path, AdapterInfo* info) const;
 
   std::string state_path_;
   RegistryOptions options_;         // immutable after Open

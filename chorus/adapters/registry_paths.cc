@@ -116,6 +116,10 @@ Result<ResolvedAdapter> ResolveAdapterPath(const std::vector<std::string>& roots
     const std::string base = Basename(ra.path);
     if (base == kPeftConfig || base == kPeftWeights) {
       ra.path = Dirname(ra.path);  // the PEFT directory (inside the root: its child is)
+    } else if (base.size() > 12 && base.compare(base.size() - 12, 12, ".safetensors") == 0) {
+      CHORUS_RETURN_IF_ERROR(StatRegular(ra.path).status());
+      ra.format = "delta";  // a compressed full fine-tune (docs/deltas.md), one file
+      ra.files = {ra.path};
     } else {
       struct stat fst {};
       CHORUS_ASSIGN_OR_RETURN(const int fd, OpenRegular(ra.path, &fst));
@@ -132,6 +136,19 @@ Result<ResolvedAdapter> ResolveAdapterPath(const std::vector<std::string>& roots
     }
   } else if (!S_ISDIR(st.st_mode)) {
     return InvalidArgumentError(ra.path + ": neither a directory nor a regular file");
+  }
+  if (ra.format.empty()) {
+    // A delta directory holds delta.safetensors and no adapter_config.json.
+    struct stat dst {};
+    const std::string delta_file = ra.path + "/" + kDeltaFile;
+    if (::lstat((ra.path + "/" + kPeftConfig).c_str(), &dst) != 0 &&
+        ::lstat(delta_file.c_str(), &dst) == 0) {
+      std::string real;
+      CHORUS_RETURN_IF_ERROR(ResolveInsideRoots(roots, delta_file, &real));
+      CHORUS_RETURN_IF_ERROR(StatRegular(real).status());
+      ra.format = "delta";
+      ra.files = {real};
+    }
   }
   if (ra.format.empty()) {
     ra.format = "peft";

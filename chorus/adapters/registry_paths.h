@@ -16,6 +16,8 @@ namespace chorus::adapters::registry_internal {
 inline constexpr const char* kPeftConfig = "adapter_config.json";
 inline constexpr const char* kPeftWeights = "adapter_model.safetensors";
 inline constexpr const char* kPeftPickle = "adapter_model.bin";
+// The file of a delta directory (delta/delta_file.h's kDeltaFileName).
+inline constexpr const char* kDeltaFile = "delta.safetensors";
 
 // The last component of `p` (all of it when it has no '/').
 std::string Basename(const std::string& p);
@@ -42,14 +44,15 @@ Status ResolveInsideRoots(const std::vector<std::string>& roots, const std::stri
 // An adapter path as Register() reads it: the resolved adapter path, its format and files.
 struct ResolvedAdapter {
   std::string path;                // real path of the PEFT directory or GGUF file
-  std::string format;              // "peft" or "gguf"
+  std::string format;              // "peft", "gguf" or "delta"
   std::vector<std::string> files;  // real paths of its files, sorted
 };
 // Resolves a user-given adapter path: relative paths are relative to the roots (the first root
 // under which the path exists); the path of adapter_config.json or adapter_model.safetensors
-// names its directory; a regular file must start with the GGUF magic; a PEFT directory must
-// hold both files (a pickle adapter_model.bin is refused), each a regular file that resolves
-// inside a root too. `path` must not be empty.
+// names its directory; a *.safetensors file or a directory holding delta.safetensors (and no
+// adapter_config.json) is a delta; another regular file must start with the GGUF magic; a PEFT
+// directory must hold both files (a pickle adapter_model.bin is refused), each a regular file that
+// resolves inside a root too. `path` must not be empty.
 Result<ResolvedAdapter> ResolveAdapterPath(const std::vector<std::string>& roots,
                                            const std::string& path);
 

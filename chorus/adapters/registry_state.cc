@@ -132,11 +132,12 @@ Result<AdapterInfo> ParseEntry(const json& e, const std::string& where) {
   CHORUS_ASSIGN_OR_RETURN(a.path, re.String(e, "path"));
   if (a.path.empty() || a.path[0] != '/') return re.Error("path is not absolute");
   CHORUS_ASSIGN_OR_RETURN(a.kind, re.String(e, "kind"));
-  if (a.kind != "lora") return re.Error("unknown kind '" + a.kind + "'");
+  if (a.kind != "lora" && a.kind != "delta") return re.Error("unknown kind '" + a.kind + "'");
   CHORUS_ASSIGN_OR_RETURN(a.format, re.String(e, "format"));
-  if (a.format != "peft" && a.format != "gguf")
-    return re.Error("unknown format '" + a.format + "'");
-  CHORUS_ASSIGN_OR_RETURN(a.rank, re.Int(e, "rank", 1));
+  if ((a.kind == "lora" && a.format != "peft" && a.format != "gguf") ||
+      (a.kind == "delta" && a.format != "delta"))
+    return re.Error("unknown format '" + a.format + "' for kind '" + a.kind + "'");
+  CHORUS_ASSIGN_OR_RETURN(a.rank, re.Int(e, "rank", a.kind == "delta" ? 0 : 1));
   CHORUS_ASSIGN_OR_RETURN(const json* tm, re.Field(e, "target_modules"));
   if (!tm->is_array()) return re.Error("field 'target_modules' is not an array");
   for (const json& m : *tm) {

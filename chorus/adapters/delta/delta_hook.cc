@@ -67,6 +67,20 @@ Result<std::shared_ptr<const DeltaWeights>> DeltaWeights::Build(std::shared_ptr<
   return std::shared_ptr<const DeltaWeights>(std::move(w));
 }
 
+Result<std::shared_ptr<const DeltaWeights>> LoadDeltaWeights(const std::string& path,
+                                                             const model::ModelConfig& base,
+                                                             const std::string& base_hash,
+                                                             const std::string& name) {
+  CHORUS_ASSIGN_OR_RETURN(Delta d, ReadDelta(path));
+  if (!base_hash.empty() && d.base_hash != base_hash) {
+    return FailedPreconditionError(path + ": made against base weights " + d.base_hash +
+                                   ", but the served base is " + base_hash);
+  }
+  return DeltaWeights::Build(std::make_shared<const Delta>(std::move(d)), base, name);
+}
+
+int64_t DeltaWeightsBytes(const DeltaWeights& w) { return w.delta().MatrixBytes(); }
+
 DeltaHook::DeltaHook(int64_t max_rows) : max_rows_(max_rows) {
   segments_.reserve(static_cast<size_t>(max_rows));
   slots_.reserve(static_cast<size_t>(max_rows));

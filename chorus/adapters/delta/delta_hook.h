@@ -35,6 +35,7 @@ class DeltaWeights {
   }
   int64_t n_layers() const { return n_layers_; }
   const std::string& name() const { return name_; }
+  const Delta& delta() const { return *delta_; }
 
  private:
   std::shared_ptr<const Delta> delta_;
@@ -42,6 +43,16 @@ class DeltaWeights {
   int64_t n_layers_ = 0;
   std::string name_;
 };
+
+// Reads a delta file or directory (ReadDelta), checks it was made against the base whose
+// BaseWeightsHash() is `base_hash` (unless empty: kFailedPrecondition naming both hashes), and
+// builds its kernel views. Errors start with the path.
+Result<std::shared_ptr<const DeltaWeights>> LoadDeltaWeights(const std::string& path,
+                                                             const model::ModelConfig& base,
+                                                             const std::string& base_hash,
+                                                             const std::string& name);
+// Bytes a loaded delta holds (its packed matrices).
+int64_t DeltaWeightsBytes(const DeltaWeights& w);
 
 class DeltaHook : public model::LinearHook {
  public:
