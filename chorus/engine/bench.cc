@@ -146,7 +146,8 @@ Result<EngineBenchReport> RunPunicaWorkload(const EngineBenchOptions& opts,
   const std::string dname(DTypeName(dtype));
   ThreadPool pool(opts.threads);
   const int64_t max_b = *std::max_element(opts.batches.begin(), opts.batches.end());
-  const int64_t max_rows = std::max(opts.context, max_b);
+  const int64_t context = opts.depths.front();
+  const int64_t max_rows = std::max(context, max_b);
   progress("building synthetic " + opts.shape + " " + dname);
   model::SyntheticSpec spec{.shape = opts.shape, .dtype = dtype, .seed = 1};
   CHORUS_ASSIGN_OR_RETURN(auto mdl, model::MakeSyntheticModel(spec));
@@ -155,7 +156,7 @@ Result<EngineBenchReport> RunPunicaWorkload(const EngineBenchOptions& opts,
   model::StepBuilder builder(max_rows, max_b);
   memory::KvLayout layout{
       .n_layers = c.n_layers, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim, .block_size = 16};
-  const int64_t blocks_per_seq = (opts.context + opts.decode_steps + 16 + 15) / 16;
+  const int64_t blocks_per_seq = (context + opts.decode_steps + 16 + 15) / 16;
   memory::PagePool pages(blocks_per_seq * (max_b + 1), layout.PageBytes());
   memory::KvCache kv(layout, &pages);
   std::vector<float> logits(static_cast<size_t>(max_rows * c.vocab_size));
@@ -189,7 +190,7 @@ Result<EngineBenchReport> RunPunicaWorkload(const EngineBenchOptions& opts,
         std::vector<const int32_t*> tps(static_cast<size_t>(b));
         for (int64_t s = 0; s < b; ++s) {
           CHORUS_RETURN_IF_ERROR(
-              kv.Reserve(&tables[static_cast<size_t>(s)], opts.context + opts.decode_steps));
+              kv.Reserve(&tables[static_cast<size_t>(s)], context + opts.decode_steps));
           tps[static_cast<size_t>(s)] = tables[static_cast<size_t>(s)].data();
         }
         const bool with_lora = kind != "base";
@@ -200,7 +201,7 @@ Result<EngineBenchReport> RunPunicaWorkload(const EngineBenchOptions& opts,
         }
         // Context of every sequence, one prefill step each (untimed), with its adapter.
         for (int64_t s = 0; s < b; ++s) {
-          std::vector<int32_t> toks(static_cast<size_t>(opts.context));
+          std::vector<int32_t> toks(static_cast<size_t>(context));
           for (int32_t& t : toks) t = random_token();
           builder.Clear();
           builder.AddSequence(toks, 0, tps[static_cast<size_t>(s)], /*want_logits=*/false);
@@ -218,7 +219,7 @@ Result<EngineBenchReport> RunPunicaWorkload(const EngineBenchOptions& opts,
         for (int64_t step = 0; step < opts.decode_steps; ++step) {
           builder.Clear();
           for (size_t s = 0; s < toks.size(); ++s) {
-            builder.AddSequence(std::span<const int32_t>(&toks[s], 1), opts.context + step, tps[s],
+            builder.AddSequence(std::span<const int32_t>(&toks[s], 1), context + step, tps[s],
                                 /*want_logits=*/true);
           }
           fwd.Run(builder.Input(with_lora ? &hook : nullptr), &kv, &pool, logits.data());
@@ -236,13 +237,14 @@ Result<EngineBenchReport> RunPunicaWorkload(const EngineBenchOptions& opts,
                std::to_string(opts.repeats) + " done");
     }
     for (const std::string& kind : kinds) {
-      EngineBenchRow row{dname,
-                         kind,
-                         b,
-                         Median(runs[kind]),
-                         runs[kind],
-                         0,
-                         static_cast<double>(mdl->StreamedBytesPerToken())};
+      EngineBenchRow row;
+      row.dtype = dname;
+      row.metric = kind;
+      row.batch = b;
+      row.depth = opts.depths.front();
+      row.tokens_per_s = Median(runs[kind]);
+      row.runs = runs[kind];
+      row.weight_bytes_per_token = static_cast<double>(mdl->StreamedBytesPerToken());
       if (kind != "base") {
         const auto a = PunicaAssignment(kind, b);
         row.adapters = *std::max_element(a.begin(), a.end()) + 1;
@@ -277,9 +279,12 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
       opts.bandwidth_bytes > 0) {
     probe = std::make_unique<ReadBandwidthProbe>(&pool, opts.bandwidth_bytes);
   }
-  // Rows of the largest step: the prefill prompt, a sequence's context fill, or a decode batch.
-  const int64_t max_batch = std::max({opts.prefill_tokens, opts.context,
-                                      *std::max_element(opts.batches.begin(), opts.batches.end())});
+  const int64_t max_prefill =
+      *std::max_element(opts.prefill_lengths.begin(), opts.prefill_lengths.end());
+  const int64_t max_depth = *std::max_element(opts.depths.begin(), opts.depths.end());
+  const int64_t max_b = *std::max_element(opts.batches.begin(), opts.batches.end());
+  // Rows of the largest step: a prefill prompt, a sequence's context fill, or a decode batch.
+  const int64_t max_rows = std::max({max_prefill, max_depth, max_b, int64_t{1}});
 
   for (DType dtype : opts.dtypes) {
     const std::string dname(DTypeName(dtype));
@@ -287,30 +292,33 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
     model::SyntheticSpec spec{.shape = opts.shape, .dtype = dtype, .seed = 1};
     CHORUS_ASSIGN_OR_RETURN(auto mdl, model::MakeSyntheticModel(spec));
     const model::ModelConfig& c = mdl->config();
-    const int64_t max_batch_rows = std::max<int64_t>(max_batch, 1);
-    model::Forward fwd(mdl, max_batch_rows, max_batch_rows);
-    model::StepBuilder builder(max_batch_rows, max_batch_rows);
+    model::Forward fwd(mdl, max_rows, max_rows);
+    model::StepBuilder builder(max_rows, max_rows);
     memory::KvLayout layout{.n_layers = c.n_layers,
                             .n_kv_heads = c.n_kv_heads,
                             .head_dim = c.head_dim,
                             .block_size = 16};
-    const int64_t max_seqs = *std::max_element(opts.batches.begin(), opts.batches.end());
-    const int64_t ctx_tokens = std::max(opts.prefill_tokens, opts.context + opts.decode_steps) + 16;
-    const int64_t blocks_per_seq = (ctx_tokens + 15) / 16;
-    memory::PagePool pool_pages(blocks_per_seq * (max_seqs + 1), layout.PageBytes());
+    // Each phase releases its blocks before the next, so the pool holds the largest phase: one
+    // long prompt, one deep sequence, or the decode batches at the first depth.
+    auto blocks = [](int64_t tokens) { return (tokens + 16 + 15) / 16; };
+    const int64_t pages = std::max({blocks(max_prefill), blocks(max_depth + opts.decode_steps),
+                                    max_b * blocks(opts.depths.front() + opts.decode_steps)}) +
+                          2;
+    memory::PagePool pool_pages(pages, layout.PageBytes());
     memory::KvCache kv(layout, &pool_pages);
-    std::vector<float> logits(static_cast<size_t>(max_batch_rows * c.vocab_size));
+    std::vector<float> logits(static_cast<size_t>(max_rows * c.vocab_size));
     Rng rng(7);
     auto random_token = [&] {
       return static_cast<int32_t>(rng.NextU64() % static_cast<uint64_t>(c.vocab_size));
     };
 
-    // Prefill: one sequence, the whole prompt in one step (chunk = prompt length).
-    {
+    // Prefill: one sequence, the whole prompt in one step (chunk = prompt length), per length.
+    double first_prefill = 0;
+    for (int64_t len : opts.prefill_lengths) {
       std::vector<double> runs;
       std::vector<int32_t> table;
-      CHORUS_RETURN_IF_ERROR(kv.Reserve(&table, opts.prefill_tokens));
-      std::vector<int32_t> toks(static_cast<size_t>(opts.prefill_tokens));
+      CHORUS_RETURN_IF_ERROR(kv.Reserve(&table, len));
+      std::vector<int32_t> toks(static_cast<size_t>(len));
       for (int32_t& t : toks) t = random_token();
       builder.Clear();
       builder.AddSequence(toks, 0, table.data(), /*want_logits=*/true);
@@ -318,12 +326,18 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
         auto t0 = Clock::now();
         fwd.Run(builder.Input(), &kv, &pool, logits.data());
         double s = std::chrono::duration<double>(Clock::now() - t0).count();
-        if (r > 0) runs.push_back(static_cast<double>(opts.prefill_tokens) / s);
+        if (r > 0) runs.push_back(static_cast<double>(len) / s);
       }
       kv.Release(&table);
-      EngineBenchRow row{dname, "prefill", opts.prefill_tokens, Median(runs), runs, 0, 0};
-      progress(dname + " prefill " + std::to_string(opts.prefill_tokens) + ": " +
-               std::to_string(row.tokens_per_s) + " tok/s");
+      EngineBenchRow row;
+      row.dtype = dname;
+      row.metric = "prefill";
+      row.batch = len;
+      row.tokens_per_s = Median(runs);
+      row.runs = runs;
+      if (first_prefill == 0) first_prefill = row.tokens_per_s;
+      progress(dname + " prefill " + std::to_string(len) + ": " + std::to_string(row.tokens_per_s) +
+               " tok/s");
       rep.rows.push_back(row);
     }
 
@@ -341,33 +355,41 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
                                                            "bench" + std::to_string(a), limits));
       loras.push_back(std::move(lora));
     }
-    adapters::LoraHook hook(c, max_batch_rows);
+    adapters::LoraHook hook(c, max_rows);
+    // K and V bytes one decode token reads: every layer's f32 K and V rows of its context.
+    const double kv_bytes_per_ctx_token =
+        static_cast<double>(c.n_layers * 2 * c.kv_dim() * static_cast<int64_t>(sizeof(float)));
 
-    // Decode: B sequences with `context` tokens of KV, then timed steps of B rows each. With
-    // adapters, the base-only and the LoRA run of each repeat follow each other (base, lora,
-    // base, lora, ...), so a slow spell of the shared host weighs on both medians alike.
-    const int n_passes = loras.empty() ? 1 : 2;
-    for (int64_t b : opts.batches) {
+    // Decode: the batches at depths[0], then batch 1 at each further depth. B sequences with
+    // `depth` tokens of KV (filled once, untimed; every repeat rewrites the same later
+    // positions), then timed steps of B rows each. With adapters, the base-only and the LoRA run
+    // of each repeat follow each other (base, lora, base, lora, ...), so a slow spell of the
+    // shared host weighs on both medians alike.
+    std::vector<std::pair<int64_t, int64_t>> cases;  // (batch, depth)
+    for (int64_t b : opts.batches) cases.emplace_back(b, opts.depths.front());
+    for (size_t i = 1; i < opts.depths.size(); ++i) cases.emplace_back(1, opts.depths[i]);
+    for (const auto& [b, depth] : cases) {
+      const bool deep = depth != opts.depths.front();
+      const int n_passes = loras.empty() || deep ? 1 : 2;
+      std::vector<std::vector<int32_t>> tables(static_cast<size_t>(b));
+      std::vector<const int32_t*> tps(static_cast<size_t>(b));
+      for (int64_t s = 0; s < b; ++s) {
+        CHORUS_RETURN_IF_ERROR(
+            kv.Reserve(&tables[static_cast<size_t>(s)], depth + opts.decode_steps));
+        tps[static_cast<size_t>(s)] = tables[static_cast<size_t>(s)].data();
+      }
+      for (int64_t s = 0; s < b; ++s) {
+        std::vector<int32_t> toks(static_cast<size_t>(depth));
+        for (int32_t& t : toks) t = random_token();
+        builder.Clear();
+        builder.AddSequence(toks, 0, tps[static_cast<size_t>(s)], /*want_logits=*/false);
+        fwd.Run(builder.Input(), &kv, &pool, logits.data());
+      }
       std::vector<double> pass_runs[2];
       std::vector<double> probe_runs;  // batch 1: the read bandwidth around each base run
       for (int r = 0; r < opts.repeats; ++r)
         for (int pass = 0; pass < n_passes; ++pass) {
           const bool with_lora = pass == 1;
-          std::vector<std::vector<int32_t>> tables(static_cast<size_t>(b));
-          std::vector<const int32_t*> tps(static_cast<size_t>(b));
-          for (int64_t s = 0; s < b; ++s) {
-            CHORUS_RETURN_IF_ERROR(
-                kv.Reserve(&tables[static_cast<size_t>(s)], opts.context + opts.decode_steps));
-            tps[static_cast<size_t>(s)] = tables[static_cast<size_t>(s)].data();
-          }
-          // Fill the context of every sequence with one prefill step each (untimed).
-          for (int64_t s = 0; s < b; ++s) {
-            std::vector<int32_t> toks(static_cast<size_t>(opts.context));
-            for (int32_t& t : toks) t = random_token();
-            builder.Clear();
-            builder.AddSequence(toks, 0, tps[static_cast<size_t>(s)], /*want_logits=*/false);
-            fwd.Run(builder.Input(), &kv, &pool, logits.data());
-          }
           std::vector<int32_t> toks(static_cast<size_t>(b));
           for (int32_t& t : toks) t = random_token();
           if (with_lora) {
@@ -387,8 +409,7 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
           for (int64_t step = 0; step < opts.decode_steps; ++step) {
             builder.Clear();
             for (size_t s = 0; s < toks.size(); ++s) {
-              builder.AddSequence(std::span<const int32_t>(&toks[s], 1), opts.context + step,
-                                  tps[s],
+              builder.AddSequence(std::span<const int32_t>(&toks[s], 1), depth + step, tps[s],
                                   /*want_logits=*/true);
             }
             fwd.Run(builder.Input(with_lora ? &hook : nullptr), &kv, &pool, logits.data());
@@ -402,28 +423,33 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
           double secs = std::chrono::duration<double>(Clock::now() - t0).count();
           pass_runs[pass].push_back(static_cast<double>(b * opts.decode_steps) / secs);
           if (probed) probe_runs.push_back((probe_before + probe->Once()) / 2);
-          for (auto& t : tables) kv.Release(&t);
         }
+      for (auto& t : tables) kv.Release(&t);
       for (int pass = 0; pass < n_passes; ++pass) {
         const bool with_lora = pass == 1;
         const std::vector<double>& runs = pass_runs[pass];
-        EngineBenchRow row{dname,
-                           with_lora ? "decode-lora" : "decode",
-                           b,
-                           Median(runs),
-                           runs,
-                           0,
-                           static_cast<double>(mdl->StreamedBytesPerToken())};
+        EngineBenchRow row;
+        row.dtype = dname;
+        row.metric = with_lora ? "decode-lora" : "decode";
+        row.batch = b;
+        row.depth = depth;
+        row.tokens_per_s = Median(runs);
+        row.runs = runs;
+        row.weight_bytes_per_token = static_cast<double>(mdl->StreamedBytesPerToken());
+        // The timed steps attend over depth + 1 … depth + steps keys.
+        row.kv_bytes_per_token =
+            kv_bytes_per_ctx_token * (static_cast<double>(depth) + (opts.decode_steps + 1) / 2.0);
         if (b == 1 && !with_lora && !probe_runs.empty()) {
           row.roofline_bandwidth_gbs = Median(probe_runs);
           row.roofline_bandwidth_runs = probe_runs;
           std::vector<double> fractions;
           for (size_t i = 0; i < runs.size(); ++i)
-            fractions.push_back(runs[i] * row.weight_bytes_per_token / (probe_runs[i] * 1e9));
+            fractions.push_back(runs[i] * (row.weight_bytes_per_token + row.kv_bytes_per_token) /
+                                (probe_runs[i] * 1e9));
           row.roofline_fraction = Median(fractions);
         }
-        progress(dname + " " + row.metric + " batch " + std::to_string(b) + ": " +
-                 std::to_string(row.tokens_per_s) + " tok/s");
+        progress(dname + " " + row.metric + " batch " + std::to_string(b) + " depth " +
+                 std::to_string(depth) + ": " + std::to_string(row.tokens_per_s) + " tok/s");
         rep.rows.push_back(row);
       }
     }
@@ -434,7 +460,7 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
 std::string EngineBenchReport::ToCsv() const {
   std::ostringstream s;
   s << "shape,threads,isa,dtype,metric,batch,tokens_per_s,roofline_fraction,bandwidth_gbs,runs,"
-       "adapters\n";
+       "adapters,depth,weight_bytes_per_token,kv_bytes_per_token\n";
   for (const auto& r : rows) {
     s << shape << "," << threads << "," << isa << "," << r.dtype << "," << r.metric << ","
       << r.batch << "," << std::fixed << std::setprecision(2) << r.tokens_per_s << ","
@@ -442,7 +468,8 @@ std::string EngineBenchReport::ToCsv() const {
       << (r.roofline_bandwidth_gbs > 0 ? r.roofline_bandwidth_gbs : bandwidth_gbs) << ",";
     for (size_t i = 0; i < r.runs.size(); ++i)
       s << (i ? ";" : "") << std::setprecision(2) << r.runs[i];
-    s << "," << r.adapters << "\n";
+    s << "," << r.adapters << "," << r.depth << "," << std::setprecision(0)
+      << r.weight_bytes_per_token << "," << r.kv_bytes_per_token << "\n";
   }
   return s.str();
 }
@@ -457,9 +484,10 @@ std::string EngineBenchReport::ToJson() const {
     s << (i ? "," : "") << "{\"dtype\":\"" << r.dtype << "\",\"metric\":\"" << r.metric
       << "\",\"batch\":" << r.batch << ",\"tokens_per_s\":" << r.tokens_per_s
       << ",\"roofline_fraction\":" << r.roofline_fraction
-      << ",\"roofline_bandwidth_gbs\":" << r.roofline_bandwidth_gbs
+      << ",\"roofline_bandwidth_gbs\":" << r.roofline_bandwidth_gbs << ",\"depth\":" << r.depth
       << ",\"weight_bytes_per_token\":" << r.weight_bytes_per_token
-      << ",\"adapters\":" << r.adapters << ",\"runs\":[";
+      << ",\"kv_bytes_per_token\":" << r.kv_bytes_per_token << ",\"adapters\":" << r.adapters
+      << ",\"runs\":[";
     for (size_t j = 0; j < r.runs.size(); ++j) s << (j ? "," : "") << r.runs[j];
     s << "],\"roofline_bandwidth_runs\":[";  // per run, the probes around it (decode b=1)
     for (size_t j = 0; j < r.roofline_bandwidth_runs.size(); ++j)
@@ -475,13 +503,26 @@ std::string EngineBenchReport::ToTable() const {
   s << std::fixed << std::setprecision(1);
   s << "shape " << shape << ", " << threads << " threads, isa " << isa << ", read bandwidth "
     << bandwidth_gbs << " GB/s (median)\n";
-  s << "dtype  metric       batch   tok/s    roofline\n";
+  s << "dtype  metric       batch   depth   tok/s    roofline (weights + KV)\n";
   for (const auto& r : rows) {
     s << std::left << std::setw(7) << r.dtype << std::setw(13) << r.metric << std::setw(8)
-      << r.batch << std::setw(9) << r.tokens_per_s;
+      << r.batch << std::setw(8) << (r.metric == "prefill" ? 0 : r.depth) << std::setw(9)
+      << r.tokens_per_s;
     if (r.metric == "decode" && r.batch == 1 && r.roofline_bandwidth_gbs > 0) {
       s << std::setprecision(1) << 100.0 * r.roofline_fraction << " % (of "
-        << r.roofline_bandwidth_gbs << " GB/s, probed around each run)";
+        << r.roofline_bandwidth_gbs << " GB/s, probed around each run; "
+        << (r.weight_bytes_per_token + r.kv_bytes_per_token) / 1e6 << " MB/token of which KV "
+        << r.kv_bytes_per_token / 1e6 << ")";
+    }
+    if (r.metric == "prefill") {  // long prompts against the first (shortest) length
+      for (const auto& first : rows) {
+        if (first.dtype != r.dtype || first.metric != "prefill") continue;
+        if (&first != &r && first.tokens_per_s > 0) {
+          s << std::setprecision(2) << r.tokens_per_s / first.tokens_per_s << " × prefill "
+            << first.batch;
+        }
+        break;
+      }
     }
     if (r.metric == "identical" || r.metric == "skewed" || r.metric == "uniform" ||
         r.metric == "distinct") {
