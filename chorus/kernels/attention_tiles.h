@@ -113,16 +113,17 @@ class BlockKernel {
         rp_(RoundUp(r_, kRowPad)),
         n_rv_((r_ + W - 1) / W),
         sc_(CarveScratch(scratch, n_tokens, group, head_dim)) {
-    // qt[d][r] = scale · q[token][head][d]; padding rows are 0.
-    for (int64_t d = 0; d < hd_; ++d) {
-      float* row = sc_.qt + d * rp_;
-      for (int64_t r = 0; r < rp_; ++r) {
-        row[r] = r < r_ ? scale * q[(r / group_) * q_stride + (r % group_) * hd_ + d] : 0.0f;
+    // qt[d][r] = scale · q[token][head][d]; padding rows are 0 (and never masked).
+    for (int64_t i = 0, r = 0; i < n_tokens_; ++i) {
+      for (int64_t h = 0; h < group_; ++h, ++r) {
+        const float* src = q + i * q_stride + h * hd_;
+        for (int64_t d = 0; d < hd_; ++d) sc_.qt[d * rp_ + r] = scale * src[d];
+        sc_.rowpos[r] = static_cast<float>(pos0_ + i);
       }
     }
-    for (int64_t r = 0; r < rp_; ++r) {
-      sc_.rowpos[r] =
-          r < r_ ? static_cast<float>(pos0_ + r / group_) : std::numeric_limits<float>::infinity();
+    for (int64_t r = r_; r < rp_; ++r) {
+      for (int64_t d = 0; d < hd_; ++d) sc_.qt[d * rp_ + r] = 0.0f;
+      sc_.rowpos[r] = std::numeric_limits<float>::infinity();
     }
     ResetSegment();
   }
@@ -150,19 +151,19 @@ class BlockKernel {
   int64_t FirstToken(int64_t t) const { return std::max<int64_t>(0, t - pos0_); }
 
  private:
-  const float* KeyRow(const float* const* blocks, int64_t t) const {
-    return blocks[kv_.block_table[t / kv_.block_size]] + (t % kv_.block_size) * kv_.kv_stride +
-           kv_off_;
-  }
-
   void Tile(int64_t t0, int64_t nk) {
     const int64_t ft = FirstToken(t0);
     const int64_t rv0 = ft * group_ / W;  // row vectors before it hold only masked rows
     const float* kp[kAttentionTile];
     const float* vp[kAttentionTile];
+    // One division per tile; the slot then walks the blocks.
+    int64_t bi = t0 / kv_.block_size, slot = t0 % kv_.block_size;
     for (int64_t c = 0; c < nk; ++c) {
-      kp[c] = KeyRow(kv_.k_blocks, t0 + c);
-      vp[c] = KeyRow(kv_.v_blocks, t0 + c);
+      const int64_t off = slot * kv_.kv_stride + kv_off_;
+      const int32_t block = kv_.block_table[bi];
+      kp[c] = kv_.k_blocks[block] + off;
+      vp[c] = kv_.v_blocks[block] + off;
+      if (++slot == kv_.block_size) slot = 0, ++bi;
     }
     // Past the last key the group of keys repeats it; those scores are never used.
     for (int64_t c = nk; c < kAttentionTile; ++c) kp[c] = kp[nk - 1];
