@@ -298,10 +298,12 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
                             .n_kv_heads = c.n_kv_heads,
                             .head_dim = c.head_dim,
                             .block_size = 16};
-    // Each phase releases its blocks before the next, so the pool holds the largest phase: one
-    // long prompt, one deep sequence, or the decode batches at the first depth.
+    // Each phase releases its blocks before the next, so the pool holds the largest phase: the
+    // prompts of every length, one deep sequence, or the decode batches at the first depth.
     auto blocks = [](int64_t tokens) { return (tokens + 16 + 15) / 16; };
-    const int64_t pages = std::max({blocks(max_prefill), blocks(max_depth + opts.decode_steps),
+    int64_t prefill_blocks = 0;
+    for (int64_t len : opts.prefill_lengths) prefill_blocks += blocks(len);
+    const int64_t pages = std::max({prefill_blocks, blocks(max_depth + opts.decode_steps),
                                     max_b * blocks(opts.depths.front() + opts.decode_steps)}) +
                           2;
     memory::PagePool pool_pages(pages, layout.PageBytes());
@@ -312,33 +314,40 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
       return static_cast<int32_t>(rng.NextU64() % static_cast<uint64_t>(c.vocab_size));
     };
 
-    // Prefill: one sequence, the whole prompt in one step (chunk = prompt length), per length.
-    double first_prefill = 0;
-    for (int64_t len : opts.prefill_lengths) {
-      std::vector<double> runs;
-      std::vector<int32_t> table;
-      CHORUS_RETURN_IF_ERROR(kv.Reserve(&table, len));
-      std::vector<int32_t> toks(static_cast<size_t>(len));
-      for (int32_t& t : toks) t = random_token();
-      builder.Clear();
-      builder.AddSequence(toks, 0, table.data(), /*want_logits=*/true);
-      for (int r = 0; r < opts.repeats + 1; ++r) {
-        auto t0 = Clock::now();
-        fwd.Run(builder.Input(), &kv, &pool, logits.data());
-        double s = std::chrono::duration<double>(Clock::now() - t0).count();
-        if (r > 0) runs.push_back(static_cast<double>(len) / s);
+    // Prefill: one sequence per length, the whole prompt in one step (chunk = prompt length).
+    // The lengths take turns within each repeat (after one warm-up run each), so a slow spell of
+    // the shared host weighs on every length alike and their ratios stay comparable.
+    {
+      const size_t n_len = opts.prefill_lengths.size();
+      std::vector<std::vector<int32_t>> tables(n_len), prompts(n_len);
+      std::vector<std::vector<double>> runs(n_len);
+      for (size_t li = 0; li < n_len; ++li) {
+        CHORUS_RETURN_IF_ERROR(kv.Reserve(&tables[li], opts.prefill_lengths[li]));
+        prompts[li].resize(static_cast<size_t>(opts.prefill_lengths[li]));
+        for (int32_t& t : prompts[li]) t = random_token();
       }
-      kv.Release(&table);
-      EngineBenchRow row;
-      row.dtype = dname;
-      row.metric = "prefill";
-      row.batch = len;
-      row.tokens_per_s = Median(runs);
-      row.runs = runs;
-      if (first_prefill == 0) first_prefill = row.tokens_per_s;
-      progress(dname + " prefill " + std::to_string(len) + ": " + std::to_string(row.tokens_per_s) +
-               " tok/s");
-      rep.rows.push_back(row);
+      for (int r = 0; r < opts.repeats + 1; ++r) {
+        for (size_t li = 0; li < n_len; ++li) {
+          builder.Clear();
+          builder.AddSequence(prompts[li], 0, tables[li].data(), /*want_logits=*/true);
+          auto t0 = Clock::now();
+          fwd.Run(builder.Input(), &kv, &pool, logits.data());
+          double s = std::chrono::duration<double>(Clock::now() - t0).count();
+          if (r > 0) runs[li].push_back(static_cast<double>(opts.prefill_lengths[li]) / s);
+        }
+      }
+      for (size_t li = 0; li < n_len; ++li) {
+        kv.Release(&tables[li]);
+        EngineBenchRow row;
+        row.dtype = dname;
+        row.metric = "prefill";
+        row.batch = opts.prefill_lengths[li];
+        row.tokens_per_s = Median(runs[li]);
+        row.runs = runs[li];
+        progress(dname + " prefill " + std::to_string(row.batch) + ": " +
+                 std::to_string(row.tokens_per_s) + " tok/s");
+        rep.rows.push_back(row);
+      }
     }
 
     // Adapters for the mixed runs (compute layout, in memory: the kernels' cost, not loading).
