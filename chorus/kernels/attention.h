@@ -20,7 +20,7 @@
 // of the step, on how its prompt was chunked, or on how threads split the work (batch
 // invariance, docs/architecture.md "Kernels and batch invariance"):
 //  * Keys are cut into tiles of kAttentionTile at absolute positions [32j, 32j + 32), and tiles
-//    into segments of kAttentionSegment keys at absolute positions [256i, 256i + 256).
+//    into segments of kAttentionSegment keys at absolute positions [512i, 512i + 512).
 //  * Within a segment a row keeps a running max m, sum l and unnormalized output o, updated tile
 //    by tile in key order (online softmax); a key past the row's own position is masked (score
 //    -inf, probability exactly 0, its V never read for that row).
@@ -51,7 +51,7 @@ struct PagedKv {
 };
 
 inline constexpr int64_t kAttentionTile = 32;      // keys per tile (absolute positions)
-inline constexpr int64_t kAttentionSegment = 256;  // keys per segment, a multiple of the tile
+inline constexpr int64_t kAttentionSegment = 512;  // keys per segment, a multiple of the tile
 
 // Segments of a row with n_ctx keys.
 inline int64_t AttentionSegments(int64_t n_ctx) {

@@ -263,13 +263,13 @@ TEST_P(AttentionTest, PrefillOddLengthsHeadDimsAndBlockSizes) {
   CheckPrefill(40, 4, 1, 8, 16, {6});
 }
 
-// Past one segment (256 keys): chunks crossing segment and tile boundaries.
-TEST_P(AttentionTest, PrefillAcrossSegments) { CheckPrefill(600, 1, 8, 64, 16, {45, 256, 600}); }
+// Past one segment (512 keys): chunks crossing segment and tile boundaries.
+TEST_P(AttentionTest, PrefillAcrossSegments) { CheckPrefill(1100, 1, 4, 32, 16, {45, 512, 1100}); }
 
 // Split-K: the partials of any split of a row's segments, merged, equal the one-token block bit
 // for bit (and the dense reference within rounding).
 TEST_P(AttentionTest, SplitKEqualsUnsplit) {
-  for (int64_t n_ctx : {1, 255, 256, 257, 1000, 4100}) {
+  for (int64_t n_ctx : {1, 511, 512, 513, 1500, 4100}) {
     for (int64_t ratio : {1, 4, 8}) {
       const int64_t n_kv = 2, hd = 64, n_heads = n_kv * ratio;
       Paged p(n_ctx, n_kv, hd, 16, static_cast<uint64_t>(n_ctx + ratio));
