@@ -31,16 +31,19 @@ Status ParseList(const std::string& s, std::vector<T>* out, F parse) {
 int BenchCommand(int argc, char** argv) {
   Flags f("bench",
           "Engine benchmark on a synthetic model at a real shape, in one invocation: memory read\n"
-          "bandwidth, prefill tokens/s, decode tokens/s at batch 1 (and its fraction of the\n"
-          "bandwidth roofline) and aggregate decode tokens/s at larger batches, per dtype.\n"
+          "bandwidth, prefill tokens/s per prompt length, decode tokens/s at batch 1 (and its\n"
+          "fraction of the bandwidth roofline, weights + KV bytes) and aggregate decode tokens/s\n"
+          "at larger batches, then batch-1 decode at each further --context depth, per dtype.\n"
           "Each figure is the median of --repeats runs. Writes <out>.csv and <out>.json.");
   f.String("shape", "tinyllama-1.1b", "synthetic model shape");
   f.String("dtypes", "q4_0,q8_0,bf16", "comma-separated weight dtypes");
   f.Int("threads", 2, "compute threads");
-  f.Int("prefill", 512, "prompt tokens for the prefill figure");
+  f.String("prefill", "512,2048,4096", "comma-separated prompt lengths for the prefill figures");
   f.String("batches", "1,8,32", "comma-separated decode batch sizes");
   f.Int("decode-steps", 32, "timed decode steps per batch size");
-  f.Int("context", 128, "tokens in each sequence's KV cache when decode is timed");
+  f.String("context", "128,4000",
+           "comma-separated KV depths when decode is timed: --batches run at the first, batch 1 "
+           "at each further one");
   f.Int("repeats", 3, "runs per figure (median reported)");
   f.Int("adapters", 0,
         "also run each decode batch with every row on a different LoRA (q,k,v,o) of this many");
@@ -63,19 +66,28 @@ int BenchCommand(int argc, char** argv) {
   engine::EngineBenchOptions o;
   o.shape = f.GetString("shape");
   o.threads = static_cast<int>(f.GetInt("threads"));
-  o.prefill_tokens = f.GetInt("prefill");
   o.decode_steps = f.GetInt("decode-steps");
-  o.context = f.GetInt("context");
   o.repeats = static_cast<int>(f.GetInt("repeats"));
-  if (o.threads < 1 || o.prefill_tokens < 1 || o.decode_steps < 1 || o.context < 1 ||
-      o.repeats < 1) {
-    return Fail(
-        "bench",
-        InvalidArgumentError(
-            "--threads, --prefill, --decode-steps, --context and --repeats must be positive"));
+  if (o.threads < 1 || o.decode_steps < 1 || o.repeats < 1) {
+    return Fail("bench",
+                InvalidArgumentError("--threads, --decode-steps and --repeats must be positive"));
   }
-  Status s = ParseList(f.GetString("dtypes"), &o.dtypes,
-                       [](const std::string& x) { return ParseDType(x); });
+  auto tokens = [](const char* flag) {
+    return [flag](const std::string& x) -> Result<int64_t> {
+      char* end = nullptr;
+      long long v = std::strtoll(x.c_str(), &end, 10);
+      if (x.empty() || *end || v < 1 || v > (1 << 20))
+        return InvalidArgumentError(std::string("bad ") + flag + " length '" + x.substr(0, 32) +
+                                    "' (1 to 1048576 tokens)");
+      return static_cast<int64_t>(v);
+    };
+  };
+  Status s = ParseList(f.GetString("prefill"), &o.prefill_lengths, tokens("--prefill"));
+  if (!s.ok()) return Fail("bench", s);
+  s = ParseList(f.GetString("context"), &o.depths, tokens("--context"));
+  if (!s.ok()) return Fail("bench", s);
+  s = ParseList(f.GetString("dtypes"), &o.dtypes,
+                [](const std::string& x) { return ParseDType(x); });
   if (!s.ok()) return Fail("bench", s);
   s = ParseList(f.GetString("batches"), &o.batches, [](const std::string& x) -> Result<int64_t> {
     char* end = nullptr;

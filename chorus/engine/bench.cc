@@ -177,7 +177,8 @@ Result<EngineBenchReport> RunPunicaWorkload(const EngineBenchOptions& opts,
   const std::string dname(DTypeName(dtype));
   ThreadPool pool(opts.threads);
   const int64_t max_b = *std::max_element(opts.batches.begin(), opts.batches.end());
-  const int64_t max_rows = std::max(opts.context, max_b);
+  const int64_t context = opts.depths.front();
+  const int64_t max_rows = std::max(context, max_b);
   progress("building synthetic " + opts.shape + " " + dname);
   model::SyntheticSpec spec{.shape = opts.shape, .dtype = dtype, .seed = 1};
   CHORUS_ASSIGN_OR_RETURN(auto mdl, model::MakeSyntheticModel(spec));
@@ -186,7 +187,7 @@ Result<EngineBenchReport> RunPunicaWorkload(const EngineBenchOptions& opts,
   model::StepBuilder builder(max_rows, max_b);
   memory::KvLayout layout{
       .n_layers = c.n_layers, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim, .block_size = 16};
-  const int64_t blocks_per_seq = (opts.context + opts.decode_steps + 16 + 15) / 16;
+  const int64_t blocks_per_seq = (context + opts.decode_steps + 16 + 15) / 16;
   memory::PagePool pages(blocks_per_seq * (max_b + 1), layout.PageBytes());
   memory::KvCache kv(layout, &pages);
   std::vector<float> logits(static_cast<size_t>(max_rows * c.vocab_size));
@@ -220,7 +221,7 @@ Result<EngineBenchReport> RunPunicaWorkload(const EngineBenchOptions& opts,
         std::vector<const int32_t*> tps(static_cast<size_t>(b));
         for (int64_t s = 0; s < b; ++s) {
           CHORUS_RETURN_IF_ERROR(
-              kv.Reserve(&tables[static_cast<size_t>(s)], opts.context + opts.decode_steps));
+              kv.Reserve(&tables[static_cast<size_t>(s)], context + opts.decode_steps));
           tps[static_cast<size_t>(s)] = tables[static_cast<size_t>(s)].data();
         }
         const bool with_lora = kind != "base";
@@ -231,7 +232,7 @@ Result<EngineBenchReport> RunPunicaWorkload(const EngineBenchOptions& opts,
         }
         // Context of every sequence, one prefill step each (untimed), with its adapter.
         for (int64_t s = 0; s < b; ++s) {
-          std::vector<int32_t> toks(static_cast<size_t>(opts.context));
+          std::vector<int32_t> toks(static_cast<size_t>(context));
           for (int32_t& t : toks) t = random_token();
           builder.Clear();
           builder.AddSequence(toks, 0, tps[static_cast<size_t>(s)], /*want_logits=*/false);
@@ -249,7 +250,7 @@ Result<EngineBenchReport> RunPunicaWorkload(const EngineBenchOptions& opts,
         for (int64_t step = 0; step < opts.decode_steps; ++step) {
           builder.Clear();
           for (size_t s = 0; s < toks.size(); ++s) {
-            builder.AddSequence(std::span<const int32_t>(&toks[s], 1), opts.context + step, tps[s],
+            builder.AddSequence(std::span<const int32_t>(&toks[s], 1), context + step, tps[s],
                                 /*want_logits=*/true);
           }
           fwd.Run(builder.Input(with_lora ? &hook : nullptr), &kv, &pool, logits.data());
@@ -267,13 +268,14 @@ Result<EngineBenchReport> RunPunicaWorkload(const EngineBenchOptions& opts,
                std::to_string(opts.repeats) + " done");
     }
     for (const std::string& kind : kinds) {
-      EngineBenchRow row{dname,
-                         kind,
-                         b,
-                         Median(runs[kind]),
-                         runs[kind],
-                         0,
-                         static_cast<double>(mdl->StreamedBytesPerToken())};
+      EngineBenchRow row;
+      row.dtype = dname;
+      row.metric = kind;
+      row.batch = b;
+      row.depth = opts.depths.front();
+      row.tokens_per_s = Median(runs[kind]);
+      row.runs = runs[kind];
+      row.weight_bytes_per_token = static_cast<double>(mdl->StreamedBytesPerToken());
       if (kind != "base") {
         const auto a = PunicaAssignment(kind, b);
         row.adapters = *std::max_element(a.begin(), a.end()) + 1;
@@ -337,9 +339,12 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
       opts.bandwidth_bytes > 0) {
     probe = std::make_unique<ReadBandwidthProbe>(&pool, opts.bandwidth_bytes);
   }
-  // Rows of the largest step: the prefill prompt, a sequence's context fill, or a decode batch.
-  const int64_t max_batch = std::max({opts.prefill_tokens, opts.context,
-                                      *std::max_element(opts.batches.begin(), opts.batches.end())});
+  const int64_t max_prefill =
+      *std::max_element(opts.prefill_lengths.begin(), opts.prefill_lengths.end());
+  const int64_t max_depth = *std::max_element(opts.depths.begin(), opts.depths.end());
+  const int64_t max_b = *std::max_element(opts.batches.begin(), opts.batches.end());
+  // Rows of the largest step: a prefill prompt, a sequence's context fill, or a decode batch.
+  const int64_t max_rows = std::max({max_prefill, max_depth, max_b, int64_t{1}});
 
   for (DType dtype : opts.dtypes) {
     const std::string dname(DTypeName(dtype));
@@ -347,70 +352,85 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
     model::SyntheticSpec spec{.shape = opts.shape, .dtype = dtype, .seed = 1};
     CHORUS_ASSIGN_OR_RETURN(auto mdl, model::MakeSyntheticModel(spec));
     const model::ModelConfig& c = mdl->config();
-    const int64_t max_batch_rows = std::max<int64_t>(max_batch, 1);
-    model::Forward fwd(mdl, max_batch_rows, max_batch_rows);
-    model::StepBuilder builder(max_batch_rows, max_batch_rows);
+    model::Forward fwd(mdl, max_rows, max_rows);
+    model::StepBuilder builder(max_rows, max_rows);
     memory::KvLayout layout{.n_layers = c.n_layers,
                             .n_kv_heads = c.n_kv_heads,
                             .head_dim = c.head_dim,
                             .block_size = 16};
-    const int64_t max_seqs = *std::max_element(opts.batches.begin(), opts.batches.end());
-    const int64_t ctx_tokens = std::max(opts.prefill_tokens, opts.context + opts.decode_steps) + 16;
-    const int64_t blocks_per_seq = (ctx_tokens + 15) / 16;
-    memory::PagePool pool_pages(blocks_per_seq * (max_seqs + 1), layout.PageBytes());
+    // Each phase releases its blocks before the next, so the pool holds the largest phase: the
+    // prompts of every length, one deep sequence, or the decode batches at the first depth.
+    auto blocks = [](int64_t tokens) { return (tokens + 16 + 15) / 16; };
+    int64_t prefill_blocks = 0;
+    for (int64_t len : opts.prefill_lengths) prefill_blocks += blocks(len);
+    const int64_t pages = std::max({prefill_blocks, blocks(max_depth + opts.decode_steps),
+                                    max_b * blocks(opts.depths.front() + opts.decode_steps)}) +
+                          2;
+    memory::PagePool pool_pages(pages, layout.PageBytes());
     memory::KvCache kv(layout, &pool_pages);
-    std::vector<float> logits(static_cast<size_t>(max_batch_rows * c.vocab_size));
+    std::vector<float> logits(static_cast<size_t>(max_rows * c.vocab_size));
     Rng rng(7);
     auto random_token = [&] {
       return static_cast<int32_t>(rng.NextU64() % static_cast<uint64_t>(c.vocab_size));
     };
 
-    // Prefill: one sequence, the whole prompt in one step (chunk = prompt length); the levels
-    // alternate inside each repeat.
+    // Prefill: one sequence per length, the whole prompt in one step (chunk = prompt length).
+    // The lengths and the kernel levels take turns within each repeat (after one warm-up run
+    // each), so a slow spell of the shared host weighs on every length and level alike and their
+    // ratios stay comparable.
     {
-      std::vector<std::vector<double>> runs(isas.size());
-      std::vector<int32_t> table;
-      CHORUS_RETURN_IF_ERROR(kv.Reserve(&table, opts.prefill_tokens));
-      std::vector<int32_t> toks(static_cast<size_t>(opts.prefill_tokens));
-      for (int32_t& t : toks) t = random_token();
-      builder.Clear();
-      builder.AddSequence(toks, 0, table.data(), /*want_logits=*/true);
-      // [level]: per run, the VNNI limit probed around it (GOP/s).
-      std::vector<std::vector<double>> limits(isas.size());
+      const size_t n_len = opts.prefill_lengths.size();
+      std::vector<std::vector<int32_t>> tables(n_len), prompts(n_len);
+      // [length][level]: tok/s of each run, and the VNNI limit probed around it (GOP/s).
+      std::vector<std::vector<std::vector<double>>> runs(
+          n_len, std::vector<std::vector<double>>(isas.size()));
+      auto limits = runs;
       const bool vnni = rep.vnni_gops > 0;
+      for (size_t li = 0; li < n_len; ++li) {
+        CHORUS_RETURN_IF_ERROR(kv.Reserve(&tables[li], opts.prefill_lengths[li]));
+        prompts[li].resize(static_cast<size_t>(opts.prefill_lengths[li]));
+        for (int32_t& t : prompts[li]) t = random_token();
+      }
       for (int r = 0; r < opts.repeats + 1; ++r) {
-        for (size_t li = 0; li < isas.size(); ++li) {
-          kernels::SetMaxIsa(isas[li]);
-          const double before = vnni && r > 0 ? MeasureVnniPeak(&pool) : 0;
-          auto t0 = Clock::now();
-          fwd.Run(builder.Input(), &kv, &pool, logits.data());
-          double s = std::chrono::duration<double>(Clock::now() - t0).count();
-          if (r > 0) {
-            runs[li].push_back(static_cast<double>(opts.prefill_tokens) / s);
-            if (vnni) limits[li].push_back((before + MeasureVnniPeak(&pool)) / 2);
+        for (size_t li = 0; li < n_len; ++li) {
+          for (size_t ii = 0; ii < isas.size(); ++ii) {
+            kernels::SetMaxIsa(isas[ii]);
+            builder.Clear();
+            builder.AddSequence(prompts[li], 0, tables[li].data(), /*want_logits=*/true);
+            const double before = vnni && r > 0 ? MeasureVnniPeak(&pool) : 0;
+            auto t0 = Clock::now();
+            fwd.Run(builder.Input(), &kv, &pool, logits.data());
+            double s = std::chrono::duration<double>(Clock::now() - t0).count();
+            if (r > 0) {
+              runs[li][ii].push_back(static_cast<double>(opts.prefill_lengths[li]) / s);
+              if (vnni) limits[li][ii].push_back((before + MeasureVnniPeak(&pool)) / 2);
+            }
           }
         }
       }
-      kv.Release(&table);
-      for (size_t li = 0; li < isas.size(); ++li) {
-        EngineBenchRow row{.dtype = dname,
-                           .metric = "prefill",
-                           .batch = opts.prefill_tokens,
-                           .tokens_per_s = Median(runs[li]),
-                           .runs = runs[li],
-                           .isa = kernels::IsaName(isas[li])};
-        for (const auto& l : mdl->weights().layers)
-          for (const auto& m : l.linear) row.ops_per_token += 2.0 * m.n() * m.k();
-        if (vnni) {
-          std::vector<double> fractions;
-          for (size_t i = 0; i < runs[li].size(); ++i)
-            fractions.push_back(runs[li][i] * row.ops_per_token / (limits[li][i] * 1e9));
-          row.vnni_fraction = Median(fractions);
-          row.vnni_gops = Median(limits[li]);
+      for (size_t li = 0; li < n_len; ++li) {
+        kv.Release(&tables[li]);
+        for (size_t ii = 0; ii < isas.size(); ++ii) {
+          EngineBenchRow row;
+          row.dtype = dname;
+          row.metric = "prefill";
+          row.batch = opts.prefill_lengths[li];
+          row.tokens_per_s = Median(runs[li][ii]);
+          row.runs = runs[li][ii];
+          row.isa = kernels::IsaName(isas[ii]);
+          for (const auto& l : mdl->weights().layers)
+            for (const auto& m : l.linear) row.ops_per_token += 2.0 * m.n() * m.k();
+          if (vnni) {
+            std::vector<double> fractions;
+            for (size_t i = 0; i < row.runs.size(); ++i)
+              fractions.push_back(row.runs[i] * row.ops_per_token / (limits[li][ii][i] * 1e9));
+            row.vnni_fraction = Median(fractions);
+            row.vnni_gops = Median(limits[li][ii]);
+          }
+          progress(dname + " prefill " + std::to_string(row.batch) + " (" + row.isa +
+                   "): " + std::to_string(row.tokens_per_s) + " tok/s");
+          rep.rows.push_back(row);
         }
-        progress(dname + " prefill " + std::to_string(opts.prefill_tokens) + " (" + row.isa +
-                 "): " + std::to_string(row.tokens_per_s) + " tok/s");
-        rep.rows.push_back(row);
       }
     }
 
@@ -428,14 +448,37 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
                                                            "bench" + std::to_string(a), limits));
       loras.push_back(std::move(lora));
     }
-    adapters::LoraHook hook(c, max_batch_rows);
+    adapters::LoraHook hook(c, max_rows);
+    // K and V bytes one decode token reads: every layer's f32 K and V rows of its context.
+    const double kv_bytes_per_ctx_token =
+        static_cast<double>(c.n_layers * 2 * c.kv_dim() * static_cast<int64_t>(sizeof(float)));
 
-    // Decode: B sequences with `context` tokens of KV, then timed steps of B rows each. With
-    // adapters, the base-only and the LoRA run of each repeat follow each other (base, lora,
-    // base, lora, ...), so a slow spell of the shared host weighs on both medians alike.
-    const int n_passes = loras.empty() ? 1 : 2;
-    for (int64_t b : opts.batches) {
-      // [level][pass]; probe_runs[level]: batch 1, the read bandwidth around each base run.
+    // Decode: the batches at depths[0], then batch 1 at each further depth. B sequences with
+    // `depth` tokens of KV (filled once, untimed; every repeat rewrites the same later
+    // positions), then timed steps of B rows each. With adapters, the base-only and the LoRA run
+    // of each repeat follow each other (base, lora, base, lora, ...), so a slow spell of the
+    // shared host weighs on both medians alike.
+    std::vector<std::pair<int64_t, int64_t>> cases;  // (batch, depth)
+    for (int64_t b : opts.batches) cases.emplace_back(b, opts.depths.front());
+    for (size_t i = 1; i < opts.depths.size(); ++i) cases.emplace_back(1, opts.depths[i]);
+    for (const auto& [b, depth] : cases) {
+      const bool deep = depth != opts.depths.front();
+      const int n_passes = loras.empty() || deep ? 1 : 2;
+      std::vector<std::vector<int32_t>> tables(static_cast<size_t>(b));
+      std::vector<const int32_t*> tps(static_cast<size_t>(b));
+      for (int64_t s = 0; s < b; ++s) {
+        CHORUS_RETURN_IF_ERROR(
+            kv.Reserve(&tables[static_cast<size_t>(s)], depth + opts.decode_steps));
+        tps[static_cast<size_t>(s)] = tables[static_cast<size_t>(s)].data();
+      }
+      for (int64_t s = 0; s < b; ++s) {
+        std::vector<int32_t> toks(static_cast<size_t>(depth));
+        for (int32_t& t : toks) t = random_token();
+        builder.Clear();
+        builder.AddSequence(toks, 0, tps[static_cast<size_t>(s)], /*want_logits=*/false);
+        fwd.Run(builder.Input(), &kv, &pool, logits.data());
+      }
+      // [level][pass]; probe_runs_by_isa[level]: batch 1, the read bandwidth around each base run.
       std::vector<std::array<std::vector<double>, 2>> pass_runs(isas.size());
       std::vector<std::vector<double>> probe_runs_by_isa(isas.size());
       for (int r = 0; r < opts.repeats; ++r)
@@ -445,21 +488,6 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
           kernels::SetMaxIsa(isas[li]);
           std::vector<double>& probe_runs = probe_runs_by_isa[li];
           const bool with_lora = pass == 1;
-          std::vector<std::vector<int32_t>> tables(static_cast<size_t>(b));
-          std::vector<const int32_t*> tps(static_cast<size_t>(b));
-          for (int64_t s = 0; s < b; ++s) {
-            CHORUS_RETURN_IF_ERROR(
-                kv.Reserve(&tables[static_cast<size_t>(s)], opts.context + opts.decode_steps));
-            tps[static_cast<size_t>(s)] = tables[static_cast<size_t>(s)].data();
-          }
-          // Fill the context of every sequence with one prefill step each (untimed).
-          for (int64_t s = 0; s < b; ++s) {
-            std::vector<int32_t> toks(static_cast<size_t>(opts.context));
-            for (int32_t& t : toks) t = random_token();
-            builder.Clear();
-            builder.AddSequence(toks, 0, tps[static_cast<size_t>(s)], /*want_logits=*/false);
-            fwd.Run(builder.Input(), &kv, &pool, logits.data());
-          }
           std::vector<int32_t> toks(static_cast<size_t>(b));
           for (int32_t& t : toks) t = random_token();
           if (with_lora) {
@@ -479,8 +507,7 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
           for (int64_t step = 0; step < opts.decode_steps; ++step) {
             builder.Clear();
             for (size_t s = 0; s < toks.size(); ++s) {
-              builder.AddSequence(std::span<const int32_t>(&toks[s], 1), opts.context + step,
-                                  tps[s],
+              builder.AddSequence(std::span<const int32_t>(&toks[s], 1), depth + step, tps[s],
                                   /*want_logits=*/true);
             }
             fwd.Run(builder.Input(with_lora ? &hook : nullptr), &kv, &pool, logits.data());
@@ -495,33 +522,38 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
           pass_runs[li][static_cast<size_t>(pass)].push_back(
               static_cast<double>(b * opts.decode_steps) / secs);
           if (probed) probe_runs.push_back((probe_before + probe->Once()) / 2);
-          for (auto& t : tables) kv.Release(&t);
         }
+      for (auto& t : tables) kv.Release(&t);
       for (int pass_li = 0; pass_li < n_passes * static_cast<int>(isas.size()); ++pass_li) {
         const size_t li = static_cast<size_t>(pass_li / n_passes);
         const int pass = pass_li % n_passes;
         const std::vector<double>& probe_runs = probe_runs_by_isa[li];
         const bool with_lora = pass == 1;
         const std::vector<double>& runs = pass_runs[li][static_cast<size_t>(pass)];
-        EngineBenchRow row{
-            .dtype = dname,
-            .metric = with_lora ? "decode-lora" : "decode",
-            .batch = b,
-            .tokens_per_s = Median(runs),
-            .runs = runs,
-            .roofline_fraction = 0,
-            .weight_bytes_per_token = static_cast<double>(mdl->StreamedBytesPerToken()),
-            .isa = kernels::IsaName(isas[li])};
+        EngineBenchRow row;
+        row.dtype = dname;
+        row.metric = with_lora ? "decode-lora" : "decode";
+        row.batch = b;
+        row.depth = depth;
+        row.tokens_per_s = Median(runs);
+        row.runs = runs;
+        row.isa = kernels::IsaName(isas[li]);
+        row.weight_bytes_per_token = static_cast<double>(mdl->StreamedBytesPerToken());
+        // The timed steps attend over depth + 1 … depth + steps keys.
+        row.kv_bytes_per_token =
+            kv_bytes_per_ctx_token * (static_cast<double>(depth) + (opts.decode_steps + 1) / 2.0);
         if (b == 1 && !with_lora && !probe_runs.empty()) {
           row.roofline_bandwidth_gbs = Median(probe_runs);
           row.roofline_bandwidth_runs = probe_runs;
           std::vector<double> fractions;
           for (size_t i = 0; i < runs.size(); ++i)
-            fractions.push_back(runs[i] * row.weight_bytes_per_token / (probe_runs[i] * 1e9));
+            fractions.push_back(runs[i] * (row.weight_bytes_per_token + row.kv_bytes_per_token) /
+                                (probe_runs[i] * 1e9));
           row.roofline_fraction = Median(fractions);
         }
-        progress(dname + " " + row.metric + " batch " + std::to_string(b) + " (" + row.isa +
-                 "): " + std::to_string(row.tokens_per_s) + " tok/s");
+        progress(dname + " " + row.metric + " batch " + std::to_string(b) + " depth " +
+                 std::to_string(depth) + " (" + row.isa + "): " + std::to_string(row.tokens_per_s) +
+                 " tok/s");
         rep.rows.push_back(row);
       }
     }
@@ -532,7 +564,7 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
 std::string EngineBenchReport::ToCsv() const {
   std::ostringstream s;
   s << "shape,threads,isa,dtype,metric,batch,tokens_per_s,roofline_fraction,bandwidth_gbs,runs,"
-       "adapters\n";
+       "adapters,depth,weight_bytes_per_token,kv_bytes_per_token\n";
   for (const auto& r : rows) {
     s << shape << "," << threads << "," << (r.isa.empty() ? isa : r.isa) << "," << r.dtype << ","
       << r.metric << "," << r.batch << "," << std::fixed << std::setprecision(2) << r.tokens_per_s
@@ -540,7 +572,8 @@ std::string EngineBenchReport::ToCsv() const {
       << (r.roofline_bandwidth_gbs > 0 ? r.roofline_bandwidth_gbs : bandwidth_gbs) << ",";
     for (size_t i = 0; i < r.runs.size(); ++i)
       s << (i ? ";" : "") << std::setprecision(2) << r.runs[i];
-    s << "," << r.adapters << "\n";
+    s << "," << r.adapters << "," << r.depth << "," << std::setprecision(0)
+      << r.weight_bytes_per_token << "," << r.kv_bytes_per_token << "\n";
   }
   return s.str();
 }
@@ -555,11 +588,11 @@ std::string EngineBenchReport::ToJson() const {
     s << (i ? "," : "") << "{\"isa\":\"" << (r.isa.empty() ? isa : r.isa) << "\",\"dtype\":\""
       << r.dtype << "\",\"metric\":\"" << r.metric << "\",\"batch\":" << r.batch
       << ",\"tokens_per_s\":" << r.tokens_per_s << ",\"roofline_fraction\":" << r.roofline_fraction
-      << ",\"roofline_bandwidth_gbs\":" << r.roofline_bandwidth_gbs
+      << ",\"roofline_bandwidth_gbs\":" << r.roofline_bandwidth_gbs << ",\"depth\":" << r.depth
       << ",\"weight_bytes_per_token\":" << r.weight_bytes_per_token
-      << ",\"adapters\":" << r.adapters << ",\"ops_per_token\":" << r.ops_per_token
-      << ",\"vnni_fraction\":" << r.vnni_fraction << ",\"vnni_gops\":" << r.vnni_gops
-      << ",\"runs\":[";
+      << ",\"kv_bytes_per_token\":" << r.kv_bytes_per_token << ",\"adapters\":" << r.adapters
+      << ",\"ops_per_token\":" << r.ops_per_token << ",\"vnni_fraction\":" << r.vnni_fraction
+      << ",\"vnni_gops\":" << r.vnni_gops << ",\"runs\":[";
     for (size_t j = 0; j < r.runs.size(); ++j) s << (j ? "," : "") << r.runs[j];
     s << "],\"roofline_bandwidth_runs\":[";  // per run, the probes around it (decode b=1)
     for (size_t j = 0; j < r.roofline_bandwidth_runs.size(); ++j)
@@ -579,19 +612,32 @@ std::string EngineBenchReport::ToTable() const {
   s << "\n";
   const bool by_isa = isa.find(',') != std::string::npos;
   if (by_isa) s << "isa     ";
-  s << "dtype  metric       batch   tok/s    roofline\n";
+  s << "dtype  metric       batch   depth   tok/s    roofline (weights + KV)\n";
   for (const auto& r : rows) {
     if (by_isa) s << std::left << std::setw(8) << r.isa;
     s << std::left << std::setw(7) << r.dtype << std::setw(13) << r.metric << std::setw(8)
-      << r.batch << std::setw(9) << r.tokens_per_s;
+      << r.batch << std::setw(8) << (r.metric == "prefill" ? 0 : r.depth) << std::setw(9)
+      << r.tokens_per_s;
     if (r.metric == "prefill" && r.vnni_fraction > 0) {
       s << std::setprecision(1) << 100.0 * r.vnni_fraction << " % of the int8 VNNI limit (of "
         << r.vnni_gops << " GOP/s probed around each run, " << std::setprecision(2)
-        << r.ops_per_token / 1e9 << " GOP/token)" << std::setprecision(1);
+        << r.ops_per_token / 1e9 << " GOP/token) " << std::setprecision(1);
     }
     if (r.metric == "decode" && r.batch == 1 && r.roofline_bandwidth_gbs > 0) {
       s << std::setprecision(1) << 100.0 * r.roofline_fraction << " % (of "
-        << r.roofline_bandwidth_gbs << " GB/s, probed around each run)";
+        << r.roofline_bandwidth_gbs << " GB/s, probed around each run; "
+        << (r.weight_bytes_per_token + r.kv_bytes_per_token) / 1e6 << " MB/token of which KV "
+        << r.kv_bytes_per_token / 1e6 << ")";
+    }
+    if (r.metric == "prefill") {  // long prompts against the first (shortest) length
+      for (const auto& first : rows) {
+        if (first.dtype != r.dtype || first.metric != "prefill" || first.isa != r.isa) continue;
+        if (&first != &r && first.tokens_per_s > 0) {
+          s << std::setprecision(2) << r.tokens_per_s / first.tokens_per_s << " × prefill "
+            << first.batch;
+        }
+        break;
+      }
     }
     if (r.metric == "identical" || r.metric == "skewed" || r.metric == "uniform" ||
         r.metric == "distinct") {

@@ -1,9 +1,10 @@
 // Engine-level benchmark (`chorus bench`): in one invocation it measures the
-// machine's memory read bandwidth, then for each weight dtype prefill tokens/s of a long prompt,
-// decode tokens/s at batch 1 and aggregate decode tokens/s at larger batches, all through the
-// same Forward the server uses. Decode at batch 1 is reported as a fraction of the bandwidth
-// roofline (weight bytes streamed per token ÷ read bandwidth), each run against the mean of
-// probe passes right before and right after it (median over runs), so host drift within the
+// machine's memory read bandwidth, then for each weight dtype prefill tokens/s of prompts of each
+// length in `prefill_lengths`, decode tokens/s at batch 1 and aggregate decode tokens/s at larger
+// batches with depths[0] tokens of KV, and decode at batch 1 at each further depth, all through
+// the same Forward the server uses. Decode at batch 1 is reported as a fraction of the bandwidth
+// roofline ((weight bytes + KV bytes) read per token ÷ read bandwidth), each run against the mean
+// of probe passes right before and right after it (median over runs), so host drift within the
 // invocation moves both alike.
 #pragma once
 
@@ -24,11 +25,14 @@ struct EngineBenchOptions {
   std::string shape = "tinyllama-1.1b";  // synthetic shape (model/synthetic.h)
   std::vector<DType> dtypes = {DType::kQ4_0, DType::kQ8_0, DType::kBF16};
   int threads = 2;
-  int64_t prefill_tokens = 512;
+  // Prompt lengths of the prefill figures (one step each: the whole prompt is one chunk).
+  std::vector<int64_t> prefill_lengths = {512, 2048, 4096};
   std::vector<int64_t> batches = {1, 8, 32};
   int64_t decode_steps = 32;  // timed decode steps per batch size
-  int64_t context = 128;      // tokens already in each sequence's KV when decode is timed
-  int repeats = 3;            // each figure is the median of this many runs
+  // Tokens already in each sequence's KV when decode is timed: `batches` run at depths[0]; every
+  // further depth adds a batch-1 decode figure (long-context decode).
+  std::vector<int64_t> depths = {128, 4000};
+  int repeats = 3;  // each figure is the median of this many runs
   int64_t bandwidth_bytes = int64_t{1} << 30;
   // Mixed-adapter decode: when > 0, every decode batch is run a second time with each
   // row using a different LoRA adapter (row i → adapter i mod n_adapters; ranks round-robin
@@ -56,16 +60,20 @@ struct EngineBenchOptions {
 struct EngineBenchRow {
   std::string dtype;
   std::string metric;        // "prefill", "decode", "decode-lora"; punica: "base", "identical", ...
-  int64_t batch = 1;         // rows per step (decode) or 1 (prefill)
+  int64_t batch = 1;         // rows per step (decode) or the prompt length (prefill)
+  int64_t depth = 0;         // decode: KV tokens of each sequence when the timed steps start
   double tokens_per_s = 0;   // median
   std::vector<double> runs;  // every run, tokens/s
   double roofline_fraction = 0;  // decode batch 1: median of the runs' fractions
   double weight_bytes_per_token = 0;
+  // Decode: K and V bytes attention reads per token at the timed steps' mean context (f32 cache,
+  // every layer); the roofline counts them beside the weights.
+  double kv_bytes_per_token = 0;
   int64_t adapters = 0;  // distinct adapters in the batch (punica workload)
   // Decode batch 1: each run's roofline bandwidth is the mean of the probe passes run right
   // before and right after it (GB/s); roofline_fraction is the median over runs of that run's
-  // tokens/s ÷ (its bandwidth ÷ weight bytes per token). roofline_bandwidth_gbs is the median
-  // of the runs' bandwidths.
+  // tokens/s ÷ (its bandwidth ÷ (weight + KV bytes per token)). roofline_bandwidth_gbs is the
+  // median of the runs' bandwidths.
   double roofline_bandwidth_gbs = 0;
   std::vector<double> roofline_bandwidth_runs = {};
   // Prefill: int8 operations per token the base matmuls perform (2 · the weights of every layer's

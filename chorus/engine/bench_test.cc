@@ -54,16 +54,18 @@ TEST(EngineBenchTest, TinyShapeBatchOneRooflinePerRun) {
   EngineBenchOptions o;
   o.shape = "tiny";
   o.dtypes = {DType::kQ8_0};
-  o.prefill_tokens = 16;
+  o.prefill_lengths = {16, 24};
   o.batches = {1, 2};
   o.decode_steps = 4;
-  o.context = 8;
+  o.depths = {8, 12};
   o.repeats = 3;
   o.bandwidth_bytes = 8 << 20;
   auto rep = RunEngineBench(o, [](const std::string&) {});
   ASSERT_TRUE(rep.ok()) << rep.status().ToString();
-  ASSERT_EQ(rep->rows.size(), 3u);  // prefill, decode b=1, decode b=2
-  const EngineBenchRow& d1 = rep->rows[1];
+  ASSERT_EQ(rep->rows.size(), 5u);  // prefill 16 and 24, decode b=1, b=2, b=1 at depth 12
+  EXPECT_EQ(rep->rows[1].metric, "prefill");
+  EXPECT_EQ(rep->rows[1].batch, 24);
+  const EngineBenchRow& d1 = rep->rows[2];
   EXPECT_EQ(d1.metric, "decode");
   EXPECT_EQ(d1.batch, 1);
   ASSERT_EQ(d1.runs.size(), 3u);
@@ -71,13 +73,22 @@ TEST(EngineBenchTest, TinyShapeBatchOneRooflinePerRun) {
   std::vector<double> fractions;
   for (size_t i = 0; i < 3; ++i) {
     EXPECT_GT(d1.roofline_bandwidth_runs[i], 0.0);
-    fractions.push_back(d1.runs[i] * d1.weight_bytes_per_token /
+    fractions.push_back(d1.runs[i] * (d1.weight_bytes_per_token + d1.kv_bytes_per_token) /
                         (d1.roofline_bandwidth_runs[i] * 1e9));
   }
   std::sort(fractions.begin(), fractions.end());
   EXPECT_DOUBLE_EQ(d1.roofline_fraction, fractions[1]);
-  EXPECT_EQ(rep->rows[2].roofline_bandwidth_runs.size(), 0u);  // batch > 1 has no roofline
-  EXPECT_GT(rep->rows[2].tokens_per_s, 0.0);
+  EXPECT_EQ(rep->rows[3].roofline_bandwidth_runs.size(), 0u);  // batch > 1 has no roofline
+  EXPECT_GT(rep->rows[3].tokens_per_s, 0.0);
+  // The deeper decode: batch 1, its own roofline, more KV bytes per token (tiny: 4 layers × K and
+  // V × 2 KV heads × 32 floats at a mean context of 12 + 2.5).
+  const EngineBenchRow& deep = rep->rows[4];
+  EXPECT_EQ(deep.metric, "decode");
+  EXPECT_EQ(deep.batch, 1);
+  EXPECT_EQ(deep.depth, 12);
+  EXPECT_EQ(deep.roofline_bandwidth_runs.size(), 3u);
+  EXPECT_DOUBLE_EQ(d1.kv_bytes_per_token, 4 * 2 * 64 * 4 * (8 + 2.5));
+  EXPECT_DOUBLE_EQ(deep.kv_bytes_per_token, 4 * 2 * 64 * 4 * (12 + 2.5));
   // The JSON carries each run's roofline bandwidth next to its tokens/s.
   const std::string json = rep->ToJson();
   const size_t row = json.find("\"metric\":\"decode\",\"batch\":1,");

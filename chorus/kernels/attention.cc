@@ -1,28 +1,84 @@
-// Run-time selection of the paged attention kernel (attention.h) through ActiveIsa().
+// Run-time selection of the tiled attention kernels (attention.h) through ActiveIsa(). The scalar
+// level runs the same tiled code with one-lane vectors (attention_tiles.h).
 #include "chorus/kernels/attention.h"
 
 #include "chorus/base/check.h"
+#include "chorus/kernels/attention_tiles.h"
 #include "chorus/kernels/dispatch.h"
-#include "chorus/kernels/x86/ops_x86.h"
+#include "chorus/kernels/x86/attention_x86.h"
 
 namespace chorus::kernels {
+
+using attention_internal::ScalarVec;
+
+int64_t AttentionScratchFloats(int64_t n_tokens, int64_t group, int64_t head_dim) {
+  return attention_internal::ScratchFloats(n_tokens, group, head_dim);
+}
+
+void AttentionBlock(const float* q, int64_t q_stride, int64_t n_tokens, int64_t pos0,
+                    const PagedKv& kv, int64_t kv_head, int64_t group, int64_t head_dim,
+                    float scale, float* scratch, float* out, int64_t out_stride) {
+  CHORUS_CHECK(n_tokens >= 1 && pos0 >= 0 && group >= 1 && head_dim >= 1)
+      << "n_tokens " << n_tokens << " pos0 " << pos0 << " group " << group;
+  switch (ActiveIsa()) {
+    case IsaLevel::kAmx:  // the amx level's attention is the AVX-512 one (docs/kernels.md)
+    case IsaLevel::kAvx512:
+      return avx512::AttentionBlock(q, q_stride, n_tokens, pos0, kv, kv_head, group, head_dim,
+                                    scale, scratch, out, out_stride);
+    case IsaLevel::kAvx2:
+      return avx2::AttentionBlock(q, q_stride, n_tokens, pos0, kv, kv_head, group, head_dim, scale,
+                                  scratch, out, out_stride);
+    case IsaLevel::kScalar:
+      break;
+  }
+  attention_internal::Block<ScalarVec>(q, q_stride, n_tokens, pos0, kv, kv_head, group, head_dim,
+                                       scale, scratch, out, out_stride);
+}
+
+void AttentionPartials(const float* q, int64_t pos, const PagedKv& kv, int64_t kv_head,
+                       int64_t group, int64_t head_dim, float scale, int64_t seg_begin,
+                       int64_t seg_end, float* scratch, float* partials) {
+  CHORUS_CHECK(pos >= 0 && 0 <= seg_begin && seg_begin < seg_end &&
+               seg_end <= AttentionSegments(pos + 1))
+      << "pos " << pos << " segments [" << seg_begin << ", " << seg_end << ")";
+  switch (ActiveIsa()) {
+    case IsaLevel::kAmx:  // the amx level's attention is the AVX-512 one (docs/kernels.md)
+    case IsaLevel::kAvx512:
+      return avx512::AttentionPartials(q, pos, kv, kv_head, group, head_dim, scale, seg_begin,
+                                       seg_end, scratch, partials);
+    case IsaLevel::kAvx2:
+      return avx2::AttentionPartials(q, pos, kv, kv_head, group, head_dim, scale, seg_begin,
+                                     seg_end, scratch, partials);
+    case IsaLevel::kScalar:
+      break;
+  }
+  attention_internal::Partials<ScalarVec>(q, pos, kv, kv_head, group, head_dim, scale, seg_begin,
+                                          seg_end, scratch, partials);
+}
+
+void AttentionMerge(const float* partials, int64_t n_segments, int64_t group, int64_t head_dim,
+                    float* out) {
+  switch (ActiveIsa()) {
+    case IsaLevel::kAmx:  // the amx level's attention is the AVX-512 one (docs/kernels.md)
+    case IsaLevel::kAvx512:
+      return avx512::AttentionMerge(partials, n_segments, group, head_dim, out);
+    case IsaLevel::kAvx2:
+      return avx2::AttentionMerge(partials, n_segments, group, head_dim, out);
+    case IsaLevel::kScalar:
+      break;
+  }
+  attention_internal::Merge<ScalarVec>(partials, n_segments, group, head_dim, out);
+}
 
 void AttentionRow(const float* q, const PagedKv& kv, int64_t n_ctx, int64_t n_heads,
                   int64_t n_kv_heads, int64_t head_dim, float scale, float* scratch, float* out) {
   CHORUS_CHECK(n_ctx >= 1 && n_kv_heads >= 1 && n_heads % n_kv_heads == 0 && head_dim >= 1)
       << "n_ctx " << n_ctx << " n_heads " << n_heads << " n_kv_heads " << n_kv_heads;
-  switch (ActiveIsa()) {
-    // The AVX-512 level runs the AVX2 kernel: it is bound by fetching K/V rows scattered over
-    // blocks, and on Zen 4 a 512-bit FMA has the throughput of two 256-bit ones, so a 512-bit
-    // copy would add code without adding speed.
-    case IsaLevel::kAmx:
-    case IsaLevel::kAvx512:
-    case IsaLevel::kAvx2:
-      return avx2::AttentionRow(q, kv, n_ctx, n_heads, n_kv_heads, head_dim, scale, scratch, out);
-    case IsaLevel::kScalar:
-      break;
+  const int64_t group = n_heads / n_kv_heads;
+  for (int64_t g = 0; g < n_kv_heads; ++g) {
+    AttentionBlock(q + g * group * head_dim, n_heads * head_dim, 1, n_ctx - 1, kv, g, group,
+                   head_dim, scale, scratch, out + g * group * head_dim, n_heads * head_dim);
   }
-  reference::AttentionRow(q, kv, n_ctx, n_heads, n_kv_heads, head_dim, scale, scratch, out);
 }
 
 }  // namespace chorus::kernels

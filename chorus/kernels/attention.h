@@ -1,23 +1,39 @@
-// Causal attention of one query token over a paged KV cache (docs/architecture.md, "Memory tiers",
-// Punica §5.4).
+// Causal attention over a paged KV cache (docs/architecture.md, "Memory tiers" and "Attention").
 //
 // KV layout: the cache is cut into blocks of `block_size` tokens. For one layer, token t of a
 // sequence lives in block block_table[t / block_size] at slot t % block_size; K of that token is
 // the contiguous [n_kv_heads * head_dim] floats at
 //     k_blocks[block_table[t / block_size]] + (t % block_size) * kv_stride
 // and V likewise under v_blocks; KV head g is the head_dim floats at offset g · head_dim.
-// (The memory module owns the pool; this kernel only reads it.)
+// (The memory module owns the pool; these kernels only read it.)
 //
-// For query head h (kv head g = h / (n_heads / n_kv_heads), grouped-query attention):
+// For query head h (kv head g = h / (n_heads / n_kv_heads), grouped-query attention) of a token
+// at position p (n_ctx = p + 1 keys, causal):
 //     s_t   = scale · q[h] · K_t[g]            for t in [0, n_ctx)
 //     p     = softmax(s)
 //     out[h] = Σ_t p_t · V_t[g]
-// n_ctx includes the query's own position (causal: the caller passes pos + 1).
+// reference::AttentionRow is this formula as written (scores, two-pass softmax, weighted sum):
+// the specification every fast kernel is tested against.
 //
-// Batch-invariant: the result depends only on q and the sequence's own KV.
-// The reference is the two-pass softmax (scores in `scratch`); the AVX2 kernel (also used at the
-// AVX-512 level) computes the softmax online over chunks of 32 tokens, reading each K/V row once
-// per group of up to 8 query heads, and agrees with the reference to ~1e-6 (tested at 2e-5 abs).
+// The fast kernels (FlashAttention's scheme on a CPU) never materialize a score row. How they
+// order the arithmetic is fixed per query row so that a row's bits never depend on the other rows
+// of the step, on how its prompt was chunked, or on how threads split the work (batch
+// invariance, docs/architecture.md "Kernels and batch invariance"):
+//  * Keys are cut into tiles of kAttentionTile at absolute positions [32j, 32j + 32), and tiles
+//    into segments of kAttentionSegment keys at absolute positions [512i, 512i + 512).
+//  * Within a segment a row keeps a running max m, sum l and unnormalized output o, updated tile
+//    by tile in key order (online softmax); a key past the row's own position is masked (score
+//    -inf, probability exactly 0, its V never read for that row).
+//  * Score t of a row is one FMA chain over d = 0 … head_dim−1 of (scale·q)[d]·K_t[d]; a tile's
+//    probabilities are summed in key order; o accumulates p_t·V_t in key order.
+//  * The row's segments are folded left to right into (M, L, O) (AttentionMerge's formula), and
+//    the result is O / L.
+// A block of query tokens shares each K/V tile it loads among all its (token, head) rows, but
+// every row goes through exactly the instructions it would alone; split-K (AttentionPartials on
+// disjoint segment ranges, then AttentionMerge) computes the very same per-segment partials and
+// folds them in the same order. So AttentionBlock over any chunking, AttentionBlock of one token
+// and AttentionPartials + AttentionMerge over any split of the segments agree bit for bit (at one
+// ISA level), and agree with the reference to ~1e-6 (tested at 2e-5 absolute).
 #pragma once
 
 #include <cstdint>
@@ -34,11 +50,47 @@ struct PagedKv {
   int64_t kv_stride = 0;                 // floats between consecutive tokens in a block
 };
 
-// q: [n_heads, head_dim]; out: [n_heads, head_dim]; scratch: at least n_ctx floats.
+inline constexpr int64_t kAttentionTile = 32;      // keys per tile (absolute positions)
+inline constexpr int64_t kAttentionSegment = 512;  // keys per segment, a multiple of the tile
+
+// Segments of a row with n_ctx keys.
+inline int64_t AttentionSegments(int64_t n_ctx) {
+  return (n_ctx + kAttentionSegment - 1) / kAttentionSegment;
+}
+// Floats of scratch AttentionBlock / AttentionPartials need for a block of `n_tokens` tokens
+// (64-byte alignment slack included).
+int64_t AttentionScratchFloats(int64_t n_tokens, int64_t group, int64_t head_dim);
+// Floats of one segment's partial for one KV head: m[group], l[group], o[group][head_dim].
+inline int64_t AttentionPartialFloats(int64_t group, int64_t head_dim) {
+  return group * (head_dim + 2);
+}
+
+// Tokens i ∈ [0, n_tokens) of one sequence at positions pos0 + i, each attending keys
+// [0, pos0 + i + 1), for the `group` query heads of KV head `kv_head`.
+// q: token i's heads at q + i·q_stride, [group, head_dim]; out likewise with out_stride.
+// Requires: K/V of positions [0, pos0 + n_tokens) written; scratch ≥ AttentionScratchFloats.
+void AttentionBlock(const float* q, int64_t q_stride, int64_t n_tokens, int64_t pos0,
+                    const PagedKv& kv, int64_t kv_head, int64_t group, int64_t head_dim,
+                    float scale, float* scratch, float* out, int64_t out_stride);
+
+// Split-K: the unnormalized partials of segments [seg_begin, seg_end) of one token at position
+// `pos` (its group heads of `kv_head`); partials: (seg_end − seg_begin) × AttentionPartialFloats.
+// Requires: seg_end ≤ AttentionSegments(pos + 1); scratch ≥ AttentionScratchFloats(1, …).
+void AttentionPartials(const float* q, int64_t pos, const PagedKv& kv, int64_t kv_head,
+                       int64_t group, int64_t head_dim, float scale, int64_t seg_begin,
+                       int64_t seg_end, float* scratch, float* partials);
+// Folds n_segments partials left to right and normalizes: out [group, head_dim].
+void AttentionMerge(const float* partials, int64_t n_segments, int64_t group, int64_t head_dim,
+                    float* out);
+
+// All heads of one token: AttentionBlock of one token per KV head.
+// q: [n_heads, head_dim]; out: [n_heads, head_dim]; scratch ≥ AttentionScratchFloats(1, group,
+// head_dim).
 void AttentionRow(const float* q, const PagedKv& kv, int64_t n_ctx, int64_t n_heads,
                   int64_t n_kv_heads, int64_t head_dim, float scale, float* scratch, float* out);
 
 namespace reference {
+// The specification; scratch: at least n_ctx floats.
 void AttentionRow(const float* q, const PagedKv& kv, int64_t n_ctx, int64_t n_heads,
                   int64_t n_kv_heads, int64_t head_dim, float scale, float* scratch, float* out);
 }  // namespace reference

@@ -45,6 +45,7 @@ struct Paged {
   std::vector<float> pool_k, pool_v;       // [n_blocks_total, block_size, kv_stride]
   std::vector<const float*> k_ptr, v_ptr;  // [n_blocks_total]
   std::vector<int32_t> table;
+  std::vector<int32_t> spare;  // blocks of the pool no token uses (all NaN)
 
   Paged(int64_t n_ctx_, int64_t n_kv_heads_, int64_t head_dim_, int64_t block_size_, uint64_t seed)
       : n_ctx(n_ctx_), n_kv_heads(n_kv_heads_), head_dim(head_dim_), block_size(block_size_) {
@@ -66,6 +67,7 @@ struct Paged {
       std::swap(ids[i], ids[rng.NextU64() % static_cast<uint64_t>(i + 1)]);
     }
     table.assign(ids.begin(), ids.begin() + n_used);
+    spare.assign(ids.begin() + n_used, ids.end());
     for (int64_t t = 0; t < n_ctx; ++t) {
       const int64_t off = (table[t / block_size] * block_size + t % block_size) * kv_stride;
       std::copy_n(k_dense.begin() + t * kv_dim, kv_dim, pool_k.begin() + off);
@@ -87,8 +89,13 @@ struct Paged {
     return kv;
   }
 
-  // softmax(scale · q_h · K[:, g]ᵀ) · V[:, g] in double.
-  std::vector<double> Naive(const std::vector<float>& q, int64_t n_heads, double scale) const {
+  // softmax(scale · q_h · K[:, g]ᵀ) · V[:, g] in double over keys [0, n_keys) (all when -1).
+  std::vector<double> Naive(const std::vector<float>& q, int64_t n_heads, double scale,
+                            int64_t n_keys = -1) const {
+    return NaiveOver(q.data(), n_heads, scale, n_keys < 0 ? n_ctx : n_keys);
+  }
+  std::vector<double> NaiveOver(const float* q, int64_t n_heads, double scale,
+                                int64_t n_ctx) const {
     const int64_t group = n_heads / n_kv_heads, kv_dim = n_kv_heads * head_dim;
     std::vector<double> out(static_cast<size_t>(n_heads * head_dim), 0.0),
         s(static_cast<size_t>(n_ctx));
@@ -130,7 +137,7 @@ void CheckCase(int64_t n_ctx, int64_t n_kv_heads, int64_t ratio, int64_t head_di
   Paged p(n_ctx, n_kv_heads, head_dim, block_size, seed);
   const std::vector<float> q = RandomQ(n_heads * head_dim, seed + 1, q_scale);
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  std::vector<float> scratch(static_cast<size_t>(n_ctx), 0.0f);
+  std::vector<float> scratch(static_cast<size_t>(AttentionScratchFloats(1, ratio, head_dim)), 0.0f);
   std::vector<float> out(static_cast<size_t>(n_heads * head_dim), -7.0f);
   AttentionRow(q.data(), p.View(), n_ctx, n_heads, n_kv_heads, head_dim, scale, scratch.data(),
                out.data());
@@ -180,7 +187,7 @@ TEST_P(AttentionTest, PerKvHeadCallsEqualFullCall) {
   const int64_t n_ctx = 77, n_kv = 4, ratio = 4, hd = 64, n_heads = n_kv * ratio;
   Paged p(n_ctx, n_kv, hd, 16, 99);
   const std::vector<float> q = RandomQ(n_heads * hd, 98, 1.0f);
-  std::vector<float> scratch(static_cast<size_t>(n_ctx));
+  std::vector<float> scratch(static_cast<size_t>(AttentionScratchFloats(1, ratio, hd)));
   std::vector<float> full(static_cast<size_t>(n_heads * hd)), split(full.size());
   AttentionRow(q.data(), p.View(), n_ctx, n_heads, n_kv, hd, 0.125f, scratch.data(), full.data());
   for (int64_t g = 0; g < n_kv; ++g) {
@@ -196,6 +203,162 @@ TEST_P(AttentionTest, PerKvHeadCallsEqualFullCall) {
                  split.data() + g * ratio * hd);
   }
   EXPECT_EQ(std::memcmp(full.data(), split.data(), full.size() * sizeof(float)), 0);
+}
+
+// ---- Tiled kernels: blocks of tokens (prefill), split-K (decode), invariance ----
+
+// Every token of a prompt, computed as blocks of `chunk` tokens (a chunked prefill) over the
+// sequence's KV heads. q, out: [n_tokens, n_heads, head_dim].
+void RunChunked(const Paged& p, const std::vector<float>& q, int64_t n_tokens, int64_t n_heads,
+                int64_t chunk, float scale, std::vector<float>* out) {
+  const int64_t group = n_heads / p.n_kv_heads, hd = p.head_dim, stride = n_heads * hd;
+  std::vector<float> scratch(static_cast<size_t>(AttentionScratchFloats(chunk, group, hd)));
+  out->assign(static_cast<size_t>(n_tokens * stride), -7.0f);
+  for (int64_t pos0 = 0; pos0 < n_tokens; pos0 += chunk) {
+    const int64_t n = std::min(chunk, n_tokens - pos0);
+    for (int64_t g = 0; g < p.n_kv_heads; ++g) {
+      const int64_t off = pos0 * stride + g * group * hd;
+      AttentionBlock(q.data() + off, stride, n, pos0, p.View(), g, group, hd, scale, scratch.data(),
+                     out->data() + off, stride);
+    }
+  }
+}
+
+// A prompt of n_ctx tokens: each token against the dense reference over its own keys, and the
+// same bits whatever the chunking (one token at a time = what a decode row computes; chunks
+// whose boundaries fall inside a tile; the whole prompt at once).
+void CheckPrefill(int64_t n_ctx, int64_t n_kv, int64_t ratio, int64_t hd, int64_t block_size,
+                  std::initializer_list<int64_t> chunks) {
+  const int64_t n_heads = n_kv * ratio, stride = n_heads * hd;
+  Paged p(n_ctx, n_kv, hd, block_size, static_cast<uint64_t>(n_ctx * 31 + ratio * 7 + hd));
+  const std::vector<float> q = RandomQ(n_ctx * stride, 17 + static_cast<uint64_t>(ratio), 1.5f);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  std::vector<float> one, other;
+  RunChunked(p, q, n_ctx, n_heads, 1, scale, &one);
+  for (int64_t i = 0; i < n_ctx; ++i) {
+    const std::vector<double> want = p.NaiveOver(q.data() + i * stride, n_heads, scale, i + 1);
+    for (int64_t j = 0; j < stride; ++j) {
+      ASSERT_NEAR(one[static_cast<size_t>(i * stride + j)], want[static_cast<size_t>(j)], 2e-5)
+          << "token " << i << " of " << n_ctx << " ratio " << ratio << " hd " << hd;
+    }
+  }
+  for (int64_t chunk : chunks) {
+    RunChunked(p, q, n_ctx, n_heads, chunk, scale, &other);
+    ASSERT_EQ(std::memcmp(one.data(), other.data(), one.size() * sizeof(float)), 0)
+        << "chunk " << chunk << " n_ctx " << n_ctx << " ratio " << ratio;
+  }
+}
+
+TEST_P(AttentionTest, PrefillBlocksEqualOneTokenAtATimeOverGqaRatios) {
+  for (int64_t ratio : {1, 2, 3, 4, 8, 12, 32}) {
+    CheckPrefill(/*n_ctx=*/77, /*n_kv=*/2, ratio, /*hd=*/64, /*block_size=*/16, {5, 8, 33, 77});
+  }
+}
+
+TEST_P(AttentionTest, PrefillOddLengthsHeadDimsAndBlockSizes) {
+  CheckPrefill(1, 1, 8, 64, 16, {4});
+  CheckPrefill(31, 2, 4, 37, 7, {3, 31});
+  CheckPrefill(65, 3, 2, 20, 1, {13, 64});
+  CheckPrefill(129, 1, 8, 128, 32, {9, 100});
+  CheckPrefill(40, 4, 1, 8, 16, {6});
+}
+
+// Past one segment (512 keys): chunks crossing segment and tile boundaries.
+TEST_P(AttentionTest, PrefillAcrossSegments) { CheckPrefill(1100, 1, 4, 32, 16, {45, 512, 1100}); }
+
+// Split-K: the partials of any split of a row's segments, merged, equal the one-token block bit
+// for bit (and the dense reference within rounding).
+TEST_P(AttentionTest, SplitKEqualsUnsplit) {
+  for (int64_t n_ctx : {1, 511, 512, 513, 1500, 4100}) {
+    for (int64_t ratio : {1, 4, 8}) {
+      const int64_t n_kv = 2, hd = 64, n_heads = n_kv * ratio;
+      Paged p(n_ctx, n_kv, hd, 16, static_cast<uint64_t>(n_ctx + ratio));
+      const std::vector<float> q = RandomQ(n_heads * hd, 5, 3.0f);
+      const float scale = 0.125f;
+      std::vector<float> whole(static_cast<size_t>(n_heads * hd));
+      std::vector<float> scratch(static_cast<size_t>(AttentionScratchFloats(1, ratio, hd)));
+      AttentionRow(q.data(), p.View(), n_ctx, n_heads, n_kv, hd, scale, scratch.data(),
+                   whole.data());
+      const std::vector<double> want = p.Naive(q, n_heads, scale);
+      for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(whole[i], want[i], 2e-5) << n_ctx;
+      const int64_t n_seg = AttentionSegments(n_ctx);
+      const int64_t pf = AttentionPartialFloats(ratio, hd);
+      // Splits: all at once, one segment per part, and three uneven parts.
+      std::vector<std::vector<int64_t>> splits = {{0, n_seg}, {}, {0}};
+      for (int64_t s = 0; s <= n_seg; ++s) splits[1].push_back(s);
+      if (n_seg > 2) splits[2].push_back(1);
+      if (n_seg > 3) splits[2].push_back(n_seg - 1);
+      splits[2].push_back(n_seg);
+      for (const auto& cuts : splits) {
+        for (int64_t g = 0; g < n_kv; ++g) {
+          std::vector<float> partials(static_cast<size_t>(n_seg * pf), -3.0f);
+          for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+            AttentionPartials(q.data() + g * ratio * hd, n_ctx - 1, p.View(), g, ratio, hd, scale,
+                              cuts[c], cuts[c + 1], scratch.data(), partials.data() + cuts[c] * pf);
+          }
+          std::vector<float> merged(static_cast<size_t>(ratio * hd));
+          AttentionMerge(partials.data(), n_seg, ratio, hd, merged.data());
+          ASSERT_EQ(std::memcmp(merged.data(), whole.data() + g * ratio * hd,
+                                merged.size() * sizeof(float)),
+                    0)
+              << "n_ctx " << n_ctx << " ratio " << ratio << " g " << g << " parts "
+              << cuts.size() - 1;
+        }
+      }
+    }
+  }
+}
+
+// n > 1 choices: two sequences share their prompt's full blocks and continue in blocks of their
+// own; each one's rows equal its own dense attention, and the shared pages change nothing.
+TEST_P(AttentionTest, ForksSharingPromptBlocks) {
+  const int64_t bs = 16, n_kv = 2, ratio = 4, hd = 64, n_heads = n_kv * ratio;
+  const int64_t stride = n_heads * hd, kv_dim = n_kv * hd;
+  const int64_t prompt = 70, total = 100;  // blocks 0..3 (64 tokens) are shared
+  Paged a(total, n_kv, hd, bs, 123);
+  const int64_t shared_blocks = prompt / bs;
+  // Fork b: same blocks for the first 64 tokens, then its own copies holding its own tokens.
+  Paged b = a;
+  b.k_ptr.clear();
+  b.v_ptr.clear();
+  for (size_t i = 0; i < a.k_ptr.size(); ++i) {  // b reads a's pool: one pool, two tables
+    b.k_ptr.push_back(a.k_ptr[i]);
+    b.v_ptr.push_back(a.v_ptr[i]);
+  }
+  Rng rng(77);
+  for (int64_t t = shared_blocks * bs; t < total; ++t) {
+    for (int64_t j = 0; j < kv_dim; ++j) {
+      b.k_dense[static_cast<size_t>(t * kv_dim + j)] = rng.NextGaussian();
+      b.v_dense[static_cast<size_t>(t * kv_dim + j)] = rng.NextGaussian();
+    }
+  }
+  const int64_t own = (total + bs - 1) / bs - shared_blocks;
+  ASSERT_LE(own, static_cast<int64_t>(a.spare.size()));
+  for (int64_t i = 0; i < own; ++i) {
+    b.table[static_cast<size_t>(shared_blocks + i)] = a.spare[static_cast<size_t>(i)];
+  }
+  auto& pool_k = a.pool_k;
+  auto& pool_v = a.pool_v;
+  for (int64_t t = shared_blocks * bs; t < total; ++t) {
+    const int64_t off = (b.table[t / bs] * bs + t % bs) * a.kv_stride;
+    std::copy_n(b.k_dense.begin() + t * kv_dim, kv_dim, pool_k.begin() + off);
+    std::copy_n(b.v_dense.begin() + t * kv_dim, kv_dim, pool_v.begin() + off);
+  }
+  const std::vector<float> q = RandomQ(total * stride, 9, 1.0f);
+  const float scale = 0.125f;
+  for (const Paged* p : {&a, &b}) {
+    std::vector<float> blocks, one;
+    RunChunked(*p, q, total, n_heads, 1, scale, &one);
+    RunChunked(*p, q, total, n_heads, 24, scale, &blocks);
+    ASSERT_EQ(std::memcmp(one.data(), blocks.data(), one.size() * sizeof(float)), 0);
+    for (int64_t i = prompt; i < total; ++i) {
+      const std::vector<double> want = p->NaiveOver(q.data() + i * stride, n_heads, scale, i + 1);
+      for (int64_t j = 0; j < stride; ++j) {
+        ASSERT_NEAR(one[static_cast<size_t>(i * stride + j)], want[static_cast<size_t>(j)], 2e-5)
+            << (p == &a ? "a" : "b") << " token " << i;
+      }
+    }
+  }
 }
 
 TEST(AttentionReference, MatchesDense) {

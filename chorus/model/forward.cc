@@ -1,5 +1,6 @@
 #include "chorus/model/forward.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "chorus/kernels/attention.h"
@@ -7,6 +8,18 @@
 #include "chorus/kernels/ops.h"
 
 namespace chorus::model {
+namespace {
+
+// Rows (token × query head) of one attention block: K/V tiles are loaded once per block, and the
+// block's scratch (q transposed, a tile's scores, the running outputs) stays in L1/L2.
+constexpr int64_t kAttnBlockRows = 64;
+// Split-K is used while the step has few (row, KV head) units (decode of one or a few long
+// sequences), so that every thread streams a contiguous part of the KV cache; a row is cut into
+// at most this many ranges per thread.
+constexpr int64_t kSplitUnitsPerThread = 4;
+constexpr int64_t kMaxSplitTasks = 256;  // reserved up front (≤ 2·threads rows × 4·threads)
+
+}  // namespace
 
 Forward::Forward(std::shared_ptr<const Model> model, int64_t max_rows, int64_t max_logit_rows)
     : model_(std::move(model)), max_rows_(max_rows), max_logit_rows_(max_logit_rows) {
@@ -26,6 +39,11 @@ Forward::Forward(std::shared_ptr<const Model> model, int64_t max_rows, int64_t m
   rope_cos_.assign(static_cast<size_t>(max_rows * c.head_dim / 2), 0.0f);
   rope_sin_.assign(rope_cos_.size(), 0.0f);
   logit_in_.assign(static_cast<size_t>(max_logit_rows * c.n_embd), 0.0f);
+  const int64_t group = c.n_heads / c.n_kv_heads;
+  attn_block_tokens_ = std::max<int64_t>(1, kAttnBlockRows / group);
+  attn_scratch_floats_ = kernels::AttentionScratchFloats(attn_block_tokens_, group, c.head_dim);
+  tasks_.reserve(static_cast<size_t>(max_rows * c.n_kv_heads + kMaxSplitTasks));
+  merges_.reserve(static_cast<size_t>(max_rows * c.n_kv_heads));
 }
 
 void Forward::Linear(int64_t layer, model::Linear which, const float* x, int64_t x_stride, float* y,
@@ -78,25 +96,129 @@ void Forward::Linears(int64_t layer, LinearGroup group, const float* x, int64_t 
   if (in.hook != nullptr) in.hook->ApplyGroup(layer, group, outs, x, x_stride, n, pool);
 }
 
-void Forward::Attention(const StepInput& in, memory::KvCache* kv, int64_t layer, ThreadPool* pool) {
+void Forward::PlanAttention(const StepInput& in, int n_threads) {
   const ModelConfig& c = model_->config();
   const int64_t n = static_cast<int64_t>(in.tokens.size());
   const int64_t group = c.n_heads / c.n_kv_heads;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  // Tasks are (row, kv head) pairs dealt out round-robin across threads: at batch 1 the heads
-  // are shared out, and in a prefill chunk (cost grows with the row's position) every thread
-  // gets early and late rows alike — contiguous slices gave the last thread ~3x the work of the
-  // first. Each task's result depends only on its own row (batch invariance).
-  const int64_t n_tasks = n * c.n_kv_heads;
+  const int64_t pf = kernels::AttentionPartialFloats(group, c.head_dim);
+  tasks_.clear();
+  merges_.clear();
+  auto pos = [&](int64_t i) { return static_cast<int64_t>(in.positions[static_cast<size_t>(i)]); };
+  auto run_end = [&](int64_t i) {  // rows [i, j): one sequence, consecutive positions
+    int64_t j = i + 1;
+    while (j < n && in.seq[static_cast<size_t>(j)] == in.seq[static_cast<size_t>(i)] &&
+           pos(j) == pos(j - 1) + 1) {
+      ++j;
+    }
+    return j;
+  };
+  // Split-K only while the step has few units (e.g. decode of one long sequence): then threads
+  // share each row's keys instead of its KV heads and stream the cache contiguously. Whether a
+  // row is split never changes its result (attention.h), only who computes which segments.
+  int64_t n_long_single = 0, n_units = 0;
+  for (int64_t i = 0; i < n;) {
+    const int64_t j = run_end(i);
+    if (j - i == 1 && kernels::AttentionSegments(pos(i) + 1) >= 2) ++n_long_single;
+    n_units += (j - i + attn_block_tokens_ - 1) / attn_block_tokens_ * c.n_kv_heads;
+    i = j;
+  }
+  const bool split = n_long_single > 0 && n_units < 2 * n_threads * c.n_kv_heads;
+  int64_t partial_floats = 0;
+  for (int64_t i = 0; i < n;) {
+    const int64_t j = run_end(i);
+    const int64_t n_seg = kernels::AttentionSegments(pos(i) + 1);
+    if (split && j - i == 1 && n_seg >= 2) {
+      const int64_t parts = std::min<int64_t>(n_seg, kSplitUnitsPerThread * n_threads);
+      for (int64_t p = 0; p < parts; ++p) {
+        AttnTask t;
+        t.row = static_cast<int32_t>(i);
+        t.seg_begin = static_cast<int32_t>(p * n_seg / parts);
+        t.seg_end = static_cast<int32_t>((p + 1) * n_seg / parts);
+        t.partials = partial_floats;
+        tasks_.push_back(t);
+      }
+      for (int64_t g = 0; g < c.n_kv_heads; ++g) {
+        AttnTask m;
+        m.row = static_cast<int32_t>(i);
+        m.kv_head = static_cast<int32_t>(g);
+        m.seg_end = static_cast<int32_t>(n_seg);
+        m.partials = partial_floats + g * n_seg * pf;
+        merges_.push_back(m);
+      }
+      partial_floats += c.n_kv_heads * n_seg * pf;
+    }
+    i = j;
+  }
+  if (static_cast<int64_t>(partials_.size()) < partial_floats) {
+    partials_.resize(static_cast<size_t>(partial_floats));  // grows to the longest context seen
+  }
+  // Blocks, the latest (costliest) of each run first, so the last tasks taken are cheap ones.
+  for (int64_t i = 0; i < n;) {
+    const int64_t j = run_end(i);
+    if (!(split && j - i == 1 && kernels::AttentionSegments(pos(i) + 1) >= 2)) {
+      const int64_t n_blocks = (j - i + attn_block_tokens_ - 1) / attn_block_tokens_;
+      for (int64_t b = n_blocks - 1; b >= 0; --b) {
+        const int64_t first = i + b * attn_block_tokens_;
+        for (int64_t g = 0; g < c.n_kv_heads; ++g) {
+          AttnTask t;
+          t.row = static_cast<int32_t>(first);
+          t.n_tokens = static_cast<int32_t>(std::min(attn_block_tokens_, j - first));
+          t.kv_head = static_cast<int32_t>(g);
+          tasks_.push_back(t);
+        }
+      }
+    }
+    i = j;
+  }
+}
+
+void Forward::Attention(const StepInput& in, memory::KvCache* kv, int64_t layer, ThreadPool* pool) {
+  const ModelConfig& c = model_->config();
+  const int64_t group = c.n_heads / c.n_kv_heads, hd = c.head_dim, qd = c.q_dim();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const int64_t pf = kernels::AttentionPartialFloats(group, hd);
+  const int64_t n_tasks = static_cast<int64_t>(tasks_.size());
+  auto table_of = [&](int64_t row) {
+    return in.block_tables[static_cast<size_t>(in.seq[static_cast<size_t>(row)])];
+  };
+  // Phase 1: tasks are taken from a shared counter by whichever thread is free; each writes only
+  // its own rows' outputs (or its own segments' partials), so the result does not depend on
+  // which thread ran what.
+  next_task_.store(0, std::memory_order_relaxed);
+  pool->Run([&](int ti, int /*nt*/) {
+    float* scratch = scratch_.data() + static_cast<size_t>(ti) * attn_scratch_floats_;
+    for (int64_t k; (k = next_task_.fetch_add(1, std::memory_order_relaxed)) < n_tasks;) {
+      const AttnTask& t = tasks_[static_cast<size_t>(k)];
+      const int32_t* table = table_of(t.row);
+      const int64_t pos = in.positions[static_cast<size_t>(t.row)];
+      if (t.n_tokens > 0) {
+        const int64_t off = t.row * qd + t.kv_head * group * hd;
+        kernels::AttentionBlock(q_.data() + off, qd, t.n_tokens, pos,
+                                kv->View(layer, t.kv_head, table),
+                                /*kv_head=*/0, group, hd, scale, scratch, att_.data() + off, qd);
+        continue;
+      }
+      // A split range: segment by segment over every KV head, so the range's blocks are read
+      // once, contiguously, while they are in cache.
+      const int64_t n_seg = kernels::AttentionSegments(pos + 1);
+      for (int64_t s = t.seg_begin; s < t.seg_end; ++s) {
+        for (int64_t g = 0; g < c.n_kv_heads; ++g) {
+          kernels::AttentionPartials(q_.data() + t.row * qd + g * group * hd, pos,
+                                     kv->View(layer, g, table), /*kv_head=*/0, group, hd, scale, s,
+                                     s + 1, scratch,
+                                     partials_.data() + t.partials + (g * n_seg + s) * pf);
+        }
+      }
+    }
+  });
+  if (merges_.empty()) return;
+  // Phase 2: fold each split row's segments in order, one (row, KV head) per task.
+  const int64_t n_merges = static_cast<int64_t>(merges_.size());
   pool->Run([&](int ti, int nt) {
-    float* scratch = scratch_.data() + static_cast<size_t>(ti) * c.max_seq_len;
-    for (int64_t t = ti; t < n_tasks; t += nt) {
-      const int64_t row = t / c.n_kv_heads, g = t % c.n_kv_heads;
-      const int32_t* table = in.block_tables[static_cast<size_t>(in.seq[static_cast<size_t>(row)])];
-      kernels::PagedKv view = kv->View(layer, g, table);
-      const int64_t q_off = row * c.q_dim() + g * group * c.head_dim;
-      kernels::AttentionRow(q_.data() + q_off, view, in.positions[static_cast<size_t>(row)] + 1,
-                            group, 1, c.head_dim, scale, scratch, att_.data() + q_off);
+    for (int64_t k = ti; k < n_merges; k += nt) {
+      const AttnTask& m = merges_[static_cast<size_t>(k)];
+      kernels::AttentionMerge(partials_.data() + m.partials, m.seg_end, group, hd,
+                              att_.data() + m.row * qd + m.kv_head * group * hd);
     }
   });
 }
@@ -109,8 +231,9 @@ void Forward::Run(const StepInput& in, memory::KvCache* kv, ThreadPool* pool, fl
   CHORUS_CHECK_LE(static_cast<int64_t>(in.logit_rows.size()), max_logit_rows_);
   if (scratch_threads_ < pool->size()) {  // grows once per pool size, never per step
     scratch_threads_ = pool->size();
-    scratch_.assign(static_cast<size_t>(scratch_threads_ * c.max_seq_len), 0.0f);
+    scratch_.assign(static_cast<size_t>(scratch_threads_ * attn_scratch_floats_), 0.0f);
   }
+  PlanAttention(in, pool->size());
   const int64_t d = c.n_embd, qd = c.q_dim(), kvd = c.kv_dim(), ff = c.n_ff;
   const int64_t block = kv->layout().block_size;
 

@@ -11,6 +11,7 @@
 // the ThreadPool for parallel kernels. The Model is shared and immutable.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -73,6 +74,18 @@ class Forward {
   void Run(const StepInput& in, memory::KvCache* kv, ThreadPool* pool, float* logits);
 
  private:
+  // One unit of a layer's attention (docs/architecture.md, "Attention"): a block of consecutive
+  // tokens of one sequence over one KV head, or (split-K) a range of segments of one decode row
+  // over every KV head, whose partials a merge task then folds.
+  struct AttnTask {
+    int32_t row = 0;                     // first row of the block / the split row
+    int32_t n_tokens = 0;                // block: tokens; split: 0
+    int32_t kv_head = 0;                 // block only
+    int32_t seg_begin = 0, seg_end = 0;  // split only
+    int64_t partials = 0;                // split: offset of the row's partials in partials_
+  };
+  // Cuts the step's rows into attention tasks (once per step; the same for every layer).
+  void PlanAttention(const StepInput& in, int n_threads);
   void Attention(const StepInput& in, memory::KvCache* kv, int64_t layer, ThreadPool* pool);
   void Linear(int64_t layer, model::Linear which, const float* x, int64_t x_stride, float* y,
               int64_t y_stride, int64_t n, const StepInput& in, ThreadPool* pool);
@@ -90,8 +103,15 @@ class Forward {
   std::vector<float> rope_cos_, rope_sin_;  // [max_rows, head_dim / 2]: this step's rotations
   // Step buffers, [max_rows, width] each.
   std::vector<float> x_, xb_, q_, k_, v_, att_, gate_, up_, logit_in_;
-  std::vector<float> scratch_;  // [n_threads][max_seq_len] attention scores
+  int64_t attn_block_tokens_ = 1;  // tokens per attention block (≈ 64 rows of (token, head))
+  int64_t attn_scratch_floats_ = 0;
+  std::vector<float> scratch_;  // [n_threads][attn_scratch_floats_] attention block scratch
   int64_t scratch_threads_ = 0;
+  // This step's attention plan: tasks_ run in phase 1 (blocks and split ranges, costliest first,
+  // taken from next_task_ by whichever thread is free); merges_ in phase 2 (split rows × KV head).
+  std::vector<AttnTask> tasks_, merges_;
+  std::vector<float> partials_;  // split rows' segment partials; grows to the largest step seen
+  std::atomic<int64_t> next_task_{0};
 };
 
 }  // namespace chorus::model

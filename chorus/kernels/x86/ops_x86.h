@@ -1,12 +1,10 @@
 // Internal: the x86 variants of the kernels in ops.h and attention.h. Only the dispatchers
-// (ops.cc, attention.cc) and the tests call these, after checking ActiveIsa(); calling a variant
-// the CPU does not support faults. Semantics are those of the public kernels. Attention has an
-// AVX2 variant only (see attention.cc).
+// (ops.cc) and the tests call these, after checking ActiveIsa(); calling a variant the CPU does
+// not support faults. Semantics are those of the public kernels (attention: x86/attention_x86.h).
 #pragma once
 
 #include <cstdint>
 
-#include "chorus/kernels/attention.h"
 #include "chorus/kernels/ops.h"
 
 #define CHORUS_X86_KERNEL_DECLS                                                                   \
@@ -23,8 +21,6 @@
 
 namespace chorus::kernels::avx2 {
 CHORUS_X86_KERNEL_DECLS
-void AttentionRow(const float* q, const PagedKv& kv, int64_t n_ctx, int64_t n_heads,
-                  int64_t n_kv_heads, int64_t head_dim, float scale, float* scratch, float* out);
 }  // namespace chorus::kernels::avx2
 
 namespace chorus::kernels::avx512 {

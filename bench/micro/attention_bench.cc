@@ -1,0 +1,118 @@
+// Attention kernels (attention.h) at the TinyLlama-1.1B shape (32 query heads, 4 KV heads,
+// head_dim 64, 16-token KV blocks), one layer, on the calling thread:
+//   BM_Prefill/N    — a prompt of N tokens in blocks of 8 tokens per KV head (what a prefill
+//                     step runs); counter: causal GFLOP/s (4·head_dim FLOPs per (query head, key))
+//   BM_Decode/D     — one token at depth D, every KV head; counter: KV bytes read per second
+//
+//   ./attention_bench --benchmark_filter=Prefill --benchmark_min_time=1
+//
+// The machine is shared: quote medians and compare runs of one invocation. ATTN_ISA=avx2|scalar
+// caps the kernels' ISA level.
+#include <benchmark/benchmark.h>
+
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "chorus/kernels/attention.h"
+#include "chorus/kernels/dispatch.h"
+
+namespace chorus::kernels {
+namespace {
+
+constexpr int64_t kHeads = 32, kKvHeads = 4, kHd = 64, kGroup = kHeads / kKvHeads, kBs = 16;
+constexpr int64_t kBlockTokens = 8;
+
+void CapIsa() {
+  if (const char* e = std::getenv("ATTN_ISA")) {
+    if (auto level = ParseIsaLevel(e)) SetMaxIsa(*level);
+  }
+}
+
+// One layer's KV of n tokens in the cache's layout ([block][slot][kv_head][head_dim]).
+struct Cache {
+  std::vector<float> k, v;
+  std::vector<const float*> kp, vp;
+  std::vector<int32_t> table;
+  explicit Cache(int64_t n) {
+    const int64_t blocks = (n + kBs - 1) / kBs, kv_dim = kKvHeads * kHd;
+    std::mt19937 rng(1);
+    std::normal_distribution<float> nd;
+    k.resize(static_cast<size_t>(blocks * kBs * kv_dim));
+    v.resize(k.size());
+    for (auto& x : k) x = nd(rng);
+    for (auto& x : v) x = nd(rng);
+    for (int64_t b = 0; b < blocks; ++b) {
+      kp.push_back(k.data() + b * kBs * kv_dim);
+      vp.push_back(v.data() + b * kBs * kv_dim);
+      table.push_back(static_cast<int32_t>(b));
+    }
+  }
+  PagedKv View() const {
+    PagedKv kv;
+    kv.k_blocks = kp.data();
+    kv.v_blocks = vp.data();
+    kv.block_table = table.data();
+    kv.block_size = kBs;
+    kv.kv_stride = kKvHeads * kHd;
+    return kv;
+  }
+};
+
+std::vector<float> RandomQ(int64_t n) {
+  std::mt19937 rng(2);
+  std::normal_distribution<float> nd;
+  std::vector<float> q(static_cast<size_t>(n));
+  for (auto& x : q) x = nd(rng);
+  return q;
+}
+
+void BM_Prefill(benchmark::State& state) {
+  CapIsa();
+  const int64_t n = state.range(0), stride = kHeads * kHd;
+  Cache cache(n);
+  const std::vector<float> q = RandomQ(n * stride);
+  std::vector<float> out(q.size());
+  std::vector<float> scratch(
+      static_cast<size_t>(AttentionScratchFloats(kBlockTokens, kGroup, kHd)));
+  for (auto _ : state) {
+    for (int64_t pos0 = 0; pos0 < n; pos0 += kBlockTokens) {
+      for (int64_t g = 0; g < kKvHeads; ++g) {
+        const int64_t off = pos0 * stride + g * kGroup * kHd;
+        AttentionBlock(q.data() + off, stride, std::min(kBlockTokens, n - pos0), pos0, cache.View(),
+                       g, kGroup, kHd, 0.125f, scratch.data(), out.data() + off, stride);
+      }
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  const double flops = 4.0 * kHeads * kHd * (static_cast<double>(n) * (n + 1) / 2);
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      flops * 1e-9 * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+  state.SetLabel(IsaName(ActiveIsa()));
+}
+BENCHMARK(BM_Prefill)->Arg(512)->Arg(2048)->Arg(4096)->Unit(benchmark::kMillisecond);
+
+void BM_Decode(benchmark::State& state) {
+  CapIsa();
+  const int64_t depth = state.range(0);
+  Cache cache(depth);
+  const std::vector<float> q = RandomQ(kHeads * kHd);
+  std::vector<float> out(q.size());
+  std::vector<float> scratch(static_cast<size_t>(AttentionScratchFloats(1, kGroup, kHd)));
+  for (auto _ : state) {
+    AttentionRow(q.data(), cache.View(), depth, kHeads, kKvHeads, kHd, 0.125f, scratch.data(),
+                 out.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["bytes/s"] = benchmark::Counter(
+      2.0 * depth * kKvHeads * kHd * sizeof(float) * static_cast<double>(state.iterations()),
+      benchmark::Counter::kIsRate);
+  state.SetLabel(IsaName(ActiveIsa()));
+}
+BENCHMARK(BM_Decode)->Arg(128)->Arg(4000)->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+}  // namespace chorus::kernels
+
+BENCHMARK_MAIN();

@@ -1,0 +1,83 @@
+// AVX-512 tiled attention (attention.h, attention_tiles.h): 16 rows of a block per vector, 8 keys
+// by 2 row vectors per score tile (16 accumulators), 8 heads × 32 floats per PV tile.
+#if !defined(__clang__)  // GCC 12 bug 105593: spurious -Wmaybe-uninitialized in AVX-512 headers
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+
+#include "chorus/kernels/attention_tiles.h"
+#include "chorus/kernels/x86/attention_x86.h"
+
+namespace chorus::kernels::avx512 {
+namespace {
+
+struct Vec512 {
+  using V = __m512;
+  static constexpr int64_t kLanes = 16;
+  static constexpr int kKeyGroup = 8;
+  static constexpr int64_t kHeadBlock = 8;
+  static __mmask16 Mask(int64_t n) {
+    return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1u);
+  }
+  static V Zero() { return _mm512_setzero_ps(); }
+  static V Set1(float x) { return _mm512_set1_ps(x); }
+  static V Load(const float* p) { return _mm512_loadu_ps(p); }
+  static V LoadN(const float* p, int64_t n) { return _mm512_maskz_loadu_ps(Mask(n), p); }
+  static void Store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static void StoreN(float* p, int64_t n, V v) { _mm512_mask_storeu_ps(p, Mask(n), v); }
+  static V Fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V Mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V Add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V Sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  static V Max(V a, V b) { return _mm512_max_ps(a, b); }
+  static V ZeroIfNegInf(V m) {
+    const __mmask16 k =
+        _mm512_cmp_ps_mask(m, _mm512_set1_ps(attention_internal::kNegInf), _CMP_EQ_OQ);
+    return _mm512_mask_mov_ps(m, k, _mm512_setzero_ps());
+  }
+  static V MaskBelow(V pos, float key, V s, V fill) {
+    return _mm512_mask_mov_ps(s, _mm512_cmp_ps_mask(pos, _mm512_set1_ps(key), _CMP_LT_OQ), fill);
+  }
+  // e^x for x ≤ 0 (every argument here is a score minus a running max that includes it, or
+  // −∞): x = n·ln2 + r with |r| ≤ ln2/2, e^r by its degree-6 Taylor polynomial (truncation error
+  // < 1.3e-7 relative), 2^n by vscalefps; x is clamped below at -104 so that exp(-inf) = 0.
+  static V Exp(V x) {
+    const V xc = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);
+    const V n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    V r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), xc);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+    V p = _mm512_set1_ps(1.0f / 720.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+  }
+};
+
+}  // namespace
+
+void AttentionBlock(const float* q, int64_t q_stride, int64_t n_tokens, int64_t pos0,
+                    const PagedKv& kv, int64_t kv_head, int64_t group, int64_t head_dim,
+                    float scale, float* scratch, float* out, int64_t out_stride) {
+  attention_internal::Block<Vec512>(q, q_stride, n_tokens, pos0, kv, kv_head, group, head_dim,
+                                    scale, scratch, out, out_stride);
+}
+
+void AttentionPartials(const float* q, int64_t pos, const PagedKv& kv, int64_t kv_head,
+                       int64_t group, int64_t head_dim, float scale, int64_t seg_begin,
+                       int64_t seg_end, float* scratch, float* partials) {
+  attention_internal::Partials<Vec512>(q, pos, kv, kv_head, group, head_dim, scale, seg_begin,
+                                       seg_end, scratch, partials);
+}
+
+void AttentionMerge(const float* partials, int64_t n_segments, int64_t group, int64_t head_dim,
+                    float* out) {
+  attention_internal::Merge<Vec512>(partials, n_segments, group, head_dim, out);
+}
+
+}  // namespace chorus::kernels::avx512
