@@ -14,6 +14,7 @@
 #include "apps/chorus/common.h"
 #include "apps/chorus/default_model.h"
 #include "chorus/adapters/adapter_cache.h"
+#include "chorus/adapters/delta/delta_file.h"
 #include "chorus/adapters/registry.h"
 #include "chorus/engine/engine.h"
 #include "chorus/memory/kv_cache.h"
@@ -43,16 +44,18 @@ Status CheckAdapterFlags(const Flags& f) {
     CHORUS_RETURN_IF_ERROR(CheckDirectoryFlag("adapter-root", r));
   for (const std::string& d : f.GetRepeated("lora-dir"))
     CHORUS_RETURN_IF_ERROR(CheckDirectoryFlag("lora-dir", d));
-  for (const std::string& spec : f.GetRepeated("lora")) {
-    const size_t eq = spec.find('=');
-    if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size()) {
-      return InvalidArgumentError("flag --lora expects NAME=PATH, got '" + spec.substr(0, 64) +
-                                  "'");
-    }
-    std::error_code ec;
-    if (!std::filesystem::exists(spec.substr(eq + 1), ec)) {
-      return InvalidArgumentError("flag --lora " + spec.substr(0, eq) + ": " + spec.substr(eq + 1) +
-                                  ": no such file or directory");
+  for (const char* flag : {"lora", "delta"}) {
+    for (const std::string& spec : f.GetRepeated(flag)) {
+      const size_t eq = spec.find('=');
+      if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size()) {
+        return InvalidArgumentError(std::string("flag --") + flag + " expects NAME=PATH, got '" +
+                                    spec.substr(0, 64) + "'");
+      }
+      std::error_code ec;
+      if (!std::filesystem::exists(spec.substr(eq + 1), ec)) {
+        return InvalidArgumentError(std::string("flag --") + flag + " " + spec.substr(0, eq) +
+                                    ": " + spec.substr(eq + 1) + ": no such file or directory");
+      }
     }
   }
   return OkStatus();
@@ -126,11 +129,14 @@ struct ServedAdapters {
 // The registry (persisted across restarts) plus the adapters named on the command line. The
 // directories of --lora and --lora-dir paths are adapter roots too: the operator named them.
 Result<ServedAdapters> OpenAdapters(const Flags& f, const model::ModelConfig& base,
-                                    const std::string& base_name, int64_t host_cache_bytes) {
+                                    const std::string& base_name, int64_t host_cache_bytes,
+                                    const std::string& base_weights_hash) {
   ServedAdapters out;
   std::vector<std::string> roots = f.GetRepeated("adapter-root");
   std::vector<std::pair<std::string, std::string>> loras;
-  for (const std::string& spec : f.GetRepeated("lora")) {
+  std::vector<std::string> specs = f.GetRepeated("lora");
+  for (const std::string& d : f.GetRepeated("delta")) specs.push_back(d);  // same form, kind read
+  for (const std::string& spec : specs) {
     size_t eq = spec.find('=');
     if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size()) {
       return InvalidArgumentError("flag --lora expects NAME=PATH, got '" + spec.substr(0, 64) +
@@ -151,6 +157,7 @@ Result<ServedAdapters> OpenAdapters(const Flags& f, const model::ModelConfig& ba
   ro.max_lora_rank = f.GetInt("max-lora-rank");
   ro.base = base;
   ro.base_model_name = base_name;
+  ro.base_weights_hash = base_weights_hash;
   std::string state = f.GetString("registry");
   if (state.empty()) {
     CHORUS_ASSIGN_OR_RETURN(std::string dir, CacheDirectory());
@@ -161,7 +168,7 @@ Result<ServedAdapters> OpenAdapters(const Flags& f, const model::ModelConfig& ba
   out.registry = std::move(*reg);
   for (const auto& [name, path] : loras) {
     auto info = out.registry->Register(name, path, /*replace=*/true);
-    if (!info.ok()) return info.status().WithContext("flag --lora " + name);
+    if (!info.ok()) return info.status().WithContext("flag --lora/--delta " + name);
   }
   for (const std::string& d : f.GetRepeated("lora-dir")) {
     auto results = out.registry->RegisterDirectory(d, /*replace=*/true);
@@ -179,7 +186,8 @@ Result<ServedAdapters> OpenAdapters(const Flags& f, const model::ModelConfig& ba
     if (dtype != "bf16" && dtype != "f32")
       return InvalidArgumentError("flag --lora-dtype must be bf16 or f32");
     limits.storage = dtype == "f32" ? adapters::LoraStorage::kF32 : adapters::LoraStorage::kBF16;
-    out.cache = std::make_shared<adapters::AdapterCache>(base, host_cache_bytes, limits);
+    out.cache =
+        std::make_shared<adapters::AdapterCache>(base, host_cache_bytes, limits, base_weights_hash);
   }
   std::fprintf(stderr,
                "chorus serve: %zu adapters registered (%s); host adapter cache %lld MiB%s\n",
@@ -241,6 +249,10 @@ int ServeCommand(int argc, char** argv) {
         "adapters named in /metrics (most requests); the rest are summed as (other)");
   f.Int("max-connections", 512, "HTTP connections served at once (one thread each)");
   f.Repeated("lora", "serve an adapter as a variant: NAME=PATH (PEFT directory or GGUF LoRA)");
+  f.Repeated(
+      "delta",
+      "serve a full fine-tune compressed by chorus compress as a variant: NAME=PATH (a delta "
+      "file or directory, docs/deltas.md); it shares steps with LoRA adapters and the base");
   f.Repeated("lora-dir", "register every adapter directly under DIR (named after its folder/file)");
   f.Repeated("adapter-root", "directory POST /v1/load_lora_adapter may load adapters from");
   f.String("registry", "",
@@ -372,13 +384,16 @@ int ServeCommand(int argc, char** argv) {
           server::ChooseChatTemplate(*loaded.tokenizer, so.chat_template, so.chat_template_label)
               .status());
       const bool with_adapters =
-          !f.GetRepeated("lora").empty() || !f.GetRepeated("lora-dir").empty() ||
-          !f.GetRepeated("adapter-root").empty() || !f.GetString("registry").empty();
+          !f.GetRepeated("lora").empty() || !f.GetRepeated("delta").empty() ||
+          !f.GetRepeated("lora-dir").empty() || !f.GetRepeated("adapter-root").empty() ||
+          !f.GetString("registry").empty();
       const MemoryPlan plan = PlanMemory(f, loaded.model->config(), eo.max_running, with_adapters);
       eo.pool_bytes = plan.pool_bytes;
       CHORUS_ASSIGN_OR_RETURN(
           ServedAdapters served,
-          OpenAdapters(f, loaded.model->config(), so.served_model_name, plan.host_cache_bytes));
+          OpenAdapters(f, loaded.model->config(), so.served_model_name, plan.host_cache_bytes,
+                       // Deltas are checked against the weights they were made for.
+                       with_adapters ? delta::BaseWeightsHash(*loaded.model) : std::string()));
       eo.adapter_cache = served.cache;  // the engine's loader threads read adapters through it
       auto eng = engine::Engine::Create(loaded.model, loaded.tokenizer, eo);
       if (!eng.ok()) {

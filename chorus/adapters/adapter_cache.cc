@@ -27,10 +27,70 @@ LoraLimits WithArena(LoraLimits limits, int64_t max_bytes) {
 
 }  // namespace
 
-AdapterCache::AdapterCache(model::ModelConfig base, int64_t max_bytes, LoraLimits limits)
+AdapterCache::AdapterCache(model::ModelConfig base, int64_t max_bytes, LoraLimits limits,
+                           std::string base_weights_hash)
     : base_(std::move(base)),
       max_bytes_(max_bytes),
-      limits_(WithArena(std::move(limits), max_bytes)) {}
+      limits_(WithArena(std::move(limits), max_bytes)),
+      base_weights_hash_(std::move(base_weights_hash)) {}
+
+Result<std::shared_ptr<const delta::DeltaWeights>> AdapterCache::GetDelta(const VariantRef& key) {
+  CHORUS_CHECK(!key.id.empty()) << "AdapterCache::GetDelta of '" << key.name << "' without an id";
+  if (auto hit = GetDeltaIfCached(key.id)) return hit;
+  {
+    MutexLock lock(&mu_);
+    ++stats_.misses;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  // As for LoRA adapters: never load changed files under the registered identity.
+  auto loaded = [&]() -> Result<std::shared_ptr<const delta::DeltaWeights>> {
+    CHORUS_RETURN_IF_ERROR(
+        VerifyRegisteredContent(key.name, key.path, key.files, key.id.content_hash));
+    CHORUS_ASSIGN_OR_RETURN(std::vector<AdapterFile> before, CurrentFingerprints(key.files));
+    CHORUS_ASSIGN_OR_RETURN(auto w,
+                            delta::LoadDeltaWeights(key.path, base_, base_weights_hash_, key.name));
+    if (!CheckFingerprints(before).ok()) {
+      return UnavailableError("delta '" + key.name + "': " + key.path +
+                              " changed while being loaded; try again");
+    }
+    return w;
+  }();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  MutexLock lock(&mu_);
+  if (!loaded.ok()) {
+    ++stats_.load_errors;
+    return loaded.status();
+  }
+  ++stats_.loads;
+  stats_.load_seconds_total += secs;
+  stats_.last_load_seconds = secs;
+  {
+    const auto& b = LoadSecondsBounds();
+    const size_t i = static_cast<size_t>(std::lower_bound(b.begin(), b.end(), secs) - b.begin());
+    ++stats_.load_seconds_buckets[i];
+  }
+  auto [it, inserted] = deltas_.try_emplace(key.id);
+  if (inserted) {
+    it->second.weights = *loaded;
+    it->second.bytes = delta::DeltaWeightsBytes(**loaded);
+    it->second.name = key.name;
+    stats_.bytes += it->second.bytes;
+    ++stats_.entries;
+  }
+  it->second.last_use = ++tick_;
+  std::shared_ptr<const delta::DeltaWeights> out = it->second.weights;
+  EvictLocked();
+  return out;
+}
+
+std::shared_ptr<const delta::DeltaWeights> AdapterCache::GetDeltaIfCached(const VariantId& id) {
+  MutexLock lock(&mu_);
+  auto it = deltas_.find(id);
+  if (it == deltas_.end()) return nullptr;
+  ++stats_.hits;
+  it->second.last_use = ++tick_;
+  return it->second.weights;
+}
 
 Result<std::shared_ptr<const LoraAdapter>> AdapterCache::Get(const VariantRef& key) {
   CHORUS_CHECK(!key.id.empty()) << "AdapterCache::Get of '" << key.name << "' without an id";
@@ -128,6 +188,19 @@ void AdapterCache::EvictLocked() {
     entries_.erase(e);
     it = lru_.erase(it);
   }
+  // Then deltas nobody holds, least recently used first.
+  while (stats_.bytes > max_bytes_) {
+    auto victim = deltas_.end();
+    for (auto d = deltas_.begin(); d != deltas_.end(); ++d) {
+      if (d->second.weights.use_count() > 1) continue;
+      if (victim == deltas_.end() || d->second.last_use < victim->second.last_use) victim = d;
+    }
+    if (victim == deltas_.end()) break;
+    stats_.bytes -= victim->second.bytes;
+    --stats_.entries;
+    ++stats_.evictions;
+    deltas_.erase(victim);
+  }
 }
 
 void AdapterCache::Erase(const std::string& name) {
@@ -138,6 +211,15 @@ void AdapterCache::Erase(const std::string& name) {
       --stats_.entries;
       lru_.erase(it->second.lru);
       it = entries_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto it = deltas_.begin(); it != deltas_.end();) {
+    if (it->second.name == name) {
+      stats_.bytes -= it->second.bytes;
+      --stats_.entries;
+      it = deltas_.erase(it);
     } else {
       ++it;
     }

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "chorus/adapters/delta/delta_hook.h"
 #include "chorus/adapters/fingerprint.h"
 #include "chorus/adapters/lora/lora_adapter.h"
 #include "chorus/adapters/lora/lora_files.h"
@@ -30,10 +31,19 @@ namespace chorus::adapters {
 
 class AdapterCache {
  public:
-  AdapterCache(model::ModelConfig base, int64_t max_bytes, LoraLimits limits = {});
+  // `base_weights_hash` (delta::BaseWeightsHash of the served base) is checked against every
+  // delta loaded (empty: not checked).
+  AdapterCache(model::ModelConfig base, int64_t max_bytes, LoraLimits limits = {},
+               std::string base_weights_hash = {});
 
   // The decoded copy of `ref` (loading it on a miss). Requires: !ref.id.empty().
   Result<std::shared_ptr<const LoraAdapter>> Get(const VariantRef& ref);
+  // Deltas (docs/deltas.md), the second variant kind, in the same tier and byte budget:
+  // `ref.kind` is "delta". Concurrent misses of one delta may each read it (both copies are
+  // equal; the first one inserted is kept).
+  Result<std::shared_ptr<const delta::DeltaWeights>> GetDelta(const VariantRef& ref);
+  std::shared_ptr<const delta::DeltaWeights> GetDeltaIfCached(const VariantId& id);
+
   // The cached copy when present and loaded (counts a hit), else null; never loads.
   std::shared_ptr<const LoraAdapter> GetIfCached(const VariantId& id);
   // Drops the cached copy of every version of `name` (users keep theirs until they finish).
@@ -69,6 +79,12 @@ class AdapterCache {
     std::string name;
   };
   void EvictLocked() REQUIRES(mu_);
+  struct DeltaEntry {
+    std::shared_ptr<const delta::DeltaWeights> weights;
+    int64_t bytes = 0;
+    uint64_t last_use = 0;
+    std::string name;
+  };
 
   const model::ModelConfig base_;
   const int64_t max_bytes_;
@@ -77,6 +93,9 @@ class AdapterCache {
   CondVar loaded_;  // signalled when a load ends
   std::map<VariantId, Entry> entries_ GUARDED_BY(mu_);
   std::list<VariantId> lru_ GUARDED_BY(mu_);
+  std::map<VariantId, DeltaEntry> deltas_ GUARDED_BY(mu_);
+  uint64_t tick_ GUARDED_BY(mu_) = 0;
+  const std::string base_weights_hash_;
   Stats stats_ GUARDED_BY(mu_);
 };
 

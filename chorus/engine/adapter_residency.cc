@@ -54,19 +54,26 @@ void AdapterResidency::LoaderMain() {
       continue;  // the engine applies it at its next step; nothing waits for it
     }
     const auto t0 = Clock::now();
-    Result<std::shared_ptr<const LoraAdapter>> r =
-        cache_ ? cache_->Get(job.key)
-               : Result<std::shared_ptr<const LoraAdapter>>(UnavailableError("no adapter cache"));
+    Status st;
+    if (!cache_) {
+      st = UnavailableError("no adapter cache");
+    } else if (job.key.kind == "delta") {
+      auto r = cache_->GetDelta(job.key);
+      if (r.ok()) job.ticket->delta = *r;
+      st = r.status();
+    } else {
+      auto r = cache_->Get(job.key);
+      if (r.ok()) job.ticket->adapter = *r;
+      st = r.status();
+    }
     metrics_->adapter_disk_load_seconds.Observe(
         std::chrono::duration<double>(Clock::now() - t0).count());
     metrics_->adapter_disk_loads.fetch_add(1);
-    if (r.ok()) {
-      job.ticket->adapter = *r;
-    } else {
+    if (!st.ok()) {
+      Status r = st;
       metrics_->adapter_disk_load_errors.fetch_add(1);
-      job.ticket->status = r.status();
-      CHORUS_LOG(WARNING) << "adapter '" << job.key.name
-                          << "' failed to load: " << r.status().ToString();
+      job.ticket->status = r;
+      CHORUS_LOG(WARNING) << "adapter '" << job.key.name << "' failed to load: " << r.ToString();
     }
     job.ticket->done.store(true, std::memory_order_release);
     if (wake_) wake_();
@@ -77,7 +84,13 @@ std::shared_ptr<AdapterTicket> AdapterResidency::Load(const adapters::VariantRef
   auto t = std::make_shared<AdapterTicket>();
   // A host-cache hit is handed over at once (no file is read); a miss queues a disk load.
   if (cache_ && !key.id.empty()) {
-    if (auto hit = cache_->GetIfCached(key.id)) {
+    if (key.kind == "delta") {
+      if (auto hit = cache_->GetDeltaIfCached(key.id)) {
+        t->delta = std::move(hit);
+        t->done.store(true, std::memory_order_release);
+        return t;
+      }
+    } else if (auto hit = cache_->GetIfCached(key.id)) {
       t->adapter = std::move(hit);
       t->done.store(true, std::memory_order_release);
       return t;

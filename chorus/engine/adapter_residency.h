@@ -56,8 +56,11 @@ namespace chorus::engine {
 // A disk → host load that queued sequences wait for (shared by the choices of one request).
 struct AdapterTicket {
   std::atomic<bool> done{false};
-  Status status;                                         // valid once done
-  std::shared_ptr<const adapters::LoraAdapter> adapter;  // valid once done and status ok
+  Status status;  // valid once done
+  // Valid once done and status ok: the LoRA adapter, or the delta (ref.kind "delta"; deltas
+  // are served from their host copy, without pool copies).
+  std::shared_ptr<const adapters::LoraAdapter> adapter;
+  std::shared_ptr<const delta::DeltaWeights> delta;
 };
 
 class AdapterResidency {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "chorus/adapters/delta/delta_hook.h"
 #include "chorus/adapters/lora/lora_hook.h"
 #include "chorus/adapters/variant_hook.h"
 #include "chorus/base/logging.h"
@@ -59,6 +60,8 @@ struct Engine::Impl {
   std::unique_ptr<model::StepBuilder> step;             // the step's arrays, reserved at Create
   std::vector<const adapters::LoraView*> row_adapters;  // [rows] of the step
   std::unique_ptr<adapters::LoraHook> lora_hook;        // the LoRA kind's term (docs/variants.md)
+  std::vector<const delta::DeltaWeights*> row_deltas;   // [rows] of the step
+  std::unique_ptr<delta::DeltaHook> delta_hook;         // the delta kind's term
   adapters::VariantHook variant_hook;                   // every kind with rows in the step
   std::unique_ptr<OutputStage> output;
   // PublishAdapterActivity's scratch (reserved at Create: no allocation per step).
@@ -140,6 +143,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const model::Mode
   impl->step = std::make_unique<model::StepBuilder>(opts.max_batch_tokens, opts.max_running);
   impl->row_adapters.reserve(static_cast<size_t>(opts.max_batch_tokens));
   impl->lora_hook = std::make_unique<adapters::LoraHook>(c, opts.max_batch_tokens);
+  impl->delta_hook = std::make_unique<delta::DeltaHook>(opts.max_batch_tokens);
+  impl->row_deltas.reserve(static_cast<size_t>(opts.max_batch_tokens));
   e->metrics_.kv_blocks_total = n_pages;
   impl->output = std::make_unique<OutputStage>(c, e->tok_.get(), &e->metrics_);
   impl->activity_running.reserve(static_cast<size_t>(opts.max_running));
@@ -316,7 +321,8 @@ void Engine::Impl::Step() {
 
   // The planned rows become the step's arrays, and each row's adapter the hook's segments.
   row_adapters.clear();
-  bool any_adapter = false;
+  row_deltas.clear();
+  bool any_adapter = false, any_delta = false;
   step->Clear();
   uint64_t prompt_rows = 0;
   for (const Scheduler::Planned& pl : scheduler->plan()) {
@@ -325,6 +331,8 @@ void Engine::Impl::Step() {
                       pl.start, pl.seq->table.data(), pl.wants_logits);
     const adapters::LoraView* view = pl.seq->lora ? residency->View(pl.seq->lora.get()) : nullptr;
     row_adapters.insert(row_adapters.end(), static_cast<size_t>(pl.count), view);
+    row_deltas.insert(row_deltas.end(), static_cast<size_t>(pl.count), pl.seq->delta.get());
+    any_delta |= pl.seq->delta != nullptr;
     prompt_rows +=
         static_cast<uint64_t>(std::clamp<int64_t>(pl.seq->n_prompt - pl.start, 0, pl.count));
     any_adapter |= pl.seq->lora != nullptr;
@@ -340,6 +348,13 @@ void Engine::Impl::Step() {
     if (distinct > self->metrics_.adapters_per_step_max.load())
       self->metrics_.adapters_per_step_max.store(distinct);
   }
+  if (any_delta) {
+    Status ds = delta_hook->SetRows(row_deltas);
+    CHORUS_CHECK(ds.ok()) << ds.ToString();  // rows ≤ max_batch_tokens
+    variant_hook.Add(delta_hook.get());
+    in.hook = &variant_hook;
+  }
+
   forward->Run(in, kv.get(), &pool, logits.data());
   self->metrics_.prompt_tokens_total.fetch_add(prompt_rows);
   self->metrics_.steps_total.fetch_add(1);

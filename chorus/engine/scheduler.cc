@@ -91,7 +91,7 @@ Scheduler::Outcome Scheduler::Plan() {
   // 3. Equal adapters contiguous (one segment each; base-model rows first); stable, so each
   //    sequence's rows stay contiguous and in position order.
   std::stable_sort(plan_.begin(), plan_.end(), [](const Planned& a, const Planned& b) {
-    return a.seq->lora.get() < b.seq->lora.get();
+    return a.seq->variant_key() < b.seq->variant_key();
   });
   return Outcome::kRun;
 }
@@ -162,6 +162,7 @@ void Scheduler::ForkChoices(Sequence* parent, const float* row_logits, TokenSink
     f->prefix = parent->prefix;
     f->serial = next_serial_++;
     f->lora = parent->lora;  // the parent's adapter load resolved for every choice
+    f->delta = parent->delta;
     f->ticket.reset();
     if (running_.size() < max_running) {
       f->n_computed = f->n_prompt;
@@ -214,6 +215,8 @@ void Scheduler::ResolveAdapterLoads() {
                  t->status.message(),
              code);
       queued_.fetch_sub(1);
+    } else if (t->delta) {
+      s->delta = t->delta;  // validated against the base when loaded
     } else if (t->adapter->n_layers() != kv_->layout().n_layers) {
       Finish(s.get(), FinishReason::kError,
              "adapter '" + t->adapter->name() + "' was built for another base model",
@@ -245,7 +248,7 @@ bool Scheduler::ReclaimPages(int64_t n_free) {
 void Scheduler::AdmitWaiting(int64_t* budget) {
   step_adapters_.clear();
   for (const Planned& p : plan_) {
-    const void* a = p.seq->lora.get();
+    const void* a = p.seq->variant_key();
     if (a && std::find(step_adapters_.begin(), step_adapters_.end(), a) == step_adapters_.end())
       step_adapters_.push_back(a);
   }
@@ -254,7 +257,7 @@ void Scheduler::AdmitWaiting(int64_t* budget) {
   while (*budget > 0 && i < waiting_.size() &&
          static_cast<int64_t>(running_.size()) < opts_.max_running) {
     Sequence* s = waiting_[i].get();
-    const Candidate candidate{.adapter = s->lora.get(), .passes = &s->policy_passes};
+    const Candidate candidate{.adapter = s->variant_key(), .passes = &s->policy_passes};
     if (s->ticket || !policy_->MayAdmit(candidate)) {
       ++i;
       continue;

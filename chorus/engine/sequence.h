@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "chorus/adapters/delta/delta_hook.h"
 #include "chorus/adapters/lora/lora_adapter.h"
 #include "chorus/engine/request.h"
 #include "chorus/engine/sampler.h"
@@ -42,6 +43,7 @@ struct Sequence {
   // The variant's adapter (null = base model). While `ticket` is set its load is pending and
   // the sequence waits; `pinned` while it runs (AdapterResidency pin).
   std::shared_ptr<const adapters::LoraAdapter> lora;
+  std::shared_ptr<const delta::DeltaWeights> delta;  // or a delta variant's weights (host copy)
   std::shared_ptr<AdapterTicket> ticket;
   bool pinned = false;
   int policy_passes = 0;  // the admission policy's counter (Candidate::passes)
@@ -49,6 +51,12 @@ struct Sequence {
   // this sequence's full blocks are matched or registered.
   uint64_t prefix_variant = 0;
   memory::PrefixChain prefix;
+
+  // The variant's weights as one identity for grouping rows and counting distinct variants
+  // (null = the base model).
+  const void* variant_key() const {
+    return lora ? static_cast<const void*>(lora.get()) : static_cast<const void*>(delta.get());
+  }
   // Output stage state (engine/output_stage.h).
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<tokenizer::StreamingDetokenizer> detok;

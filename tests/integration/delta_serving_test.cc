@@ -6,17 +6,23 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 
+#include "chorus/adapters/adapter_cache.h"
 #include "chorus/adapters/delta/delta_file.h"
 #include "chorus/adapters/delta/delta_hook.h"
 #include "chorus/adapters/lora/lora_adapter.h"
+#include "chorus/adapters/lora/lora_files.h"
 #include "chorus/adapters/lora/lora_hook.h"
 #include "chorus/adapters/variant_hook.h"
 #include "chorus/compress/compress.h"
+#include "chorus/engine/engine.h"
 #include "chorus/memory/kv_cache.h"
 #include "chorus/model/forward.h"
+#include "chorus/model/loader.h"
 #include "chorus/model/step_builder.h"
 #include "chorus/model/synthetic.h"
+#include "tests/testutil/testutil.h"
 
 namespace chorus {
 namespace {
@@ -203,6 +209,111 @@ TEST(DeltaServingTest, DeltasThatChangeMoreThanMatricesOrOtherShapesAreRefused) 
   auto r2 = delta::DeltaWeights::Build(wrong, (*base)->config(), "x");
   ASSERT_FALSE(r2.ok());
   EXPECT_NE(r2.status().message().find(wrong->matrices[0].name), std::string::npos);
+}
+
+}  // namespace
+}  // namespace chorus
+
+namespace chorus {
+namespace {
+
+// Through the engine (the serving path): a delta registered as a variant — its file written,
+// referenced by a VariantRef of kind "delta", loaded by the engine's loader threads through the
+// host cache — runs in the same steps as a LoRA adapter and the base: every request's greedy
+// tokens equal those it gets alone, and the delta request's equal the dense reconstruction's.
+TEST(DeltaServingTest, EngineServesDeltaLoraAndBaseTogether) {
+  const std::string models = testing::SharedModelsDir();
+  CHORUS_REQUIRE_SHARED_MODEL("stories260K/stories260K.bin");
+  auto base = model::LoadModel(models + "/stories260K/stories260K.bin");
+  ASSERT_TRUE(base.ok());
+  auto t = tokenizer::LoadTokenizer(models + "/stories260K/tok512.bin");
+  ASSERT_TRUE(t.ok());
+  std::shared_ptr<const tokenizer::Tokenizer> tok(std::move(*t));
+  const auto& c = (*base)->config();
+  ThreadPool pool(2);
+  auto ft = compress::MakeSyntheticFineTune(**base, 0.03, 0.06, 11);
+  ASSERT_TRUE(ft.ok());
+  compress::CompressOptions o;
+  o.method = delta::Method::kRtn;
+  auto d = compress::CompressDelta(*base, *ft, {}, 1, o, &pool);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  d->extras.clear();
+  const std::string dir = testing::TempDir() + "/engine_delta";
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(delta::WriteDelta(dir, *d).ok());
+  const std::string lora_dir = testing::TempDir() + "/engine_delta_lora";
+  std::filesystem::remove_all(lora_dir);
+  adapters::RandomLoraSpec spec;
+  spec.rank = 8;
+  spec.b_std = 0.2f;
+  ASSERT_TRUE(adapters::WritePeftLora(lora_dir, adapters::MakeRandomLora(c, spec), c).ok());
+  const adapters::VariantRef delta_ref{
+      .name = "ft", .id = {0xde17a, 1}, .kind = "delta", .path = dir};
+  const adapters::VariantRef lora_ref{.name = "lora", .id = {0x10ea, 1}, .path = lora_dir};
+
+  auto options = [&] {
+    engine::EngineOptions eo;
+    eo.threads = 2;
+    eo.max_batch_tokens = 64;
+    eo.max_running = 8;
+    eo.pool_bytes = 32 << 20;
+    eo.adapter_cache = std::make_shared<adapters::AdapterCache>(
+        c, int64_t{64} << 20, adapters::LoraLimits{}, delta::BaseWeightsHash(**base));
+    return eo;
+  };
+  auto request = [](int i, std::optional<adapters::VariantRef> v) {
+    engine::GenerationRequest r;
+    r.prompt = {1, static_cast<int32_t>(300 + i), 400, 17};
+    r.max_tokens = 24;
+    r.ignore_eos = true;
+    r.sampling.temperature = 0;
+    r.variant = std::move(v);
+    return r;
+  };
+  auto run = [](engine::RequestHandle& h) {
+    std::vector<int32_t> toks;
+    for (;;) {
+      auto ev = h.Next(std::chrono::milliseconds(30000));
+      if (!ev) return toks;
+      EXPECT_NE(ev->finish, engine::FinishReason::kError) << ev->error;
+      if (ev->token >= 0) toks.push_back(ev->token);
+      if (ev->finish != engine::FinishReason::kNone) return toks;
+    }
+  };
+  const std::vector<std::optional<adapters::VariantRef>> variants = {
+      delta_ref, std::nullopt, lora_ref, delta_ref, std::nullopt};
+  std::vector<std::vector<int32_t>> alone;
+  for (size_t i = 0; i < variants.size(); ++i) {
+    auto e = engine::Engine::Create(*base, tok, options());
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    alone.push_back(run(**(*e)->Submit(request(static_cast<int>(i), variants[i]))));
+  }
+  auto e = engine::Engine::Create(*base, tok, options());
+  ASSERT_TRUE(e.ok());
+  std::vector<std::shared_ptr<engine::RequestHandle>> hs;
+  for (size_t i = 0; i < variants.size(); ++i)
+    hs.push_back(*(*e)->Submit(request(static_cast<int>(i), variants[i])));
+  for (size_t i = 0; i < variants.size(); ++i) EXPECT_EQ(run(*hs[i]), alone[i]) << "request " << i;
+  // The delta changes the output, and it is the dense reconstruction's.
+  auto dense = delta::ApplyDeltaDense(**base, *d, dir);
+  ASSERT_TRUE(dense.ok()) << dense.status().ToString();
+  auto de = engine::Engine::Create(*dense, tok, options());
+  ASSERT_TRUE(de.ok());
+  EXPECT_EQ(run(**(*de)->Submit(request(0, std::nullopt))), alone[0]);
+  auto be = engine::Engine::Create(*base, tok, options());
+  EXPECT_NE(run(**(*be)->Submit(request(0, std::nullopt))), alone[0]);
+  // A delta made for other weights is refused when it loads: that request ends in an error.
+  auto other = engine::Engine::Create(*base, tok, [&] {
+    auto eo = options();
+    eo.adapter_cache = std::make_shared<adapters::AdapterCache>(
+        c, int64_t{64} << 20, adapters::LoraLimits{}, "fnv1a64:0000000000000000");
+    return eo;
+  }());
+  auto h = *(*other)->Submit(request(0, delta_ref));
+  auto ev = h->Next(std::chrono::milliseconds(30000));
+  ASSERT_TRUE(ev.has_value());
+  EXPECT_EQ(ev->finish, engine::FinishReason::kError);
+  EXPECT_NE(ev->error.find("fnv1a64:0000000000000000"), std::string::npos) << ev->error;
 }
 
 }  // namespace
