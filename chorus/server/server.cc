@@ -524,6 +524,7 @@ json Server::Impl::AdapterJson(const adapters::AdapterInfo& a) const {
           {"root", a.path},
           {"parent", self->opts_.served_model_name},
           {"max_model_len", ctx.max_context},
+          {"kind", a.kind},  // "lora" or "delta" (a compressed full fine-tune)
           {"lora_rank", a.rank},
           {"target_modules", a.target_modules},
           {"version", a.version}};
