@@ -264,6 +264,9 @@ int ServeCommand(int argc, char** argv) {
       "lora-dtype", "bf16",
       "adapter compute weights in memory: bf16 (rounded once at load, half the traffic) or f32");
   f.Int("max-adapters-per-step", 0, "distinct adapters in one engine step (0 = unlimited)");
+  f.Int("max-deltas", 0,
+        "distinct deltas in one engine step (DeltaZip's N-delta rule; requests for deltas in the "
+        "step skip the line; 0 = unlimited)");
   f.Int("loader-threads", 2, "threads loading adapters (disk -> host, host -> pool pages)");
   f.Bool("no-adapter-pool", "serve adapters from host memory only (no copies in pool pages)");
   f.Bool("prefault",
@@ -344,6 +347,7 @@ int ServeCommand(int argc, char** argv) {
     }
   }
   eo.max_adapters_per_step = f.GetInt("max-adapters-per-step");
+  eo.max_deltas_per_step = f.GetInt("max-deltas");
   const int64_t loader_threads = f.GetInt("loader-threads");
   if (loader_threads < 1 || loader_threads > 64) {
     return Fail("serve", InvalidArgumentError("flag --loader-threads must be in [1, 64]"));

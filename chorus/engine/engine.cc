@@ -43,6 +43,8 @@ Status EngineOptions::Validate() const {
     return InvalidArgumentError("block size must be in [1, 1024]");
   if (max_adapters_per_step < 0 || max_adapters_per_step > 4096)
     return InvalidArgumentError("max-adapters-per-step must be in [0, 4096]");
+  if (max_deltas_per_step < 0 || max_deltas_per_step > 4096)
+    return InvalidArgumentError("max-deltas must be in [0, 4096]");
   if (loader_threads < 1 || loader_threads > 64)
     return InvalidArgumentError("loader-threads must be in [1, 64]");
   return OkStatus();
@@ -159,7 +161,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const model::Mode
   impl->scheduler = std::make_unique<Scheduler>(
       SchedulerOptions{.max_batch_tokens = opts.max_batch_tokens, .max_running = opts.max_running},
       impl->pages.get(), impl->kv.get(), impl->residency.get(),
-      std::make_unique<FcfsPolicy>(opts.max_adapters_per_step), &e->metrics_, impl->prefix.get());
+      std::make_unique<FcfsPolicy>(opts.max_adapters_per_step, opts.max_deltas_per_step),
+      &e->metrics_, impl->prefix.get());
   e->impl_ = std::move(impl);
   e->impl_->thread = std::thread([raw = e->impl_.get()] { raw->Loop(); });
   return e;

@@ -51,6 +51,9 @@ struct EngineOptions {
   // admissions (FcfsPolicy::kMaxPasses, engine/policy.h): then nothing newer is admitted before it,
   // so it gets a slot as soon as one adapter's running sequences have finished.
   int64_t max_adapters_per_step = 0;
+  // Distinct deltas in one step (DeltaZip's N-delta rule; 0 = unlimited): requests for deltas
+  // already in the step skip the line, the others wait (same fairness bound as above).
+  int64_t max_deltas_per_step = 0;
   int loader_threads = 1;           // disk → host loads and host → pool copies
   bool adapter_pool_copies = true;  // keep resident adapters in pool pages (unified paging)
   // Make the whole pool resident at Create (PagePool::Prefault): no page faults when KV blocks

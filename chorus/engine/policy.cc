@@ -4,21 +4,26 @@
 
 namespace chorus::engine {
 
-FcfsPolicy::FcfsPolicy(int64_t max_adapters_per_step) : cap_(max_adapters_per_step) {}
+FcfsPolicy::FcfsPolicy(int64_t max_adapters_per_step, int64_t max_deltas_per_step)
+    : cap_(max_adapters_per_step), delta_cap_(max_deltas_per_step) {}
 
-void FcfsPolicy::BeginRound(const std::vector<const void*>& step_adapters) {
+void FcfsPolicy::BeginRound(const std::vector<const void*>& step_adapters,
+                            const std::vector<const void*>& step_deltas) {
   step_adapters_.assign(step_adapters.begin(), step_adapters.end());
+  step_deltas_.assign(step_deltas.begin(), step_deltas.end());
   barrier_ = false;
 }
 
-bool FcfsPolicy::InStep(const void* adapter) const {
-  return std::find(step_adapters_.begin(), step_adapters_.end(), adapter) != step_adapters_.end();
+bool FcfsPolicy::InStep(const Candidate& c) const {
+  const auto& in = c.delta ? step_deltas_ : step_adapters_;
+  return std::find(in.begin(), in.end(), c.adapter) != in.end();
 }
 
 bool FcfsPolicy::MayAdmit(const Candidate& c) {
   if (c.adapter == nullptr) return true;  // the base model takes no adapter slot
-  const bool fits =
-      cap_ == 0 || InStep(c.adapter) || static_cast<int64_t>(step_adapters_.size()) < cap_;
+  const int64_t cap = c.delta ? delta_cap_ : cap_;
+  const size_t in_step = c.delta ? step_deltas_.size() : step_adapters_.size();
+  const bool fits = cap == 0 || InStep(c) || static_cast<int64_t>(in_step) < cap;
   if (!fits) {
     if (++*c.passes >= kMaxPasses) barrier_ = true;
     return false;
@@ -29,7 +34,8 @@ bool FcfsPolicy::MayAdmit(const Candidate& c) {
 }
 
 void FcfsPolicy::Admitted(const Candidate& c) {
-  if (c.adapter != nullptr && !InStep(c.adapter)) step_adapters_.push_back(c.adapter);
+  if (c.adapter == nullptr || InStep(c)) return;
+  (c.delta ? step_deltas_ : step_adapters_).push_back(c.adapter);
 }
 
 }  // namespace chorus::engine

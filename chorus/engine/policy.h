@@ -19,14 +19,16 @@ namespace chorus::engine {
 struct Candidate {
   const void* adapter = nullptr;
   int* passes = nullptr;
+  bool delta = false;  // the variant is a compressed full fine-tune (docs/deltas.md)
 };
 
 class Policy {
  public:
   virtual ~Policy() = default;
-  // A new admission round; `step_adapters` are the distinct adapters already in the step
-  // (its running sequences').
-  virtual void BeginRound(const std::vector<const void*>& step_adapters) = 0;
+  // A new admission round; `step_adapters` are the distinct LoRA adapters and `step_deltas` the
+  // distinct deltas already in the step (its running sequences').
+  virtual void BeginRound(const std::vector<const void*>& step_adapters,
+                          const std::vector<const void*>& step_deltas) = 0;
   // May `c`, the next waiting sequence in queue order, be admitted now? false passes over it
   // (it keeps its place in the queue).
   virtual bool MayAdmit(const Candidate& c) = 0;
@@ -34,7 +36,9 @@ class Policy {
   virtual void Admitted(const Candidate& c) = 0;
 };
 
-// First come, first served, with an optional cap on distinct adapters per step (0 = none).
+// First come, first served, with optional caps on distinct LoRA adapters and on distinct deltas
+// per step (0 = none; the delta cap is DeltaZip's N-delta rule: requests for deltas already in
+// the step skip the line, others wait until a delta leaves the step).
 // A sequence whose adapter would exceed the cap is passed over, and later ones may overtake it,
 // but only kMaxPasses times: then it becomes a barrier and no newer sequence with an adapter is
 // admitted before it (newer base-model sequences still are: they take no adapter slot), so the
@@ -42,15 +46,17 @@ class Policy {
 class FcfsPolicy : public Policy {
  public:
   static constexpr int kMaxPasses = 8;
-  explicit FcfsPolicy(int64_t max_adapters_per_step);
-  void BeginRound(const std::vector<const void*>& step_adapters) override;
+  explicit FcfsPolicy(int64_t max_adapters_per_step, int64_t max_deltas_per_step = 0);
+  void BeginRound(const std::vector<const void*>& step_adapters,
+                  const std::vector<const void*>& step_deltas) override;
   bool MayAdmit(const Candidate& c) override;
   void Admitted(const Candidate& c) override;
 
  private:
-  bool InStep(const void* adapter) const;
-  const int64_t cap_;
-  std::vector<const void*> step_adapters_;  // reserved; no allocation per round once warm
+  bool InStep(const Candidate& c) const;
+  const int64_t cap_, delta_cap_;
+  // The step's distinct LoRA adapters and deltas (reserved; no allocation per round once warm).
+  std::vector<const void*> step_adapters_, step_deltas_;
   bool barrier_ = false;
 };
 

@@ -12,12 +12,13 @@ const int kA = 0, kB = 0, kC = 0;
 struct Waiting {
   const void* adapter;
   int passes = 0;
-  Candidate candidate() { return {.adapter = adapter, .passes = &passes}; }
+  bool delta = false;
+  Candidate candidate() { return {.adapter = adapter, .passes = &passes, .delta = delta}; }
 };
 
 TEST(FcfsPolicyTest, WithoutACapEveryoneMayJoin) {
   FcfsPolicy p(0);
-  p.BeginRound({});
+  p.BeginRound({}, {});
   for (const void* a : {static_cast<const void*>(&kA), static_cast<const void*>(&kB),
                         static_cast<const void*>(&kC), static_cast<const void*>(nullptr)}) {
     Waiting w{a};
@@ -29,7 +30,7 @@ TEST(FcfsPolicyTest, WithoutACapEveryoneMayJoin) {
 
 TEST(FcfsPolicyTest, CapPassesOverNewAdaptersButNotTheStepsOrTheBase) {
   FcfsPolicy p(2);
-  p.BeginRound({&kA});  // A runs already
+  p.BeginRound({&kA}, {});  // A runs already
   Waiting b{&kB}, c{&kC}, a{&kA}, base{nullptr};
   EXPECT_TRUE(p.MayAdmit(b.candidate()));  // a second adapter fits
   p.Admitted(b.candidate());
@@ -43,7 +44,7 @@ TEST(FcfsPolicyTest, ASequencePassedOverEightTimesBlocksNewerAdapterSequences) {
   FcfsPolicy p(1);
   Waiting starving{&kB};
   for (int round = 1; round <= FcfsPolicy::kMaxPasses; ++round) {
-    p.BeginRound({&kA});
+    p.BeginRound({&kA}, {});
     EXPECT_FALSE(p.MayAdmit(starving.candidate()));
     EXPECT_EQ(starving.passes, round);
     Waiting newer_a{&kA}, newer_base{nullptr};
@@ -53,11 +54,30 @@ TEST(FcfsPolicyTest, ASequencePassedOverEightTimesBlocksNewerAdapterSequences) {
     EXPECT_TRUE(p.MayAdmit(newer_base.candidate()));
   }
   // Once A has left the step, the starving sequence is admitted first.
-  p.BeginRound({});
+  p.BeginRound({}, {});
   EXPECT_TRUE(p.MayAdmit(starving.candidate()));
   p.Admitted(starving.candidate());
   Waiting later_a{&kA};
   EXPECT_FALSE(p.MayAdmit(later_a.candidate()));  // the cap of 1 is now B's
+}
+
+// DeltaZip's N-delta rule: at most N distinct deltas in a step; requests for deltas already in
+// the step skip the line; LoRA adapters and the base are counted apart.
+TEST(FcfsPolicyTest, DeltaCapSkipsTheLineForDeltasInTheStep) {
+  FcfsPolicy p(/*max_adapters_per_step=*/0, /*max_deltas_per_step=*/1);
+  const int kD1 = 0, kD2 = 0;
+  p.BeginRound({&kA}, {&kD1});
+  Waiting d2{&kD2}, d1{&kD1}, lora{&kB}, base{nullptr};
+  d2.delta = true;
+  d1.delta = true;
+  EXPECT_FALSE(p.MayAdmit(d2.candidate()));   // a second delta waits...
+  EXPECT_TRUE(p.MayAdmit(d1.candidate()));    // ...while a request for D1 skips the line
+  EXPECT_TRUE(p.MayAdmit(lora.candidate()));  // LoRA adapters are not capped here
+  EXPECT_TRUE(p.MayAdmit(base.candidate()));
+  p.BeginRound({}, {});  // D1 left the step
+  EXPECT_TRUE(p.MayAdmit(d2.candidate()));
+  p.Admitted(d2.candidate());
+  EXPECT_FALSE(p.MayAdmit(d1.candidate()));
 }
 
 }  // namespace

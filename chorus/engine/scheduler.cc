@@ -18,6 +18,7 @@ Scheduler::Scheduler(SchedulerOptions opts, memory::PagePool* pages, memory::KvC
       prefix_(prefix) {
   plan_.reserve(static_cast<size_t>(opts_.max_running));
   step_adapters_.reserve(static_cast<size_t>(opts_.max_running));
+  step_deltas_.reserve(static_cast<size_t>(opts_.max_running));
 }
 
 void Scheduler::Enqueue(std::unique_ptr<Sequence> s) { waiting_.push_back(std::move(s)); }
@@ -247,17 +248,19 @@ bool Scheduler::ReclaimPages(int64_t n_free) {
 // over, keeps its place; a sequence that does not fit in the pool stops admission.
 void Scheduler::AdmitWaiting(int64_t* budget) {
   step_adapters_.clear();
+  step_deltas_.clear();
   for (const Planned& p : plan_) {
     const void* a = p.seq->variant_key();
-    if (a && std::find(step_adapters_.begin(), step_adapters_.end(), a) == step_adapters_.end())
-      step_adapters_.push_back(a);
+    auto& in = p.seq->delta ? step_deltas_ : step_adapters_;
+    if (a && std::find(in.begin(), in.end(), a) == in.end()) in.push_back(a);
   }
-  policy_->BeginRound(step_adapters_);
+  policy_->BeginRound(step_adapters_, step_deltas_);
   size_t i = 0;
   while (*budget > 0 && i < waiting_.size() &&
          static_cast<int64_t>(running_.size()) < opts_.max_running) {
     Sequence* s = waiting_[i].get();
-    const Candidate candidate{.adapter = s->variant_key(), .passes = &s->policy_passes};
+    const Candidate candidate{
+        .adapter = s->variant_key(), .passes = &s->policy_passes, .delta = s->delta != nullptr};
     if (s->ticket || !policy_->MayAdmit(candidate)) {
       ++i;
       continue;

@@ -114,7 +114,8 @@ class Scheduler {
   std::atomic<int64_t> queued_{0};
   uint64_t next_serial_ = 1;
   std::vector<Planned> plan_;               // reserved for max_running
-  std::vector<const void*> step_adapters_;  // distinct adapters of the step (AdmitWaiting)
+  std::vector<const void*> step_adapters_;  // distinct LoRA adapters of the step (AdmitWaiting)
+  std::vector<const void*> step_deltas_;    // distinct deltas of the step
 };
 
 }  // namespace chorus::engine
