@@ -1,5 +1,6 @@
-// Run-time selection of the tiled attention kernels (attention.h) through ActiveIsa(). The scalar
-// level runs the same tiled code with one-lane vectors (attention_tiles.h).
+// Run-time selection of the tiled attention kernels (attention.h): one table indexed by the
+// active ISA level. The scalar level runs the same tiled code with one-lane vectors
+// (attention_tiles.h).
 #include "chorus/kernels/attention.h"
 
 #include "chorus/base/check.h"
@@ -15,24 +16,53 @@ int64_t AttentionScratchFloats(int64_t n_tokens, int64_t group, int64_t head_dim
   return attention_internal::ScratchFloats(n_tokens, group, head_dim);
 }
 
+namespace {
+
+// The tiled kernels at each ISA level: one table, indexed by IsaLevel. The scalar level runs
+// the same tiled code with one-lane vectors; the amx level the AVX-512 kernels.
+struct AttentionKernels {
+  decltype(&avx2::AttentionBlock) block;
+  decltype(&avx2::AttentionPartials) partials;
+  decltype(&avx2::AttentionMerge) merge;
+};
+
+void ScalarBlock(const float* q, int64_t q_stride, int64_t n_tokens, int64_t pos0,
+                 const PagedKv& kv, int64_t kv_head, int64_t group, int64_t head_dim, float scale,
+                 float* scratch, float* out, int64_t out_stride) {
+  attention_internal::Block<ScalarVec>(q, q_stride, n_tokens, pos0, kv, kv_head, group, head_dim,
+                                       scale, scratch, out, out_stride);
+}
+void ScalarPartials(const float* q, int64_t pos, const PagedKv& kv, int64_t kv_head, int64_t group,
+                    int64_t head_dim, float scale, int64_t seg_begin, int64_t seg_end,
+                    float* scratch, float* partials) {
+  attention_internal::Partials<ScalarVec>(q, pos, kv, kv_head, group, head_dim, scale, seg_begin,
+                                          seg_end, scratch, partials);
+}
+void ScalarMerge(const float* partials, int64_t n_segments, int64_t group, int64_t head_dim,
+                 float* out) {
+  attention_internal::Merge<ScalarVec>(partials, n_segments, group, head_dim, out);
+}
+
+constexpr AttentionKernels kAttentionKernels[] = {
+    {ScalarBlock, ScalarPartials, ScalarMerge},
+    {avx2::AttentionBlock, avx2::AttentionPartials, avx2::AttentionMerge},
+    {avx512::AttentionBlock, avx512::AttentionPartials, avx512::AttentionMerge},
+    {avx512::AttentionBlock, avx512::AttentionPartials, avx512::AttentionMerge},  // kAmx
+};
+static_assert(static_cast<int>(IsaLevel::kScalar) == 0 && static_cast<int>(IsaLevel::kAvx2) == 1 &&
+              static_cast<int>(IsaLevel::kAvx512) == 2 && static_cast<int>(IsaLevel::kAmx) == 3);
+
+const AttentionKernels& KernelsForIsa() { return kAttentionKernels[static_cast<int>(ActiveIsa())]; }
+
+}  // namespace
+
 void AttentionBlock(const float* q, int64_t q_stride, int64_t n_tokens, int64_t pos0,
                     const PagedKv& kv, int64_t kv_head, int64_t group, int64_t head_dim,
                     float scale, float* scratch, float* out, int64_t out_stride) {
   CHORUS_CHECK(n_tokens >= 1 && pos0 >= 0 && group >= 1 && head_dim >= 1)
       << "n_tokens " << n_tokens << " pos0 " << pos0 << " group " << group;
-  switch (ActiveIsa()) {
-    case IsaLevel::kAmx:  // the amx level's attention is the AVX-512 one (docs/kernels.md)
-    case IsaLevel::kAvx512:
-      return avx512::AttentionBlock(q, q_stride, n_tokens, pos0, kv, kv_head, group, head_dim,
-                                    scale, scratch, out, out_stride);
-    case IsaLevel::kAvx2:
-      return avx2::AttentionBlock(q, q_stride, n_tokens, pos0, kv, kv_head, group, head_dim, scale,
-                                  scratch, out, out_stride);
-    case IsaLevel::kScalar:
-      break;
-  }
-  attention_internal::Block<ScalarVec>(q, q_stride, n_tokens, pos0, kv, kv_head, group, head_dim,
-                                       scale, scratch, out, out_stride);
+  KernelsForIsa().block(q, q_stride, n_tokens, pos0, kv, kv_head, group, head_dim, scale, scratch,
+                        out, out_stride);
 }
 
 void AttentionPartials(const float* q, int64_t pos, const PagedKv& kv, int64_t kv_head,
@@ -41,33 +71,13 @@ void AttentionPartials(const float* q, int64_t pos, const PagedKv& kv, int64_t k
   CHORUS_CHECK(pos >= 0 && 0 <= seg_begin && seg_begin < seg_end &&
                seg_end <= AttentionSegments(pos + 1))
       << "pos " << pos << " segments [" << seg_begin << ", " << seg_end << ")";
-  switch (ActiveIsa()) {
-    case IsaLevel::kAmx:  // the amx level's attention is the AVX-512 one (docs/kernels.md)
-    case IsaLevel::kAvx512:
-      return avx512::AttentionPartials(q, pos, kv, kv_head, group, head_dim, scale, seg_begin,
-                                       seg_end, scratch, partials);
-    case IsaLevel::kAvx2:
-      return avx2::AttentionPartials(q, pos, kv, kv_head, group, head_dim, scale, seg_begin,
-                                     seg_end, scratch, partials);
-    case IsaLevel::kScalar:
-      break;
-  }
-  attention_internal::Partials<ScalarVec>(q, pos, kv, kv_head, group, head_dim, scale, seg_begin,
-                                          seg_end, scratch, partials);
+  KernelsForIsa().partials(q, pos, kv, kv_head, group, head_dim, scale, seg_begin, seg_end, scratch,
+                           partials);
 }
 
 void AttentionMerge(const float* partials, int64_t n_segments, int64_t group, int64_t head_dim,
                     float* out) {
-  switch (ActiveIsa()) {
-    case IsaLevel::kAmx:  // the amx level's attention is the AVX-512 one (docs/kernels.md)
-    case IsaLevel::kAvx512:
-      return avx512::AttentionMerge(partials, n_segments, group, head_dim, out);
-    case IsaLevel::kAvx2:
-      return avx2::AttentionMerge(partials, n_segments, group, head_dim, out);
-    case IsaLevel::kScalar:
-      break;
-  }
-  attention_internal::Merge<ScalarVec>(partials, n_segments, group, head_dim, out);
+  KernelsForIsa().merge(partials, n_segments, group, head_dim, out);
 }
 
 void AttentionRow(const float* q, const PagedKv& kv, int64_t n_ctx, int64_t n_heads,

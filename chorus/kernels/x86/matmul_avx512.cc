@@ -18,6 +18,7 @@
 #include <cstring>
 
 #include "chorus/kernels/matmul_internal.h"
+#include "chorus/kernels/x86/matmul_ftile.h"
 #include "chorus/kernels/x86/matmul_qtile.h"
 
 namespace chorus::kernels::internal {
@@ -229,60 +230,27 @@ __attribute__((noinline)) void FloatTile(const typename FloatIo<D>::WT* w, int64
 constexpr int kFloatMaxR = 4;
 constexpr int kFloatMaxC = 4;
 
-template <DType D, int R, int C = kFloatMaxC>
-inline void FloatDispatchC(int cc, const typename FloatIo<D>::WT* w, int64_t k,
-                           const typename FloatIo<D>::XT* x, int64_t x_stride, int64_t r0,
-                           int64_t c0, float* y, int64_t y_stride, bool accumulate) {
-  if (cc == C) {
-    FloatTile<D, R, C>(w, k, x, x_stride, r0, c0, y, y_stride, accumulate);
-  } else if constexpr (C > 1) {
-    FloatDispatchC<D, R, C - 1>(cc, w, k, x, x_stride, r0, c0, y, y_stride, accumulate);
-  }
-}
-
-template <DType D, int R = kFloatMaxR>
-inline void FloatDispatch(int rr, int cc, const typename FloatIo<D>::WT* w, int64_t k,
-                          const typename FloatIo<D>::XT* x, int64_t x_stride, int64_t r0,
-                          int64_t c0, float* y, int64_t y_stride, bool accumulate) {
-  if (rr == R) {
-    FloatDispatchC<D, R>(cc, w, k, x, x_stride, r0, c0, y, y_stride, accumulate);
-  } else if constexpr (R > 1) {
-    FloatDispatch<D, R - 1>(rr, cc, w, k, x, x_stride, r0, c0, y, y_stride, accumulate);
-  }
-}
-
 template <DType D>
 void FloatColsT(const void* wv, int64_t k, const void* xv, int64_t x_stride, int64_t m, int64_t c0,
                 int64_t c1, float* y, int64_t y_stride, bool accumulate) {
   const auto* w = static_cast<const typename FloatIo<D>::WT*>(wv);
   const auto* x = static_cast<const typename FloatIo<D>::XT*>(xv);
-  const int64_t row_bytes = k * static_cast<int64_t>(sizeof(typename FloatIo<D>::WT));
-  const int64_t nc =
-      std::max<int64_t>(kFloatMaxC, (256 * 1024 / row_bytes) / kFloatMaxC * kFloatMaxC);
-  for (int64_t cb = c0; cb < c1; cb += nc) {
-    const int64_t ce = std::min(c1, cb + nc);
-    for (int64_t r0 = 0; r0 < m; r0 += kFloatMaxR) {
-      const int rr = static_cast<int>(std::min<int64_t>(kFloatMaxR, m - r0));
-      for (int64_t c = cb; c < ce; c += kFloatMaxC) {
-        const int cc = static_cast<int>(std::min<int64_t>(kFloatMaxC, ce - c));
-        FloatDispatch<D>(rr, cc, w, k, x, x_stride, r0, c, y, y_stride, accumulate);
-      }
-    }
-  }
+  ftile::BlockedColumns(
+      k * static_cast<int64_t>(sizeof(typename FloatIo<D>::WT)), m, c0, c1, kFloatMaxC, kFloatMaxR,
+      [](int) { return kFloatMaxC; },
+      [&](int rr, int cc, int64_t r0, int64_t c) {
+        ftile::ForTileShape<kFloatMaxR, kFloatMaxC>(rr, cc, [&](auto r, auto cols) {
+          FloatTile<D, decltype(r)::value, decltype(cols)::value>(w, k, x, x_stride, r0, c, y,
+                                                                  y_stride, accumulate);
+        });
+      });
 }
 
 void FloatCols(DType dtype, const void* w, int64_t k, const void* x, int64_t x_stride, int64_t m,
                int64_t c0, int64_t c1, float* y, int64_t y_stride, bool accumulate) {
-  switch (dtype) {
-    case DType::kF32:
-      return FloatColsT<DType::kF32>(w, k, x, x_stride, m, c0, c1, y, y_stride, accumulate);
-    case DType::kF16:
-      return FloatColsT<DType::kF16>(w, k, x, x_stride, m, c0, c1, y, y_stride, accumulate);
-    case DType::kBF16:
-      return FloatColsT<DType::kBF16>(w, k, x, x_stride, m, c0, c1, y, y_stride, accumulate);
-    default:
-      CHORUS_CHECK(false) << "matmul avx512: unexpected dtype " << DTypeName(dtype);
-  }
+  ftile::ForFloatDType(dtype, "avx512", [&](auto d) {
+    FloatColsT<decltype(d)::value>(w, k, x, x_stride, m, c0, c1, y, y_stride, accumulate);
+  });
 }
 
 // ---- bf16 weights in k-pair panels ------------------------------------------------------
