@@ -3,8 +3,8 @@
 
 Starts a server (the embedded default model plus two synthetic LoRA adapters, so every route
 has something to act on), then sends --requests requests generated from a schema of every
-route — completions, chat completions, models, adapter load/unload, metrics, health, unknown
-routes and methods — each valid or broken in one of many ways: wrong types, out-of-range
+route — completions, chat completions, models, adapter load/unload, /tokenize, /detokenize,
+/apply-template, metrics, health, unknown routes and methods — each valid or broken in one of many ways: wrong types, out-of-range
 numbers, NaN/Infinity, huge strings and arrays, deep nesting, invalid UTF-8 and lone
 surrogates, truncated bodies, wrong content types, chunked bodies, slow senders, clients that
 hang up mid-stream, duplicate keys, unknown fields.
@@ -34,6 +34,7 @@ import time
 ROUTES_GET = ["/health", "/metrics", "/v1/models", "/v1/models/", "/v1/models/{m}"]
 GEN_ROUTES = ["/v1/completions", "/v1/chat/completions"]
 ADMIN_ROUTES = ["/v1/load_lora_adapter", "/v1/unload_lora_adapter"]
+TEMPLATE_ROUTES = ["/tokenize", "/detokenize", "/apply-template"]
 JUNK_ROUTES = ["/", "/v1", "/v1/embeddings", "/v2/completions", "/v1/completions/x",
                "/%00", "/v1/models/%ff%fe", "/" + "a" * 3000]
 
@@ -258,6 +259,29 @@ class Gen:
             b[r.choice(list(b))] = self.weird_value()
         return b
 
+    def template_body(self, route):
+        r = self.r
+        if route == "/detokenize":
+            b = {"tokens": r.choice([[1, 2, 3], [r.randrange(0, 600) for _ in range(8)], [],
+                                     [-1], [2**40], "x", [[1]], [1.5]])}
+        elif route == "/tokenize" and r.random() < 0.5:
+            b = {"prompt": self.prompt(), "add_special_tokens": r.choice([True, False, 1]),
+                 "return_token_strs": r.choice([True, False])}
+        else:
+            b = {"messages": self.messages(),
+                 "add_generation_prompt": r.choice([True, False, "x"])}
+            if r.random() < 0.2:
+                b["chat_template"] = r.choice([
+                    "{% for m in messages %}{{ m.content }}{% endfor %}", "{{ x | nosuchfilter }}",
+                    "{% if %}", "{{ raise_exception('no') }}", 5, "{{ messages | tojson(indent=2) }}"])
+            if r.random() < 0.2:
+                b["chat_template_kwargs"] = r.choice([{"a": 1}, [], "x"])
+            if r.random() < 0.2:
+                b["tools"] = r.choice([[], [{"type": "function", "function": {"name": "f"}}], 3])
+        if r.random() < 0.1:
+            b["model"] = self.model()
+        return b
+
     def admin_body(self, load):
         r = self.r
         b = {"lora_name": r.choice(["fz" + str(r.randrange(5)), "", "base", "a/b", 5, None,
@@ -336,7 +360,14 @@ def one(port, gen, rng, stats, failures):
         path = rng.choice(JUNK_ROUTES)
         data = http(rng.choice(["GET", "POST"]), path, b"{}")
         what = "junk " + path[:40]
-    elif r < 0.20:
+    elif r < 0.16:
+        path = rng.choice(TEMPLATE_ROUTES)
+        body = encode(gen.template_body(path), rng)
+        if rng.random() < 0.1:
+            body = mutate_bytes(body, rng)
+        data = http("POST", path, body)
+        what = "POST " + path
+    elif r < 0.22:
         load = rng.random() < 0.5
         path = ADMIN_ROUTES[0 if load else 1]
         data = http("POST", path, encode(gen.admin_body(load), rng))
