@@ -204,11 +204,13 @@ struct Generation {
   ~Generation() {
     if (tenant) {
       const Usage u = GetUsage();
-      tenant->Finish(u.prompt_tokens + u.completion_tokens);
+      tenant->Finish(u.prompt_tokens + u.completion_tokens, reserved_tokens);
     }
   }
-  // The tenant that was admitted for this request (null: no tenants); charged when it ends.
+  // The tenant that was admitted for this request (null: no tenants), the tokens it reserved
+  // at admission; charged what the request used when it ends.
   std::shared_ptr<Tenant> tenant;
+  int64_t reserved_tokens = 0;
   ApiRequest req;
   std::unique_ptr<ResponseBuilder> builder;
   std::vector<std::shared_ptr<engine::RequestHandle>> handles;  // one per prompt
@@ -825,7 +827,13 @@ void Server::Impl::HandleGenerate(ApiKind kind, const httplib::Request& http_req
       return SendError(res, *e);
   }
   if (tenant) {
-    if (auto refusal = tenant->Admit()) {
+    // What the request may use: its prompts, and each choice's max_tokens (or the default).
+    const ApiRequest& ar = gen->req;
+    int64_t reserve = 0;
+    const int64_t per_choice = ar.gen.max_tokens > 0 ? ar.gen.max_tokens : kDefaultCompletionTokens;
+    for (const auto& p : ar.prompts)
+      reserve += static_cast<int64_t>(p.size()) + per_choice * std::max(1, ar.gen.n);
+    if (auto refusal = tenant->Admit(reserve)) {
       ApiError e = ErrorFromStatus(ResourceExhaustedError(
           "tenant '" + tenant->name() + "' is over its " + refusal->reason +
           " limit; retry after " + std::to_string(refusal->retry_after_s) + " s"));
@@ -834,6 +842,7 @@ void Server::Impl::HandleGenerate(ApiKind kind, const httplib::Request& http_req
       return;
     }
     gen->tenant = std::move(tenant);  // admitted: charged when the generation ends
+    gen->reserved_tokens = reserve;
   }
 
   const std::string id = NewResponseId(kind);

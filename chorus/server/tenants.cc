@@ -120,7 +120,7 @@ void Tenant::RefillLocked(Clock::time_point now) {
   refilled_ = now;
 }
 
-std::optional<Tenant::Refusal> Tenant::Admit() {
+std::optional<Tenant::Refusal> Tenant::Admit(int64_t reserve_tokens) {
   MutexLock lock(&mu_);
   if (limits_.max_concurrent > 0 && stats_.in_flight >= limits_.max_concurrent) {
     ++stats_.rejected_concurrency;
@@ -134,18 +134,19 @@ std::optional<Tenant::Refusal> Tenant::Admit() {
       return Refusal{std::max(1, static_cast<int>(std::ceil(wait))), "tokens_per_second"};
     }
   }
+  if (limits_.tokens_per_second > 0) bucket_ -= static_cast<double>(reserve_tokens);
   ++stats_.in_flight;
   ++stats_.requests;
   return std::nullopt;
 }
 
-void Tenant::Finish(int64_t tokens) {
+void Tenant::Finish(int64_t tokens, int64_t reserved) {
   MutexLock lock(&mu_);
   --stats_.in_flight;
   stats_.tokens += static_cast<uint64_t>(std::max<int64_t>(0, tokens));
   if (limits_.tokens_per_second > 0) {
     RefillLocked(Clock::now());
-    bucket_ -= static_cast<double>(tokens);
+    bucket_ -= static_cast<double>(tokens - reserved);  // the charge beyond the reservation
   }
 }
 

@@ -12,9 +12,11 @@
 // error) or the tenant and field.
 //
 // Limits: Admit() says whether a new request may start — fewer than max_concurrent in flight,
-// and the bucket not in debt — or else how many seconds to wait (Retry-After). A request that
-// was admitted charges its tokens when it ends (Finish), so the bucket may go into debt, and the
-// tenant waits it out: the tenant's rate over time is bounded by tokens_per_second.
+// and the bucket not in debt — or else how many seconds to wait (Retry-After). An admitted
+// request reserves the tokens it may use (prompt + max_tokens) at once, so a burst of requests
+// cannot all start before the first one is charged; Finish() gives back what it did not use.
+// The bucket may go into debt, and the tenant waits it out: its rate over time is bounded by
+// tokens_per_second.
 //
 // Reload(): a new file replaces the table atomically; a tenant keeps its in-flight count and
 // bucket across reloads (by name); a bad file changes nothing and says why.
@@ -56,15 +58,16 @@ class Tenant {
   explicit Tenant(std::string name) : name_(std::move(name)) {}
   const std::string& name() const { return name_; }
 
-  // May a new request start now? nullopt: yes (counted in flight; call Finish exactly once).
-  // Otherwise the seconds to wait (≥ 1) and why ("max_concurrent", "tokens_per_second").
+  // May a new request that may use up to `reserve_tokens` start now? nullopt: yes (counted in
+  // flight, the tokens reserved; call Finish exactly once). Otherwise the seconds to wait (≥ 1)
+  // and why ("max_concurrent", "tokens_per_second").
   struct Refusal {
     int retry_after_s;
     const char* reason;
   };
-  std::optional<Refusal> Admit();
-  // An admitted request ended having used `tokens` (prompt + completion).
-  void Finish(int64_t tokens);
+  std::optional<Refusal> Admit(int64_t reserve_tokens = 0);
+  // An admitted request that reserved `reserved` tokens ended having used `tokens`.
+  void Finish(int64_t tokens, int64_t reserved = 0);
 
   struct Stats {
     uint64_t requests = 0, rejected_concurrency = 0, rejected_rate = 0, tokens = 0;
