@@ -39,8 +39,15 @@ JUNK_ROUTES = ["/", "/v1", "/v1/embeddings", "/v2/completions", "/v1/completions
                "/%00", "/v1/models/%ff%fe", "/" + "a" * 3000]
 
 
+# --tenants: the server runs with two tenants (one with limits); every request carries one of
+# their keys, no key or a wrong one (401), and may be refused by a limit (429).
+TENANT_KEYS = ["sk-fuzz-tenant-a", "sk-fuzz-tenant-b"]
+TENANTS_JSON = ('{"tenants": {"a": {"keys": ["sk-fuzz-tenant-a"]}, "b": {"keys": ["sk-fuzz-tenant-b"],'
+                ' "max_concurrent": 2, "tokens_per_second": 200}}}')
+
+
 class Server:
-    def __init__(self, chorus, workdir):
+    def __init__(self, chorus, workdir, tenants=False):
         self.workdir = workdir
         adapters = os.path.join(workdir, "adapters")
         env = dict(os.environ, CHORUS_CACHE_DIR=os.path.join(workdir, "cache"),
@@ -56,7 +63,7 @@ class Server:
             [chorus, "serve", "--port", "0", "--host", "127.0.0.1", "--served-model-name", "base",
              "--lora-dir", adapters, "--adapter-root", workdir, "--registry",
              os.path.join(workdir, "registry.json"), "--max-running", "8", "--max-queue", "64",
-             "--threads", "2", "--drain-timeout", "2"],
+             "--threads", "2", "--drain-timeout", "2"] + self.tenant_flags(workdir, tenants),
             stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.port = None
         deadline = time.time() + 120
@@ -74,6 +81,15 @@ class Server:
                 return
             time.sleep(0.2)
         raise RuntimeError("server not healthy within 120 s")
+
+    @staticmethod
+    def tenant_flags(workdir, tenants):
+        if not tenants:
+            return []
+        path = os.path.join(workdir, "tenants.json")
+        with open(path, "w") as f:
+            f.write(TENANTS_JSON)
+        return ["--tenants", path]
 
     def alive(self):
         return self.proc.poll() is None
@@ -349,7 +365,18 @@ def check(status, body, note, stats, failures, what):
             failures.append("%s: %d with a non-OpenAI error body %r" % (what, status, body[:200]))
 
 
-def one(port, gen, rng, stats, failures):
+def with_key(data, rng):
+    """Adds an Authorization header: a tenant's key mostly, sometimes none or a wrong one."""
+    k = rng.random()
+    if k < 0.05:
+        return data
+    key = rng.choice(TENANT_KEYS) if k < 0.9 else rng.choice(["sk-nobody-0000", "", "x" * 300])
+    scheme = rng.choice([b"Bearer ", b"bearer ", b"Basic "]) if k > 0.97 else b"Bearer "
+    return data.replace(b"Connection: close\r\n",
+                        b"Connection: close\r\nAuthorization: " + scheme + key.encode() + b"\r\n", 1)
+
+
+def one(port, gen, rng, stats, failures, tenants=False):
     r = rng.random()
     if r < 0.08:
         path = rng.choice(ROUTES_GET).replace("{m}", rng.choice(["base"] + gen.adapters + ["nope"]))
@@ -386,19 +413,28 @@ def one(port, gen, rng, stats, failures):
         if rng.random() < 0.02:  # the client hangs up in the middle of its upload
             data = data.replace(b"Content-Length: %d" % len(body),
                                 b"Content-Length: %d" % (len(body) + 10))
+            if tenants:
+                data = with_key(data, rng)
             s = socket.create_connection(("127.0.0.1", port), timeout=10)
-            s.sendall(data)
-            time.sleep(0.05)
+            try:
+                s.sendall(data)
+                time.sleep(0.05)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # refused before the body was read (e.g. 401): the server closed first
             s.close()
             stats["truncated_uploads"] += 1
             return
         what = "POST " + path
+        if tenants:
+            data = with_key(data, rng)
         hang = rng.choice([None] * 19 + [rng.randrange(1, 400)])
         slow = rng.random() < 0.005 and len(data) < 4096  # slowloris, bounded in time
         status, resp, note = raw(port, data, hang_up_after=hang, slow=slow)
         check(status, resp, note, stats, failures, what)
         stats["sent"] += 1
         return
+    if tenants:
+        data = with_key(data, rng)
     status, resp, note = raw(port, data)
     check(status, resp, note, stats, failures, what)
     stats["sent"] += 1
@@ -416,11 +452,13 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--out", default="")
+    ap.add_argument("--tenants", action="store_true",
+                    help="serve two tenants (--tenants FILE); requests carry their keys or bad ones")
     a = ap.parse_args()
     if a.requests < 1 or a.workers < 1:
         ap.error("--requests and --workers must be positive")
     work = tempfile.mkdtemp(prefix="chorus-fuzz-api-")
-    srv = Server(a.chorus, work)
+    srv = Server(a.chorus, work, tenants=a.tenants)
     adapters = sorted(os.listdir(os.path.join(work, "adapters")))
     stats = {"sent": 0, "hung_up": 0, "truncated_uploads": 0, "closed_early": 0, "by_status": {}}
     failures = []
@@ -441,7 +479,7 @@ def main():
                     break
                 counter[0] += 1
             try:
-                one(srv.port, gen, rng, local, local_fail)
+                one(srv.port, gen, rng, local, local_fail, tenants=a.tenants)
             except (ConnectionRefusedError, BrokenPipeError, ConnectionResetError) as e:
                 local_fail.append("connection error: %r" % e)
         with lock:
@@ -462,7 +500,8 @@ def main():
     if alive:
         deadline = time.time() + 30
         while time.time() < deadline:
-            st, body, _ = raw(srv.port, http("GET", "/metrics", b"", None))
+            auth = b"Authorization: Bearer %s\r\n" % TENANT_KEYS[0].encode() if a.tenants else b""
+            st, body, _ = raw(srv.port, http("GET", "/metrics", b"", None, extra=auth))
             text = body.decode("utf-8", "replace") if st == 200 else ""
             idle = {k: metric(text, k) for k in ("chorus_running_sequences", "chorus_queue_length",
                                                  "chorus_kv_blocks_used")}
