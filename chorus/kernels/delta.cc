@@ -47,24 +47,62 @@ void CheckArgs(std::span<const LoraSegment> segments, std::span<const DeltaMatri
 
 }  // namespace
 
+// The three 2:4 patterns packed in one mask byte (p0 + 6·p1 + 36·p2), for every byte value.
+struct PatternTriples {
+  uint8_t p[216][3];
+  constexpr PatternTriples() : p() {
+    for (int v = 0; v < 216; ++v) {
+      p[v][0] = static_cast<uint8_t>(v % 6);
+      p[v][1] = static_cast<uint8_t>(v / 6 % 6);
+      p[v][2] = static_cast<uint8_t>(v / 36);
+    }
+  }
+};
+constexpr PatternTriples kTriples;
+
 void DeltaDecodeRow(const DeltaMatrixView& m, int64_t o, float* out) {
   const uint8_t* codes = m.codes + o * m.code_row_bytes();
   const float half = static_cast<float>((1 << m.bits) - 1) / 2.0f;
+  // Scales change every group_size columns (or never): the dense path walks the row one scale
+  // run at a time.
+  const int64_t run = m.group_size == 0 ? m.cols : m.group_size;
+  const float* row_scales = m.group_size == 0 ? m.scales : m.scales + o * m.groups();
   if (!m.sparse24) {
-    for (int64_t c = 0; c < m.cols; ++c)
-      out[c] = ScaleAt(m, o, c) * (static_cast<float>(CodeAt(codes, c, m.bits)) - half);
+    for (int64_t c0 = 0, g = 0; c0 < m.cols; c0 += run, ++g) {
+      const float s = m.group_size == 0 ? row_scales[0] : row_scales[g];
+      const int64_t c1 = std::min(m.cols, c0 + run);
+      if (m.bits == 4) {
+        for (int64_t c = c0; c < c1; ++c)
+          out[c] = s * (static_cast<float>((codes[c >> 1] >> ((c & 1) * 4)) & 15) - half);
+      } else {
+        for (int64_t c = c0; c < c1; ++c)
+          out[c] = s * (static_cast<float>(CodeAt(codes, c, m.bits)) - half);
+      }
+    }
     return;
   }
   const uint8_t* mask = m.mask + o * m.mask_row_bytes();
   std::fill(out, out + m.cols, 0.0f);
-  for (int64_t g = 0; g < m.cols / 4; ++g) {
-    int p = mask[g / 3];
-    for (int64_t t = g % 3; t > 0; --t) p /= 6;
-    p %= 6;
-    for (int e = 0; e < 2; ++e) {
-      const int64_t col = g * 4 + kPairs24[p][e];
-      out[col] = ScaleAt(m, o, col) * (static_cast<float>(CodeAt(codes, g * 2 + e, m.bits)) - half);
+  const int64_t n_groups = m.cols / 4;
+  const bool split_groups = m.group_size % 4 != 0;
+  for (int64_t g = 0; g < n_groups; ++g) {
+    const int p = kTriples.p[mask[g / 3]][g % 3];
+    const int64_t c = g * 4;
+    const int64_t c0 = c + kPairs24[p][0], c1 = c + kPairs24[p][1];
+    int q0, q1;
+    if (m.bits == 4) {
+      const uint8_t byte = codes[g];  // the group's two kept values, low nibble first
+      q0 = byte & 15;
+      q1 = byte >> 4;
+    } else {
+      q0 = CodeAt(codes, g * 2, m.bits);
+      q1 = CodeAt(codes, g * 2 + 1, m.bits);
     }
+    // The two kept columns share a scale unless a scale group boundary falls inside the 4.
+    const float s0 = m.group_size == 0 ? row_scales[0] : row_scales[c0 / m.group_size];
+    const float s1 = m.group_size == 0 || !split_groups ? s0 : row_scales[c1 / m.group_size];
+    out[c0] = s0 * (static_cast<float>(q0) - half);
+    out[c1] = s1 * (static_cast<float>(q1) - half);
   }
 }
 

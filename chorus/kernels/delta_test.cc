@@ -87,7 +87,7 @@ TEST(DeltaKernelTest, DecodeMatchesAnIndependentDecoder) {
   std::mt19937 rng(1);
   for (int bits : {1, 2, 3, 4, 8}) {
     for (bool sparse : {false, true}) {
-      for (int64_t group : {int64_t{0}, int64_t{16}, int64_t{64}}) {
+      for (int64_t group : {int64_t{0}, int64_t{6}, int64_t{16}, int64_t{64}}) {
         const int64_t cols = sparse ? 100 : 37;
         Packed p = MakePacked(5, cols, bits, sparse, group, &rng);
         std::vector<float> row(static_cast<size_t>(cols));
