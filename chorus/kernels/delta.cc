@@ -21,10 +21,6 @@ inline int CodeAt(const uint8_t* row, int64_t j, int bits) {
   return static_cast<int>((v >> shift) & ((1u << bits) - 1u));
 }
 
-inline float ScaleAt(const DeltaMatrixView& m, int64_t o, int64_t col) {
-  return m.group_size == 0 ? m.scales[0] : m.scales[o * m.groups() + col / m.group_size];
-}
-
 // Σ_k a[k]·b[k] in the fixed order DeltaApply promises: 16 partial sums, then pairwise.
 inline float Dot16(const float* a, const float* b, int64_t n) {
   float acc[16] = {};
