@@ -32,23 +32,8 @@ bool IsLinearName(const model::ModelConfig& c, const std::string& name) {
   return false;
 }
 
-int64_t LinearIn(const model::ModelConfig& c, Linear w) {
-  return w == Linear::kO ? c.q_dim() : (w == Linear::kDown ? c.n_ff : c.n_embd);
-}
-int64_t LinearOut(const model::ModelConfig& c, Linear w) {
-  switch (w) {
-    case Linear::kQ:
-      return c.q_dim();
-    case Linear::kK:
-    case Linear::kV:
-      return c.kv_dim();
-    case Linear::kGate:
-    case Linear::kUp:
-      return c.n_ff;
-    default:
-      return c.n_embd;
-  }
-}
+using model::LinearIn;
+using model::LinearOut;
 
 void Parallel(ThreadPool* pool, int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
   if (pool == nullptr || pool->size() <= 1 || n < 64) {

@@ -70,10 +70,9 @@ void AdapterResidency::LoaderMain() {
         std::chrono::duration<double>(Clock::now() - t0).count());
     metrics_->adapter_disk_loads.fetch_add(1);
     if (!st.ok()) {
-      Status r = st;
       metrics_->adapter_disk_load_errors.fetch_add(1);
-      job.ticket->status = r;
-      CHORUS_LOG(WARNING) << "adapter '" << job.key.name << "' failed to load: " << r.ToString();
+      CHORUS_LOG(WARNING) << "adapter '" << job.key.name << "' failed to load: " << st.ToString();
+      job.ticket->status = std::move(st);
     }
     job.ticket->done.store(true, std::memory_order_release);
     if (wake_) wake_();

@@ -54,22 +54,27 @@ void Forward::Linear(int64_t layer, model::Linear which, const float* x, int64_t
 }
 
 Forward::LinearOut Forward::OutputOf(model::Linear which) {
-  const ModelConfig& c = model_->config();
+  float* y = nullptr;
   switch (which) {
     case model::Linear::kQ:
-      return {which, q_.data(), c.q_dim()};
+      y = q_.data();
+      break;
     case model::Linear::kK:
-      return {which, k_.data(), c.kv_dim()};
+      y = k_.data();
+      break;
     case model::Linear::kV:
-      return {which, v_.data(), c.kv_dim()};
+      y = v_.data();
+      break;
     case model::Linear::kGate:
-      return {which, gate_.data(), c.n_ff};
+      y = gate_.data();
+      break;
     case model::Linear::kUp:
-      return {which, up_.data(), c.n_ff};
+      y = up_.data();
+      break;
     default:
       CHORUS_CHECK(false) << "linear " << LinearName(which) << " belongs to no group";
-      return {};
   }
+  return {which, y, model::LinearOut(model_->config(), which)};
 }
 
 void Forward::Linears(int64_t layer, LinearGroup group, const float* x, int64_t x_stride, int64_t n,

@@ -12,6 +12,32 @@ const char* LinearName(Linear l) {
   return kNames[static_cast<int>(l)];
 }
 
+int64_t LinearIn(const ModelConfig& c, Linear l) {
+  switch (l) {
+    case Linear::kO:
+      return c.q_dim();
+    case Linear::kDown:
+      return c.n_ff;
+    default:
+      return c.n_embd;
+  }
+}
+
+int64_t LinearOut(const ModelConfig& c, Linear l) {
+  switch (l) {
+    case Linear::kQ:
+      return c.q_dim();
+    case Linear::kK:
+    case Linear::kV:
+      return c.kv_dim();
+    case Linear::kGate:
+    case Linear::kUp:
+      return c.n_ff;
+    default:
+      return c.n_embd;
+  }
+}
+
 std::span<const Linear> LinearGroupMembers(LinearGroup g) {
   static constexpr Linear kQkv[] = {Linear::kQ, Linear::kK, Linear::kV};
   static constexpr Linear kGateUp[] = {Linear::kGate, Linear::kUp};

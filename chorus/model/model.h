@@ -23,6 +23,9 @@ namespace chorus::model {
 enum class Linear : int { kQ = 0, kK, kV, kO, kGate, kUp, kDown };
 inline constexpr int kNumLinears = 7;
 const char* LinearName(Linear l);  // "q_proj", ...
+// Input / output features of a base linear: q [q_dim ← n_embd], o [n_embd ← q_dim], ...
+int64_t LinearIn(const ModelConfig& c, Linear l);
+int64_t LinearOut(const ModelConfig& c, Linear l);
 
 // Linears that read the same input, declared once for every consumer: the forward pass computes
 // a group in one fused dispatch, and a variant kind (model::LinearHook) receives the group's

@@ -399,8 +399,8 @@ Result<Value> FReplace(Interp& in, const Value& v, CallArgs& a) {
 
 Result<Value> FSafe(Interp& in, const Value& v, CallArgs& a) { return v; }
 
-Result<Value> FEscape(Interp& in, const Value& v, CallArgs& a) {
-  CHORUS_ASSIGN_OR_RETURN(std::string s, in.ToStr(v));
+// The escaping of `escape` / `e` and `urlize`: & < > " ' as HTML entities (Markup's choice).
+std::string HtmlEscape(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
@@ -423,7 +423,12 @@ Result<Value> FEscape(Interp& in, const Value& v, CallArgs& a) {
         out.push_back(c);
     }
   }
-  return in.MakeString(std::move(out));
+  return out;
+}
+
+Result<Value> FEscape(Interp& in, const Value& v, CallArgs& a) {
+  CHORUS_ASSIGN_OR_RETURN(std::string s, in.ToStr(v));
+  return in.MakeString(HtmlEscape(s));
 }
 
 // `items` filter: a generator of (key, value) tuples; dict.items(): a dict_items view.
@@ -1300,32 +1305,6 @@ Result<Value> FUrlEncode(Interp& in, const Value& v, CallArgs& a) {
     out += UrlQuote(ks, true) + "=" + UrlQuote(xs, true);
   }
   return in.MakeString(std::move(out));
-}
-
-std::string HtmlEscape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&#34;";
-        break;
-      case '\'':
-        out += "&#39;";
-        break;
-      default:
-        out.push_back(c);
-    }
-  }
-  return out;
 }
 
 Result<Value> FXmlAttr(Interp& in, const Value& v, CallArgs& a) {

@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <tuple>
 
+#include "chorus/tokenizer/utf8.h"
+
 namespace chorus::tokenizer::jinja {
 
 namespace {
@@ -364,21 +366,7 @@ class Lexer {
 
   static void AppendUtf8(uint32_t cp, std::string* out) {
     if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) cp = 0xFFFD;
-    if (cp < 0x80) {
-      out->push_back(static_cast<char>(cp));
-    } else if (cp < 0x800) {
-      out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-      out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else if (cp < 0x10000) {
-      out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-      out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-      out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else {
-      out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-      out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-      out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-      out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    }
+    internal::AppendCodepoint(cp, out);
   }
 
   // Python string-literal escapes (Jinja decodes literals with "unicode-escape"); an

@@ -9,6 +9,8 @@
 #include <limits>
 #include <optional>
 
+#include "chorus/tokenizer/utf8.h"
+
 namespace chorus::tokenizer::jinja {
 
 namespace {
@@ -128,21 +130,7 @@ std::u32string DecodeUtf8(std::string_view s) {
 }
 
 void AppendUtf8(char32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
+  internal::AppendCodepoint(static_cast<uint32_t>(cp), out);
 }
 
 std::string EncodeUtf8(std::u32string_view s) {

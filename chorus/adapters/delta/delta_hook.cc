@@ -31,14 +31,8 @@ Result<std::shared_ptr<const DeltaWeights>> DeltaWeights::Build(std::shared_ptr<
     }
     const auto [layer, which] = it->second;
     const MatrixLayout& l = m.packed.layout;
-    const int64_t want_in = which == model::Linear::kO      ? base.q_dim()
-                            : which == model::Linear::kDown ? base.n_ff
-                                                            : base.n_embd;
-    const int64_t want_out =
-        which == model::Linear::kQ                                       ? base.q_dim()
-        : (which == model::Linear::kK || which == model::Linear::kV)     ? base.kv_dim()
-        : (which == model::Linear::kGate || which == model::Linear::kUp) ? base.n_ff
-                                                                         : base.n_embd;
+    const int64_t want_in = model::LinearIn(base, which);
+    const int64_t want_out = model::LinearOut(base, which);
     if (l.rows != want_out || l.cols != want_in) {
       return InvalidArgumentError("delta '" + name + "': " + m.name + " is " +
                                   std::to_string(l.rows) + "x" + std::to_string(l.cols) +

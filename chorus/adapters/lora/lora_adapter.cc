@@ -197,32 +197,6 @@ std::string LoraModuleName(int64_t layer, Linear which) {
          model::LinearName(which);
 }
 
-int64_t LinearIn(const model::ModelConfig& c, Linear which) {
-  switch (which) {
-    case Linear::kO:
-      return c.q_dim();
-    case Linear::kDown:
-      return c.n_ff;
-    default:
-      return c.n_embd;
-  }
-}
-
-int64_t LinearOut(const model::ModelConfig& c, Linear which) {
-  switch (which) {
-    case Linear::kQ:
-      return c.q_dim();
-    case Linear::kK:
-    case Linear::kV:
-      return c.kv_dim();
-    case Linear::kGate:
-    case Linear::kUp:
-      return c.n_ff;
-    default:
-      return c.n_embd;
-  }
-}
-
 LoraWeights LoraWeights::Empty(int64_t n_layers) {
   LoraWeights w;
   w.n_layers = n_layers;

@@ -38,9 +38,8 @@ namespace chorus::adapters {
 
 // "layers.3.self_attn.q_proj" — how errors and PEFT patterns name a module.
 std::string LoraModuleName(int64_t layer, model::Linear which);
-// Input / output features of a base linear: q [q_dim ← n_embd], o [n_embd ← q_dim], ...
-int64_t LinearIn(const model::ModelConfig& c, model::Linear which);
-int64_t LinearOut(const model::ModelConfig& c, model::Linear which);
+using model::LinearIn;
+using model::LinearOut;
 
 struct LoraModuleWeights {
   Tensor a;         // [r, in]; empty = this linear is not targeted

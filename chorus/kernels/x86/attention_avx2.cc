@@ -6,6 +6,7 @@
 
 #include "chorus/kernels/attention_tiles.h"
 #include "chorus/kernels/x86/attention_x86.h"
+#include "chorus/kernels/x86/exp_avx2.h"
 
 namespace chorus::kernels::avx2 {
 namespace {
@@ -37,31 +38,8 @@ struct Vec256 {
   static V MaskBelow(V pos, float key, V s, V fill) {
     return _mm256_blendv_ps(s, fill, _mm256_cmp_ps(pos, _mm256_set1_ps(key), _CMP_LT_OQ));
   }
-  // e^x as ops_avx2.cc computes it: degree-7 Taylor polynomial of the reduced argument, 2^n
-  // built in the exponent field; 0 below -87.3 (so exp(-inf) = 0), +inf above 88.37.
-  static V Exp(V x) {
-    const V lo = _mm256_set1_ps(-87.3f), hi = _mm256_set1_ps(88.37f);
-    const V xc = _mm256_min_ps(hi, _mm256_max_ps(lo, x));
-    const V n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
-                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    V r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), xc);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), r);
-    V p = _mm256_set1_ps(1.0f / 5040.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    const __m256i bits =
-        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    V y = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-    y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, lo, _CMP_LT_OQ));
-    y = _mm256_blendv_ps(y, _mm256_set1_ps(std::numeric_limits<float>::infinity()),
-                         _mm256_cmp_ps(x, hi, _CMP_GT_OQ));
-    return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-  }
+  // e^x as ops_avx2.cc computes it (x86/exp_avx2.h).
+  static V Exp(V x) { return avx2::Exp(x); }
 };
 
 }  // namespace
