@@ -428,6 +428,7 @@ void Engine::Impl::Step() {
   // Constrained rows: their masks for this step's token are computed during the forward pass.
   mask_rows.clear();
   for (const Scheduler::Planned& pl : scheduler->plan()) {
+    if (!self->opts_.overlap_grammar_masks) break;
     if (pl.wants_logits && pl.seq->matcher != nullptr && !pl.seq->mask_ready)
       mask_rows.push_back(pl.seq);
   }
