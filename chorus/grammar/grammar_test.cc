@@ -104,6 +104,25 @@ TEST(JsonSchema, ObjectsPropertiesRequiredOrder) {
   EXPECT_FALSE(Accepts(g, R"({"a":1.5,"b":"x"})"));
 }
 
+TEST(JsonSchema, OrderedSchemaKeepsThePropertyOrder) {
+  const auto schema = nlohmann::ordered_json::parse(R"({"type": "object",
+      "properties": {"zeta": {"type": "integer"}, "alpha": {"type": "object",
+        "properties": {"y": {"type": "null"}, "x": {"type": "boolean"}}, "required": ["y", "x"]}},
+      "required": ["zeta", "alpha"]})");
+  auto g = CompileOrderedJsonSchema(schema);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_TRUE(Accepts(*g, R"({"zeta":1,"alpha":{"y":null,"x":true}})"));
+  EXPECT_FALSE(Accepts(*g, R"({"alpha":{"y":null,"x":true},"zeta":1})"));
+  EXPECT_FALSE(Accepts(*g, R"({"zeta":1,"alpha":{"x":true,"y":null}})"));
+  // The plain json overload sorts.
+  Grammar sorted = Schema(json::parse(schema.dump()));
+  EXPECT_TRUE(Accepts(sorted, R"({"alpha":{"x":true,"y":null},"zeta":1})"));
+  // Order is part of the cache key.
+  auto again = CachedOrderedJsonSchema(schema);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(Accepts(*again, R"({"zeta":1,"alpha":{"y":null,"x":true}})"));
+}
+
 TEST(JsonSchema, AdditionalProperties) {
   Grammar g = Schema({{"type", "object"},
                       {"properties", {{"id", {{"type", "integer"}}}}},

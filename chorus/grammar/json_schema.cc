@@ -130,9 +130,28 @@ Ranges Complement(Ranges r) {
 
 class RegexParser;
 
+// The key order of every "properties" object, by the JSON pointer ("#/...") of the schema that
+// holds it — what an ordered_json parse of the request kept and nlohmann::json sorts away.
+using PropertyOrder = std::map<std::string, std::vector<std::string>>;
+
+void CollectOrder(const nlohmann::ordered_json& node, const std::string& ptr, PropertyOrder* out) {
+  if (node.is_object()) {
+    if (auto p = node.find("properties"); p != node.end() && p->is_object()) {
+      auto& keys = (*out)[ptr];
+      for (auto it = p->begin(); it != p->end(); ++it) keys.push_back(it.key());
+    }
+    for (auto it = node.begin(); it != node.end(); ++it)
+      CollectOrder(it.value(), ptr + "/" + Esc(it.key()), out);
+  } else if (node.is_array()) {
+    for (size_t i = 0; i < node.size(); ++i)
+      CollectOrder(node[i], ptr + "/" + std::to_string(i), out);
+  }
+}
+
 class Compiler {
  public:
-  Compiler(const json& root, const JsonSchemaOptions& opts) : root_(root), opts_(opts) {}
+  Compiler(const json& root, const JsonSchemaOptions& opts, const PropertyOrder* order = nullptr)
+      : root_(root), opts_(opts), order_(order) {}
 
   Result<GrammarAst> Run() {
     CHORUS_ASSIGN_OR_RETURN(Expr e, Compile(root_, "#", 0));
@@ -258,6 +277,7 @@ class Compiler {
 
   const json& root_;
   const JsonSchemaOptions opts_;
+  const PropertyOrder* order_;  // null: the json object's (sorted) key order
   GrammarAst ast_;
   std::map<std::string, int> refs_;
   int counter_ = 0;
@@ -719,14 +739,28 @@ Result<Expr> Compiler::Object(const json& s, const std::string& ptr, int depth) 
   }
   if (props.empty() && extra_value && !s.contains("additionalProperties")) return AnyObject();
 
+  // Properties in the schema's own order when the caller kept it (CompileOrderedJsonSchema).
+  std::vector<std::string> order;
+  if (order_ != nullptr) {
+    if (auto o = order_->find(ptr); o != order_->end()) {
+      for (const std::string& key : o->second) {
+        if (props.contains(key) && std::find(order.begin(), order.end(), key) == order.end())
+          order.push_back(key);
+      }
+    }
+  }
+  if (order.size() != props.size()) {
+    order.clear();
+    for (auto it = props.begin(); it != props.end(); ++it) order.push_back(it.key());
+  }
   std::vector<std::string> names;
   std::vector<Expr> kvs;
-  for (auto it = props.begin(); it != props.end(); ++it) {
+  for (const std::string& key : order) {
     CHORUS_ASSIGN_OR_RETURN(Expr v,
-                            Compile(it.value(), ptr + "/properties/" + Esc(it.key()), depth + 1));
-    names.push_back(it.key());
-    kvs.push_back(Expr::Seq({Expr::Literal(json(it.key()).dump()), Ws(), Expr::Literal(":"), Ws(),
-                             std::move(v), Ws()}));
+                            Compile(props.at(key), ptr + "/properties/" + Esc(key), depth + 1));
+    names.push_back(key);
+    kvs.push_back(Expr::Seq(
+        {Expr::Literal(json(key).dump()), Ws(), Expr::Literal(":"), Ws(), std::move(v), Ws()}));
   }
   const std::string stem = NewName("obj");
   // A_i: properties i.. with nothing written yet; B_i: with something written (commas first).
@@ -1052,6 +1086,26 @@ Result<GrammarAst> JsonSchemaToAst(const nlohmann::json& schema, const JsonSchem
 Result<Grammar> CompileJsonSchema(const nlohmann::json& schema, const JsonSchemaOptions& opts) {
   CHORUS_ASSIGN_OR_RETURN(GrammarAst ast, JsonSchemaToAst(schema, opts));
   return Grammar::FromAst(ast);
+}
+
+Result<GrammarAst> OrderedJsonSchemaToAst(const nlohmann::ordered_json& schema,
+                                          const JsonSchemaOptions& opts) {
+  PropertyOrder order;
+  CollectOrder(schema, "#", &order);
+  const json plain = json::parse(schema.dump());
+  Compiler c(plain, opts, &order);
+  return c.Run();
+}
+
+Result<Grammar> CompileOrderedJsonSchema(const nlohmann::ordered_json& schema,
+                                         const JsonSchemaOptions& opts) {
+  CHORUS_ASSIGN_OR_RETURN(GrammarAst ast, OrderedJsonSchemaToAst(schema, opts));
+  return Grammar::FromAst(ast);
+}
+
+Result<Grammar> CachedOrderedJsonSchema(const nlohmann::ordered_json& schema) {
+  return SharedGrammarCache().GetOrCompile("json_schema_ordered:" + schema.dump(),
+                                           [&] { return CompileOrderedJsonSchema(schema); });
 }
 
 Grammar AnyJsonObjectGrammar() {

@@ -3,12 +3,13 @@
 // grammar narrows some freedoms, e.g. a fixed property order, bounded whitespace and number
 // lengths — the exact list is in the doc).
 //
-// Supported keywords: type (one or a list), properties, required, additionalProperties (false,
-// true or a schema; absent = false when `properties` is given), enum, const, items (a schema or
-// false), prefixItems, minItems, maxItems, minLength, maxLength, pattern (regex subset below),
-// format (date, time, date-time, uuid, email), minimum / maximum (integers only), anyOf, oneOf,
-// $ref (to "#", "#/$defs/…" or "#/definitions/…", recursion allowed), $defs / definitions.
-// Annotations ignored: title, description, $schema, $id, $comment, default, examples,
+// Supported keywords: type (one or a list), properties (generated in the schema object's key
+// order: sorted for a nlohmann::json, as written for CompileOrderedJsonSchema), required,
+// additionalProperties (false, true or a schema; absent = false when `properties` is given), enum,
+// const, items (a schema or false), prefixItems, minItems, maxItems, minLength, maxLength, pattern
+// (regex subset below), format (date, time, date-time, uuid, email), minimum / maximum (integers
+// only), anyOf, oneOf, $ref (to "#", "#/$defs/…" or "#/definitions/…", recursion allowed), $defs /
+// definitions. Annotations ignored: title, description, $schema, $id, $comment, default, examples,
 // deprecated, readOnly, writeOnly. Any other keyword is an error naming it and its location.
 //
 // Regex subset for `pattern`: literals and escapes (\d \w \s \D \W \S \. \\ \/ \t \n \r, \uHHHH),
@@ -43,6 +44,14 @@ struct JsonSchemaOptions {
 Result<Grammar> CompileJsonSchema(const nlohmann::json& schema, const JsonSchemaOptions& opts = {});
 Result<GrammarAst> JsonSchemaToAst(const nlohmann::json& schema,
                                    const JsonSchemaOptions& opts = {});
+
+// The same from an order-preserving parse: object properties are generated in the schema's own
+// key order (as OpenAI's structured outputs do) instead of nlohmann::json's sorted order.
+Result<Grammar> CompileOrderedJsonSchema(const nlohmann::ordered_json& schema,
+                                         const JsonSchemaOptions& opts = {});
+Result<GrammarAst> OrderedJsonSchemaToAst(const nlohmann::ordered_json& schema,
+                                          const JsonSchemaOptions& opts = {});
+Result<Grammar> CachedOrderedJsonSchema(const nlohmann::ordered_json& schema);
 
 // Any JSON object (response_format {"type": "json_object"}), same whitespace policy.
 Grammar AnyJsonObjectGrammar();

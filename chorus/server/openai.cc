@@ -197,7 +197,27 @@ std::optional<ApiError> ParseStop(const json& body, ApiRequest* out) {
 // grammars come from the shared cache (the same schema compiles once). A schema or grammar that
 // cannot be compiled is a 400 naming the field, with the compiler's message (which names the
 // keyword and its location).
-std::optional<ApiError> ParseStructuredOutput(const json& j, engine::GenerationRequest* g) {
+// Schemas compile from an order-preserving parse of the body, so properties come out in the
+// order the client wrote them (as OpenAI's structured outputs do).
+std::optional<ApiError> ParseStructuredOutput(const json& j, std::string_view body,
+                                              engine::GenerationRequest* g) {
+  std::optional<nlohmann::ordered_json> ordered;
+  auto ordered_at = [&](std::initializer_list<const char*> path) -> const nlohmann::ordered_json* {
+    if (!ordered)
+      ordered = nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
+    const nlohmann::ordered_json* node = &*ordered;
+    for (const char* key : path) {
+      if (!node->is_object()) return nullptr;
+      auto it = node->find(key);
+      if (it == node->end()) return nullptr;
+      node = &*it;
+    }
+    return node;
+  };
+  auto schema_grammar = [&](const json& plain, std::initializer_list<const char*> path) {
+    const nlohmann::ordered_json* o = ordered_at(path);
+    return o != nullptr ? grammar::CachedOrderedJsonSchema(*o) : grammar::CachedJsonSchema(plain);
+  };
   const char* source = nullptr;
   auto once = [&](const char* field) -> std::optional<ApiError> {
     if (source != nullptr) {
@@ -249,7 +269,7 @@ std::optional<ApiError> ParseStructuredOutput(const json& j, engine::GenerationR
                           "response_format.json_schema.schema");
       }
       // Enforced whatever `strict` says: the output always validates (docs/structured_outputs.md).
-      if (auto e = compiled(grammar::CachedJsonSchema(*schema),
+      if (auto e = compiled(schema_grammar(*schema, {"response_format", "json_schema", "schema"}),
                             "response_format.json_schema.schema", "JSON schema"))
         return e;
     } else if (t != "text") {
@@ -271,7 +291,8 @@ std::optional<ApiError> ParseStructuredOutput(const json& j, engine::GenerationR
     if (!(js->is_object() || js->is_boolean()))
       return BadRequest("json_schema must be a JSON schema object", "json_schema");
     if (auto e = once("json_schema")) return e;
-    if (auto e = compiled(grammar::CachedJsonSchema(*js), "json_schema", "JSON schema")) return e;
+    if (auto e = compiled(schema_grammar(*js, {"json_schema"}), "json_schema", "JSON schema"))
+      return e;
   }
   return std::nullopt;
 }
@@ -432,7 +453,7 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, std::string_view body, con
           "tool_choice", "unsupported");
     }
   }
-  if (auto e = ParseStructuredOutput(j, &g)) return e;
+  if (auto e = ParseStructuredOutput(j, body, &g)) return e;
   if (out->logprobs >= 0) sp.logprobs = out->logprobs;
   if (const json* lb = Field(j, "logit_bias")) {
     if (!lb->is_object() || !lb->empty())

@@ -204,6 +204,12 @@ TEST_F(OpenAiTest, StructuredOutputFields) {
   ASSERT_TRUE(req_.gen.grammar.valid());
   EXPECT_EQ(grammar::ReferenceRecognize(req_.gen.grammar, R"({"a":5})"), 1);
   EXPECT_EQ(grammar::ReferenceRecognize(req_.gen.grammar, R"({"b":5})"), -1);
+  // Properties in the order the request wrote them.
+  ASSERT_FALSE(Parse(
+      C,
+      R"({"prompt":"a","json_schema":{"type":"object","properties":{"b":{"type":"null"},"a":{"type":"null"}},"required":["b","a"]}})"));
+  EXPECT_EQ(grammar::ReferenceRecognize(req_.gen.grammar, R"({"b":null,"a":null})"), 1);
+  EXPECT_EQ(grammar::ReferenceRecognize(req_.gen.grammar, R"({"a":null,"b":null})"), -1);
   ASSERT_FALSE(Parse(C, R"({"prompt":"a","grammar":"root ::= \"yes\" | \"no\""})"));
   EXPECT_EQ(grammar::ReferenceRecognize(req_.gen.grammar, "no"), 1);
   ASSERT_FALSE(Parse(H, "{" + msgs + R"(,"json_schema":{"enum":[1,2]}})"));
