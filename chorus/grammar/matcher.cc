@@ -121,6 +121,7 @@ bool Vocabulary::IsEos(int32_t id) const {
 Matcher::Matcher(Grammar grammar, std::shared_ptr<const Vocabulary> vocab)
     : grammar_(std::move(grammar)), g_(&grammar_.lowered()), vocab_(std::move(vocab)) {
   scratch_.clear();
+  expand_seen_.clear();
   for (uint32_t a : g_->alts[g_->root]) Expand(a, -1, &scratch_);
   state_ = InternSet(&scratch_);
 }
@@ -136,6 +137,11 @@ int32_t Matcher::InternNode(uint32_t pos, int32_t parent) {
 // it must match a byte; -1 for the empty stack (the grammar is complete there).
 void Matcher::Expand(uint32_t pos, int32_t parent, std::vector<int32_t>* out) {
   for (;;) {
+    // Each (position, stack below) expands to the same stacks whoever reaches it: expanding it
+    // once per top-level step keeps grammars with many empty alternatives (x ::= "" | "" used
+    // 30 times in a row) polynomial instead of exponential.
+    const uint64_t key = (uint64_t{pos} << 32) | static_cast<uint32_t>(parent);
+    if (!expand_seen_.insert(key).second) return;
     const Elem& e = g_->elems[pos];
     if (e.kind == Elem::Kind::kEnd) {
       if (parent < 0) {
@@ -181,6 +187,7 @@ int32_t Matcher::Step(int32_t state, uint8_t byte) {
   if (trans_[slot] != -2) return trans_[slot];
   std::vector<int32_t>& next = step_scratch_;  // reused: no allocation per new transition
   next.clear();
+  expand_seen_.clear();
   for (int32_t id : sets_[static_cast<size_t>(state)]) {
     if (id < 0) continue;
     const Node n = nodes_[static_cast<size_t>(id)];

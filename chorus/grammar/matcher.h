@@ -32,6 +32,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "chorus/base/status.h"
@@ -152,6 +153,7 @@ class Matcher {
   bool ended_ = false;
   bool mask_cache_on_ = true;
   std::vector<int32_t> scratch_, walk_, step_scratch_;
+  std::unordered_set<uint64_t> expand_seen_;  // (pos, parent) expanded in this Step
 };
 
 // Brute-force reference for tests: token ids whose bytes, appended to `prefix`, keep it a

@@ -237,6 +237,23 @@ TEST(Matcher, LongRepetitionKeepsStacksFlat) {
   EXPECT_LT(m.n_states(), 16);
 }
 
+TEST(Matcher, ManyEmptyAlternativesStayPolynomial) {
+  // 40 nullable rules of two empty alternatives in a row: 2^40 expansion paths if each were
+  // followed; the matcher expands each (position, stack) once per step.
+  std::string text = "root ::=";
+  for (int i = 0; i < 40; ++i) text += " x";
+  text += " \"c\" | x x \"d\"\nx ::= \"\" | \"\" | (\"\")";
+  auto g = CompileGbnf(text);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  auto v = ByteVocab();
+  Matcher m(*g, v);
+  TokenMask mask;
+  m.FillMask(&mask);
+  EXPECT_EQ(MaskString(mask), "99 100 ");
+  ASSERT_TRUE(m.Accept('c'));
+  EXPECT_TRUE(m.Done());
+}
+
 TEST(Vocabulary, SpecialAndEmptyTokensNeverAllowed) {
   auto g = CompileGbnf("root ::= [a-z]*");
   ASSERT_TRUE(g.ok());
