@@ -166,5 +166,52 @@ TEST(GrammarEngine, StopStringsStillApplyAndGreedyIsDeterministic) {
   EXPECT_EQ(c[0].text, a[0].text.substr(0, a[0].text.find(r.stop[0])));
 }
 
+// A seeded constrained row gives the same tokens alone, among other rows (constrained with other
+// schemas and unconstrained), and with its masks computed inline instead of on the mask worker.
+TEST(GrammarEngine, BatchInvariantAndSameWithOrWithoutOverlap) {
+  CHORUS_REQUIRE_SHARED_MODEL(kModel);
+  Loaded l = Load();
+  const json schemas = Schemas();
+  auto request = [&](size_t i) {
+    GenerationRequest r;
+    r.prompt = {1, 403, 407, 261};
+    r.max_tokens = 120;
+    r.sampling.temperature = 0.8f;
+    r.sampling.seed = 7 + i;
+    r.grammar = *grammar::CachedJsonSchema(schemas[i]["schema"]);
+    return r;
+  };
+  const std::vector<size_t> probe = {22, 25, 40, 45};  // objects, nested, recursion, person
+  std::vector<std::vector<int32_t>> alone;
+  {
+    auto e = Engine::Create(l.model, l.tok, Opts());
+    ASSERT_TRUE(e.ok());
+    for (size_t i : probe) alone.push_back(CollectAll(**(*e)->Submit(request(i)))[0].tokens);
+  }
+  for (bool overlap : {true, false}) {
+    EngineOptions o = Opts();
+    o.overlap_grammar_masks = overlap;
+    auto e = Engine::Create(l.model, l.tok, o);
+    ASSERT_TRUE(e.ok());
+    std::vector<std::shared_ptr<RequestHandle>> others, probes;
+    for (size_t i = 0; i < 24; ++i) {  // other rows first, so the probes join a busy batch
+      GenerationRequest r = i % 3 == 0 ? GenerationRequest{} : request(i + 1);
+      if (i % 3 == 0) {
+        r.prompt = {1, 300 + static_cast<int32_t>(i)};
+        r.max_tokens = 60;
+        r.sampling.seed = i;
+      }
+      others.push_back(*(*e)->Submit(r));
+    }
+    for (size_t i : probe) probes.push_back(*(*e)->Submit(request(i)));
+    for (size_t k = 0; k < probe.size(); ++k) {
+      EXPECT_EQ(CollectAll(*probes[k])[0].tokens, alone[k])
+          << "schema " << probe[k] << (overlap ? " (mask worker)" : " (inline)");
+    }
+    for (auto& h : others) CollectAll(*h);
+    if (!overlap) EXPECT_EQ((*e)->metrics().grammar_masks_total.load(), 0u);
+  }
+}
+
 }  // namespace
 }  // namespace chorus::engine
