@@ -359,6 +359,24 @@ TEST(GrammarAst, EmbedCombinesGrammars) {
   EXPECT_FALSE(Accepts(*lowered, R"(<call>{"y": 3}</call>)"));
 }
 
+TEST(JsonSchema, DeepNestingCompilesInLinearSize) {
+  // 60 levels of arrays of objects of arrays: every level's item and property is a rule, so the
+  // grammar grows linearly (copies would double per level).
+  json s = {{"type", "integer"}};
+  for (int i = 0; i < 30; ++i) {
+    s = {{"type", "array"}, {"items", s}, {"minItems", 1}, {"maxItems", 3}};
+    s = {{"type", "object"},
+         {"properties", {{"a", s}, {"b", {{"type", "null"}}}}},
+         {"required", {"a"}}};
+  }
+  auto g = CompileJsonSchema(s);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_LT(g->n_rules(), 5000);
+  std::string text = "7";
+  for (int i = 0; i < 30; ++i) text = "{\"a\":[" + text + "]}";
+  EXPECT_TRUE(Accepts(*g, text));
+}
+
 TEST(JsonSchema, AnyJsonObject) {
   Grammar g = AnyJsonObjectGrammar();
   EXPECT_TRUE(Accepts(g, "{}"));

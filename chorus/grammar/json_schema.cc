@@ -759,8 +759,12 @@ Result<Expr> Compiler::Object(const json& s, const std::string& ptr, int depth) 
     CHORUS_ASSIGN_OR_RETURN(Expr v,
                             Compile(props.at(key), ptr + "/properties/" + Esc(key), depth + 1));
     names.push_back(key);
-    kvs.push_back(Expr::Seq(
-        {Expr::Literal(json(key).dump()), Ws(), Expr::Literal(":"), Ws(), std::move(v), Ws()}));
+    // Each pair is used twice below (first / after a comma): a rule, so nested schemas are not
+    // copied (copies would grow exponentially with the nesting depth).
+    const int kv =
+        ast_.Define(NewName("kv"), Expr::Seq({Expr::Literal(json(key).dump()), Ws(),
+                                              Expr::Literal(":"), Ws(), std::move(v), Ws()}));
+    kvs.push_back(Expr::Ref(kv));
   }
   const std::string stem = NewName("obj");
   // A_i: properties i.. with nothing written yet; B_i: with something written (commas first).
@@ -883,7 +887,8 @@ Result<Expr> Compiler::Array(const json& s, const std::string& ptr, int depth) {
     const json& it = s["items"];
     if (!(it.is_boolean() && !it.get<bool>())) {
       CHORUS_ASSIGN_OR_RETURN(Expr e, Compile(it, ptr + "/items", depth + 1));
-      item = std::move(e);
+      // Used more than once below: a rule (no copies of the nested schema, see Object).
+      item = Expr::Ref(ast_.Define(NewName("item"), std::move(e)));
     }
   } else {
     item = AnyValue();
