@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include "chorus/grammar/matcher.h"
 #include "chorus/server/api_error.h"
 #include "chorus/server/prometheus.h"
 #include "tests/testutil/testutil.h"
@@ -185,6 +186,68 @@ TEST_F(OpenAiTest, CompletionErrors) {
   ce = MakeGenerationRequest(req_, 0, ctx_, &g);
   ASSERT_TRUE(ce);
   EXPECT_EQ(ce->code, "context_length_exceeded");
+}
+
+// Structured outputs: response_format on both routes, llama.cpp's grammar and json_schema; a
+// constraint that does not compile is a 400 naming the field and the keyword.
+TEST_F(OpenAiTest, StructuredOutputFields) {
+  const auto C = ApiKind::kCompletion;
+  const auto H = ApiKind::kChat;
+  const std::string msgs = R"("messages":[{"role":"user","content":"hi"}])";
+  ASSERT_FALSE(Parse(C, R"({"prompt":"a","response_format":{"type":"text"}})"));
+  EXPECT_FALSE(req_.gen.grammar.valid());
+  ASSERT_FALSE(Parse(C, R"({"prompt":"a","response_format":{"type":"json_object"}})"));
+  EXPECT_TRUE(req_.gen.grammar.valid());
+  ASSERT_FALSE(Parse(H, "{" + msgs +
+                            R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x",
+                            "strict":true,"schema":{"type":"object","properties":{"a":{"type":"integer"}}}}}})"));
+  ASSERT_TRUE(req_.gen.grammar.valid());
+  EXPECT_EQ(grammar::ReferenceRecognize(req_.gen.grammar, R"({"a":5})"), 1);
+  EXPECT_EQ(grammar::ReferenceRecognize(req_.gen.grammar, R"({"b":5})"), -1);
+  // Properties in the order the request wrote them.
+  ASSERT_FALSE(Parse(
+      C,
+      R"({"prompt":"a","json_schema":{"type":"object","properties":{"b":{"type":"null"},"a":{"type":"null"}},"required":["b","a"]}})"));
+  EXPECT_EQ(grammar::ReferenceRecognize(req_.gen.grammar, R"({"b":null,"a":null})"), 1);
+  EXPECT_EQ(grammar::ReferenceRecognize(req_.gen.grammar, R"({"a":null,"b":null})"), -1);
+  ASSERT_FALSE(Parse(C, R"({"prompt":"a","grammar":"root ::= \"yes\" | \"no\""})"));
+  EXPECT_EQ(grammar::ReferenceRecognize(req_.gen.grammar, "no"), 1);
+  ASSERT_FALSE(Parse(H, "{" + msgs + R"(,"json_schema":{"enum":[1,2]}})"));
+  EXPECT_EQ(grammar::ReferenceRecognize(req_.gen.grammar, "2"), 1);
+
+  ExpectBad(C, R"({"prompt":"a","response_format":"json"})", "response_format");
+  ExpectBad(C, R"({"prompt":"a","response_format":{"type":"xml"}})", "response_format.type");
+  ExpectBad(H, "{" + msgs + R"(,"response_format":{}})", "response_format.type");
+  ExpectBad(H, "{" + msgs + R"(,"response_format":{"type":"json_schema"}})",
+            "response_format.json_schema");
+  ExpectBad(
+      H,
+      "{" + msgs +
+          R"(,"response_format":{"type":"json_schema","json_schema":{"name":1,"schema":{}}}})",
+      "response_format.json_schema.name");
+  ExpectBad(H,
+            "{" + msgs + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"n"}}})",
+            "response_format.json_schema.schema");
+  ExpectBad(
+      C,
+      R"({"prompt":"a","response_format":{"type":"json_schema","json_schema":{"schema":{"type":"object","patternProperties":{}}}}})",
+      "response_format.json_schema.schema");
+  auto e = Parse(
+      C,
+      R"({"prompt":"a","response_format":{"type":"json_schema","json_schema":{"schema":{"type":"object","properties":{"x":{"not":{}}}}}}})");
+  ASSERT_TRUE(e);
+  EXPECT_NE(e->message.find("'not'"), std::string::npos) << e->message;
+  EXPECT_NE(e->message.find("#/properties/x"), std::string::npos) << e->message;
+  ExpectBad(C, R"({"prompt":"a","grammar":"root ::= nothing"})", "grammar");
+  e = Parse(C, R"({"prompt":"a","grammar":"root ::= \"a\"\nb ::= (\"x\""})");
+  ASSERT_TRUE(e);
+  EXPECT_NE(e->message.find("line 2"), std::string::npos) << e->message;
+  ExpectBad(C, R"({"prompt":"a","grammar":5})", "grammar");
+  ExpectBad(C, R"({"prompt":"a","json_schema":{"type":"strin"}})", "json_schema");
+  ExpectBad(C, R"({"prompt":"a","json_schema":"x"})", "json_schema");
+  ExpectBad(C, R"({"prompt":"a","json_schema":{},"grammar":"root ::= \"a\""})", "json_schema");
+  ExpectBad(C, R"({"prompt":"a","response_format":{"type":"json_object"},"json_schema":{}})",
+            "json_schema");
 }
 
 TEST_F(OpenAiTest, ChatRendersWithTemplate) {
