@@ -360,17 +360,14 @@ std::optional<ApiError> ValidateToolMessages(const ojson& messages) {
 }
 
 std::string GenericToolPrompt(const ojson& tools, const ToolsRequest& req) {
-  std::string s =
-      "# Tools\n\nYou can call functions to answer. These are the functions, as JSON "
-      "schemas:\n<tools>\n";
+  std::string s = "# Tools\nFunctions you may call (JSON schemas):\n<tools>\n";
   for (const ojson& t : tools) s += DumpO(t) + "\n";
-  s += "</tools>\n\nTo call a function, answer with one block per call, each holding a JSON object "
-       "with the function's name and its arguments:\n<tool_call>\n{\"name\": <function name>, "
-       "\"arguments\": <arguments as a JSON object>}\n</tool_call>\nResults come back inside "
-       "<tool_response></tool_response> tags.";
-  if (req.choice == ToolChoice::kRequired) s += "\nYou must call at least one function.";
-  if (req.choice == ToolChoice::kNamed) s += "\nYou must call the function \"" + req.named + "\".";
-  if (!req.parallel) s += "\nCall at most one function.";
+  s += "</tools>\nTo call functions, reply with one block per call:\n<tool_call>\n{\"name\": "
+       "<name>, \"arguments\": <JSON object>}\n</tool_call>\nResults come back in "
+       "<tool_response></tool_response>.";
+  if (req.choice == ToolChoice::kRequired) s += "\nYou must call a function.";
+  if (req.choice == ToolChoice::kNamed) s += "\nYou must call \"" + req.named + "\".";
+  if (!req.parallel) s += "\nCall one function at most.";
   return s;
 }
 
