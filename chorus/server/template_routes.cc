@@ -171,6 +171,7 @@ std::optional<ApiError> RenderChatObject(const ojson& j, const ApiContext& ctx, 
     ApplyGenericToolForm(t != j.end() && t->is_array() ? *t : ojson::array(), tools, &messages);
     ro.extra_context["tools"] = nullptr;
   }
+  if (syntax == ToolSyntax::kMistral) ShortenMistralIds(&messages);
   if (tools_out) *tools_out = std::move(tools);
   if (syntax_out) *syntax_out = syntax;
   auto rendered = tmpl->RenderJson(messages, ro);

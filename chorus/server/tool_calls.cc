@@ -71,7 +71,8 @@ std::optional<std::string> ArgumentsText(const ojson& call, std::string_view key
 
 // A call object {"name": N, <args_key>: {...}} naming one of the request's functions.
 std::optional<ToolCall> CallFromObject(const ojson& obj, const ToolsRequest& req,
-                                       std::initializer_list<std::string_view> args_keys) {
+                                       std::initializer_list<std::string_view> args_keys,
+                                       ToolSyntax syntax) {
   if (!obj.is_object()) return std::nullopt;
   auto name = obj.find("name");
   if (name == obj.end() || !name->is_string()) return std::nullopt;
@@ -86,14 +87,15 @@ std::optional<ToolCall> CallFromObject(const ojson& obj, const ToolsRequest& req
   }
   auto args = ArgumentsText(obj, key);
   if (!args) return std::nullopt;
-  return ToolCall{NewToolCallId(), n, std::move(*args)};
+  return ToolCall{NewToolCallId(syntax), n, std::move(*args)};
 }
 
 std::optional<ToolCall> CallFromText(std::string_view text, const ToolsRequest& req,
-                                     std::initializer_list<std::string_view> args_keys) {
+                                     std::initializer_list<std::string_view> args_keys,
+                                     ToolSyntax syntax) {
   ojson obj = ojson::parse(Trim(text), nullptr, false);
   if (obj.is_discarded()) return std::nullopt;
-  return CallFromObject(obj, req, args_keys);
+  return CallFromObject(obj, req, args_keys, syntax);
 }
 
 bool ValidName(std::string_view n) {
@@ -429,12 +431,33 @@ void ApplyGenericToolForm(const ojson& tools, const ToolsRequest& req, ojson* me
   *messages = std::move(out);
 }
 
-std::string NewToolCallId() {
+std::string NewToolCallId(ToolSyntax syntax) {
   thread_local std::mt19937_64 rng{std::random_device{}()};
   static constexpr char kAlnum[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
-  std::string id = "call_";
-  for (int i = 0; i < 24; ++i) id += kAlnum[rng() % 62];
+  const bool mistral = syntax == ToolSyntax::kMistral;
+  std::string id = mistral ? "" : "call_";
+  for (size_t i = 0; i < (mistral ? kMistralIdChars : 24); ++i) id += kAlnum[rng() % 62];
   return id;
+}
+
+void ShortenMistralIds(ojson* messages) {
+  auto shorten = [](ojson* id) {
+    if (id->is_string() && id->get_ref<const std::string&>().size() > kMistralIdChars) {
+      const std::string& s = id->get_ref<const std::string&>();
+      *id = s.substr(s.size() - kMistralIdChars);
+    }
+  };
+  if (!messages->is_array()) return;
+  for (ojson& m : *messages) {
+    if (!m.is_object()) continue;
+    if (auto id = m.find("tool_call_id"); id != m.end()) shorten(&*id);
+    auto calls = m.find("tool_calls");
+    if (calls == m.end() || !calls->is_array()) continue;
+    for (ojson& c : *calls) {
+      if (!c.is_object()) continue;
+      if (auto id = c.find("id"); id != c.end()) shorten(&*id);
+    }
+  }
 }
 
 ToolCallParser::ToolCallParser(ToolSyntax syntax, const ToolsRequest* req)
@@ -498,7 +521,7 @@ bool ToolCallParser::StepHermes(bool at_end, ToolParseOutput* out) {
   const size_t end = buf_.find(kHermesClose);
   if (end == std::string::npos && !at_end) return false;
   const std::string_view body = std::string_view(buf_).substr(0, end);
-  if (auto call = CallFromText(body, *req_, {"arguments", "parameters"})) {
+  if (auto call = CallFromText(body, *req_, {"arguments", "parameters"}, syntax_)) {
     EmitCall(std::move(*call), out);
   } else {
     std::string raw = std::string(kHermesOpen) + std::string(body);
@@ -545,7 +568,7 @@ bool ToolCallParser::StepMistral(bool at_end, ToolParseOutput* out) {
     std::vector<ToolCall> calls;
     if (!list.is_discarded() && list.is_array() && !list.empty()) {
       for (const ojson& c : list) {
-        auto call = CallFromObject(c, *req_, {"arguments", "parameters"});
+        auto call = CallFromObject(c, *req_, {"arguments", "parameters"}, syntax_);
         if (!call) {
           calls.clear();
           break;
@@ -573,7 +596,7 @@ bool ToolCallParser::StepMistral(bool at_end, ToolParseOutput* out) {
   if (end == std::string_view::npos) return at_end ? give_up(buf_.size()) : false;
   ojson a = ojson::parse(rest.substr(obj, end), nullptr, false);
   if (a.is_discarded() || !a.is_object()) return give_up(i + obj + end);
-  EmitCall(ToolCall{NewToolCallId(), name, DumpO(a)}, out);
+  EmitCall(ToolCall{NewToolCallId(syntax_), name, DumpO(a)}, out);
   buf_.erase(0, i + obj + end);
   state_ = State::kText;
   return !buf_.empty();
@@ -627,7 +650,7 @@ bool ToolCallParser::StepLlama(bool at_end, ToolParseOutput* out) {
     state_ = State::kPlain;
     return true;
   }
-  auto call = CallFromText(rest.substr(0, end), *req_, {"parameters", "arguments"});
+  auto call = CallFromText(rest.substr(0, end), *req_, {"parameters", "arguments"}, syntax_);
   if (!call) {
     state_ = State::kPlain;
     return true;

@@ -139,7 +139,14 @@ class ToolCallParser {
 // Parses a whole reply (Feed + Finish of one parser).
 ToolParseOutput ParseToolCalls(ToolSyntax syntax, const ToolsRequest& req, std::string_view text);
 
-// A new tool-call id.
-std::string NewToolCallId();
+// A new tool-call id: "call_" + 24 random alphanumerics; for mistral 9 alphanumerics, the only
+// form Mistral's chat templates accept back (they raise on any other).
+std::string NewToolCallId(ToolSyntax syntax = ToolSyntax::kHermes);
+inline constexpr size_t kMistralIdChars = 9;
+
+// Mistral's templates require 9-character ids: tool call ids and tool_call_id values of
+// `messages` longer than that are cut to their last 9 characters (as vLLM does), so a
+// conversation with ids from another server still renders.
+void ShortenMistralIds(nlohmann::ordered_json* messages);
 
 }  // namespace chorus::server

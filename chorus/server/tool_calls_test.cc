@@ -6,6 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cctype>
+
 #include "chorus/server/openai.h"
 
 namespace chorus::server {
@@ -307,6 +310,25 @@ std::vector<Canned> CannedReplies() {
   };
 }
 
+TEST(ToolParserTest, MistralIdsAreNineAlphanumerics) {
+  const ToolsRequest req = WeatherAndTime();
+  auto o = ParseToolCalls(ToolSyntax::kMistral, req,
+                          R"([TOOL_CALLS][{"name": "get_time", "arguments": {}}])");
+  ASSERT_EQ(o.calls.size(), 1u);
+  EXPECT_EQ(o.calls[0].id.size(), 9u);
+  EXPECT_TRUE(std::all_of(o.calls[0].id.begin(), o.calls[0].id.end(),
+                          [](char c) { return std::isalnum(static_cast<unsigned char>(c)); }));
+  ojson msgs = ojson::parse(
+      R"([{"role":"assistant","tool_calls":[{"id":"call_abcdefghijklmnop","type":"function",)"
+      R"("function":{"name":"get_time","arguments":{}}}]},)"
+      R"({"role":"tool","tool_call_id":"call_abcdefghijklmnop","content":"x"},)"
+      R"({"role":"tool","tool_call_id":"short","content":"y"}])");
+  ShortenMistralIds(&msgs);
+  EXPECT_EQ(msgs[0]["tool_calls"][0]["id"], "hijklmnop");
+  EXPECT_EQ(msgs[1]["tool_call_id"], "hijklmnop");
+  EXPECT_EQ(msgs[2]["tool_call_id"], "short");
+}
+
 void ExpectResult(const Canned& c, const ToolParseOutput& o, const std::string& how) {
   EXPECT_EQ(o.content, c.content) << ToolSyntaxName(c.syntax) << " " << how << ": " << c.text;
   ASSERT_EQ(o.calls.size(), c.calls.size())
@@ -314,8 +336,12 @@ void ExpectResult(const Canned& c, const ToolParseOutput& o, const std::string& 
   for (size_t i = 0; i < c.calls.size(); ++i) {
     EXPECT_EQ(o.calls[i].name, c.calls[i].first) << c.text;
     EXPECT_EQ(o.calls[i].arguments, c.calls[i].second) << c.text;
-    EXPECT_TRUE(o.calls[i].id.starts_with("call_")) << o.calls[i].id;
-    EXPECT_EQ(o.calls[i].id.size(), 29u);
+    if (c.syntax == ToolSyntax::kMistral) {
+      EXPECT_EQ(o.calls[i].id.size(), 9u) << o.calls[i].id;
+    } else {
+      EXPECT_TRUE(o.calls[i].id.starts_with("call_")) << o.calls[i].id;
+      EXPECT_EQ(o.calls[i].id.size(), 29u);
+    }
   }
 }
 
