@@ -16,6 +16,7 @@
 #include "chorus/adapters/variant.h"
 #include "chorus/base/mutex.h"
 #include "chorus/engine/sampler.h"
+#include "chorus/grammar/grammar.h"
 
 namespace chorus::engine {
 
@@ -40,6 +41,11 @@ struct GenerationRequest {
   // (nothing else does); a load failure finishes the request with an error event.
   std::optional<adapters::VariantRef> variant;
   std::string id;  // for logs
+  // Constrained decoding (docs/structured_outputs.md): when valid, every choice gets its own
+  // matcher over this grammar; tokens the grammar rejects are never sampled, EOS only where it
+  // accepts, and a choice whose grammar is complete finishes with kStop. With a grammar an EOS
+  // ends the choice even when ignore_eos is set (the grammar decided it may end there).
+  grammar::Grammar grammar;
 
   // The variant's name, "" for the base model (logs, metrics).
   const std::string& variant_name() const {
