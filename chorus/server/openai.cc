@@ -5,6 +5,7 @@
 
 #include "chorus/engine/sampler.h"
 #include "chorus/server/template_routes.h"
+#include "chorus/server/tool_grammar.h"
 
 namespace chorus::server {
 namespace {
@@ -159,6 +160,21 @@ std::optional<ApiError> ParseMessages(std::string_view raw_body, const ApiContex
                                       ApiRequest* out) {
   std::string rendered;
   if (auto e = RenderChatPrompt(raw_body, ctx, &rendered, &out->tools, &out->tool_syntax)) return e;
+  if (ToolChoiceForced(out->tools)) {
+    // The reply is forced to be a call (docs/api.md, "Tools"): its opening ends the prompt and
+    // the grammar engine constrains the call object to an allowed function and its schema.
+    if (out->gen.grammar.valid()) {
+      return BadRequest(
+          "tool_choice \"required\" or a named function cannot be combined with another "
+          "constraint on the reply (response_format, grammar)",
+          "tool_choice");
+    }
+    ToolConstraint tc;
+    if (auto e = BuildToolConstraint(out->tool_syntax, out->tools, &tc)) return e;
+    rendered += tc.opening;
+    out->tool_opening = std::move(tc.opening);
+    out->gen.grammar = std::move(tc.grammar);
+  }
   // Mistral's [TOOL_CALLS] and Llama's <|python_tag|> are special tokens: keep them in the
   // text the parser reads (as vLLM does for these parsers).
   if (out->tools.active() &&
@@ -423,8 +439,10 @@ ResponseBuilder::ResponseBuilder(const ApiRequest& req, const ApiContext& ctx, s
       Choice& c = choices_[p * n + i];
       c.prev_token = req.prompts[p].empty() ? -1 : req.prompts[p].back();
       if (req.echo) c.text = req.echo_text[p];
-      if (req.kind == ApiKind::kChat && req.tools.active())
+      if (req.kind == ApiKind::kChat && req.tools.active()) {
         c.tool_parser.emplace(req.tool_syntax, &req.tools);
+        c.tool_parser->Feed(req.tool_opening);  // only opens the call: no output
+      }
     }
   }
 }
@@ -510,7 +528,8 @@ std::string ResponseBuilder::FinalJson(const Usage& usage) const {
     }
     std::string finish = c.finish;
     if (chat && req_.tools.active()) {
-      ToolParseOutput parsed = ParseToolCalls(req_.tool_syntax, req_.tools, c.text);
+      ToolParseOutput parsed =
+          ParseToolCalls(req_.tool_syntax, req_.tools, req_.tool_opening + c.text);
       json msg = {{"role", "assistant"}};
       msg["content"] =
           parsed.calls.empty() || !parsed.content.empty() ? json(parsed.content) : json(nullptr);

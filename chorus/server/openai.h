@@ -82,6 +82,9 @@ struct ApiRequest {
   // when tools.active().
   ToolsRequest tools;
   ToolSyntax tool_syntax = ToolSyntax::kGeneric;
+  // tool_choice required / named (tool_grammar.h): the call's opening, appended to the prompt
+  // (and fed to the reply's parser first); gen.grammar constrains the rest.
+  std::string tool_opening;
 };
 
 // Parses a request body. Returns nullopt and fills *out on success.

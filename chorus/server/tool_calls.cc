@@ -55,6 +55,29 @@ size_t BalancedEnd(std::string_view s) {
   return std::string_view::npos;
 }
 
+// The first `marker` in `s` outside JSON string literals (a call's arguments may hold the
+// closing tag's text); npos when none.
+size_t FindOutsideStrings(std::string_view s, std::string_view marker) {
+  bool in_string = false, escaped = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (s.compare(i, marker.size(), marker) == 0) {
+      return i;
+    }
+  }
+  return std::string_view::npos;
+}
+
 // Arguments as the model wrote them: an object, or a string holding one (some fine-tunes
 // quote them); absent means no arguments.
 std::optional<std::string> ArgumentsText(const ojson& call, std::string_view key) {
@@ -518,7 +541,7 @@ bool ToolCallParser::StepHermes(bool at_end, ToolParseOutput* out) {
     state_ = State::kInCall;
     return true;
   }
-  const size_t end = buf_.find(kHermesClose);
+  const size_t end = FindOutsideStrings(buf_, kHermesClose);
   if (end == std::string::npos && !at_end) return false;
   const std::string_view body = std::string_view(buf_).substr(0, end);
   if (auto call = CallFromText(body, *req_, {"arguments", "parameters"}, syntax_)) {

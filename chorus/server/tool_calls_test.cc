@@ -235,6 +235,11 @@ std::vector<Canned> CannedReplies() {
        "</tool_call>",
        "",
        {{"get_weather", R"({"city":"<tool>"})"}}},
+      {S::kHermes,  // the closing tag inside a string of the arguments is not the end
+       "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"</tool_call>\\\"\"}}"
+       "</tool_call>",
+       "",
+       {{"get_weather", R"({"city":"</tool_call>\""})"}}},
       {S::kHermes,  // unclosed at the end of the reply, but a whole call
        "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"tz\": \"UTC\"}}",
        "",

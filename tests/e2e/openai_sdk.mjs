@@ -121,6 +121,52 @@ await run([
     }
     assert.equal(content, final.choices[0].message.content);
   }],
+  ['tools: required and a named function are enforced, streamed and not, then round-trip', async () => {
+    // stories260K never calls a tool by itself: the grammar engine makes the reply a call.
+    const messages = [{ role: 'user', content: 'Weather in Paris?' }];
+    const named = { type: 'function', function: { name: 'weather' } };
+    for (const tool_choice of ['required', named]) {
+      const params = { model: MODEL_NAME, tools: TOOLS, tool_choice, messages, temperature: 1, seed: 3 };
+      const r = await client.chat.completions.create(params);
+      const msg = r.choices[0].message;
+      assert.equal(r.choices[0].finish_reason, 'tool_calls');
+      assert.equal(msg.content, null);
+      assert.equal(msg.tool_calls.length, 1);
+      const call = msg.tool_calls[0];
+      assert.match(call.id, /^call_[A-Za-z0-9]{24}$/);
+      assert.equal(call.type, 'function');
+      assert.equal(call.function.name, 'weather');
+      const args = JSON.parse(call.function.arguments);
+      assert.equal(typeof args, 'object');
+      for (const k of Object.keys(args)) assert.ok(k === 'city' && typeof args[k] === 'string', call.function.arguments);
+      // Streamed: the same call, reassembled from delta.tool_calls as the SDK's users do.
+      const stream = await client.chat.completions.create({ ...params, stream: true });
+      const calls = [];
+      let finish = null, content = '';
+      for await (const chunk of stream) {
+        for (const c of chunk.choices) {
+          if (c.finish_reason) finish = c.finish_reason;
+          if (c.delta.content) content += c.delta.content;
+          for (const d of c.delta.tool_calls ?? []) {
+            if (d.id) calls[d.index] = { id: d.id, name: d.function.name, arguments: d.function.arguments ?? '' };
+            else calls[d.index].arguments += d.function.arguments;
+          }
+        }
+      }
+      assert.equal(finish, 'tool_calls');
+      assert.equal(content, '');
+      assert.equal(calls.length, 1);
+      assert.equal(calls[0].name, 'weather');
+      assert.deepEqual(JSON.parse(calls[0].arguments), args);  // same seed, same call
+      // The call and its result go back; the final answer is text.
+      const final = await client.chat.completions.create({
+        model: MODEL_NAME, tools: TOOLS, max_tokens: 8, temperature: 0,
+        messages: [...messages, msg, { role: 'tool', tool_call_id: call.id, content: 'sunny' }],
+      });
+      assert.equal(typeof final.choices[0].message.content, 'string');
+      assert.ok(['stop', 'length'].includes(final.choices[0].finish_reason));
+    }
+  }],
   ['tools: bad input is a 400 naming the field', async () => {
     const messages = [{ role: 'user', content: 'Hi' }];
     const bad = async (extra, param) => assert.rejects(
