@@ -29,55 +29,6 @@ std::string_view Trim(std::string_view s) {
   return s.substr(b, e - b);
 }
 
-// One past the JSON object or array that starts at s[0] ('{' or '['), counting brackets
-// outside strings; npos when `s` ends first. Mismatched brackets are left to the JSON parser.
-size_t BalancedEnd(std::string_view s) {
-  int depth = 0;
-  bool in_string = false, escaped = false;
-  for (size_t i = 0; i < s.size(); ++i) {
-    const char c = s[i];
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      ++depth;
-    } else if (c == '}' || c == ']') {
-      if (--depth == 0) return i + 1;
-    }
-  }
-  return std::string_view::npos;
-}
-
-// The first `marker` in `s` outside JSON string literals (a call's arguments may hold the
-// closing tag's text); npos when none.
-size_t FindOutsideStrings(std::string_view s, std::string_view marker) {
-  bool in_string = false, escaped = false;
-  for (size_t i = 0; i < s.size(); ++i) {
-    const char c = s[i];
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (s.compare(i, marker.size(), marker) == 0) {
-      return i;
-    }
-  }
-  return std::string_view::npos;
-}
-
 // Arguments as the model wrote them: an object, or a string holding one (some fine-tunes
 // quote them); absent means no arguments.
 std::optional<std::string> ArgumentsText(const ojson& call, std::string_view key) {
@@ -488,6 +439,10 @@ ToolCallParser::ToolCallParser(ToolSyntax syntax, const ToolsRequest* req)
 
 void ToolCallParser::EmitText(std::string_view t, ToolParseOutput* out) {
   if (t.empty()) return;
+  if (SkipSpace(t) == t.size()) {  // whitespace only: held (or dropped after a call)
+    if (!after_call_) ws_hold_.append(t);
+    return;
+  }
   std::string s = std::move(ws_hold_);
   ws_hold_.clear();
   s.append(t);
@@ -501,6 +456,57 @@ void ToolCallParser::EmitText(std::string_view t, ToolParseOutput* out) {
   while (e > b && IsSpace(s[e - 1])) --e;
   out->content.append(s, b, e - b);
   ws_hold_ = s.substr(e);
+}
+
+void ToolCallParser::Consume(size_t n) {
+  buf_.erase(0, n);
+  scan_ = Scan{};  // positions moved
+}
+
+size_t ToolCallParser::ScanBalanced(size_t start) {
+  if (scan_.start != start) scan_ = Scan{.start = start, .pos = start};
+  for (; scan_.pos < buf_.size(); ++scan_.pos) {
+    const char c = buf_[scan_.pos];
+    if (scan_.in_string) {
+      if (scan_.escaped) {
+        scan_.escaped = false;
+      } else if (c == '\\') {
+        scan_.escaped = true;
+      } else if (c == '"') {
+        scan_.in_string = false;
+      }
+    } else if (c == '"') {
+      scan_.in_string = true;
+    } else if (c == '{' || c == '[') {
+      ++scan_.depth;
+    } else if ((c == '}' || c == ']') && --scan_.depth == 0) {
+      return scan_.pos + 1;
+    }
+  }
+  return std::string::npos;
+}
+
+size_t ToolCallParser::ScanOutsideStrings(std::string_view marker) {
+  if (scan_.start != 0) scan_ = Scan{.start = 0, .pos = 0};
+  for (; scan_.pos < buf_.size(); ++scan_.pos) {
+    const char c = buf_[scan_.pos];
+    if (scan_.in_string) {
+      if (scan_.escaped) {
+        scan_.escaped = false;
+      } else if (c == '\\') {
+        scan_.escaped = true;
+      } else if (c == '"') {
+        scan_.in_string = false;
+      }
+    } else if (c == '"') {
+      scan_.in_string = true;
+    } else if (c == marker[0]) {
+      const std::string_view rest = std::string_view(buf_).substr(scan_.pos);
+      if (rest.starts_with(marker)) return scan_.pos;
+      if (marker.starts_with(rest)) return std::string::npos;  // may complete: look again
+    }
+  }
+  return std::string::npos;
 }
 
 void ToolCallParser::EmitCall(ToolCall c, ToolParseOutput* out) {
@@ -520,7 +526,7 @@ void ToolCallParser::EmitUpToMarker(std::string_view marker, ToolParseOutput* ou
     }
   }
   EmitText(std::string_view(buf_).substr(0, buf_.size() - keep), out);
-  buf_.erase(0, buf_.size() - keep);
+  Consume(buf_.size() - keep);
 }
 
 bool ToolCallParser::StepHermes(bool at_end, ToolParseOutput* out) {
@@ -530,18 +536,18 @@ bool ToolCallParser::StepHermes(bool at_end, ToolParseOutput* out) {
     if (pos == std::string::npos) {
       if (at_end) {
         EmitText(buf_, out);
-        buf_.clear();
+        Consume(buf_.size());
       } else {
         EmitUpToMarker(kHermesOpen, out);
       }
       return false;
     }
     EmitText(std::string_view(buf_).substr(0, pos), out);
-    buf_.erase(0, pos + kHermesOpen.size());
+    Consume(pos + kHermesOpen.size());
     state_ = State::kInCall;
     return true;
   }
-  const size_t end = FindOutsideStrings(buf_, kHermesClose);
+  const size_t end = ScanOutsideStrings(kHermesClose);
   if (end == std::string::npos && !at_end) return false;
   const std::string_view body = std::string_view(buf_).substr(0, end);
   if (auto call = CallFromText(body, *req_, {"arguments", "parameters"}, syntax_)) {
@@ -551,7 +557,7 @@ bool ToolCallParser::StepHermes(bool at_end, ToolParseOutput* out) {
     if (end != std::string::npos) raw += kHermesClose;
     EmitText(raw, out);
   }
-  buf_.erase(0, end == std::string::npos ? buf_.size() : end + kHermesClose.size());
+  Consume(end == std::string::npos ? buf_.size() : end + kHermesClose.size());
   state_ = State::kText;
   return !buf_.empty();
 }
@@ -563,21 +569,21 @@ bool ToolCallParser::StepMistral(bool at_end, ToolParseOutput* out) {
     if (pos == std::string::npos) {
       if (at_end) {
         EmitText(buf_, out);
-        buf_.clear();
+        Consume(buf_.size());
       } else {
         EmitUpToMarker(kMistralMarker, out);
       }
       return false;
     }
     EmitText(std::string_view(buf_).substr(0, pos), out);
-    buf_.erase(0, pos + kMistralMarker.size());
+    Consume(pos + kMistralMarker.size());
     state_ = State::kInCall;
     return true;
   }
   // After the marker: a JSON list of calls, or `name[ARGS]{...}`.
   auto give_up = [&](size_t n) {
     EmitText(std::string(kMistralMarker) + buf_.substr(0, n), out);
-    buf_.erase(0, n);
+    Consume(n);
     state_ = State::kText;
     return !buf_.empty();
   };
@@ -585,8 +591,9 @@ bool ToolCallParser::StepMistral(bool at_end, ToolParseOutput* out) {
   if (i == buf_.size()) return at_end ? give_up(buf_.size()) : false;
   const std::string_view rest = std::string_view(buf_).substr(i);
   if (rest[0] == '[') {
-    const size_t end = BalancedEnd(rest);
-    if (end == std::string_view::npos) return at_end ? give_up(buf_.size()) : false;
+    const size_t stop = ScanBalanced(i);
+    if (stop == std::string::npos) return at_end ? give_up(buf_.size()) : false;
+    const size_t end = stop - i;
     ojson list = ojson::parse(rest.substr(0, end), nullptr, false);
     std::vector<ToolCall> calls;
     if (!list.is_discarded() && list.is_array() && !list.empty()) {
@@ -601,7 +608,7 @@ bool ToolCallParser::StepMistral(bool at_end, ToolParseOutput* out) {
     }
     if (calls.empty()) return give_up(i + end);
     for (ToolCall& c : calls) EmitCall(std::move(c), out);
-    buf_.erase(0, i + end);
+    Consume(i + end);
     state_ = State::kText;
     return !buf_.empty();
   }
@@ -615,29 +622,30 @@ bool ToolCallParser::StepMistral(bool at_end, ToolParseOutput* out) {
   const size_t obj = SkipSpace(rest, args + kMistralArgs.size());
   if (obj == rest.size()) return at_end ? give_up(buf_.size()) : false;
   if (rest[obj] != '{' || req_->Find(name) == nullptr) return give_up(i + obj);
-  const size_t end = BalancedEnd(rest.substr(obj));
-  if (end == std::string_view::npos) return at_end ? give_up(buf_.size()) : false;
+  const size_t stop = ScanBalanced(i + obj);
+  if (stop == std::string::npos) return at_end ? give_up(buf_.size()) : false;
+  const size_t end = stop - i - obj;
   ojson a = ojson::parse(rest.substr(obj, end), nullptr, false);
   if (a.is_discarded() || !a.is_object()) return give_up(i + obj + end);
   EmitCall(ToolCall{NewToolCallId(syntax_), name, DumpO(a)}, out);
-  buf_.erase(0, i + obj + end);
+  Consume(i + obj + end);
   state_ = State::kText;
   return !buf_.empty();
 }
 
 bool ToolCallParser::StepLlama(bool at_end, ToolParseOutput* out) {
+  if (state_ != State::kPlain) {
+    // Leading whitespace: held as content (dropped next to a call), so it is scanned once.
+    const size_t ws = SkipSpace(buf_);
+    EmitText(std::string_view(buf_).substr(0, ws), out);
+    Consume(ws);
+  }
   if (state_ == State::kStart) {
-    const size_t i = SkipSpace(buf_);
-    if (i == buf_.size()) {
-      if (at_end) {
-        EmitText(buf_, out);
-        buf_.clear();
-      }
-      return false;
-    }
+    const size_t i = 0;
+    if (buf_.empty()) return false;
     const std::string_view rest = std::string_view(buf_).substr(i);
     if (rest.starts_with(kPythonTag)) {
-      buf_.erase(0, i + kPythonTag.size());
+      Consume(i + kPythonTag.size());
       state_ = State::kInCall;
       return true;
     }
@@ -647,39 +655,34 @@ bool ToolCallParser::StepLlama(bool at_end, ToolParseOutput* out) {
   }
   if (state_ == State::kPlain) {
     EmitText(buf_, out);
-    buf_.clear();
+    Consume(buf_.size());
     return false;
   }
-  const size_t i = SkipSpace(buf_);
-  if (i == buf_.size()) {
-    if (at_end) {
-      EmitText(buf_, out);
-      buf_.clear();
-    }
-    return false;
-  }
+  const size_t i = 0;
+  if (buf_.empty()) return false;
   if (buf_[i] == ';' && n_calls_ > 0) {
-    buf_.erase(0, i + 1);
+    Consume(i + 1);
     return true;
   }
   if (buf_[i] != '{') {
     state_ = State::kPlain;
     return true;
   }
-  const std::string_view rest = std::string_view(buf_).substr(i);
-  const size_t end = BalancedEnd(rest);
-  if (end == std::string_view::npos) {
+  const size_t stop = ScanBalanced(i);
+  if (stop == std::string::npos) {
     if (!at_end) return false;
     state_ = State::kPlain;
     return true;
   }
+  const std::string_view rest = std::string_view(buf_).substr(i);
+  const size_t end = stop - i;
   auto call = CallFromText(rest.substr(0, end), *req_, {"parameters", "arguments"}, syntax_);
   if (!call) {
     state_ = State::kPlain;
     return true;
   }
   EmitCall(std::move(*call), out);
-  buf_.erase(0, i + end);
+  Consume(i + end);
   return true;
 }
 

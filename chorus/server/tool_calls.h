@@ -126,11 +126,25 @@ class ToolCallParser {
   void EmitCall(ToolCall c, ToolParseOutput* out);
   // Emits `s` in kText while holding back a suffix that may begin `marker`.
   void EmitUpToMarker(std::string_view marker, ToolParseOutput* out);
+  // Drops the first `n` bytes of buf_.
+  void Consume(size_t n);
+  // Incremental scans of buf_ (each byte looked at once however the reply is split):
+  // one past the JSON object/array starting at buf_[start], or npos while it is open;
+  // the first `marker` outside JSON strings, or npos.
+  size_t ScanBalanced(size_t start);
+  size_t ScanOutsideStrings(std::string_view marker);
 
   ToolSyntax syntax_;
   const ToolsRequest* req_;
   State state_ = State::kStart;
   std::string buf_;  // undecided text
+  struct Scan {
+    size_t start = std::string::npos;  // where the scanned value starts in buf_
+    size_t pos = 0;                    // next byte to look at
+    int depth = 0;
+    bool in_string = false, escaped = false;
+  };
+  Scan scan_;
   std::string ws_hold_;
   bool after_call_ = false;
   int n_calls_ = 0;
