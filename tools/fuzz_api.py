@@ -275,6 +275,30 @@ class Gen:
             return self.r.choice(["base"] * 2 + self.adapters)
         return self.r.choice(["nope", "", 5, None, "../etc", "x" * 500])
 
+    def schema(self, bad=False):
+        """A JSON schema for response_format / json_schema: supported, or one that must get a 400."""
+        r = self.r
+        if bad:
+            return r.choice([{"type": "object", "patternProperties": {}}, {"type": "strin"},
+                             {"$ref": "#/$defs/none"}, {"type": "string", "pattern": "(a"},
+                             {"type": "number", "minimum": 1}, {"not": {}}, False, [1], "x",
+                             {"type": "string", "format": "ipv4"}, {"$ref": "#"}])
+        leaf = r.choice([{"type": "integer", "minimum": -5, "maximum": 50}, {"type": "boolean"},
+                         {"type": "string", "maxLength": 4}, {"enum": ["a", 1, None]},
+                         {"type": "string", "pattern": "^[a-c]{2}$"}, {"type": "number"},
+                         {"type": "string", "format": r.choice(["date", "uuid", "email"])}])
+        k = r.random()
+        if k < 0.3:
+            return leaf
+        if k < 0.6:
+            return {"type": "object", "properties": {"a": leaf, "b": {"type": "null"}},
+                    "required": ["a"]}
+        if k < 0.8:
+            return {"type": "array", "items": leaf, "minItems": 1, "maxItems": 3}
+        return {"$defs": {"n": {"type": "object", "properties": {
+            "k": {"type": "array", "items": {"$ref": "#/$defs/n"}, "maxItems": 2}}}},
+                "$ref": "#/$defs/n"}
+
     def gen_body(self, chat):
         r = self.r
         b = {"model": self.model()}
@@ -303,7 +327,15 @@ class Gen:
             "ignore_eos": ([True, False], ["no"]),
             "logit_bias": ([{}], [{"5": 1}, {"x": 1}, 3]),
             "user": (["u"], [5]),
-            "response_format": ([{"type": "text"}], [{"type": "json_object"}, 1]),
+            "response_format": ([{"type": "text"}, {"type": "json_object"},
+                                 {"type": "json_schema", "json_schema": {
+                                     "name": "s", "strict": True, "schema": self.schema()}}],
+                                [{"type": "json_schema", "json_schema": {"schema": self.schema(bad=True)}},
+                                 {"type": "json_schema"}, {"type": "xml"}, {"type": 5}, 1]),
+            "grammar": (['root ::= "a" [0-9]{1,3}', 'root ::= ("x" | y)+\ny ::= [^\n]', ""],
+                        ['root ::= undefined', 'root ::= "unterminated', "root := x",
+                         'root ::= root "a"', 5, "x" * 300]),
+            "json_schema": ([self.schema()], [self.schema(bad=True), "s", 3]),
             "tools": (self.tools_valid(), self.tools_invalid()),
             "tool_choice": (["none", "auto", "required",
                              {"type": "function", "function": {"name": "get_weather"}}],

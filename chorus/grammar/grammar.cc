@@ -67,6 +67,28 @@ int GrammarAst::Define(const std::string& name, Expr body) {
 
 namespace {
 
+void Remap(Expr* e, const std::vector<int>& ids) {
+  if (e->kind == Expr::Kind::kRef && e->rule >= 0 && e->rule < static_cast<int>(ids.size()))
+    e->rule = ids[static_cast<size_t>(e->rule)];
+  for (Expr& k : e->kids) Remap(&k, ids);
+}
+
+}  // namespace
+
+int GrammarAst::Embed(const GrammarAst& other, const std::string& prefix) {
+  std::vector<int> ids;
+  for (const std::string& n : other.names) ids.push_back(RuleId(prefix + n));
+  for (size_t i = 0; i < other.names.size(); ++i) {
+    if (!other.defined[i]) continue;
+    Expr body = other.bodies[i];
+    Remap(&body, ids);
+    Define(prefix + other.names[i], std::move(body));
+  }
+  return other.root >= 0 ? ids[static_cast<size_t>(other.root)] : -1;
+}
+
+namespace {
+
 using Elem = LoweredGrammar::Elem;
 using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;
 

@@ -67,6 +67,10 @@ struct GrammarAst {
   int RuleId(const std::string& name);
   // Defines rule `name` (creating it when new); returns its id.
   int Define(const std::string& name, Expr body);
+  // Copies every rule of `other` into this grammar under `prefix` + its name (references
+  // remapped) and returns the id its root has here. Combines grammars, e.g. a tool-call wrapper
+  // around JsonSchemaToAst(parameters): Expr::Seq({Literal("<tool_call>"), Ref(Embed(...)), ...}).
+  int Embed(const GrammarAst& other, const std::string& prefix);
 };
 
 // ---- Lowered, byte-level grammar ------------------------------------------------------------

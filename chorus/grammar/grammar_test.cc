@@ -320,6 +320,26 @@ TEST(GrammarCache, CachesByKeyAndEvictsLeastRecent) {
   EXPECT_EQ(cache.size(), 2u);
 }
 
+TEST(GrammarAst, EmbedCombinesGrammars) {
+  // A tool-call-shaped wrapper around two schemas (their shared rule names do not clash).
+  auto a = JsonSchemaToAst(
+      {{"type", "object"}, {"properties", {{"x", {{"type", "integer"}}}}}, {"required", {"x"}}});
+  auto b = JsonSchemaToAst({{"type", "array"}, {"items", {{"type", "string"}, {"maxLength", 2}}}});
+  ASSERT_TRUE(a.ok() && b.ok());
+  GrammarAst g;
+  const int ra = g.Embed(*a, "a_");
+  const int rb = g.Embed(*b, "b_");
+  g.root = g.Define("root",
+                    Expr::Seq({Expr::Literal("<call>"), Expr::Alt({Expr::Ref(ra), Expr::Ref(rb)}),
+                               Expr::Literal("</call>")}));
+  auto lowered = Grammar::FromAst(g);
+  ASSERT_TRUE(lowered.ok()) << lowered.status().ToString();
+  EXPECT_TRUE(Accepts(*lowered, R"(<call>{"x": 3}</call>)"));
+  EXPECT_TRUE(Accepts(*lowered, R"(<call>["ab", "c"]</call>)"));
+  EXPECT_FALSE(Accepts(*lowered, R"(<call>["abc"]</call>)"));
+  EXPECT_FALSE(Accepts(*lowered, R"(<call>{"y": 3}</call>)"));
+}
+
 TEST(JsonSchema, AnyJsonObject) {
   Grammar g = AnyJsonObjectGrammar();
   EXPECT_TRUE(Accepts(g, "{}"));

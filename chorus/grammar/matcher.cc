@@ -179,7 +179,8 @@ int32_t Matcher::InternSet(std::vector<int32_t>* stacks) {
 int32_t Matcher::Step(int32_t state, uint8_t byte) {
   const size_t slot = static_cast<size_t>(state) * 256 + byte;
   if (trans_[slot] != -2) return trans_[slot];
-  std::vector<int32_t> next;
+  std::vector<int32_t>& next = step_scratch_;  // reused: no allocation per new transition
+  next.clear();
   for (int32_t id : sets_[static_cast<size_t>(state)]) {
     if (id < 0) continue;
     const Node n = nodes_[static_cast<size_t>(id)];
@@ -197,7 +198,8 @@ void Matcher::FillMask(TokenMask* mask) {
     mask->Clear();
     return;
   }
-  if (auto it = mask_cache_.find(state_); it != mask_cache_.end()) {
+  if (auto it = mask_cache_on_ ? mask_cache_.find(state_) : mask_cache_.end();
+      it != mask_cache_.end()) {
     ++mask_hits_;
     mask->words() = it->second;
     return;
@@ -232,7 +234,7 @@ void Matcher::FillMask(TokenMask* mask) {
     for (int32_t id : v.eos_) mask->Set(id);
   }
   const size_t bytes = mask->words().size() * sizeof(uint64_t);
-  if (mask_cache_bytes_ + bytes <= kMaskCacheBytes) {
+  if (mask_cache_on_ && mask_cache_bytes_ + bytes <= kMaskCacheBytes) {
     mask_cache_.emplace(state_, mask->words());
     mask_cache_bytes_ += bytes;
   }

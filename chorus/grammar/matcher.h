@@ -119,6 +119,8 @@ class Matcher {
   bool Done() const;
 
   const Vocabulary& vocab() const { return *vocab_; }
+  // Benchmarks: turn the per-state mask cache off (every FillMask walks the prefix tree).
+  void set_mask_cache(bool on) { mask_cache_on_ = on; }
   // Figures for benchmarks and tests.
   int64_t n_states() const { return static_cast<int64_t>(sets_.size()); }
   int64_t n_stacks() const { return static_cast<int64_t>(nodes_.size()); }
@@ -148,7 +150,8 @@ class Matcher {
   int64_t mask_hits_ = 0;
   int32_t state_ = -1;
   bool ended_ = false;
-  std::vector<int32_t> scratch_, walk_;
+  bool mask_cache_on_ = true;
+  std::vector<int32_t> scratch_, walk_, step_scratch_;
 };
 
 // Brute-force reference for tests: token ids whose bytes, appended to `prefix`, keep it a

@@ -4,6 +4,7 @@
 #include <random>
 
 #include "chorus/engine/sampler.h"
+#include "chorus/grammar/json_schema.h"
 #include "chorus/server/template_routes.h"
 #include "chorus/server/tool_grammar.h"
 
@@ -213,6 +214,90 @@ std::optional<ApiError> ParseStop(const json& body, ApiRequest* out) {
   return std::nullopt;
 }
 
+// Structured outputs (docs/structured_outputs.md): OpenAI's response_format, and llama.cpp's
+// `grammar` (GBNF) and `json_schema` fields, on both routes. At most one constraint; compiled
+// grammars come from the shared cache (the same schema compiles once). A schema or grammar that
+// cannot be compiled is a 400 naming the field, with the compiler's message (which names the
+// keyword and its location).
+std::optional<ApiError> ParseStructuredOutput(const json& j, engine::GenerationRequest* g) {
+  const char* source = nullptr;
+  auto once = [&](const char* field) -> std::optional<ApiError> {
+    if (source != nullptr) {
+      return BadRequest(std::string("only one of response_format, grammar and json_schema may "
+                                    "constrain the output (got ") +
+                            source + " and " + field + ")",
+                        field);
+    }
+    source = field;
+    return std::nullopt;
+  };
+  auto compiled = [&](Result<grammar::Grammar> r, const char* param,
+                      const std::string& what) -> std::optional<ApiError> {
+    if (!r.ok()) return BadRequest("invalid " + what + ": " + r.status().message(), param);
+    g->grammar = *r;
+    return std::nullopt;
+  };
+  if (const json* rf = Field(j, "response_format")) {
+    if (!rf->is_object()) return BadRequest("response_format must be an object", "response_format");
+    auto type = rf->find("type");
+    if (type == rf->end() || !type->is_string()) {
+      return BadRequest(
+          "response_format.type must be one of \"text\", \"json_object\", "
+          "\"json_schema\"",
+          "response_format.type");
+    }
+    const std::string& t = type->get_ref<const std::string&>();
+    if (t == "json_object") {
+      if (auto e = once("response_format")) return e;
+      g->grammar = grammar::AnyJsonObjectGrammar();
+    } else if (t == "json_schema") {
+      if (auto e = once("response_format")) return e;
+      auto js = rf->find("json_schema");
+      if (js == rf->end() || !js->is_object()) {
+        return BadRequest("response_format.json_schema must be an object with a schema",
+                          "response_format.json_schema");
+      }
+      if (auto n = js->find("name"); n != js->end() && !n->is_string()) {
+        return BadRequest("response_format.json_schema.name must be a string",
+                          "response_format.json_schema.name");
+      }
+      if (auto st = js->find("strict"); st != js->end() && !st->is_null() && !st->is_boolean()) {
+        return BadRequest("response_format.json_schema.strict must be a boolean",
+                          "response_format.json_schema.strict");
+      }
+      auto schema = js->find("schema");
+      if (schema == js->end() || !(schema->is_object() || schema->is_boolean())) {
+        return BadRequest("response_format.json_schema.schema must be a JSON schema object",
+                          "response_format.json_schema.schema");
+      }
+      // Enforced whatever `strict` says: the output always validates (docs/structured_outputs.md).
+      if (auto e = compiled(grammar::CachedJsonSchema(*schema),
+                            "response_format.json_schema.schema", "JSON schema"))
+        return e;
+    } else if (t != "text") {
+      return BadRequest(
+          "response_format.type must be one of \"text\", \"json_object\", "
+          "\"json_schema\", got \"" +
+              Clip(t) + "\"",
+          "response_format.type");
+    }
+  }
+  if (const json* gr = Field(j, "grammar")) {
+    if (!gr->is_string()) return BadRequest("grammar must be a GBNF string", "grammar");
+    if (auto e = once("grammar")) return e;
+    if (auto e =
+            compiled(grammar::CachedGbnf(gr->get_ref<const std::string&>()), "grammar", "grammar"))
+      return e;
+  }
+  if (const json* js = Field(j, "json_schema")) {
+    if (!(js->is_object() || js->is_boolean()))
+      return BadRequest("json_schema must be a JSON schema object", "json_schema");
+    if (auto e = once("json_schema")) return e;
+    if (auto e = compiled(grammar::CachedJsonSchema(*js), "json_schema", "JSON schema")) return e;
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 int JsonNestingDepth(std::string_view text, int limit) {
@@ -356,14 +441,8 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, std::string_view body, con
     if (top_present && !logprobs)
       return BadRequest("top_logprobs requires logprobs to be true", "top_logprobs");
     out->logprobs = logprobs ? static_cast<int>(v) : -1;
-    if (const json* rf = Field(j, "response_format")) {
-      auto type = rf->is_object() ? rf->find("type") : rf->end();
-      if (!rf->is_object() || type == rf->end() || *type != "text") {
-        return BadRequest("only response_format {\"type\": \"text\"} is supported",
-                          "response_format", "unsupported");
-      }
-    }
   }
+  if (auto e = ParseStructuredOutput(j, &g)) return e;
   if (out->logprobs >= 0) sp.logprobs = out->logprobs;
   if (const json* lb = Field(j, "logit_bias")) {
     if (!lb->is_object() || !lb->empty())

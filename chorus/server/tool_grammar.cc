@@ -8,24 +8,6 @@ namespace {
 using grammar::Expr;
 using grammar::GrammarAst;
 
-void Remap(Expr* e, int offset) {
-  if (e->kind == Expr::Kind::kRef) e->rule += offset;
-  for (Expr& k : e->kids) Remap(&k, offset);
-}
-
-// Copies `src`'s rules into `dst` under `prefix`; returns the id of src's root there.
-int Append(GrammarAst* dst, const GrammarAst& src, const std::string& prefix) {
-  const int offset = static_cast<int>(dst->names.size());
-  for (size_t r = 0; r < src.names.size(); ++r) {
-    dst->names.push_back(prefix + src.names[r]);
-    Expr body = src.bodies[r];
-    Remap(&body, offset);
-    dst->bodies.push_back(std::move(body));
-    dst->defined.push_back(src.defined[r]);
-  }
-  return offset + src.root;
-}
-
 // The allowed functions' indices in req.tools.
 std::vector<size_t> Allowed(const ToolsRequest& req) {
   std::vector<size_t> out;
@@ -80,7 +62,7 @@ Result<GrammarAst> ToolCallAst(ToolSyntax syntax, const ToolsRequest& req) {
     std::string prefix = "f";
     prefix += std::to_string(i);
     prefix += '-';
-    const int root = Append(&ast, *args, prefix);
+    const int root = ast.Embed(*args, prefix);
     // Tool names are [A-Za-z0-9_.:-] (ParseToolsRequest), so they need no JSON escaping.
     calls.push_back(
         Expr::Seq({Expr::Literal("{\"name\": \"" + t.name + "\", \"" + args_key + "\": "),
