@@ -1,6 +1,7 @@
 #include "chorus/server/tool_calls.h"
 
 #include <algorithm>
+#include <cctype>
 #include <random>
 
 namespace chorus::server {
