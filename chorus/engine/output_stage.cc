@@ -24,7 +24,8 @@ void OutputStage::Attach(Sequence* s) {
   if (sp.seed.has_value()) sp.seed = *sp.seed + static_cast<uint64_t>(s->index);
   s->sampler = std::make_unique<Sampler>(sp, config_.vocab_size,
                                          seed_source_.fetch_add(0x9E3779B97F4A7C15ull));
-  s->detok = std::make_unique<tokenizer::StreamingDetokenizer>(tok_);
+  s->detok = std::make_unique<tokenizer::StreamingDetokenizer>(
+      tok_, /*include_special=*/!s->req->skip_special_tokens);
   s->detok->SetPrevious(s->tokens.back());
   s->stop = std::make_unique<StopChecker>(s->req->stop);
   if (s->req->grammar.valid()) {

@@ -30,6 +30,10 @@ struct GenerationRequest {
   std::vector<std::string> stop;        // stop strings (not included in the output)
   std::vector<int32_t> stop_token_ids;  // extra end ids
   bool ignore_eos = false;
+  // Whether special tokens (other than the end ids) are left out of the streamed text. Tool
+  // calls of some model families start with one (Mistral's [TOOL_CALLS], Llama's
+  // <|python_tag|>), so the server keeps them when it parses those (docs/api.md, "Tools").
+  bool skip_special_tokens = true;
   int n = 1;  // choices; choice i samples with seed + i
   // The variant (none = the base model), as the server resolved the request's `model`. The
   // engine's residency brings its weights disk → host → pool (engine/adapter_residency.h): a

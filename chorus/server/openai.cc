@@ -6,6 +6,7 @@
 #include "chorus/engine/sampler.h"
 #include "chorus/grammar/json_schema.h"
 #include "chorus/server/template_routes.h"
+#include "chorus/server/tool_grammar.h"
 
 namespace chorus::server {
 namespace {
@@ -159,7 +160,28 @@ std::optional<ApiError> ParsePrompt(const json& body, const ApiContext& ctx, Api
 std::optional<ApiError> ParseMessages(std::string_view raw_body, const ApiContext& ctx,
                                       ApiRequest* out) {
   std::string rendered;
-  if (auto e = RenderChatPrompt(raw_body, ctx, &rendered)) return e;
+  if (auto e = RenderChatPrompt(raw_body, ctx, &rendered, &out->tools, &out->tool_syntax)) return e;
+  if (ToolChoiceForced(out->tools)) {
+    // The reply is forced to be a call (docs/api.md, "Tools"): its opening ends the prompt and
+    // the grammar engine constrains the call object to an allowed function and its schema.
+    if (out->gen.grammar.valid()) {
+      return BadRequest(
+          "tool_choice \"required\" or a named function cannot be combined with another "
+          "constraint on the reply (response_format, grammar)",
+          "tool_choice");
+    }
+    ToolConstraint tc;
+    if (auto e = BuildToolConstraint(out->tool_syntax, out->tools, &tc)) return e;
+    rendered += tc.opening;
+    out->tool_opening = std::move(tc.opening);
+    out->gen.grammar = std::move(tc.grammar);
+  }
+  // Mistral's [TOOL_CALLS] and Llama's <|python_tag|> are special tokens: keep them in the
+  // text the parser reads (as vLLM does for these parsers).
+  if (out->tools.active() &&
+      (out->tool_syntax == ToolSyntax::kMistral || out->tool_syntax == ToolSyntax::kLlama3Json)) {
+    out->gen.skip_special_tokens = false;
+  }
   std::vector<int32_t> ids = EncodeChatPrompt(*ctx.tok, rendered);
   if (ids.empty()) return BadRequest("the rendered conversation is empty", "messages");
   out->prompts.push_back(std::move(ids));
@@ -440,18 +462,6 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, std::string_view body, con
     if (top_present && !logprobs)
       return BadRequest("top_logprobs requires logprobs to be true", "top_logprobs");
     out->logprobs = logprobs ? static_cast<int>(v) : -1;
-    // `tools` reach the chat template (the prompt shows them to the model, as vLLM does with
-    // tool_choice "none"); tool calls are not parsed out of the reply, so a request may not ask
-    // for them.
-    if (const json* t = Field(j, "tools"); t != nullptr && !t->is_array()) {
-      return BadRequest("tools must be a list", "tools");
-    }
-    if (const json* tc = Field(j, "tool_choice"); tc != nullptr && *tc != "none") {
-      return BadRequest(
-          "only tool_choice \"none\" is supported (tool calls are not parsed "
-          "from the reply; tools are shown to the model through the chat template)",
-          "tool_choice", "unsupported");
-    }
   }
   if (auto e = ParseStructuredOutput(j, body, &g)) return e;
   if (out->logprobs >= 0) sp.logprobs = out->logprobs;
@@ -529,6 +539,10 @@ ResponseBuilder::ResponseBuilder(const ApiRequest& req, const ApiContext& ctx, s
       Choice& c = choices_[p * n + i];
       c.prev_token = req.prompts[p].empty() ? -1 : req.prompts[p].back();
       if (req.echo) c.text = req.echo_text[p];
+      if (req.kind == ApiKind::kChat && req.tools.active()) {
+        c.tool_parser.emplace(req.tool_syntax, &req.tools);
+        c.tool_parser->Feed(req.tool_opening);  // only opens the call: no output
+      }
     }
   }
 }
@@ -612,13 +626,31 @@ std::string ResponseBuilder::FinalJson(const Usage& usage) const {
                        {"top_logprobs", c.top_logprobs},
                        {"text_offset", c.text_offset}};
     }
-    if (chat) {
+    std::string finish = c.finish;
+    if (chat && req_.tools.active()) {
+      ToolParseOutput parsed =
+          ParseToolCalls(req_.tool_syntax, req_.tools, req_.tool_opening + c.text);
+      json msg = {{"role", "assistant"}};
+      msg["content"] =
+          parsed.calls.empty() || !parsed.content.empty() ? json(parsed.content) : json(nullptr);
+      if (!parsed.calls.empty()) {
+        json calls = json::array();
+        for (const ToolCall& call : parsed.calls) {
+          calls.push_back({{"id", call.id},
+                           {"type", "function"},
+                           {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+        }
+        msg["tool_calls"] = std::move(calls);
+        if (!finish.empty()) finish = "tool_calls";
+      }
+      ch["message"] = std::move(msg);
+    } else if (chat) {
       ch["message"] = {{"role", "assistant"}, {"content", c.text}};
     } else {
       ch["text"] = c.text;
     }
     ch["logprobs"] = lp;
-    ch["finish_reason"] = c.finish.empty() ? json(nullptr) : json(c.finish);
+    ch["finish_reason"] = finish.empty() ? json(nullptr) : json(finish);
     choices.push_back(std::move(ch));
   }
   out["choices"] = std::move(choices);
@@ -679,6 +711,7 @@ std::string ResponseBuilder::Chunk(size_t prompt_index, const engine::StreamEven
     finish = engine::FinishReasonName(ev.finish);
     c.finish = finish;
   }
+  if (c.tool_parser) return ToolChunks(&c, idx, ev, std::move(lp), std::move(finish));
   if (ev.text.empty() && lp.is_null() && finish.empty()) return {};
   json choice = {{"index", idx}};
   if (req_.kind == ApiKind::kChat) {
@@ -692,6 +725,48 @@ std::string ResponseBuilder::Chunk(size_t prompt_index, const engine::StreamEven
   chunk["choices"] = json::array({std::move(choice)});
   if (req_.include_usage) chunk["usage"] = nullptr;
   return Sse(chunk);
+}
+
+// As OpenAI streams tool calls: per call, a first delta with its index, id, type and name
+// (arguments ""), then its arguments. Text that may begin a call is held back by the parser
+// until decided, so a chunk may carry only logprobs.
+std::string ResponseBuilder::ToolChunks(Choice* c, int idx, const engine::StreamEvent& ev, json lp,
+                                        std::string finish) {
+  ToolParseOutput o = c->tool_parser->Feed(ev.text);
+  if (!finish.empty()) {
+    ToolParseOutput end = c->tool_parser->Finish();
+    o.content += end.content;
+    for (ToolCall& call : end.calls) o.calls.push_back(std::move(call));
+    if (c->tool_parser->calls() > 0) finish = "tool_calls";
+    c->finish = finish;
+  }
+  std::vector<json> deltas;
+  if (!o.content.empty()) deltas.push_back({{"content", o.content}});
+  for (const ToolCall& call : o.calls) {
+    const int k = c->tool_calls_sent++;
+    deltas.push_back(
+        {{"tool_calls", json::array({{{"index", k},
+                                      {"id", call.id},
+                                      {"type", "function"},
+                                      {"function", {{"name", call.name}, {"arguments", ""}}}}})}});
+    deltas.push_back(
+        {{"tool_calls",
+          json::array({{{"index", k}, {"function", {{"arguments", call.arguments}}}}})}});
+  }
+  if (deltas.empty() && (!lp.is_null() || !finish.empty())) deltas.push_back(json::object());
+  std::string out;
+  for (size_t k = 0; k < deltas.size(); ++k) {
+    const bool last = k + 1 == deltas.size();
+    json choice = {{"index", idx},
+                   {"delta", std::move(deltas[k])},
+                   {"logprobs", k == 0 ? lp : json(nullptr)},
+                   {"finish_reason", last && !finish.empty() ? json(finish) : json(nullptr)}};
+    json chunk = ChunkEnvelope();
+    chunk["choices"] = json::array({std::move(choice)});
+    if (req_.include_usage) chunk["usage"] = nullptr;
+    out += Sse(chunk);
+  }
+  return out;
 }
 
 std::string ResponseBuilder::ClosingChunks(const Usage& usage) const {

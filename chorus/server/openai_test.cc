@@ -277,6 +277,57 @@ TEST_F(OpenAiTest, ChatRendersWithTemplate) {
             "max_completion_tokens");
 }
 
+// Tools: the fields reach ApiRequest; the ChatML default never reads `tools`, so the generic
+// form describes them in a system message; Mistral/Llama syntaxes keep special tokens.
+TEST_F(OpenAiTest, ChatToolFields) {
+  const std::string tools =
+      R"("tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}])";
+  ASSERT_FALSE(
+      Parse(ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],)" + tools + "}"));
+  EXPECT_TRUE(req_.tools.active());
+  EXPECT_EQ(req_.tool_syntax, ToolSyntax::kGeneric);
+  EXPECT_TRUE(req_.gen.skip_special_tokens);
+  const std::string text = tok_->Decode(req_.prompts[0]);
+  EXPECT_NE(text.find("<|im_start|>system\n# Tools\n"), std::string::npos) << text;
+  EXPECT_NE(text.find(R"({"type":"function","function":{"name":"f")"), std::string::npos);
+
+  ctx_.tool_syntax = ToolSyntax::kMistral;
+  ASSERT_FALSE(
+      Parse(ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],)" + tools + "}"));
+  EXPECT_EQ(req_.tool_syntax, ToolSyntax::kMistral);
+  EXPECT_FALSE(req_.gen.skip_special_tokens);
+  req_ = ApiRequest{};
+  ASSERT_FALSE(Parse(ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],)" + tools +
+                                         R"(,"tool_choice":"none"})"));
+  EXPECT_FALSE(req_.tools.active());
+  EXPECT_TRUE(req_.gen.skip_special_tokens);
+  EXPECT_EQ(tok_->Decode(req_.prompts[0]).find("# Tools"), std::string::npos);
+
+  const auto K = ApiKind::kChat;
+  ExpectBad(K, R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})",
+            "tools[0].function");
+  ExpectBad(K, R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"required"})",
+            "tool_choice");
+  ExpectBad(K,
+            R"({"messages":[{"role":"user","content":"x"}],)" + tools +
+                R"(,"tool_choice":{"type":"function","function":{"name":"g"}}})",
+            "tool_choice.function.name");
+  ExpectBad(K, R"({"messages":[{"role":"tool","content":"x"}]})", "messages[0].tool_call_id");
+  // A forced call is itself a constraint: not together with response_format.
+  ExpectBad(K,
+            R"({"messages":[{"role":"user","content":"x"}],)" + tools +
+                R"(,"tool_choice":"required","response_format":{"type":"json_object"}})",
+            "tool_choice");
+  // Forced: the grammar is set and the hermes-syntax opening ends the prompt.
+  ctx_.tool_syntax = std::nullopt;
+  req_ = ApiRequest{};
+  ASSERT_FALSE(Parse(ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],)" + tools +
+                                         R"(,"tool_choice":"required"})"));
+  EXPECT_TRUE(req_.gen.grammar.valid());
+  EXPECT_EQ(req_.tool_opening, "<tool_call>\n");
+  EXPECT_TRUE(tok_->Decode(req_.prompts[0]).ends_with("<|im_start|>assistant\n<tool_call>\n"));
+}
+
 TEST_F(OpenAiTest, ChatTemplateErrorsAreBadRequests) {
   auto t = tokenizer::ChatTemplate::Parse("{{ raise_exception('roles must alternate') }}");
   ASSERT_TRUE(t.ok()) << t.status().ToString();
