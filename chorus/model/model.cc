@@ -82,6 +82,33 @@ std::string HfLayerNormName(int64_t layer, bool ffn) {
          (ffn ? ".post_attention_layernorm.weight" : ".input_layernorm.weight");
 }
 
+std::string HfNormName(const ModelConfig& c, int64_t layer, Norm n) {
+  const std::string p = "model.layers." + std::to_string(layer) + ".";
+  const bool gemma = c.sandwich_norms;
+  switch (n) {
+    case Norm::kAttn:
+      return p + "input_layernorm.weight";
+    case Norm::kFfn:
+      return p + (gemma ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight");
+    case Norm::kPostAttn:
+      return p + "post_attention_layernorm.weight";
+    case Norm::kPostFfn:
+      return p + "post_feedforward_layernorm.weight";
+    case Norm::kQ:
+      return p + "self_attn.q_norm.weight";
+    case Norm::kK:
+      return p + "self_attn.k_norm.weight";
+  }
+  return p;
+}
+
+std::string HfFusedQkvName(int64_t layer) {
+  return "model.layers." + std::to_string(layer) + ".self_attn.qkv_proj.weight";
+}
+std::string HfFusedGateUpName(int64_t layer) {
+  return "model.layers." + std::to_string(layer) + ".mlp.gate_up_proj.weight";
+}
+
 namespace {
 
 // Small vectors (norms, biases) are converted to f32 heap copies: they are read many times per
@@ -130,8 +157,6 @@ Result<std::shared_ptr<const Model>> Model::Build(ModelConfig config, NamedTenso
     CHORUS_RETURN_IF_ERROR(
         CheckMatrix(w.tok_embd, c.vocab_size, c.n_embd, "model.embed_tokens.weight")
             .WithContext(source));
-    CHORUS_ASSIGN_OR_RETURN(Tensor norm, find("model.norm.weight"));
-    CHORUS_ASSIGN_OR_RETURN(w.output_norm, ToF32Vector(norm, c.n_embd, "model.norm.weight"));
     Tensor out = w.tok_embd;
     if (!c.tie_embeddings) {
       CHORUS_ASSIGN_OR_RETURN(out, find("lm_head.weight"));
@@ -148,18 +173,53 @@ Result<std::shared_ptr<const Model>> Model::Build(ModelConfig config, NamedTenso
   const int64_t shapes[kNumLinears][2] = {
       {c.q_dim(), c.n_embd}, {c.kv_dim(), c.n_embd}, {c.kv_dim(), c.n_embd}, {c.n_embd, c.q_dim()},
       {c.n_ff, c.n_embd},    {c.n_ff, c.n_embd},     {c.n_embd, c.n_ff}};
+  // A norm's f32 weights as the kernels use them: (1 + w) for Gemma.
+  auto norm = [&](const std::string& name, int64_t n) -> Result<Tensor> {
+    CHORUS_ASSIGN_OR_RETURN(Tensor t, find(name));
+    auto f = ToF32Vector(t, n, name);
+    if (!f.ok()) return f.status().WithContext(source);
+    if (!c.norm_plus_one) return f;
+    std::vector<float> v = f->ToF32();
+    for (float& x : v) x += 1.0f;
+    return Tensor::FromF32(v, DType::kF32, {n});
+  };
+  CHORUS_ASSIGN_OR_RETURN(w.output_norm, norm("model.norm.weight", c.n_embd));
   w.layers.resize(static_cast<size_t>(c.n_layers));
   for (int64_t l = 0; l < c.n_layers; ++l) {
     LayerWeights& lw = w.layers[static_cast<size_t>(l)];
-    for (int bi = 0; bi < 2; ++bi) {
-      std::string name = HfLayerNormName(l, bi == 1);
-      CHORUS_ASSIGN_OR_RETURN(Tensor t, find(name));
-      CHORUS_ASSIGN_OR_RETURN(Tensor f, ToF32Vector(t, c.n_embd, name));
-      (bi == 0 ? lw.attn_norm : lw.ffn_norm) = f;
+    CHORUS_ASSIGN_OR_RETURN(lw.attn_norm, norm(HfNormName(c, l, Norm::kAttn), c.n_embd));
+    CHORUS_ASSIGN_OR_RETURN(lw.ffn_norm, norm(HfNormName(c, l, Norm::kFfn), c.n_embd));
+    if (c.sandwich_norms) {
+      CHORUS_ASSIGN_OR_RETURN(lw.post_attn_norm, norm(HfNormName(c, l, Norm::kPostAttn), c.n_embd));
+      CHORUS_ASSIGN_OR_RETURN(lw.post_ffn_norm, norm(HfNormName(c, l, Norm::kPostFfn), c.n_embd));
+    }
+    if (c.qk_norm) {
+      CHORUS_ASSIGN_OR_RETURN(lw.q_norm, norm(HfNormName(c, l, Norm::kQ), c.head_dim));
+      CHORUS_ASSIGN_OR_RETURN(lw.k_norm, norm(HfNormName(c, l, Norm::kK), c.head_dim));
+    }
+    // Phi-3 stores q|k|v and gate|up fused; each linear is a row view of the fused matrix (the
+    // same bytes), so everything downstream — kernels, LoRA, deltas — sees the seven linears.
+    Tensor fused_views[kNumLinears];
+    if (FusedProjections(c)) {
+      const std::string qkv_name = HfFusedQkvName(l), gu_name = HfFusedGateUpName(l);
+      CHORUS_ASSIGN_OR_RETURN(Tensor qkv, find(qkv_name));
+      CHORUS_RETURN_IF_ERROR(
+          CheckMatrix(qkv, c.q_dim() + 2 * c.kv_dim(), c.n_embd, qkv_name).WithContext(source));
+      CHORUS_ASSIGN_OR_RETURN(Tensor gu, find(gu_name));
+      CHORUS_RETURN_IF_ERROR(CheckMatrix(gu, 2 * c.n_ff, c.n_embd, gu_name).WithContext(source));
+      fused_views[static_cast<int>(Linear::kQ)] = qkv.Rows(0, c.q_dim());
+      fused_views[static_cast<int>(Linear::kK)] = qkv.Rows(c.q_dim(), c.q_dim() + c.kv_dim());
+      fused_views[static_cast<int>(Linear::kV)] =
+          qkv.Rows(c.q_dim() + c.kv_dim(), c.q_dim() + 2 * c.kv_dim());
+      fused_views[static_cast<int>(Linear::kGate)] = gu.Rows(0, c.n_ff);
+      fused_views[static_cast<int>(Linear::kUp)] = gu.Rows(c.n_ff, 2 * c.n_ff);
     }
     for (int li = 0; li < kNumLinears; ++li) {
       std::string name = HfLayerTensorName(l, static_cast<Linear>(li));
-      CHORUS_ASSIGN_OR_RETURN(Tensor t, find(name));
+      Tensor t = fused_views[li];
+      if (t.empty()) {
+        CHORUS_ASSIGN_OR_RETURN(t, find(name));
+      }
       CHORUS_RETURN_IF_ERROR(
           CheckMatrix(t, shapes[li][0], shapes[li][1], name).WithContext(source));
       auto packed = kernels::PackedWeight::Pack(t);

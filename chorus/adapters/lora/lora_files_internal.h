@@ -27,7 +27,7 @@ inline constexpr const char* kConfigFile = "adapter_config.json";
 inline constexpr const char* kSafetensorsFile = "adapter_model.safetensors";
 inline constexpr const char* kPickleFile = "adapter_model.bin";
 inline constexpr const char* kSupportedModules =
-    "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj";
+    "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, qkv_proj, gate_up_proj";
 
 // The names of one linear in both formats.
 struct ModuleName {
@@ -43,6 +43,17 @@ inline constexpr ModuleName kModules[] = {
     {"mlp.gate_proj", "ffn_gate.weight", model::Linear::kGate},
     {"mlp.up_proj", "ffn_up.weight", model::Linear::kUp},
     {"mlp.down_proj", "ffn_down.weight", model::Linear::kDown},
+};
+// Fused modules (Phi-3's qkv_proj, gate_up_proj): one LoRA over a model::LinearGroup's members
+// stacked by rows. Its lora_A is shared by the members and its lora_B splits by rows in
+// LinearGroupMembers order (docs/models.md, "LoRA on fused modules").
+struct FusedModuleName {
+  const char* hf;
+  model::LinearGroup group;
+};
+inline constexpr FusedModuleName kFusedModules[] = {
+    {"self_attn.qkv_proj", model::LinearGroup::kQkv},
+    {"mlp.gate_up_proj", model::LinearGroup::kGateUp},
 };
 
 // ---- Shared by every codec (lora_files_internal.cc) ----
@@ -99,6 +110,8 @@ struct PeftTensorName {
   int64_t layer = 0;
   model::Linear which = model::Linear::kQ;
   bool is_a = true;
+  std::optional<model::LinearGroup> fused;  // a fused module: `which` is its first member
+  std::string leaf;                         // "self_attn.q_proj", as named in the file
 };
 // "<prefix>layers.N.self_attn.q_proj.lora_A[.<adapter>].weight" → (N, q, A); anything else is
 // an error naming what Chorus does not support.
