@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "chorus/base/mapped_file.h"
@@ -85,6 +86,56 @@ Result<Tensor> Prepare(const Model& m, const std::string& name, const Tensor& t,
   return out;
 }
 
+// The model's tensors as the target stores them: each prepared (Prepare), and for a family that
+// stores fused projections (Phi-3) each layer's q|k|v and gate|up rows concatenated again into
+// qkv_proj / gate_up_proj, in place of the first member.
+Result<Model::NamedTensors> TargetTensors(const Model& m, const ConvertOptions& o,
+                                          kernels::RopeLayout target) {
+  const ModelConfig& c = m.config();
+  std::map<std::string, const Tensor*> by_name;
+  for (const auto& [name, t] : m.tensors()) by_name[name] = &t;
+  Model::NamedTensors out;
+  for (const auto& [name, t] : m.tensors()) {
+    bool handled = false;
+    for (int64_t l = 0; FusedProjections(c) && !handled && l < c.n_layers; ++l) {
+      for (LinearGroup g : {LinearGroup::kQkv, LinearGroup::kGateUp}) {
+        const auto members = LinearGroupMembers(g);
+        bool is_member = false;
+        for (Linear mem : members) is_member |= name == HfLayerTensorName(l, mem);
+        if (!is_member) continue;
+        handled = true;
+        if (name != HfLayerTensorName(l, members[0])) break;  // written with the first
+        std::vector<Tensor> parts;
+        int64_t rows = 0;
+        for (Linear mem : members) {
+          const std::string n = HfLayerTensorName(l, mem);
+          auto it = by_name.find(n);
+          if (it == by_name.end()) return InvalidArgumentError("missing tensor '" + n + "'");
+          CHORUS_ASSIGN_OR_RETURN(Tensor p, Prepare(m, n, *it->second, o, target));
+          if (!parts.empty() && p.dtype() != parts[0].dtype())
+            return InvalidArgumentError("tensor '" + n + "' differs in dtype from its fused group");
+          rows += p.shape()[0];
+          parts.push_back(std::move(p));
+        }
+        Tensor fused = Tensor::Zeros(parts[0].dtype(), {rows, parts[0].shape()[1]});
+        auto* dst = static_cast<uint8_t*>(fused.mutable_data());
+        for (const Tensor& p : parts) {
+          const auto bytes = static_cast<size_t>(p.view().NumBytes());
+          std::memcpy(dst, p.data(), bytes);
+          dst += bytes;
+        }
+        out.emplace_back(g == LinearGroup::kQkv ? HfFusedQkvName(l) : HfFusedGateUpName(l),
+                         std::move(fused));
+        break;
+      }
+    }
+    if (handled) continue;
+    CHORUS_ASSIGN_OR_RETURN(Tensor p, Prepare(m, name, t, o, target));
+    out.emplace_back(name, std::move(p));
+  }
+  return out;
+}
+
 Status WriteGguf(const Model& m, const ConvertOptions& o,
                  const std::function<Status(formats::GgufWriter*)>& extra) {
   const ModelConfig& c = m.config();
@@ -161,10 +212,10 @@ Status WriteGguf(const Model& m, const ConvertOptions& o,
   // llama.cpp's llama architecture uses the interleaved pair order; the others rotate-half.
   const auto target =
       c.arch == "llama" ? kernels::RopeLayout::kInterleaved : kernels::RopeLayout::kHalf;
-  for (const auto& [name, t] : m.tensors()) {
+  CHORUS_ASSIGN_OR_RETURN(Model::NamedTensors prepared, TargetTensors(m, o, target));
+  for (auto& [name, out] : prepared) {
     auto g = HfToGgufName(name, a);
     if (!g) return InvalidArgumentError("no GGUF name for tensor '" + name + "'");
-    CHORUS_ASSIGN_OR_RETURN(Tensor out, Prepare(m, name, t, o, target));
     if (gemma && name.size() > 11 && name.compare(name.size() - 11, 11, "norm.weight") == 0) {
       // llama.cpp's Gemma layout stores norms as 1 + w.
       std::vector<float> v = out.ToF32();
@@ -182,10 +233,7 @@ Status WriteHf(const Model& m, const ConvertOptions& o) {
   if (::mkdir(o.output.c_str(), 0755) != 0 && errno != EEXIST)
     return ErrnoError(errno, "cannot create " + o.output);
   std::vector<std::pair<std::string, Tensor>> out;
-  for (const auto& [name, t] : m.tensors()) {
-    CHORUS_ASSIGN_OR_RETURN(Tensor p, Prepare(m, name, t, o, kernels::RopeLayout::kHalf));
-    out.emplace_back(name, std::move(p));
-  }
+  CHORUS_ASSIGN_OR_RETURN(out, TargetTensors(m, o, kernels::RopeLayout::kHalf));
   CHORUS_RETURN_IF_ERROR(
       formats::WriteSafetensors(o.output + "/model.safetensors", out, {{"format", "pt"}}));
   nlohmann::json j;

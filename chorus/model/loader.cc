@@ -97,6 +97,7 @@ Result<std::shared_ptr<const Model>> LoadHfDirectory(const std::string& dir) {
     for (const auto& p : named) has_head |= p.first == "lm_head.weight";
     if (!has_head) c.tie_embeddings = true;  // HF ties when lm_head is absent
   }
+  CHORUS_RETURN_IF_ERROR(SplitFusedProjections(c, &named, dir));
   return Model::Build(std::move(c), std::move(named), ModelFormat::kHfDirectory, dir);
 }
 
@@ -237,6 +238,7 @@ Result<std::shared_ptr<const Model>> LoadGguf(const std::string& path) {
     return err("vocab_size " + std::to_string(*vs) + " disagrees with token_embd rows " +
                std::to_string(c.vocab_size));
   }
+  CHORUS_RETURN_IF_ERROR(SplitFusedProjections(c, &named, path));
   return Model::Build(std::move(c), std::move(named), ModelFormat::kGguf, path);
 }
 

@@ -136,6 +136,51 @@ Status CheckMatrix(const Tensor& t, int64_t rows, int64_t cols, const std::strin
 
 }  // namespace
 
+Status SplitFusedProjections(const ModelConfig& c, Model::NamedTensors* tensors,
+                             const std::string& source) {
+  if (!FusedProjections(c)) return OkStatus();
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < tensors->size(); ++i) index.emplace((*tensors)[i].first, i);
+  std::vector<bool> drop(tensors->size(), false);
+  Model::NamedTensors added;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    struct Fused {
+      std::string name;
+      LinearGroup group;
+    };
+    for (const Fused& f : {Fused{HfFusedQkvName(l), LinearGroup::kQkv},
+                           Fused{HfFusedGateUpName(l), LinearGroup::kGateUp}}) {
+      const auto members = LinearGroupMembers(f.group);
+      auto it = index.find(f.name);
+      if (it == index.end()) {
+        // A checkpoint already split (some exporters do) is fine; one with neither is not.
+        bool split = true;
+        for (Linear m : members) split = split && index.count(HfLayerTensorName(l, m)) > 0;
+        if (split) continue;
+        return NotFoundError(source + ": missing tensor '" + f.name + "' (" + c.arch +
+                             " stores it fused)");
+      }
+      const Tensor& t = (*tensors)[it->second].second;
+      int64_t rows = 0;
+      for (Linear m : members) rows += LinearOut(c, m);
+      CHORUS_RETURN_IF_ERROR(CheckMatrix(t, rows, c.n_embd, f.name).WithContext(source));
+      int64_t r0 = 0;
+      for (Linear m : members) {
+        added.emplace_back(HfLayerTensorName(l, m), t.Rows(r0, r0 + LinearOut(c, m)));
+        r0 += LinearOut(c, m);
+      }
+      drop[it->second] = true;
+    }
+  }
+  Model::NamedTensors out;
+  out.reserve(tensors->size() + added.size());
+  for (size_t i = 0; i < tensors->size(); ++i)
+    if (!drop[i]) out.push_back(std::move((*tensors)[i]));
+  for (auto& a : added) out.push_back(std::move(a));
+  *tensors = std::move(out);
+  return OkStatus();
+}
+
 Result<std::shared_ptr<const Model>> Model::Build(ModelConfig config, NamedTensors tensors,
                                                   ModelFormat format, std::string source) {
   CHORUS_RETURN_IF_ERROR(config.Validate().WithContext(source));
@@ -197,29 +242,9 @@ Result<std::shared_ptr<const Model>> Model::Build(ModelConfig config, NamedTenso
       CHORUS_ASSIGN_OR_RETURN(lw.q_norm, norm(HfNormName(c, l, Norm::kQ), c.head_dim));
       CHORUS_ASSIGN_OR_RETURN(lw.k_norm, norm(HfNormName(c, l, Norm::kK), c.head_dim));
     }
-    // Phi-3 stores q|k|v and gate|up fused; each linear is a row view of the fused matrix (the
-    // same bytes), so everything downstream — kernels, LoRA, deltas — sees the seven linears.
-    Tensor fused_views[kNumLinears];
-    if (FusedProjections(c)) {
-      const std::string qkv_name = HfFusedQkvName(l), gu_name = HfFusedGateUpName(l);
-      CHORUS_ASSIGN_OR_RETURN(Tensor qkv, find(qkv_name));
-      CHORUS_RETURN_IF_ERROR(
-          CheckMatrix(qkv, c.q_dim() + 2 * c.kv_dim(), c.n_embd, qkv_name).WithContext(source));
-      CHORUS_ASSIGN_OR_RETURN(Tensor gu, find(gu_name));
-      CHORUS_RETURN_IF_ERROR(CheckMatrix(gu, 2 * c.n_ff, c.n_embd, gu_name).WithContext(source));
-      fused_views[static_cast<int>(Linear::kQ)] = qkv.Rows(0, c.q_dim());
-      fused_views[static_cast<int>(Linear::kK)] = qkv.Rows(c.q_dim(), c.q_dim() + c.kv_dim());
-      fused_views[static_cast<int>(Linear::kV)] =
-          qkv.Rows(c.q_dim() + c.kv_dim(), c.q_dim() + 2 * c.kv_dim());
-      fused_views[static_cast<int>(Linear::kGate)] = gu.Rows(0, c.n_ff);
-      fused_views[static_cast<int>(Linear::kUp)] = gu.Rows(c.n_ff, 2 * c.n_ff);
-    }
     for (int li = 0; li < kNumLinears; ++li) {
       std::string name = HfLayerTensorName(l, static_cast<Linear>(li));
-      Tensor t = fused_views[li];
-      if (t.empty()) {
-        CHORUS_ASSIGN_OR_RETURN(t, find(name));
-      }
+      CHORUS_ASSIGN_OR_RETURN(Tensor t, find(name));
       CHORUS_RETURN_IF_ERROR(
           CheckMatrix(t, shapes[li][0], shapes[li][1], name).WithContext(source));
       auto packed = kernels::PackedWeight::Pack(t);

@@ -66,10 +66,10 @@ const char* ModelFormatName(ModelFormat f);
 class Model {
  public:
   // Canonical tensors in Hugging Face naming ("model.layers.0.self_attn.q_proj.weight", ...),
-  // exactly as stored (dtype, and q/k row order per config.rope_layout; Phi-3's fused
-  // qkv_proj / gate_up_proj stay fused, Gemma's norms hold w, not 1 + w). Build() validates
-  // names and shapes against the config and prepares the kernels' weights (splitting fused
-  // projections into row views of the same bytes).
+  // exactly as stored (dtype, and q/k row order per config.rope_layout; Gemma's norms hold w,
+  // not 1 + w; Phi-3's fused projections split by SplitFusedProjections into row views of the
+  // same bytes). Build() validates names and shapes against the config and prepares the
+  // kernels' weights.
   using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
   static Result<std::shared_ptr<const Model>> Build(ModelConfig config, NamedTensors tensors,
                                                     ModelFormat format, std::string source);
@@ -104,6 +104,13 @@ std::string HfFusedQkvName(int64_t layer);     // ...self_attn.qkv_proj.weight
 std::string HfFusedGateUpName(int64_t layer);  // ...mlp.gate_up_proj.weight
 // Families whose checkpoints store the fused projections.
 inline bool FusedProjections(const ModelConfig& c) { return c.arch == "phi3"; }
+// For such a family, replaces each layer's fused qkv_proj / gate_up_proj in `tensors` by the
+// members' row views (LinearGroupMembers order: q, k, v / gate, up), so every consumer — Build,
+// LoRA merging, delta compression — sees the seven linears of every family; `chorus convert`
+// fuses them again on write. A missing or mis-shaped fused tensor is an error naming it.
+// No-op for other families.
+Status SplitFusedProjections(const ModelConfig& c, Model::NamedTensors* tensors,
+                             const std::string& source);
 
 // HF tensor names used by Model::Build.
 std::string HfLayerTensorName(int64_t layer, Linear l);  // ...self_attn.q_proj.weight

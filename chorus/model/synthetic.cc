@@ -205,6 +205,7 @@ Result<std::shared_ptr<const Model>> MakeSyntheticModel(const SyntheticSpec& spe
     });
   }
   for (auto& t : threads) t.join();
+  CHORUS_RETURN_IF_ERROR(SplitFusedProjections(c, &named, "synthetic:" + spec.shape));
   return Model::Build(std::move(c), std::move(named), ModelFormat::kSynthetic,
                       "synthetic:" + spec.shape + ":" + std::string(DTypeName(spec.dtype)));
 }
