@@ -188,7 +188,8 @@ void Forward::Attention(const StepInput& in, memory::KvCache* kv, int64_t layer,
   const float scale = c.AttnScale();
   if (c.LayerSliding(layer) || c.attn_softcap > 0) {
     // The general path: a window over the keys and/or soft-capped scores, row by row
-    // (docs/models.md, "Sliding windows"). Correct, not yet tiled like the kernels above.
+    // (docs/models.md, "Soft-capping, sliding windows"). Exact, not yet tiled like the kernels
+    // above.
     const int64_t n = static_cast<int64_t>(in.tokens.size());
     const int64_t window = c.LayerSliding(layer) ? c.sliding_window : 0;
     const int64_t per_thread = c.max_seq_len + 16;

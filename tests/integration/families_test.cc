@@ -4,8 +4,9 @@
 // chunks that cut through the sliding windows — then compared with
 // tests/families/reference_forward.py, a numpy forward written from each family's published
 // definition: max |chorus − ref| / max |ref| ≤ 1e-4 per position and the same greedy token at
-// every position. With a PEFT LoRA adapter on every projection (Phi-3's under its fused
-// qkv_proj / gate_up_proj names), the unmerged LoRA path equals the reference's merged weights.
+// every position; the chunkings agree bit for bit. With a PEFT LoRA adapter on every projection
+// (Phi-3's under its fused qkv_proj / gate_up_proj names), the unmerged LoRA path equals the
+// reference's merged weights.
 //
 // The reference is Debian's python3-numpy (scripts/setup.sh installs it); without it the test
 // skips, unless CHORUS_REQUIRE_MODELS=1 makes that a failure.
@@ -200,9 +201,14 @@ void CheckFamily(const std::string& shape) {
   ASSERT_EQ(m->config().arch, (*synth)->config().arch);
   const std::vector<int32_t> tokens = Tokens(vocab);
   const std::vector<float> want = Reference(dir, tokens, vocab);
+  const std::vector<float> whole = Run(m, tokens, kPositions);
   for (int64_t chunk : {kPositions, int64_t{13}, int64_t{1}}) {
     int mismatches = 0;
-    const double err = MaxRelError(Run(m, tokens, chunk), want, vocab, &mismatches);
+    const std::vector<float> got = Run(m, tokens, chunk);
+    // Batch invariance (docs/architecture.md): a row's logits do not depend on how the prompt
+    // was chunked — bit for bit, windowed and soft-capped layers included.
+    EXPECT_EQ(got, whole) << shape << " chunk " << chunk;
+    const double err = MaxRelError(got, want, vocab, &mismatches);
     std::printf("%s chunk %lld: max rel error %.2e, greedy mismatches %d\n", shape.c_str(),
                 static_cast<long long>(chunk), err, mismatches);
     EXPECT_LE(err, 1e-4) << shape << " chunk " << chunk;
