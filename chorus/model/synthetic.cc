@@ -34,10 +34,10 @@ constexpr Shape kShapes[] = {
     {"gemma-3-1b", "gemma3", 1152, 26, 4, 1, 6912, 262144, 32768, 1000000.f, true, false, 256, 512},
     // Tiny test shapes: small enough for reference forwards in tests, with windows shorter than
     // their tests' 64 positions and head_dim ≠ dim / heads where the family allows it.
-    {"qwen3-tiny", "qwen3", 64, 2, 4, 2, 128, 256, 256, 10000.f, true, false, 32, 0, true},
-    {"phi3-tiny", "phi3", 64, 2, 4, 2, 128, 256, 256, 10000.f, false, false, 0, 24, true},
-    {"gemma2-tiny", "gemma2", 64, 3, 4, 2, 128, 256, 256, 10000.f, true, false, 32, 16, true},
-    {"gemma3-tiny", "gemma3", 64, 7, 4, 2, 128, 256, 256, 1000000.f, true, false, 32, 8, true},
+    {"qwen3-tiny", "qwen3", 64, 2, 4, 2, 128, 512, 256, 10000.f, true, false, 32, 0, true},
+    {"phi3-tiny", "phi3", 64, 2, 4, 2, 128, 512, 256, 10000.f, false, false, 0, 24, true},
+    {"gemma2-tiny", "gemma2", 64, 3, 4, 2, 128, 512, 256, 10000.f, true, false, 32, 16, true},
+    {"gemma3-tiny", "gemma3", 64, 7, 4, 2, 128, 512, 256, 1000000.f, true, false, 32, 8, true},
 };
 
 // The family's switches (config.h) at the values of its published configs; tiny shapes also
