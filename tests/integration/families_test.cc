@@ -217,6 +217,17 @@ void CheckFamily(const std::string& shape) {
   // LoRA on every projection equals the reference with merged weights.
   const std::string ad = testing::TempDir() + "/adapter";
   WritePeftAdapter(m->config(), ad, 4);
+  if (model::FusedProjections(m->config())) {  // `chorus inspect` names the fused modules
+    auto info = adapters::InspectLoraFile(ad);
+    ASSERT_TRUE(info.ok()) << info.status().ToString();
+    bool saw_qkv = false;
+    for (const auto& mod : info->modules) {
+      if (mod.name != "qkv_proj") continue;
+      saw_qkv = true;
+      EXPECT_EQ(mod.out, m->config().q_dim() + 2 * m->config().kv_dim());
+    }
+    EXPECT_TRUE(saw_qkv);
+  }
   auto lora = adapters::LoadLoraAdapter(ad, m->config(), {});
   ASSERT_TRUE(lora.ok()) << lora.status().ToString();
   const std::vector<float> want_lora = Reference(dir, tokens, vocab, ad);
