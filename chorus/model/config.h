@@ -80,6 +80,13 @@ struct ModelConfig {
            (layer_sliding.empty() || layer_sliding[static_cast<size_t>(layer)] != 0);
   }
   float AttnScale() const;
+  // The window when every layer slides (KV blocks behind it are never read again), else 0.
+  int64_t KvWindow() const {
+    if (sliding_window <= 0) return 0;
+    for (uint8_t s : layer_sliding)
+      if (s == 0) return 0;
+    return sliding_window;
+  }
 
   int64_t q_dim() const { return n_heads * head_dim; }
   int64_t kv_dim() const { return n_kv_heads * head_dim; }

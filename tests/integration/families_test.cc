@@ -28,12 +28,14 @@
 #include "chorus/adapters/lora/lora_hook.h"
 #include "chorus/base/rng.h"
 #include "chorus/base/thread_pool.h"
+#include "chorus/engine/engine.h"
 #include "chorus/formats/safetensors.h"
 #include "chorus/memory/kv_cache.h"
 #include "chorus/model/convert.h"
 #include "chorus/model/forward.h"
 #include "chorus/model/loader.h"
 #include "chorus/model/synthetic.h"
+#include "chorus/tokenizer/tokenizer.h"
 #include "tests/testutil/testutil.h"
 
 namespace chorus {
@@ -356,6 +358,88 @@ TEST(FamiliesTest, BadInputIsAClearError) {
     (*c)["rope_scaling"]["long_factor"] = {1.0, 2.0};
   }));
   EXPECT_NE(e.find("long_factor"), std::string::npos) << e;
+}
+
+// Greedy continuation of `prompt` by the forward pass alone, every KV block kept.
+std::vector<int32_t> GreedyReference(const ModelPtr& m, const std::vector<int32_t>& prompt,
+                                     int64_t n) {
+  const auto& c = m->config();
+  const int64_t total = static_cast<int64_t>(prompt.size()) + n;
+  memory::KvLayout layout{
+      .n_layers = c.n_layers, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim, .block_size = 16};
+  memory::PagePool pages(total / 16 + 2, layout.PageBytes());
+  memory::KvCache kv(layout, &pages);
+  std::vector<int32_t> table;
+  EXPECT_TRUE(kv.Reserve(&table, total).ok());
+  const int32_t* tables[] = {table.data()};
+  ThreadPool pool(2);
+  model::Forward fwd(m, total, 1);
+  std::vector<float> logits(static_cast<size_t>(c.vocab_size));
+  std::vector<int32_t> toks = prompt, out;
+  int64_t pos0 = 0;
+  while (static_cast<int64_t>(out.size()) < n) {
+    std::vector<int32_t> pos, seq;
+    for (size_t i = 0; i < toks.size(); ++i) {
+      pos.push_back(static_cast<int32_t>(pos0 + static_cast<int64_t>(i)));
+      seq.push_back(0);
+    }
+    const int32_t last[] = {static_cast<int32_t>(toks.size() - 1)};
+    fwd.Run({toks, pos, seq, tables, last, nullptr}, &kv, &pool, logits.data());
+    pos0 += static_cast<int64_t>(toks.size());
+    const auto next =
+        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    out.push_back(next);
+    toks = {next};
+  }
+  return out;
+}
+
+// A model whose every layer slides (phi3-tiny: window 24, 16-token blocks) keeps only the
+// window's blocks in the paged KV cache while it generates 150 tokens — never more than
+// ceil(24/16) + 2 blocks, where keeping everything takes 11 — and generates exactly what the
+// forward pass does with every block kept.
+TEST(FamiliesTest, SlidingWindowKeepsOnlyTheWindowsBlocks) {
+  CHORUS_REQUIRE_SHARED_MODEL("stories260K/tok512.bin");
+  auto m = model::MakeSyntheticModel({"phi3-tiny", DType::kF32, 7});
+  ASSERT_TRUE(m.ok());
+  ASSERT_EQ((*m)->config().KvWindow(), 24);
+  auto tok = tokenizer::LoadTokenizer(testing::SharedModelsDir() + "/stories260K/tok512.bin");
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  engine::EngineOptions o;
+  o.threads = 2;
+  o.max_batch_tokens = 64;
+  o.max_running = 4;
+  o.pool_bytes = 8 << 20;
+  auto e =
+      engine::Engine::Create(*m, std::shared_ptr<const tokenizer::Tokenizer>(std::move(*tok)), o);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  const std::vector<int32_t> prompt = {1, 300, 301, 302, 303, 304, 305, 306, 307, 308, 309};
+  constexpr int64_t kGenerate = 150;
+  const std::vector<int32_t> want = GreedyReference(*m, prompt, kGenerate);
+  // Twice: the second request starts from the prefix cache's copy of the prompt's blocks.
+  for (int run = 0; run < 2; ++run) {
+    engine::GenerationRequest r;
+    r.prompt = prompt;
+    r.max_tokens = kGenerate;
+    r.sampling.temperature = 0;
+    r.ignore_eos = true;
+    auto h = (*e)->Submit(std::move(r));
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    std::vector<int32_t> got;
+    int64_t max_blocks = 0;
+    for (bool done = false; !done;) {
+      auto ev = (*h)->Next(std::chrono::milliseconds(30000));
+      ASSERT_TRUE(ev.has_value());
+      if (ev->token >= 0) got.push_back(ev->token);
+      max_blocks = std::max(max_blocks, (*e)->kv_blocks_used());
+      done = ev->finish != engine::FinishReason::kNone;
+    }
+    EXPECT_EQ(got, want) << "run " << run;
+    std::printf("sliding window, run %d: at most %lld KV blocks in use for %lld tokens\n", run,
+                static_cast<long long>(max_blocks),
+                static_cast<long long>(prompt.size() + kGenerate));
+    EXPECT_LE(max_blocks, 4) << "run " << run;
+  }
 }
 
 TEST(FamiliesTest, Qwen3MatchesReference) {
