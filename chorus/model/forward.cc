@@ -195,17 +195,19 @@ void Forward::Attention(const StepInput& in, memory::KvCache* kv, int64_t layer,
     const int64_t per_thread = c.max_seq_len + 16;
     if (static_cast<int64_t>(window_scratch_.size()) < per_thread * pool->size())
       window_scratch_.resize(static_cast<size_t>(per_thread * pool->size()));
+    // One unit = one row × one KV head (so a single decode row still uses every thread); each
+    // writes only its own outputs, and its arithmetic does not depend on who runs it.
+    const int64_t n_units = n * c.n_kv_heads;
     pool->Run([&](int ti, int nt) {
       float* scratch = window_scratch_.data() + static_cast<size_t>(ti) * per_thread;
-      for (int64_t i = ti; i < n; i += nt) {
+      for (int64_t u = ti; u < n_units; u += nt) {
+        const int64_t i = u / c.n_kv_heads, g = u % c.n_kv_heads;
         const int32_t* table = in.block_tables[static_cast<size_t>(in.seq[static_cast<size_t>(i)])];
         const int64_t pos = in.positions[static_cast<size_t>(i)];
         const int64_t first = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
-        for (int64_t g = 0; g < c.n_kv_heads; ++g) {
-          const int64_t off = i * qd + g * group * hd;
-          kernels::AttentionRowWindow(q_.data() + off, first, pos, kv->View(layer, g, table), group,
-                                      hd, scale, c.attn_softcap, scratch, att_.data() + off);
-        }
+        const int64_t off = i * qd + g * group * hd;
+        kernels::AttentionRowWindow(q_.data() + off, first, pos, kv->View(layer, g, table), group,
+                                    hd, scale, c.attn_softcap, scratch, att_.data() + off);
       }
     });
     return;
