@@ -226,7 +226,13 @@ Result<ModelConfig> ConfigFromHfJson(const std::string& text, const std::string&
   CHORUS_RETURN_IF_ERROR(get_int("vocab_size", &c.vocab_size, true));
   CHORUS_RETURN_IF_ERROR(get_int("max_position_embeddings", &c.max_seq_len, false));
   c.head_dim = c.n_heads > 0 ? c.n_embd / c.n_heads : 0;
-  if (!j.contains("head_dim") && c.n_heads > 0 && c.n_embd % c.n_heads != 0)
+  // What transformers' config classes assume for keys a config.json leaves out (Qwen3Config,
+  // Gemma2Config, Gemma3TextConfig): released configs often rely on these.
+  const int64_t family_head_dim = c.arch == "qwen3" ? 128 : gemma ? 256 : 0;
+  if (family_head_dim > 0) c.head_dim = family_head_dim;
+  if (c.arch == "qwen3" || gemma) c.norm_eps = 1e-6f;
+  if (c.arch == "gemma3") c.rope_theta = 1000000.0f;
+  if (family_head_dim == 0 && !j.contains("head_dim") && c.n_heads > 0 && c.n_embd % c.n_heads != 0)
     return err("hidden_size " + std::to_string(c.n_embd) + " is not a multiple of " +
                "num_attention_heads " + std::to_string(c.n_heads) + " and no 'head_dim' is given");
   CHORUS_RETURN_IF_ERROR(get_int("head_dim", &c.head_dim, false));
@@ -263,12 +269,23 @@ Result<ModelConfig> ConfigFromHfJson(const std::string& text, const std::string&
         return err(std::string("'") + act_key + "' " + act.substr(0, 32) +
                    " is not supported (gelu_pytorch_tanh)");
     }
-    float qpas = 0.0f;
+    float qpas = 256.0f;  // the default of both config classes
     CHORUS_RETURN_IF_ERROR(get_opt_float("query_pre_attn_scalar", &qpas));
-    if (qpas < 0) return err("'query_pre_attn_scalar' must be positive");
-    if (qpas > 0) c.attn_scale = 1.0f / std::sqrt(qpas);
-    CHORUS_RETURN_IF_ERROR(get_opt_float("attn_logit_softcapping", &c.attn_softcap));
-    CHORUS_RETURN_IF_ERROR(get_opt_float("final_logit_softcapping", &c.final_softcap));
+    if (!(qpas > 0)) return err("'query_pre_attn_scalar' must be positive");
+    c.attn_scale = 1.0f / std::sqrt(qpas);
+    // Soft caps: absent = the class default (Gemma 2: 50 and 30; Gemma 3: none), null = none.
+    auto cap = [&](const char* key, float def, float* out) -> Status {
+      *out = def;
+      if (j.contains(key) && j[key].is_null()) {
+        *out = 0.0f;
+        return OkStatus();
+      }
+      return get_opt_float(key, out);
+    };
+    const bool g2 = c.arch == "gemma2";
+    CHORUS_RETURN_IF_ERROR(cap("attn_logit_softcapping", g2 ? 50.0f : 0.0f, &c.attn_softcap));
+    CHORUS_RETURN_IF_ERROR(cap("final_logit_softcapping", g2 ? 30.0f : 0.0f, &c.final_softcap));
+    c.sliding_window = 4096;
     CHORUS_RETURN_IF_ERROR(get_int("sliding_window", &c.sliding_window, false));
     // Which layers slide: layer_types when given, else the family's fixed pattern (Gemma 2:
     // even layers; Gemma 3: all but every sliding_window_pattern-th).

@@ -322,6 +322,65 @@ std::string LoadError(const std::string& dir) {
   return m.ok() ? "" : m.status().ToString();
 }
 
+// Released config.json files, as published (gemma-3-1b-it's text config; a Gemma 3 text config
+// that, like gemma-3-4b-it's, names neither rope_theta nor head_dim nor the layer pattern;
+// Qwen3-0.6B's; Phi-3-mini-4k-instruct's): the fields transformers would use, defaults
+// included.
+TEST(FamiliesTest, PublishedConfigsParse) {
+  auto g31 = model::ConfigFromHfJson(R"({"architectures": ["Gemma3ForCausalLM"],
+    "model_type": "gemma3_text", "num_hidden_layers": 26, "max_position_embeddings": 32768,
+    "hidden_size": 1152, "intermediate_size": 6912, "num_attention_heads": 4,
+    "num_key_value_heads": 1, "head_dim": 256, "rms_norm_eps": 1e-06, "rope_theta": 1000000,
+    "rope_local_base_freq": 10000, "sliding_window": 512, "sliding_window_pattern": 6,
+    "query_pre_attn_scalar": 256, "final_logit_softcapping": null,
+    "attn_logit_softcapping": null, "rope_scaling": null, "vocab_size": 262144,
+    "hidden_activation": "gelu_pytorch_tanh"})",
+                                     "gemma-3-1b/config.json");
+  ASSERT_TRUE(g31.ok()) << g31.status().ToString();
+  EXPECT_EQ(g31->head_dim, 256);
+  EXPECT_EQ(g31->sliding_window, 512);
+  EXPECT_TRUE(g31->LayerSliding(4));
+  EXPECT_FALSE(g31->LayerSliding(5));
+  EXPECT_EQ(g31->attn_softcap, 0.0f);
+  EXPECT_EQ(g31->rope_local_theta, 10000.0f);
+  EXPECT_TRUE(g31->qk_norm && g31->norm_plus_one && g31->tie_embeddings);
+  auto g34 = model::ConfigFromHfJson(R"({"model_type": "gemma3_text", "hidden_size": 2560,
+    "intermediate_size": 10240, "num_hidden_layers": 34, "num_attention_heads": 8,
+    "num_key_value_heads": 4, "vocab_size": 262208, "sliding_window": 1024,
+    "rope_scaling": {"factor": 8.0, "rope_type": "linear"}})",
+                                     "gemma-3-4b/config.json");
+  ASSERT_TRUE(g34.ok()) << g34.status().ToString();
+  EXPECT_EQ(g34->head_dim, 256);  // not 2560 / 8
+  EXPECT_EQ(g34->rope_theta, 1000000.0f);
+  EXPECT_FLOAT_EQ(g34->AttnScale(), 1.0f / 16.0f);
+  EXPECT_FALSE(g34->LayerSliding(11));
+  // Linear scaling reaches the global layers only.
+  EXPECT_FLOAT_EQ(g34->RopeInvFreq()[0], 1.0f / 8.0f);
+  EXPECT_FLOAT_EQ(g34->RopeInvFreqLocal()[0], 1.0f);
+  auto q3 = model::ConfigFromHfJson(R"({"architectures": ["Qwen3ForCausalLM"],
+    "attention_bias": false, "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024,
+    "intermediate_size": 3072, "max_position_embeddings": 40960, "max_window_layers": 28,
+    "model_type": "qwen3", "num_attention_heads": 16, "num_hidden_layers": 28,
+    "num_key_value_heads": 8, "rms_norm_eps": 1e-06, "rope_scaling": null,
+    "rope_theta": 1000000, "sliding_window": null, "tie_word_embeddings": true,
+    "use_sliding_window": false, "vocab_size": 151936})",
+                                    "qwen3-0.6b/config.json");
+  ASSERT_TRUE(q3.ok()) << q3.status().ToString();
+  EXPECT_EQ(q3->q_dim(), 2048);  // ≠ hidden_size
+  EXPECT_FALSE(q3->qkv_bias);
+  EXPECT_EQ(q3->sliding_window, 0);
+  auto p3 = model::ConfigFromHfJson(R"({"architectures": ["Phi3ForCausalLM"],
+    "hidden_act": "silu", "hidden_size": 3072, "intermediate_size": 8192,
+    "max_position_embeddings": 4096, "model_type": "phi3", "num_attention_heads": 32,
+    "num_hidden_layers": 32, "num_key_value_heads": 32, "original_max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-05, "rope_scaling": null, "rope_theta": 10000.0, "sliding_window": 2047,
+    "tie_word_embeddings": false, "vocab_size": 32064})",
+                                    "phi-3-mini-4k/config.json");
+  ASSERT_TRUE(p3.ok()) << p3.status().ToString();
+  EXPECT_EQ(p3->KvWindow(), 2047);
+  EXPECT_EQ(p3->head_dim, 96);
+}
+
 TEST(FamiliesTest, BadInputIsAClearError) {
   // An architecture Chorus does not run: the error names the field and the value.
   std::string e = LoadError(WriteHf("qwen3-tiny", [](nlohmann::json* c, auto*) {
@@ -343,7 +402,7 @@ TEST(FamiliesTest, BadInputIsAClearError) {
   // Head dims that disagree with the tensors: the first tensor that does not fit is named.
   e = LoadError(WriteHf("qwen3-tiny", [](nlohmann::json* c, auto*) { (*c)["head_dim"] = 16; }));
   EXPECT_NE(e.find("q_norm.weight' has shape [32], expected [16]"), std::string::npos) << e;
-  e = LoadError(WriteHf("gemma3-tiny", [](nlohmann::json* c, auto*) {
+  e = LoadError(WriteHf("phi3-tiny", [](nlohmann::json* c, auto*) {
     c->erase("head_dim");
     (*c)["num_attention_heads"] = 3;
     (*c)["num_key_value_heads"] = 3;
