@@ -29,6 +29,7 @@
 #include "chorus/base/rng.h"
 #include "chorus/base/thread_pool.h"
 #include "chorus/engine/engine.h"
+#include "chorus/formats/gguf.h"
 #include "chorus/formats/safetensors.h"
 #include "chorus/memory/kv_cache.h"
 #include "chorus/model/convert.h"
@@ -233,9 +234,40 @@ void CheckFamily(const std::string& shape) {
   auto lora = adapters::LoadLoraAdapter(ad, m->config(), {});
   ASSERT_TRUE(lora.ok()) << lora.status().ToString();
   const std::vector<float> want_lora = Reference(dir, tokens, vocab, ad);
+  const std::vector<float> got_lora = Run(m, tokens, 16, lora->get());
+  if (model::FusedProjections(m->config())) {
+    // The same adapter as llama.cpp's GGUF LoRA names it (attn_qkv, ffn_up = gate|up fused,
+    // attn_output, ffn_down): the same weights, so bit-identical logits.
+    const std::string gp = testing::TempDir() + "/adapter.gguf";
+    formats::GgufWriter g;
+    g.SetString("general.architecture", m->config().arch);
+    g.SetString("general.type", "adapter");
+    g.SetString("adapter.type", "lora");
+    g.SetFloat32("adapter.lora.alpha", 8.0f);  // lora_alpha of WritePeftAdapter at rank 4
+    auto st = formats::SafetensorsFile::Open(ad + "/adapter_model.safetensors");
+    ASSERT_TRUE(st.ok());
+    for (const auto& info : (*st)->tensors()) {
+      std::string n = info.name.substr(std::string("base_model.model.model.layers.").size());
+      const std::string layer = n.substr(0, n.find('.'));
+      std::string leaf = n.substr(n.find('.') + 1);
+      const bool is_a = leaf.find(".lora_A.") != std::string::npos;
+      leaf = leaf.substr(0, leaf.find(".lora_"));
+      const std::string gguf = leaf == "self_attn.qkv_proj" ? "attn_qkv"
+                               : leaf == "self_attn.o_proj" ? "attn_output"
+                               : leaf == "mlp.gate_up_proj" ? "ffn_up"
+                                                            : "ffn_down";
+      auto t = (*st)->GetTensor(info.name);
+      ASSERT_TRUE(t.ok());
+      g.AddTensor("blk." + layer + "." + gguf + ".weight" + (is_a ? ".lora_a" : ".lora_b"), *t);
+    }
+    ASSERT_TRUE(g.Write(gp).ok());
+    auto gl = adapters::LoadLoraAdapter(gp, m->config(), {});
+    ASSERT_TRUE(gl.ok()) << gl.status().ToString();
+    EXPECT_EQ(Run(m, tokens, 16, gl->get()), got_lora) << "GGUF LoRA with fused names";
+  }
   int mismatches = 0;
   const double effect = MaxRelError(want_lora, want, vocab, &mismatches);
-  const double err = MaxRelError(Run(m, tokens, 16, lora->get()), want_lora, vocab, &mismatches);
+  const double err = MaxRelError(got_lora, want_lora, vocab, &mismatches);
   std::printf("%s + LoRA: max rel error %.2e (adapter moves logits by %.2e), mismatches %d\n",
               shape.c_str(), err, effect, mismatches);
   EXPECT_GT(effect, 1e-2) << "the adapter must visibly change the output";

@@ -67,6 +67,11 @@ Status LayerInRange(int64_t layer, const model::ModelConfig& base, const std::st
 // Puts `t` into w's lora_A (is_a) or lora_B slot of (layer, which); a second one is an error.
 Status StoreTensor(LoraWeights* w, int64_t layer, model::Linear which, bool is_a, Tensor t,
                    const std::string& tensor);
+// A fused module's lora_A (is_a; shared by the group's members) or lora_B (split by rows along
+// LinearGroupMembers(group), each member's LinearOut(base) rows) stored for each member. A lora_B
+// of the wrong height is an error naming `tensor`.
+Status StoreFusedTensor(LoraWeights* w, const model::ModelConfig& base, int64_t layer,
+                        model::LinearGroup group, bool is_a, Tensor t, const std::string& tensor);
 // lora_B with q/k rows moved from pair order `from` to `to`.
 Tensor PermutedB(const Tensor& b, const model::ModelConfig& base, model::Linear which,
                  kernels::RopeLayout from, kernels::RopeLayout to);
@@ -142,6 +147,9 @@ Result<LoraWeights> ReadPeftDir(const std::string& dir, const model::ModelConfig
 // One tensor of a llama.cpp LoRA GGUF: "blk.<layer>.<module>.weight.lora_a|lora_b".
 struct GgufLoraTensor {
   bool skip = false;  // a norm tensor: ignored, as llama.cpp does
+  // A fused module (attn_qkv; ffn_up of a model whose gate|up is fused): `which` is its first
+  // member.
+  std::optional<model::LinearGroup> fused;
   bool is_a = false;
   int64_t layer = 0;  // not yet checked against a base model
   model::Linear which = model::Linear::kQ;

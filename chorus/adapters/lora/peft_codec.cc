@@ -280,25 +280,11 @@ Result<LoraWeights> ReadPeftDir(const std::string& dir, const model::ModelConfig
       continue;
     }
     // A fused module: the members share lora_A; lora_B's rows split by the members' outputs.
-    const auto members = model::LinearGroupMembers(*tn->fused);
-    int64_t total = 0;
-    for (Linear m : members) total += LinearOut(base, m);
-    if (!tn->is_a && (t.shape().size() != 2 || t.shape()[0] != total)) {
-      return InvalidArgumentError(st_path + ": lora_B '" + info.name + "' has shape " +
-                                  t.view().ShapeString() + ", expected " + std::to_string(total) +
-                                  " rows (the fused module's outputs)");
-    }
-    int64_t row = 0;
-    for (Linear m : members) {
+    for (Linear m : model::LinearGroupMembers(*tn->fused))
       leaf_of[static_cast<size_t>(tn->layer * model::kNumLinears + static_cast<int>(m))] = tn->leaf;
-      Tensor part = t;
-      if (!tn->is_a) {
-        part = t.Rows(row, row + LinearOut(base, m));
-        row += LinearOut(base, m);
-      }
-      CHORUS_RETURN_IF_ERROR(
-          StoreTensor(&w, tn->layer, m, tn->is_a, std::move(part), info.name).WithContext(st_path));
-    }
+    CHORUS_RETURN_IF_ERROR(
+        StoreFusedTensor(&w, base, tn->layer, *tn->fused, tn->is_a, std::move(t), info.name)
+            .WithContext(st_path));
   }
   // Ranks must agree with the config (r / rank_pattern); alphas from lora_alpha / alpha_pattern.
   for (int64_t l = 0; l < base.n_layers; ++l) {
