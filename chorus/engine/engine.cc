@@ -226,7 +226,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const model::Mode
   impl->residency->PublishGauges();
   if (opts.prefix_cache) impl->prefix = std::make_unique<memory::PrefixCache>(impl->kv.get());
   impl->scheduler = std::make_unique<Scheduler>(
-      SchedulerOptions{.max_batch_tokens = opts.max_batch_tokens, .max_running = opts.max_running},
+      SchedulerOptions{.max_batch_tokens = opts.max_batch_tokens,
+                       .max_running = opts.max_running,
+                       .kv_window = c.KvWindow()},
       impl->pages.get(), impl->kv.get(), impl->residency.get(),
       std::make_unique<FcfsPolicy>(opts.max_adapters_per_step, opts.max_deltas_per_step),
       &e->metrics_, impl->prefix.get());

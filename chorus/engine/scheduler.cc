@@ -104,6 +104,8 @@ void Scheduler::Complete(const float* logits, int64_t vocab, TokenSink* sink) {
     s->n_computed += pl.count;
     if (prefix_ != nullptr)
       prefix_->Insert(s->prefix_variant, s->tokens, s->n_computed, s->table, &s->prefix);
+    // Rows from now on are at positions ≥ n_computed and read keys > n_computed − window.
+    if (opts_.kv_window > 0) kv_->DropBefore(&s->table, s->n_computed - opts_.kv_window + 1);
     if (!pl.wants_logits) continue;
     const float* row = logits + li * static_cast<size_t>(vocab);
     if (!pl.seq->forks.empty()) ForkChoices(pl.seq, row, sink);  // before the prompt may be freed

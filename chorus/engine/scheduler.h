@@ -40,6 +40,10 @@ namespace chorus::engine {
 struct SchedulerOptions {
   int64_t max_batch_tokens = 512;  // rows per step, decode + prefill
   int64_t max_running = 64;        // sequences in the running batch
+  // When every layer of the model attends only its last kv_window keys (a sliding window on
+  // every layer, e.g. Phi-3 with `sliding_window`), the blocks behind the window are released
+  // after each step (KvCache::DropBefore); 0 = keep every block.
+  int64_t kv_window = 0;
 };
 
 class Scheduler {

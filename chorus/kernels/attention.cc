@@ -3,6 +3,8 @@
 // (attention_tiles.h).
 #include "chorus/kernels/attention.h"
 
+#include <cmath>
+
 #include "chorus/base/check.h"
 #include "chorus/kernels/attention_tiles.h"
 #include "chorus/kernels/dispatch.h"
@@ -88,6 +90,44 @@ void AttentionRow(const float* q, const PagedKv& kv, int64_t n_ctx, int64_t n_he
   for (int64_t g = 0; g < n_kv_heads; ++g) {
     AttentionBlock(q + g * group * head_dim, n_heads * head_dim, 1, n_ctx - 1, kv, g, group,
                    head_dim, scale, scratch, out + g * group * head_dim, n_heads * head_dim);
+  }
+}
+
+void AttentionRowWindow(const float* q, int64_t first, int64_t pos, const PagedKv& kv,
+                        int64_t group, int64_t head_dim, float scale, float softcap, float* scratch,
+                        float* out) {
+  CHORUS_CHECK(0 <= first && first <= pos && group >= 1 && head_dim >= 1)
+      << "keys [" << first << ", " << pos << "]";
+  const int64_t n = pos + 1 - first;
+  for (int64_t h = 0; h < group; ++h) {
+    const float* qh = q + h * head_dim;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t t = first + j;
+      const float* k =
+          kv.k_blocks[kv.block_table[t / kv.block_size]] + (t % kv.block_size) * kv.kv_stride;
+      float dot = 0.0f;
+      for (int64_t d = 0; d < head_dim; ++d) dot = std::fma(qh[d], k[d], dot);
+      float s = dot * scale;
+      if (softcap > 0) s = softcap * std::tanh(s / softcap);
+      scratch[j] = s;
+      mx = std::max(mx, s);
+    }
+    float sum = 0.0f;
+    for (int64_t j = 0; j < n; ++j) {
+      scratch[j] = std::exp(scratch[j] - mx);
+      sum += scratch[j];
+    }
+    const float inv = 1.0f / sum;
+    float* oh = out + h * head_dim;
+    std::fill_n(oh, head_dim, 0.0f);
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t t = first + j;
+      const float* v =
+          kv.v_blocks[kv.block_table[t / kv.block_size]] + (t % kv.block_size) * kv.kv_stride;
+      const float p = scratch[j] * inv;
+      for (int64_t d = 0; d < head_dim; ++d) oh[d] = std::fma(p, v[d], oh[d]);
+    }
   }
 }
 

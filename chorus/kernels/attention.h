@@ -89,6 +89,16 @@ void AttentionMerge(const float* partials, int64_t n_segments, int64_t group, in
 void AttentionRow(const float* q, const PagedKv& kv, int64_t n_ctx, int64_t n_heads,
                   int64_t n_kv_heads, int64_t head_dim, float scale, float* scratch, float* out);
 
+// The general path (sliding-window layers, soft-capped scores; docs/models.md): the `group`
+// query heads of one token at position `pos` over keys [first, pos] of one KV head (kv already
+// restricted to it, as KvCache::View gives), with scores s = scale·q·k, then
+// s = softcap·tanh(s / softcap) when softcap > 0, softmax, Σ p·V. Plain scalar arithmetic in key
+// order per row, so a row's result depends on nothing else in the step.
+// q, out: [group, head_dim]; scratch ≥ pos + 1 − first floats.
+void AttentionRowWindow(const float* q, int64_t first, int64_t pos, const PagedKv& kv,
+                        int64_t group, int64_t head_dim, float scale, float softcap, float* scratch,
+                        float* out);
+
 namespace reference {
 // The specification; scratch: at least n_ctx floats.
 void AttentionRow(const float* q, const PagedKv& kv, int64_t n_ctx, int64_t n_heads,

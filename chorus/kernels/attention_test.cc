@@ -374,6 +374,70 @@ TEST(AttentionReference, MatchesDense) {
   }
 }
 
+// The general path (sliding windows, soft-capped scores): keys [first, pos] of one KV head, with
+// s → cap·tanh(s/cap), against the formula in double; NaN-filled blocks outside the window
+// (and the pool's spare blocks) must never be read.
+TEST(AttentionRowWindow, MatchesDenseWithWindowAndSoftcap) {
+  for (int64_t ratio : {1, 3}) {
+    for (float cap : {0.0f, 2.5f}) {
+      const int64_t n_ctx = 70, hd = 20, kv_heads = 2;
+      Paged p(n_ctx, kv_heads, hd, 8, 11 + ratio);
+      const int64_t n_heads = kv_heads * ratio, pos = n_ctx - 1;
+      const std::vector<float> q = RandomQ(n_heads * hd, 12, 2.0f);
+      for (int64_t first : {int64_t{0}, int64_t{17}, pos}) {
+        // Poison the blocks wholly before the window: the kernel must not touch them.
+        Paged win = p;
+        for (int64_t b = 0; b < first / win.block_size; ++b) {
+          float* k = win.pool_k.data() + win.table[b] * win.block_size * win.kv_stride;
+          std::fill_n(k, win.block_size * win.kv_stride, std::numeric_limits<float>::quiet_NaN());
+        }
+        for (int64_t b = 0; b < static_cast<int64_t>(win.k_ptr.size()); ++b) {
+          win.k_ptr[b] = win.pool_k.data() + b * win.block_size * win.kv_stride;
+          win.v_ptr[b] = win.pool_v.data() + b * win.block_size * win.kv_stride;
+        }
+        std::vector<float> scratch(static_cast<size_t>(n_ctx)),
+            out(static_cast<size_t>(n_heads * hd));
+        const float scale = 0.3f;
+        for (int64_t g = 0; g < kv_heads; ++g) {
+          PagedKv kv = win.View();
+          // The KvCache::View convention: the view starts at KV head g.
+          std::vector<const float*> kb(win.k_ptr), vb(win.v_ptr);
+          for (auto& ptr : kb) ptr += g * hd;
+          for (auto& ptr : vb) ptr += g * hd;
+          kv.k_blocks = kb.data();
+          kv.v_blocks = vb.data();
+          AttentionRowWindow(q.data() + g * ratio * hd, first, pos, kv, ratio, hd, scale, cap,
+                             scratch.data(), out.data() + g * ratio * hd);
+        }
+        const int64_t kv_dim = kv_heads * hd;
+        for (int64_t h = 0; h < n_heads; ++h) {
+          const int64_t g = h / ratio;
+          std::vector<double> s;
+          double mx = -1e300;
+          for (int64_t t = first; t <= pos; ++t) {
+            double dot = 0;
+            for (int64_t d = 0; d < hd; ++d)
+              dot += double(q[h * hd + d]) * p.k_dense[t * kv_dim + g * hd + d];
+            double v = dot * scale;
+            if (cap > 0) v = cap * std::tanh(v / cap);
+            s.push_back(v);
+            mx = std::max(mx, v);
+          }
+          double sum = 0;
+          for (double& v : s) sum += (v = std::exp(v - mx));
+          for (int64_t d = 0; d < hd; ++d) {
+            double want = 0;
+            for (int64_t t = first; t <= pos; ++t)
+              want += s[static_cast<size_t>(t - first)] / sum * p.v_dense[t * kv_dim + g * hd + d];
+            ASSERT_NEAR(out[h * hd + d], want, 2e-5)
+                << "ratio " << ratio << " cap " << cap << " first " << first << " h " << h;
+          }
+        }
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Levels, AttentionTest,
                          ::testing::Values(IsaLevel::kScalar, IsaLevel::kAvx2, IsaLevel::kAvx512,
                                            IsaLevel::kAmx),

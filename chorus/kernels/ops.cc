@@ -1,6 +1,8 @@
 // Run-time selection of the element-wise kernels (ops.h) through ActiveIsa().
 #include "chorus/kernels/ops.h"
 
+#include <cmath>
+
 #include "chorus/base/check.h"
 #include "chorus/kernels/dispatch.h"
 #include "chorus/kernels/x86/ops_x86.h"
@@ -41,6 +43,14 @@ void Rope(float* x, int64_t n_heads, int64_t head_dim, int64_t pos, const float*
   float cos_t[kMaxRopeHeadDim / 2], sin_t[kMaxRopeHeadDim / 2];
   RopeTable(pos, inv_freq, head_dim / 2, cos_t, sin_t);
   kernels::RopeApply(x, n_heads, head_dim, cos_t, sin_t, layout);
+}
+
+void GeluTanhMul(const float* gate, const float* up, int64_t n, float* out) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = gate[i];
+    out[i] = 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x))) * up[i];
+  }
 }
 
 void SiluMul(const float* gate, const float* up, int64_t n, float* out) {

@@ -50,6 +50,10 @@ void RopeApply(float* x, int64_t n_heads, int64_t head_dim, const float* cos_t, 
 // out may alias gate or up.
 void SiluMul(const float* gate, const float* up, int64_t n, float* out);
 
+// out[i] = gelu_tanh(gate[i]) * up[i] with gelu_tanh(x) = ½x(1 + tanh(√(2/π)(x + 0.044715x³)))
+// — Gemma's GeGLU. Scalar at every level (no vector variant yet). out may alias gate or up.
+void GeluTanhMul(const float* gate, const float* up, int64_t n, float* out);
+
 // In-place softmax over n values: x[i] = exp(x[i] - max) / Σ exp(x[j] - max).
 // -inf entries get probability exactly 0. Requires: n ≥ 1 and at least one finite value.
 void Softmax(float* x, int64_t n);

@@ -303,5 +303,23 @@ TEST(VectorExp, Avx512Accuracy) {
   CheckExp(avx512::ExpShiftSum, /*denormals_kept=*/true);
 }
 
+// GeGLU (Gemma): against the formula in double, over awkward lengths, in place too.
+TEST(GeluTanhMul, MatchesFormula) {
+  for (int64_t n : kLengths) {
+    const std::vector<float> g = Random(n, 70 + static_cast<uint64_t>(n), 3.0f),
+                             u = Random(n, 71 + static_cast<uint64_t>(n));
+    std::vector<float> out(static_cast<size_t>(n)), in_place = g;
+    GeluTanhMul(g.data(), u.data(), n, out.data());
+    GeluTanhMul(in_place.data(), u.data(), n, in_place.data());
+    for (int64_t i = 0; i < n; ++i) {
+      const double x = g[i];
+      const double want =
+          0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x))) * u[i];
+      ASSERT_NEAR(out[i], want, 1e-5 * (1.0 + std::fabs(want))) << "n " << n << " i " << i;
+      ASSERT_EQ(in_place[i], out[i]);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace chorus::kernels

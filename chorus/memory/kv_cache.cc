@@ -43,7 +43,9 @@ int64_t KvCache::PagesToWrite(const std::vector<int32_t>& table, int64_t write_f
   int64_t pages = std::max<int64_t>(0, end - have);
   if (n_tokens > write_from) {
     for (int64_t b = write_from / layout_.block_size; b < std::min(end, have); ++b) {
-      if (refs_[static_cast<size_t>(table[static_cast<size_t>(b)])] > 1) ++pages;
+      const int32_t blk = table[static_cast<size_t>(b)];
+      CHORUS_CHECK(blk != kDroppedBlock) << "write into a dropped block " << b;
+      if (refs_[static_cast<size_t>(blk)] > 1) ++pages;
     }
   }
   return pages;
@@ -77,14 +79,31 @@ Status KvCache::PrepareWrite(std::vector<int32_t>* table, int64_t write_from, in
 
 std::vector<int32_t> KvCache::Fork(const std::vector<int32_t>& table) {
   for (int32_t b : table) {
+    if (b == kDroppedBlock) continue;
     CHORUS_CHECK(refs_[static_cast<size_t>(b)] >= 1) << "fork of a free block " << b;
     if (++refs_[static_cast<size_t>(b)] == 2) ++n_shared_;
   }
   return table;
 }
 
+int64_t KvCache::DropBefore(std::vector<int32_t>* table, int64_t n_tokens) {
+  const int64_t n =
+      std::min<int64_t>(n_tokens / layout_.block_size, static_cast<int64_t>(table->size()));
+  int64_t dropped = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    int32_t& b = (*table)[static_cast<size_t>(i)];
+    if (b == kDroppedBlock) continue;
+    std::vector<int32_t> one = {b};
+    Release(&one);
+    b = kDroppedBlock;
+    ++dropped;
+  }
+  return dropped;
+}
+
 void KvCache::Release(std::vector<int32_t>* table) {
   for (int32_t b : *table) {
+    if (b == kDroppedBlock) continue;
     int32_t& r = refs_[static_cast<size_t>(b)];
     CHORUS_CHECK(r >= 1) << "release of a free block " << b;
     if (--r == 0) {

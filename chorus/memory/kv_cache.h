@@ -11,6 +11,11 @@
 // its last holder lets go; PrepareWrite() gives a sequence its own copy of any shared block it is
 // about to write into (copy-on-write), so no holder ever sees another's tokens.
 //
+// Sliding-window models (every layer attends only the last W keys) drop the blocks behind the
+// window: DropBefore() releases them and leaves kDroppedBlock in their table slots, so later
+// positions keep their indices; every operation skips dropped slots, and nothing reads them
+// (the attention of such models starts at the window, docs/models.md).
+//
 // Thread-safety: owned by the engine thread; kernels read it during a step.
 #pragma once
 
@@ -57,8 +62,13 @@ class KvCache {
   // A new table holding the same blocks as `table` (one more reference on each).
   std::vector<int32_t> Fork(const std::vector<int32_t>& table);
   // Drops this holder's reference on every block of `table` (a block whose last reference goes
-  // returns to the pool) and clears it.
+  // returns to the pool; dropped slots are skipped) and clears it.
   void Release(std::vector<int32_t>* table);
+  // Releases the blocks of `table` that hold only tokens before `n_tokens` (whole blocks; slots
+  // already dropped are skipped) and marks their slots kDroppedBlock. Returns the blocks dropped.
+  int64_t DropBefore(std::vector<int32_t>* table, int64_t n_tokens);
+  static constexpr int32_t kDroppedBlock = -1;
+
   // Holders of `block` (0 when it is free).
   int32_t RefCount(int32_t block) const { return refs_[static_cast<size_t>(block)]; }
   // Blocks with more than one holder (for tests and metrics).

@@ -60,6 +60,32 @@ TEST(KvCacheSharingTest, PrepareWriteCopiesOnlyTheSharedBlocksItWrites) {
   EXPECT_EQ(pool.n_free(), 8);
 }
 
+// Sliding windows: blocks wholly behind a position are released and their slots marked, later
+// slots keep their indices; a block another holder shares survives until that holder lets go,
+// and every operation skips dropped slots.
+TEST(KvCacheSharingTest, DropBeforeReleasesWholeBlocksBehindThePosition) {
+  KvLayout layout = SmallLayout();
+  PagePool pool(8, layout.PageBytes());
+  KvCache kv(layout, &pool);
+  std::vector<int32_t> t;
+  ASSERT_TRUE(kv.Reserve(&t, 80).ok());  // 5 blocks
+  const std::vector<int32_t> before = t;
+  std::vector<int32_t> other = kv.Fork({t[0]});  // e.g. a prefix-cache reference on block 0
+  EXPECT_EQ(kv.DropBefore(&t, 47), 2);           // tokens 0..31 behind, 32..46 still needed
+  EXPECT_EQ(t[0], KvCache::kDroppedBlock);
+  EXPECT_EQ(t[1], KvCache::kDroppedBlock);
+  EXPECT_EQ(t[2], before[2]);
+  EXPECT_EQ(pool.n_free(), 8 - 5 + 1);     // block 1 freed; block 0 still held by `other`
+  EXPECT_EQ(kv.DropBefore(&t, 47), 0);     // idempotent
+  std::vector<int32_t> fork = kv.Fork(t);  // skips the dropped slots
+  EXPECT_TRUE(kv.PrepareWrite(&t, 64, 96).ok());
+  EXPECT_EQ(t.size(), 6u);
+  kv.Release(&fork);
+  kv.Release(&t);
+  kv.Release(&other);
+  EXPECT_EQ(pool.n_free(), 8);
+}
+
 TEST(KvCacheSharingTest, PrepareWriteIsAllOrNothing) {
   KvLayout layout = SmallLayout();
   PagePool pool(4, layout.PageBytes());

@@ -104,6 +104,7 @@ void PrefixCache::Insert(uint64_t variant, std::span<const int32_t> tokens, int6
         parent = &p->second;
       }
       const int32_t blk = table[static_cast<size_t>(b)];
+      if (blk == KvCache::kDroppedBlock) return;     // behind a sliding window: gone
       std::vector<int32_t> held = kv_->Fork({blk});  // the cache's own reference
       Entry& n = entries_[key];
       n.block = held[0];

@@ -2,8 +2,10 @@
 
 #include <sys/stat.h>
 
+#include <cmath>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "chorus/base/mapped_file.h"
@@ -84,6 +86,56 @@ Result<Tensor> Prepare(const Model& m, const std::string& name, const Tensor& t,
   return out;
 }
 
+// The model's tensors as the target stores them: each prepared (Prepare), and for a family that
+// stores fused projections (Phi-3) each layer's q|k|v and gate|up rows concatenated again into
+// qkv_proj / gate_up_proj, in place of the first member.
+Result<Model::NamedTensors> TargetTensors(const Model& m, const ConvertOptions& o,
+                                          kernels::RopeLayout target) {
+  const ModelConfig& c = m.config();
+  std::map<std::string, const Tensor*> by_name;
+  for (const auto& [name, t] : m.tensors()) by_name[name] = &t;
+  Model::NamedTensors out;
+  for (const auto& [name, t] : m.tensors()) {
+    bool handled = false;
+    for (int64_t l = 0; FusedProjections(c) && !handled && l < c.n_layers; ++l) {
+      for (LinearGroup g : {LinearGroup::kQkv, LinearGroup::kGateUp}) {
+        const auto members = LinearGroupMembers(g);
+        bool is_member = false;
+        for (Linear mem : members) is_member |= name == HfLayerTensorName(l, mem);
+        if (!is_member) continue;
+        handled = true;
+        if (name != HfLayerTensorName(l, members[0])) break;  // written with the first
+        std::vector<Tensor> parts;
+        int64_t rows = 0;
+        for (Linear mem : members) {
+          const std::string n = HfLayerTensorName(l, mem);
+          auto it = by_name.find(n);
+          if (it == by_name.end()) return InvalidArgumentError("missing tensor '" + n + "'");
+          CHORUS_ASSIGN_OR_RETURN(Tensor p, Prepare(m, n, *it->second, o, target));
+          if (!parts.empty() && p.dtype() != parts[0].dtype())
+            return InvalidArgumentError("tensor '" + n + "' differs in dtype from its fused group");
+          rows += p.shape()[0];
+          parts.push_back(std::move(p));
+        }
+        Tensor fused = Tensor::Zeros(parts[0].dtype(), {rows, parts[0].shape()[1]});
+        auto* dst = static_cast<uint8_t*>(fused.mutable_data());
+        for (const Tensor& p : parts) {
+          const auto bytes = static_cast<size_t>(p.view().NumBytes());
+          std::memcpy(dst, p.data(), bytes);
+          dst += bytes;
+        }
+        out.emplace_back(g == LinearGroup::kQkv ? HfFusedQkvName(l) : HfFusedGateUpName(l),
+                         std::move(fused));
+        break;
+      }
+    }
+    if (handled) continue;
+    CHORUS_ASSIGN_OR_RETURN(Tensor p, Prepare(m, name, t, o, target));
+    out.emplace_back(name, std::move(p));
+  }
+  return out;
+}
+
 Status WriteGguf(const Model& m, const ConvertOptions& o,
                  const std::function<Status(formats::GgufWriter*)>& extra) {
   const ModelConfig& c = m.config();
@@ -121,13 +173,55 @@ Status WriteGguf(const Model& m, const ConvertOptions& o,
     w.AddTensor("rope_freqs.weight", Tensor::FromF32(freq_factors, DType::kF32,
                                                      {static_cast<int64_t>(freq_factors.size())}));
   }
-  // llama.cpp's llama architecture uses the interleaved pair order; qwen2 rotate-half.
+  const bool gemma = c.arch == "gemma2" || c.arch == "gemma3";
+  if (c.RotaryDim() != c.head_dim)
+    w.SetUint32(a + ".rope.dimension_count", static_cast<uint32_t>(c.RotaryDim()));
+  if (c.sliding_window > 0)
+    w.SetUint32(a + ".attention.sliding_window", static_cast<uint32_t>(c.sliding_window));
+  if (c.attn_softcap > 0) w.SetFloat32(a + ".attn_logit_softcapping", c.attn_softcap);
+  if (c.final_softcap > 0) w.SetFloat32(a + ".final_logit_softcapping", c.final_softcap);
+  if (gemma) {
+    // GGUF has no per-layer pattern, local RoPE base or query_pre_attn_scalar: llama.cpp (and
+    // the loader) use fixed ones, so a model that differs would load as a different model.
+    ModelConfig fixed = c;
+    fixed.layer_sliding.assign(static_cast<size_t>(c.n_layers), 0);
+    for (int64_t l = 0; l < c.n_layers; ++l)
+      fixed.layer_sliding[static_cast<size_t>(l)] = a == "gemma2" ? l % 2 == 0 : (l + 1) % 6 != 0;
+    const float want_scale =
+        (a == "gemma2" && c.n_layers == 46) || (a == "gemma3" && c.n_layers == 62)
+            ? 1.0f / std::sqrt(static_cast<float>(c.n_embd / c.n_heads))
+            : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    if (fixed.layer_sliding != c.layer_sliding ||
+        (a == "gemma3" && c.rope_local_theta != 10000.0f) ||
+        std::fabs(c.AttnScale() - want_scale) > 1e-6f * want_scale) {
+      return UnimplementedError(
+          "this " + a +
+          " model's sliding-layer pattern, local RoPE base or query_pre_attn_scalar differ from "
+          "the fixed ones GGUF readers assume; convert it to a Hugging Face directory instead");
+    }
+  }
+  if (c.rope_scaling.type == RopeScaling::Type::kLongRope) {
+    const auto& rs = c.rope_scaling;
+    w.SetUint32(a + ".rope.scaling.original_context_length",
+                static_cast<uint32_t>(rs.original_max_position));
+    w.SetFloat32(a + ".rope.scaling.attn_factor", rs.attn_factor);
+    const auto n = static_cast<int64_t>(rs.long_factors.size());
+    w.AddTensor("rope_factors_long.weight", Tensor::FromF32(rs.long_factors, DType::kF32, {n}));
+    w.AddTensor("rope_factors_short.weight", Tensor::FromF32(rs.short_factors, DType::kF32, {n}));
+  }
+  // llama.cpp's llama architecture uses the interleaved pair order; the others rotate-half.
   const auto target =
       c.arch == "llama" ? kernels::RopeLayout::kInterleaved : kernels::RopeLayout::kHalf;
-  for (const auto& [name, t] : m.tensors()) {
-    auto g = HfToGgufName(name);
+  CHORUS_ASSIGN_OR_RETURN(Model::NamedTensors prepared, TargetTensors(m, o, target));
+  for (auto& [name, out] : prepared) {
+    auto g = HfToGgufName(name, a);
     if (!g) return InvalidArgumentError("no GGUF name for tensor '" + name + "'");
-    CHORUS_ASSIGN_OR_RETURN(Tensor out, Prepare(m, name, t, o, target));
+    if (gemma && name.size() > 11 && name.compare(name.size() - 11, 11, "norm.weight") == 0) {
+      // llama.cpp's Gemma layout stores norms as 1 + w.
+      std::vector<float> v = out.ToF32();
+      for (float& x : v) x += 1.0f;
+      out = Tensor::FromF32(v, DType::kF32, out.shape());
+    }
     w.AddTensor(*g, std::move(out));
   }
   if (extra) CHORUS_RETURN_IF_ERROR(extra(&w));
@@ -139,15 +233,18 @@ Status WriteHf(const Model& m, const ConvertOptions& o) {
   if (::mkdir(o.output.c_str(), 0755) != 0 && errno != EEXIST)
     return ErrnoError(errno, "cannot create " + o.output);
   std::vector<std::pair<std::string, Tensor>> out;
-  for (const auto& [name, t] : m.tensors()) {
-    CHORUS_ASSIGN_OR_RETURN(Tensor p, Prepare(m, name, t, o, kernels::RopeLayout::kHalf));
-    out.emplace_back(name, std::move(p));
-  }
+  CHORUS_ASSIGN_OR_RETURN(out, TargetTensors(m, o, kernels::RopeLayout::kHalf));
   CHORUS_RETURN_IF_ERROR(
       formats::WriteSafetensors(o.output + "/model.safetensors", out, {{"format", "pt"}}));
   nlohmann::json j;
-  j["architectures"] = {c.arch == "qwen2" ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
-  j["model_type"] = c.arch;
+  const char* hf_arch = c.arch == "qwen2"    ? "Qwen2ForCausalLM"
+                        : c.arch == "qwen3"  ? "Qwen3ForCausalLM"
+                        : c.arch == "phi3"   ? "Phi3ForCausalLM"
+                        : c.arch == "gemma2" ? "Gemma2ForCausalLM"
+                        : c.arch == "gemma3" ? "Gemma3ForCausalLM"
+                                             : "LlamaForCausalLM";
+  j["architectures"] = {hf_arch};
+  j["model_type"] = c.arch == "gemma3" ? "gemma3_text" : c.arch;
   j["hidden_size"] = c.n_embd;
   j["intermediate_size"] = c.n_ff;
   j["num_hidden_layers"] = c.n_layers;
@@ -161,7 +258,32 @@ Status WriteHf(const Model& m, const ConvertOptions& o) {
   j["tie_word_embeddings"] = c.tie_embeddings;
   j["hidden_act"] = "silu";
   if (c.qkv_bias && c.arch == "llama") j["attention_bias"] = true;
-  if (c.rope_scaling.type == RopeScaling::Type::kLinear) {
+  if (c.arch == "qwen3" || c.arch == "phi3") j["attention_bias"] = false;
+  if (c.RotaryDim() != c.head_dim)
+    j["partial_rotary_factor"] =
+        static_cast<double>(c.RotaryDim()) / static_cast<double>(c.head_dim);
+  if (c.sliding_window > 0) j["sliding_window"] = c.sliding_window;
+  if (c.arch == "gemma2" || c.arch == "gemma3") {
+    j["hidden_activation"] = "gelu_pytorch_tanh";
+    j["hidden_act"] = "gelu_pytorch_tanh";
+    // query_pre_attn_scalar is what the scale is the inverse square root of.
+    j["query_pre_attn_scalar"] = std::lround(
+        1.0 / (static_cast<double>(c.AttnScale()) * static_cast<double>(c.AttnScale())));
+    j["attn_logit_softcapping"] = c.attn_softcap > 0 ? nlohmann::json(c.attn_softcap) : nullptr;
+    j["final_logit_softcapping"] = c.final_softcap > 0 ? nlohmann::json(c.final_softcap) : nullptr;
+    nlohmann::json types = nlohmann::json::array();
+    for (int64_t l = 0; l < c.n_layers; ++l)
+      types.push_back(c.LayerSliding(l) ? "sliding_attention" : "full_attention");
+    j["layer_types"] = types;
+    if (c.arch == "gemma3") j["rope_local_base_freq"] = c.rope_local_theta;
+  }
+  if (c.rope_scaling.type == RopeScaling::Type::kLongRope) {
+    j["rope_scaling"] = {{"rope_type", "longrope"},
+                         {"long_factor", c.rope_scaling.long_factors},
+                         {"short_factor", c.rope_scaling.short_factors},
+                         {"attention_factor", c.rope_scaling.attn_factor}};
+    j["original_max_position_embeddings"] = c.rope_scaling.original_max_position;
+  } else if (c.rope_scaling.type == RopeScaling::Type::kLinear) {
     j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rope_scaling.factor}};
   } else if (c.rope_scaling.type == RopeScaling::Type::kLlama3) {
     j["rope_scaling"] = {

@@ -25,6 +25,7 @@ Forward::Forward(std::shared_ptr<const Model> model, int64_t max_rows, int64_t m
     : model_(std::move(model)), max_rows_(max_rows), max_logit_rows_(max_logit_rows) {
   const ModelConfig& c = model_->config();
   inv_freq_ = c.RopeInvFreq();
+  if (c.rope_local_theta > 0) inv_freq_local_ = c.RopeInvFreqLocal();
   auto alloc = [&](std::vector<float>& v, int64_t width) {
     v.assign(static_cast<size_t>(max_rows * width), 0.0f);
   };
@@ -36,8 +37,12 @@ Forward::Forward(std::shared_ptr<const Model> model, int64_t max_rows, int64_t m
   alloc(att_, c.q_dim());
   alloc(gate_, c.n_ff);
   alloc(up_, c.n_ff);
-  rope_cos_.assign(static_cast<size_t>(max_rows * c.head_dim / 2), 0.0f);
+  rope_cos_.assign(static_cast<size_t>(max_rows * c.RotaryDim() / 2), 0.0f);
   rope_sin_.assign(rope_cos_.size(), 0.0f);
+  if (!inv_freq_local_.empty()) {
+    rope_cos_local_.assign(rope_cos_.size(), 0.0f);
+    rope_sin_local_.assign(rope_cos_.size(), 0.0f);
+  }
   logit_in_.assign(static_cast<size_t>(max_logit_rows * c.n_embd), 0.0f);
   step_rows_.resize(static_cast<size_t>(max_rows));
   for (int64_t i = 0; i < max_rows; ++i)
@@ -183,7 +188,33 @@ void Forward::PlanAttention(const StepInput& in, int n_threads) {
 void Forward::Attention(const StepInput& in, memory::KvCache* kv, int64_t layer, ThreadPool* pool) {
   const ModelConfig& c = model_->config();
   const int64_t group = c.n_heads / c.n_kv_heads, hd = c.head_dim, qd = c.q_dim();
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float scale = c.AttnScale();
+  if (c.LayerSliding(layer) || c.attn_softcap > 0) {
+    // The general path: a window over the keys and/or soft-capped scores, row by row
+    // (docs/models.md, "Soft-capping, sliding windows"). Exact, not yet tiled like the kernels
+    // above.
+    const int64_t n = static_cast<int64_t>(in.tokens.size());
+    const int64_t window = c.LayerSliding(layer) ? c.sliding_window : 0;
+    const int64_t per_thread = c.max_seq_len + 16;
+    if (static_cast<int64_t>(window_scratch_.size()) < per_thread * pool->size())
+      window_scratch_.resize(static_cast<size_t>(per_thread * pool->size()));
+    // One unit = one row × one KV head (so a single decode row still uses every thread); each
+    // writes only its own outputs, and its arithmetic does not depend on who runs it.
+    const int64_t n_units = n * c.n_kv_heads;
+    pool->Run([&](int ti, int nt) {
+      float* scratch = window_scratch_.data() + static_cast<size_t>(ti) * per_thread;
+      for (int64_t u = ti; u < n_units; u += nt) {
+        const int64_t i = u / c.n_kv_heads, g = u % c.n_kv_heads;
+        const int32_t* table = in.block_tables[static_cast<size_t>(in.seq[static_cast<size_t>(i)])];
+        const int64_t pos = in.positions[static_cast<size_t>(i)];
+        const int64_t first = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+        const int64_t off = i * qd + g * group * hd;
+        kernels::AttentionRowWindow(q_.data() + off, first, pos, kv->View(layer, g, table), group,
+                                    hd, scale, c.attn_softcap, scratch, att_.data() + off);
+      }
+    });
+    return;
+  }
   const int64_t pf = kernels::AttentionPartialFloats(group, hd);
   const int64_t n_tasks = static_cast<int64_t>(tasks_.size());
   auto table_of = [&](int64_t row) {
@@ -251,6 +282,10 @@ void Forward::Run(const StepInput& in, memory::KvCache* kv, ThreadPool* pool, fl
     DequantizeRow(emb.dtype, emb.Row(in.tokens[static_cast<size_t>(i)]), x_.data() + i * d, d);
   }
   if (in.hook != nullptr) in.hook->AdjustEmbeddings(in.tokens, x_.data(), d);
+  if (c.embed_scale) {  // Gemma: the embedding times √n_embd, rounded to f32 as HF does
+    const float s = static_cast<float>(std::sqrt(static_cast<double>(d)));
+    for (int64_t j = 0; j < n * d; ++j) x_[static_cast<size_t>(j)] *= s;
+  }
   const std::span<const int32_t> all_rows(step_rows_.data(), static_cast<size_t>(n));
   // The RMSNorm of every row, then the rows whose variant has its own weight for it.
   auto norm = [&](int64_t layer, LinearHook::Norm which, const Tensor& weight) {
@@ -259,13 +294,41 @@ void Forward::Run(const StepInput& in, memory::KvCache* kv, ThreadPool* pool, fl
     if (in.hook != nullptr)
       in.hook->AdjustNorm(layer, which, all_rows, x_.data(), xb_.data(), w_base, d, c.norm_eps);
   };
-
-  // Rotation tables once per step, shared by q and k of every layer.
-  const int64_t half = c.head_dim / 2;
-  for (int64_t i = 0; i < n; ++i) {
-    kernels::RopeTable(in.positions[static_cast<size_t>(i)], inv_freq_.data(), half,
-                       rope_cos_.data() + i * half, rope_sin_.data() + i * half);
   }
+
+  // Rotation tables once per step, shared by q and k of every layer (LongRoPE's attention
+  // factor multiplies cos and sin).
+  const int64_t rot = c.RotaryDim(), half = rot / 2;
+  const float rope_factor = c.RopeAttnFactor();
+  auto tables = [&](const std::vector<float>& inv, std::vector<float>& cs, std::vector<float>& sn) {
+    for (int64_t i = 0; i < n; ++i) {
+      kernels::RopeTable(in.positions[static_cast<size_t>(i)], inv.data(), half,
+                         cs.data() + i * half, sn.data() + i * half);
+    }
+    if (rope_factor != 1.0f) {
+      for (int64_t j = 0; j < n * half; ++j) {
+        cs[static_cast<size_t>(j)] *= rope_factor;
+        sn[static_cast<size_t>(j)] *= rope_factor;
+      }
+    }
+  };
+  tables(inv_freq_, rope_cos_, rope_sin_);
+  if (!inv_freq_local_.empty()) tables(inv_freq_local_, rope_cos_local_, rope_sin_local_);
+  // q or k of one row: per-head norm (Qwen3, Gemma 3), then the rotation of its first `rot`
+  // dimensions of each head.
+  auto rotate = [&](float* x, int64_t heads, const Tensor& head_norm, const float* cs,
+                    const float* sn) {
+    if (c.qk_norm) {
+      kernels::RmsNorm(x, static_cast<const float*>(head_norm.data()), heads, c.head_dim,
+                       c.norm_eps, x);
+    }
+    if (rot == c.head_dim) {
+      kernels::RopeApply(x, heads, c.head_dim, cs, sn, c.rope_layout);
+    } else {
+      for (int64_t h = 0; h < heads; ++h)
+        kernels::RopeApply(x + h * c.head_dim, 1, rot, cs, sn, c.rope_layout);
+    }
+  };
 
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& lw = w.layers[static_cast<size_t>(l)];
@@ -283,10 +346,11 @@ void Forward::Run(const StepInput& in, memory::KvCache* kv, ThreadPool* pool, fl
         kernels::Add(v, static_cast<const float*>(lw.bv.data()), kvd);
       }
       const int64_t pos = in.positions[static_cast<size_t>(i)];
-      const float* cs = rope_cos_.data() + i * half;
-      const float* sn = rope_sin_.data() + i * half;
-      kernels::RopeApply(q, c.n_heads, c.head_dim, cs, sn, c.rope_layout);
-      kernels::RopeApply(k, c.n_kv_heads, c.head_dim, cs, sn, c.rope_layout);
+      const bool local = !inv_freq_local_.empty() && c.LayerSliding(l);
+      const float* cs = (local ? rope_cos_local_ : rope_cos_).data() + i * half;
+      const float* sn = (local ? rope_sin_local_ : rope_sin_).data() + i * half;
+      rotate(q, c.n_heads, lw.q_norm, cs, sn);
+      rotate(k, c.n_kv_heads, lw.k_norm, cs, sn);
       const int32_t* table = in.block_tables[static_cast<size_t>(in.seq[static_cast<size_t>(i)])];
       const int32_t blk = table[pos / block];
       std::copy(k, k + kvd, kv->K(l, blk, pos % block));
@@ -296,13 +360,25 @@ void Forward::Run(const StepInput& in, memory::KvCache* kv, ThreadPool* pool, fl
     // see each other causally through n_ctx = pos + 1.
     Attention(in, kv, l, pool);
     Linear(l, model::Linear::kO, att_.data(), qd, xb_.data(), d, n, in, pool);
+    if (c.sandwich_norms) {
+      kernels::RmsNorm(xb_.data(), static_cast<const float*>(lw.post_attn_norm.data()), n, d,
+                       c.norm_eps, xb_.data());
+    }
     kernels::Add(x_.data(), xb_.data(), n * d);
 
     // MLP block.
     norm(l, LinearHook::Norm::kFfn, lw.ffn_norm);
     Linears(l, LinearGroup::kGateUp, xb_.data(), d, n, in, pool);
-    kernels::SiluMul(gate_.data(), up_.data(), n * ff, gate_.data());
+    if (c.activation == Activation::kGeluTanh) {
+      kernels::GeluTanhMul(gate_.data(), up_.data(), n * ff, gate_.data());
+    } else {
+      kernels::SiluMul(gate_.data(), up_.data(), n * ff, gate_.data());
+    }
     Linear(l, model::Linear::kDown, gate_.data(), ff, xb_.data(), d, n, in, pool);
+    if (c.sandwich_norms) {
+      kernels::RmsNorm(xb_.data(), static_cast<const float*>(lw.post_ffn_norm.data()), n, d,
+                       c.norm_eps, xb_.data());
+    }
     kernels::Add(x_.data(), xb_.data(), n * d);
   }
 
@@ -320,6 +396,11 @@ void Forward::Run(const StepInput& in, memory::KvCache* kv, ThreadPool* pool, fl
   kernels::MatMul(w.output, logit_in_.data(), d, n_logits, logits, c.vocab_size, false, pool);
   if (in.hook != nullptr)
     in.hook->ApplyOutput(in.logit_rows, logit_in_.data(), d, logits, c.vocab_size, pool);
+  if (c.final_softcap > 0) {  // Gemma 2: logits = cap·tanh(logits / cap)
+    const float cap = c.final_softcap;
+    for (int64_t j = 0; j < n_logits * c.vocab_size; ++j)
+      logits[j] = cap * std::tanh(logits[j] / cap);
+  }
 }
 
 }  // namespace chorus::model

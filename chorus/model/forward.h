@@ -122,8 +122,12 @@ class Forward {
 
   std::shared_ptr<const Model> model_;
   int64_t max_rows_, max_logit_rows_;
-  std::vector<float> inv_freq_;             // [head_dim / 2]
-  std::vector<float> rope_cos_, rope_sin_;  // [max_rows, head_dim / 2]: this step's rotations
+  std::vector<float> inv_freq_;             // [rotary_dim / 2]
+  std::vector<float> rope_cos_, rope_sin_;  // [max_rows, rotary_dim / 2]: this step's rotations
+  // Sliding layers with their own RoPE base (Gemma 3): their inv_freq and tables; empty = same.
+  std::vector<float> inv_freq_local_, rope_cos_local_, rope_sin_local_;
+  // Scratch of the general attention path (kernels::AttentionRowWindow), per thread.
+  std::vector<float> window_scratch_;
   // Step buffers, [max_rows, width] each.
   std::vector<float> x_, xb_, q_, k_, v_, att_, gate_, up_, logit_in_;
   std::vector<int32_t> step_rows_;  // 0, 1, …, max_rows − 1: the rows of a layer norm

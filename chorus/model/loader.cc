@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "chorus/base/mapped_file.h"
@@ -96,6 +97,7 @@ Result<std::shared_ptr<const Model>> LoadHfDirectory(const std::string& dir) {
     for (const auto& p : named) has_head |= p.first == "lm_head.weight";
     if (!has_head) c.tie_embeddings = true;  // HF ties when lm_head is absent
   }
+  CHORUS_RETURN_IF_ERROR(SplitFusedProjections(c, &named, dir));
   return Model::Build(std::move(c), std::move(named), ModelFormat::kHfDirectory, dir);
 }
 
@@ -112,9 +114,20 @@ Result<std::shared_ptr<const Model>> LoadGguf(const std::string& path) {
     c.arch = "qwen2";
     c.qkv_bias = true;
     c.rope_layout = kernels::RopeLayout::kHalf;  // NEOX-style rope, rows not permuted
+  } else if (arch == "qwen3" || arch == "phi3" || arch == "gemma2" || arch == "gemma3") {
+    // All NEOX-style rope in llama.cpp: rotate-half order, rows not permuted.
+    c.arch = arch;
+    c.rope_layout = kernels::RopeLayout::kHalf;
   } else {
-    return UnimplementedError(path + ": GGUF architecture '" + arch.substr(0, 64) +
-                              "' is not supported (supported: llama, qwen2)");
+    return UnimplementedError(
+        path + ": GGUF general.architecture '" + arch.substr(0, 64) +
+        "' is not supported (supported: llama, qwen2, qwen3, phi3, gemma2, gemma3)");
+  }
+  const bool gemma = arch == "gemma2" || arch == "gemma3";
+  c.qk_norm = arch == "qwen3" || arch == "gemma3";
+  if (gemma) {
+    c.norm_plus_one = c.sandwich_norms = c.embed_scale = true;
+    c.activation = Activation::kGeluTanh;
   }
   auto get_int = [&](const std::string& key, int64_t* out, bool required) -> Status {
     auto v = g->GetInt(arch + "." + key);
@@ -135,7 +148,8 @@ Result<std::shared_ptr<const Model>> LoadGguf(const std::string& path) {
     c.norm_eps = static_cast<float>(*eps);
   if (auto th = g->GetFloat(arch + ".rope.freq_base"); th.ok())
     c.rope_theta = static_cast<float>(*th);
-  if (auto st = g->GetString(arch + ".rope.scaling.type"); st.ok() && *st != "none") {
+  if (auto st = g->GetString(arch + ".rope.scaling.type");
+      st.ok() && *st != "none" && *st != "longrope" && *st != "su") {  // LongRoPE: below
     if (*st != "linear")
       return UnimplementedError(path + ": rope scaling '" + st->substr(0, 32) +
                                 "' is not supported");
@@ -143,8 +157,30 @@ Result<std::shared_ptr<const Model>> LoadGguf(const std::string& path) {
     if (auto f = g->GetFloat(arch + ".rope.scaling.factor"); f.ok())
       c.rope_scaling.factor = static_cast<float>(*f);
   }
+  if (auto rd = g->GetInt(arch + ".rope.dimension_count"); rd.ok() && *rd != c.head_dim)
+    c.rotary_dim = *rd;  // partial rotary (checked by Validate)
+  if (auto sw = g->GetInt(arch + ".attention.sliding_window");
+      sw.ok() && arch != "llama" && arch != "qwen2" && arch != "qwen3")
+    c.sliding_window = *sw;
+  if (gemma) {
+    if (auto v = g->GetFloat(arch + ".attn_logit_softcapping"); v.ok())
+      c.attn_softcap = static_cast<float>(*v);
+    if (auto v = g->GetFloat(arch + ".final_logit_softcapping"); v.ok())
+      c.final_softcap = static_cast<float>(*v);
+    // llama.cpp's fixed layer patterns (Gemma 2: even layers slide; Gemma 3: five of six) and
+    // Gemma 3's local RoPE base. GGUF has no query_pre_attn_scalar: like llama.cpp, scale by
+    // head_dim except the 27B shapes (46 / 62 layers), which use n_embd / n_heads.
+    c.layer_sliding.assign(static_cast<size_t>(std::max<int64_t>(c.n_layers, 0)), 0);
+    for (int64_t l = 0; l < c.n_layers; ++l)
+      c.layer_sliding[static_cast<size_t>(l)] = arch == "gemma2" ? l % 2 == 0 : (l + 1) % 6 != 0;
+    if (arch == "gemma3") c.rope_local_theta = 10000.0f;
+    if ((arch == "gemma2" && c.n_layers == 46) || (arch == "gemma3" && c.n_layers == 62))
+      c.attn_scale =
+          1.0f / std::sqrt(static_cast<float>(c.n_embd / std::max<int64_t>(1, c.n_heads)));
+  }
   Model::NamedTensors named;
   bool has_output = false;
+  Tensor rope_long, rope_short;
   for (const auto& info : g->tensors()) {
     if (info.name == "rope_freqs.weight") {
       CHORUS_ASSIGN_OR_RETURN(Tensor rf, g->GetTensor(info.name));
@@ -152,12 +188,47 @@ Result<std::shared_ptr<const Model>> LoadGguf(const std::string& path) {
       c.rope_freq_factors = rf.ToF32();
       continue;
     }
-    auto hf = GgufToHfName(info.name);
+    if (info.name == "rope_factors_long.weight" || info.name == "rope_factors_short.weight") {
+      CHORUS_ASSIGN_OR_RETURN(Tensor rf, g->GetTensor(info.name));
+      if (rf.dtype() != DType::kF32) return err(info.name + " must be f32");
+      (info.name == "rope_factors_long.weight" ? rope_long : rope_short) = rf;
+      continue;
+    }
+    auto hf = GgufToHfName(info.name, arch);
     if (!hf)
       return err("unexpected tensor '" + info.name.substr(0, 96) + "' for architecture " + arch);
     CHORUS_ASSIGN_OR_RETURN(Tensor t, g->GetTensor(info.name));
     has_output |= *hf == "lm_head.weight";
+    if (gemma && hf->size() > 11 && hf->compare(hf->size() - 11, 11, "norm.weight") == 0) {
+      // llama.cpp's converter stores Gemma's norms as 1 + w; the canonical tensors hold w.
+      if (DTypeIsQuantized(t.dtype()))
+        return err("tensor '" + info.name + "' must not be quantized");
+      std::vector<float> v = t.ToF32();
+      for (float& x : v) x -= 1.0f;
+      t = Tensor::FromF32(v, DType::kF32, t.shape());
+    }
     named.emplace_back(*hf, std::move(t));
+  }
+  if (!rope_long.empty() || !rope_short.empty()) {
+    if (rope_long.empty() || rope_short.empty())
+      return err("LongRoPE needs both rope_factors_long.weight and rope_factors_short.weight");
+    c.rope_scaling.type = RopeScaling::Type::kLongRope;
+    c.rope_scaling.long_factors = rope_long.ToF32();
+    c.rope_scaling.short_factors = rope_short.ToF32();
+    c.rope_scaling.original_max_position = c.max_seq_len;
+    if (auto o = g->GetInt(arch + ".rope.scaling.original_context_length"); o.ok())
+      c.rope_scaling.original_max_position = *o;
+    const double scale =
+        static_cast<double>(c.max_seq_len) /
+        static_cast<double>(std::max<int64_t>(1, c.rope_scaling.original_max_position));
+    c.rope_scaling.attn_factor =
+        scale <= 1.0
+            ? 1.0f
+            : static_cast<float>(std::sqrt(
+                  1.0 + std::log(scale) /
+                            std::log(static_cast<double>(c.rope_scaling.original_max_position))));
+    if (auto af = g->GetFloat(arch + ".rope.scaling.attn_factor"); af.ok())
+      c.rope_scaling.attn_factor = static_cast<float>(*af);
   }
   c.tie_embeddings = !has_output;
   for (const auto& [name, t] : named) {
@@ -167,6 +238,7 @@ Result<std::shared_ptr<const Model>> LoadGguf(const std::string& path) {
     return err("vocab_size " + std::to_string(*vs) + " disagrees with token_embd rows " +
                std::to_string(c.vocab_size));
   }
+  CHORUS_RETURN_IF_ERROR(SplitFusedProjections(c, &named, path));
   return Model::Build(std::move(c), std::move(named), ModelFormat::kGguf, path);
 }
 

@@ -82,6 +82,33 @@ std::string HfLayerNormName(int64_t layer, bool ffn) {
          (ffn ? ".post_attention_layernorm.weight" : ".input_layernorm.weight");
 }
 
+std::string HfNormName(const ModelConfig& c, int64_t layer, Norm n) {
+  const std::string p = "model.layers." + std::to_string(layer) + ".";
+  const bool gemma = c.sandwich_norms;
+  switch (n) {
+    case Norm::kAttn:
+      return p + "input_layernorm.weight";
+    case Norm::kFfn:
+      return p + (gemma ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight");
+    case Norm::kPostAttn:
+      return p + "post_attention_layernorm.weight";
+    case Norm::kPostFfn:
+      return p + "post_feedforward_layernorm.weight";
+    case Norm::kQ:
+      return p + "self_attn.q_norm.weight";
+    case Norm::kK:
+      return p + "self_attn.k_norm.weight";
+  }
+  return p;
+}
+
+std::string HfFusedQkvName(int64_t layer) {
+  return "model.layers." + std::to_string(layer) + ".self_attn.qkv_proj.weight";
+}
+std::string HfFusedGateUpName(int64_t layer) {
+  return "model.layers." + std::to_string(layer) + ".mlp.gate_up_proj.weight";
+}
+
 namespace {
 
 // Small vectors (norms, biases) are converted to f32 heap copies: they are read many times per
@@ -109,6 +136,51 @@ Status CheckMatrix(const Tensor& t, int64_t rows, int64_t cols, const std::strin
 
 }  // namespace
 
+Status SplitFusedProjections(const ModelConfig& c, Model::NamedTensors* tensors,
+                             const std::string& source) {
+  if (!FusedProjections(c)) return OkStatus();
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < tensors->size(); ++i) index.emplace((*tensors)[i].first, i);
+  std::vector<bool> drop(tensors->size(), false);
+  Model::NamedTensors added;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    struct Fused {
+      std::string name;
+      LinearGroup group;
+    };
+    for (const Fused& f : {Fused{HfFusedQkvName(l), LinearGroup::kQkv},
+                           Fused{HfFusedGateUpName(l), LinearGroup::kGateUp}}) {
+      const auto members = LinearGroupMembers(f.group);
+      auto it = index.find(f.name);
+      if (it == index.end()) {
+        // A checkpoint already split (some exporters do) is fine; one with neither is not.
+        bool split = true;
+        for (Linear m : members) split = split && index.count(HfLayerTensorName(l, m)) > 0;
+        if (split) continue;
+        return NotFoundError(source + ": missing tensor '" + f.name + "' (" + c.arch +
+                             " stores it fused)");
+      }
+      const Tensor& t = (*tensors)[it->second].second;
+      int64_t rows = 0;
+      for (Linear m : members) rows += LinearOut(c, m);
+      CHORUS_RETURN_IF_ERROR(CheckMatrix(t, rows, c.n_embd, f.name).WithContext(source));
+      int64_t r0 = 0;
+      for (Linear m : members) {
+        added.emplace_back(HfLayerTensorName(l, m), t.Rows(r0, r0 + LinearOut(c, m)));
+        r0 += LinearOut(c, m);
+      }
+      drop[it->second] = true;
+    }
+  }
+  Model::NamedTensors out;
+  out.reserve(tensors->size() + added.size());
+  for (size_t i = 0; i < tensors->size(); ++i)
+    if (!drop[i]) out.push_back(std::move((*tensors)[i]));
+  for (auto& a : added) out.push_back(std::move(a));
+  *tensors = std::move(out);
+  return OkStatus();
+}
+
 Result<std::shared_ptr<const Model>> Model::Build(ModelConfig config, NamedTensors tensors,
                                                   ModelFormat format, std::string source) {
   CHORUS_RETURN_IF_ERROR(config.Validate().WithContext(source));
@@ -130,8 +202,6 @@ Result<std::shared_ptr<const Model>> Model::Build(ModelConfig config, NamedTenso
     CHORUS_RETURN_IF_ERROR(
         CheckMatrix(w.tok_embd, c.vocab_size, c.n_embd, "model.embed_tokens.weight")
             .WithContext(source));
-    CHORUS_ASSIGN_OR_RETURN(Tensor norm, find("model.norm.weight"));
-    CHORUS_ASSIGN_OR_RETURN(w.output_norm, ToF32Vector(norm, c.n_embd, "model.norm.weight"));
     Tensor out = w.tok_embd;
     if (!c.tie_embeddings) {
       CHORUS_ASSIGN_OR_RETURN(out, find("lm_head.weight"));
@@ -148,14 +218,29 @@ Result<std::shared_ptr<const Model>> Model::Build(ModelConfig config, NamedTenso
   const int64_t shapes[kNumLinears][2] = {
       {c.q_dim(), c.n_embd}, {c.kv_dim(), c.n_embd}, {c.kv_dim(), c.n_embd}, {c.n_embd, c.q_dim()},
       {c.n_ff, c.n_embd},    {c.n_ff, c.n_embd},     {c.n_embd, c.n_ff}};
+  // A norm's f32 weights as the kernels use them: (1 + w) for Gemma.
+  auto norm = [&](const std::string& name, int64_t n) -> Result<Tensor> {
+    CHORUS_ASSIGN_OR_RETURN(Tensor t, find(name));
+    auto f = ToF32Vector(t, n, name);
+    if (!f.ok()) return f.status().WithContext(source);
+    if (!c.norm_plus_one) return f;
+    std::vector<float> v = f->ToF32();
+    for (float& x : v) x += 1.0f;
+    return Tensor::FromF32(v, DType::kF32, {n});
+  };
+  CHORUS_ASSIGN_OR_RETURN(w.output_norm, norm("model.norm.weight", c.n_embd));
   w.layers.resize(static_cast<size_t>(c.n_layers));
   for (int64_t l = 0; l < c.n_layers; ++l) {
     LayerWeights& lw = w.layers[static_cast<size_t>(l)];
-    for (int bi = 0; bi < 2; ++bi) {
-      std::string name = HfLayerNormName(l, bi == 1);
-      CHORUS_ASSIGN_OR_RETURN(Tensor t, find(name));
-      CHORUS_ASSIGN_OR_RETURN(Tensor f, ToF32Vector(t, c.n_embd, name));
-      (bi == 0 ? lw.attn_norm : lw.ffn_norm) = f;
+    CHORUS_ASSIGN_OR_RETURN(lw.attn_norm, norm(HfNormName(c, l, Norm::kAttn), c.n_embd));
+    CHORUS_ASSIGN_OR_RETURN(lw.ffn_norm, norm(HfNormName(c, l, Norm::kFfn), c.n_embd));
+    if (c.sandwich_norms) {
+      CHORUS_ASSIGN_OR_RETURN(lw.post_attn_norm, norm(HfNormName(c, l, Norm::kPostAttn), c.n_embd));
+      CHORUS_ASSIGN_OR_RETURN(lw.post_ffn_norm, norm(HfNormName(c, l, Norm::kPostFfn), c.n_embd));
+    }
+    if (c.qk_norm) {
+      CHORUS_ASSIGN_OR_RETURN(lw.q_norm, norm(HfNormName(c, l, Norm::kQ), c.head_dim));
+      CHORUS_ASSIGN_OR_RETURN(lw.k_norm, norm(HfNormName(c, l, Norm::kK), c.head_dim));
     }
     for (int li = 0; li < kNumLinears; ++li) {
       std::string name = HfLayerTensorName(l, static_cast<Linear>(li));

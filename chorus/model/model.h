@@ -41,8 +41,11 @@ std::span<const Linear> LinearGroupMembers(LinearGroup g);
 std::optional<LinearGroup> LinearGroupOf(Linear l);
 
 struct LayerWeights {
+  // Norm weights are f32 and already hold (1 + w) when config.norm_plus_one.
   Tensor attn_norm;                           // [n_embd] f32
   Tensor ffn_norm;                            // [n_embd] f32
+  Tensor post_attn_norm, post_ffn_norm;       // [n_embd] f32; only with config.sandwich_norms
+  Tensor q_norm, k_norm;                      // [head_dim] f32; only with config.qk_norm
   kernels::PackedWeight linear[kNumLinears];  // q [q_dim, n_embd], k/v [kv_dim, n_embd],
                                               // o [n_embd, q_dim], gate/up [n_ff, n_embd],
                                               // down [n_embd, n_ff]
@@ -63,8 +66,10 @@ const char* ModelFormatName(ModelFormat f);
 class Model {
  public:
   // Canonical tensors in Hugging Face naming ("model.layers.0.self_attn.q_proj.weight", ...),
-  // exactly as stored (dtype, and q/k row order per config.rope_layout). Build() validates
-  // names and shapes against the config and prepares the kernels' weights.
+  // exactly as stored (dtype, and q/k row order per config.rope_layout; Gemma's norms hold w,
+  // not 1 + w; Phi-3's fused projections split by SplitFusedProjections into row views of the
+  // same bytes). Build() validates names and shapes against the config and prepares the
+  // kernels' weights.
   using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
   static Result<std::shared_ptr<const Model>> Build(ModelConfig config, NamedTensors tensors,
                                                     ModelFormat format, std::string source);
@@ -88,6 +93,24 @@ class Model {
   ModelFormat format_ = ModelFormat::kSynthetic;
   std::string source_;
 };
+
+// The per-layer norms of a block, by role.
+enum class Norm { kAttn, kFfn, kPostAttn, kPostFfn, kQ, kK };
+// Its HF name for the config's family: kFfn is post_attention_layernorm in Llama-style blocks
+// but pre_feedforward_layernorm in Gemma's, whose post_attention_layernorm is kPostAttn.
+std::string HfNormName(const ModelConfig& c, int64_t layer, Norm n);
+// Phi-3's fused projections: qkv_proj = [q; k; v] rows, gate_up_proj = [gate; up] rows.
+std::string HfFusedQkvName(int64_t layer);     // ...self_attn.qkv_proj.weight
+std::string HfFusedGateUpName(int64_t layer);  // ...mlp.gate_up_proj.weight
+// Families whose checkpoints store the fused projections.
+inline bool FusedProjections(const ModelConfig& c) { return c.arch == "phi3"; }
+// For such a family, replaces each layer's fused qkv_proj / gate_up_proj in `tensors` by the
+// members' row views (LinearGroupMembers order: q, k, v / gate, up), so every consumer — Build,
+// LoRA merging, delta compression — sees the seven linears of every family; `chorus convert`
+// fuses them again on write. A missing or mis-shaped fused tensor is an error naming it.
+// No-op for other families.
+Status SplitFusedProjections(const ModelConfig& c, Model::NamedTensors* tensors,
+                             const std::string& source);
 
 // HF tensor names used by Model::Build.
 std::string HfLayerTensorName(int64_t layer, Linear l);  // ...self_attn.q_proj.weight

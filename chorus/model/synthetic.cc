@@ -14,6 +14,9 @@ struct Shape {
   int64_t dim, layers, heads, kv_heads, ff, vocab, ctx;
   float theta;
   bool tied, bias;
+  int64_t head_dim = 0;  // 0 = dim / heads
+  int64_t window = 0;    // sliding window of the family's sliding layers
+  bool tiny = false;     // a test shape: random norms, every family feature switched on
 };
 
 constexpr Shape kShapes[] = {
@@ -24,7 +27,58 @@ constexpr Shape kShapes[] = {
     {"llama3-8b", "llama", 4096, 32, 32, 8, 14336, 128256, 8192, 500000.f, false, false},
     {"mistral-7b", "llama", 4096, 32, 32, 8, 14336, 32000, 8192, 1000000.f, false, false},
     {"qwen2-0.5b", "qwen2", 896, 24, 14, 2, 4864, 151936, 4096, 1000000.f, true, true},
+    // The families of docs/models.md at their published shapes (config.json of each release).
+    {"qwen3-0.6b", "qwen3", 1024, 28, 16, 8, 3072, 151936, 40960, 1000000.f, true, false, 128},
+    {"phi-3-mini", "phi3", 3072, 32, 32, 32, 8192, 32064, 4096, 10000.f, false, false, 0, 2047},
+    {"gemma-2-2b", "gemma2", 2304, 26, 8, 4, 9216, 256000, 8192, 10000.f, true, false, 256, 4096},
+    {"gemma-3-1b", "gemma3", 1152, 26, 4, 1, 6912, 262144, 32768, 1000000.f, true, false, 256, 512},
+    // Tiny test shapes: small enough for reference forwards in tests, with windows shorter than
+    // their tests' 64 positions and head_dim ≠ dim / heads where the family allows it.
+    {"qwen3-tiny", "qwen3", 64, 2, 4, 2, 128, 512, 256, 10000.f, true, false, 32, 0, true},
+    {"phi3-tiny", "phi3", 64, 2, 4, 2, 128, 512, 256, 10000.f, false, false, 0, 24, true},
+    {"gemma2-tiny", "gemma2", 64, 3, 4, 2, 128, 512, 256, 10000.f, true, false, 32, 16, true},
+    {"gemma3-tiny", "gemma3", 64, 7, 4, 2, 128, 512, 256, 1000000.f, true, false, 32, 8, true},
 };
+
+// The family's switches (config.h) at the values of its published configs; tiny shapes also
+// get a partial rotary and LongRoPE factors (Phi-3) so tests reach every code path.
+void ApplyFamily(const Shape& s, ModelConfig* c) {
+  if (c->arch == "qwen3" || c->arch == "gemma3") c->qk_norm = true;
+  if (c->arch == "phi3") {
+    c->sliding_window = s.window;
+    if (s.tiny) {
+      c->rotary_dim = 12;  // partial rotary, as Phi-4-mini (Phi3ForCausalLM) has
+      c->rope_scaling.type = RopeScaling::Type::kLongRope;
+      c->rope_scaling.original_max_position = 32;
+      for (int i = 0; i < 6; ++i) {
+        c->rope_scaling.short_factors.push_back(1.0f + 0.25f * static_cast<float>(i));
+        c->rope_scaling.long_factors.push_back(1.5f + 2.0f * static_cast<float>(i));
+      }
+      c->rope_scaling.attn_factor =
+          static_cast<float>(std::sqrt(1.0 + std::log(256.0 / 32.0) / std::log(32.0)));
+    }
+  }
+  if (c->arch == "gemma2" || c->arch == "gemma3") {
+    c->norm_plus_one = c->sandwich_norms = c->embed_scale = true;
+    c->activation = Activation::kGeluTanh;
+    c->norm_eps = 1e-6f;
+    c->sliding_window = s.window;
+    // query_pre_attn_scalar: the published 256; gemma2-tiny's differs from its head_dim so tests
+    // see which one is used, gemma3-tiny's equals it so GGUF (which cannot say it) round-trips.
+    const int qpas = !s.tiny ? 256 : c->arch == "gemma2" ? 24 : static_cast<int>(c->head_dim);
+    c->attn_scale = 1.0f / std::sqrt(static_cast<float>(qpas));
+    c->layer_sliding.assign(static_cast<size_t>(c->n_layers), 0);
+    for (int64_t l = 0; l < c->n_layers; ++l)
+      c->layer_sliding[static_cast<size_t>(l)] =
+          c->arch == "gemma2" ? l % 2 == 0 : (l + 1) % 6 != 0;
+    if (c->arch == "gemma2") {
+      c->attn_softcap = s.tiny ? 5.0f : 50.0f;  // tiny: low enough that the cap bites
+      c->final_softcap = s.tiny ? 8.0f : 30.0f;
+    } else {
+      c->rope_local_theta = 10000.0f;
+    }
+  }
+}
 
 // Fills one tensor from its own seeded stream (seed mixed with the tensor index) so tensors
 // can be generated in parallel and stay identical everywhere.
@@ -59,7 +113,7 @@ Result<ModelConfig> SyntheticConfig(const std::string& shape) {
     c.n_layers = s.layers;
     c.n_heads = s.heads;
     c.n_kv_heads = s.kv_heads;
-    c.head_dim = s.dim / s.heads;
+    c.head_dim = s.head_dim > 0 ? s.head_dim : s.dim / s.heads;
     c.n_ff = s.ff;
     c.vocab_size = s.vocab;
     c.max_seq_len = s.ctx;
@@ -68,6 +122,7 @@ Result<ModelConfig> SyntheticConfig(const std::string& shape) {
     c.qkv_bias = s.bias;
     c.norm_eps = 1e-5f;
     c.rope_layout = kernels::RopeLayout::kHalf;
+    ApplyFamily(s, &c);
     return c;
   }
   std::string list;
@@ -78,11 +133,13 @@ Result<ModelConfig> SyntheticConfig(const std::string& shape) {
 
 Result<std::shared_ptr<const Model>> MakeSyntheticModel(const SyntheticSpec& spec) {
   CHORUS_ASSIGN_OR_RETURN(ModelConfig c, SyntheticConfig(spec.shape));
+  bool tiny = false;
+  for (const Shape& sh : kShapes) tiny |= spec.shape == sh.name && sh.tiny;
   struct Job {
     std::string name;
     std::vector<int64_t> shape;
     DType dtype;
-    float stddev;  // 0 = ones (norm weights)
+    float stddev;  // 0 = norm weights: ones (tiny shapes: 1 + noise; Gemma's w: 0 + noise)
   };
   std::vector<Job> jobs;
   const float s = 0.02f;
@@ -96,10 +153,23 @@ Result<std::shared_ptr<const Model>> MakeSyntheticModel(const SyntheticSpec& spe
       {c.q_dim(), c.n_embd}, {c.kv_dim(), c.n_embd}, {c.kv_dim(), c.n_embd}, {c.n_embd, c.q_dim()},
       {c.n_ff, c.n_embd},    {c.n_ff, c.n_embd},     {c.n_embd, c.n_ff}};
   for (int64_t l = 0; l < c.n_layers; ++l) {
-    jobs.push_back({HfLayerNormName(l, false), {c.n_embd}, DType::kF32, 0.0f});
-    jobs.push_back({HfLayerNormName(l, true), {c.n_embd}, DType::kF32, 0.0f});
+    jobs.push_back({HfNormName(c, l, Norm::kAttn), {c.n_embd}, DType::kF32, 0.0f});
+    jobs.push_back({HfNormName(c, l, Norm::kFfn), {c.n_embd}, DType::kF32, 0.0f});
+    if (c.sandwich_norms) {
+      jobs.push_back({HfNormName(c, l, Norm::kPostAttn), {c.n_embd}, DType::kF32, 0.0f});
+      jobs.push_back({HfNormName(c, l, Norm::kPostFfn), {c.n_embd}, DType::kF32, 0.0f});
+    }
+    if (c.qk_norm) {
+      jobs.push_back({HfNormName(c, l, Norm::kQ), {c.head_dim}, DType::kF32, 0.0f});
+      jobs.push_back({HfNormName(c, l, Norm::kK), {c.head_dim}, DType::kF32, 0.0f});
+    }
+    if (FusedProjections(c)) {  // Phi-3 checkpoints store q|k|v and gate|up fused
+      jobs.push_back({HfFusedQkvName(l), {c.q_dim() + 2 * c.kv_dim(), c.n_embd}, spec.dtype, s});
+      jobs.push_back({HfFusedGateUpName(l), {2 * c.n_ff, c.n_embd}, spec.dtype, s});
+    }
     for (int li = 0; li < kNumLinears; ++li) {
       auto which = static_cast<Linear>(li);
+      if (FusedProjections(c) && which != Linear::kO && which != Linear::kDown) continue;
       float sd = (which == Linear::kO || which == Linear::kDown) ? s_out : s;
       jobs.push_back({HfLayerTensorName(l, which), {shapes[li][0], shapes[li][1]}, spec.dtype, sd});
     }
@@ -119,7 +189,13 @@ Result<std::shared_ptr<const Model>> MakeSyntheticModel(const SyntheticSpec& spe
         const Job& job = jobs[j];
         Tensor t;
         if (job.stddev == 0.0f) {
-          std::vector<float> ones(static_cast<size_t>(job.shape[0]), 1.0f);
+          // Gemma's norms hold w of (1 + w): the neutral value is 0.
+          const float base = c.norm_plus_one ? 0.0f : 1.0f;
+          std::vector<float> ones(static_cast<size_t>(job.shape[0]), base);
+          if (tiny) {  // distinct per channel, so tests see a norm applied the wrong way
+            Rng rng(spec.seed * 1000003u + j);
+            for (float& v : ones) v += (rng.NextFloat() * 2.0f - 1.0f) * 0.2f;
+          }
           t = Tensor::FromF32(ones, job.dtype, job.shape);
         } else {
           t = RandomTensor(job.dtype, job.shape, spec.seed * 1000003u + j, job.stddev);
@@ -129,6 +205,7 @@ Result<std::shared_ptr<const Model>> MakeSyntheticModel(const SyntheticSpec& spe
     });
   }
   for (auto& t : threads) t.join();
+  CHORUS_RETURN_IF_ERROR(SplitFusedProjections(c, &named, "synthetic:" + spec.shape));
   return Model::Build(std::move(c), std::move(named), ModelFormat::kSynthetic,
                       "synthetic:" + spec.shape + ":" + std::string(DTypeName(spec.dtype)));
 }

@@ -18,12 +18,15 @@ struct SyntheticSpec {
 };
 
 // "tiny" (the embedded default: dim 128, 4 layers, vocab 512), "stories260k", "tinyllama-1.1b",
-// "llama2-7b", "llama3-8b", "mistral-7b", "qwen2-0.5b".
+// "llama2-7b", "llama3-8b", "mistral-7b", "qwen2-0.5b", "qwen3-0.6b", "phi-3-mini", "gemma-2-2b",
+// "gemma-3-1b", and the test shapes "qwen3-tiny", "phi3-tiny", "gemma2-tiny", "gemma3-tiny"
+// (docs/models.md).
 std::vector<std::string> SyntheticShapeNames();
 Result<ModelConfig> SyntheticConfig(const std::string& shape);
 
-// Builds the model in memory. Weights ~ N(0, 0.02²)·scaled per layer, norms = 1; identical for
-// the same spec on every machine. Quantized dtypes are quantized from the same f32 draws.
+// Builds the model in memory. Weights ~ N(0, 0.02²)·scaled per layer, norms = 1 (Gemma's w = 0;
+// test shapes add per-channel noise); identical for the same spec on every machine. Quantized
+// dtypes are quantized from the same f32 draws.
 Result<std::shared_ptr<const Model>> MakeSyntheticModel(const SyntheticSpec& spec);
 
 }  // namespace chorus::model

@@ -49,6 +49,15 @@ Tensor Tensor::Slice(int64_t index) const {
   return Tensor(std::move(v), keepalive_);
 }
 
+Tensor Tensor::Rows(int64_t begin, int64_t end) const {
+  CHORUS_CHECK(view_.shape.size() == 2 && 0 <= begin && begin < end && end <= view_.shape[0]);
+  TensorView v;
+  v.dtype = view_.dtype;
+  v.shape = {end - begin, view_.shape[1]};
+  v.data = static_cast<const uint8_t*>(view_.data) + begin * view_.RowBytes();
+  return Tensor(std::move(v), keepalive_);
+}
+
 Tensor Tensor::Reshaped(std::vector<int64_t> shape) const {
   TensorView v = view_;
   v.shape = std::move(shape);

@@ -62,6 +62,9 @@ class Tensor {
   // Sub-tensor `index` of the outermost dimension (shares ownership), e.g. layer l of a
   // stacked [L, n, k] tensor. Requires: n_dims() >= 2, 0 <= index < shape[0].
   Tensor Slice(int64_t index) const;
+  // Rows [begin, end) of a 2-D tensor as a view (shares ownership), e.g. q of a fused qkv
+  // projection. Requires: n_dims() == 2, 0 <= begin < end <= shape[0].
+  Tensor Rows(int64_t begin, int64_t end) const;
   // Same bytes, new shape with the same element count.
   Tensor Reshaped(std::vector<int64_t> shape) const;
   // Decodes the whole tensor to f32 (for tests, converters and oracles — not the hot path).

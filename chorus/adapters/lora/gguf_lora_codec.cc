@@ -41,10 +41,15 @@ Result<GgufLoraTensor> ParseGgufLoraTensor(const std::string& path, const std::s
   for (const ModuleName& m : kModules) {
     if (leaf == m.gguf) mod = &m;
   }
+  if (mod == nullptr && leaf == "attn_qkv.weight") {  // llama.cpp's fused q|k|v (Phi-3)
+    static constexpr ModuleName kQkv = {"self_attn.qkv_proj", "attn_qkv.weight", model::Linear::kQ};
+    mod = &kQkv;
+    g.fused = model::LinearGroup::kQkv;
+  }
   if (mod == nullptr) {
     return InvalidArgumentError(path + ": tensor '" + name + "' targets unknown module '" + leaf +
-                                "' (Chorus applies LoRA to attn_q, attn_k, attn_v, attn_output, "
-                                "ffn_gate, ffn_up, ffn_down)");
+                                "' (Chorus applies LoRA to attn_q, attn_k, attn_v, attn_qkv, "
+                                "attn_output, ffn_gate, ffn_up, ffn_down)");
   }
   g.which = mod->which;
   auto dt = formats::GgmlTypeToDType(ggml_type);
@@ -93,6 +98,7 @@ using lora_internal::LayerInRange;
 using lora_internal::ModuleName;
 using lora_internal::ParseGgufLoraTensor;
 using lora_internal::PermutedB;
+using lora_internal::StoreFusedTensor;
 using lora_internal::StoreTensor;
 using model::Linear;
 
@@ -117,6 +123,20 @@ Result<LoraWeights> ReadGgufLora(const std::string& path, const model::ModelConf
     if (g.skip) continue;
     CHORUS_RETURN_IF_ERROR(LayerInRange(g.layer, base, name).WithContext(path));
     CHORUS_ASSIGN_OR_RETURN(Tensor t, file->GetTensor(name));
+    if (g.fused && !model::FusedProjections(base)) {
+      return InvalidArgumentError(path + ": tensor '" + name +
+                                  "' targets unknown module 'attn_qkv.weight' for a " + base.arch +
+                                  " model (only models that store q|k|v fused have it)");
+    }
+    // A model that stores gate|up fused (model::FusedProjections) names it ffn_up in GGUF.
+    if (!g.fused && g.which == Linear::kUp && model::FusedProjections(base))
+      g.fused = model::LinearGroup::kGateUp;
+    if (g.fused) {
+      CHORUS_RETURN_IF_ERROR(
+          StoreFusedTensor(&w, base, g.layer, *g.fused, g.is_a, std::move(t), name)
+              .WithContext(path));
+      continue;
+    }
     CHORUS_RETURN_IF_ERROR(
         StoreTensor(&w, g.layer, g.which, g.is_a, std::move(t), name).WithContext(path));
   }
@@ -132,6 +152,12 @@ Result<LoraWeights> ReadGgufLora(const std::string& path, const model::ModelConf
 
 Status WriteGgufLora(const std::string& path, const LoraWeights& w, const model::ModelConfig& base,
                      const GgufLoraWriteOptions& opts) {
+  if (model::FusedProjections(base)) {
+    // llama.cpp names such a model's LoRA by its fused modules (attn_qkv, ffn_up = gate|up),
+    // which need one shared lora_A per group; the reader takes those, this writer does not.
+    return UnimplementedError("writing a GGUF LoRA for a model with fused projections (" +
+                              base.arch + ") is not supported; write the PEFT format");
+  }
   CHORUS_RETURN_IF_ERROR(ValidateLoraWeights(w, base, LoraLimits{.max_rank = 1 << 20}));
   // llama.cpp computes s = alpha / r per module from one alpha.
   std::optional<double> alpha;

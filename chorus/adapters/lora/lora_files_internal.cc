@@ -50,6 +50,28 @@ Status StoreTensor(LoraWeights* w, int64_t layer, model::Linear which, bool is_a
   return OkStatus();
 }
 
+Status StoreFusedTensor(LoraWeights* w, const model::ModelConfig& base, int64_t layer,
+                        model::LinearGroup group, bool is_a, Tensor t, const std::string& tensor) {
+  const auto members = model::LinearGroupMembers(group);
+  int64_t total = 0;
+  for (model::Linear m : members) total += model::LinearOut(base, m);
+  if (!is_a && (t.shape().size() != 2 || t.shape()[0] != total)) {
+    return InvalidArgumentError("lora_B '" + tensor + "' has shape " + t.view().ShapeString() +
+                                ", expected " + std::to_string(total) +
+                                " rows (the fused module's outputs)");
+  }
+  int64_t row = 0;
+  for (model::Linear m : members) {
+    Tensor part = t;
+    if (!is_a) {
+      part = t.Rows(row, row + model::LinearOut(base, m));
+      row += model::LinearOut(base, m);
+    }
+    CHORUS_RETURN_IF_ERROR(StoreTensor(w, layer, m, is_a, std::move(part), tensor));
+  }
+  return OkStatus();
+}
+
 Tensor PermutedB(const Tensor& b, const model::ModelConfig& base, model::Linear which,
                  kernels::RopeLayout from, kernels::RopeLayout to) {
   const int64_t heads = which == model::Linear::kQ   ? base.n_heads

@@ -27,7 +27,7 @@ inline constexpr const char* kConfigFile = "adapter_config.json";
 inline constexpr const char* kSafetensorsFile = "adapter_model.safetensors";
 inline constexpr const char* kPickleFile = "adapter_model.bin";
 inline constexpr const char* kSupportedModules =
-    "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj";
+    "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, qkv_proj, gate_up_proj";
 
 // The names of one linear in both formats.
 struct ModuleName {
@@ -44,6 +44,17 @@ inline constexpr ModuleName kModules[] = {
     {"mlp.up_proj", "ffn_up.weight", model::Linear::kUp},
     {"mlp.down_proj", "ffn_down.weight", model::Linear::kDown},
 };
+// Fused modules (Phi-3's qkv_proj, gate_up_proj): one LoRA over a model::LinearGroup's members
+// stacked by rows. Its lora_A is shared by the members and its lora_B splits by rows in
+// LinearGroupMembers order (docs/models.md, "LoRA on fused modules").
+struct FusedModuleName {
+  const char* hf;
+  model::LinearGroup group;
+};
+inline constexpr FusedModuleName kFusedModules[] = {
+    {"self_attn.qkv_proj", model::LinearGroup::kQkv},
+    {"mlp.gate_up_proj", model::LinearGroup::kGateUp},
+};
 
 // ---- Shared by every codec (lora_files_internal.cc) ----
 
@@ -56,6 +67,11 @@ Status LayerInRange(int64_t layer, const model::ModelConfig& base, const std::st
 // Puts `t` into w's lora_A (is_a) or lora_B slot of (layer, which); a second one is an error.
 Status StoreTensor(LoraWeights* w, int64_t layer, model::Linear which, bool is_a, Tensor t,
                    const std::string& tensor);
+// A fused module's lora_A (is_a; shared by the group's members) or lora_B (split by rows along
+// LinearGroupMembers(group), each member's LinearOut(base) rows) stored for each member. A lora_B
+// of the wrong height is an error naming `tensor`.
+Status StoreFusedTensor(LoraWeights* w, const model::ModelConfig& base, int64_t layer,
+                        model::LinearGroup group, bool is_a, Tensor t, const std::string& tensor);
 // lora_B with q/k rows moved from pair order `from` to `to`.
 Tensor PermutedB(const Tensor& b, const model::ModelConfig& base, model::Linear which,
                  kernels::RopeLayout from, kernels::RopeLayout to);
@@ -99,6 +115,8 @@ struct PeftTensorName {
   int64_t layer = 0;
   model::Linear which = model::Linear::kQ;
   bool is_a = true;
+  std::optional<model::LinearGroup> fused;  // a fused module: `which` is its first member
+  std::string leaf;                         // "self_attn.q_proj", as named in the file
 };
 // "<prefix>layers.N.self_attn.q_proj.lora_A[.<adapter>].weight" → (N, q, A); anything else is
 // an error naming what Chorus does not support.
@@ -129,6 +147,9 @@ Result<LoraWeights> ReadPeftDir(const std::string& dir, const model::ModelConfig
 // One tensor of a llama.cpp LoRA GGUF: "blk.<layer>.<module>.weight.lora_a|lora_b".
 struct GgufLoraTensor {
   bool skip = false;  // a norm tensor: ignored, as llama.cpp does
+  // A fused module (attn_qkv; ffn_up of a model whose gate|up is fused): `which` is its first
+  // member.
+  std::optional<model::LinearGroup> fused;
   bool is_a = false;
   int64_t layer = 0;  // not yet checked against a base model
   model::Linear which = model::Linear::kQ;

@@ -28,6 +28,7 @@ struct ModuleProbe {
   int64_t a_rows = -1, a_cols = 0, b_rows = 0, b_cols = -1;
   std::string a_dtype, b_dtype;
   float alpha = 0;
+  std::string leaf;  // the file's module name when it is a fused one ("qkv_proj"), else empty
 
   // Records the header of the lora_A (is_a) or lora_B matrix `shape` ([rows, cols]).
   void Record(bool is_a, const std::vector<int64_t>& shape, std::string dtype) {
@@ -69,7 +70,7 @@ Status Summarize(const std::string& where, std::map<std::pair<int64_t, int>, Mod
     if (p.a_rows < 1) return InvalidArgumentError(where + ": " + mname + " has rank 0");
     LoraModuleSummary& s = by_linear[li];
     if (s.layers == 0) {
-      s.name = HfLeaf(which);
+      s.name = p.leaf.empty() ? HfLeaf(which) : p.leaf;
       s.in = p.a_cols;
       s.out = p.b_rows;
       s.dtype = p.a_dtype == p.b_dtype ? p.a_dtype : p.a_dtype + "/" + p.b_dtype;
@@ -125,6 +126,9 @@ Result<LoraFileInfo> InspectPeftDir(const std::string& dir) {
                                   LoraModuleName(tn->layer, tn->which));
     }
     p.Record(tn->is_a, t.shape, LowerDType(t.dtype));
+    // A fused module (Phi-3's qkv_proj / gate_up_proj) is shown under its own name: it is
+    // recorded at its group's first member, with the fused height as its output.
+    if (tn->fused) p.leaf = tn->leaf.substr(tn->leaf.find('.') + 1);
     ++info.n_tensors;
     info.tensor_bytes += static_cast<int64_t>(t.end - t.begin);
   }

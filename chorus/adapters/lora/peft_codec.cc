@@ -52,12 +52,17 @@ bool IsTrue(const ojson& cfg, const char* key) {
   return it != cfg.end() && it->is_boolean() && it->get<bool>();
 }
 
-// A target_modules entry Chorus can apply: one of the seven names, possibly with a path prefix.
+// A target_modules entry Chorus can apply: one of the seven names or a fused one, possibly with a
+// path prefix.
 Status CheckTargetModule(const std::string& t) {
-  for (const ModuleName& m : kModules) {
-    const std::string leaf = std::string(m.hf).substr(std::string(m.hf).find('.') + 1);
-    if (t == leaf || EndsWith(t, "." + leaf)) return OkStatus();
-  }
+  auto matches = [&](const char* hf) {
+    const std::string leaf = std::string(hf).substr(std::string(hf).find('.') + 1);
+    return t == leaf || EndsWith(t, "." + leaf);
+  };
+  for (const ModuleName& m : kModules)
+    if (matches(m.hf)) return OkStatus();
+  for (const FusedModuleName& m : kFusedModules)
+    if (matches(m.hf)) return OkStatus();
   if (t == "lm_head" || EndsWith(t, ".lm_head") || t == "embed_tokens" ||
       EndsWith(t, ".embed_tokens")) {
     return UnimplementedError("LoRA on '" + t +
@@ -192,7 +197,11 @@ Result<PeftTensorName> ParsePeftTensorName(const std::string& name) {
   if (!layer) return InvalidArgumentError("tensor '" + name + "' has a malformed layer index");
   const std::string leaf = module.substr(pos);
   for (const ModuleName& m : kModules) {
-    if (leaf == m.hf) return PeftTensorName{*layer, m.which, is_a};
+    if (leaf == m.hf) return PeftTensorName{*layer, m.which, is_a, std::nullopt, leaf};
+  }
+  for (const FusedModuleName& m : kFusedModules) {
+    if (leaf == m.hf)
+      return PeftTensorName{*layer, model::LinearGroupMembers(m.group)[0], is_a, m.group, leaf};
   }
   return InvalidArgumentError("tensor '" + name + "' targets unknown module '" + leaf +
                               "' (Chorus applies LoRA to " + kSupportedModules + ")");
@@ -254,14 +263,28 @@ Result<LoraWeights> ReadPeftDir(const std::string& dir, const model::ModelConfig
   w.use_rslora = pc.use_rslora;
   w.qk_layout = kernels::RopeLayout::kHalf;
   w.base_model = pc.base_model;
+  // The module path each (layer, linear) was named by in the file, for rank/alpha patterns.
+  std::vector<std::string> leaf_of(static_cast<size_t>(base.n_layers * model::kNumLinears));
   for (const formats::SafetensorsTensorInfo& info : file->tensors()) {
     auto tn = ParsePeftTensorName(info.name);
     if (!tn.ok()) return tn.status().WithContext(st_path);
     CHORUS_RETURN_IF_ERROR(LayerInRange(tn->layer, base, info.name).WithContext(st_path));
     CHORUS_RETURN_IF_ERROR(CheckPeftTensorDType(st_path, info));
     CHORUS_ASSIGN_OR_RETURN(Tensor t, file->GetTensor(info.name));
-    CHORUS_RETURN_IF_ERROR(StoreTensor(&w, tn->layer, tn->which, tn->is_a, std::move(t), info.name)
-                               .WithContext(st_path));
+    if (!tn->fused) {
+      leaf_of[static_cast<size_t>(tn->layer * model::kNumLinears + static_cast<int>(tn->which))] =
+          tn->leaf;
+      CHORUS_RETURN_IF_ERROR(
+          StoreTensor(&w, tn->layer, tn->which, tn->is_a, std::move(t), info.name)
+              .WithContext(st_path));
+      continue;
+    }
+    // A fused module: the members share lora_A; lora_B's rows split by the members' outputs.
+    for (Linear m : model::LinearGroupMembers(*tn->fused))
+      leaf_of[static_cast<size_t>(tn->layer * model::kNumLinears + static_cast<int>(m))] = tn->leaf;
+    CHORUS_RETURN_IF_ERROR(
+        StoreFusedTensor(&w, base, tn->layer, *tn->fused, tn->is_a, std::move(t), info.name)
+            .WithContext(st_path));
   }
   // Ranks must agree with the config (r / rank_pattern); alphas from lora_alpha / alpha_pattern.
   for (int64_t l = 0; l < base.n_layers; ++l) {
@@ -269,7 +292,10 @@ Result<LoraWeights> ReadPeftDir(const std::string& dir, const model::ModelConfig
       const Linear which = static_cast<Linear>(li);
       LoraModuleWeights& m = w.at(l, which);
       if (!m.present() || m.a.shape().size() != 2) continue;  // shape errors: ValidateLoraWeights
-      const std::string path = "model." + LoraModuleName(l, which);
+      const std::string& leaf =
+          leaf_of[static_cast<size_t>(l * model::kNumLinears + static_cast<int>(which))];
+      const std::string path = leaf.empty() ? "model." + LoraModuleName(l, which)
+                                            : "model.layers." + std::to_string(l) + "." + leaf;
       const int64_t want_r = PatternValue(pc.rank_pattern, path, pc.r);
       m.alpha = static_cast<float>(PatternValue(pc.alpha_pattern, path, pc.alpha));
       if (m.a.shape()[0] != want_r) {
