@@ -1,0 +1,98 @@
+// `chorus router` (docs/router.md): one OpenAI-compatible endpoint in front of several `chorus
+// serve` replicas (a tensor-parallel group counts as one). Requests pass through unchanged —
+// bodies, the client's Authorization header, streams — to a replica chosen per request:
+//
+//   least-loaded  fewest requests in flight (the default)
+//   random        uniformly among the replicas that can serve the request
+//   pack          Punica's consolidation: the busiest replica still under --replica-capacity
+//                 requests, so lightly loaded periods keep few replicas busy
+//   rank-aware    CaraServe-style: the replica whose predicted added latency is smallest, from
+//                 its requests in flight and the LoRA ranks they run (a documented proxy for
+//                 each replica's measured cost model), preferring one already running the
+//                 request's variant
+//
+// Only replicas that are healthy and (when any replica lists it) serve the request's `model`
+// are candidates. A health thread polls each replica's /health and /v1/models every interval:
+// a failing replica is ejected and readmitted when it answers again; a connection that fails
+// during a request ejects it at once. A request whose replica fails before answering, or
+// answers 503 / 429 (draining, overloaded, out of KV), is sent to another replica — migration
+// by recomputation, since nothing reached the client yet. A replica that dies mid-stream ends
+// only that stream, with an OpenAI-shaped error event; new requests go elsewhere.
+// GET /v1/models is the union over healthy replicas (asked with the client's key, so tenants see
+// their own); adapter load/unload fan out to every healthy replica.
+//
+// Thread-safety: Start/Stop from one controlling thread; handlers run on httplib's worker
+// threads, one upstream thread per streamed request, and the health thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "chorus/base/status.h"
+
+namespace chorus::router {
+
+enum class Policy { kLeastLoaded, kRandom, kPack, kRankAware };
+Result<Policy> ParsePolicy(const std::string& name);
+const char* PolicyName(Policy p);
+
+// A replica's base URL, http://HOST:PORT (no path, no TLS).
+struct ReplicaAddress {
+  std::string host;
+  int port = 0;
+  std::string url() const { return "http://" + host + ":" + std::to_string(port); }
+};
+Result<ReplicaAddress> ParseReplicaUrl(const std::string& url);
+
+// What the choice sees of one replica.
+struct ReplicaView {
+  bool healthy = false;
+  bool serves_model = false;   // lists the request's model (or no replica lists it)
+  int64_t in_flight = 0;       // requests the router has outstanding there
+  int64_t rank_in_flight = 0;  // Σ LoRA ranks of those requests
+  bool runs_variant = false;   // one of them is for the request's variant
+};
+
+// The index of the chosen replica among `replicas`, or -1 when none is healthy and serves the
+// model. `random` is a uniformly random number (used by kRandom and to break ties).
+int ChooseReplica(Policy policy, std::span<const ReplicaView> replicas, int64_t capacity,
+                  uint64_t random);
+
+struct RouterOptions {
+  std::string host = "127.0.0.1";
+  int port = 8100;  // 0 = any free port (Router::port())
+  std::vector<std::string> replicas;
+  Policy policy = Policy::kLeastLoaded;
+  int health_interval_ms = 1000;
+  int64_t replica_capacity = 32;  // pack: requests a replica takes before the next is used
+  std::string replica_api_key;    // for the router's own /v1/models polls (tenants/API key)
+  int max_connections = 512;
+  int64_t max_body_bytes = int64_t{8} << 20;
+  int connect_timeout_ms = 1000;
+  int read_timeout_s = 600;  // an upstream that sends nothing for this long is a failure
+};
+
+class Router {
+ public:
+  // Validates the options (replica URLs, numbers); binds nothing.
+  static Result<std::unique_ptr<Router>> Create(RouterOptions opts);
+  ~Router();
+  // Binds, polls every replica once, then serves and polls in the background.
+  Status Start();
+  void Stop();
+  int port() const;
+  // Prometheus text of the router's own metrics (also GET /metrics).
+  std::string MetricsText() const;
+
+ private:
+  struct Impl;
+  explicit Router(std::shared_ptr<Impl> impl);
+  // Shared with the upstream threads of requests in flight, which may outlive Stop() by the time
+  // their replica takes to answer.
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace chorus::router
