@@ -267,6 +267,11 @@ int ServeCommand(int argc, char** argv) {
   f.Int("max-deltas", 0,
         "distinct deltas in one engine step (DeltaZip's N-delta rule; requests for deltas in the "
         "step skip the line; 0 = unlimited)");
+  f.Float("ttft-slo-ms", 0,
+          "default SLO on time to first token of requests without ttft_slo_ms (ms; 0 = none)");
+  f.Float("tpot-slo-ms", 0,
+          "default SLO on mean time per output token of requests without tpot_slo_ms (ms; 0 = "
+          "none)");
   f.Int("loader-threads", 2, "threads loading adapters (disk -> host, host -> pool pages)");
   f.Bool("no-adapter-pool", "serve adapters from host memory only (no copies in pool pages)");
   f.Bool("prefault",
@@ -356,6 +361,8 @@ int ServeCommand(int argc, char** argv) {
   eo.adapter_pool_copies = !f.GetBool("no-adapter-pool");
   eo.prefault_pool = f.GetBool("prefault");
   eo.prefix_cache = !f.GetBool("no-prefix-cache");
+  eo.ttft_slo_ms = f.GetFloat("ttft-slo-ms");
+  eo.tpot_slo_ms = f.GetFloat("tpot-slo-ms");
   so.reuse_port = f.GetBool("reuse-port");
   if (Status s = eo.Validate(); !s.ok())
     return Fail("serve", InvalidArgumentError("flag " + s.message()));

@@ -47,6 +47,10 @@ Status EngineOptions::Validate() const {
     return InvalidArgumentError("max-deltas must be in [0, 4096]");
   if (loader_threads < 1 || loader_threads > 64)
     return InvalidArgumentError("loader-threads must be in [1, 64]");
+  if (!(ttft_slo_ms >= 0 && ttft_slo_ms <= kMaxSloMs))
+    return InvalidArgumentError("ttft-slo-ms must be in [0, 86400000]");
+  if (!(tpot_slo_ms >= 0 && tpot_slo_ms <= kMaxSloMs))
+    return InvalidArgumentError("tpot-slo-ms must be in [0, 86400000]");
   return OkStatus();
 }
 
@@ -200,6 +204,13 @@ Result<std::shared_ptr<RequestHandle>> Engine::Submit(GenerationRequest req) {
                                                      : "the engine has no adapter cache"));
   }
   CHORUS_RETURN_IF_ERROR(req.sampling.Validate());
+  // SLOs: the engine's defaults where the request gives none (negative).
+  if (req.ttft_slo_ms < 0) req.ttft_slo_ms = opts_.ttft_slo_ms;
+  if (req.tpot_slo_ms < 0) req.tpot_slo_ms = opts_.tpot_slo_ms;
+  for (double v : {req.ttft_slo_ms, req.tpot_slo_ms}) {
+    if (!(v >= 0 && v <= kMaxSloMs))
+      return InvalidArgumentError("SLOs must be finite milliseconds in [0, 86400000]");
+  }
   const int64_t total = static_cast<int64_t>(req.prompt.size()) + req.max_tokens;
   if (total > c.max_seq_len) {
     return OutOfRangeError("this model's maximum context length is " +

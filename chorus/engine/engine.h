@@ -38,6 +38,9 @@
 
 namespace chorus::engine {
 
+// The largest SLO accepted (a day), in milliseconds.
+inline constexpr double kMaxSloMs = 86400000.0;
+
 struct EngineOptions {
   int threads = 0;                 // compute threads; 0 = number of cores
   int64_t max_batch_tokens = 512;  // rows (tokens) per step, decode + prefill
@@ -66,6 +69,9 @@ struct EngineOptions {
   // adapters) before anyone is preempted. Outputs are bitwise the same with it or without it.
   // `chorus serve --no-prefix-cache` turns it off.
   bool prefix_cache = true;
+  // Default SLOs in milliseconds of requests that give none (0 = none; docs/scheduling.md).
+  double ttft_slo_ms = 0;
+  double tpot_slo_ms = 0;
   // The host tier that GenerationRequest::variant is loaded through (on the loader threads);
   // null: requests for a variant are refused (base model only).
   std::shared_ptr<adapters::AdapterCache> adapter_cache;

@@ -36,6 +36,12 @@ struct GenerationRequest {
   // (nothing else does); a load failure finishes the request with an error event.
   std::optional<adapters::VariantRef> variant;
   std::string id;  // for logs
+  // Service-level objectives in milliseconds (docs/scheduling.md): time to the first token and
+  // mean time per output token after it. Negative = the engine's default (EngineOptions), 0 =
+  // none. Attainment is counted in the metrics when each choice finishes; the `slo` policy
+  // also schedules by them.
+  double ttft_slo_ms = -1;
+  double tpot_slo_ms = -1;
 
   // The variant's name, "" for the base model (logs, metrics).
   const std::string& variant_name() const {
