@@ -31,6 +31,7 @@
 #include "chorus/adapters/adapter_cache.h"
 #include "chorus/base/status.h"
 #include "chorus/base/thread_pool.h"
+#include "chorus/engine/cost_model.h"
 #include "chorus/engine/metrics.h"
 #include "chorus/engine/request.h"
 #include "chorus/model/model.h"
@@ -69,6 +70,11 @@ struct EngineOptions {
   // adapters) before anyone is preempted. Outputs are bitwise the same with it or without it.
   // `chorus serve --no-prefix-cache` turns it off.
   bool prefix_cache = true;
+  // The admission policy (engine/policy.h, docs/scheduling.md): fcfs, cluster or slo; slo needs
+  // `cost_model` (chorus profile) and, with slo_best_effort, serves late instead of aborting.
+  std::string policy = "fcfs";
+  std::shared_ptr<const CostModel> cost_model;
+  bool slo_best_effort = false;
   // Default SLOs in milliseconds of requests that give none (0 = none; docs/scheduling.md).
   double ttft_slo_ms = 0;
   double tpot_slo_ms = 0;
