@@ -325,6 +325,8 @@ class Gen:
             "echo": ([False] if chat else [True, False], [1, "x"]),
             "stream_options": ([{"include_usage": True}, {"include_usage": False}], [5, "x"]),
             "ignore_eos": ([True, False], ["no"]),
+            "ttft_slo_ms": ([0, 50, 2000.5], [-1, "fast", True]),
+            "tpot_slo_ms": ([0, 20, 100], [-0.5, "x", [1]]),
             "logit_bias": ([{}], [{"5": 1}, {"x": 1}, 3]),
             "user": (["u"], [5]),
             "response_format": ([{"type": "text"}, {"type": "json_object"},

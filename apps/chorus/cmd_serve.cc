@@ -17,6 +17,7 @@
 #include "chorus/adapters/delta/delta_file.h"
 #include "chorus/adapters/registry.h"
 #include "chorus/engine/engine.h"
+#include "chorus/engine/profile.h"
 #include "chorus/memory/kv_cache.h"
 #include "chorus/server/server.h"
 #include "chorus/server/template_routes.h"
@@ -267,6 +268,20 @@ int ServeCommand(int argc, char** argv) {
   f.Int("max-deltas", 0,
         "distinct deltas in one engine step (DeltaZip's N-delta rule; requests for deltas in the "
         "step skip the line; 0 = unlimited)");
+  f.String("policy", "fcfs",
+           "admission policy: fcfs, cluster (at most --max-adapters-per-step adapters per step "
+           "unless under-filled) or slo (cost-model admission, early abort; docs/scheduling.md)");
+  f.String("cost-model", "",
+           "step cost model for --policy slo, written by chorus profile (default: profile "
+           "briefly at start)");
+  f.String("slo-mode", "strict",
+           "--policy slo: strict (a request that would miss its TTFT SLO gets 429 at once) or "
+           "best-effort (served late, counted as missed)");
+  f.Float("ttft-slo-ms", 0,
+          "default SLO on time to first token of requests without ttft_slo_ms (ms; 0 = none)");
+  f.Float("tpot-slo-ms", 0,
+          "default SLO on mean time per output token of requests without tpot_slo_ms (ms; 0 = "
+          "none)");
   f.Int("loader-threads", 2, "threads loading adapters (disk -> host, host -> pool pages)");
   f.Bool("no-adapter-pool", "serve adapters from host memory only (no copies in pool pages)");
   f.Bool("prefault",
@@ -359,6 +374,21 @@ int ServeCommand(int argc, char** argv) {
   eo.adapter_pool_copies = !f.GetBool("no-adapter-pool");
   eo.prefault_pool = f.GetBool("prefault");
   eo.prefix_cache = !f.GetBool("no-prefix-cache");
+  eo.policy = f.GetString("policy");
+  if (const std::string mode = f.GetString("slo-mode"); mode == "best-effort") {
+    eo.slo_best_effort = true;
+  } else if (mode != "strict") {
+    return Fail("serve",
+                InvalidArgumentError("flag --slo-mode must be strict or best-effort, got '" +
+                                     mode.substr(0, 64) + "'"));
+  }
+  if (const std::string cm = f.GetString("cost-model"); !cm.empty()) {
+    auto file = engine::CostModelFile::Load(cm);
+    if (!file.ok()) return Fail("serve", file.status().WithContext("flag --cost-model"));
+    eo.cost_model = std::make_shared<engine::CostModel>(file->best());
+  }
+  eo.ttft_slo_ms = f.GetFloat("ttft-slo-ms");
+  eo.tpot_slo_ms = f.GetFloat("tpot-slo-ms");
   so.reuse_port = f.GetBool("reuse-port");
   if (Status s = eo.Validate(); !s.ok())
     return Fail("serve", InvalidArgumentError("flag " + s.message()));
@@ -403,6 +433,22 @@ int ServeCommand(int argc, char** argv) {
                        // Deltas are checked against the weights they were made for.
                        with_adapters ? delta::BaseWeightsHash(*loaded.model) : std::string()));
       eo.adapter_cache = served.cache;  // the engine's loader threads read adapters through it
+      if (eo.policy == "slo" && !eo.cost_model) {
+        // No --cost-model: a quick profile of this model on this machine (docs/scheduling.md).
+        std::fprintf(stderr,
+                     "chorus serve: --policy slo without --cost-model: profiling step latency "
+                     "(chorus profile --quick; save one with chorus profile to skip this)\n");
+        engine::ProfileOptions po;
+        po.threads = eo.threads;
+        po.samples = 40;
+        po.max_prefill = std::min<int64_t>(128, eo.max_batch_tokens);
+        po.max_decode = std::min<int64_t>(16, eo.max_running);
+        po.max_context = 512;
+        CHORUS_ASSIGN_OR_RETURN(engine::ProfileReport rep,
+                                engine::RunProfile(loaded.model, po, [](const std::string&) {}));
+        std::fprintf(stderr, "%s", rep.ToTable().c_str());
+        eo.cost_model = std::make_shared<engine::CostModel>(rep.file.best());
+      }
       auto eng = engine::Engine::Create(loaded.model, loaded.tokenizer, eo);
       if (!eng.ok()) {
         return f.GetInt("pool-size") > 0 ? eng.status().WithContext("flag --pool-size")

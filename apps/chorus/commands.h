@@ -12,5 +12,6 @@ int ServeCommand(int argc, char** argv);
 int EvalCommand(int argc, char** argv);
 int CompressCommand(int argc, char** argv);
 int RouterCommand(int argc, char** argv);
+int ProfileCommand(int argc, char** argv);
 
 }  // namespace chorus::apps

@@ -16,6 +16,7 @@ constexpr const char* kUsage =
     "  inspect    print a model file's architecture, tensors, dtypes and tokenizer\n"
     "  convert    write a model (or a synthetic one at a real shape) as GGUF or HF\n"
     "  bench      engine benchmark: bandwidth, prefill, decode at several batch sizes\n"
+    "  profile    measure step latency and fit the cost model of the slo policy\n"
     "  eval       perplexity of a model or variant; KL and same-top-token vs a reference\n"
     "  compress   a full fine-tune as a compressed delta (deltazip, bitdelta, rtn)\n"
     "  router     one OpenAI endpoint over several `chorus serve` replicas\n"
@@ -41,6 +42,7 @@ int main(int argc, char** argv) {
   if (cmd == "inspect") return InspectCommand(argc - 2, argv + 2);
   if (cmd == "convert") return ConvertCommand(argc - 2, argv + 2);
   if (cmd == "bench") return BenchCommand(argc - 2, argv + 2);
+  if (cmd == "profile") return ProfileCommand(argc - 2, argv + 2);
   if (cmd == "eval") return EvalCommand(argc - 2, argv + 2);
   if (cmd == "compress") return CompressCommand(argc - 2, argv + 2);
   if (cmd == "router") return RouterCommand(argc - 2, argv + 2);

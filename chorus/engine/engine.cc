@@ -112,6 +112,16 @@ Status EngineOptions::Validate() const {
     return InvalidArgumentError("max-deltas must be in [0, 4096]");
   if (loader_threads < 1 || loader_threads > 64)
     return InvalidArgumentError("loader-threads must be in [1, 64]");
+  if (std::find(PolicyNames().begin(), PolicyNames().end(), policy) == PolicyNames().end()) {
+    std::string known;
+    for (const auto& n : PolicyNames()) known += (known.empty() ? "" : ", ") + n;
+    return InvalidArgumentError("policy must be one of " + known + ", got '" +
+                                policy.substr(0, 64) + "'");
+  }
+  if (!(ttft_slo_ms >= 0 && ttft_slo_ms <= kMaxSloMs))
+    return InvalidArgumentError("ttft-slo-ms must be in [0, 86400000]");
+  if (!(tpot_slo_ms >= 0 && tpot_slo_ms <= kMaxSloMs))
+    return InvalidArgumentError("tpot-slo-ms must be in [0, 86400000]");
   return OkStatus();
 }
 
@@ -225,13 +235,19 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const model::Mode
       impl->pages.get(), &e->metrics_, opts.adapter_cache, [raw_impl] { raw_impl->Wake(); }, ro);
   impl->residency->PublishGauges();
   if (opts.prefix_cache) impl->prefix = std::make_unique<memory::PrefixCache>(impl->kv.get());
+  CHORUS_ASSIGN_OR_RETURN(std::unique_ptr<Policy> policy,
+                          MakePolicy({.name = opts.policy,
+                                      .max_adapters_per_step = opts.max_adapters_per_step,
+                                      .max_deltas_per_step = opts.max_deltas_per_step,
+                                      .max_batch_tokens = opts.max_batch_tokens,
+                                      .cost_model = opts.cost_model,
+                                      .best_effort = opts.slo_best_effort}));
   impl->scheduler = std::make_unique<Scheduler>(
       SchedulerOptions{.max_batch_tokens = opts.max_batch_tokens,
                        .max_running = opts.max_running,
                        .kv_window = c.KvWindow()},
-      impl->pages.get(), impl->kv.get(), impl->residency.get(),
-      std::make_unique<FcfsPolicy>(opts.max_adapters_per_step, opts.max_deltas_per_step),
-      &e->metrics_, impl->prefix.get());
+      impl->pages.get(), impl->kv.get(), impl->residency.get(), std::move(policy), &e->metrics_,
+      impl->prefix.get());
   e->impl_ = std::move(impl);
   e->impl_->thread = std::thread([raw = e->impl_.get()] { raw->Loop(); });
   return e;
@@ -269,6 +285,13 @@ Result<std::shared_ptr<RequestHandle>> Engine::Submit(GenerationRequest req) {
                                                      : "the engine has no adapter cache"));
   }
   CHORUS_RETURN_IF_ERROR(req.sampling.Validate());
+  // SLOs: the engine's defaults where the request gives none (negative).
+  if (req.ttft_slo_ms < 0) req.ttft_slo_ms = opts_.ttft_slo_ms;
+  if (req.tpot_slo_ms < 0) req.tpot_slo_ms = opts_.tpot_slo_ms;
+  for (double v : {req.ttft_slo_ms, req.tpot_slo_ms}) {
+    if (!(v >= 0 && v <= kMaxSloMs))
+      return InvalidArgumentError("SLOs must be finite milliseconds in [0, 86400000]");
+  }
   const int64_t total = static_cast<int64_t>(req.prompt.size()) + req.max_tokens;
   if (total > c.max_seq_len) {
     return OutOfRangeError("this model's maximum context length is " +

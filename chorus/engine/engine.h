@@ -31,12 +31,16 @@
 #include "chorus/adapters/adapter_cache.h"
 #include "chorus/base/status.h"
 #include "chorus/base/thread_pool.h"
+#include "chorus/engine/cost_model.h"
 #include "chorus/engine/metrics.h"
 #include "chorus/engine/request.h"
 #include "chorus/model/model.h"
 #include "chorus/tokenizer/tokenizer.h"
 
 namespace chorus::engine {
+
+// The largest SLO accepted (a day), in milliseconds.
+inline constexpr double kMaxSloMs = 86400000.0;
 
 struct EngineOptions {
   int threads = 0;                 // compute threads; 0 = number of cores
@@ -70,6 +74,14 @@ struct EngineOptions {
   // mask worker thread during the forward pass (true), or on the engine thread when sampling
   // (false; for benchmarks comparing the two).
   bool overlap_grammar_masks = true;
+  // The admission policy (engine/policy.h, docs/scheduling.md): fcfs, cluster or slo; slo needs
+  // `cost_model` (chorus profile) and, with slo_best_effort, serves late instead of aborting.
+  std::string policy = "fcfs";
+  std::shared_ptr<const CostModel> cost_model;
+  bool slo_best_effort = false;
+  // Default SLOs in milliseconds of requests that give none (0 = none; docs/scheduling.md).
+  double ttft_slo_ms = 0;
+  double tpot_slo_ms = 0;
   // The host tier that GenerationRequest::variant is loaded through (on the loader threads);
   // null: requests for a variant are refused (base model only).
   std::shared_ptr<adapters::AdapterCache> adapter_cache;

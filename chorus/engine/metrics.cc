@@ -67,11 +67,17 @@ void AdapterMetrics::ObserveTtft(const std::string& adapter, double seconds) {
   ++e.count;
 }
 
+void AdapterMetrics::CountSlo(const std::string& adapter, SloCount which) {
+  MutexLock lock(&mu_);
+  ++EntryLocked(adapter).slo[static_cast<size_t>(which)];
+}
+
 namespace {
 
 void AddInto(AdapterMetrics::Series* s, uint64_t requests, const std::vector<uint64_t>& counts,
-             double sum, uint64_t count) {
+             double sum, uint64_t count, const std::array<uint64_t, kSloCounts>& slo) {
   s->requests += requests;
+  for (size_t i = 0; i < slo.size(); ++i) s->slo[i] += slo[i];
   if (s->ttft.cumulative.empty()) s->ttft.cumulative.assign(counts.size(), 0);
   uint64_t acc = 0;
   for (size_t i = 0; i < counts.size() && i < s->ttft.cumulative.size(); ++i) {
@@ -99,7 +105,7 @@ AdapterMetrics::Export AdapterMetrics::Top(size_t top_n) const {
   named.reserve(entries_.size());
   for (const auto& [name, e] : entries_) {
     if (name.empty()) {
-      AddInto(&out.base, e.requests, e.counts, e.sum, e.count);
+      AddInto(&out.base, e.requests, e.counts, e.sum, e.count, e.slo);
     } else {
       named.emplace_back(&name, &e);
     }
@@ -116,15 +122,16 @@ AdapterMetrics::Export AdapterMetrics::Top(size_t top_n) const {
     if (i < n) {
       Series s;
       init(&s, *named[i].first);
-      AddInto(&s, e.requests, e.counts, e.sum, e.count);
+      AddInto(&s, e.requests, e.counts, e.sum, e.count, e.slo);
       out.top.push_back(std::move(s));
     } else {
-      AddInto(&out.other, e.requests, e.counts, e.sum, e.count);
+      AddInto(&out.other, e.requests, e.counts, e.sum, e.count, e.slo);
       ++out.other_adapters;
     }
   }
   if (!overflow_.counts.empty()) {
-    AddInto(&out.other, overflow_.requests, overflow_.counts, overflow_.sum, overflow_.count);
+    AddInto(&out.other, overflow_.requests, overflow_.counts, overflow_.sum, overflow_.count,
+            overflow_.slo);
     ++out.other_adapters;
   }
   return out;

@@ -4,6 +4,7 @@
 // Thread-safety: Histogram and EngineMetrics are thread-safe (atomics / a mutex per histogram).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <string>
@@ -34,6 +35,12 @@ class Histogram {
   uint64_t count_ GUARDED_BY(mu_) = 0;
 };
 
+// SLO attainment counters (docs/scheduling.md), counted per choice when it finishes: TTFT met or
+// missed (a request aborted early because it would miss its TTFT SLO counts as missed), mean
+// time per output token met or missed (choices with at least two tokens).
+enum class SloCount { kTtftMet, kTtftMissed, kTpotMet, kTpotMissed };
+inline constexpr size_t kSloCounts = 4;
+
 // ---- Per-adapter series ----
 // Request counters and TTFT histograms by adapter name ("" = the base model). Every name is
 // tracked in memory (up to kMaxTracked names; later new names are folded into an overflow
@@ -47,11 +54,13 @@ class AdapterMetrics {
 
   void CountRequest(const std::string& adapter);
   void ObserveTtft(const std::string& adapter, double seconds);
+  void CountSlo(const std::string& adapter, SloCount which);
 
   struct Series {
     std::string adapter;  // "" = base model
     uint64_t requests = 0;
     Histogram::Snapshot ttft;
+    std::array<uint64_t, kSloCounts> slo{};  // indexed by SloCount
   };
   struct Export {
     std::vector<Series> top;    // adapters (not the base), most requests first, ties by name
@@ -68,6 +77,7 @@ class AdapterMetrics {
     std::vector<uint64_t> counts;  // per bound, then +Inf (not cumulative)
     double sum = 0;
     uint64_t count = 0;
+    std::array<uint64_t, kSloCounts> slo{};
   };
   Entry& EntryLocked(const std::string& adapter) REQUIRES(mu_);
 
@@ -115,6 +125,10 @@ struct EngineMetrics {
   std::atomic<uint64_t> prefix_cache_hit_tokens{0};
   std::atomic<int64_t> prefix_cache_blocks{0};
   std::atomic<uint64_t> prefix_cache_evictions{0};
+  // SLO attainment (SloCount order), and requests answered 429 at once because they would miss
+  // their TTFT SLO (policy slo, early abort).
+  std::array<std::atomic<uint64_t>, kSloCounts> slo{};
+  std::atomic<uint64_t> slo_aborted{0};
   Histogram ttft_seconds{{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}};
   Histogram time_per_output_token_seconds{
       {0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2.5}};

@@ -46,6 +46,23 @@ void OutputStage::PrepareMask(Sequence* s) {
   s->mask_ready = true;
 }
 
+void CountSlo(const Sequence& s, EngineMetrics* m) {
+  const GenerationRequest& req = *s.req;
+  auto count = [&](SloCount which) {
+    m->slo[static_cast<size_t>(which)].fetch_add(1);
+    m->adapters.CountSlo(req.variant_name(), which);
+  };
+  if (req.ttft_slo_ms > 0 && s.n_generated >= 1) {
+    const double ttft_ms = 1e3 * Seconds(s.first_token - s.arrival);
+    count(ttft_ms <= req.ttft_slo_ms ? SloCount::kTtftMet : SloCount::kTtftMissed);
+  }
+  if (req.tpot_slo_ms > 0 && s.n_generated >= 2) {
+    const double tpot_ms =
+        1e3 * Seconds(s.last_token - s.first_token) / static_cast<double>(s.n_generated - 1);
+    count(tpot_ms <= req.tpot_slo_ms ? SloCount::kTpotMet : SloCount::kTpotMissed);
+  }
+}
+
 FinishReason OutputStage::Emit(Sequence* s, const float* row_logits) {
   SampleResult& r = result_;
   const GenerationRequest& req = *s->req;
@@ -80,6 +97,7 @@ FinishReason OutputStage::Emit(Sequence* s, const float* row_logits) {
   const auto now = Clock::now();
   if (s->n_generated == 1) {
     const double ttft = Seconds(now - s->arrival);
+    s->first_token = now;
     s->handle->SetTtft(ttft);
     metrics_->ttft_seconds.Observe(ttft);
     metrics_->adapters.ObserveTtft(req.variant_name(), ttft);
@@ -121,6 +139,7 @@ FinishReason OutputStage::Emit(Sequence* s, const float* row_logits) {
     }
     ev.finish = finish;
     s->finished = true;
+    CountSlo(*s, metrics_);
   }
   s->handle->Push(std::move(ev));
   return finish;

@@ -29,6 +29,9 @@ class TokenSink {
   virtual FinishReason Emit(Sequence* s, const float* row_logits) = 0;
 };
 
+// Counts `s`'s SLO attainment (metrics.h, SloCount) once it has finished with tokens.
+void CountSlo(const Sequence& s, EngineMetrics* m);
+
 class OutputStage : public TokenSink {
  public:
   // `tok` and `metrics` must outlive the stage.

@@ -1,6 +1,7 @@
 #include "chorus/engine/policy.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace chorus::engine {
 
@@ -12,6 +13,7 @@ void FcfsPolicy::BeginRound(const std::vector<const void*>& step_adapters,
   step_adapters_.assign(step_adapters.begin(), step_adapters.end());
   step_deltas_.assign(step_deltas.begin(), step_deltas.end());
   barrier_ = false;
+  capped_ = true;
 }
 
 bool FcfsPolicy::InStep(const Candidate& c) const {
@@ -23,6 +25,7 @@ bool FcfsPolicy::MayAdmit(const Candidate& c) {
   if (c.adapter == nullptr) return true;  // the base model takes no adapter slot
   const int64_t cap = c.delta ? delta_cap_ : cap_;
   const size_t in_step = c.delta ? step_deltas_.size() : step_adapters_.size();
+  if (!capped_) return true;  // a relaxed pass (ClusterPolicy): under-filled steps take anyone
   const bool fits = cap == 0 || InStep(c) || static_cast<int64_t>(in_step) < cap;
   if (!fits) {
     if (++*c.passes >= kMaxPasses) barrier_ = true;
@@ -36,6 +39,142 @@ bool FcfsPolicy::MayAdmit(const Candidate& c) {
 void FcfsPolicy::Admitted(const Candidate& c) {
   if (c.adapter == nullptr || InStep(c)) return;
   (c.delta ? step_deltas_ : step_adapters_).push_back(c.adapter);
+}
+
+void ClusterPolicy::BeginRound(const std::vector<const void*>& step_adapters,
+                               const std::vector<const void*>& step_deltas) {
+  FcfsPolicy::BeginRound(step_adapters, step_deltas);
+  relaxed_ = false;
+}
+
+bool ClusterPolicy::Relax() {
+  if (relaxed_) return false;
+  relaxed_ = true;
+  capped_ = false;
+  return true;
+}
+
+SloPolicy::SloPolicy(std::shared_ptr<const CostModel> model, int64_t max_batch_tokens,
+                     bool best_effort, int64_t max_adapters_per_step, int64_t max_deltas_per_step)
+    : FcfsPolicy(max_adapters_per_step, max_deltas_per_step),
+      model_(std::move(model)),
+      max_batch_tokens_(max_batch_tokens),
+      best_effort_(best_effort) {}
+
+double SloPolicy::PredictPrefill(const StepFeatures& step, int64_t tokens, int64_t rank) const {
+  double total = 0;
+  for (int64_t start = 0; start < tokens; start += max_batch_tokens_) {
+    StepFeatures f = step;
+    const int64_t count = std::min(max_batch_tokens_, tokens - start);
+    f.AddChunk(start, count, /*prefill=*/true, rank);
+    if (rank > 0) {
+      f.adapters += 1;
+      f.sum_ranks += static_cast<double>(rank);
+    }
+    total += model_->Predict(f);
+  }
+  return total;
+}
+
+bool SloPolicy::Sweep(const StepState& step, std::span<const Candidate> waiting,
+                      std::vector<char>* abort) {
+  step_ = step.planned;
+  min_tpot_ = step.min_tpot_slo_s;
+  empty_ = step.sequences == 0;
+  seen_adapters_.clear();
+  // Early abort: its own prefill alone, in a step with the running rows, comes too late.
+  for (size_t i = 0; i < waiting.size(); ++i) {
+    const Candidate& c = waiting[i];
+    if (best_effort_ || c.started || c.ttft_slo_s <= 0) continue;
+    if (c.waited_s + PredictPrefill(step_, c.remaining, c.rank) > c.ttft_slo_s) (*abort)[i] = 1;
+  }
+  // Overload: in queue order, the prompts ahead of a sequence (its own included) would not be
+  // computed before its TTFT SLO.
+  int64_t ahead = 0;
+  for (size_t i = 0; i < waiting.size(); ++i) {
+    const Candidate& c = waiting[i];
+    if ((*abort)[i] || c.started) continue;
+    ahead += c.remaining;
+    if (c.ttft_slo_s > 0 && c.waited_s + PredictPrefill(step_, ahead, 0) > c.ttft_slo_s)
+      return true;
+  }
+  return false;
+}
+
+bool SloPolicy::MayAdmit(const Candidate& c) {
+  if (!FcfsPolicy::MayAdmit(c)) return false;
+  if (empty_ || min_tpot_ <= 0) return true;  // nothing running (or no TPOT SLO) to protect
+  StepFeatures f = step_;
+  f.AddChunk(c.start, std::min(c.remaining, max_batch_tokens_), !c.started || c.remaining > 1,
+             c.rank);
+  if (c.rank > 0 &&
+      std::find(seen_adapters_.begin(), seen_adapters_.end(), c.adapter) == seen_adapters_.end()) {
+    f.adapters += 1;
+    f.sum_ranks += static_cast<double>(c.rank);
+  }
+  return model_->Predict(f) <= min_tpot_;
+}
+
+void SloPolicy::Admitted(const Candidate& c, int64_t count) {
+  FcfsPolicy::Admitted(c);
+  step_.AddChunk(c.start, count, !c.started || count > 1, c.rank);
+  if (c.rank > 0 &&
+      std::find(seen_adapters_.begin(), seen_adapters_.end(), c.adapter) == seen_adapters_.end()) {
+    seen_adapters_.push_back(c.adapter);
+    step_.adapters += 1;
+    step_.sum_ranks += static_cast<double>(c.rank);
+  }
+  if (c.tpot_slo_s > 0 && (min_tpot_ <= 0 || c.tpot_slo_s < min_tpot_)) min_tpot_ = c.tpot_slo_s;
+  empty_ = false;
+}
+
+// ---- The registry: every policy by name. ----
+namespace {
+
+struct PolicyEntry {
+  const char* name;
+  Result<std::unique_ptr<Policy>> (*make)(const PolicyConfig&);
+};
+
+const PolicyEntry kPolicies[] = {
+    {"fcfs",
+     [](const PolicyConfig& c) -> Result<std::unique_ptr<Policy>> {
+       return std::unique_ptr<Policy>(
+           new FcfsPolicy(c.max_adapters_per_step, c.max_deltas_per_step));
+     }},
+    {"cluster",
+     [](const PolicyConfig& c) -> Result<std::unique_ptr<Policy>> {
+       const int64_t d = c.max_adapters_per_step > 0 ? c.max_adapters_per_step : 4;
+       return std::unique_ptr<Policy>(new ClusterPolicy(d, c.max_deltas_per_step));
+     }},
+    {"slo",
+     [](const PolicyConfig& c) -> Result<std::unique_ptr<Policy>> {
+       if (!c.cost_model)
+         return InvalidArgumentError("policy slo needs a cost model (chorus profile)");
+       return std::unique_ptr<Policy>(new SloPolicy(c.cost_model, c.max_batch_tokens, c.best_effort,
+                                                    c.max_adapters_per_step,
+                                                    c.max_deltas_per_step));
+     }},
+};
+
+}  // namespace
+
+const std::vector<std::string>& PolicyNames() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (const PolicyEntry& e : kPolicies) v.emplace_back(e.name);
+    return v;
+  }();
+  return names;
+}
+
+Result<std::unique_ptr<Policy>> MakePolicy(const PolicyConfig& config) {
+  for (const PolicyEntry& e : kPolicies)
+    if (config.name == e.name) return e.make(config);
+  std::string known;
+  for (const PolicyEntry& e : kPolicies) known += std::string(known.empty() ? "" : ", ") + e.name;
+  return InvalidArgumentError("unknown policy '" + config.name.substr(0, 64) +
+                              "' (known: " + known + ")");
 }
 
 }  // namespace chorus::engine

@@ -9,7 +9,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
+#include <string>
 #include <vector>
+
+#include "chorus/base/status.h"
+#include "chorus/engine/cost_model.h"
 
 namespace chorus::engine {
 
@@ -20,6 +25,21 @@ struct Candidate {
   const void* adapter = nullptr;
   int* passes = nullptr;
   bool delta = false;  // the variant is a compressed full fine-tune (docs/deltas.md)
+  // What cost-aware policies (slo) need; others ignore it.
+  int64_t rank = 0;       // its LoRA adapter's rank (0: base model or a delta)
+  int64_t start = 0;      // the first position it would compute
+  int64_t remaining = 0;  // tokens it must compute before its next token (prompt left)
+  double waited_s = 0;    // seconds since it arrived
+  double ttft_slo_s = 0;  // its SLOs (0 = none)
+  double tpot_slo_s = 0;
+  bool started = false;  // it has streamed tokens already (a preempted sequence)
+};
+
+// The step as planned before admission: the running sequences' rows.
+struct StepState {
+  StepFeatures planned;
+  double min_tpot_slo_s = 0;  // the smallest TPOT SLO among them (0 = none has one)
+  int64_t sequences = 0;      // running sequences in the plan
 };
 
 class Policy {
@@ -32,9 +52,35 @@ class Policy {
   // May `c`, the next waiting sequence in queue order, be admitted now? false passes over it
   // (it keeps its place in the queue).
   virtual bool MayAdmit(const Candidate& c) = 0;
-  // `c` was admitted (it fit).
+  // `c` was admitted (it fit) with `count` rows in this step.
   virtual void Admitted(const Candidate& c) = 0;
+  virtual void Admitted(const Candidate& c, int64_t /*count*/) { Admitted(c); }
+
+  // Optional hooks (the defaults keep plain queue order):
+  // Called after BeginRound with the planned step and every waiting sequence ready to run, in
+  // queue order. A policy may set (*abort)[i] to answer waiting[i] at once with an error
+  // (early abort); returns whether to admit newest-first (started sequences still first).
+  virtual bool Sweep(const StepState& /*step*/, std::span<const Candidate> /*waiting*/,
+                     std::vector<char>* /*abort*/) {
+    return false;
+  }
+  // Admission ended with rows to spare because MayAdmit passed over sequences: true = go over
+  // the queue once more (MayAdmit may then be laxer). Called at most once per round.
+  virtual bool Relax() { return false; }
 };
+
+// Policy names and how to build one (the one place to add a policy).
+struct PolicyConfig {
+  std::string name = "fcfs";          // fcfs, cluster, slo
+  int64_t max_adapters_per_step = 0;  // fcfs / slo: cap (0 = none); cluster: d (0 = 4)
+  int64_t max_deltas_per_step = 0;
+  int64_t max_batch_tokens = 512;               // rows per step (slo: chunks of a long prompt)
+  std::shared_ptr<const CostModel> cost_model;  // slo: required
+  bool best_effort = false;  // slo: serve late instead of aborting (--slo-mode best-effort)
+};
+const std::vector<std::string>& PolicyNames();
+// kInvalidArgument naming the value for an unknown policy, or slo without a cost model.
+Result<std::unique_ptr<Policy>> MakePolicy(const PolicyConfig& config);
 
 // First come, first served, with optional caps on distinct LoRA adapters and on distinct deltas
 // per step (0 = none; the delta cap is DeltaZip's N-delta rule: requests for deltas already in
@@ -50,14 +96,66 @@ class FcfsPolicy : public Policy {
   void BeginRound(const std::vector<const void*>& step_adapters,
                   const std::vector<const void*>& step_deltas) override;
   bool MayAdmit(const Candidate& c) override;
+  using Policy::Admitted;
   void Admitted(const Candidate& c) override;
 
- private:
+ protected:
   bool InStep(const Candidate& c) const;
+  bool capped_ = true;  // false: the caps are ignored this round (ClusterPolicy::Relax)
+
+ private:
   const int64_t cap_, delta_cap_;
   // The step's distinct LoRA adapters and deltas (reserved; no allocation per round once warm).
   std::vector<const void*> step_adapters_, step_deltas_;
   bool barrier_ = false;
+};
+
+// S-LoRA's adapter clustering: at most d distinct LoRA adapters per step (requests for adapters
+// already in the step go first, as in FcfsPolicy), unless the step would be under-filled: when
+// admission ends with rows to spare because of the cap, the queue is gone over again without
+// it. Fewer distinct adapters per step means less adapter work per step (docs/scheduling.md).
+class ClusterPolicy : public FcfsPolicy {
+ public:
+  explicit ClusterPolicy(int64_t d, int64_t max_deltas_per_step = 0)
+      : FcfsPolicy(d, max_deltas_per_step) {}
+  void BeginRound(const std::vector<const void*>& step_adapters,
+                  const std::vector<const void*>& step_deltas) override;
+  bool Relax() override;
+
+ private:
+  bool relaxed_ = false;
+};
+
+// SLO-aware admission (docs/scheduling.md): FcfsPolicy's caps, plus, with the cost model,
+//   * early abort: a waiting sequence that has not started and whose TTFT SLO it would miss
+//     even if scheduled now (seconds waited + predicted prefill time > SLO) is aborted (429),
+//     or with best_effort served anyway (counted as missed);
+//   * TPOT guard: a sequence is not admitted when the predicted step time with its chunk would
+//     exceed the smallest TPOT SLO of the sequences in the step (unless none is running);
+//   * overload: when serving the ready queue in order would make some sequence miss its TTFT
+//     SLO, admission goes newest-first (S-LoRA, App. B: under overload the oldest are the ones
+//     that miss anyway).
+class SloPolicy : public FcfsPolicy {
+ public:
+  SloPolicy(std::shared_ptr<const CostModel> model, int64_t max_batch_tokens, bool best_effort,
+            int64_t max_adapters_per_step = 0, int64_t max_deltas_per_step = 0);
+  bool Sweep(const StepState& step, std::span<const Candidate> waiting,
+             std::vector<char>* abort) override;
+  bool MayAdmit(const Candidate& c) override;
+  using FcfsPolicy::Admitted;
+  void Admitted(const Candidate& c, int64_t count) override;
+  // Predicted seconds to compute `tokens` of prefill (in chunks of max_batch_tokens) in steps
+  // that also hold `step`'s rows.
+  double PredictPrefill(const StepFeatures& step, int64_t tokens, int64_t rank) const;
+
+ private:
+  std::shared_ptr<const CostModel> model_;
+  const int64_t max_batch_tokens_;
+  const bool best_effort_;
+  StepFeatures step_;  // the planned step plus what was admitted this round
+  double min_tpot_ = 0;
+  bool empty_ = true;                       // nothing runs or was admitted yet this round
+  std::vector<const void*> seen_adapters_;  // distinct adapters counted in step_
 };
 
 }  // namespace chorus::engine

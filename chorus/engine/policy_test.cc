@@ -80,5 +80,42 @@ TEST(FcfsPolicyTest, DeltaCapSkipsTheLineForDeltasInTheStep) {
   EXPECT_FALSE(p.MayAdmit(d1.candidate()));
 }
 
+TEST(ClusterPolicyTest, CapsAdaptersUnlessTheStepWouldBeUnderFilled) {
+  ClusterPolicy p(1);
+  p.BeginRound({&kA}, {});
+  Waiting b{&kB}, a{&kA};
+  EXPECT_FALSE(p.MayAdmit(b.candidate()));  // a second adapter: over d = 1
+  EXPECT_TRUE(p.MayAdmit(a.candidate()));   // A's requests cluster into the step
+  p.Admitted(a.candidate());
+  // Rows to spare: one more pass without the cap, once per round.
+  EXPECT_TRUE(p.Relax());
+  EXPECT_TRUE(p.MayAdmit(b.candidate()));
+  EXPECT_FALSE(p.Relax());
+  p.BeginRound({&kA}, {});  // a new round caps again
+  EXPECT_FALSE(p.MayAdmit(b.candidate()));
+}
+
+TEST(PolicyRegistryTest, NamesAndErrors) {
+  EXPECT_EQ(PolicyNames(), (std::vector<std::string>{"fcfs", "cluster", "slo"}));
+  for (const char* name : {"fcfs", "cluster"}) {
+    PolicyConfig c;
+    c.name = name;
+    auto p = MakePolicy(c);
+    EXPECT_TRUE(p.ok()) << name;
+  }
+  PolicyConfig c;
+  c.name = "lifo";
+  auto bad = MakePolicy(c);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("unknown policy 'lifo'"), std::string::npos);
+  c.name = "slo";
+  auto slo = MakePolicy(c);  // no cost model
+  ASSERT_FALSE(slo.ok());
+  EXPECT_NE(slo.status().message().find("cost model"), std::string::npos);
+  auto m = CostModel::FromCoefficients(CostModel::Kind::kLinear, {1e-3, 0, 0, 0, 0, 0, 0});
+  c.cost_model = std::make_shared<CostModel>(*m);
+  EXPECT_TRUE(MakePolicy(c).ok());
+}
+
 }  // namespace
 }  // namespace chorus::engine

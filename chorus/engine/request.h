@@ -46,6 +46,12 @@ struct GenerationRequest {
   // accepts, and a choice whose grammar is complete finishes with kStop. With a grammar an EOS
   // ends the choice even when ignore_eos is set (the grammar decided it may end there).
   grammar::Grammar grammar;
+  // Service-level objectives in milliseconds (docs/scheduling.md): time to the first token and
+  // mean time per output token after it. Negative = the engine's default (EngineOptions), 0 =
+  // none. Attainment is counted in the metrics when each choice finishes; the `slo` policy
+  // also schedules by them.
+  double ttft_slo_ms = -1;
+  double tpot_slo_ms = -1;
 
   // The variant's name, "" for the base model (logs, metrics).
   const std::string& variant_name() const {

@@ -1,6 +1,8 @@
 #include "chorus/engine/scheduler.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 
 #include "chorus/base/logging.h"
 
@@ -245,60 +247,147 @@ bool Scheduler::ReclaimPages(int64_t n_free) {
   return pages_->n_free() > before;
 }
 
-// Admits waiting sequences in queue order while rows, sequences and pages allow and the policy
+// Admits waiting sequences in queue order (or newest-first when the policy says so, sequences
+// that already streamed tokens still first) while rows, sequences and pages allow and the policy
 // (engine/policy.h) agrees. A sequence whose adapter is still loading, or that the policy passes
-// over, keeps its place; a sequence that does not fit in the pool stops admission.
+// over, keeps its place; a sequence that does not fit in the pool stops admission. Before that,
+// the policy may abort waiting sequences (early abort: they are answered with 429 at once).
 void Scheduler::AdmitWaiting(int64_t* budget) {
   step_adapters_.clear();
   step_deltas_.clear();
+  StepState state;
   for (const Planned& p : plan_) {
     const void* a = p.seq->variant_key();
     auto& in = p.seq->delta ? step_deltas_ : step_adapters_;
-    if (a && std::find(in.begin(), in.end(), a) == in.end()) in.push_back(a);
+    const bool is_new = a && std::find(in.begin(), in.end(), a) == in.end();
+    if (is_new) in.push_back(a);
+    const int64_t rank = p.seq->lora ? p.seq->lora->max_rank() : 0;
+    state.planned.AddChunk(
+        p.start, p.count,
+        p.start + p.count < static_cast<int64_t>(p.seq->tokens.size()) || p.count > 1, rank);
+    if (is_new && p.seq->lora) {
+      state.planned.adapters += 1;
+      state.planned.sum_ranks += static_cast<double>(rank);
+    }
+    if (is_new && p.seq->delta) state.planned.deltas += 1;
+    const double tpot = p.seq->req->tpot_slo_ms / 1e3;
+    if (tpot > 0 && (state.min_tpot_slo_s <= 0 || tpot < state.min_tpot_slo_s))
+      state.min_tpot_slo_s = tpot;
   }
+  state.sequences = static_cast<int64_t>(plan_.size());
   policy_->BeginRound(step_adapters_, step_deltas_);
-  size_t i = 0;
-  while (*budget > 0 && i < waiting_.size() &&
-         static_cast<int64_t>(running_.size()) < opts_.max_running) {
-    Sequence* s = waiting_[i].get();
-    const Candidate candidate{
-        .adapter = s->variant_key(), .passes = &s->policy_passes, .delta = s->delta != nullptr};
-    if (s->ticket || !policy_->MayAdmit(candidate)) {
-      ++i;
-      continue;
-    }
-    if (prefix_ != nullptr && s->table.empty() && s->n_computed == 0) {
-      // The longest cached prefix (whole blocks; the last token is always computed, for its
-      // logits). A sequence that then does not fit keeps the blocks while it waits.
-      const int64_t n = static_cast<int64_t>(s->tokens.size());
-      s->n_computed = prefix_->Match(s->prefix_variant, s->tokens, n - 1, &s->table, &s->prefix);
-      metrics_->prefix_cache_query_tokens.fetch_add(static_cast<uint64_t>(n));
-      metrics_->prefix_cache_hit_tokens.fetch_add(static_cast<uint64_t>(s->n_computed));
-    }
-    const int64_t remaining = static_cast<int64_t>(s->tokens.size()) - s->n_computed;
-    const int64_t count = std::min(*budget, remaining);
-    // Admit only if this chunk fits and one block per running sequence stays free for
-    // their next decode step (avoids admitting work that immediately causes preemption).
-    // Its unforked choices will need a block each, too.
-    const int64_t need = kv_->PagesToWrite(s->table, s->n_computed, s->n_computed + count);
-    const int64_t want_free =
-        need + static_cast<int64_t>(running_.size() + (running_.empty() ? 0 : s->forks.size()));
-    if (want_free > pages_->n_free()) ReclaimPages(want_free);
-    if (want_free > pages_->n_free()) break;
-    if (!kv_->PrepareWrite(&s->table, s->n_computed, s->n_computed + count).ok()) break;
-    s->serial = s->serial ? s->serial : next_serial_++;
-    plan_.push_back(
-        {s, s->n_computed, count, s->n_computed + count == static_cast<int64_t>(s->tokens.size())});
-    *budget -= count;
-    policy_->Admitted(candidate);
-    if (s->lora) {
-      residency_->Pin(s->lora);
-      s->pinned = true;
-    }
-    running_.push_back(std::move(waiting_[i]));
-    waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(i));
-    queued_.fetch_sub(1);
+
+  // Every ready waiting sequence as the policy sees it, in queue order.
+  const auto now = Clock::now();
+  auto candidate_of = [&](Sequence* s) {
+    return Candidate{
+        .adapter = s->variant_key(),
+        .passes = &s->policy_passes,
+        .delta = s->delta != nullptr,
+        .rank = s->lora ? s->lora->max_rank() : 0,
+        .start = s->n_computed,
+        .remaining = static_cast<int64_t>(s->tokens.size()) - s->n_computed,
+        .waited_s = std::chrono::duration<double>(now - s->arrival).count(),
+        .ttft_slo_s = s->req->ttft_slo_ms / 1e3,
+        .tpot_slo_s = s->req->tpot_slo_ms / 1e3,
+        .started = s->n_generated > 0,
+    };
+  };
+  ready_.clear();
+  ready_index_.clear();
+  for (size_t i = 0; i < waiting_.size(); ++i) {
+    if (waiting_[i]->ticket) continue;
+    ready_.push_back(candidate_of(waiting_[i].get()));
+    ready_index_.push_back(i);
   }
+  abort_.assign(ready_.size(), 0);
+  const bool newest_first = policy_->Sweep(state, ready_, &abort_);
+  bool aborted = false;
+  for (size_t k = 0; k < ready_.size(); ++k) {
+    if (!abort_[k]) continue;
+    Sequence* s = waiting_[ready_index_[k]].get();
+    const int64_t choices = 1 + static_cast<int64_t>(s->forks.size());
+    char msg[256];
+    std::snprintf(msg, sizeof(msg),
+                  "the request would miss its TTFT SLO of %.0f ms (it has waited %.0f ms and its "
+                  "prompt of %lld tokens still needs computing); retry later or with a larger "
+                  "ttft_slo_ms",
+                  s->req->ttft_slo_ms, ready_[k].waited_s * 1e3,
+                  static_cast<long long>(ready_[k].remaining));
+    for (int64_t c = 0; c < choices; ++c) {
+      metrics_->slo[static_cast<size_t>(SloCount::kTtftMissed)].fetch_add(1);
+      metrics_->adapters.CountSlo(s->req->variant_name(), SloCount::kTtftMissed);
+    }
+    metrics_->slo_aborted.fetch_add(1);
+    Finish(s, FinishReason::kError, msg, StatusCode::kResourceExhausted);
+    queued_.fetch_sub(1);
+    aborted = true;
+  }
+
+  // Admission order over the waiting queue: queue order, or started sequences in queue order
+  // and then the rest newest-first.
+  order_.clear();
+  for (size_t i = 0; i < waiting_.size(); ++i)
+    if (!waiting_[i]->finished && (!newest_first || waiting_[i]->n_generated > 0))
+      order_.push_back(i);
+  if (newest_first) {
+    for (size_t i = waiting_.size(); i-- > 0;)
+      if (!waiting_[i]->finished && waiting_[i]->n_generated == 0) order_.push_back(i);
+  }
+  bool admitted = false, passed = false, stopped = false;
+  for (int pass = 0; pass < 2 && !stopped; ++pass) {
+    if (pass == 1 &&
+        !(passed && *budget > 0 && static_cast<int64_t>(running_.size()) < opts_.max_running &&
+          policy_->Relax()))
+      break;
+    for (size_t k = 0; k < order_.size(); ++k) {
+      if (*budget <= 0 || static_cast<int64_t>(running_.size()) >= opts_.max_running) break;
+      auto& slot = waiting_[order_[k]];
+      if (!slot) continue;  // admitted in the first pass
+      Sequence* s = slot.get();
+      const Candidate candidate = candidate_of(s);
+      if (s->ticket) continue;
+      if (!policy_->MayAdmit(candidate)) {
+        passed = true;
+        continue;
+      }
+      if (prefix_ != nullptr && s->table.empty() && s->n_computed == 0) {
+        // The longest cached prefix (whole blocks; the last token is always computed, for its
+        // logits). A sequence that then does not fit keeps the blocks while it waits.
+        const int64_t n = static_cast<int64_t>(s->tokens.size());
+        s->n_computed = prefix_->Match(s->prefix_variant, s->tokens, n - 1, &s->table, &s->prefix);
+        metrics_->prefix_cache_query_tokens.fetch_add(static_cast<uint64_t>(n));
+        metrics_->prefix_cache_hit_tokens.fetch_add(static_cast<uint64_t>(s->n_computed));
+      }
+      const int64_t remaining = static_cast<int64_t>(s->tokens.size()) - s->n_computed;
+      const int64_t count = std::min(*budget, remaining);
+      // Admit only if this chunk fits and one block per running sequence stays free for
+      // their next decode step (avoids admitting work that immediately causes preemption).
+      // Its unforked choices will need a block each, too.
+      const int64_t need = kv_->PagesToWrite(s->table, s->n_computed, s->n_computed + count);
+      const int64_t want_free =
+          need + static_cast<int64_t>(running_.size() + (running_.empty() ? 0 : s->forks.size()));
+      if (want_free > pages_->n_free()) ReclaimPages(want_free);
+      if (want_free > pages_->n_free() ||
+          !kv_->PrepareWrite(&s->table, s->n_computed, s->n_computed + count).ok()) {
+        stopped = true;
+        break;
+      }
+      s->serial = s->serial ? s->serial : next_serial_++;
+      plan_.push_back({s, s->n_computed, count,
+                       s->n_computed + count == static_cast<int64_t>(s->tokens.size())});
+      *budget -= count;
+      policy_->Admitted(candidate, count);
+      if (s->lora) {
+        residency_->Pin(s->lora);
+        s->pinned = true;
+      }
+      running_.push_back(std::move(slot));
+      queued_.fetch_sub(1);
+      admitted = true;
+    }
+  }
+  if (admitted || aborted) std::erase_if(waiting_, [](const auto& s) { return !s || s->finished; });
 }
 
 // Starts pool copies: first of adapters this step uses (they may evict unpinned copies), then

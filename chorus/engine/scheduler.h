@@ -120,6 +120,11 @@ class Scheduler {
   std::vector<Planned> plan_;               // reserved for max_running
   std::vector<const void*> step_adapters_;  // distinct LoRA adapters of the step (AdmitWaiting)
   std::vector<const void*> step_deltas_;    // distinct deltas of the step
+  // AdmitWaiting's scratch: the ready waiting sequences as candidates, their queue indices,
+  // the policy's abort marks, the admission order.
+  std::vector<Candidate> ready_;
+  std::vector<size_t> ready_index_, order_;
+  std::vector<char> abort_;
 };
 
 }  // namespace chorus::engine

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <optional>
 
 namespace chorus::engine {
 namespace {
@@ -31,7 +32,9 @@ struct FakeSink : TokenSink {
 
 class SchedulerTest : public ::testing::Test {
  protected:
-  void Build(int64_t n_pages, int64_t max_batch_tokens, int64_t max_running) {
+  void Build(int64_t n_pages, int64_t max_batch_tokens, int64_t max_running,
+             std::unique_ptr<Policy> policy = nullptr) {
+    if (!policy) policy = std::make_unique<FcfsPolicy>(0);
     layout_ = {.n_layers = 2, .n_kv_heads = 1, .head_dim = 8, .block_size = 4};
     pages_ = std::make_unique<memory::PagePool>(n_pages, layout_.PageBytes());
     kv_ = std::make_unique<memory::KvCache>(layout_, pages_.get());
@@ -39,12 +42,15 @@ class SchedulerTest : public ::testing::Test {
         pages_.get(), &metrics_, nullptr, [] {}, AdapterResidency::Options{});
     sched_ = std::make_unique<Scheduler>(
         SchedulerOptions{.max_batch_tokens = max_batch_tokens, .max_running = max_running},
-        pages_.get(), kv_.get(), residency_.get(), std::make_unique<FcfsPolicy>(0), &metrics_);
+        pages_.get(), kv_.get(), residency_.get(), std::move(policy), &metrics_);
   }
 
   // Submits a request of `prompt_len` tokens for `max_tokens` tokens per choice.
-  std::shared_ptr<RequestHandle> Submit(int64_t prompt_len, int64_t max_tokens, int n = 1) {
+  std::shared_ptr<RequestHandle> Submit(int64_t prompt_len, int64_t max_tokens, int n = 1,
+                                        double ttft_slo_ms = 0, double tpot_slo_ms = 0) {
     auto req = std::make_shared<GenerationRequest>();
+    req->ttft_slo_ms = ttft_slo_ms;
+    req->tpot_slo_ms = tpot_slo_ms;
     req->prompt.assign(static_cast<size_t>(prompt_len), 5);
     req->max_tokens = max_tokens;
     req->n = n;
@@ -57,6 +63,7 @@ class SchedulerTest : public ::testing::Test {
       s->index = i;
       s->tokens = req->prompt;
       s->n_prompt = prompt_len;
+      s->arrival = Clock::now();
       if (i == 0) {
         first = std::move(s);
       } else {
@@ -191,6 +198,83 @@ TEST_F(SchedulerTest, ARequestThatCanNeverFitFailsInsteadOfSpinning) {
   ASSERT_TRUE(ev.has_value());
   EXPECT_EQ(ev->finish, FinishReason::kError);
   EXPECT_EQ(sched_->queued().load(), 0);
+}
+
+// ---- Policy slo (engine/policy.h) with a known cost model: 10 ms per prefill token and per
+// decode row, nothing else.
+std::unique_ptr<Policy> Slo(bool best_effort = false) {
+  auto m = CostModel::FromCoefficients(CostModel::Kind::kLinear, {0, 0.01, 0.01, 0, 0, 0, 0});
+  return std::make_unique<SloPolicy>(std::make_shared<CostModel>(*m), /*max_batch_tokens=*/64,
+                                     best_effort);
+}
+
+std::optional<StreamEvent> LastEvent(RequestHandle* h) {
+  std::optional<StreamEvent> last;
+  while (auto ev = h->Next(std::chrono::milliseconds(0))) last = std::move(ev);
+  return last;
+}
+
+TEST_F(SchedulerTest, SloAbortsARequestThatWouldMissItsTtftAtOnce) {
+  Build(64, 64, 4, Slo());
+  auto late = Submit(/*prompt_len=*/20, 3, 1, /*ttft_slo_ms=*/100);  // 200 ms of prefill
+  auto fine = Submit(6, 3, 1, /*ttft_slo_ms=*/100);                  // 60 ms
+  auto none = Submit(20, 3);                                         // no SLO: never aborted
+  RunToIdle();
+  auto ev = LastEvent(late.get());
+  ASSERT_TRUE(ev.has_value());
+  EXPECT_EQ(ev->finish, FinishReason::kError);
+  EXPECT_EQ(ev->error_code, StatusCode::kResourceExhausted);
+  EXPECT_NE(ev->error.find("would miss its TTFT SLO of 100 ms"), std::string::npos) << ev->error;
+  EXPECT_EQ(late->completion_tokens(), 0);
+  EXPECT_EQ(LastEvent(fine.get())->finish, FinishReason::kLength);
+  EXPECT_EQ(LastEvent(none.get())->finish, FinishReason::kLength);
+  EXPECT_EQ(metrics_.slo_aborted.load(), 1u);
+  EXPECT_EQ(metrics_.slo[static_cast<size_t>(SloCount::kTtftMissed)].load(), 1u);
+  EXPECT_EQ(sched_->queued().load(), 0);
+  EXPECT_EQ(pages_->n_free(), pages_->n_pages());
+}
+
+TEST_F(SchedulerTest, SloBestEffortServesItLate) {
+  Build(64, 64, 4, Slo(/*best_effort=*/true));
+  auto late = Submit(20, 3, 1, 100);
+  RunToIdle();
+  EXPECT_EQ(LastEvent(late.get())->finish, FinishReason::kLength);
+  EXPECT_EQ(metrics_.slo_aborted.load(), 0u);
+}
+
+TEST_F(SchedulerTest, SloAdmitsNewestFirstUnderOverload) {
+  // One sequence at a time; each prompt alone (60 ms) meets the 100 ms SLO, but the second
+  // would wait for the first (120 ms): overload, so the newest goes first.
+  Build(64, 64, 1, Slo());
+  auto a = Submit(6, 2, 1, 100);
+  auto b = Submit(6, 2, 1, 100);
+  ASSERT_EQ(sched_->Plan(), Scheduler::Outcome::kRun);
+  ASSERT_EQ(sched_->plan().size(), 1u);
+  EXPECT_EQ(sched_->plan()[0].seq->handle, b);
+  sched_->Complete(std::vector<float>(4).data(), 4, &sink_);
+  RunToIdle();
+  // Without SLOs the same queue is served in order.
+  Build(64, 64, 1, Slo());
+  auto c = Submit(6, 2);
+  auto d = Submit(6, 2);
+  ASSERT_EQ(sched_->Plan(), Scheduler::Outcome::kRun);
+  EXPECT_EQ(sched_->plan()[0].seq->handle, c);
+  sched_->Complete(std::vector<float>(4).data(), 4, &sink_);
+  RunToIdle();
+}
+
+TEST_F(SchedulerTest, SloKeepsRunningRequestsWithinTheirTpot) {
+  Build(64, 64, 4, Slo());
+  auto runner = Submit(2, 6, 1, 0, /*tpot_slo_ms=*/50);
+  ASSERT_EQ(RunStep(), 2);     // its prompt; now it decodes one row per step (10 ms)
+  auto waiter = Submit(6, 2);  // one decode row + 6 prompt rows = 70 ms > 50 ms: waits
+  EXPECT_EQ(RunStep(), 1);
+  EXPECT_EQ(sched_->waiting().size(), 1u);
+  auto small = Submit(3, 2);  // 1 + 3 rows = 40 ms fits: admitted past it
+  EXPECT_EQ(RunStep(), 4);
+  RunToIdle();
+  EXPECT_EQ(LastEvent(waiter.get())->finish, FinishReason::kLength);  // once the runner ended
+  EXPECT_EQ(LastEvent(small.get())->finish, FinishReason::kLength);
 }
 
 }  // namespace

@@ -36,7 +36,7 @@ struct Sequence {
   int64_t n_computed = 0;      // tokens whose K/V are in the cache
   std::vector<int32_t> table;  // KV block table
   int64_t n_generated = 0;
-  Clock::time_point arrival, last_token;
+  Clock::time_point arrival, first_token, last_token;
   bool finished = false;
   // Choices 1..n-1 of a request with n > 1, held by choice 0 until its prompt is in the cache;
   // then they fork its block table (Scheduler::ForkChoices) instead of recomputing the prompt.

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <random>
 
+#include "chorus/engine/engine.h"
 #include "chorus/engine/sampler.h"
 #include "chorus/grammar/json_schema.h"
 #include "chorus/server/template_routes.h"
@@ -429,6 +430,21 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, std::string_view body, con
     if (auto e = CheckTokenIds(*ids, ctx.vocab_size, "stop_token_ids", &g.stop_token_ids)) return e;
   }
   if (auto e = GetBool(j, "ignore_eos", &g.ignore_eos)) return e;
+  // SLO overrides (docs/scheduling.md): absent keeps the server's default (negative here).
+  for (auto [key, out] :
+       {std::pair{"ttft_slo_ms", &g.ttft_slo_ms}, std::pair{"tpot_slo_ms", &g.tpot_slo_ms}}) {
+    const json* v = Field(j, key);
+    if (!v) continue;
+    if (!v->is_number()) return BadRequest(std::string(key) + " must be a number", key);
+    const double d = v->get<double>();
+    if (!std::isfinite(d) || d < 0 || d > engine::kMaxSloMs) {
+      char buf[160];
+      std::snprintf(buf, sizeof(buf), "%s must be in [0, %.0f] milliseconds (0 = none), got %g",
+                    key, engine::kMaxSloMs, d);
+      return BadRequest(buf, key);
+    }
+    *out = d;
+  }
   if (auto e = GetBool(j, "stream", &out->stream)) return e;
   if (const json* so = Field(j, "stream_options")) {
     if (!so->is_object()) return BadRequest("stream_options must be an object", "stream_options");

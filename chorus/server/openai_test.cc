@@ -481,3 +481,29 @@ TEST(PrometheusTest, RendersEngineAndHttpSeries) {
 
 }  // namespace
 }  // namespace chorus::server
+
+namespace chorus::server {
+namespace {
+
+TEST_F(OpenAiTest, SloFields) {
+  for (ApiKind kind : {ApiKind::kCompletion, ApiKind::kChat}) {
+    const std::string head = kind == ApiKind::kChat
+                                 ? R"({"messages":[{"role":"user","content":"hi"}],)"
+                                 : R"({"prompt":"hi",)";
+    ASSERT_FALSE(Parse(kind, head + R"("ttft_slo_ms":250,"tpot_slo_ms":40.5})"));
+    EXPECT_EQ(req_.gen.ttft_slo_ms, 250);
+    EXPECT_EQ(req_.gen.tpot_slo_ms, 40.5);
+    ASSERT_FALSE(Parse(kind, head + R"("ttft_slo_ms":0})"));
+    EXPECT_EQ(req_.gen.ttft_slo_ms, 0);  // explicitly none
+    EXPECT_LT(req_.gen.tpot_slo_ms, 0);  // absent: the server's default
+    ASSERT_FALSE(Parse(kind, head + R"("ttft_slo_ms":null})"));
+    EXPECT_LT(req_.gen.ttft_slo_ms, 0);
+    for (const char* field : {"ttft_slo_ms", "tpot_slo_ms"}) {
+      for (const char* bad : {"-1", "\"fast\"", "true", "[5]", "1e300", "{}"})
+        ExpectBad(kind, head + "\"" + field + "\":" + bad + "}", field);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace chorus::server

@@ -141,6 +141,22 @@ std::string RenderPrometheus(const engine::EngineMetrics* m, const HttpCounters&
     Scalar(&out, "chorus_prefix_cache_evictions_total", "counter",
            "Cached KV blocks evicted to make room.",
            static_cast<double>(m->prefix_cache_evictions.load()));
+    {
+      static constexpr const char* kSloNames[engine::kSloCounts][2] = {
+          {"chorus_slo_ttft_met_total", "Finished choices whose first token met their TTFT SLO."},
+          {"chorus_slo_ttft_missed_total",
+           "Finished choices that missed their TTFT SLO (early-aborted requests included)."},
+          {"chorus_slo_tpot_met_total",
+           "Finished choices whose mean time per output token met their TPOT SLO."},
+          {"chorus_slo_tpot_missed_total",
+           "Finished choices whose mean time per output token missed their TPOT SLO."}};
+      for (size_t i = 0; i < engine::kSloCounts; ++i)
+        Scalar(&out, kSloNames[i][0], "counter", kSloNames[i][1],
+               static_cast<double>(m->slo[i].load()));
+      Scalar(&out, "chorus_slo_aborted_total", "counter",
+             "Requests answered 429 at once because they would miss their TTFT SLO (policy slo).",
+             static_cast<double>(m->slo_aborted.load()));
+    }
     Scalar(&out, "chorus_preemptions_total", "counter",
            "Sequences preempted (KV freed, recomputed later).",
            static_cast<double>(m->preemptions_total.load()));
@@ -254,6 +270,17 @@ std::string RenderAdapterPrometheus(const engine::AdapterMetrics& m,
          "chorus_adapter_requests_total).");
   for (size_t i = 0; i < series.size(); ++i)
     AdapterHist(&out, "chorus_adapter_time_to_first_token_seconds", labels[i], series[i]->ttft);
+  static constexpr const char* kAdapterSloNames[engine::kSloCounts] = {
+      "chorus_adapter_slo_ttft_met_total", "chorus_adapter_slo_ttft_missed_total",
+      "chorus_adapter_slo_tpot_met_total", "chorus_adapter_slo_tpot_missed_total"};
+  for (size_t k = 0; k < engine::kSloCounts; ++k) {
+    Header(&out, kAdapterSloNames[k], "counter",
+           "chorus_slo_* by adapter (same labels as chorus_adapter_requests_total).");
+    for (size_t i = 0; i < series.size(); ++i) {
+      out += std::string(kAdapterSloNames[k]) + "{adapter=\"" + EscapeLabelValue(labels[i]) +
+             "\"} " + std::to_string(series[i]->slo[k]) + "\n";
+    }
+  }
   Scalar(&out, "chorus_adapter_other_adapters", "gauge", "Adapters folded into the (other) series.",
          static_cast<double>(ex.other_adapters));
   if (registered >= 0) {

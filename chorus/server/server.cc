@@ -218,6 +218,9 @@ struct Generation {
   std::optional<ApiError> error;  // a choice ended cancelled (shutdown) or in an engine error
   size_t rr = 0;                  // round-robin cursor over handles
   bool opened = false;
+  // Events read before the stream opened (a streamed request waits for its first event when
+  // it may be answered 429 at once); the stream sends them first.
+  std::vector<std::pair<size_t, engine::StreamEvent>> early;
   bool closed = false;
   Clock::time_point last_write = Clock::now();
 
@@ -918,6 +921,31 @@ void Server::Impl::HandleGenerate(ApiKind kind, const httplib::Request& http_req
     return;
   }
 
+  // Policy slo (strict) may answer a request 429 at once when it would miss its TTFT SLO
+  // (docs/scheduling.md): a streamed request with a TTFT SLO waits for its first event, at most
+  // that SLO, before the stream's 200 is committed, so that the 429 can still be sent.
+  const engine::EngineOptions& eopts = engine->options();
+  const double ttft_ms =
+      gen->req.gen.ttft_slo_ms >= 0 ? gen->req.gen.ttft_slo_ms : eopts.ttft_slo_ms;
+  if (eopts.policy == "slo" && !eopts.slo_best_effort && ttft_ms > 0) {
+    const auto until =
+        Clock::now() + std::chrono::microseconds(static_cast<int64_t>(ttft_ms * 1e3));
+    size_t which = 0;
+    engine::StreamEvent ev;
+    while (Clock::now() < until) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
+      if (!gen->Next(std::max(left, std::chrono::milliseconds(1)), &which, &ev)) continue;
+      gen->OnEvent(which, ev);
+      gen->early.emplace_back(which, std::move(ev));
+      break;
+    }
+    if (gen->error && gen->error->http_status == 429) {
+      gen->CancelAll();
+      self->in_flight_.fetch_sub(1);
+      return SendError(res, *gen->error);
+    }
+  }
+
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
   // The content type must be exactly text/event-stream: httplib never compresses that one.
@@ -928,6 +956,8 @@ void Server::Impl::HandleGenerate(ApiKind kind, const httplib::Request& http_req
         if (!gen->opened) {
           gen->opened = true;
           out = gen->builder->OpeningChunks();
+          for (auto& [which, ev] : gen->early) out += gen->builder->Chunk(which, ev);
+          gen->early.clear();
         }
         // Wait for one event, then take whatever else is ready, and send it in one write.
         auto wait = std::chrono::milliseconds(100);

@@ -48,6 +48,13 @@ expect_startup_error() {
 }
 
 expect_startup_error 20 "flag --model" "/nonexistent/model.gguf" -- --model /nonexistent/model.gguf
+# Scheduling flags (docs/scheduling.md): the bad value is named.
+expect_startup_error 1 "policy must be one of fcfs, cluster, slo" "'lifo'" -- --policy lifo
+expect_startup_error 1 "flag --slo-mode" "'lax'" -- --slo-mode lax
+expect_startup_error 1 "ttft-slo-ms must be in" -- --ttft-slo-ms -5
+echo '{"format":"chorus-cost-model","models":[{"kind":"linear"}]}' > "$tmp/cost.json"
+expect_startup_error 1 "flag --cost-model" "$tmp/cost.json" "seconds_per_term" -- \
+  --policy slo --cost-model "$tmp/cost.json"
 expect_startup_error 20 "flag --adapter-root" "/nonexistent/root" -- \
   --model "$stories" --tokenizer "$tok" --adapter-root /nonexistent/root
 expect_startup_error 20 "flag --lora x" "/nonexistent/l" -- \

@@ -552,6 +552,62 @@ TEST(ServerE2E, ChatCompletions) {
   EXPECT_TRUE(s.usage.is_null());  // not asked for
 }
 
+// Policy slo with a cost model of 10 ms per prompt token: a request whose TTFT SLO its prompt
+// alone cannot meet is answered 429 at once (streamed or not), the others are served, and the
+// metrics count it; with --slo-mode best-effort it is served late and counted as missed.
+TEST(ServerE2E, SloEarlyAbortIs429) {
+  engine::EngineOptions eo = SmallEngine();
+  eo.policy = "slo";
+  eo.cost_model = std::make_shared<engine::CostModel>(*engine::CostModel::FromCoefficients(
+      engine::CostModel::Kind::kLinear, {0, 0.01, 0.001, 0, 0, 0, 0}));
+  START_OR_SKIP(ts, eo);
+  const json late = {{"prompt", "Once upon a time there was a little girl"},
+                     {"max_tokens", 4},
+                     {"ignore_eos", true},
+                     {"ttft_slo_ms", 20}};
+  auto r = Post(*ts, "/v1/completions", late);
+  EXPECT_EQ(r.status, 429) << r.raw;
+  EXPECT_NE(r.body["error"]["message"].get<std::string>().find("would miss its TTFT SLO"),
+            std::string::npos)
+      << r.raw;
+  json chat = {{"messages", {{{"role", "user"}, {"content", "Tell me a long story please"}}}},
+               {"max_tokens", 4},
+               {"ttft_slo_ms", 20},
+               {"stream", true}};
+  auto rs = ts->Client().Post("/v1/chat/completions", chat.dump(), "application/json");
+  ASSERT_TRUE(rs);
+  EXPECT_EQ(rs->status, 429) << rs->body;
+  json ok = late;
+  ok["ttft_slo_ms"] = 60000;
+  ok["tpot_slo_ms"] = 60000;
+  EXPECT_EQ(Post(*ts, "/v1/completions", ok).status, 200);
+  ok.erase("ttft_slo_ms");  // the server's defaults: none
+  ok.erase("tpot_slo_ms");
+  EXPECT_EQ(Post(*ts, "/v1/completions", ok).status, 200);
+  const std::string m = ts->MetricsText();
+  EXPECT_NE(m.find("chorus_slo_aborted_total 2"), std::string::npos) << m;
+  EXPECT_NE(m.find("chorus_slo_ttft_missed_total 2"), std::string::npos);
+  EXPECT_NE(m.find("chorus_slo_ttft_met_total 1"), std::string::npos);
+  EXPECT_NE(m.find("chorus_slo_tpot_met_total 1"), std::string::npos);
+  EXPECT_NE(
+      m.find("chorus_adapter_slo_ttft_missed_total{adapter=\"" + std::string(kName) + "\"} 2"),
+      std::string::npos);
+
+  eo.slo_best_effort = true;
+  eo.ttft_slo_ms = 20;  // the server's default SLO
+  auto be = Start(eo);
+  ASSERT_NE(be, nullptr);
+  json dflt = late;
+  dflt.erase("ttft_slo_ms");
+  EXPECT_EQ(Post(*be, "/v1/completions", dflt).status, 200);
+  const std::string m2 = be->MetricsText();
+  EXPECT_NE(m2.find("chorus_slo_aborted_total 0"), std::string::npos) << m2;
+  // Served: its TTFT is whatever it was (the cost model above is pessimistic), counted once.
+  EXPECT_TRUE(m2.find("chorus_slo_ttft_missed_total 1") != std::string::npos ||
+              m2.find("chorus_slo_ttft_met_total 1") != std::string::npos)
+      << m2;
+}
+
 TEST(ServerE2E, ErrorRows) {
   START_OR_SKIP(ts);
   const std::string C = "/v1/completions";

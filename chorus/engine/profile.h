@@ -1,0 +1,47 @@
+// Step-latency profile (`chorus profile`, docs/scheduling.md): times engine steps of random
+// shapes — prefill chunks at several start positions, decode rows at several depths, LoRA
+// adapters of ranks 8–64 — through the same Forward and LoRA hook the engine runs, and fits the
+// cost models (engine/cost_model.h) on three quarters of them, judging each on the rest.
+//
+// KV contents are not computed first: a step's cost does not depend on the values in the cache
+// (the pages are zeroed once), only on how many positions each row attends to, so a decode row
+// "at depth 1000" costs one step, not 1000 tokens of prefill first.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "chorus/base/status.h"
+#include "chorus/engine/cost_model.h"
+#include "chorus/model/model.h"
+
+namespace chorus::engine {
+
+struct ProfileOptions {
+  int threads = 0;        // compute threads (0 = all cores), as the server will run
+  int64_t samples = 160;  // distinct step shapes
+  int repeats = 3;        // each shape timed this many times; its time is the median
+  int64_t max_prefill = 256;
+  int64_t max_decode = 32;
+  int64_t max_context = 1024;  // deepest decode row / latest prefill start
+  int64_t max_adapters = 8;    // distinct adapters in a step (ranks cycle 8, 16, 32, 64)
+  uint64_t seed = 1;
+  // Deltas are not profiled (building one needs a fine-tune of the same base): their term is
+  // zero in every sample, so the fitted models give it coefficient 0.
+};
+
+struct ProfileReport {
+  std::vector<StepSample> train, heldout;  // every fourth shape (in random order) is held out
+  CostModelFile file;                      // the fitted models, the better one chosen
+  std::string ToTable() const;
+  std::string ToCsv() const;  // every step: its features and seconds
+};
+
+Result<ProfileReport> RunProfile(std::shared_ptr<const model::Model> model,
+                                 const ProfileOptions& opts,
+                                 const std::function<void(const std::string&)>& progress);
+
+}  // namespace chorus::engine
