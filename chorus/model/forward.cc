@@ -294,7 +294,6 @@ void Forward::Run(const StepInput& in, memory::KvCache* kv, ThreadPool* pool, fl
     if (in.hook != nullptr)
       in.hook->AdjustNorm(layer, which, all_rows, x_.data(), xb_.data(), w_base, d, c.norm_eps);
   };
-  }
 
   // Rotation tables once per step, shared by q and k of every layer (LongRoPE's attention
   // factor multiplies cos and sin).

@@ -209,7 +209,9 @@ TEST(GrammarEngine, BatchInvariantAndSameWithOrWithoutOverlap) {
           << "schema " << probe[k] << (overlap ? " (mask worker)" : " (inline)");
     }
     for (auto& h : others) CollectAll(*h);
-    if (!overlap) EXPECT_EQ((*e)->metrics().grammar_masks_total.load(), 0u);
+    if (!overlap) {
+      EXPECT_EQ((*e)->metrics().grammar_masks_total.load(), 0u);
+    }
   }
 }
 
