@@ -242,12 +242,12 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const model::Mode
                                       .max_batch_tokens = opts.max_batch_tokens,
                                       .cost_model = opts.cost_model,
                                       .best_effort = opts.slo_best_effort}));
-  impl->scheduler = std::make_unique<Scheduler>(
-      SchedulerOptions{.max_batch_tokens = opts.max_batch_tokens,
-                       .max_running = opts.max_running,
-                       .kv_window = c.KvWindow()},
-      impl->pages.get(), impl->kv.get(), impl->residency.get(), std::move(policy), &e->metrics_,
-      impl->prefix.get());
+  impl->scheduler =
+      std::make_unique<Scheduler>(SchedulerOptions{.max_batch_tokens = opts.max_batch_tokens,
+                                                   .max_running = opts.max_running,
+                                                   .kv_window = c.KvWindow()},
+                                  impl->pages.get(), impl->kv.get(), impl->residency.get(),
+                                  std::move(policy), &e->metrics_, impl->prefix.get());
   e->impl_ = std::move(impl);
   e->impl_->thread = std::thread([raw = e->impl_.get()] { raw->Loop(); });
   return e;
