@@ -251,7 +251,8 @@ void AmxPanels(const uint8_t* packed, int64_t n, int64_t k, const QRows& q, int6
 
 void QPanels(int layout, const uint8_t* packed, int64_t n, int64_t k, const QRows& q, int64_t m,
              int64_t p0, int64_t p1, float* y, int64_t y_stride, bool accumulate) {
-  if (m < kAmxMinRows) {
+  // K-quant layouts have no tile kernel yet: the AVX-512 one runs them (same bits either way).
+  if (m < kAmxMinRows || IsKLayout(layout)) {
     return Avx512Kernels().q_panels(layout, packed, n, k, q, m, p0, p1, y, y_stride, accumulate);
   }
   AmxTileQPanels(layout, packed, n, k, q, m, p0, p1, y, y_stride, accumulate);
@@ -262,6 +263,9 @@ void QPanels(int layout, const uint8_t* packed, int64_t n, int64_t k, const QRow
 void AmxTileQPanels(int layout, const uint8_t* packed, int64_t n, int64_t k, const QRows& q,
                     int64_t m, int64_t p0, int64_t p1, float* y, int64_t y_stride,
                     bool accumulate) {
+  if (IsKLayout(layout)) {
+    return Avx512Kernels().q_panels(layout, packed, n, k, q, m, p0, p1, y, y_stride, accumulate);
+  }
   if (layout == kLayoutQ4Panel) {
     AmxPanels<true>(packed, n, k, q, m, p0, p1, y, y_stride, accumulate);
   } else {
