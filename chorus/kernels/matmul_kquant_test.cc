@@ -146,6 +146,41 @@ TEST_F(MatMulKQuantTest, ExtremeCodesMatchReference) {
   }
 }
 
+// The AMX tile kernel at any row count (the amx level itself uses it from 12 rows) against the
+// reference, bit for bit.
+TEST_F(MatMulKQuantTest, AmxTilesMatchReferenceBitExact) {
+  if (BestIsa() != IsaLevel::kAmx) {
+    GTEST_SKIP() << "no amx level on this host: " << AmxUnavailableReason();
+  }
+  internal::IsaKernels tiles = internal::AmxKernels();
+  tiles.q_panels = internal::AmxTileQPanels;
+  const Shape shapes[] = {{1, 256, 1},    {5, 512, 17},  {12, 256, 64},  {16, 768, 70},
+                          {17, 256, 130}, {33, 512, 48}, {100, 256, 100}};
+  for (DType dt : kKTypes) {
+    for (const Shape& s : shapes) {
+      const int64_t x_stride = s.k + 7, y_stride = s.n + 3;
+      const PackedWeight w = MakeWeight(dt, s.n, s.k, static_cast<uint32_t>(s.m + s.k + s.n));
+      const std::vector<float> x = RandomVec(static_cast<size_t>(s.m * x_stride), 17 + s.k);
+      const std::vector<float> y0 = RandomVec(static_cast<size_t>(s.m * y_stride), 23);
+      for (bool accumulate : {false, true}) {
+        std::vector<float> ref(y0), got(y0);
+        reference::MatMul(w, x.data(), x_stride, s.m, ref.data(), y_stride, accumulate);
+        const MatMulOut o{&w, got.data(), y_stride};
+        internal::MatMulWithKernels(tiles, {&o, 1}, x.data(), x_stride, s.m, accumulate, &pool2_);
+        int bad = 0;
+        for (size_t i = 0; i < got.size() && bad < 5; ++i) {
+          if (std::memcmp(&got[i], &ref[i], 4) != 0) {
+            ADD_FAILURE() << "amx " << DTypeName(dt) << " m=" << s.m << " k=" << s.k << " n=" << s.n
+                          << " y[" << i / y_stride << "," << i % y_stride << "] = " << got[i]
+                          << " ref " << ref[i];
+            ++bad;
+          }
+        }
+      }
+    }
+  }
+}
+
 // The reference against double-precision sums of the dequantized weights (DequantizeRow, which
 // equals llama.cpp's) times the quantized activations: they differ only by float rounding.
 TEST_F(MatMulKQuantTest, ReferenceMatchesDequantizedOracle) {
