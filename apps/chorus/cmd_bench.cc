@@ -61,7 +61,8 @@ int BenchCommand(int argc, char** argv) {
           "at larger batches, then batch-1 decode at each further --context depth, per dtype.\n"
           "Each figure is the median of --repeats runs. Writes <out>.csv and <out>.json.");
   f.String("shape", "tinyllama-1.1b", "synthetic model shape");
-  f.String("dtypes", "q4_0,q8_0,bf16", "comma-separated weight dtypes");
+  f.String("dtypes", "q4_0,q8_0,bf16",
+           "comma-separated weight dtypes or K-quant mixes (q4_k_m, q6_k, ...)");
   f.Int("threads", 2, "compute threads");
   f.String("prefill", "512,2048,4096", "comma-separated prompt lengths for the prefill figures");
   f.String("batches", "1,8,32", "comma-separated decode batch sizes");
@@ -120,7 +121,7 @@ int BenchCommand(int argc, char** argv) {
   s = ParseList(f.GetString("context"), &o.depths, tokens("--context"));
   if (!s.ok()) return Fail("bench", s);
   s = ParseList(f.GetString("dtypes"), &o.dtypes,
-                [](const std::string& x) { return ParseDType(x); });
+                [](const std::string& x) { return model::QuantScheme::Parse(x); });
   if (!s.ok()) return Fail("bench", s);
   s = ParseList(f.GetString("batches"), &o.batches, [](const std::string& x) -> Result<int64_t> {
     char* end = nullptr;

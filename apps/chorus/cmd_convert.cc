@@ -136,7 +136,8 @@ int WriteLoraSet(const Flags& f, const model::ModelConfig& base, const std::stri
 int ConvertCommand(int argc, char** argv) {
   Flags f(
       "convert",
-      "Writes a model as GGUF (f32/f16/bf16/q8_0/q4_0) or a Hugging Face directory "
+      "Writes a model as GGUF (f32/f16/bf16/q8_0/q4_0, the K types q3_k/q4_k/q5_k and llama.cpp's\n"
+      "K-quant mixes q2_k/q3_k_m/q4_k_s/q4_k_m/q5_k_s/q5_k_m/q6_k) or a Hugging Face directory "
       "(f32/f16/bf16).\n"
       "Either --model PATH (any loadable model) or --shape NAME (seeded random weights at a real\n"
       "shape: " +
@@ -145,7 +146,8 @@ int ConvertCommand(int argc, char** argv) {
   f.String("shape", "", "synthetic shape instead of --model");
   f.Int("seed", 1, "seed of the synthetic weights");
   f.String("dtype", "",
-           "dtype of the matrices (default: keep the source's where the target allows)");
+           "dtype of the matrices, or a K-quant mix (q4_k_m, ...: a type per tensor as llama.cpp\n"
+           "chooses it, docs/kernels.md) (default: keep the source's where the target allows)");
   f.String("format", "gguf", "output format: gguf or hf");
   f.String("output", "", "output file (gguf) or directory (hf)");
   f.String("tokenizer", "",
@@ -199,9 +201,10 @@ int ConvertCommand(int argc, char** argv) {
     return Fail("convert", InvalidArgumentError("--format must be gguf or hf, not '" +
                                                 fmt.substr(0, 32) + "'"));
   if (f.IsSet("dtype")) {
-    auto d = ParseDType(f.GetString("dtype"));
+    auto d = model::QuantScheme::Parse(f.GetString("dtype"));
     if (!d.ok()) return Fail("convert", d.status());
-    opts.dtype = *d;
+    opts.dtype = d->base();
+    if (d->is_mix()) opts.mix = *d;
   }
 
   const bool explicit_tok = f.IsSet("tokenizer");
@@ -211,7 +214,8 @@ int ConvertCommand(int argc, char** argv) {
   if (f.IsSet("shape")) {
     model::SyntheticSpec spec{.shape = f.GetString("shape"),
                               .dtype = opts.dtype.value_or(DType::kF32),
-                              .seed = static_cast<uint64_t>(f.GetInt("seed"))};
+                              .seed = static_cast<uint64_t>(f.GetInt("seed")),
+                              .mix = opts.mix};
     auto cfg = model::SyntheticConfig(spec.shape);
     if (!cfg.ok()) return Fail("convert", cfg.status());
     // Checked before generating weights (big shapes take a while).
@@ -222,7 +226,7 @@ int ConvertCommand(int argc, char** argv) {
       if (!s.ok()) return Fail("convert", s);
     }
     std::fprintf(stderr, "chorus convert: generating synthetic %s (%s)...\n", spec.shape.c_str(),
-                 std::string(DTypeName(spec.dtype)).c_str());
+                 spec.mix ? spec.mix->name().c_str() : std::string(DTypeName(spec.dtype)).c_str());
     auto m = model::MakeSyntheticModel(spec);
     if (!m.ok()) return Fail("convert", m.status());
     mdl = *m;

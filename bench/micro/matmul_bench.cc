@@ -22,7 +22,8 @@
 namespace chorus::kernels {
 namespace {
 
-const DType kTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0};
+const DType kTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0, DType::kQ4_0,
+                        DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ3_K, DType::kQ2_K};
 const int64_t kShapes[][2] = {{2048, 2048}, {256, 2048}, {5632, 2048}, {2048, 5632}, {32000, 2048}};
 const int64_t kRows[] = {1, 8, 16, 32, 512};
 
@@ -112,6 +113,8 @@ int Register() {
   benchmark::RegisterBenchmark("pack/q8_0/5632x2048", BM_Pack, DType::kQ8_0)
       ->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("pack/q4_0/5632x2048", BM_Pack, DType::kQ4_0)
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("pack/q4_k/5632x2048", BM_Pack, DType::kQ4_K)
       ->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("read", BM_ReadBandwidth)
       ->ArgNames({"bytes", "threads"})

@@ -176,14 +176,15 @@ namespace {
 Result<EngineBenchReport> RunPunicaWorkload(const EngineBenchOptions& opts,
                                             const std::function<void(const std::string&)>& progress,
                                             EngineBenchReport rep) {
-  const DType dtype = opts.dtypes.front();
-  const std::string dname(DTypeName(dtype));
+  const model::QuantScheme& scheme = opts.dtypes.front();
+  const std::string dname = scheme.name();
   ThreadPool pool(opts.threads);
   const int64_t max_b = *std::max_element(opts.batches.begin(), opts.batches.end());
   const int64_t context = opts.depths.front();
   const int64_t max_rows = std::max(context, max_b);
   progress("building synthetic " + opts.shape + " " + dname);
-  model::SyntheticSpec spec{.shape = opts.shape, .dtype = dtype, .seed = 1};
+  model::SyntheticSpec spec{.shape = opts.shape, .dtype = scheme.base(), .seed = 1};
+  if (scheme.is_mix()) spec.mix = scheme;
   CHORUS_ASSIGN_OR_RETURN(auto mdl, model::MakeSyntheticModel(spec));
   const model::ModelConfig& c = mdl->config();
   model::Forward fwd(mdl, max_rows, max_rows);
@@ -349,10 +350,11 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
   // Rows of the largest step: a prefill prompt, a sequence's context fill, or a decode batch.
   const int64_t max_rows = std::max({max_prefill, max_depth, max_b, int64_t{1}});
 
-  for (DType dtype : opts.dtypes) {
-    const std::string dname(DTypeName(dtype));
+  for (const model::QuantScheme& scheme : opts.dtypes) {
+    const std::string dname = scheme.name();
     progress("building synthetic " + opts.shape + " " + dname);
-    model::SyntheticSpec spec{.shape = opts.shape, .dtype = dtype, .seed = 1};
+    model::SyntheticSpec spec{.shape = opts.shape, .dtype = scheme.base(), .seed = 1};
+    if (scheme.is_mix()) spec.mix = scheme;
     CHORUS_ASSIGN_OR_RETURN(auto mdl, model::MakeSyntheticModel(spec));
     const model::ModelConfig& c = mdl->config();
     model::Forward fwd(mdl, max_rows, max_rows);

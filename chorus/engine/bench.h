@@ -18,13 +18,15 @@
 #include "chorus/base/status.h"
 #include "chorus/base/thread_pool.h"
 #include "chorus/kernels/dispatch.h"
+#include "chorus/model/quant_scheme.h"
 #include "chorus/tensor/dtype.h"
 
 namespace chorus::engine {
 
 struct EngineBenchOptions {
   std::string shape = "tinyllama-1.1b";  // synthetic shape (model/synthetic.h)
-  std::vector<DType> dtypes = {DType::kQ4_0, DType::kQ8_0, DType::kBF16};
+  // Weight dtypes, or K-quant mixes such as q4_k_m (model/quant_scheme.h).
+  std::vector<model::QuantScheme> dtypes = {DType::kQ4_0, DType::kQ8_0, DType::kBF16};
   int threads = 2;
   // Prompt lengths of the prefill figures (one step each: the whole prompt is one chunk).
   std::vector<int64_t> prefill_lengths = {512, 2048, 4096};

@@ -183,6 +183,16 @@ std::vector<std::string> GgufFuzzSeeds() {
     seeds.push_back(*w.Serialize());
   }
   {
+    GgufWriter w;  // K-quant tensors, one per type (their decoders get the mutated bytes)
+    w.SetString("general.architecture", "llama");
+    std::vector<float> v(512);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i % 37) / 9 - 2;
+    for (DType t : {DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+      w.AddTensor(std::string(DTypeName(t)), Tensor::FromF32(v, t, {2, 256}));
+    }
+    seeds.push_back(*w.Serialize());
+  }
+  {
     GgufWriter w;  // vocab-only, like llama.cpp's ggml-vocab files
     w.SetString("tokenizer.ggml.model", "gpt2");
     w.SetStringArray("tokenizer.ggml.merges", {"a b", "ab c"});

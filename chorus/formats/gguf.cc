@@ -369,14 +369,24 @@ Result<DType> GgmlTypeToDType(uint32_t ggml_type) {
       return DType::kQ8_0;
     case kGgmlQ4_0:
       return DType::kQ4_0;
+    case kGgmlQ2_K:
+      return DType::kQ2_K;
+    case kGgmlQ3_K:
+      return DType::kQ3_K;
+    case kGgmlQ4_K:
+      return DType::kQ4_K;
+    case kGgmlQ5_K:
+      return DType::kQ5_K;
+    case kGgmlQ6_K:
+      return DType::kQ6_K;
     case kGgmlI8:
       return DType::kI8;
     case kGgmlI32:
       return DType::kI32;
     default:
       return UnimplementedError("GGML type " + GgmlTypeName(ggml_type) +
-                                " is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, I8, "
-                                "I32)");
+                                " is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q2_K, "
+                                "Q3_K, Q4_K, Q5_K, Q6_K, I8, I32)");
   }
 }
 
@@ -392,6 +402,16 @@ Result<uint32_t> DTypeToGgmlType(DType dtype) {
       return kGgmlQ8_0;
     case DType::kQ4_0:
       return kGgmlQ4_0;
+    case DType::kQ2_K:
+      return kGgmlQ2_K;
+    case DType::kQ3_K:
+      return kGgmlQ3_K;
+    case DType::kQ4_K:
+      return kGgmlQ4_K;
+    case DType::kQ5_K:
+      return kGgmlQ5_K;
+    case DType::kQ6_K:
+      return kGgmlQ6_K;
     case DType::kI8:
       return kGgmlI8;
     case DType::kI32:
@@ -1035,9 +1055,10 @@ Result<std::string> GgufWriter::Serialize() const {
     for (int64_t d : shape) {
       if (d < 0) return InvalidArgumentError(what + " has a negative dimension");
     }
-    if (DTypeIsQuantized(t.dtype()) && t.view().cols() % kQuantBlock != 0) {
+    if (DTypeIsQuantized(t.dtype()) && t.view().cols() % DTypeBlockElems(t.dtype()) != 0) {
       return InvalidArgumentError(what + ": rows of " + std::to_string(t.view().cols()) +
-                                  " elements are not a multiple of 32");
+                                  " elements are not a multiple of " +
+                                  std::to_string(DTypeBlockElems(t.dtype())));
     }
     if (t.view().NumBytes() > 0 && t.data() == nullptr) {
       return InvalidArgumentError(what + " has no data");

@@ -89,7 +89,8 @@ struct GgufTensorInfo {
 
 // GGML type ids (ggml.h enum ggml_type) of the types Chorus reads and writes.
 inline constexpr uint32_t kGgmlF32 = 0, kGgmlF16 = 1, kGgmlQ4_0 = 2, kGgmlQ8_0 = 8, kGgmlI8 = 24,
-                          kGgmlI32 = 26, kGgmlBF16 = 30;
+                          kGgmlI32 = 26, kGgmlBF16 = 30, kGgmlQ2_K = 10, kGgmlQ3_K = 11,
+                          kGgmlQ4_K = 12, kGgmlQ5_K = 13, kGgmlQ6_K = 14;
 // "F32", "Q4_K", ... or "type<id>" for an id Chorus does not know.
 std::string GgmlTypeName(uint32_t ggml_type);
 // The Chorus dtype of a GGML type (F32, F16, BF16, Q8_0, Q4_0, I8, I32), else kUnimplemented.

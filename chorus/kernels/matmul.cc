@@ -83,6 +83,59 @@ void RepackQuant(const Tensor& w, int layout, int64_t n, int64_t k, uint8_t* out
   }
 }
 
+// Repacks rows [n, k] of K-quant super-blocks into the panels of matmul_internal.h ("K-quant
+// weights"). Padding columns of the last panel stay zero (S = 0, D = 0); their outputs are never
+// stored.
+void RepackK(const Tensor& w, int layout, int64_t n, int64_t k, uint8_t* out) {
+  const DType dt = w.dtype();
+  const int64_t nsb = k / 256;
+  const int64_t n_panels = (n + kPanelCols - 1) / kPanelCols;
+  const int64_t panel_bytes = internal::KPanelBytes(layout, k);
+  const int64_t blk_bytes = internal::KBlockBytes(layout);
+  const int64_t src_block = DTypeBlockBytes(dt);
+  constexpr int64_t kChunk = internal::kChunkBytes;
+  std::memset(out, 0, static_cast<size_t>(n_panels * panel_bytes));
+  KQuantInts b;
+  for (int64_t p = 0; p < n_panels; ++p) {
+    const int cols = static_cast<int>(std::min<int64_t>(kPanelCols, n - p * kPanelCols));
+    for (int c = 0; c < cols; ++c) {
+      const auto* row = static_cast<const uint8_t*>(w.view().Row(p * kPanelCols + c));
+      for (int64_t s = 0; s < nsb; ++s) {
+        UnpackKQuant(dt, row + s * src_block, &b);
+        uint8_t* blk = out + p * panel_bytes + s * blk_bytes;
+        for (int e = 0; e < 256; ++e) {
+          const int g = e / 4, i = e % 4, q = b.q[e];
+          if (internal::KHasNibbles(layout)) {
+            uint8_t& byte = blk[internal::KNibOff(layout) + (g / 2) * kChunk + 4 * c + i];
+            byte = static_cast<uint8_t>(byte | ((q & 0x0f) << (4 * (g % 2))));
+          }
+          if (internal::KHasCrumbs(layout)) {
+            const int v = layout == internal::kLayoutQ6K ? (q >> 4) & 3 : q & 3;
+            uint8_t& byte = blk[internal::KCrumbOff(layout) + (g / 4) * kChunk + 4 * c + i];
+            byte = static_cast<uint8_t>(byte | (v << (2 * (g % 4))));
+          }
+          if (internal::KHasBits(layout)) {
+            const int v = layout == internal::kLayoutQ5K ? (q >> 4) & 1 : (q >> 2) & 1;
+            uint8_t& byte = blk[internal::KBitOff(layout) + (g / 8) * kChunk + 4 * c + i];
+            byte = static_cast<uint8_t>(byte | (v << (g % 8)));
+          }
+        }
+        for (int j = 0; j < b.n_sub; ++j) {
+          const int64_t at = (j / 2) * 2 * kPanelCols + 2 * c + (j % 2);
+          blk[internal::KSOff(layout) + at] = static_cast<uint8_t>(static_cast<int8_t>(b.S[j]));
+          if (internal::KHasMins(layout))
+            blk[internal::KNOff(layout) + at] = static_cast<uint8_t>(static_cast<int8_t>(b.N[j]));
+        }
+        auto* d = reinterpret_cast<uint16_t*>(blk + internal::KDOff(layout));
+        d[c] = F32ToF16(b.D);
+        if (internal::KHasMins(layout)) {
+          reinterpret_cast<uint16_t*>(blk + internal::KMOff(layout))[c] = F32ToF16(b.M);
+        }
+      }
+    }
+  }
+}
+
 // Repacks bf16 rows [n, k] into the k-pair panels of matmul_internal.h (kLayoutBf16Pairs).
 void RepackBf16Pairs(const Tensor& w, int64_t n, int64_t k, uint8_t* out) {
   const auto* src = static_cast<const uint16_t*>(w.data());
@@ -161,19 +214,28 @@ Result<PackedWeight> PackedWeightBuilder::Build(const Tensor& w, IsaLevel level)
   }
   const DType dt = w.dtype();
   if (dt != DType::kF32 && dt != DType::kF16 && dt != DType::kBF16 && dt != DType::kQ8_0 &&
-      dt != DType::kQ4_0) {
+      dt != DType::kQ4_0 && !DTypeIsKQuant(dt)) {
     return UnimplementedError("PackedWeight::Pack: unsupported weight dtype " +
                               std::string(DTypeName(dt)));
   }
-  if (DTypeIsQuantized(dt) && k % kQuantBlock != 0) {
+  if (DTypeIsQuantized(dt) && k % DTypeBlockElems(dt) != 0) {
     return InvalidArgumentError("PackedWeight::Pack: " + std::string(DTypeName(dt)) +
-                                " weight needs k % 32 == 0, got shape " + w.view().ShapeString());
+                                " weight needs k % " + std::to_string(DTypeBlockElems(dt)) +
+                                " == 0, got shape " + w.view().ShapeString());
   }
   PackedWeight pw;
   pw.source_ = w;
   pw.n_ = n;
   pw.k_ = k;
-  if (DTypeIsQuantized(dt)) {
+  if (DTypeIsKQuant(dt)) {
+    const int layout = internal::KLayoutOf(dt);
+    const int64_t bytes = (n + kPanelCols - 1) / kPanelCols * internal::KPanelBytes(layout, k);
+    std::shared_ptr<uint8_t> buf = PackedBuffer(bytes);
+    RepackK(w, layout, n, k, buf.get());
+    pw.packed_ = std::move(buf);
+    pw.packed_layout_ = layout;
+    pw.packed_bytes_ = bytes;
+  } else if (DTypeIsQuantized(dt)) {
     const int layout = dt == DType::kQ8_0 ? internal::kLayoutQ8Panel : internal::kLayoutQ4Panel;
     const int64_t bytes =
         (n + kPanelCols - 1) / kPanelCols * internal::PanelBytes(layout, k / kQuantBlock);
@@ -193,6 +255,22 @@ Result<PackedWeight> PackedWeightBuilder::Build(const Tensor& w, IsaLevel level)
     pw.packed_bytes_ = bytes;
   }
   return pw;
+}
+
+int internal::KLayoutOf(DType t) {
+  switch (t) {
+    case DType::kQ2_K:
+      return kLayoutQ2K;
+    case DType::kQ3_K:
+      return kLayoutQ3K;
+    case DType::kQ4_K:
+      return kLayoutQ4K;
+    case DType::kQ5_K:
+      return kLayoutQ5K;
+    default:
+      CHORUS_CHECK(t == DType::kQ6_K) << "KLayoutOf: not a K type";
+      return kLayoutQ6K;
+  }
 }
 
 Result<PackedWeight> PackedWeight::Pack(const Tensor& w) {
@@ -276,7 +354,7 @@ WorkUnits MakeUnits(std::span<const MatMulOut> outs, bool panels, int n_threads)
       wu.items[j] = (w.n() + kPanelCols - 1) / kPanelCols;
       item_bytes = w.packed_layout() == internal::kLayoutBf16Pairs
                        ? internal::Bf16PanelBytes(w.k())
-                       : internal::PanelBytes(w.packed_layout(), w.k() / kQuantBlock);
+                       : internal::QPanelBytes(w.packed_layout(), w.k());
       align = 1;
     } else {
       wu.items[j] = w.n();

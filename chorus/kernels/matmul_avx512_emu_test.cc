@@ -1,11 +1,11 @@
 // test-labels: kernel
 // The AVX-512 matmul kernels' logic, checked on any AVX2 machine: x86/matmul_avx512.cc is compiled
 // into this test against scalar emulations of exactly the AVX-512 intrinsics it uses (vpdpbusd,
-// vdpbf16ps, masked loads/stores, conversions, reductions), then driven through the same MatMul
-// orchestration and compared with the scalar reference. This catches layout, masking, offset and
-// rounding mistakes on hosts without AVX-512 (CI machines vary); the real instructions are covered
-// by matmul_test.cc wherever the CPU has them. The emulations follow the Intel SDM definitions
-// (vdpbf16ps without its denormal flushing, which these inputs never reach).
+// vpdpwssd, vpmulld, vdpbf16ps, masked loads/stores, conversions, reductions), then driven through
+// the same MatMul orchestration and compared with the scalar reference. This catches layout,
+// masking, offset and rounding mistakes on hosts without AVX-512 (CI machines vary); the real
+// instructions are covered by matmul_test.cc wherever the CPU has them. The emulations follow the
+// Intel SDM definitions (vdpbf16ps without its denormal flushing, which these inputs never reach).
 #include <gtest/gtest.h>
 #include <immintrin.h>
 
@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "chorus/kernels/dispatch.h"
@@ -67,6 +68,15 @@ inline __m128i cvtepi32_epi8(m512i a) { int8_t t[16]; for (int i = 0; i < 16; ++
 inline __m256i cvtepi32_epi16(m512i a) { int16_t t[16]; for (int i = 0; i < 16; ++i) t[i] = int16_t(a.ud[i] & 0xffff); return _mm256_loadu_si256((const __m256i*)t); }
 inline m512i mask_mov_epi32(m512i src, mask16 k, m512i a) { for (int i = 0; i < 16; ++i) if (k >> i & 1) src.d[i] = a.d[i]; return src; }
 inline float bf(uint16_t h) { uint32_t u = uint32_t(h) << 16; float f; std::memcpy(&f, &u, 4); return f; }
+inline m512i setzero_si512() { m512i r; std::memset(&r, 0, 64); return r; }
+inline m512i sub_epi32(m512i a, m512i b) { for (int i = 0; i < 16; ++i) a.ud[i] -= b.ud[i]; return a; }
+inline m512i slli_epi16(m512i a, int n) { for (auto& v : a.uw) v = uint16_t(v << n); return a; }
+inline m512i slli_epi32(m512i a, int n) { for (auto& v : a.ud) v <<= n; return a; }
+inline m512i srai_epi32(m512i a, int n) { for (auto& v : a.d) v >>= n; return a; }
+inline m512i cvtepi8_epi16(__m256i a) { int8_t t[32]; _mm256_storeu_si256((__m256i*)t, a); m512i r; for (int i = 0; i < 32; ++i) r.w[i] = t[i]; return r; }
+inline m512i mullo_epi32(m512i a, m512i b) { for (int i = 0; i < 16; ++i) a.ud[i] *= b.ud[i]; return a; }
+inline m512i dpwssd_epi32(m512i s, m512i a, m512i b) { for (int i = 0; i < 16; ++i) s.d[i] = int32_t(uint32_t(s.d[i]) + uint32_t(int32_t(a.w[2 * i]) * b.w[2 * i] + int32_t(a.w[2 * i + 1]) * b.w[2 * i + 1])); return s; }
+inline m512 fnmadd_ps(m512 a, m512 b, m512 c) { for (int i = 0; i < 16; ++i) c.f[i] = std::fma(-a.f[i], b.f[i], c.f[i]); return c; }
 inline m512 dpbf16_ps(m512 s, m512bh a, m512bh b) { for (int i = 0; i < 16; ++i) { s.f[i] += bf(a.h[2 * i + 1]) * bf(b.h[2 * i + 1]); s.f[i] += bf(a.h[2 * i]) * bf(b.h[2 * i]); } return s; }
 }  // namespace emu
 #define __m512 emu::m512
@@ -111,6 +121,15 @@ inline m512 dpbf16_ps(m512 s, m512bh a, m512bh b) { for (int i = 0; i < 16; ++i)
 #define _mm512_cvtepi32_epi16 emu::cvtepi32_epi16
 #define _mm512_mask_mov_epi32 emu::mask_mov_epi32
 #define _mm512_dpbf16_ps emu::dpbf16_ps
+#define _mm512_setzero_si512 emu::setzero_si512
+#define _mm512_sub_epi32 emu::sub_epi32
+#define _mm512_slli_epi16 emu::slli_epi16
+#define _mm512_slli_epi32 emu::slli_epi32
+#define _mm512_srai_epi32 emu::srai_epi32
+#define _mm512_cvtepi8_epi16 emu::cvtepi8_epi16
+#define _mm512_mullo_epi32 emu::mullo_epi32
+#define _mm512_dpwssd_epi32 emu::dpwssd_epi32
+#define _mm512_fnmadd_ps emu::fnmadd_ps
 // clang-format on
 
 // The kernel file under test, with its entry point renamed so it does not clash with the real
@@ -162,11 +181,16 @@ TEST(MatMulAvx512Emulated, MatchesReference) {
   ThreadPool pool(2);
   const Shape q_shapes[] = {{1, 32, 1},   {3, 96, 5},    {8, 96, 17},  {64, 32, 33},
                             {5, 256, 70}, {1, 1024, 64}, {33, 64, 20}, {2, 64, 130}};
+  // K types need k % 256 == 0.
+  const Shape k_shapes[] = {{1, 256, 1}, {3, 512, 17}, {5, 256, 70}, {33, 768, 20}, {2, 256, 130}};
   const Shape f_shapes[] = {{1, 1, 1},   {3, 7, 5},   {8, 33, 17}, {64, 32, 17},
                             {5, 47, 19}, {2, 300, 9}, {33, 16, 6}, {7, 33, 130}};
-  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0}) {
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ2_K,
+                   DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     const bool quant = DTypeIsQuantized(dt);
-    for (const Shape& s : quant ? q_shapes : f_shapes) {
+    for (const Shape& s : DTypeIsKQuant(dt) ? std::span<const Shape>(k_shapes)
+                          : quant           ? std::span<const Shape>(q_shapes)
+                                            : std::span<const Shape>(f_shapes)) {
       const int64_t x_stride = s.k + 3, y_stride = s.n + 2;
       const PackedWeight w = MakeWeight(dt, s.n, s.k, static_cast<uint32_t>(s.k * 31 + s.n));
       const std::vector<float> x = RandomVec(static_cast<size_t>(s.m * x_stride), 11);
@@ -205,8 +229,9 @@ TEST(MatMulAvx512Emulated, MatchesReference) {
 TEST(MatMulAvx512Emulated, BatchInvariant) {
   if (!HostCanRunEmulation()) GTEST_SKIP() << "emulation itself needs AVX2/FMA/F16C";
   ThreadPool pool1(1), pool2(2);
-  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0}) {
-    const int64_t k = DTypeIsQuantized(dt) ? 64 : 45, n = 37, rows = 33;
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_K,
+                   DType::kQ6_K}) {
+    const int64_t k = DTypeIsKQuant(dt) ? 256 : DTypeIsQuantized(dt) ? 64 : 45, n = 37, rows = 33;
     const PackedWeight w = MakeWeight(dt, n, k, 5);
     const std::vector<float> x = RandomVec(static_cast<size_t>(rows * k), 6);
     std::vector<float> all(rows * n), all2(rows * n);

@@ -37,6 +37,12 @@ enum PackedLayout : int {
   kLayoutQ8Panel = 1,
   kLayoutQ4Panel = 2,
   kLayoutBf16Pairs = 3,
+  // K-quant super-block panels (below), one id per type.
+  kLayoutQ2K = 4,
+  kLayoutQ3K = 5,
+  kLayoutQ4K = 6,
+  kLayoutQ5K = 7,
+  kLayoutQ6K = 8,
 };
 
 inline constexpr int64_t QsBlockBytes(int layout) {
@@ -59,6 +65,64 @@ inline constexpr int64_t PanelBytes(int layout, int64_t nb) { return nb * BlockB
 // whatever the tile's row count, so a row's result does not depend on its batch.
 inline constexpr int64_t Bf16PanelBytes(int64_t k) { return (k + 1) / 2 * kChunkBytes; }
 
+// K-quant weights (q2_k..q6_k) are repacked into 64-column panels of super-blocks (256 k). Every
+// type is reduced to one integer form (dtype.h, KQuantInts): per sub-block j (16 elements, or 32
+// for q4_k/q5_k) x_e = D·S_j·q_e − M·N_j with an unsigned code q_e ≤ 63. Super-block s of panel p
+// occupies KBlockBytes(layout) bytes at packed + p * KPanelBytes(layout, k) + s * KBlockBytes:
+//   nibble plane (q4_k, q5_k, q6_k): 32 chunks; chunk t byte 4c+i: low nibble = bits 0-3 of the
+//        code of element 8t+i of column c (k-group 2t), high nibble = element 8t+4+i (k-group 2t+1)
+//   crumb plane (q2_k, q3_k: bits 0-1; q6_k: bits 4-5): 16 chunks; chunk t byte 4c+i, bits 2s..2s+1
+//        = element 16t+4s+i (k-group 4t+s)
+//   bit plane (q3_k: bit 2; q5_k: bit 4): 8 chunks; chunk t byte 4c+i, bit s = element 32t+4s+i
+//   S: n_sub/2 pair rows of 128 bytes; row i byte 2c+h = S_{2i+h} of column c (int8)
+//   N: the same for N_j (q2_k, q4_k, q5_k; q3_k and q6_k derive N_j = 4·S_j resp. 32·S_j)
+//   D: 64 f16; M: 64 f16 (q2_k, q4_k, q5_k; the others have M = D)
+// A pair row loaded as 16 (AVX-512) or 8 (AVX2) columns and sign-extended to int16 holds
+// (S_2i, S_2i+1) in each 32-bit lane: the operand of vpdpwssd / vpmaddwd against a broadcast
+// pair of activation group sums.
+inline constexpr bool IsKLayout(int layout) { return layout >= kLayoutQ2K && layout <= kLayoutQ6K; }
+inline constexpr int KSubBlocks(int layout) {
+  return layout == kLayoutQ4K || layout == kLayoutQ5K ? 8 : 16;
+}
+inline constexpr bool KHasNibbles(int layout) {
+  return layout == kLayoutQ4K || layout == kLayoutQ5K || layout == kLayoutQ6K;
+}
+inline constexpr bool KHasCrumbs(int layout) {
+  return layout == kLayoutQ2K || layout == kLayoutQ3K || layout == kLayoutQ6K;
+}
+inline constexpr bool KHasBits(int layout) { return layout == kLayoutQ3K || layout == kLayoutQ5K; }
+inline constexpr bool KHasMins(int layout) {  // separate N_j and M
+  return layout == kLayoutQ2K || layout == kLayoutQ4K || layout == kLayoutQ5K;
+}
+inline constexpr int64_t KNibOff(int) { return 0; }
+inline constexpr int64_t KCrumbOff(int layout) {
+  return KHasNibbles(layout) ? 32 * kChunkBytes : 0;
+}
+inline constexpr int64_t KBitOff(int layout) {
+  return KCrumbOff(layout) + (KHasCrumbs(layout) ? 16 * kChunkBytes : 0);
+}
+inline constexpr int64_t KSOff(int layout) {
+  return KBitOff(layout) + (KHasBits(layout) ? 8 * kChunkBytes : 0);
+}
+inline constexpr int64_t KNOff(int layout) {
+  return KSOff(layout) + KSubBlocks(layout) * kPanelCols;
+}
+inline constexpr int64_t KDOff(int layout) {
+  return KNOff(layout) + (KHasMins(layout) ? KSubBlocks(layout) * kPanelCols : 0);
+}
+inline constexpr int64_t KMOff(int layout) { return KDOff(layout) + 2 * kPanelCols; }
+inline constexpr int64_t KBlockBytes(int layout) {
+  return KDOff(layout) + (KHasMins(layout) ? 4 : 2) * kPanelCols;
+}
+inline constexpr int64_t KPanelBytes(int layout, int64_t k) {
+  return k / 256 * KBlockBytes(layout);
+}
+// Bytes of one 64-column panel of a repacked quantized weight (q8_0, q4_0 or a K layout).
+inline constexpr int64_t QPanelBytes(int layout, int64_t k) {
+  return IsKLayout(layout) ? KPanelBytes(layout, k) : PanelBytes(layout, k / 32);
+}
+int KLayoutOf(DType t);  // the K layout of a K dtype
+
 // One activation row quantized to q8_0-style blocks with an f32 scale (the MatMul spec):
 // per block of 32: amax = max|x|, d = amax / 127, q = lround(x / d) (via x * (1/d)).
 // corr = −offset·Σq removes the offset of unsigned-encoded weights from the block's integer dot
@@ -72,6 +136,16 @@ struct QMeta {
 // of 16 rows, and the rows past m (never quantized, any bytes) only feed tile rows whose
 // results are discarded (a tile row's products depend on that row alone).
 inline constexpr int64_t kQRowsPad = 16;
+// For a K layout the row is quantized per super-block of 256 instead (one scale, like GGML's
+// q8_K): amax = max|x|, d = amax / 127, q = lround(x / d), with the sums of the quants of every
+// 16 (s16) and 32 (s32) elements. The meta row (k/32 QMeta = 64 bytes per super-block) holds
+// k/256 QMetaK.
+struct QMetaK {
+  float d;
+  int16_t s16[16];
+  int16_t s32[8];
+};
+static_assert(sizeof(QMetaK) <= 8 * sizeof(QMeta) && alignof(QMetaK) <= alignof(QMeta));
 struct QRows {
   int8_t* qs = nullptr;     // [m, qs_stride] quants, row r block b at qs + r*qs_stride + 32*b
   QMeta* meta = nullptr;    // [m, meta_stride]
@@ -81,6 +155,11 @@ struct QRows {
 
 // The scalar spec of the activation quantizer: one row of k (k % 32 == 0) floats.
 void ReferenceQuantizeRow(const float* x, int64_t k, int32_t offset, int8_t* qs, QMeta* meta);
+// The same for K layouts: one row of k (k % 256 == 0) floats.
+void ReferenceQuantizeRowK(const float* x, int64_t k, int8_t* qs, QMetaK* meta);
+inline QMetaK* KMetaRow(const QRows& q, int64_t r) {
+  return reinterpret_cast<QMetaK*>(q.meta + r * q.meta_stride);
+}
 // The scalar spec over output columns [c0, c1) of all m rows (the scalar dispatch level).
 void ReferenceMatMulCols(const PackedWeight& w, const float* x, int64_t x_stride, int64_t m,
                          int64_t c0, int64_t c1, float* y, int64_t y_stride, bool accumulate);
@@ -88,7 +167,8 @@ void ReferenceMatMulCols(const PackedWeight& w, const float* x, int64_t x_stride
 // The kernels of one ISA level. Each function is single-threaded over the range it is given.
 struct IsaKernels {
   // Rows [r0, r1) of x [*, k] → q for a weight of `layout` (same numbers as
-  // ReferenceQuantizeRow with this kernel's offset for that layout, bit for bit).
+  // ReferenceQuantizeRow with this kernel's offset for that layout, or ReferenceQuantizeRowK for
+  // a K layout, bit for bit).
   void (*quantize_rows)(int layout, const float* x, int64_t x_stride, int64_t r0, int64_t r1,
                         int64_t k, const QRows& q);
   // Rows [r0, r1) of x rounded to bf16 (round to nearest even, like F32ToBF16), in the form
@@ -98,7 +178,7 @@ struct IsaKernels {
   // elements and a multiple of 32.
   void (*bf16_rows)(const float* x, int64_t x_stride, int64_t r0, int64_t r1, int64_t k, void* out,
                     int64_t out_stride);
-  // y[0..m, 64*p0 .. min(n, 64*p1)) for a repacked q weight.
+  // y[0..m, 64*p0 .. min(n, 64*p1)) for a repacked q weight (q8_0, q4_0 or a K layout).
   void (*q_panels)(int layout, const uint8_t* packed, int64_t n, int64_t k, const QRows& q,
                    int64_t m, int64_t p0, int64_t p1, float* y, int64_t y_stride, bool accumulate);
   // y[0..m, c0..c1) for a float weight in place [n, k]; x is f32 (f32/f16 weights) or the

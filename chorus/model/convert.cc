@@ -56,15 +56,16 @@ Result<Tensor> Prepare(const Model& m, const std::string& name, const Tensor& t,
   const ModelConfig& c = m.config();
   Tensor out = t;
   if (IsMatrixName(name)) {
-    DType d = o.dtype.value_or(t.dtype());
+    DType d = o.mix ? o.mix->For(name, t.view().cols(), c) : o.dtype.value_or(t.dtype());
     if (o.format == OutputFormat::kHfDirectory && DTypeIsQuantized(d)) {
       return InvalidArgumentError("a Hugging Face directory holds f32, f16 or bf16 weights, not " +
                                   std::string(DTypeName(d)) + " (pass --dtype f32|f16|bf16)");
     }
-    if (DTypeIsQuantized(d) && t.view().cols() % kQuantBlock != 0) {
+    if (DTypeIsQuantized(d) && t.view().cols() % DTypeBlockElems(d) != 0) {
       return InvalidArgumentError("tensor '" + name + "' has " + std::to_string(t.view().cols()) +
-                                  " columns, not a multiple of 32 as " + std::string(DTypeName(d)) +
-                                  " needs");
+                                  " columns, not a multiple of " +
+                                  std::to_string(DTypeBlockElems(d)) + " as " +
+                                  std::string(DTypeName(d)) + " needs");
     }
     out = Recast(t, d);
   } else if (out.dtype() != DType::kF32) {

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "chorus/model/model.h"
+#include "chorus/model/quant_scheme.h"
 
 namespace chorus::formats {
 class GgufWriter;
@@ -25,6 +26,8 @@ struct ConvertOptions {
   // Dtype of the matrices (linears, embedding, output); norms and biases stay f32.
   // std::nullopt keeps each tensor's current dtype when the target format allows it.
   std::optional<DType> dtype;
+  // When set, chooses each matrix's dtype instead (a K-quant mix such as q4_k_m).
+  std::optional<QuantScheme> mix = std::nullopt;
   std::string output;  // file (GGUF) or directory (HF)
 };
 

@@ -179,6 +179,10 @@ Result<std::shared_ptr<const Model>> MakeSyntheticModel(const SyntheticSpec& spe
       jobs.push_back({HfBiasName(l, Linear::kV), {c.kv_dim()}, DType::kF32, s});
     }
   }
+  if (spec.mix) {  // a K-quant mix: each matrix's own dtype (model/quant_scheme.h)
+    for (Job& job : jobs)
+      if (job.shape.size() == 2) job.dtype = spec.mix->For(job.name, job.shape[1], c);
+  }
   Model::NamedTensors named(jobs.size());
   // Generation of a 7B model is billions of draws: spread tensors over the cores.
   const unsigned n_threads = std::max(1u, std::thread::hardware_concurrency());
@@ -207,7 +211,8 @@ Result<std::shared_ptr<const Model>> MakeSyntheticModel(const SyntheticSpec& spe
   for (auto& t : threads) t.join();
   CHORUS_RETURN_IF_ERROR(SplitFusedProjections(c, &named, "synthetic:" + spec.shape));
   return Model::Build(std::move(c), std::move(named), ModelFormat::kSynthetic,
-                      "synthetic:" + spec.shape + ":" + std::string(DTypeName(spec.dtype)));
+                      "synthetic:" + spec.shape + ":" +
+                          (spec.mix ? spec.mix->name() : std::string(DTypeName(spec.dtype))));
 }
 
 }  // namespace chorus::model

@@ -4,10 +4,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "chorus/model/model.h"
+#include "chorus/model/quant_scheme.h"
 
 namespace chorus::model {
 
@@ -15,6 +17,8 @@ struct SyntheticSpec {
   std::string shape = "tiny";  // a name from SyntheticShapeNames()
   DType dtype = DType::kF32;   // dtype of the linear layers and embeddings
   uint64_t seed = 1;
+  // When set, chooses each matrix's dtype instead (a K-quant mix such as q4_k_m).
+  std::optional<QuantScheme> mix = std::nullopt;
 };
 
 // "tiny" (the embedded default: dim 128, 4 layers, vocab 512), "stories260k", "tinyllama-1.1b",

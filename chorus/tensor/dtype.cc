@@ -25,6 +25,16 @@ std::string_view DTypeName(DType t) {
       return "i8";
     case DType::kU8:
       return "u8";
+    case DType::kQ2_K:
+      return "q2_k";
+    case DType::kQ3_K:
+      return "q3_k";
+    case DType::kQ4_K:
+      return "q4_k";
+    case DType::kQ5_K:
+      return "q5_k";
+    case DType::kQ6_K:
+      return "q6_k";
   }
   return "?";
 }
@@ -32,15 +42,19 @@ std::string_view DTypeName(DType t) {
 Result<DType> ParseDType(std::string_view name) {
   std::string s(name);
   for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kI32,
-                  DType::kI8, DType::kU8}) {
+  for (DType t :
+       {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kI32, DType::kI8,
+        DType::kU8, DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     if (s == DTypeName(t)) return t;
   }
-  return InvalidArgumentError("unknown dtype '" + std::string(name.substr(0, 32)) +
-                              "' (expected f32, f16, bf16, q8_0 or q4_0)");
+  return InvalidArgumentError(
+      "unknown dtype '" + std::string(name.substr(0, 32)) +
+      "' (expected f32, f16, bf16, q8_0, q4_0, q2_k, q3_k, q4_k, q5_k or q6_k)");
 }
 
-int64_t DTypeBlockElems(DType t) { return DTypeIsQuantized(t) ? kQuantBlock : 1; }
+int64_t DTypeBlockElems(DType t) {
+  return DTypeIsKQuant(t) ? kSuperBlock : DTypeIsQuantized(t) ? kQuantBlock : 1;
+}
 
 int64_t DTypeBlockBytes(DType t) {
   switch (t) {
@@ -60,11 +74,28 @@ int64_t DTypeBlockBytes(DType t) {
       return 1;
     case DType::kU8:
       return 1;
+    case DType::kQ2_K:
+      return sizeof(BlockQ2_K);
+    case DType::kQ3_K:
+      return sizeof(BlockQ3_K);
+    case DType::kQ4_K:
+      return sizeof(BlockQ4_K);
+    case DType::kQ5_K:
+      return sizeof(BlockQ5_K);
+    case DType::kQ6_K:
+      return sizeof(BlockQ6_K);
   }
   return 1;
 }
 
-bool DTypeIsQuantized(DType t) { return t == DType::kQ8_0 || t == DType::kQ4_0; }
+bool DTypeIsKQuant(DType t) {
+  return t == DType::kQ2_K || t == DType::kQ3_K || t == DType::kQ4_K || t == DType::kQ5_K ||
+         t == DType::kQ6_K;
+}
+
+bool DTypeIsQuantized(DType t) {
+  return t == DType::kQ8_0 || t == DType::kQ4_0 || DTypeIsKQuant(t);
+}
 
 float F16ToF32(uint16_t h) {
   uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
@@ -159,6 +190,10 @@ void QuantizeRowQ4_0(const float* x, BlockQ4_0* y, int64_t n) {
 }
 
 void DequantizeRow(DType t, const void* src, float* dst, int64_t n) {
+  if (DTypeIsKQuant(t)) {
+    DequantizeRowK(t, src, dst, n);
+    return;
+  }
   switch (t) {
     case DType::kF32:
       std::memcpy(dst, src, static_cast<size_t>(n) * 4);
@@ -207,6 +242,8 @@ void DequantizeRow(DType t, const void* src, float* dst, int64_t n) {
       for (int64_t i = 0; i < n; ++i) dst[i] = s[i];
       return;
     }
+    default:
+      return;  // K types are handled above
   }
 }
 
@@ -230,6 +267,13 @@ void QuantizeRow(DType t, const float* src, void* dst, int64_t n) {
       return;
     case DType::kQ4_0:
       QuantizeRowQ4_0(src, static_cast<BlockQ4_0*>(dst), n);
+      return;
+    case DType::kQ2_K:
+    case DType::kQ3_K:
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K:
+      QuantizeRowK(t, src, dst, n);
       return;
     default:
       CHORUS_CHECK(false) << "QuantizeRow: unsupported dtype " << DTypeName(t);

@@ -50,7 +50,46 @@ TEST(DTypeTest, QuantizedRoundTripErrorIsBounded) {
 
 TEST(DTypeTest, ParseNames) {
   EXPECT_EQ(*ParseDType("Q4_0"), DType::kQ4_0);
-  EXPECT_FALSE(ParseDType("q5_k").ok());
+  EXPECT_EQ(*ParseDType("q5_k"), DType::kQ5_K);
+  EXPECT_EQ(*ParseDType("Q6_K"), DType::kQ6_K);
+  EXPECT_FALSE(ParseDType("q5_1").ok());
+  EXPECT_FALSE(ParseDType("q4_k_m").ok());  // a mix of types, not a dtype (model/quant_mix.h)
+}
+
+// Chorus's K quantizers: RMS error relative to the data's RMS for Gaussian rows, below bounds
+// a few percent above what the formats reach (docs/kernels.md records the measured figures).
+TEST(DTypeTest, KQuantRoundTripErrorIsBounded) {
+  Rng rng(11);
+  std::vector<float> x(16 * 256);
+  for (auto& v : x) v = rng.NextGaussian();
+  const struct {
+    DType t;
+    double max_rel_rmse;
+    int64_t bytes_per_256;
+  } cases[] = {{DType::kQ2_K, 0.40, 84},
+               {DType::kQ3_K, 0.20, 110},
+               {DType::kQ4_K, 0.10, 144},
+               {DType::kQ5_K, 0.05, 176},
+               {DType::kQ6_K, 0.025, 210}};
+  for (const auto& c : cases) {
+    Tensor q = Tensor::FromF32(x, c.t, {16, 256});
+    EXPECT_EQ(q.view().NumBytes(), 16 * c.bytes_per_256) << DTypeName(c.t);
+    std::vector<float> y = q.ToF32();
+    double se = 0, sx = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      se += (double(x[i]) - y[i]) * (double(x[i]) - y[i]);
+      sx += double(x[i]) * x[i];
+    }
+    EXPECT_LT(std::sqrt(se / sx), c.max_rel_rmse) << DTypeName(c.t);
+    // Quantizing the decoded values again is (nearly) lossless: the codes are reachable.
+    std::vector<float> z = Tensor::FromF32(y, c.t, {16, 256}).ToF32();
+    double se2 = 0;
+    for (size_t i = 0; i < y.size(); ++i) se2 += (double(y[i]) - z[i]) * (double(y[i]) - z[i]);
+    EXPECT_LT(std::sqrt(se2 / sx), c.max_rel_rmse / 4) << DTypeName(c.t);
+  }
+  EXPECT_EQ(DTypeBlockElems(DType::kQ4_K), 256);
+  EXPECT_TRUE(DTypeIsKQuant(DType::kQ6_K));
+  EXPECT_FALSE(DTypeIsKQuant(DType::kQ4_0));
 }
 
 }  // namespace

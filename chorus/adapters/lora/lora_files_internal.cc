@@ -84,7 +84,7 @@ Tensor PermutedB(const Tensor& b, const model::ModelConfig& base, model::Linear 
 Result<Tensor> Converted(const Tensor& t, DType dtype) {
   if (t.dtype() == dtype) return t;
   const std::vector<float> f = t.ToF32();
-  if (DTypeIsQuantized(dtype) && t.shape().back() % kQuantBlock != 0) {
+  if (DTypeIsQuantized(dtype) && t.shape().back() % DTypeBlockElems(dtype) != 0) {
     return InvalidArgumentError("cannot store a row of " + std::to_string(t.shape().back()) +
                                 " values as " + std::string(DTypeName(dtype)));
   }

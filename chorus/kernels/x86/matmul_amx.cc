@@ -1,6 +1,6 @@
-// AMX int8 tile GEMM for q8_0 / q4_0 weights (the amx level, docs/kernels.md); everything else
-// at this level is the AVX-512 kernels. Runs only when ActiveIsa() == kAmx, i.e. after Linux
-// granted the process the tile data permission (dispatch.cc).
+// AMX int8 tile GEMM for q8_0 / q4_0 and the K-quant weights (the amx level, docs/kernels.md);
+// everything else at this level is the AVX-512 kernels. Runs only when ActiveIsa() == kAmx, i.e.
+// after Linux granted the process the tile data permission (dispatch.cc).
 //
 // Per (row, column) the result is the MatMul spec's, bit for bit (matmul.h): every 32-element
 // block's integer dot product isum is exact whichever instruction forms it, and the float
@@ -39,8 +39,7 @@
 
 #include "chorus/base/check.h"
 #include "chorus/kernels/matmul_internal.h"
-
-#define CHORUS_UNROLL _Pragma("GCC unroll 16")
+#include "chorus/kernels/x86/matmul_ktile.h"
 
 namespace chorus::kernels::internal {
 namespace {
@@ -249,6 +248,228 @@ void AmxPanels(const uint8_t* packed, int64_t n, int64_t k, const QRows& q, int6
   _tile_release();
 }
 
+// ---- K-quant weights ------------------------------------------------------------------------
+//
+// The same scheme for the K layouts (matmul_internal.h, "K-quant weights"), with the integer
+// form of x86/matmul_ktile.h: each sub-block's exact sum is one tile product (K = 32 for q4_k /
+// q5_k, 16 for q2_k / q3_k / q6_k: A tiles of 16 rows × K bytes, B tiles of K/4 k-groups), the
+// codes (≤ 63) multiplied as signed bytes; per row the sum is scaled by S_j (vpmulld) into an
+// int32 isum kept in a 16 × 16 buffer; after the super-block, msum (vpdpwssd) and the float
+// epilogue of the VNNI kernel. So the tiles give the VNNI kernel's and the reference's bits.
+//
+// Tile form: super-block s, 32-k unit u, column vector h is one 512-byte B tile (8 k-groups ×
+// 64 bytes) at tb + ((8 s + u) · 4 + h) · 512; a 16-element sub-block is its first or last 4
+// k-groups.
+
+struct KPrims {  // the primitives ktile::Codes needs, on AVX-512
+  using I = __m512i;
+  static I Load(const uint8_t* p) { return _mm512_loadu_si512(p); }
+  static I And(I a, I b) { return _mm512_and_si512(a, b); }
+  static I Or(I a, I b) { return _mm512_or_si512(a, b); }
+  static I Set8(int v) { return _mm512_set1_epi8(static_cast<char>(v)); }
+  template <int kN>
+  static I Shift(I v) {
+    if constexpr (kN > 0) return _mm512_slli_epi16(v, kN);
+    if constexpr (kN < 0) return _mm512_srli_epi16(v, -kN);
+    return v;
+  }
+};
+
+TileConfig MakeKConfig(int k_bytes) {
+  TileConfig c = MakeConfig();
+  for (int t : {4, 5}) c.colsb[t] = static_cast<uint16_t>(k_bytes);
+  for (int t : {6, 7}) c.rows[t] = static_cast<uint8_t>(k_bytes / 4);
+  return c;
+}
+
+template <int kLayout>
+void ConvertKPanel(const uint8_t* panel, int64_t nsb, int8_t* tb) {
+  for (int64_t s = 0; s < nsb; ++s) {
+    const uint8_t* sb = panel + s * KBlockBytes(kLayout);
+    for (int64_t u = 0; u < 8; ++u) {
+      CHORUS_UNROLL
+      for (int h = 0; h < kVecsPerPanel; ++h) {
+        int8_t* out = tb + ((8 * s + u) * kVecsPerPanel + h) * kBTileBytes;
+        const uint8_t* vb = sb + h * 64;
+        __m512i lo, hi;
+        ktile::Codes<KPrims, kLayout, 0>(vb, u, &lo, &hi);
+        _mm512_store_si512(out + 0 * 64, lo);
+        _mm512_store_si512(out + 1 * 64, hi);
+        ktile::Codes<KPrims, kLayout, 1>(vb, u, &lo, &hi);
+        _mm512_store_si512(out + 2 * 64, lo);
+        _mm512_store_si512(out + 3 * 64, hi);
+        ktile::Codes<KPrims, kLayout, 2>(vb, u, &lo, &hi);
+        _mm512_store_si512(out + 4 * 64, lo);
+        _mm512_store_si512(out + 5 * 64, hi);
+        ktile::Codes<KPrims, kLayout, 3>(vb, u, &lo, &hi);
+        _mm512_store_si512(out + 6 * 64, lo);
+        _mm512_store_si512(out + 7 * 64, hi);
+      }
+    }
+  }
+}
+
+// S_j of the 16 columns of a vector as int32, from its pair row (byte 2c + odd).
+inline __m512i KScale(const uint8_t* pairs, int odd) {
+  const __m512i v =
+      _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pairs)));
+  return odd ? _mm512_srai_epi32(v, 16) : _mm512_srai_epi32(_mm512_slli_epi32(v, 16), 16);
+}
+
+// isum[r] += S · c[r] for the rows of the tile.
+template <bool kFull>
+inline void KIntEpilogue(const int32_t* c, __m512i sv, int rows, int32_t* isum) {
+  CHORUS_UNROLL
+  for (int r = 0; r < kTileRows; ++r) {
+    if (!kFull && r >= rows) break;
+    const __m512i v = _mm512_mullo_epi32(_mm512_load_si512(c + r * kVecCols), sv);
+    _mm512_store_si512(isum + r * kVecCols,
+                       _mm512_add_epi32(_mm512_load_si512(isum + r * kVecCols), v));
+  }
+}
+
+#define CHORUS_K_PRODUCT(kC, kA, kB, xa, xs, bt, c) \
+  do {                                              \
+    _tile_loadd(kA, xa, xs);                        \
+    _tile_loadd(kB, bt, 64);                        \
+    _tile_zero(kC);                                 \
+    _tile_dpbssd(kC, kA, kB);                       \
+    _tile_stored(kC, c, kVecCols * 4);              \
+  } while (0)
+
+// y[r0 + r][0 .. valid) (+)= rows r0 .. r0 + rows of q times one column vector: tb at its tile
+// of super-block 0 / unit 0, vw at its bytes of the panel's super-block 0 (+ h · 32 for the
+// S/N pair rows, + h · 32 for D/M: both are 2 bytes per column).
+template <int kLayout, bool kFull>
+__attribute__((noinline)) void KTileColumn(const int8_t* tb, const uint8_t* vw, int64_t nsb,
+                                           const QRows& q, int64_t r0, int rows, float* y,
+                                           int64_t y_stride, int valid, bool accumulate) {
+  constexpr int kSub = KSubBlocks(kLayout);  // products per super-block
+  constexpr int kK = 256 / kSub;             // bytes of K per product: 32 or 16
+  constexpr int kC = kTileRows * kVecCols;
+  constexpr int64_t kBlk = KBlockBytes(kLayout);
+  alignas(64) int32_t cbuf[4 * kC];
+  alignas(64) int32_t isum[kC];
+  __m512 acc[kTileRows];
+  CHORUS_UNROLL
+  for (int r = 0; r < kTileRows; ++r) acc[r] = _mm512_setzero_ps();
+  const int8_t* xa = q.qs + r0 * q.qs_stride;
+  const int64_t xs = q.qs_stride;
+  // Product i of super-block s: its A bytes and its B tile.
+  auto a_at = [&](int64_t s, int i) { return xa + s * 256 + i * kK; };
+  auto b_at = [&](int64_t s, int i) {
+    return tb + (8 * s + i * kK / 32) * kVecsPerPanel * kBTileBytes + (i * kK % 32) / 4 * 64;
+  };
+  for (int64_t s = 0; s < nsb; ++s) {
+    std::memset(isum, 0, sizeof(isum));
+    const uint8_t* sw = vw + s * kBlk;
+    for (int i = 0; i < kSub; i += 4) {  // groups of four products (four C tiles)
+      CHORUS_K_PRODUCT(0, 4, 6, a_at(s, i), xs, b_at(s, i), cbuf);
+      CHORUS_K_PRODUCT(1, 5, 7, a_at(s, i + 1), xs, b_at(s, i + 1), cbuf + kC);
+      CHORUS_K_PRODUCT(2, 4, 6, a_at(s, i + 2), xs, b_at(s, i + 2), cbuf + 2 * kC);
+      CHORUS_K_PRODUCT(3, 5, 7, a_at(s, i + 3), xs, b_at(s, i + 3), cbuf + 3 * kC);
+      CHORUS_UNROLL
+      for (int t = 0; t < 4; ++t) {
+        const int j = i + t;
+        KIntEpilogue<kFull>(cbuf + t * kC,
+                            KScale(sw + KSOff(kLayout) + (j / 2) * 2 * kPanelCols, j & 1), rows,
+                            isum);
+      }
+    }
+    __m512i npair[kSub / 2];
+    CHORUS_UNROLL
+    for (int i = 0; i < kSub / 2; ++i) {
+      const uint8_t* row =
+          sw + (KHasMins(kLayout) ? KNOff(kLayout) : KSOff(kLayout)) + i * 2 * kPanelCols;
+      npair[i] = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row)));
+      if constexpr (!KHasMins(kLayout))
+        npair[i] = _mm512_slli_epi16(npair[i], kLayout == kLayoutQ6K ? 5 : 2);
+    }
+    const __m512 dw =
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sw + KDOff(kLayout))));
+    __m512 mw = _mm512_setzero_ps();
+    if constexpr (KHasMins(kLayout))
+      mw = _mm512_cvtph_ps(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sw + KMOff(kLayout))));
+    CHORUS_UNROLL
+    for (int r = 0; r < kTileRows; ++r) {
+      if (!kFull && r >= rows) break;
+      const QMetaK& mt = KMetaRow(q, r0 + r)[s];
+      __m512i msum = _mm512_setzero_si512();
+      CHORUS_UNROLL
+      for (int i = 0; i < kSub / 2; ++i) {
+        int32_t xp;
+        std::memcpy(&xp, kSub == 8 ? mt.s32 + 2 * i : mt.s16 + 2 * i, 4);
+        msum = _mm512_dpwssd_epi32(msum, npair[i], _mm512_set1_epi32(xp));
+      }
+      const __m512i is = _mm512_load_si512(isum + r * kVecCols);
+      const __m512 dx = _mm512_set1_ps(mt.d);
+      if constexpr (KHasMins(kLayout)) {
+        acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(is), acc[r]);
+        acc[r] = _mm512_fnmadd_ps(_mm512_mul_ps(mw, dx), _mm512_cvtepi32_ps(msum), acc[r]);
+      } else {
+        acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx),
+                                 _mm512_cvtepi32_ps(_mm512_sub_epi32(is, msum)), acc[r]);
+      }
+    }
+  }
+  const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1u);
+  CHORUS_UNROLL
+  for (int r = 0; r < kTileRows; ++r) {
+    if (!kFull && r >= rows) break;
+    float* out = y + r * y_stride;
+    __m512 v = acc[r];
+    if (accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, out), v);
+    _mm512_mask_storeu_ps(out, mask, v);
+  }
+}
+
+template <int kLayout>
+void AmxKPanels(const uint8_t* packed, int64_t n, int64_t k, const QRows& q, int64_t m, int64_t p0,
+                int64_t p1, float* y, int64_t y_stride, bool accumulate) {
+  const int64_t nsb = k / 256;
+  const int64_t panel_bytes = KPanelBytes(kLayout, k);
+  int8_t* tb = t_tiles.Get(nsb * 8 * kVecsPerPanel * kBTileBytes);
+  static const TileConfig config = MakeKConfig(256 / KSubBlocks(kLayout));
+  _tile_loadconfig(&config);
+  for (int64_t p = p0; p < p1; ++p) {
+    const uint8_t* panel = packed + p * panel_bytes;
+    ConvertKPanel<kLayout>(panel, nsb, tb);
+    const int cols = static_cast<int>(std::min<int64_t>(kPanelCols, n - p * kPanelCols));
+    for (int64_t r0 = 0; r0 < m; r0 += kTileRows) {
+      const int rows = static_cast<int>(std::min<int64_t>(kTileRows, m - r0));
+      for (int h = 0; h * kVecCols < cols; ++h) {
+        const int valid = std::min(kVecCols, cols - h * kVecCols);
+        float* yt = y + r0 * y_stride + p * kPanelCols + h * kVecCols;
+        const int8_t* tbh = tb + h * kBTileBytes;
+        const uint8_t* vw = panel + h * kVecCols * 2;
+        if (rows == kTileRows) {
+          KTileColumn<kLayout, true>(tbh, vw, nsb, q, r0, rows, yt, y_stride, valid, accumulate);
+        } else {
+          KTileColumn<kLayout, false>(tbh, vw, nsb, q, r0, rows, yt, y_stride, valid, accumulate);
+        }
+      }
+    }
+  }
+  _tile_release();
+}
+
+void AmxKAnyPanels(int layout, const uint8_t* packed, int64_t n, int64_t k, const QRows& q,
+                   int64_t m, int64_t p0, int64_t p1, float* y, int64_t y_stride, bool accumulate) {
+  switch (layout) {
+    case kLayoutQ2K:
+      return AmxKPanels<kLayoutQ2K>(packed, n, k, q, m, p0, p1, y, y_stride, accumulate);
+    case kLayoutQ3K:
+      return AmxKPanels<kLayoutQ3K>(packed, n, k, q, m, p0, p1, y, y_stride, accumulate);
+    case kLayoutQ4K:
+      return AmxKPanels<kLayoutQ4K>(packed, n, k, q, m, p0, p1, y, y_stride, accumulate);
+    case kLayoutQ5K:
+      return AmxKPanels<kLayoutQ5K>(packed, n, k, q, m, p0, p1, y, y_stride, accumulate);
+    default:
+      return AmxKPanels<kLayoutQ6K>(packed, n, k, q, m, p0, p1, y, y_stride, accumulate);
+  }
+}
+
 void QPanels(int layout, const uint8_t* packed, int64_t n, int64_t k, const QRows& q, int64_t m,
              int64_t p0, int64_t p1, float* y, int64_t y_stride, bool accumulate) {
   if (m < kAmxMinRows) {
@@ -262,7 +483,9 @@ void QPanels(int layout, const uint8_t* packed, int64_t n, int64_t k, const QRow
 void AmxTileQPanels(int layout, const uint8_t* packed, int64_t n, int64_t k, const QRows& q,
                     int64_t m, int64_t p0, int64_t p1, float* y, int64_t y_stride,
                     bool accumulate) {
-  if (layout == kLayoutQ4Panel) {
+  if (IsKLayout(layout)) {
+    AmxKAnyPanels(layout, packed, n, k, q, m, p0, p1, y, y_stride, accumulate);
+  } else if (layout == kLayoutQ4Panel) {
     AmxPanels<true>(packed, n, k, q, m, p0, p1, y, y_stride, accumulate);
   } else {
     AmxPanels<false>(packed, n, k, q, m, p0, p1, y, y_stride, accumulate);

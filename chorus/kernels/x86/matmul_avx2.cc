@@ -5,6 +5,8 @@
 // (|w| × sign(x, w)) so no pair sum can saturate (≤ 128·127·2); q4_0 nibbles (0..15) are
 // unsigned already, so 8 k-groups of s16 pair sums (≤ 8·2·15·127 = 30480) accumulate in s16
 // before one vpmaddwd, and the −8·Σx offset is added per block.
+// K-quant weights: x86/matmul_ktile.h (vpmaddubsw pairs summed in int16 while they cannot
+// overflow, vpmaddwd by the sub-block scale and for the mins).
 // Float weights: lanes over k, one accumulator per (row, column), fixed horizontal sum.
 #include <immintrin.h>
 
@@ -13,6 +15,7 @@
 
 #include "chorus/kernels/matmul_internal.h"
 #include "chorus/kernels/x86/matmul_ftile.h"
+#include "chorus/kernels/x86/matmul_ktile.h"
 #include "chorus/kernels/x86/matmul_qtile.h"
 
 namespace chorus::kernels::internal {
@@ -92,6 +95,48 @@ struct Avx2Traits {
     _mm256_store_ps(tmp, acc);
     for (int i = 0; i < valid; ++i) y[i] = accumulate ? y[i] + tmp[i] : tmp[i];
   }
+
+  // ---- K-quant primitives (x86/matmul_ktile.h) ----
+  // Tiles of 1-2 rows × 2 vectors: 3 accumulators per (row, vector) in 16 registers.
+  static constexpr int kKMaxR = 2;
+  static constexpr int kKMaxC = 2;
+  // vpmaddubsw pair sums (≤ 2·127·max code each) add up in int16 for this many k-groups.
+  static constexpr int MaxGroups(int max_code) {
+    const int g = 32767 / (2 * 127 * max_code);
+    return g >= 8 ? 8 : g >= 4 ? 4 : 2;
+  }
+  static I Zero() { return _mm256_setzero_si256(); }
+  static I Load(const uint8_t* p) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  }
+  static I And(I a, I b) { return _mm256_and_si256(a, b); }
+  static I Or(I a, I b) { return _mm256_or_si256(a, b); }
+  static I Sub(I a, I b) { return _mm256_sub_epi32(a, b); }
+  static I Set8(int v) { return _mm256_set1_epi8(static_cast<char>(v)); }
+  template <int kN>
+  static I Shift(I v) {
+    if constexpr (kN > 0) return _mm256_slli_epi16(v, kN);
+    if constexpr (kN < 0) return _mm256_srli_epi16(v, -kN);
+    return v;
+  }
+  template <int kN>
+  static I Shl16(I v) {
+    return _mm256_slli_epi16(v, kN);
+  }
+  static I Dot(I acc, I w, I x) { return _mm256_add_epi16(acc, _mm256_maddubs_epi16(w, x)); }
+  // (S_j, S_j) in each 32-bit lane: vpmaddwd of the int16 pair sums by it is S_j · their sum.
+  static I SVec(const int8_t* pairs, int odd) {
+    const __m256i v =
+        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pairs)));
+    return odd ? _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(v, 0xf5), 0xf5)
+               : _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(v, 0xa0), 0xa0);
+  }
+  static I Flush(I isum, I ij, I sv) { return _mm256_add_epi32(isum, _mm256_madd_epi16(ij, sv)); }
+  static I PairVec(const int8_t* pairs) {
+    return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pairs)));
+  }
+  static I DotPairs(I acc, I a, I b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)); }
+  static F Fnma(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }
 };
 
 // ---- activation conversion --------------------------------------------------------------
@@ -114,8 +159,48 @@ inline __m256i RoundHalfAway(__m256 t) {
   return _mm256_cvttps_epi32(_mm256_add_ps(tr, _mm256_and_ps(ge, one)));
 }
 
+// The K-layout activation quantizer (ReferenceQuantizeRowK): one scale per 256, sums per 16.
+void QuantizeRowsK(const float* x, int64_t x_stride, int64_t r0, int64_t r1, int64_t k,
+                   const QRows& q) {
+  const __m256 sign_mask = _mm256_set1_ps(-0.0f);
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* xr = x + r * x_stride;
+    int8_t* qs = q.qs + r * q.qs_stride;
+    QMetaK* meta = KMetaRow(q, r);
+    for (int64_t b = 0; b < k / 256; ++b) {
+      const float* xb = xr + b * 256;
+      __m256 amax = _mm256_setzero_ps();
+      for (int i = 0; i < 32; ++i)
+        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign_mask, _mm256_loadu_ps(xb + 8 * i)));
+      const float d = HMax(amax) / 127.0f;
+      const float id = d != 0.0f ? 1.0f / d : 0.0f;
+      const __m256 vid = _mm256_set1_ps(id);
+      QMetaK& mt = meta[b];
+      mt.d = d;
+      for (int i = 0; i < 16; ++i) {  // 16 elements: two vectors
+        const __m256i q0 = RoundHalfAway(_mm256_mul_ps(_mm256_loadu_ps(xb + 16 * i), vid));
+        const __m256i q1 = RoundHalfAway(_mm256_mul_ps(_mm256_loadu_ps(xb + 16 * i + 8), vid));
+        const __m256i s = _mm256_add_epi32(q0, q1);
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+        mt.s16[i] = static_cast<int16_t>(_mm_cvtsi128_si32(s4));
+        const __m256i p = _mm256_packs_epi32(q0, q1);  // 0-3 8-11 | 4-7 12-15 (int16)
+        const __m128i b16 =
+            _mm_packs_epi16(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+        // b16 bytes: 0-3, 8-11, 4-7, 12-15 → element order.
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(qs + b * 256 + 16 * i),
+                         _mm_shuffle_epi32(b16, _MM_SHUFFLE(3, 1, 2, 0)));
+      }
+      for (int g = 0; g < 8; ++g)
+        mt.s32[g] = static_cast<int16_t>(mt.s16[2 * g] + mt.s16[2 * g + 1]);
+    }
+  }
+}
+
 void QuantizeRows(int layout, const float* x, int64_t x_stride, int64_t r0, int64_t r1, int64_t k,
                   const QRows& q) {
+  if (IsKLayout(layout)) return QuantizeRowsK(x, x_stride, r0, r1, k, q);
   const int32_t offset = Avx2Traits::Offset(layout);
   const __m256 sign_mask = _mm256_set1_ps(-0.0f);
   for (int64_t r = r0; r < r1; ++r) {
@@ -345,7 +430,9 @@ void FloatCols(DType dtype, const void* w, int64_t k, const void* x, int64_t x_s
 
 void QPanels(int layout, const uint8_t* packed, int64_t n, int64_t k, const QRows& q, int64_t m,
              int64_t p0, int64_t p1, float* y, int64_t y_stride, bool accumulate) {
-  if (layout == kLayoutQ4Panel) {
+  if (IsKLayout(layout)) {
+    ktile::AnyPanels<Avx2Traits>(layout, packed, n, k, q, m, p0, p1, y, y_stride, accumulate);
+  } else if (layout == kLayoutQ4Panel) {
     qtile::Panels<Avx2Traits, true>(packed, n, k, q, m, p0, p1, y, y_stride, accumulate);
   } else {
     qtile::Panels<Avx2Traits, false>(packed, n, k, q, m, p0, p1, y, y_stride, accumulate);

@@ -1,5 +1,7 @@
 // AVX-512 (F/BW/VL/VNNI/BF16) matmul kernels; run only when ActiveIsa() == kAvx512.
 //
+// K-quant weights: x86/matmul_ktile.h (vpdpbusd per sub-block, vpmulld by its scale, vpdpwssd
+// for the mins).
 // Quantized weights: vpdpbusd (u8 × s8 → s32, 4 products per lane, no saturation). The packed
 // weights are unsigned (q8_0: q + 128, q4_0: the GGML nibble q + 8), the activations signed, and
 // the offset is removed per block with −128·Σx or −8·Σx (Σx precomputed when quantizing x).
@@ -19,6 +21,7 @@
 
 #include "chorus/kernels/matmul_internal.h"
 #include "chorus/kernels/x86/matmul_ftile.h"
+#include "chorus/kernels/x86/matmul_ktile.h"
 #include "chorus/kernels/x86/matmul_qtile.h"
 
 namespace chorus::kernels::internal {
@@ -76,6 +79,42 @@ struct Avx512Traits {
     if (accumulate) acc = _mm512_add_ps(_mm512_maskz_loadu_ps(m, y), acc);
     _mm512_mask_storeu_ps(y, m, acc);
   }
+
+  // ---- K-quant primitives (x86/matmul_ktile.h) ----
+  // Tiles of 1-2 rows × 4 vectors: 8 sub-block sums, 8 super-block sums and 8 float
+  // accumulators, and whole panels read as one stream, as for q4_0.
+  static constexpr int kKMaxR = 2;
+  static constexpr int kKMaxC = 4;
+  static constexpr int MaxGroups(int) { return 8; }  // vpdpbusd sums in int32: no bound
+  static I Zero() { return _mm512_setzero_si512(); }
+  static I Load(const uint8_t* p) { return _mm512_loadu_si512(p); }
+  static I And(I a, I b) { return _mm512_and_si512(a, b); }
+  static I Or(I a, I b) { return _mm512_or_si512(a, b); }
+  static I Sub(I a, I b) { return _mm512_sub_epi32(a, b); }
+  static I Set8(int v) { return _mm512_set1_epi8(static_cast<char>(v)); }
+  template <int kN>  // 16-bit lanes shifted left by kN (right when negative)
+  static I Shift(I v) {
+    if constexpr (kN > 0) return _mm512_slli_epi16(v, kN);
+    if constexpr (kN < 0) return _mm512_srli_epi16(v, -kN);
+    return v;
+  }
+  template <int kN>
+  static I Shl16(I v) {
+    return _mm512_slli_epi16(v, kN);
+  }
+  static I Dot(I acc, I w, I x) { return _mm512_dpbusd_epi32(acc, w, x); }
+  // S_j of 16 columns as int32, from a pair row (byte 2c + odd).
+  static I SVec(const int8_t* pairs, int odd) {
+    const __m512i v =
+        _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pairs)));
+    return odd ? _mm512_srai_epi32(v, 16) : _mm512_srai_epi32(_mm512_slli_epi32(v, 16), 16);
+  }
+  static I Flush(I isum, I ij, I sv) { return _mm512_add_epi32(isum, _mm512_mullo_epi32(ij, sv)); }
+  static I PairVec(const int8_t* pairs) {
+    return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pairs)));
+  }
+  static I DotPairs(I acc, I a, I b) { return _mm512_dpwssd_epi32(acc, a, b); }
+  static F Fnma(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
 };
 
 // ---- activation conversion --------------------------------------------------------------
@@ -91,8 +130,38 @@ inline __m512i RoundHalfAway(__m512 t) {
   return _mm512_cvttps_epi32(_mm512_mask_add_ps(tr, ge, tr, one));
 }
 
+// The K-layout activation quantizer (ReferenceQuantizeRowK): one scale per 256, sums per 16.
+void QuantizeRowsK(const float* x, int64_t x_stride, int64_t r0, int64_t r1, int64_t k,
+                   const QRows& q) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* xr = x + r * x_stride;
+    int8_t* qs = q.qs + r * q.qs_stride;
+    QMetaK* meta = KMetaRow(q, r);
+    for (int64_t b = 0; b < k / 256; ++b) {
+      const float* xb = xr + b * 256;
+      __m512 amax = _mm512_setzero_ps();
+      for (int i = 0; i < 16; ++i)
+        amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(xb + 16 * i)));
+      const float d = _mm512_reduce_max_ps(amax) / 127.0f;
+      const float id = d != 0.0f ? 1.0f / d : 0.0f;
+      const __m512 vid = _mm512_set1_ps(id);
+      QMetaK& mt = meta[b];
+      mt.d = d;
+      for (int i = 0; i < 16; ++i) {
+        const __m512i qi = RoundHalfAway(_mm512_mul_ps(_mm512_loadu_ps(xb + 16 * i), vid));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(qs + b * 256 + 16 * i),
+                         _mm512_cvtepi32_epi8(qi));
+        mt.s16[i] = static_cast<int16_t>(_mm512_reduce_add_epi32(qi));
+      }
+      for (int g = 0; g < 8; ++g)
+        mt.s32[g] = static_cast<int16_t>(mt.s16[2 * g] + mt.s16[2 * g + 1]);
+    }
+  }
+}
+
 void QuantizeRows(int layout, const float* x, int64_t x_stride, int64_t r0, int64_t r1, int64_t k,
                   const QRows& q) {
+  if (IsKLayout(layout)) return QuantizeRowsK(x, x_stride, r0, r1, k, q);
   const int32_t offset = Avx512Traits::Offset(layout);
   for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x + r * x_stride;
@@ -329,7 +398,9 @@ void Bf16Panels(const uint8_t* packed, int64_t n, int64_t k, const uint16_t* x, 
 
 void QPanels(int layout, const uint8_t* packed, int64_t n, int64_t k, const QRows& q, int64_t m,
              int64_t p0, int64_t p1, float* y, int64_t y_stride, bool accumulate) {
-  if (layout == kLayoutQ4Panel) {
+  if (IsKLayout(layout)) {
+    ktile::AnyPanels<Avx512Traits>(layout, packed, n, k, q, m, p0, p1, y, y_stride, accumulate);
+  } else if (layout == kLayoutQ4Panel) {
     qtile::Panels<Avx512Traits, true>(packed, n, k, q, m, p0, p1, y, y_stride, accumulate);
   } else {
     qtile::Panels<Avx512Traits, false>(packed, n, k, q, m, p0, p1, y, y_stride, accumulate);
