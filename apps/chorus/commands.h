@@ -11,5 +11,6 @@ int BenchCommand(int argc, char** argv);
 int ServeCommand(int argc, char** argv);
 int EvalCommand(int argc, char** argv);
 int CompressCommand(int argc, char** argv);
+int FinetuneCommand(int argc, char** argv);
 
 }  // namespace chorus::apps
