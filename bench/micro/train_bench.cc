@@ -8,6 +8,10 @@
 //
 // The machine is shared: quote medians and ratios to BM_PeakFma measured in the same run.
 #include <benchmark/benchmark.h>
+#if !defined(__clang__)  // GCC 12 bug 105593: spurious -Wmaybe-uninitialized in AVX-512 headers
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 #include <immintrin.h>
 
 #include <map>

@@ -46,16 +46,16 @@ peak = statistics.median(peak)
 # linear (2·params again, minus layer 0's q/k/v) + the LoRA terms; attention excluded (< 2 %).
 d, L, ff, kv, vocab, r = 2048, 22, 5632, 256, 32000, 16
 lin = d * d * 2 + d * kv * 2 + 3 * d * ff
-per_tok = 2 * (L * lin + vocab * d) + 2 * ((L - 1) * lin + (d * d * 0 + lin - (d * d + 2 * d * kv)) + vocab * d)
-per_tok += L * 6 * r * (4 * d + 2 * (d + kv))
+per_tok = 2 * (L * lin + vocab * d) + 2 * (L * lin - (d * d + 2 * d * kv) + vocab * d)
+per_tok += L * 6 * r * (6 * d + 2 * kv)  # q,k,v,o: forward 2r(in+out), backward 4r(in+out)
 torch = json.load(open(f"{out}/torch.json"))
 print(f"peak FMA FLOP/s ({threads} threads): {peak / 1e9:.1f} GFLOP/s; FLOPs per trained token {per_tok / 1e9:.2f} G")
 print(f"torch {torch['torch']}: {torch['tokens_per_s_median']:.2f} tokens/s "
       f"({torch['tokens_per_s_median'] * per_tok / peak * 100:.1f} % of peak)")
 for dt in dtypes:
-    rows = list(csv.DictReader(open(f"{out}/run-{dt}/loss.csv")))[1:]  # drop the warm-up step
-    times = [float(b["elapsed_s"]) - float(a["elapsed_s"]) for a, b in zip(
-        list(csv.DictReader(open(f"{out}/run-{dt}/loss.csv")))[:-1], rows)]
+    rows = list(csv.DictReader(open(f"{out}/run-{dt}/loss.csv")))
+    # Per-step times from the elapsed column, the first (warm-up) step dropped.
+    times = [float(b["elapsed_s"]) - float(a["elapsed_s"]) for a, b in zip(rows, rows[1:])]
     tps = 256 / statistics.median(times)
     print(f"chorus {dt}: {tps:.2f} tokens/s ({tps * per_tok / peak * 100:.1f} % of peak), "
           f"{tps / torch['tokens_per_s_median']:.2f}x torch")

@@ -52,6 +52,22 @@ void Panel(internal::PanelArgs a) {
   }
 }
 
+void Dequant(DType dtype, const void* src, float* dst, int64_t n) {
+  bool done = false;
+  switch (kernels::ActiveIsa()) {
+    case kernels::IsaLevel::kAvx512:
+    case kernels::IsaLevel::kAmx:
+      done = internal::Avx512DequantQ(dtype, src, dst, n);
+      break;
+    case kernels::IsaLevel::kAvx2:
+      done = internal::Avx2DequantQ(dtype, src, dst, n);
+      break;
+    default:
+      break;
+  }
+  if (!done) DequantizeRow(dtype, src, dst, n);
+}
+
 // Runs fn(c0, c1) over column chunks [0, cols) split statically between the threads: which
 // thread computes a column never changes its value (one chain per element).
 template <typename Fn>
@@ -85,8 +101,8 @@ void MatMulTransposed(const kernels::PackedWeight& w, const float* dy, int64_t d
       const int64_t i1 = std::min(n, i0 + kStripRows);
       // c0 is a multiple of 64, so it starts a block of every format (blocks of 32 or 1).
       for (int64_t i = i0; i < i1; ++i) {
-        DequantizeRow(src.dtype, src.Row(i) + c0 / block_elems * block_bytes,
-                      strip + (i - i0) * kChunkCols, cols);
+        Dequant(src.dtype, src.Row(i) + c0 / block_elems * block_bytes,
+                strip + (i - i0) * kChunkCols, cols);
       }
       Panel({dy + i0, dy_stride, 1, strip, kChunkCols, i1 - i0, m, cols, dx + c0, dx_stride,
              i0 == 0 && !accumulate});

@@ -65,6 +65,10 @@ void ScalarPanel(const PanelArgs& a);
 // Columns the variant handled (a multiple of its vector chunk); the caller finishes the rest.
 int64_t Avx2Panel(const PanelArgs& a);
 int64_t Avx512Panel(const PanelArgs& a);
+// n elements (n % 32 == 0) of q8_0 / q4_0 blocks to f32, exactly DequantizeRow's values (d·q);
+// false for other dtypes (the caller then uses DequantizeRow).
+bool Avx2DequantQ(DType dtype, const void* src, float* dst, int64_t n);
+bool Avx512DequantQ(DType dtype, const void* src, float* dst, int64_t n);
 }  // namespace internal
 
 }  // namespace chorus::train

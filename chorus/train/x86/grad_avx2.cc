@@ -2,6 +2,7 @@
 // tiles of up to 4 rows × 4 vectors, one exact fma per (row, column, i) in the order of the spec.
 #include <immintrin.h>
 
+#include "chorus/tensor/dtype.h"
 #include "chorus/train/grad_kernels.h"
 
 namespace chorus::train::internal {
@@ -60,6 +61,34 @@ int64_t Avx2Panel(const PanelArgs& a) {
   for (; c0 + 4 * kW <= a.cols; c0 += 4 * kW) Columns<4>(a, c0);
   for (; c0 + kW <= a.cols; c0 += kW) Columns<1>(a, c0);
   return c0;
+}
+
+bool Avx2DequantQ(DType dtype, const void* src, float* dst, int64_t n) {
+  if (dtype != DType::kQ8_0 && dtype != DType::kQ4_0) return false;
+  for (int64_t b = 0; b < n / 32; ++b, dst += 32) {
+    const BlockQ8_0* q8 = dtype == DType::kQ8_0 ? static_cast<const BlockQ8_0*>(src) + b : nullptr;
+    const BlockQ4_0* q4 = dtype == DType::kQ4_0 ? static_cast<const BlockQ4_0*>(src) + b : nullptr;
+    const uint16_t blk_d = q8 ? q8->d : q4->d;
+    const __m256 d = _mm256_set1_ps(F16ToF32(blk_d));
+    if (q8) {
+      for (int h = 0; h < 4; ++h) {
+        const __m128i b8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q8->qs + 8 * h));
+        _mm256_storeu_ps(dst + 8 * h,
+                         _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b8))));
+      }
+    } else {
+      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q4->qs));
+      const __m128i m = _mm_set1_epi8(0x0f);
+      const __m128i lo8 = _mm_and_si128(raw, m), hi8 = _mm_and_si128(_mm_srli_epi16(raw, 4), m);
+      const __m256i eight = _mm256_set1_epi32(8);
+      const __m128i parts[4] = {lo8, _mm_srli_si128(lo8, 8), hi8, _mm_srli_si128(hi8, 8)};
+      for (int h = 0; h < 4; ++h) {
+        const __m256i v = _mm256_sub_epi32(_mm256_cvtepu8_epi32(parts[h]), eight);
+        _mm256_storeu_ps(dst + 8 * h, _mm256_mul_ps(d, _mm256_cvtepi32_ps(v)));
+      }
+    }
+  }
+  return true;
 }
 
 }  // namespace chorus::train::internal

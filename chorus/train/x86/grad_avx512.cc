@@ -1,7 +1,12 @@
 // The avx512 variant of the training panel (grad_kernels.h): 16-float lanes over output columns,
 // tiles of up to 4 rows × 4 vectors, one exact fma per (row, column, i) in the order of the spec.
+#if !defined(__clang__)  // GCC 12 bug 105593: spurious -Wmaybe-uninitialized in AVX-512 headers
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 #include <immintrin.h>
 
+#include "chorus/tensor/dtype.h"
 #include "chorus/train/grad_kernels.h"
 
 namespace chorus::train::internal {
@@ -60,6 +65,34 @@ int64_t Avx512Panel(const PanelArgs& a) {
   for (; c0 + 4 * kW <= a.cols; c0 += 4 * kW) Columns<4>(a, c0);
   for (; c0 + kW <= a.cols; c0 += kW) Columns<1>(a, c0);
   return c0;
+}
+
+bool Avx512DequantQ(DType dtype, const void* src, float* dst, int64_t n) {
+  if (dtype != DType::kQ8_0 && dtype != DType::kQ4_0) return false;
+  for (int64_t b = 0; b < n / 32; ++b, dst += 32) {
+    const BlockQ8_0* q8 = dtype == DType::kQ8_0 ? static_cast<const BlockQ8_0*>(src) + b : nullptr;
+    const BlockQ4_0* q4 = dtype == DType::kQ4_0 ? static_cast<const BlockQ4_0*>(src) + b : nullptr;
+    const uint16_t blk_d = q8 ? q8->d : q4->d;
+    const __m512 d = _mm512_set1_ps(F16ToF32(blk_d));
+    if (q8) {
+      const __m128i* qs = reinterpret_cast<const __m128i*>(q8->qs);
+      _mm512_storeu_ps(
+          dst, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(qs)))));
+      _mm512_storeu_ps(
+          dst + 16,
+          _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(qs + 1)))));
+    } else {
+      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q4->qs));
+      const __m128i m = _mm_set1_epi8(0x0f);
+      const __m512i eight = _mm512_set1_epi32(8);
+      const __m512i lo = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_and_si128(raw, m)), eight);
+      const __m512i hi =
+          _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(raw, 4), m)), eight);
+      _mm512_storeu_ps(dst, _mm512_mul_ps(d, _mm512_cvtepi32_ps(lo)));
+      _mm512_storeu_ps(dst + 16, _mm512_mul_ps(d, _mm512_cvtepi32_ps(hi)));
+    }
+  }
+  return true;
 }
 
 }  // namespace chorus::train::internal
