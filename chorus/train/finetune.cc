@@ -233,6 +233,10 @@ Result<FinetuneResult> RunFinetune(std::shared_ptr<const model::Model> model,
   const Plan plan = MakePlan(samples, opts);
   const int64_t total = static_cast<int64_t>(plan.steps.size());
   const json signature = RunSignature(opts, static_cast<int64_t>(samples.size()));
+  if (opts.on_validated) {
+    opts.on_validated(static_cast<int64_t>(samples.size()),
+                      static_cast<int64_t>(eval_samples.size()), total);
+  }
 
   std::error_code ec;
   fs::create_directories(opts.output_dir, ec);
@@ -272,6 +276,9 @@ Result<FinetuneResult> RunFinetune(std::shared_ptr<const model::Model> model,
   const auto t0 = std::chrono::steady_clock::now();
   int64_t tokens_done = 0;
   for (int64_t s = start; s < total; ++s) {
+    if (opts.cancel != nullptr && opts.cancel->load(std::memory_order_relaxed)) {
+      return CancelledError("cancelled before step " + std::to_string(s + 1));
+    }
     const std::vector<PackedSeq>& seqs = plan.steps[static_cast<size_t>(s)];
     // The step's micro-batches and its loss-token count (the loss is the step's mean).
     std::vector<Batch> micro;

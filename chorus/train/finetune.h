@@ -21,6 +21,7 @@
 //   loss.csv                                           one row per optimizer step
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -55,6 +56,12 @@ struct FinetuneOptions {
   bool resume = false;          // continue from the latest checkpoint in output_dir
   DataOptions data;             // seq_len, size limit, chat template
   std::string base_model_name;  // adapter_config.json base_model_name_or_path
+  // Checked before each optimizer step (may be null): when set, the run stops with kCancelled
+  // and writes no final adapter (checkpoints already written stay).
+  const std::atomic<bool>* cancel = nullptr;
+  // Called once the data files are read and validated (may be empty), with the sample counts.
+  std::function<void(int64_t train_samples, int64_t eval_samples, int64_t total_steps)>
+      on_validated;
 };
 
 struct StepReport {
