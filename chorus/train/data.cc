@@ -268,7 +268,10 @@ std::vector<PackedSeq> Pack(const std::vector<Sample>& samples, std::span<const 
   std::vector<int64_t> used;  // tokens per open sequence
   for (int64_t idx : order) {
     const int64_t len = static_cast<int64_t>(samples[static_cast<size_t>(idx)].tokens.size());
-    size_t k = 0;
+    // First fit among the last kOpenSequences sequences (older ones are nearly full anyway),
+    // so packing stays linear in the number of samples.
+    constexpr size_t kOpenSequences = 64;
+    size_t k = out.size() > kOpenSequences ? out.size() - kOpenSequences : 0;
     while (k < out.size() && used[k] + len > seq_len) ++k;
     if (k == out.size()) {
       out.emplace_back();

@@ -18,8 +18,9 @@
 // holds no sample.
 //
 // Packing: samples are laid one after the other into sequences of at most seq_len tokens (first
-// fit in the given order); each keeps its own positions (from 0) and attends only to itself
-// (lora_model.h's Batch::seg_start), so packing never changes a sample's loss.
+// fit in the given order, among the last 64 sequences opened); each keeps its own positions (from
+// 0) and attends only to itself (lora_model.h's Batch::seg_start), so packing never changes a
+// sample's loss.
 #pragma once
 
 #include <cstdint>
