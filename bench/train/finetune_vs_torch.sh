@@ -4,9 +4,13 @@
 # invocation (docs/finetuning.md, "Speed"; docs/benchmarks.md). Also runs bench/micro
 # train_bench's PeakFma for the machine's FLOP/s. Records /proc/loadavg around each run.
 #
+# Debian's torch calls the system BLAS (the libblas.so.3 alternative): install
+# libopenblas0-pthread first, or PyTorch runs on the netlib reference BLAS and is not a fair
+# baseline; the BLAS in use is recorded in OUT_DIR/blas.txt.
+#
 #   bench/train/finetune_vs_torch.sh [OUT_DIR]     env: DTYPES="f32 q4_0" STEPS=4 THREADS=2
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+ROOT=${CHORUS_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
 B=${CHORUS:-$ROOT/build/release/apps/chorus/chorus}
 TB=${TRAIN_BENCH:-$ROOT/build/release/bench/train_bench}
 M=${MODELS:-$ROOT/../shared/models}
@@ -29,7 +33,9 @@ for dt in $DTYPES; do
     --threads "$THREADS" --output "$OUT/run-$dt" > "$OUT/chorus-$dt.out" 2> "$OUT/chorus-$dt.err"
   load "chorus-$dt-end"
 done
+readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 > "$OUT/blas.txt" 2>/dev/null || true
 load "torch-start"
+OPENBLAS_NUM_THREADS=$THREADS \
 /usr/bin/python3 "$ROOT/bench/train/torch_lora.py" --shape tinyllama-1.1b --rank 16 --targets q,k,v,o \
   --seq-len 256 --threads "$THREADS" --steps "$STEPS" --warmup-steps 1 > "$OUT/torch.json" 2> "$OUT/torch.err"
 load "torch-end"
