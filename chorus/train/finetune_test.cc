@@ -102,6 +102,25 @@ TEST(FinetuneTest, SameSeedSameAdapterWhateverTheThreads) {
   EXPECT_NE(Bytes(o1 + "/adapter_model.safetensors"), Bytes(o4 + "/adapter_model.safetensors"));
 }
 
+// Gradient accumulation is exactly a larger batch: the step's loss is the mean over all of its
+// loss tokens, every kernel is batch-invariant and the weight gradients continue one chain over
+// the micro-batches' rows in order, so the adapters are bitwise equal.
+TEST(FinetuneTest, AccumulationEqualsALargerBatch) {
+  NEED_STORIES();
+  Assets a = Load();
+  const std::string big = testing::TempDir() + "/big", acc = testing::TempDir() + "/acc";
+  ThreadPool pool(2);
+  FinetuneOptions o1 = Options(a, big);
+  o1.batch = 4;
+  o1.grad_accum = 1;
+  FinetuneOptions o2 = Options(a, acc);
+  o2.batch = 1;
+  o2.grad_accum = 4;
+  CHORUS_ASSERT_OK(RunFinetune(a.model, *a.tok, o1, &pool).status());
+  CHORUS_ASSERT_OK(RunFinetune(a.model, *a.tok, o2, &pool).status());
+  EXPECT_EQ(Bytes(big + "/adapter_model.safetensors"), Bytes(acc + "/adapter_model.safetensors"));
+}
+
 TEST(FinetuneTest, ResumeEndsWhereTheUninterruptedRunEnds) {
   NEED_STORIES();
   Assets a = Load();
