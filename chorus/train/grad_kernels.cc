@@ -104,6 +104,13 @@ void MatMulTransposed(const kernels::PackedWeight& w, const float* dy, int64_t d
         Dequant(src.dtype, src.Row(i) + c0 / block_elems * block_bytes,
                 strip + (i - i0) * kChunkCols, cols);
       }
+      // The next strip's rows are a jump of a whole weight row apart each, which the hardware
+      // prefetcher does not follow: ask for them now, so they arrive while this strip computes.
+      const int64_t row_bytes = (cols + block_elems - 1) / block_elems * block_bytes;
+      for (int64_t i = i1; i < std::min(n, i1 + kStripRows); ++i) {
+        const uint8_t* p = src.Row(i) + c0 / block_elems * block_bytes;
+        for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(p + b);
+      }
       Panel({dy + i0, dy_stride, 1, strip, kChunkCols, i1 - i0, m, cols, dx + c0, dx_stride,
              i0 == 0 && !accumulate});
     }
