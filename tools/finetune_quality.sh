@@ -21,6 +21,7 @@ echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)" > "$OUT/load.txt"
   --eval "$T/data/heldout.txt" "${ARGS[@]}" --threads "$THREADS" --output "$OUT/adapter" \
   > "$OUT/finetune.out" 2> "$OUT/finetune.err"
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT/load.txt"
+python3 "$ROOT/tools/plot.py" loss "$OUT/adapter/loss.csv" -o "$OUT/loss.png" >/dev/null || true
 EVAL=(--model "$BASE" --tokenizer "$TOK" --data "$T/data/heldout.txt" --threads "$THREADS"
       --greedy-prompt "They went to the" --greedy-prompt "She played with her" --greedy-prompt "He had a pet")
 "$B" eval "${EVAL[@]}" > "$OUT/base.eval" 2>/dev/null
