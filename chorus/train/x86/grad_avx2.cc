@@ -1,5 +1,6 @@
 // The avx2 variant of the training panel (grad_kernels.h): 8-float lanes over output columns,
-// tiles of up to 4 rows × 4 vectors, one exact fma per (row, column, i) in the order of the spec.
+// tiles of up to kTileRows rows × 4 vectors, one exact fma per (row, column, i) in the order of the
+// spec.
 #include <immintrin.h>
 
 #include "chorus/tensor/dtype.h"
@@ -35,23 +36,27 @@ void Tile(const PanelArgs& a, int64_t r0, int64_t c0) {
   }
 }
 
+// Rows per tile: 2 rows × 4 vectors of accumulators, the 4 weight vectors and a broadcast
+// fit the 16 vector registers.
+constexpr int kTileRows = 2;
+
+// Tile<R, V> for the R = rows < kTileRows left at the bottom.
+template <int V, int R = kTileRows - 1>
+void RowTail(const PanelArgs& a, int64_t r0, int64_t c0, int64_t rows) {
+  if constexpr (R > 0) {
+    if (rows == R) {
+      Tile<R, V>(a, r0, c0);
+      return;
+    }
+    RowTail<V, R - 1>(a, r0, c0, rows);
+  }
+}
+
 template <int V>
 void Columns(const PanelArgs& a, int64_t c0) {
   int64_t r0 = 0;
-  for (; r0 + 4 <= a.rows; r0 += 4) Tile<4, V>(a, r0, c0);
-  switch (a.rows - r0) {
-    case 3:
-      Tile<3, V>(a, r0, c0);
-      break;
-    case 2:
-      Tile<2, V>(a, r0, c0);
-      break;
-    case 1:
-      Tile<1, V>(a, r0, c0);
-      break;
-    default:
-      break;
-  }
+  for (; r0 + kTileRows <= a.rows; r0 += kTileRows) Tile<kTileRows, V>(a, r0, c0);
+  if (r0 < a.rows) RowTail<V>(a, r0, c0, a.rows - r0);
 }
 
 }  // namespace
