@@ -136,8 +136,8 @@ int64_t TrainModel::activation_bytes() const {
     }
     for (const auto& u : a.u) add(u);
   }
-  for (const auto* v : {&x_final_, &xn_final_, &logits_, &dx_, &dx2_, &dxn_, &datt_, &dq_, &dk_,
-                        &dv_, &dgate_, &dup_, &dz_, &su_, &tmp_}) {
+  for (const auto* v : {&x_final_, &xn_final_, &logits_, &dx_, &dxn_, &datt_, &dq_, &dk_, &dv_,
+                        &dgate_, &dup_, &dz_, &su_, &tmp_}) {
     add(*v);
   }
   return floats * 4;
@@ -227,8 +227,7 @@ void TrainModel::LinearBackward(int64_t layer, Linear l, LoraParams* p, const fl
   }
 }
 
-LossSum TrainModel::Forward(const Batch& b, const LoraParams& p, ThreadPool* pool,
-                            bool /*keep_logits*/) {
+LossSum TrainModel::Forward(const Batch& b, const LoraParams& p, ThreadPool* pool) {
   const model::ModelConfig& c = model_->config();
   const model::Weights& w = model_->weights();
   const int64_t n = b.size(), d = c.n_embd, qd = c.q_dim(), kvd = c.kv_dim(), ff = c.n_ff;
@@ -322,7 +321,7 @@ LossSum TrainModel::Forward(const Batch& b, const LoraParams& p, ThreadPool* poo
 
 Result<LossSum> TrainModel::Loss(const Batch& b, const LoraParams& params, ThreadPool* pool) {
   CHORUS_RETURN_IF_ERROR(Check(b));
-  LossSum ls = Forward(b, params, pool, false);
+  LossSum ls = Forward(b, params, pool);
   if (ls.tokens > 0) {
     ls.sum = SoftmaxCrossEntropy(logits_.data(), loss_targets_.data(), ls.tokens,
                                  model_->config().vocab_size, 0.0f, pool);
@@ -333,7 +332,7 @@ Result<LossSum> TrainModel::Loss(const Batch& b, const LoraParams& params, Threa
 Result<LossSum> TrainModel::ForwardBackward(const Batch& b, LoraParams* params, float grad_scale,
                                             ThreadPool* pool) {
   CHORUS_RETURN_IF_ERROR(Check(b));
-  LossSum ls = Forward(b, *params, pool, true);
+  LossSum ls = Forward(b, *params, pool);
   if (ls.tokens == 0) return ls;
   ls.sum = SoftmaxCrossEntropy(logits_.data(), loss_targets_.data(), ls.tokens,
                                model_->config().vocab_size, grad_scale, pool);

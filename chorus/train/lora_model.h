@@ -122,7 +122,8 @@ class TrainModel {
     std::vector<float> u[model::kNumLinears];  // LoRA shrink outputs x·Aᵀ [n, r]
   };
   Status Check(const Batch& b) const;
-  LossSum Forward(const Batch& b, const LoraParams& params, ThreadPool* pool, bool keep_logits);
+  // Runs the forward pass, leaving the logits of rows with a target in logits_.
+  LossSum Forward(const Batch& b, const LoraParams& params, ThreadPool* pool);
   void Backward(const Batch& b, LoraParams* params, ThreadPool* pool);
   // y (+)= x·Wᵀ + s·(x·Aᵀ)·Bᵀ for rows [0, n); saves x·Aᵀ into u.
   void LinearForward(int64_t layer, model::Linear l, const LoraParams& p, const float* x, int64_t n,
@@ -142,7 +143,7 @@ class TrainModel {
   // Row tables (kernels/lora.h) of the module in use, rebuilt per call: params may be copied.
   std::vector<const float*> a_rows_, bt_rows_;
   void SetRowTables(const LoraParams::Module& m);
-  std::vector<float> dx_, dx2_, dxn_, datt_, dq_, dk_, dv_, dgate_, dup_, dz_, su_, tmp_;
+  std::vector<float> dx_, dxn_, datt_, dq_, dk_, dv_, dgate_, dup_, dz_, su_, tmp_;
 };
 
 }  // namespace chorus::train
