@@ -10,6 +10,12 @@
 // (output_dir/adapter_model.safetensors appears only on success), so nothing partial can be
 // registered.
 //
+// Persistence: with a state directory, every change is written to <state_dir>/jobs.json
+// (atomically); a JobQueue opened on it again lists every job, and jobs that were queued or
+// running when the process stopped are queued again and resume from their latest checkpoint
+// (finetune.h's --resume), so jobs survive a restart. Stopping the process (the destructor) is
+// not a cancellation.
+//
 // Thread-safety: all methods are thread-safe.
 #pragma once
 
@@ -61,6 +67,10 @@ struct JobSnapshot {
 class JobQueue {
  public:
   // `model` / `tok` are the base the jobs train on; `threads` compute threads per job.
+  // `state_dir` empty: nothing persisted. Fails on an unreadable jobs.json.
+  static Result<std::unique_ptr<JobQueue>> Open(std::shared_ptr<const model::Model> model,
+                                                std::shared_ptr<const tokenizer::Tokenizer> tok,
+                                                int threads, std::string state_dir = "");
   JobQueue(std::shared_ptr<const model::Model> model,
            std::shared_ptr<const tokenizer::Tokenizer> tok, int threads);
   ~JobQueue();  // cancels every job and joins the worker
@@ -84,8 +94,10 @@ class JobQueue {
     JobSnapshot snap;
     FinetuneOptions opts;
     std::atomic<bool> cancel{false};
+    bool user_cancelled = false;
   };
   void Worker();
+  void Persist() const;                                                         // mu_ held
   void AddEvent(Job& j, const std::string& level, const std::string& message);  // mu_ held
 
   std::shared_ptr<const model::Model> model_;
@@ -98,6 +110,7 @@ class JobQueue {
   std::deque<std::string> queue_;
   std::function<void(const JobSnapshot&)> on_success_;
   bool stop_ = false;
+  std::string state_dir_;
   std::thread worker_;
 };
 

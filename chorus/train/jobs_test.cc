@@ -83,7 +83,9 @@ TEST_F(JobsTest, RunsInOrderReportsAndCancels) {
   EXPECT_EQ(successes.load(), 1);
   EXPECT_TRUE(was_running.load());
   // b runs now; cancel it mid-run.
-  while (q.Snapshot("b")->step < 1) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  while (q.Snapshot("b")->step < 1 && !JobStateFinal(q.Snapshot("b")->state)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   CHORUS_ASSERT_OK(q.Cancel("b"));
   q.Wait("b");
   const JobSnapshot b = *q.Snapshot("b");
@@ -93,6 +95,51 @@ TEST_F(JobsTest, RunsInOrderReportsAndCancels) {
   EXPECT_EQ(successes.load(), 1);
   EXPECT_FALSE(q.Cancel("nope").ok());
   EXPECT_EQ(q.Ids(), (std::vector<std::string>{"a", "b", "c"}));
+}
+
+// Jobs survive a restart: a running job interrupted by the shutdown (not a cancellation) and a
+// queued one are queued again by the next JobQueue on the same state directory; the running one
+// resumes from its latest checkpoint; finished and failed jobs are listed as they were.
+TEST_F(JobsTest, JobsSurviveARestart) {
+  const std::string state = testing::TempDir() + "/jobs-state";
+  {
+    auto q = JobQueue::Open(model_, tok_, 1, state);
+    CHORUS_ASSERT_OK(q.status());
+    ASSERT_EQ(*(*q)->Submit("done", Options("done", 2)), JobState::kQueued);
+    (*q)->Wait("done");
+    FinetuneOptions bad = Options("bad", 2);
+    bad.data_path = "/nonexistent.jsonl";
+    ASSERT_EQ(*(*q)->Submit("bad", bad), JobState::kFailed);
+    ASSERT_EQ(*(*q)->Submit("long", Options("long", 40)), JobState::kQueued);
+    ASSERT_EQ(*(*q)->Submit("next", Options("next", 2)), JobState::kQueued);
+    while ((*q)->Snapshot("long")->checkpoints.empty() &&
+           !JobStateFinal((*q)->Snapshot("long")->state)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }  // "the server stops"
+  auto q = JobQueue::Open(model_, tok_, 1, state);
+  CHORUS_ASSERT_OK(q.status());
+  EXPECT_EQ((*q)->Ids(), (std::vector<std::string>{"done", "bad", "long", "next"}));
+  EXPECT_EQ((*q)->Snapshot("done")->state, JobState::kSucceeded);
+  EXPECT_EQ((*q)->Snapshot("bad")->state, JobState::kFailed);
+  EXPECT_NE((*q)->Snapshot("bad")->error.find("/nonexistent.jsonl"), std::string::npos);
+  (*q)->Wait("long");
+  (*q)->Wait("next");
+  const JobSnapshot l = *(*q)->Snapshot("long");
+  EXPECT_EQ(l.state, JobState::kSucceeded) << l.error;
+  EXPECT_EQ(l.step, 40);
+  bool resumed = false;
+  for (const JobEvent& e : l.events) resumed = resumed || e.message == "Fine-tuning job resumed";
+  EXPECT_TRUE(resumed);
+  EXPECT_TRUE(std::filesystem::exists(l.output_dir + "/adapter_model.safetensors"));
+  EXPECT_EQ((*q)->Snapshot("next")->state, JobState::kSucceeded);
+  // A corrupt state file is an error naming it.
+  const std::string bad_state = testing::TempDir() + "/jobs-bad";
+  std::filesystem::create_directories(bad_state);
+  std::ofstream(bad_state + "/jobs.json") << "{";
+  auto broken = JobQueue::Open(model_, tok_, 1, bad_state);
+  ASSERT_FALSE(broken.ok());
+  EXPECT_NE(broken.status().message().find("jobs.json"), std::string::npos);
 }
 
 }  // namespace
