@@ -3,7 +3,7 @@
 
 Starts a server (the embedded default model plus two synthetic LoRA adapters, so every route
 has something to act on), then sends --requests requests generated from a schema of every
-route — completions, chat completions, models, adapter load/unload, /tokenize, /detokenize,
+route — completions, chat completions (with tools, tool_choice and tool turns), models, adapter load/unload, /tokenize, /detokenize,
 /apply-template, metrics, health, unknown routes and methods — each valid or broken in one of many ways: wrong types, out-of-range
 numbers, NaN/Infinity, huge strings and arrays, deep nesting, invalid UTF-8 and lone
 surrogates, truncated bodies, wrong content types, chunked bodies, slow senders, clients that
@@ -220,14 +220,84 @@ class Gen:
             if r.random() < 0.1:
                 m["name"] = self.weird_value()
             msgs.append(m)
+        if r.random() < 0.15:
+            msgs[len(msgs) // 2:len(msgs) // 2] = self.tool_turns()
         if r.random() < 0.05:
             return self.weird_value()
         return msgs
+
+    WEATHER = {"type": "function", "function": {
+        "name": "get_weather", "description": "Weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}
+
+    def tools_valid(self):
+        return [[self.WEATHER], [self.WEATHER, {"type": "function", "function": {"name": "get_time"}}],
+                [{"type": "function", "function": {"name": "f", "parameters": {}, "strict": True}}],
+                # a keyword the grammar engine does not support: fine under auto, 400 when forced
+                [{"type": "function", "function": {"name": "get_weather", "parameters": {
+                    "type": "object", "patternProperties": {"x": {}}}}}]]
+
+    def tools_invalid(self):
+        r = self.r
+        return [[{"type": "function"}], "t", [5], [{"type": "function", "function": {}}],
+                [{"type": "function", "function": {"name": "a b"}}],
+                [{"type": "function", "function": {"name": "f", "parameters": r.choice(["x", [], 3])}}],
+                [{"type": "retrieval", "function": {"name": "f"}}],
+                [self.WEATHER, self.WEATHER],
+                [{"type": "function", "function": {"name": "n" * 65}}],
+                [{"type": "function", "function": {"name": "f%d" % i}} for i in range(129)]]
+
+    def tool_turns(self):
+        """An assistant turn with tool_calls and the tool answers, valid or broken in one way."""
+        r = self.r
+        call = {"id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+        answer = {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}
+        k = r.random()
+        if k < 0.6:
+            pass
+        elif k < 0.7:
+            call["function"]["arguments"] = r.choice(["{not json", 5, None, {"city": "x"}, "[]"])
+        elif k < 0.8:
+            del call["function"][r.choice(["name", "arguments"])]
+        elif k < 0.85:
+            call["type"] = self.weird_value()
+        elif k < 0.9:
+            del answer[r.choice(["tool_call_id", "content"])]
+        else:
+            answer["tool_call_id"] = self.weird_value()
+        return [{"role": "assistant", "content": r.choice([None, "", "checking"]),
+                 "tool_calls": r.choice([[call], [call, call], call, []])}, answer]
 
     def model(self):
         if self.r.random() < 0.85:
             return self.r.choice(["base"] * 2 + self.adapters)
         return self.r.choice(["nope", "", 5, None, "../etc", "x" * 500])
+
+    def schema(self, bad=False):
+        """A JSON schema for response_format / json_schema: supported, or one that must get a 400."""
+        r = self.r
+        if bad:
+            return r.choice([{"type": "object", "patternProperties": {}}, {"type": "strin"},
+                             {"$ref": "#/$defs/none"}, {"type": "string", "pattern": "(a"},
+                             {"type": "number", "minimum": 1}, {"not": {}}, False, [1], "x",
+                             {"type": "string", "format": "ipv4"}, {"$ref": "#"}])
+        leaf = r.choice([{"type": "integer", "minimum": -5, "maximum": 50}, {"type": "boolean"},
+                         {"type": "string", "maxLength": 4}, {"enum": ["a", 1, None]},
+                         {"type": "string", "pattern": "^[a-c]{2}$"}, {"type": "number"},
+                         {"type": "string", "format": r.choice(["date", "uuid", "email"])}])
+        k = r.random()
+        if k < 0.3:
+            return leaf
+        if k < 0.6:
+            return {"type": "object", "properties": {"a": leaf, "b": {"type": "null"}},
+                    "required": ["a"]}
+        if k < 0.8:
+            return {"type": "array", "items": leaf, "minItems": 1, "maxItems": 3}
+        return {"$defs": {"n": {"type": "object", "properties": {
+            "k": {"type": "array", "items": {"$ref": "#/$defs/n"}, "maxItems": 2}}}},
+                "$ref": "#/$defs/n"}
 
     def gen_body(self, chat):
         r = self.r
@@ -257,8 +327,21 @@ class Gen:
             "ignore_eos": ([True, False], ["no"]),
             "logit_bias": ([{}], [{"5": 1}, {"x": 1}, 3]),
             "user": (["u"], [5]),
-            "response_format": ([{"type": "text"}], [{"type": "json_object"}, 1]),
-            "tools": ([], [[{"type": "function"}], "t"]),
+            "response_format": ([{"type": "text"}, {"type": "json_object"},
+                                 {"type": "json_schema", "json_schema": {
+                                     "name": "s", "strict": True, "schema": self.schema()}}],
+                                [{"type": "json_schema", "json_schema": {"schema": self.schema(bad=True)}},
+                                 {"type": "json_schema"}, {"type": "xml"}, {"type": 5}, 1]),
+            "grammar": (['root ::= "a" [0-9]{1,3}', 'root ::= ("x" | y)+\ny ::= [^\n]', ""],
+                        ['root ::= undefined', 'root ::= "unterminated', "root := x",
+                         'root ::= root "a"', 5, "x" * 300]),
+            "json_schema": ([self.schema()], [self.schema(bad=True), "s", 3]),
+            "tools": (self.tools_valid(), self.tools_invalid()),
+            "tool_choice": (["none", "auto", "required",
+                             {"type": "function", "function": {"name": "get_weather"}}],
+                            ["always", 5, {"type": "function"}, {"type": "x"},
+                             {"type": "function", "function": {"name": "nope"}}]),
+            "parallel_tool_calls": ([True, False], ["no", 1]),
             "unknown_field_" + str(r.randrange(100)): ([1, "x", None], [self.weird_value()]),
         }
         picked = {}
@@ -293,7 +376,11 @@ class Gen:
             if r.random() < 0.2:
                 b["chat_template_kwargs"] = r.choice([{"a": 1}, [], "x"])
             if r.random() < 0.2:
-                b["tools"] = r.choice([[], [{"type": "function", "function": {"name": "f"}}], 3])
+                b["tools"] = r.choice([[], [{"type": "function", "function": {"name": "f"}}], 3] +
+                                      self.tools_valid() + self.tools_invalid())
+            if r.random() < 0.1:
+                b["tool_choice"] = r.choice(["none", "auto", "required", "x",
+                                             {"type": "function", "function": {"name": "f"}}])
         if r.random() < 0.1:
             b["model"] = self.model()
         return b

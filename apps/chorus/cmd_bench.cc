@@ -26,6 +26,31 @@ Status ParseList(const std::string& s, std::vector<T>* out, F parse) {
   return OkStatus();
 }
 
+// "BITS:SPARSITY:GROUP" with SPARSITY "2:4" or "none" (so "4:2:4:64" or "1:none:0").
+Status ParseDeltaLayout(const std::string& text, delta::RandomDeltaSpec* out) {
+  auto bad = [&text] {
+    return InvalidArgumentError("--delta-layout '" + text.substr(0, 32) +
+                                "': expected BITS:SPARSITY:GROUP, e.g. 4:2:4:64 or 1:none:0");
+  };
+  const size_t first = text.find(':'), last = text.rfind(':');
+  if (first == std::string::npos || first == last) return bad();
+  const std::string bits = text.substr(0, first),
+                    sparsity = text.substr(first + 1, last - first - 1),
+                    group = text.substr(last + 1);
+  char* end = nullptr;
+  const long b = std::strtol(bits.c_str(), &end, 10);
+  if (bits.empty() || *end || (b != 1 && b != 2 && b != 3 && b != 4 && b != 8)) return bad();
+  const long g = std::strtol(group.c_str(), &end, 10);
+  if (group.empty() || *end || g < 0 || g > 1 << 20) return bad();
+  if (sparsity != "2:4" && sparsity != "none") return bad();
+  if (sparsity == "2:4" && b == 1)
+    return InvalidArgumentError("--delta-layout: 1-bit deltas are dense (sparsity none)");
+  out->bits = static_cast<int>(b);
+  out->sparse24 = sparsity == "2:4";
+  out->group_size = g;
+  return OkStatus();
+}
+
 }  // namespace
 
 int BenchCommand(int argc, char** argv) {
@@ -48,6 +73,14 @@ int BenchCommand(int argc, char** argv) {
   f.Int("adapters", 0,
         "also run each decode batch with every row on a different LoRA (q,k,v,o) of this many");
   f.String("lora-ranks", "8,16,32,64", "ranks of those adapters, round-robin");
+  f.Int("deltas", 0,
+        "also run each decode batch with its rows split evenly over the base, this many "
+        "compressed deltas (random codes in --delta-layout on every linear) and the --adapters "
+        "LoRA adapters (metric decode-mixed)");
+  f.String("delta-layout", "4:2:4:64",
+           "BITS:SPARSITY:GROUP of those deltas: bits 1/2/3/4/8, sparsity 2:4 or none, group "
+           "size (0 = one scale per matrix); e.g. 4:2:4:64 (deltazip's default), 1:none:0 "
+           "(bitdelta)");
   f.String("workload", "default",
            "default: the figures above; punica: decode tokens/s at each --batches size (dtype = "
            "the first of\n"
@@ -109,6 +142,11 @@ int BenchCommand(int argc, char** argv) {
                   return static_cast<int64_t>(v);
                 });
   if (!s.ok()) return Fail("bench", s);
+  o.n_deltas = f.GetInt("deltas");
+  if (o.n_deltas < 0 || o.n_deltas > 64)
+    return Fail("bench", InvalidArgumentError("--deltas must be in [0, 64]"));
+  if (Status sl = ParseDeltaLayout(f.GetString("delta-layout"), &o.delta_layout); !sl.ok())
+    return Fail("bench", sl);
   o.workload = f.GetString("workload");
   if (o.workload != "default" && o.workload != "punica") {
     return Fail("bench", InvalidArgumentError("--workload must be default or punica"));

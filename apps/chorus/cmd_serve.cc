@@ -281,6 +281,9 @@ int ServeCommand(int argc, char** argv) {
   f.String("chat-template", "",
            "chat template for /v1/chat/completions, a Jinja FILE or the template STRING itself; "
            "replaces the model's own (which must otherwise compile)");
+  f.String("tool-call-parser", "auto",
+           "how tool calls are read from replies: hermes, llama3_json, mistral, generic, or auto "
+           "(detected from the chat template; docs/api.md, Tools)");
   f.Float("drain-timeout", 30.0,
           "seconds running requests get to finish on SIGTERM before they are aborted");
   if (int rc = ParseOrExit(f, argc, argv); rc >= 0) return rc;
@@ -365,6 +368,7 @@ int ServeCommand(int argc, char** argv) {
   if (!chat_template.ok()) return Fail("serve", chat_template.status());
   so.chat_template = chat_template->source;
   so.chat_template_label = chat_template->label;
+  so.tool_call_parser = f.GetString("tool-call-parser");
   auto srv = server::Server::Create(so);
   if (!srv.ok()) return Fail("serve", InvalidArgumentError("flag " + srv.status().message()));
   if (Status s = (*srv)->Start(); !s.ok()) return Fail("serve", s);
@@ -434,6 +438,7 @@ int ServeCommand(int argc, char** argv) {
               static_cast<long long>(engine->context_length()),
               static_cast<long long>(engine->kv_blocks_total()));
   std::printf("chorus serve: chat template: %s\n", (*srv)->chat_template_note().c_str());
+  std::printf("chorus serve: tool calls: %s\n", (*srv)->tool_parser_note().c_str());
   std::fflush(stdout);
 
   int sig = 0;

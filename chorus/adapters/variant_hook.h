@@ -35,6 +35,18 @@ class VariantHook : public model::LinearHook {
     for (const model::LinearHook* k : kinds_)
       k->ApplyGroup(layer, group, targets, x, x_stride, n_rows, pool);
   }
+  void AdjustEmbeddings(std::span<const int32_t> tokens, float* x, int64_t d) const override {
+    for (const model::LinearHook* k : kinds_) k->AdjustEmbeddings(tokens, x, d);
+  }
+  void AdjustNorm(int64_t layer, Norm which, std::span<const int32_t> rows, const float* x,
+                  float* y, const float* base_weight, int64_t d, float eps) const override {
+    for (const model::LinearHook* k : kinds_)
+      k->AdjustNorm(layer, which, rows, x, y, base_weight, d, eps);
+  }
+  void ApplyOutput(std::span<const int32_t> logit_rows, const float* h, int64_t d, float* logits,
+                   int64_t vocab, ThreadPool* pool) const override {
+    for (const model::LinearHook* k : kinds_) k->ApplyOutput(logit_rows, h, d, logits, vocab, pool);
+  }
 
  private:
   std::vector<const model::LinearHook*> kinds_;

@@ -13,8 +13,11 @@
 #include <numeric>
 #include <sstream>
 
+#include "chorus/adapters/delta/delta_hook.h"
+#include "chorus/adapters/delta/delta_synthetic.h"
 #include "chorus/adapters/lora/lora_adapter.h"
 #include "chorus/adapters/lora/lora_hook.h"
+#include "chorus/adapters/variant_hook.h"
 #include "chorus/base/large_alloc.h"
 #include "chorus/base/rng.h"
 #include "chorus/base/thread_pool.h"
@@ -449,6 +452,21 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
       loras.push_back(std::move(lora));
     }
     adapters::LoraHook hook(c, max_rows);
+    std::vector<std::shared_ptr<const delta::DeltaWeights>> deltas;
+    for (int64_t dn = 0; dn < opts.n_deltas; ++dn) {
+      delta::RandomDeltaSpec spec = opts.delta_layout;
+      spec.seed = 900 + static_cast<uint64_t>(dn);
+      progress("building random delta " + std::to_string(dn + 1) + " of " +
+               std::to_string(opts.n_deltas));
+      CHORUS_ASSIGN_OR_RETURN(
+          auto w, delta::DeltaWeights::Build(
+                      std::make_shared<const delta::Delta>(delta::MakeRandomDelta(c, spec)), c,
+                      "bench-delta" + std::to_string(dn)));
+      deltas.push_back(std::move(w));
+    }
+    delta::DeltaHook delta_hook(max_rows);
+    adapters::VariantHook variant_hook;
+    const bool mixed = !deltas.empty();
     // K and V bytes one decode token reads: every layer's f32 K and V rows of its context.
     const double kv_bytes_per_ctx_token =
         static_cast<double>(c.n_layers * 2 * c.kv_dim() * static_cast<int64_t>(sizeof(float)));
@@ -463,7 +481,7 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
     for (size_t i = 1; i < opts.depths.size(); ++i) cases.emplace_back(1, opts.depths[i]);
     for (const auto& [b, depth] : cases) {
       const bool deep = depth != opts.depths.front();
-      const int n_passes = loras.empty() || deep ? 1 : 2;
+      const int n_passes = (loras.empty() && deltas.empty()) || deep ? 1 : 2;
       std::vector<std::vector<int32_t>> tables(static_cast<size_t>(b));
       std::vector<const int32_t*> tps(static_cast<size_t>(b));
       for (int64_t s = 0; s < b; ++s) {
@@ -490,11 +508,34 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
           const bool with_lora = pass == 1;
           std::vector<int32_t> toks(static_cast<size_t>(b));
           for (int32_t& t : toks) t = random_token();
-          if (with_lora) {
+          const model::LinearHook* step_hook = nullptr;
+          if (with_lora && !mixed) {
             std::vector<const adapters::LoraAdapter*> rows(static_cast<size_t>(b));
             for (int64_t s = 0; s < b; ++s)
               rows[static_cast<size_t>(s)] = loras[static_cast<size_t>(s) % loras.size()].get();
             CHORUS_RETURN_IF_ERROR(hook.SetRows(rows));
+            step_hook = &hook;
+          } else if (with_lora) {
+            // Contiguous equal groups: the base, then each delta, then each LoRA adapter.
+            const int64_t n_variants = 1 + static_cast<int64_t>(deltas.size() + loras.size());
+            std::vector<const adapters::LoraAdapter*> lora_rows(static_cast<size_t>(b), nullptr);
+            std::vector<const delta::DeltaWeights*> delta_rows(static_cast<size_t>(b), nullptr);
+            for (int64_t s = 0; s < b; ++s) {
+              const int64_t v = s * n_variants / b - 1;  // -1: the base
+              if (v < 0) continue;
+              if (v < static_cast<int64_t>(deltas.size())) {
+                delta_rows[static_cast<size_t>(s)] = deltas[static_cast<size_t>(v)].get();
+              } else {
+                lora_rows[static_cast<size_t>(s)] =
+                    loras[static_cast<size_t>(v) - deltas.size()].get();
+              }
+            }
+            CHORUS_RETURN_IF_ERROR(hook.SetRows(lora_rows));
+            CHORUS_RETURN_IF_ERROR(delta_hook.SetRows(delta_rows));
+            variant_hook.Clear();
+            variant_hook.Add(&hook);
+            variant_hook.Add(&delta_hook);
+            step_hook = &variant_hook;
           }
           // The roofline of batch 1 is taken against the bandwidth measured right before and right
           // after each of its runs: on a shared host the bandwidth drifts by tens of percent within
@@ -510,7 +551,7 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
               builder.AddSequence(std::span<const int32_t>(&toks[s], 1), depth + step, tps[s],
                                   /*want_logits=*/true);
             }
-            fwd.Run(builder.Input(with_lora ? &hook : nullptr), &kv, &pool, logits.data());
+            fwd.Run(builder.Input(step_hook), &kv, &pool, logits.data());
             // Greedy next tokens so the work is that of real decoding (argmax over the vocab).
             for (int64_t s = 0; s < b; ++s) {
               const float* lg = logits.data() + s * c.vocab_size;
@@ -532,7 +573,8 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
         const std::vector<double>& runs = pass_runs[li][static_cast<size_t>(pass)];
         EngineBenchRow row;
         row.dtype = dname;
-        row.metric = with_lora ? "decode-lora" : "decode";
+        row.metric = !with_lora ? "decode" : mixed ? "decode-mixed" : "decode-lora";
+        if (with_lora) row.adapters = static_cast<int64_t>(loras.size() + deltas.size());
         row.batch = b;
         row.depth = depth;
         row.tokens_per_s = Median(runs);
@@ -650,12 +692,13 @@ std::string EngineBenchReport::ToTable() const {
       }
       s << "(" << r.adapters << " adapters)";
     }
-    if (r.metric == "decode-lora") {
+    if (r.metric == "decode-lora" || r.metric == "decode-mixed") {
       for (const auto& base : rows) {
         if (base.isa == r.isa && base.dtype == r.dtype && base.metric == "decode" &&
             base.batch == r.batch && base.tokens_per_s > 0) {
           s << std::setprecision(1) << 100.0 * r.tokens_per_s / base.tokens_per_s
             << " % of base-only";
+          if (r.metric == "decode-mixed") s << " (" << r.adapters << ")";
         }
       }
     }

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "chorus/adapters/delta/delta_synthetic.h"
 #include "chorus/adapters/lora/lora_adapter.h"
 #include "chorus/base/status.h"
 #include "chorus/base/thread_pool.h"
@@ -40,6 +41,13 @@ struct EngineBenchOptions {
   // base-only "decode" of the same invocation.
   int64_t n_adapters = 0;
   std::vector<int64_t> lora_ranks = {8, 16, 32, 64};
+  // Mixed-variant decode (docs/variants.md): when > 0, every decode batch is also run with its
+  // rows split into contiguous equal groups over the base model, n_deltas compressed deltas
+  // (random codes in `delta_layout` on every linear: the cost depends on layout and shape, not
+  // values) and the n_adapters LoRA adapters, reported as metric "decode-mixed" next to the
+  // base-only "decode" of the same repeats. (With deltas, LoRA rows follow this grouping too.)
+  int64_t n_deltas = 0;
+  delta::RandomDeltaSpec delta_layout;
   // Workload: "default" = the figures above; "punica" = the reference Punica
   // popularity workload instead: for each decode batch B (dtype = dtypes[0]), decode tokens/s
   // with every row on the base model ("base"), and with LoRA adapters (q,k,v,o, ranks

@@ -22,8 +22,73 @@ namespace chorus::engine {
 namespace {
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+uint64_t Micros(Clock::duration d) {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(d).count());
+}
 
 }  // namespace
+
+// Computes the grammar masks of a step's constrained rows on its own thread while the engine
+// thread runs the forward pass (a row's mask depends only on its tokens so far, not on this
+// step's logits). Started only once a constrained request arrives.
+class MaskWorker {
+ public:
+  explicit MaskWorker(EngineMetrics* metrics) : metrics_(metrics), thread_([this] { Loop(); }) {}
+  ~MaskWorker() {
+    {
+      MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    cv_.SignalAll();
+    thread_.join();
+  }
+  // `rows` must stay untouched by the caller until Wait() returns.
+  void Start(const std::vector<Sequence*>* rows) {
+    {
+      MutexLock lock(&mu_);
+      rows_ = rows;
+      ++started_;
+    }
+    cv_.SignalAll();
+  }
+  void Wait() {
+    MutexLock lock(&mu_);
+    while (done_ != started_) cv_.Wait(&mu_);
+  }
+
+ private:
+  void Loop() {
+    for (;;) {
+      const std::vector<Sequence*>* rows;
+      uint64_t job;
+      {
+        MutexLock lock(&mu_);
+        while (!stop_ && done_ == started_) cv_.Wait(&mu_);
+        if (stop_) return;
+        rows = rows_;
+        job = started_;
+      }
+      const auto t0 = Clock::now();
+      for (Sequence* s : *rows) OutputStage::PrepareMask(s);
+      metrics_->grammar_masks_total.fetch_add(rows->size());
+      metrics_->grammar_mask_micros.fetch_add(Micros(Clock::now() - t0));
+      {
+        MutexLock lock(&mu_);
+        done_ = job;
+      }
+      cv_.SignalAll();
+    }
+  }
+
+  EngineMetrics* const metrics_;
+  Mutex mu_;
+  CondVar cv_;
+  const std::vector<Sequence*>* rows_ GUARDED_BY(mu_) = nullptr;
+  uint64_t started_ GUARDED_BY(mu_) = 0;
+  uint64_t done_ GUARDED_BY(mu_) = 0;
+  bool stop_ GUARDED_BY(mu_) = false;
+  std::thread thread_;  // last: starts after the fields it reads
+};
 
 Status EngineOptions::Validate() const {
   if (threads < 0 || threads > 256) return InvalidArgumentError("threads must be in [0, 256]");
@@ -66,6 +131,8 @@ struct Engine::Impl {
   std::unique_ptr<delta::DeltaHook> delta_hook;         // the delta kind's term
   adapters::VariantHook variant_hook;                   // every kind with rows in the step
   std::unique_ptr<OutputStage> output;
+  std::unique_ptr<MaskWorker> mask_worker;  // created with the first constrained row
+  std::vector<Sequence*> mask_rows;         // the step's constrained rows (mask worker input)
   // PublishAdapterActivity's scratch (reserved at Create: no allocation per step).
   std::vector<const std::string*> activity_running, activity_waiting;
 
@@ -358,7 +425,23 @@ void Engine::Impl::Step() {
     in.hook = &variant_hook;
   }
 
+  // Constrained rows: their masks for this step's token are computed during the forward pass.
+  mask_rows.clear();
+  for (const Scheduler::Planned& pl : scheduler->plan()) {
+    if (!self->opts_.overlap_grammar_masks) break;
+    if (pl.wants_logits && pl.seq->matcher != nullptr && !pl.seq->mask_ready)
+      mask_rows.push_back(pl.seq);
+  }
+  if (!mask_rows.empty()) {
+    if (!mask_worker) mask_worker = std::make_unique<MaskWorker>(&self->metrics_);
+    mask_worker->Start(&mask_rows);
+  }
   forward->Run(in, kv.get(), &pool, logits.data());
+  if (!mask_rows.empty()) {
+    const auto w0 = Clock::now();
+    mask_worker->Wait();
+    self->metrics_.grammar_mask_wait_micros.fetch_add(Micros(Clock::now() - w0));
+  }
   self->metrics_.prompt_tokens_total.fetch_add(prompt_rows);
   self->metrics_.steps_total.fetch_add(1);
 

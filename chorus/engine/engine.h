@@ -66,6 +66,10 @@ struct EngineOptions {
   // adapters) before anyone is preempted. Outputs are bitwise the same with it or without it.
   // `chorus serve --no-prefix-cache` turns it off.
   bool prefix_cache = true;
+  // Constrained decoding (docs/structured_outputs.md): compute the step's grammar masks on a
+  // mask worker thread during the forward pass (true), or on the engine thread when sampling
+  // (false; for benchmarks comparing the two).
+  bool overlap_grammar_masks = true;
   // The host tier that GenerationRequest::variant is loaded through (on the loader threads);
   // null: requests for a variant are refused (base model only).
   std::shared_ptr<adapters::AdapterCache> adapter_cache;

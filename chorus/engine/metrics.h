@@ -119,6 +119,12 @@ struct EngineMetrics {
   Histogram time_per_output_token_seconds{
       {0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2.5}};
   Histogram step_seconds{{0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2.5}};
+  // Constrained decoding (docs/structured_outputs.md): masks computed by the mask worker while
+  // the forward pass ran, the time it spent on them, and the time the engine thread still
+  // waited for them after the forward pass (the part on the critical path).
+  std::atomic<uint64_t> grammar_masks_total{0};
+  std::atomic<uint64_t> grammar_mask_micros{0};
+  std::atomic<uint64_t> grammar_mask_wait_micros{0};
   AdapterMetrics adapters;           // per-adapter requests and TTFT
   AdapterActivity adapter_activity;  // adapters of running / waiting requests
 

@@ -24,20 +24,57 @@ void OutputStage::Attach(Sequence* s) {
   if (sp.seed.has_value()) sp.seed = *sp.seed + static_cast<uint64_t>(s->index);
   s->sampler = std::make_unique<Sampler>(sp, config_.vocab_size,
                                          seed_source_.fetch_add(0x9E3779B97F4A7C15ull));
-  s->detok = std::make_unique<tokenizer::StreamingDetokenizer>(tok_);
+  s->detok = std::make_unique<tokenizer::StreamingDetokenizer>(
+      tok_, /*include_special=*/!s->req->skip_special_tokens);
   s->detok->SetPrevious(s->tokens.back());
   s->stop = std::make_unique<StopChecker>(s->req->stop);
+  if (s->req->grammar.valid()) {
+    s->matcher = std::make_unique<grammar::Matcher>(s->req->grammar, vocabulary());
+    s->mask_ready = false;
+  }
+}
+
+std::shared_ptr<const grammar::Vocabulary> OutputStage::vocabulary() {
+  std::call_once(vocab_once_,
+                 [&] { vocab_ = grammar::Vocabulary::FromTokenizer(*tok_, config_.vocab_size); });
+  return vocab_;
+}
+
+void OutputStage::PrepareMask(Sequence* s) {
+  if (s->matcher == nullptr || s->mask_ready) return;
+  s->matcher->FillMask(&s->mask);
+  s->mask_ready = true;
 }
 
 FinishReason OutputStage::Emit(Sequence* s, const float* row_logits) {
   SampleResult& r = result_;
   const GenerationRequest& req = *s->req;
   const std::span<const int32_t> all(s->tokens);
+  const grammar::TokenMask* allowed = nullptr;
+  if (s->matcher != nullptr) {
+    PrepareMask(s);
+    if (s->mask.Count() == 0) {
+      // The grammar needs bytes no token of this vocabulary supplies.
+      s->finished = true;
+      PushFinal(s, FinishReason::kError,
+                "the response format's grammar cannot be continued with this model's vocabulary",
+                StatusCode::kInvalidArgument);
+      return FinishReason::kError;
+    }
+    allowed = &s->mask;
+  }
   const int32_t tok = s->sampler->Sample(
       std::span<const float>(row_logits, static_cast<size_t>(config_.vocab_size)),
       all.subspan(0, static_cast<size_t>(s->n_prompt)),
       all.subspan(static_cast<size_t>(s->n_prompt)), &scratch_,
-      req.sampling.logprobs.has_value() ? &r : nullptr);
+      req.sampling.logprobs.has_value() ? &r : nullptr, allowed);
+  bool grammar_done = false;
+  if (s->matcher != nullptr) {
+    const bool accepted = s->matcher->Accept(tok);
+    CHORUS_CHECK(accepted) << "sampled token " << tok << " outside the grammar's mask";
+    s->mask_ready = false;
+    grammar_done = s->matcher->Done();
+  }
   s->tokens.push_back(tok);
   ++s->n_generated;
   const auto now = Clock::now();
@@ -52,7 +89,7 @@ FinishReason OutputStage::Emit(Sequence* s, const float* row_logits) {
   s->last_token = now;
   metrics_->generation_tokens_total.fetch_add(1);
 
-  const bool is_eos = !req.ignore_eos && tok_->IsEos(tok);
+  const bool is_eos = (!req.ignore_eos || s->matcher != nullptr) && tok_->IsEos(tok);
   const bool is_stop_id = std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), tok) !=
                           req.stop_token_ids.end();
   StreamEvent ev;
@@ -68,7 +105,7 @@ FinishReason OutputStage::Emit(Sequence* s, const float* row_logits) {
   } else {
     auto o = s->stop->Push(s->detok->Push(tok));
     ev.text = std::move(o.text);
-    if (o.stopped) finish = FinishReason::kStop;
+    if (o.stopped || grammar_done) finish = FinishReason::kStop;  // grammar complete: stop
   }
   if (finish == FinishReason::kNone &&
       (s->n_generated >= req.max_tokens ||

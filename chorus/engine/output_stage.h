@@ -10,6 +10,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 
 #include "chorus/engine/metrics.h"
 #include "chorus/engine/sequence.h"
@@ -39,6 +41,13 @@ class OutputStage : public TokenSink {
 
   FinishReason Emit(Sequence* s, const float* row_logits) override;
 
+  // Computes `s`'s allowed-token mask for its next token when it has a matcher and the mask is
+  // not ready yet. Thread-safe across different sequences (the engine's mask worker calls it
+  // for the step's rows while the forward pass runs).
+  static void PrepareMask(Sequence* s);
+  // The vocabulary the matchers use (built from the tokenizer on first use).
+  std::shared_ptr<const grammar::Vocabulary> vocabulary();
+
   // Pushes a final event without a token (cancelled, error).
   static void PushFinal(Sequence* s, FinishReason why, const std::string& error = "",
                         StatusCode code = StatusCode::kInternal);
@@ -51,6 +60,8 @@ class OutputStage : public TokenSink {
   SampleResult result_;     // engine thread only, reused
   // Seeds for requests without one: distinct per sequence, different on every run.
   std::atomic<uint64_t> seed_source_;
+  std::once_flag vocab_once_;
+  std::shared_ptr<const grammar::Vocabulary> vocab_;
 };
 
 }  // namespace chorus::engine

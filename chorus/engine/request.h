@@ -16,6 +16,7 @@
 #include "chorus/adapters/variant.h"
 #include "chorus/base/mutex.h"
 #include "chorus/engine/sampler.h"
+#include "chorus/grammar/grammar.h"
 
 namespace chorus::engine {
 
@@ -29,6 +30,10 @@ struct GenerationRequest {
   std::vector<std::string> stop;        // stop strings (not included in the output)
   std::vector<int32_t> stop_token_ids;  // extra end ids
   bool ignore_eos = false;
+  // Whether special tokens (other than the end ids) are left out of the streamed text. Tool
+  // calls of some model families start with one (Mistral's [TOOL_CALLS], Llama's
+  // <|python_tag|>), so the server keeps them when it parses those (docs/api.md, "Tools").
+  bool skip_special_tokens = true;
   int n = 1;  // choices; choice i samples with seed + i
   // The variant (none = the base model), as the server resolved the request's `model`. The
   // engine's residency brings its weights disk → host → pool (engine/adapter_residency.h): a
@@ -36,6 +41,11 @@ struct GenerationRequest {
   // (nothing else does); a load failure finishes the request with an error event.
   std::optional<adapters::VariantRef> variant;
   std::string id;  // for logs
+  // Constrained decoding (docs/structured_outputs.md): when valid, every choice gets its own
+  // matcher over this grammar; tokens the grammar rejects are never sampled, EOS only where it
+  // accepts, and a choice whose grammar is complete finishes with kStop. With a grammar an EOS
+  // ends the choice even when ignore_eos is set (the grammar decided it may end there).
+  grammar::Grammar grammar;
 
   // The variant's name, "" for the base model (logs, metrics).
   const std::string& variant_name() const {

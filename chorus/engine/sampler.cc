@@ -38,6 +38,19 @@ struct MoreLikely {
   bool operator()(int32_t a, int32_t b) const { return v[a] > v[b] || (v[a] == v[b] && a < b); }
 };
 
+// Sets every logit outside `allowed` to −inf (64 tokens per mask word).
+void ApplyMask(float* l, int64_t v, const grammar::TokenMask& allowed) {
+  const uint64_t* words = allowed.words().data();
+  for (int64_t base = 0; base < v; base += 64) {
+    const uint64_t w = words[base >> 6];
+    if (w == ~uint64_t{0}) continue;
+    const int64_t end = std::min<int64_t>(base + 64, v);
+    for (int64_t i = base; i < end; ++i) {
+      if (!((w >> (i - base)) & 1)) l[i] = kNegInf;
+    }
+  }
+}
+
 }  // namespace
 
 Status SamplingParams::Validate() const {
@@ -229,12 +242,14 @@ void Sampler::FillLogprobs(const float* lp, int32_t token, SamplerScratch* scrat
 
 int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> prompt,
                         std::span<const int32_t> generated, SamplerScratch* scratch,
-                        SampleResult* result) {
+                        SampleResult* result, const grammar::TokenMask* allowed) {
   CHORUS_CHECK_EQ(static_cast<int64_t>(logits.size()), vocab_size_);
   const int64_t v = vocab_size_;
+  if (allowed != nullptr) CHORUS_CHECK_GE(allowed->size(), v);
   scratch->Reserve(v);
   float* l = scratch->logits_.data();
   for (int64_t i = 0; i < v; ++i) l[i] = Sanitize(logits[i]);
+  if (allowed != nullptr) ApplyMask(l, v, *allowed);
   if (params_.has_penalties()) {
     UpdateHistory(prompt, generated);
     ApplyPenalties(l);
@@ -254,6 +269,15 @@ int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> 
     token = Draw(scratch);
   }
 
+  if (allowed != nullptr && !allowed->Test(token)) {
+    // Only when every allowed logit is −inf (NaN rows): the lowest allowed id keeps the grammar.
+    for (int64_t i = 0; i < v; ++i) {
+      if (allowed->Test(i)) {
+        token = static_cast<int32_t>(i);
+        break;
+      }
+    }
+  }
   if (result != nullptr) {
     result->token = token;
     if (params_.logprobs.has_value()) {
@@ -262,6 +286,7 @@ int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> 
       } else {
         float* raw = scratch->probs_.data();  // free again after Draw
         for (int64_t i = 0; i < v; ++i) raw[i] = Sanitize(logits[i]);
+        if (allowed != nullptr) ApplyMask(raw, v, *allowed);
         FillLogprobs(raw, token, scratch, result);
       }
     } else {

@@ -20,6 +20,13 @@
 // tokens of a seeded request is a function of its logits rows alone (whatever else shares the
 // batch). A row whose every logit is −inf/NaN yields token 0.
 //
+// Constrained decoding (docs/structured_outputs.md): when Sample() gets an `allowed` mask (the
+// row's grammar matcher computed it), every token outside it is set to −inf right after step 1,
+// before penalties — so the grammar is enforced whatever the other parameters, and both
+// logprobs modes report the masked distribution (as vLLM, which applies the grammar bitmask to
+// the logits its sampler receives): the sampled token's logprob is that of the renormalised
+// distribution over the allowed tokens.
+//
 // Logprobs (when `logprobs` is set) follow vLLM's default "raw" mode: log-softmax of the model's
 // logits before any penalty, temperature or truncation — what the model itself assigns.
 // LogprobsMode::kProcessed reports log-softmax after penalties and temperature (steps 2–4) but
@@ -38,6 +45,7 @@
 
 #include "chorus/base/rng.h"
 #include "chorus/base/status.h"
+#include "chorus/grammar/matcher.h"
 
 namespace chorus::engine {
 
@@ -129,10 +137,12 @@ class Sampler {
   // lists every step costs O(new tokens). The lists are expected only to grow at the end; a
   // prompt of a different length, a shorter generated list or a different last counted token
   // triggers a full recount. Ids outside [0, vocab_size) are ignored.
-  // Requires: logits.size() == vocab_size.
+  // `allowed` (null = every token): the tokens the row's grammar admits; tokens outside it get
+  // −inf. Requires: logits.size() == vocab_size; allowed->size() >= vocab_size; at least one
+  // allowed token (else token 0 is returned, as for an all −inf row).
   int32_t Sample(std::span<const float> logits, std::span<const int32_t> prompt,
                  std::span<const int32_t> generated, SamplerScratch* scratch,
-                 SampleResult* result = nullptr);
+                 SampleResult* result = nullptr, const grammar::TokenMask* allowed = nullptr);
 
   // Number of distinct tokens tracked for penalties (0 when no penalty is active).
   int64_t tracked_tokens() const { return static_cast<int64_t>(history_.size()); }

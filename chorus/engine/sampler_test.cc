@@ -510,5 +510,48 @@ TEST(SamplerTest, SharedScratchDoesNotLeakBetweenRequests) {
   }
 }
 
+// A grammar mask: disallowed tokens are never drawn (greedy or sampled, whatever the
+// penalties), and logprobs in both modes are those of the masked distribution.
+TEST(SamplerTest, AllowedMaskIsEnforcedAndLogprobsAreMasked) {
+  const std::vector<float> l = {5.0f, 1.0f, 0.0f, 4.0f, 2.0f};
+  grammar::TokenMask allowed(5);
+  allowed.Set(1);
+  allowed.Set(2);
+  allowed.Set(4);
+  SamplerScratch scratch;
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  greedy.logprobs = 2;
+  Sampler g(greedy, 5);
+  SampleResult r;
+  EXPECT_EQ(g.Sample(l, {}, {}, &scratch, &r, &allowed), 4);
+  // Masked: log-softmax over {1, 2, 4} only.
+  const double z = std::log(std::exp(1.0) + std::exp(0.0) + std::exp(2.0));
+  EXPECT_NEAR(r.logprob, 2.0 - z, 1e-5);
+  EXPECT_EQ(r.rank, 1);
+  ASSERT_EQ(r.top.size(), 2u);
+  EXPECT_EQ(r.top[0].token, 4);
+  EXPECT_EQ(r.top[1].token, 1);
+  SamplingParams hot;
+  hot.temperature = 5.0f;
+  hot.presence_penalty = -2.0f;
+  hot.logprobs = 0;
+  hot.logprobs_mode = LogprobsMode::kProcessed;
+  hot.seed = 3;
+  Sampler s(hot, 5);
+  std::vector<int32_t> out;
+  for (int i = 0; i < 2000; ++i) {
+    const int32_t t = s.Sample(l, {}, out, &scratch, &r, &allowed);
+    ASSERT_TRUE(allowed.Test(t)) << t;
+    EXPECT_TRUE(std::isfinite(r.logprob));
+    out.push_back(t);
+  }
+  // A row whose allowed logits are all −inf still yields an allowed token.
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> dead = {1.0f, -inf, -inf, 3.0f, -inf};
+  Sampler g2(greedy, 5);
+  EXPECT_EQ(g2.Sample(dead, {}, {}, &scratch, nullptr, &allowed), 1);
+}
+
 }  // namespace
 }  // namespace chorus::engine

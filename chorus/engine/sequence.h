@@ -16,6 +16,7 @@
 #include "chorus/engine/request.h"
 #include "chorus/engine/sampler.h"
 #include "chorus/engine/stop_checker.h"
+#include "chorus/grammar/matcher.h"
 #include "chorus/memory/prefix_cache.h"
 #include "chorus/tokenizer/tokenizer.h"
 
@@ -61,6 +62,12 @@ struct Sequence {
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<tokenizer::StreamingDetokenizer> detok;
   std::unique_ptr<StopChecker> stop;
+  // Constrained decoding: the choice's matcher (null = unconstrained) and the mask of the tokens
+  // allowed next, valid while mask_ready (computed ahead by the engine's mask worker during the
+  // forward pass, or by Emit when it was not).
+  std::unique_ptr<grammar::Matcher> matcher;
+  grammar::TokenMask mask;
+  bool mask_ready = false;
 };
 
 }  // namespace chorus::engine

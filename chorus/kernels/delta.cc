@@ -1,14 +1,17 @@
 #include "chorus/kernels/delta.h"
 
 #include <algorithm>
+#include <iterator>
 #include <vector>
 
 #include "chorus/base/check.h"
+#include "chorus/kernels/delta_internal.h"
+#include "chorus/kernels/dispatch.h"
 
 namespace chorus::kernels {
 namespace {
 
-constexpr int kPairs24[6][2] = {{0, 1}, {0, 2}, {0, 3}, {1, 2}, {1, 3}, {2, 3}};
+using delta_internal::kPairs24;
 
 // Code j of a row's little-endian bit stream of `bits`-bit codes.
 inline int CodeAt(const uint8_t* row, int64_t j, int bits) {
@@ -56,7 +59,9 @@ struct PatternTriples {
 };
 constexpr PatternTriples kTriples;
 
-void DeltaDecodeRow(const DeltaMatrixView& m, int64_t o, float* out) {
+namespace delta_internal {
+
+void DecodeColumns(const DeltaMatrixView& m, int64_t o, int64_t c_begin, float* out) {
   const uint8_t* codes = m.codes + o * m.code_row_bytes();
   const float half = static_cast<float>((1 << m.bits) - 1) / 2.0f;
   // Scales change every group_size columns (or never): the dense path walks the row one scale
@@ -64,24 +69,27 @@ void DeltaDecodeRow(const DeltaMatrixView& m, int64_t o, float* out) {
   const int64_t run = m.group_size == 0 ? m.cols : m.group_size;
   const float* row_scales = m.group_size == 0 ? m.scales : m.scales + o * m.groups();
   if (!m.sparse24) {
-    for (int64_t c0 = 0, g = 0; c0 < m.cols; c0 += run, ++g) {
+    for (int64_t c0 = c_begin; c0 < m.cols;) {
+      const int64_t g = c0 / run;
       const float s = m.group_size == 0 ? row_scales[0] : row_scales[g];
-      const int64_t c1 = std::min(m.cols, c0 + run);
+      const int64_t c1 = std::min(m.cols, (g + 1) * run);
       if (m.bits == 4) {
         for (int64_t c = c0; c < c1; ++c)
-          out[c] = s * (static_cast<float>((codes[c >> 1] >> ((c & 1) * 4)) & 15) - half);
+          out[c - c_begin] = s * (static_cast<float>((codes[c >> 1] >> ((c & 1) * 4)) & 15) - half);
       } else {
         for (int64_t c = c0; c < c1; ++c)
-          out[c] = s * (static_cast<float>(CodeAt(codes, c, m.bits)) - half);
+          out[c - c_begin] = s * (static_cast<float>(CodeAt(codes, c, m.bits)) - half);
       }
+      c0 = c1;
     }
     return;
   }
+  CHORUS_CHECK(c_begin % 12 == 0) << "2:4 decode from column " << c_begin;
   const uint8_t* mask = m.mask + o * m.mask_row_bytes();
-  std::fill(out, out + m.cols, 0.0f);
+  std::fill(out, out + (m.cols - c_begin), 0.0f);
   const int64_t n_groups = m.cols / 4;
   const bool split_groups = m.group_size % 4 != 0;
-  for (int64_t g = 0; g < n_groups; ++g) {
+  for (int64_t g = c_begin / 4; g < n_groups; ++g) {
     const int p = kTriples.p[mask[g / 3]][g % 3];
     const int64_t c = g * 4;
     const int64_t c0 = c + kPairs24[p][0], c1 = c + kPairs24[p][1];
@@ -97,9 +105,15 @@ void DeltaDecodeRow(const DeltaMatrixView& m, int64_t o, float* out) {
     // The two kept columns share a scale unless a scale group boundary falls inside the 4.
     const float s0 = m.group_size == 0 ? row_scales[0] : row_scales[c0 / m.group_size];
     const float s1 = m.group_size == 0 || !split_groups ? s0 : row_scales[c1 / m.group_size];
-    out[c0] = s0 * (static_cast<float>(q0) - half);
-    out[c1] = s1 * (static_cast<float>(q1) - half);
+    out[c0 - c_begin] = s0 * (static_cast<float>(q0) - half);
+    out[c1 - c_begin] = s1 * (static_cast<float>(q1) - half);
   }
+}
+
+}  // namespace delta_internal
+
+void DeltaDecodeRow(const DeltaMatrixView& m, int64_t o, float* out) {
+  delta_internal::DecodeColumns(m, o, 0, out);
 }
 
 void DeltaApplyReference(std::span<const LoraSegment> segments,
@@ -123,6 +137,30 @@ void DeltaApplyReference(std::span<const LoraSegment> segments,
   }
 }
 
+namespace {
+
+// The SIMD kernel of each level (indexed by IsaLevel; nullptr: the portable kernel). amx has no
+// delta kernel of its own: tiles need int8 or bf16 operands and the delta term is f32.
+constexpr delta_internal::ApplyRowsFn kApplyRows[] = {nullptr, delta_internal::avx2::ApplyRows,
+                                                      delta_internal::avx512::ApplyRows,
+                                                      delta_internal::avx512::ApplyRows};
+static_assert(std::size(kApplyRows) == static_cast<size_t>(kMaxIsaLevel) + 1);
+
+// The portable kernel for output rows [o_begin, o_end) of one segment: decode each row into L1,
+// then one fixed-order dot product per input row.
+void PortableRows(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const float* x,
+                  int64_t x_stride, int64_t n_rows, float* y, int64_t y_stride) {
+  thread_local std::vector<float> row;
+  if (row.size() < static_cast<size_t>(m.cols)) row.resize(static_cast<size_t>(m.cols));
+  for (int64_t o = o_begin; o < o_end; ++o) {
+    DeltaDecodeRow(m, o, row.data());
+    for (int64_t i = 0; i < n_rows; ++i)
+      y[i * y_stride + o] += Dot16(x + i * x_stride, row.data(), m.cols);
+  }
+}
+
+}  // namespace
+
 void DeltaApply(std::span<const LoraSegment> segments, std::span<const DeltaMatrixView> weights,
                 const float* x, int64_t x_stride, float* y, int64_t y_stride, ThreadPool* pool) {
   CheckArgs(segments, weights);
@@ -131,21 +169,18 @@ void DeltaApply(std::span<const LoraSegment> segments, std::span<const DeltaMatr
     if (s.row_end > s.row_begin)
       max_rows = std::max(max_rows, weights[static_cast<size_t>(s.slot)].rows);
   if (max_rows == 0) return;
+  const delta_internal::ApplyRowsFn simd = kApplyRows[static_cast<int>(ActiveIsa())];
   // Thread t owns output rows [begin, end) of every slot: each output element is computed whole
   // by one thread (no split of k), so the split never changes a value.
   auto work = [&](int t, int nt) {
     int64_t begin, end;
     ThreadPool::Slice(max_rows, t, nt, 8, &begin, &end);
-    thread_local std::vector<float> row;
     for (const LoraSegment& s : segments) {
       const DeltaMatrixView& m = weights[static_cast<size_t>(s.slot)];
-      if (m.rows == 0 || s.row_end <= s.row_begin) continue;
-      if (row.size() < static_cast<size_t>(m.cols)) row.resize(static_cast<size_t>(m.cols));
-      for (int64_t o = begin; o < std::min(end, m.rows); ++o) {
-        DeltaDecodeRow(m, o, row.data());
-        for (int64_t i = s.row_begin; i < s.row_end; ++i)
-          y[i * y_stride + o] += Dot16(x + i * x_stride, row.data(), m.cols);
-      }
+      if (m.rows == 0 || s.row_end <= s.row_begin || begin >= m.rows) continue;
+      const auto rows_fn = simd != nullptr && delta_internal::SimdLayout(m) ? simd : PortableRows;
+      rows_fn(m, begin, std::min(end, m.rows), x + s.row_begin * x_stride, x_stride,
+              s.row_end - s.row_begin, y + s.row_begin * y_stride, y_stride);
     }
   };
   if (pool == nullptr || pool->size() == 1) {

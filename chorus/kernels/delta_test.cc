@@ -9,8 +9,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <iostream>
 #include <random>
+#include <string>
 #include <vector>
+
+#include "chorus/kernels/dispatch.h"
 
 namespace chorus::kernels {
 namespace {
@@ -168,6 +172,68 @@ TEST(DeltaKernelTest, ARowAloneEqualsTheSameRowInAMixedBatchBitwise) {
       for (int64_t o = 0; o < out; ++o)
         ASSERT_EQ(alone[static_cast<size_t>(o)], batch[static_cast<size_t>(i * out + o)])
             << "threads " << threads << " row " << i << " col " << o;
+    }
+  }
+}
+
+std::vector<IsaLevel> SupportedLevels() {
+  SetMaxIsa(kMaxIsaLevel);
+  const IsaLevel best = ActiveIsa();
+  std::vector<IsaLevel> out;
+  for (int l = 0; l <= static_cast<int>(best); ++l) out.push_back(static_cast<IsaLevel>(l));
+  return out;
+}
+
+struct IsaGuard {
+  ~IsaGuard() { SetMaxIsa(kMaxIsaLevel); }
+};
+
+// Every level computes the portable kernel's arithmetic (kernels/delta_internal.h), so every
+// level equals the scalar level bit for bit: every packed layout, scale groups the SIMD levels
+// take (0, 16, 64) and one they leave to the portable kernel (6), widths with and without a
+// partial last step, segments of 1–4 rows (decoded in registers) and of 5–9 rows (decoded into
+// L1), 1 and 2 threads.
+TEST(DeltaKernelTest, EveryIsaLevelEqualsTheScalarLevelBitwise) {
+  std::mt19937 rng(4);
+  std::string levels;
+  for (IsaLevel l : SupportedLevels()) levels += IsaName(l) + " ";
+  std::cout << "delta kernels tested at ISA levels: " << levels << "\n";
+  for (int bits : {1, 2, 3, 4, 8}) {
+    for (bool sparse : {false, true}) {
+      if (sparse && bits == 1) continue;
+      for (int64_t group : {int64_t{0}, int64_t{16}, int64_t{64}, int64_t{6}}) {
+        for (int64_t in : {int64_t{96}, int64_t{144}, int64_t{204}, int64_t{2048}}) {
+          const int64_t cols = sparse ? in : in - 3;  // dense: a partial last chunk too
+          const int64_t out = 37;
+          Packed a = MakePacked(out, cols, bits, sparse, group, &rng);
+          Packed b = MakePacked(out, cols, bits, sparse, group == 6 ? 0 : group, &rng);
+          const std::vector<DeltaMatrixView> views = {a.view, b.view};
+          const int64_t n = 16;
+          const std::vector<LoraSegment> segments = {{0, 1, 0}, {1, 3, 1},  {3, 6, 0},
+                                                     {6, 7, 1}, {7, 11, 1}, {11, 16, 0}};
+          const std::vector<float> x = RandomX(n * cols, &rng);
+          std::vector<float> want(static_cast<size_t>(n * out), 0.25f);
+          {
+            IsaGuard g;
+            SetMaxIsa(IsaLevel::kScalar);
+            ThreadPool one(1);
+            DeltaApply(segments, views, x.data(), cols, want.data(), out, &one);
+          }
+          for (IsaLevel level : SupportedLevels()) {
+            for (int threads : {1, 2}) {
+              IsaGuard g;
+              SetMaxIsa(level);
+              ThreadPool pool(threads);
+              std::vector<float> got(static_cast<size_t>(n * out), 0.25f);
+              DeltaApply(segments, views, x.data(), cols, got.data(), out, &pool);
+              for (size_t e = 0; e < got.size(); ++e)
+                ASSERT_EQ(got[e], want[e])
+                    << IsaName(level) << " bits " << bits << " sparse " << sparse << " group "
+                    << group << " cols " << cols << " threads " << threads << " element " << e;
+            }
+          }
+        }
+      }
     }
   }
 }

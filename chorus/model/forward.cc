@@ -39,6 +39,9 @@ Forward::Forward(std::shared_ptr<const Model> model, int64_t max_rows, int64_t m
   rope_cos_.assign(static_cast<size_t>(max_rows * c.head_dim / 2), 0.0f);
   rope_sin_.assign(rope_cos_.size(), 0.0f);
   logit_in_.assign(static_cast<size_t>(max_logit_rows * c.n_embd), 0.0f);
+  step_rows_.resize(static_cast<size_t>(max_rows));
+  for (int64_t i = 0; i < max_rows; ++i)
+    step_rows_[static_cast<size_t>(i)] = static_cast<int32_t>(i);
   const int64_t group = c.n_heads / c.n_kv_heads;
   attn_block_tokens_ = std::max<int64_t>(1, kAttnBlockRows / group);
   attn_scratch_floats_ = kernels::AttentionScratchFloats(attn_block_tokens_, group, c.head_dim);
@@ -247,6 +250,15 @@ void Forward::Run(const StepInput& in, memory::KvCache* kv, ThreadPool* pool, fl
   for (int64_t i = 0; i < n; ++i) {
     DequantizeRow(emb.dtype, emb.Row(in.tokens[static_cast<size_t>(i)]), x_.data() + i * d, d);
   }
+  if (in.hook != nullptr) in.hook->AdjustEmbeddings(in.tokens, x_.data(), d);
+  const std::span<const int32_t> all_rows(step_rows_.data(), static_cast<size_t>(n));
+  // The RMSNorm of every row, then the rows whose variant has its own weight for it.
+  auto norm = [&](int64_t layer, LinearHook::Norm which, const Tensor& weight) {
+    const auto* w_base = static_cast<const float*>(weight.data());
+    kernels::RmsNorm(x_.data(), w_base, n, d, c.norm_eps, xb_.data());
+    if (in.hook != nullptr)
+      in.hook->AdjustNorm(layer, which, all_rows, x_.data(), xb_.data(), w_base, d, c.norm_eps);
+  };
 
   // Rotation tables once per step, shared by q and k of every layer.
   const int64_t half = c.head_dim / 2;
@@ -258,8 +270,7 @@ void Forward::Run(const StepInput& in, memory::KvCache* kv, ThreadPool* pool, fl
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& lw = w.layers[static_cast<size_t>(l)];
     // Attention block.
-    kernels::RmsNorm(x_.data(), static_cast<const float*>(lw.attn_norm.data()), n, d, c.norm_eps,
-                     xb_.data());
+    norm(l, LinearHook::Norm::kAttn, lw.attn_norm);
     // q, k and v read the same input: one fused dispatch (then the adapter terms of each).
     Linears(l, LinearGroup::kQkv, xb_.data(), d, n, in, pool);
     for (int64_t i = 0; i < n; ++i) {
@@ -288,8 +299,7 @@ void Forward::Run(const StepInput& in, memory::KvCache* kv, ThreadPool* pool, fl
     kernels::Add(x_.data(), xb_.data(), n * d);
 
     // MLP block.
-    kernels::RmsNorm(x_.data(), static_cast<const float*>(lw.ffn_norm.data()), n, d, c.norm_eps,
-                     xb_.data());
+    norm(l, LinearHook::Norm::kFfn, lw.ffn_norm);
     Linears(l, LinearGroup::kGateUp, xb_.data(), d, n, in, pool);
     kernels::SiluMul(gate_.data(), up_.data(), n * ff, gate_.data());
     Linear(l, model::Linear::kDown, gate_.data(), ff, xb_.data(), d, n, in, pool);
@@ -303,7 +313,13 @@ void Forward::Run(const StepInput& in, memory::KvCache* kv, ThreadPool* pool, fl
                      static_cast<const float*>(w.output_norm.data()), 1, d, c.norm_eps,
                      logit_in_.data() + j * d);
   }
+  if (in.hook != nullptr) {
+    in.hook->AdjustNorm(-1, LinearHook::Norm::kOutput, in.logit_rows, x_.data(), logit_in_.data(),
+                        static_cast<const float*>(w.output_norm.data()), d, c.norm_eps);
+  }
   kernels::MatMul(w.output, logit_in_.data(), d, n_logits, logits, c.vocab_size, false, pool);
+  if (in.hook != nullptr)
+    in.hook->ApplyOutput(in.logit_rows, logit_in_.data(), d, logits, c.vocab_size, pool);
 }
 
 }  // namespace chorus::model

@@ -48,6 +48,29 @@ class LinearHook {
     for (const Target& t : targets)
       Apply(layer, t.which, x, x_stride, t.y, t.y_stride, n_rows, pool);
   }
+
+  // The parts of the model other than the layer linears that a variant may change (a full
+  // fine-tune's norms, embeddings and output head: docs/variants.md). Defaults: no change.
+  //
+  // After the embedding lookup: rows whose variant changes the token embeddings add their
+  // change to x [tokens.size(), d].
+  virtual void AdjustEmbeddings(std::span<const int32_t> tokens, float* x, int64_t d) const {
+    (void)tokens, (void)x, (void)d;
+  }
+  enum class Norm { kAttn, kFfn, kOutput };  // kOutput: layer is ignored
+  // After the base RMSNorm wrote y[j] = RmsNorm(x[rows[j]]) ⊙ base_weight for j < rows.size():
+  // rows whose variant has its own weight for this norm are rewritten with it (x and y are
+  // [*, d]; rows[j] is the step row of y's row j).
+  virtual void AdjustNorm(int64_t layer, Norm which, std::span<const int32_t> rows, const float* x,
+                          float* y, const float* base_weight, int64_t d, float eps) const {
+    (void)layer, (void)which, (void)rows, (void)x, (void)y, (void)base_weight, (void)d, (void)eps;
+  }
+  // After the output head: logits[j, :] (+)= the variant's term for step row logit_rows[j],
+  // h: the final-normed rows [logit_rows.size(), d].
+  virtual void ApplyOutput(std::span<const int32_t> logit_rows, const float* h, int64_t d,
+                           float* logits, int64_t vocab, ThreadPool* pool) const {
+    (void)logit_rows, (void)h, (void)d, (void)logits, (void)vocab, (void)pool;
+  }
 };
 
 struct StepInput {
@@ -103,7 +126,8 @@ class Forward {
   std::vector<float> rope_cos_, rope_sin_;  // [max_rows, head_dim / 2]: this step's rotations
   // Step buffers, [max_rows, width] each.
   std::vector<float> x_, xb_, q_, k_, v_, att_, gate_, up_, logit_in_;
-  int64_t attn_block_tokens_ = 1;  // tokens per attention block (≈ 64 rows of (token, head))
+  std::vector<int32_t> step_rows_;  // 0, 1, …, max_rows − 1: the rows of a layer norm
+  int64_t attn_block_tokens_ = 1;   // tokens per attention block (≈ 64 rows of (token, head))
   int64_t attn_scratch_floats_ = 0;
   std::vector<float> scratch_;  // [n_threads][attn_scratch_floats_] attention block scratch
   int64_t scratch_threads_ = 0;

@@ -4,7 +4,9 @@
 #include <random>
 
 #include "chorus/engine/sampler.h"
+#include "chorus/grammar/json_schema.h"
 #include "chorus/server/template_routes.h"
+#include "chorus/server/tool_grammar.h"
 
 namespace chorus::server {
 namespace {
@@ -158,7 +160,28 @@ std::optional<ApiError> ParsePrompt(const json& body, const ApiContext& ctx, Api
 std::optional<ApiError> ParseMessages(std::string_view raw_body, const ApiContext& ctx,
                                       ApiRequest* out) {
   std::string rendered;
-  if (auto e = RenderChatPrompt(raw_body, ctx, &rendered)) return e;
+  if (auto e = RenderChatPrompt(raw_body, ctx, &rendered, &out->tools, &out->tool_syntax)) return e;
+  if (ToolChoiceForced(out->tools)) {
+    // The reply is forced to be a call (docs/api.md, "Tools"): its opening ends the prompt and
+    // the grammar engine constrains the call object to an allowed function and its schema.
+    if (out->gen.grammar.valid()) {
+      return BadRequest(
+          "tool_choice \"required\" or a named function cannot be combined with another "
+          "constraint on the reply (response_format, grammar)",
+          "tool_choice");
+    }
+    ToolConstraint tc;
+    if (auto e = BuildToolConstraint(out->tool_syntax, out->tools, &tc)) return e;
+    rendered += tc.opening;
+    out->tool_opening = std::move(tc.opening);
+    out->gen.grammar = std::move(tc.grammar);
+  }
+  // Mistral's [TOOL_CALLS] and Llama's <|python_tag|> are special tokens: keep them in the
+  // text the parser reads (as vLLM does for these parsers).
+  if (out->tools.active() &&
+      (out->tool_syntax == ToolSyntax::kMistral || out->tool_syntax == ToolSyntax::kLlama3Json)) {
+    out->gen.skip_special_tokens = false;
+  }
   std::vector<int32_t> ids = EncodeChatPrompt(*ctx.tok, rendered);
   if (ids.empty()) return BadRequest("the rendered conversation is empty", "messages");
   out->prompts.push_back(std::move(ids));
@@ -187,6 +210,111 @@ std::optional<ApiError> ParseStop(const json& body, ApiRequest* out) {
   }
   for (const json& v : *s) {
     if (auto e = add(v)) return e;
+  }
+  return std::nullopt;
+}
+
+// Structured outputs (docs/structured_outputs.md): OpenAI's response_format, and llama.cpp's
+// `grammar` (GBNF) and `json_schema` fields, on both routes. At most one constraint; compiled
+// grammars come from the shared cache (the same schema compiles once). A schema or grammar that
+// cannot be compiled is a 400 naming the field, with the compiler's message (which names the
+// keyword and its location).
+// Schemas compile from an order-preserving parse of the body, so properties come out in the
+// order the client wrote them (as OpenAI's structured outputs do).
+std::optional<ApiError> ParseStructuredOutput(const json& j, std::string_view body,
+                                              engine::GenerationRequest* g) {
+  std::optional<nlohmann::ordered_json> ordered;
+  auto ordered_at = [&](std::initializer_list<const char*> path) -> const nlohmann::ordered_json* {
+    if (!ordered)
+      ordered = nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
+    const nlohmann::ordered_json* node = &*ordered;
+    for (const char* key : path) {
+      if (!node->is_object()) return nullptr;
+      auto it = node->find(key);
+      if (it == node->end()) return nullptr;
+      node = &*it;
+    }
+    return node;
+  };
+  auto schema_grammar = [&](const json& plain, std::initializer_list<const char*> path) {
+    const nlohmann::ordered_json* o = ordered_at(path);
+    return o != nullptr ? grammar::CachedOrderedJsonSchema(*o) : grammar::CachedJsonSchema(plain);
+  };
+  const char* source = nullptr;
+  auto once = [&](const char* field) -> std::optional<ApiError> {
+    if (source != nullptr) {
+      return BadRequest(std::string("only one of response_format, grammar and json_schema may "
+                                    "constrain the output (got ") +
+                            source + " and " + field + ")",
+                        field);
+    }
+    source = field;
+    return std::nullopt;
+  };
+  auto compiled = [&](Result<grammar::Grammar> r, const char* param,
+                      const std::string& what) -> std::optional<ApiError> {
+    if (!r.ok()) return BadRequest("invalid " + what + ": " + r.status().message(), param);
+    g->grammar = *r;
+    return std::nullopt;
+  };
+  if (const json* rf = Field(j, "response_format")) {
+    if (!rf->is_object()) return BadRequest("response_format must be an object", "response_format");
+    auto type = rf->find("type");
+    if (type == rf->end() || !type->is_string()) {
+      return BadRequest(
+          "response_format.type must be one of \"text\", \"json_object\", "
+          "\"json_schema\"",
+          "response_format.type");
+    }
+    const std::string& t = type->get_ref<const std::string&>();
+    if (t == "json_object") {
+      if (auto e = once("response_format")) return e;
+      g->grammar = grammar::AnyJsonObjectGrammar();
+    } else if (t == "json_schema") {
+      if (auto e = once("response_format")) return e;
+      auto js = rf->find("json_schema");
+      if (js == rf->end() || !js->is_object()) {
+        return BadRequest("response_format.json_schema must be an object with a schema",
+                          "response_format.json_schema");
+      }
+      if (auto n = js->find("name"); n != js->end() && !n->is_string()) {
+        return BadRequest("response_format.json_schema.name must be a string",
+                          "response_format.json_schema.name");
+      }
+      if (auto st = js->find("strict"); st != js->end() && !st->is_null() && !st->is_boolean()) {
+        return BadRequest("response_format.json_schema.strict must be a boolean",
+                          "response_format.json_schema.strict");
+      }
+      auto schema = js->find("schema");
+      if (schema == js->end() || !(schema->is_object() || schema->is_boolean())) {
+        return BadRequest("response_format.json_schema.schema must be a JSON schema object",
+                          "response_format.json_schema.schema");
+      }
+      // Enforced whatever `strict` says: the output always validates (docs/structured_outputs.md).
+      if (auto e = compiled(schema_grammar(*schema, {"response_format", "json_schema", "schema"}),
+                            "response_format.json_schema.schema", "JSON schema"))
+        return e;
+    } else if (t != "text") {
+      return BadRequest(
+          "response_format.type must be one of \"text\", \"json_object\", "
+          "\"json_schema\", got \"" +
+              Clip(t) + "\"",
+          "response_format.type");
+    }
+  }
+  if (const json* gr = Field(j, "grammar")) {
+    if (!gr->is_string()) return BadRequest("grammar must be a GBNF string", "grammar");
+    if (auto e = once("grammar")) return e;
+    if (auto e =
+            compiled(grammar::CachedGbnf(gr->get_ref<const std::string&>()), "grammar", "grammar"))
+      return e;
+  }
+  if (const json* js = Field(j, "json_schema")) {
+    if (!(js->is_object() || js->is_boolean()))
+      return BadRequest("json_schema must be a JSON schema object", "json_schema");
+    if (auto e = once("json_schema")) return e;
+    if (auto e = compiled(schema_grammar(*js, {"json_schema"}), "json_schema", "JSON schema"))
+      return e;
   }
   return std::nullopt;
 }
@@ -334,26 +462,8 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, std::string_view body, con
     if (top_present && !logprobs)
       return BadRequest("top_logprobs requires logprobs to be true", "top_logprobs");
     out->logprobs = logprobs ? static_cast<int>(v) : -1;
-    // `tools` reach the chat template (the prompt shows them to the model, as vLLM does with
-    // tool_choice "none"); tool calls are not parsed out of the reply, so a request may not ask
-    // for them.
-    if (const json* t = Field(j, "tools"); t != nullptr && !t->is_array()) {
-      return BadRequest("tools must be a list", "tools");
-    }
-    if (const json* tc = Field(j, "tool_choice"); tc != nullptr && *tc != "none") {
-      return BadRequest(
-          "only tool_choice \"none\" is supported (tool calls are not parsed "
-          "from the reply; tools are shown to the model through the chat template)",
-          "tool_choice", "unsupported");
-    }
-    if (const json* rf = Field(j, "response_format")) {
-      auto type = rf->is_object() ? rf->find("type") : rf->end();
-      if (!rf->is_object() || type == rf->end() || *type != "text") {
-        return BadRequest("only response_format {\"type\": \"text\"} is supported",
-                          "response_format", "unsupported");
-      }
-    }
   }
+  if (auto e = ParseStructuredOutput(j, body, &g)) return e;
   if (out->logprobs >= 0) sp.logprobs = out->logprobs;
   if (const json* lb = Field(j, "logit_bias")) {
     if (!lb->is_object() || !lb->empty())
@@ -429,6 +539,10 @@ ResponseBuilder::ResponseBuilder(const ApiRequest& req, const ApiContext& ctx, s
       Choice& c = choices_[p * n + i];
       c.prev_token = req.prompts[p].empty() ? -1 : req.prompts[p].back();
       if (req.echo) c.text = req.echo_text[p];
+      if (req.kind == ApiKind::kChat && req.tools.active()) {
+        c.tool_parser.emplace(req.tool_syntax, &req.tools);
+        c.tool_parser->Feed(req.tool_opening);  // only opens the call: no output
+      }
     }
   }
 }
@@ -512,13 +626,31 @@ std::string ResponseBuilder::FinalJson(const Usage& usage) const {
                        {"top_logprobs", c.top_logprobs},
                        {"text_offset", c.text_offset}};
     }
-    if (chat) {
+    std::string finish = c.finish;
+    if (chat && req_.tools.active()) {
+      ToolParseOutput parsed =
+          ParseToolCalls(req_.tool_syntax, req_.tools, req_.tool_opening + c.text);
+      json msg = {{"role", "assistant"}};
+      msg["content"] =
+          parsed.calls.empty() || !parsed.content.empty() ? json(parsed.content) : json(nullptr);
+      if (!parsed.calls.empty()) {
+        json calls = json::array();
+        for (const ToolCall& call : parsed.calls) {
+          calls.push_back({{"id", call.id},
+                           {"type", "function"},
+                           {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+        }
+        msg["tool_calls"] = std::move(calls);
+        if (!finish.empty()) finish = "tool_calls";
+      }
+      ch["message"] = std::move(msg);
+    } else if (chat) {
       ch["message"] = {{"role", "assistant"}, {"content", c.text}};
     } else {
       ch["text"] = c.text;
     }
     ch["logprobs"] = lp;
-    ch["finish_reason"] = c.finish.empty() ? json(nullptr) : json(c.finish);
+    ch["finish_reason"] = finish.empty() ? json(nullptr) : json(finish);
     choices.push_back(std::move(ch));
   }
   out["choices"] = std::move(choices);
@@ -579,6 +711,7 @@ std::string ResponseBuilder::Chunk(size_t prompt_index, const engine::StreamEven
     finish = engine::FinishReasonName(ev.finish);
     c.finish = finish;
   }
+  if (c.tool_parser) return ToolChunks(&c, idx, ev, std::move(lp), std::move(finish));
   if (ev.text.empty() && lp.is_null() && finish.empty()) return {};
   json choice = {{"index", idx}};
   if (req_.kind == ApiKind::kChat) {
@@ -592,6 +725,48 @@ std::string ResponseBuilder::Chunk(size_t prompt_index, const engine::StreamEven
   chunk["choices"] = json::array({std::move(choice)});
   if (req_.include_usage) chunk["usage"] = nullptr;
   return Sse(chunk);
+}
+
+// As OpenAI streams tool calls: per call, a first delta with its index, id, type and name
+// (arguments ""), then its arguments. Text that may begin a call is held back by the parser
+// until decided, so a chunk may carry only logprobs.
+std::string ResponseBuilder::ToolChunks(Choice* c, int idx, const engine::StreamEvent& ev, json lp,
+                                        std::string finish) {
+  ToolParseOutput o = c->tool_parser->Feed(ev.text);
+  if (!finish.empty()) {
+    ToolParseOutput end = c->tool_parser->Finish();
+    o.content += end.content;
+    for (ToolCall& call : end.calls) o.calls.push_back(std::move(call));
+    if (c->tool_parser->calls() > 0) finish = "tool_calls";
+    c->finish = finish;
+  }
+  std::vector<json> deltas;
+  if (!o.content.empty()) deltas.push_back({{"content", o.content}});
+  for (const ToolCall& call : o.calls) {
+    const int k = c->tool_calls_sent++;
+    deltas.push_back(
+        {{"tool_calls", json::array({{{"index", k},
+                                      {"id", call.id},
+                                      {"type", "function"},
+                                      {"function", {{"name", call.name}, {"arguments", ""}}}}})}});
+    deltas.push_back(
+        {{"tool_calls",
+          json::array({{{"index", k}, {"function", {{"arguments", call.arguments}}}}})}});
+  }
+  if (deltas.empty() && (!lp.is_null() || !finish.empty())) deltas.push_back(json::object());
+  std::string out;
+  for (size_t k = 0; k < deltas.size(); ++k) {
+    const bool last = k + 1 == deltas.size();
+    json choice = {{"index", idx},
+                   {"delta", std::move(deltas[k])},
+                   {"logprobs", k == 0 ? lp : json(nullptr)},
+                   {"finish_reason", last && !finish.empty() ? json(finish) : json(nullptr)}};
+    json chunk = ChunkEnvelope();
+    chunk["choices"] = json::array({std::move(choice)});
+    if (req_.include_usage) chunk["usage"] = nullptr;
+    out += Sse(chunk);
+  }
+  return out;
 }
 
 std::string ResponseBuilder::ClosingChunks(const Usage& usage) const {

@@ -31,6 +31,7 @@
 
 #include "chorus/engine/request.h"
 #include "chorus/server/api_error.h"
+#include "chorus/server/tool_calls.h"
 #include "chorus/tokenizer/chat_template.h"
 #include "chorus/tokenizer/tokenizer.h"
 
@@ -58,6 +59,9 @@ struct ApiContext {
   // Whether a `model` other than served_model may name a variant (the server resolves it after
   // parsing, ApiRequest::variant_name); false: such a request is 404 model_not_found here.
   bool serves_variants = false;
+  // The tool-call syntax replies are parsed with (--tool-call-parser); nullopt: detected from
+  // the chat template a request is rendered with (tool_calls.h, DetectToolSyntax).
+  std::optional<ToolSyntax> tool_syntax;
 };
 
 // A parsed request: one engine request per prompt, sharing everything but the prompt.
@@ -74,6 +78,13 @@ struct ApiRequest {
   bool echo = false;           // completions only
   // Completions: the `logprobs` int; chat: `top_logprobs` when `logprobs` is true. -1 = none.
   int logprobs = -1;
+  // Chat: tools, tool_choice and parallel_tool_calls, and the syntax replies are parsed with
+  // when tools.active().
+  ToolsRequest tools;
+  ToolSyntax tool_syntax = ToolSyntax::kGeneric;
+  // tool_choice required / named (tool_grammar.h): the call's opening, appended to the prompt
+  // (and fed to the reply's parser first); gen.grammar constrains the rest.
+  std::string tool_opening;
 };
 
 // Parses a request body. Returns nullopt and fills *out on success.
@@ -128,6 +139,10 @@ class ResponseBuilder {
     int32_t prev_token = -1;  // for token text in logprobs
     std::string text;
     std::string finish;  // "stop" / "length" / ""
+    // Requests with active tools: the reply split into content and calls (streamed: as the
+    // text arrives; else at the end).
+    std::optional<ToolCallParser> tool_parser;
+    int tool_calls_sent = 0;
     // completions logprobs
     nlohmann::json tokens = nlohmann::json::array();
     nlohmann::json token_logprobs = nlohmann::json::array();
@@ -140,6 +155,9 @@ class ResponseBuilder {
   // Appends the logprob entries of `ev` to `c` (and to `delta`, the chunk's own logprobs).
   void AddLogprobs(Choice* c, const engine::StreamEvent& ev, nlohmann::json* delta) const;
   nlohmann::json ChunkEnvelope() const;
+  // SSE chunks of a choice whose reply is parsed for tool calls.
+  std::string ToolChunks(Choice* c, int idx, const engine::StreamEvent& ev, nlohmann::json lp,
+                         std::string finish);
   const std::string& ModelName() const;
   static std::string Sse(const nlohmann::json& j);
 

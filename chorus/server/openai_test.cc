@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include "chorus/grammar/matcher.h"
 #include "chorus/server/api_error.h"
 #include "chorus/server/prometheus.h"
 #include "tests/testutil/testutil.h"
@@ -187,6 +188,68 @@ TEST_F(OpenAiTest, CompletionErrors) {
   EXPECT_EQ(ce->code, "context_length_exceeded");
 }
 
+// Structured outputs: response_format on both routes, llama.cpp's grammar and json_schema; a
+// constraint that does not compile is a 400 naming the field and the keyword.
+TEST_F(OpenAiTest, StructuredOutputFields) {
+  const auto C = ApiKind::kCompletion;
+  const auto H = ApiKind::kChat;
+  const std::string msgs = R"("messages":[{"role":"user","content":"hi"}])";
+  ASSERT_FALSE(Parse(C, R"({"prompt":"a","response_format":{"type":"text"}})"));
+  EXPECT_FALSE(req_.gen.grammar.valid());
+  ASSERT_FALSE(Parse(C, R"({"prompt":"a","response_format":{"type":"json_object"}})"));
+  EXPECT_TRUE(req_.gen.grammar.valid());
+  ASSERT_FALSE(Parse(H, "{" + msgs +
+                            R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x",
+                            "strict":true,"schema":{"type":"object","properties":{"a":{"type":"integer"}}}}}})"));
+  ASSERT_TRUE(req_.gen.grammar.valid());
+  EXPECT_EQ(grammar::ReferenceRecognize(req_.gen.grammar, R"({"a":5})"), 1);
+  EXPECT_EQ(grammar::ReferenceRecognize(req_.gen.grammar, R"({"b":5})"), -1);
+  // Properties in the order the request wrote them.
+  ASSERT_FALSE(Parse(
+      C,
+      R"({"prompt":"a","json_schema":{"type":"object","properties":{"b":{"type":"null"},"a":{"type":"null"}},"required":["b","a"]}})"));
+  EXPECT_EQ(grammar::ReferenceRecognize(req_.gen.grammar, R"({"b":null,"a":null})"), 1);
+  EXPECT_EQ(grammar::ReferenceRecognize(req_.gen.grammar, R"({"a":null,"b":null})"), -1);
+  ASSERT_FALSE(Parse(C, R"({"prompt":"a","grammar":"root ::= \"yes\" | \"no\""})"));
+  EXPECT_EQ(grammar::ReferenceRecognize(req_.gen.grammar, "no"), 1);
+  ASSERT_FALSE(Parse(H, "{" + msgs + R"(,"json_schema":{"enum":[1,2]}})"));
+  EXPECT_EQ(grammar::ReferenceRecognize(req_.gen.grammar, "2"), 1);
+
+  ExpectBad(C, R"({"prompt":"a","response_format":"json"})", "response_format");
+  ExpectBad(C, R"({"prompt":"a","response_format":{"type":"xml"}})", "response_format.type");
+  ExpectBad(H, "{" + msgs + R"(,"response_format":{}})", "response_format.type");
+  ExpectBad(H, "{" + msgs + R"(,"response_format":{"type":"json_schema"}})",
+            "response_format.json_schema");
+  ExpectBad(
+      H,
+      "{" + msgs +
+          R"(,"response_format":{"type":"json_schema","json_schema":{"name":1,"schema":{}}}})",
+      "response_format.json_schema.name");
+  ExpectBad(H,
+            "{" + msgs + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"n"}}})",
+            "response_format.json_schema.schema");
+  ExpectBad(
+      C,
+      R"({"prompt":"a","response_format":{"type":"json_schema","json_schema":{"schema":{"type":"object","patternProperties":{}}}}})",
+      "response_format.json_schema.schema");
+  auto e = Parse(
+      C,
+      R"({"prompt":"a","response_format":{"type":"json_schema","json_schema":{"schema":{"type":"object","properties":{"x":{"not":{}}}}}}})");
+  ASSERT_TRUE(e);
+  EXPECT_NE(e->message.find("'not'"), std::string::npos) << e->message;
+  EXPECT_NE(e->message.find("#/properties/x"), std::string::npos) << e->message;
+  ExpectBad(C, R"({"prompt":"a","grammar":"root ::= nothing"})", "grammar");
+  e = Parse(C, R"({"prompt":"a","grammar":"root ::= \"a\"\nb ::= (\"x\""})");
+  ASSERT_TRUE(e);
+  EXPECT_NE(e->message.find("line 2"), std::string::npos) << e->message;
+  ExpectBad(C, R"({"prompt":"a","grammar":5})", "grammar");
+  ExpectBad(C, R"({"prompt":"a","json_schema":{"type":"strin"}})", "json_schema");
+  ExpectBad(C, R"({"prompt":"a","json_schema":"x"})", "json_schema");
+  ExpectBad(C, R"({"prompt":"a","json_schema":{},"grammar":"root ::= \"a\""})", "json_schema");
+  ExpectBad(C, R"({"prompt":"a","response_format":{"type":"json_object"},"json_schema":{}})",
+            "json_schema");
+}
+
 TEST_F(OpenAiTest, ChatRendersWithTemplate) {
   ASSERT_FALSE(Parse(ApiKind::kChat, R"({"messages":[{"role":"system","content":"Be brief."},
       {"role":"user","content":[{"type":"text","text":"Hi"},{"type":"text","text":"there"}]}],
@@ -212,6 +275,57 @@ TEST_F(OpenAiTest, ChatRendersWithTemplate) {
   ExpectBad(K, R"({"messages":[{"role":"user","content":"x"}],"logprobs":1})", "logprobs");
   ExpectBad(K, R"({"messages":[{"role":"user","content":"x"}],"max_completion_tokens":-1})",
             "max_completion_tokens");
+}
+
+// Tools: the fields reach ApiRequest; the ChatML default never reads `tools`, so the generic
+// form describes them in a system message; Mistral/Llama syntaxes keep special tokens.
+TEST_F(OpenAiTest, ChatToolFields) {
+  const std::string tools =
+      R"("tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}])";
+  ASSERT_FALSE(
+      Parse(ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],)" + tools + "}"));
+  EXPECT_TRUE(req_.tools.active());
+  EXPECT_EQ(req_.tool_syntax, ToolSyntax::kGeneric);
+  EXPECT_TRUE(req_.gen.skip_special_tokens);
+  const std::string text = tok_->Decode(req_.prompts[0]);
+  EXPECT_NE(text.find("<|im_start|>system\n# Tools\n"), std::string::npos) << text;
+  EXPECT_NE(text.find(R"({"type":"function","function":{"name":"f")"), std::string::npos);
+
+  ctx_.tool_syntax = ToolSyntax::kMistral;
+  ASSERT_FALSE(
+      Parse(ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],)" + tools + "}"));
+  EXPECT_EQ(req_.tool_syntax, ToolSyntax::kMistral);
+  EXPECT_FALSE(req_.gen.skip_special_tokens);
+  req_ = ApiRequest{};
+  ASSERT_FALSE(Parse(ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],)" + tools +
+                                         R"(,"tool_choice":"none"})"));
+  EXPECT_FALSE(req_.tools.active());
+  EXPECT_TRUE(req_.gen.skip_special_tokens);
+  EXPECT_EQ(tok_->Decode(req_.prompts[0]).find("# Tools"), std::string::npos);
+
+  const auto K = ApiKind::kChat;
+  ExpectBad(K, R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})",
+            "tools[0].function");
+  ExpectBad(K, R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"required"})",
+            "tool_choice");
+  ExpectBad(K,
+            R"({"messages":[{"role":"user","content":"x"}],)" + tools +
+                R"(,"tool_choice":{"type":"function","function":{"name":"g"}}})",
+            "tool_choice.function.name");
+  ExpectBad(K, R"({"messages":[{"role":"tool","content":"x"}]})", "messages[0].tool_call_id");
+  // A forced call is itself a constraint: not together with response_format.
+  ExpectBad(K,
+            R"({"messages":[{"role":"user","content":"x"}],)" + tools +
+                R"(,"tool_choice":"required","response_format":{"type":"json_object"}})",
+            "tool_choice");
+  // Forced: the grammar is set and the hermes-syntax opening ends the prompt.
+  ctx_.tool_syntax = std::nullopt;
+  req_ = ApiRequest{};
+  ASSERT_FALSE(Parse(ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],)" + tools +
+                                         R"(,"tool_choice":"required"})"));
+  EXPECT_TRUE(req_.gen.grammar.valid());
+  EXPECT_EQ(req_.tool_opening, "<tool_call>\n");
+  EXPECT_TRUE(tok_->Decode(req_.prompts[0]).ends_with("<|im_start|>assistant\n<tool_call>\n"));
 }
 
 TEST_F(OpenAiTest, ChatTemplateErrorsAreBadRequests) {

@@ -350,6 +350,12 @@ Status ServerOptions::Validate() const {
     return InvalidArgumentError(
         "api-key and tenants exclude each other (with --tenants, the tenants' keys are the keys)");
   }
+  if (tool_call_parser != "auto" && !ToolSyntaxFromName(tool_call_parser)) {
+    return InvalidArgumentError(
+        "tool-call-parser must be auto, hermes, llama3_json, mistral or "
+        "generic, got '" +
+        tool_call_parser + "'");
+  }
   if (metrics_top_adapters < 0 || metrics_top_adapters > 10000) {
     return InvalidArgumentError("metrics-top-adapters must be in [0, 10000]");
   }
@@ -435,6 +441,13 @@ void Server::SetEngine(std::shared_ptr<engine::Engine> eng) {
   }
   ctx.tok = &tok;
   ctx.chat_template = choice.ok() ? &impl_->chat_template : nullptr;
+  ctx.tool_syntax = ToolSyntaxFromName(opts_.tool_call_parser);
+  if (ctx.tool_syntax) {
+    tool_parser_note_ = std::string(ToolSyntaxName(*ctx.tool_syntax)) + " (--tool-call-parser)";
+  } else if (ctx.chat_template) {
+    tool_parser_note_ = std::string(ToolSyntaxName(DetectToolSyntax(ctx.chat_template->source()))) +
+                        " (detected from the chat template)";
+  }
   ctx.vocab_size = static_cast<int32_t>(std::min<int64_t>(tok.vocab_size(), cfg.vocab_size));
   const int64_t block = eng->options().block_size;
   ctx.max_context = std::min<int64_t>(eng->context_length(), eng->kv_blocks_total() * block);

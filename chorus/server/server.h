@@ -64,6 +64,9 @@ struct ServerOptions {
   // `chat_template_label` names it in messages (the file or "(inline)").
   std::string chat_template;
   std::string chat_template_label;
+  // The tool-call syntax of replies (--tool-call-parser: hermes, llama3_json, mistral, generic;
+  // "auto" = detected from the chat template; docs/api.md, "Tools").
+  std::string tool_call_parser = "auto";
   Status Validate() const;
 };
 
@@ -94,6 +97,8 @@ class Server {
   // Which chat template /v1/chat/completions renders with ("the model's own", or ChatML as a
   // named fallback). Set by SetEngine.
   const std::string& chat_template_note() const { return chat_template_note_; }
+  // How tool calls are parsed, for the startup line ("hermes (detected from the template)").
+  const std::string& tool_parser_note() const { return tool_parser_note_; }
   bool draining() const { return draining_.load(); }
 
   // Stops accepting generation requests (503), lets running ones finish for up to `drain`
@@ -116,6 +121,7 @@ class Server {
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> in_flight_{0};
   std::string chat_template_note_;
+  std::string tool_parser_note_;
   std::unique_ptr<Impl> impl_;
   std::thread listen_thread_;
   std::atomic<bool> listen_returned_{false};  // the listen thread's loop has ended

@@ -90,8 +90,9 @@ RouteReply Reply(const ojson& j) {
   return {200, j.dump(-1, ' ', false, ojson::error_handler_t::replace)};
 }
 
-std::optional<ApiError> RenderChatObject(const ojson& j, const ApiContext& ctx,
-                                         std::string* prompt) {
+std::optional<ApiError> RenderChatObject(const ojson& j, const ApiContext& ctx, std::string* prompt,
+                                         ToolsRequest* tools_out = nullptr,
+                                         ToolSyntax* syntax_out = nullptr) {
   auto m = j.find("messages");
   if (m == j.end()) return BadRequest("messages is required", "messages");
   if (!m->is_array()) return BadRequest("messages must be a list", "messages");
@@ -100,6 +101,9 @@ std::optional<ApiError> RenderChatObject(const ojson& j, const ApiContext& ctx,
     return BadRequest("at most " + std::to_string(kMaxMessages) + " messages per request",
                       "messages");
   }
+  ToolsRequest tools;
+  if (auto e = ParseToolsRequest(j, &tools)) return e;
+  if (auto e = ValidateToolMessages(*m)) return e;
   ojson messages = *m;
   for (ojson& msg : messages) {
     if (auto e = PrepareMessage(&msg)) return e;
@@ -160,6 +164,16 @@ std::optional<ApiError> RenderChatObject(const ojson& j, const ApiContext& ctx,
     return ErrorFromStatus(FailedPreconditionError(
         "the server has no usable chat template; restart it with --chat-template"));
   }
+  const ToolSyntax syntax = ctx.tool_syntax ? *ctx.tool_syntax : DetectToolSyntax(tmpl->source());
+  if (syntax == ToolSyntax::kGeneric) {
+    // The template does not show tools: the generic form describes them in a system message.
+    auto t = j.find("tools");
+    ApplyGenericToolForm(t != j.end() && t->is_array() ? *t : ojson::array(), tools, &messages);
+    ro.extra_context["tools"] = nullptr;
+  }
+  if (syntax == ToolSyntax::kMistral) ShortenMistralIds(&messages);
+  if (tools_out) *tools_out = std::move(tools);
+  if (syntax_out) *syntax_out = syntax;
   auto rendered = tmpl->RenderJson(messages, ro);
   if (!rendered.ok()) {
     // Whatever the template says (raise_exception, an error at a line, a render limit) is about
@@ -204,10 +218,11 @@ Result<ChatTemplateChoice> ChooseChatTemplate(const tokenizer::Tokenizer& tok,
 }
 
 std::optional<ApiError> RenderChatPrompt(std::string_view body, const ApiContext& ctx,
-                                         std::string* prompt) {
+                                         std::string* prompt, ToolsRequest* tools,
+                                         ToolSyntax* syntax) {
   ojson j;
   if (auto e = ParseObject(body, &j)) return e;
-  return RenderChatObject(j, ctx, prompt);
+  return RenderChatObject(j, ctx, prompt, tools, syntax);
 }
 
 std::vector<int32_t> EncodeChatPrompt(const tokenizer::Tokenizer& tok, const std::string& prompt) {

@@ -47,9 +47,14 @@ Result<ChatTemplateChoice> ChooseChatTemplate(const tokenizer::Tokenizer& tok,
                                               std::string_view override_label);
 
 // Renders a chat request body's `messages` into the prompt text (fields above). Errors are 400s
-// naming the field; a template error names the template's line.
+// naming the field; a template error names the template's line. Tools (tool_calls.h): `tools`,
+// `tool_choice`, `parallel_tool_calls` and the tool parts of messages are validated; the
+// syntax is ctx.tool_syntax or detected from the template used; for the generic syntax the
+// messages take the generic form (ApplyGenericToolForm) and the template sees no `tools`.
+// `tools` / `syntax` (may be null) receive the parsed tool fields and the syntax.
 std::optional<ApiError> RenderChatPrompt(std::string_view body, const ApiContext& ctx,
-                                         std::string* prompt);
+                                         std::string* prompt, ToolsRequest* tools = nullptr,
+                                         ToolSyntax* syntax = nullptr);
 
 // The token ids of a rendered chat prompt: special tokens recognised, BOS prepended when the
 // tokenizer wants one and the text does not already start with it, no EOS.

@@ -1,5 +1,5 @@
 // The official OpenAI Node SDK (npm `openai`) against the real `chorus serve`: models,
-// completions, chat, streaming (with include_usage), and the SDK's error classes.
+// completions, chat, streaming (with include_usage), tools, and the SDK's error classes.
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -11,6 +11,14 @@ const sdk = require('openai');
 const OpenAI = sdk.OpenAI ?? sdk.default ?? sdk;
 const expectedText = fs.readFileSync(
   path.join(process.env.CHORUS_MODELS, 'stories260K/expected_greedy_t0_200steps.txt'), 'utf8');
+
+const TOOLS = [{
+  type: 'function',
+  function: {
+    name: 'weather',
+    parameters: { type: 'object', properties: { city: { type: 'string' } } },
+  },
+}];
 
 const KEY = 'sdk-test-key';
 const server = await startServer(['--api-key', KEY]);
@@ -83,6 +91,92 @@ await run([
     assert.equal(r.choices[0].message.content, r.choices[1].message.content);
     assert.equal(r.choices[0].logprobs.content.length, r.usage.completion_tokens / 2);
     assert.equal(r.choices[0].logprobs.content[0].top_logprobs.length, 2);
+  }],
+  ['tools: auto, then the tool result round-trips to a final answer (streamed and not)', async () => {
+    // stories260K never writes a call by itself: under tool_choice "auto" it answers in text,
+    // which must stay content; the conversation then carries a call and its result back.
+    const base = { model: MODEL_NAME, tools: TOOLS, max_tokens: 8, temperature: 0 };
+    const first = await client.chat.completions.create({
+      ...base, messages: [{ role: 'user', content: 'Weather in Paris?' }], tool_choice: 'auto',
+    });
+    assert.equal(typeof first.choices[0].message.content, 'string');
+    assert.equal(first.choices[0].message.tool_calls, undefined);
+    assert.ok(['stop', 'length'].includes(first.choices[0].finish_reason));
+    const messages = [
+      { role: 'user', content: 'Weather in Paris?' },
+      { role: 'assistant', content: null, tool_calls: [
+        { id: 'call_abc', type: 'function', function: { name: 'weather', arguments: '{"city":"Paris"}' } }] },
+      { role: 'tool', tool_call_id: 'call_abc', content: 'sunny' },
+    ];
+    const final = await client.chat.completions.create({ ...base, messages });
+    assert.equal(typeof final.choices[0].message.content, 'string');
+    assert.ok(final.choices[0].message.content.length > 0);
+    const stream = await client.chat.completions.create({ ...base, messages, stream: true });
+    let content = '';
+    for await (const chunk of stream) {
+      for (const c of chunk.choices) {
+        assert.equal(c.delta.tool_calls, undefined);
+        if (c.delta.content) content += c.delta.content;
+      }
+    }
+    assert.equal(content, final.choices[0].message.content);
+  }],
+  ['tools: required and a named function are enforced, streamed and not, then round-trip', async () => {
+    // stories260K never calls a tool by itself: the grammar engine makes the reply a call.
+    const messages = [{ role: 'user', content: 'Weather in Paris?' }];
+    const named = { type: 'function', function: { name: 'weather' } };
+    for (const tool_choice of ['required', named]) {
+      const params = { model: MODEL_NAME, tools: TOOLS, tool_choice, messages, temperature: 1, seed: 3 };
+      const r = await client.chat.completions.create(params);
+      const msg = r.choices[0].message;
+      assert.equal(r.choices[0].finish_reason, 'tool_calls');
+      assert.equal(msg.content, null);
+      assert.equal(msg.tool_calls.length, 1);
+      const call = msg.tool_calls[0];
+      assert.match(call.id, /^call_[A-Za-z0-9]{24}$/);
+      assert.equal(call.type, 'function');
+      assert.equal(call.function.name, 'weather');
+      const args = JSON.parse(call.function.arguments);
+      assert.equal(typeof args, 'object');
+      for (const k of Object.keys(args)) assert.ok(k === 'city' && typeof args[k] === 'string', call.function.arguments);
+      // Streamed: the same call, reassembled from delta.tool_calls as the SDK's users do.
+      const stream = await client.chat.completions.create({ ...params, stream: true });
+      const calls = [];
+      let finish = null, content = '';
+      for await (const chunk of stream) {
+        for (const c of chunk.choices) {
+          if (c.finish_reason) finish = c.finish_reason;
+          if (c.delta.content) content += c.delta.content;
+          for (const d of c.delta.tool_calls ?? []) {
+            if (d.id) calls[d.index] = { id: d.id, name: d.function.name, arguments: d.function.arguments ?? '' };
+            else calls[d.index].arguments += d.function.arguments;
+          }
+        }
+      }
+      assert.equal(finish, 'tool_calls');
+      assert.equal(content, '');
+      assert.equal(calls.length, 1);
+      assert.equal(calls[0].name, 'weather');
+      assert.deepEqual(JSON.parse(calls[0].arguments), args);  // same seed, same call
+      // The call and its result go back; the final answer is text.
+      const final = await client.chat.completions.create({
+        model: MODEL_NAME, tools: TOOLS, max_tokens: 8, temperature: 0,
+        messages: [...messages, msg, { role: 'tool', tool_call_id: call.id, content: 'sunny' }],
+      });
+      assert.equal(typeof final.choices[0].message.content, 'string');
+      assert.ok(['stop', 'length'].includes(final.choices[0].finish_reason));
+    }
+  }],
+  ['tools: bad input is a 400 naming the field', async () => {
+    const messages = [{ role: 'user', content: 'Hi' }];
+    const bad = async (extra, param) => assert.rejects(
+      client.chat.completions.create({ model: MODEL_NAME, messages, max_tokens: 1, ...extra }),
+      (e) => e instanceof OpenAI.BadRequestError && e.status === 400 && e.param === param);
+    await bad({ tools: [{ type: 'function', function: { description: 'no name' } }] }, 'tools[0].function.name');
+    await bad({ tools: [{ type: 'function', function: { name: 'f', parameters: 'x' } }] }, 'tools[0].function.parameters');
+    await bad({ tools: TOOLS, tool_choice: { type: 'function', function: { name: 'nope' } } }, 'tool_choice.function.name');
+    await bad({ tool_choice: 'required' }, 'tool_choice');
+    await bad({ messages: [...messages, { role: 'tool', content: 'x' }] }, 'messages[1].tool_call_id');
   }],
   ['errors map to the SDK classes', async () => {
     await assert.rejects(client.completions.create({ model: 'nope', prompt: 'x' }),

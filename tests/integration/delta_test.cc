@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "chorus/adapters/delta/delta_file.h"
+#include "chorus/adapters/delta/delta_hook.h"
 #include "chorus/adapters/lora/lora_files.h"
 #include "chorus/adapters/lora/lora_hook.h"
 #include "chorus/compress/compress.h"
@@ -109,6 +110,30 @@ TEST_F(DeltaStoriesTest, LoraVariantEvaluatesThroughTheHook) {
   const double lora_kl = Eval(base_, &hook).scores.mean_kl();
   const double base_kl = Eval(base_).scores.mean_kl();
   EXPECT_LT(lora_kl, base_kl);  // the trained adapter moves the base toward the fine-tune
+}
+
+// The real full fine-tune changes every norm and the (tied) embeddings too: served through the
+// delta hook (base matmuls + delta terms + the extras' seams) it scores as its dense
+// reconstruction does, and far closer to the fine-tune than the base.
+TEST_F(DeltaStoriesTest, ServedFullFineTuneWithItsExtrasScoresAsItsDenseReconstruction) {
+  compress::CompressOptions o;
+  o.method = delta::Method::kRtn;
+  auto d = compress::CompressDelta(base_, ft_, {}, -1, o, &pool_);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  ASSERT_FALSE(d->extras.empty());  // norms and embeddings changed
+  auto shared = std::make_shared<const delta::Delta>(*std::move(d));
+  auto weights = delta::DeltaWeights::Build(shared, base_->config(), "things");
+  ASSERT_TRUE(weights.ok()) << weights.status().ToString();
+  delta::DeltaHook hook(256);
+  std::vector<const delta::DeltaWeights*> rows(256, weights->get());
+  ASSERT_TRUE(hook.SetRows(rows).ok());
+  const auto served = Eval(base_, &hook).scores;
+  auto dense = delta::ApplyDeltaDense(*base_, *shared, "things");
+  ASSERT_TRUE(dense.ok()) << dense.status().ToString();
+  const auto want = Eval(*dense).scores;
+  EXPECT_NEAR(served.mean_kl(), want.mean_kl(), 1e-4 * (1 + want.mean_kl()));
+  EXPECT_NEAR(served.same_top(), want.same_top(), 0.002);
+  EXPECT_LT(served.mean_kl(), 0.1 * Eval(base_).scores.mean_kl());
 }
 
 TEST_F(DeltaStoriesTest, RefusesAnotherBaseAndAnotherArchitecture) {

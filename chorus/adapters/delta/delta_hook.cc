@@ -2,19 +2,55 @@
 
 #include <map>
 
+#include "chorus/kernels/ops.h"
+
 namespace chorus::delta {
 
 Result<std::shared_ptr<const DeltaWeights>> DeltaWeights::Build(std::shared_ptr<const Delta> d,
                                                                 const model::ModelConfig& base,
                                                                 const std::string& name) {
   if (!d) return InvalidArgumentError("delta '" + name + "': no delta");
-  if (!d->extras.empty()) {
-    return UnimplementedError("delta '" + name + "' changes " + d->extras[0].name +
-                              " (a non-matrix tensor); serving applies only the linear matrices");
-  }
   auto w = std::shared_ptr<DeltaWeights>(new DeltaWeights());
   w->name_ = name;
   w->n_layers_ = base.n_layers;
+  // Extras: the norms, the embeddings and the output head (docs/deltas.md "Serving").
+  w->norms_.resize(static_cast<size_t>(base.n_layers * 2 + 1));
+  std::map<std::string, size_t> norm_slot = {{"model.norm.weight", w->norms_.size() - 1}};
+  for (int64_t l = 0; l < base.n_layers; ++l) {
+    norm_slot[model::HfLayerNormName(l, false)] = static_cast<size_t>(2 * l);
+    norm_slot[model::HfLayerNormName(l, true)] = static_cast<size_t>(2 * l + 1);
+  }
+  for (const ExtraDelta& e : d->extras) {
+    const int64_t elements = e.shape.empty() ? 0 : [&] {
+      int64_t p = 1;
+      for (int64_t x : e.shape) p *= x;
+      return p;
+    }();
+    auto shape_error = [&](const std::string& want) {
+      return InvalidArgumentError("delta '" + name + "': " + e.name + " has " +
+                                  std::to_string(elements) + " values, the base's has " + want);
+    };
+    if (auto it = norm_slot.find(e.name); it != norm_slot.end()) {
+      if (e.shape.size() != 1 || elements != base.n_embd)
+        return shape_error(std::to_string(base.n_embd));
+      w->norms_[it->second] = e.Decode();
+    } else if (e.name == "model.embed_tokens.weight" || e.name == "lm_head.weight") {
+      if (e.shape.size() != 2 || e.shape[0] != base.vocab_size || e.shape[1] != base.n_embd)
+        return shape_error(std::to_string(base.vocab_size) + " x " + std::to_string(base.n_embd));
+      if (e.name == "lm_head.weight" && base.tie_embeddings) {
+        return InvalidArgumentError("delta '" + name +
+                                    "' changes lm_head.weight, but the base ties its output head "
+                                    "to its embeddings");
+      }
+      (e.name == "lm_head.weight" ? w->output_ : w->embeddings_) = &e;
+      if (base.tie_embeddings) w->output_ = &e;
+    } else {
+      return UnimplementedError("delta '" + name + "' changes " + e.name +
+                                ", which serving cannot apply (it serves the layer linears, the "
+                                "norms, the embeddings and the output head)");
+    }
+    w->has_extras_ = true;
+  }
   w->views_.resize(static_cast<size_t>(base.n_layers * model::kNumLinears));
   std::map<std::string, std::pair<int64_t, model::Linear>> where;
   for (int64_t l = 0; l < base.n_layers; ++l) {
@@ -73,11 +109,34 @@ Result<std::shared_ptr<const DeltaWeights>> LoadDeltaWeights(const std::string& 
   return DeltaWeights::Build(std::make_shared<const Delta>(std::move(d)), base, name);
 }
 
-int64_t DeltaWeightsBytes(const DeltaWeights& w) { return w.delta().MatrixBytes(); }
+const std::vector<float>* DeltaWeights::norm(int64_t layer, model::LinearHook::Norm which) const {
+  const size_t slot =
+      which == model::LinearHook::Norm::kOutput
+          ? norms_.size() - 1
+          : static_cast<size_t>(2 * layer + (which == model::LinearHook::Norm::kFfn));
+  return norms_[slot].empty() ? nullptr : &norms_[slot];
+}
+
+int64_t DeltaWeightsBytes(const DeltaWeights& w) {
+  return w.delta().MatrixBytes() + w.delta().ExtraBytes();
+}
+
+namespace {
+
+// Value (row, col) of an extra matrix as ExtraDelta::Decode gives it.
+inline float ExtraAt(const ExtraDelta& e, int64_t cols, int64_t row, int64_t col) {
+  const auto i = static_cast<size_t>(row * cols + col);
+  return e.kind == ExtraDelta::Kind::kExactF32
+             ? e.values[i]
+             : static_cast<float>(e.q[i]) * e.row_scales[static_cast<size_t>(row)];
+}
+
+}  // namespace
 
 DeltaHook::DeltaHook(int64_t max_rows) : max_rows_(max_rows) {
   segments_.reserve(static_cast<size_t>(max_rows));
   slots_.reserve(static_cast<size_t>(max_rows));
+  row_delta_.reserve(static_cast<size_t>(max_rows));
   table_.reserve(static_cast<size_t>(max_rows));
 }
 
@@ -89,6 +148,10 @@ Status DeltaHook::SetRows(std::span<const DeltaWeights* const> row_deltas) {
   }
   segments_.clear();
   slots_.clear();
+  row_delta_.assign(row_deltas.begin(), row_deltas.end());
+  any_extras_ = false;
+  for (const DeltaWeights* d : row_deltas)
+    any_extras_ = any_extras_ || (d != nullptr && d->has_extras());
   for (int64_t i = 0; i < n;) {
     const DeltaWeights* d = row_deltas[static_cast<size_t>(i)];
     int64_t j = i + 1;
@@ -114,6 +177,60 @@ void DeltaHook::Apply(int64_t layer, model::Linear which, const float* x, int64_
   if (segments_.empty()) return;
   for (size_t s = 0; s < slots_.size(); ++s) table_[s] = slots_[s]->at(layer, which);
   kernels::DeltaApply(segments_, table_, x, x_stride, y, y_stride, pool);
+}
+
+void DeltaHook::AdjustEmbeddings(std::span<const int32_t> tokens, float* x, int64_t d) const {
+  if (!any_extras_) return;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const DeltaWeights* w = RowDelta(static_cast<int64_t>(i));
+    if (w == nullptr || w->embeddings() == nullptr) continue;
+    // x = base row + Δ row: the same single rounding as the merged embedding W_b + Δ̃.
+    float* row = x + static_cast<int64_t>(i) * d;
+    for (int64_t k = 0; k < d; ++k) row[k] += ExtraAt(*w->embeddings(), d, tokens[i], k);
+  }
+}
+
+void DeltaHook::AdjustNorm(int64_t layer, Norm which, std::span<const int32_t> rows, const float* x,
+                           float* y, const float* base_weight, int64_t d, float eps) const {
+  if (!any_extras_) return;
+  for (size_t j = 0; j < rows.size(); ++j) {
+    const DeltaWeights* w = RowDelta(rows[j]);
+    const std::vector<float>* dw = w == nullptr ? nullptr : w->norm(layer, which);
+    if (dw == nullptr) continue;
+    // The norm with the merged weight, exactly as the dense reconstruction computes it.
+    merged_.resize(static_cast<size_t>(d));
+    for (int64_t k = 0; k < d; ++k)
+      merged_[static_cast<size_t>(k)] = base_weight[k] + (*dw)[static_cast<size_t>(k)];
+    kernels::RmsNorm(x + static_cast<int64_t>(rows[j]) * d, merged_.data(), 1, d, eps,
+                     y + static_cast<int64_t>(j) * d);
+  }
+}
+
+void DeltaHook::ApplyOutput(std::span<const int32_t> logit_rows, const float* h, int64_t d,
+                            float* logits, int64_t vocab, ThreadPool* pool) const {
+  if (!any_extras_) return;
+  for (size_t j = 0; j < logit_rows.size(); ++j) {
+    const DeltaWeights* w = RowDelta(logit_rows[j]);
+    if (w == nullptr || w->output() == nullptr) continue;
+    const ExtraDelta& e = *w->output();
+    const float* hj = h + static_cast<int64_t>(j) * d;
+    float* out = logits + static_cast<int64_t>(j) * vocab;
+    // logits[v] += h · Δ_out[v]: threads split the vocabulary; each value is one sequential dot.
+    auto work = [&](int t, int nt) {
+      int64_t begin, end;
+      ThreadPool::Slice(vocab, t, nt, 16, &begin, &end);
+      for (int64_t v = begin; v < end; ++v) {
+        float sum = 0;
+        for (int64_t k = 0; k < d; ++k) sum += hj[k] * ExtraAt(e, d, v, k);
+        out[v] += sum;
+      }
+    };
+    if (pool == nullptr || pool->size() == 1) {
+      work(0, 1);
+    } else {
+      pool->Run(work);
+    }
+  }
 }
 
 }  // namespace chorus::delta

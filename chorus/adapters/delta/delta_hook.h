@@ -4,9 +4,13 @@
 // Rows of other kinds (LoRA) and of the base model carry no term here (adapters::VariantHook
 // adds every kind's hook), so a step can mix deltas, LoRA adapters and the base.
 //
-// Only the linear matrices of a delta are served this way; a delta whose non-matrix tensors
-// (norms, embeddings, output head) differ from the base's (its `extras`) changes more than the
-// one equation and is refused by DeltaWeights::Build (kUnimplemented, naming the tensor).
+// A full fine-tune also changes the tensors that are not layer linears (its `extras`): the
+// RMSNorm weights, the token embeddings and the output head. Those are served too, through the
+// hook's non-linear seams (model::LinearHook::AdjustEmbeddings / AdjustNorm / ApplyOutput): a
+// row's embedding gets its Δ row added, a norm of its variant is recomputed with the merged
+// weight w + Δw, and its logits get h·Δ_outᵀ added (with tied embeddings the embedding Δ is the
+// output's Δ too). Any other extra tensor (e.g. a bias) is refused by DeltaWeights::Build
+// (kUnimplemented, naming it).
 //
 // Thread-safety: DeltaWeights is immutable after Build and shared; a DeltaHook is used by one
 // thread per step (SetRows, then Forward::Run).
@@ -37,11 +41,23 @@ class DeltaWeights {
   const std::string& name() const { return name_; }
   const Delta& delta() const { return *delta_; }
 
+  // The extras (null = unchanged): a norm's Δw [d], decoded (layer ignored for kOutput); the
+  // embeddings' and the output head's Δ [vocab, d] as stored (exact f32 or int8 rows, decoded
+  // row by row where used; the same tensor for both with tied embeddings).
+  const std::vector<float>* norm(int64_t layer, model::LinearHook::Norm which) const;
+  const ExtraDelta* embeddings() const { return embeddings_; }
+  const ExtraDelta* output() const { return output_; }
+  bool has_extras() const { return has_extras_; }
+
  private:
   std::shared_ptr<const Delta> delta_;
   std::vector<kernels::DeltaMatrixView> views_;  // [n_layers × kNumLinears]; rows 0 = none
   int64_t n_layers_ = 0;
   std::string name_;
+  std::vector<std::vector<float>> norms_;  // [n_layers × 2 + 1]: attn, ffn, …, output; {} = none
+  const ExtraDelta* embeddings_ = nullptr;
+  const ExtraDelta* output_ = nullptr;
+  bool has_extras_ = false;
 };
 
 // Reads a delta file or directory (ReadDelta), checks it was made against the base whose
@@ -64,9 +80,20 @@ class DeltaHook : public model::LinearHook {
 
   void Apply(int64_t layer, model::Linear which, const float* x, int64_t x_stride, float* y,
              int64_t y_stride, int64_t n_rows, ThreadPool* pool) const override;
+  void AdjustEmbeddings(std::span<const int32_t> tokens, float* x, int64_t d) const override;
+  void AdjustNorm(int64_t layer, Norm which, std::span<const int32_t> rows, const float* x,
+                  float* y, const float* base_weight, int64_t d, float eps) const override;
+  void ApplyOutput(std::span<const int32_t> logit_rows, const float* h, int64_t d, float* logits,
+                   int64_t vocab, ThreadPool* pool) const override;
 
  private:
+  // The delta of step row i (null: none).
+  const DeltaWeights* RowDelta(int64_t i) const { return row_delta_[static_cast<size_t>(i)]; }
+
   int64_t max_rows_;
+  std::vector<const DeltaWeights*> row_delta_;  // [rows of the step]
+  bool any_extras_ = false;
+  mutable std::vector<float> merged_;  // a norm's w + Δw
   std::vector<kernels::LoraSegment> segments_;
   std::vector<const DeltaWeights*> slots_;
   mutable std::vector<kernels::DeltaMatrixView> table_;  // [slots] of the current linear

@@ -1,0 +1,66 @@
+// Internal contract between delta.cc (threading, dispatch, the portable kernel) and the per-ISA
+// delta kernels (x86/delta_avx2.cc, x86/delta_avx512.cc). Not part of the public API.
+//
+// Every level computes exactly the portable kernel's arithmetic, so all levels agree bitwise:
+//   * decode: w[c] = scale · (float(code) − half), pruned columns +0;
+//   * dot: 16 partial sums, lane l taking columns k + l for k = 0, 16, 32, … (a separate
+//     multiply and add, never a fused one: the SIMD files are built with -ffp-contract=off),
+//     then pairwise halving (8, 4, 2, 1), then y += sum.
+#pragma once
+
+#include <cstdint>
+
+#include "chorus/kernels/delta.h"
+
+namespace chorus::kernels::delta_internal {
+
+// The kept columns of each 2:4 pattern 0–5 within its group of 4.
+inline constexpr int kPairs24[6][2] = {{0, 1}, {0, 2}, {0, 3}, {1, 2}, {1, 3}, {2, 3}};
+
+// The 12-column keep mask of each 2:4 pattern byte (three groups, p0 + 6·p1 + 36·p2; bit 4·g + j
+// = column j of group g kept). Bytes ≥ 216 never pass the file's validation and keep nothing.
+struct PatternMasks {
+  uint16_t bits[256];
+  constexpr PatternMasks() : bits() {
+    for (int v = 0; v < 216; ++v) {
+      const int p[3] = {v % 6, v / 6 % 6, v / 36};
+      int b = 0;
+      for (int g = 0; g < 3; ++g)
+        b |= (1 << (4 * g + kPairs24[p[g]][0])) | (1 << (4 * g + kPairs24[p[g]][1]));
+      bits[v] = static_cast<uint16_t>(b);
+    }
+  }
+};
+inline constexpr PatternMasks kPatternMasks;
+
+// Decodes columns [c_begin, cols) of row o into out[0, cols − c_begin). With 2:4, c_begin must be
+// a multiple of 12 (a whole pattern byte).
+void DecodeColumns(const DeltaMatrixView& m, int64_t o, int64_t c_begin, float* out);
+
+// Whether the SIMD levels take this layout: bits 1–4 or 8 (2:4 with ≥ 2 bits), and one scale per
+// matrix or scale groups of 16 · 2^j columns (each 16-column chunk has one scale, found by a
+// shift: 16, 32, 64, 128, …). Other layouts run the portable kernel at every level.
+inline bool SimdLayout(const DeltaMatrixView& m) {
+  const bool bits_ok = m.bits == 1 || m.bits == 2 || m.bits == 3 || m.bits == 4 || m.bits == 8;
+  const int64_t chunks_per_scale = m.group_size / 16;
+  const bool groups_ok = m.group_size == 0 || (m.group_size % 16 == 0 && chunks_per_scale > 0 &&
+                                               (chunks_per_scale & (chunks_per_scale - 1)) == 0);
+  return bits_ok && !(m.sparse24 && m.bits == 1) && groups_ok;
+}
+
+// y[i, o] += Σ_k x[i, k] · Δ̃[o, k] for i < n_rows, o ∈ [o_begin, o_end), in the order above.
+// Requires SimdLayout(m).
+using ApplyRowsFn = void (*)(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end,
+                             const float* x, int64_t x_stride, int64_t n_rows, float* y,
+                             int64_t y_stride);
+
+namespace avx2 {
+void ApplyRows(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const float* x,
+               int64_t x_stride, int64_t n_rows, float* y, int64_t y_stride);
+}  // namespace avx2
+namespace avx512 {
+void ApplyRows(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const float* x,
+               int64_t x_stride, int64_t n_rows, float* y, int64_t y_stride);
+}  // namespace avx512
+
+}  // namespace chorus::kernels::delta_internal
