@@ -7,6 +7,8 @@ here.
                                                  by adapter popularity and batch size
   tools/plot.py requests PREFIX.csv [-o ...]    chorus_bench_serve's per-request CSV: TTFT,
                                                  latency and time per output token by arrival
+  tools/plot.py loss     DIR/loss.csv [-o ...]     chorus finetune: training loss per step (and the
+                                                 held-out loss where it was evaluated)
   tools/plot.py slora-vs-n slora_vs_n.csv [-o ...]  bench/serve/adapter_workloads.sh slora:
                                                  throughput and TTFT against registered adapters
 
@@ -58,6 +60,20 @@ unset multiplot
 """
 
 
+def loss(csv_path, png, title):
+    return f"""set terminal pngcairo size 900,600 noenhanced
+set output {gp_quote(png)}
+set datafile separator ','
+set title {gp_quote(title or 'chorus finetune: loss per optimizer step')}
+set xlabel 'step'
+set ylabel 'mean loss per token (nats)'
+set grid
+set key top right
+plot {gp_quote(csv_path)} every ::1 using 1:4 with lines lw 2 title 'training loss', \\
+     {gp_quote(csv_path)} every ::1 using 1:(strcol(8) eq '' ? NaN : column(8)) with linespoints pt 7 lw 2 title 'held-out loss'
+"""
+
+
 def slora_vs_n(csv_path, png, title):
     return f"""set terminal pngcairo size 900,600 noenhanced
 set output {gp_quote(png)}
@@ -81,6 +97,7 @@ plot {gp_quote(csv_path)} every ::1 using 1:5 with linespoints pt 7 lw 2 title '
 
 # kind -> (script builder, columns the CSV header must have)
 KINDS = {
+    "loss": (loss, ["step", "loss", "eval_loss"]),
     "punica": (punica, ["dtype", "metric", "batch", "tokens_per_s"]),
     "requests": (requests, ["arrival_s", "status", "ttft_s", "tpot_s", "latency_s"]),
     "slora-vs-n": (slora_vs_n, ["n", "output_tok_s", "ttft_p50", "ttft_cold_p50", "ttft_warm_p50"]),

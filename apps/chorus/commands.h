@@ -13,5 +13,6 @@ int EvalCommand(int argc, char** argv);
 int CompressCommand(int argc, char** argv);
 int RouterCommand(int argc, char** argv);
 int ProfileCommand(int argc, char** argv);
+int FinetuneCommand(int argc, char** argv);
 
 }  // namespace chorus::apps

@@ -26,12 +26,19 @@ n,requests_ok,errors,req_s,output_tok_s,ttft_p50,ttft_p99,tpot_p50,tpot_p99,ttft
 100,60,0,1.0,37.2,0.18,0.33,0.02,0.05,0.18,0.18,1.01,46,0.35
 1000,60,0,1.0,37.1,0.19,0.34,0.02,0.05,0.2,0.18,1.08,50,0.4
 CSV
+cat >"$tmp/loss.csv" <<'CSV'
+step,epoch,lr,loss,grad_norm,tokens_per_s,elapsed_s,eval_loss
+1,0.04,0.0002,0.98,0.33,1400.0,1.50,
+2,0.07,0.0004,0.95,0.31,1410.0,3.00,0.94
+CSV
 plot punica "$tmp/punica.csv" >/dev/null
 is_png "$tmp/punica.png" || fail "punica: no PNG"
 plot requests "$tmp/requests.csv" -o "$tmp/r.png" >/dev/null
 is_png "$tmp/r.png" || fail "requests: no PNG"
 plot slora-vs-n "$tmp/slora.csv" -o "$tmp/s.png" --title "test" >/dev/null
 is_png "$tmp/s.png" || fail "slora-vs-n: no PNG"
+plot loss "$tmp/loss.csv" >/dev/null
+is_png "$tmp/loss.png" || fail "loss: no PNG"
 if plot punica "$tmp/slora.csv" -o "$tmp/x.png" 2>"$tmp/err"; then fail "a slora CSV plotted as punica"; fi
 grep -q "missing column(s) dtype, metric, batch, tokens_per_s" "$tmp/err" || fail "message: $(cat "$tmp/err")"
 [[ ! -e $tmp/x.png ]] || fail "a PNG was written for a refused CSV"

@@ -1,0 +1,117 @@
+// Fine-tuning jobs: the state machine of OpenAI's fine-tuning jobs (validating_files → queued →
+// running → succeeded | failed | cancelled), their event logs and checkpoints, run one at a time
+// on a worker thread — the library half of the /v1/fine_tuning/jobs API (docs/finetuning.md,
+// "Jobs"; the HTTP routes and persistence across restarts are not built yet).
+//
+// Submit() validates the data files in the caller's thread (every problem names the line, as
+// data.h), so a job with bad data is failed before it is queued; the worker then runs queued
+// jobs in submission order through RunFinetune. Cancel() stops a queued job at once and a running
+// one before its next optimizer step; a cancelled or failed job never writes its final adapter
+// (output_dir/adapter_model.safetensors appears only on success), so nothing partial can be
+// registered.
+//
+// Persistence: with a state directory, every change is written to <state_dir>/jobs.json
+// (atomically); a JobQueue opened on it again lists every job, and jobs that were queued or
+// running when the process stopped are queued again and resume from their latest checkpoint
+// (finetune.h's --resume), so jobs survive a restart. Stopping the process (the destructor) is
+// not a cancellation.
+//
+// Thread-safety: all methods are thread-safe.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "chorus/train/finetune.h"
+
+namespace chorus::train {
+
+enum class JobState { kValidatingFiles, kQueued, kRunning, kSucceeded, kFailed, kCancelled };
+const char* JobStateName(JobState s);  // "validating_files", "queued", ... (OpenAI's names)
+bool JobStateFinal(JobState s);
+
+struct JobEvent {
+  int64_t created_at = 0;  // unix seconds
+  std::string level;       // "info", "warn", "error"
+  std::string message;
+};
+
+struct JobCheckpoint {
+  int64_t step = 0;
+  std::string path;
+  double train_loss = 0;
+  std::optional<double> eval_loss;
+};
+
+struct JobSnapshot {
+  std::string id;
+  JobState state = JobState::kValidatingFiles;
+  std::string error;  // failed: why (names the line for bad data)
+  int64_t step = 0, total_steps = 0, trained_tokens = 0;
+  int64_t created_at = 0, finished_at = 0;
+  std::string output_dir;
+  std::vector<JobEvent> events;
+  std::vector<JobCheckpoint> checkpoints;
+};
+
+class JobQueue {
+ public:
+  // `model` / `tok` are the base the jobs train on; `threads` compute threads per job.
+  // `state_dir` empty: nothing persisted. Fails on an unreadable jobs.json.
+  static Result<std::unique_ptr<JobQueue>> Open(std::shared_ptr<const model::Model> model,
+                                                std::shared_ptr<const tokenizer::Tokenizer> tok,
+                                                int threads, std::string state_dir = "");
+  JobQueue(std::shared_ptr<const model::Model> model,
+           std::shared_ptr<const tokenizer::Tokenizer> tok, int threads);
+  ~JobQueue();  // cancels every job and joins the worker
+
+  // Validates opts' data and enqueues the job under `id` (must be new). Returns the job's state
+  // after validation: kQueued, or kFailed (Snapshot(id)->error says why). kInvalidArgument for
+  // a duplicate id.
+  Result<JobState> Submit(const std::string& id, FinetuneOptions opts);
+  std::optional<JobSnapshot> Snapshot(const std::string& id) const;
+  std::vector<std::string> Ids() const;  // submission order
+  // kNotFound for an unknown id; a job already final is left as it is.
+  Status Cancel(const std::string& id);
+  // Blocks until the job is final (or unknown).
+  void Wait(const std::string& id);
+  // Called on the worker thread when a job succeeds, before its state is published (e.g. to
+  // register the adapter so that it is servable the moment the job reads "succeeded").
+  void set_on_success(std::function<void(const JobSnapshot&)> fn);
+
+ private:
+  struct Job {
+    JobSnapshot snap;
+    FinetuneOptions opts;
+    std::atomic<bool> cancel{false};
+    bool user_cancelled = false;
+  };
+  void Worker();
+  void Persist() const;                                                         // mu_ held
+  void AddEvent(Job& j, const std::string& level, const std::string& message);  // mu_ held
+
+  std::shared_ptr<const model::Model> model_;
+  std::shared_ptr<const tokenizer::Tokenizer> tok_;
+  ThreadPool pool_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, std::unique_ptr<Job>> jobs_;
+  std::vector<std::string> order_;
+  std::deque<std::string> queue_;
+  std::function<void(const JobSnapshot&)> on_success_;
+  bool stop_ = false;
+  std::string state_dir_;
+  std::thread worker_;
+};
+
+}  // namespace chorus::train

@@ -1,0 +1,146 @@
+// Fine-tuning jobs: validation failures name the line and never queue; jobs run in order,
+// report steps and checkpoints, call on_success before they read "succeeded"; a queued job
+// cancels at once, a running one before its next step, and neither leaves a final adapter.
+#include "chorus/train/jobs.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "chorus/model/loader.h"
+#include "tests/testutil/testutil.h"
+
+namespace chorus::train {
+namespace {
+
+class JobsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    CHORUS_REQUIRE_SHARED_MODEL("stories260K/stories260K.bin");
+    const std::string dir = testing::SharedModelsDir() + "/stories260K/";
+    model_ = *model::LoadModel(dir + "stories260K.bin");
+    auto tok = tokenizer::LoadTokenizer(dir + "tok512.bin");
+    tok_ = std::shared_ptr<const tokenizer::Tokenizer>(std::move(tok).value());
+    data_ = testing::TempDir() + "/jobs.jsonl";
+    std::ofstream out(data_);
+    for (int i = 0; i < 8; ++i) {
+      out << R"({"prompt": "Once upon a time", "completion": " there was a cat."})"
+          << "\n";
+    }
+  }
+  FinetuneOptions Options(const std::string& name, int64_t steps) {
+    FinetuneOptions o;
+    o.data_path = data_;
+    o.output_dir = testing::TempDir() + "/" + name;
+    o.lora.rank = 2;
+    o.steps = steps;
+    o.batch = 1;
+    o.data.seq_len = 32;
+    o.save_every = 2;
+    return o;
+  }
+  std::shared_ptr<const model::Model> model_;
+  std::shared_ptr<const tokenizer::Tokenizer> tok_;
+  std::string data_;
+};
+
+TEST_F(JobsTest, BadDataFailsValidationNamingTheLine) {
+  JobQueue q(model_, tok_, 1);
+  const std::string bad = testing::TempDir() + "/bad.jsonl";
+  std::ofstream(bad) << R"({"prompt": "a", "completion": "b"})"
+                     << "\n{oops\n";
+  FinetuneOptions o = Options("bad", 2);
+  o.data_path = bad;
+  EXPECT_EQ(*q.Submit("ftjob-bad", o), JobState::kFailed);
+  const JobSnapshot s = *q.Snapshot("ftjob-bad");
+  EXPECT_EQ(s.state, JobState::kFailed);
+  EXPECT_NE(s.error.find("line 2: invalid JSON"), std::string::npos) << s.error;
+  EXPECT_EQ(s.events.back().level, "error");
+  EXPECT_FALSE(q.Submit("ftjob-bad", Options("bad2", 1)).ok());  // duplicate id
+}
+
+TEST_F(JobsTest, RunsInOrderReportsAndCancels) {
+  JobQueue q(model_, tok_, 2);
+  std::atomic<int> successes{0};
+  std::atomic<bool> was_running{false};
+  q.set_on_success([&](const JobSnapshot& s) {
+    ++successes;
+    was_running = q.Snapshot(s.id)->state == JobState::kRunning;
+  });
+  ASSERT_EQ(*q.Submit("a", Options("a", 4)), JobState::kQueued);
+  ASSERT_EQ(*q.Submit("b", Options("b", 400)), JobState::kQueued);
+  ASSERT_EQ(*q.Submit("c", Options("c", 2)), JobState::kQueued);
+  CHORUS_ASSERT_OK(q.Cancel("c"));  // still queued behind a and b: final at once
+  EXPECT_EQ(q.Snapshot("c")->state, JobState::kCancelled);
+  q.Wait("a");
+  const JobSnapshot a = *q.Snapshot("a");
+  EXPECT_EQ(a.state, JobState::kSucceeded);
+  EXPECT_EQ(a.step, 4);
+  ASSERT_EQ(a.checkpoints.size(), 2u);
+  EXPECT_EQ(a.checkpoints[1].step, 4);
+  EXPECT_TRUE(std::filesystem::exists(a.output_dir + "/adapter_model.safetensors"));
+  EXPECT_EQ(successes.load(), 1);
+  EXPECT_TRUE(was_running.load());
+  // b runs now; cancel it mid-run.
+  while (q.Snapshot("b")->step < 1 && !JobStateFinal(q.Snapshot("b")->state)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  CHORUS_ASSERT_OK(q.Cancel("b"));
+  q.Wait("b");
+  const JobSnapshot b = *q.Snapshot("b");
+  EXPECT_EQ(b.state, JobState::kCancelled);
+  EXPECT_LT(b.step, 400);
+  EXPECT_FALSE(std::filesystem::exists(b.output_dir + "/adapter_model.safetensors"));
+  EXPECT_EQ(successes.load(), 1);
+  EXPECT_FALSE(q.Cancel("nope").ok());
+  EXPECT_EQ(q.Ids(), (std::vector<std::string>{"a", "b", "c"}));
+}
+
+// Jobs survive a restart: a running job interrupted by the shutdown (not a cancellation) and a
+// queued one are queued again by the next JobQueue on the same state directory; the running one
+// resumes from its latest checkpoint; finished and failed jobs are listed as they were.
+TEST_F(JobsTest, JobsSurviveARestart) {
+  const std::string state = testing::TempDir() + "/jobs-state";
+  {
+    auto q = JobQueue::Open(model_, tok_, 1, state);
+    CHORUS_ASSERT_OK(q.status());
+    ASSERT_EQ(*(*q)->Submit("done", Options("done", 2)), JobState::kQueued);
+    (*q)->Wait("done");
+    FinetuneOptions bad = Options("bad", 2);
+    bad.data_path = "/nonexistent.jsonl";
+    ASSERT_EQ(*(*q)->Submit("bad", bad), JobState::kFailed);
+    ASSERT_EQ(*(*q)->Submit("long", Options("long", 40)), JobState::kQueued);
+    ASSERT_EQ(*(*q)->Submit("next", Options("next", 2)), JobState::kQueued);
+    while ((*q)->Snapshot("long")->checkpoints.empty() &&
+           !JobStateFinal((*q)->Snapshot("long")->state)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }  // "the server stops"
+  auto q = JobQueue::Open(model_, tok_, 1, state);
+  CHORUS_ASSERT_OK(q.status());
+  EXPECT_EQ((*q)->Ids(), (std::vector<std::string>{"done", "bad", "long", "next"}));
+  EXPECT_EQ((*q)->Snapshot("done")->state, JobState::kSucceeded);
+  EXPECT_EQ((*q)->Snapshot("bad")->state, JobState::kFailed);
+  EXPECT_NE((*q)->Snapshot("bad")->error.find("/nonexistent.jsonl"), std::string::npos);
+  (*q)->Wait("long");
+  (*q)->Wait("next");
+  const JobSnapshot l = *(*q)->Snapshot("long");
+  EXPECT_EQ(l.state, JobState::kSucceeded) << l.error;
+  EXPECT_EQ(l.step, 40);
+  bool resumed = false;
+  for (const JobEvent& e : l.events) resumed = resumed || e.message == "Fine-tuning job resumed";
+  EXPECT_TRUE(resumed);
+  EXPECT_TRUE(std::filesystem::exists(l.output_dir + "/adapter_model.safetensors"));
+  EXPECT_EQ((*q)->Snapshot("next")->state, JobState::kSucceeded);
+  // A corrupt state file is an error naming it.
+  const std::string bad_state = testing::TempDir() + "/jobs-bad";
+  std::filesystem::create_directories(bad_state);
+  std::ofstream(bad_state + "/jobs.json") << "{";
+  auto broken = JobQueue::Open(model_, tok_, 1, bad_state);
+  ASSERT_FALSE(broken.ok());
+  EXPECT_NE(broken.status().message().find("jobs.json"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace chorus::train
