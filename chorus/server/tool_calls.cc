@@ -14,7 +14,6 @@ constexpr std::string_view kHermesClose = "</tool_call>";
 constexpr std::string_view kMistralMarker = "[TOOL_CALLS]";
 constexpr std::string_view kMistralArgs = "[ARGS]";
 constexpr std::string_view kPythonTag = "<|python_tag|>";
-constexpr std::string_view kSpace = " \t\r\n";
 
 bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
 

@@ -33,7 +33,7 @@ int64_t BadUtf8Offset(std::string_view s) {
 
 class Builder {
  public:
-  Builder(const tokenizer::Tokenizer& tok, const DataOptions& opts) : tok_(tok), opts_(opts) {}
+  explicit Builder(const tokenizer::Tokenizer& tok) : tok_(tok) {}
 
   // Appends `text`'s tokens with the given loss flag. `first`: the sample's first piece (BOS as
   // the tokenizer's config asks, unless the text already starts with the BOS piece).
@@ -68,7 +68,6 @@ class Builder {
 
  private:
   const tokenizer::Tokenizer& tok_;
-  const DataOptions& opts_;
   Sample s_;
 };
 
@@ -116,7 +115,7 @@ Result<Sample> ChatSample(const json& messages, int64_t line, const tokenizer::C
   tokenizer::ChatRenderOptions ro;
   if (tok.bos_id() >= 0) ro.bos_token = std::string(tok.Piece(tok.bos_id()));
   if (!tok.eos_ids().empty()) ro.eos_token = std::string(tok.Piece(tok.eos_ids()[0]));
-  Builder b(tok, opts);
+  Builder b(tok);
   std::string done;  // text rendered so far
   for (size_t i = 0; i < messages.size(); ++i) {
     if (messages[i]["role"] != "assistant") continue;
@@ -152,7 +151,7 @@ Result<std::vector<Sample>> ParseSamples(std::string_view content, bool jsonl,
   if (opts.seq_len < 2) return InvalidArgumentError("--seq-len must be at least 2");
   std::vector<Sample> out;
   std::optional<tokenizer::ChatTemplate> tmpl;
-  Builder b(tok, opts);
+  Builder b(tok);
   // Lines with their 1-based numbers.
   int64_t line_no = 0;
   size_t pos = 0;

@@ -2,9 +2,11 @@
 // dots them with up to four input rows at once. A 2:4 row needs no scatter: its 8 kept values of
 // 16 columns are decoded side by side and vexpandps puts each at its column under the 16-bit
 // keep mask of the chunk's pattern bytes (pruned columns +0, as the portable decode leaves them).
-// Steps of more than four rows decode each output row once into L1 and dot it from there.
+// Segments of more than four rows are taken four input rows at a time, decoding each chunk once
+// per block (docs/deltas.md "Serving").
 #if !defined(__clang__)  // GCC 12 bug 105593: spurious -Wmaybe-uninitialized in AVX-512 headers
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #include <immintrin.h>
 
