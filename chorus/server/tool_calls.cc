@@ -529,24 +529,26 @@ void ToolCallParser::EmitUpToMarker(std::string_view marker, ToolParseOutput* ou
   Consume(buf_.size() - keep);
 }
 
+bool ToolCallParser::TextUntil(std::string_view marker, bool at_end, ToolParseOutput* out) {
+  const size_t pos = buf_.find(marker);
+  if (pos == std::string::npos) {
+    if (at_end) {
+      EmitText(buf_, out);
+      Consume(buf_.size());
+    } else {
+      EmitUpToMarker(marker, out);
+    }
+    return false;
+  }
+  EmitText(std::string_view(buf_).substr(0, pos), out);
+  Consume(pos + marker.size());
+  state_ = State::kInCall;
+  return true;
+}
+
 bool ToolCallParser::StepHermes(bool at_end, ToolParseOutput* out) {
   if (state_ == State::kStart) state_ = State::kText;
-  if (state_ == State::kText) {
-    const size_t pos = buf_.find(kHermesOpen);
-    if (pos == std::string::npos) {
-      if (at_end) {
-        EmitText(buf_, out);
-        Consume(buf_.size());
-      } else {
-        EmitUpToMarker(kHermesOpen, out);
-      }
-      return false;
-    }
-    EmitText(std::string_view(buf_).substr(0, pos), out);
-    Consume(pos + kHermesOpen.size());
-    state_ = State::kInCall;
-    return true;
-  }
+  if (state_ == State::kText) return TextUntil(kHermesOpen, at_end, out);
   const size_t end = ScanOutsideStrings(kHermesClose);
   if (end == std::string::npos && !at_end) return false;
   const std::string_view body = std::string_view(buf_).substr(0, end);
@@ -564,22 +566,7 @@ bool ToolCallParser::StepHermes(bool at_end, ToolParseOutput* out) {
 
 bool ToolCallParser::StepMistral(bool at_end, ToolParseOutput* out) {
   if (state_ == State::kStart) state_ = State::kText;
-  if (state_ == State::kText) {
-    const size_t pos = buf_.find(kMistralMarker);
-    if (pos == std::string::npos) {
-      if (at_end) {
-        EmitText(buf_, out);
-        Consume(buf_.size());
-      } else {
-        EmitUpToMarker(kMistralMarker, out);
-      }
-      return false;
-    }
-    EmitText(std::string_view(buf_).substr(0, pos), out);
-    Consume(pos + kMistralMarker.size());
-    state_ = State::kInCall;
-    return true;
-  }
+  if (state_ == State::kText) return TextUntil(kMistralMarker, at_end, out);
   // After the marker: a JSON list of calls, or `name[ARGS]{...}`.
   auto give_up = [&](size_t n) {
     EmitText(std::string(kMistralMarker) + buf_.substr(0, n), out);

@@ -126,6 +126,9 @@ class ToolCallParser {
   void EmitCall(ToolCall c, ToolParseOutput* out);
   // Emits `s` in kText while holding back a suffix that may begin `marker`.
   void EmitUpToMarker(std::string_view marker, ToolParseOutput* out);
+  // In text: emits the text before `marker` and enters the call (true), or emits what cannot
+  // start it (false; everything at the end).
+  bool TextUntil(std::string_view marker, bool at_end, ToolParseOutput* out);
   // Drops the first `n` bytes of buf_.
   void Consume(size_t n);
   // Incremental scans of buf_ (each byte looked at once however the reply is split):

@@ -20,36 +20,12 @@
 namespace chorus::kernels::delta_internal::avx512 {
 namespace {
 
-// Eight consecutive B-bit codes that start on a byte boundary (B bytes).
-template <int B>
-inline __m256i Codes8(const uint8_t* p) {
-  if constexpr (B == 8) {
-    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  } else {
-    uint32_t u = 0;
-    std::memcpy(&u, p, B);
-    const __m256i shifts = _mm256_setr_epi32(0, B, 2 * B, 3 * B, 4 * B, 5 * B, 6 * B, 7 * B);
-    return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(u)), shifts),
-                            _mm256_set1_epi32((1 << B) - 1));
-  }
+// 8-bit codes widened to int32 lanes (codes of ≤ 4 bits are decoded by table lookup instead).
+inline __m256i Bytes8(const uint8_t* p) {
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
 }
-
-// Sixteen consecutive B-bit codes that start on a byte boundary (2·B bytes).
-template <int B>
-inline __m512i Codes16(const uint8_t* p) {
-  if constexpr (B == 8) {
-    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  } else {
-    uint64_t u = 0;
-    std::memcpy(&u, p, 2 * B);
-    const auto lo = static_cast<uint32_t>(u), hi = static_cast<uint32_t>(u >> (8 * B));
-    const __m512i v =
-        _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(static_cast<int>(lo))),
-                           _mm256_set1_epi32(static_cast<int>(hi)), 1);
-    const __m512i shifts = _mm512_setr_epi32(0, B, 2 * B, 3 * B, 4 * B, 5 * B, 6 * B, 7 * B, 0, B,
-                                             2 * B, 3 * B, 4 * B, 5 * B, 6 * B, 7 * B);
-    return _mm512_and_si512(_mm512_srlv_epi32(v, shifts), _mm512_set1_epi32((1 << B) - 1));
-  }
+inline __m512i Bytes16(const uint8_t* p) {
+  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
 // Sixteen lanes summed in the portable order: halves 8, 4, 2, 1.
@@ -106,7 +82,7 @@ struct ChunkDecoder {
         v = _mm512_permutexvar_ps(_mm512_srlv_epi32(_mm512_set1_epi32(static_cast<int>(u)), shifts),
                                   _mm512_mul_ps(centered, s));
       } else {
-        const __m256 q = _mm256_cvtepi32_ps(Codes8<B>(codes + t * B));
+        const __m256 q = _mm256_cvtepi32_ps(Bytes8(codes + t * B));
         v = _mm512_zextps256_ps512(_mm256_mul_ps(_mm256_sub_ps(q, _mm512_castps512_ps256(centered)),
                                                  _mm512_castps512_ps256(s)));
       }
@@ -138,7 +114,7 @@ struct ChunkDecoder {
                                                  B, 2 * B, 3 * B, 4 * B, 5 * B, 6 * B, 7 * B);
         return _mm512_permutexvar_ps(_mm512_srlv_epi32(v, shifts), _mm512_mul_ps(centered, s));
       } else {
-        const __m512 q = _mm512_cvtepi32_ps(Codes16<B>(codes + t * 16));
+        const __m512 q = _mm512_cvtepi32_ps(Bytes16(codes + t * 16));
         return _mm512_mul_ps(_mm512_sub_ps(q, centered), s);
       }
     }
