@@ -164,7 +164,15 @@ Result<ServedAdapters> OpenAdapters(const Flags& f, const model::ModelConfig& ba
     CHORUS_ASSIGN_OR_RETURN(std::string dir, CacheDirectory());
     state = dir + "/adapters-registry.json";
   }
+  ro.recover_corrupt_state = f.GetBool("recover-corrupt-state");
   auto reg = adapters::AdapterRegistry::Open(state, ro);
+  if (!reg.ok() && reg.status().code() == StatusCode::kDataLoss) {
+    return Status(reg.status().code(),
+                  reg.status().message() +
+                      "; the file is left as it is: restore it from a backup, or start with "
+                      "--recover-corrupt-state to move it aside and start with an empty registry")
+        .WithContext("flag --registry " + state);
+  }
   if (!reg.ok()) return reg.status().WithContext("flag --registry " + state);
   out.registry = std::move(*reg);
   for (const auto& [name, path] : loras) {
@@ -258,6 +266,10 @@ int ServeCommand(int argc, char** argv) {
   f.Repeated("adapter-root", "directory POST /v1/load_lora_adapter may load adapters from");
   f.String("registry", "",
            "adapter registry state file (default: <cache dir>/adapters-registry.json)");
+  f.Bool(
+      "recover-corrupt-state",
+      "if the --registry state file is corrupt, move it aside to <file>.corrupt-<time> and start "
+      "with an empty registry (default: refuse to start, leaving the file as it is)");
   f.Int("host-cache-size", 0,
         "MiB of decoded adapters kept in host memory (LRU); 0 = min(2048, MemAvailable / 4)");
   f.Int("max-lora-rank", 256, "largest LoRA rank accepted");

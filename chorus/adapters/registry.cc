@@ -16,6 +16,7 @@
 #include "chorus/adapters/lora/lora_files.h"
 #include "chorus/adapters/registry_paths.h"
 #include "chorus/adapters/registry_state.h"
+#include "chorus/base/durable_file.h"
 #include "chorus/base/logging.h"
 #include "chorus/formats/gguf.h"
 
@@ -123,8 +124,18 @@ Result<std::unique_ptr<AdapterRegistry>> AdapterRegistry::Open(const std::string
   // lock (nobody else can be writing one).
   registry_internal::RemoveLeftoverTempFiles(state_path);
 
-  CHORUS_ASSIGN_OR_RETURN(std::optional<registry_internal::RegistryState> state,
-                          registry_internal::ReadState(state_path));
+  Result<std::optional<registry_internal::RegistryState>> read =
+      registry_internal::ReadState(state_path);
+  if (!read.ok() && read.status().code() == StatusCode::kDataLoss &&
+      reg->options_.recover_corrupt_state) {
+    // Kept for inspection under a new name; the registry starts empty.
+    CHORUS_ASSIGN_OR_RETURN(const std::string moved, QuarantineFile(state_path));
+    CHORUS_LOG(ERROR) << "adapter registry " << state_path << " is corrupt and was moved aside to "
+                      << moved << "; starting with an empty registry (" << read.status().message()
+                      << ")";
+    read = std::optional<registry_internal::RegistryState>();
+  }
+  CHORUS_ASSIGN_OR_RETURN(std::optional<registry_internal::RegistryState> state, std::move(read));
   if (!state) {
     CHORUS_RETURN_IF_ERROR(registry_internal::WriteState(state_path, {}, 1));
     return reg;

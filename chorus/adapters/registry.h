@@ -26,10 +26,14 @@
 // change (temp file in the same directory, fsync, rename, directory fsync), so a process killed
 // at any moment leaves the old or the new state. Every error leaves the registry unchanged in
 // memory and on disk. Leftover temp files (`<state>.tmp.<pid>`) of a killed process are ignored
-// and removed by Open(). A state file that exists but cannot be parsed or fails validation is a
-// kDataLoss error naming the file — never silently reset. `<state>.lock` holds an exclusive
-// flock(2) for the registry's lifetime, so two processes cannot overwrite each other's state
-// (the second Open() fails with kFailedPrecondition); the kernel drops it when a process dies.
+// and removed by Open(), so repeated kills never accumulate files. A state file that exists but
+// cannot be parsed or fails validation is a kDataLoss error naming the file and the problem —
+// never silently reset; with RegistryOptions::recover_corrupt_state it is quarantined instead
+// (moved aside, logged) and the registry starts empty. tests/crash/ kills writers at random
+// moments and at every step of the write (docs/adapters.md, "Durability"). `<state>.lock` holds an
+// exclusive flock(2) for the registry's lifetime, so two processes cannot overwrite each other's
+// state (the second Open() fails with kFailedPrecondition); the kernel drops it when a process
+// dies.
 //
 // Restart policy (Open): entries are re-checked eagerly but cheaply — the path is resolved
 // again, must still be inside a configured root, and each file's (size, mtime) must match what
@@ -80,6 +84,12 @@ struct RegistryOptions {
   // delta::BaseWeightsHash() of the served base: a delta made against other weights is refused
   // naming both hashes (empty: not checked, e.g. tests that only register LoRA adapters).
   std::string base_weights_hash;
+  // A state file that exists but is corrupt (truncated, not JSON, wrong format, a bad field):
+  // false (default) — Open() refuses with kDataLoss naming the file and the problem and leaves
+  // the file untouched, as a database refuses to start on a damaged file; true — the file is
+  // moved aside to `<state>.corrupt-<UTC time>` (kept, never deleted), an ERROR log line names
+  // the problem and that path, and the registry opens empty. Never silently emptied either way.
+  bool recover_corrupt_state = false;
 };
 
 struct AdapterInfo {
@@ -127,7 +137,8 @@ class AdapterRegistry {
  public:
   // Opens (or creates, writing an empty state) the registry at `state_path`, whose directory
   // must exist. Errors: kInvalidArgument (bad options, a root that is not a directory),
-  // kNotFound (a missing root or state directory), kDataLoss (corrupt state file),
+  // kNotFound (a missing root or state directory), kDataLoss (corrupt state file, unless
+  // options.recover_corrupt_state),
   // kFailedPrecondition (state locked by another process), I/O errors.
   static Result<std::unique_ptr<AdapterRegistry>> Open(const std::string& state_path,
                                                        RegistryOptions options);

@@ -9,6 +9,9 @@
 #include <fstream>
 #include <sstream>
 
+#include "chorus/base/durable_file.h"
+#include "chorus/base/logging.h"
+
 namespace chorus {
 
 Result<std::shared_ptr<const MappedFile>> MappedFile::Open(const std::string& path) {
@@ -89,9 +92,13 @@ Status WriteFileAtomically(const std::string& path, std::string_view data) {
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoError(errno, "cannot create " + tmp);
+  // Two halves, so that a crash test can stop the writer between them (a torn temp file).
+  const size_t half = data.size() / 2;
   size_t put = 0;
   while (put < data.size()) {
-    ssize_t n = ::write(fd, data.data() + put, data.size() - put);
+    if (put == half) CrashPoint("atomic_write.partial");
+    const size_t end = put < half ? half : data.size();
+    ssize_t n = ::write(fd, data.data() + put, end - put);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       int e = errno;
@@ -108,20 +115,22 @@ Status WriteFileAtomically(const std::string& path, std::string_view data) {
     return ErrnoError(e, "cannot fsync " + tmp);
   }
   ::close(fd);
+  CrashPoint("atomic_write.before_rename");
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     int e = errno;
     ::unlink(tmp.c_str());
     return ErrnoError(e, "cannot rename " + tmp + " to " + path);
   }
+  CrashPoint("atomic_write.after_rename");
   // fsync the directory so the rename itself survives a crash.
   const size_t slash = path.find_last_of('/');
   const std::string dir = slash == std::string::npos ? std::string(".")
                           : slash == 0               ? std::string("/")
                                                      : path.substr(0, slash);
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
+  // The new content is in place; a failed directory fsync only weakens durability against a
+  // power loss, so it is reported but not an error (the caller's state already changed).
+  if (Status s = SyncDirectory(dir); !s.ok()) {
+    CHORUS_LOG(WARNING) << s.ToString();
   }
   return OkStatus();
 }

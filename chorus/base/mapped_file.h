@@ -43,7 +43,11 @@ void ReleaseResidentPages(const void* p, size_t n);
 // Reads a whole (small) file into a string. Refuses files larger than `max_bytes`.
 Result<std::string> ReadFileToString(const std::string& path, size_t max_bytes = 256u << 20);
 
-// Writes `data` to `path` atomically: a temp file in the same directory, fsync, rename.
+// Writes `data` to `path` atomically: a temp file `<path>.tmp.<pid>` in the same directory,
+// fsync, rename, directory fsync. A process killed at any moment leaves the old or the new
+// content at `path`, at worst plus a temp file that its owner removes at its next start
+// (durable_file.h, RemoveAtomicWriteTempFiles). Crash points (durable_file.h, CrashPoint):
+// atomic_write.partial, atomic_write.before_rename, atomic_write.after_rename.
 Status WriteFileAtomically(const std::string& path, std::string_view data);
 
 }  // namespace chorus

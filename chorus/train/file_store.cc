@@ -1,10 +1,13 @@
 #include "chorus/train/file_store.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <set>
 
+#include "chorus/base/logging.h"
 #include "chorus/base/mapped_file.h"
 
 namespace chorus::train {
@@ -19,42 +22,135 @@ int64_t Now() {
       .count();
 }
 
+constexpr const char* kIndex = "files.json";
+
+// "file-" + 24 lowercase hex digits (8 of counter, 16 of creation time).
+bool IsFileId(const std::string& id) {
+  if (id.size() != 29 || id.compare(0, 5, "file-") != 0) return false;
+  for (size_t i = 5; i < id.size(); ++i) {
+    const char c = id[i];
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
-Result<std::unique_ptr<FileStore>> FileStore::Open(const std::string& dir, int64_t max_file_bytes) {
+Result<std::unique_ptr<FileStore>> FileStore::Open(const std::string& dir, int64_t max_file_bytes,
+                                                   bool recover_corrupt_state) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return InternalError("cannot create " + dir + ": " + ec.message());
   std::unique_ptr<FileStore> s(new FileStore());
   s->dir_ = dir;
   s->max_file_bytes_ = max_file_bytes;
-  const std::string index = (fs::path(dir) / "files.json").string();
-  if (fs::exists(index)) {
-    CHORUS_ASSIGN_OR_RETURN(std::string text, ReadFileToString(index));
-    const json j = json::parse(text, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("files") || !j["files"].is_array()) {
-      return InvalidArgumentError(index + ": not a file index");
+  CHORUS_ASSIGN_OR_RETURN(s->lock_, FileLock::Acquire(dir + "/.lock", "the file store " + dir));
+  // What a killed writer left: temp files (never read), then content files the index does not
+  // list (written by an Add whose index write did not happen, or left by a Delete).
+  RemoveAtomicWriteTempFiles(dir);
+  Status loaded = s->LoadIndex();
+  if (!loaded.ok() && loaded.code() == StatusCode::kDataLoss && recover_corrupt_state) {
+    const std::string index = (fs::path(dir) / kIndex).string();
+    std::string moved = "(no index file)";
+    if (fs::exists(index, ec)) {
+      CHORUS_ASSIGN_OR_RETURN(moved, QuarantineFile(index));
     }
-    s->counter_ = j.value("counter", uint64_t{0});
-    for (const json& f : j["files"]) {
-      if (!f.is_object() || !f.contains("id") || !f["id"].is_string()) {
-        return InvalidArgumentError(index + ": bad entry " + f.dump().substr(0, 80));
-      }
-      StoredFile sf;
-      sf.id = f["id"];
-      sf.filename = f.value("filename", "");
-      sf.purpose = f.value("purpose", "");
-      sf.bytes = f.value("bytes", int64_t{0});
-      sf.created_at = f.value("created_at", int64_t{0});
-      sf.path = (fs::path(dir) / (sf.id + ".jsonl")).string();
-      if (!fs::exists(sf.path)) {
-        return InvalidArgumentError(index + ": the content of " + sf.id + " is missing (" +
-                                    sf.path + ")");
-      }
-      s->files_.push_back(std::move(sf));
+    s->files_.clear();
+    CHORUS_RETURN_IF_ERROR(s->RebuildIndex());
+    CHORUS_LOG(ERROR) << "file store " << dir << ": corrupt index moved aside to " << moved
+                      << "; rebuilt from the " << s->files_.size() << " content files present ("
+                      << loaded.message() << ")";
+    return s;
+  }
+  CHORUS_RETURN_IF_ERROR(loaded);
+  std::set<std::string> listed;
+  for (const StoredFile& f : s->files_) listed.insert(f.id + ".jsonl");
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.size() > 6 && n.ends_with(".jsonl") && IsFileId(n.substr(0, n.size() - 6)) &&
+        listed.count(n) == 0) {
+      fs::remove(e.path(), ec);
+      CHORUS_LOG(INFO) << "file store " << dir << ": removed " << n
+                       << ", which the index does not list (an interrupted add or delete)";
     }
   }
   return s;
+}
+
+Status FileStore::LoadIndex() {
+  const std::string index = (fs::path(dir_) / kIndex).string();
+  std::error_code ec;
+  if (!fs::exists(index, ec)) return OkStatus();
+  auto text = ReadFileToString(index);
+  if (!text.ok()) {
+    if (text.status().code() == StatusCode::kNotFound) return text.status();
+    return DataLossError(index + ": unreadable file index: " + text.status().message());
+  }
+  auto bad = [&](const std::string& what) {
+    return DataLossError(index + ": corrupt file index: " + what);
+  };
+  const json j = json::parse(*text, nullptr, false);
+  if (j.is_discarded()) return bad("not valid JSON");
+  if (!j.is_object()) return bad("not an object");
+  if (!j.contains("counter") || !j["counter"].is_number_unsigned())
+    return bad("'counter' is missing or not a non-negative integer");
+  if (!j.contains("files") || !j["files"].is_array())
+    return bad("'files' is missing or not an array");
+  counter_ = j["counter"].get<uint64_t>();
+  std::set<std::string> ids;
+  for (const json& f : j["files"]) {
+    if (!f.is_object() || !f.contains("id") || !f["id"].is_string() ||
+        !IsFileId(f["id"].get<std::string>())) {
+      return bad("an entry has no valid 'id': " + f.dump().substr(0, 80));
+    }
+    StoredFile sf;
+    sf.id = f["id"];
+    const std::string where = "entry " + sf.id + ": ";
+    for (const char* key : {"filename", "purpose"}) {
+      if (!f.contains(key) || !f[key].is_string())
+        return bad(where + "'" + key + "' is missing or not a string");
+    }
+    for (const char* key : {"bytes", "created_at"}) {
+      if (!f.contains(key) || !f[key].is_number_integer() || f[key].get<int64_t>() < 0)
+        return bad(where + "'" + key + "' is missing or not a non-negative integer");
+    }
+    if (!ids.insert(sf.id).second) return bad(where + "listed twice");
+    sf.filename = f["filename"];
+    sf.purpose = f["purpose"];
+    sf.bytes = f["bytes"].get<int64_t>();
+    sf.created_at = f["created_at"].get<int64_t>();
+    sf.path = (fs::path(dir_) / (sf.id + ".jsonl")).string();
+    const auto size = fs::file_size(sf.path, ec);
+    if (ec) return bad(where + "its content " + sf.path + " is missing");
+    if (static_cast<int64_t>(size) != sf.bytes) {
+      return bad(where + "its content " + sf.path + " has " + std::to_string(size) +
+                 " bytes, the index says " + std::to_string(sf.bytes));
+    }
+    files_.push_back(std::move(sf));
+  }
+  return OkStatus();
+}
+
+Status FileStore::RebuildIndex() {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir_, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.size() <= 6 || !n.ends_with(".jsonl") || !IsFileId(n.substr(0, n.size() - 6))) continue;
+    StoredFile sf;
+    sf.id = n.substr(0, n.size() - 6);
+    sf.filename = "recovered-" + n;
+    sf.purpose = "fine-tune";
+    sf.bytes = static_cast<int64_t>(fs::file_size(e.path(), ec));
+    sf.created_at = static_cast<int64_t>(std::stoull(sf.id.substr(13), nullptr, 16));
+    sf.path = e.path().string();
+    counter_ = std::max<uint64_t>(counter_, std::stoull(sf.id.substr(5, 8), nullptr, 16));
+    files_.push_back(std::move(sf));
+  }
+  if (ec) return ErrnoError(ec.value(), "cannot list " + dir_);
+  std::sort(files_.begin(), files_.end(), [](const StoredFile& a, const StoredFile& b) {
+    return a.created_at != b.created_at ? a.created_at < b.created_at : a.id < b.id;
+  });
+  return SaveIndex();
 }
 
 Status FileStore::SaveIndex() const {
@@ -125,7 +221,12 @@ Status FileStore::Delete(const std::string& id) {
     if (files_[i].id != id) continue;
     const StoredFile f = files_[i];
     files_.erase(files_.begin() + static_cast<int64_t>(i));
-    CHORUS_RETURN_IF_ERROR(SaveIndex());
+    // The index first: a process killed before the content is removed leaves a file the index
+    // does not list, which the next Open() removes.
+    if (Status s = SaveIndex(); !s.ok()) {
+      files_.insert(files_.begin() + static_cast<int64_t>(i), f);
+      return s;
+    }
     std::error_code ec;
     fs::remove(f.path, ec);
     return OkStatus();

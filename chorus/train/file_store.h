@@ -3,7 +3,17 @@
 // <dir>/files.json, both written atomically, so the files survive a restart. Ids are
 // "file-" + 24 hex digits from a counter and the creation time, never reused in one directory.
 //
-// Thread-safety: all methods are thread-safe (one mutex; a directory must have one FileStore).
+// Durability (docs/finetuning.md, "Durability"): Add writes the content, then the index; Delete
+// writes the index, then removes the content; so a process killed at any moment leaves the
+// index listing exactly the files before or after the operation, each complete. Open() removes
+// what a killed writer left: temp files (`*.tmp.<pid>`) and content files the index does not
+// list. A corrupt index (not JSON, a bad field, a listed file missing or of the wrong size) is
+// kDataLoss naming the problem, the directory left as it is; with recover_corrupt_state the
+// index is moved aside to `files.json.corrupt-<UTC time>` and rebuilt from the content files
+// present (their ids kept, filenames lost), with an ERROR log line naming both.
+//
+// Thread-safety: all methods are thread-safe (one mutex). One process per directory: `<dir>/.lock`
+// holds an exclusive flock(2) (a second Open() fails with kFailedPrecondition).
 #pragma once
 
 #include <cstdint>
@@ -14,6 +24,7 @@
 #include <string_view>
 #include <vector>
 
+#include "chorus/base/durable_file.h"
 #include "chorus/base/status.h"
 
 namespace chorus::train {
@@ -31,7 +42,8 @@ class FileStore {
  public:
   // Opens (creating it if needed) `dir`, reading files.json when present.
   static Result<std::unique_ptr<FileStore>> Open(const std::string& dir,
-                                                 int64_t max_file_bytes = int64_t{256} << 20);
+                                                 int64_t max_file_bytes = int64_t{256} << 20,
+                                                 bool recover_corrupt_state = false);
 
   // Stores `content`. kInvalidArgument for a purpose other than "fine-tune", an empty file or a
   // filename with a path separator; kResourceExhausted over max_file_bytes.
@@ -44,6 +56,11 @@ class FileStore {
  private:
   FileStore() = default;
   Status SaveIndex() const;  // mu_ held
+  // Reads files.json (absent: empty). kDataLoss for a corrupt index.
+  Status LoadIndex();
+  // Rebuilds the index from the content files present (recovery of a corrupt index).
+  Status RebuildIndex();
+  FileLock lock_;
   std::string dir_;
   int64_t max_file_bytes_ = 0;
   uint64_t counter_ = 0;

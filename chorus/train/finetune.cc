@@ -10,6 +10,8 @@
 #include <sstream>
 
 #include "chorus/adapters/lora/lora_files.h"
+#include "chorus/base/durable_file.h"
+#include "chorus/base/logging.h"
 #include "chorus/base/mapped_file.h"
 #include "chorus/base/rng.h"
 #include "chorus/formats/safetensors.h"
@@ -96,6 +98,28 @@ Tensor F32Tensor(const std::vector<float>& v) {
   return Tensor::FromF32(v, DType::kF32, {static_cast<int64_t>(v.size())});
 }
 
+// Removes what a run killed mid-write left in the output directory: temporary checkpoint
+// directories (`.tmp-…`, never read) and WriteFileAtomically temp files. Called with the
+// directory's lock held, before anything is written, so repeated kills never accumulate files.
+void RemoveInterruptedWrites(const fs::path& dir) {
+  std::error_code ec;
+  std::vector<fs::path> stale;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().filename().string().starts_with(".tmp-")) stale.push_back(e.path());
+  }
+  for (const fs::path& p : stale) {
+    fs::remove_all(p, ec);
+    CHORUS_LOG(INFO) << "finetune: removed " << p.string() << " (an interrupted checkpoint write)";
+  }
+  RemoveAtomicWriteTempFiles(dir.string());
+  if (!stale.empty()) (void)SyncDirectory(dir.string());
+}
+
+// A checkpoint is made visible atomically: every file is written (each fsynced) into
+// `.tmp-checkpoint-<step>`, which is then renamed to `checkpoint-<step>` and the output
+// directory fsynced; a reader (--resume) never sees a partial one. A directory being replaced or
+// pruned is first renamed to a `.tmp-` name, so a kill midway never leaves a torn
+// `checkpoint-*` either; `.tmp-` leftovers are removed at the next start.
 Status SaveCheckpoint(const FinetuneOptions& o, const model::ModelConfig& c,
                       const LoraParams& params, int64_t step, const json& signature) {
   const fs::path dir(o.output_dir);
@@ -108,6 +132,7 @@ Status SaveCheckpoint(const FinetuneOptions& o, const model::ModelConfig& c,
   adapters::PeftWriteOptions pw;
   pw.base_model_name = o.base_model_name;
   CHORUS_RETURN_IF_ERROR(adapters::WritePeftLora(tmp.string(), params.ToLoraWeights(c), c, pw));
+  CrashPoint("checkpoint.after_adapter");
   std::vector<std::pair<std::string, Tensor>> state;
   const std::vector<const Param*> ps = params.params();
   const std::vector<std::string> names = params.param_names();
@@ -120,10 +145,20 @@ Status SaveCheckpoint(const FinetuneOptions& o, const model::ModelConfig& c,
       formats::WriteSafetensors((tmp / "optimizer.safetensors").string(), state));
   const json st = {{"step", step}, {"run", signature}};
   CHORUS_RETURN_IF_ERROR(WriteFileAtomically((tmp / "trainer_state.json").string(), st.dump(2)));
-  fs::remove_all(final_dir, ec);
+  CrashPoint("checkpoint.before_rename");
+  if (fs::exists(final_dir, ec)) {
+    // Replaced (a run restarted without --resume): moved out of the way first.
+    const fs::path old = dir / (".tmp-old-checkpoint-" + std::to_string(step));
+    fs::remove_all(old, ec);
+    fs::rename(final_dir, old, ec);
+    if (ec) return InternalError("cannot rename " + final_dir.string() + ": " + ec.message());
+  }
   fs::rename(tmp, final_dir, ec);
   if (ec) return InternalError("cannot rename " + tmp.string() + ": " + ec.message());
-  // Keep the latest kKeepCheckpoints.
+  CHORUS_RETURN_IF_ERROR(SyncDirectory(dir.string()));
+  CrashPoint("checkpoint.after_rename");
+  // Keep the latest kKeepCheckpoints (and drop a replaced one).
+  fs::remove_all(dir / (".tmp-old-checkpoint-" + std::to_string(step)), ec);
   std::vector<int64_t> steps;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string n = e.path().filename().string();
@@ -131,7 +166,10 @@ Status SaveCheckpoint(const FinetuneOptions& o, const model::ModelConfig& c,
   }
   std::sort(steps.rbegin(), steps.rend());
   for (size_t i = kKeepCheckpoints; i < steps.size(); ++i) {
-    fs::remove_all(dir / ("checkpoint-" + std::to_string(steps[i])), ec);
+    const std::string n = "checkpoint-" + std::to_string(steps[i]);
+    const fs::path doomed = dir / (".tmp-pruned-" + n);
+    fs::rename(dir / n, doomed, ec);
+    if (!ec) fs::remove_all(doomed, ec);
   }
   return OkStatus();
 }
@@ -241,6 +279,11 @@ Result<FinetuneResult> RunFinetune(std::shared_ptr<const model::Model> model,
   std::error_code ec;
   fs::create_directories(opts.output_dir, ec);
   if (ec) return InternalError("cannot create " + opts.output_dir + ": " + ec.message());
+  // One run per output directory; then what a killed run left is removed.
+  CHORUS_ASSIGN_OR_RETURN(const FileLock lock,
+                          FileLock::Acquire((fs::path(opts.output_dir) / ".lock").string(),
+                                            "the fine-tuning output directory " + opts.output_dir));
+  RemoveInterruptedWrites(opts.output_dir);
   int64_t start = 0;
   const std::string csv_path = (fs::path(opts.output_dir) / "loss.csv").string();
   std::string csv_keep = "step,epoch,lr,loss,grad_norm,tokens_per_s,elapsed_s,eval_loss\n";
@@ -248,13 +291,15 @@ Result<FinetuneResult> RunFinetune(std::shared_ptr<const model::Model> model,
     start = LatestCheckpoint(opts.output_dir);
     if (start > 0) {
       CHORUS_RETURN_IF_ERROR(LoadCheckpoint(opts.output_dir, start, signature, &params));
-      // Keep the curve up to the checkpoint.
+      // Keep the curve up to the checkpoint: whole rows only (a killed run may have left half
+      // a row after the checkpoint's).
       if (auto old = ReadFileToString(csv_path); old.ok()) {
         std::istringstream in(*old);
         std::string line;
         std::getline(in, line);
-        while (std::getline(in, line)) {
-          if (std::atoll(line.c_str()) <= start) csv_keep += line + "\n";
+        while (std::getline(in, line) && !in.eof()) {
+          if (std::count(line.begin(), line.end(), ',') == 7 && std::atoll(line.c_str()) <= start)
+            csv_keep += line + "\n";
         }
       }
     }
@@ -322,13 +367,15 @@ Result<FinetuneResult> RunFinetune(std::shared_ptr<const model::Model> model,
       r.eval_loss = el;
       result.eval_loss = el;
     }
-    if (r.checkpoint) {
-      CHORUS_RETURN_IF_ERROR(SaveCheckpoint(opts, c, params, s + 1, signature));
-    }
+    // The row before the checkpoint: a resumed run keeps the rows up to its checkpoint, so
+    // the curve never misses the checkpoint's step.
     std::fprintf(csv, "%lld,%.4f,%.6g,%.6f,%.6f,%.1f,%.2f,%s\n", static_cast<long long>(s + 1),
                  r.epoch, lr, r.loss, norm, r.tokens_per_s, r.elapsed_s,
                  r.eval_loss ? std::to_string(*r.eval_loss).c_str() : "");
     std::fflush(csv);
+    if (r.checkpoint) {
+      CHORUS_RETURN_IF_ERROR(SaveCheckpoint(opts, c, params, s + 1, signature));
+    }
     result.final_loss = r.loss;
     result.tokens_per_s = r.tokens_per_s;
     if (progress) progress(r);

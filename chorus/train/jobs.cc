@@ -5,7 +5,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <set>
 
+#include "chorus/base/logging.h"
 #include "chorus/base/mapped_file.h"
 
 namespace chorus::train {
@@ -125,22 +127,42 @@ JobQueue::JobQueue(std::shared_ptr<const model::Model> model,
 
 Result<std::unique_ptr<JobQueue>> JobQueue::Open(std::shared_ptr<const model::Model> model,
                                                  std::shared_ptr<const tokenizer::Tokenizer> tok,
-                                                 int threads, std::string state_dir) {
+                                                 int threads, std::string state_dir,
+                                                 bool recover_corrupt_state) {
   std::vector<std::unique_ptr<Job>> loaded;
+  FileLock lock;
   if (!state_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(state_dir, ec);
     if (ec) return InternalError("cannot create " + state_dir + ": " + ec.message());
+    CHORUS_ASSIGN_OR_RETURN(lock, FileLock::Acquire(state_dir + "/jobs.lock",
+                                                    "the fine-tuning job state " + state_dir));
+    // Temp files of a writer killed before its rename: never read.
+    RemoveAtomicWriteTempFiles(state_dir, "jobs.json");
     const std::string path = (std::filesystem::path(state_dir) / "jobs.json").string();
-    if (std::filesystem::exists(path)) {
-      CHORUS_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
-      const json j = json::parse(text, nullptr, false);
-      if (j.is_discarded() || !j.is_array()) return InvalidArgumentError(path + ": not a job list");
+    // Every problem is kDataLoss naming the file, the job and the field.
+    auto read = [&]() -> Status {
+      if (!std::filesystem::exists(path, ec)) return OkStatus();
+      auto text = ReadFileToString(path);
+      if (!text.ok()) {
+        if (text.status().code() == StatusCode::kNotFound) return text.status();
+        return DataLossError(path + ": unreadable job state: " + text.status().message());
+      }
+      const json j = json::parse(*text, nullptr, false);
+      if (j.is_discarded()) return DataLossError(path + ": corrupt job state: not valid JSON");
+      if (!j.is_array()) return DataLossError(path + ": corrupt job state: not a job list");
+      std::set<std::string> ids;
       for (const json& e : j) {
         auto job = std::make_unique<Job>();
+        const std::string which = e.is_object() && e.contains("id") && e["id"].is_string()
+                                      ? e["id"].get<std::string>()
+                                      : "?";
         try {
           job->snap.id = e.at("id");
-          CHORUS_ASSIGN_OR_RETURN(job->snap.state, ParseJobState(e.at("state")));
+          auto st = ParseJobState(e.at("state"));
+          if (!st.ok())
+            return DataLossError(path + ": corrupt job " + which + ": " + st.status().message());
+          job->snap.state = *st;
           job->snap.error = e.at("error");
           job->snap.step = e.at("step");
           job->snap.total_steps = e.at("total_steps");
@@ -156,19 +178,35 @@ Result<std::unique_ptr<JobQueue>> JobQueue::Open(std::shared_ptr<const model::Mo
             if (c.contains("eval_loss")) cp.eval_loss = c["eval_loss"].get<double>();
             job->snap.checkpoints.push_back(cp);
           }
+          auto opts = OptionsFromJson(e.at("options"));
+          if (!opts.ok()) {
+            return DataLossError(path + ": corrupt job " + which + ": " + opts.status().message());
+          }
+          job->opts = std::move(*opts);
         } catch (const json::exception& ex) {
-          return InvalidArgumentError(path + ": bad job entry: " + ex.what());
+          return DataLossError(path + ": corrupt job " + which + ": " + ex.what());
         }
-        auto opts = OptionsFromJson(e.at("options"));
-        if (!opts.ok()) return Status(opts.status().code(), path + ": " + opts.status().message());
-        job->opts = std::move(*opts);
+        if (!ids.insert(job->snap.id).second) {
+          return DataLossError(path + ": corrupt job state: job " + which + " listed twice");
+        }
         loaded.push_back(std::move(job));
       }
+      return OkStatus();
+    };
+    Status st = read();
+    if (!st.ok() && st.code() == StatusCode::kDataLoss && recover_corrupt_state) {
+      CHORUS_ASSIGN_OR_RETURN(const std::string moved, QuarantineFile(path));
+      CHORUS_LOG(ERROR) << "fine-tuning job state " << path << " is corrupt and was moved aside to "
+                        << moved << "; starting with no jobs (" << st.message() << ")";
+      loaded.clear();
+    } else {
+      CHORUS_RETURN_IF_ERROR(st);
     }
   }
   auto q = std::make_unique<JobQueue>(std::move(model), std::move(tok), threads);
   std::lock_guard<std::mutex> l(q->mu_);
   q->state_dir_ = std::move(state_dir);
+  q->lock_ = std::move(lock);
   for (auto& job : loaded) {
     const std::string id = job->snap.id;
     if (!JobStateFinal(job->snap.state)) {

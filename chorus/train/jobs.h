@@ -32,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "chorus/base/durable_file.h"
 #include "chorus/train/finetune.h"
 
 namespace chorus::train {
@@ -67,10 +68,15 @@ struct JobSnapshot {
 class JobQueue {
  public:
   // `model` / `tok` are the base the jobs train on; `threads` compute threads per job.
-  // `state_dir` empty: nothing persisted. Fails on an unreadable jobs.json.
+  // `state_dir` empty: nothing persisted. A corrupt jobs.json (not JSON, a bad or missing
+  // field) is kDataLoss naming the job and the field, the file left as it is; with
+  // `recover_corrupt_state` it is moved aside to `jobs.json.corrupt-<UTC time>` (logged at ERROR
+  // with the problem) and the queue starts with no jobs. One process per state directory
+  // (`jobs.lock`, kFailedPrecondition for a second); temp files of a killed writer are removed.
   static Result<std::unique_ptr<JobQueue>> Open(std::shared_ptr<const model::Model> model,
                                                 std::shared_ptr<const tokenizer::Tokenizer> tok,
-                                                int threads, std::string state_dir = "");
+                                                int threads, std::string state_dir = "",
+                                                bool recover_corrupt_state = false);
   JobQueue(std::shared_ptr<const model::Model> model,
            std::shared_ptr<const tokenizer::Tokenizer> tok, int threads);
   ~JobQueue();  // cancels every job and joins the worker
@@ -111,6 +117,7 @@ class JobQueue {
   std::function<void(const JobSnapshot&)> on_success_;
   bool stop_ = false;
   std::string state_dir_;
+  FileLock lock_;  // held on state_dir_ for the queue's lifetime
   std::thread worker_;
 };
 

@@ -8,6 +8,7 @@
 
 #include "chorus/adapters/lora/lora_files.h"
 #include "chorus/adapters/lora/lora_files_internal.h"
+#include "chorus/base/mapped_file.h"
 
 namespace chorus::adapters {
 namespace lora_internal {
@@ -397,17 +398,12 @@ Status WritePeftLora(const std::string& dir, const LoraWeights& w, const model::
   cfg["target_modules"] = targets;
   cfg["rank_pattern"] = rank_pattern;
   cfg["alpha_pattern"] = alpha_pattern;
+  // Each file atomically (temp file, fsync, rename); the weights last, so that a directory with
+  // adapter_model.safetensors was written to the end (docs/finetuning.md, "Durability").
+  CHORUS_RETURN_IF_ERROR(
+      WriteFileAtomically((fs::path(dir) / kConfigFile).string(), cfg.dump(2) + "\n"));
   CHORUS_RETURN_IF_ERROR(formats::WriteSafetensors((fs::path(dir) / kSafetensorsFile).string(),
                                                    tensors, {{"format", "pt"}}));
-  const std::string cfg_path = (fs::path(dir) / kConfigFile).string();
-  const std::string tmp = cfg_path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << cfg.dump(2) << "\n";
-    if (!out) return InternalError(tmp + ": write failed");
-  }
-  fs::rename(tmp, cfg_path, ec);
-  if (ec) return InternalError(cfg_path + ": rename failed: " + ec.message());
   return OkStatus();
 }
 

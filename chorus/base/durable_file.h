@@ -1,0 +1,54 @@
+// Crash-safe file maintenance shared by every store that persists state (the adapter registry,
+// the fine-tuning file store and job queue, fine-tuning checkpoints; docs/adapters.md,
+// "Durability"). WriteFileAtomically (mapped_file.h) writes one file; these helpers clean up
+// after a writer that was killed, move a corrupt file aside, and let tests kill the process at
+// a chosen step of a write.
+#pragma once
+
+#include <string>
+
+#include "chorus/base/status.h"
+
+namespace chorus {
+
+// Test hook for the crash-consistency tests (tests/crash/): when the environment variable
+// CHORUS_CRASH_POINT is `name` or `name@N`, the process sends itself SIGKILL the first (N-th)
+// time execution reaches the point called `name`. Unset (production): one cached lookup, no
+// effect. Points: docs/adapters.md, "Durability".
+void CrashPoint(const char* name);
+
+// fsync(2) of a directory, so that renames and unlinks inside it survive a crash.
+Status SyncDirectory(const std::string& dir);
+
+// True for a temp-file name of WriteFileAtomically: `<name>.tmp.<digits>`.
+bool IsAtomicWriteTempName(const std::string& file_name);
+
+// Removes the WriteFileAtomically temp files (`*.tmp.<digits>`) directly in `dir` that a killed
+// writer left behind — only those whose base name satisfies `base_prefix` as a prefix ("" =
+// all). The caller must be the directory's only writer (hold its lock). Returns how many were
+// removed; each is logged.
+int RemoveAtomicWriteTempFiles(const std::string& dir, const std::string& base_prefix = "");
+
+// Moves a corrupt file aside to `<path>.corrupt-<UTC time YYYYmmddTHHMMSSZ>` (plus `-<n>` if
+// that exists), fsyncs the directory and returns the new path. Nothing is deleted.
+Result<std::string> QuarantineFile(const std::string& path);
+
+// An exclusive flock(2) on `lock_path` (created if needed), held until the object is destroyed
+// or the process dies (the kernel drops it). kFailedPrecondition naming `what` when another
+// process holds it.
+class FileLock {
+ public:
+  static Result<FileLock> Acquire(const std::string& lock_path, const std::string& what);
+  FileLock() = default;
+  FileLock(FileLock&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  FileLock& operator=(FileLock&& o) noexcept;
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+  ~FileLock();
+  bool held() const { return fd_ >= 0; }
+
+ private:
+  int fd_ = -1;
+};
+
+}  // namespace chorus
