@@ -7,9 +7,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 
 #include "chorus/base/logging.h"
@@ -17,34 +19,24 @@
 namespace chorus {
 namespace {
 
-struct CrashSpec {
-  std::string name;  // empty: no crash point armed
-  long hit = 1;
-};
-
-const CrashSpec& ArmedCrashPoint() {
-  static const CrashSpec spec = [] {
-    CrashSpec s;
-    const char* env = std::getenv("CHORUS_CRASH_POINT");
-    if (env == nullptr || *env == '\0') return s;
-    std::string v = env;
-    if (const size_t at = v.find('@'); at != std::string::npos) {
-      s.hit = std::max(1L, std::atol(v.c_str() + at + 1));
-      v.resize(at);
-    }
-    s.name = v;
-    return s;
-  }();
-  return spec;
+// Which hit of `name` CHORUS_CRASH_POINT arms: 0 when it names another point or is unset.
+// Read at every call (not cached), so that a forked test child may set it after the parent ran.
+long ArmedHit(const char* name) {
+  const char* env = std::getenv("CHORUS_CRASH_POINT");
+  if (env == nullptr || *env == '\0') return 0;
+  const char* at = std::strchr(env, '@');
+  const size_t len = at != nullptr ? static_cast<size_t>(at - env) : std::strlen(env);
+  if (std::strlen(name) != len || std::strncmp(env, name, len) != 0) return 0;
+  return at != nullptr ? std::max(1L, std::atol(at + 1)) : 1;
 }
 
 }  // namespace
 
 void CrashPoint(const char* name) {
-  const CrashSpec& spec = ArmedCrashPoint();
-  if (spec.name.empty() || spec.name != name) return;
+  const long hit = ArmedHit(name);
+  if (hit == 0) return;
   static std::atomic<long> hits{0};
-  if (hits.fetch_add(1) + 1 == spec.hit) ::kill(::getpid(), SIGKILL);
+  if (hits.fetch_add(1) + 1 == hit) ::kill(::getpid(), SIGKILL);
 }
 
 Status SyncDirectory(const std::string& dir) {

@@ -13,8 +13,9 @@ namespace chorus {
 
 // Test hook for the crash-consistency tests (tests/crash/): when the environment variable
 // CHORUS_CRASH_POINT is `name` or `name@N`, the process sends itself SIGKILL the first (N-th)
-// time execution reaches the point called `name`. Unset (production): one cached lookup, no
-// effect. Points: docs/adapters.md, "Durability".
+// time execution reaches the point called `name` (hits of the armed point are counted per
+// process). Unset (production): one getenv per call, no effect; the points sit next to file
+// writes, which cost far more. Points: docs/adapters.md, "Durability".
 void CrashPoint(const char* name);
 
 // fsync(2) of a directory, so that renames and unlinks inside it survive a crash.
