@@ -22,6 +22,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "chorus/adapters/adapter_cache.h"
 #include "chorus/adapters/lora/lora_adapter.h"
@@ -714,6 +715,69 @@ TEST_F(RegistryTest, CorruptStateIsAnErrorAndTempFilesAreIgnored) {
   EXPECT_EQ(AdapterRegistry::Open(state_, o).status().code(), StatusCode::kNotFound);
   EXPECT_EQ(AdapterRegistry::Open(tmp_ + "/no-dir/r.json", Options()).status().code(),
             StatusCode::kNotFound);
+}
+
+// A corrupt state file (a torn write from outside, garbage, a wrong schema, a bad field): by
+// default Open refuses, naming the problem, and leaves the file as it is; with
+// recover_corrupt_state the file is moved aside byte for byte, an ERROR line names the problem
+// and the quarantine path, and the registry starts empty. Never silently emptied.
+TEST_F(RegistryTest, CorruptStateIsRefusedOrQuarantined) {
+  WritePeft(root_ + "/a", base_, 8, 1);
+  {
+    auto reg = OpenOrDie();
+    ASSERT_TRUE(reg->Register("a", root_ + "/a").ok());
+  }
+  const std::string good = ReadAll(state_);
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string s = good;
+    const size_t at = s.find(from);
+    CHORUS_CHECK(at != std::string::npos) << from;
+    return s.replace(at, from.size(), to);
+  };
+  const std::vector<std::tuple<std::string, std::string, std::string>> cases = {
+      {"truncated", good.substr(0, good.size() / 2), "not valid JSON"},
+      {"garbage", "\x7f\x45garbage", "not valid JSON"},
+      {"wrong schema", R"({"format":"chorus-adapter-registry","schema_version":1,"adapters":[]})",
+       "missing field 'next_version'"},
+      {"bad field", with("\"rank\": 8", "\"rank\": -3"), "field 'rank' is out of range"}};
+  for (const auto& [what, text, problem] : cases) {
+    WriteAll(state_, text);
+    auto refused = AdapterRegistry::Open(state_, Options());
+    ASSERT_EQ(refused.status().code(), StatusCode::kDataLoss) << what;
+    EXPECT_NE(refused.status().message().find(problem), std::string::npos)
+        << what << ": " << refused.status().message();
+    EXPECT_NE(refused.status().message().find(state_), std::string::npos) << what;
+    EXPECT_EQ(ReadAll(state_), text) << what << ": refused, the file must stay as it was";
+
+    RegistryOptions o = Options();
+    o.recover_corrupt_state = true;
+    SetMinLogLevel(LogLevel::kInfo);
+    ::testing::internal::CaptureStderr();
+    auto recovered = AdapterRegistry::Open(state_, o);
+    const std::string log = ::testing::internal::GetCapturedStderr();
+    SetMinLogLevel(LogLevel::kError);
+    ASSERT_TRUE(recovered.ok()) << what << ": " << recovered.status().ToString();
+    EXPECT_EQ((*recovered)->size(), 0u) << what;
+    std::vector<std::string> quarantined;
+    for (const auto& e : fs::directory_iterator(tmp_ + "/state")) {
+      if (e.path().filename().string().find(".corrupt-") != std::string::npos)
+        quarantined.push_back(e.path().string());
+    }
+    ASSERT_EQ(quarantined.size(), 1u) << what;
+    EXPECT_EQ(ReadAll(quarantined[0]), text) << what << ": the quarantined copy is the original";
+    EXPECT_EQ(quarantined[0].rfind(state_ + ".corrupt-", 0), 0u) << quarantined[0];
+    // One ERROR line naming the quarantine path and the problem.
+    std::string line;
+    for (std::istringstream in(log); std::getline(in, line);) {
+      if (line.find(quarantined[0]) != std::string::npos) break;
+    }
+    EXPECT_EQ(line.rfind("E ", 0), 0u) << what << ": " << log;
+    EXPECT_NE(line.find(quarantined[0]), std::string::npos) << what << ": " << log;
+    EXPECT_NE(line.find(problem), std::string::npos) << what << ": " << log;
+    recovered->reset();
+    EXPECT_EQ(OpenOrDie()->size(), 0u);  // the new, empty state is a valid file
+    fs::remove(quarantined[0]);
+  }
 }
 
 TEST_F(RegistryTest, ConcurrentReadersSeeWholeEntries) {

@@ -64,5 +64,77 @@ TEST(FileStoreTest, Refusals) {
   EXPECT_NE(bad.status().message().find("files.json"), std::string::npos);
 }
 
+// A corrupt index is refused with kDataLoss naming the problem (the directory untouched), or
+// with recover_corrupt_state moved aside and rebuilt from the content files present; files a
+// killed writer left (temp files, content the index does not list) are removed at Open.
+TEST(FileStoreTest, CorruptIndexIsRefusedOrQuarantined) {
+  namespace fs = std::filesystem;
+  const std::string dir = testing::TempDir() + "/files";
+  std::string id;
+  {
+    auto s = FileStore::Open(dir);
+    CHORUS_ASSERT_OK(s.status());
+    auto a = (*s)->Add("train.jsonl", "fine-tune", "{\"text\": \"a\"}\n");
+    CHORUS_ASSERT_OK(a.status());
+    id = a->id;
+    // A second process on the same directory is refused while this one holds it.
+    auto second = FileStore::Open(dir);
+    EXPECT_EQ(second.status().code(), StatusCode::kFailedPrecondition);
+  }
+  // Leftovers of killed writers: removed, the listed file kept.
+  CHORUS_ASSERT_OK(WriteFileAtomically(dir + "/files.json.tmp.4242", "{"));
+  CHORUS_ASSERT_OK(WriteFileAtomically(dir + "/file-00000009000000000000abcd.jsonl", "orphan"));
+  {
+    auto s = FileStore::Open(dir);
+    CHORUS_ASSERT_OK(s.status());
+    EXPECT_EQ((*s)->List().size(), 1u);
+    EXPECT_FALSE(fs::exists(dir + "/files.json.tmp.4242"));
+    EXPECT_FALSE(fs::exists(dir + "/file-00000009000000000000abcd.jsonl"));
+    EXPECT_TRUE(fs::exists(dir + "/" + id + ".jsonl"));
+  }
+  const std::string good = *ReadFileToString(dir + "/files.json");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {good.substr(0, good.size() / 2), "not valid JSON"},
+      {"[1, 2]", "not an object"},
+      {R"({"counter": 1, "files": [{"id": "file-x"}]})", "no valid 'id'"},
+      {R"({"counter": "1", "files": []})", "'counter'"},
+      {R"({"counter": 1, "files": [{"id": ")" + id +
+           R"(", "filename": "t", "purpose": "fine-tune", "bytes": 3, "created_at": 1}]})",
+       "has 14 bytes, the index says 3"}};
+  for (const auto& [text, problem] : cases) {
+    CHORUS_ASSERT_OK(WriteFileAtomically(dir + "/files.json", text));
+    auto refused = FileStore::Open(dir);
+    ASSERT_EQ(refused.status().code(), StatusCode::kDataLoss) << text;
+    EXPECT_NE(refused.status().message().find(problem), std::string::npos)
+        << refused.status().message();
+    EXPECT_NE(refused.status().message().find("files.json"), std::string::npos);
+    EXPECT_EQ(*ReadFileToString(dir + "/files.json"), text) << "refused: left as it was";
+    EXPECT_TRUE(fs::exists(dir + "/" + id + ".jsonl")) << "refused: content kept";
+
+    auto recovered = FileStore::Open(dir, int64_t{256} << 20, /*recover_corrupt_state=*/true);
+    CHORUS_ASSERT_OK(recovered.status());
+    ASSERT_EQ((*recovered)->List().size(), 1u) << "rebuilt from the content present";
+    EXPECT_EQ((*recovered)->List()[0].id, id);
+    EXPECT_EQ(*ReadFileToString((*recovered)->List()[0].path), "{\"text\": \"a\"}\n");
+    int quarantined = 0;
+    for (const auto& e : fs::directory_iterator(dir)) {
+      const std::string n = e.path().filename().string();
+      if (n.rfind("files.json.corrupt-", 0) == 0) {
+        ++quarantined;
+        EXPECT_EQ(*ReadFileToString(e.path().string()), text);
+        fs::remove(e.path());
+      }
+    }
+    EXPECT_EQ(quarantined, 1);
+    recovered->reset();
+    auto again = FileStore::Open(dir);  // the rebuilt index is valid
+    CHORUS_ASSERT_OK(again.status());
+    auto next = (*again)->Add("b.jsonl", "fine-tune", "x");
+    CHORUS_ASSERT_OK(next.status());
+    EXPECT_NE(next->id, id);
+    CHORUS_ASSERT_OK((*again)->Delete(next->id));
+  }
+}
+
 }  // namespace
 }  // namespace chorus::train

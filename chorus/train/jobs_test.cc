@@ -7,7 +7,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
+#include "chorus/base/mapped_file.h"
 #include "chorus/model/loader.h"
 #include "tests/testutil/testutil.h"
 
@@ -140,6 +142,55 @@ TEST_F(JobsTest, JobsSurviveARestart) {
   auto broken = JobQueue::Open(model_, tok_, 1, bad_state);
   ASSERT_FALSE(broken.ok());
   EXPECT_NE(broken.status().message().find("jobs.json"), std::string::npos);
+}
+
+// A corrupt jobs.json is refused with kDataLoss naming the problem (left as it is), or with
+// recover_corrupt_state moved aside (kept byte for byte) and the queue starts with no jobs.
+// One process per state directory.
+TEST_F(JobsTest, CorruptStateIsRefusedOrQuarantined) {
+  namespace fs = std::filesystem;
+  const std::string state = testing::TempDir() + "/jobs-corrupt";
+  {
+    auto q = JobQueue::Open(model_, tok_, 1, state);
+    CHORUS_ASSERT_OK(q.status());
+    ASSERT_EQ(*(*q)->Submit("done", Options("done", 2)), JobState::kQueued);
+    (*q)->Wait("done");
+    EXPECT_EQ(JobQueue::Open(model_, tok_, 1, state).status().code(),
+              StatusCode::kFailedPrecondition);
+  }
+  const std::string path = state + "/jobs.json";
+  const std::string good = *ReadFileToString(path);
+  nlohmann::json no_options = nlohmann::json::parse(good);
+  no_options[0].erase("options");
+  nlohmann::json bad_state = nlohmann::json::parse(good);
+  bad_state[0]["state"] = "exploded";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {good.substr(0, good.size() / 2), "not valid JSON"},
+      {"{}", "not a job list"},
+      {no_options.dump(), "corrupt job done"},
+      {bad_state.dump(), "unknown job state 'exploded'"}};
+  for (const auto& [text, problem] : cases) {
+    CHORUS_ASSERT_OK(WriteFileAtomically(path, text));
+    auto refused = JobQueue::Open(model_, tok_, 1, state);
+    ASSERT_EQ(refused.status().code(), StatusCode::kDataLoss) << text.substr(0, 80);
+    EXPECT_NE(refused.status().message().find(problem), std::string::npos)
+        << refused.status().message();
+    EXPECT_NE(refused.status().message().find(path), std::string::npos);
+    EXPECT_EQ(*ReadFileToString(path), text) << "refused: left as it was";
+
+    auto recovered = JobQueue::Open(model_, tok_, 1, state, /*recover_corrupt_state=*/true);
+    CHORUS_ASSERT_OK(recovered.status());
+    EXPECT_TRUE((*recovered)->Ids().empty());
+    int quarantined = 0;
+    for (const auto& e : fs::directory_iterator(state)) {
+      if (e.path().filename().string().rfind("jobs.json.corrupt-", 0) == 0) {
+        ++quarantined;
+        EXPECT_EQ(*ReadFileToString(e.path().string()), text);
+        fs::remove(e.path());
+      }
+    }
+    EXPECT_EQ(quarantined, 1);
+  }
 }
 
 }  // namespace
