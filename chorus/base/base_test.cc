@@ -1,7 +1,13 @@
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <filesystem>
 #include <thread>
 #include <vector>
 
+#include "chorus/base/durable_file.h"
 #include "chorus/base/mapped_file.h"
 #include "chorus/base/owned_ranges.h"
 #include "chorus/base/rng.h"
@@ -131,6 +137,75 @@ TEST(MappedFileTest, MapsAndRejectsMissing) {
   auto missing = MappedFile::Open(dir + "/nope");
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
   EXPECT_EQ(MappedFile::Open(dir).status().code(), StatusCode::kInvalidArgument);
+}
+
+// The crash-recovery helpers (durable_file.h): temp-name recognition, leftover removal, the
+// quarantine move, the exclusive lock, and the crash hook killing a child at the chosen write.
+TEST(DurableFileTest, LeftoversQuarantineLockAndCrashPoint) {
+  namespace fs = std::filesystem;
+  EXPECT_TRUE(IsAtomicWriteTempName("registry.json.tmp.123"));
+  EXPECT_FALSE(IsAtomicWriteTempName("registry.json.tmp."));
+  EXPECT_FALSE(IsAtomicWriteTempName("registry.json.tmp.12a"));
+  EXPECT_FALSE(IsAtomicWriteTempName(".tmp.12"));
+  EXPECT_FALSE(IsAtomicWriteTempName("registry.json"));
+
+  const std::string dir = testing::TempDir();
+  CHORUS_ASSERT_OK(WriteFileAtomically(dir + "/a.json", "new"));
+  EXPECT_EQ(*ReadFileToString(dir + "/a.json"), "new");
+  CHORUS_ASSERT_OK(WriteFileAtomically(dir + "/a.json.tmp.1", "x"));
+  CHORUS_ASSERT_OK(WriteFileAtomically(dir + "/b.json.tmp.22", "x"));
+  EXPECT_EQ(RemoveAtomicWriteTempFiles(dir, "a.json"), 1);
+  EXPECT_TRUE(fs::exists(dir + "/b.json.tmp.22"));
+  EXPECT_EQ(RemoveAtomicWriteTempFiles(dir), 1);
+  EXPECT_EQ(fs::directory_iterator(dir)->path().filename(), "a.json");
+
+  // A temp file of a dead writer goes; one of a live process (this one's parent) stays.
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ::waitpid(child, nullptr, 0);
+  const std::string dead = dir + "/a.json.tmp." + std::to_string(child);
+  const std::string live = dir + "/a.json.tmp." + std::to_string(::getppid());
+  CHORUS_ASSERT_OK(WriteFileAtomically(dead, "x"));
+  CHORUS_ASSERT_OK(WriteFileAtomically(live, "x"));
+  EXPECT_EQ(RemoveDeadWritersTempFiles(dir + "/a.json"), 1);
+  EXPECT_FALSE(fs::exists(dead));
+  EXPECT_TRUE(fs::exists(live));
+  fs::remove(live);
+
+  auto moved = QuarantineFile(dir + "/a.json");
+  CHORUS_ASSERT_OK(moved.status());
+  EXPECT_EQ(moved->rfind(dir + "/a.json.corrupt-", 0), 0u) << *moved;
+  EXPECT_EQ(*ReadFileToString(*moved), "new");
+  EXPECT_FALSE(fs::exists(dir + "/a.json"));
+  CHORUS_ASSERT_OK(WriteFileAtomically(dir + "/a.json", "again"));
+  auto moved2 = QuarantineFile(dir + "/a.json");  // the same second: a distinct name
+  CHORUS_ASSERT_OK(moved2.status());
+  EXPECT_NE(*moved2, *moved);
+
+  {
+    auto lock = FileLock::Acquire(dir + "/x.lock", "the test store");
+    CHORUS_ASSERT_OK(lock.status());
+    auto second = FileLock::Acquire(dir + "/x.lock", "the test store");
+    EXPECT_EQ(second.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_NE(second.status().message().find("the test store"), std::string::npos);
+  }
+  CHORUS_EXPECT_OK(FileLock::Acquire(dir + "/x.lock", "the test store").status());
+
+  // CHORUS_CRASH_POINT=atomic_write.before_rename@2: the second write dies before its rename,
+  // leaving the first write's content and a complete temp file.
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setenv("CHORUS_CRASH_POINT", "atomic_write.before_rename@2", 1);
+    (void)WriteFileAtomically(dir + "/c.json", "first");
+    (void)WriteFileAtomically(dir + "/c.json", "second");
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+  EXPECT_EQ(*ReadFileToString(dir + "/c.json"), "first");
+  EXPECT_EQ(*ReadFileToString(dir + "/c.json.tmp." + std::to_string(pid)), "second");
+  EXPECT_EQ(RemoveDeadWritersTempFiles(dir + "/c.json"), 1);
 }
 
 TEST(RngTest, SameSeedSameStream) {

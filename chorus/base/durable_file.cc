@@ -76,6 +76,33 @@ int RemoveAtomicWriteTempFiles(const std::string& dir, const std::string& base_p
   return removed;
 }
 
+int RemoveDeadWritersTempFiles(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : path.substr(0, slash);
+  const std::string prefix = (slash == std::string::npos ? path : path.substr(slash + 1)) + ".tmp.";
+  int removed = 0;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return 0;
+  while (struct dirent* ent = ::readdir(d)) {
+    const std::string n = ent->d_name;
+    if (n.size() <= prefix.size() || n.compare(0, prefix.size(), prefix) != 0 ||
+        !IsAtomicWriteTempName(n))
+      continue;
+    const long pid = std::atol(n.c_str() + prefix.size());
+    if (pid <= 0 || pid == static_cast<long>(::getpid())) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive (or unknown)
+    const std::string p = dir + "/" + n;
+    if (::unlink(p.c_str()) == 0) {
+      ++removed;
+      CHORUS_LOG(INFO) << "removed leftover temp file " << p << " (its writer is gone)";
+    }
+  }
+  ::closedir(d);
+  return removed;
+}
+
 Result<std::string> QuarantineFile(const std::string& path) {
   const std::time_t now = std::time(nullptr);
   std::tm tm{};

@@ -30,6 +30,11 @@ bool IsAtomicWriteTempName(const std::string& file_name);
 // removed; each is logged.
 int RemoveAtomicWriteTempFiles(const std::string& dir, const std::string& base_prefix = "");
 
+// For a writer without a lock (a one-shot command such as `chorus compress`): removes the
+// WriteFileAtomically temp files of `path` (`<path>.tmp.<pid>`) whose process no longer exists,
+// so repeated kills leave at most one per live writer. Returns how many were removed.
+int RemoveDeadWritersTempFiles(const std::string& path);
+
 // Moves a corrupt file aside to `<path>.corrupt-<UTC time YYYYmmddTHHMMSSZ>` (plus `-<n>` if
 // that exists), fsyncs the directory and returns the new path. Nothing is deleted.
 Result<std::string> QuarantineFile(const std::string& path);

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "chorus/base/durable_file.h"
 #include "chorus/base/mapped_file.h"
 #include "chorus/formats/safetensors.h"
 
@@ -202,6 +203,8 @@ Status WriteDelta(const std::string& path, const Delta& d, int zstd_level, Write
     if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST)
       return ErrnoError(errno, "creating delta directory " + path);
   }
+  // A killed earlier write of this file left its temp file: removed once its writer is gone.
+  RemoveDeadWritersTempFiles(FilePathFor(path));
   return WriteFileAtomically(FilePathFor(path), bytes);
 }
 
