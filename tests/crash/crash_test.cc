@@ -7,10 +7,11 @@
 // temp file left behind. Stores: the adapter registry (register / replace / unregister with
 // real PEFT and GGUF adapter files), the fine-tuning file store (add / delete), and fine-tuning
 // checkpoints (a run killed at any step resumes and ends bitwise where the uninterrupted run
-// ends).
+// ends), and the fine-tuning job queue (a job killed while queued or running is listed again
+// and resumes to the same bytes).
 //
 // CHORUS_CRASH_ITERATIONS sets the registry's kill count (default 200); the file store runs half
-// as many, the fine-tuning run a tenth (at least 5).
+// as many, the fine-tuning run a tenth and the job queue a twentieth (at least 5 each).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -38,6 +39,7 @@
 #include "chorus/model/synthetic.h"
 #include "chorus/train/file_store.h"
 #include "chorus/train/finetune.h"
+#include "chorus/train/jobs.h"
 #include "tests/testutil/testutil.h"
 
 namespace chorus {
@@ -487,6 +489,97 @@ TEST_F(CrashTest, FinetuneResumesFromACompleteCheckpointAfterSigkill) {
   }
   std::printf("finetune crash test: %d/%d runs killed three times resumed to the reference bytes\n",
               iterations, iterations);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The fine-tuning job queue: a child submits a job and runs it; killed at any moment, the queue
+// reopened on the same state directory lists the job iff its submission may have happened (and
+// surely once Submit returned), resumes it, and the job ends on the uninterrupted run's bytes.
+
+TEST_F(CrashTest, JobQueueResumesJobsAfterSigkill) {
+  CHORUS_REQUIRE_SHARED_MODEL("stories260K/stories260K.bin");
+  const std::string mdir = testing::SharedModelsDir() + "/stories260K/";
+  auto model = model::LoadModel(mdir + "stories260K.bin");
+  CHORUS_ASSERT_OK(model.status());
+  auto tok_or = tokenizer::LoadTokenizer(mdir + "tok512.bin");
+  CHORUS_ASSERT_OK(tok_or.status());
+  const std::shared_ptr<const tokenizer::Tokenizer> tok(std::move(tok_or).value());
+  const std::string data = tmp_ + "/jobs.jsonl";
+  {
+    std::ofstream out(data);
+    for (int i = 0; i < 8; ++i) {
+      out << R"({"prompt": "Once upon a time", "completion": " there was a dog )" << i << R"(."})"
+          << "\n";
+    }
+  }
+  auto options = [&](const std::string& out) {
+    train::FinetuneOptions o;
+    o.data_path = data;
+    o.output_dir = out;
+    o.lora.rank = 2;
+    o.steps = 8;
+    o.batch = 1;
+    o.data.seq_len = 32;
+    o.save_every = 1;
+    return o;
+  };
+  std::string ref_weights;
+  int run_us = 0;
+  {
+    ThreadPool pool(1);
+    const auto t0 = std::chrono::steady_clock::now();
+    CHORUS_ASSERT_OK(train::RunFinetune(*model, *tok, options(tmp_ + "/jobref"), &pool).status());
+    run_us = static_cast<int>(
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
+            .count());
+    ref_weights = *ReadFileToString(tmp_ + "/jobref/adapter_model.safetensors");
+  }
+  const int iterations = std::max(5, Iterations() / 20);
+  std::mt19937 rng(5);
+  const std::vector<std::string> points = {"atomic_write.partial", "atomic_write.before_rename",
+                                           "atomic_write.after_rename", "checkpoint.before_rename"};
+  int listed_after_kill = 0;
+  for (int it = 0; it < iterations; ++it) {
+    const std::string state = tmp_ + "/jobstate" + std::to_string(it);
+    const std::string out = tmp_ + "/jobout" + std::to_string(it);
+    const KillPlan plan = PlanKill(it, rng, run_us * 3 / 2, points, 6);
+    const ChildRun run = RunChild(plan, [&](int fd) {
+      auto q = train::JobQueue::Open(*model, tok, 1, state);
+      if (!q.ok()) ::_exit(2);
+      Report(fd, 'B', 0);
+      if (!(*q)->Submit("job", options(out)).ok()) ::_exit(3);
+      Report(fd, 'D', 0);
+      (*q)->Wait("job");
+      ::_exit((*q)->Snapshot("job")->state == train::JobState::kSucceeded ? 0 : 4);
+    });
+    auto q = train::JobQueue::Open(*model, tok, 1, state);
+    ASSERT_TRUE(q.ok()) << "iteration " << it << ": " << q.status().ToString();
+    const bool listed = (*q)->Snapshot("job").has_value();
+    if (run.last_done >= 0) {
+      EXPECT_TRUE(listed) << "iteration " << it << ": a submitted job is lost";
+    }
+    if (run.last_begun < 0) {
+      EXPECT_FALSE(listed) << "iteration " << it << ": a job that was never submitted";
+    }
+    if (listed) {
+      ++listed_after_kill;
+    } else {
+      CHORUS_ASSERT_OK((*q)->Submit("job", options(out)).status());
+    }
+    (*q)->Wait("job");
+    const auto snap = (*q)->Snapshot("job");
+    ASSERT_EQ(snap->state, train::JobState::kSucceeded)
+        << "iteration " << it << ": " << snap->error;
+    EXPECT_EQ(*ReadFileToString(out + "/adapter_model.safetensors"), ref_weights)
+        << "iteration " << it;
+    q->reset();
+    EXPECT_TRUE(Leftovers(state).empty()) << "iteration " << it;
+    EXPECT_TRUE(Leftovers(out).empty()) << "iteration " << it;
+  }
+  std::printf(
+      "job queue crash test: %d/%d restarts consistent (%d jobs found persisted after the "
+      "kill and resumed)\n",
+      iterations, iterations, listed_after_kill);
 }
 
 }  // namespace
