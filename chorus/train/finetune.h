@@ -19,6 +19,10 @@
 //                                                      directory and renamed (atomic); the
 //                                                      latest two are kept
 //   loss.csv                                           one row per optimizer step
+//   .lock                                              flock(2) of the running run (one run per
+//                                                      directory); a run first removes the
+//                                                      `.tmp-*` and `*.tmp.<pid>` leftovers of a
+//                                                      killed one (docs/finetuning.md, "Durability")
 #pragma once
 
 #include <atomic>
