@@ -22,7 +22,8 @@
 //   .lock                                              flock(2) of the running run (one run per
 //                                                      directory); a run first removes the
 //                                                      `.tmp-*` and `*.tmp.<pid>` leftovers of a
-//                                                      killed one (docs/finetuning.md, "Durability")
+//                                                      killed one (docs/finetuning.md,
+//                                                      "Durability")
 #pragma once
 
 #include <atomic>
