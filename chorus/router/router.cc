@@ -113,8 +113,24 @@ Result<ReplicaAddress> ParseReplicaUrl(const std::string& url) {
   return a;
 }
 
+double RankAwareScore(const ReplicaView& r, bool predicted, double tpot_slo_s) {
+  if (predicted) {
+    // CaraServe §5, Alg. 1: the added latency on the requests already there, plus the new
+    // request's own step, and a large penalty when its step would break its TPOT SLO.
+    const double added = std::max(0.0, r.step_s_with - r.step_s);
+    double score = static_cast<double>(r.in_flight) * added + r.step_s_with;
+    if (tpot_slo_s > 0 && r.step_s_with > tpot_slo_s) score += kSloPenalty;
+    return score;
+  }
+  // Proxy: added latency ∝ rows in flight, plus the LoRA work they bring (a step's time grows
+  // with the ranks in it; 64 rank-units ≈ one more row), plus half a row for a variant the
+  // replica does not run yet (its first step loads it and adds a segment).
+  return static_cast<double>(r.in_flight) + static_cast<double>(r.rank_in_flight) / 64.0 +
+         (r.runs_variant ? 0.0 : 0.5);
+}
+
 int ChooseReplica(Policy policy, std::span<const ReplicaView> replicas, int64_t capacity,
-                  uint64_t random) {
+                  uint64_t random, double tpot_slo_s) {
   std::vector<int> candidates;
   for (size_t i = 0; i < replicas.size(); ++i)
     if (replicas[i].healthy && replicas[i].serves_model) candidates.push_back(static_cast<int>(i));
@@ -152,14 +168,15 @@ int ChooseReplica(Policy policy, std::span<const ReplicaView> replicas, int64_t 
       if (best >= 0) return best;
       return best_by([](const ReplicaView& r) { return static_cast<double>(r.in_flight); });
     }
-    case Policy::kRankAware:
-      // Added latency ∝ rows in flight, plus the LoRA work they bring (CaraServe: a step's time
-      // grows with the ranks in it; 64 rank-units ≈ one more row), plus half a row for a variant
-      // the replica does not run yet (its first step loads it and adds a segment).
-      return best_by([](const ReplicaView& r) {
-        return static_cast<double>(r.in_flight) + static_cast<double>(r.rank_in_flight) / 64.0 +
-               (r.runs_variant ? 0.0 : 0.5);
-      });
+    case Policy::kRankAware: {
+      bool predicted = true;
+      for (int i : candidates) {
+        const ReplicaView& r = replicas[static_cast<size_t>(i)];
+        predicted = predicted && r.step_s >= 0 && r.step_s_with >= 0;
+      }
+      return best_by(
+          [&](const ReplicaView& r) { return RankAwareScore(r, predicted, tpot_slo_s); });
+    }
   }
   return -1;
 }

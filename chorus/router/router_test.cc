@@ -55,6 +55,32 @@ TEST(RouterChoiceTest, RankAwareWeighsTheRanksInFlightAndTheVariantAlreadyRunnin
             1);
 }
 
+TEST(RouterChoiceTest, RankAwareWithPredictedStepsUsesCaraServesCost) {
+  // CaraServe's score: in_flight × (step_with − step) + step_with, + a penalty over the TPOT SLO.
+  auto P = [](int64_t in_flight, double step, double with) {
+    ReplicaView v = V(in_flight);
+    v.step_s = step;
+    v.step_s_with = with;
+    return v;
+  };
+  // Fewer requests but a step the new request slows a lot (a new high-rank adapter): 2 × 4 + 14
+  // = 22 ms against 6 × 1 + 11 = 17 ms — the busier replica is cheaper.
+  EXPECT_EQ(
+      ChooseReplica(Policy::kRankAware, std::vector{P(2, 0.010, 0.014), P(6, 0.010, 0.011)}, 32, 0),
+      1);
+  EXPECT_NEAR(RankAwareScore(P(2, 0.010, 0.014), true, 0), 0.022, 1e-12);
+  // The cheaper one would break a 10.5 ms TPOT SLO: the penalty sends the request elsewhere.
+  EXPECT_EQ(ChooseReplica(Policy::kRankAware, std::vector{P(2, 0.010, 0.0104), P(1, 0.010, 0.012)},
+                          32, 0, 0.011),
+            0);
+  EXPECT_EQ(ChooseReplica(Policy::kRankAware, std::vector{P(1, 0.009, 0.0104), P(1, 0.010, 0.012)},
+                          32, 0, 0.010),
+            0);  // both over: the smaller cost still wins
+  // A candidate without a prediction: every candidate is scored by the proxy.
+  ReplicaView unknown = V(0);
+  EXPECT_EQ(ChooseReplica(Policy::kRankAware, std::vector{P(5, 0.001, 0.002), unknown}, 32, 0), 1);
+}
+
 TEST(RouterChoiceTest, RandomSpreadsOverAllCandidates) {
   std::set<int> picked;
   for (uint64_t r = 0; r < 64; ++r)
