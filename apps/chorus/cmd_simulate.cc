@@ -173,19 +173,11 @@ int SimulateCommand(int argc, char** argv) {
   const bool json_out = f.GetBool("json");
   if (!json_out) {
     std::printf(
-        "chorus simulate: %lld replicas, cost model %s (%s, profiled with %d threads, %s clock, "
+        "chorus simulate: %lld replicas, cost model %s (%s, profiled with %d threads, "
         "load %s), %zu requests per point, TTFT SLO %g ms, TPOT SLO %g ms\n",
         static_cast<long long>(o.replicas), f.GetString("cost-model").c_str(),
-        engine::CostModel::KindName(o.cost_model->kind()), cm->threads, cm->clock.c_str(),
-        cm->loadavg.c_str(), base.size(), ttft_slo, tpot_slo);
-    // Reference points for choosing SLOs against this model.
-    const engine::CostModel& m = *o.cost_model;
-    std::printf(
-        "predicted decode steps: 1 base row %.3f ms; 32 rows of rank-32 adapters (8 "
-        "distinct, context 256) %.3f ms; 64 such rows (16 distinct) %.3f ms\n",
-        sim::PredictDecodeStep(m, 1, 0, 0, 256) * 1e3,
-        sim::PredictDecodeStep(m, 32, 32, 8, 256) * 1e3,
-        sim::PredictDecodeStep(m, 64, 32, 16, 256) * 1e3);
+        engine::CostModel::KindName(o.cost_model->kind()), cm->threads, cm->loadavg.c_str(),
+        base.size(), ttft_slo, tpot_slo);
     std::printf("%-13s %8s %7s %7s %7s %9s %9s %8s %8s %8s %8s %8s %9s %5s\n", "policy", "rate/s",
                 "slo", "ttft", "tpot", "ttft p50", "ttft p90", "tpot p50", "tpot p90", "e2e p50",
                 "e2e p90", "req/s", "tok/s", "busy");

@@ -116,15 +116,10 @@ Result<ReplicaAddress> ParseReplicaUrl(const std::string& url) {
 double RankAwareScore(const ReplicaView& r, bool predicted, double tpot_slo_s) {
   if (predicted) {
     // CaraServe §5, Alg. 1: the added latency on the requests already there, plus the new
-    // request's own step, and a large penalty per request whose SLO the choice breaks: every
-    // request there when it pushes a replica within the TPOT SLO over it, only the new one when
-    // the replica is over already.
+    // request's own step, and a large penalty when its step would break its TPOT SLO.
     const double added = std::max(0.0, r.step_s_with - r.step_s);
     double score = static_cast<double>(r.in_flight) * added + r.step_s_with;
-    if (tpot_slo_s > 0 && r.step_s_with > tpot_slo_s) {
-      const double broken = r.step_s <= tpot_slo_s ? static_cast<double>(r.in_flight) + 1 : 1;
-      score += kSloPenalty * broken;
-    }
+    if (tpot_slo_s > 0 && r.step_s_with > tpot_slo_s) score += kSloPenalty;
     return score;
   }
   // Proxy: added latency ∝ rows in flight, plus the LoRA work they bring (a step's time grows

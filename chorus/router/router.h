@@ -71,11 +71,9 @@ int ChooseReplica(Policy policy, std::span<const ReplicaView> replicas, int64_t 
 
 // rank-aware's score of one replica (smaller is better), exposed for tests and the simulator's
 // report: with predicted steps, CaraServe's cost — the latency the request adds to the requests
-// in flight (in_flight × (step_s_with − step_s)) plus its own step time, plus kSloPenalty for
-// every request whose TPOT SLO the choice breaks (all in_flight + 1 when the step with it exceeds
-// `tpot_slo_s` and the step without did not; only the new one when the replica is over already);
-// without, the proxy in_flight + rank_in_flight / 64 + ½ when the replica does not run the
-// variant yet.
+// in flight (in_flight × (step_s_with − step_s)) plus its own step time, plus kSloPenalty when
+// the step with it would exceed `tpot_slo_s`; without, the proxy in_flight + rank_in_flight / 64
+// + ½ when the replica does not run the variant yet.
 double RankAwareScore(const ReplicaView& r, bool predicted, double tpot_slo_s);
 inline constexpr double kSloPenalty = 1e6;
 

@@ -76,14 +76,6 @@ TEST(RouterChoiceTest, RankAwareWithPredictedStepsUsesCaraServesCost) {
   EXPECT_EQ(ChooseReplica(Policy::kRankAware, std::vector{P(1, 0.009, 0.0104), P(1, 0.010, 0.012)},
                           32, 0, 0.010),
             0);  // both over: the smaller cost still wins
-  // Pushing a replica within the SLO over it breaks every request there (6 penalties); one over
-  // the SLO already only breaks the new request's (1): under overload, the request goes to the
-  // replica that is over already, and the other keeps its requests within the SLO.
-  EXPECT_EQ(ChooseReplica(Policy::kRankAware, std::vector{P(5, 0.009, 0.0104), P(8, 0.012, 0.013)},
-                          32, 0, 0.010),
-            1);
-  EXPECT_NEAR(RankAwareScore(P(5, 0.009, 0.0104), true, 0.010),
-              5 * 0.0014 + 0.0104 + 6 * kSloPenalty, 1e-6);
   // A candidate without a prediction: every candidate is scored by the proxy.
   ReplicaView unknown = V(0);
   EXPECT_EQ(ChooseReplica(Policy::kRankAware, std::vector{P(5, 0.001, 0.002), unknown}, 32, 0), 1);
