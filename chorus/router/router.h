@@ -26,12 +26,14 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "chorus/base/status.h"
+#include "chorus/engine/cost_model.h"
 
 namespace chorus::router {
 
@@ -77,6 +79,25 @@ int ChooseReplica(Policy policy, std::span<const ReplicaView> replicas, int64_t 
 double RankAwareScore(const ReplicaView& r, bool predicted, double tpot_slo_s);
 inline constexpr double kSloPenalty = 1e6;
 
+// The decode step a replica would run over the requests a router has in flight there, as
+// rank-aware's cost model sees it: one row per request at its context (positions attended), its
+// variant's LoRA rank on the rows, each distinct adapter (rank > 0) once in Σrank and the adapter
+// count. `chorus router` and `chorus simulate` keep one per replica.
+class InFlightStep {
+ public:
+  void Add(const std::string& variant, int64_t rank, int64_t context);
+  // Undoes an Add with the same arguments.
+  void Remove(const std::string& variant, int64_t rank, int64_t context);
+  // The features with one more such request (this one unchanged).
+  engine::StepFeatures With(const std::string& variant, int64_t rank, int64_t context) const;
+  const engine::StepFeatures& features() const { return f_; }
+  bool Runs(const std::string& variant) const { return variants_.count(variant) > 0; }
+
+ private:
+  engine::StepFeatures f_;
+  std::map<std::string, int64_t> variants_;  // variant → requests in flight
+};
+
 struct RouterOptions {
   std::string host = "127.0.0.1";
   int port = 8100;  // 0 = any free port (Router::port())
@@ -89,6 +110,9 @@ struct RouterOptions {
   int64_t max_body_bytes = int64_t{8} << 20;
   int connect_timeout_ms = 1000;
   int read_timeout_s = 600;  // an upstream that sends nothing for this long is a failure
+  // rank-aware: the replicas' cost model (one for all: replicas of one build on one kind of
+  // machine); its predicted steps over the requests in flight replace the proxy. Null: the proxy.
+  std::shared_ptr<const engine::CostModel> cost_model;
 };
 
 class Router {

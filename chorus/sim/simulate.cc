@@ -6,7 +6,6 @@
 #include <deque>
 #include <map>
 #include <queue>
-#include <unordered_map>
 
 namespace chorus::sim {
 namespace {
@@ -30,8 +29,7 @@ struct Seq {
 // What the router knows of one replica: the requests it has in flight there.
 struct RouterState {
   int64_t in_flight = 0, rank_in_flight = 0;
-  std::unordered_map<int32_t, int64_t> variants;  // adapter (-1 = base) → requests in flight
-  engine::StepFeatures decode;  // one decode row per request in flight, at its prompt's end
+  router::InFlightStep step;  // the router's own bookkeeping: one decode row per request
 };
 
 struct Replica {
@@ -54,40 +52,18 @@ double Percentile(std::vector<double> v, double p) {
   return v[std::min(v.size() - 1, k == 0 ? 0 : k - 1)];
 }
 
-// The router's decode-step features of `r` with one more request (rank, adapter) in flight.
-engine::StepFeatures WithRequest(const RouterState& r, const Seq& s) {
-  engine::StepFeatures f = r.decode;
-  f.AddChunk(s.prompt, 1, /*prefill=*/false, s.rank);
-  if (s.adapter >= 0 && !r.variants.count(s.adapter)) {
-    f.adapters += 1;
-    f.sum_ranks += static_cast<double>(s.rank);
-  }
-  return f;
-}
-
-void RouterBegin(RouterState& r, const Seq& s) {
-  r.decode = WithRequest(r, s);
+// The router's bookkeeping (router::InFlightStep, the same code as `chorus router`'s), each
+// request at its prompt's length (a simulated router knows it; the live one counts 0).
+void RouterBegin(RouterState& r, const Seq& s, const std::string& variant) {
   ++r.in_flight;
   r.rank_in_flight += s.rank;
-  ++r.variants[s.adapter];
+  r.step.Add(variant, s.rank, s.prompt);
 }
 
-void RouterEnd(RouterState& r, const Seq& s) {
+void RouterEnd(RouterState& r, const Seq& s, const std::string& variant) {
   --r.in_flight;
   r.rank_in_flight -= s.rank;
-  auto it = r.variants.find(s.adapter);
-  const bool last = --it->second == 0;
-  if (last) r.variants.erase(it);
-  // Subtract exactly what RouterBegin added (no drift: recompute the distinct-adapter terms).
-  engine::StepFeatures& f = r.decode;
-  f.decode_rows -= 1;
-  f.context_tokens -= static_cast<double>(s.prompt) + 1;
-  f.row_ranks -= static_cast<double>(s.rank);
-  if (s.adapter >= 0 && last) {
-    f.adapters -= 1;
-    f.sum_ranks -= static_cast<double>(s.rank);
-  }
-  if (r.in_flight == 0) f = engine::StepFeatures{};
+  r.step.Remove(variant, s.rank, s.prompt);
 }
 
 class Simulator {
@@ -152,16 +128,17 @@ class Simulator {
         v.serves_model = true;  // every replica holds every adapter (one shared adapter root)
         v.in_flight = rs.in_flight;
         v.rank_in_flight = rs.rank_in_flight;
-        v.runs_variant = rs.variants.count(s.adapter) > 0;
-        v.step_s = predict ? model.Predict(rs.decode) : -1;
-        v.step_s_with = predict ? model.Predict(WithRequest(rs, s)) : -1;
+        const std::string& variant = trace_[static_cast<size_t>(q)].adapter;
+        v.runs_variant = rs.step.Runs(variant);
+        v.step_s = predict ? model.Predict(rs.step.features()) : -1;
+        v.step_s_with = predict ? model.Predict(rs.step.With(variant, s.rank, s.prompt)) : -1;
       }
       const int ri = router::ChooseReplica(opts_.policy, views, opts_.replica_capacity, rng_.Next(),
                                            trace_[static_cast<size_t>(q)].tpot_slo_ms / 1e3);
       if (ri < 0) return InternalError("simulate: the router chose no replica");
       Replica& r = replicas_[static_cast<size_t>(ri)];
       results_[static_cast<size_t>(q)].replica = ri;
-      RouterBegin(r.router, s);
+      RouterBegin(r.router, s, trace_[static_cast<size_t>(q)].adapter);
       r.waiting.push_back(q);
       if (!r.busy && StartStep(r, ri, model)) step_ends.emplace(now_ + last_step_s_, ri);
     }
@@ -225,7 +202,7 @@ class Simulator {
         // Refused at once (429): the router sees the answer and forgets the request.
         RequestResult& res = results_[static_cast<size_t>(q)];
         res.completed = false;
-        RouterEnd(r.router, seqs_[static_cast<size_t>(q)]);
+        RouterEnd(r.router, seqs_[static_cast<size_t>(q)], trace_[static_cast<size_t>(q)].adapter);
       }
       r.waiting = std::move(kept);
     }
@@ -312,7 +289,7 @@ class Simulator {
       // A small tolerance: a TPOT exactly at its SLO (steps of exactly the SLO) meets it.
       res.ttft_met = t.ttft_slo_ms <= 0 || res.ttft_s * 1e3 <= t.ttft_slo_ms * (1 + 1e-9);
       res.tpot_met = t.tpot_slo_ms <= 0 || res.tpot_s * 1e3 <= t.tpot_slo_ms * (1 + 1e-9);
-      RouterEnd(r.router, s);
+      RouterEnd(r.router, s, t.adapter);
       std::erase(r.running, c.req);
       last_finish_ = std::max(last_finish_, now_);
     }

@@ -6,10 +6,12 @@
 // What is modelled, and from which code:
 //   * routing: every arrival is routed by router::ChooseReplica — the router's own decision —
 //     over views built from what the router knows of each replica (the requests it has in
-//     flight there, their LoRA ranks and variants). For rank-aware the views also carry the
-//     cost model's predicted decode step over those requests without and with the new one
-//     (CaraServe §5); with `rank_aware_proxy` they do not, and rank-aware falls back to the
-//     router's proxy (what `chorus router` runs without a cost model).
+//     flight there, their LoRA ranks and variants, kept by the router's own InFlightStep). For
+//     rank-aware the views also carry the cost model's predicted decode step over those requests
+//     without and with the new one (CaraServe §5); with `rank_aware_proxy` they do not, and
+//     rank-aware falls back to the router's proxy (`chorus router` without --cost-model). The
+//     simulated router knows each request's prompt length (its rows' context); `chorus router`
+//     counts context 0.
 //   * each replica: the engine's continuous batching (engine/scheduler.cc): every step takes the
 //     running sequences oldest first (a decode row, or the next chunk of a prompt) under
 //     max_batch_tokens rows, then admits waiting requests in queue order while rows and
