@@ -11,6 +11,9 @@ here.
                                                  held-out loss where it was evaluated)
   tools/plot.py slora-vs-n slora_vs_n.csv [-o ...]  bench/serve/adapter_workloads.sh slora:
                                                  throughput and TTFT against registered adapters
+  tools/plot.py simulate SIM.csv [-o ...]       chorus simulate --csv: SLO attainment and mean
+                                                 time per output token against load, per routing
+                                                 policy (the shape of CaraServe's Fig. 19)
 
 The PNG defaults to the CSV's path with .png. Exit status: 0 written, 1 bad input or gnuplot
 failed, 2 usage.
@@ -95,11 +98,42 @@ plot {gp_quote(csv_path)} every ::1 using 1:5 with linespoints pt 7 lw 2 title '
 """
 
 
+def simulate(csv_path, png, title):
+    # One gnuplot data block per policy (rows sorted by rate), so each policy is one line.
+    rows = {}
+    with open(csv_path, newline="") as f:
+        for row in csv.DictReader(f):
+            rows.setdefault(row["policy"], []).append(
+                (float(row["rate"]), float(row["attainment"]), float(row["tpot_mean_ms"])))
+    blocks = ""
+    for i, (policy, pts) in enumerate(rows.items()):
+        blocks += f"$p{i} << EOD\n" + "".join(f"{r} {a} {t}\n" for r, a, t in sorted(pts)) + "EOD\n"
+    def lines(column):
+        return ", ".join(f"$p{i} using 1:{column} with linespoints lw 2 pt {i + 5} "
+                         f"title {gp_quote(policy)}" for i, policy in enumerate(rows))
+    return f"""{blocks}set terminal pngcairo size 1200,500 noenhanced
+set output {gp_quote(png)}
+set multiplot layout 1,2 title {gp_quote(title or 'chorus simulate: routing policies by load')}
+set xlabel 'load (requests/s)'
+set grid
+set key bottom left
+set ylabel 'SLO attainment (TTFT and TPOT met)'
+set yrange [0:1.05]
+plot {lines(2)}
+set ylabel 'mean time per output token (ms)'
+set yrange [0:*]
+set key top left
+plot {lines(3)}
+unset multiplot
+"""
+
+
 # kind -> (script builder, columns the CSV header must have)
 KINDS = {
     "loss": (loss, ["step", "loss", "eval_loss"]),
     "punica": (punica, ["dtype", "metric", "batch", "tokens_per_s"]),
     "requests": (requests, ["arrival_s", "status", "ttft_s", "tpot_s", "latency_s"]),
+    "simulate": (simulate, ["policy", "rate", "attainment", "tpot_mean_ms"]),
     "slora-vs-n": (slora_vs_n, ["n", "output_tok_s", "ttft_p50", "ttft_cold_p50", "ttft_warm_p50"]),
 }
 

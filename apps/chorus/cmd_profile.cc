@@ -29,6 +29,9 @@ int ProfileCommand(int argc, char** argv) {
   f.Int("samples", 160, "step shapes timed");
   f.Int("repeats", 3, "timings per shape (median)");
   f.Bool("quick", "40 shapes, shallower grid (a rough model in a few seconds)");
+  f.String("clock", "wall",
+           "how steps are timed: wall, or cpu (the thread's CPU time: steadier on a shared host; "
+           "needs --threads 1)");
   f.String("isa", "best", "highest kernel level: best, amx, avx512, avx2 or scalar");
   if (int rc = ParseOrExit(f, argc, argv); rc >= 0) return rc;
   if (Status si = ApplyIsaFlag(f); !si.ok()) return Fail("profile", si);
@@ -37,6 +40,9 @@ int ProfileCommand(int argc, char** argv) {
   po.threads = ThreadsFlag(f);
   po.samples = f.GetInt("samples");
   po.repeats = static_cast<int>(std::clamp<int64_t>(f.GetInt("repeats"), 1, 100));
+  if (f.GetString("clock") != "wall" && f.GetString("clock") != "cpu")
+    return Fail("profile", InvalidArgumentError("flag --clock must be wall or cpu"));
+  po.cpu_clock = f.GetString("clock") == "cpu";
   if (f.GetBool("quick")) {
     po.samples = 40;
     po.max_prefill = 128;
@@ -73,7 +79,8 @@ int ProfileCommand(int argc, char** argv) {
   if (!rep.ok()) return Fail("profile", rep.status());
   rep->file.model_name = name;
   std::printf("%s", rep->ToTable().c_str());
-  std::printf("loadavg: %s, threads %d\n", rep->file.loadavg.c_str(), rep->file.threads);
+  std::printf("loadavg: %s, threads %d, clock %s\n", rep->file.loadavg.c_str(), rep->file.threads,
+              rep->file.clock.c_str());
   std::ofstream os(out, std::ios::trunc);
   os << rep->file.ToJson();
   os.close();

@@ -27,6 +27,9 @@ int RouterCommand(int argc, char** argv) {
   f.String("replica-api-key", "",
            "key for the router's own polls of /v1/models (when replicas need one)");
   f.Int("max-connections", 512, "HTTP worker threads = client connections served at once");
+  f.String("cost-model", "",
+           "rank-aware: the replicas' cost model (`chorus profile` JSON); its predicted steps "
+           "over the requests in flight replace the proxy (docs/router.md)");
   if (int rc = ParseOrExit(f, argc, argv); rc >= 0) return rc;
   router::RouterOptions o;
   o.replicas = f.GetRepeated("replica");
@@ -50,6 +53,11 @@ int RouterCommand(int argc, char** argv) {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  if (const std::string path = f.GetString("cost-model"); !path.empty()) {
+    auto cm = engine::CostModelFile::Load(path);
+    if (!cm.ok()) return Fail("router", cm.status().WithContext("flag --cost-model"));
+    o.cost_model = std::make_shared<engine::CostModel>(cm->best());
+  }
   auto r = router::Router::Create(o);
   if (!r.ok()) return Fail("router", r.status());
   if (Status s = (*r)->Start(); !s.ok()) return Fail("router", s);

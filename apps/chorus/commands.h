@@ -14,5 +14,6 @@ int CompressCommand(int argc, char** argv);
 int RouterCommand(int argc, char** argv);
 int ProfileCommand(int argc, char** argv);
 int FinetuneCommand(int argc, char** argv);
+int SimulateCommand(int argc, char** argv);
 
 }  // namespace chorus::apps

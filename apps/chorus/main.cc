@@ -20,6 +20,7 @@ constexpr const char* kUsage =
     "  eval       perplexity of a model or variant; KL and same-top-token vs a reference\n"
     "  compress   a full fine-tune as a compressed delta (deltazip, bitdelta, rtn)\n"
     "  router     one OpenAI endpoint over several `chorus serve` replicas\n"
+    "  simulate   compare routing policies on a simulated cluster (cost-model driven)\n"
     "  finetune   train a LoRA adapter on JSONL / text data; writes a PEFT directory\n"
     "\n"
     "`chorus <command> --help` shows each command's flags.\n";
@@ -48,6 +49,7 @@ int main(int argc, char** argv) {
   if (cmd == "compress") return CompressCommand(argc - 2, argv + 2);
   if (cmd == "router") return RouterCommand(argc - 2, argv + 2);
   if (cmd == "finetune") return FinetuneCommand(argc - 2, argv + 2);
+  if (cmd == "simulate") return SimulateCommand(argc - 2, argv + 2);
   std::fprintf(stderr, "chorus: unknown command '%s'\n\n%s", cmd.substr(0, 64).c_str(), kUsage);
   return 2;
 }

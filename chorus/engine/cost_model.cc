@@ -175,6 +175,7 @@ std::string CostModelFile::ToJson() const {
   j["model"] = model_name;
   j["threads"] = threads;
   j["loadavg"] = loadavg;
+  j["clock"] = clock;
   j["use"] = CostModel::KindName(models[use].model.kind());
   json arr = json::array();
   for (const Entry& e : models) {
@@ -207,6 +208,7 @@ Result<CostModelFile> CostModelFile::Parse(std::string_view text) {
   if (auto m = j.find("model"); m != j.end() && m->is_string()) f.model_name = *m;
   if (auto t = j.find("threads"); t != j.end() && t->is_number_integer()) f.threads = *t;
   if (auto l = j.find("loadavg"); l != j.end() && l->is_string()) f.loadavg = *l;
+  if (auto c = j.find("clock"); c != j.end() && c->is_string()) f.clock = *c;
   std::string use = "linear";
   if (auto u = j.find("use"); u != j.end()) {
     if (!u->is_string()) return InvalidArgumentError("cost model file: \"use\" must be a string");

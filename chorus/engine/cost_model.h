@@ -88,10 +88,11 @@ struct CostModelFile {
     FitQuality heldout;
   };
   std::vector<Entry> models;
-  size_t use = 0;          // index into models
-  std::string model_name;  // what was profiled (informational)
-  int threads = 0;         // compute threads of the profile
-  std::string loadavg;     // /proc/loadavg when profiled
+  size_t use = 0;              // index into models
+  std::string model_name;      // what was profiled (informational)
+  int threads = 0;             // compute threads of the profile
+  std::string loadavg;         // /proc/loadavg when profiled
+  std::string clock = "wall";  // how steps were timed: "wall" or "thread-cpu" (ProfileOptions)
   std::string ToJson() const;
   // Errors name the problem (not JSON, missing or mistyped field, wrong number of
   // coefficients, non-finite coefficient, unknown kind).

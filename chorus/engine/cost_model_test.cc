@@ -90,12 +90,14 @@ TEST(CostModelTest, JsonRoundTripAndMalformedFiles) {
                                                             {1, 2, 3, 4, 5, 6, 7, 8, 9}),
                       .heldout = {}});
   f.use = 1;
+  f.clock = "thread-cpu";
   auto back = CostModelFile::Parse(f.ToJson());
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   ASSERT_EQ(back->models.size(), 2u);
   EXPECT_EQ(back->use, 1u);
   EXPECT_EQ(back->models[0].model.coefficients(), f.models[0].model.coefficients());
   EXPECT_EQ(back->models[0].heldout.median_ape, 0.05);
+  EXPECT_EQ(back->clock, "thread-cpu");
 
   struct Bad {
     std::string text, says;

@@ -29,6 +29,11 @@ struct ProfileOptions {
   int64_t max_context = 1024;  // deepest decode row / latest prefill start
   int64_t max_adapters = 8;    // distinct adapters in a step (ranks cycle 8, 16, 32, 64)
   uint64_t seed = 1;
+  // Time each step by the calling thread's CPU time instead of the wall clock (needs threads ==
+  // 1: the step then runs on the calling thread). On a host shared with other work the wall
+  // clock measures the time the kernel gave to others; the thread's CPU time measures the
+  // step's own work (not the cache and memory-bandwidth contention, which remain).
+  bool cpu_clock = false;
   // Deltas are not profiled (building one needs a fine-tune of the same base): their term is
   // zero in every sample, so the fitted models give it coefficient 0.
 };

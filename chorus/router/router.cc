@@ -113,8 +113,59 @@ Result<ReplicaAddress> ParseReplicaUrl(const std::string& url) {
   return a;
 }
 
+double RankAwareScore(const ReplicaView& r, bool predicted, double tpot_slo_s) {
+  if (predicted) {
+    // CaraServe §5, Alg. 1: the added latency on the requests already there, plus the new
+    // request's own step, and a large penalty when its step would break its TPOT SLO.
+    const double added = std::max(0.0, r.step_s_with - r.step_s);
+    double score = static_cast<double>(r.in_flight) * added + r.step_s_with;
+    if (tpot_slo_s > 0 && r.step_s_with > tpot_slo_s) score += kSloPenalty;
+    return score;
+  }
+  // Proxy: added latency ∝ rows in flight, plus the LoRA work they bring (a step's time grows
+  // with the ranks in it; 64 rank-units ≈ one more row), plus half a row for a variant the
+  // replica does not run yet (its first step loads it and adds a segment).
+  return static_cast<double>(r.in_flight) + static_cast<double>(r.rank_in_flight) / 64.0 +
+         (r.runs_variant ? 0.0 : 0.5);
+}
+
+void InFlightStep::Add(const std::string& variant, int64_t rank, int64_t context) {
+  f_ = With(variant, rank, context);
+  ++variants_[variant];
+}
+
+void InFlightStep::Remove(const std::string& variant, int64_t rank, int64_t context) {
+  auto it = variants_.find(variant);
+  if (it == variants_.end()) return;
+  const bool last = --it->second == 0;
+  if (last) variants_.erase(it);
+  // Subtract exactly what Add added; back to zero when nothing is left (no drift).
+  if (variants_.empty()) {
+    f_ = engine::StepFeatures{};
+    return;
+  }
+  f_.decode_rows -= 1;
+  f_.context_tokens -= static_cast<double>(context) + 1;
+  f_.row_ranks -= static_cast<double>(rank);
+  if (rank > 0 && last) {
+    f_.adapters -= 1;
+    f_.sum_ranks -= static_cast<double>(rank);
+  }
+}
+
+engine::StepFeatures InFlightStep::With(const std::string& variant, int64_t rank,
+                                        int64_t context) const {
+  engine::StepFeatures f = f_;
+  f.AddChunk(context, 1, /*prefill=*/false, rank);
+  if (rank > 0 && !variants_.count(variant)) {
+    f.adapters += 1;
+    f.sum_ranks += static_cast<double>(rank);
+  }
+  return f;
+}
+
 int ChooseReplica(Policy policy, std::span<const ReplicaView> replicas, int64_t capacity,
-                  uint64_t random) {
+                  uint64_t random, double tpot_slo_s) {
   std::vector<int> candidates;
   for (size_t i = 0; i < replicas.size(); ++i)
     if (replicas[i].healthy && replicas[i].serves_model) candidates.push_back(static_cast<int>(i));
@@ -152,14 +203,15 @@ int ChooseReplica(Policy policy, std::span<const ReplicaView> replicas, int64_t 
       if (best >= 0) return best;
       return best_by([](const ReplicaView& r) { return static_cast<double>(r.in_flight); });
     }
-    case Policy::kRankAware:
-      // Added latency ∝ rows in flight, plus the LoRA work they bring (CaraServe: a step's time
-      // grows with the ranks in it; 64 rank-units ≈ one more row), plus half a row for a variant
-      // the replica does not run yet (its first step loads it and adds a segment).
-      return best_by([](const ReplicaView& r) {
-        return static_cast<double>(r.in_flight) + static_cast<double>(r.rank_in_flight) / 64.0 +
-               (r.runs_variant ? 0.0 : 0.5);
-      });
+    case Policy::kRankAware: {
+      bool predicted = true;
+      for (int i : candidates) {
+        const ReplicaView& r = replicas[static_cast<size_t>(i)];
+        predicted = predicted && r.step_s >= 0 && r.step_s_with >= 0;
+      }
+      return best_by(
+          [&](const ReplicaView& r) { return RankAwareScore(r, predicted, tpot_slo_s); });
+    }
   }
   return -1;
 }
@@ -174,6 +226,7 @@ struct Router::Impl {
     std::map<std::string, int64_t> models;   // GUARDED_BY(mu): id → LoRA rank (0: none)
     std::map<std::string, int64_t> running;  // GUARDED_BY(mu): model → requests in flight
     int64_t rank_in_flight = 0;              // GUARDED_BY(mu)
+    InFlightStep step;                       // GUARDED_BY(mu)
   };
 
   RouterOptions opts;
@@ -250,7 +303,7 @@ struct Router::Impl {
   }
 
   // The replica for a request for `model` (empty: none named), excluding `tried`.
-  int Choose(const std::string& model, const std::set<int>& tried) {
+  int Choose(const std::string& model, const std::set<int>& tried, double tpot_slo_s) {
     std::vector<ReplicaView> views(replicas.size());
     bool anyone_lists = false;
     for (size_t i = 0; i < replicas.size(); ++i) {
@@ -262,27 +315,40 @@ struct Router::Impl {
       views[i].in_flight = r.in_flight.load();
       views[i].rank_in_flight = r.rank_in_flight;
       views[i].runs_variant = r.running.count(model) > 0;
+      if (opts.cost_model != nullptr) {
+        // The router does not know prompt lengths: rows at context 0.
+        const auto it = r.models.find(model);
+        const int64_t rank = it == r.models.end() ? 0 : it->second;
+        views[i].step_s = opts.cost_model->Predict(r.step.features());
+        views[i].step_s_with = opts.cost_model->Predict(r.step.With(model, rank, 0));
+      }
     }
     // No replica lists the model (e.g. a tenant's own adapter, invisible to the router's polls):
     // any replica may take it; the one chosen answers for it.
     if (!anyone_lists)
       for (auto& v : views) v.serves_model = true;
-    return ChooseReplica(opts.policy, views, opts.replica_capacity, Random());
+    return ChooseReplica(opts.policy, views, opts.replica_capacity, Random(), tpot_slo_s);
   }
 
-  void Begin(Replica& r, const std::string& model) {
+  // A request starts on `r`: returns the rank it was counted with, for End.
+  int64_t Begin(Replica& r, const std::string& model) {
     r.in_flight.fetch_add(1);
     r.requests.fetch_add(1);
     std::lock_guard<std::mutex> l(r.mu);
     ++r.running[model];
-    if (auto it = r.models.find(model); it != r.models.end()) r.rank_in_flight += it->second;
+    const auto it = r.models.find(model);
+    const int64_t rank = it == r.models.end() ? 0 : it->second;
+    r.rank_in_flight += rank;
+    r.step.Add(model, rank, 0);
+    return rank;
   }
-  void End(Replica& r, const std::string& model) {
+  void End(Replica& r, const std::string& model, int64_t rank) {
     r.in_flight.fetch_sub(1);
     std::lock_guard<std::mutex> l(r.mu);
     if (auto it = r.running.find(model); it != r.running.end() && --it->second == 0)
       r.running.erase(it);
-    if (auto it = r.models.find(model); it != r.models.end()) r.rank_in_flight -= it->second;
+    r.rank_in_flight -= rank;
+    r.step.Remove(model, rank, 0);
   }
 
   // Starts the upstream call of `req` on replica `i` in its own thread; returns its exchange.
@@ -290,13 +356,13 @@ struct Router::Impl {
                                           const std::string& model) {
     auto ex = std::make_shared<Exchange>();
     Replica& r = *replicas[static_cast<size_t>(i)];
-    Begin(r, model);
+    const int64_t rank = Begin(r, model);
     httplib::Request up;
     up.method = req.method;
     up.path = req.path;
     up.headers = UpstreamHeaders(req);
     up.body = req.body;
-    std::thread([keep = weak_self.lock(), ex, up = std::move(up), &r, model]() mutable {
+    std::thread([keep = weak_self.lock(), ex, up = std::move(up), &r, model, rank]() mutable {
       Impl* self = keep.get();
       up.response_handler = [ex](const httplib::Response& res) {
         std::lock_guard<std::mutex> l(ex->mu);
@@ -321,7 +387,7 @@ struct Router::Impl {
       };
       auto c = self->ClientFor(r, self->opts.read_timeout_s);
       auto res = c->send(up);
-      self->End(r, model);
+      self->End(r, model, rank);
       std::lock_guard<std::mutex> l(ex->mu);
       ex->done = true;
       if (!res && !ex->client_gone.load()) {
@@ -337,11 +403,14 @@ struct Router::Impl {
   // nothing has reached the client yet.
   void Proxy(const httplib::Request& req, httplib::Response& res) {
     std::string model;
+    double tpot_slo_s = 0;  // the request's own TPOT SLO (rank-aware with a cost model)
     if (!req.body.empty()) {
       try {
         const json j = json::parse(req.body);
         if (j.is_object() && j.contains("model") && j["model"].is_string())
           model = j["model"].get<std::string>();
+        if (j.is_object() && j.contains("tpot_slo_ms") && j["tpot_slo_ms"].is_number())
+          tpot_slo_s = std::max(0.0, j["tpot_slo_ms"].get<double>() / 1e3);
       } catch (const std::exception&) {
         // Not JSON: the replica answers with its own 400.
       }
@@ -349,7 +418,7 @@ struct Router::Impl {
     std::set<int> tried;
     std::string last_failure;
     while (true) {
-      const int i = Choose(model, tried);
+      const int i = Choose(model, tried, tpot_slo_s);
       if (i < 0) {
         no_replica.fetch_add(1);
         SendError(res, 503,

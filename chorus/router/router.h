@@ -26,12 +26,14 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "chorus/base/status.h"
+#include "chorus/engine/cost_model.h"
 
 namespace chorus::router {
 
@@ -54,12 +56,47 @@ struct ReplicaView {
   int64_t in_flight = 0;       // requests the router has outstanding there
   int64_t rank_in_flight = 0;  // Σ LoRA ranks of those requests
   bool runs_variant = false;   // one of them is for the request's variant
+  // rank-aware with a cost model (CaraServe §5): the replica's predicted decode step over its
+  // requests in flight, without and with the request being routed (RankAwareStepSeconds). When
+  // any candidate's is negative (unknown), rank-aware scores every candidate by the proxy.
+  double step_s = -1;
+  double step_s_with = -1;
 };
 
 // The index of the chosen replica among `replicas`, or -1 when none is healthy and serves the
-// model. `random` is a uniformly random number (used by kRandom and to break ties).
+// model. `random` is a uniformly random number (used by kRandom and to break ties);
+// `tpot_slo_s` is the request's time-per-output-token SLO (0 = none), which rank-aware with
+// predicted steps uses to penalise a replica whose step would exceed it. The one decision of
+// both `chorus router` and `chorus simulate` (docs/router.md).
 int ChooseReplica(Policy policy, std::span<const ReplicaView> replicas, int64_t capacity,
-                  uint64_t random);
+                  uint64_t random, double tpot_slo_s = 0);
+
+// rank-aware's score of one replica (smaller is better), exposed for tests and the simulator's
+// report: with predicted steps, CaraServe's cost — the latency the request adds to the requests
+// in flight (in_flight × (step_s_with − step_s)) plus its own step time, plus kSloPenalty when
+// the step with it would exceed `tpot_slo_s`; without, the proxy in_flight + rank_in_flight / 64
+// + ½ when the replica does not run the variant yet.
+double RankAwareScore(const ReplicaView& r, bool predicted, double tpot_slo_s);
+inline constexpr double kSloPenalty = 1e6;
+
+// The decode step a replica would run over the requests a router has in flight there, as
+// rank-aware's cost model sees it: one row per request at its context (positions attended), its
+// variant's LoRA rank on the rows, each distinct adapter (rank > 0) once in Σrank and the adapter
+// count. `chorus router` and `chorus simulate` keep one per replica.
+class InFlightStep {
+ public:
+  void Add(const std::string& variant, int64_t rank, int64_t context);
+  // Undoes an Add with the same arguments.
+  void Remove(const std::string& variant, int64_t rank, int64_t context);
+  // The features with one more such request (this one unchanged).
+  engine::StepFeatures With(const std::string& variant, int64_t rank, int64_t context) const;
+  const engine::StepFeatures& features() const { return f_; }
+  bool Runs(const std::string& variant) const { return variants_.count(variant) > 0; }
+
+ private:
+  engine::StepFeatures f_;
+  std::map<std::string, int64_t> variants_;  // variant → requests in flight
+};
 
 struct RouterOptions {
   std::string host = "127.0.0.1";
@@ -73,6 +110,9 @@ struct RouterOptions {
   int64_t max_body_bytes = int64_t{8} << 20;
   int connect_timeout_ms = 1000;
   int read_timeout_s = 600;  // an upstream that sends nothing for this long is a failure
+  // rank-aware: the replicas' cost model (one for all: replicas of one build on one kind of
+  // machine); its predicted steps over the requests in flight replace the proxy. Null: the proxy.
+  std::shared_ptr<const engine::CostModel> cost_model;
 };
 
 class Router {

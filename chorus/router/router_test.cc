@@ -55,6 +55,65 @@ TEST(RouterChoiceTest, RankAwareWeighsTheRanksInFlightAndTheVariantAlreadyRunnin
             1);
 }
 
+TEST(RouterChoiceTest, RankAwareWithPredictedStepsUsesCaraServesCost) {
+  // CaraServe's score: in_flight × (step_with − step) + step_with, + a penalty over the TPOT SLO.
+  auto P = [](int64_t in_flight, double step, double with) {
+    ReplicaView v = V(in_flight);
+    v.step_s = step;
+    v.step_s_with = with;
+    return v;
+  };
+  // Fewer requests but a step the new request slows a lot (a new high-rank adapter): 2 × 4 + 14
+  // = 22 ms against 6 × 1 + 11 = 17 ms — the busier replica is cheaper.
+  EXPECT_EQ(
+      ChooseReplica(Policy::kRankAware, std::vector{P(2, 0.010, 0.014), P(6, 0.010, 0.011)}, 32, 0),
+      1);
+  EXPECT_NEAR(RankAwareScore(P(2, 0.010, 0.014), true, 0), 0.022, 1e-12);
+  // The cheaper one would break a 10.5 ms TPOT SLO: the penalty sends the request elsewhere.
+  EXPECT_EQ(ChooseReplica(Policy::kRankAware, std::vector{P(2, 0.010, 0.0104), P(1, 0.010, 0.012)},
+                          32, 0, 0.011),
+            0);
+  EXPECT_EQ(ChooseReplica(Policy::kRankAware, std::vector{P(1, 0.009, 0.0104), P(1, 0.010, 0.012)},
+                          32, 0, 0.010),
+            0);  // both over: the smaller cost still wins
+  // A candidate without a prediction: every candidate is scored by the proxy.
+  ReplicaView unknown = V(0);
+  EXPECT_EQ(ChooseReplica(Policy::kRankAware, std::vector{P(5, 0.001, 0.002), unknown}, 32, 0), 1);
+}
+
+TEST(InFlightStepTest, CountsRowsRanksAndEachAdapterOnceAndUndoesExactly) {
+  InFlightStep s;
+  s.Add("a", 16, 100);
+  s.Add("a", 16, 50);
+  s.Add("base", 0, 10);
+  const engine::StepFeatures& f = s.features();
+  EXPECT_EQ(f.decode_rows, 3);
+  EXPECT_EQ(f.prefill_tokens, 0);
+  EXPECT_EQ(f.row_ranks, 32);
+  EXPECT_EQ(f.adapters, 1);  // "a" once; the base model is no adapter
+  EXPECT_EQ(f.sum_ranks, 16);
+  EXPECT_EQ(f.context_tokens, 101 + 51 + 11);
+  EXPECT_TRUE(s.Runs("a"));
+  EXPECT_FALSE(s.Runs("b"));
+  const engine::StepFeatures w = s.With("b", 64, 0);
+  EXPECT_EQ(w.adapters, 2);
+  EXPECT_EQ(w.sum_ranks, 80);
+  EXPECT_EQ(w.decode_rows, 4);
+  EXPECT_EQ(s.With("a", 16, 0).adapters, 1);  // already there: no new adapter term
+  s.Remove("a", 16, 100);
+  EXPECT_EQ(s.features().adapters, 1);
+  EXPECT_EQ(s.features().context_tokens, 51 + 11);
+  s.Remove("a", 16, 50);
+  EXPECT_EQ(s.features().adapters, 0);
+  EXPECT_EQ(s.features().sum_ranks, 0);
+  EXPECT_FALSE(s.Runs("a"));
+  s.Remove("base", 0, 10);
+  EXPECT_EQ(s.features().decode_rows, 0);
+  EXPECT_EQ(s.features().context_tokens, 0);
+  s.Remove("never", 8, 1);  // not there: nothing changes
+  EXPECT_EQ(s.features().decode_rows, 0);
+}
+
 TEST(RouterChoiceTest, RandomSpreadsOverAllCandidates) {
   std::set<int> picked;
   for (uint64_t r = 0; r < 64; ++r)

@@ -31,6 +31,15 @@ step,epoch,lr,loss,grad_norm,tokens_per_s,elapsed_s,eval_loss
 1,0.04,0.0002,0.98,0.33,1400.0,1.50,
 2,0.07,0.0004,0.95,0.31,1410.0,3.00,0.94
 CSV
+cat >"$tmp/sim.csv" <<'CSV'
+policy,rate,attainment,ttft_attainment,tpot_attainment,ttft_p50_ms,ttft_p90_ms,tpot_p50_ms,tpot_p90_ms,tpot_mean_ms,e2e_p50_s,e2e_p90_s,throughput_rps,tokens_per_s,busy_fraction,requests,completed
+rank-aware,100,1.0,1.0,1.0,9.2,17.3,0.19,0.26,0.20,0.03,0.06,99.6,13334.7,0.44,2000,2000
+random,100,0.9,1.0,0.9,10.2,18.8,0.34,0.96,0.46,0.05,0.14,99.6,13334.7,0.45,2000,2000
+rank-aware,200,0.8,1.0,0.8,9.2,17.3,0.19,0.26,0.30,0.03,0.06,199.6,26334.7,0.84,2000,2000
+random,200,0.5,1.0,0.5,10.2,18.8,0.34,0.96,0.66,0.05,0.14,199.6,26334.7,0.85,2000,2000
+CSV
+plot simulate "$tmp/sim.csv" >/dev/null
+is_png "$tmp/sim.png" || fail "simulate: no PNG"
 plot punica "$tmp/punica.csv" >/dev/null
 is_png "$tmp/punica.png" || fail "punica: no PNG"
 plot requests "$tmp/requests.csv" -o "$tmp/r.png" >/dev/null

@@ -97,11 +97,14 @@ os.makedirs(env_home)
 os.environ["HOME"] = env_home
 os.environ["CHORUS_CACHE_DIR"] = os.path.join(tmp, "cache")
 
-# Bad flags first: no replica, a bad URL, an unknown policy.
+# Bad flags first: no replica, a bad URL, an unknown policy, a missing cost model.
 for args, needle in ((["router"], "--replica"),
                      (["router", "--replica", "localhost:1"], "http://"),
                      (["router", "--replica", "http://127.0.0.1:1", "--policy", "fastest"],
-                      "fastest")):
+                      "fastest"),
+                     (["router", "--replica", "http://127.0.0.1:1", "--policy", "rank-aware",
+                       "--cost-model", os.path.join(tmp, "no-such-cost-model.json")],
+                      "no-such-cost-model.json")):
     p = subprocess.run([CHORUS] + args, capture_output=True, text=True, timeout=30)
     if p.returncode == 0 or needle not in p.stderr:
         fail(f"{args}: rc {p.returncode}, stderr {p.stderr[:300]!r}")
