@@ -11,7 +11,8 @@ function(chorus_cc_library)
 endfunction()
 
 # chorus_cc_test(NAME n SRCS ... DEPS ... LABELS ...) — a GoogleTest binary registered with
-# CTest, each test case labelled (unit, kernel, integration, e2e, slow).
+# CTest, each test case labelled (unit, kernel, integration, e2e, slow; `concurrency` marks the
+# tests that run threads, which the tsan build runs — docs/sanitizers.md).
 function(chorus_cc_test)
   cmake_parse_arguments(A "" "NAME;TIMEOUT" "SRCS;DEPS;LABELS" ${ARGN})
   if(NOT CHORUS_BUILD_TESTS)
@@ -27,8 +28,17 @@ function(chorus_cc_test)
   if(NOT A_TIMEOUT)
     set(A_TIMEOUT 600)
   endif()
+  set(discovery_timeout 60)
+  if(CHORUS_SANITIZE)
+    # A sanitized test binary runs a few times slower; discovery also runs it (--gtest_list_tests).
+    math(EXPR A_TIMEOUT "${A_TIMEOUT} * 3")
+    set(discovery_timeout 180)
+  endif()
   gtest_discover_tests(${A_NAME} PROPERTIES LABELS "${A_LABELS}" TIMEOUT ${A_TIMEOUT}
-                       DISCOVERY_TIMEOUT 60)
+                       DISCOVERY_TIMEOUT ${discovery_timeout})
+  if("concurrency" IN_LIST A_LABELS)
+    add_dependencies(concurrency_tests ${A_NAME})
+  endif()
 endfunction()
 
 # chorus_glob_module(NAME n DEPS ...) — a module whose sources are every *.cc in its folder,
