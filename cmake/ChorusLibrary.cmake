@@ -34,8 +34,17 @@ function(chorus_cc_test)
     math(EXPR A_TIMEOUT "${A_TIMEOUT} * 3")
     set(discovery_timeout 180)
   endif()
-  gtest_discover_tests(${A_NAME} PROPERTIES LABELS "${A_LABELS}" TIMEOUT ${A_TIMEOUT}
+  gtest_discover_tests(${A_NAME} PROPERTIES TIMEOUT ${A_TIMEOUT}
                        DISCOVERY_TIMEOUT ${discovery_timeout})
+  # Labels are set from a file CTest reads after the discovered list (<name>_TESTS): passed
+  # through gtest_discover_tests' PROPERTIES, a list of several labels is split into separate
+  # arguments and mis-parsed.
+  set(labels_file ${CMAKE_CURRENT_BINARY_DIR}/${A_NAME}_labels.cmake)
+  file(WRITE ${labels_file}
+       "if(${A_NAME}_TESTS)\n"
+       "  set_tests_properties(\${${A_NAME}_TESTS} PROPERTIES LABELS \"${A_LABELS}\")\n"
+       "endif()\n")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${labels_file})
   if("concurrency" IN_LIST A_LABELS)
     add_dependencies(concurrency_tests ${A_NAME})
   endif()
