@@ -5,8 +5,8 @@
 #   undefined          UBSan; every finding aborts (-fno-sanitize-recover)
 #   address,undefined  both in one build (`asan-ubsan` preset: the whole ctest suite)
 #   thread             TSan (`tsan` preset: the tests labelled `concurrency`)
-# Sanitized builds also define CHORUS_SANITIZER_BUILD, and tests run from them get
-# CHORUS_SANITIZER_BUILD=1 in their environment (see chorus_sanitizer_test_env below).
+# A heavy test that must do less work under a sanitizer tests CHORUS_SANITIZE where it is
+# registered (tests/e2e/CMakeLists.txt: e2e_api_fuzz).
 string(REPLACE "," ";" chorus_sanitizers "${CHORUS_SANITIZE}")
 set(chorus_known_sanitizers address undefined thread)
 foreach(s ${chorus_sanitizers})
@@ -25,5 +25,4 @@ if(chorus_sanitizers)
   if("undefined" IN_LIST chorus_sanitizers)
     add_compile_options(-fno-sanitize-recover=undefined)
   endif()
-  add_compile_definitions(CHORUS_SANITIZER_BUILD=1)
 endif()

@@ -31,8 +31,6 @@ built=$(date +%s)
 reports="$PWD/build/$build/sanitizer-reports"
 rm -rf "$reports"
 mkdir -p "$reports"
-# Tests read this to scale their heavy loops down (tests/testutil/testutil.h SanitizerBuild()).
-export CHORUS_SANITIZER_BUILD=1
 # ASan aborts on the first error; LeakSanitizer checks every process at exit. Allocations beyond
 # the allocator's limit fail as they would without ASan (tests probe size refusals).
 export ASAN_OPTIONS="detect_leaks=1:check_initialization_order=1:strict_init_order=1:allocator_may_return_null=1:log_path=$reports/asan"

@@ -24,19 +24,6 @@ bool ModelsRequired() {
   return v != nullptr && std::string(v) == "1";
 }
 
-bool SanitizerBuild() {
-#ifdef CHORUS_SANITIZER_BUILD
-  return true;
-#else
-  const char* v = std::getenv("CHORUS_SANITIZER_BUILD");
-  return v != nullptr && std::string(v) == "1";
-#endif
-}
-
-int64_t ScaleForSanitizers(int64_t full, int64_t sanitized) {
-  return SanitizerBuild() ? sanitized : full;
-}
-
 namespace {
 std::mutex g_mu;
 std::vector<std::string>* g_dirs = nullptr;

@@ -3,7 +3,6 @@
 
 #include <gtest/gtest.h>
 
-#include <cstdint>
 #include <string>
 
 #include "chorus/base/status.h"
@@ -18,12 +17,6 @@ bool HaveSharedModel(const std::string& relative);
 bool ModelsRequired();
 // A fresh empty temporary directory, removed at process exit.
 std::string TempDir();
-// True in the sanitizer builds (presets asan-ubsan, tsan, asan, ubsan: CHORUS_SANITIZER_BUILD is
-// defined) or when the environment has CHORUS_SANITIZER_BUILD=1. Every test still runs there;
-// the few heavy ones do less work (docs/sanitizers.md lists them).
-bool SanitizerBuild();
-// `full` normally, `sanitized` in a sanitizer build: the iteration count of a heavy test.
-int64_t ScaleForSanitizers(int64_t full, int64_t sanitized);
 
 }  // namespace chorus::testing
 
