@@ -31,8 +31,9 @@ built=$(date +%s)
 reports="$PWD/build/$build/sanitizer-reports"
 rm -rf "$reports"
 mkdir -p "$reports"
-# ASan aborts on the first error; LeakSanitizer checks every process at exit. Allocations beyond
-# the allocator's limit fail as they would without ASan (tests probe size refusals).
+# ASan aborts on the first error; LeakSanitizer checks every process at exit. An allocation beyond
+# ASan's limit fails as it would without ASan (std::bad_alloc, or null from malloc) instead of
+# ending the process: the behaviour under test stays that of the release build.
 export ASAN_OPTIONS="detect_leaks=1:check_initialization_order=1:strict_init_order=1:allocator_may_return_null=1:log_path=$reports/asan"
 # -fno-sanitize-recover=undefined already makes every UBSan finding fatal; the stack says where.
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$reports/ubsan"
