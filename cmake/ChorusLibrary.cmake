@@ -11,7 +11,8 @@ function(chorus_cc_library)
 endfunction()
 
 # chorus_cc_test(NAME n SRCS ... DEPS ... LABELS ...) — a GoogleTest binary registered with
-# CTest, each test case labelled (unit, kernel, integration, e2e, slow).
+# CTest, each test case labelled (unit, kernel, integration, e2e, slow; `concurrency` marks the
+# tests that run threads, which the tsan build runs — docs/sanitizers.md).
 function(chorus_cc_test)
   cmake_parse_arguments(A "" "NAME;TIMEOUT" "SRCS;DEPS;LABELS" ${ARGN})
   if(NOT CHORUS_BUILD_TESTS)
@@ -27,8 +28,26 @@ function(chorus_cc_test)
   if(NOT A_TIMEOUT)
     set(A_TIMEOUT 600)
   endif()
-  gtest_discover_tests(${A_NAME} PROPERTIES LABELS "${A_LABELS}" TIMEOUT ${A_TIMEOUT}
-                       DISCOVERY_TIMEOUT 60)
+  set(discovery_timeout 60)
+  if(CHORUS_SANITIZE)
+    # A sanitized test binary runs a few times slower; discovery also runs it (--gtest_list_tests).
+    math(EXPR A_TIMEOUT "${A_TIMEOUT} * 3")
+    set(discovery_timeout 180)
+  endif()
+  gtest_discover_tests(${A_NAME} PROPERTIES TIMEOUT ${A_TIMEOUT}
+                       DISCOVERY_TIMEOUT ${discovery_timeout})
+  # Labels are set from a file CTest reads after the discovered list (<name>_TESTS): passed
+  # through gtest_discover_tests' PROPERTIES, a list of several labels is split into separate
+  # arguments and mis-parsed.
+  set(labels_file ${CMAKE_CURRENT_BINARY_DIR}/${A_NAME}_labels.cmake)
+  file(WRITE ${labels_file}
+       "if(${A_NAME}_TESTS)\n"
+       "  set_tests_properties(\${${A_NAME}_TESTS} PROPERTIES LABELS \"${A_LABELS}\")\n"
+       "endif()\n")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${labels_file})
+  if("concurrency" IN_LIST A_LABELS)
+    add_dependencies(concurrency_tests ${A_NAME})
+  endif()
 endfunction()
 
 # chorus_glob_module(NAME n DEPS ...) — a module whose sources are every *.cc in its folder,

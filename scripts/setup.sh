@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# build-essential brings GCC 12 with the sanitizer runtimes scripts/sanitize.sh needs (libasan8,
+# libubsan1, liblsan0, libtsan2: dependencies of libgcc-12-dev).
 PACKAGES=(
   build-essential cmake ninja-build pkg-config clang clang-format libclang-rt-14-dev
   libgtest-dev libgmock-dev libbenchmark-dev

@@ -1,4 +1,4 @@
-// test-labels: unit
+// test-labels: unit concurrency
 #include "chorus/adapters/adapter_cache.h"
 
 #include <cstring>

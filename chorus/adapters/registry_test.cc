@@ -1,4 +1,4 @@
-// test-labels: unit
+// test-labels: unit concurrency
 // AdapterRegistry: register / lookup / list / unregister with real PEFT and GGUF adapter files,
 // persistence across Open, 409 vs replace, path confinement (.., symlinks, absolute paths),
 // bad adapters and bad state files leaving everything unchanged, restart with vanished or

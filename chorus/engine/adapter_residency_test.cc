@@ -1,3 +1,4 @@
+// test-labels: unit concurrency
 // AdapterResidency: pool copies made by a loader thread and marked resident by Poll(); pinned
 // copies never evicted; unpinned ones evicted LRU first for KV; Forget() frees an unloaded
 // adapter's copy once its last user unpins; disk loads through the host cache complete tickets.

@@ -1,4 +1,4 @@
-// test-labels: kernel
+// test-labels: kernel concurrency
 // Delta segment kernel: the decode against an independent bit-by-bit decoder in the test, the
 // scalar reference against a double-precision oracle, DeltaApply against the reference (every
 // bit width, dense and 2:4, grouped and per-matrix scales, awkward widths, many / empty / rank-0

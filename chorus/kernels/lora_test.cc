@@ -1,4 +1,4 @@
-// test-labels: kernel
+// test-labels: kernel concurrency
 // LoRA segment kernels: the scalar reference against an independent double-precision oracle,
 // every ISA variant the machine supports against the reference (ranks 1..256, awkward widths,
 // many / empty / rank-0 segments, decode- and prefill-shaped steps, fused shrinks), and bitwise

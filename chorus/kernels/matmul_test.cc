@@ -1,4 +1,4 @@
-// test-labels: kernel
+// test-labels: kernel concurrency
 // Differential tests of every MatMul variant the machine supports against the scalar
 // reference, plus independent oracles for the reference itself, batch invariance and Pack()
 // validation.

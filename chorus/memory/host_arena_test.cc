@@ -1,3 +1,4 @@
+// test-labels: unit concurrency
 #include "chorus/memory/host_arena.h"
 
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// test-labels: unit concurrency
 // The router's choices (router.h) without sockets: which replica each policy picks from the
 // same views, that unhealthy replicas and replicas without the model are never picked, ties
 // spread, and replica URLs are validated.

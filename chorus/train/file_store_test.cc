@@ -1,3 +1,4 @@
+// test-labels: unit concurrency
 // Uploaded training files: add / get / list / delete, persistence across a reopen, refusals.
 #include "chorus/train/file_store.h"
 

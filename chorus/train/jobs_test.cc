@@ -1,3 +1,4 @@
+// test-labels: unit concurrency
 // Fine-tuning jobs: validation failures name the line and never queue; jobs run in order,
 // report steps and checkpoints, call on_success before they read "succeeded"; a queued job
 // cancels at once, a running one before its next step, and neither leaves a final adapter.
