@@ -1,10 +1,13 @@
 // Causal attention over a paged KV cache (docs/architecture.md, "Memory tiers" and "Attention").
 //
 // KV layout: the cache is cut into blocks of `block_size` tokens. For one layer, token t of a
-// sequence lives in block block_table[t / block_size] at slot t % block_size; K of that token is
-// the contiguous [n_kv_heads * head_dim] floats at
-//     k_blocks[block_table[t / block_size]] + (t % block_size) * kv_stride
-// and V likewise under v_blocks; KV head g is the head_dim floats at offset g · head_dim.
+// sequence lives in block block_table[t / block_size] at slot t % block_size; the head_dim floats
+// of K of that token for KV head g start at
+//     k_blocks[block_table[t / block_size]] + (t % block_size) * kv_stride + g * head_stride
+// and V likewise under v_blocks. Two layouts are expressed this way: token-major blocks
+// ([slot][kv_head][head_dim]: kv_stride = n_kv_heads·head_dim, head_stride = head_dim) and the
+// head-major blocks KvCache uses ([kv_head][slot][head_dim]: kv_stride = head_dim, head_stride
+// = block_size·head_dim), in which one head's keys of a block are contiguous.
 // (The memory module owns the pool; these kernels only read it.)
 //
 // For query head h (kv head g = h / (n_heads / n_kv_heads), grouped-query attention) of a token
@@ -48,6 +51,7 @@ struct PagedKv {
   const int32_t* block_table = nullptr;  // [ceil(n_ctx / block_size)] block ids of this sequence
   int64_t block_size = 16;               // tokens per block
   int64_t kv_stride = 0;                 // floats between consecutive tokens in a block
+  int64_t head_stride = 0;  // floats between consecutive KV heads of a token; 0: head_dim
 };
 
 inline constexpr int64_t kAttentionTile = 32;      // keys per tile (absolute positions)

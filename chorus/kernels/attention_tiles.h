@@ -108,7 +108,7 @@ class BlockKernel {
         pos0_(pos0),
         group_(group),
         hd_(head_dim),
-        kv_off_(kv_head * head_dim),
+        kv_off_(kv_head * (kv.head_stride > 0 ? kv.head_stride : head_dim)),
         r_(n_tokens * group),
         rp_(RoundUp(r_, kRowPad)),
         n_rv_((r_ + W - 1) / W),

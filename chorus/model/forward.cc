@@ -352,8 +352,7 @@ void Forward::Run(const StepInput& in, memory::KvCache* kv, ThreadPool* pool, fl
       rotate(k, c.n_kv_heads, lw.k_norm, cs, sn);
       const int32_t* table = in.block_tables[static_cast<size_t>(in.seq[static_cast<size_t>(i)])];
       const int32_t blk = table[pos / block];
-      std::copy(k, k + kvd, kv->K(l, blk, pos % block));
-      std::copy(v, v + kvd, kv->V(l, blk, pos % block));
+      kv->WriteToken(l, blk, pos % block, k, v);
     }
     // All K/V of the step are in the cache before any row attends, so rows of one prefill chunk
     // see each other causally through n_ctx = pos + 1.
