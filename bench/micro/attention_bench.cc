@@ -7,7 +7,8 @@
 //                     DRAM as in a real decode step), segment by segment over the 4 KV heads as
 //                     a split-K decode thread does; L = 0: token-major blocks
 //                     ([slot][kv_head][head_dim]), L = 1: head-major ([kv_head][slot][head_dim],
-//                     KvCache's layout); counter: KV bytes read per second
+//                     KvCache's layout), L = 2: head-major bf16 (90 MB); counter: KV bytes
+//                     read per second
 //
 //   ./attention_bench --benchmark_filter=Prefill --benchmark_min_time=1
 //
@@ -22,6 +23,7 @@
 
 #include "chorus/kernels/attention.h"
 #include "chorus/kernels/dispatch.h"
+#include "chorus/tensor/dtype.h"
 
 namespace chorus::kernels {
 namespace {
@@ -41,7 +43,8 @@ struct Cache {
   std::vector<float> k, v;
   std::vector<const float*> kp, vp;
   std::vector<int32_t> table;
-  bool head_major;
+  std::vector<uint16_t> k16, v16;  // bf16 copies (round to nearest even), when asked for
+  bool head_major, bf16 = false;
   explicit Cache(int64_t n, bool head_major_ = true, uint32_t seed = 1) : head_major(head_major_) {
     const int64_t blocks = (n + kBs - 1) / kBs, kv_dim = kKvHeads * kHd;
     std::mt19937 rng(seed);
@@ -56,8 +59,21 @@ struct Cache {
       table.push_back(static_cast<int32_t>(b));
     }
   }
+  // Keeps only bf16 copies of K and V (the f32 ones are freed, so only bf16 bytes are read).
+  void ToBf16() {
+    bf16 = true;
+    k16.resize(k.size());
+    v16.resize(v.size());
+    for (size_t i = 0; i < k.size(); ++i) k16[i] = F32ToBF16(k[i]), v16[i] = F32ToBF16(v[i]);
+    for (size_t b = 0; b < kp.size(); ++b) {
+      kp[b] = reinterpret_cast<const float*>(k16.data() + (kp[b] - k.data()));
+      vp[b] = reinterpret_cast<const float*>(v16.data() + (vp[b] - v.data()));
+    }
+    k = {}, v = {};
+  }
   PagedKv View() const {
     PagedKv kv;
+    kv.dtype = bf16 ? KvDtype::kBf16 : KvDtype::kF32;
     kv.k_blocks = kp.data();
     kv.v_blocks = vp.data();
     kv.block_table = table.data();
@@ -123,10 +139,12 @@ BENCHMARK(BM_Decode)->Arg(128)->Arg(4000)->Unit(benchmark::kMicrosecond);
 void BM_DecodeDram(benchmark::State& state) {
   CapIsa();
   constexpr int64_t kLayers = 22, kDepth = 4000;
-  const bool head_major = state.range(0) == 1;
+  const bool head_major = state.range(0) >= 1, bf16 = state.range(0) == 2;
   std::vector<Cache> layers;
-  for (int64_t l = 0; l < kLayers; ++l)
+  for (int64_t l = 0; l < kLayers; ++l) {
     layers.emplace_back(kDepth, head_major, static_cast<uint32_t>(l + 1));
+    if (bf16) layers.back().ToBf16();
+  }
   const std::vector<float> q = RandomQ(kHeads * kHd);
   std::vector<float> out(q.size());
   std::vector<float> scratch(static_cast<size_t>(AttentionScratchFloats(1, kGroup, kHd)));
@@ -149,12 +167,13 @@ void BM_DecodeDram(benchmark::State& state) {
     }
   }
   state.counters["bytes/s"] =
-      benchmark::Counter(2.0 * kLayers * kDepth * kKvHeads * kHd * sizeof(float) *
+      benchmark::Counter(2.0 * kLayers * kDepth * kKvHeads * kHd * (bf16 ? 2.0 : 4.0) *
                              static_cast<double>(state.iterations()),
                          benchmark::Counter::kIsRate);
-  state.SetLabel(std::string(IsaName(ActiveIsa())) + (head_major ? " head-major" : " token-major"));
+  state.SetLabel(std::string(IsaName(ActiveIsa())) + (head_major ? " head-major" : " token-major") +
+                 (bf16 ? " bf16" : " f32"));
 }
-BENCHMARK(BM_DecodeDram)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_DecodeDram)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
 
 // The same 180 MB read by a plain sum (what one thread can pull from memory right now): the
 // scale BM_DecodeDram is judged against on a shared host.

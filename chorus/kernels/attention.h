@@ -43,6 +43,11 @@
 
 namespace chorus::kernels {
 
+// Element type of the KV blocks. kBf16: the block pointers hold bfloat16 bits (uint16_t), and
+// kv_stride / head_stride count elements; the kernels widen each tile's rows to f32 (exact), so
+// they compute on exactly the values the cache holds, with the f32 arithmetic below.
+enum class KvDtype : uint8_t { kF32, kBf16 };
+
 struct PagedKv {
   const float* const* k_blocks =
       nullptr;  // [n_blocks_total] base pointer of each block's K (this layer)
@@ -52,6 +57,29 @@ struct PagedKv {
   int64_t block_size = 16;               // tokens per block
   int64_t kv_stride = 0;                 // floats between consecutive tokens in a block
   int64_t head_stride = 0;  // floats between consecutive KV heads of a token; 0: head_dim
+  KvDtype dtype = KvDtype::kF32;
+
+  // Key t's row of K (V) for KV head `kv_head`, widened to f32 into `buf` (head_dim floats)
+  // when the blocks are bf16; the row itself when they are f32.
+  const float* KeyRow(int64_t t, int64_t kv_head, int64_t head_dim, float* buf) const {
+    return Row(k_blocks, t, kv_head, head_dim, buf);
+  }
+  const float* ValueRow(int64_t t, int64_t kv_head, int64_t head_dim, float* buf) const {
+    return Row(v_blocks, t, kv_head, head_dim, buf);
+  }
+  const float* Row(const float* const* blocks, int64_t t, int64_t kv_head, int64_t head_dim,
+                   float* buf) const {
+    const int64_t off =
+        (t % block_size) * kv_stride + kv_head * (head_stride > 0 ? head_stride : head_dim);
+    const float* base = blocks[block_table[t / block_size]];
+    if (dtype == KvDtype::kF32) return base + off;
+    const auto* h = reinterpret_cast<const uint16_t*>(base) + off;
+    for (int64_t d = 0; d < head_dim; ++d) {
+      const uint32_t u = static_cast<uint32_t>(h[d]) << 16;
+      __builtin_memcpy(&buf[d], &u, 4);
+    }
+    return buf;
+  }
 };
 
 inline constexpr int64_t kAttentionTile = 32;      // keys per tile (absolute positions)
@@ -98,7 +126,7 @@ void AttentionRow(const float* q, const PagedKv& kv, int64_t n_ctx, int64_t n_he
 // restricted to it, as KvCache::View gives), with scores s = scale·q·k, then
 // s = softcap·tanh(s / softcap) when softcap > 0, softmax, Σ p·V. Plain scalar arithmetic in key
 // order per row, so a row's result depends on nothing else in the step.
-// q, out: [group, head_dim]; scratch ≥ pos + 1 − first floats.
+// q, out: [group, head_dim]; scratch ≥ pos + 1 − first floats (+ head_dim with bf16 blocks).
 void AttentionRowWindow(const float* q, int64_t first, int64_t pos, const PagedKv& kv,
                         int64_t group, int64_t head_dim, float scale, float softcap, float* scratch,
                         float* out);

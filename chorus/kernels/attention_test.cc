@@ -14,6 +14,7 @@
 
 #include "chorus/base/rng.h"
 #include "chorus/kernels/dispatch.h"
+#include "chorus/tensor/dtype.h"
 
 namespace chorus::kernels {
 
@@ -459,6 +460,94 @@ TEST_P(AttentionTest, HeadMajorBlocksEqualTokenMajor) {
                               ref_out.data());
       const std::vector<double> ref = p.NaiveOver(q_last, n_heads, scale, n_ctx);
       for (int64_t j = 0; j < stride; ++j) ASSERT_NEAR(ref_out[j], ref[j], 2e-5);
+    }
+  }
+}
+
+// bf16 KV blocks: the kernels widen each row exactly, so over bf16 blocks they must give the
+// f32 kernels' bits on the same (bf16-representable) values — prefill chunkings, one-token rows,
+// split-K and the window path — at every level, and the reference must read them too.
+TEST_P(AttentionTest, Bf16BlocksEqualF32BlocksOfTheSameValues) {
+  for (int64_t ratio : {1, 8}) {
+    const int64_t n_ctx = 530, n_kv = 2, hd = 24, n_heads = n_kv * ratio, block_size = 16;
+    const int64_t stride = n_heads * hd, group = ratio;
+    Paged p(n_ctx, n_kv, hd, block_size, static_cast<uint64_t>(ratio * 13 + 1));
+    for (auto* dense : {&p.k_dense, &p.v_dense})  // values a bf16 cache can hold
+      for (float& x : *dense) x = BF16ToF32(F32ToBF16(x));
+    const HeadMajor f32(p);  // f32 head-major blocks of the rounded values
+    // The same layout with bf16 elements: every element of the f32 pool rounded (NaN stays NaN).
+    std::vector<uint16_t> k16(f32.pool_k.size()), v16(f32.pool_v.size());
+    for (size_t i = 0; i < k16.size(); ++i) {
+      k16[i] = F32ToBF16(f32.pool_k[i]);
+      v16[i] = F32ToBF16(f32.pool_v[i]);
+    }
+    std::vector<const float*> kb, vb;
+    for (size_t b = 0; b < f32.k_ptr.size(); ++b) {
+      kb.push_back(reinterpret_cast<const float*>(k16.data() + (f32.k_ptr[b] - f32.pool_k.data())));
+      vb.push_back(reinterpret_cast<const float*>(v16.data() + (f32.v_ptr[b] - f32.pool_v.data())));
+    }
+    PagedKv bf = f32.View();
+    bf.k_blocks = kb.data();
+    bf.v_blocks = vb.data();
+    bf.dtype = KvDtype::kBf16;
+    const std::vector<float> q = RandomQ(n_ctx * stride, 40 + static_cast<uint64_t>(ratio), 1.5f);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    for (int64_t chunk : {int64_t{1}, int64_t{45}}) {
+      std::vector<float> want(static_cast<size_t>(n_ctx * stride)), got(want.size());
+      std::vector<float> scratch(static_cast<size_t>(AttentionScratchFloats(chunk, group, hd)));
+      for (int64_t pos0 = 0; pos0 < n_ctx; pos0 += chunk) {
+        const int64_t n = std::min(chunk, n_ctx - pos0);
+        for (int64_t g = 0; g < n_kv; ++g) {
+          const int64_t off = pos0 * stride + g * group * hd;
+          AttentionBlock(q.data() + off, stride, n, pos0, f32.View(), g, group, hd, scale,
+                         scratch.data(), want.data() + off, stride);
+          AttentionBlock(q.data() + off, stride, n, pos0, bf, g, group, hd, scale, scratch.data(),
+                         got.data() + off, stride);
+        }
+      }
+      ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
+          << "ratio " << ratio << " chunk " << chunk;
+      const std::vector<double> ref =
+          p.NaiveOver(q.data() + (n_ctx - 1) * stride, n_heads, scale, n_ctx);
+      for (int64_t j = 0; j < stride; ++j)
+        ASSERT_NEAR(got[static_cast<size_t>((n_ctx - 1) * stride + j)], ref[static_cast<size_t>(j)],
+                    2e-5);
+    }
+    // Split-K partials of the last token over bf16 blocks equal those over f32 blocks.
+    const int64_t n_seg = AttentionSegments(n_ctx), pf = AttentionPartialFloats(group, hd);
+    const float* q_last = q.data() + (n_ctx - 1) * stride;
+    std::vector<float> scratch(static_cast<size_t>(AttentionScratchFloats(1, group, hd)));
+    for (int64_t g = 0; g < n_kv; ++g) {
+      std::vector<float> pa(static_cast<size_t>(n_seg * pf)), pb(pa.size());
+      AttentionPartials(q_last + g * group * hd, n_ctx - 1, f32.View(), g, group, hd, scale, 0,
+                        n_seg, scratch.data(), pa.data());
+      AttentionPartials(q_last + g * group * hd, n_ctx - 1, bf, g, group, hd, scale, 0, n_seg,
+                        scratch.data(), pb.data());
+      ASSERT_EQ(std::memcmp(pa.data(), pb.data(), pa.size() * sizeof(float)), 0) << g;
+    }
+    // The reference and the window path read bf16 blocks as their widened values.
+    std::vector<float> ra(static_cast<size_t>(stride)), rb(ra.size()), rs(n_ctx + hd);
+    reference::AttentionRow(q_last, f32.View(), n_ctx, n_heads, n_kv, hd, scale, rs.data(),
+                            ra.data());
+    reference::AttentionRow(q_last, bf, n_ctx, n_heads, n_kv, hd, scale, rs.data(), rb.data());
+    ASSERT_EQ(std::memcmp(ra.data(), rb.data(), ra.size() * sizeof(float)), 0);
+    for (int64_t g = 0; g < n_kv; ++g) {
+      PagedKv fg = f32.View(), bg = bf;
+      std::vector<const float*> fk(f32.k_ptr), fv(f32.v_ptr), bk(kb), bv(vb);
+      for (size_t b = 0; b < fk.size(); ++b) {  // the KvCache::View convention: head g's view
+        fk[b] += g * f32.head_stride, fv[b] += g * f32.head_stride;
+        bk[b] = reinterpret_cast<const float*>(reinterpret_cast<const uint16_t*>(bk[b]) +
+                                               g * f32.head_stride);
+        bv[b] = reinterpret_cast<const float*>(reinterpret_cast<const uint16_t*>(bv[b]) +
+                                               g * f32.head_stride);
+      }
+      fg.k_blocks = fk.data(), fg.v_blocks = fv.data();
+      bg.k_blocks = bk.data(), bg.v_blocks = bv.data();
+      AttentionRowWindow(q_last + g * group * hd, 100, n_ctx - 1, fg, group, hd, scale, 0.0f,
+                         rs.data(), ra.data());
+      AttentionRowWindow(q_last + g * group * hd, 100, n_ctx - 1, bg, group, hd, scale, 0.0f,
+                         rs.data(), rb.data());
+      ASSERT_EQ(std::memcmp(ra.data(), rb.data(), group * hd * sizeof(float)), 0) << g;
     }
   }
 }

@@ -195,7 +195,7 @@ void Forward::Attention(const StepInput& in, memory::KvCache* kv, int64_t layer,
     // above.
     const int64_t n = static_cast<int64_t>(in.tokens.size());
     const int64_t window = c.LayerSliding(layer) ? c.sliding_window : 0;
-    const int64_t per_thread = c.max_seq_len + 16;
+    const int64_t per_thread = c.max_seq_len + c.head_dim + 16;
     if (static_cast<int64_t>(window_scratch_.size()) < per_thread * pool->size())
       window_scratch_.resize(static_cast<size_t>(per_thread * pool->size()));
     // One unit = one row × one KV head (so a single decode row still uses every thread); each
