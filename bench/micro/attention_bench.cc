@@ -3,6 +3,12 @@
 //   BM_Prefill/N    — a prompt of N tokens in blocks of 8 tokens per KV head (what a prefill
 //                     step runs); counter: causal GFLOP/s (4·head_dim FLOPs per (query head, key))
 //   BM_Decode/D     — one token at depth D, every KV head; counter: KV bytes read per second
+//   BM_DecodeDram/L — one token at depth 4000 over 22 layers' KV (180 MB, so it comes from
+//                     DRAM as in a real decode step), segment by segment over the 4 KV heads as
+//                     a split-K decode thread does; L = 0: token-major blocks
+//                     ([slot][kv_head][head_dim]), L = 1: head-major ([kv_head][slot][head_dim],
+//                     KvCache's layout), L = 2: head-major bf16 (90 MB); counter: KV bytes
+//                     read per second
 //
 //   ./attention_bench --benchmark_filter=Prefill --benchmark_min_time=1
 //
@@ -17,6 +23,7 @@
 
 #include "chorus/kernels/attention.h"
 #include "chorus/kernels/dispatch.h"
+#include "chorus/tensor/dtype.h"
 
 namespace chorus::kernels {
 namespace {
@@ -30,14 +37,17 @@ void CapIsa() {
   }
 }
 
-// One layer's KV of n tokens in the cache's layout ([block][slot][kv_head][head_dim]).
+// One layer's KV of n tokens, in head-major blocks ([block][kv_head][slot][head_dim], KvCache's
+// layout) or token-major ones ([block][slot][kv_head][head_dim]).
 struct Cache {
   std::vector<float> k, v;
   std::vector<const float*> kp, vp;
   std::vector<int32_t> table;
-  explicit Cache(int64_t n) {
+  std::vector<uint16_t> k16, v16;  // bf16 copies (round to nearest even), when asked for
+  bool head_major, bf16 = false;
+  explicit Cache(int64_t n, bool head_major_ = true, uint32_t seed = 1) : head_major(head_major_) {
     const int64_t blocks = (n + kBs - 1) / kBs, kv_dim = kKvHeads * kHd;
-    std::mt19937 rng(1);
+    std::mt19937 rng(seed);
     std::normal_distribution<float> nd;
     k.resize(static_cast<size_t>(blocks * kBs * kv_dim));
     v.resize(k.size());
@@ -49,13 +59,27 @@ struct Cache {
       table.push_back(static_cast<int32_t>(b));
     }
   }
+  // Keeps only bf16 copies of K and V (the f32 ones are freed, so only bf16 bytes are read).
+  void ToBf16() {
+    bf16 = true;
+    k16.resize(k.size());
+    v16.resize(v.size());
+    for (size_t i = 0; i < k.size(); ++i) k16[i] = F32ToBF16(k[i]), v16[i] = F32ToBF16(v[i]);
+    for (size_t b = 0; b < kp.size(); ++b) {
+      kp[b] = reinterpret_cast<const float*>(k16.data() + (kp[b] - k.data()));
+      vp[b] = reinterpret_cast<const float*>(v16.data() + (vp[b] - v.data()));
+    }
+    k = {}, v = {};
+  }
   PagedKv View() const {
     PagedKv kv;
+    kv.dtype = bf16 ? KvDtype::kBf16 : KvDtype::kF32;
     kv.k_blocks = kp.data();
     kv.v_blocks = vp.data();
     kv.block_table = table.data();
     kv.block_size = kBs;
-    kv.kv_stride = kKvHeads * kHd;
+    kv.kv_stride = head_major ? kHd : kKvHeads * kHd;
+    kv.head_stride = head_major ? kBs * kHd : kHd;
     return kv;
   }
 };
@@ -111,6 +135,72 @@ void BM_Decode(benchmark::State& state) {
   state.SetLabel(IsaName(ActiveIsa()));
 }
 BENCHMARK(BM_Decode)->Arg(128)->Arg(4000)->Unit(benchmark::kMicrosecond);
+
+void BM_DecodeDram(benchmark::State& state) {
+  CapIsa();
+  constexpr int64_t kLayers = 22, kDepth = 4000;
+  const bool head_major = state.range(0) >= 1, bf16 = state.range(0) == 2;
+  std::vector<Cache> layers;
+  for (int64_t l = 0; l < kLayers; ++l) {
+    layers.emplace_back(kDepth, head_major, static_cast<uint32_t>(l + 1));
+    if (bf16) layers.back().ToBf16();
+  }
+  const std::vector<float> q = RandomQ(kHeads * kHd);
+  std::vector<float> out(q.size());
+  std::vector<float> scratch(static_cast<size_t>(AttentionScratchFloats(1, kGroup, kHd)));
+  const int64_t n_seg = AttentionSegments(kDepth), pf = AttentionPartialFloats(kGroup, kHd);
+  std::vector<float> partials(static_cast<size_t>(kKvHeads * n_seg * pf));
+  for (auto _ : state) {
+    for (const Cache& cache : layers) {
+      const PagedKv kv = cache.View();
+      for (int64_t s = 0; s < n_seg; ++s) {
+        for (int64_t g = 0; g < kKvHeads; ++g) {
+          AttentionPartials(q.data() + g * kGroup * kHd, kDepth - 1, kv, g, kGroup, kHd, 0.125f, s,
+                            s + 1, scratch.data(), partials.data() + (g * n_seg + s) * pf);
+        }
+      }
+      for (int64_t g = 0; g < kKvHeads; ++g) {
+        AttentionMerge(partials.data() + g * n_seg * pf, n_seg, kGroup, kHd,
+                       out.data() + g * kGroup * kHd);
+      }
+      benchmark::DoNotOptimize(out.data());
+    }
+  }
+  state.counters["bytes/s"] =
+      benchmark::Counter(2.0 * kLayers * kDepth * kKvHeads * kHd * (bf16 ? 2.0 : 4.0) *
+                             static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate);
+  state.SetLabel(std::string(IsaName(ActiveIsa())) + (head_major ? " head-major" : " token-major") +
+                 (bf16 ? " bf16" : " f32"));
+}
+BENCHMARK(BM_DecodeDram)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
+
+// The same 180 MB read by a plain sum (what one thread can pull from memory right now): the
+// scale BM_DecodeDram is judged against on a shared host.
+void BM_ReadDram(benchmark::State& state) {
+  constexpr int64_t kLayers = 22, kDepth = 4000;
+  std::vector<Cache> layers;
+  for (int64_t l = 0; l < kLayers; ++l)
+    layers.emplace_back(kDepth, true, static_cast<uint32_t>(l + 1));
+  for (auto _ : state) {
+    float acc[16] = {};
+    for (const Cache& cache : layers) {
+      for (const std::vector<float>* x : {&cache.k, &cache.v}) {
+        const float* p = x->data();
+        const size_t n = x->size() / 16 * 16;
+        for (size_t i = 0; i < n; i += 16) {
+          for (int j = 0; j < 16; ++j) acc[j] += p[i + static_cast<size_t>(j)];
+        }
+      }
+    }
+    benchmark::DoNotOptimize(acc);
+  }
+  state.counters["bytes/s"] =
+      benchmark::Counter(2.0 * kLayers * kDepth * kKvHeads * kHd * sizeof(float) *
+                             static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_ReadDram)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace chorus::kernels

@@ -99,13 +99,13 @@ void AttentionRowWindow(const float* q, int64_t first, int64_t pos, const PagedK
   CHORUS_CHECK(0 <= first && first <= pos && group >= 1 && head_dim >= 1)
       << "keys [" << first << ", " << pos << "]";
   const int64_t n = pos + 1 - first;
+  float* row = scratch + n;  // a bf16 row widened to f32
   for (int64_t h = 0; h < group; ++h) {
     const float* qh = q + h * head_dim;
     float mx = -INFINITY;
     for (int64_t j = 0; j < n; ++j) {
       const int64_t t = first + j;
-      const float* k =
-          kv.k_blocks[kv.block_table[t / kv.block_size]] + (t % kv.block_size) * kv.kv_stride;
+      const float* k = kv.KeyRow(t, 0, head_dim, row);
       float dot = 0.0f;
       for (int64_t d = 0; d < head_dim; ++d) dot = std::fma(qh[d], k[d], dot);
       float s = dot * scale;
@@ -123,8 +123,7 @@ void AttentionRowWindow(const float* q, int64_t first, int64_t pos, const PagedK
     std::fill_n(oh, head_dim, 0.0f);
     for (int64_t j = 0; j < n; ++j) {
       const int64_t t = first + j;
-      const float* v =
-          kv.v_blocks[kv.block_table[t / kv.block_size]] + (t % kv.block_size) * kv.kv_stride;
+      const float* v = kv.ValueRow(t, 0, head_dim, row);
       const float p = scratch[j] * inv;
       for (int64_t d = 0; d < head_dim; ++d) oh[d] = std::fma(p, v[d], oh[d]);
     }

@@ -1,10 +1,13 @@
 // Causal attention over a paged KV cache (docs/architecture.md, "Memory tiers" and "Attention").
 //
 // KV layout: the cache is cut into blocks of `block_size` tokens. For one layer, token t of a
-// sequence lives in block block_table[t / block_size] at slot t % block_size; K of that token is
-// the contiguous [n_kv_heads * head_dim] floats at
-//     k_blocks[block_table[t / block_size]] + (t % block_size) * kv_stride
-// and V likewise under v_blocks; KV head g is the head_dim floats at offset g · head_dim.
+// sequence lives in block block_table[t / block_size] at slot t % block_size; the head_dim floats
+// of K of that token for KV head g start at
+//     k_blocks[block_table[t / block_size]] + (t % block_size) * kv_stride + g * head_stride
+// and V likewise under v_blocks. Two layouts are expressed this way: token-major blocks
+// ([slot][kv_head][head_dim]: kv_stride = n_kv_heads·head_dim, head_stride = head_dim) and the
+// head-major blocks KvCache uses ([kv_head][slot][head_dim]: kv_stride = head_dim, head_stride
+// = block_size·head_dim), in which one head's keys of a block are contiguous.
 // (The memory module owns the pool; these kernels only read it.)
 //
 // For query head h (kv head g = h / (n_heads / n_kv_heads), grouped-query attention) of a token
@@ -40,6 +43,11 @@
 
 namespace chorus::kernels {
 
+// Element type of the KV blocks. kBf16: the block pointers hold bfloat16 bits (uint16_t), and
+// kv_stride / head_stride count elements; the kernels widen each tile's rows to f32 (exact), so
+// they compute on exactly the values the cache holds, with the f32 arithmetic below.
+enum class KvDtype : uint8_t { kF32, kBf16 };
+
 struct PagedKv {
   const float* const* k_blocks =
       nullptr;  // [n_blocks_total] base pointer of each block's K (this layer)
@@ -48,6 +56,30 @@ struct PagedKv {
   const int32_t* block_table = nullptr;  // [ceil(n_ctx / block_size)] block ids of this sequence
   int64_t block_size = 16;               // tokens per block
   int64_t kv_stride = 0;                 // floats between consecutive tokens in a block
+  int64_t head_stride = 0;  // floats between consecutive KV heads of a token; 0: head_dim
+  KvDtype dtype = KvDtype::kF32;
+
+  // Key t's row of K (V) for KV head `kv_head`, widened to f32 into `buf` (head_dim floats)
+  // when the blocks are bf16; the row itself when they are f32.
+  const float* KeyRow(int64_t t, int64_t kv_head, int64_t head_dim, float* buf) const {
+    return Row(k_blocks, t, kv_head, head_dim, buf);
+  }
+  const float* ValueRow(int64_t t, int64_t kv_head, int64_t head_dim, float* buf) const {
+    return Row(v_blocks, t, kv_head, head_dim, buf);
+  }
+  const float* Row(const float* const* blocks, int64_t t, int64_t kv_head, int64_t head_dim,
+                   float* buf) const {
+    const int64_t off =
+        (t % block_size) * kv_stride + kv_head * (head_stride > 0 ? head_stride : head_dim);
+    const float* base = blocks[block_table[t / block_size]];
+    if (dtype == KvDtype::kF32) return base + off;
+    const auto* h = reinterpret_cast<const uint16_t*>(base) + off;
+    for (int64_t d = 0; d < head_dim; ++d) {
+      const uint32_t u = static_cast<uint32_t>(h[d]) << 16;
+      __builtin_memcpy(&buf[d], &u, 4);
+    }
+    return buf;
+  }
 };
 
 inline constexpr int64_t kAttentionTile = 32;      // keys per tile (absolute positions)
@@ -94,7 +126,7 @@ void AttentionRow(const float* q, const PagedKv& kv, int64_t n_ctx, int64_t n_he
 // restricted to it, as KvCache::View gives), with scores s = scale·q·k, then
 // s = softcap·tanh(s / softcap) when softcap > 0, softmax, Σ p·V. Plain scalar arithmetic in key
 // order per row, so a row's result depends on nothing else in the step.
-// q, out: [group, head_dim]; scratch ≥ pos + 1 − first floats.
+// q, out: [group, head_dim]; scratch ≥ pos + 1 − first floats (+ head_dim with bf16 blocks).
 void AttentionRowWindow(const float* q, int64_t first, int64_t pos, const PagedKv& kv,
                         int64_t group, int64_t head_dim, float scale, float softcap, float* scratch,
                         float* out);

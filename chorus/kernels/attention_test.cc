@@ -14,6 +14,7 @@
 
 #include "chorus/base/rng.h"
 #include "chorus/kernels/dispatch.h"
+#include "chorus/tensor/dtype.h"
 
 namespace chorus::kernels {
 
@@ -357,6 +358,196 @@ TEST_P(AttentionTest, ForksSharingPromptBlocks) {
         ASSERT_NEAR(one[static_cast<size_t>(i * stride + j)], want[static_cast<size_t>(j)], 2e-5)
             << (p == &a ? "a" : "b") << " token " << i;
       }
+    }
+  }
+}
+
+// The same tokens as `p` (same block table) in head-major blocks, [kv_head][slot][head_dim] as
+// KvCache lays them out, with padding between rows and between heads (NaN, like every float no
+// token uses), so the kernels must follow kv_stride and head_stride.
+struct HeadMajor {
+  std::vector<float> pool_k, pool_v;
+  std::vector<const float*> k_ptr, v_ptr;
+  const int32_t* table;
+  int64_t block_size, kv_stride, head_stride;
+  explicit HeadMajor(const Paged& p) : table(p.table.data()), block_size(p.block_size) {
+    kv_stride = p.head_dim + 2;
+    head_stride = p.block_size * kv_stride + 5;
+    const int64_t block_floats = p.n_kv_heads * head_stride;
+    const int64_t n_total = static_cast<int64_t>(p.k_ptr.size());
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    pool_k.assign(static_cast<size_t>(n_total * block_floats), nan);
+    pool_v.assign(pool_k.size(), nan);
+    const int64_t kv_dim = p.n_kv_heads * p.head_dim;
+    for (int64_t t = 0; t < p.n_ctx; ++t) {
+      for (int64_t g = 0; g < p.n_kv_heads; ++g) {
+        const int64_t off = p.table[static_cast<size_t>(t / block_size)] * block_floats +
+                            g * head_stride + (t % block_size) * kv_stride;
+        std::copy_n(p.k_dense.begin() + t * kv_dim + g * p.head_dim, p.head_dim,
+                    pool_k.begin() + off);
+        std::copy_n(p.v_dense.begin() + t * kv_dim + g * p.head_dim, p.head_dim,
+                    pool_v.begin() + off);
+      }
+    }
+    for (int64_t b = 0; b < n_total; ++b) {
+      k_ptr.push_back(pool_k.data() + b * block_floats);
+      v_ptr.push_back(pool_v.data() + b * block_floats);
+    }
+  }
+  PagedKv View() const {
+    PagedKv kv;
+    kv.k_blocks = k_ptr.data();
+    kv.v_blocks = v_ptr.data();
+    kv.block_table = table;
+    kv.block_size = block_size;
+    kv.kv_stride = kv_stride;
+    kv.head_stride = head_stride;
+    return kv;
+  }
+};
+
+// Head-major blocks change where a key's floats are, never the arithmetic: prefill blocks over
+// any chunking, one-token rows and split-K partials give the token-major results bit for bit.
+TEST_P(AttentionTest, HeadMajorBlocksEqualTokenMajor) {
+  for (int64_t ratio : {1, 3, 8}) {
+    for (int64_t block_size : {1, 7, 16}) {
+      const int64_t n_ctx = 530, n_kv = 2, hd = 24, n_heads = n_kv * ratio;  // two segments
+      const int64_t stride = n_heads * hd, group = ratio;
+      Paged p(n_ctx, n_kv, hd, block_size, static_cast<uint64_t>(ratio * 31 + block_size));
+      const HeadMajor h(p);
+      const std::vector<float> q = RandomQ(n_ctx * stride, 3 + static_cast<uint64_t>(ratio), 1.5f);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      std::vector<float> want;  // token-major, one token at a time
+      RunChunked(p, q, n_ctx, n_heads, 1, scale, &want);
+      for (int64_t chunk : {int64_t{1}, int64_t{45}}) {
+        std::vector<float> got(static_cast<size_t>(n_ctx * stride), -7.0f);
+        std::vector<float> scratch(static_cast<size_t>(AttentionScratchFloats(chunk, group, hd)));
+        for (int64_t pos0 = 0; pos0 < n_ctx; pos0 += chunk) {
+          const int64_t n = std::min(chunk, n_ctx - pos0);
+          for (int64_t g = 0; g < n_kv; ++g) {
+            const int64_t off = pos0 * stride + g * group * hd;
+            AttentionBlock(q.data() + off, stride, n, pos0, h.View(), g, group, hd, scale,
+                           scratch.data(), got.data() + off, stride);
+          }
+        }
+        ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
+            << "ratio " << ratio << " block " << block_size << " chunk " << chunk;
+      }
+      for (int64_t i : {int64_t{0}, int64_t{511}, n_ctx - 1}) {  // and the dense reference
+        const std::vector<double> ref = p.NaiveOver(q.data() + i * stride, n_heads, scale, i + 1);
+        for (int64_t j = 0; j < stride; ++j)
+          ASSERT_NEAR(want[static_cast<size_t>(i * stride + j)], ref[static_cast<size_t>(j)], 2e-5);
+      }
+      // Split-K of the last token, one segment per call, merged: the same bits as its row.
+      const int64_t n_seg = AttentionSegments(n_ctx), pf = AttentionPartialFloats(group, hd);
+      const float* q_last = q.data() + (n_ctx - 1) * stride;
+      std::vector<float> scratch(static_cast<size_t>(AttentionScratchFloats(1, group, hd)));
+      for (int64_t g = 0; g < n_kv; ++g) {
+        std::vector<float> partials(static_cast<size_t>(n_seg * pf)), merged(group * hd);
+        for (int64_t s = 0; s < n_seg; ++s) {
+          AttentionPartials(q_last + g * group * hd, n_ctx - 1, h.View(), g, group, hd, scale, s,
+                            s + 1, scratch.data(), partials.data() + s * pf);
+        }
+        AttentionMerge(partials.data(), n_seg, group, hd, merged.data());
+        ASSERT_EQ(std::memcmp(merged.data(), want.data() + (n_ctx - 1) * stride + g * group * hd,
+                              merged.size() * sizeof(float)),
+                  0)
+            << "ratio " << ratio << " block " << block_size << " g " << g;
+      }
+      // The reference reads head-major blocks too.
+      std::vector<float> ref_out(static_cast<size_t>(stride)), ref_scratch(n_ctx);
+      reference::AttentionRow(q_last, h.View(), n_ctx, n_heads, n_kv, hd, scale, ref_scratch.data(),
+                              ref_out.data());
+      const std::vector<double> ref = p.NaiveOver(q_last, n_heads, scale, n_ctx);
+      for (int64_t j = 0; j < stride; ++j) ASSERT_NEAR(ref_out[j], ref[j], 2e-5);
+    }
+  }
+}
+
+// bf16 KV blocks: the kernels widen each row exactly, so over bf16 blocks they must give the
+// f32 kernels' bits on the same (bf16-representable) values — prefill chunkings, one-token rows,
+// split-K and the window path — at every level, and the reference must read them too.
+TEST_P(AttentionTest, Bf16BlocksEqualF32BlocksOfTheSameValues) {
+  for (int64_t ratio : {1, 8}) {
+    const int64_t n_ctx = 530, n_kv = 2, hd = 24, n_heads = n_kv * ratio, block_size = 16;
+    const int64_t stride = n_heads * hd, group = ratio;
+    Paged p(n_ctx, n_kv, hd, block_size, static_cast<uint64_t>(ratio * 13 + 1));
+    for (auto* dense : {&p.k_dense, &p.v_dense})  // values a bf16 cache can hold
+      for (float& x : *dense) x = BF16ToF32(F32ToBF16(x));
+    const HeadMajor f32(p);  // f32 head-major blocks of the rounded values
+    // The same layout with bf16 elements: every element of the f32 pool rounded (NaN stays NaN).
+    std::vector<uint16_t> k16(f32.pool_k.size()), v16(f32.pool_v.size());
+    for (size_t i = 0; i < k16.size(); ++i) {
+      k16[i] = F32ToBF16(f32.pool_k[i]);
+      v16[i] = F32ToBF16(f32.pool_v[i]);
+    }
+    std::vector<const float*> kb, vb;
+    for (size_t b = 0; b < f32.k_ptr.size(); ++b) {
+      kb.push_back(reinterpret_cast<const float*>(k16.data() + (f32.k_ptr[b] - f32.pool_k.data())));
+      vb.push_back(reinterpret_cast<const float*>(v16.data() + (f32.v_ptr[b] - f32.pool_v.data())));
+    }
+    PagedKv bf = f32.View();
+    bf.k_blocks = kb.data();
+    bf.v_blocks = vb.data();
+    bf.dtype = KvDtype::kBf16;
+    const std::vector<float> q = RandomQ(n_ctx * stride, 40 + static_cast<uint64_t>(ratio), 1.5f);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    for (int64_t chunk : {int64_t{1}, int64_t{45}}) {
+      std::vector<float> want(static_cast<size_t>(n_ctx * stride)), got(want.size());
+      std::vector<float> scratch(static_cast<size_t>(AttentionScratchFloats(chunk, group, hd)));
+      for (int64_t pos0 = 0; pos0 < n_ctx; pos0 += chunk) {
+        const int64_t n = std::min(chunk, n_ctx - pos0);
+        for (int64_t g = 0; g < n_kv; ++g) {
+          const int64_t off = pos0 * stride + g * group * hd;
+          AttentionBlock(q.data() + off, stride, n, pos0, f32.View(), g, group, hd, scale,
+                         scratch.data(), want.data() + off, stride);
+          AttentionBlock(q.data() + off, stride, n, pos0, bf, g, group, hd, scale, scratch.data(),
+                         got.data() + off, stride);
+        }
+      }
+      ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
+          << "ratio " << ratio << " chunk " << chunk;
+      const std::vector<double> ref =
+          p.NaiveOver(q.data() + (n_ctx - 1) * stride, n_heads, scale, n_ctx);
+      for (int64_t j = 0; j < stride; ++j)
+        ASSERT_NEAR(got[static_cast<size_t>((n_ctx - 1) * stride + j)], ref[static_cast<size_t>(j)],
+                    2e-5);
+    }
+    // Split-K partials of the last token over bf16 blocks equal those over f32 blocks.
+    const int64_t n_seg = AttentionSegments(n_ctx), pf = AttentionPartialFloats(group, hd);
+    const float* q_last = q.data() + (n_ctx - 1) * stride;
+    std::vector<float> scratch(static_cast<size_t>(AttentionScratchFloats(1, group, hd)));
+    for (int64_t g = 0; g < n_kv; ++g) {
+      std::vector<float> pa(static_cast<size_t>(n_seg * pf)), pb(pa.size());
+      AttentionPartials(q_last + g * group * hd, n_ctx - 1, f32.View(), g, group, hd, scale, 0,
+                        n_seg, scratch.data(), pa.data());
+      AttentionPartials(q_last + g * group * hd, n_ctx - 1, bf, g, group, hd, scale, 0, n_seg,
+                        scratch.data(), pb.data());
+      ASSERT_EQ(std::memcmp(pa.data(), pb.data(), pa.size() * sizeof(float)), 0) << g;
+    }
+    // The reference and the window path read bf16 blocks as their widened values.
+    std::vector<float> ra(static_cast<size_t>(stride)), rb(ra.size()), rs(n_ctx + hd);
+    reference::AttentionRow(q_last, f32.View(), n_ctx, n_heads, n_kv, hd, scale, rs.data(),
+                            ra.data());
+    reference::AttentionRow(q_last, bf, n_ctx, n_heads, n_kv, hd, scale, rs.data(), rb.data());
+    ASSERT_EQ(std::memcmp(ra.data(), rb.data(), ra.size() * sizeof(float)), 0);
+    for (int64_t g = 0; g < n_kv; ++g) {
+      PagedKv fg = f32.View(), bg = bf;
+      std::vector<const float*> fk(f32.k_ptr), fv(f32.v_ptr), bk(kb), bv(vb);
+      for (size_t b = 0; b < fk.size(); ++b) {  // the KvCache::View convention: head g's view
+        fk[b] += g * f32.head_stride, fv[b] += g * f32.head_stride;
+        bk[b] = reinterpret_cast<const float*>(reinterpret_cast<const uint16_t*>(bk[b]) +
+                                               g * f32.head_stride);
+        bv[b] = reinterpret_cast<const float*>(reinterpret_cast<const uint16_t*>(bv[b]) +
+                                               g * f32.head_stride);
+      }
+      fg.k_blocks = fk.data(), fg.v_blocks = fv.data();
+      bg.k_blocks = bk.data(), bg.v_blocks = bv.data();
+      AttentionRowWindow(q_last + g * group * hd, 100, n_ctx - 1, fg, group, hd, scale, 0.0f,
+                         rs.data(), ra.data());
+      AttentionRowWindow(q_last + g * group * hd, 100, n_ctx - 1, bg, group, hd, scale, 0.0f,
+                         rs.data(), rb.data());
+      ASSERT_EQ(std::memcmp(ra.data(), rb.data(), group * hd * sizeof(float)), 0) << g;
     }
   }
 }

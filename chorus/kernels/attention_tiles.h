@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
@@ -43,12 +44,15 @@ struct Scratch {
   float* o;       // [r][head_dim] unnormalized output of the current segment
   float* mo;      // [r] folded max over the finished segments
   float* lo;      // [r] folded sum over the finished segments
+  float* kt;      // [kAttentionTile][hd] the tile's K rows widened to f32 (bf16 blocks only)
+  float* vt;      // [kAttentionTile][hd] its V rows likewise
 };
 
 inline int64_t ScratchFloats(int64_t n_tokens, int64_t group, int64_t head_dim) {
   const int64_t r = n_tokens * group, rp = RoundUp(r, kRowPad);
   const int64_t hd = RoundUp(head_dim, 16);
-  return rp * (hd + kAttentionTile + 4) + r * hd + 2 * RoundUp(r, 16) + 16 * 12;
+  return rp * (hd + kAttentionTile + 4) + r * hd + 2 * RoundUp(r, 16) + 2 * kAttentionTile * hd +
+         16 * 14;
 }
 
 inline Scratch CarveScratch(float* buf, int64_t n_tokens, int64_t group, int64_t head_dim) {
@@ -68,7 +72,9 @@ inline Scratch CarveScratch(float* buf, int64_t n_tokens, int64_t group, int64_t
   s.rowpos = p, p = align(p + rp);
   s.o = p, p = align(p + r * hd);
   s.mo = p, p = align(p + RoundUp(r, 16));
-  s.lo = p;
+  s.lo = p, p = align(p + RoundUp(r, 16));
+  s.kt = p, p = align(p + kAttentionTile * hd);
+  s.vt = p;
   return s;
 }
 
@@ -108,7 +114,8 @@ class BlockKernel {
         pos0_(pos0),
         group_(group),
         hd_(head_dim),
-        kv_off_(kv_head * head_dim),
+        hd_pad_(RoundUp(head_dim, 16)),
+        kv_off_(kv_head * (kv.head_stride > 0 ? kv.head_stride : head_dim)),
         r_(n_tokens * group),
         rp_(RoundUp(r_, kRowPad)),
         n_rv_((r_ + W - 1) / W),
@@ -161,8 +168,15 @@ class BlockKernel {
     for (int64_t c = 0; c < nk; ++c) {
       const int64_t off = slot * kv_.kv_stride + kv_off_;
       const int32_t block = kv_.block_table[bi];
-      kp[c] = kv_.k_blocks[block] + off;
-      vp[c] = kv_.v_blocks[block] + off;
+      if (kv_.dtype == KvDtype::kF32) {
+        kp[c] = kv_.k_blocks[block] + off;
+        vp[c] = kv_.v_blocks[block] + off;
+      } else {  // bf16: widen the rows once per tile (exact), then the same f32 arithmetic
+        kp[c] = Widen(reinterpret_cast<const uint16_t*>(kv_.k_blocks[block]) + off,
+                      sc_.kt + c * hd_pad_);
+        vp[c] = Widen(reinterpret_cast<const uint16_t*>(kv_.v_blocks[block]) + off,
+                      sc_.vt + c * hd_pad_);
+      }
       if (++slot == kv_.block_size) slot = 0, ++bi;
     }
     // Past the last key the group of keys repeats it; those scores are never used.
@@ -175,6 +189,17 @@ class BlockKernel {
       const int64_t nv = std::min<int64_t>(nk, pos0_ + i + 1 - t0);
       Accumulate(i, vp, nv);
     }
+  }
+
+  // bf16 bits → f32 (the bits shifted into the high half: exact), hd_ floats at dst.
+  const float* Widen(const uint16_t* src, float* dst) const {
+    int64_t d = 0;
+    for (; d + W <= hd_; d += W) VT::Store(dst + d, VT::LoadBf16(src + d));
+    for (; d < hd_; ++d) {
+      const uint32_t u = static_cast<uint32_t>(src[d]) << 16;
+      std::memcpy(dst + d, &u, sizeof(u));
+    }
+    return dst;
   }
 
   // s[c][rv·W + lane] for c < nk (and the repeated keys up to the group's end).
@@ -333,7 +358,7 @@ class BlockKernel {
   }
 
   const PagedKv& kv_;
-  int64_t n_tokens_, pos0_, group_, hd_, kv_off_;
+  int64_t n_tokens_, pos0_, group_, hd_, hd_pad_, kv_off_;
   int64_t r_, rp_, n_rv_;
   Scratch sc_;
 };
@@ -408,6 +433,12 @@ struct ScalarVec {
   static constexpr int kKeyGroup = 8;
   static constexpr int64_t kHeadBlock = 8;
   static V Zero() { return 0.0f; }
+  static V LoadBf16(const uint16_t* p) {
+    const uint32_t u = static_cast<uint32_t>(*p) << 16;
+    float f;
+    std::memcpy(&f, &u, sizeof(f));
+    return f;
+  }
   static V Set1(float x) { return x; }
   static V Load(const float* p) { return *p; }
   static V LoadN(const float* p, int64_t n) { return n > 0 ? *p : 0.0f; }

@@ -20,8 +20,8 @@ KvCache::KvCache(const KvLayout& layout, PagePool* pool) : layout_(layout), pool
     for (int64_t h = 0; h < layout.n_kv_heads; ++h) {
       for (int64_t p = 0; p < n_pages; ++p) {
         size_t idx = static_cast<size_t>((l * layout.n_kv_heads + h) * n_pages + p);
-        k_ptrs_[idx] = K(l, static_cast<int32_t>(p), 0) + h * layout.head_dim;
-        v_ptrs_[idx] = V(l, static_cast<int32_t>(p), 0) + h * layout.head_dim;
+        k_ptrs_[idx] = K(l, static_cast<int32_t>(p), 0, h);
+        v_ptrs_[idx] = V(l, static_cast<int32_t>(p), 0, h);
       }
     }
   }
@@ -115,14 +115,25 @@ void KvCache::Release(std::vector<int32_t>* table) {
   table->clear();
 }
 
-float* KvCache::K(int64_t layer, int32_t block, int64_t slot) {
+float* KvCache::K(int64_t layer, int32_t block, int64_t slot, int64_t kv_head) {
   auto* base = reinterpret_cast<float*>(pool_->PageData(block));
-  return base + ((layer * 2 + 0) * layout_.block_size + slot) * layout_.kv_dim();
+  const int64_t bs = layout_.block_size, hd = layout_.head_dim;
+  return base + (((layer * 2 + 0) * layout_.n_kv_heads + kv_head) * bs + slot) * hd;
 }
 
-float* KvCache::V(int64_t layer, int32_t block, int64_t slot) {
+float* KvCache::V(int64_t layer, int32_t block, int64_t slot, int64_t kv_head) {
   auto* base = reinterpret_cast<float*>(pool_->PageData(block));
-  return base + ((layer * 2 + 1) * layout_.block_size + slot) * layout_.kv_dim();
+  const int64_t bs = layout_.block_size, hd = layout_.head_dim;
+  return base + (((layer * 2 + 1) * layout_.n_kv_heads + kv_head) * bs + slot) * hd;
+}
+
+void KvCache::WriteToken(int64_t layer, int32_t block, int64_t slot, const float* k,
+                         const float* v) {
+  const int64_t hd = layout_.head_dim;
+  for (int64_t g = 0; g < layout_.n_kv_heads; ++g) {
+    std::copy_n(k + g * hd, hd, K(layer, block, slot, g));
+    std::copy_n(v + g * hd, hd, V(layer, block, slot, g));
+  }
 }
 
 kernels::PagedKv KvCache::View(int64_t layer, int64_t kv_head, const int32_t* block_table) const {
@@ -132,7 +143,8 @@ kernels::PagedKv KvCache::View(int64_t layer, int64_t kv_head, const int32_t* bl
   kv.v_blocks = v_ptrs_.data() + off;
   kv.block_table = block_table;
   kv.block_size = layout_.block_size;
-  kv.kv_stride = layout_.kv_dim();
+  kv.kv_stride = layout_.head_dim;  // head-major blocks: a head's rows follow each other
+  kv.head_stride = layout_.block_size * layout_.head_dim;
   return kv;
 }
 

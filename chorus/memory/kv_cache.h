@@ -1,7 +1,11 @@
 // KvCache: the paged KV cache over a PagePool (docs/architecture.md, "Memory tiers", Punica §5.4,
 // vLLM PagedAttention). One KV block = one page = `block_size` tokens of K and V for every layer:
 //   page bytes = n_layers × 2 × block_size × n_kv_heads × head_dim × sizeof(float)
-// laid out [layer][K|V][slot][kv_head][head_dim], so one layer's K of a block is contiguous.
+// laid out [layer][K|V][kv_head][slot][head_dim]: head-major, so the K (or V) of one KV head of a
+// block is block_size × head_dim contiguous floats (4 KiB at the TinyLlama shape), which a
+// decode step streams with whole cache lines and the hardware prefetcher's help. (Token-major
+// blocks, [slot][kv_head][head_dim], put one head's rows 256 bytes every 1 KiB at that shape,
+// and one thread read them at about half the rate: docs/kernels.md, "Attention".)
 // A sequence owns a block table (block ids in position order); token t lives in block
 // table[t / block_size], slot t % block_size.
 //
@@ -74,9 +78,12 @@ class KvCache {
   // Blocks with more than one holder (for tests and metrics).
   int64_t n_shared() const { return n_shared_; }
 
-  // K / V of token slot `slot` of `block` in `layer`: [n_kv_heads × head_dim] floats.
-  float* K(int64_t layer, int32_t block, int64_t slot);
-  float* V(int64_t layer, int32_t block, int64_t slot);
+  // K / V of KV head `kv_head` of token slot `slot` of `block` in `layer`: head_dim floats.
+  float* K(int64_t layer, int32_t block, int64_t slot, int64_t kv_head);
+  float* V(int64_t layer, int32_t block, int64_t slot, int64_t kv_head);
+  // Stores one token's K and V rows ([n_kv_heads × head_dim] floats each, heads side by side,
+  // as the projections produce them) at slot `slot` of `block` in `layer`.
+  void WriteToken(int64_t layer, int32_t block, int64_t slot, const float* k, const float* v);
 
   // PagedKv for the attention kernel restricted to kv head `kv_head` of `layer` (so the kernel
   // can be called per kv-head group, which lets threads split heads at batch 1).

@@ -36,7 +36,7 @@ TEST(KvCacheSharingTest, PrepareWriteCopiesOnlyTheSharedBlocksItWrites) {
   KvCache kv(layout, &pool);
   std::vector<int32_t> a;
   CHORUS_ASSERT_OK(kv.Reserve(&a, 40));
-  *kv.K(1, a[2], 7) = 5.0f;  // token 39, the last written one
+  *kv.K(1, a[2], 7, 0) = 5.0f;  // token 39, the last written one
   std::vector<int32_t> b = kv.Fork(a);
   // b writes token 40 (block 2, shared): it gets a private copy with a's history in it.
   EXPECT_EQ(kv.PagesToWrite(b, 40, 41), 1);
@@ -44,9 +44,9 @@ TEST(KvCacheSharingTest, PrepareWriteCopiesOnlyTheSharedBlocksItWrites) {
   EXPECT_EQ(b[0], a[0]);
   EXPECT_EQ(b[1], a[1]);
   EXPECT_NE(b[2], a[2]);
-  EXPECT_EQ(*kv.K(1, b[2], 7), 5.0f);
-  *kv.K(1, b[2], 8) = 6.0f;
-  EXPECT_NE(*kv.K(1, a[2], 8), 6.0f);
+  EXPECT_EQ(*kv.K(1, b[2], 7, 0), 5.0f);
+  *kv.K(1, b[2], 8, 0) = 6.0f;
+  EXPECT_NE(*kv.K(1, a[2], 8, 0), 6.0f);
   EXPECT_EQ(kv.RefCount(a[2]), 1);
   EXPECT_EQ(kv.n_shared(), 2);
   // a is now the only holder of its last block: writing into it copies nothing; growing past

@@ -71,11 +71,16 @@ TEST(KvCacheTest, ReserveGrowsAndReleases) {
   EXPECT_EQ(kv.Reserve(&table, 100).code(), StatusCode::kResourceExhausted);
   EXPECT_EQ(table.size(), 2u);
   // Writes to different layers/blocks never overlap.
-  *kv.K(1, table[1], 15) = 3.0f;
-  *kv.V(0, table[0], 0) = 4.0f;
-  EXPECT_EQ(*kv.K(1, table[1], 15), 3.0f);
+  *kv.K(1, table[1], 15, 1) = 3.0f;
+  *kv.V(0, table[0], 0, 0) = 4.0f;
+  EXPECT_EQ(*kv.K(1, table[1], 15, 1), 3.0f);
+  EXPECT_EQ(*kv.V(0, table[0], 0, 0), 4.0f);
+  // Head-major blocks: the view of KV head 1 walks that head's rows, head_dim floats apart.
   auto view = kv.View(1, 1, table.data());
-  EXPECT_EQ(view.k_blocks[table[1]] + 15 * view.kv_stride - 4, kv.K(1, table[1], 15));
+  EXPECT_EQ(view.kv_stride, 4);
+  EXPECT_EQ(view.k_blocks[table[1]] + 15 * view.kv_stride, kv.K(1, table[1], 15, 1));
+  EXPECT_EQ(kv.K(1, table[1], 1, 0), kv.K(1, table[1], 0, 0) + 4);
+  EXPECT_EQ(kv.K(1, table[1], 0, 1), kv.K(1, table[1], 0, 0) + 16 * 4);
   kv.Release(&table);
   EXPECT_TRUE(table.empty());
   EXPECT_EQ(pool.n_free(), 4);

@@ -195,7 +195,7 @@ void Forward::Attention(const StepInput& in, memory::KvCache* kv, int64_t layer,
     // above.
     const int64_t n = static_cast<int64_t>(in.tokens.size());
     const int64_t window = c.LayerSliding(layer) ? c.sliding_window : 0;
-    const int64_t per_thread = c.max_seq_len + 16;
+    const int64_t per_thread = c.max_seq_len + c.head_dim + 16;
     if (static_cast<int64_t>(window_scratch_.size()) < per_thread * pool->size())
       window_scratch_.resize(static_cast<size_t>(per_thread * pool->size()));
     // One unit = one row × one KV head (so a single decode row still uses every thread); each
@@ -352,8 +352,7 @@ void Forward::Run(const StepInput& in, memory::KvCache* kv, ThreadPool* pool, fl
       rotate(k, c.n_kv_heads, lw.k_norm, cs, sn);
       const int32_t* table = in.block_tables[static_cast<size_t>(in.seq[static_cast<size_t>(i)])];
       const int32_t blk = table[pos / block];
-      std::copy(k, k + kvd, kv->K(l, blk, pos % block));
-      std::copy(v, v + kvd, kv->V(l, blk, pos % block));
+      kv->WriteToken(l, blk, pos % block, k, v);
     }
     // All K/V of the step are in the cache before any row attends, so rows of one prefill chunk
     // see each other causally through n_ctx = pos + 1.

@@ -21,6 +21,11 @@ struct Vec256 {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(r), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   }
   static V Zero() { return _mm256_setzero_ps(); }
+  // 8 bf16 values at p widened to f32 (the bits shifted into the high half: exact).
+  static V LoadBf16(const uint16_t* p) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
   static V Set1(float x) { return _mm256_set1_ps(x); }
   static V Load(const float* p) { return _mm256_loadu_ps(p); }
   static V LoadN(const float* p, int64_t n) { return _mm256_maskload_ps(p, Mask(n)); }
