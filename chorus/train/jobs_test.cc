@@ -67,6 +67,7 @@ TEST_F(JobsTest, RunsInOrderReportsAndCancels) {
   q.set_on_success([&](const JobSnapshot& s) {
     ++successes;
     was_running = q.Snapshot(s.id)->state == JobState::kRunning;
+    return OkStatus();
   });
   ASSERT_EQ(*q.Submit("a", Options("a", 4)), JobState::kQueued);
   ASSERT_EQ(*q.Submit("b", Options("b", 400)), JobState::kQueued);
