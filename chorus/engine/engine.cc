@@ -170,6 +170,7 @@ struct Engine::Impl {
   std::unique_ptr<memory::PrefixCache> prefix;  // null when disabled
   std::unique_ptr<Scheduler> scheduler;
   TrainingGate* training_gate = nullptr;  // EngineOptions::training_gate
+  double step_ema_s = 0;                  // with a gate: moving average of step wall time
 
   explicit Impl(Engine* e, int threads) : self(e), pool(threads) {}
 
@@ -410,8 +411,20 @@ void Engine::Impl::Loop() {
       return;
     }
     if (draining.load() && !scheduler->has_work()) return;
-    if (training_gate != nullptr && TrainingTurn()) continue;
+    if (training_gate == nullptr) {
+      Step();
+      continue;
+    }
+    if (TrainingTurn()) continue;
+    // The cost of the step that admits deferred requests counts against their bound too: a
+    // moving average of the wall time of steps that ran (weight 1/4 for the newest).
+    const uint64_t steps_before = self->metrics_.steps_total.load(std::memory_order_relaxed);
+    const auto s0 = Clock::now();
     Step();
+    if (self->metrics_.steps_total.load(std::memory_order_relaxed) != steps_before) {
+      const double s = std::chrono::duration<double>(Clock::now() - s0).count();
+      step_ema_s = step_ema_s == 0 ? s : 0.75 * step_ema_s + 0.25 * s;
+    }
   }
 }
 
@@ -427,9 +440,10 @@ bool Engine::Impl::TrainingTurn() {
   if (!scheduler->waiting().empty()) {
     if (!deferred) return false;  // immediate: any waiting request comes first
     // Deferred: train only if every waiting request can still wait for one more iteration
-    // (d_r + t_f < d_rb). Before any iteration was measured the cost is unknown: no deferral.
+    // (d_r + t_f < d_rb), keeping room for the step that will admit it (its first token is due
+    // within the bound). Before any iteration was measured the cost is unknown: no deferral.
     if (g->iterations() == 0) return false;
-    const double t_f = g->iteration_seconds();
+    const double t_f = g->iteration_seconds() + step_ema_s;
     for (const auto& s : scheduler->waiting()) {
       const double bound_ms =
           s->req->ttft_slo_ms > 0 ? s->req->ttft_slo_ms : self->opts_.deferral_bound_ms;
