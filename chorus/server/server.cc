@@ -872,6 +872,24 @@ void Server::Impl::Routes() {
            .block_size = eo.block_size,
            .max_lora = eo.max_adapters_per_step > 0 ? eo.max_adapters_per_step : eo.max_running});
     }
+    if (m && engine->options().training_gate) {  // fine-tuning while serving
+      const engine::TrainingGate& g = *engine->options().training_gate;
+      char buf[640];
+      std::snprintf(buf, sizeof buf,
+                    "# HELP chorus_finetune_iterations_total Training iterations granted between "
+                    "inference steps.\n# TYPE chorus_finetune_iterations_total counter\n"
+                    "chorus_finetune_iterations_total %lld\n"
+                    "# HELP chorus_finetune_busy_seconds_total Wall time of granted training "
+                    "iterations.\n# TYPE chorus_finetune_busy_seconds_total counter\n"
+                    "chorus_finetune_busy_seconds_total %.6f\n"
+                    "# HELP chorus_finetune_iteration_seconds Moving average of an iteration's "
+                    "wall time (the deferred policy's cost).\n"
+                    "# TYPE chorus_finetune_iteration_seconds gauge\n"
+                    "chorus_finetune_iteration_seconds %.6f\n",
+                    static_cast<long long>(g.iterations()), g.busy_seconds(),
+                    g.iteration_seconds());
+      text += buf;
+    }
     if (self->opts_.tenants) text += RenderTenantPrometheus(self->opts_.tenants->All());
     res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
   });

@@ -244,6 +244,9 @@ def main():
         assert ck["data"][0]["fine_tuning_job_id"] == job["id"]
         steps = [c["step_number"] for c in ck["data"]]
         assert steps == sorted(steps, reverse=True) and steps[0] == job["chorus"]["total_steps"]
+        code, metrics = srv.request("GET", "/metrics")
+        it = re.search(rb"^chorus_finetune_iterations_total (\d+)$", metrics, re.M)
+        assert it and int(it.group(1)) >= job["chorus"]["total_steps"], metrics[-600:]
         code, models_list = srv.request("GET", "/v1/models")
         assert name in [m["id"] for m in models_list["data"]], models_list
         code, c = srv.complete(name)
