@@ -7,6 +7,9 @@ the bound), and the ratio deferred / immediate.
 
 Usage: tools/finetune_concurrency.py [--rate R] [--requests N] [--bound MS] [--threads T]
                                      [--out DIR] [--policies immediate,deferred]
+                                     [--sweep bound:200,500,1000 | --sweep rate:4,8,16]
+With --sweep, one run of each policy per value; DIR/sweep.csv (x, and per policy tokens/min and
+attainment) is what `tools/plot.py finetune-sweep` draws (FineInfer's Fig. 4/5 shape).
 """
 import argparse
 import csv
@@ -118,8 +121,31 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--policies", default="immediate,deferred")
     p.add_argument("--out", default="/tmp/finetune-concurrency")
+    p.add_argument("--sweep", default="", help="bound:MS,MS,... or rate:R,R,...")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    if args.sweep:
+        what, _, values = args.sweep.partition(":")
+        if what not in ("bound", "rate") or not values:
+            p.error("--sweep must be bound:V,V,... or rate:V,V,...")
+        rows = []
+        for v in values.split(","):
+            setattr(args, what, float(v))
+            row = {"x": float(v)}
+            for policy in ("immediate", "deferred"):
+                load0 = open("/proc/loadavg").read().split()[0]
+                r = run_policy(args, policy, args.out)
+                row[policy + "_tokens_per_min"] = r["train_tokens_per_min"]
+                row[policy + "_attainment"] = r["attainment"]
+                row[policy + "_load"] = load0
+                print(json.dumps({what: float(v), **r}), flush=True)
+            rows.append(row)
+        with open(os.path.join(args.out, "sweep.csv"), "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+        print("wrote " + os.path.join(args.out, "sweep.csv") + f" (x = {what})")
+        return 0
     results = []
     for policy in args.policies.split(","):
         load0 = open("/proc/loadavg").read().split()[:3]

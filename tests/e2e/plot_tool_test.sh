@@ -31,6 +31,13 @@ step,epoch,lr,loss,grad_norm,tokens_per_s,elapsed_s,eval_loss
 1,0.04,0.0002,0.98,0.33,1400.0,1.50,
 2,0.07,0.0004,0.95,0.31,1410.0,3.00,0.94
 CSV
+cat >"$tmp/sweep.csv" <<'CSV'
+x,immediate_tokens_per_min,immediate_attainment,immediate_load,deferred_tokens_per_min,deferred_attainment,deferred_load
+200,9000,0.97,3.1,12000,0.96,3.2
+1000,9100,0.98,3.0,21000,0.97,3.3
+CSV
+plot finetune-sweep "$tmp/sweep.csv" >/dev/null
+is_png "$tmp/sweep.png" || fail "finetune-sweep: no PNG"
 plot punica "$tmp/punica.csv" >/dev/null
 is_png "$tmp/punica.png" || fail "punica: no PNG"
 plot requests "$tmp/requests.csv" -o "$tmp/r.png" >/dev/null
