@@ -511,9 +511,11 @@ int ServeCommand(int argc, char** argv) {
         // --finetune-policy lets it (engine/training_gate.h).
         std::shared_ptr<engine::TrainingGate> gate = eo.training_gate;
         train::JobQueue::StepHooks hooks;
-        hooks.on_job_start = [gate] { gate->Attach(); };
+        // Attached from its first iteration on (not while it reads and packs its data), so
+        // requests are deferred only for a trainer that is about to ask again.
         hooks.on_job_end = [gate] { gate->Detach(); };
         hooks.before_step = [gate](const std::atomic<bool>* cancel) {
+          gate->Attach();
           return gate->Acquire(cancel);
         };
         hooks.after_step = [gate] { gate->Release(); };
