@@ -441,11 +441,9 @@ bool Engine::Impl::TrainingTurn() {
     if (!deferred) return false;  // immediate: any waiting request comes first
     // Deferred: train only if every waiting request can still wait for one more iteration
     // (d_r + t_f < d_rb), keeping room for the step that will admit it (its first token is due
-    // within the bound). t_f is the longest of the last few iterations, not their mean: a
-    // deferred request sits close to its bound, so an iteration longer than the estimate is a
-    // miss. Before any iteration was measured the cost is unknown: no deferral.
+    // within the bound). Before any iteration was measured the cost is unknown: no deferral.
     if (g->iterations() == 0) return false;
-    const double t_f = g->recent_max_seconds() + step_ema_s;
+    const double t_f = g->iteration_seconds() + step_ema_s;
     for (const auto& s : scheduler->waiting()) {
       const double bound_ms =
           s->req->ttft_slo_ms > 0 ? s->req->ttft_slo_ms : self->opts_.deferral_bound_ms;

@@ -1,7 +1,5 @@
 #include "chorus/engine/training_gate.h"
 
-#include <algorithm>
-
 namespace chorus::engine {
 
 namespace {
@@ -83,19 +81,11 @@ bool TrainingGate::Grant(ThreadPool* pool) {
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const int64_t n = iterations_.fetch_add(1, std::memory_order_relaxed);
-  recent_[n % kRecent] = s;
   busy_s_.store(busy_s_.load(std::memory_order_relaxed) + s, std::memory_order_relaxed);
   ema_s_.store(
       n == 0 ? s : (1 - kEmaWeight) * ema_s_.load(std::memory_order_relaxed) + kEmaWeight * s,
       std::memory_order_relaxed);
   return true;
-}
-
-double TrainingGate::recent_max_seconds() const {
-  std::lock_guard<std::mutex> l(mu_);
-  double m = 0;
-  for (double s : recent_) m = std::max(m, s);
-  return m;
 }
 
 void TrainingGate::WaitForTrainer(std::chrono::steady_clock::time_point until) {

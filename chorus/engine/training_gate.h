@@ -6,9 +6,8 @@
 // cores. When to grant is the engine's finetune policy (`deferred`: FineInfer's deferred
 // continuous batching; `immediate`: only when no inference request is waiting or running).
 //
-// The gate also measures the iterations (a moving average of their wall time, and the longest of
-// the last few): the cost the deferred policy compares with each waiting request's remaining
-// deferral bound.
+// The gate also measures the iterations (a moving average of their wall time): the cost the
+// deferred policy compares with each waiting request's remaining deferral bound.
 //
 // Thread-safety: all methods are thread-safe. One trainer at a time (the job queue runs one
 // job); Grant is called by the engine thread only.
@@ -52,11 +51,6 @@ class TrainingGate {
   // Moving average of granted iterations' wall time in seconds (0 before the first); the
   // count of iterations and their total time.
   double iteration_seconds() const { return ema_s_.load(std::memory_order_relaxed); }
-  // The longest of the last kRecent iterations (0 before the first): the deferred policy's
-  // cost, so that one slow iteration in a few (a checkpoint, a busy host) does not push
-  // deferred requests past their bound.
-  static constexpr int kRecent = 8;
-  double recent_max_seconds() const;
   int64_t iterations() const { return iterations_.load(std::memory_order_relaxed); }
   double busy_seconds() const { return busy_s_.load(std::memory_order_relaxed); }
 
@@ -71,7 +65,6 @@ class TrainingGate {
   std::atomic<double> ema_s_{0};
   std::atomic<int64_t> iterations_{0};
   std::atomic<double> busy_s_{0};
-  double recent_[kRecent] = {};  // mu_ held; a ring indexed by iterations_ % kRecent
 };
 
 }  // namespace chorus::engine
