@@ -4,7 +4,8 @@
 Starts a server (the embedded default model plus two synthetic LoRA adapters, so every route
 has something to act on), then sends --requests requests generated from a schema of every
 route — completions, chat completions (with tools, tool_choice and tool turns), models, adapter load/unload, /tokenize, /detokenize,
-/apply-template, metrics, health, unknown routes and methods — each valid or broken in one of many ways: wrong types, out-of-range
+/apply-template, files and fine-tuning jobs (multipart uploads, job bodies with broken
+hyperparameters, unknown ids), metrics, health, unknown routes and methods — each valid or broken in one of many ways: wrong types, out-of-range
 numbers, NaN/Infinity, huge strings and arrays, deep nesting, invalid UTF-8 and lone
 surrogates, truncated bodies, wrong content types, chunked bodies, slow senders, clients that
 hang up mid-stream, duplicate keys, unknown fields.
@@ -35,6 +36,11 @@ ROUTES_GET = ["/health", "/metrics", "/v1/models", "/v1/models/", "/v1/models/{m
 GEN_ROUTES = ["/v1/completions", "/v1/chat/completions"]
 ADMIN_ROUTES = ["/v1/load_lora_adapter", "/v1/unload_lora_adapter"]
 TEMPLATE_ROUTES = ["/tokenize", "/detokenize", "/apply-template"]
+FT_IDS = ["file-nope", "ftjob-nope", "", "%00", "x" * 300, "file-000000000000000000000001",
+          "ftjob-000000000000000000000001", "..%2f..%2fetc"]
+FT_GET = ["/v1/files", "/v1/files/{f}", "/v1/files/{f}/content", "/v1/fine_tuning/jobs",
+          "/v1/fine_tuning/jobs/{j}", "/v1/fine_tuning/jobs/{j}/events",
+          "/v1/fine_tuning/jobs/{j}/checkpoints"]
 JUNK_ROUTES = ["/", "/v1", "/v1/embeddings", "/v2/completions", "/v1/completions/x",
                "/%00", "/v1/models/%ff%fe", "/" + "a" * 3000]
 
@@ -465,8 +471,81 @@ def with_key(data, rng):
                         b"Connection: close\r\nAuthorization: " + scheme + key.encode() + b"\r\n", 1)
 
 
+def ft_job_body(rng, file_ids):
+    """A fine-tuning job body: mostly broken (unknown files, model, hyperparameters)."""
+    hp_values = [0, -1, 1, 3, 51, 1e9, "auto", "x", None, [], {}, 0.5, float("nan")]
+    hp = {k: rng.choice(hp_values) for k in rng.sample(
+        ["n_epochs", "batch_size", "learning_rate_multiplier", "lora_rank", "lora_alpha",
+         "lora_targets", "n_steps", "seq_len", "warmup_steps", "grad_accum", "checkpoint_every",
+         "bogus"], rng.randrange(0, 5))}
+    body = {"model": rng.choice(["base", "chorus-default", "nope", 7, None]),
+            "training_file": rng.choice(file_ids + ["file-nope", None, 3, ""]),
+            "hyperparameters": rng.choice([hp, hp, None, "auto", []])}
+    if rng.random() < 0.3:
+        body["validation_file"] = rng.choice(file_ids + ["file-nope", 1])
+    if rng.random() < 0.3:
+        body["suffix"] = rng.choice(["ok", "bad suffix", "x" * 100, 5, ""])
+    if rng.random() < 0.2:
+        body["seed"] = rng.choice([1, -1, "s", 2 ** 40])
+    if rng.random() < 0.1:
+        body["method"] = rng.choice([{"type": "dpo"}, {"type": "supervised"}, "x"])
+    return body
+
+
+def ft_upload(rng):
+    """A multipart upload to /v1/files: tiny JSONL, or a broken form."""
+    b = "b" + str(rng.randrange(1 << 30))
+    parts = []
+    if rng.random() < 0.85:
+        parts.append('--%s\r\nContent-Disposition: form-data; name="purpose"\r\n\r\n%s\r\n' % (
+            b, rng.choice(["fine-tune"] * 4 + ["assistants", "", "x" * 500])))
+    if rng.random() < 0.85:
+        content = rng.choice(['{"text": "Once upon a time"}\n', "", "not json\n", "\xff\xfe",
+                              '{"prompt": "a", "completion": "b"}\n' * rng.randrange(1, 50)])
+        name = rng.choice(["t.jsonl", "../../etc/passwd", "", "a/b.jsonl", "x" * 300])
+        parts.append('--%s\r\nContent-Disposition: form-data; name="file"; filename="%s"\r\n'
+                     '\r\n%s\r\n' % (b, name, content))
+    body = ("".join(parts) + "--%s--\r\n" % b).encode("utf-8", "surrogateescape")
+    if rng.random() < 0.1:
+        body = mutate_bytes(body, rng)
+    ctype = rng.choice(["multipart/form-data; boundary=" + b] * 5 + ["application/json", None])
+    return body, ctype
+
+
 def one(port, gen, rng, stats, failures, tenants=False):
     r = rng.random()
+    if r >= 0.22 and r < 0.27:  # files and fine-tuning jobs (the state directory's routes)
+        k = rng.random()
+        f_id, j_id = rng.choice(FT_IDS), rng.choice(FT_IDS)
+        if k < 0.4:
+            path = rng.choice(FT_GET).replace("{f}", f_id).replace("{j}", j_id)
+            if rng.random() < 0.3:
+                path += rng.choice(["?limit=0", "?limit=2", "?limit=x", "?after=nope",
+                                    "?limit=99999999999999999999", "?purpose=fine-tune"])
+            data = http("GET", path, b"")
+        elif k < 0.55:
+            path = "/v1/files/" + f_id
+            data = http("DELETE", path, b"")
+        elif k < 0.65:
+            path = "/v1/fine_tuning/jobs/%s/cancel" % j_id
+            data = http("POST", path, b"")
+        elif k < 0.8:
+            path = "/v1/files"
+            body, ctype = ft_upload(rng)
+            data = http("POST", path, body, ctype)
+        else:
+            path = "/v1/fine_tuning/jobs"
+            body = encode(ft_job_body(rng, ["file-000000000000000000000001"]), rng)
+            if rng.random() < 0.1:
+                body = mutate_bytes(body, rng)
+            data = http("POST", path, body)
+        what = "fine-tuning " + path[:60]
+        if tenants:
+            data = with_key(data, rng)
+        status, resp, note = raw(port, data)
+        check(status, resp, note, stats, failures, what)
+        stats["sent"] += 1
+        return
     if r < 0.08:
         path = rng.choice(ROUTES_GET).replace("{m}", rng.choice(["base"] + gen.adapters + ["nope"]))
         method = "GET" if rng.random() < 0.9 else rng.choice(["DELETE", "PUT", "PATCH", "POST"])

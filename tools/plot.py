@@ -15,6 +15,10 @@ here.
                                                  time per output token against load, per routing
                                                  policy (the shape of CaraServe's Fig. 19)
 
+  tools/plot.py finetune-sweep sweep.csv [-o ...]  tools/finetune_concurrency.py --sweep:
+                                                 fine-tuning tokens/min and deferral-bound
+                                                 attainment of both policies against the swept x
+
 The PNG defaults to the CSV's path with .png. Exit status: 0 written, 1 bad input or gnuplot
 failed, 2 usage.
 """
@@ -125,6 +129,25 @@ set yrange [0:*]
 set key top left
 plot {lines(3)}
 unset multiplot
+
+def finetune_sweep(csv_path, png, title):
+    return f"""set terminal pngcairo size 900,600 noenhanced
+set output {gp_quote(png)}
+set datafile separator ','
+set title {gp_quote(title or 'fine-tuning while serving: deferred vs immediate')}
+set xlabel 'swept value (deferral bound ms or arrival rate req/s)'
+set ylabel 'fine-tuning tokens/min'
+set y2label 'deferral-bound attainment'
+set ytics nomirror
+set y2tics
+set yrange [0:*]
+set y2range [0:1.05]
+set grid
+set key top left
+plot {gp_quote(csv_path)} every ::1 using 1:2 with linespoints pt 7 lw 2 title 'immediate tokens/min', \\
+     '' every ::1 using 1:5 with linespoints pt 5 lw 2 title 'deferred tokens/min', \\
+     '' every ::1 using 1:3 axes x1y2 with linespoints pt 6 dt 2 title 'immediate attainment', \\
+     '' every ::1 using 1:6 axes x1y2 with linespoints pt 4 dt 2 title 'deferred attainment'
 """
 
 
@@ -134,6 +157,9 @@ KINDS = {
     "punica": (punica, ["dtype", "metric", "batch", "tokens_per_s"]),
     "requests": (requests, ["arrival_s", "status", "ttft_s", "tpot_s", "latency_s"]),
     "simulate": (simulate, ["policy", "rate", "attainment", "tpot_mean_ms"]),
+
+    "finetune-sweep": (finetune_sweep, ["x", "immediate_tokens_per_min", "immediate_attainment",
+                                        "deferred_tokens_per_min", "deferred_attainment"]),
     "slora-vs-n": (slora_vs_n, ["n", "output_tok_s", "ttft_p50", "ttft_cold_p50", "ttft_warm_p50"]),
 }
 

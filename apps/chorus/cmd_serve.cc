@@ -19,6 +19,7 @@
 #include "chorus/engine/engine.h"
 #include "chorus/engine/profile.h"
 #include "chorus/memory/kv_cache.h"
+#include "chorus/server/finetune_routes.h"
 #include "chorus/server/server.h"
 #include "chorus/server/template_routes.h"
 
@@ -125,7 +126,16 @@ MemoryPlan PlanMemory(const Flags& f, const model::ModelConfig& c, int64_t max_r
 struct ServedAdapters {
   std::shared_ptr<adapters::AdapterRegistry> registry;
   std::shared_ptr<adapters::AdapterCache> cache;
+  std::string finetune_dir;  // empty: no fine-tuning API
 };
+
+// Fine-tuning (docs/finetuning.md, "Training while serving") is on with --finetune-dir or an
+// explicit --registry state file, unless --no-finetune: its state lives in --finetune-dir, by
+// default beside the registry's state file.
+bool WantsFinetune(const Flags& f) {
+  return !f.GetBool("no-finetune") &&
+         (!f.GetString("finetune-dir").empty() || !f.GetString("registry").empty());
+}
 
 // The registry (persisted across restarts) plus the adapters named on the command line. The
 // directories of --lora and --lora-dir paths are adapter roots too: the operator named them.
@@ -152,18 +162,35 @@ Result<ServedAdapters> OpenAdapters(const Flags& f, const model::ModelConfig& ba
     roots.push_back(p.has_parent_path() ? p.parent_path().string() : ".");
   }
   for (const std::string& d : f.GetRepeated("lora-dir")) roots.push_back(d);
-  if (roots.empty() && f.GetString("registry").empty()) return out;  // base model only
+  if (roots.empty() && f.GetString("registry").empty() && !WantsFinetune(f))
+    return out;  // base model only
+  std::string state = f.GetString("registry");
+  if (state.empty()) {
+    CHORUS_ASSIGN_OR_RETURN(std::string dir, CacheDirectory());
+    state = dir + "/adapters-registry.json";
+  }
+  if (WantsFinetune(f)) {
+    out.finetune_dir = f.GetString("finetune-dir");
+    if (out.finetune_dir.empty()) {
+      const std::filesystem::path sp = std::filesystem::absolute(state);
+      out.finetune_dir = (sp.parent_path() / "finetune").string();
+    }
+    // Finished jobs register their adapters from here.
+    const std::string jobs_root = server::FinetuneApi::AdapterRoot(out.finetune_dir);
+    std::error_code ec;
+    std::filesystem::create_directories(jobs_root, ec);
+    if (ec) {
+      return InternalError("cannot create " + jobs_root + ": " + ec.message())
+          .WithContext("flag --finetune-dir");
+    }
+    roots.push_back(jobs_root);
+  }
   adapters::RegistryOptions ro;
   ro.adapter_roots = roots;
   ro.max_lora_rank = f.GetInt("max-lora-rank");
   ro.base = base;
   ro.base_model_name = base_name;
   ro.base_weights_hash = base_weights_hash;
-  std::string state = f.GetString("registry");
-  if (state.empty()) {
-    CHORUS_ASSIGN_OR_RETURN(std::string dir, CacheDirectory());
-    state = dir + "/adapters-registry.json";
-  }
   ro.recover_corrupt_state = f.GetBool("recover-corrupt-state");
   auto reg = adapters::AdapterRegistry::Open(state, ro);
   if (!reg.ok() && reg.status().code() == StatusCode::kDataLoss) {
@@ -268,8 +295,21 @@ int ServeCommand(int argc, char** argv) {
            "adapter registry state file (default: <cache dir>/adapters-registry.json)");
   f.Bool(
       "recover-corrupt-state",
-      "if the --registry state file is corrupt, move it aside to <file>.corrupt-<time> and start "
-      "with an empty registry (default: refuse to start, leaving the file as it is)");
+      "if the --registry state file (or the fine-tuning API's files.json / jobs.json) is corrupt, "
+      "move it aside to <file>.corrupt-<time> and start with it empty (default: refuse to start, "
+      "leaving the file as it is)");
+
+  f.String("finetune-dir", "",
+           "state directory of the fine-tuning API (/v1/files, /v1/fine_tuning/jobs: uploaded "
+           "files, jobs, their adapters); default: finetune/ beside the --registry file");
+  f.Bool("no-finetune", "no fine-tuning API even when an adapter registry is kept");
+  f.String("finetune-policy", "deferred",
+           "when fine-tuning iterations run between inference steps: deferred (a waiting "
+           "request is deferred while it stays within its deferral bound; FineInfer) or "
+           "immediate (only when no request waits or runs)");
+  f.Float("deferral-bound", 500,
+          "default deferral bound of inference requests under --finetune-policy deferred (ms; a "
+          "request with a TTFT SLO uses its SLO)");
   f.Int("host-cache-size", 0,
         "MiB of decoded adapters kept in host memory (LRU); 0 = min(2048, MemAvailable / 4)");
   f.Int("max-lora-rank", 256, "largest LoRA rank accepted");
@@ -401,6 +441,9 @@ int ServeCommand(int argc, char** argv) {
   }
   eo.ttft_slo_ms = f.GetFloat("ttft-slo-ms");
   eo.tpot_slo_ms = f.GetFloat("tpot-slo-ms");
+  eo.finetune_policy = f.GetString("finetune-policy");
+  eo.deferral_bound_ms = f.GetFloat("deferral-bound");
+  if (WantsFinetune(f)) eo.training_gate = std::make_shared<engine::TrainingGate>();
   so.reuse_port = f.GetBool("reuse-port");
   if (Status s = eo.Validate(); !s.ok())
     return Fail("serve", InvalidArgumentError("flag " + s.message()));
@@ -436,7 +479,7 @@ int ServeCommand(int argc, char** argv) {
       const bool with_adapters =
           !f.GetRepeated("lora").empty() || !f.GetRepeated("delta").empty() ||
           !f.GetRepeated("lora-dir").empty() || !f.GetRepeated("adapter-root").empty() ||
-          !f.GetString("registry").empty();
+          !f.GetString("registry").empty() || WantsFinetune(f);
       const MemoryPlan plan = PlanMemory(f, loaded.model->config(), eo.max_running, with_adapters);
       eo.pool_bytes = plan.pool_bytes;
       CHORUS_ASSIGN_OR_RETURN(
@@ -472,6 +515,32 @@ int ServeCommand(int argc, char** argv) {
           static_cast<long long>(plan.pool_bytes >> 20), plan.pool_reason.c_str(),
           eo.prefault_pool ? "prefaulted" : "made resident as it is used (--prefault: at start)");
       if (served.registry) (*srv)->SetAdapters(served.registry, served.cache);
+      if (!served.finetune_dir.empty()) {
+        server::FinetuneApiOptions fo;
+        fo.dir = served.finetune_dir;
+        fo.base_model_name = so.served_model_name;
+        fo.max_file_bytes = so.max_body_bytes;
+        fo.max_seq_len = loaded.model->config().max_seq_len;
+        fo.recover_corrupt_state = f.GetBool("recover-corrupt-state");
+        // Each training iteration runs on the engine's pool between inference steps, when
+        // --finetune-policy lets it (engine/training_gate.h).
+        std::shared_ptr<engine::TrainingGate> gate = eo.training_gate;
+        train::JobQueue::StepHooks hooks;
+        // Attached from its first iteration on (not while it reads and packs its data), so
+        // requests are deferred only for a trainer that is about to ask again.
+        hooks.on_job_end = [gate] { gate->Detach(); };
+        hooks.before_step = [gate](const std::atomic<bool>* cancel) {
+          gate->Attach();
+          return gate->Acquire(cancel);
+        };
+        hooks.after_step = [gate] { gate->Release(); };
+        auto api = server::FinetuneApi::Open(fo, loaded.model, loaded.tokenizer, served.registry,
+                                             std::move(hooks));
+        if (!api.ok()) return api.status().WithContext("flag --finetune-dir " + fo.dir);
+        (*srv)->SetFinetuning(std::move(*api));
+        std::fprintf(stderr, "chorus serve: fine-tuning API on (%s; --finetune-policy %s)\n",
+                     fo.dir.c_str(), eo.finetune_policy.c_str());
+      }
       return OkStatus();
     }();
     load_done.store(true, std::memory_order_release);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 
 #include "chorus/adapters/delta/delta_hook.h"
 #include "chorus/adapters/lora/lora_hook.h"
@@ -122,6 +123,12 @@ Status EngineOptions::Validate() const {
     return InvalidArgumentError("ttft-slo-ms must be in [0, 86400000]");
   if (!(tpot_slo_ms >= 0 && tpot_slo_ms <= kMaxSloMs))
     return InvalidArgumentError("tpot-slo-ms must be in [0, 86400000]");
+  if (finetune_policy != "deferred" && finetune_policy != "immediate") {
+    return InvalidArgumentError("finetune-policy must be deferred or immediate, got '" +
+                                finetune_policy.substr(0, 64) + "'");
+  }
+  if (!(deferral_bound_ms >= 0 && deferral_bound_ms <= kMaxSloMs))
+    return InvalidArgumentError("deferral-bound must be in [0, 86400000] ms");
   return OkStatus();
 }
 
@@ -162,6 +169,8 @@ struct Engine::Impl {
   std::unique_ptr<AdapterResidency> residency;
   std::unique_ptr<memory::PrefixCache> prefix;  // null when disabled
   std::unique_ptr<Scheduler> scheduler;
+  TrainingGate* training_gate = nullptr;  // EngineOptions::training_gate
+  double step_ema_s = 0;                  // with a gate: moving average of step wall time
 
   explicit Impl(Engine* e, int threads) : self(e), pool(threads) {}
 
@@ -171,10 +180,17 @@ struct Engine::Impl {
   // loader finishes (kick).
   bool ReadyLocked() const REQUIRES(mu) {
     const bool work = scheduler->has_work();
+    // A trainer waiting for its iteration is work when no inference runs (TrainingTurn decides).
+    const bool trainer = training_gate != nullptr && training_gate->waiting() && !draining.load() &&
+                         scheduler->running().empty() && (!work || !idle);
     return stop_now.load() || !incoming.empty() || kick || (draining.load() && !work) ||
-           (!idle && (draining.load() || work));
+           (!idle && (draining.load() || work)) || trainer;
   }
   void Step();
+  // Runs one training iteration (or waits briefly for the trainer's next one) when the finetune
+  // policy lets it (EngineOptions::finetune_policy); returns whether it did either, i.e.
+  // whether the loop should decide again before stepping.
+  bool TrainingTurn();
   void CancelAll();
   void PublishGauges();
   void PublishAdapterActivity();
@@ -248,8 +264,16 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const model::Mode
                                                    .kv_window = c.KvWindow()},
                                   impl->pages.get(), impl->kv.get(), impl->residency.get(),
                                   std::move(policy), &e->metrics_, impl->prefix.get());
+  if (opts.training_gate) {
+    impl->training_gate = opts.training_gate.get();
+    impl->training_gate->set_wake([raw_impl] { raw_impl->Wake(); });
+  }
   e->impl_ = std::move(impl);
-  e->impl_->thread = std::thread([raw = e->impl_.get()] { raw->Loop(); });
+  e->impl_->thread = std::thread([raw = e->impl_.get()] {
+    raw->Loop();
+    // No iteration is granted after the loop: a trainer waiting for one gives up.
+    if (raw->training_gate != nullptr) raw->training_gate->Close();
+  });
   return e;
 }
 
@@ -387,8 +411,60 @@ void Engine::Impl::Loop() {
       return;
     }
     if (draining.load() && !scheduler->has_work()) return;
+    if (training_gate == nullptr) {
+      Step();
+      continue;
+    }
+    if (TrainingTurn()) continue;
+    // The cost of the step that admits deferred requests counts against their bound too: a
+    // moving average of the wall time of steps that ran (weight 1/4 for the newest).
+    const uint64_t steps_before = self->metrics_.steps_total.load(std::memory_order_relaxed);
+    const auto s0 = Clock::now();
     Step();
+    if (self->metrics_.steps_total.load(std::memory_order_relaxed) != steps_before) {
+      const double s = std::chrono::duration<double>(Clock::now() - s0).count();
+      step_ema_s = step_ema_s == 0 ? s : 0.75 * step_ema_s + 0.25 * s;
+    }
   }
+}
+
+bool Engine::Impl::TrainingTurn() {
+  TrainingGate* g = training_gate;
+  if (draining.load() || !(g->attached() || g->waiting())) return false;
+  // Inference mode lasts until the running batch is empty (FineInfer, Algorithm 1): running
+  // requests keep continuous batching, and waiting ones join them meanwhile.
+  if (!scheduler->running().empty()) return false;
+  const bool deferred = self->opts_.finetune_policy == "deferred";
+  const auto now = Clock::now();
+  double slack_s = std::numeric_limits<double>::infinity();
+  if (!scheduler->waiting().empty()) {
+    if (!deferred) return false;  // immediate: any waiting request comes first
+    // Deferred: train only if every waiting request can still wait for one more iteration
+    // (d_r + t_f < d_rb), keeping room for the step that will admit it (its first token is due
+    // within the bound). Before any iteration was measured the cost is unknown: no deferral.
+    if (g->iterations() == 0) return false;
+    const double t_f = g->iteration_seconds() + step_ema_s;
+    for (const auto& s : scheduler->waiting()) {
+      const double bound_ms =
+          s->req->ttft_slo_ms > 0 ? s->req->ttft_slo_ms : self->opts_.deferral_bound_ms;
+      const double waited = std::chrono::duration<double>(now - s->arrival).count();
+      slack_s = std::min(slack_s, bound_ms / 1e3 - waited - t_f);
+    }
+    if (!(slack_s > 0)) return false;
+  }
+  if (!g->waiting()) {
+    // Attached but between two iterations (it packs its batch, writes its progress). With
+    // requests deferred, wait for it (within their slack) instead of admitting them now; with
+    // nothing waiting, the loop sleeps until Acquire wakes it.
+    if (scheduler->waiting().empty()) return false;
+    constexpr double kMaxTrainerWaitS = 0.010;
+    g->WaitForTrainer(now +
+                      std::chrono::duration_cast<Clock::duration>(
+                          std::chrono::duration<double>(std::min(slack_s, kMaxTrainerWaitS))));
+    return true;
+  }
+  PublishGauges();
+  return g->Grant(&pool);
 }
 
 void Engine::Impl::CancelAll() {

@@ -34,6 +34,7 @@
 #include "chorus/engine/cost_model.h"
 #include "chorus/engine/metrics.h"
 #include "chorus/engine/request.h"
+#include "chorus/engine/training_gate.h"
 #include "chorus/model/model.h"
 #include "chorus/tokenizer/tokenizer.h"
 
@@ -85,6 +86,16 @@ struct EngineOptions {
   // The host tier that GenerationRequest::variant is loaded through (on the loader threads);
   // null: requests for a variant are refused (base model only).
   std::shared_ptr<adapters::AdapterCache> adapter_cache;
+  // Fine-tuning while serving (docs/finetuning.md, "Training while serving"): the gate through
+  // which a job's training iterations run on this engine's thread pool between inference steps
+  // (null: no training), and when they may: "deferred" (FineInfer's deferred continuous
+  // batching: an iteration starts only when the running batch is empty and no waiting request
+  // would pass its deferral bound during it, at the measured iteration time) or "immediate"
+  // (only when no request waits or runs). A request's deferral bound is its TTFT SLO when it
+  // has one, else deferral_bound_ms.
+  std::shared_ptr<TrainingGate> training_gate;
+  std::string finetune_policy = "deferred";
+  double deferral_bound_ms = 500;
   Status Validate() const;
 };
 

@@ -18,6 +18,7 @@
 #include "chorus/base/logging.h"
 #include "chorus/memory/kv_cache.h"
 #include "chorus/server/api_error.h"
+#include "chorus/server/finetune_routes.h"
 #include "chorus/server/openai.h"
 #include "chorus/server/prometheus.h"
 #include "chorus/server/template_routes.h"
@@ -112,6 +113,8 @@ const char* RouteLabel(const std::string& path) {
   if (path == "/health") return "/health";
   if (path == "/metrics") return "/metrics";
   if (const char* p = TemplateRoutePath(path)) return p;
+  if (path == "/v1/files" || path.starts_with("/v1/files/")) return "/v1/files";
+  if (path.starts_with("/v1/fine_tuning/jobs")) return "/v1/fine_tuning/jobs";
   return "other";
 }
 
@@ -122,6 +125,9 @@ const char* AllowedMethods(const std::string& path) {
   if (path == "/v1/models" || path.starts_with("/v1/models/") || path == "/health" ||
       path == "/metrics")
     return "GET";
+  if (path == "/v1/files" || path == "/v1/fine_tuning/jobs") return "GET, POST";
+  if (path.starts_with("/v1/files/")) return path.ends_with("/content") ? "GET" : "GET, DELETE";
+  if (path.starts_with("/v1/fine_tuning/jobs/")) return path.ends_with("/cancel") ? "POST" : "GET";
   return nullptr;
 }
 
@@ -298,6 +304,7 @@ struct Server::Impl {
   std::shared_ptr<engine::Engine> engine;               // set once, before ready_
   std::shared_ptr<adapters::AdapterRegistry> registry;  // null = base model only
   std::shared_ptr<adapters::AdapterCache> adapter_cache;
+  std::shared_ptr<FinetuneApi> finetune;  // null: fine-tuning routes answer 404
   tokenizer::ChatTemplate chat_template = tokenizer::DefaultChatTemplate();
   ApiContext ctx;
   int64_t kv_block_bytes = 0;
@@ -307,6 +314,7 @@ struct Server::Impl {
   explicit Impl(Server* s) : self(s) {}
 
   void Routes();
+  void FinetuneRoutes();
   void HandleGenerate(ApiKind kind, const httplib::Request& req, const std::string& body,
                       httplib::Response& res);
   json ModelJson() const;
@@ -467,6 +475,9 @@ void Server::SetEngine(std::shared_ptr<engine::Engine> eng) {
 
 void Server::Drain(std::chrono::milliseconds drain) {
   if (draining_.exchange(true)) return;
+  // The running fine-tuning job first: it is interrupted (resumes at the next start), never
+  // cancelled by the engine closing its gate under it.
+  if (impl_->finetune) impl_->finetune->Stop();
   if (ready()) impl_->engine->Shutdown(drain);
   // Every choice has now ended (finished or aborted); wait for the responses to be written.
   // A client that stops reading is cut off by the write timeout, so this is bounded.
@@ -489,6 +500,8 @@ void Server::Stop() {
     listen_thread_.join();
   }
 }
+
+void Server::SetFinetuning(std::shared_ptr<FinetuneApi> api) { impl_->finetune = std::move(api); }
 
 void Server::SetAdapters(std::shared_ptr<adapters::AdapterRegistry> registry,
                          std::shared_ptr<adapters::AdapterCache> cache) {
@@ -637,6 +650,114 @@ json Server::Impl::ModelJson() const {
           {"max_model_len", ctx.max_context}};
 }
 
+void Server::Impl::FinetuneRoutes() {
+  // Every fine-tuning route: 503 until ready (the job queue needs the loaded model), 404 when the
+  // server keeps no fine-tuning state (no adapter registry).
+  auto with_api = [this](httplib::Response& res) -> FinetuneApi* {
+    if (auto e = Unavailable()) {
+      SendError(res, *e);
+      return nullptr;
+    }
+    if (!finetune) {
+      SendError(res, NotFound("fine-tuning is not enabled on this server (start it with an "
+                              "adapter registry: --registry, --adapter-root or --finetune-dir)"));
+      return nullptr;
+    }
+    return finetune.get();
+  };
+  auto send = [](httplib::Response& res, FinetuneReply r) {
+    res.status = r.status;
+    res.set_content(std::move(r.body), r.content_type);
+  };
+  // A plain handler: httplib reads the body (up to --max-body-bytes, else 413) and parses the
+  // multipart form into req.files.
+  http.Post(
+      "/v1/files", [this, with_api, send](const httplib::Request& req, httplib::Response& res) {
+        FinetuneApi* api = with_api(res);
+        if (!api) return;
+        if (!req.is_multipart_form_data()) {
+          ApiError e = BadRequest("POST /v1/files takes multipart/form-data (fields file, purpose)",
+                                  std::string(), "unsupported_media_type");
+          e.http_status = 415;
+          return SendError(res, e);
+        }
+        const bool has_file = req.has_file("file");
+        const httplib::MultipartFormData file = req.get_file_value("file");
+        const std::string purpose =
+            req.has_file("purpose") ? req.get_file_value("purpose").content : std::string();
+        send(res, api->UploadFile(file.filename, purpose, file.content, has_file));
+      });
+  http.Get("/v1/files", [with_api, send](const httplib::Request& req, httplib::Response& res) {
+    if (FinetuneApi* api = with_api(res)) {
+      send(res, api->ListFiles(req.get_param_value("purpose"), req.get_param_value("after"),
+                               req.get_param_value("limit")));
+    }
+  });
+  http.Get(R"(/v1/files/([^/]+))",
+           [with_api, send](const httplib::Request& req, httplib::Response& res) {
+             if (FinetuneApi* api = with_api(res)) send(res, api->GetFile(req.matches[1].str()));
+           });
+  http.Get(R"(/v1/files/([^/]+)/content)",
+           [with_api, send](const httplib::Request& req, httplib::Response& res) {
+             if (FinetuneApi* api = with_api(res)) {
+               send(res, api->FileContent(req.matches[1].str()));
+             }
+           });
+  http.Delete(R"(/v1/files/([^/]+))",
+              [with_api, send](const httplib::Request& req, httplib::Response& res) {
+                if (FinetuneApi* api = with_api(res)) {
+                  send(res, api->DeleteFile(req.matches[1].str()));
+                }
+              });
+  http.Post("/v1/fine_tuning/jobs",
+            [with_api, send](const httplib::Request& req, httplib::Response& res,
+                             const httplib::ContentReader& reader) {
+              FinetuneApi* api = with_api(res);
+              if (!api) return;
+              std::string body;
+              if (!reader([&body](const char* data, size_t n) {
+                    body.append(data, n);
+                    return true;
+                  })) {
+                if (res.status < 400) res.status = 400;
+                return;
+              }
+              send(res, api->CreateJob(body));
+            });
+  http.Get("/v1/fine_tuning/jobs",
+           [with_api, send](const httplib::Request& req, httplib::Response& res) {
+             if (FinetuneApi* api = with_api(res)) {
+               send(res, api->ListJobs(req.get_param_value("after"), req.get_param_value("limit")));
+             }
+           });
+  http.Get(R"(/v1/fine_tuning/jobs/([^/]+))",
+           [with_api, send](const httplib::Request& req, httplib::Response& res) {
+             if (FinetuneApi* api = with_api(res)) send(res, api->GetJob(req.matches[1].str()));
+           });
+  http.Get(R"(/v1/fine_tuning/jobs/([^/]+)/events)",
+           [with_api, send](const httplib::Request& req, httplib::Response& res) {
+             if (FinetuneApi* api = with_api(res)) {
+               send(res, api->ListEvents(req.matches[1].str(), req.get_param_value("after"),
+                                         req.get_param_value("limit")));
+             }
+           });
+  http.Get(R"(/v1/fine_tuning/jobs/([^/]+)/checkpoints)",
+           [with_api, send](const httplib::Request& req, httplib::Response& res) {
+             if (FinetuneApi* api = with_api(res)) {
+               send(res, api->ListCheckpoints(req.matches[1].str(), req.get_param_value("after"),
+                                              req.get_param_value("limit")));
+             }
+           });
+  http.Post(R"(/v1/fine_tuning/jobs/([^/]+)/cancel)",
+            [with_api, send](const httplib::Request& req, httplib::Response& res,
+                             const httplib::ContentReader& reader) {
+              reader([](const char*, size_t) { return true; });  // no body expected
+              if (FinetuneApi* api = with_api(res)) {
+                send(res, api->CancelJob(req.matches[1].str()));
+              }
+            });
+}
+
 void Server::Impl::Routes() {
   const ServerOptions& opts = self->opts_;
 
@@ -655,7 +776,7 @@ void Server::Impl::Routes() {
       const char* allow = AllowedMethods(req.path);
       res.set_header("Allow", allow ? std::string(allow) + ", OPTIONS" : std::string("OPTIONS"));
       if (!allow_origin.empty()) {
-        res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+        res.set_header("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
         const std::string asked = req.get_header_value("Access-Control-Request-Headers");
         res.set_header("Access-Control-Allow-Headers",
                        asked.empty() ? std::string("Authorization, Content-Type") : asked);
@@ -751,6 +872,24 @@ void Server::Impl::Routes() {
            .block_size = eo.block_size,
            .max_lora = eo.max_adapters_per_step > 0 ? eo.max_adapters_per_step : eo.max_running});
     }
+    if (m && engine->options().training_gate) {  // fine-tuning while serving
+      const engine::TrainingGate& g = *engine->options().training_gate;
+      char buf[640];
+      std::snprintf(buf, sizeof buf,
+                    "# HELP chorus_finetune_iterations_total Training iterations granted between "
+                    "inference steps.\n# TYPE chorus_finetune_iterations_total counter\n"
+                    "chorus_finetune_iterations_total %lld\n"
+                    "# HELP chorus_finetune_busy_seconds_total Wall time of granted training "
+                    "iterations.\n# TYPE chorus_finetune_busy_seconds_total counter\n"
+                    "chorus_finetune_busy_seconds_total %.6f\n"
+                    "# HELP chorus_finetune_iteration_seconds Moving average of an iteration's "
+                    "wall time (the deferred policy's cost).\n"
+                    "# TYPE chorus_finetune_iteration_seconds gauge\n"
+                    "chorus_finetune_iteration_seconds %.6f\n",
+                    static_cast<long long>(g.iterations()), g.busy_seconds(),
+                    g.iteration_seconds());
+      text += buf;
+    }
     if (self->opts_.tenants) text += RenderTenantPrometheus(self->opts_.tenants->All());
     res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
   });
@@ -805,6 +944,7 @@ void Server::Impl::Routes() {
       handle(req, body, res);
     });
   };
+  FinetuneRoutes();
   post_json("/v1/load_lora_adapter",
             [this](const httplib::Request& req, const std::string& body, httplib::Response& res) {
               HandleLoadAdapter(req, body, res);

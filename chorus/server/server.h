@@ -6,6 +6,7 @@
 //   GET  /health    200 when ready; 503 while loading or draining (never needs the API key)
 //   GET  /metrics   Prometheus text (engine metrics + HTTP requests by route and status)
 //   POST /tokenize, /detokenize, /apply-template   (template_routes.h)
+//   /v1/files, /v1/fine_tuning/jobs/...   OpenAI's fine-tuning API (finetune_routes.h)
 // Errors use OpenAI's body (api_error.h); the Status → HTTP mapping is ErrorFromStatus.
 //
 // Lifecycle: Create → Start (binds; /health says 503 "loading") → SetEngine (ready) → ... →
@@ -38,6 +39,8 @@
 #include "chorus/server/tenants.h"
 
 namespace chorus::server {
+
+class FinetuneApi;  // finetune_routes.h
 
 struct ServerOptions {
   std::string host = "127.0.0.1";  // address to bind
@@ -90,6 +93,10 @@ class Server {
   // engine loads cold adapters through `cache` (EngineOptions::adapter_cache).
   void SetAdapters(std::shared_ptr<adapters::AdapterRegistry> registry,
                    std::shared_ptr<adapters::AdapterCache> cache);
+
+  // Serves OpenAI's files and fine-tuning routes (server/finetune_routes.h) over `api`, whose
+  // finished jobs register into the adapter registry. Requires: called before SetEngine.
+  void SetFinetuning(std::shared_ptr<FinetuneApi> api);
 
   // Makes the server ready. Requires: Start() succeeded; called once.
   void SetEngine(std::shared_ptr<engine::Engine> engine);

@@ -324,6 +324,18 @@ Result<FinetuneResult> RunFinetune(std::shared_ptr<const model::Model> model,
     if (opts.cancel != nullptr && opts.cancel->load(std::memory_order_relaxed)) {
       return CancelledError("cancelled before step " + std::to_string(s + 1));
     }
+    ThreadPool* step_pool = pool;
+    if (opts.before_step) {
+      step_pool = opts.before_step();
+      if (step_pool == nullptr)
+        return CancelledError("stopped before step " + std::to_string(s + 1));
+    }
+    struct StepEnd {
+      const std::function<void()>& fn;
+      ~StepEnd() {
+        if (fn) fn();
+      }
+    } step_end{opts.after_step};
     const std::vector<PackedSeq>& seqs = plan.steps[static_cast<size_t>(s)];
     // The step's micro-batches and its loss-token count (the loss is the step's mean).
     std::vector<Batch> micro;
@@ -340,7 +352,7 @@ Result<FinetuneResult> RunFinetune(std::shared_ptr<const model::Model> model,
     double loss_sum = 0;
     const float scale = loss_tokens > 0 ? 1.0f / static_cast<float>(loss_tokens) : 0.0f;
     for (const Batch& b : micro) {
-      CHORUS_ASSIGN_OR_RETURN(LossSum ls, tm.ForwardBackward(b, &params, scale, pool));
+      CHORUS_ASSIGN_OR_RETURN(LossSum ls, tm.ForwardBackward(b, &params, scale, step_pool));
       loss_sum += ls.sum;
       tokens_done += b.size();
     }
@@ -363,7 +375,7 @@ Result<FinetuneResult> RunFinetune(std::shared_ptr<const model::Model> model,
     r.checkpoint = last || (opts.save_every > 0 && (s + 1) % opts.save_every == 0);
     if (r.checkpoint && !eval_samples.empty()) {
       CHORUS_ASSIGN_OR_RETURN(
-          double el, EvalLoss(tm, params, eval_samples, opts.data.seq_len, opts.batch, pool));
+          double el, EvalLoss(tm, params, eval_samples, opts.data.seq_len, opts.batch, step_pool));
       r.eval_loss = el;
       result.eval_loss = el;
     }

@@ -67,6 +67,13 @@ struct FinetuneOptions {
   // Called once the data files are read and validated (may be empty), with the sample counts.
   std::function<void(int64_t train_samples, int64_t eval_samples, int64_t total_steps)>
       on_validated;
+  // Training as a scheduler client (engine/training_gate.h; both may be empty): called on the
+  // training thread around each optimizer step — its forward/backward passes, update, held-out
+  // evaluation and checkpoint — so that a step is atomic with respect to whoever grants it.
+  // before_step blocks until the step may run and returns the pool to run it on (null: stop,
+  // as a cancel); after_step ends the step.
+  std::function<ThreadPool*()> before_step;
+  std::function<void()> after_step;
 };
 
 struct StepReport {

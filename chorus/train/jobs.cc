@@ -128,7 +128,7 @@ JobQueue::JobQueue(std::shared_ptr<const model::Model> model,
 Result<std::unique_ptr<JobQueue>> JobQueue::Open(std::shared_ptr<const model::Model> model,
                                                  std::shared_ptr<const tokenizer::Tokenizer> tok,
                                                  int threads, std::string state_dir,
-                                                 bool recover_corrupt_state) {
+                                                 StepHooks hooks, bool recover_corrupt_state) {
   std::vector<std::unique_ptr<Job>> loaded;
   FileLock lock;
   if (!state_dir.empty()) {
@@ -207,6 +207,8 @@ Result<std::unique_ptr<JobQueue>> JobQueue::Open(std::shared_ptr<const model::Mo
   std::lock_guard<std::mutex> l(q->mu_);
   q->state_dir_ = std::move(state_dir);
   q->lock_ = std::move(lock);
+
+  q->hooks_ = std::move(hooks);
   for (auto& job : loaded) {
     const std::string id = job->snap.id;
     if (!JobStateFinal(job->snap.state)) {
@@ -257,17 +259,24 @@ void JobQueue::Persist() const {
                             list.dump(1));
 }
 
-JobQueue::~JobQueue() {
+JobQueue::~JobQueue() { Stop(); }
+
+void JobQueue::Stop() {
   {
     std::lock_guard<std::mutex> l(mu_);
     stop_ = true;
     for (auto& [id, j] : jobs_) j->cancel.store(true);
   }
   cv_.notify_all();
-  worker_.join();
+  if (worker_.joinable()) worker_.join();
 }
 
-void JobQueue::set_on_success(std::function<void(const JobSnapshot&)> fn) {
+void JobQueue::set_step_hooks(StepHooks hooks) {
+  std::lock_guard<std::mutex> l(mu_);
+  hooks_ = std::move(hooks);
+}
+
+void JobQueue::set_on_success(std::function<Status(const JobSnapshot&)> fn) {
   std::lock_guard<std::mutex> l(mu_);
   on_success_ = std::move(fn);
 }
@@ -376,6 +385,7 @@ void JobQueue::Worker() {
   for (;;) {
     Job* job = nullptr;
     FinetuneOptions opts;
+    StepHooks hooks;
     {
       std::unique_lock<std::mutex> l(mu_);
       cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
@@ -386,9 +396,15 @@ void JobQueue::Worker() {
       AddEvent(*job, "info",
                job->opts.resume ? "Fine-tuning job resumed" : "Fine-tuning job started");
       opts = job->opts;
+      hooks = hooks_;
       Persist();
     }
     cv_.notify_all();
+    if (hooks.before_step) {
+      opts.before_step = [&hooks, job] { return hooks.before_step(&job->cancel); };
+    }
+    opts.after_step = hooks.after_step;
+    if (hooks.on_job_start) hooks.on_job_start();
     auto progress = [&](const StepReport& r) {
       std::lock_guard<std::mutex> l(mu_);
       job->snap.step = r.step;
@@ -408,14 +424,17 @@ void JobQueue::Worker() {
       Persist();
     };
     auto res = RunFinetune(model_, *tok_, opts, &pool_, progress);
-    std::function<void(const JobSnapshot&)> on_success;
+    if (hooks.on_job_end) hooks.on_job_end();
+    std::function<Status(const JobSnapshot&)> on_success;
     JobSnapshot snap;
     {
       std::lock_guard<std::mutex> l(mu_);
       on_success = on_success_;
       snap = job->snap;
     }
-    if (res.ok() && on_success) on_success(snap);
+    if (res.ok() && on_success) {
+      if (Status s = on_success(snap); !s.ok()) res = s;
+    }
     std::lock_guard<std::mutex> l(mu_);
     if (!res.ok() && res.status().code() == StatusCode::kCancelled && stop_ &&
         !job->user_cancelled) {

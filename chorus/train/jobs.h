@@ -1,7 +1,7 @@
 // Fine-tuning jobs: the state machine of OpenAI's fine-tuning jobs (validating_files → queued →
 // running → succeeded | failed | cancelled), their event logs and checkpoints, run one at a time
 // on a worker thread — the library half of the /v1/fine_tuning/jobs API (docs/finetuning.md,
-// "Jobs"; the HTTP routes and persistence across restarts are not built yet).
+// "Jobs"; the HTTP routes over it are in server/finetune_routes.h).
 //
 // Submit() validates the data files in the caller's thread (every problem names the line, as
 // data.h), so a job with bad data is failed before it is queued; the worker then runs queued
@@ -13,8 +13,8 @@
 // Persistence: with a state directory, every change is written to <state_dir>/jobs.json
 // (atomically); a JobQueue opened on it again lists every job, and jobs that were queued or
 // running when the process stopped are queued again and resume from their latest checkpoint
-// (finetune.h's --resume), so jobs survive a restart. Stopping the process (the destructor) is
-// not a cancellation.
+// (finetune.h's --resume), so jobs survive a restart. Stopping the process (the destructor or
+// Stop) is not a cancellation.
 //
 // Thread-safety: all methods are thread-safe.
 #pragma once
@@ -67,15 +67,25 @@ struct JobSnapshot {
 
 class JobQueue {
  public:
+  // How a running job shares the machine (e.g. engine::TrainingGate; empty: it runs on its own
+  // pool, unscheduled). on_job_start / on_job_end bracket RunFinetune on the worker thread;
+  // before_step / after_step become FinetuneOptions' (before_step gets the job's cancel flag).
+  struct StepHooks {
+    std::function<void()> on_job_start, on_job_end;
+    std::function<ThreadPool*(const std::atomic<bool>* cancel)> before_step;
+    std::function<void()> after_step;
+  };
   // `model` / `tok` are the base the jobs train on; `threads` compute threads per job.
   // `state_dir` empty: nothing persisted. A corrupt jobs.json (not JSON, a bad or missing
   // field) is kDataLoss naming the job and the field, the file left as it is; with
   // `recover_corrupt_state` it is moved aside to `jobs.json.corrupt-<UTC time>` (logged at ERROR
   // with the problem) and the queue starts with no jobs. One process per state directory
   // (`jobs.lock`, kFailedPrecondition for a second); temp files of a killed writer are removed.
+  // `hooks` are in force before any resumed job starts.
   static Result<std::unique_ptr<JobQueue>> Open(std::shared_ptr<const model::Model> model,
                                                 std::shared_ptr<const tokenizer::Tokenizer> tok,
                                                 int threads, std::string state_dir = "",
+                                                StepHooks hooks = {},
                                                 bool recover_corrupt_state = false);
   JobQueue(std::shared_ptr<const model::Model> model,
            std::shared_ptr<const tokenizer::Tokenizer> tok, int threads);
@@ -92,8 +102,15 @@ class JobQueue {
   // Blocks until the job is final (or unknown).
   void Wait(const std::string& id);
   // Called on the worker thread when a job succeeds, before its state is published (e.g. to
-  // register the adapter so that it is servable the moment the job reads "succeeded").
-  void set_on_success(std::function<void(const JobSnapshot&)> fn);
+  // register the adapter so that it is servable the moment the job reads "succeeded"); an error
+  // fails the job with that message.
+  void set_on_success(std::function<Status(const JobSnapshot&)> fn);
+
+  // Given to Open instead when jobs resumed from the state directory must use them too.
+  void set_step_hooks(StepHooks hooks);
+  // Stops the worker as the destructor does (a running job is interrupted, not cancelled: it
+  // resumes at the next Open on the state directory). Idempotent.
+  void Stop();
 
  private:
   struct Job {
@@ -114,7 +131,8 @@ class JobQueue {
   std::map<std::string, std::unique_ptr<Job>> jobs_;
   std::vector<std::string> order_;
   std::deque<std::string> queue_;
-  std::function<void(const JobSnapshot&)> on_success_;
+  std::function<Status(const JobSnapshot&)> on_success_;
+  StepHooks hooks_;
   bool stop_ = false;
   std::string state_dir_;
   FileLock lock_;  // held on state_dir_ for the queue's lifetime

@@ -70,6 +70,7 @@ TEST_F(JobsTest, RunsInOrderReportsAndCancels) {
   q.set_on_success([&](const JobSnapshot& s) {
     ++successes;
     was_running = q.Snapshot(s.id)->state == JobState::kRunning;
+    return OkStatus();
   });
   ASSERT_EQ(*q.Submit("a", Options("a", 4)), JobState::kQueued);
   ASSERT_EQ(*q.Submit("b", Options("b", 400)), JobState::kQueued);
@@ -179,7 +180,7 @@ TEST_F(JobsTest, CorruptStateIsRefusedOrQuarantined) {
     EXPECT_NE(refused.status().message().find(path), std::string::npos);
     EXPECT_EQ(*ReadFileToString(path), text) << "refused: left as it was";
 
-    auto recovered = JobQueue::Open(model_, tok_, 1, state, /*recover_corrupt_state=*/true);
+    auto recovered = JobQueue::Open(model_, tok_, 1, state, {}, /*recover_corrupt_state=*/true);
     CHORUS_ASSERT_OK(recovered.status());
     EXPECT_TRUE((*recovered)->Ids().empty());
     int quarantined = 0;

@@ -40,6 +40,14 @@ random,200,0.5,1.0,0.5,10.2,18.8,0.34,0.96,0.66,0.05,0.14,199.6,26334.7,0.85,200
 CSV
 plot simulate "$tmp/sim.csv" >/dev/null
 is_png "$tmp/sim.png" || fail "simulate: no PNG"
+
+cat >"$tmp/sweep.csv" <<'CSV'
+x,immediate_tokens_per_min,immediate_attainment,immediate_load,deferred_tokens_per_min,deferred_attainment,deferred_load
+200,9000,0.97,3.1,12000,0.96,3.2
+1000,9100,0.98,3.0,21000,0.97,3.3
+CSV
+plot finetune-sweep "$tmp/sweep.csv" >/dev/null
+is_png "$tmp/sweep.png" || fail "finetune-sweep: no PNG"
 plot punica "$tmp/punica.csv" >/dev/null
 is_png "$tmp/punica.png" || fail "punica: no PNG"
 plot requests "$tmp/requests.csv" -o "$tmp/r.png" >/dev/null

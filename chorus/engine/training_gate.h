@@ -1,0 +1,70 @@
+// TrainingGate: how a fine-tuning job runs as a scheduler client of the engine
+// (docs/finetuning.md, "Training while serving"). The job's thread asks for each training
+// iteration (Acquire) and the engine thread grants it between two inference steps (Grant): it
+// hands over its compute pool and waits until the iteration ends (Release), so an iteration is
+// atomic — no inference step runs during it — and training and inference never compete for the
+// cores. When to grant is the engine's finetune policy (`deferred`: FineInfer's deferred
+// continuous batching; `immediate`: only when no inference request is waiting or running).
+//
+// The gate also measures the iterations (a moving average of their wall time): the cost the
+// deferred policy compares with each waiting request's remaining deferral bound.
+//
+// Thread-safety: all methods are thread-safe. One trainer at a time (the job queue runs one
+// job); Grant is called by the engine thread only.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+
+#include "chorus/base/thread_pool.h"
+
+namespace chorus::engine {
+
+class TrainingGate {
+ public:
+  // Trainer side. Attach/Detach bracket a job: while attached, the deferred policy keeps
+  // deferring requests for the trainer's next iteration even in the short gaps between two.
+  void Attach();
+  void Detach();
+  // Blocks until the engine grants an iteration and returns the pool to compute it on; null when
+  // `cancel` becomes true or the gate is closed (the iteration must not run).
+  ThreadPool* Acquire(const std::atomic<bool>* cancel);
+  void Release();  // the granted iteration is over
+
+  // Engine side.
+  bool waiting() const { return waiting_.load(std::memory_order_acquire); }
+  bool attached() const { return attached_.load(std::memory_order_acquire); }
+  // Hands `pool` to the waiting trainer and blocks until it releases (or returns at once when
+  // no trainer waits). Returns whether an iteration ran.
+  bool Grant(ThreadPool* pool);
+  // Waits until a trainer waits in Acquire, it detaches, or `until`.
+  void WaitForTrainer(std::chrono::steady_clock::time_point until);
+  // Refuses every later Acquire (engine shutdown). Idempotent.
+  void Close();
+  // Called (outside the gate's lock) when a trainer starts waiting: wakes the engine thread.
+  void set_wake(std::function<void()> wake);
+
+  // Moving average of granted iterations' wall time in seconds (0 before the first); the
+  // count of iterations and their total time.
+  double iteration_seconds() const { return ema_s_.load(std::memory_order_relaxed); }
+  int64_t iterations() const { return iterations_.load(std::memory_order_relaxed); }
+  double busy_seconds() const { return busy_s_.load(std::memory_order_relaxed); }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::function<void()> wake_;
+  std::atomic<bool> waiting_{false}, attached_{false};
+  bool closed_ = false;
+  ThreadPool* granted_ = nullptr;  // set by Grant for the waiting trainer
+  bool running_ = false;           // between a grant and its Release
+  std::atomic<double> ema_s_{0};
+  std::atomic<int64_t> iterations_{0};
+  std::atomic<double> busy_s_{0};
+};
+
+}  // namespace chorus::engine
