@@ -82,6 +82,22 @@ def rss_kib(pid):
     return None
 
 
+def child_of(ppid):
+    """The `chorus serve` child of `ppid` (the server under a --wrap profiler), or None."""
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open("/proc/%s/stat" % d) as f:
+                    if int(f.read().rpartition(")")[2].split()[1]) != ppid:
+                        continue
+                with open("/proc/%s/cmdline" % d, "rb") as f:
+                    if b"\0serve\0" in f.read():
+                        return int(d)
+            except (OSError, ValueError, IndexError):
+                pass
+    return None
+
+
 def tenants_json(generation):
     """Tenant "soak" (the load, no limits) and "aux", whose limits and keys change each reload."""
     aux = {"keys": AUX_KEYS + (["sk-aux-gen-%d" % generation] if generation % 2 else []),
@@ -121,6 +137,8 @@ class Server:
             cmd.append("--prefault")
         cmd += a.serve_arg
         self.cmd = cmd
+        if a.wrap:  # e.g. "heaptrack -o FILE": the server runs under a memory profiler
+            cmd = a.wrap.split() + cmd
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.host, self.port, self.pid = "127.0.0.1", None, self.proc.pid
         deadline = time.time() + 300
@@ -132,6 +150,8 @@ class Server:
                 self.port = int(m.group(1))
             if self.proc.poll() is not None:
                 raise RuntimeError("server exited at start; see " + self.log_path)
+        if a.wrap:  # the profiler's script is the parent: signals and RSS go to the server
+            self.pid = child_of(self.proc.pid) or self.pid
         while time.time() < deadline:
             try:
                 if self.get("/health")[0] == 200:
@@ -175,7 +195,7 @@ class Server:
     def stop(self):
         if self.proc is None:
             return None
-        self.proc.send_signal(signal.SIGTERM)
+        os.kill(self.pid, signal.SIGTERM)
         try:
             rc = self.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
@@ -221,7 +241,7 @@ class Soak:
     def body(self, rng):
         with self.lock:
             loaded = sorted(self.loaded)
-        model = "base" if rng.random() < 0.3 or not loaded else rng.choice(loaded)
+        model = "base" if rng.random() < self.a.base_share or not loaded else rng.choice(loaded)
         chat = rng.random() < 0.5
         words = " ".join(rng.choice(WORDS) for _ in range(rng.randrange(3, 60)))
         shared = rng.random() < 0.4  # a common prefix: the prefix cache shares its blocks
@@ -245,7 +265,7 @@ class Soak:
 
     def one(self, rng):
         path, body, stream = self.body(rng)
-        hang = rng.random() < (0.08 if stream else 0.03)
+        hang = rng.random() < (0.08 if stream else 0.03) * self.a.hangup_share
         kind = ("base" if body["model"] == "base" else "adapter") + ("-stream" if stream else "")
         t0 = time.monotonic()
         ttft = None
@@ -483,8 +503,9 @@ class Soak:
         self.t0 = time.monotonic()
         out_csv = open(os.path.join(a.out, "samples.csv"), "w") if a.out else None
         threads = [threading.Thread(target=self.worker, args=(i,)) for i in range(a.concurrency)]
-        threads.append(threading.Thread(target=self.churn))
-        if self.srv.tenants_path:
+        if not a.no_churn:
+            threads.append(threading.Thread(target=self.churn))
+        if self.srv.tenants_path and not a.no_sighup:
             threads.append(threading.Thread(target=self.sighup))
             # Three clients of the limited tenant, so that its max_concurrent (1-3) is met.
             threads += [threading.Thread(target=self.aux_client, args=(i,)) for i in range(3)]
@@ -614,6 +635,14 @@ def main():
     ap.add_argument("--rss-bar", type=float, default=2.0, help="max RSS growth after warm-up, %%")
     ap.add_argument("--no-latency-bar", action="store_true",
                     help="report the p99 spread but do not fail on it (CI on a shared machine)")
+    ap.add_argument("--no-churn", action="store_true", help="no adapter unload/load/replace")
+    ap.add_argument("--no-sighup", action="store_true",
+                    help="no tenants-file reloads (and no limited-tenant client)")
+    ap.add_argument("--base-share", type=float, default=0.3,
+                    help="share of requests for the base model (the rest name adapters)")
+    ap.add_argument("--hangup-share", type=float, default=1.0,
+                    help="scales the client hang-up rates (8 %% of streams, 3 %% of others)")
+    ap.add_argument("--wrap", default="", help="command prefix for the server (a profiler)")
     ap.add_argument("--attach", default="", help="HOST:PORT of a running server (with --pid)")
     ap.add_argument("--pid", type=int, default=0)
     ap.add_argument("--tenants-file", default="", help="with --attach: its --tenants file")
