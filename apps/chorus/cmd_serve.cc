@@ -1,5 +1,4 @@
 // chorus serve: the OpenAI-compatible HTTP server (docs/api.md).
-#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 
@@ -488,20 +487,9 @@ int ServeCommand(int argc, char** argv) {
   std::printf("chorus serve: tool calls: %s\n", (*srv)->tool_parser_note().c_str());
   std::fflush(stdout);
 
-  // Every 30 s without a signal, freed heap pages go back to the system: glibc keeps the pages
-  // of freed chunks inside its arenas, and under hours of mixed requests they pile up (the bytes
-  // in use flat, RSS +~10 MiB an hour in tools/soak.py; docs/hardening.md). malloc_trim returns
-  // the whole free pages in a few milliseconds.
   int sig = 0;
   for (;;) {
-    const timespec trim_interval{30, 0};
-    sig = sigtimedwait(&stop_signals, nullptr, &trim_interval);
-    if (sig < 0) {
-#if defined(__GLIBC__)
-      malloc_trim(0);
-#endif
-      continue;
-    }
+    sigwait(&stop_signals, &sig);
     if (sig != SIGHUP) break;
     ReloadTenants(so);
   }
