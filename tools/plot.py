@@ -19,6 +19,11 @@ here.
                                                  fine-tuning tokens/min and deferral-bound
                                                  attainment of both policies against the swept x
 
+  tools/plot.py soak     OUT/samples.csv [-o ...]  tools/soak.py: server RSS, running and waiting
+                                                 sequences, KV blocks and adapter pages over time
+  tools/plot.py soak-windows OUT/windows.csv [-o ...]  tools/soak.py: p50/p99 TTFT and latency per
+                                                 window
+
 The PNG defaults to the CSV's path with .png. Exit status: 0 written, 1 bad input or gnuplot
 failed, 2 usage.
 """
@@ -129,6 +134,8 @@ set yrange [0:*]
 set key top left
 plot {lines(3)}
 unset multiplot
+"""
+
 
 def finetune_sweep(csv_path, png, title):
     return f"""set terminal pngcairo size 900,600 noenhanced
@@ -151,16 +158,53 @@ plot {gp_quote(csv_path)} every ::1 using 1:2 with linespoints pt 7 lw 2 title '
 """
 
 
+def soak(csv_path, png, title):
+    return f"""set terminal pngcairo size 1000,800 noenhanced
+set output {gp_quote(png)}
+set datafile separator ','
+set multiplot layout 2,1 title {gp_quote(title or 'tools/soak.py: chorus serve over time')}
+set xlabel 'seconds'
+set ylabel 'RSS (MiB)'
+set grid
+plot {gp_quote(csv_path)} every ::1 using 1:($2/1024) with lines lw 2 title 'VmRSS'
+set ylabel 'count'
+set key top right
+plot {gp_quote(csv_path)} every ::1 using 1:3 with lines title 'running', \\
+     '' every ::1 using 1:4 with lines title 'waiting', \\
+     '' every ::1 using 1:5 with lines title 'KV blocks used', \\
+     '' every ::1 using 1:7 with lines title 'adapter pages'
+unset multiplot
+"""
+
+
+def soak_windows(csv_path, png, title):
+    return f"""set terminal pngcairo size 900,600 noenhanced
+set output {gp_quote(png)}
+set datafile separator ','
+set title {gp_quote(title or 'tools/soak.py: latency per window')}
+set xlabel 'window start (s)'
+set ylabel 'ms'
+set grid
+set yrange [0:*]
+plot {gp_quote(csv_path)} every ::1 using 2:6 with linespoints pt 7 title 'latency p50', \\
+     '' every ::1 using 2:7 with linespoints pt 5 title 'latency p99', \\
+     '' every ::1 using 2:4 with linespoints pt 6 title 'TTFT p50 (streamed)', \\
+     '' every ::1 using 2:5 with linespoints pt 4 title 'TTFT p99 (streamed)'
+"""
+
+
 # kind -> (script builder, columns the CSV header must have)
 KINDS = {
     "loss": (loss, ["step", "loss", "eval_loss"]),
     "punica": (punica, ["dtype", "metric", "batch", "tokens_per_s"]),
     "requests": (requests, ["arrival_s", "status", "ttft_s", "tpot_s", "latency_s"]),
     "simulate": (simulate, ["policy", "rate", "attainment", "tpot_mean_ms"]),
-
     "finetune-sweep": (finetune_sweep, ["x", "immediate_tokens_per_min", "immediate_attainment",
                                         "deferred_tokens_per_min", "deferred_attainment"]),
     "slora-vs-n": (slora_vs_n, ["n", "output_tok_s", "ttft_p50", "ttft_cold_p50", "ttft_warm_p50"]),
+    "soak": (soak, ["t", "rss_kib", "running", "waiting", "kv_used", "kv_pages", "adapter_pages"]),
+    "soak-windows": (soak_windows, ["window", "start_s", "ttft_p50_ms", "ttft_p99_ms",
+                                    "latency_p50_ms", "latency_p99_ms"]),
 }
 
 

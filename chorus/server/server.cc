@@ -19,6 +19,8 @@
 #include "chorus/memory/kv_cache.h"
 #include "chorus/server/api_error.h"
 #include "chorus/server/finetune_routes.h"
+
+#include "chorus/server/connection_pool.h"
 #include "chorus/server/openai.h"
 #include "chorus/server/prometheus.h"
 #include "chorus/server/template_routes.h"
@@ -399,9 +401,9 @@ std::string Server::url() const {
 Status Server::Start() {
   auto& http = impl_->http;
   const int n_threads = opts_.max_connections;
-  http.new_task_queue = [n_threads] {
-    return new httplib::ThreadPool(static_cast<size_t>(n_threads));
-  };
+  // Threads started as connections need them, the most recently idle one reused first
+  // (connection_pool.h: httplib's pool of --max-connections threads crept up in memory).
+  http.new_task_queue = [n_threads] { return new ConnectionPool(static_cast<size_t>(n_threads)); };
   http.set_payload_max_length(static_cast<size_t>(opts_.max_body_bytes));
   http.set_read_timeout(opts_.read_timeout_s);
   http.set_write_timeout(opts_.write_timeout_s);
@@ -1062,22 +1064,34 @@ void Server::Impl::HandleGenerate(ApiKind kind, const httplib::Request& http_req
   }
 
   // Policy slo (strict) may answer a request 429 at once when it would miss its TTFT SLO
-  // (docs/scheduling.md): a streamed request with a TTFT SLO waits for its first event, at most
-  // that SLO, before the stream's 200 is committed, so that the 429 can still be sent.
+  // (docs/scheduling.md): a streamed request with a TTFT SLO waits for its first event before
+  // the stream's 200 is committed, so that the 429 can still be sent. Not just until the SLO:
+  // a request still waiting then is aborted at the engine's next step boundary, a moment later,
+  // and would have become a 200 stream holding the 429 as an error event. The engine decides
+  // on every ready waiting request by the first step after its SLO, so the wait is bounded; a
+  // client that hangs up meanwhile cancels the request, as for a non-streamed one.
   const engine::EngineOptions& eopts = engine->options();
   const double ttft_ms =
       gen->req.gen.ttft_slo_ms >= 0 ? gen->req.gen.ttft_slo_ms : eopts.ttft_slo_ms;
   if (eopts.policy == "slo" && !eopts.slo_best_effort && ttft_ms > 0) {
-    const auto until =
-        Clock::now() + std::chrono::microseconds(static_cast<int64_t>(ttft_ms * 1e3));
+    const int fd = FindConnectionSocket(http_req);
     size_t which = 0;
     engine::StreamEvent ev;
-    while (Clock::now() < until) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
-      if (!gen->Next(std::max(left, std::chrono::milliseconds(1)), &which, &ev)) continue;
-      gen->OnEvent(which, ev);
-      gen->early.emplace_back(which, std::move(ev));
-      break;
+    while (!gen->AllFinished()) {
+      if (gen->Next(kDisconnectPollInterval, &which, &ev)) {
+        gen->OnEvent(which, ev);
+        gen->early.emplace_back(which, std::move(ev));
+        break;
+      }
+      if (fd >= 0 && PeerClosed(fd)) {
+        gen->CancelAll();
+        res.status = 499;  // nobody reads it; labels the request in the counters
+        res.set_content(
+            R"({"error":{"message":"client closed the connection","type":"invalid_request_error","param":null,"code":"client_closed_request"}})",
+            "application/json");
+        self->in_flight_.fetch_sub(1);
+        return;
+      }
     }
     if (gen->error && gen->error->http_status == 429) {
       gen->CancelAll();

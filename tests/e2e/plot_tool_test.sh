@@ -48,6 +48,21 @@ x,immediate_tokens_per_min,immediate_attainment,immediate_load,deferred_tokens_p
 CSV
 plot finetune-sweep "$tmp/sweep.csv" >/dev/null
 is_png "$tmp/sweep.png" || fail "finetune-sweep: no PNG"
+
+cat >"$tmp/samples.csv" <<'CSV'
+t,rss_kib,running,waiting,kv_used,kv_pages,adapter_pages,free_pages,prefix_blocks,resident,registered,host_entries,host_bytes
+0.01,236000,0.0,1.0,0.0,0.0,0.0,4096.0,0.0,0.0,100.0,4.0,458752.0
+2.02,237000,13.0,0.0,155.0,673.0,127.0,3296.0,656.0,34.0,99.0,34.0,3899392.0
+CSV
+cat >"$tmp/windows.csv" <<'CSV'
+window,start_s,requests,ttft_p50_ms,ttft_p99_ms,latency_p50_ms,latency_p99_ms,rss_mib
+0,0.0,215,27.4,119.7,207.2,672.7,257.3
+1,60.0,427,14.1,87.2,99.4,377.2,261.0
+CSV
+plot soak "$tmp/samples.csv" >/dev/null
+is_png "$tmp/samples.png" || fail "soak: no PNG"
+plot soak-windows "$tmp/windows.csv" >/dev/null
+is_png "$tmp/windows.png" || fail "soak-windows: no PNG"
 plot punica "$tmp/punica.csv" >/dev/null
 is_png "$tmp/punica.png" || fail "punica: no PNG"
 plot requests "$tmp/requests.csv" -o "$tmp/r.png" >/dev/null

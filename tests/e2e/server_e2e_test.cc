@@ -608,6 +608,42 @@ TEST(ServerE2E, SloEarlyAbortIs429) {
       << m2;
 }
 
+// A streamed request still waiting when its TTFT SLO runs out is aborted by the engine at the
+// next step boundary, a moment after the SLO: the client must get that 429 as the answer, not a
+// 200 stream holding an error event (found by tools/overload.py at 3x capacity). One running
+// slot, kept busy by three clients back to back (so an older request always waits ahead of the
+// streamed one); the cost model predicts no prefill time, so the abort comes only once the SLO
+// has passed. Repeated because the old handler lost the race to the abort most times.
+TEST(ServerE2E, SloAbortAfterTheDeadlineIsStill429) {
+  engine::EngineOptions eo = SmallEngine();
+  eo.policy = "slo";
+  eo.max_running = 1;
+  eo.cost_model = std::make_shared<engine::CostModel>(*engine::CostModel::FromCoefficients(
+      engine::CostModel::Kind::kLinear, {0, 0, 0, 0, 0, 0, 0}));
+  START_OR_SKIP(ts, eo);
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> hogs;
+  for (int i = 0; i < 3; ++i) {
+    hogs.emplace_back([&] {
+      const json body = {{"prompt", "Once upon a time"}, {"max_tokens", 400}, {"ignore_eos", true}};
+      while (!stop) ts->Client().Post("/v1/completions", body.dump(), "application/json");
+    });
+  }
+  while (ts->MetricsText().find("chorus_queue_length 2") == std::string::npos)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  const json late = {
+      {"prompt", "Once upon a time"}, {"max_tokens", 4}, {"ttft_slo_ms", 30}, {"stream", true}};
+  for (int i = 0; i < 10; ++i) {
+    auto r = ts->Client().Post("/v1/completions", late.dump(), "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 429) << r->body;
+    EXPECT_NE(r->body.find("would miss its TTFT SLO"), std::string::npos) << r->body;
+    EXPECT_TRUE(r->has_header("Retry-After"));
+  }
+  stop = true;
+  for (auto& t : hogs) t.join();
+}
+
 TEST(ServerE2E, ErrorRows) {
   START_OR_SKIP(ts);
   const std::string C = "/v1/completions";
