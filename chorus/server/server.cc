@@ -18,9 +18,8 @@
 #include "chorus/base/logging.h"
 #include "chorus/memory/kv_cache.h"
 #include "chorus/server/api_error.h"
-#include "chorus/server/finetune_routes.h"
-
 #include "chorus/server/connection_pool.h"
+#include "chorus/server/finetune_routes.h"
 #include "chorus/server/openai.h"
 #include "chorus/server/prometheus.h"
 #include "chorus/server/template_routes.h"
