@@ -11,6 +11,12 @@ namespace {
 
 using json = nlohmann::json;
 
+// j[key] when it is a string, else "" (json::value would throw on a value of another type).
+std::string StringField(const json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
 double Percentile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -199,7 +205,7 @@ Result<CostModelFile> CostModelFile::Parse(std::string_view text) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object())
     return InvalidArgumentError("cost model file is not a JSON object");
-  if (j.value("format", "") != "chorus-cost-model")
+  if (StringField(j, "format") != "chorus-cost-model")
     return InvalidArgumentError("cost model file lacks \"format\": \"chorus-cost-model\"");
   auto mit = j.find("models");
   if (mit == j.end() || !mit->is_array() || mit->empty())
@@ -218,7 +224,7 @@ Result<CostModelFile> CostModelFile::Parse(std::string_view text) {
     const json& m = (*mit)[i];
     const std::string where = "cost model file: models[" + std::to_string(i) + "]";
     if (!m.is_object()) return InvalidArgumentError(where + " is not an object");
-    const std::string kind = m.value("kind", "");
+    const std::string kind = StringField(m, "kind");
     CostModel::Kind k;
     if (kind == "linear") {
       k = CostModel::Kind::kLinear;
@@ -242,10 +248,20 @@ Result<CostModelFile> CostModelFile::Parse(std::string_view text) {
     if (!model.ok()) return model.status().WithContext(where);
     Entry e{.model = std::move(*model), .heldout = {}};
     if (auto h = m.find("heldout"); h != m.end() && h->is_object()) {
-      e.heldout.r2 = h->value("r2", 0.0);
-      e.heldout.median_ape = h->value("median_ape", 0.0);
-      e.heldout.p90_ape = h->value("p90_ape", 0.0);
-      e.heldout.n = h->value("n", int64_t{0});
+      for (auto [key, out] :
+           {std::pair{"r2", &e.heldout.r2}, std::pair{"median_ape", &e.heldout.median_ape},
+            std::pair{"p90_ape", &e.heldout.p90_ape}}) {
+        if (auto v = h->find(key); v != h->end()) {
+          if (!v->is_number())
+            return InvalidArgumentError(where + ".heldout." + key + " must be a number");
+          *out = v->get<double>();
+        }
+      }
+      if (auto v = h->find("n"); v != h->end()) {
+        if (!v->is_number_integer())
+          return InvalidArgumentError(where + ".heldout.n must be an integer");
+        e.heldout.n = v->get<int64_t>();
+      }
     }
     if (kind == use) f.use = f.models.size();
     f.models.push_back(std::move(e));

@@ -55,6 +55,9 @@ Result<std::vector<TenantSpec>> ParseTenants(std::string_view text, const std::s
     std::string what = e.what();
     if (const size_t p = what.find("syntax error"); p != std::string::npos) what = what.substr(p);
     return InvalidArgumentError(path + ": " + Where(text, pos) + ": not valid JSON (" + what + ")");
+  } catch (const json::exception& e) {
+    // The parser's other errors carry no position, e.g. a number too large for a double.
+    return InvalidArgumentError(path + ": not valid JSON (" + e.what() + ")");
   }
   const std::string top = path + ": ";
   if (!j.is_object() || !j.contains("tenants") || !j["tenants"].is_object()) {

@@ -599,11 +599,14 @@ bool ToolCallParser::StepMistral(bool at_end, ToolParseOutput* out) {
     state_ = State::kText;
     return !buf_.empty();
   }
-  const size_t args = rest.find(kMistralArgs);
+  // `name[ARGS]` must fit in a tool name's length. Only that window is looked at and given up on
+  // (the rest is scanned again as text), so a reply streamed in pieces is decided on the same
+  // bytes as the whole reply.
+  const size_t window = kMaxToolNameBytes + kMistralArgs.size();
+  const size_t args = rest.substr(0, window).find(kMistralArgs);
   if (args == std::string_view::npos) {
-    if (rest.size() > kMaxToolNameBytes + kMistralArgs.size() || at_end)
-      return give_up(buf_.size());
-    return false;
+    if (rest.size() > window) return give_up(i + window);
+    return at_end ? give_up(buf_.size()) : false;
   }
   const std::string name(Trim(rest.substr(0, args)));
   const size_t obj = SkipSpace(rest, args + kMistralArgs.size());

@@ -203,7 +203,7 @@ Result<std::vector<Sample>> ParseSamples(std::string_view content, bool jsonl,
       try {
         const json unused = json::parse(line);
         what = "unexpected parse success";
-      } catch (const json::parse_error& e) {
+      } catch (const json::exception& e) {  // parse_error, or out_of_range for a huge number
         what = e.what();
       }
       return LineError(line_no, "invalid JSON (" + what + ")");
