@@ -173,10 +173,10 @@ Result<std::unique_ptr<FinetuneApi>> FinetuneApi::Open(
   std::unique_ptr<FinetuneApi> api(new FinetuneApi());
   api->opts_ = std::move(opts);
   api->registry_ = std::move(registry);
-  CHORUS_ASSIGN_OR_RETURN(api->files_,
-                          train::FileStore::Open((fs::path(api->opts_.dir) / "files").string(),
-                                                 api->opts_.max_file_bytes,
-                                                 api->opts_.recover_corrupt_state));
+  CHORUS_ASSIGN_OR_RETURN(
+      api->files_,
+      train::FileStore::Open((fs::path(api->opts_.dir) / "files").string(),
+                             api->opts_.max_file_bytes, api->opts_.recover_corrupt_state));
   const std::string meta_path = (fs::path(api->opts_.dir) / "ft_jobs.json").string();
   if (fs::exists(meta_path)) {
     CHORUS_ASSIGN_OR_RETURN(std::string text, ReadFileToString(meta_path));
