@@ -131,7 +131,9 @@ struct ServedAdapters {
 
 // Fine-tuning (docs/finetuning.md, "Training while serving") is on with --finetune-dir or an
 // explicit --registry state file, unless --no-finetune: its state lives in --finetune-dir, by
-// default beside the registry's state file.
+// default in `<registry file without .json>.finetune/` beside the registry's state file — named
+// after that file, so that two servers keeping registries in one directory never share (and lock
+// each other out of) a fine-tuning state directory.
 bool WantsFinetune(const Flags& f) {
   return !f.GetBool("no-finetune") &&
          (!f.GetString("finetune-dir").empty() || !f.GetString("registry").empty());
@@ -173,7 +175,7 @@ Result<ServedAdapters> OpenAdapters(const Flags& f, const model::ModelConfig& ba
     out.finetune_dir = f.GetString("finetune-dir");
     if (out.finetune_dir.empty()) {
       const std::filesystem::path sp = std::filesystem::absolute(state);
-      out.finetune_dir = (sp.parent_path() / "finetune").string();
+      out.finetune_dir = (sp.parent_path() / (sp.stem().string() + ".finetune")).string();
     }
     // Finished jobs register their adapters from here.
     const std::string jobs_root = server::FinetuneApi::AdapterRoot(out.finetune_dir);
@@ -301,7 +303,8 @@ int ServeCommand(int argc, char** argv) {
 
   f.String("finetune-dir", "",
            "state directory of the fine-tuning API (/v1/files, /v1/fine_tuning/jobs: uploaded "
-           "files, jobs, their adapters); default: finetune/ beside the --registry file");
+           "files, jobs, their adapters); default: <registry>.finetune/ beside the --registry "
+           "file (registry.json -> registry.finetune/)");
   f.Bool("no-finetune", "no fine-tuning API even when an adapter registry is kept");
   f.String("finetune-policy", "deferred",
            "when fine-tuning iterations run between inference steps: deferred (a waiting "
