@@ -672,22 +672,21 @@ void Server::Impl::FinetuneRoutes() {
   };
   // A plain handler: httplib reads the body (up to --max-body-bytes, else 413) and parses the
   // multipart form into req.files.
-  http.Post(
-      "/v1/files", [this, with_api, send](const httplib::Request& req, httplib::Response& res) {
-        FinetuneApi* api = with_api(res);
-        if (!api) return;
-        if (!req.is_multipart_form_data()) {
-          ApiError e = BadRequest("POST /v1/files takes multipart/form-data (fields file, purpose)",
-                                  std::string(), "unsupported_media_type");
-          e.http_status = 415;
-          return SendError(res, e);
-        }
-        const bool has_file = req.has_file("file");
-        const httplib::MultipartFormData file = req.get_file_value("file");
-        const std::string purpose =
-            req.has_file("purpose") ? req.get_file_value("purpose").content : std::string();
-        send(res, api->UploadFile(file.filename, purpose, file.content, has_file));
-      });
+  http.Post("/v1/files", [with_api, send](const httplib::Request& req, httplib::Response& res) {
+    FinetuneApi* api = with_api(res);
+    if (!api) return;
+    if (!req.is_multipart_form_data()) {
+      ApiError e = BadRequest("POST /v1/files takes multipart/form-data (fields file, purpose)",
+                              std::string(), "unsupported_media_type");
+      e.http_status = 415;
+      return SendError(res, e);
+    }
+    const bool has_file = req.has_file("file");
+    const httplib::MultipartFormData file = req.get_file_value("file");
+    const std::string purpose =
+        req.has_file("purpose") ? req.get_file_value("purpose").content : std::string();
+    send(res, api->UploadFile(file.filename, purpose, file.content, has_file));
+  });
   http.Get("/v1/files", [with_api, send](const httplib::Request& req, httplib::Response& res) {
     if (FinetuneApi* api = with_api(res)) {
       send(res, api->ListFiles(req.get_param_value("purpose"), req.get_param_value("after"),
