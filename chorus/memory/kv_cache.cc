@@ -16,6 +16,7 @@ KvCache::KvCache(const KvLayout& layout, PagePool* pool) : layout_(layout), pool
   k_ptrs_.resize(static_cast<size_t>(layout.n_layers * layout.n_kv_heads * n_pages));
   v_ptrs_.resize(k_ptrs_.size());
   refs_.assign(static_cast<size_t>(n_pages), 0);
+  cache_mark_.assign(static_cast<size_t>(n_pages), 0);
   for (int64_t l = 0; l < layout.n_layers; ++l) {
     for (int64_t h = 0; h < layout.n_kv_heads; ++h) {
       for (int64_t p = 0; p < n_pages; ++p) {
@@ -67,7 +68,10 @@ Status KvCache::PrepareWrite(std::vector<int32_t>* table, int64_t write_from, in
       // The whole page: the slots before `write_from` hold this holder's history.
       std::memcpy(pool_->PageData(copy), pool_->PageData(blk),
                   static_cast<size_t>(pool_->page_bytes()));
-      if (--refs_[static_cast<size_t>(blk)] == 1) --n_shared_;
+      if (--refs_[static_cast<size_t>(blk)] == 1) {
+        --n_shared_;
+        if (cache_mark_[static_cast<size_t>(blk)]) ++n_cache_only_;
+      }
       refs_[static_cast<size_t>(copy)] = 1;
       blk = copy;
     }
@@ -77,11 +81,21 @@ Status KvCache::PrepareWrite(std::vector<int32_t>* table, int64_t write_from, in
   return OkStatus();
 }
 
+void KvCache::SetCacheMark(int32_t block, bool marked) {
+  uint8_t& m = cache_mark_[static_cast<size_t>(block)];
+  if (static_cast<bool>(m) == marked) return;
+  m = marked ? 1 : 0;
+  if (refs_[static_cast<size_t>(block)] == 1) n_cache_only_ += marked ? 1 : -1;
+}
+
 std::vector<int32_t> KvCache::Fork(const std::vector<int32_t>& table) {
   for (int32_t b : table) {
     if (b == kDroppedBlock) continue;
     CHORUS_CHECK(refs_[static_cast<size_t>(b)] >= 1) << "fork of a free block " << b;
-    if (++refs_[static_cast<size_t>(b)] == 2) ++n_shared_;
+    if (++refs_[static_cast<size_t>(b)] == 2) {
+      ++n_shared_;
+      if (cache_mark_[static_cast<size_t>(b)]) --n_cache_only_;
+    }
   }
   return table;
 }
@@ -107,9 +121,14 @@ void KvCache::Release(std::vector<int32_t>* table) {
     int32_t& r = refs_[static_cast<size_t>(b)];
     CHORUS_CHECK(r >= 1) << "release of a free block " << b;
     if (--r == 0) {
+      if (cache_mark_[static_cast<size_t>(b)]) {  // the cache let go without clearing its mark
+        cache_mark_[static_cast<size_t>(b)] = 0;
+        --n_cache_only_;
+      }
       pool_->FreeOne(b);
     } else if (r == 1) {
       --n_shared_;
+      if (cache_mark_[static_cast<size_t>(b)]) ++n_cache_only_;
     }
   }
   table->clear();

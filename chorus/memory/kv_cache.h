@@ -77,6 +77,12 @@ class KvCache {
   int32_t RefCount(int32_t block) const { return refs_[static_cast<size_t>(block)]; }
   // Blocks with more than one holder (for tests and metrics).
   int64_t n_shared() const { return n_shared_; }
+  // Marks `block` as held by the prefix cache (memory/prefix_cache.h) or clears the mark. The
+  // cache keeps one reference on each block it holds; n_cache_only() counts the marked blocks no
+  // one else holds (reference count 1), kept as references change so that a per-step gauge costs
+  // O(1) rather than a walk over every cached block.
+  void SetCacheMark(int32_t block, bool marked);
+  int64_t n_cache_only() const { return n_cache_only_; }
 
   // K / V of KV head `kv_head` of token slot `slot` of `block` in `layer`: head_dim floats.
   float* K(int64_t layer, int32_t block, int64_t slot, int64_t kv_head);
@@ -95,7 +101,9 @@ class KvCache {
   // [layer][kv_head][page] base pointers of K and V, precomputed once.
   std::vector<const float*> k_ptrs_, v_ptrs_;
   std::vector<int32_t> refs_;  // [n_pages] holders of each KV block
-  int64_t n_shared_ = 0;       // blocks with refs_ > 1
+  int64_t n_shared_ = 0;
+  std::vector<uint8_t> cache_mark_;  // per block: held by the prefix cache
+  int64_t n_cache_only_ = 0;  // marked blocks with reference count 1       // blocks with refs_ > 1
 };
 
 }  // namespace chorus::memory

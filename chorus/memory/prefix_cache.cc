@@ -28,6 +28,7 @@ PrefixCache::PrefixCache(KvCache* kv) : kv_(kv), block_size_(kv->layout().block_
 PrefixCache::~PrefixCache() {
   std::vector<int32_t> one(1);
   for (auto& [key, e] : entries_) {
+    kv_->SetCacheMark(e.block, false);
     one.assign(1, e.block);
     kv_->Release(&one);
   }
@@ -108,6 +109,7 @@ void PrefixCache::Insert(uint64_t variant, std::span<const int32_t> tokens, int6
       std::vector<int32_t> held = kv_->Fork({blk});  // the cache's own reference
       Entry& n = entries_[key];
       n.block = held[0];
+      kv_->SetCacheMark(n.block, true);
       n.serial = next_serial_++;
       n.parent_serial = chain->serial;
       n.parent_key = chain->key;
@@ -140,6 +142,7 @@ bool PrefixCache::EvictFor(int64_t n_free) {
       Entry& victim = e->second;
       if (victim.children > 0 || kv_->RefCount(victim.block) != 1) continue;  // not free
       if (victim.parent_serial != 0) --entries_.at(victim.parent_key).children;
+      kv_->SetCacheMark(victim.block, false);
       one.assign(1, victim.block);
       kv_->Release(&one);
       entries_.erase(e);
@@ -151,10 +154,9 @@ bool PrefixCache::EvictFor(int64_t n_free) {
   return pool->n_free() >= n_free;
 }
 
-int64_t PrefixCache::n_evictable() const {
-  int64_t n = 0;
-  for (const auto& [key, e] : entries_) n += kv_->RefCount(e.block) == 1 ? 1 : 0;
-  return n;
-}
+// Kept by the KvCache as references change (an engine step publishes it as a gauge; a walk
+// over every cached block here took ~20 % of a small model's serving time once the cache was
+// full: docs/status.md, "Issue 16").
+int64_t PrefixCache::n_evictable() const { return kv_->n_cache_only(); }
 
 }  // namespace chorus::memory

@@ -111,7 +111,9 @@ TEST_F(PrefixCacheTest, EvictsOnlyUnheldBlocksLeastRecentlyUsedDeepestFirst) {
   std::vector<int32_t> t;
   PrefixChain chain;
   EXPECT_EQ(cache_.Match(0, Tokens(8, 50), 8, &t, &chain), 4);  // its first block survives
+  EXPECT_EQ(cache_.n_evictable(), 2);  // held again by `t`: not evictable while it is
   kv_.Release(&t);
+  EXPECT_EQ(cache_.n_evictable(), 3);
   EXPECT_EQ(cache_.Match(0, Tokens(8, 90), 8, &t, &chain), 8);
   kv_.Release(&t);
   // Everything not held, never what a sequence holds.
