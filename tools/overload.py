@@ -36,7 +36,6 @@ import http.client
 import json
 import os
 import random
-import re
 import signal
 import statistics
 import subprocess
@@ -46,7 +45,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from soak import metric, pct, rss_kib  # noqa: E402
+from soak import launch_server, metric, pct, rss_kib, wait_healthy  # noqa: E402
 
 
 class Server:
@@ -55,32 +54,15 @@ class Server:
                    HOME=os.path.join(work, "home"))
         os.makedirs(env["HOME"], exist_ok=True)
         self.log_path = os.path.join(work, "serve.log")
-        self.log = open(self.log_path, "wb")
         self.cmd = [a.chorus, "serve", "--port", "0", "--host", "127.0.0.1",
                     "--served-model-name", "base", "--policy", "slo", "--ttft-slo-ms",
                     str(a.ttft_slo_ms), "--max-running", str(a.max_running), "--max-queue",
                     str(a.max_queue), "--threads", str(a.threads), "--pool-size",
                     str(a.pool_mib), "--prefault", "--drain-timeout", "5"] + a.serve_arg
-        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        # --policy slo profiles the model first
+        self.proc, self.log, self.port, deadline = launch_server(self.cmd, env, self.log_path, 600)
         self.pid = self.proc.pid
-        self.port = None
-        deadline = time.time() + 600  # --policy slo profiles the model first
-        while time.time() < deadline and self.port is None:
-            time.sleep(0.2)
-            with open(self.log_path, "rb") as f:
-                m = re.search(rb"http://127\.0\.0\.1:(\d+)", f.read())
-            if m:
-                self.port = int(m.group(1))
-            if self.proc.poll() is not None:
-                raise RuntimeError("server exited at start; see " + self.log_path)
-        while time.time() < deadline:
-            try:
-                if self.get("/health")[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError("server not healthy in time; see " + self.log_path)
+        wait_healthy(self.get, deadline, self.log_path)
 
     def get(self, path):
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)

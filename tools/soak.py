@@ -105,6 +105,35 @@ def tenants_json(generation):
     return json.dumps({"tenants": {"soak": {"keys": [KEY]}, "aux": aux}})
 
 
+def launch_server(cmd, env, log_path, timeout):
+    """Starts `chorus serve` (`cmd`) with its output in `log_path` and waits until the log names
+    its port. Returns (process, log file, port, deadline) — the deadline for wait_healthy()."""
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        time.sleep(0.1)
+        with open(log_path, "rb") as f:
+            m = re.search(rb"http://127\.0\.0\.1:(\d+)", f.read())
+        if m:
+            return proc, log, int(m.group(1)), deadline
+        if proc.poll() is not None:
+            raise RuntimeError("server exited at start; see " + log_path)
+    raise RuntimeError("server named no port within %d s; see %s" % (timeout, log_path))
+
+
+def wait_healthy(get, deadline, log_path):
+    """Polls GET /health through `get(path) -> (status, body)` until 200 or the deadline."""
+    while time.time() < deadline:
+        try:
+            if get("/health")[0] == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError("server not healthy in time; see " + log_path)
+
+
 class Server:
     """A `chorus serve` started here (or attached to with --attach HOST:PORT --pid PID)."""
 
@@ -127,7 +156,6 @@ class Server:
         with open(self.tenants_path, "w") as f:
             f.write(tenants_json(0))
         self.log_path = os.path.join(work, "serve.log")
-        self.log = open(self.log_path, "wb")
         cmd = [a.chorus, "serve", "--port", "0", "--host", "127.0.0.1", "--served-model-name",
                "base", "--adapter-root", work, "--registry", os.path.join(work, "registry.json"),
                "--tenants", self.tenants_path, "--max-running", str(a.max_running),
@@ -139,27 +167,11 @@ class Server:
         self.cmd = cmd
         if a.wrap:  # e.g. "heaptrack -o FILE": the server runs under a memory profiler
             cmd = a.wrap.split() + cmd
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        self.host, self.port, self.pid = "127.0.0.1", None, self.proc.pid
-        deadline = time.time() + 300
-        while time.time() < deadline and self.port is None:
-            time.sleep(0.1)
-            with open(self.log_path, "rb") as f:
-                m = re.search(rb"http://127\.0\.0\.1:(\d+)", f.read())
-            if m:
-                self.port = int(m.group(1))
-            if self.proc.poll() is not None:
-                raise RuntimeError("server exited at start; see " + self.log_path)
+        self.proc, self.log, self.port, deadline = launch_server(cmd, env, self.log_path, 300)
+        self.host, self.pid = "127.0.0.1", self.proc.pid
         if a.wrap:  # the profiler's script is the parent: signals and RSS go to the server
             self.pid = child_of(self.proc.pid) or self.pid
-        while time.time() < deadline:
-            try:
-                if self.get("/health")[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError("server not healthy within 300 s; see " + self.log_path)
+        wait_healthy(self.get, deadline, self.log_path)
 
     def alive(self):
         if self.proc is not None:
