@@ -23,6 +23,7 @@ shift
 if command -v ccache >/dev/null && [ -z "${CMAKE_CXX_COMPILER_LAUNCHER:-}" ]; then
   export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache
 fi
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"  # cache keys independent of the clone's folder
 start=$(date +%s)
 cmake --preset "$build" >/dev/null
 cmake --build "build/$build" -j"$(nproc)" --target "$target"

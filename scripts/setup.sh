@@ -10,7 +10,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config clang clang-format libclang-rt-14-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libpcre2-dev libsentencepiece-dev libzstd-dev libsqlite3-dev
-  libcpp-httplib-dev libssl-dev
+  libcpp-httplib-dev libssl-dev ccache
   python3 python3-prometheus-client python3-jinja2 python3-jsonschema python3-numpy gnuplot-nox curl
 )
 
@@ -25,6 +25,13 @@ if ((${#missing[@]})); then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+# Compile through ccache; CCACHE_BASEDIR makes its keys independent of where the clone lives, so
+# a fresh clone in another folder (as CI makes) reuses the objects of an earlier build.
+if command -v ccache >/dev/null && [ -z "${CMAKE_CXX_COMPILER_LAUNCHER:-}" ]; then
+  export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache
+fi
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
 
 PRESET="${CHORUS_PRESET:-release}"
 cmake --preset "$PRESET" >/dev/null
