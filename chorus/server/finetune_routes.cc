@@ -216,13 +216,15 @@ Result<std::unique_ptr<FinetuneApi>> FinetuneApi::Open(
       return InvalidArgumentError(meta_path + ": bad entry: " + e.what());
     }
   }
-  CHORUS_ASSIGN_OR_RETURN(api->jobs_,
-                          train::JobQueue::Open(std::move(model), std::move(tok),
-                                                /*threads=*/1, api->opts_.dir, std::move(hooks),
-                                                api->opts_.recover_corrupt_state));
+  // on_success is given to Open, so a job resumed from the state directory registers its
+  // adapter (for its owner) however soon it finishes. RegisterResult uses meta_ and registry_,
+  // both set by now, never jobs_.
   FinetuneApi* raw = api.get();
-  api->jobs_->set_on_success(
-      [raw](const train::JobSnapshot& snap) { return raw->RegisterResult(snap); });
+  CHORUS_ASSIGN_OR_RETURN(
+      api->jobs_, train::JobQueue::Open(
+                      std::move(model), std::move(tok), /*threads=*/1, api->opts_.dir,
+                      std::move(hooks), api->opts_.recover_corrupt_state,
+                      [raw](const train::JobSnapshot& snap) { return raw->RegisterResult(snap); }));
   return api;
 }
 

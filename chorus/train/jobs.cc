@@ -126,10 +126,10 @@ JobQueue::JobQueue(std::shared_ptr<const model::Model> model,
   worker_ = std::thread([this] { Worker(); });
 }
 
-Result<std::unique_ptr<JobQueue>> JobQueue::Open(std::shared_ptr<const model::Model> model,
-                                                 std::shared_ptr<const tokenizer::Tokenizer> tok,
-                                                 int threads, std::string state_dir,
-                                                 StepHooks hooks, bool recover_corrupt_state) {
+Result<std::unique_ptr<JobQueue>> JobQueue::Open(
+    std::shared_ptr<const model::Model> model, std::shared_ptr<const tokenizer::Tokenizer> tok,
+    int threads, std::string state_dir, StepHooks hooks, bool recover_corrupt_state,
+    std::function<Status(const JobSnapshot&)> on_success) {
   std::vector<std::unique_ptr<Job>> loaded;
   FileLock lock;
   if (!state_dir.empty()) {
@@ -219,6 +219,7 @@ Result<std::unique_ptr<JobQueue>> JobQueue::Open(std::shared_ptr<const model::Mo
   q->lock_ = std::move(lock);
 
   q->hooks_ = std::move(hooks);
+  q->on_success_ = std::move(on_success);
   for (auto& job : loaded) {
     const std::string id = job->snap.id;
     if (!JobStateFinal(job->snap.state)) {

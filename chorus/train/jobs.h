@@ -87,12 +87,13 @@ class JobQueue {
   // `recover_corrupt_state` it is moved aside to `jobs.json.corrupt-<UTC time>` (logged at ERROR
   // with the problem) and the queue starts with no jobs. One process per state directory
   // (`jobs.lock`, kFailedPrecondition for a second); temp files of a killed writer are removed.
-  // `hooks` are in force before any resumed job starts.
-  static Result<std::unique_ptr<JobQueue>> Open(std::shared_ptr<const model::Model> model,
-                                                std::shared_ptr<const tokenizer::Tokenizer> tok,
-                                                int threads, std::string state_dir = "",
-                                                StepHooks hooks = {},
-                                                bool recover_corrupt_state = false);
+  // `hooks` and `on_success` (set_on_success) are in force before any resumed job starts, so a
+  // resumed job that finishes at once is still registered.
+  static Result<std::unique_ptr<JobQueue>> Open(
+      std::shared_ptr<const model::Model> model, std::shared_ptr<const tokenizer::Tokenizer> tok,
+      int threads, std::string state_dir = "", StepHooks hooks = {},
+      bool recover_corrupt_state = false,
+      std::function<Status(const JobSnapshot&)> on_success = {});
   JobQueue(std::shared_ptr<const model::Model> model,
            std::shared_ptr<const tokenizer::Tokenizer> tok, int threads);
   ~JobQueue();  // cancels every job and joins the worker

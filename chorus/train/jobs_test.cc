@@ -230,13 +230,12 @@ TEST_F(JobsTest, OwnerIsPersistedAndKeptByAResumedJob) {
   {
     std::mutex mu;
     std::map<std::string, std::string> registered;  // job → owner seen by on_success
-    auto q = JobQueue::Open(model_, tok_, 1, state);
-    CHORUS_ASSERT_OK(q.status());
-    (*q)->set_on_success([&](const JobSnapshot& s) {
+    auto q = JobQueue::Open(model_, tok_, 1, state, {}, false, [&](const JobSnapshot& s) {
       std::lock_guard<std::mutex> l(mu);
       registered[s.id] = s.owner;
       return OkStatus();
     });
+    CHORUS_ASSERT_OK(q.status());
     (*q)->Wait("mine");
     (*q)->Wait("shared");
     EXPECT_EQ((*q)->Snapshot("mine")->state, JobState::kSucceeded) << (*q)->Snapshot("mine")->error;
