@@ -150,6 +150,18 @@ Result<std::vector<model::Linear>> ParseTargets(const json& v) {
   return out;
 }
 
+// Whether a caller of tenant `tenant` ("" = no tenants) sees a record owned by `owner`: its own
+// and the ownerless ones — the rule of adapters (server.cc, Visible).
+bool Visible(const std::string& owner, const std::string& tenant) {
+  return owner.empty() || owner == tenant;
+}
+
+// The 403 for a tenant deleting or cancelling an ownerless record (one it sees but does not own).
+FinetuneReply NotOwned(const std::string& what) {
+  return Error(ErrorFromStatus(PermissionDeniedError(
+      what + " was created without tenants and is shared; a tenant cannot delete or cancel it")));
+}
+
 std::string Hex(uint64_t v, int digits) {
   std::string s(static_cast<size_t>(digits), '0');
   for (int i = digits - 1; i >= 0 && v != 0; --i, v >>= 4)
@@ -204,13 +216,15 @@ Result<std::unique_ptr<FinetuneApi>> FinetuneApi::Open(
       return InvalidArgumentError(meta_path + ": bad entry: " + e.what());
     }
   }
-  CHORUS_ASSIGN_OR_RETURN(api->jobs_,
-                          train::JobQueue::Open(std::move(model), std::move(tok),
-                                                /*threads=*/1, api->opts_.dir, std::move(hooks),
-                                                api->opts_.recover_corrupt_state));
+  // on_success is given to Open, so a job resumed from the state directory registers its
+  // adapter (for its owner) however soon it finishes. RegisterResult uses meta_ and registry_,
+  // both set by now, never jobs_.
   FinetuneApi* raw = api.get();
-  api->jobs_->set_on_success(
-      [raw](const train::JobSnapshot& snap) { return raw->RegisterResult(snap); });
+  CHORUS_ASSIGN_OR_RETURN(
+      api->jobs_, train::JobQueue::Open(
+                      std::move(model), std::move(tok), /*threads=*/1, api->opts_.dir,
+                      std::move(hooks), api->opts_.recover_corrupt_state,
+                      [raw](const train::JobSnapshot& snap) { return raw->RegisterResult(snap); }));
   return api;
 }
 
@@ -230,7 +244,9 @@ Status FinetuneApi::RegisterResult(const train::JobSnapshot& snap) {
   }
   // The name holds the job id, so replacing can only replace this job's own earlier
   // registration (a restart between registering and recording "succeeded").
-  auto info = registry_->Register(name, snap.output_dir, /*replace=*/true);
+  // Owned by the job's tenant (persisted with the job, so also after a restart), exactly like an
+  // adapter that tenant loaded through the API.
+  auto info = registry_->Register(name, snap.output_dir, /*replace=*/true, snap.owner);
   if (!info.ok()) return info.status().WithContext("registering " + name);
   return OkStatus();
 }
@@ -254,7 +270,8 @@ Status FinetuneApi::SaveMeta() const {
 }
 
 FinetuneReply FinetuneApi::UploadFile(const std::string& filename, const std::string& purpose,
-                                      const std::string& content, bool has_file) {
+                                      const std::string& content, bool has_file,
+                                      const std::string& tenant) {
   if (!has_file) {
     return Error(BadRequest("a multipart/form-data field `file` is required", "file"));
   }
@@ -268,7 +285,7 @@ FinetuneReply FinetuneApi::UploadFile(const std::string& filename, const std::st
   }
   std::string name = fs::path(filename).filename().string();
   if (name.empty()) name = "upload.jsonl";
-  auto f = files_->Add(name, purpose, content);
+  auto f = files_->Add(name, purpose, content, tenant);
   if (!f.ok()) {
     ApiError e = ErrorFromStatus(f.status(), "file");
     if (f.status().code() == StatusCode::kResourceExhausted) {
@@ -282,13 +299,22 @@ FinetuneReply FinetuneApi::UploadFile(const std::string& filename, const std::st
   return Ok(FileJson(*f));
 }
 
+std::optional<train::StoredFile> FinetuneApi::VisibleFile(const std::string& id,
+                                                          const std::string& tenant) const {
+  auto f = files_->Get(id);
+  if (!f || !Visible(f->owner, tenant)) return std::nullopt;
+  return f;
+}
+
 FinetuneReply FinetuneApi::ListFiles(const std::string& purpose, const std::string& after,
-                                     const std::string& limit) const {
+                                     const std::string& limit, const std::string& tenant) const {
   auto lim = ParseLimit(limit, 10000, 10000);
   if (!lim.ok()) return Error(BadRequest(lim.status().message(), "limit"));
   std::vector<train::StoredFile> all = files_->List();
   std::vector<json> items;
   for (auto it = all.rbegin(); it != all.rend(); ++it) {  // newest first (OpenAI's order)
+    // Only what the caller sees, before paging: `after` and has_more count those alone.
+    if (!Visible(it->owner, tenant)) continue;
     if (purpose.empty() || it->purpose == purpose) items.push_back(FileJson(*it));
   }
   auto page = Page(items, after, *lim);
@@ -296,22 +322,24 @@ FinetuneReply FinetuneApi::ListFiles(const std::string& purpose, const std::stri
   return Ok(*page);
 }
 
-FinetuneReply FinetuneApi::GetFile(const std::string& id) const {
-  auto f = files_->Get(id);
+FinetuneReply FinetuneApi::GetFile(const std::string& id, const std::string& tenant) const {
+  auto f = VisibleFile(id, tenant);
   if (!f) return Error(NotFound("No such File object: " + id.substr(0, 64)));
   return Ok(FileJson(*f));
 }
 
-FinetuneReply FinetuneApi::FileContent(const std::string& id) const {
-  auto f = files_->Get(id);
+FinetuneReply FinetuneApi::FileContent(const std::string& id, const std::string& tenant) const {
+  auto f = VisibleFile(id, tenant);
   if (!f) return Error(NotFound("No such File object: " + id.substr(0, 64)));
   auto text = ReadFileToString(f->path);
   if (!text.ok()) return Error(ErrorFromStatus(text.status()));
   return {200, std::move(*text), "application/octet-stream"};
 }
 
-FinetuneReply FinetuneApi::DeleteFile(const std::string& id) {
-  if (!files_->Get(id)) return Error(NotFound("No such File object: " + id.substr(0, 64)));
+FinetuneReply FinetuneApi::DeleteFile(const std::string& id, const std::string& tenant) {
+  auto f = VisibleFile(id, tenant);
+  if (!f) return Error(NotFound("No such File object: " + id.substr(0, 64)));
+  if (f->owner != tenant) return NotOwned("file " + id);
   {
     // A queued or running job reads its files again when it starts or resumes.
     std::lock_guard<std::mutex> l(mu_);
@@ -331,7 +359,7 @@ FinetuneReply FinetuneApi::DeleteFile(const std::string& id) {
   return Ok({{"id", id}, {"object", "file"}, {"deleted", true}});
 }
 
-FinetuneReply FinetuneApi::CreateJob(const std::string& body) {
+FinetuneReply FinetuneApi::CreateJob(const std::string& body, const std::string& tenant) {
   const json j = json::parse(body, nullptr, false);
   if (j.is_discarded() || !j.is_object()) {
     return Error(BadRequest("request body must be a JSON object"));
@@ -355,7 +383,8 @@ FinetuneReply FinetuneApi::CreateJob(const std::string& body) {
   if (!training_file || training_file->empty()) {
     return Error(BadRequest("training_file must be a file id", "training_file"));
   }
-  auto train_file = files_->Get(*training_file);
+  // Another tenant's file is answered as an unknown one.
+  auto train_file = VisibleFile(*training_file, tenant);
   if (!train_file) {
     return Error(BadRequest("invalid training_file: " + training_file->substr(0, 64) +
                                 " does not exist (upload it with POST /v1/files)",
@@ -372,7 +401,7 @@ FinetuneReply FinetuneApi::CreateJob(const std::string& body) {
   }
   std::optional<train::StoredFile> valid_file;
   if (!validation_file->empty()) {
-    valid_file = files_->Get(*validation_file);
+    valid_file = VisibleFile(*validation_file, tenant);
     if (!valid_file) {
       return Error(BadRequest(
           "invalid validation_file: " + validation_file->substr(0, 64) + " does not exist",
@@ -508,7 +537,7 @@ FinetuneReply FinetuneApi::CreateJob(const std::string& body) {
     }
   }
   // Validates the files here (every problem names its line); a bad file fails the job.
-  auto st = jobs_->Submit(id, std::move(o));
+  auto st = jobs_->Submit(id, std::move(o), tenant);
   if (!st.ok()) return Error(ErrorFromStatus(st.status()));
   std::lock_guard<std::mutex> l(mu_);
   return {200, JobJson(id), "application/json"};
@@ -571,14 +600,23 @@ std::string FinetuneApi::JobJson(const std::string& id) const {
   return j.dump();
 }
 
-FinetuneReply FinetuneApi::ListJobs(const std::string& after, const std::string& limit) const {
+std::optional<train::JobSnapshot> FinetuneApi::VisibleJob(const std::string& id,
+                                                          const std::string& tenant) const {
+  auto snap = jobs_->Snapshot(id);
+  if (!snap || !meta_.count(id) || !Visible(snap->owner, tenant)) return std::nullopt;
+  return snap;
+}
+
+FinetuneReply FinetuneApi::ListJobs(const std::string& after, const std::string& limit,
+                                    const std::string& tenant) const {
   auto lim = ParseLimit(limit, 20, 1000);
   if (!lim.ok()) return Error(BadRequest(lim.status().message(), "limit"));
   std::vector<std::string> ids = jobs_->Ids();
   std::vector<json> items;
   std::lock_guard<std::mutex> l(mu_);
   for (auto it = ids.rbegin(); it != ids.rend(); ++it) {  // newest first
-    if (meta_.count(*it)) items.push_back(json::parse(JobJson(*it)));
+    // Only the caller's (and ownerless) jobs, before paging.
+    if (VisibleJob(*it, tenant)) items.push_back(json::parse(JobJson(*it)));
   }
   auto page = Page(items, after, *lim);
   if (!page.ok()) return Error(BadRequest(page.status().message(), "after"));
@@ -587,19 +625,23 @@ FinetuneReply FinetuneApi::ListJobs(const std::string& after, const std::string&
   return Ok(*page);
 }
 
-FinetuneReply FinetuneApi::GetJob(const std::string& id) const {
+FinetuneReply FinetuneApi::GetJob(const std::string& id, const std::string& tenant) const {
   std::lock_guard<std::mutex> l(mu_);
-  if (!meta_.count(id) || !jobs_->Snapshot(id)) {
+  if (!VisibleJob(id, tenant)) {
     return Error(NotFound("No such fine-tuning job: " + id.substr(0, 64)));
   }
   return {200, JobJson(id), "application/json"};
 }
 
 FinetuneReply FinetuneApi::ListEvents(const std::string& id, const std::string& after,
-                                      const std::string& limit) const {
+                                      const std::string& limit, const std::string& tenant) const {
   auto lim = ParseLimit(limit, 20, 10000);
   if (!lim.ok()) return Error(BadRequest(lim.status().message(), "limit"));
-  auto snap = jobs_->Snapshot(id);
+  std::optional<train::JobSnapshot> snap;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    snap = VisibleJob(id, tenant);
+  }
   if (!snap) return Error(NotFound("No such fine-tuning job: " + id.substr(0, 64)));
   std::vector<json> items;
   const std::string stem = "ftevent-" + id.substr(std::min<size_t>(6, id.size())) + "-";
@@ -621,14 +663,16 @@ FinetuneReply FinetuneApi::ListEvents(const std::string& id, const std::string& 
 }
 
 FinetuneReply FinetuneApi::ListCheckpoints(const std::string& id, const std::string& after,
-                                           const std::string& limit) const {
+                                           const std::string& limit,
+                                           const std::string& tenant) const {
   auto lim = ParseLimit(limit, 10, 10000);
   if (!lim.ok()) return Error(BadRequest(lim.status().message(), "limit"));
-  auto snap = jobs_->Snapshot(id);
+  std::optional<train::JobSnapshot> snap;
   std::string name;
   {
     std::lock_guard<std::mutex> l(mu_);
-    if (!snap || !meta_.count(id)) {
+    snap = VisibleJob(id, tenant);
+    if (!snap) {
       return Error(NotFound("No such fine-tuning job: " + id.substr(0, 64)));
     }
     name = meta_.at(id).fine_tuned_model;
@@ -652,10 +696,12 @@ FinetuneReply FinetuneApi::ListCheckpoints(const std::string& id, const std::str
   return Ok(*page);
 }
 
-FinetuneReply FinetuneApi::CancelJob(const std::string& id) {
+FinetuneReply FinetuneApi::CancelJob(const std::string& id, const std::string& tenant) {
   {
     std::lock_guard<std::mutex> l(mu_);
-    if (!meta_.count(id)) return Error(NotFound("No such fine-tuning job: " + id.substr(0, 64)));
+    auto snap = VisibleJob(id, tenant);
+    if (!snap) return Error(NotFound("No such fine-tuning job: " + id.substr(0, 64)));
+    if (snap->owner != tenant) return NotOwned("fine-tuning job " + id);
   }
   if (Status s = jobs_->Cancel(id); !s.ok()) return Error(ErrorFromStatus(s));
   // A running job stops before its next step; answer with the final state when it comes soon.

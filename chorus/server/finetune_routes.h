@@ -17,12 +17,24 @@
 // lives under one state directory (files/, jobs/<id>/ outputs, jobs.json, ft_jobs.json), so files
 // and jobs survive a restart and interrupted jobs resume from their latest checkpoint.
 //
+// Tenants (docs/api.md, "Tenants"): every method takes the caller's tenant (`tenant`, its name;
+// empty on a server without tenants). A file or job records the tenant that created it
+// (train::StoredFile::owner, train::JobSnapshot::owner); one created without tenants has no
+// owner. The rule is the adapters' (server.cc, Visible): a caller sees the records it owns and
+// the ownerless ones; another tenant's id is 404 with the message of an unknown id, lists leave
+// it out (pagination counts only what the caller sees), and a job naming another tenant's file
+// gets the error of an unknown file. Deleting or cancelling needs ownership: an ownerless record
+// is 403 for a tenant (it is visible, so nothing leaks). A job's adapter is registered with the
+// job's owner, so it is that tenant's like one it loaded itself (also for a job resumed after a
+// restart: the owner is persisted with the job).
+//
 // Thread-safety: all methods are thread-safe.
 #pragma once
 
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "chorus/adapters/registry.h"
@@ -63,21 +75,24 @@ class FinetuneApi {
   // Where job outputs are written (an adapter root of the registry).
   static std::string AdapterRoot(const std::string& dir);
 
+  // `tenant`: the caller's tenant ("" without tenants; see the file comment).
   FinetuneReply UploadFile(const std::string& filename, const std::string& purpose,
-                           const std::string& content, bool has_file);
+                           const std::string& content, bool has_file,
+                           const std::string& tenant = "");
   FinetuneReply ListFiles(const std::string& purpose, const std::string& after,
-                          const std::string& limit) const;
-  FinetuneReply GetFile(const std::string& id) const;
-  FinetuneReply FileContent(const std::string& id) const;
-  FinetuneReply DeleteFile(const std::string& id);
-  FinetuneReply CreateJob(const std::string& body);
-  FinetuneReply ListJobs(const std::string& after, const std::string& limit) const;
-  FinetuneReply GetJob(const std::string& id) const;
+                          const std::string& limit, const std::string& tenant = "") const;
+  FinetuneReply GetFile(const std::string& id, const std::string& tenant = "") const;
+  FinetuneReply FileContent(const std::string& id, const std::string& tenant = "") const;
+  FinetuneReply DeleteFile(const std::string& id, const std::string& tenant = "");
+  FinetuneReply CreateJob(const std::string& body, const std::string& tenant = "");
+  FinetuneReply ListJobs(const std::string& after, const std::string& limit,
+                         const std::string& tenant = "") const;
+  FinetuneReply GetJob(const std::string& id, const std::string& tenant = "") const;
   FinetuneReply ListEvents(const std::string& id, const std::string& after,
-                           const std::string& limit) const;
+                           const std::string& limit, const std::string& tenant = "") const;
   FinetuneReply ListCheckpoints(const std::string& id, const std::string& after,
-                                const std::string& limit) const;
-  FinetuneReply CancelJob(const std::string& id);
+                                const std::string& limit, const std::string& tenant = "") const;
+  FinetuneReply CancelJob(const std::string& id, const std::string& tenant = "");
   // Stops the job worker (a running job is interrupted and resumes at the next start). Must be
   // called before the engine whose gate the hooks use stops. Idempotent.
   void Stop();
@@ -93,7 +108,13 @@ class FinetuneApi {
  private:
   FinetuneApi() = default;
   std::string JobJson(const std::string& id) const;  // mu_ held
-  Status SaveMeta() const;                           // mu_ held
+  // The job as `tenant` may see it: nullopt when unknown, without metadata, or another tenant's.
+  std::optional<train::JobSnapshot> VisibleJob(const std::string& id,
+                                               const std::string& tenant) const;  // mu_ held
+  // The file as `tenant` may see it (nullopt: unknown or another tenant's).
+  std::optional<train::StoredFile> VisibleFile(const std::string& id,
+                                               const std::string& tenant) const;
+  Status SaveMeta() const;  // mu_ held
   Status RegisterResult(const train::JobSnapshot& snap);
 
   FinetuneApiOptions opts_;

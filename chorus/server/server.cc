@@ -342,7 +342,8 @@ struct Server::Impl {
     return a.owner.empty() || (tenant != nullptr && a.owner == tenant->name());
   }
   // "The model `x` does not exist" plus the names a request may use (base, then adapters).
-  ApiError UnknownModel(const std::string& name) const;
+  // Only the adapters `tenant` may see are named (another tenant's would leak).
+  ApiError UnknownModel(const std::string& name, const Tenant* tenant) const;
   std::optional<ApiError> Unavailable() const {
     if (self->draining()) return ErrorFromStatus(UnavailableError("the server is shutting down"));
     if (!self->ready()) return ErrorFromStatus(UnavailableError("the model is loading"));
@@ -513,7 +514,7 @@ void Server::SetAdapters(std::shared_ptr<adapters::AdapterRegistry> registry,
 std::optional<ApiError> Server::Impl::ResolveVariant(const std::string& name, const Tenant* tenant,
                                                      engine::GenerationRequest* gen) const {
   auto info = registry ? registry->Lookup(name) : std::nullopt;
-  if (!info || !Visible(*info, tenant)) return UnknownModel(name);
+  if (!info || !Visible(*info, tenant)) return UnknownModel(name, tenant);
   if (!info->available) {
     return ErrorFromStatus(
         FailedPreconditionError("adapter '" + info->name + "' is unavailable: " + info->problem),
@@ -525,14 +526,14 @@ std::optional<ApiError> Server::Impl::ResolveVariant(const std::string& name, co
   return std::nullopt;
 }
 
-ApiError Server::Impl::UnknownModel(const std::string& name) const {
+ApiError Server::Impl::UnknownModel(const std::string& name, const Tenant* tenant) const {
   // The base first, then adapters in name order, while the list stays short (error messages
   // are kept small); the rest are counted and /v1/models lists them all.
   std::string list = "`" + self->opts_.served_model_name + "`";
   int64_t more = 0;
   if (registry) {
     for (const auto& a : registry->List()) {
-      if (!a.available) continue;
+      if (!a.available || !Visible(a, tenant)) continue;
       if (more == 0 && list.size() + a.name.size() + 4 <= kUnknownModelListBytes) {
         list += ", `" + a.name + "`";
       } else {
@@ -607,6 +608,13 @@ void Server::Impl::HandleLoadAdapter(const httplib::Request& http_req, const std
   if (lora_name == self->opts_.served_model_name) {
     return SendError(res, BadRequest("lora_name is the base model's name", "lora_name"));
   }
+  // With tenants, `ft:` names are the fine-tuning jobs' (finetune_routes.h): a tenant that took
+  // the name another tenant's job will register would fail that job.
+  if (tenant && finetune && lora_name.starts_with("ft:")) {
+    return SendError(res, BadRequest("lora_name: names starting with `ft:` are reserved for the "
+                                     "adapters of fine-tuning jobs",
+                                     "lora_name"));
+  }
   auto info = registry->Register(lora_name, path->get<std::string>(), replace,
                                  tenant ? tenant->name() : "");
   if (!info.ok()) {
@@ -666,52 +674,62 @@ void Server::Impl::FinetuneRoutes() {
     }
     return finetune.get();
   };
+  // The caller's tenant ("" without tenants): files and jobs are scoped to it
+  // (finetune_routes.h).
+  auto tenant = [this](const httplib::Request& req) {
+    const std::shared_ptr<Tenant> t = TenantOf(req);
+    return t ? t->name() : std::string();
+  };
   auto send = [](httplib::Response& res, FinetuneReply r) {
     res.status = r.status;
     res.set_content(std::move(r.body), r.content_type);
   };
   // A plain handler: httplib reads the body (up to --max-body-bytes, else 413) and parses the
   // multipart form into req.files.
-  http.Post("/v1/files", [with_api, send](const httplib::Request& req, httplib::Response& res) {
-    FinetuneApi* api = with_api(res);
-    if (!api) return;
-    if (!req.is_multipart_form_data()) {
-      ApiError e = BadRequest("POST /v1/files takes multipart/form-data (fields file, purpose)",
-                              std::string(), "unsupported_media_type");
-      e.http_status = 415;
-      return SendError(res, e);
-    }
-    const bool has_file = req.has_file("file");
-    const httplib::MultipartFormData file = req.get_file_value("file");
-    const std::string purpose =
-        req.has_file("purpose") ? req.get_file_value("purpose").content : std::string();
-    send(res, api->UploadFile(file.filename, purpose, file.content, has_file));
-  });
-  http.Get("/v1/files", [with_api, send](const httplib::Request& req, httplib::Response& res) {
-    if (FinetuneApi* api = with_api(res)) {
-      send(res, api->ListFiles(req.get_param_value("purpose"), req.get_param_value("after"),
-                               req.get_param_value("limit")));
-    }
-  });
+  http.Post(
+      "/v1/files", [with_api, send, tenant](const httplib::Request& req, httplib::Response& res) {
+        FinetuneApi* api = with_api(res);
+        if (!api) return;
+        if (!req.is_multipart_form_data()) {
+          ApiError e = BadRequest("POST /v1/files takes multipart/form-data (fields file, purpose)",
+                                  std::string(), "unsupported_media_type");
+          e.http_status = 415;
+          return SendError(res, e);
+        }
+        const bool has_file = req.has_file("file");
+        const httplib::MultipartFormData file = req.get_file_value("file");
+        const std::string purpose =
+            req.has_file("purpose") ? req.get_file_value("purpose").content : std::string();
+        send(res, api->UploadFile(file.filename, purpose, file.content, has_file, tenant(req)));
+      });
+  http.Get(
+      "/v1/files", [with_api, send, tenant](const httplib::Request& req, httplib::Response& res) {
+        if (FinetuneApi* api = with_api(res)) {
+          send(res, api->ListFiles(req.get_param_value("purpose"), req.get_param_value("after"),
+                                   req.get_param_value("limit"), tenant(req)));
+        }
+      });
   http.Get(R"(/v1/files/([^/]+))",
-           [with_api, send](const httplib::Request& req, httplib::Response& res) {
-             if (FinetuneApi* api = with_api(res)) send(res, api->GetFile(req.matches[1].str()));
+           [with_api, send, tenant](const httplib::Request& req, httplib::Response& res) {
+             if (FinetuneApi* api = with_api(res)) {
+               send(res, api->GetFile(req.matches[1].str(), tenant(req)));
+             }
            });
   http.Get(R"(/v1/files/([^/]+)/content)",
-           [with_api, send](const httplib::Request& req, httplib::Response& res) {
+           [with_api, send, tenant](const httplib::Request& req, httplib::Response& res) {
              if (FinetuneApi* api = with_api(res)) {
-               send(res, api->FileContent(req.matches[1].str()));
+               send(res, api->FileContent(req.matches[1].str(), tenant(req)));
              }
            });
   http.Delete(R"(/v1/files/([^/]+))",
-              [with_api, send](const httplib::Request& req, httplib::Response& res) {
+              [with_api, send, tenant](const httplib::Request& req, httplib::Response& res) {
                 if (FinetuneApi* api = with_api(res)) {
-                  send(res, api->DeleteFile(req.matches[1].str()));
+                  send(res, api->DeleteFile(req.matches[1].str(), tenant(req)));
                 }
               });
   http.Post("/v1/fine_tuning/jobs",
-            [with_api, send](const httplib::Request& req, httplib::Response& res,
-                             const httplib::ContentReader& reader) {
+            [with_api, send, tenant](const httplib::Request& req, httplib::Response& res,
+                                     const httplib::ContentReader& reader) {
               FinetuneApi* api = with_api(res);
               if (!api) return;
               std::string body;
@@ -722,38 +740,41 @@ void Server::Impl::FinetuneRoutes() {
                 if (res.status < 400) res.status = 400;
                 return;
               }
-              send(res, api->CreateJob(body));
+              send(res, api->CreateJob(body, tenant(req)));
             });
   http.Get("/v1/fine_tuning/jobs",
-           [with_api, send](const httplib::Request& req, httplib::Response& res) {
+           [with_api, send, tenant](const httplib::Request& req, httplib::Response& res) {
              if (FinetuneApi* api = with_api(res)) {
-               send(res, api->ListJobs(req.get_param_value("after"), req.get_param_value("limit")));
+               send(res, api->ListJobs(req.get_param_value("after"), req.get_param_value("limit"),
+                                       tenant(req)));
              }
            });
   http.Get(R"(/v1/fine_tuning/jobs/([^/]+))",
-           [with_api, send](const httplib::Request& req, httplib::Response& res) {
-             if (FinetuneApi* api = with_api(res)) send(res, api->GetJob(req.matches[1].str()));
+           [with_api, send, tenant](const httplib::Request& req, httplib::Response& res) {
+             if (FinetuneApi* api = with_api(res)) {
+               send(res, api->GetJob(req.matches[1].str(), tenant(req)));
+             }
            });
   http.Get(R"(/v1/fine_tuning/jobs/([^/]+)/events)",
-           [with_api, send](const httplib::Request& req, httplib::Response& res) {
+           [with_api, send, tenant](const httplib::Request& req, httplib::Response& res) {
              if (FinetuneApi* api = with_api(res)) {
                send(res, api->ListEvents(req.matches[1].str(), req.get_param_value("after"),
-                                         req.get_param_value("limit")));
+                                         req.get_param_value("limit"), tenant(req)));
              }
            });
   http.Get(R"(/v1/fine_tuning/jobs/([^/]+)/checkpoints)",
-           [with_api, send](const httplib::Request& req, httplib::Response& res) {
+           [with_api, send, tenant](const httplib::Request& req, httplib::Response& res) {
              if (FinetuneApi* api = with_api(res)) {
                send(res, api->ListCheckpoints(req.matches[1].str(), req.get_param_value("after"),
-                                              req.get_param_value("limit")));
+                                              req.get_param_value("limit"), tenant(req)));
              }
            });
   http.Post(R"(/v1/fine_tuning/jobs/([^/]+)/cancel)",
-            [with_api, send](const httplib::Request& req, httplib::Response& res,
-                             const httplib::ContentReader& reader) {
+            [with_api, send, tenant](const httplib::Request& req, httplib::Response& res,
+                                     const httplib::ContentReader& reader) {
               reader([](const char*, size_t) { return true; });  // no body expected
               if (FinetuneApi* api = with_api(res)) {
-                send(res, api->CancelJob(req.matches[1].str()));
+                send(res, api->CancelJob(req.matches[1].str(), tenant(req)));
               }
             });
 }

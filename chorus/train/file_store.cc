@@ -34,7 +34,20 @@ bool IsFileId(const std::string& id) {
   return true;
 }
 
+// Where an owned file's owner is kept beside its content (read only to rebuild the index).
+std::string OwnerPath(const std::string& dir, const std::string& id) {
+  return (fs::path(dir) / (id + ".owner")).string();
+}
+
 }  // namespace
+
+bool IsValidOwnerName(std::string_view name) {
+  if (name.empty() || name.size() > 64) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+           c == '_' || c == '-';
+  });
+}
 
 Result<std::unique_ptr<FileStore>> FileStore::Open(const std::string& dir, int64_t max_file_bytes,
                                                    bool recover_corrupt_state) {
@@ -51,12 +64,15 @@ Result<std::unique_ptr<FileStore>> FileStore::Open(const std::string& dir, int64
   Status loaded = s->LoadIndex();
   if (!loaded.ok() && loaded.code() == StatusCode::kDataLoss && recover_corrupt_state) {
     const std::string index = (fs::path(dir) / kIndex).string();
+    // The content files are read before the index is moved aside: a recovery that cannot
+    // proceed (an unreadable owner file) leaves the directory as it was.
+    s->files_.clear();
+    CHORUS_RETURN_IF_ERROR(s->RebuildIndex());
     std::string moved = "(no index file)";
     if (fs::exists(index, ec)) {
       CHORUS_ASSIGN_OR_RETURN(moved, QuarantineFile(index));
     }
-    s->files_.clear();
-    CHORUS_RETURN_IF_ERROR(s->RebuildIndex());
+    CHORUS_RETURN_IF_ERROR(s->SaveIndex());
     CHORUS_LOG(ERROR) << "file store " << dir << ": corrupt index moved aside to " << moved
                       << "; rebuilt from the " << s->files_.size() << " content files present ("
                       << loaded.message() << ")";
@@ -64,15 +80,28 @@ Result<std::unique_ptr<FileStore>> FileStore::Open(const std::string& dir, int64
   }
   CHORUS_RETURN_IF_ERROR(loaded);
   std::set<std::string> listed;
-  for (const StoredFile& f : s->files_) listed.insert(f.id + ".jsonl");
+  for (const StoredFile& f : s->files_) listed.insert(f.id);
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string n = e.path().filename().string();
-    if (n.size() > 6 && n.ends_with(".jsonl") && IsFileId(n.substr(0, n.size() - 6)) &&
-        listed.count(n) == 0) {
-      fs::remove(e.path(), ec);
-      CHORUS_LOG(INFO) << "file store " << dir << ": removed " << n
-                       << ", which the index does not list (an interrupted add or delete)";
+    for (const char* ext : {".jsonl", ".owner"}) {
+      const size_t len = std::char_traits<char>::length(ext);
+      if (n.size() > len && n.ends_with(ext) && IsFileId(n.substr(0, n.size() - len)) &&
+          listed.count(n.substr(0, n.size() - len)) == 0) {
+        fs::remove(e.path(), ec);
+        CHORUS_LOG(INFO) << "file store " << dir << ": removed " << n
+                         << ", which the index does not list (an interrupted add or delete)";
+      }
     }
+  }
+  // An owned file whose owner file is missing or differs (only a hand-edited directory): written
+  // again, so that a rebuilt index could not lose the owner.
+  for (const StoredFile& f : s->files_) {
+    if (f.owner.empty()) continue;
+    auto text = ReadFileToString(OwnerPath(dir, f.id));
+    if (text.ok() && *text == f.owner) continue;
+    CHORUS_RETURN_IF_ERROR(WriteFileAtomically(OwnerPath(dir, f.id), f.owner));
+    CHORUS_LOG(WARNING) << "file store " << dir << ": rewrote " << f.id
+                        << ".owner, which was missing or did not match the index";
   }
   return s;
 }
@@ -119,6 +148,12 @@ Status FileStore::LoadIndex() {
     sf.purpose = f["purpose"];
     sf.bytes = f["bytes"].get<int64_t>();
     sf.created_at = f["created_at"].get<int64_t>();
+    if (f.contains("owner")) {  // absent: no owner (also every index written before owners)
+      if (!f["owner"].is_string() || !IsValidOwnerName(f["owner"].get<std::string>())) {
+        return bad(where + "'owner' is not a tenant name (1-64 characters of [A-Za-z0-9._-])");
+      }
+      sf.owner = f["owner"];
+    }
     sf.path = (fs::path(dir_) / (sf.id + ".jsonl")).string();
     const auto size = fs::file_size(sf.path, ec);
     if (ec) return bad(where + "its content " + sf.path + " is missing");
@@ -143,6 +178,19 @@ Status FileStore::RebuildIndex() {
     sf.bytes = static_cast<int64_t>(fs::file_size(e.path(), ec));
     sf.created_at = static_cast<int64_t>(std::stoull(sf.id.substr(13), nullptr, 16));
     sf.path = e.path().string();
+    // The owner file is written before the content, so every owned content file has one.
+    const std::string owner_path = OwnerPath(dir_, sf.id);
+    std::error_code owner_ec;
+    if (fs::exists(owner_path, owner_ec)) {
+      auto owner = ReadFileToString(owner_path);
+      if (!owner.ok() || !IsValidOwnerName(*owner)) {
+        return DataLossError(
+            owner_path + ": cannot recover the owner of " + sf.id +
+            (owner.ok() ? std::string(": not a tenant name") : ": " + owner.status().message()) +
+            " (remove the file's content or fix its owner file)");
+      }
+      sf.owner = *owner;
+    }
     counter_ = std::max<uint64_t>(counter_, std::stoull(sf.id.substr(5, 8), nullptr, 16));
     files_.push_back(std::move(sf));
   }
@@ -150,24 +198,26 @@ Status FileStore::RebuildIndex() {
   std::sort(files_.begin(), files_.end(), [](const StoredFile& a, const StoredFile& b) {
     return a.created_at != b.created_at ? a.created_at < b.created_at : a.id < b.id;
   });
-  return SaveIndex();
+  return OkStatus();
 }
 
 Status FileStore::SaveIndex() const {
   json files = json::array();
   for (const StoredFile& f : files_) {
-    files.push_back({{"id", f.id},
-                     {"filename", f.filename},
-                     {"purpose", f.purpose},
-                     {"bytes", f.bytes},
-                     {"created_at", f.created_at}});
+    json e = {{"id", f.id},
+              {"filename", f.filename},
+              {"purpose", f.purpose},
+              {"bytes", f.bytes},
+              {"created_at", f.created_at}};
+    if (!f.owner.empty()) e["owner"] = f.owner;  // absent: no owner, as in older indexes
+    files.push_back(std::move(e));
   }
   const json j = {{"counter", counter_}, {"files", files}};
   return WriteFileAtomically((fs::path(dir_) / "files.json").string(), j.dump(1));
 }
 
 Result<StoredFile> FileStore::Add(const std::string& filename, const std::string& purpose,
-                                  std::string_view content) {
+                                  std::string_view content, const std::string& owner) {
   if (purpose != "fine-tune") {
     return InvalidArgumentError("purpose must be \"fine-tune\", got \"" + purpose.substr(0, 64) +
                                 "\"");
@@ -180,6 +230,9 @@ Result<StoredFile> FileStore::Add(const std::string& filename, const std::string
   if (filename.find('/') != std::string::npos || filename.find('\\') != std::string::npos) {
     return InvalidArgumentError("filename must not contain a path separator");
   }
+  if (!owner.empty() && !IsValidOwnerName(owner)) {
+    return InvalidArgumentError("owner must be a tenant name (1-64 characters of [A-Za-z0-9._-])");
+  }
   std::lock_guard<std::mutex> l(mu_);
   StoredFile f;
   f.created_at = Now();
@@ -191,12 +244,20 @@ Result<StoredFile> FileStore::Add(const std::string& filename, const std::string
   f.purpose = purpose;
   f.bytes = static_cast<int64_t>(content.size());
   f.path = (fs::path(dir_) / (f.id + ".jsonl")).string();
-  CHORUS_RETURN_IF_ERROR(WriteFileAtomically(f.path, content));
+  f.owner = owner;
+  std::error_code ec;
+  // The owner before the content: a content file present always has its owner beside it (a
+  // rebuilt index keeps it); a killed add leaves files the index does not list, removed at Open.
+  if (!owner.empty()) CHORUS_RETURN_IF_ERROR(WriteFileAtomically(OwnerPath(dir_, f.id), owner));
+  if (Status s = WriteFileAtomically(f.path, content); !s.ok()) {
+    fs::remove(OwnerPath(dir_, f.id), ec);
+    return s;
+  }
   files_.push_back(f);
   if (Status s = SaveIndex(); !s.ok()) {
     files_.pop_back();
-    std::error_code ec;
     fs::remove(f.path, ec);
+    fs::remove(OwnerPath(dir_, f.id), ec);
     return s;
   }
   return f;
@@ -229,6 +290,7 @@ Status FileStore::Delete(const std::string& id) {
     }
     std::error_code ec;
     fs::remove(f.path, ec);
+    fs::remove(OwnerPath(dir_, f.id), ec);  // after the content: a rebuild never loses an owner
     return OkStatus();
   }
   return NotFoundError("no file " + id);

@@ -36,7 +36,12 @@ struct StoredFile {
   int64_t bytes = 0;
   int64_t created_at = 0;  // unix seconds
   std::string path;        // where the content is
+  std::string owner;       // the tenant that uploaded it; empty = none (no tenants)
 };
+
+// True for a name a record may be owned by: a tenant name, 1..64 characters of [A-Za-z0-9._-]
+// (server/tenants.h).
+bool IsValidOwnerName(std::string_view name);
 
 class FileStore {
  public:
@@ -45,10 +50,11 @@ class FileStore {
                                                  int64_t max_file_bytes = int64_t{256} << 20,
                                                  bool recover_corrupt_state = false);
 
-  // Stores `content`. kInvalidArgument for a purpose other than "fine-tune", an empty file or a
-  // filename with a path separator; kResourceExhausted over max_file_bytes.
+  // Stores `content`, owned by `owner` ("" = none). kInvalidArgument for a purpose other than
+  // "fine-tune", an empty file, a filename with a path separator or an owner that is not a
+  // tenant name; kResourceExhausted over max_file_bytes.
   Result<StoredFile> Add(const std::string& filename, const std::string& purpose,
-                         std::string_view content);
+                         std::string_view content, const std::string& owner = "");
   std::optional<StoredFile> Get(const std::string& id) const;
   std::vector<StoredFile> List() const;  // oldest first
   Status Delete(const std::string& id);  // kNotFound for an unknown id
@@ -58,7 +64,8 @@ class FileStore {
   Status SaveIndex() const;  // mu_ held
   // Reads files.json (absent: empty). kDataLoss for a corrupt index.
   Status LoadIndex();
-  // Rebuilds the index from the content files present (recovery of a corrupt index).
+  // Rebuilds files_ from the content files present (recovery of a corrupt index); writes
+  // nothing. kDataLoss for an owner file that is not a tenant name.
   Status RebuildIndex();
   FileLock lock_;
   std::string dir_;

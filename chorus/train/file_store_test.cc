@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "chorus/base/mapped_file.h"
 #include "tests/testutil/testutil.h"
@@ -135,6 +136,99 @@ TEST(FileStoreTest, CorruptIndexIsRefusedOrQuarantined) {
     EXPECT_NE(next->id, id);
     CHORUS_ASSERT_OK((*again)->Delete(next->id));
   }
+}
+
+// A file records its owner (a tenant): in files.json (absent for an ownerless file, so older
+// indexes load unchanged; a bad one is kDataLoss) and in <id>.owner beside the content, so an
+// index rebuilt by the recovery keeps every owner. Owner files a killed writer left are removed
+// and a missing one is written again at Open; Delete removes it.
+TEST(FileStoreTest, OwnerIsPersistedAndSurvivesARebuild) {
+  namespace fs = std::filesystem;
+  const std::string dir = testing::TempDir() + "/files-owned";
+  std::string mine, shared;
+  {
+    auto s = FileStore::Open(dir);
+    CHORUS_ASSERT_OK(s.status());
+    auto a = (*s)->Add("a.jsonl", "fine-tune", "{\"text\": \"a\"}\n", "acme");
+    CHORUS_ASSERT_OK(a.status());
+    auto b = (*s)->Add("b.jsonl", "fine-tune", "{\"text\": \"b\"}\n");
+    CHORUS_ASSERT_OK(b.status());
+    mine = a->id;
+    shared = b->id;
+    EXPECT_EQ(a->owner, "acme");
+    EXPECT_EQ(b->owner, "");
+    EXPECT_EQ((*s)->Get(mine)->owner, "acme");
+    for (const char* bad : {"a b", "a/b", "x\n", "t\xc3\xa9"}) {
+      auto r = (*s)->Add("c.jsonl", "fine-tune", "x", bad);
+      EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
+      EXPECT_NE(r.status().message().find("owner"), std::string::npos);
+    }
+    EXPECT_EQ((*s)->Add("c.jsonl", "fine-tune", "x", std::string(65, 'a')).status().code(),
+              StatusCode::kInvalidArgument);
+    EXPECT_EQ((*s)->List().size(), 2u);
+  }
+  EXPECT_EQ(*ReadFileToString(dir + "/" + mine + ".owner"), "acme");
+  EXPECT_FALSE(fs::exists(dir + "/" + shared + ".owner"));
+  const nlohmann::json index = nlohmann::json::parse(*ReadFileToString(dir + "/files.json"));
+  ASSERT_EQ(index["files"].size(), 2u);
+  EXPECT_EQ(index["files"][0]["owner"], "acme");
+  EXPECT_FALSE(index["files"][1].contains("owner")) << "ownerless: the field is absent";
+
+  // A restart keeps the owners; an owner file the index does not list (a killed add) is removed,
+  // a listed file's missing one is written again.
+  CHORUS_ASSERT_OK(WriteFileAtomically(dir + "/file-00000009000000000000abcd.owner", "blue"));
+  fs::remove(dir + "/" + mine + ".owner");
+  {
+    auto s = FileStore::Open(dir);
+    CHORUS_ASSERT_OK(s.status());
+    EXPECT_EQ((*s)->Get(mine)->owner, "acme");
+    EXPECT_EQ((*s)->Get(shared)->owner, "");
+    EXPECT_FALSE(fs::exists(dir + "/file-00000009000000000000abcd.owner"));
+    EXPECT_EQ(*ReadFileToString(dir + "/" + mine + ".owner"), "acme");
+  }
+
+  // A bad owner in the index is corruption naming the field.
+  const std::string good = *ReadFileToString(dir + "/files.json");
+  for (const nlohmann::json& bad_owner :
+       {nlohmann::json(""), nlohmann::json(7), nlohmann::json("a b"), nlohmann::json(nullptr)}) {
+    nlohmann::json j = index;
+    j["files"][1]["owner"] = bad_owner;
+    CHORUS_ASSERT_OK(WriteFileAtomically(dir + "/files.json", j.dump()));
+    auto refused = FileStore::Open(dir);
+    ASSERT_EQ(refused.status().code(), StatusCode::kDataLoss) << bad_owner.dump();
+    EXPECT_NE(refused.status().message().find("entry " + shared + ": 'owner'"), std::string::npos)
+        << refused.status().message();
+  }
+
+  // The recovery rebuilds the index from the content present and keeps each owner.
+  CHORUS_ASSERT_OK(WriteFileAtomically(dir + "/files.json", "{oops"));
+  {
+    auto recovered = FileStore::Open(dir, int64_t{256} << 20, /*recover_corrupt_state=*/true);
+    CHORUS_ASSERT_OK(recovered.status());
+    ASSERT_EQ((*recovered)->List().size(), 2u);
+    EXPECT_EQ((*recovered)->Get(mine)->owner, "acme");
+    EXPECT_EQ((*recovered)->Get(shared)->owner, "");
+  }
+  // An owner file that is not a tenant name stops the recovery, naming it.
+  CHORUS_ASSERT_OK(WriteFileAtomically(dir + "/files.json", "{oops"));
+  CHORUS_ASSERT_OK(WriteFileAtomically(dir + "/" + mine + ".owner", "not a name"));
+  {
+    auto refused = FileStore::Open(dir, int64_t{256} << 20, /*recover_corrupt_state=*/true);
+    ASSERT_EQ(refused.status().code(), StatusCode::kDataLoss);
+    EXPECT_NE(refused.status().message().find(mine + ".owner"), std::string::npos)
+        << refused.status().message();
+    EXPECT_EQ(*ReadFileToString(dir + "/files.json"), "{oops") << "refused: nothing moved";
+  }
+  CHORUS_ASSERT_OK(WriteFileAtomically(dir + "/" + mine + ".owner", "acme"));
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().filename().string().rfind("files.json.corrupt-", 0) == 0) fs::remove(e.path());
+  }
+  CHORUS_ASSERT_OK(WriteFileAtomically(dir + "/files.json", good));
+  auto s = FileStore::Open(dir);
+  CHORUS_ASSERT_OK(s.status());
+  CHORUS_ASSERT_OK((*s)->Delete(mine));
+  EXPECT_FALSE(fs::exists(dir + "/" + mine + ".jsonl"));
+  EXPECT_FALSE(fs::exists(dir + "/" + mine + ".owner")) << "Delete removes the owner file too";
 }
 
 }  // namespace

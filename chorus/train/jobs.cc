@@ -9,6 +9,7 @@
 
 #include "chorus/base/logging.h"
 #include "chorus/base/mapped_file.h"
+#include "chorus/train/file_store.h"
 
 namespace chorus::train {
 namespace {
@@ -125,10 +126,10 @@ JobQueue::JobQueue(std::shared_ptr<const model::Model> model,
   worker_ = std::thread([this] { Worker(); });
 }
 
-Result<std::unique_ptr<JobQueue>> JobQueue::Open(std::shared_ptr<const model::Model> model,
-                                                 std::shared_ptr<const tokenizer::Tokenizer> tok,
-                                                 int threads, std::string state_dir,
-                                                 StepHooks hooks, bool recover_corrupt_state) {
+Result<std::unique_ptr<JobQueue>> JobQueue::Open(
+    std::shared_ptr<const model::Model> model, std::shared_ptr<const tokenizer::Tokenizer> tok,
+    int threads, std::string state_dir, StepHooks hooks, bool recover_corrupt_state,
+    std::function<Status(const JobSnapshot&)> on_success) {
   std::vector<std::unique_ptr<Job>> loaded;
   FileLock lock;
   if (!state_dir.empty()) {
@@ -159,6 +160,15 @@ Result<std::unique_ptr<JobQueue>> JobQueue::Open(std::shared_ptr<const model::Mo
                                       : "?";
         try {
           job->snap.id = e.at("id");
+          if (e.contains("owner")) {  // absent: no owner (also every file written before owners)
+            const json& o = e["owner"];
+            if (!o.is_string() || !IsValidOwnerName(o.get<std::string>())) {
+              return DataLossError(path + ": corrupt job " + which +
+                                   ": 'owner' is not a tenant name (1-64 characters of "
+                                   "[A-Za-z0-9._-])");
+            }
+            job->snap.owner = o.get<std::string>();
+          }
           auto st = ParseJobState(e.at("state"));
           if (!st.ok())
             return DataLossError(path + ": corrupt job " + which + ": " + st.status().message());
@@ -209,6 +219,7 @@ Result<std::unique_ptr<JobQueue>> JobQueue::Open(std::shared_ptr<const model::Mo
   q->lock_ = std::move(lock);
 
   q->hooks_ = std::move(hooks);
+  q->on_success_ = std::move(on_success);
   for (auto& job : loaded) {
     const std::string id = job->snap.id;
     if (!JobStateFinal(job->snap.state)) {
@@ -241,18 +252,20 @@ void JobQueue::Persist() const {
       if (c.eval_loss) cj["eval_loss"] = *c.eval_loss;
       checkpoints.push_back(cj);
     }
-    list.push_back({{"id", j.snap.id},
-                    {"state", JobStateName(j.snap.state)},
-                    {"error", j.snap.error},
-                    {"step", j.snap.step},
-                    {"total_steps", j.snap.total_steps},
-                    {"trained_tokens", j.snap.trained_tokens},
-                    {"created_at", j.snap.created_at},
-                    {"finished_at", j.snap.finished_at},
-                    {"output_dir", j.snap.output_dir},
-                    {"events", events},
-                    {"checkpoints", checkpoints},
-                    {"options", OptionsJson(j.opts)}});
+    json e = {{"id", j.snap.id},
+              {"state", JobStateName(j.snap.state)},
+              {"error", j.snap.error},
+              {"step", j.snap.step},
+              {"total_steps", j.snap.total_steps},
+              {"trained_tokens", j.snap.trained_tokens},
+              {"created_at", j.snap.created_at},
+              {"finished_at", j.snap.finished_at},
+              {"output_dir", j.snap.output_dir},
+              {"events", events},
+              {"checkpoints", checkpoints},
+              {"options", OptionsJson(j.opts)}};
+    if (!j.snap.owner.empty()) e["owner"] = j.snap.owner;  // absent: no owner
+    list.push_back(std::move(e));
   }
   // A failed write loses only this update; the next change writes the whole list again.
   (void)WriteFileAtomically((std::filesystem::path(state_dir_) / "jobs.json").string(),
@@ -285,13 +298,18 @@ void JobQueue::AddEvent(Job& j, const std::string& level, const std::string& mes
   j.snap.events.push_back({Now(), level, message});
 }
 
-Result<JobState> JobQueue::Submit(const std::string& id, FinetuneOptions opts) {
+Result<JobState> JobQueue::Submit(const std::string& id, FinetuneOptions opts,
+                                  const std::string& owner) {
+  if (!owner.empty() && !IsValidOwnerName(owner)) {
+    return InvalidArgumentError("owner must be a tenant name (1-64 characters of [A-Za-z0-9._-])");
+  }
   Job* job = nullptr;
   {
     std::lock_guard<std::mutex> l(mu_);
     if (jobs_.count(id)) return InvalidArgumentError("job " + id + " already exists");
     auto j = std::make_unique<Job>();
     j->snap.id = id;
+    j->snap.owner = owner;
     j->snap.created_at = Now();
     j->snap.output_dir = opts.output_dir;
     j->snap.state = JobState::kValidatingFiles;

@@ -16,6 +16,11 @@
 // (finetune.h's --resume), so jobs survive a restart. Stopping the process (the destructor or
 // Stop) is not a cancellation.
 //
+// Ownership (docs/api.md, "Tenants"): a job records the tenant that created it
+// (JobSnapshot::owner, persisted in jobs.json; absent = none, as in state files written before
+// owners). A resumed job keeps it, so on_success sees the owner also after a restart. The queue
+// does not filter: the routes decide who sees what (server/finetune_routes.h).
+//
 // Thread-safety: all methods are thread-safe.
 #pragma once
 
@@ -56,6 +61,7 @@ struct JobCheckpoint {
 
 struct JobSnapshot {
   std::string id;
+  std::string owner;  // the tenant that created the job; empty = none (a server without tenants)
   JobState state = JobState::kValidatingFiles;
   std::string error;  // failed: why (names the line for bad data)
   int64_t step = 0, total_steps = 0, trained_tokens = 0;
@@ -81,20 +87,22 @@ class JobQueue {
   // `recover_corrupt_state` it is moved aside to `jobs.json.corrupt-<UTC time>` (logged at ERROR
   // with the problem) and the queue starts with no jobs. One process per state directory
   // (`jobs.lock`, kFailedPrecondition for a second); temp files of a killed writer are removed.
-  // `hooks` are in force before any resumed job starts.
-  static Result<std::unique_ptr<JobQueue>> Open(std::shared_ptr<const model::Model> model,
-                                                std::shared_ptr<const tokenizer::Tokenizer> tok,
-                                                int threads, std::string state_dir = "",
-                                                StepHooks hooks = {},
-                                                bool recover_corrupt_state = false);
+  // `hooks` and `on_success` (set_on_success) are in force before any resumed job starts, so a
+  // resumed job that finishes at once is still registered.
+  static Result<std::unique_ptr<JobQueue>> Open(
+      std::shared_ptr<const model::Model> model, std::shared_ptr<const tokenizer::Tokenizer> tok,
+      int threads, std::string state_dir = "", StepHooks hooks = {},
+      bool recover_corrupt_state = false,
+      std::function<Status(const JobSnapshot&)> on_success = {});
   JobQueue(std::shared_ptr<const model::Model> model,
            std::shared_ptr<const tokenizer::Tokenizer> tok, int threads);
   ~JobQueue();  // cancels every job and joins the worker
 
-  // Validates opts' data and enqueues the job under `id` (must be new). Returns the job's state
-  // after validation: kQueued, or kFailed (Snapshot(id)->error says why). kInvalidArgument for
-  // a duplicate id.
-  Result<JobState> Submit(const std::string& id, FinetuneOptions opts);
+  // Validates opts' data and enqueues the job under `id` (must be new), owned by `owner` ("" =
+  // none). Returns the job's state after validation: kQueued, or kFailed (Snapshot(id)->error
+  // says why). kInvalidArgument for a duplicate id or an owner that is not a tenant name.
+  Result<JobState> Submit(const std::string& id, FinetuneOptions opts,
+                          const std::string& owner = "");
   std::optional<JobSnapshot> Snapshot(const std::string& id) const;
   std::vector<std::string> Ids() const;  // submission order
   // kNotFound for an unknown id; a job already final is left as it is.

@@ -8,7 +8,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "chorus/base/mapped_file.h"
 #include "chorus/model/loader.h"
@@ -192,6 +195,66 @@ TEST_F(JobsTest, CorruptStateIsRefusedOrQuarantined) {
       }
     }
     EXPECT_EQ(quarantined, 1);
+  }
+}
+
+// A job records its owner (a tenant) in jobs.json — absent for an ownerless job, so older state
+// files load unchanged; a bad one is kDataLoss — and keeps it when it is resumed after a
+// restart, so on_success (where the server registers the adapter) sees the right owner.
+TEST_F(JobsTest, OwnerIsPersistedAndKeptByAResumedJob) {
+  const std::string state = testing::TempDir() + "/jobs-owned";
+  {
+    auto q = JobQueue::Open(model_, tok_, 1, state);
+    CHORUS_ASSERT_OK(q.status());
+    for (const char* bad : {"a b", "x/y", "t\xc3\xa9"}) {
+      auto r = (*q)->Submit("bad-owner", Options("bad-owner", 2), bad);
+      EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
+      EXPECT_NE(r.status().message().find("owner"), std::string::npos);
+    }
+    EXPECT_FALSE((*q)->Snapshot("bad-owner").has_value());
+    ASSERT_EQ(*(*q)->Submit("mine", Options("own-mine", 40), "acme"), JobState::kQueued);
+    ASSERT_EQ(*(*q)->Submit("shared", Options("own-shared", 2)), JobState::kQueued);
+    EXPECT_EQ((*q)->Snapshot("mine")->owner, "acme");
+    EXPECT_EQ((*q)->Snapshot("shared")->owner, "");
+    while ((*q)->Snapshot("mine")->checkpoints.empty() &&
+           !JobStateFinal((*q)->Snapshot("mine")->state)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    ASSERT_FALSE(JobStateFinal((*q)->Snapshot("mine")->state)) << "must be stopped mid-run";
+  }  // "the server stops": both jobs resume at the next start
+  const std::string path = state + "/jobs.json";
+  const nlohmann::json saved = nlohmann::json::parse(*ReadFileToString(path));
+  ASSERT_EQ(saved.size(), 2u);
+  EXPECT_EQ(saved[0]["owner"], "acme");
+  EXPECT_FALSE(saved[1].contains("owner")) << "ownerless: the field is absent";
+  {
+    std::mutex mu;
+    std::map<std::string, std::string> registered;  // job → owner seen by on_success
+    auto q = JobQueue::Open(model_, tok_, 1, state, {}, false, [&](const JobSnapshot& s) {
+      std::lock_guard<std::mutex> l(mu);
+      registered[s.id] = s.owner;
+      return OkStatus();
+    });
+    CHORUS_ASSERT_OK(q.status());
+    (*q)->Wait("mine");
+    (*q)->Wait("shared");
+    EXPECT_EQ((*q)->Snapshot("mine")->state, JobState::kSucceeded) << (*q)->Snapshot("mine")->error;
+    EXPECT_EQ((*q)->Snapshot("mine")->owner, "acme");
+    EXPECT_EQ((*q)->Snapshot("shared")->owner, "");
+    std::lock_guard<std::mutex> l(mu);
+    EXPECT_EQ(registered, (std::map<std::string, std::string>{{"mine", "acme"}, {"shared", ""}}));
+  }
+  // A bad owner is corruption naming the job and the field.
+  const nlohmann::json good = nlohmann::json::parse(*ReadFileToString(path));
+  for (const nlohmann::json& bad_owner :
+       {nlohmann::json(""), nlohmann::json(3), nlohmann::json("a/b"), nlohmann::json(nullptr)}) {
+    nlohmann::json j = good;
+    j[1]["owner"] = bad_owner;
+    CHORUS_ASSERT_OK(WriteFileAtomically(path, j.dump()));
+    auto refused = JobQueue::Open(model_, tok_, 1, state);
+    ASSERT_EQ(refused.status().code(), StatusCode::kDataLoss) << bad_owner.dump();
+    EXPECT_NE(refused.status().message().find("corrupt job shared: 'owner'"), std::string::npos)
+        << refused.status().message();
   }
 }
 

@@ -312,6 +312,12 @@ TEST_F(CrashTest, FileStoreIsOldOrNewAfterSigkill) {
   std::mt19937 rng(7);
   StoredModel model;
   int counter = 0, mid_op = 0;
+  // Two of three files are owned by a tenant (so their `<id>.owner` files go through the kills
+  // too); the owner follows from the name "f<N>.jsonl".
+  auto owner_of = [](const std::string& name) {
+    const int n = std::stoi(name.substr(1));
+    return n % 3 == 0 ? std::string() : "tenant-" + std::to_string(n % 3);
+  };
   for (int it = 0; it < iterations; ++it) {
     // Operation k: add a new file (index = -1) or delete the file at `index`.
     std::vector<std::pair<int, std::string>> ops;
@@ -348,7 +354,7 @@ TEST_F(CrashTest, FileStoreIsOldOrNewAfterSigkill) {
         if (at < 0) {
           const std::string name =
               after[static_cast<size_t>(k)].files.back().first;  // the one this op adds
-          st = internal::AsStatus((*s)->Add(name, "fine-tune", content));
+          st = internal::AsStatus((*s)->Add(name, "fine-tune", content, owner_of(name)));
         } else {
           st = (*s)->Delete((*s)->List()[static_cast<size_t>(at)].id);
         }
@@ -372,6 +378,12 @@ TEST_F(CrashTest, FileStoreIsOldOrNewAfterSigkill) {
       EXPECT_EQ(static_cast<int64_t>(content->size()), f.bytes);
       got.files.emplace_back(f.filename, *content);
       expected_files.insert(fs::path(f.path).filename());
+      EXPECT_EQ(f.owner, owner_of(f.filename)) << "iteration " << it;
+      if (!f.owner.empty()) {
+        expected_files.insert(f.id + ".owner");
+        auto owner = ReadFileToString(dir + "/" + f.id + ".owner");
+        EXPECT_TRUE(owner.ok() && *owner == f.owner) << "iteration " << it << ": " << f.id;
+      }
     }
     ASSERT_TRUE(got == allowed[0] || (allowed.size() > 1 && got == allowed[1]))
         << "iteration " << it << " (" << plan.crash_point << "): the file store holds "

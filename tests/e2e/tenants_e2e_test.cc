@@ -173,6 +173,15 @@ TEST(TenantsE2E, KeysOwnershipAndLimits) {
   EXPECT_EQ(Models(cli, blue), (std::vector<std::string>{"stories", "shared0"}));
   EXPECT_EQ(Generate(cli, acme, "mine"), 200);
   EXPECT_EQ(Generate(cli, blue, "mine"), 404);
+  // The 404 lists the models the caller may use: never another tenant's.
+  for (const auto& [key, listed] : {std::pair{acme, true}, std::pair{blue, false}}) {
+    auto r = cli.Post("/v1/completions", Key(key),
+                      json{{"model", "nope"}, {"prompt", "x"}, {"max_tokens", 1}}.dump(),
+                      "application/json");
+    ASSERT_TRUE(r && r->status == 404);
+    EXPECT_NE(r->body.find("`shared0`"), std::string::npos) << r->body;
+    EXPECT_EQ(r->body.find("`mine`") != std::string::npos, listed) << r->body;
+  }
   EXPECT_EQ(cli.Get("/v1/models/mine", Key(acme))->status, 200);
   EXPECT_EQ(cli.Get("/v1/models/mine", Key(blue))->status, 404);
   EXPECT_EQ(Post(cli, blue, "/v1/unload_lora_adapter", {{"lora_name", "mine"}}), 404);
