@@ -6,7 +6,14 @@
 #
 # Debian's torch calls the system BLAS (the libblas.so.3 alternative): install
 # libopenblas0-pthread first, or PyTorch runs on the netlib reference BLAS and is not a fair
-# baseline; the BLAS in use is recorded in OUT_DIR/blas.txt.
+# baseline; the BLAS in use is recorded in OUT_DIR/blas.txt and, as the process loaded it
+# (OpenBLAS's openblas_get_config / openblas_get_corename), in torch.json's "blas". Both
+# packages (apt-get install python3-torch libopenblas0-pthread) are benchmark-only dependencies,
+# deliberately not installed by scripts/setup.sh.
+#
+# OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are unset for the PyTorch command alone: some hosts set
+# them as a workaround for old OpenBLAS builds, and a current OpenBLAS forced to an older core
+# (e.g. Haswell on an AVX-512 machine) runs slower, so PyTorch would not get its best.
 #
 #   bench/train/finetune_vs_torch.sh [OUT_DIR]     env: DTYPES="f32 q4_0" STEPS=4 THREADS=2
 set -euo pipefail
@@ -35,7 +42,7 @@ for dt in $DTYPES; do
 done
 readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 > "$OUT/blas.txt" 2>/dev/null || true
 load "torch-start"
-OPENBLAS_NUM_THREADS=$THREADS \
+env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OPENBLAS_NUM_THREADS="$THREADS" \
 /usr/bin/python3 "$ROOT/bench/train/torch_lora.py" --shape tinyllama-1.1b --rank 16 --targets q,k,v,o \
   --seq-len 256 --threads "$THREADS" --steps "$STEPS" --warmup-steps 1 > "$OUT/torch.json" 2> "$OUT/torch.err"
 load "torch-end"
@@ -56,6 +63,9 @@ per_tok = 2 * (L * lin + vocab * d) + 2 * (L * lin - (d * d + 2 * d * kv) + voca
 per_tok += L * 6 * r * (6 * d + 2 * kv)  # q,k,v,o: forward 2r(in+out), backward 4r(in+out)
 torch = json.load(open(f"{out}/torch.json"))
 print(f"peak FMA FLOP/s ({threads} threads): {peak / 1e9:.1f} GFLOP/s; FLOPs per trained token {per_tok / 1e9:.2f} G")
+blas = torch.get("blas", {})
+print(f"torch BLAS: {blas.get('openblas_config', ', '.join(blas.get('libraries', [])) or '?')}"
+      f" (core {blas.get('openblas_core', '?')})")
 print(f"torch {torch['torch']}: {torch['tokens_per_s_median']:.2f} tokens/s "
       f"({torch['tokens_per_s_median'] * per_tok / peak * 100:.1f} % of peak)")
 for dt in dtypes:

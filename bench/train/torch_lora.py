@@ -10,6 +10,7 @@ GQA causal attention (matmul + masked softmax: torch 1.13 has no fused attention
                 --steps 4 --warmup-steps 1
 """
 import argparse
+import ctypes
 import json
 import math
 import sys
@@ -104,6 +105,34 @@ class Model(torch.nn.Module):
         return F.linear(rms(x, self.norm), self.head)
 
 
+def blas_info():
+    """The BLAS this process actually loaded (via torch) and, for OpenBLAS, its config string and
+    the kernel it picked (openblas_get_config / openblas_get_corename), so a run records whether
+    PyTorch got the machine's best kernels (OPENBLAS_CORETYPE forces one)."""
+    libs = set()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            path = line.split()[-1] if len(line.split()) >= 6 else ""
+            if "blas" in path or "lapack" in path:
+                libs.add(path)
+    info = {"libraries": sorted(libs)}
+    for path in sorted(libs):
+        try:
+            lib = ctypes.CDLL(path)
+            get_config = lib.openblas_get_config
+        except (OSError, AttributeError):
+            continue
+        get_config.restype = ctypes.c_char_p
+        info["openblas_config"] = get_config().decode()
+        try:
+            lib.openblas_get_corename.restype = ctypes.c_char_p
+            info["openblas_core"] = lib.openblas_get_corename().decode()
+        except AttributeError:
+            pass
+        break
+    return info
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="tinyllama-1.1b", choices=sorted(SHAPES))
@@ -141,6 +170,7 @@ def main():
     print(json.dumps({"torch": torch.__version__, "threads": a.threads,
                       "trainable": sum(p.numel() for p in params),
                       "tokens_per_s_median": tok / times[len(times) // 2],
+                      "blas": blas_info(),
                       "step_s": times}))
     return 0
 

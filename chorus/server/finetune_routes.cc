@@ -536,15 +536,24 @@ FinetuneReply FinetuneApi::CreateJob(const std::string& body, const std::string&
       return Error(ErrorFromStatus(s));
     }
   }
-  // Validates the files here (every problem names its line); a bad file fails the job.
-  auto st = jobs_->Submit(id, std::move(o), tenant);
+  // Answers at once with "validating_files" (as OpenAI does): the queue's validator reads the
+  // files afterwards, off this HTTP thread, and a bad line fails the job naming file and line.
+  // The answer shows the job as Submit recorded it: by now the validator may already have
+  // moved it on (a small bad file can be failed before this line), and the contract is that
+  // create answers validating_files.
+  train::JobSnapshot submitted;
+  auto st = jobs_->Submit(id, std::move(o), tenant, &submitted);
   if (!st.ok()) return Error(ErrorFromStatus(st.status()));
   std::lock_guard<std::mutex> l(mu_);
-  return {200, JobJson(id), "application/json"};
+  return {200, JobJson(id, submitted), "application/json"};
 }
 
 std::string FinetuneApi::JobJson(const std::string& id) const {
-  const auto snap = jobs_->Snapshot(id);
+  return JobJson(id, jobs_->Snapshot(id));
+}
+
+std::string FinetuneApi::JobJson(const std::string& id,
+                                 const std::optional<train::JobSnapshot>& snap) const {
   const JobMeta& m = meta_.at(id);
   const bool final = snap && train::JobStateFinal(snap->state);
   const bool ok = snap && snap->state == train::JobState::kSucceeded;

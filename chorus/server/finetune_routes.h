@@ -108,6 +108,8 @@ class FinetuneApi {
  private:
   FinetuneApi() = default;
   std::string JobJson(const std::string& id) const;  // mu_ held
+  // The job as `snap` shows it (e.g. as Submit recorded it, not as it is by now); mu_ held.
+  std::string JobJson(const std::string& id, const std::optional<train::JobSnapshot>& snap) const;
   // The job as `tenant` may see it: nullopt when unknown, without metadata, or another tenant's.
   std::optional<train::JobSnapshot> VisibleJob(const std::string& id,
                                                const std::string& tenant) const;  // mu_ held

@@ -124,6 +124,7 @@ JobQueue::JobQueue(std::shared_ptr<const model::Model> model,
                    std::shared_ptr<const tokenizer::Tokenizer> tok, int threads)
     : model_(std::move(model)), tok_(std::move(tok)), pool_(threads) {
   worker_ = std::thread([this] { Worker(); });
+  validator_ = std::thread([this] { Validator(); });
 }
 
 Result<std::unique_ptr<JobQueue>> JobQueue::Open(
@@ -222,7 +223,12 @@ Result<std::unique_ptr<JobQueue>> JobQueue::Open(
   q->on_success_ = std::move(on_success);
   for (auto& job : loaded) {
     const std::string id = job->snap.id;
-    if (!JobStateFinal(job->snap.state)) {
+    if (job->snap.state == JobState::kValidatingFiles) {
+      // Stopped before its files were validated (it never ran): validated again, in the order
+      // the jobs were submitted, ahead of anything submitted from now on.
+      job->snap.events.push_back({Now(), "info", "Server restarted; validating files again"});
+      q->validate_.push_back(id);
+    } else if (!JobStateFinal(job->snap.state)) {
       // Interrupted by a stop: queued again, resuming from its latest checkpoint.
       job->snap.state = JobState::kQueued;
       job->opts.resume = true;
@@ -282,6 +288,7 @@ void JobQueue::Stop() {
   }
   cv_.notify_all();
   if (worker_.joinable()) worker_.join();
+  if (validator_.joinable()) validator_.join();
 }
 
 void JobQueue::set_step_hooks(StepHooks hooks) {
@@ -299,11 +306,10 @@ void JobQueue::AddEvent(Job& j, const std::string& level, const std::string& mes
 }
 
 Result<JobState> JobQueue::Submit(const std::string& id, FinetuneOptions opts,
-                                  const std::string& owner) {
+                                  const std::string& owner, JobSnapshot* submitted) {
   if (!owner.empty() && !IsValidOwnerName(owner)) {
     return InvalidArgumentError("owner must be a tenant name (1-64 characters of [A-Za-z0-9._-])");
   }
-  Job* job = nullptr;
   {
     std::lock_guard<std::mutex> l(mu_);
     if (jobs_.count(id)) return InvalidArgumentError("job " + id + " already exists");
@@ -313,51 +319,63 @@ Result<JobState> JobQueue::Submit(const std::string& id, FinetuneOptions opts,
     j->snap.created_at = Now();
     j->snap.output_dir = opts.output_dir;
     j->snap.state = JobState::kValidatingFiles;
-    j->opts = opts;
+    j->opts = std::move(opts);
     j->opts.cancel = &j->cancel;
-    AddEvent(*j, "info", "Validating training file: " + opts.data_path);
-    job = j.get();
+    AddEvent(*j, "info", "Validating training file: " + j->opts.data_path);
+    if (submitted) *submitted = j->snap;
     jobs_.emplace(id, std::move(j));
     order_.push_back(id);
+    validate_.push_back(id);
+    // Persisted before Submit returns: a job the caller was told about survives a kill (and is
+    // validated again at the next Open).
     Persist();
   }
-  // Validation outside the lock: reading and tokenizing the files may take a moment.
-  Status st = OkStatus();
-  int64_t n_train = 0;
-  if (auto s = LoadSamples(opts.data_path, *tok_, opts.data); !s.ok()) {
-    st = s.status();
-  } else {
-    n_train = static_cast<int64_t>(s->size());
-    if (!opts.eval_path.empty()) {
-      if (auto e = LoadSamples(opts.eval_path, *tok_, opts.data); !e.ok()) st = e.status();
-    }
-  }
-  std::lock_guard<std::mutex> l(mu_);
-  if (!st.ok()) {
-    job->snap.state = JobState::kFailed;
-    job->snap.error = st.message();
-    job->snap.finished_at = Now();
-    AddEvent(*job, "error", "Validation failed: " + st.message());
-    Persist();
-    cv_.notify_all();
-    return JobState::kFailed;
-  }
-  if (job->user_cancelled) {
-    job->snap.state = JobState::kCancelled;
-    job->snap.finished_at = Now();
-    Persist();
-    cv_.notify_all();
-    return JobState::kCancelled;
-  }
-  opts.cancel = &job->cancel;
-  job->opts = std::move(opts);
-  job->snap.state = JobState::kQueued;
-  AddEvent(*job, "info",
-           "Files validated (" + std::to_string(n_train) + " training samples); job queued");
-  queue_.push_back(id);
-  Persist();
   cv_.notify_all();
-  return JobState::kQueued;
+  return JobState::kValidatingFiles;
+}
+
+void JobQueue::Validator() {
+  for (;;) {
+    std::string id;
+    FinetuneOptions opts;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait(l, [&] { return stop_ || !validate_.empty(); });
+      if (stop_) return;  // jobs still to validate stay validating_files (persisted)
+      id = validate_.front();
+      validate_.pop_front();
+      opts = jobs_.at(id)->opts;
+    }
+    // Outside the lock: reading and tokenizing a large file takes a while, and nothing else
+    // (snapshots, cancels, the running job's progress) may wait for it.
+    Status st = OkStatus();
+    int64_t n_train = 0;
+    if (auto s = LoadSamples(opts.data_path, *tok_, opts.data); !s.ok()) {
+      st = s.status();
+    } else {
+      n_train = static_cast<int64_t>(s->size());
+      if (!opts.eval_path.empty()) {
+        if (auto e = LoadSamples(opts.eval_path, *tok_, opts.data); !e.ok()) st = e.status();
+      }
+    }
+    std::lock_guard<std::mutex> l(mu_);
+    if (stop_) return;  // stopped meanwhile: validated again at the next Open
+    Job& job = *jobs_.at(id);
+    if (job.snap.state != JobState::kValidatingFiles) continue;  // cancelled meanwhile
+    if (!st.ok()) {
+      job.snap.state = JobState::kFailed;
+      job.snap.error = st.message();
+      job.snap.finished_at = Now();
+      AddEvent(job, "error", "Validation failed: " + st.message());
+    } else {
+      job.snap.state = JobState::kQueued;
+      AddEvent(job, "info",
+               "Files validated (" + std::to_string(n_train) + " training samples); job queued");
+      queue_.push_back(id);
+    }
+    Persist();
+    cv_.notify_all();
+  }
 }
 
 std::optional<JobSnapshot> JobQueue::Snapshot(const std::string& id) const {
@@ -380,8 +398,10 @@ Status JobQueue::Cancel(const std::string& id) {
   if (JobStateFinal(j.snap.state)) return OkStatus();
   j.user_cancelled = true;
   j.cancel.store(true);
-  if (j.snap.state == JobState::kQueued) {  // never started: final at once
+  if (j.snap.state == JobState::kQueued || j.snap.state == JobState::kValidatingFiles) {
+    // Never started: final at once (the validator drops the result of a job it was reading).
     std::erase(queue_, id);
+    std::erase(validate_, id);
     j.snap.state = JobState::kCancelled;
     j.snap.finished_at = Now();
     AddEvent(j, "info", "Job cancelled");

@@ -3,17 +3,20 @@
 // on a worker thread — the library half of the /v1/fine_tuning/jobs API (docs/finetuning.md,
 // "Jobs"; the HTTP routes over it are in server/finetune_routes.h).
 //
-// Submit() validates the data files in the caller's thread (every problem names the line, as
-// data.h), so a job with bad data is failed before it is queued; the worker then runs queued
-// jobs in submission order through RunFinetune. Cancel() stops a queued job at once and a running
-// one before its next optimizer step; a cancelled or failed job never writes its final adapter
-// (output_dir/adapter_model.safetensors appears only on success), so nothing partial can be
+// Submit() records the job as validating_files and returns at once (OpenAI's contract: the
+// create request answers before the files are read); a validator thread then reads and
+// tokenizes its data files in submission order (every problem names the line, as data.h), so a
+// job with bad data becomes failed without ever being queued, and a good one queued. The worker
+// runs queued jobs in that order through RunFinetune. Cancel() stops a queued job at once and a
+// running one before its next optimizer step; a cancelled or failed job never writes its final
+// adapter (output_dir/adapter_model.safetensors appears only on success), so nothing partial can be
 // registered.
 //
 // Persistence: with a state directory, every change is written to <state_dir>/jobs.json
 // (atomically); a JobQueue opened on it again lists every job, and jobs that were queued or
 // running when the process stopped are queued again and resume from their latest checkpoint
-// (finetune.h's --resume), so jobs survive a restart. Stopping the process (the destructor or
+// (finetune.h's --resume), so jobs survive a restart; jobs still validating_files are validated
+// again. Stopping the process (the destructor or
 // Stop) is not a cancellation.
 //
 // Ownership (docs/api.md, "Tenants"): a job records the tenant that created it
@@ -98,14 +101,18 @@ class JobQueue {
            std::shared_ptr<const tokenizer::Tokenizer> tok, int threads);
   ~JobQueue();  // cancels every job and joins the worker
 
-  // Validates opts' data and enqueues the job under `id` (must be new), owned by `owner` ("" =
-  // none). Returns the job's state after validation: kQueued, or kFailed (Snapshot(id)->error
-  // says why). kInvalidArgument for a duplicate id or an owner that is not a tenant name.
+  // Records the job under `id` (must be new), owned by `owner` ("" = none), as
+  // kValidatingFiles (persisted before it returns) and hands its data files to the validator;
+  // returns kValidatingFiles without reading them. The job then becomes kQueued, or kFailed
+  // (Snapshot(id)->error names the file and line). kInvalidArgument for a duplicate id or an
+  // owner that is not a tenant name. `submitted` (if given) receives the job as recorded, before
+  // the validator can have moved it on.
   Result<JobState> Submit(const std::string& id, FinetuneOptions opts,
-                          const std::string& owner = "");
+                          const std::string& owner = "", JobSnapshot* submitted = nullptr);
   std::optional<JobSnapshot> Snapshot(const std::string& id) const;
   std::vector<std::string> Ids() const;  // submission order
-  // kNotFound for an unknown id; a job already final is left as it is.
+  // kNotFound for an unknown id; a job already final is left as it is; a validating or queued
+  // job is cancelled at once, a running one before its next optimizer step.
   Status Cancel(const std::string& id);
   // Blocks until the job is final (or unknown).
   void Wait(const std::string& id);
@@ -128,7 +135,8 @@ class JobQueue {
     bool user_cancelled = false;
   };
   void Worker();
-  void Persist() const;                                                         // mu_ held
+  void Validator();      // validates validate_'s jobs one at a time, then queues or fails them
+  void Persist() const;  // mu_ held
   void AddEvent(Job& j, const std::string& level, const std::string& message);  // mu_ held
 
   std::shared_ptr<const model::Model> model_;
@@ -138,13 +146,15 @@ class JobQueue {
   std::condition_variable cv_;
   std::map<std::string, std::unique_ptr<Job>> jobs_;
   std::vector<std::string> order_;
-  std::deque<std::string> queue_;
+  std::deque<std::string> validate_;  // validating_files, in submission order
+  std::deque<std::string> queue_;     // queued, in the order they were validated
   std::function<Status(const JobSnapshot&)> on_success_;
   StepHooks hooks_;
   bool stop_ = false;
   std::string state_dir_;
   FileLock lock_;  // held on state_dir_ for the queue's lifetime
   std::thread worker_;
+  std::thread validator_;
 };
 
 }  // namespace chorus::train

@@ -1,10 +1,15 @@
 // test-labels: unit concurrency
-// Fine-tuning jobs: validation failures name the line and never queue; jobs run in order,
+// Fine-tuning jobs: Submit answers validating_files at once and the files are validated
+// afterwards, off the caller's thread; validation failures name the line and never queue; jobs
+// run in order,
 // report steps and checkpoints, call on_success before they read "succeeded"; a queued job
 // cancels at once, a running one before its next step, and neither leaves a final adapter.
 #include "chorus/train/jobs.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -58,7 +63,13 @@ TEST_F(JobsTest, BadDataFailsValidationNamingTheLine) {
                      << "\n{oops\n";
   FinetuneOptions o = Options("bad", 2);
   o.data_path = bad;
-  EXPECT_EQ(*q.Submit("ftjob-bad", o), JobState::kFailed);
+  JobSnapshot submitted;
+  EXPECT_EQ(*q.Submit("ftjob-bad", o, "", &submitted), JobState::kValidatingFiles);
+  // As recorded, whatever the validator did since: what the create request answers.
+  EXPECT_EQ(submitted.state, JobState::kValidatingFiles);
+  EXPECT_EQ(submitted.id, "ftjob-bad");
+  EXPECT_TRUE(submitted.error.empty());
+  q.Wait("ftjob-bad");
   const JobSnapshot s = *q.Snapshot("ftjob-bad");
   EXPECT_EQ(s.state, JobState::kFailed);
   EXPECT_NE(s.error.find("line 2: invalid JSON"), std::string::npos) << s.error;
@@ -75,10 +86,10 @@ TEST_F(JobsTest, RunsInOrderReportsAndCancels) {
     was_running = q.Snapshot(s.id)->state == JobState::kRunning;
     return OkStatus();
   });
-  ASSERT_EQ(*q.Submit("a", Options("a", 4)), JobState::kQueued);
-  ASSERT_EQ(*q.Submit("b", Options("b", 400)), JobState::kQueued);
-  ASSERT_EQ(*q.Submit("c", Options("c", 2)), JobState::kQueued);
-  CHORUS_ASSERT_OK(q.Cancel("c"));  // still queued behind a and b: final at once
+  ASSERT_EQ(*q.Submit("a", Options("a", 4)), JobState::kValidatingFiles);
+  ASSERT_EQ(*q.Submit("b", Options("b", 400)), JobState::kValidatingFiles);
+  ASSERT_EQ(*q.Submit("c", Options("c", 2)), JobState::kValidatingFiles);
+  CHORUS_ASSERT_OK(q.Cancel("c"));  // validating or queued behind a and b: final at once
   EXPECT_EQ(q.Snapshot("c")->state, JobState::kCancelled);
   q.Wait("a");
   const JobSnapshot a = *q.Snapshot("a");
@@ -112,13 +123,15 @@ TEST_F(JobsTest, JobsSurviveARestart) {
   {
     auto q = JobQueue::Open(model_, tok_, 1, state);
     CHORUS_ASSERT_OK(q.status());
-    ASSERT_EQ(*(*q)->Submit("done", Options("done", 2)), JobState::kQueued);
+    ASSERT_EQ(*(*q)->Submit("done", Options("done", 2)), JobState::kValidatingFiles);
     (*q)->Wait("done");
     FinetuneOptions bad = Options("bad", 2);
     bad.data_path = "/nonexistent.jsonl";
-    ASSERT_EQ(*(*q)->Submit("bad", bad), JobState::kFailed);
-    ASSERT_EQ(*(*q)->Submit("long", Options("long", 40)), JobState::kQueued);
-    ASSERT_EQ(*(*q)->Submit("next", Options("next", 2)), JobState::kQueued);
+    ASSERT_EQ(*(*q)->Submit("bad", bad), JobState::kValidatingFiles);
+    (*q)->Wait("bad");
+    ASSERT_EQ((*q)->Snapshot("bad")->state, JobState::kFailed);
+    ASSERT_EQ(*(*q)->Submit("long", Options("long", 40)), JobState::kValidatingFiles);
+    ASSERT_EQ(*(*q)->Submit("next", Options("next", 2)), JobState::kValidatingFiles);
     while ((*q)->Snapshot("long")->checkpoints.empty() &&
            !JobStateFinal((*q)->Snapshot("long")->state)) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -158,7 +171,7 @@ TEST_F(JobsTest, CorruptStateIsRefusedOrQuarantined) {
   {
     auto q = JobQueue::Open(model_, tok_, 1, state);
     CHORUS_ASSERT_OK(q.status());
-    ASSERT_EQ(*(*q)->Submit("done", Options("done", 2)), JobState::kQueued);
+    ASSERT_EQ(*(*q)->Submit("done", Options("done", 2)), JobState::kValidatingFiles);
     (*q)->Wait("done");
     EXPECT_EQ(JobQueue::Open(model_, tok_, 1, state).status().code(),
               StatusCode::kFailedPrecondition);
@@ -212,8 +225,8 @@ TEST_F(JobsTest, OwnerIsPersistedAndKeptByAResumedJob) {
       EXPECT_NE(r.status().message().find("owner"), std::string::npos);
     }
     EXPECT_FALSE((*q)->Snapshot("bad-owner").has_value());
-    ASSERT_EQ(*(*q)->Submit("mine", Options("own-mine", 40), "acme"), JobState::kQueued);
-    ASSERT_EQ(*(*q)->Submit("shared", Options("own-shared", 2)), JobState::kQueued);
+    ASSERT_EQ(*(*q)->Submit("mine", Options("own-mine", 40), "acme"), JobState::kValidatingFiles);
+    ASSERT_EQ(*(*q)->Submit("shared", Options("own-shared", 2)), JobState::kValidatingFiles);
     EXPECT_EQ((*q)->Snapshot("mine")->owner, "acme");
     EXPECT_EQ((*q)->Snapshot("shared")->owner, "");
     while ((*q)->Snapshot("mine")->checkpoints.empty() &&
@@ -256,6 +269,107 @@ TEST_F(JobsTest, OwnerIsPersistedAndKeptByAResumedJob) {
     EXPECT_NE(refused.status().message().find("corrupt job shared: 'owner'"), std::string::npos)
         << refused.status().message();
   }
+}
+
+// Submit never reads the data (OpenAI's create answers before validation): with a FIFO as the
+// training file the validator blocks in open() until the test writes to it, yet Submit returns
+// kValidatingFiles at once, snapshots and cancels are answered meanwhile, the jobs behind it wait
+// in validating_files (validation is one job at a time, in order), and when the FIFO is released
+// the job fails naming the file while the next one is validated, queued and run.
+TEST_F(JobsTest, SubmitAnswersBeforeValidationAndValidatesInOrder) {
+  const std::string fifo = testing::TempDir() + "/blocking.jsonl";
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  JobQueue q(model_, tok_, 1);
+  FinetuneOptions blocked = Options("blocked", 2);
+  blocked.data_path = fifo;
+  ASSERT_EQ(*q.Submit("blocked", blocked), JobState::kValidatingFiles);
+  ASSERT_EQ(*q.Submit("next", Options("next", 2)), JobState::kValidatingFiles);
+  ASSERT_EQ(*q.Submit("dropped", Options("dropped", 2)), JobState::kValidatingFiles);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(q.Snapshot("blocked")->state, JobState::kValidatingFiles);
+  EXPECT_EQ(q.Snapshot("next")->state, JobState::kValidatingFiles) << "validated in order";
+  CHORUS_ASSERT_OK(q.Cancel("dropped"));  // not validated yet: final at once
+  EXPECT_EQ(q.Snapshot("dropped")->state, JobState::kCancelled);
+  // Release the validator: the writer's open completes the reader's, which then finds a FIFO.
+  const int fd = ::open(fifo.c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  q.Wait("blocked");
+  const JobSnapshot b = *q.Snapshot("blocked");
+  EXPECT_EQ(b.state, JobState::kFailed);
+  EXPECT_NE(b.error.find(fifo), std::string::npos) << b.error;
+  EXPECT_NE(b.error.find("not a regular file"), std::string::npos) << b.error;
+  q.Wait("next");
+  const JobSnapshot n = *q.Snapshot("next");
+  EXPECT_EQ(n.state, JobState::kSucceeded) << n.error;
+  std::vector<std::string> seen;
+  for (const JobEvent& e : n.events) seen.push_back(e.message.substr(0, 16));
+  const std::vector<std::string> want = {"Validating train", "Files validated ", "Fine-tuning job ",
+                                         "Step 1/2: traini"};
+  ASSERT_GE(seen.size(), want.size());
+  EXPECT_EQ(std::vector<std::string>(seen.begin(), seen.begin() + 4), want);
+  EXPECT_EQ(q.Snapshot("dropped")->state, JobState::kCancelled);
+  EXPECT_FALSE(std::filesystem::exists(testing::TempDir() + "/dropped/adapter_model.safetensors"));
+  std::filesystem::remove(fifo);
+}
+
+// A job the process stopped while its files were being validated (jobs.json says
+// validating_files) is validated again by the next Open: good data is queued and run, bad data
+// fails naming the line — never resumed as if it had been queued.
+TEST_F(JobsTest, JobStillValidatingAtAStopIsValidatedAgain) {
+  const std::string state = testing::TempDir() + "/jobs-validating";
+  std::filesystem::remove_all(state);
+  {
+    auto q = JobQueue::Open(model_, tok_, 1, state);
+    CHORUS_ASSERT_OK(q.status());
+    ASSERT_EQ(*(*q)->Submit("good", Options("revalidate-good", 2)), JobState::kValidatingFiles);
+    (*q)->Wait("good");
+  }
+  const std::string path = state + "/jobs.json";
+  nlohmann::json j = nlohmann::json::parse(*ReadFileToString(path));
+  ASSERT_EQ(j.size(), 1u);
+  // Rewind "good" to the moment Submit returned, and add a second job with a bad line.
+  j[0]["state"] = "validating_files";
+  j[0]["step"] = 0;
+  j[0]["finished_at"] = 0;
+  j[0]["checkpoints"] = nlohmann::json::array();
+  j[0]["events"] = nlohmann::json::array({j[0]["events"][0]});
+  std::filesystem::remove_all(testing::TempDir() + "/revalidate-good");
+  const std::string bad = testing::TempDir() + "/revalidate-bad.jsonl";
+  std::ofstream(bad) << R"({"prompt": "a", "completion": "b"})"
+                     << "\n"
+                     << R"({"prompt": "a"})"
+                     << "\n";
+  nlohmann::json b = j[0];
+  b["id"] = "bad";
+  b["options"]["data_path"] = bad;
+  b["options"]["output_dir"] = testing::TempDir() + "/revalidate-bad";
+  b["output_dir"] = b["options"]["output_dir"];
+  j.push_back(b);
+  CHORUS_ASSERT_OK(WriteFileAtomically(path, j.dump()));
+  auto q = JobQueue::Open(model_, tok_, 1, state);
+  CHORUS_ASSERT_OK(q.status());
+  (*q)->Wait("good");
+  (*q)->Wait("bad");
+  const JobSnapshot g = *(*q)->Snapshot("good");
+  EXPECT_EQ(g.state, JobState::kSucceeded) << g.error;
+  EXPECT_EQ(g.step, 2);
+  bool again = false, resumed = false;
+  for (const JobEvent& e : g.events) {
+    again = again || e.message == "Server restarted; validating files again";
+    resumed = resumed || e.message == "Fine-tuning job resumed";
+  }
+  EXPECT_TRUE(again);
+  EXPECT_FALSE(resumed) << "it never ran: started, not resumed";
+  const JobSnapshot f = *(*q)->Snapshot("bad");
+  EXPECT_EQ(f.state, JobState::kFailed);
+  EXPECT_NE(f.error.find(bad + ": line 2"), std::string::npos) << f.error;
+  EXPECT_FALSE(std::filesystem::exists(f.output_dir + "/adapter_model.safetensors"));
+  // The outcome is persisted like any other change.
+  const nlohmann::json after = nlohmann::json::parse(*ReadFileToString(path));
+  EXPECT_EQ(after[0]["state"], "succeeded");
+  EXPECT_EQ(after[1]["state"], "failed");
 }
 
 }  // namespace

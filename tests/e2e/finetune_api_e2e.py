@@ -2,7 +2,9 @@
 """OpenAI's files + fine-tuning API against the real `chorus serve` (docs/api.md, "Files and
 fine-tuning"): upload a JSONL made from the stories260K "things" text, train through
 /v1/fine_tuning/jobs, watch events and checkpoints, serve the ft: model at once; cancel; bad
-input (4xx naming the problem, or a failed job naming the line) while the server keeps serving;
+input (4xx naming the problem for a bad request; for bad data a job created as
+validating_files that turns failed naming the line) while the server keeps serving; the status
+sequence validating_files -> queued -> running -> succeeded (statuses polled, and the events);
 and a restart in the middle of a job, which resumes from its checkpoint and succeeds.
 
 Usage: finetune_api_e2e.py CHORUS_BINARY MODELS_DIR
@@ -94,15 +96,24 @@ class Server:
         return self.request("POST", "/v1/files", body,
                             {"Content-Type": "multipart/form-data; boundary=" + boundary})
 
-    def wait_job(self, job_id, pred, timeout=300):
+    def wait_job(self, job_id, pred, timeout=300, seen=None):
+        """Polls the job until pred(job); `seen` (a list) collects each status change observed."""
         deadline = time.time() + timeout
         while time.time() < deadline:
             status, job = self.request("GET", "/v1/fine_tuning/jobs/" + job_id)
             assert status == 200, job
+            if seen is not None and (not seen or seen[-1] != job["status"]):
+                seen.append(job["status"])
             if pred(job):
                 return job
-            time.sleep(0.1)
+            time.sleep(0.02)
         raise AssertionError(f"job {job_id} did not get there: {job}")
+
+    def event_messages(self, job_id):
+        """The job's event messages, oldest first."""
+        code, ev = self.request("GET", f"/v1/fine_tuning/jobs/{job_id}/events?limit=1000")
+        assert code == 200, ev
+        return [e["message"] for e in reversed(ev["data"])]
 
     def complete(self, model):
         return self.request("POST", "/v1/completions",
@@ -195,20 +206,31 @@ def main():
         expect_error(srv.request("GET", "/v1/fine_tuning/jobs/ftjob-nope"), 404, "ftjob-nope")
         ok("jobs: unknown base model, unknown files, hyperparameters out of range, bad suffix")
 
-        # Bad data: the job fails naming the line; nothing is registered.
+        # Bad data: the request is accepted (the files are validated after the answer, as in
+        # OpenAI's API), then the job fails naming the line, never queued; nothing registered.
         bad = small.splitlines(keepends=True)
         bad.insert(2, b'{"text": "unterminated\n')
         code, bf = srv.upload(b"".join(bad), "bad.jsonl")
         assert code == 200
         code, job = create(training_file=bf["id"], suffix="bad")
         assert code == 200, job
+        assert job["status"] == "validating_files" and job["error"] is None, job
+        seen = [job["status"]]
+        job = srv.wait_job(job["id"], lambda j: j["status"] not in ("validating_files",), seen=seen)
+        assert seen == ["validating_files", "failed"], seen
         assert job["status"] == "failed", job
         assert job["error"]["code"] == "invalid_training_file", job["error"]
+        assert job["error"]["param"] == "training_file", job["error"]
         assert "line 3" in job["error"]["message"] and bf["id"] in job["error"]["message"], job
-        assert job["fine_tuned_model"] is None
+        assert job["fine_tuned_model"] is None and job["finished_at"] is not None, job
+        msgs = srv.event_messages(job["id"])
+        assert msgs[0].startswith("Validating training file") and \
+            msgs[-1].startswith("Validation failed") and "line 3" in msgs[-1], msgs
+        assert not any("queued" in m or "started" in m for m in msgs), msgs
         code, c = srv.complete(BASE)
         assert code == 200, c
-        ok("jobs: invalid JSON on line 3 fails the job naming the line; server keeps serving")
+        ok("jobs: bad data is accepted as validating_files, then failed naming line 3 (never "
+           "queued); server keeps serving")
 
         # A job that succeeds; the server serves while it trains.
         code, job = create(suffix="small", seed=7,
@@ -216,14 +238,24 @@ def main():
                                             "lora_targets": "q,v", "checkpoint_every": 3})
         assert code == 200, job
         assert job["object"] == "fine_tuning.job" and job["id"].startswith("ftjob-")
-        assert job["status"] in ("queued", "running"), job
+        assert job["status"] == "validating_files", job
         assert job["hyperparameters"] == {"n_epochs": 2, "batch_size": 2,
                                           "learning_rate_multiplier": 1.0}, job
         assert job["seed"] == 7 and job["training_file"] == small_id
         code, c = srv.complete(BASE)
         assert code == 200, c
-        job = srv.wait_job(job["id"], lambda j: j["status"] in ("succeeded", "failed", "cancelled"))
+        seen = [job["status"]]
+        job = srv.wait_job(job["id"], lambda j: j["status"] in ("succeeded", "failed", "cancelled"),
+                           seen=seen)
         assert job["status"] == "succeeded", job
+        # Polling may miss a short-lived status, never reorder them.
+        order = ["validating_files", "queued", "running", "succeeded"]
+        assert all(s in order for s in seen) and seen == sorted(seen, key=order.index), seen
+        msgs = srv.event_messages(job["id"])
+        marks = [next(i for i, m in enumerate(msgs) if m.startswith(p)) for p in
+                 ("Validating training file", "Files validated", "Fine-tuning job started",
+                  "Step 1/", "The job has successfully completed")]
+        assert marks == sorted(marks), msgs
         name = job["fine_tuned_model"]
         assert name == f"ft:{BASE}:small:{job['id']}", name
         assert job["trained_tokens"] > 0 and job["finished_at"] >= job["created_at"]
@@ -259,17 +291,27 @@ def main():
 
         # A file used by a live job cannot be deleted; cancel.
         code, job = create(suffix="cancel", hyperparameters={"n_steps": 100000})
-        assert code == 200 and job["status"] in ("queued", "running"), job
+        assert code == 200 and job["status"] == "validating_files", job
         code, err = srv.request("DELETE", "/v1/files/" + small_id)
         assert code == 409 and job["id"] in err["error"]["message"], err
         srv.wait_job(job["id"], lambda j: j["chorus"].get("step", 0) >= 1)
+        # A job created while another runs: validating_files, then queued behind it (both
+        # observed), cancelled at once while queued.
+        code, waiting = create(suffix="waits")
+        assert code == 200 and waiting["status"] == "validating_files", waiting
+        seen = [waiting["status"]]
+        srv.wait_job(waiting["id"], lambda j: j["status"] != "validating_files", seen=seen)
+        assert seen == ["validating_files", "queued"], seen
+        code, wj = srv.request("POST", f"/v1/fine_tuning/jobs/{waiting['id']}/cancel")
+        assert code == 200 and wj["status"] == "cancelled", wj
         code, cj = srv.request("POST", f"/v1/fine_tuning/jobs/{job['id']}/cancel")
         assert code == 200, cj
         cj = srv.wait_job(job["id"], lambda j: j["status"] != "running")
         assert cj["status"] == "cancelled" and cj["fine_tuned_model"] is None, cj
         ids = [m["id"] for m in srv.request("GET", "/v1/models")[1]["data"]]
         assert not any(":cancel:" in i for i in ids), ids
-        ok("jobs: cancel a running job; nothing registered; its file stays while it runs")
+        ok("jobs: cancel a running job; nothing registered; its file stays while it runs; a job "
+           "created meanwhile goes validating_files -> queued and cancels at once")
 
         # Restart in the middle of a job: it resumes from its latest checkpoint and succeeds.
         code, job = create(suffix="resume", seed=3,
