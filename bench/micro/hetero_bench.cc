@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <memory>
 #include <random>
 #include <string>
@@ -119,18 +120,31 @@ double Median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// CPU time of the whole process (every pool thread): unlike wall time it does not count the
+// time the threads are descheduled, so it is the steadier figure on a shared host.
+double CpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+struct Time {
+  double wall = 0, cpu = 0;  // seconds
+};
+
 // The base matmuls of one forward pass of `m` rows over every layer: one MatMul per linear, in
 // the forward's order, inputs read from `x` (m rows of up to max_in floats) and outputs written
-// to `y`. Returns the wall time in seconds.
-double Pass(const model::Model& model, const std::vector<float>& x, std::vector<float>* y,
-            int64_t m, ThreadPool* pool) {
+// to `y`.
+Time Pass(const model::Model& model, const std::vector<float>& x, std::vector<float>* y, int64_t m,
+          ThreadPool* pool) {
   const auto t0 = Clock::now();
+  const double c0 = CpuSeconds();
   for (const model::LayerWeights& lw : model.weights().layers) {
     for (const kernels::PackedWeight& w : lw.linear) {
       kernels::MatMul(w, x.data(), w.k(), m, y->data(), w.n(), /*accumulate=*/false, pool);
     }
   }
-  return std::chrono::duration<double>(Clock::now() - t0).count();
+  return {std::chrono::duration<double>(Clock::now() - t0).count(), CpuSeconds() - c0};
 }
 
 // A packed sequence of `rows` random tokens with next-token targets.
@@ -159,7 +173,7 @@ int Main(int argc, char** argv) {
     if (csv == nullptr) Usage("cannot write " + o.out + ": " + std::strerror(errno));
     std::fprintf(csv,
                  "shape,dtype,threads,layers,train_rows,infer_rows,repeat,train_ms,infer_ms,"
-                 "shared_ms,saving_ms,train_iteration_ms\n");
+                 "shared_ms,train_cpu_ms,infer_cpu_ms,shared_cpu_ms,train_iteration_ms\n");
   }
   std::printf(
       "# %s, %d threads, ISA %s, %d repeats (medians; saving = train + infer - shared "
@@ -220,8 +234,13 @@ int Main(int argc, char** argv) {
     Iteration();
 
     const size_t nb = o.infer_rows.size();
-    std::vector<double> train_s, iter_s;
-    std::vector<std::vector<double>> infer_s(nb), shared_s(nb), saving_s(nb);
+    std::vector<double> iter_s;
+    // Per inference size: (a), (b), (c) and the paired saving, wall and CPU time.
+    struct Series {
+      std::vector<double> train, infer, shared, saving, train_cpu, infer_cpu, shared_cpu,
+          saving_cpu;
+    };
+    std::vector<Series> ser(nb);
     for (int r = 0; r < o.repeats; ++r) {
       const double it = Iteration();
       iter_s.push_back(it);
@@ -229,42 +248,57 @@ int Main(int argc, char** argv) {
       // it; the order of the three rotates from repeat to repeat.
       for (size_t i = 0; i < nb; ++i) {
         const int64_t b = o.infer_rows[i];
-        double t[3];
+        Time t[3];
         for (int j = 0; j < 3; ++j) {
           const int which = (j + r) % 3;
           const int64_t rows = which == 0 ? o.train_rows : which == 1 ? b : o.train_rows + b;
           t[which] = Pass(m, x, &y, rows, &pool);
         }
-        train_s.push_back(t[0]);
-        infer_s[i].push_back(t[1]);
-        shared_s[i].push_back(t[2]);
-        saving_s[i].push_back(t[0] + t[1] - t[2]);
+        Series& S = ser[i];
+        S.train.push_back(t[0].wall);
+        S.infer.push_back(t[1].wall);
+        S.shared.push_back(t[2].wall);
+        S.saving.push_back(t[0].wall + t[1].wall - t[2].wall);
+        S.train_cpu.push_back(t[0].cpu);
+        S.infer_cpu.push_back(t[1].cpu);
+        S.shared_cpu.push_back(t[2].cpu);
+        S.saving_cpu.push_back(t[0].cpu + t[1].cpu - t[2].cpu);
         if (csv != nullptr) {
-          std::fprintf(csv, "%s,%s,%d,%lld,%lld,%lld,%d,%.4f,%.4f,%.4f,%.4f,%.2f\n",
+          std::fprintf(csv, "%s,%s,%d,%lld,%lld,%lld,%d,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.2f\n",
                        o.shape.c_str(), dt_name.c_str(), o.threads,
                        static_cast<long long>(c.n_layers), static_cast<long long>(o.train_rows),
-                       static_cast<long long>(b), r, t[0] * 1e3, t[1] * 1e3, t[2] * 1e3,
-                       (t[0] + t[1] - t[2]) * 1e3, it * 1e3);
+                       static_cast<long long>(b), r, t[0].wall * 1e3, t[1].wall * 1e3,
+                       t[2].wall * 1e3, t[0].cpu * 1e3, t[1].cpu * 1e3, t[2].cpu * 1e3, it * 1e3);
+          std::fflush(csv);
         }
       }
     }
     const double layers = static_cast<double>(c.n_layers);
-    const double train_ms = Median(train_s) * 1e3;
     const double iter_ms = tm ? Median(iter_s) * 1e3 : 0;
-    std::printf("# %s: training forward's base matmuls (%lld rows) %.2f ms (%.3f ms/layer)",
-                dt_name.c_str(), static_cast<long long>(o.train_rows), train_ms, train_ms / layers);
-    if (tm) std::printf("; whole training iteration %.1f ms", iter_ms);
-    std::printf("\n");
-    std::printf("%-6s %6s %10s %10s %10s %11s %13s %10s %12s\n", "dtype", "rows", "train_ms",
-                "infer_ms", "shared_ms", "saving_ms", "saving/layer", "of_infer", "of_iteration");
+    std::printf("# %s: base matmuls of the training forward = %lld rows", dt_name.c_str(),
+                static_cast<long long>(o.train_rows));
+    if (tm) std::printf("; whole training iteration (forward + backward) %.1f ms", iter_ms);
+    std::printf(
+        "\n# wall ms (CPU ms of both threads); saving = median over repeats of a + b - c\n");
+    std::printf("%-6s %5s %20s %20s %20s %20s %13s %9s %9s\n", "dtype", "rows", "(a) train",
+                "(b) infer", "(c) shared", "saving", "saving/layer", "of (b)", "of iter");
     for (size_t i = 0; i < nb; ++i) {
-      const double inf = Median(infer_s[i]) * 1e3, sh = Median(shared_s[i]) * 1e3,
-                   sv = Median(saving_s[i]) * 1e3;
+      const Series& S = ser[i];
+      auto cell = [](double wall_s, double cpu_s) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%.2f (%.2f)", wall_s * 1e3, cpu_s * 1e3);
+        return std::string(buf);
+      };
+      const double sv = Median(S.saving) * 1e3, inf = Median(S.infer) * 1e3;
       char iter_frac[32] = "-";
       if (tm) std::snprintf(iter_frac, sizeof iter_frac, "%.3f%%", 100 * sv / iter_ms);
-      std::printf("%-6s %6lld %10.2f %10.2f %10.2f %11.3f %13.4f %9.1f%% %12s\n", dt_name.c_str(),
-                  static_cast<long long>(o.infer_rows[i]), Median(train_s) * 1e3, inf, sh, sv,
-                  sv / layers, 100 * sv / inf, iter_frac);
+      std::printf("%-6s %5lld %20s %20s %20s %20s %13.3f %8.1f%% %9s\n", dt_name.c_str(),
+                  static_cast<long long>(o.infer_rows[i]),
+                  cell(Median(S.train), Median(S.train_cpu)).c_str(),
+                  cell(Median(S.infer), Median(S.infer_cpu)).c_str(),
+                  cell(Median(S.shared), Median(S.shared_cpu)).c_str(),
+                  cell(Median(S.saving), Median(S.saving_cpu)).c_str(), sv / layers, 100 * sv / inf,
+                  iter_frac);
     }
     std::fflush(stdout);
   }
