@@ -430,8 +430,7 @@ void Engine::Impl::Loop() {
       const double s = std::chrono::duration<double>(Clock::now() - s0).count();
       step_ema_s = step_ema_s == 0 ? s : 0.75 * step_ema_s + 0.25 * s;
       if (last_step_prompt_rows > 0)
-        prefill_step_ema_s =
-            prefill_step_ema_s == 0 ? s : 0.75 * prefill_step_ema_s + 0.25 * s;
+        prefill_step_ema_s = prefill_step_ema_s == 0 ? s : 0.75 * prefill_step_ema_s + 0.25 * s;
     }
   }
 }

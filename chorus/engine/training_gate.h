@@ -86,7 +86,7 @@ class TrainingGate {
   bool closed_ = false;
   ThreadPool* granted_ = nullptr;  // set by Grant for the waiting trainer
   bool running_ = false;           // between a grant and its Release
-  IterationCost estimate_;  // guarded by mu_
+  IterationCost estimate_;         // guarded by mu_
   std::atomic<double> ema_s_{0}, cost_s_{0};
   std::atomic<int64_t> iterations_{0};
   std::atomic<double> busy_s_{0};

@@ -890,8 +890,8 @@ void Server::Impl::Routes() {
                     "deferred policy assumes (mean + 2 deviations).\n"
                     "# TYPE chorus_finetune_iteration_cost_seconds gauge\n"
                     "chorus_finetune_iteration_cost_seconds %.6f\n",
-                    static_cast<long long>(g.iterations()), g.busy_seconds(),
-                    g.iteration_seconds(), g.iteration_cost_seconds());
+                    static_cast<long long>(g.iterations()), g.busy_seconds(), g.iteration_seconds(),
+                    g.iteration_cost_seconds());
       text += buf;
     }
     if (self->opts_.tenants) text += RenderTenantPrometheus(self->opts_.tenants->All());
