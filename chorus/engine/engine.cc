@@ -171,6 +171,10 @@ struct Engine::Impl {
   std::unique_ptr<Scheduler> scheduler;
   TrainingGate* training_gate = nullptr;  // EngineOptions::training_gate
   double step_ema_s = 0;                  // with a gate: moving average of step wall time
+  // With a gate: the same over the steps that computed prompt rows — the kind of step that
+  // admits deferred requests (it prefills all of them at once); and that count for the last step.
+  double prefill_step_ema_s = 0;
+  uint64_t last_step_prompt_rows = 0;
 
   explicit Impl(Engine* e, int threads) : self(e), pool(threads) {}
 
@@ -420,10 +424,13 @@ void Engine::Impl::Loop() {
     // moving average of the wall time of steps that ran (weight 1/4 for the newest).
     const uint64_t steps_before = self->metrics_.steps_total.load(std::memory_order_relaxed);
     const auto s0 = Clock::now();
+    last_step_prompt_rows = 0;
     Step();
     if (self->metrics_.steps_total.load(std::memory_order_relaxed) != steps_before) {
       const double s = std::chrono::duration<double>(Clock::now() - s0).count();
       step_ema_s = step_ema_s == 0 ? s : 0.75 * step_ema_s + 0.25 * s;
+      if (last_step_prompt_rows > 0)
+        prefill_step_ema_s = prefill_step_ema_s == 0 ? s : 0.75 * prefill_step_ema_s + 0.25 * s;
     }
   }
 }
@@ -442,8 +449,13 @@ bool Engine::Impl::TrainingTurn() {
     // Deferred: train only if every waiting request can still wait for one more iteration
     // (d_r + t_f < d_rb), keeping room for the step that will admit it (its first token is due
     // within the bound). Before any iteration was measured the cost is unknown: no deferral.
+    // The iteration's cost is its mean plus twice its deviation (IterationCost), not the mean: a
+    // request is deferred to the edge of its bound, and an iteration longer than assumed would
+    // push it over. The admitting step prefills every deferred prompt: the average of prefill
+    // steps (of all steps until one ran).
     if (g->iterations() == 0) return false;
-    const double t_f = g->iteration_seconds() + step_ema_s;
+    const double admit_s = prefill_step_ema_s > 0 ? prefill_step_ema_s : step_ema_s;
+    const double t_f = g->iteration_cost_seconds() + admit_s;
     for (const auto& s : scheduler->waiting()) {
       const double bound_ms =
           s->req->ttft_slo_ms > 0 ? s->req->ttft_slo_ms : self->opts_.deferral_bound_ms;
@@ -508,6 +520,8 @@ void Engine::Impl::Step() {
         static_cast<uint64_t>(std::clamp<int64_t>(pl.seq->n_prompt - pl.start, 0, pl.count));
     any_adapter |= pl.seq->lora != nullptr;
   }
+  last_step_prompt_rows = prompt_rows;
+
   model::StepInput in = step->Input();
   variant_hook.Clear();
   if (any_adapter) {

@@ -1,15 +1,27 @@
 #include "chorus/engine/training_gate.h"
 
+#include <cmath>
+
 namespace chorus::engine {
 
 namespace {
-// Weight of the newest iteration in the moving average: the cost follows a change of batch
+// Weight of the newest iteration in the moving averages: the cost follows a change of batch
 // shape within a few iterations, while one slow iteration (a checkpoint) moves it by a quarter.
 constexpr double kEmaWeight = 0.25;
 // Acquire re-checks the cancel flag this often while it waits (a cancel never waits for the
 // engine to become free).
 constexpr auto kCancelPoll = std::chrono::milliseconds(20);
 }  // namespace
+
+void IterationCost::Add(double seconds) {
+  if (n_++ == 0) {
+    mean_ = seconds;
+    deviation_ = seconds / 2;  // RFC 6298's start: unsure until a second sample
+    return;
+  }
+  deviation_ = (1 - kEmaWeight) * deviation_ + kEmaWeight * std::abs(seconds - mean_);
+  mean_ = (1 - kEmaWeight) * mean_ + kEmaWeight * seconds;
+}
 
 void TrainingGate::Attach() { attached_.store(true, std::memory_order_release); }
 
@@ -80,11 +92,11 @@ bool TrainingGate::Grant(ThreadPool* pool) {
     return false;
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const int64_t n = iterations_.fetch_add(1, std::memory_order_relaxed);
+  iterations_.fetch_add(1, std::memory_order_relaxed);
   busy_s_.store(busy_s_.load(std::memory_order_relaxed) + s, std::memory_order_relaxed);
-  ema_s_.store(
-      n == 0 ? s : (1 - kEmaWeight) * ema_s_.load(std::memory_order_relaxed) + kEmaWeight * s,
-      std::memory_order_relaxed);
+  estimate_.Add(s);
+  ema_s_.store(estimate_.mean(), std::memory_order_relaxed);
+  cost_s_.store(estimate_.upper(), std::memory_order_relaxed);
   return true;
 }
 

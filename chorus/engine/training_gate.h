@@ -6,8 +6,9 @@
 // cores. When to grant is the engine's finetune policy (`deferred`: FineInfer's deferred
 // continuous batching; `immediate`: only when no inference request is waiting or running).
 //
-// The gate also measures the iterations (a moving average of their wall time): the cost the
-// deferred policy compares with each waiting request's remaining deferral bound.
+// The gate also measures the iterations (IterationCost: a moving average of their wall time and
+// of its deviation): the cost the deferred policy compares with each waiting request's remaining
+// deferral bound.
 //
 // Thread-safety: all methods are thread-safe. One trainer at a time (the job queue runs one
 // job); Grant is called by the engine thread only.
@@ -23,6 +24,27 @@
 #include "chorus/base/thread_pool.h"
 
 namespace chorus::engine {
+
+// The cost of the next training iteration as the deferred policy must assume it
+// (docs/finetuning.md, "Training while serving"): iterations vary (a packed micro-batch holds
+// more or fewer tokens; a checkpoint step is longer), and a request deferred to the edge of its
+// bound misses it whenever the iteration it waits for runs longer than assumed. So, as TCP
+// estimates a retransmission timeout (Jacobson/Karels, RFC 6298), it keeps moving averages of
+// the wall time and of its absolute deviation (weight 1/4 for the newest) and assumes
+// mean + 2 · deviation — for times spread evenly over [lo, hi] that is about hi.
+// Not thread-safe (TrainingGate guards it).
+class IterationCost {
+ public:
+  void Add(double seconds);
+  int64_t count() const { return n_; }
+  double mean() const { return mean_; }            // 0 before the first
+  double deviation() const { return deviation_; }  // the first sample counts as ± half itself
+  double upper() const { return mean_ + 2 * deviation_; }
+
+ private:
+  int64_t n_ = 0;
+  double mean_ = 0, deviation_ = 0;
+};
 
 class TrainingGate {
  public:
@@ -48,9 +70,11 @@ class TrainingGate {
   // Called (outside the gate's lock) when a trainer starts waiting: wakes the engine thread.
   void set_wake(std::function<void()> wake);
 
-  // Moving average of granted iterations' wall time in seconds (0 before the first); the
-  // count of iterations and their total time.
+  // Moving average of granted iterations' wall time in seconds (0 before the first); the cost
+  // the deferred policy assumes for the next one (IterationCost::upper); the count of
+  // iterations and their total time.
   double iteration_seconds() const { return ema_s_.load(std::memory_order_relaxed); }
+  double iteration_cost_seconds() const { return cost_s_.load(std::memory_order_relaxed); }
   int64_t iterations() const { return iterations_.load(std::memory_order_relaxed); }
   double busy_seconds() const { return busy_s_.load(std::memory_order_relaxed); }
 
@@ -62,7 +86,8 @@ class TrainingGate {
   bool closed_ = false;
   ThreadPool* granted_ = nullptr;  // set by Grant for the waiting trainer
   bool running_ = false;           // between a grant and its Release
-  std::atomic<double> ema_s_{0};
+  IterationCost estimate_;         // guarded by mu_
+  std::atomic<double> ema_s_{0}, cost_s_{0};
   std::atomic<int64_t> iterations_{0};
   std::atomic<double> busy_s_{0};
 };

@@ -895,7 +895,7 @@ void Server::Impl::Routes() {
     }
     if (m && engine->options().training_gate) {  // fine-tuning while serving
       const engine::TrainingGate& g = *engine->options().training_gate;
-      char buf[640];
+      char buf[1024];
       std::snprintf(buf, sizeof buf,
                     "# HELP chorus_finetune_iterations_total Training iterations granted between "
                     "inference steps.\n# TYPE chorus_finetune_iterations_total counter\n"
@@ -906,9 +906,13 @@ void Server::Impl::Routes() {
                     "# HELP chorus_finetune_iteration_seconds Moving average of an iteration's "
                     "wall time (the deferred policy's cost).\n"
                     "# TYPE chorus_finetune_iteration_seconds gauge\n"
-                    "chorus_finetune_iteration_seconds %.6f\n",
-                    static_cast<long long>(g.iterations()), g.busy_seconds(),
-                    g.iteration_seconds());
+                    "chorus_finetune_iteration_seconds %.6f\n"
+                    "# HELP chorus_finetune_iteration_cost_seconds The iteration cost the "
+                    "deferred policy assumes (mean + 2 deviations).\n"
+                    "# TYPE chorus_finetune_iteration_cost_seconds gauge\n"
+                    "chorus_finetune_iteration_cost_seconds %.6f\n",
+                    static_cast<long long>(g.iterations()), g.busy_seconds(), g.iteration_seconds(),
+                    g.iteration_cost_seconds());
       text += buf;
     }
     if (self->opts_.tenants) text += RenderTenantPrometheus(self->opts_.tenants->All());
