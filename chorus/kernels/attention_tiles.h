@@ -12,6 +12,18 @@
 //       broadcast straight from the cache, so K is never transposed)
 //   softmax: lane-wise max over the tile's keys, exp, key-ordered sum; running (m, l) per row
 //   PV: o[r][:] = o[r][:] · alpha[r] + Σ_c p[c][r] · V_c[:] per token (its heads share the mask)
+//
+// A block of one token (a decode row) whose group fills at most half the lanes packs several
+// keys per vector for QK instead ("packed" scores): with RP = the group rounded up to a power
+// of two and KPV = lanes / RP keys per vector, lane r·KPV + k holds (row r, key c0 + k), so a
+// TinyLlama decode row (8 heads per KV head) computes 2 keys per 16-lane vector instead of one
+// key in 8 of 16 lanes. The tile's K rows are interleaved once into kpack[c / KPV][d][KPV]
+// (exact copies: a bf16 row is widened on the way) and
+//   s[c0 + k][r] = Σ_d qrep[d][r·KPV + k] · kpack[c0 / KPV][d][k]    (qrep[d][l] = qt[d][l / KPV])
+// is the very FMA chain of the key-major tile (same operands, same order over d, from zero), so
+// each score has the same bits; the scores are transposed back to [key][row] and the softmax
+// and PV run unchanged. A decode row is therefore bit-identical to the same token inside a
+// prefill block (the batch-invariance rule, attention.h).
 #pragma once
 
 #include <algorithm>
@@ -35,7 +47,7 @@ inline int64_t RoundUp(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
 // Scratch of a block of r rows (rp = r padded), carved from the caller's buffer.
 struct Scratch {
-  float* qt;      // [head_dim][rp] scale·q, transposed
+  float* qt;      // [head_dim][rp] scale·q, transposed (packed decode: qrep[head_dim][lanes])
   float* s;       // [kAttentionTile][rp] scores, then probabilities, of the current tile
   float* m;       // [rp] running max of the current segment
   float* l;       // [rp] running sum of the current segment
@@ -44,7 +56,8 @@ struct Scratch {
   float* o;       // [r][head_dim] unnormalized output of the current segment
   float* mo;      // [r] folded max over the finished segments
   float* lo;      // [r] folded sum over the finished segments
-  float* kt;      // [kAttentionTile][hd] the tile's K rows widened to f32 (bf16 blocks only)
+  float* kt;      // [kAttentionTile][hd] the tile's K rows widened to f32 (bf16 blocks only);
+                  // packed decode: kpack[kAttentionTile / KPV][hd][KPV] (the same floats)
   float* vt;      // [kAttentionTile][hd] its V rows likewise
 };
 
@@ -119,20 +132,44 @@ class BlockKernel {
         r_(n_tokens * group),
         rp_(RoundUp(r_, kRowPad)),
         n_rv_((r_ + W - 1) / W),
-        sc_(CarveScratch(scratch, n_tokens, group, head_dim)) {
-    // qt[d][r] = scale · q[token][head][d]; padding rows are 0 (and never masked).
+        sc_(CarveScratch(scratch, n_tokens, group, head_dim)),
+        kpv_(PackedKeysPerVector(n_tokens, group)) {
     for (int64_t i = 0, r = 0; i < n_tokens_; ++i) {
-      for (int64_t h = 0; h < group_; ++h, ++r) {
-        const float* src = q + i * q_stride + h * hd_;
-        for (int64_t d = 0; d < hd_; ++d) sc_.qt[d * rp_ + r] = scale * src[d];
-        sc_.rowpos[r] = static_cast<float>(pos0_ + i);
+      for (int64_t h = 0; h < group_; ++h, ++r) sc_.rowpos[r] = static_cast<float>(pos0_ + i);
+    }
+    for (int64_t r = r_; r < rp_; ++r) sc_.rowpos[r] = std::numeric_limits<float>::infinity();
+    if (kpv_ > 1) {
+      // qrep[d][l] = scale · q[head l / KPV][d] (the value qt[d][l / KPV] would hold); lanes of
+      // rows past the group are 0. Score lanes of rows ≥ RP are never written: zero them once.
+      for (int64_t d = 0; d < hd_; ++d) {
+        float* dst = sc_.qt + d * W;
+        for (int64_t h = 0; h < W / kpv_; ++h, dst += kpv_) {
+          std::fill_n(dst, kpv_, h < group_ ? scale * q[h * hd_ + d] : 0.0f);
+        }
+      }
+      std::fill(sc_.s, sc_.s + kAttentionTile * rp_, 0.0f);
+    } else {
+      // qt[d][r] = scale · q[token][head][d]; padding rows are 0 (and never masked).
+      for (int64_t i = 0, r = 0; i < n_tokens_; ++i) {
+        for (int64_t h = 0; h < group_; ++h, ++r) {
+          const float* src = q + i * q_stride + h * hd_;
+          for (int64_t d = 0; d < hd_; ++d) sc_.qt[d * rp_ + r] = scale * src[d];
+        }
+      }
+      for (int64_t r = r_; r < rp_; ++r) {
+        for (int64_t d = 0; d < hd_; ++d) sc_.qt[d * rp_ + r] = 0.0f;
       }
     }
-    for (int64_t r = r_; r < rp_; ++r) {
-      for (int64_t d = 0; d < hd_; ++d) sc_.qt[d * rp_ + r] = 0.0f;
-      sc_.rowpos[r] = std::numeric_limits<float>::infinity();
-    }
     ResetSegment();
+  }
+
+  // Keys per vector of the packed decode scores: lanes / RP (RP = group rounded up to a power
+  // of two) for a one-token block when that is ≥ 2, else 1 (the key-major tile).
+  static int64_t PackedKeysPerVector(int64_t n_tokens, int64_t group) {
+    if (n_tokens != 1) return 1;
+    int64_t rp = 1;
+    while (rp < group) rp *= 2;
+    return W / rp >= 2 ? W / rp : 1;
   }
 
   int64_t rows() const { return r_; }
@@ -163,6 +200,7 @@ class BlockKernel {
     const int64_t rv0 = ft * group_ / W;  // row vectors before it hold only masked rows
     const float* kp[kAttentionTile];
     const float* vp[kAttentionTile];
+    const uint16_t* kh[kAttentionTile];  // bf16 K rows, packed straight from the cache
     // One division per tile; the slot then walks the blocks.
     int64_t bi = t0 / kv_.block_size, slot = t0 % kv_.block_size;
     for (int64_t c = 0; c < nk; ++c) {
@@ -172,16 +210,20 @@ class BlockKernel {
         kp[c] = kv_.k_blocks[block] + off;
         vp[c] = kv_.v_blocks[block] + off;
       } else {  // bf16: widen the rows once per tile (exact), then the same f32 arithmetic
-        kp[c] = Widen(reinterpret_cast<const uint16_t*>(kv_.k_blocks[block]) + off,
-                      sc_.kt + c * hd_pad_);
+        kh[c] = reinterpret_cast<const uint16_t*>(kv_.k_blocks[block]) + off;
+        if (kpv_ == 1) kp[c] = Widen(kh[c], sc_.kt + c * hd_pad_);
         vp[c] = Widen(reinterpret_cast<const uint16_t*>(kv_.v_blocks[block]) + off,
                       sc_.vt + c * hd_pad_);
       }
       if (++slot == kv_.block_size) slot = 0, ++bi;
     }
     // Past the last key the group of keys repeats it; those scores are never used.
-    for (int64_t c = nk; c < kAttentionTile; ++c) kp[c] = kp[nk - 1];
-    Scores(kp, nk, rv0);
+    for (int64_t c = nk; c < kAttentionTile; ++c) kp[c] = kp[nk - 1], kh[c] = kh[nk - 1];
+    if (kpv_ > 1) {
+      PackedScores(kp, kh);
+    } else {
+      Scores(kp, nk, rv0);
+    }
     // Keys past some processed row's position: the tile reaches beyond the first row's token.
     const bool diag = t0 + nk - 1 > pos0_ + rv0 * W / group_;
     Softmax(t0, nk, rv0, diag);
@@ -236,6 +278,99 @@ class BlockKernel {
     for (int j = 0; j < NK; ++j) {
 #pragma GCC unroll 16
       for (int i = 0; i < NV; ++i) VT::Store(sc_.s + (c0 + j) * rp_ + (rv + i) * W, acc[i][j]);
+    }
+  }
+
+  // Packed decode scores (the header): s[c][r] for every key c of the tile (keys past the
+  // last repeat it; those scores are never used).
+  void PackedScores(const float* const* kp, const uint16_t* const* kh) {
+    switch (kpv_) {
+      case 2:
+        return PackedScoresK<2>(kp, kh);
+      case 4:
+        return PackedScoresK<4>(kp, kh);
+      case 8:
+        return PackedScoresK<8>(kp, kh);
+      case 16:
+        return PackedScoresK<16>(kp, kh);
+      default:
+        break;
+    }
+  }
+
+  template <int KPV>
+  void PackedScoresK(const float* const* kp, const uint16_t* const* kh) {
+    if constexpr (KPV >= 2 && KPV <= W) {
+      constexpr int kGroups = static_cast<int>(kAttentionTile) / KPV;  // packed vectors
+      constexpr int kNj = kGroups < 8 ? kGroups : 8;                   // accumulators
+      PackKeys<KPV>(kp, kh);
+      for (int j0 = 0; j0 < kGroups; j0 += kNj) PackedScoreTile<KPV, kNj>(j0);
+    }
+  }
+
+  // kpack[j][d][k] = K_{j·KPV + k}[d] for the tile's 32 keys: per W floats of KPV rows,
+  // log2(KPV) rounds of pairwise interleaving (row i with row i + KPV/2) — a transpose of the
+  // KPV × W block into W / KPV groups of KPV keys.
+  template <int KPV>
+  void PackKeys(const float* const* kp, const uint16_t* const* kh) {
+    const bool bf16 = kv_.dtype == KvDtype::kBf16;
+    for (int j = 0; j < static_cast<int>(kAttentionTile) / KPV; ++j) {
+      float* dst = sc_.kt + j * hd_ * KPV;
+      int64_t d = 0;
+      for (; d + W <= hd_; d += W) {
+        V x[KPV];
+#pragma GCC unroll 16
+        for (int k = 0; k < KPV; ++k) {
+          x[k] = bf16 ? VT::LoadBf16(kh[j * KPV + k] + d) : VT::Load(kp[j * KPV + k] + d);
+        }
+#pragma GCC unroll 4
+        for (int level = 1; level < KPV; level *= 2) {
+          V y[KPV];
+#pragma GCC unroll 8
+          for (int i = 0; i < KPV / 2; ++i) VT::Interleave2(x[i], x[i + KPV / 2], &y[2 * i]);
+#pragma GCC unroll 16
+          for (int k = 0; k < KPV; ++k) x[k] = y[k];
+        }
+#pragma GCC unroll 16
+        for (int i = 0; i < KPV; ++i) VT::Store(dst + d * KPV + i * W, x[i]);
+      }
+      for (; d < hd_; ++d) {
+        for (int k = 0; k < KPV; ++k) {
+          if (bf16) {
+            const uint32_t u = static_cast<uint32_t>(kh[j * KPV + k][d]) << 16;
+            std::memcpy(dst + d * KPV + k, &u, sizeof(u));
+          } else {
+            dst[d * KPV + k] = kp[j * KPV + k][d];
+          }
+        }
+      }
+    }
+  }
+
+  // Packed vectors [j0, j0 + NJ): one FMA chain per lane over d, then each vector's KPV keys
+  // go back to their [key][row] rows of s.
+  template <int KPV, int NJ>
+  void PackedScoreTile(int j0) {
+    constexpr int64_t kRp = W / KPV;
+    V acc[NJ];
+#pragma GCC unroll 8
+    for (int j = 0; j < NJ; ++j) acc[j] = VT::Zero();
+    const float* kpack = sc_.kt + j0 * hd_ * KPV;
+    for (int64_t d = 0; d < hd_; ++d) {
+      const V qv = VT::Load(sc_.qt + d * W);
+#pragma GCC unroll 8
+      for (int j = 0; j < NJ; ++j) {
+        acc[j] = VT::Fma(qv, VT::template LoadGroup<KPV>(kpack + (j * hd_ + d) * KPV), acc[j]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < NJ; ++j) {
+      const V t = VT::template KeysToRows<KPV>(acc[j]);  // lane k·RP + r = (row r, key k)
+#pragma GCC unroll 16
+      for (int k = 0; k < KPV; ++k) {
+        float* row = sc_.s + ((j0 + j) * KPV + k) * rp_;
+        VT::StoreLanes(row - k * kRp, t, k * kRp, kRp);
+      }
     }
   }
 
@@ -361,6 +496,7 @@ class BlockKernel {
   int64_t n_tokens_, pos0_, group_, hd_, hd_pad_, kv_off_;
   int64_t r_, rp_, n_rv_;
   Scratch sc_;
+  int64_t kpv_;  // keys per vector of the packed decode scores; 1: the key-major tile
 };
 
 template <class VT>
