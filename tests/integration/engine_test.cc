@@ -129,6 +129,10 @@ TEST(EngineTest, SameTokensAloneAndAmongSixteenConcurrentWithBf16Kv) {
 
 void CheckPreemptionDoesNotChangeOutput(kernels::KvDtype kv_dtype) {
   Loaded l = Load();
+  // The pool is at least 1 MiB (51 f32 blocks of this model, 102 bf16 ones): in bf16, twice the
+  // sequences (each up to 8 blocks) so that the small pool still runs out.
+  const bool bf16 = kv_dtype == kernels::KvDtype::kBf16;
+  const int n_requests = bf16 ? 16 : 8;
   auto run = [&](int64_t pool_blocks, uint64_t* preemptions) {
     EngineOptions o = Opts(kv_dtype);
     const int64_t page = PageBytes(*l.model, kv_dtype);
@@ -137,7 +141,7 @@ void CheckPreemptionDoesNotChangeOutput(kernels::KvDtype kv_dtype) {
     auto e = Engine::Create(l.model, l.tok, o);
     CHORUS_CHECK(e.ok()) << e.status().ToString();
     std::vector<std::shared_ptr<RequestHandle>> hs;
-    for (int i = 0; i < 8; ++i) {
+    for (int i = 0; i < n_requests; ++i) {
       GenerationRequest r = Greedy(PromptFor(i), 100);
       r.sampling.temperature = 0.8f;  // sampled, seeded: the RNG state must survive preemption too
       r.sampling.seed = 100 + i;
