@@ -218,7 +218,12 @@ class BlockKernel {
       if (++slot == kv_.block_size) slot = 0, ++bi;
     }
     // Past the last key the group of keys repeats it; those scores are never used.
-    for (int64_t c = nk; c < kAttentionTile; ++c) kp[c] = kp[nk - 1], kh[c] = kh[nk - 1];
+    // (kp holds f32 rows unless bf16 rows are packed straight from the cache; kh holds those.)
+    const bool bf16 = kv_.dtype == KvDtype::kBf16;
+    for (int64_t c = nk; c < kAttentionTile; ++c) {
+      if (bf16) kh[c] = kh[nk - 1];
+      if (!bf16 || kpv_ == 1) kp[c] = kp[nk - 1];
+    }
     if (kpv_ > 1) {
       PackedScores(kp, kh);
     } else {
