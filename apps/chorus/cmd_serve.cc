@@ -525,8 +525,9 @@ int ServeCommand(int argc, char** argv) {
       }
       engine = std::move(*eng);
       std::fprintf(
-          stderr, "chorus serve: pool %lld MiB (%s), %s\n",
+          stderr, "chorus serve: pool %lld MiB (%s), KV cache %s, %s\n",
           static_cast<long long>(plan.pool_bytes >> 20), plan.pool_reason.c_str(),
+          memory::KvDtypeName(eo.kv_dtype),
           eo.prefault_pool ? "prefaulted" : "made resident as it is used (--prefault: at start)");
       if (served.registry) (*srv)->SetAdapters(served.registry, served.cache);
       if (!served.finetune_dir.empty()) {
