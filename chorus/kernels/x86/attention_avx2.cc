@@ -74,6 +74,10 @@ struct Vec256 {
     return _mm256_permutevar8x32_ps(
         v, _mm256_load_si256(reinterpret_cast<const __m256i*>(kIdx.data())));
   }
+  // Lane i of the result = lane idx[i] of v.
+  static V Permute(V v, const int32_t* idx) {
+    return _mm256_permutevar8x32_ps(v, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx)));
+  }
   static void StoreLanes(float* p, V v, int64_t first, int64_t n) {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const __m256i in =

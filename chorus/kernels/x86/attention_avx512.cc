@@ -78,6 +78,10 @@ struct Vec512 {
     }();
     return _mm512_permutexvar_ps(_mm512_load_si512(kIdx.data()), v);
   }
+  // Lane i of the result = lane idx[i] of v.
+  static V Permute(V v, const int32_t* idx) {
+    return _mm512_permutexvar_ps(_mm512_loadu_si512(idx), v);
+  }
   static void StoreLanes(float* p, V v, int64_t first, int64_t n) {
     _mm512_mask_storeu_ps(p, static_cast<__mmask16>(Mask(n) << first), v);
   }
