@@ -8,6 +8,7 @@
 #include "chorus/base/mapped_file.h"
 #include "chorus/engine/bench.h"
 #include "chorus/kernels/dispatch.h"
+#include "chorus/memory/kv_cache.h"
 
 namespace chorus::apps {
 namespace {
@@ -90,6 +91,9 @@ int BenchCommand(int argc, char** argv) {
            "(docs/benchmarks.md), ranks round-robin over --lora-ranks; plot: tools/plot.py punica "
            "<out>.csv");
   f.String("lora-dtype", "bf16", "storage of those adapters' compute weights: bf16 or f32");
+  f.String("kv-dtype", "f32",
+           "KV cache elements for every figure: f32 or bf16 (as chorus serve --kv-dtype); the "
+           "decode roofline counts the KV bytes of this dtype");
   f.String("isa", "best",
            "highest kernel level to use: best, amx, avx512, avx2 or scalar (to measure the "
            "AVX-512 kernels on an AMX machine, or the AVX2 ones on an AVX-512 machine); "
@@ -151,6 +155,11 @@ int BenchCommand(int argc, char** argv) {
   o.workload = f.GetString("workload");
   if (o.workload != "default" && o.workload != "punica") {
     return Fail("bench", InvalidArgumentError("--workload must be default or punica"));
+  }
+  if (auto kv_dtype = memory::ParseKvDtype(f.GetString("kv-dtype")); kv_dtype.ok()) {
+    o.kv_dtype = *kv_dtype;
+  } else {
+    return Fail("bench", kv_dtype.status().WithContext("flag --kv-dtype"));
   }
   if (f.GetString("lora-dtype") == "f32") {
     o.lora_storage = adapters::LoraStorage::kF32;

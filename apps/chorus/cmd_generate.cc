@@ -34,6 +34,8 @@ int GenerateCommand(int argc, char** argv) {
   f.Bool("no-bos", "do not prepend BOS");
   f.Int("threads", 0, "compute threads (0 = all cores)");
   f.Int("max-batch-tokens", 512, "prefill chunk size (tokens per step)");
+  f.String("kv-dtype", "f32",
+           "KV cache elements: f32, or bf16 (values rounded to nearest even when written)");
   f.Bool("quiet", "do not print the statistics line");
   f.Bool("chat", "send --prompt as a user message through the model's chat template");
   f.String("system", "", "with --chat: a system message before the prompt");
@@ -123,10 +125,16 @@ int GenerateCommand(int argc, char** argv) {
   eopts.max_batch_tokens = f.GetInt("max-batch-tokens");
   eopts.max_running = 1;
   eopts.max_queue = 1;
+  if (auto kv_dtype = memory::ParseKvDtype(f.GetString("kv-dtype")); kv_dtype.ok()) {
+    eopts.kv_dtype = *kv_dtype;
+  } else {
+    return Fail("generate", kv_dtype.status().WithContext("flag --kv-dtype"));
+  }
   memory::KvLayout layout{.n_layers = cfg.n_layers,
                           .n_kv_heads = cfg.n_kv_heads,
                           .head_dim = cfg.head_dim,
-                          .block_size = 16};
+                          .block_size = 16,
+                          .dtype = eopts.kv_dtype};
   const int64_t tokens = static_cast<int64_t>(prompt.size()) + req.max_tokens;
   eopts.pool_bytes =
       std::max<int64_t>(int64_t{1} << 20, ((tokens + 15) / 16 + 1) * layout.PageBytes());

@@ -5,6 +5,7 @@
 #include "apps/chorus/common.h"
 #include "apps/chorus/default_model.h"
 #include "chorus/engine/profile.h"
+#include "chorus/memory/kv_cache.h"
 #include "chorus/model/synthetic.h"
 
 namespace chorus::apps {
@@ -33,6 +34,7 @@ int ProfileCommand(int argc, char** argv) {
            "how steps are timed: wall, or cpu (the thread's CPU time: steadier on a shared host; "
            "needs --threads 1)");
   f.String("isa", "best", "highest kernel level: best, amx, avx512, avx2 or scalar");
+  f.String("kv-dtype", "f32", "KV cache elements: f32 or bf16 (as the server will run)");
   if (int rc = ParseOrExit(f, argc, argv); rc >= 0) return rc;
   if (Status si = ApplyIsaFlag(f); !si.ok()) return Fail("profile", si);
 
@@ -43,6 +45,11 @@ int ProfileCommand(int argc, char** argv) {
   if (f.GetString("clock") != "wall" && f.GetString("clock") != "cpu")
     return Fail("profile", InvalidArgumentError("flag --clock must be wall or cpu"));
   po.cpu_clock = f.GetString("clock") == "cpu";
+  if (auto kv_dtype = memory::ParseKvDtype(f.GetString("kv-dtype")); kv_dtype.ok()) {
+    po.kv_dtype = *kv_dtype;
+  } else {
+    return Fail("profile", kv_dtype.status().WithContext("flag --kv-dtype"));
+  }
   if (f.GetBool("quick")) {
     po.samples = 40;
     po.max_prefill = 128;

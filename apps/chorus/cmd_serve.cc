@@ -87,7 +87,7 @@ struct MemoryPlan {
 };
 
 MemoryPlan PlanMemory(const Flags& f, const model::ModelConfig& c, int64_t max_running,
-                      bool adapters) {
+                      bool adapters, kernels::KvDtype kv_dtype) {
   constexpr int64_t kMiB = int64_t{1} << 20;
   MemoryPlan plan;
   const int64_t available = MemAvailableBytes();
@@ -101,7 +101,8 @@ MemoryPlan PlanMemory(const Flags& f, const model::ModelConfig& c, int64_t max_r
     memory::KvLayout layout{.n_layers = c.n_layers,
                             .n_kv_heads = c.n_kv_heads,
                             .head_dim = c.head_dim,
-                            .block_size = 16};
+                            .block_size = 16,
+                            .dtype = kv_dtype};
     const int64_t blocks_per_seq = (c.max_seq_len + 15) / 16;
     int64_t want = max_running * blocks_per_seq * layout.PageBytes();
     // Adapter copies share the pool's pages (unified paging): leave them room beside a full
@@ -276,6 +277,9 @@ int ServeCommand(int argc, char** argv) {
         "paged pool (KV blocks + resident adapters) in MiB; 0 = sized from the model: KV for "
         "--max-running full contexts (+ adapter room), at most half of MemAvailable");
   f.Int("threads", 0, "compute threads (0 = all cores)");
+  f.String("kv-dtype", "f32",
+           "KV cache elements: f32, or bf16 (values rounded to nearest even when written: half "
+           "the pool per token and half the KV bytes a long-context decode step reads)");
   f.String("isa", "best",
            "highest kernel level: best, amx, avx512, avx2 or scalar (best defers to CHORUS_ISA "
            "when set)");
@@ -412,6 +416,11 @@ int ServeCommand(int argc, char** argv) {
   eo.max_running = f.GetInt("max-running");
   eo.max_batch_tokens = f.GetInt("max-batch-tokens");
   eo.max_queue = f.GetInt("max-queue");
+  if (auto kv_dtype = memory::ParseKvDtype(f.GetString("kv-dtype")); kv_dtype.ok()) {
+    eo.kv_dtype = *kv_dtype;
+  } else {
+    return Fail("serve", kv_dtype.status().WithContext("flag --kv-dtype"));
+  }
   for (const char* flag : {"pool-size", "host-cache-size"}) {
     const int64_t mib = f.GetInt(flag);
     if (mib < 0 || mib > (int64_t{1} << 20)) {
@@ -483,7 +492,8 @@ int ServeCommand(int argc, char** argv) {
           !f.GetRepeated("lora").empty() || !f.GetRepeated("delta").empty() ||
           !f.GetRepeated("lora-dir").empty() || !f.GetRepeated("adapter-root").empty() ||
           !f.GetString("registry").empty() || WantsFinetune(f);
-      const MemoryPlan plan = PlanMemory(f, loaded.model->config(), eo.max_running, with_adapters);
+      const MemoryPlan plan =
+          PlanMemory(f, loaded.model->config(), eo.max_running, with_adapters, eo.kv_dtype);
       eo.pool_bytes = plan.pool_bytes;
       CHORUS_ASSIGN_OR_RETURN(
           ServedAdapters served,
@@ -498,6 +508,7 @@ int ServeCommand(int argc, char** argv) {
                      "(chorus profile --quick; save one with chorus profile to skip this)\n");
         engine::ProfileOptions po;
         po.threads = eo.threads;
+        po.kv_dtype = eo.kv_dtype;
         po.samples = 40;
         po.max_prefill = std::min<int64_t>(128, eo.max_batch_tokens);
         po.max_decode = std::min<int64_t>(16, eo.max_running);
@@ -514,8 +525,9 @@ int ServeCommand(int argc, char** argv) {
       }
       engine = std::move(*eng);
       std::fprintf(
-          stderr, "chorus serve: pool %lld MiB (%s), %s\n",
+          stderr, "chorus serve: pool %lld MiB (%s), KV cache %s, %s\n",
           static_cast<long long>(plan.pool_bytes >> 20), plan.pool_reason.c_str(),
+          memory::KvDtypeName(eo.kv_dtype),
           eo.prefault_pool ? "prefaulted" : "made resident as it is used (--prefault: at start)");
       if (served.registry) (*srv)->SetAdapters(served.registry, served.cache);
       if (!served.finetune_dir.empty()) {

@@ -189,8 +189,11 @@ Result<EngineBenchReport> RunPunicaWorkload(const EngineBenchOptions& opts,
   const model::ModelConfig& c = mdl->config();
   model::Forward fwd(mdl, max_rows, max_rows);
   model::StepBuilder builder(max_rows, max_b);
-  memory::KvLayout layout{
-      .n_layers = c.n_layers, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim, .block_size = 16};
+  memory::KvLayout layout{.n_layers = c.n_layers,
+                          .n_kv_heads = c.n_kv_heads,
+                          .head_dim = c.head_dim,
+                          .block_size = 16,
+                          .dtype = opts.kv_dtype};
   const int64_t blocks_per_seq = (context + opts.decode_steps + 16 + 15) / 16;
   memory::PagePool pages(blocks_per_seq * (max_b + 1), layout.PageBytes());
   memory::KvCache kv(layout, &pages);
@@ -299,6 +302,7 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
   EngineBenchReport rep;
   rep.shape = opts.shape;
   rep.threads = opts.threads;
+  rep.kv_dtype = memory::KvDtypeName(opts.kv_dtype);
   const kernels::IsaLevel entry_isa = kernels::ActiveIsa();
   const std::vector<kernels::IsaLevel> isas =
       opts.isas.empty() ? std::vector<kernels::IsaLevel>{entry_isa} : opts.isas;
@@ -362,7 +366,8 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
     memory::KvLayout layout{.n_layers = c.n_layers,
                             .n_kv_heads = c.n_kv_heads,
                             .head_dim = c.head_dim,
-                            .block_size = 16};
+                            .block_size = 16,
+                            .dtype = opts.kv_dtype};
     // Each phase releases its blocks before the next, so the pool holds the largest phase: the
     // prompts of every length, one deep sequence, or the decode batches at the first depth.
     auto blocks = [](int64_t tokens) { return (tokens + 16 + 15) / 16; };
@@ -469,9 +474,9 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
     delta::DeltaHook delta_hook(max_rows);
     adapters::VariantHook variant_hook;
     const bool mixed = !deltas.empty();
-    // K and V bytes one decode token reads: every layer's f32 K and V rows of its context.
-    const double kv_bytes_per_ctx_token =
-        static_cast<double>(c.n_layers * 2 * c.kv_dim() * static_cast<int64_t>(sizeof(float)));
+    // K and V bytes one decode token reads: every layer's K and V rows of its context, in the
+    // cache's dtype.
+    const double kv_bytes_per_ctx_token = static_cast<double>(layout.TokenBytes());
 
     // Decode: the batches at depths[0], then batch 1 at each further depth. B sequences with
     // `depth` tokens of KV (filled once, untimed; every repeat rewrites the same later
@@ -608,7 +613,7 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
 std::string EngineBenchReport::ToCsv() const {
   std::ostringstream s;
   s << "shape,threads,isa,dtype,metric,batch,tokens_per_s,roofline_fraction,bandwidth_gbs,runs,"
-       "adapters,depth,weight_bytes_per_token,kv_bytes_per_token\n";
+       "adapters,depth,weight_bytes_per_token,kv_bytes_per_token,kv_dtype\n";
   for (const auto& r : rows) {
     s << shape << "," << threads << "," << (r.isa.empty() ? isa : r.isa) << "," << r.dtype << ","
       << r.metric << "," << r.batch << "," << std::fixed << std::setprecision(2) << r.tokens_per_s
@@ -617,7 +622,7 @@ std::string EngineBenchReport::ToCsv() const {
     for (size_t i = 0; i < r.runs.size(); ++i)
       s << (i ? ";" : "") << std::setprecision(2) << r.runs[i];
     s << "," << r.adapters << "," << r.depth << "," << std::setprecision(0)
-      << r.weight_bytes_per_token << "," << r.kv_bytes_per_token << "\n";
+      << r.weight_bytes_per_token << "," << r.kv_bytes_per_token << "," << kv_dtype << "\n";
   }
   return s.str();
 }
@@ -626,7 +631,8 @@ std::string EngineBenchReport::ToJson() const {
   std::ostringstream s;
   s << std::fixed << std::setprecision(3);
   s << "{\"shape\":\"" << shape << "\",\"threads\":" << threads << ",\"isa\":\"" << isa
-    << "\",\"bandwidth_gbs\":" << bandwidth_gbs << ",\"vnni_gops\":" << vnni_gops << ",\"rows\":[";
+    << "\",\"kv_dtype\":\"" << kv_dtype << "\",\"bandwidth_gbs\":" << bandwidth_gbs
+    << ",\"vnni_gops\":" << vnni_gops << ",\"rows\":[";
   for (size_t i = 0; i < rows.size(); ++i) {
     const auto& r = rows[i];
     s << (i ? "," : "") << "{\"isa\":\"" << (r.isa.empty() ? isa : r.isa) << "\",\"dtype\":\""
@@ -650,8 +656,8 @@ std::string EngineBenchReport::ToJson() const {
 std::string EngineBenchReport::ToTable() const {
   std::ostringstream s;
   s << std::fixed << std::setprecision(1);
-  s << "shape " << shape << ", " << threads << " threads, isa " << isa << ", read bandwidth "
-    << bandwidth_gbs << " GB/s (median)";
+  s << "shape " << shape << ", " << threads << " threads, isa " << isa << ", KV cache " << kv_dtype
+    << ", read bandwidth " << bandwidth_gbs << " GB/s (median)";
   if (vnni_gops > 0) s << ", int8 VNNI limit " << vnni_gops << " GOP/s (median)";
   s << "\n";
   const bool by_isa = isa.find(',') != std::string::npos;

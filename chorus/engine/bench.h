@@ -17,6 +17,7 @@
 #include "chorus/adapters/lora/lora_adapter.h"
 #include "chorus/base/status.h"
 #include "chorus/base/thread_pool.h"
+#include "chorus/kernels/attention.h"
 #include "chorus/kernels/dispatch.h"
 #include "chorus/model/quant_scheme.h"
 #include "chorus/tensor/dtype.h"
@@ -65,6 +66,9 @@ struct EngineBenchOptions {
   // repeat on the same model (a same-run A/B of the kernels); rows carry their level. Requires:
   // every level is supported (ActiveIsa() reaches it once uncapped).
   std::vector<kernels::IsaLevel> isas;
+  // Element type of the KV cache every figure runs with (`--kv-dtype`, as `chorus serve`); the
+  // roofline counts the KV bytes of this dtype.
+  kernels::KvDtype kv_dtype = kernels::KvDtype::kF32;
 };
 
 struct EngineBenchRow {
@@ -76,8 +80,8 @@ struct EngineBenchRow {
   std::vector<double> runs;  // every run, tokens/s
   double roofline_fraction = 0;  // decode batch 1: median of the runs' fractions
   double weight_bytes_per_token = 0;
-  // Decode: K and V bytes attention reads per token at the timed steps' mean context (f32 cache,
-  // every layer); the roofline counts them beside the weights.
+  // Decode: K and V bytes attention reads per token at the timed steps' mean context (every
+  // layer, in the cache's dtype); the roofline counts them beside the weights.
   double kv_bytes_per_token = 0;
   int64_t adapters = 0;  // distinct adapters in the batch (punica workload)
   // Decode batch 1: each run's roofline bandwidth is the mean of the probe passes run right
@@ -105,7 +109,8 @@ struct EngineBenchReport {
   std::string shape;
   int threads = 0;
   std::string isa;
-  double bandwidth_gbs = 0;  // median read bandwidth (GB/s = 1e9 B/s)
+  std::string kv_dtype = "f32";  // the KV cache's element type (EngineBenchOptions::kv_dtype)
+  double bandwidth_gbs = 0;      // median read bandwidth (GB/s = 1e9 B/s)
   std::vector<double> bandwidth_runs;
   // The int8 dot-product limit of the vector units (VnniPeakProbe, all `threads`): median GOP/s
   // (1e9 int8 multiply-adds counted as 2 operations each); 0 without AVX-512 VNNI.

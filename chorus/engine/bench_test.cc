@@ -101,5 +101,30 @@ TEST(EngineBenchTest, TinyShapeBatchOneRooflinePerRun) {
             2);  // three values
 }
 
+// --kv-dtype bf16: the figures run over a bf16 cache and the roofline counts 2-byte K and V.
+TEST(EngineBenchTest, Bf16KvCountsHalfTheKvBytes) {
+  EngineBenchOptions o;
+  o.shape = "tiny";
+  o.dtypes = {DType::kQ8_0};
+  o.prefill_lengths = {16};
+  o.batches = {1};
+  o.decode_steps = 4;
+  o.depths = {8};
+  o.repeats = 1;
+  o.bandwidth_bytes = 8 << 20;
+  o.kv_dtype = kernels::KvDtype::kBf16;
+  auto rep = RunEngineBench(o, [](const std::string&) {});
+  ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+  EXPECT_EQ(rep->kv_dtype, "bf16");
+  ASSERT_EQ(rep->rows.size(), 2u);
+  EXPECT_DOUBLE_EQ(rep->rows[1].kv_bytes_per_token, 4 * 2 * 64 * 2 * (8 + 2.5));
+  EXPECT_GT(rep->rows[1].tokens_per_s, 0.0);
+  const std::string csv = rep->ToCsv();
+  EXPECT_NE(csv.find(",kv_dtype\n"), std::string::npos);
+  EXPECT_NE(csv.find(",bf16\n"), std::string::npos);
+  EXPECT_NE(rep->ToJson().find("\"kv_dtype\":\"bf16\""), std::string::npos);
+  EXPECT_NE(rep->ToTable().find("KV cache bf16"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace chorus::engine

@@ -222,7 +222,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const model::Mode
   memory::KvLayout layout{.n_layers = c.n_layers,
                           .n_kv_heads = c.n_kv_heads,
                           .head_dim = c.head_dim,
-                          .block_size = opts.block_size};
+                          .block_size = opts.block_size,
+                          .dtype = opts.kv_dtype};
   const int64_t n_pages = opts.pool_bytes / layout.PageBytes();
   if (n_pages < 2) {
     return InvalidArgumentError("pool-size " + std::to_string(opts.pool_bytes >> 20) +

@@ -35,6 +35,7 @@
 #include "chorus/engine/metrics.h"
 #include "chorus/engine/request.h"
 #include "chorus/engine/training_gate.h"
+#include "chorus/kernels/attention.h"
 #include "chorus/model/model.h"
 #include "chorus/tokenizer/tokenizer.h"
 
@@ -50,6 +51,10 @@ struct EngineOptions {
   int64_t max_queue = 256;         // waiting requests before Submit() says kResourceExhausted
   int64_t pool_bytes = int64_t{1} << 30;  // the paged pool (KV blocks and resident adapters)
   int64_t block_size = 16;                // tokens per KV block
+  // Element type of the KV cache (`--kv-dtype`): bf16 halves the pages and the bytes a decode
+  // step reads per context token; values are rounded to nearest even when written, and every
+  // bitwise invariance (batch, chunking, preemption, forks, prefix cache) holds within the dtype.
+  kernels::KvDtype kv_dtype = kernels::KvDtype::kF32;
   // Adapter residency (docs/adapters.md, engine/adapter_residency.h).
   // Distinct adapters in one step; 0 = unlimited. Requests whose adapter is already in the step
   // may overtake one whose adapter would exceed the cap, but only for a bounded number of

@@ -58,8 +58,11 @@ Result<ProfileReport> RunProfile(std::shared_ptr<const model::Model> mdl,
   const int64_t slots = o.max_decode + 1;  // slot 0: the prefill sequence
   model::Forward fwd(mdl, max_rows, slots);
   model::StepBuilder builder(max_rows, slots);
-  memory::KvLayout layout{
-      .n_layers = c.n_layers, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim, .block_size = 16};
+  memory::KvLayout layout{.n_layers = c.n_layers,
+                          .n_kv_heads = c.n_kv_heads,
+                          .head_dim = c.head_dim,
+                          .block_size = 16,
+                          .dtype = o.kv_dtype};
   const int64_t per_slot = o.max_context + o.max_prefill + 1;
   memory::PagePool pages(slots * ((per_slot + 15) / 16), layout.PageBytes());
   memory::KvCache kv(layout, &pages);

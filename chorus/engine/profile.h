@@ -16,6 +16,7 @@
 
 #include "chorus/base/status.h"
 #include "chorus/engine/cost_model.h"
+#include "chorus/kernels/attention.h"
 #include "chorus/model/model.h"
 
 namespace chorus::engine {
@@ -34,6 +35,9 @@ struct ProfileOptions {
   // clock measures the time the kernel gave to others; the thread's CPU time measures the
   // step's own work (not the cache and memory-bandwidth contention, which remain).
   bool cpu_clock = false;
+  // Element type of the KV cache, as the server will run it (attention reads half the bytes in
+  // bf16).
+  kernels::KvDtype kv_dtype = kernels::KvDtype::kF32;
   // Deltas are not profiled (building one needs a fine-tune of the same base): their term is
   // zero in every sample, so the fitted models give it coefficient 0.
 };

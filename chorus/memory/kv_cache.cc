@@ -3,15 +3,28 @@
 #include <algorithm>
 #include <cstring>
 
+#include "chorus/tensor/dtype.h"
+
 namespace chorus::memory {
 
 int64_t KvLayout::PageBytes() const {
-  int64_t b = n_layers * 2 * block_size * kv_dim() * static_cast<int64_t>(sizeof(float));
+  const int64_t b = block_size * TokenBytes();
   return (b + 63) / 64 * 64;
 }
 
+const char* KvDtypeName(kernels::KvDtype dtype) {
+  return dtype == kernels::KvDtype::kBf16 ? "bf16" : "f32";
+}
+
+Result<kernels::KvDtype> ParseKvDtype(const std::string& name) {
+  if (name == "f32") return kernels::KvDtype::kF32;
+  if (name == "bf16") return kernels::KvDtype::kBf16;
+  return InvalidArgumentError("KV cache dtype '" + name.substr(0, 32) + "': expected f32 or bf16");
+}
+
 KvCache::KvCache(const KvLayout& layout, PagePool* pool) : layout_(layout), pool_(pool) {
-  CHORUS_CHECK(pool->page_bytes() >= layout.PageBytes());
+  CHORUS_CHECK(pool->page_bytes() >= layout.PageBytes())
+      << "pages of " << pool->page_bytes() << " bytes, the layout needs " << layout.PageBytes();
   const int64_t n_pages = pool->n_pages();
   k_ptrs_.resize(static_cast<size_t>(layout.n_layers * layout.n_kv_heads * n_pages));
   v_ptrs_.resize(k_ptrs_.size());
@@ -21,8 +34,9 @@ KvCache::KvCache(const KvLayout& layout, PagePool* pool) : layout_(layout), pool
     for (int64_t h = 0; h < layout.n_kv_heads; ++h) {
       for (int64_t p = 0; p < n_pages; ++p) {
         size_t idx = static_cast<size_t>((l * layout.n_kv_heads + h) * n_pages + p);
-        k_ptrs_[idx] = K(l, static_cast<int32_t>(p), 0, h);
-        v_ptrs_[idx] = V(l, static_cast<int32_t>(p), 0, h);
+        const uint8_t* page = pool->PageData(static_cast<int32_t>(p));
+        k_ptrs_[idx] = reinterpret_cast<const float*>(page + RowOffset(l, 0, 0, h));
+        v_ptrs_[idx] = reinterpret_cast<const float*>(page + RowOffset(l, 1, 0, h));
       }
     }
   }
@@ -135,24 +149,51 @@ void KvCache::Release(std::vector<int32_t>* table) {
 }
 
 float* KvCache::K(int64_t layer, int32_t block, int64_t slot, int64_t kv_head) {
-  auto* base = reinterpret_cast<float*>(pool_->PageData(block));
-  const int64_t bs = layout_.block_size, hd = layout_.head_dim;
-  return base + (((layer * 2 + 0) * layout_.n_kv_heads + kv_head) * bs + slot) * hd;
+  CHORUS_CHECK(layout_.dtype == kernels::KvDtype::kF32) << "KvCache::K of a bf16 cache";
+  return reinterpret_cast<float*>(pool_->PageData(block) + RowOffset(layer, 0, slot, kv_head));
 }
 
 float* KvCache::V(int64_t layer, int32_t block, int64_t slot, int64_t kv_head) {
-  auto* base = reinterpret_cast<float*>(pool_->PageData(block));
-  const int64_t bs = layout_.block_size, hd = layout_.head_dim;
-  return base + (((layer * 2 + 1) * layout_.n_kv_heads + kv_head) * bs + slot) * hd;
+  CHORUS_CHECK(layout_.dtype == kernels::KvDtype::kF32) << "KvCache::V of a bf16 cache";
+  return reinterpret_cast<float*>(pool_->PageData(block) + RowOffset(layer, 1, slot, kv_head));
 }
 
 void KvCache::WriteToken(int64_t layer, int32_t block, int64_t slot, const float* k,
                          const float* v) {
   const int64_t hd = layout_.head_dim;
+  uint8_t* page = pool_->PageData(block);
   for (int64_t g = 0; g < layout_.n_kv_heads; ++g) {
-    std::copy_n(k + g * hd, hd, K(layer, block, slot, g));
-    std::copy_n(v + g * hd, hd, V(layer, block, slot, g));
+    for (int which = 0; which < 2; ++which) {
+      const float* src = (which == 0 ? k : v) + g * hd;
+      uint8_t* dst = page + RowOffset(layer, which, slot, g);
+      if (layout_.dtype == kernels::KvDtype::kF32) {
+        std::memcpy(dst, src, static_cast<size_t>(hd) * sizeof(float));
+      } else {
+        auto* h = reinterpret_cast<uint16_t*>(dst);  // round to nearest even, NaN kept
+        for (int64_t d = 0; d < hd; ++d) h[d] = F32ToBF16(src[d]);
+      }
+    }
   }
+}
+
+void KvCache::ReadRow(int64_t layer, int which, int32_t block, int64_t slot, int64_t kv_head,
+                      float* out) const {
+  const uint8_t* row = pool_->PageData(block) + RowOffset(layer, which, slot, kv_head);
+  const int64_t hd = layout_.head_dim;
+  if (layout_.dtype == kernels::KvDtype::kF32) {
+    std::memcpy(out, row, static_cast<size_t>(hd) * sizeof(float));
+    return;
+  }
+  const auto* h = reinterpret_cast<const uint16_t*>(row);
+  for (int64_t d = 0; d < hd; ++d) out[d] = BF16ToF32(h[d]);
+}
+
+void KvCache::ReadK(int64_t layer, int32_t block, int64_t slot, int64_t kv_head, float* out) const {
+  ReadRow(layer, 0, block, slot, kv_head, out);
+}
+
+void KvCache::ReadV(int64_t layer, int32_t block, int64_t slot, int64_t kv_head, float* out) const {
+  ReadRow(layer, 1, block, slot, kv_head, out);
 }
 
 kernels::PagedKv KvCache::View(int64_t layer, int64_t kv_head, const int32_t* block_table) const {
@@ -164,6 +205,7 @@ kernels::PagedKv KvCache::View(int64_t layer, int64_t kv_head, const int32_t* bl
   kv.block_size = layout_.block_size;
   kv.kv_stride = layout_.head_dim;  // head-major blocks: a head's rows follow each other
   kv.head_stride = layout_.block_size * layout_.head_dim;
+  kv.dtype = layout_.dtype;  // strides count elements of this type
   return kv;
 }
 

@@ -1,6 +1,14 @@
 // test-labels: unit
 #include "chorus/memory/kv_cache.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "chorus/base/rng.h"
+#include "chorus/kernels/dispatch.h"
+#include "chorus/tensor/dtype.h"
 #include "tests/testutil/testutil.h"
 
 namespace chorus::memory {
@@ -102,6 +110,186 @@ TEST(KvCacheSharingTest, PrepareWriteIsAllOrNothing) {
   kv.Release(&a);
   kv.Release(&b);
   EXPECT_EQ(pool.n_free(), 4);
+}
+
+// bf16 pages: half the bytes; WriteToken rounds to nearest even and every reader (ReadK/ReadV,
+// the attention view) sees exactly the rounded values; copy-on-write copies them unchanged.
+TEST(KvCacheBf16Test, WriteTokenRoundsToNearestEvenAndTheViewReadsBf16) {
+  KvLayout f32 = SmallLayout();
+  KvLayout layout = f32;
+  layout.dtype = kernels::KvDtype::kBf16;
+  EXPECT_EQ(layout.TokenBytes() * 2, f32.TokenBytes());
+  EXPECT_EQ(layout.PageBytes(), 2 * 2 * 16 * 2 * 4 * 2);  // layers × K|V × slots × kv_dim × 2 B
+  EXPECT_EQ(f32.PageBytes(), 2 * layout.PageBytes());
+  PagePool pool(4, layout.PageBytes());
+  KvCache kv(layout, &pool);
+  std::vector<int32_t> a;
+  CHORUS_ASSERT_OK(kv.Reserve(&a, 20));
+  // One token: K and V of 2 heads × 4 dims. 1 + 2^-8 is a tie between 1 and 1 + 2^-7 (→ the
+  // even 1); 1 + 3·2^-8 a tie between 1 + 2^-7 and 1 + 2^-6 (→ the even 1 + 2^-6); values
+  // already in bf16 stay; NaN stays NaN.
+  const float tie_down = 1.0f + 0x1p-8f, tie_up = 1.0f + 3 * 0x1p-8f;
+  const float k[8] = {tie_down, tie_up, -tie_down, 0.15625f, 1e-3f, -2.5f, 65504.0f, 3.0e38f};
+  float v[8];
+  for (int i = 0; i < 8; ++i) v[i] = -k[i] * 3.0f;
+  v[7] = std::numeric_limits<float>::quiet_NaN();
+  kv.WriteToken(1, a[1], 3, k, v);  // token 19
+  float got[4];
+  for (int64_t g = 0; g < 2; ++g) {
+    kv.ReadK(1, a[1], 3, g, got);
+    for (int d = 0; d < 4; ++d) EXPECT_EQ(got[d], BF16ToF32(F32ToBF16(k[g * 4 + d]))) << g << d;
+    kv.ReadV(1, a[1], 3, g, got);
+    for (int d = 0; d < 4; ++d) {
+      if (g == 1 && d == 3) {
+        EXPECT_TRUE(std::isnan(got[d]));
+      } else {
+        EXPECT_EQ(got[d], BF16ToF32(F32ToBF16(v[g * 4 + d]))) << g << d;
+      }
+    }
+  }
+  kv.ReadK(1, a[1], 3, 0, got);
+  EXPECT_EQ(got[0], 1.0f);
+  EXPECT_EQ(got[1], 1.0f + 0x1p-6f);
+  EXPECT_EQ(got[2], -1.0f);
+  EXPECT_EQ(got[3], 0.15625f);
+  // The view: bf16, head-major strides in elements, head 1's row right after head 0's block.
+  const kernels::PagedKv view = kv.View(1, 1, a.data());
+  EXPECT_EQ(view.dtype, kernels::KvDtype::kBf16);
+  EXPECT_EQ(view.kv_stride, 4);
+  EXPECT_EQ(view.head_stride, 16 * 4);
+  float buf[4];
+  const float* row = view.KeyRow(19, 0, 4, buf);
+  kv.ReadK(1, a[1], 3, 1, got);
+  for (int d = 0; d < 4; ++d) EXPECT_EQ(row[d], got[d]);
+  // Copy-on-write of a shared block keeps the rounded bits.
+  std::vector<int32_t> b = kv.Fork(a);
+  CHORUS_ASSERT_OK(kv.PrepareWrite(&b, 19, 20));
+  EXPECT_NE(b[1], a[1]);
+  float copy[4];
+  kv.ReadK(1, b[1], 3, 0, copy);
+  kv.ReadK(1, a[1], 3, 0, got);
+  EXPECT_EQ(std::memcmp(copy, got, sizeof(got)), 0);
+  kv.Release(&a);
+  kv.Release(&b);
+  EXPECT_EQ(pool.n_free(), 4);
+}
+
+// Attention over a bf16 cache filled through WriteToken: at every ISA level the tiled kernels
+// (prefill blocks, one-token decode rows, split-K) give the bits they give over an f32 cache
+// holding the same rounded values, and agree with the reference attention (reference::
+// AttentionRow, which reads the bf16 view itself) and with a dense softmax in double over the
+// rounded values.
+TEST(KvCacheBf16Test, AttentionOverBf16CacheEqualsF32CacheOfTheRoundedValues) {
+  const int64_t n_layers = 2, n_kv = 2, hd = 64, group = 8, n_heads = n_kv * group;
+  const int64_t n_ctx = 600, stride = n_heads * hd, kv_dim = n_kv * hd, layer = 1;
+  KvLayout l32{.n_layers = n_layers, .n_kv_heads = n_kv, .head_dim = hd, .block_size = 16};
+  KvLayout l16 = l32;
+  l16.dtype = kernels::KvDtype::kBf16;
+  const int64_t blocks = (n_ctx + 15) / 16;
+  PagePool p32(blocks, l32.PageBytes()), p16(blocks, l16.PageBytes());
+  KvCache c32(l32, &p32), c16(l16, &p16);
+  std::vector<int32_t> t32, t16;
+  CHORUS_ASSERT_OK(c32.Reserve(&t32, n_ctx));
+  CHORUS_ASSERT_OK(c16.Reserve(&t16, n_ctx));
+  Rng rng(77);
+  std::vector<float> k(static_cast<size_t>(n_ctx * kv_dim)), v(k.size()), kr(k.size()),
+      vr(k.size());
+  for (size_t i = 0; i < k.size(); ++i) {
+    k[i] = rng.NextGaussian(), v[i] = rng.NextGaussian();
+    kr[i] = BF16ToF32(F32ToBF16(k[i])), vr[i] = BF16ToF32(F32ToBF16(v[i]));
+  }
+  for (int64_t t = 0; t < n_ctx; ++t) {
+    const int64_t b = t / 16, slot = t % 16;
+    c16.WriteToken(layer, t16[b], slot, k.data() + t * kv_dim, v.data() + t * kv_dim);  // rounds
+    c32.WriteToken(layer, t32[b], slot, kr.data() + t * kv_dim, vr.data() + t * kv_dim);
+  }
+  std::vector<float> q(static_cast<size_t>(n_ctx * stride));
+  for (float& x : q) x = 1.5f * rng.NextGaussian();
+  const float scale = 0.125f;
+  auto run = [&](const KvCache& c, const std::vector<int32_t>& table, int64_t chunk) {
+    std::vector<float> out(q.size());
+    std::vector<float> scratch(
+        static_cast<size_t>(kernels::AttentionScratchFloats(chunk, group, hd)));
+    for (int64_t pos0 = 0; pos0 < n_ctx; pos0 += chunk) {
+      const int64_t n = std::min(chunk, n_ctx - pos0);
+      for (int64_t g = 0; g < n_kv; ++g) {
+        const int64_t off = pos0 * stride + g * group * hd;
+        kernels::AttentionBlock(q.data() + off, stride, n, pos0, c.View(layer, g, table.data()), 0,
+                                group, hd, scale, scratch.data(), out.data() + off, stride);
+      }
+    }
+    return out;
+  };
+  for (kernels::IsaLevel level :
+       {kernels::IsaLevel::kScalar, kernels::IsaLevel::kAvx2, kernels::IsaLevel::kAvx512}) {
+    kernels::SetMaxIsa(kernels::kMaxIsaLevel);
+    if (static_cast<int>(kernels::ActiveIsa()) < static_cast<int>(level)) continue;
+    kernels::SetMaxIsa(level);
+    const std::vector<float> want = run(c32, t32, 1);
+    for (int64_t chunk : {int64_t{1}, int64_t{8}, int64_t{37}}) {
+      const std::vector<float> got = run(c16, t16, chunk);
+      ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+          << kernels::IsaName(level) << " chunk " << chunk;
+    }
+    // The last token split-K, one segment per call, merged.
+    const int64_t pos = n_ctx - 1, n_seg = kernels::AttentionSegments(n_ctx);
+    const int64_t pf = kernels::AttentionPartialFloats(group, hd);
+    std::vector<float> scratch(static_cast<size_t>(kernels::AttentionScratchFloats(1, group, hd)));
+    for (int64_t g = 0; g < n_kv; ++g) {
+      std::vector<float> partials(static_cast<size_t>(n_seg * pf)), merged(group * hd);
+      for (int64_t sg = 0; sg < n_seg; ++sg) {
+        kernels::AttentionPartials(q.data() + pos * stride + g * group * hd, pos,
+                                   c16.View(layer, g, t16.data()), 0, group, hd, scale, sg, sg + 1,
+                                   scratch.data(), partials.data() + sg * pf);
+      }
+      kernels::AttentionMerge(partials.data(), n_seg, group, hd, merged.data());
+      ASSERT_EQ(std::memcmp(merged.data(), want.data() + pos * stride + g * group * hd,
+                            merged.size() * sizeof(float)),
+                0)
+          << kernels::IsaName(level) << " g " << g;
+    }
+    // The reference over the bf16 view, and a dense softmax in double over the rounded values.
+    for (int64_t i : {int64_t{0}, int64_t{300}, pos}) {
+      std::vector<float> ref(static_cast<size_t>(group * hd)), rs(static_cast<size_t>(i + 1));
+      for (int64_t g = 0; g < n_kv; ++g) {
+        const float* qi = q.data() + i * stride + g * group * hd;
+        kernels::reference::AttentionRow(qi, c16.View(layer, g, t16.data()), i + 1, group, 1, hd,
+                                         scale, rs.data(), ref.data());
+        for (int64_t h = 0; h < group; ++h) {
+          std::vector<double> sc(static_cast<size_t>(i + 1));
+          double mx = -1e300, sum = 0;
+          for (int64_t t = 0; t <= i; ++t) {
+            double dot = 0;
+            for (int64_t d = 0; d < hd; ++d)
+              dot += double(qi[h * hd + d]) * kr[static_cast<size_t>(t * kv_dim + g * hd + d)];
+            sc[static_cast<size_t>(t)] = dot * scale;
+            mx = std::max(mx, dot * scale);
+          }
+          for (double& x : sc) sum += (x = std::exp(x - mx));
+          for (int64_t d = 0; d < hd; ++d) {
+            double o = 0;
+            for (int64_t t = 0; t <= i; ++t)
+              o += sc[static_cast<size_t>(t)] / sum *
+                   vr[static_cast<size_t>(t * kv_dim + g * hd + d)];
+            const float fast = want[static_cast<size_t>(i * stride + (g * group + h) * hd + d)];
+            ASSERT_NEAR(fast, o, 2e-5) << "token " << i << " head " << g * group + h;
+            ASSERT_NEAR(ref[static_cast<size_t>(h * hd + d)], o, 2e-5) << "token " << i;
+          }
+        }
+      }
+    }
+  }
+  kernels::SetMaxIsa(kernels::kMaxIsaLevel);
+}
+
+TEST(KvCacheBf16Test, DtypeNamesParse) {
+  EXPECT_EQ(*ParseKvDtype("f32"), kernels::KvDtype::kF32);
+  EXPECT_EQ(*ParseKvDtype("bf16"), kernels::KvDtype::kBf16);
+  EXPECT_STREQ(KvDtypeName(kernels::KvDtype::kBf16), "bf16");
+  const Result<kernels::KvDtype> bad = ParseKvDtype("fp16");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("f32 or bf16"), std::string::npos);
 }
 
 }  // namespace

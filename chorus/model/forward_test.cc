@@ -28,10 +28,13 @@ std::vector<int32_t> Prompt(int s, int64_t n) {
 // chunks of `chunk` tokens, then decodes kDecodeSteps greedy steps with all sequences in each
 // step. Returns the logits of `target`'s last prompt row and of each of its decode rows.
 std::vector<float> RunSequences(const std::shared_ptr<const Model>& m, int64_t chunk, int others,
-                                int threads) {
+                                int threads, kernels::KvDtype kv_dtype = kernels::KvDtype::kF32) {
   const ModelConfig& c = m->config();
-  memory::KvLayout layout{
-      .n_layers = c.n_layers, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim, .block_size = 16};
+  memory::KvLayout layout{.n_layers = c.n_layers,
+                          .n_kv_heads = c.n_kv_heads,
+                          .head_dim = c.head_dim,
+                          .block_size = 16,
+                          .dtype = kv_dtype};
   ThreadPool pool(threads);
   const int n_seqs = others + 1;
   Forward fwd(m, kPrompt, n_seqs);
@@ -90,6 +93,30 @@ TEST(ForwardTest, LongContextRowIsTheSameWhateverTheChunkingBatchAndSplit) {
     EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
         << "chunk " << k.chunk << " others " << k.others << " threads " << k.threads;
   }
+}
+
+// The same with a bf16 KV cache: values are rounded when written, and every property above
+// holds within the dtype. (Its logits differ from the f32 cache's, by the rounding.)
+TEST(ForwardTest, LongContextRowIsTheSameWhateverTheChunkingBatchAndSplitWithBf16Kv) {
+  auto mr = MakeSyntheticModel({.shape = "tiny", .dtype = DType::kF32, .seed = 3});
+  ASSERT_TRUE(mr.ok()) << mr.status().ToString();
+  std::shared_ptr<const Model> m = *mr;
+  const kernels::KvDtype bf16 = kernels::KvDtype::kBf16;
+  const std::vector<float> want = RunSequences(m, kPrompt, 0, 2, bf16);
+  struct Case {
+    int64_t chunk;
+    int others, threads;
+  };
+  for (const Case& k : {Case{100, 0, 2}, Case{37, 0, 2}, Case{1000, 7, 2}, Case{45, 7, 1},
+                        Case{512, 3, 2}, Case{kPrompt, 0, 1}}) {
+    const std::vector<float> got = RunSequences(m, k.chunk, k.others, k.threads, bf16);
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
+        << "chunk " << k.chunk << " others " << k.others << " threads " << k.threads;
+  }
+  const std::vector<float> f32 = RunSequences(m, kPrompt, 0, 2);
+  EXPECT_NE(std::memcmp(f32.data(), want.data(), want.size() * sizeof(float)), 0)
+      << "the bf16 cache was not used";
 }
 
 }  // namespace

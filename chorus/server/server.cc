@@ -469,7 +469,8 @@ void Server::SetEngine(std::shared_ptr<engine::Engine> eng) {
   memory::KvLayout layout{.n_layers = cfg.n_layers,
                           .n_kv_heads = cfg.n_kv_heads,
                           .head_dim = cfg.head_dim,
-                          .block_size = block};
+                          .block_size = block,
+                          .dtype = eng->options().kv_dtype};
   impl_->kv_block_bytes = layout.PageBytes();
   impl_->engine = std::move(eng);
   ready_.store(true, std::memory_order_release);

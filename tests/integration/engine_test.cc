@@ -70,22 +70,29 @@ std::vector<int32_t> PromptFor(int i) {
   return p;
 }
 
-EngineOptions Opts() {
+EngineOptions Opts(kernels::KvDtype kv_dtype = kernels::KvDtype::kF32) {
   EngineOptions o;
   o.threads = 2;
   o.max_batch_tokens = 64;
   o.max_running = 16;
   o.max_queue = 64;
   o.pool_bytes = 64 << 20;
+  o.kv_dtype = kv_dtype;
   return o;
 }
 
-TEST(EngineTest, SameTokensAloneAndAmongSixteenConcurrent) {
-  CHORUS_REQUIRE_SHARED_MODEL(kModel);
+// Bytes of one KV block of `model` (16 tokens) in `kv_dtype`.
+int64_t PageBytes(const model::Model& model, kernels::KvDtype kv_dtype) {
+  const auto& c = model.config();
+  return ((c.n_layers * 2 * 16 * c.kv_dim() * (kv_dtype == kernels::KvDtype::kBf16 ? 2 : 4)) + 63) /
+         64 * 64;
+}
+
+void CheckSameTokensAloneAndAmongSixteen(kernels::KvDtype kv_dtype) {
   Loaded l = Load();
   std::vector<Output> alone;
   {
-    auto e = Engine::Create(l.model, l.tok, Opts());
+    auto e = Engine::Create(l.model, l.tok, Opts(kv_dtype));
     ASSERT_TRUE(e.ok()) << e.status().ToString();
     for (int i = 0; i < 16; ++i) {
       auto h = (*e)->Submit(Greedy(PromptFor(i), 40));
@@ -93,7 +100,7 @@ TEST(EngineTest, SameTokensAloneAndAmongSixteenConcurrent) {
       alone.push_back(Collect(**h));
     }
   }
-  auto e = Engine::Create(l.model, l.tok, Opts());
+  auto e = Engine::Create(l.model, l.tok, Opts(kv_dtype));
   ASSERT_TRUE(e.ok());
   std::vector<std::shared_ptr<RequestHandle>> hs;
   for (int i = 0; i < 16; ++i) {
@@ -110,19 +117,31 @@ TEST(EngineTest, SameTokensAloneAndAmongSixteenConcurrent) {
   EXPECT_EQ(BlocksUsedWhenSettled(**e), 0);
 }
 
-TEST(EngineTest, PreemptionDoesNotChangeOutput) {
+TEST(EngineTest, SameTokensAloneAndAmongSixteenConcurrent) {
   CHORUS_REQUIRE_SHARED_MODEL(kModel);
+  CheckSameTokensAloneAndAmongSixteen(kernels::KvDtype::kF32);
+}
+
+TEST(EngineTest, SameTokensAloneAndAmongSixteenConcurrentWithBf16Kv) {
+  CHORUS_REQUIRE_SHARED_MODEL(kModel);
+  CheckSameTokensAloneAndAmongSixteen(kernels::KvDtype::kBf16);
+}
+
+void CheckPreemptionDoesNotChangeOutput(kernels::KvDtype kv_dtype) {
   Loaded l = Load();
+  // The pool is at least 1 MiB (51 f32 blocks of this model, 102 bf16 ones): in bf16, twice the
+  // sequences (each up to 8 blocks) so that the small pool still runs out.
+  const bool bf16 = kv_dtype == kernels::KvDtype::kBf16;
+  const int n_requests = bf16 ? 16 : 8;
   auto run = [&](int64_t pool_blocks, uint64_t* preemptions) {
-    EngineOptions o = Opts();
-    const auto& c = l.model->config();
-    const int64_t page = ((c.n_layers * 2 * 16 * c.kv_dim() * 4) + 63) / 64 * 64;
+    EngineOptions o = Opts(kv_dtype);
+    const int64_t page = PageBytes(*l.model, kv_dtype);
     o.pool_bytes = std::max<int64_t>(pool_blocks * page, 1 << 20);
     o.max_batch_tokens = 16;  // long prompts take several steps
     auto e = Engine::Create(l.model, l.tok, o);
     CHORUS_CHECK(e.ok()) << e.status().ToString();
     std::vector<std::shared_ptr<RequestHandle>> hs;
-    for (int i = 0; i < 8; ++i) {
+    for (int i = 0; i < n_requests; ++i) {
       GenerationRequest r = Greedy(PromptFor(i), 100);
       r.sampling.temperature = 0.8f;  // sampled, seeded: the RNG state must survive preemption too
       r.sampling.seed = 100 + i;
@@ -144,6 +163,17 @@ TEST(EngineTest, PreemptionDoesNotChangeOutput) {
   for (size_t i = 0; i < big.size(); ++i) {
     EXPECT_EQ(small[i].tokens, big[i].tokens) << "request " << i;
   }
+}
+
+TEST(EngineTest, PreemptionDoesNotChangeOutput) {
+  CHORUS_REQUIRE_SHARED_MODEL(kModel);
+  CheckPreemptionDoesNotChangeOutput(kernels::KvDtype::kF32);
+}
+
+// Recompute after preemption writes the same rounded values into the bf16 cache.
+TEST(EngineTest, PreemptionDoesNotChangeOutputWithBf16Kv) {
+  CHORUS_REQUIRE_SHARED_MODEL(kModel);
+  CheckPreemptionDoesNotChangeOutput(kernels::KvDtype::kBf16);
 }
 
 TEST(EngineTest, CancelFreesBlocksWithinAStep) {
@@ -267,12 +297,11 @@ GenerationRequest Seeded(std::vector<int32_t> prompt, int64_t max_tokens, uint64
 // Choice i of an n-choice request (which shares the prompt's blocks) == the same request with
 // seed + i run alone, for sampled and greedy requests, prompts on and off block boundaries, and
 // with fewer running slots than choices (the choices that wait recompute one token).
-TEST(EngineTest, ChoicesSharingThePromptEqualSeparateRuns) {
-  CHORUS_REQUIRE_SHARED_MODEL(kModel);
+void CheckChoicesSharingThePromptEqualSeparateRuns(kernels::KvDtype kv_dtype) {
   Loaded l = Load();
   for (int64_t max_running : {16, 2}) {
     for (int64_t len : {int64_t{5}, int64_t{48}, int64_t{77}}) {
-      EngineOptions o = Opts();
+      EngineOptions o = Opts(kv_dtype);
       o.max_running = max_running;
       auto e = Engine::Create(l.model, l.tok, o);
       ASSERT_TRUE(e.ok());
@@ -302,6 +331,17 @@ TEST(EngineTest, ChoicesSharingThePromptEqualSeparateRuns) {
       EXPECT_EQ(BlocksUsedWhenSettled(**e), 0);
     }
   }
+}
+
+TEST(EngineTest, ChoicesSharingThePromptEqualSeparateRuns) {
+  CHORUS_REQUIRE_SHARED_MODEL(kModel);
+  CheckChoicesSharingThePromptEqualSeparateRuns(kernels::KvDtype::kF32);
+}
+
+// Forks share bf16 blocks and copy them on write unchanged.
+TEST(EngineTest, ChoicesSharingThePromptEqualSeparateRunsWithBf16Kv) {
+  CHORUS_REQUIRE_SHARED_MODEL(kModel);
+  CheckChoicesSharingThePromptEqualSeparateRuns(kernels::KvDtype::kBf16);
 }
 
 // While 4 choices of a long prompt run, the pool holds the prompt's blocks once.

@@ -67,8 +67,10 @@ GenerationRequest Req(int question, std::optional<adapters::VariantRef> variant 
   return r;
 }
 
-EngineOptions Options(const Stories& s, bool prefix_cache) {
+EngineOptions Options(const Stories& s, bool prefix_cache,
+                      kernels::KvDtype kv_dtype = kernels::KvDtype::kF32) {
   EngineOptions o;
+  o.kv_dtype = kv_dtype;
   o.threads = 2;
   o.max_batch_tokens = 64;
   o.max_running = 8;
@@ -78,21 +80,22 @@ EngineOptions Options(const Stories& s, bool prefix_cache) {
   return o;
 }
 
-std::vector<std::vector<int32_t>> Alone(const Stories& s, GenerationRequest r) {
-  auto e = Engine::Create(s.model, s.tok, Options(s, /*prefix_cache=*/false));
+std::vector<std::vector<int32_t>> Alone(const Stories& s, GenerationRequest r,
+                                        kernels::KvDtype kv_dtype = kernels::KvDtype::kF32) {
+  auto e = Engine::Create(s.model, s.tok, Options(s, /*prefix_cache=*/false, kv_dtype));
   CHORUS_CHECK(e.ok());
   return RunToEnd(**(*e)->Submit(std::move(r)));
 }
 
-TEST(PrefixCacheE2E, SharedPrefixIsReusedAndOutputsAreBitwiseTheSame) {
-  CHORUS_REQUIRE_SHARED_MODEL(kModel);
+void CheckSharedPrefixIsReused(kernels::KvDtype kv_dtype) {
   Stories s = LoadStories();
   GenerationRequest sampled = Req(3);
   sampled.sampling.temperature = 0.8f;
   sampled.sampling.seed = 1234;
   sampled.n = 3;
-  const auto want0 = Alone(s, Req(0)), want1 = Alone(s, Req(1)), want_s = Alone(s, sampled);
-  auto e = Engine::Create(s.model, s.tok, Options(s, true));
+  const auto want0 = Alone(s, Req(0), kv_dtype), want1 = Alone(s, Req(1), kv_dtype),
+             want_s = Alone(s, sampled, kv_dtype);
+  auto e = Engine::Create(s.model, s.tok, Options(s, true, kv_dtype));
   ASSERT_TRUE(e.ok());
   const auto& m = (*e)->metrics();
   EXPECT_EQ(RunToEnd(**(*e)->Submit(Req(0))), want0);
@@ -111,6 +114,17 @@ TEST(PrefixCacheE2E, SharedPrefixIsReusedAndOutputsAreBitwiseTheSame) {
   // Idle: cached blocks that nobody holds do not count as used.
   EXPECT_TRUE(WaitFor([&] { return m.kv_blocks_used.load() == 0; })) << m.kv_blocks_used.load();
   EXPECT_EQ(m.preemptions_total.load(), 0u);
+}
+
+TEST(PrefixCacheE2E, SharedPrefixIsReusedAndOutputsAreBitwiseTheSame) {
+  CHORUS_REQUIRE_SHARED_MODEL(kModel);
+  CheckSharedPrefixIsReused(kernels::KvDtype::kF32);
+}
+
+// The same with a bf16 KV cache: cached blocks hold the rounded values a recompute would write.
+TEST(PrefixCacheE2E, SharedPrefixIsReusedAndOutputsAreBitwiseTheSameWithBf16Kv) {
+  CHORUS_REQUIRE_SHARED_MODEL(kModel);
+  CheckSharedPrefixIsReused(kernels::KvDtype::kBf16);
 }
 
 TEST(PrefixCacheE2E, AVariantNeverReusesAnotherVariantsBlocks) {
