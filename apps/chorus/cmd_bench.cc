@@ -62,6 +62,9 @@ int BenchCommand(int argc, char** argv) {
           "at larger batches, then batch-1 decode at each further --context depth, per dtype.\n"
           "Each figure is the median of --repeats runs. Writes <out>.csv and <out>.json.");
   f.String("shape", "tinyllama-1.1b", "synthetic model shape");
+  f.String("model", "",
+           "measure this model file (GGUF or HF directory) instead of synthetic weights; "
+           "--shape and --dtypes are then ignored");
   f.String("dtypes", "q4_0,q8_0,bf16",
            "comma-separated weight dtypes or K-quant mixes (q4_k_m, q6_k, ...)");
   f.Int("threads", 2, "compute threads");
@@ -103,6 +106,7 @@ int BenchCommand(int argc, char** argv) {
   if (int rc = ParseOrExit(f, argc, argv); rc >= 0) return rc;
   engine::EngineBenchOptions o;
   o.shape = f.GetString("shape");
+  o.model_path = f.GetString("model");
   o.threads = static_cast<int>(f.GetInt("threads"));
   o.decode_steps = f.GetInt("decode-steps");
   o.repeats = static_cast<int>(f.GetInt("repeats"));

@@ -7,6 +7,7 @@
 #include "apps/chorus/common.h"
 #include "chorus/engine/engine.h"
 #include "chorus/memory/kv_cache.h"
+#include "chorus/model/forward.h"
 #include "chorus/server/template_routes.h"
 
 namespace chorus::apps {
@@ -130,14 +131,11 @@ int GenerateCommand(int argc, char** argv) {
   } else {
     return Fail("generate", kv_dtype.status().WithContext("flag --kv-dtype"));
   }
-  memory::KvLayout layout{.n_layers = cfg.n_layers,
-                          .n_kv_heads = cfg.n_kv_heads,
-                          .head_dim = cfg.head_dim,
-                          .block_size = 16,
-                          .dtype = eopts.kv_dtype};
+  const memory::KvLayout layout = model::KvLayoutFor(cfg, 16, eopts.kv_dtype);
   const int64_t tokens = static_cast<int64_t>(prompt.size()) + req.max_tokens;
-  eopts.pool_bytes =
-      std::max<int64_t>(int64_t{1} << 20, ((tokens + 15) / 16 + 1) * layout.PageBytes());
+  eopts.pool_bytes = std::max<int64_t>(
+      int64_t{1} << 20,
+      (layout.Groups().PagesFor(tokens, eopts.max_batch_tokens, 16) + 1) * layout.PageBytes());
   auto eng = engine::Engine::Create(loaded->model, loaded->tokenizer, eopts);
   if (!eng.ok()) return Fail("generate", eng.status());
   const auto t0 = std::chrono::steady_clock::now();

@@ -19,6 +19,7 @@
 #include "chorus/engine/engine.h"
 #include "chorus/engine/profile.h"
 #include "chorus/memory/kv_cache.h"
+#include "chorus/model/forward.h"
 #include "chorus/server/finetune_routes.h"
 #include "chorus/server/server.h"
 #include "chorus/server/template_routes.h"
@@ -87,7 +88,7 @@ struct MemoryPlan {
 };
 
 MemoryPlan PlanMemory(const Flags& f, const model::ModelConfig& c, int64_t max_running,
-                      bool adapters, kernels::KvDtype kv_dtype) {
+                      int64_t max_batch_tokens, bool adapters, kernels::KvDtype kv_dtype) {
   constexpr int64_t kMiB = int64_t{1} << 20;
   MemoryPlan plan;
   const int64_t available = MemAvailableBytes();
@@ -98,12 +99,10 @@ MemoryPlan PlanMemory(const Flags& f, const model::ModelConfig& c, int64_t max_r
     plan.pool_bytes = mib * kMiB;
     plan.pool_reason = "--pool-size";
   } else {
-    memory::KvLayout layout{.n_layers = c.n_layers,
-                            .n_kv_heads = c.n_kv_heads,
-                            .head_dim = c.head_dim,
-                            .block_size = 16,
-                            .dtype = kv_dtype};
-    const int64_t blocks_per_seq = (c.max_seq_len + 15) / 16;
+    // Pages of one full context: layers with a sliding window keep only theirs
+    // (memory/kv_cache.h, layer groups).
+    const memory::KvLayout layout = model::KvLayoutFor(c, 16, kv_dtype);
+    const int64_t blocks_per_seq = layout.Groups().PagesFor(c.max_seq_len, max_batch_tokens, 16);
     int64_t want = max_running * blocks_per_seq * layout.PageBytes();
     // Adapter copies share the pool's pages (unified paging): leave them room beside a full
     // batch of KV.
@@ -493,7 +492,8 @@ int ServeCommand(int argc, char** argv) {
           !f.GetRepeated("lora-dir").empty() || !f.GetRepeated("adapter-root").empty() ||
           !f.GetString("registry").empty() || WantsFinetune(f);
       const MemoryPlan plan =
-          PlanMemory(f, loaded.model->config(), eo.max_running, with_adapters, eo.kv_dtype);
+          PlanMemory(f, loaded.model->config(), eo.max_running, eo.max_batch_tokens, with_adapters,
+                     eo.kv_dtype);
       eo.pool_bytes = plan.pool_bytes;
       CHORUS_ASSIGN_OR_RETURN(
           ServedAdapters served,

@@ -24,6 +24,7 @@
 #include "chorus/kernels/dispatch.h"
 #include "chorus/memory/kv_cache.h"
 #include "chorus/model/forward.h"
+#include "chorus/model/loader.h"
 #include "chorus/model/step_builder.h"
 #include "chorus/model/synthetic.h"
 
@@ -300,9 +301,11 @@ Result<EngineBenchReport> RunPunicaWorkload(const EngineBenchOptions& opts,
 Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
                                          const std::function<void(const std::string&)>& progress) {
   EngineBenchReport rep;
-  rep.shape = opts.shape;
+  rep.shape = opts.model_path.empty() ? opts.shape : opts.model_path;
   rep.threads = opts.threads;
   rep.kv_dtype = memory::KvDtypeName(opts.kv_dtype);
+  if (!opts.model_path.empty() && opts.workload != "default")
+    return InvalidArgumentError("a model file is measured by the default workload only");
   const kernels::IsaLevel entry_isa = kernels::ActiveIsa();
   const std::vector<kernels::IsaLevel> isas =
       opts.isas.empty() ? std::vector<kernels::IsaLevel>{entry_isa} : opts.isas;
@@ -354,12 +357,24 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
   // Rows of the largest step: a prefill prompt, a sequence's context fill, or a decode batch.
   const int64_t max_rows = std::max({max_prefill, max_depth, max_b, int64_t{1}});
 
-  for (const model::QuantScheme& scheme : opts.dtypes) {
-    const std::string dname = scheme.name();
-    progress("building synthetic " + opts.shape + " " + dname);
-    model::SyntheticSpec spec{.shape = opts.shape, .dtype = scheme.base(), .seed = 1};
-    if (scheme.is_mix()) spec.mix = scheme;
-    CHORUS_ASSIGN_OR_RETURN(auto mdl, model::MakeSyntheticModel(spec));
+  // A model file is measured as it is (one pass, its rows named after the file); else one
+  // synthetic model per dtype.
+  const size_t n_models = opts.model_path.empty() ? opts.dtypes.size() : 1;
+  for (size_t mi = 0; mi < n_models; ++mi) {
+    std::shared_ptr<const model::Model> mdl;
+    std::string dname;
+    if (!opts.model_path.empty()) {
+      dname = opts.model_path.substr(opts.model_path.find_last_of('/') + 1);
+      progress("loading " + opts.model_path);
+      CHORUS_ASSIGN_OR_RETURN(mdl, model::LoadModel(opts.model_path));
+    } else {
+      const model::QuantScheme& scheme = opts.dtypes[mi];
+      dname = scheme.name();
+      progress("building synthetic " + opts.shape + " " + dname);
+      model::SyntheticSpec spec{.shape = opts.shape, .dtype = scheme.base(), .seed = 1};
+      if (scheme.is_mix()) spec.mix = scheme;
+      CHORUS_ASSIGN_OR_RETURN(mdl, model::MakeSyntheticModel(spec));
+    }
     const model::ModelConfig& c = mdl->config();
     model::Forward fwd(mdl, max_rows, max_rows);
     model::StepBuilder builder(max_rows, max_rows);

@@ -26,6 +26,9 @@ namespace chorus::engine {
 
 struct EngineBenchOptions {
   std::string shape = "tinyllama-1.1b";  // synthetic shape (model/synthetic.h)
+  // A model file (GGUF, HF directory) to measure instead of synthetic weights: `shape` and
+  // `dtypes` are then ignored by the default workload, whose rows name the file.
+  std::string model_path;
   // Weight dtypes, or K-quant mixes such as q4_k_m (model/quant_scheme.h).
   std::vector<model::QuantScheme> dtypes = {DType::kQ4_0, DType::kQ8_0, DType::kBF16};
   int threads = 2;

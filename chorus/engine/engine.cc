@@ -203,6 +203,22 @@ struct Engine::Impl {
 
 int64_t Engine::context_length() const { return model_->config().max_seq_len; }
 
+int64_t Engine::max_kv_tokens() const {
+  // PagesFor grows with the tokens (or stays bounded when every layer slides): the largest
+  // n ≤ the context length with PagesFor(n) ≤ pages, by bisection.
+  const int64_t pages = impl_->pages->n_pages();
+  int64_t lo = 0, hi = context_length();
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (impl_->kv->PagesFor(mid, opts_.max_batch_tokens) <= pages) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
 Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const model::Model> model,
                                                std::shared_ptr<const tokenizer::Tokenizer> tok,
                                                const EngineOptions& opts) {
@@ -219,11 +235,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const model::Mode
   e->tok_ = std::move(tok);
   e->opts_ = opts;
   auto impl = std::make_unique<Impl>(e.get(), opts.threads);
-  memory::KvLayout layout{.n_layers = c.n_layers,
-                          .n_kv_heads = c.n_kv_heads,
-                          .head_dim = c.head_dim,
-                          .block_size = opts.block_size,
-                          .dtype = opts.kv_dtype};
+  const memory::KvLayout layout = model::KvLayoutFor(c, opts.block_size, opts.kv_dtype);
   const int64_t n_pages = opts.pool_bytes / layout.PageBytes();
   if (n_pages < 2) {
     return InvalidArgumentError("pool-size " + std::to_string(opts.pool_bytes >> 20) +
@@ -263,12 +275,10 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const model::Mode
                                       .max_batch_tokens = opts.max_batch_tokens,
                                       .cost_model = opts.cost_model,
                                       .best_effort = opts.slo_best_effort}));
-  impl->scheduler =
-      std::make_unique<Scheduler>(SchedulerOptions{.max_batch_tokens = opts.max_batch_tokens,
-                                                   .max_running = opts.max_running,
-                                                   .kv_window = c.KvWindow()},
-                                  impl->pages.get(), impl->kv.get(), impl->residency.get(),
-                                  std::move(policy), &e->metrics_, impl->prefix.get());
+  impl->scheduler = std::make_unique<Scheduler>(
+      SchedulerOptions{.max_batch_tokens = opts.max_batch_tokens, .max_running = opts.max_running},
+      impl->pages.get(), impl->kv.get(), impl->residency.get(), std::move(policy), &e->metrics_,
+      impl->prefix.get());
   if (opts.training_gate) {
     impl->training_gate = opts.training_gate.get();
     impl->training_gate->set_wake([raw_impl] { raw_impl->Wake(); });
@@ -328,11 +338,11 @@ Result<std::shared_ptr<RequestHandle>> Engine::Submit(GenerationRequest req) {
                            std::to_string(req.prompt.size()) + " prompt + " +
                            std::to_string(req.max_tokens) + " completion tokens");
   }
-  if (impl_->kv->BlocksFor(total) > impl_->pages->n_pages()) {
-    return OutOfRangeError("the request needs " + std::to_string(total) +
-                           " tokens of KV cache, more than the pool holds (" +
-                           std::to_string(impl_->pages->n_pages() * opts_.block_size) +
-                           "); raise --pool-size");
+  if (const int64_t pages = impl_->kv->PagesFor(total, opts_.max_batch_tokens);
+      pages > impl_->pages->n_pages()) {
+    return OutOfRangeError("the request needs " + std::to_string(total) + " tokens of KV cache (" +
+                           std::to_string(pages) + " blocks), more than the pool holds (" +
+                           std::to_string(impl_->pages->n_pages()) + " blocks); raise --pool-size");
   }
   if (impl_->scheduler->queued().load() + req.n > opts_.max_queue) {
     metrics_.requests_rejected.fetch_add(1);

@@ -134,6 +134,9 @@ class Engine {
   // Blocks of the pool in use / total (exact only when read on the engine thread or idle).
   int64_t kv_blocks_used() const { return metrics_.kv_blocks_used.load(); }
   int64_t kv_blocks_total() const { return metrics_.kv_blocks_total.load(); }
+  // The longest sequence (prompt + completion tokens) whose KV fits in the pool alone; windowed
+  // layers hold only their window (memory/kv_cache.h, layer groups).
+  int64_t max_kv_tokens() const;
 
   struct Impl;
 

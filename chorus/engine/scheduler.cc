@@ -17,7 +17,8 @@ Scheduler::Scheduler(SchedulerOptions opts, memory::PagePool* pages, memory::KvC
       residency_(residency),
       policy_(std::move(policy)),
       metrics_(metrics),
-      prefix_(prefix) {
+      prefix_(prefix),
+      kv_windows_(kv->groups().any_window()) {
   plan_.reserve(static_cast<size_t>(opts_.max_running));
   step_adapters_.reserve(static_cast<size_t>(opts_.max_running));
   step_deltas_.reserve(static_cast<size_t>(opts_.max_running));
@@ -55,8 +56,7 @@ Scheduler::Outcome Scheduler::Plan() {
       ok = kv_->PrepareWrite(&s->table, s->n_computed, s->n_computed + count).ok();
       if (ok) break;
       // KV wins over resident adapters: evict unpinned ones before preempting anyone.
-      const int64_t need =
-          kv_->BlocksFor(s->n_computed + count) - static_cast<int64_t>(s->table.size());
+      const int64_t need = kv_->PagesToWrite(s->table, s->n_computed, s->n_computed + count);
       if (ReclaimPages(need)) continue;
       if (ReleaseNewestWaitingTable()) continue;
       // Out of pages: preempt the newest running sequence not yet planned (possibly s itself).
@@ -106,8 +106,9 @@ void Scheduler::Complete(const float* logits, int64_t vocab, TokenSink* sink) {
     s->n_computed += pl.count;
     if (prefix_ != nullptr)
       prefix_->Insert(s->prefix_variant, s->tokens, s->n_computed, s->table, &s->prefix);
-    // Rows from now on are at positions ≥ n_computed and read keys > n_computed − window.
-    if (opts_.kv_window > 0) kv_->DropBefore(&s->table, s->n_computed - opts_.kv_window + 1);
+    // Rows from now on are at positions ≥ n_computed: windowed layers' blocks behind their
+    // window are never read again.
+    if (kv_windows_) kv_->DropBehindWindows(&s->table, s->n_computed);
     if (!pl.wants_logits) continue;
     const float* row = logits + li * static_cast<size_t>(vocab);
     if (!pl.seq->forks.empty()) ForkChoices(pl.seq, row, sink);  // before the prompt may be freed

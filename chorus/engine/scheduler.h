@@ -40,10 +40,6 @@ namespace chorus::engine {
 struct SchedulerOptions {
   int64_t max_batch_tokens = 512;  // rows per step, decode + prefill
   int64_t max_running = 64;        // sequences in the running batch
-  // When every layer of the model attends only its last kv_window keys (a sliding window on
-  // every layer, e.g. Phi-3 with `sliding_window`), the blocks behind the window are released
-  // after each step (KvCache::DropBefore); 0 = keep every block.
-  int64_t kv_window = 0;
 };
 
 class Scheduler {
@@ -112,6 +108,9 @@ class Scheduler {
   const std::unique_ptr<Policy> policy_;
   EngineMetrics* const metrics_;
   memory::PrefixCache* const prefix_;
+  // The KV cache has windowed layer groups: after each step, blocks behind the window go
+  // (KvCache::DropBehindWindows; docs/models.md, "KV blocks behind the window").
+  const bool kv_windows_;
 
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;  // admission order

@@ -1,9 +1,10 @@
 // Causal attention over a paged KV cache (docs/architecture.md, "Memory tiers" and "Attention").
 //
 // KV layout: the cache is cut into blocks of `block_size` tokens. For one layer, token t of a
-// sequence lives in block block_table[t / block_size] at slot t % block_size; the head_dim floats
-// of K of that token for KV head g start at
-//     k_blocks[block_table[t / block_size]] + (t % block_size) * kv_stride + g * head_stride
+// sequence lives in block block_table[t / block_size · table_stride] at slot t % block_size; the
+// head_dim floats of K of that token for KV head g start at
+//     k_blocks[block_table[t / block_size · table_stride]] + (t % block_size) * kv_stride
+//         + g * head_stride
 // and V likewise under v_blocks. Two layouts are expressed this way: token-major blocks
 // ([slot][kv_head][head_dim]: kv_stride = n_kv_heads·head_dim, head_stride = head_dim) and the
 // head-major blocks KvCache uses ([kv_head][slot][head_dim]: kv_stride = head_dim, head_stride
@@ -53,9 +54,12 @@ struct PagedKv {
       nullptr;  // [n_blocks_total] base pointer of each block's K (this layer)
   const float* const* v_blocks =
       nullptr;  // [n_blocks_total] base pointer of each block's V (this layer)
-  const int32_t* block_table = nullptr;  // [ceil(n_ctx / block_size)] block ids of this sequence
-  int64_t block_size = 16;               // tokens per block
-  int64_t kv_stride = 0;                 // floats between consecutive tokens in a block
+  // Block id of this sequence's tokens [i·block_size, (i+1)·block_size) at
+  // block_table[i·table_stride] (the KV cache interleaves the tables of its layer groups).
+  const int32_t* block_table = nullptr;
+  int64_t table_stride = 1;
+  int64_t block_size = 16;  // tokens per block
+  int64_t kv_stride = 0;    // floats between consecutive tokens in a block
   int64_t head_stride = 0;  // floats between consecutive KV heads of a token; 0: head_dim
   KvDtype dtype = KvDtype::kF32;
 
@@ -71,7 +75,7 @@ struct PagedKv {
                    float* buf) const {
     const int64_t off =
         (t % block_size) * kv_stride + kv_head * (head_stride > 0 ? head_stride : head_dim);
-    const float* base = blocks[block_table[t / block_size]];
+    const float* base = blocks[block_table[t / block_size * table_stride]];
     if (dtype == KvDtype::kF32) return base + off;
     const auto* h = reinterpret_cast<const uint16_t*>(base) + off;
     for (int64_t d = 0; d < head_dim; ++d) {

@@ -237,7 +237,7 @@ class BlockKernel {
     int64_t bi = t0 / kv_.block_size, slot = t0 % kv_.block_size;
     for (int64_t c = 0; c < nk; ++c) {
       const int64_t off = slot * kv_.kv_stride + kv_off_;
-      const int32_t block = kv_.block_table[bi];
+      const int32_t block = kv_.block_table[bi * kv_.table_stride];
       if (kv_.dtype == KvDtype::kF32) {
         kp[c] = kv_.k_blocks[block] + off;
         vp[c] = kv_.v_blocks[block] + off;

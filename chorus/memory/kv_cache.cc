@@ -7,8 +7,72 @@
 
 namespace chorus::memory {
 
+bool KvGroups::any_window() const {
+  return std::any_of(window.begin(), window.end(), [](int64_t w) { return w > 0; });
+}
+
+int64_t KvGroups::PagesFor(int64_t n_tokens, int64_t chunk, int64_t block_size) const {
+  auto blocks = [&](int64_t n) { return (n + block_size - 1) / block_size; };
+  int64_t pages = 0;
+  for (int64_t w : window) {
+    // A windowed group holds the keys from n_computed − w on (DropBehindWindows) and the chunk
+    // being written; each end may fall inside a block.
+    pages += w > 0 ? std::min(blocks(n_tokens), blocks(w + chunk) + 1) : blocks(n_tokens);
+  }
+  return pages;
+}
+
+KvGroups KvLayout::Groups() const {
+  CHORUS_CHECK(layer_windows.empty() || static_cast<int64_t>(layer_windows.size()) == n_layers)
+      << "layer_windows has " << layer_windows.size() << " entries for " << n_layers << " layers";
+  auto window_of = [&](int64_t l) {
+    return layer_windows.empty() ? int64_t{0} : layer_windows[static_cast<size_t>(l)];
+  };
+  // The kinds: global first, then each window in order of its first layer.
+  std::vector<int64_t> kinds;
+  std::vector<int64_t> counts;
+  for (int64_t l = 0; l < n_layers; ++l) {
+    const int64_t w = std::max<int64_t>(0, window_of(l));
+    auto it = std::find(kinds.begin(), kinds.end(), w);
+    if (it == kinds.end()) {
+      kinds.push_back(w);
+      counts.push_back(1);
+    } else {
+      ++counts[static_cast<size_t>(it - kinds.begin())];
+    }
+  }
+  for (size_t i = 1; i < kinds.size(); ++i) {  // global (0) first, the others stay in order
+    if (kinds[i] == 0) {
+      std::rotate(kinds.begin(), kinds.begin() + static_cast<std::ptrdiff_t>(i),
+                  kinds.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+      std::rotate(counts.begin(), counts.begin() + static_cast<std::ptrdiff_t>(i),
+                  counts.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+    }
+  }
+  KvGroups g;
+  g.layers_per_page = kinds.empty()   ? 0
+                      : kinds[0] == 0 ? counts[0]
+                                      : *std::max_element(counts.begin(), counts.end());
+  g.group_of.assign(static_cast<size_t>(n_layers), 0);
+  g.slot_of.assign(static_cast<size_t>(n_layers), 0);
+  for (int64_t w : kinds) {
+    int64_t in_group = g.layers_per_page;  // a new group at the kind's first layer
+    for (int64_t l = 0; l < n_layers; ++l) {
+      if (std::max<int64_t>(0, window_of(l)) != w) continue;
+      if (in_group == g.layers_per_page) {
+        g.window.push_back(w);
+        in_group = 0;
+      }
+      g.group_of[static_cast<size_t>(l)] = static_cast<int32_t>(g.window.size() - 1);
+      g.slot_of[static_cast<size_t>(l)] = static_cast<int32_t>(in_group++);
+    }
+  }
+  return g;
+}
+
 int64_t KvLayout::PageBytes() const {
-  const int64_t b = block_size * TokenBytes();
+  const int64_t layers = layer_windows.empty() ? n_layers : Groups().layers_per_page;
+  const int64_t b = layers * 2 * block_size * kv_dim() * ElementBytes();
   return (b + 63) / 64 * 64;
 }
 
@@ -22,7 +86,8 @@ Result<kernels::KvDtype> ParseKvDtype(const std::string& name) {
   return InvalidArgumentError("KV cache dtype '" + name.substr(0, 32) + "': expected f32 or bf16");
 }
 
-KvCache::KvCache(const KvLayout& layout, PagePool* pool) : layout_(layout), pool_(pool) {
+KvCache::KvCache(const KvLayout& layout, PagePool* pool)
+    : layout_(layout), groups_(layout.Groups()), pool_(pool) {
   CHORUS_CHECK(pool->page_bytes() >= layout.PageBytes())
       << "pages of " << pool->page_bytes() << " bytes, the layout needs " << layout.PageBytes();
   const int64_t n_pages = pool->n_pages();
@@ -43,7 +108,7 @@ KvCache::KvCache(const KvLayout& layout, PagePool* pool) : layout_(layout), pool
 }
 
 Status KvCache::Reserve(std::vector<int32_t>* table, int64_t n_tokens) {
-  int64_t need = BlocksFor(n_tokens) - static_cast<int64_t>(table->size());
+  int64_t need = BlocksFor(n_tokens) * n_groups() - static_cast<int64_t>(table->size());
   if (need <= 0) return OkStatus();
   CHORUS_ASSIGN_OR_RETURN(std::vector<int32_t> pages, pool_->Allocate(need, PageKind::kKv));
   for (int32_t p : pages) refs_[static_cast<size_t>(p)] = 1;
@@ -54,10 +119,10 @@ Status KvCache::Reserve(std::vector<int32_t>* table, int64_t n_tokens) {
 int64_t KvCache::PagesToWrite(const std::vector<int32_t>& table, int64_t write_from,
                               int64_t n_tokens) const {
   const int64_t have = static_cast<int64_t>(table.size());
-  const int64_t end = BlocksFor(n_tokens);
+  const int64_t end = BlocksFor(n_tokens) * n_groups();
   int64_t pages = std::max<int64_t>(0, end - have);
   if (n_tokens > write_from) {
-    for (int64_t b = write_from / layout_.block_size; b < std::min(end, have); ++b) {
+    for (int64_t b = write_from / layout_.block_size * n_groups(); b < std::min(end, have); ++b) {
       const int32_t blk = table[static_cast<size_t>(b)];
       CHORUS_CHECK(blk != kDroppedBlock) << "write into a dropped block " << b;
       if (refs_[static_cast<size_t>(blk)] > 1) ++pages;
@@ -73,8 +138,9 @@ Status KvCache::PrepareWrite(std::vector<int32_t>* table, int64_t write_from, in
                                   std::to_string(need) + " needed");
   }
   if (n_tokens > write_from) {
-    const int64_t have = std::min(static_cast<int64_t>(table->size()), BlocksFor(n_tokens));
-    for (int64_t b = write_from / layout_.block_size; b < have; ++b) {
+    const int64_t have =
+        std::min(static_cast<int64_t>(table->size()), BlocksFor(n_tokens) * n_groups());
+    for (int64_t b = write_from / layout_.block_size * n_groups(); b < have; ++b) {
       int32_t& blk = (*table)[static_cast<size_t>(b)];
       if (refs_[static_cast<size_t>(blk)] <= 1) continue;
       const int32_t copy = pool_->AllocateOne(PageKind::kKv);
@@ -114,17 +180,23 @@ std::vector<int32_t> KvCache::Fork(const std::vector<int32_t>& table) {
   return table;
 }
 
-int64_t KvCache::DropBefore(std::vector<int32_t>* table, int64_t n_tokens) {
-  const int64_t n =
-      std::min<int64_t>(n_tokens / layout_.block_size, static_cast<int64_t>(table->size()));
+int64_t KvCache::DropBehindWindows(std::vector<int32_t>* table, int64_t n_computed) {
+  const int64_t n_g = n_groups();
+  const int64_t have = static_cast<int64_t>(table->size()) / n_g;
   int64_t dropped = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    int32_t& b = (*table)[static_cast<size_t>(i)];
-    if (b == kDroppedBlock) continue;
-    std::vector<int32_t> one = {b};
-    Release(&one);
-    b = kDroppedBlock;
-    ++dropped;
+  std::vector<int32_t> one(1);
+  for (int64_t g = 0; g < n_g; ++g) {
+    const int64_t w = groups_.window[static_cast<size_t>(g)];
+    if (w <= 0) continue;
+    const int64_t n = std::min(std::max<int64_t>(0, n_computed - w) / layout_.block_size, have);
+    for (int64_t i = 0; i < n; ++i) {
+      int32_t& b = (*table)[static_cast<size_t>(i * n_g + g)];
+      if (b == kDroppedBlock) continue;
+      one.assign(1, b);
+      Release(&one);
+      b = kDroppedBlock;
+      ++dropped;
+    }
   }
   return dropped;
 }
@@ -201,7 +273,8 @@ kernels::PagedKv KvCache::View(int64_t layer, int64_t kv_head, const int32_t* bl
   kernels::PagedKv kv;
   kv.k_blocks = k_ptrs_.data() + off;
   kv.v_blocks = v_ptrs_.data() + off;
-  kv.block_table = block_table;
+  kv.block_table = block_table + groups_.group_of[static_cast<size_t>(layer)];
+  kv.table_stride = groups_.n_groups();
   kv.block_size = layout_.block_size;
   kv.kv_stride = layout_.head_dim;  // head-major blocks: a head's rows follow each other
   kv.head_stride = layout_.block_size * layout_.head_dim;

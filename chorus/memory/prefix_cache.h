@@ -10,6 +10,11 @@
 // prompt's K/V. The variant is part of the key because an adapter changes K and V (a LoRA on
 // k/v directly, any adapter through the layers below): a variant never reuses another's blocks.
 //
+// Layer groups (memory/kv_cache.h): an entry holds the block of every group for its tokens. Under
+// pool pressure, after whole entries, the cache gives up the blocks of windowed groups it alone
+// holds (a long prompt's windowed blocks far behind its end are of use only to a match that ends
+// near them); Match then ends where every windowed group still has the blocks its window needs.
+//
 // References: the cache holds one KvCache reference on each cached block, so the block outlives
 // the sequence that computed it. A sequence that matches a prefix takes its own reference on
 // the matched blocks (as n > 1 choices share a prompt, copy-on-write when written). A cached
@@ -62,7 +67,8 @@ class PrefixCache {
               const std::vector<int32_t>& table, PrefixChain* chain);
 
   // Frees cached blocks that no sequence holds, least recently used first, until the pool has at
-  // least `n_free` free pages. Returns whether it has.
+  // least `n_free` free pages: whole entries first, then windowed groups' blocks of entries that
+  // sequences still hold in part. Returns whether it has.
   bool EvictFor(int64_t n_free);
 
   int64_t n_cached() const { return static_cast<int64_t>(entries_.size()); }
@@ -72,7 +78,8 @@ class PrefixCache {
 
  private:
   struct Entry {
-    int32_t block = -1;
+    std::vector<int32_t>
+        blocks;  // [n_groups] the block of each layer group (kDroppedBlock: given up)
     uint64_t serial = 0, parent_serial = 0;
     uint64_t parent_key = 0;  // key of the parent entry (0 for a first block)
     int32_t children = 0;     // cached entries whose parent this is: only leaves are evicted
@@ -85,9 +92,14 @@ class PrefixCache {
   Entry* Find(uint64_t parent_key, uint64_t parent_serial, uint64_t variant,
               std::span<const int32_t> block, uint64_t* key);
   void Touch(Entry* e, uint64_t key);
+  // Whether the cache alone holds every block of `e` it has.
+  bool OnlyCacheHolds(const Entry& e) const;
+  // Gives up `e`'s windowed blocks the cache alone holds; returns whether it freed any.
+  bool TrimWindows(Entry* e);
 
   KvCache* const kv_;
   const int64_t block_size_;
+  const int64_t n_groups_;
   std::unordered_map<uint64_t, Entry> entries_;
   std::list<uint64_t> lru_;
   uint64_t next_serial_ = 1;

@@ -129,3 +129,62 @@ TEST_F(PrefixCacheTest, EvictsOnlyUnheldBlocksLeastRecentlyUsedDeepestFirst) {
 
 }  // namespace
 }  // namespace chorus::memory
+
+namespace chorus::memory {
+namespace {
+
+// Layer groups (kv_cache.h): an entry holds the block of each group; under pressure the cache
+// gives up windowed blocks it alone holds once no whole entry is free, a match then ends where
+// the window's blocks are all there, and a sequence that computes a given-up block again gives
+// the cache its copy.
+TEST(PrefixCacheGroupsTest, WindowedBlocksAreTrimmedUnderPressureAndMatchesStopBeforeThem) {
+  KvLayout layout{.n_layers = 2, .n_kv_heads = 1, .head_dim = 4, .block_size = 16};
+  layout.layer_windows = {0, 20};  // a global layer and a windowed one: two groups
+  PagePool pool(32, layout.PageBytes());
+  KvCache kv(layout, &pool);
+  PrefixCache cache(&kv);
+  std::vector<int32_t> tokens(80);
+  std::iota(tokens.begin(), tokens.end(), 100);
+  // Sequence a computed 80 tokens (5 blocks per group), registered them, and released its
+  // windowed blocks behind the window (keys < 60: blocks 0..2).
+  std::vector<int32_t> a;
+  ASSERT_TRUE(kv.Reserve(&a, 80).ok());
+  PrefixChain chain_a;
+  cache.Insert(0, tokens, 80, a, &chain_a);
+  EXPECT_EQ(cache.n_cached(), 5);
+  EXPECT_EQ(kv.DropBehindWindows(&a, 80), 3);
+  EXPECT_EQ(cache.n_evictable(), 3);  // the windowed blocks 0..2 only the cache holds
+  // Sequence b matches the first 2 blocks (touching them: blocks 2, 3, 4 are now the LRU end).
+  std::vector<int32_t> b;
+  PrefixChain chain_b;
+  EXPECT_EQ(cache.Match(0, std::span(tokens).first(33), 32, &b, &chain_b), 32);
+  EXPECT_EQ(b.size(), 4u);
+  // One page wanted: no entry is free as a whole (a holds every global block), so the cache
+  // gives up the least recently used windowed block it alone holds: block 2's.
+  const int64_t free_before = pool.n_free();
+  EXPECT_TRUE(cache.EvictFor(free_before + 1));
+  EXPECT_EQ(pool.n_free(), free_before + 1);
+  EXPECT_EQ(cache.n_cached(), 5);
+  EXPECT_EQ(cache.evictions(), 0u);
+  // A match of 79 tokens would end at block 4, whose next row reads keys 44..63: block 2's
+  // windowed keys are gone, and so for 3 blocks (keys 28..47); 2 blocks (keys 12..31) it is.
+  std::vector<int32_t> c;
+  PrefixChain chain_c;
+  EXPECT_EQ(cache.Match(0, tokens, 79, &c, &chain_c), 32);
+  EXPECT_EQ(c, b);
+  // c computes tokens 32..79 itself and registers them: block 2's windowed copy is back.
+  ASSERT_TRUE(kv.PrepareWrite(&c, 32, 80).ok());
+  cache.Insert(0, tokens, 80, c, &chain_c);
+  EXPECT_EQ(chain_c.blocks, 5);
+  std::vector<int32_t> d;
+  PrefixChain chain_d;
+  EXPECT_EQ(cache.Match(0, tokens, 79, &d, &chain_d), 64);
+  EXPECT_EQ(d.size(), 8u);
+  for (auto* t : {&a, &b, &c, &d}) kv.Release(t);
+  // The cache's own blocks are all that is left; evicting everything empties the pool.
+  EXPECT_TRUE(cache.EvictFor(32));
+  EXPECT_EQ(pool.n_free(), 32);
+}
+
+}  // namespace
+}  // namespace chorus::memory

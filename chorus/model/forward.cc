@@ -21,6 +21,20 @@ constexpr int64_t kMaxSplitTasks = 256;  // reserved up front (≤ 2·threads ro
 
 }  // namespace
 
+memory::KvLayout KvLayoutFor(const ModelConfig& config, int64_t block_size,
+                             kernels::KvDtype dtype) {
+  memory::KvLayout layout{.n_layers = config.n_layers,
+                          .n_kv_heads = config.n_kv_heads,
+                          .head_dim = config.head_dim,
+                          .block_size = block_size,
+                          .dtype = dtype};
+  if (config.sliding_window > 0) {
+    for (int64_t l = 0; l < config.n_layers; ++l)
+      layout.layer_windows.push_back(config.LayerSliding(l) ? config.sliding_window : 0);
+  }
+  return layout;
+}
+
 Forward::Forward(std::shared_ptr<const Model> model, int64_t max_rows, int64_t max_logit_rows)
     : model_(std::move(model)), max_rows_(max_rows), max_logit_rows_(max_logit_rows) {
   const ModelConfig& c = model_->config();
@@ -351,8 +365,7 @@ void Forward::Run(const StepInput& in, memory::KvCache* kv, ThreadPool* pool, fl
       rotate(q, c.n_heads, lw.q_norm, cs, sn);
       rotate(k, c.n_kv_heads, lw.k_norm, cs, sn);
       const int32_t* table = in.block_tables[static_cast<size_t>(in.seq[static_cast<size_t>(i)])];
-      const int32_t blk = table[pos / block];
-      kv->WriteToken(l, blk, pos % block, k, v);
+      kv->WriteToken(l, kv->BlockAt(table, l, pos), pos % block, k, v);
     }
     // All K/V of the step are in the cache before any row attends, so rows of one prefill chunk
     // see each other causally through n_ctx = pos + 1.

@@ -73,11 +73,18 @@ class LinearHook {
   }
 };
 
+// The KV cache layout for `config`: its layers' sliding windows (so the blocks of windowed layers
+// are grouped apart and released behind the window, memory/kv_cache.h) and `block_size`. A
+// layout without the windows serves the model as well, keeping every block.
+memory::KvLayout KvLayoutFor(const ModelConfig& config, int64_t block_size = 16,
+                             kernels::KvDtype dtype = kernels::KvDtype::kF32);
+
 struct StepInput {
   std::span<const int32_t> tokens;     // [n_rows] token ids (validated < vocab by the caller)
   std::span<const int32_t> positions;  // [n_rows] position of each row in its sequence
   std::span<const int32_t> seq;        // [n_rows] index into block_tables
-  // [n_seqs] block table of each sequence; must cover position+1 tokens of each of its rows.
+  // [n_seqs] block table of each sequence (KvCache's, every layer group's blocks interleaved);
+  // must cover position+1 tokens of each of its rows.
   std::span<const int32_t* const> block_tables;
   // Rows whose logits are wanted, in output order (e.g. the last row of each sequence).
   std::span<const int32_t> logit_rows;

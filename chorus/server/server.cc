@@ -17,6 +17,7 @@
 
 #include "chorus/base/logging.h"
 #include "chorus/memory/kv_cache.h"
+#include "chorus/model/forward.h"
 #include "chorus/server/api_error.h"
 #include "chorus/server/connection_pool.h"
 #include "chorus/server/finetune_routes.h"
@@ -463,15 +464,11 @@ void Server::SetEngine(std::shared_ptr<engine::Engine> eng) {
   }
   ctx.vocab_size = static_cast<int32_t>(std::min<int64_t>(tok.vocab_size(), cfg.vocab_size));
   const int64_t block = eng->options().block_size;
-  ctx.max_context = std::min<int64_t>(eng->context_length(), eng->kv_blocks_total() * block);
+  ctx.max_context = std::min<int64_t>(eng->context_length(), eng->max_kv_tokens());
   ctx.served_model = opts_.served_model_name;
   ctx.serves_variants = true;  // HandleGenerate resolves them (or answers 404 with the names)
-  memory::KvLayout layout{.n_layers = cfg.n_layers,
-                          .n_kv_heads = cfg.n_kv_heads,
-                          .head_dim = cfg.head_dim,
-                          .block_size = block,
-                          .dtype = eng->options().kv_dtype};
-  impl_->kv_block_bytes = layout.PageBytes();
+  impl_->kv_block_bytes =
+      model::KvLayoutFor(cfg, block, eng->options().kv_dtype).PageBytes();
   impl_->engine = std::move(eng);
   ready_.store(true, std::memory_order_release);
 }

@@ -88,13 +88,17 @@ std::vector<float> Reference(const std::string& model_dir, const std::vector<int
   return logits;
 }
 
-// Chorus's logits of every position, prefilling in chunks of `chunk` rows.
+// Chorus's logits of every position, prefilling in chunks of `chunk` rows. With `layer_groups`
+// the KV cache groups windowed layers apart (model::KvLayoutFor) and releases their blocks
+// behind the window after each chunk, as the scheduler does; without, one group keeps every
+// block.
 std::vector<float> Run(const ModelPtr& m, const std::vector<int32_t>& tokens, int64_t chunk,
-                       const adapters::LoraAdapter* adapter = nullptr) {
+                       const adapters::LoraAdapter* adapter = nullptr, bool layer_groups = true) {
   const auto& c = m->config();
-  memory::KvLayout layout{
-      .n_layers = c.n_layers, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim, .block_size = 16};
-  memory::PagePool pages(kPositions / 16 + 2, layout.PageBytes());
+  memory::KvLayout layout = model::KvLayoutFor(c, 16);
+  if (!layer_groups) layout.layer_windows.clear();
+  const int64_t n_groups = layout.Groups().n_groups();
+  memory::PagePool pages((kPositions / 16 + 2) * n_groups, layout.PageBytes());
   memory::KvCache kv(layout, &pages);
   std::vector<int32_t> table;
   EXPECT_TRUE(kv.Reserve(&table, kPositions).ok());
@@ -119,7 +123,16 @@ std::vector<float> Run(const ModelPtr& m, const std::vector<int32_t>& tokens, in
       in.hook = &hook;
     }
     fwd.Run(in, &kv, &pool, out.data() + p0 * c.vocab_size);
+    kv.DropBehindWindows(&table, p0 + n);  // blocks nothing reads from here on
   }
+  if (kv.groups().any_window()) {  // a windowed group kept about its window, the others all
+    const int64_t held = pages.n_used(memory::PageKind::kKv), all = kv.BlocksFor(kPositions);
+    EXPECT_LT(held, all * n_groups);
+    std::printf("  chunk %lld: %lld of %lld KV pages held after %lld positions\n",
+                static_cast<long long>(chunk), static_cast<long long>(held),
+                static_cast<long long>(all * n_groups), static_cast<long long>(kPositions));
+  }
+  kv.Release(&table);
   return out;
 }
 
@@ -205,6 +218,9 @@ void CheckFamily(const std::string& shape) {
   const std::vector<int32_t> tokens = Tokens(vocab);
   const std::vector<float> want = Reference(dir, tokens, vocab);
   const std::vector<float> whole = Run(m, tokens, kPositions);
+  // Windowed layers in their own block groups, released behind the window: the same bits as
+  // one group keeping every block (memory/kv_cache.h, layer groups).
+  EXPECT_EQ(whole, Run(m, tokens, kPositions, nullptr, /*layer_groups=*/false)) << shape;
   for (int64_t chunk : {kPositions, int64_t{13}, int64_t{1}}) {
     int mismatches = 0;
     const std::vector<float> got = Run(m, tokens, chunk);
@@ -485,15 +501,23 @@ std::vector<int32_t> GreedyReference(const ModelPtr& m, const std::vector<int32_
   return out;
 }
 
-// A model whose every layer slides (phi3-tiny: window 24, 16-token blocks) keeps only the
-// window's blocks in the paged KV cache while it generates 150 tokens — never more than
-// ceil(24/16) + 2 blocks, where keeping everything takes 11 — and generates exactly what the
-// forward pass does with every block kept.
-TEST(FamiliesTest, SlidingWindowKeepsOnlyTheWindowsBlocks) {
+// Serving a model with sliding-window layers keeps only the windows' blocks of those layers in
+// the paged KV cache (memory/kv_cache.h, layer groups): phi3-tiny (every layer slides, window
+// 24), gemma2-tiny (two of three layers, window 16) and gemma3-tiny (six of seven, window 8),
+// 16-token blocks. Generated tokens equal the forward pass's with every block kept (greedy):
+// several requests batched together, an n = 2 request (its choices fork the prompt's blocks),
+// then alone — from the prefix cache's copy of the prompt's blocks — while the pages in use
+// stay within every block of the global groups plus 3 per windowed group (a window of ≤ 24
+// keys plus the token being written spans at most 3 blocks).
+void CheckWindowedServing(const std::string& shape, int64_t window) {
   CHORUS_REQUIRE_SHARED_MODEL("stories260K/tok512.bin");
-  auto m = model::MakeSyntheticModel({"phi3-tiny", DType::kF32, 7});
+  auto m = model::MakeSyntheticModel({shape, DType::kF32, 7});
   ASSERT_TRUE(m.ok());
-  ASSERT_EQ((*m)->config().KvWindow(), 24);
+  ASSERT_EQ((*m)->config().sliding_window, window);
+  const memory::KvGroups groups = model::KvLayoutFor((*m)->config()).Groups();
+  int64_t n_global = 0, n_windowed = 0;
+  for (int64_t w : groups.window) (w > 0 ? n_windowed : n_global) += 1;
+  ASSERT_GT(n_windowed, 0);
   auto tok = tokenizer::LoadTokenizer(testing::SharedModelsDir() + "/stories260K/tok512.bin");
   ASSERT_TRUE(tok.ok()) << tok.status().ToString();
   engine::EngineOptions o;
@@ -504,33 +528,66 @@ TEST(FamiliesTest, SlidingWindowKeepsOnlyTheWindowsBlocks) {
   auto e =
       engine::Engine::Create(*m, std::shared_ptr<const tokenizer::Tokenizer>(std::move(*tok)), o);
   ASSERT_TRUE(e.ok()) << e.status().ToString();
-  const std::vector<int32_t> prompt = {1, 300, 301, 302, 303, 304, 305, 306, 307, 308, 309};
+  std::vector<int32_t> a = {1}, b = {1};
+  for (int32_t i = 0; i < 39; ++i) a.push_back(300 + i);  // 40 tokens: 2 full blocks cached
+  for (int32_t i = 0; i < 22; ++i) b.push_back(400 + 3 * i);
   constexpr int64_t kGenerate = 150;
-  const std::vector<int32_t> want = GreedyReference(*m, prompt, kGenerate);
-  // Twice: the second request starts from the prefix cache's copy of the prompt's blocks.
-  for (int run = 0; run < 2; ++run) {
+  const std::vector<int32_t> want_a = GreedyReference(*m, a, kGenerate);
+  const std::vector<int32_t> want_b = GreedyReference(*m, b, kGenerate);
+  auto submit = [&](const std::vector<int32_t>& prompt, int n) {
     engine::GenerationRequest r;
     r.prompt = prompt;
     r.max_tokens = kGenerate;
+    r.n = n;
     r.sampling.temperature = 0;
     r.ignore_eos = true;
     auto h = (*e)->Submit(std::move(r));
-    ASSERT_TRUE(h.ok()) << h.status().ToString();
-    std::vector<int32_t> got;
-    int64_t max_blocks = 0;
-    for (bool done = false; !done;) {
-      auto ev = (*h)->Next(std::chrono::milliseconds(30000));
-      ASSERT_TRUE(ev.has_value());
-      if (ev->token >= 0) got.push_back(ev->token);
-      max_blocks = std::max(max_blocks, (*e)->kv_blocks_used());
-      done = ev->finish != engine::FinishReason::kNone;
+    EXPECT_TRUE(h.ok()) << h.status().ToString();
+    return std::move(*h);
+  };
+  // Tokens of each choice; the most pages in use seen while they ran.
+  auto collect = [&](engine::RequestHandle* h, int64_t* max_pages) {
+    std::vector<std::vector<int32_t>> got(static_cast<size_t>(h->n_choices()));
+    for (int done = 0; done < h->n_choices();) {
+      auto ev = h->Next(std::chrono::milliseconds(30000));
+      if (!ev.has_value()) {
+        ADD_FAILURE() << "no event";
+        break;
+      }
+      if (ev->token >= 0) got[static_cast<size_t>(ev->index)].push_back(ev->token);
+      *max_pages = std::max(*max_pages, (*e)->kv_blocks_used());
+      done += ev->finish != engine::FinishReason::kNone;
     }
-    EXPECT_EQ(got, want) << "run " << run;
-    std::printf("sliding window, run %d: at most %lld KV blocks in use for %lld tokens\n", run,
-                static_cast<long long>(max_blocks),
-                static_cast<long long>(prompt.size() + kGenerate));
-    EXPECT_LE(max_blocks, 4) << "run " << run;
+    return got;
+  };
+  {  // Batched: a, b and a with n = 2 in the same steps.
+    auto h1 = submit(a, 1), h2 = submit(b, 1), h3 = submit(a, 2);
+    int64_t unused = 0;
+    EXPECT_EQ(collect(h1.get(), &unused)[0], want_a) << shape;
+    EXPECT_EQ(collect(h2.get(), &unused)[0], want_b) << shape;
+    for (const auto& got : collect(h3.get(), &unused)) EXPECT_EQ(got, want_a) << shape;
   }
+  const int64_t all_blocks = (static_cast<int64_t>(a.size()) + kGenerate + 15) / 16;
+  for (int run = 0; run < 2; ++run) {  // alone, from the prefix cache's blocks
+    int64_t max_pages = 0;
+    auto h = submit(run == 0 ? a : b, 1);
+    EXPECT_EQ(collect(h.get(), &max_pages)[0], run == 0 ? want_a : want_b) << shape;
+    std::printf("%s: at most %lld KV pages in use for %lld tokens (every block: %lld)\n",
+                shape.c_str(), static_cast<long long>(max_pages),
+                static_cast<long long>(a.size() + kGenerate),
+                static_cast<long long>(all_blocks * groups.n_groups()));
+    EXPECT_LE(max_pages, n_global * all_blocks + n_windowed * 3) << shape << " run " << run;
+  }
+}
+
+TEST(FamiliesTest, SlidingWindowKeepsOnlyTheWindowsBlocks) {
+  CheckWindowedServing("phi3-tiny", 24);
+}
+TEST(FamiliesTest, Gemma2WindowedLayersKeepOnlyTheirWindowsBlocks) {
+  CheckWindowedServing("gemma2-tiny", 16);
+}
+TEST(FamiliesTest, Gemma3WindowedLayersKeepOnlyTheirWindowsBlocks) {
+  CheckWindowedServing("gemma3-tiny", 8);
 }
 
 TEST(FamiliesTest, Qwen3MatchesReference) {
