@@ -182,6 +182,7 @@ std::string CostModelFile::ToJson() const {
   j["threads"] = threads;
   j["loadavg"] = loadavg;
   j["clock"] = clock;
+  if (!timing.empty()) j["timing"] = timing;
   j["use"] = CostModel::KindName(models[use].model.kind());
   json arr = json::array();
   for (const Entry& e : models) {
@@ -215,6 +216,7 @@ Result<CostModelFile> CostModelFile::Parse(std::string_view text) {
   if (auto t = j.find("threads"); t != j.end() && t->is_number_integer()) f.threads = *t;
   if (auto l = j.find("loadavg"); l != j.end() && l->is_string()) f.loadavg = *l;
   if (auto c = j.find("clock"); c != j.end() && c->is_string()) f.clock = *c;
+  if (auto t = j.find("timing"); t != j.end() && t->is_string()) f.timing = *t;
   std::string use = "linear";
   if (auto u = j.find("use"); u != j.end()) {
     if (!u->is_string()) return InvalidArgumentError("cost model file: \"use\" must be a string");

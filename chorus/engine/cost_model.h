@@ -93,6 +93,7 @@ struct CostModelFile {
   int threads = 0;             // compute threads of the profile
   std::string loadavg;         // /proc/loadavg when profiled
   std::string clock = "wall";  // how steps were timed: "wall" or "thread-cpu" (ProfileOptions)
+  std::string timing;          // a shape's time from its repeats: "median of 3", "min of 7"
   std::string ToJson() const;
   // Errors name the problem (not JSON, missing or mistyped field, wrong number of
   // coefficients, non-finite coefficient, unknown kind).
