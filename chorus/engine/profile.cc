@@ -178,8 +178,7 @@ Result<ProfileReport> RunProfile(std::shared_ptr<const model::Model> mdl,
   }
   rep.file.threads = pool.size();
   rep.file.clock = o.cpu_clock ? "thread-cpu" : "wall";
-  rep.file.timing = std::string(o.min_time ? "min" : "median") + " of " +
-                    std::to_string(o.repeats);
+  rep.file.timing = std::string(o.min_time ? "min" : "median") + " of " + std::to_string(o.repeats);
   std::ifstream la("/proc/loadavg");  // procfs reports size 0: read as a stream
   std::getline(la, rep.file.loadavg);
   return rep;

@@ -54,7 +54,7 @@ struct ProfileReport {
   std::vector<Repeats> train_repeats, heldout_repeats;
   // The median over shapes of (median − min) / min of its repeats.
   double RepeatSpread() const;
-  CostModelFile file;                      // the fitted models, the better one chosen
+  CostModelFile file;  // the fitted models, the better one chosen
   std::string ToTable() const;
   std::string ToCsv() const;  // every step: its features, seconds, its repeats' min and median
 };
