@@ -396,6 +396,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--serve-arg", action="append", default=[], help="extra chorus serve flag")
     ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--setup-only", action="store_true",
+                    help="only write and register the adapters (nothing timed: no lock needed)")
     ap.add_argument("--append", action="store_true",
                     help="add to OUT's slo_sweep.csv: points already there are skipped, and the "
                          "capacity and SLO of OUT's slo_sweep.json are reused (a sweep split "
@@ -457,6 +459,8 @@ def main():
             (len(rows), a.capacity, a.ttft_slo_ms))
     done = {(r["policy"], r["cv"], r["fraction"]) for r in rows}
     a.registry = setup_adapters(a, work)
+    if a.setup_only:
+        return 0
     cm_path = cost_model(a, work) if "slo" in policies else ""
     if a.capacity > 0 and prev.get("capacity"):
         cap, cap_info = a.capacity, prev["capacity"]
