@@ -17,6 +17,9 @@ int ProfileCommand(int argc, char** argv) {
           "reports R2 and the median error of each on the other 1/4, and writes both as JSON for\n"
           "`chorus serve --policy slo --cost-model FILE` (docs/scheduling.md).");
   f.String("model", "", "model file (default: the embedded default model)");
+  f.String("tokenizer", "",
+           "tokenizer of --model when it carries none (llama2.c checkpoints: e.g. tok512.bin); "
+           "only loaded, the profile uses random token ids");
   f.String("shape", "",
            "profile a synthetic model at this real shape instead (e.g. tinyllama-1.1b; weights "
            "--dtype)");
@@ -67,7 +70,7 @@ int ProfileCommand(int argc, char** argv) {
     if (out.empty()) out = "cost-model-" + shape + ".json";
   } else {
     std::string path = f.GetString("model");
-    auto loaded = LoadModelAndTokenizer(path, "");
+    auto loaded = LoadModelAndTokenizer(path, f.GetString("tokenizer"));
     if (!loaded.ok()) return Fail("profile", loaded.status());
     mdl = loaded->model;
     if (path.empty()) {

@@ -61,6 +61,7 @@ void StepFeatures::AddChunk(int64_t start, int64_t count, bool prefill, int64_t 
   (prefill ? prefill_tokens : decode_rows) += c;
   // Row i (position start + i) attends to start + i + 1 positions.
   context_tokens += c * s + c * (c + 1) / 2;
+  if (prefill) prefill_context += c * s + c * (c + 1) / 2;
   row_ranks += c * static_cast<double>(rank);
 }
 
@@ -73,6 +74,7 @@ const std::vector<std::string>& CostModel::TermNames(Kind k) {
     std::vector<std::string> v = kLinear;
     v.push_back("row_ranks");
     v.push_back("min_rows_32");
+    v.push_back("prefill_context_tokens");
     return v;
   }();
   return k == Kind::kLinear ? kLinear : kExtended;
@@ -84,6 +86,7 @@ void CostModel::Terms(Kind k, const StepFeatures& f, std::vector<double>* out) {
   if (k == Kind::kExtended) {
     out->push_back(f.row_ranks);
     out->push_back(std::min(f.rows(), 32.0));
+    out->push_back(f.prefill_context);
   }
 }
 
@@ -242,6 +245,12 @@ Result<CostModelFile> CostModelFile::Parse(std::string_view text) {
     std::vector<double> coef;
     for (const std::string& name : CostModel::TermNames(k)) {
       auto c = terms->find(name);
+      // Files written before the prefill-context term: coefficient 0 predicts exactly what
+      // they predicted (one context coefficient for all rows).
+      if (c == terms->end() && name == "prefill_context_tokens") {
+        coef.push_back(0);
+        continue;
+      }
       if (c == terms->end() || !c->is_number())
         return InvalidArgumentError(where + ".seconds_per_term lacks the number \"" + name + "\"");
       coef.push_back(c->get<double>());

@@ -197,17 +197,17 @@ double ProfileReport::RepeatSpread() const {
 std::string ProfileReport::ToCsv() const {
   std::string out =
       "set,prefill_tokens,decode_rows,sum_ranks,adapters,deltas,context_tokens,row_ranks,"
-      "seconds,min_s,median_s\n";
+      "prefill_context_tokens,seconds,min_s,median_s\n";
   char buf[320];
   for (const auto* set : {&train, &heldout}) {
     const auto& reps = set == &train ? train_repeats : heldout_repeats;
     for (size_t i = 0; i < set->size(); ++i) {
       const StepSample& s = (*set)[i];
       const Repeats r = i < reps.size() ? reps[i] : Repeats{s.seconds, s.seconds};
-      std::snprintf(buf, sizeof(buf), "%s,%g,%g,%g,%g,%g,%g,%g,%.6g,%.6g,%.6g\n",
+      std::snprintf(buf, sizeof(buf), "%s,%g,%g,%g,%g,%g,%g,%g,%g,%.6g,%.6g,%.6g\n",
                     set == &train ? "fit" : "heldout", s.f.prefill_tokens, s.f.decode_rows,
                     s.f.sum_ranks, s.f.adapters, s.f.deltas, s.f.context_tokens, s.f.row_ranks,
-                    s.seconds, r.min, r.median);
+                    s.f.prefill_context, s.seconds, r.min, r.median);
       out += buf;
     }
   }
