@@ -29,13 +29,13 @@ namespace chorus::engine {
 
 // What a step holds, as the cost model sees it.
 struct StepFeatures {
-  double prefill_tokens = 0;  // rows of prefill chunks
-  double decode_rows = 0;     // rows of sequences generating
-  double sum_ranks = 0;       // Σ over the distinct LoRA adapters of the step of their rank
-  double adapters = 0;        // distinct LoRA adapters
-  double deltas = 0;          // distinct deltas
-  double context_tokens = 0;  // Σ over rows of the positions each row attends to
-  double row_ranks = 0;       // Σ over rows of the row's adapter rank (0 for base rows)
+  double prefill_tokens = 0;   // rows of prefill chunks
+  double decode_rows = 0;      // rows of sequences generating
+  double sum_ranks = 0;        // Σ over the distinct LoRA adapters of the step of their rank
+  double adapters = 0;         // distinct LoRA adapters
+  double deltas = 0;           // distinct deltas
+  double context_tokens = 0;   // Σ over rows of the positions each row attends to
+  double row_ranks = 0;        // Σ over rows of the row's adapter rank (0 for base rows)
   double prefill_context = 0;  // the part of context_tokens that prefill rows attend to
   double rows() const { return prefill_tokens + decode_rows; }
   // Adds one sequence's chunk: `count` rows from position `start`, with an adapter of `rank`

@@ -94,7 +94,8 @@ bool SloPolicy::Sweep(const StepState& step, std::span<const Candidate> waiting,
   // own position. (Summing the queue into one long prompt, as this once did, charged every
   // prompt's attention over all the prompts before it: quadratic in the queue length, so a long
   // queue of short prompts looked like overload and newest-first made its oldest requests wait.)
-  const int64_t budget = std::max<int64_t>(1, max_batch_tokens_ - static_cast<int64_t>(step_.rows()));
+  const int64_t budget =
+      std::max<int64_t>(1, max_batch_tokens_ - static_cast<int64_t>(step_.rows()));
   double filled_s = 0;  // predicted seconds of the steps filled so far
   StepFeatures cur = step_;
   int64_t room = budget;
