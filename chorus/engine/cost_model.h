@@ -12,7 +12,7 @@
 //               ranks alone), min(rows, 32) (small steps read every weight once whatever
 //               their row count: a knee the linear model cannot bend to) and the context of the
 //               prefill rows apart (a prefill chunk's attention is batched over its rows and
-//               costs far less per attended position than a decode row's — ~15× on the tiny
+//               costs far less per attended position than a decode row's — ~10× on the tiny
 //               model — so one coefficient for both fits neither: its term corrects
 //               context_tokens for the prefill share).
 //
