@@ -19,6 +19,12 @@ here.
                                                  fine-tuning tokens/min and deferral-bound
                                                  attainment of both policies against the swept x
 
+  tools/plot.py slo-sweep slo_sweep.csv [-o ...]  bench/serve/slo_sweep.py: TTFT SLO attainment
+                                                 (of all requests and of the admitted ones) and
+                                                 S-LoRA's user satisfaction against the rate as a
+                                                 fraction of capacity, one line per policy, one
+                                                 column of panels per arrival cv
+
   tools/plot.py soak     OUT/samples.csv [-o ...]  tools/soak.py: server RSS, running and waiting
                                                  sequences, KV blocks and adapter pages over time
   tools/plot.py soak-windows OUT/windows.csv [-o ...]  tools/soak.py: p50/p99 TTFT and latency per
@@ -137,6 +143,48 @@ unset multiplot
 """
 
 
+def slo_sweep(csv_path, png, title):
+    # One gnuplot data block per (cv, policy), rows sorted by rate; a column of three panels
+    # (attainment, attainment of the admitted, satisfaction) per cv.
+    data, policies = {}, []
+    with open(csv_path, newline="") as f:
+        for row in csv.DictReader(f):
+            if row["policy"] not in policies:
+                policies.append(row["policy"])  # in the order of the sweep
+            data.setdefault(float(row["cv"]), {}).setdefault(row["policy"], []).append(
+                (float(row["fraction"]), float(row["attainment"]),
+                 float(row["attainment_admitted"]), float(row["satisfaction"])))
+    if not data:
+        raise ValueError("no rows")
+    cvs = sorted(data)
+    blocks = ""
+    for i, cv in enumerate(cvs):
+        for j, p in enumerate(policies):
+            pts = sorted(data[cv].get(p, []))
+            blocks += f"$c{i}p{j} << EOD\n" + "".join(
+                f"{x} {a} {b} {s}\n" for x, a, b, s in pts) + "EOD\n"
+    panels = ""
+    for col, ylabel in ((2, "TTFT SLO attainment (all requests)"),
+                        (3, "attainment of admitted requests"),
+                        (4, "user satisfaction (S-LoRA)")):
+        for i, cv in enumerate(cvs):
+            lines = ", ".join(
+                f"$c{i}p{j} using 1:{col} with linespoints lw 2 pt {j + 5} title {gp_quote(p)}"
+                for j, p in enumerate(policies) if data[cv].get(p))
+            panels += (f"set title 'cv = {cv:g}'\nset ylabel {gp_quote(ylabel)}\n"
+                       f"plot {lines}\n")
+    return f"""{blocks}set terminal pngcairo size {420 * len(cvs) + 120},1100 noenhanced
+set output {gp_quote(png)}
+set multiplot layout 3,{len(cvs)} title {gp_quote(title or 'slora: SLO attainment and satisfaction by rate')}
+set xlabel 'arrival rate / capacity'
+set grid
+set key bottom left
+set yrange [0:1.05]
+set xrange [0:*]
+{panels}unset multiplot
+"""
+
+
 def finetune_sweep(csv_path, png, title):
     return f"""set terminal pngcairo size 900,600 noenhanced
 set output {gp_quote(png)}
@@ -201,6 +249,8 @@ KINDS = {
     "simulate": (simulate, ["policy", "rate", "attainment", "tpot_mean_ms"]),
     "finetune-sweep": (finetune_sweep, ["x", "immediate_tokens_per_min", "immediate_attainment",
                                         "deferred_tokens_per_min", "deferred_attainment"]),
+    "slo-sweep": (slo_sweep, ["policy", "cv", "fraction", "attainment", "attainment_admitted",
+                              "satisfaction"]),
     "slora-vs-n": (slora_vs_n, ["n", "output_tok_s", "ttft_p50", "ttft_cold_p50", "ttft_warm_p50"]),
     "soak": (soak, ["t", "rss_kib", "running", "waiting", "kv_used", "kv_pages", "adapter_pages"]),
     "soak-windows": (soak_windows, ["window", "start_s", "ttft_p50_ms", "ttft_p99_ms",
@@ -231,7 +281,12 @@ def main():
         print("plot: gnuplot is not installed (Debian package gnuplot-nox)", file=sys.stderr)
         return 1
     png = a.output or os.path.splitext(a.csv)[0] + ".png"
-    r = subprocess.run(["gnuplot"], input=build(a.csv, png, a.title), text=True,
+    try:
+        script = build(a.csv, png, a.title)
+    except (ValueError, KeyError) as e:
+        print(f"plot: {a.csv}: bad data ({e})", file=sys.stderr)
+        return 1
+    r = subprocess.run(["gnuplot"], input=script, text=True,
                        capture_output=True)
     if r.returncode != 0:
         print(f"plot: gnuplot failed: {r.stderr.strip()[:500]}", file=sys.stderr)

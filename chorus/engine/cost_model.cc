@@ -61,6 +61,7 @@ void StepFeatures::AddChunk(int64_t start, int64_t count, bool prefill, int64_t 
   (prefill ? prefill_tokens : decode_rows) += c;
   // Row i (position start + i) attends to start + i + 1 positions.
   context_tokens += c * s + c * (c + 1) / 2;
+  if (prefill) prefill_context += c * s + c * (c + 1) / 2;
   row_ranks += c * static_cast<double>(rank);
 }
 
@@ -73,6 +74,7 @@ const std::vector<std::string>& CostModel::TermNames(Kind k) {
     std::vector<std::string> v = kLinear;
     v.push_back("row_ranks");
     v.push_back("min_rows_32");
+    v.push_back("prefill_context_tokens");
     return v;
   }();
   return k == Kind::kLinear ? kLinear : kExtended;
@@ -84,6 +86,7 @@ void CostModel::Terms(Kind k, const StepFeatures& f, std::vector<double>* out) {
   if (k == Kind::kExtended) {
     out->push_back(f.row_ranks);
     out->push_back(std::min(f.rows(), 32.0));
+    out->push_back(f.prefill_context);
   }
 }
 
@@ -182,6 +185,7 @@ std::string CostModelFile::ToJson() const {
   j["threads"] = threads;
   j["loadavg"] = loadavg;
   j["clock"] = clock;
+  if (!timing.empty()) j["timing"] = timing;
   j["use"] = CostModel::KindName(models[use].model.kind());
   json arr = json::array();
   for (const Entry& e : models) {
@@ -215,6 +219,7 @@ Result<CostModelFile> CostModelFile::Parse(std::string_view text) {
   if (auto t = j.find("threads"); t != j.end() && t->is_number_integer()) f.threads = *t;
   if (auto l = j.find("loadavg"); l != j.end() && l->is_string()) f.loadavg = *l;
   if (auto c = j.find("clock"); c != j.end() && c->is_string()) f.clock = *c;
+  if (auto t = j.find("timing"); t != j.end() && t->is_string()) f.timing = *t;
   std::string use = "linear";
   if (auto u = j.find("use"); u != j.end()) {
     if (!u->is_string()) return InvalidArgumentError("cost model file: \"use\" must be a string");
@@ -240,6 +245,12 @@ Result<CostModelFile> CostModelFile::Parse(std::string_view text) {
     std::vector<double> coef;
     for (const std::string& name : CostModel::TermNames(k)) {
       auto c = terms->find(name);
+      // Files written before the prefill-context term: coefficient 0 predicts exactly what
+      // they predicted (one context coefficient for all rows).
+      if (c == terms->end() && name == "prefill_context_tokens") {
+        coef.push_back(0);
+        continue;
+      }
       if (c == terms->end() || !c->is_number())
         return InvalidArgumentError(where + ".seconds_per_term lacks the number \"" + name + "\"");
       coef.push_back(c->get<double>());

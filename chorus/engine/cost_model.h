@@ -9,8 +9,12 @@
 //               + c6·context — CaraServe's linear model over the step's features;
 //   * "extended": the linear terms plus rank-weighted rows (Σ over rows of the row's adapter
 //               rank: the LoRA shrink/expand work grows with rows × rank, not with distinct
-//               ranks alone) and min(rows, 32) (small steps read every weight once whatever
-//               their row count: a knee the linear model cannot bend to).
+//               ranks alone), min(rows, 32) (small steps read every weight once whatever
+//               their row count: a knee the linear model cannot bend to) and the context of the
+//               prefill rows apart (a prefill chunk's attention is batched over its rows and
+//               costs far less per attended position than a decode row's — ~10× on the tiny
+//               model — so one coefficient for both fits neither: its term corrects
+//               context_tokens for the prefill share).
 //
 // Thread-safety: a CostModel is immutable once built; Predict() is const.
 #pragma once
@@ -25,13 +29,14 @@ namespace chorus::engine {
 
 // What a step holds, as the cost model sees it.
 struct StepFeatures {
-  double prefill_tokens = 0;  // rows of prefill chunks
-  double decode_rows = 0;     // rows of sequences generating
-  double sum_ranks = 0;       // Σ over the distinct LoRA adapters of the step of their rank
-  double adapters = 0;        // distinct LoRA adapters
-  double deltas = 0;          // distinct deltas
-  double context_tokens = 0;  // Σ over rows of the positions each row attends to
-  double row_ranks = 0;       // Σ over rows of the row's adapter rank (0 for base rows)
+  double prefill_tokens = 0;   // rows of prefill chunks
+  double decode_rows = 0;      // rows of sequences generating
+  double sum_ranks = 0;        // Σ over the distinct LoRA adapters of the step of their rank
+  double adapters = 0;         // distinct LoRA adapters
+  double deltas = 0;           // distinct deltas
+  double context_tokens = 0;   // Σ over rows of the positions each row attends to
+  double row_ranks = 0;        // Σ over rows of the row's adapter rank (0 for base rows)
+  double prefill_context = 0;  // the part of context_tokens that prefill rows attend to
   double rows() const { return prefill_tokens + decode_rows; }
   // Adds one sequence's chunk: `count` rows from position `start`, with an adapter of `rank`
   // (0 = none). Does not count distinct adapters (the caller knows which are new).
@@ -93,6 +98,7 @@ struct CostModelFile {
   int threads = 0;             // compute threads of the profile
   std::string loadavg;         // /proc/loadavg when profiled
   std::string clock = "wall";  // how steps were timed: "wall" or "thread-cpu" (ProfileOptions)
+  std::string timing;          // a shape's time from its repeats: "median of 3", "min of 7"
   std::string ToJson() const;
   // Errors name the problem (not JSON, missing or mistyped field, wrong number of
   // coefficients, non-finite coefficient, unknown kind).

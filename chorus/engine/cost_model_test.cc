@@ -36,6 +36,7 @@ TEST(CostModelTest, FitRecoversKnownCoefficients) {
     if (kind == CostModel::Kind::kExtended) {
       want.push_back(3e-7);
       want.push_back(1e-4);
+      want.push_back(-1.8e-8);  // a prefill row's context costs a tenth of a decode row's
     }
     auto truth = CostModel::FromCoefficients(kind, want);
     ASSERT_TRUE(truth.ok());
@@ -87,7 +88,7 @@ TEST(CostModelTest, JsonRoundTripAndMalformedFiles) {
                           CostModel::Kind::kLinear, {1e-3, 2e-5, 3e-4, 4e-6, 5e-4, 0, 7e-9}),
                       .heldout = {.r2 = 0.9, .median_ape = 0.05, .p90_ape = 0.1, .n = 40}});
   f.models.push_back({.model = *CostModel::FromCoefficients(CostModel::Kind::kExtended,
-                                                            {1, 2, 3, 4, 5, 6, 7, 8, 9}),
+                                                            {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}),
                       .heldout = {}});
   f.use = 1;
   f.clock = "thread-cpu";
@@ -119,6 +120,24 @@ TEST(CostModelTest, JsonRoundTripAndMalformedFiles) {
     EXPECT_NE(r.status().message().find(b.says), std::string::npos) << r.status().ToString();
   }
   EXPECT_FALSE(CostModelFile::Load("/nonexistent/cost.json").ok());
+}
+
+// An extended model written before the prefill-context term reads with that coefficient 0,
+// i.e. it predicts what it always did; the term splits the context between row kinds.
+TEST(CostModelTest, ExtendedFilesWithoutThePrefillContextTermStillLoad) {
+  auto f = CostModelFile::Parse(R"({"format":"chorus-cost-model","use":"extended","models":[
+      {"kind":"extended","seconds_per_term":{"1":0.001,"prefill_tokens":0,"decode_rows":0,
+       "sum_ranks":0,"adapters":0,"deltas":0,"context_tokens":1e-6,"row_ranks":0,
+       "min_rows_32":0}}]})");
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  ASSERT_EQ(f->best().coefficients().size(), 10u);
+  EXPECT_EQ(f->best().coefficients().back(), 0);
+  StepFeatures s;
+  s.AddChunk(/*start=*/100, /*count=*/10, /*prefill=*/true, 0);
+  s.AddChunk(/*start=*/500, /*count=*/1, /*prefill=*/false, 0);
+  EXPECT_EQ(s.context_tokens, 10 * 100 + 55 + 501);
+  EXPECT_EQ(s.prefill_context, 10 * 100 + 55);
+  EXPECT_DOUBLE_EQ(f->best().Predict(s), 0.001 + 1e-6 * (1055 + 501));
 }
 
 }  // namespace

@@ -89,13 +89,40 @@ bool SloPolicy::Sweep(const StepState& step, std::span<const Candidate> waiting,
     if (c.waited_s + PredictPrefill(step_, c.remaining, c.rank) > c.ttft_slo_s) (*abort)[i] = 1;
   }
   // Overload: in queue order, the prompts ahead of a sequence (its own included) would not be
-  // computed before its TTFT SLO.
-  int64_t ahead = 0;
+  // computed before its TTFT SLO. They are computed as the engine would: in steps that hold the
+  // running rows and fill the rest of max_batch_tokens with prompt chunks, each prompt from its
+  // own position. (Summing the queue into one long prompt, as this once did, charged every
+  // prompt's attention over all the prompts before it: quadratic in the queue length, so a long
+  // queue of short prompts looked like overload and newest-first made its oldest requests wait.)
+  const int64_t budget =
+      std::max<int64_t>(1, max_batch_tokens_ - static_cast<int64_t>(step_.rows()));
+  double filled_s = 0;  // predicted seconds of the steps filled so far
+  StepFeatures cur = step_;
+  int64_t room = budget;
+  std::vector<const void*> cur_adapters;  // distinct adapters added to cur
   for (size_t i = 0; i < waiting.size(); ++i) {
     const Candidate& c = waiting[i];
     if ((*abort)[i] || c.started) continue;
-    ahead += c.remaining;
-    if (c.ttft_slo_s > 0 && c.waited_s + PredictPrefill(step_, ahead, 0) > c.ttft_slo_s)
+    for (int64_t pos = c.start, left = c.remaining; left > 0;) {
+      if (room == 0) {
+        filled_s += model_->Predict(cur);
+        cur = step_;
+        room = budget;
+        cur_adapters.clear();
+      }
+      const int64_t n = std::min(left, room);
+      cur.AddChunk(pos, n, /*prefill=*/true, c.rank);
+      if (c.rank > 0 &&
+          std::find(cur_adapters.begin(), cur_adapters.end(), c.adapter) == cur_adapters.end()) {
+        cur_adapters.push_back(c.adapter);
+        cur.adapters += 1;
+        cur.sum_ranks += static_cast<double>(c.rank);
+      }
+      pos += n;
+      left -= n;
+      room -= n;
+    }
+    if (c.ttft_slo_s > 0 && c.waited_s + filled_s + model_->Predict(cur) > c.ttft_slo_s)
       return true;
   }
   return false;

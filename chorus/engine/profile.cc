@@ -161,8 +161,10 @@ Result<ProfileReport> RunProfile(std::shared_ptr<const model::Model> mdl,
                                  : std::chrono::duration<double>(Clock::now() - t0).count());
     }
     std::sort(runs.begin(), runs.end());
-    sample.seconds = runs[runs.size() / 2];
+    const ProfileReport::Repeats r{.min = runs.front(), .median = runs[runs.size() / 2]};
+    sample.seconds = o.min_time ? r.min : r.median;
     (i % 4 == 3 ? rep.heldout : rep.train).push_back(sample);
+    (i % 4 == 3 ? rep.heldout_repeats : rep.train_repeats).push_back(r);
     if ((i + 1) % 20 == 0)
       progress("profiled " + std::to_string(i + 1) + "/" + std::to_string(o.samples) +
                " step shapes");
@@ -179,22 +181,36 @@ Result<ProfileReport> RunProfile(std::shared_ptr<const model::Model> mdl,
   }
   rep.file.threads = pool.size();
   rep.file.clock = o.cpu_clock ? "thread-cpu" : "wall";
+  rep.file.timing = std::string(o.min_time ? "min" : "median") + " of " + std::to_string(o.repeats);
   std::ifstream la("/proc/loadavg");  // procfs reports size 0: read as a stream
   std::getline(la, rep.file.loadavg);
   return rep;
 }
 
+double ProfileReport::RepeatSpread() const {
+  std::vector<double> spread;
+  for (const auto* set : {&train_repeats, &heldout_repeats})
+    for (const Repeats& r : *set)
+      if (r.min > 0) spread.push_back((r.median - r.min) / r.min);
+  if (spread.empty()) return 0;
+  std::nth_element(spread.begin(), spread.begin() + spread.size() / 2, spread.end());
+  return spread[spread.size() / 2];
+}
+
 std::string ProfileReport::ToCsv() const {
   std::string out =
       "set,prefill_tokens,decode_rows,sum_ranks,adapters,deltas,context_tokens,row_ranks,"
-      "seconds\n";
-  char buf[256];
+      "prefill_context_tokens,seconds,min_s,median_s\n";
+  char buf[320];
   for (const auto* set : {&train, &heldout}) {
-    for (const StepSample& s : *set) {
-      std::snprintf(buf, sizeof(buf), "%s,%g,%g,%g,%g,%g,%g,%g,%.6g\n",
+    const auto& reps = set == &train ? train_repeats : heldout_repeats;
+    for (size_t i = 0; i < set->size(); ++i) {
+      const StepSample& s = (*set)[i];
+      const Repeats r = i < reps.size() ? reps[i] : Repeats{s.seconds, s.seconds};
+      std::snprintf(buf, sizeof(buf), "%s,%g,%g,%g,%g,%g,%g,%g,%g,%.6g,%.6g,%.6g\n",
                     set == &train ? "fit" : "heldout", s.f.prefill_tokens, s.f.decode_rows,
                     s.f.sum_ranks, s.f.adapters, s.f.deltas, s.f.context_tokens, s.f.row_ranks,
-                    s.seconds);
+                    s.f.prefill_context, s.seconds, r.min, r.median);
       out += buf;
     }
   }
@@ -215,6 +231,10 @@ std::string ProfileReport::ToTable() const {
                   i == file.use ? "  <- used" : "");
     out += buf;
   }
+  std::snprintf(buf, sizeof(buf),
+                "repeat spread (median over shapes of (median - min) / min of its %s): %.1f%%\n",
+                file.timing.c_str(), 100 * RepeatSpread());
+  out += buf;
   return out;
 }
 

@@ -24,7 +24,7 @@ namespace chorus::engine {
 struct ProfileOptions {
   int threads = 0;        // compute threads (0 = all cores), as the server will run
   int64_t samples = 160;  // distinct step shapes
-  int repeats = 3;        // each shape timed this many times; its time is the median
+  int repeats = 3;        // each shape timed this many times; its time is the median (or min)
   int64_t max_prefill = 256;
   int64_t max_decode = 32;
   int64_t max_context = 1024;  // deepest decode row / latest prefill start
@@ -38,15 +38,29 @@ struct ProfileOptions {
   // Element type of the KV cache, as the server will run it (attention reads half the bytes in
   // bf16).
   kernels::KvDtype kv_dtype = kernels::KvDtype::kF32;
+  // A shape's time: the median of its repeats, or the fastest. Other work on the machine only
+  // ever adds to a step's time (a compute thread descheduled for a slice of another process
+  // holds the whole step: ~3-5 ms against steps of 0.2 ms on the tiny model), so the fastest
+  // of several repeats is the step's own cost; the median still carries every interruption
+  // that hit most repeats.
+  bool min_time = false;
   // Deltas are not profiled (building one needs a fine-tune of the same base): their term is
   // zero in every sample, so the fitted models give it coefficient 0.
 };
 
 struct ProfileReport {
   std::vector<StepSample> train, heldout;  // every fourth shape (in random order) is held out
-  CostModelFile file;                      // the fitted models, the better one chosen
+  // Each shape's repeats, fastest and median (same order as train then heldout): their spread
+  // is the measurement's own noise, a floor under any model's error.
+  struct Repeats {
+    double min = 0, median = 0;
+  };
+  std::vector<Repeats> train_repeats, heldout_repeats;
+  // The median over shapes of (median − min) / min of its repeats.
+  double RepeatSpread() const;
+  CostModelFile file;  // the fitted models, the better one chosen
   std::string ToTable() const;
-  std::string ToCsv() const;  // every step: its features and seconds
+  std::string ToCsv() const;  // every step: its features, seconds, its repeats' min and median
 };
 
 Result<ProfileReport> RunProfile(std::shared_ptr<const model::Model> model,

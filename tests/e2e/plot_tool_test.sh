@@ -71,6 +71,20 @@ plot slora-vs-n "$tmp/slora.csv" -o "$tmp/s.png" --title "test" >/dev/null
 is_png "$tmp/s.png" || fail "slora-vs-n: no PNG"
 plot loss "$tmp/loss.csv" >/dev/null
 is_png "$tmp/loss.png" || fail "loss: no PNG"
+cat >"$tmp/slo.csv" <<'CSV'
+policy,cv,fraction,rate,attainment,attainment_admitted,satisfaction
+fcfs,1,0.5,4.0,0.98,0.98,0.80
+slo,1,0.5,4.0,0.99,1.0,0.82
+fcfs,1,1.5,12.0,0.10,0.10,0.05
+slo,1,1.5,12.0,0.55,0.99,0.40
+fcfs,4,0.5,4.0,0.70,0.70,0.50
+slo,4,0.5,4.0,0.75,0.98,0.55
+CSV
+plot slo-sweep "$tmp/slo.csv" >/dev/null
+is_png "$tmp/slo.png" || fail "slo-sweep: no PNG"
+head -1 "$tmp/slo.csv" >"$tmp/slo-empty.csv"
+if plot slo-sweep "$tmp/slo-empty.csv" 2>"$tmp/err"; then fail "an empty slo-sweep CSV plotted"; fi
+grep -q "bad data" "$tmp/err" || fail "message: $(cat "$tmp/err")"
 if plot punica "$tmp/slora.csv" -o "$tmp/x.png" 2>"$tmp/err"; then fail "a slora CSV plotted as punica"; fi
 grep -q "missing column(s) dtype, metric, batch, tokens_per_s" "$tmp/err" || fail "message: $(cat "$tmp/err")"
 [[ ! -e $tmp/x.png ]] || fail "a PNG was written for a refused CSV"
