@@ -491,9 +491,8 @@ int ServeCommand(int argc, char** argv) {
           !f.GetRepeated("lora").empty() || !f.GetRepeated("delta").empty() ||
           !f.GetRepeated("lora-dir").empty() || !f.GetRepeated("adapter-root").empty() ||
           !f.GetString("registry").empty() || WantsFinetune(f);
-      const MemoryPlan plan =
-          PlanMemory(f, loaded.model->config(), eo.max_running, eo.max_batch_tokens, with_adapters,
-                     eo.kv_dtype);
+      const MemoryPlan plan = PlanMemory(f, loaded.model->config(), eo.max_running,
+                                         eo.max_batch_tokens, with_adapters, eo.kv_dtype);
       eo.pool_bytes = plan.pool_bytes;
       CHORUS_ASSIGN_OR_RETURN(
           ServedAdapters served,

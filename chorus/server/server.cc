@@ -467,8 +467,7 @@ void Server::SetEngine(std::shared_ptr<engine::Engine> eng) {
   ctx.max_context = std::min<int64_t>(eng->context_length(), eng->max_kv_tokens());
   ctx.served_model = opts_.served_model_name;
   ctx.serves_variants = true;  // HandleGenerate resolves them (or answers 404 with the names)
-  impl_->kv_block_bytes =
-      model::KvLayoutFor(cfg, block, eng->options().kv_dtype).PageBytes();
+  impl_->kv_block_bytes = model::KvLayoutFor(cfg, block, eng->options().kv_dtype).PageBytes();
   impl_->engine = std::move(eng);
   ready_.store(true, std::memory_order_release);
 }
