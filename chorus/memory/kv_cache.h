@@ -70,7 +70,7 @@ struct KvLayout {
   kernels::KvDtype dtype = kernels::KvDtype::kF32;  // element type of the stored K and V
   // [n_layers] the sliding window of each layer's attention (a row at p reads keys (p − w, p]),
   // 0 = every key; empty = every layer global. Layers of different windows never share a block.
-  std::vector<int64_t> layer_windows;
+  std::vector<int64_t> layer_windows = {};
   int64_t kv_dim() const { return n_kv_heads * head_dim; }
   int64_t ElementBytes() const { return dtype == kernels::KvDtype::kBf16 ? 2 : 4; }
   // K and V bytes of one token over every layer (what a decode step reads per context token).
