@@ -175,8 +175,9 @@ TEST(KvCacheGroupsTest, ViewsReadEachLayersGroup) {
     for (int64_t h = 0; h < 2; ++h) {
       const kernels::PagedKv view = kv.View(l, h, t.data());
       for (int64_t pos = 0; pos < 40; ++pos) {
-        const float* kr = view.KeyRow(pos, 0, 4, nullptr);
-        const float* vr = view.ValueRow(pos, 0, 4, nullptr);
+        float kbuf[4], vbuf[4];  // used by bf16 views only; this cache is f32
+        const float* kr = view.KeyRow(pos, 0, 4, kbuf);
+        const float* vr = view.ValueRow(pos, 0, 4, vbuf);
         EXPECT_EQ(kr[1], static_cast<float>(1000 * l + 10 * pos + 4 * h + 1)) << l << " " << pos;
         EXPECT_EQ(vr[1], -kr[1]);
       }
