@@ -45,7 +45,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from soak import launch_server, metric, pct, rss_kib, wait_healthy  # noqa: E402
+from soak import launch_server, local_get, metric, pct, rss_kib, wait_healthy  # noqa: E402
 
 
 class Server:
@@ -65,13 +65,7 @@ class Server:
         wait_healthy(self.get, deadline, self.log_path)
 
     def get(self, path):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-        try:
-            c.request("GET", path)
-            r = c.getresponse()
-            return r.status, r.read().decode("utf-8", "replace")
-        finally:
-            c.close()
+        return local_get(self.port, path)
 
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)

@@ -122,6 +122,17 @@ def launch_server(cmd, env, log_path, timeout):
     raise RuntimeError("server named no port within %d s; see %s" % (timeout, log_path))
 
 
+def local_get(port, path, timeout=30):
+    """GET `path` from a server on 127.0.0.1:`port` without credentials: (status, body text)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        c.request("GET", path)
+        r = c.getresponse()
+        return r.status, r.read().decode("utf-8", "replace")
+    finally:
+        c.close()
+
+
 def wait_healthy(get, deadline, log_path):
     """Polls GET /health through `get(path) -> (status, body)` until 200 or the deadline."""
     while time.time() < deadline:

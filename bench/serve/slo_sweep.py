@@ -59,7 +59,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
-from soak import launch_server, metric, wait_healthy  # noqa: E402
+from soak import launch_server, local_get, metric, wait_healthy  # noqa: E402
 
 POLICIES = ("fcfs", "cluster", "slo")
 COLUMNS = ["policy", "cv", "fraction", "rate", "capacity_req_s", "ttft_slo_ms", "requests",
@@ -134,14 +134,7 @@ class Server:
         self.url = "http://127.0.0.1:%d" % self.port
 
     def get(self, path):
-        import http.client
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-        try:
-            c.request("GET", path)
-            r = c.getresponse()
-            return r.status, r.read().decode("utf-8", "replace")
-        finally:
-            c.close()
+        return local_get(self.port, path)
 
     def metrics(self):
         try:
