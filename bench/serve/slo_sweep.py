@@ -9,16 +9,20 @@ server's measured capacity:
    (`chorus convert --lora-count N --lora-ranks 8,16,32,64`, ranks round-robin) registered by a
    throw-away server into a registry state file that every run then starts from a copy of;
 2. the cost model for `--policy slo` (`chorus profile --threads T`, unless --cost-model is given);
-3. capacity: a fresh fcfs server gets --capacity-requests requests at once (the same lengths
-   and adapters as the sweep); capacity = requests completed per second between the 10th and
-   the 90th percentile of their completion times (the saturated middle, without the ramp-up
-   and the drain);
+3. capacity, under the sweep's own arrivals: a first estimate from --capacity-requests requests
+   at once (the same lengths and adapters as the sweep; requests completed per second between
+   the 10th and the 90th percentile of their completion times), then (--capacity-mode open, the
+   default) a fresh fcfs server gets Poisson arrivals at --capacity-overload × that estimate for
+   --capacity-seconds, and capacity = the requests it completes per second while the arrivals
+   still come, after the first 30 % of them (the backlog only grows then, so the server is
+   saturated: its throughput under open-loop arrivals, which is what the sweep's x axis means);
 4. the sweep: for each cv and rate fraction, each policy in turn against a fresh server (same
    flags, a fresh copy of the registry) with the same seeded plan: `chorus_bench_serve --rate
    F·capacity --cv CV --adapters N --alpha A` (gamma arrivals; adapter id = floor(u·N),
    u ~ power(A)); input and output lengths uniform in [--input-min, --input-max) and
    [--output-min, --output-max) (S-LoRA: [8, 512)). Every request carries the TTFT SLO (the
-   server's --ttft-slo-ms).
+   server's --ttft-slo-ms). With --repeats R every point runs R times, each repeat with its own
+   seeded plan (seed + repeat) shared by the policies; a point's figures pool its repeats.
 
 Per run, from the load generator's per-request CSV (TTFT measured by the client, from sending
 the request to the first streamed token):
@@ -33,7 +37,8 @@ the request to the first streamed token):
   * the server's own counters (chorus_slo_aborted_total, chorus_slo_ttft_met/missed_total) and
     the CPU seconds the load generator and the server used (the generator shares the cores).
 
-Output (--out): slo_sweep.csv (one row per policy × cv × rate), slo_sweep.json (the setup, the
+Output (--out): slo_sweep.csv (one row per policy × cv × rate, repeats pooled), runs.csv (one
+row per run), slo_sweep.json (the setup, the
 capacity measurement, the SLO and why, the rows, the bar checks), runs/ (every run's per-request
 CSV and summary JSON, server log), and slo_sweep.png (tools/plot.py slo-sweep).
 
@@ -62,7 +67,7 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 from soak import launch_server, local_get, metric, wait_healthy  # noqa: E402
 
 POLICIES = ("fcfs", "cluster", "slo")
-COLUMNS = ["policy", "cv", "fraction", "rate", "capacity_req_s", "ttft_slo_ms", "requests",
+COLUMNS = ["policy", "cv", "fraction", "repeats", "rate", "capacity_req_s", "ttft_slo_ms", "requests",
            "admitted", "rejected_429", "failed", "met_slo", "attainment", "attainment_admitted",
            "satisfaction", "throughput_req_s", "goodput_req_s", "output_tok_s",
            "ttft_p50_admitted_s", "ttft_p99_admitted_s", "server_aborted", "server_ttft_met",
@@ -215,7 +220,14 @@ def run_loadgen(a, url, out_prefix, rate, cv, n, seed):
     return rows, summary, ru.ru_utime + ru.ru_stime
 
 
+def completion_times(rows):
+    return sorted(float(r["arrival_s"]) + float(r["latency_s"]) for r in rows
+                  if r["status"] == "200" and not r["error"] and float(r["latency_s"]) >= 0)
+
+
 def measure_capacity(a, work, runs):
+    """The server's throughput in requests/s: closed (all at once), then under open-loop
+    overload (--capacity-mode open); the latter is the sweep's capacity."""
     srv = Server(a, work, a.registry, os.path.join(runs, "capacity.serve.log"), [])
     try:
         t0 = time.time()
@@ -224,8 +236,7 @@ def measure_capacity(a, work, runs):
         wall = time.time() - t0
     finally:
         srv_cpu = srv.stop()
-    ends = sorted(float(r["arrival_s"]) + float(r["latency_s"]) for r in rows
-                  if r["status"] == "200" and not r["error"] and float(r["latency_s"]) >= 0)
+    ends = completion_times(rows)
     if len(ends) < 10:
         raise RuntimeError("capacity run: only %d of %d requests completed" %
                            (len(ends), len(rows)))
@@ -234,19 +245,44 @@ def measure_capacity(a, work, runs):
         raise RuntimeError("capacity run: the completions are not spread in time; raise "
                            "--capacity-requests")
     cap = (hi - lo) / (ends[hi] - ends[lo])
-    info = {"requests": len(rows), "completed": len(ends), "window_s": ends[hi] - ends[lo],
-            "completions_in_window": hi - lo, "capacity_req_s": cap,
-            "all_completed_over_wall_req_s": len(ends) / wall, "loadgen_cpu_s": lg_cpu,
-            "server_cpu_s": srv_cpu, "wall_s": wall}
-    log("capacity %.2f req/s (%d completions in %.1f s; %d requests at once)" %
+    info = {"closed": {"requests": len(rows), "completed": len(ends),
+                       "window_s": ends[hi] - ends[lo], "completions_in_window": hi - lo,
+                       "capacity_req_s": cap, "all_completed_over_wall_req_s": len(ends) / wall,
+                       "loadgen_cpu_s": lg_cpu, "server_cpu_s": srv_cpu, "wall_s": wall},
+            "mode": a.capacity_mode}
+    log("capacity, all at once: %.2f req/s (%d completions in %.1f s; %d requests)" %
         (cap, hi - lo, ends[hi] - ends[lo], len(rows)))
+    if a.capacity_mode == "open":
+        rate = a.capacity_overload * cap
+        n = max(a.min_requests, int(round(rate * a.capacity_seconds)))
+        srv = Server(a, work, a.registry, os.path.join(runs, "capacity-open.serve.log"), [])
+        load0 = loadavg()
+        try:
+            rows, _, lg_cpu = run_loadgen(a, srv.url, os.path.join(runs, "capacity-open"), rate,
+                                          1.0, n, a.seed + 2000)
+        finally:
+            srv_cpu = srv.stop()
+        arrivals = sorted(float(r["arrival_s"]) for r in rows)
+        t_lo, t_hi = 0.3 * arrivals[-1], arrivals[-1]
+        done = [t for t in completion_times(rows) if t_lo <= t <= t_hi]
+        if len(done) < 10 or t_hi <= t_lo:
+            raise RuntimeError("open-loop capacity run: %d completions while the arrivals came; "
+                               "raise --capacity-seconds" % len(done))
+        cap = len(done) / (t_hi - t_lo)
+        info["open"] = {"offered_req_s": rate, "requests": len(rows),
+                        "window_s": [t_lo, t_hi], "completions_in_window": len(done),
+                        "capacity_req_s": cap, "loadgen_cpu_s": lg_cpu, "server_cpu_s": srv_cpu,
+                        "load_before": load0, "load_after": loadavg()}
+        log("capacity under open-loop arrivals at %.2f req/s: %.2f req/s (%d completions in "
+            "%.1f s of arrivals)" % (rate, cap, len(done), t_hi - t_lo))
+    info["capacity_req_s"] = cap
     return cap, info
 
 
-def one_run(a, work, runs, policy, cv, frac, cap, slo_ms, cm_path):
+def one_run(a, work, runs, policy, cv, frac, cap, slo_ms, cm_path, repeat):
     rate = frac * cap
     n = min(a.max_requests, max(a.min_requests, int(round(rate * a.duration))))
-    name = "%s-cv%g-f%g" % (policy, cv, frac)
+    name = "%s-cv%g-f%g" % (policy, cv, frac) + ("-r%d" % repeat if repeat else "")
     extra = ["--policy", policy, "--ttft-slo-ms", "%.1f" % slo_ms]
     if policy == "slo":
         extra += ["--cost-model", cm_path]
@@ -257,7 +293,7 @@ def one_run(a, work, runs, policy, cv, frac, cap, slo_ms, cm_path):
     t0 = time.time()
     try:
         rows, summary, lg_cpu = run_loadgen(a, srv.url, os.path.join(runs, name), rate, cv, n,
-                                            a.seed)
+                                            a.seed + repeat)
         run_s = time.time() - t0
         m = srv.metrics()
     finally:
@@ -278,7 +314,7 @@ def one_run(a, work, runs, policy, cv, frac, cap, slo_ms, cm_path):
     span = max(span, summary.get("duration_s", 0.0) or 0.0) or 1e-9
     out_tokens = sum(int(r["completion_tokens"]) for r in ok)
     row = {
-        "policy": policy, "cv": cv, "fraction": frac, "rate": round(rate, 4),
+        "policy": policy, "cv": cv, "fraction": frac, "repeat": repeat, "rate": round(rate, 4),
         "capacity_req_s": round(cap, 4), "ttft_slo_ms": round(slo_ms, 1), "requests": sent,
         "admitted": admitted, "rejected_429": rejected, "failed": failed, "met_slo": met,
         "attainment": round(met / sent, 4) if sent else 0.0,
@@ -295,12 +331,59 @@ def one_run(a, work, runs, policy, cv, frac, cap, slo_ms, cm_path):
         "run_s": round(run_s, 2), "loadgen_cpu_s": round(lg_cpu, 2),
         "server_cpu_s": round(srv_cpu, 2) if srv_cpu is not None else "",
         "load_before": load0, "load_after": load1,
+        "satisfaction_sum": sat * sent, "out_tokens": out_tokens, "span_s": span,
+        "ttfts": ttfts,
     }
-    log("%-7s cv %g %.2fx (%.2f req/s, %d req): attainment %.3f, of admitted %.3f (%d x 429), "
+    log("%-7s cv %g %.2fx r%d (%.2f req/s, %d req): attainment %.3f, of admitted %.3f (%d x 429), "
         "satisfaction %.3f, %.1f s, load %s -> %s" % (
-            policy, cv, frac, rate, sent, row["attainment"], row["attainment_admitted"],
+            policy, cv, frac, repeat, rate, sent, row["attainment"], row["attainment_admitted"],
             rejected, row["satisfaction"], run_s, load0.split()[0], load1.split()[0]))
     return row
+
+
+RUN_COLUMNS = (["policy", "cv", "fraction", "repeat"] + COLUMNS[4:] +
+               ["satisfaction_sum", "out_tokens", "span_s", "ttfts"])
+
+
+def pool(runs):
+    """One row per policy × cv × rate: its repeats' requests pooled (attainment = all met / all
+    sent, satisfaction = the mean over every request sent, rates = totals / summed run spans,
+    TTFT percentiles over every admitted request)."""
+    groups = {}
+    for r in runs:
+        groups.setdefault((r["policy"], r["cv"], r["fraction"]), []).append(r)
+    out = []
+    for (policy, cv, frac), rs in groups.items():
+        tot = lambda k: sum(int(r[k]) for r in rs)  # noqa: E731
+        sent, admitted, rejected, failed, met = (tot(k) for k in (
+            "requests", "admitted", "rejected_429", "failed", "met_slo"))
+        span = sum(float(r["span_s"]) for r in rs) or 1e-9
+        ttfts = [t for r in rs for t in r["ttfts"]]
+        out.append({
+            "policy": policy, "cv": cv, "fraction": frac, "repeats": len(rs),
+            "rate": rs[0]["rate"], "capacity_req_s": rs[0]["capacity_req_s"],
+            "ttft_slo_ms": rs[0]["ttft_slo_ms"], "requests": sent, "admitted": admitted,
+            "rejected_429": rejected, "failed": failed, "met_slo": met,
+            "attainment": round(met / sent, 4) if sent else 0.0,
+            "attainment_admitted": round(met / admitted, 4) if admitted else 1.0,
+            "satisfaction": round(sum(float(r["satisfaction_sum"]) for r in rs) / sent, 4)
+            if sent else 0.0,
+            "throughput_req_s": round((sent - rejected - failed) / span, 4),
+            "goodput_req_s": round(met / span, 4),
+            "output_tok_s": round(sum(int(r["out_tokens"]) for r in rs) / span, 2),
+            "ttft_p50_admitted_s": round(pct(ttfts, 50), 4) if ttfts else "",
+            "ttft_p99_admitted_s": round(pct(ttfts, 99), 4) if ttfts else "",
+            "server_aborted": tot("server_aborted"), "server_ttft_met": tot("server_ttft_met"),
+            "server_ttft_missed": tot("server_ttft_missed"),
+            "distinct_adapters": max(int(r["distinct_adapters"]) for r in rs),
+            "run_s": round(sum(float(r["run_s"]) for r in rs), 2),
+            "loadgen_cpu_s": round(sum(float(r["loadgen_cpu_s"]) for r in rs), 2),
+            "server_cpu_s": round(sum(float(r["server_cpu_s"]) for r in rs
+                                      if r["server_cpu_s"] != ""), 2),
+            "load_before": rs[0]["load_before"], "load_after": rs[-1]["load_after"],
+        })
+    out.sort(key=lambda r: (r["cv"], r["fraction"], POLICIES.index(r["policy"])))
+    return out
 
 
 def bar_checks(rows, admitted_until=0.8, top=1.5):
@@ -366,7 +449,17 @@ def main():
     ap.add_argument("--token-id-max", type=int, default=200)
     ap.add_argument("--capacity", type=float, default=0,
                     help="take this as the capacity (req/s) instead of measuring it")
-    ap.add_argument("--capacity-requests", type=int, default=200)
+    ap.add_argument("--capacity-requests", type=int, default=200,
+                    help="requests sent at once for the first (closed) capacity estimate")
+    ap.add_argument("--capacity-mode", choices=("open", "closed"), default="open",
+                    help="open (default): capacity = throughput under Poisson arrivals at "
+                         "--capacity-overload × the closed estimate; closed: the estimate")
+    ap.add_argument("--capacity-overload", type=float, default=2.0)
+    ap.add_argument("--capacity-seconds", type=float, default=20.0,
+                    help="seconds of arrivals of the open-loop capacity run")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs per point, each with its own seeded plan (seed + repeat), "
+                         "shared by the policies; a point's figures pool them")
     ap.add_argument("--ttft-slo-ms", type=float, default=0,
                     help="the TTFT SLO (default: --slo-completions / capacity)")
     ap.add_argument("--slo-completions", type=float, default=12,
@@ -408,9 +501,11 @@ def main():
     if not cvs or not fractions or min(cvs) <= 0 or min(fractions) <= 0:
         ap.error("--cvs and --fractions need positive values")
     if (a.adapters < 1 or a.duration <= 0 or a.min_requests < 1 or
-            a.max_requests < a.min_requests or a.capacity_requests < 10):
+            a.max_requests < a.min_requests or a.capacity_requests < 10 or a.repeats < 1 or
+            a.capacity_overload <= 1 or a.capacity_seconds <= 0):
         ap.error("need --adapters >= 1, --duration > 0, 1 <= --min-requests <= --max-requests, "
-                 "--capacity-requests >= 10")
+                 "--capacity-requests >= 10, --repeats >= 1, --capacity-overload > 1, "
+                 "--capacity-seconds > 0")
     if not (1 <= a.input_min < a.input_max) or not (1 <= a.output_min < a.output_max):
         ap.error("need 1 <= --input-min < --input-max and 1 <= --output-min < --output-max")
     for b in (a.chorus, a.loadgen):
@@ -424,23 +519,19 @@ def main():
     os.makedirs(work, exist_ok=True)
     t_start = time.time()
     load_start = loadavg()
-    rows = []
+    runs_list = []  # one row per run
     csv_path = os.path.join(a.out, "slo_sweep.csv")
+    runs_csv_path = os.path.join(a.out, "runs.csv")
     json_path = os.path.join(a.out, "slo_sweep.json")
     prev = {}
-    if a.append and os.path.exists(csv_path):
-        with open(csv_path, newline="") as f:
+    if a.append and os.path.exists(runs_csv_path):
+        with open(runs_csv_path, newline="") as f:
             for r in csv.DictReader(f):
-                for k in COLUMNS:
-                    r.setdefault(k, "")
                 for k in ("cv", "fraction"):
                     r[k] = float(r[k])
-                for k in ("attainment", "attainment_admitted", "satisfaction", "loadgen_cpu_s",
-                          "run_s"):
-                    r[k] = float(r[k])
-                if r["server_cpu_s"] != "":
-                    r["server_cpu_s"] = float(r["server_cpu_s"])
-                rows.append(r)
+                r["repeat"] = int(r["repeat"])
+                r["ttfts"] = [float(t) for t in r["ttfts"].split(";") if t]
+                runs_list.append(r)
         if os.path.exists(json_path):
             with open(json_path) as f:
                 prev = json.load(f)
@@ -448,9 +539,9 @@ def main():
             a.capacity = prev["capacity"]["capacity_req_s"]
         if not a.ttft_slo_ms and prev.get("ttft_slo_ms"):
             a.ttft_slo_ms = prev["ttft_slo_ms"]
-        log("appending to %d rows (capacity %s req/s, SLO %s ms)" %
-            (len(rows), a.capacity, a.ttft_slo_ms))
-    done = {(r["policy"], r["cv"], r["fraction"]) for r in rows}
+        log("appending to %d runs (capacity %s req/s, SLO %s ms)" %
+            (len(runs_list), a.capacity, a.ttft_slo_ms))
+    done = {(r["policy"], r["cv"], r["fraction"], r["repeat"]) for r in runs_list}
     a.registry = setup_adapters(a, work)
     if a.setup_only:
         return 0
@@ -474,22 +565,30 @@ def main():
     log("TTFT SLO %.0f ms (%s)" % (slo_ms, slo_why))
 
     def write_csv():
+        with open(runs_csv_path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=RUN_COLUMNS, extrasaction="ignore")
+            w.writeheader()
+            for r in runs_list:
+                w.writerow(dict(r, ttfts=";".join("%.5f" % t for t in r["ttfts"])))
         with open(csv_path, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=COLUMNS)
             w.writeheader()
-            for r in rows:
+            for r in pool(runs_list):
                 w.writerow(r)
 
-    # Policies interleaved per point, so that a drift in the machine's speed hits all alike.
+    # Policies interleaved per point (and repeats per point), so that a drift in the machine's
+    # speed hits all alike.
     for cv in cvs:
         for frac in fractions:
-            for p in policies:
-                if (p, cv, frac) in done:
-                    continue
-                rows.append(one_run(a, work, runs, p, cv, frac, cap, slo_ms, cm_path))
-                write_csv()
-    rows.sort(key=lambda r: (r["cv"], r["fraction"], POLICIES.index(r["policy"])))
+            for rep in range(a.repeats):
+                for p in policies:
+                    if (p, cv, frac, rep) in done:
+                        continue
+                    runs_list.append(one_run(a, work, runs, p, cv, frac, cap, slo_ms, cm_path,
+                                             rep))
+                    write_csv()
     write_csv()
+    rows = pool(runs_list)
     policies = [p for p in POLICIES if any(r["policy"] == p for r in rows)]
     cvs = sorted({r["cv"] for r in rows})
     fractions = sorted({r["fraction"] for r in rows})
@@ -509,6 +608,7 @@ def main():
                         "its benchmark code)",
         "cost_model": cm_path, "policies": policies, "cvs": cvs, "fractions": fractions,
         "duration_s": a.duration, "min_requests": a.min_requests, "seed": a.seed,
+        "repeats": a.repeats,
         "loadgen_cpu_share": round(lg / wall, 4) if wall else None,
         "server_cpu_share": round(sv / wall, 4) if wall else None,
         "load_start": prev.get("load_start", load_start), "load_end": loadavg(),
@@ -516,7 +616,9 @@ def main():
         "invocations": prev.get("invocations", []) + [
             {"start": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t_start)),
              "load_start": load_start, "load_end": loadavg(), "argv": sys.argv[1:]}],
-        "rows": rows, "bar": checks,
+        "rows": rows,
+        "runs": [{k: v for k, v in r.items() if k != "ttfts"} for r in runs_list],
+        "bar": checks,
         "bar_met": all(c["ok"] for c in checks) if checks else None,
     }
     with open(json_path, "w") as f:

@@ -22,7 +22,7 @@ grep -q "fractions" "$tmp/err" || fail "bad fractions: $(cat "$tmp/err")"
 
 sweep --out "$tmp/out" --adapters 12 --cvs 1 --fractions 0.5,1.5 --duration 1 --min-requests 6 \
   --max-requests 30 \
-  --capacity-requests 16 --input-min 8 --input-max 64 --output-min 4 --output-max 16 \
+  --capacity-requests 16 --capacity-seconds 2 --input-min 8 --input-max 64 --output-min 4 --output-max 16 \
   --profile-quick --ttft-slo-ms 2000 --timeout 60 || fail "the sweep failed"
 
 python3 - "$tmp/out" <<'PY' || fail "sweep output"
@@ -52,6 +52,10 @@ for r in rows:
         assert int(r["server_aborted"]) == rej, "429s = the server's early aborts: %s" % r
 s = json.load(open(os.path.join(out, "slo_sweep.json")))
 assert s["ttft_slo_ms"] == 2000.0 and s["capacity"]["capacity_req_s"] > 0
+# The capacity is the open-loop run's (the closed estimate is kept beside it).
+assert s["capacity"]["mode"] == "open" and s["capacity"]["open"]["completions_in_window"] >= 10
+assert s["capacity"]["capacity_req_s"] == s["capacity"]["open"]["capacity_req_s"]
+assert s["capacity"]["closed"]["capacity_req_s"] > 0
 assert len(s["rows"]) == 6 and isinstance(s["bar"], list) and s["bar"]
 assert all(isinstance(c["ok"], bool) for c in s["bar"])
 assert os.path.exists(os.path.join(out, "runs", "slo-cv1-f1.5.csv"))
@@ -60,9 +64,9 @@ assert png == b"\x89PNG\r\n\x1a\n", "no PNG"
 print("slo_sweep output ok:", [(r["policy"], r["fraction"], r["attainment"]) for r in rows])
 PY
 
-# A sweep split over several invocations: --append skips the points done and reuses the
-# capacity and the SLO.
-sweep --out "$tmp/out" --append --adapters 12 --cvs 1 --fractions 0.5,1 --policies fcfs \
+# A sweep split over several invocations: --append skips the runs done and reuses the
+# capacity and the SLO; with --repeats 2, fcfs at 0.5 gets its second run, pooled with the first.
+sweep --out "$tmp/out" --append --repeats 2 --adapters 12 --cvs 1 --fractions 0.5,1 --policies fcfs \
   --duration 1 --min-requests 6 --max-requests 30 --input-min 8 --input-max 64 --output-min 4 \
   --output-max 16 --timeout 60 --no-plot || fail "the appended sweep failed"
 python3 - "$tmp/out" <<'PY' || fail "appended output"
@@ -70,9 +74,16 @@ import csv, json, os, sys
 out = sys.argv[1]
 rows = list(csv.DictReader(open(os.path.join(out, "slo_sweep.csv"))))
 assert len(rows) == 7, "want the 6 rows and fcfs at 1.0, got %d" % len(rows)
+runs = list(csv.DictReader(open(os.path.join(out, "runs.csv"))))
+assert len(runs) == 9, "want 6 + fcfs 0.5 r1 + fcfs 1.0 r0, r1 runs, got %d" % len(runs)
+f05 = [r for r in rows if r["policy"] == "fcfs" and float(r["fraction"]) == 0.5][0]
+rs = [r for r in runs if r["policy"] == "fcfs" and float(r["fraction"]) == 0.5]
+assert f05["repeats"] == "2" and len(rs) == 2, (f05, rs)
+assert int(f05["requests"]) == sum(int(r["requests"]) for r in rs), "repeats not pooled"
+assert os.path.exists(os.path.join(out, "runs", "fcfs-cv1-f0.5-r1.csv"))
 assert len({r["capacity_req_s"] for r in rows}) == 1, "capacity not reused"
 assert {r["ttft_slo_ms"] for r in rows} == {"2000.0"}, "SLO not reused"
 s = json.load(open(os.path.join(out, "slo_sweep.json")))
-assert len(s["rows"]) == 7 and len(s["invocations"]) == 2
+assert len(s["rows"]) == 7 and len(s["runs"]) == 9 and len(s["invocations"]) == 2
 PY
 echo PASS
