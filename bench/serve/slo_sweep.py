@@ -485,9 +485,9 @@ def main():
     ap.add_argument("--setup-only", action="store_true",
                     help="only write and register the adapters (nothing timed: no lock needed)")
     ap.add_argument("--append", action="store_true",
-                    help="add to OUT's slo_sweep.csv: points already there are skipped, and the "
-                         "capacity and SLO of OUT's slo_sweep.json are reused (a sweep split "
-                         "over several holds of the measurement lock)")
+                    help="add to OUT's runs.csv: runs already there are skipped, and the "
+                         "capacity, SLO and cost model of OUT's slo_sweep.json are reused (a "
+                         "sweep split over several holds of the measurement lock)")
     a = ap.parse_args()
     try:
         policies = [p for p in a.policies.split(",") if p]
@@ -539,6 +539,8 @@ def main():
             a.capacity = prev["capacity"]["capacity_req_s"]
         if not a.ttft_slo_ms and prev.get("ttft_slo_ms"):
             a.ttft_slo_ms = prev["ttft_slo_ms"]
+        if not a.cost_model and prev.get("cost_model") and os.path.exists(prev["cost_model"]):
+            a.cost_model = prev["cost_model"]  # the same cost model in every hold
         log("appending to %d runs (capacity %s req/s, SLO %s ms)" %
             (len(runs_list), a.capacity, a.ttft_slo_ms))
     done = {(r["policy"], r["cv"], r["fraction"], r["repeat"]) for r in runs_list}

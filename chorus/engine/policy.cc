@@ -89,11 +89,12 @@ bool SloPolicy::Sweep(const StepState& step, std::span<const Candidate> waiting,
     if (c.waited_s + PredictPrefill(step_, c.remaining, c.rank) > c.ttft_slo_s) (*abort)[i] = 1;
   }
   // Overload: in queue order, the prompts ahead of a sequence (its own included) would not be
-  // computed before its TTFT SLO. They are computed as the engine would: in steps that hold the
-  // running rows and fill the rest of max_batch_tokens with prompt chunks, each prompt from its
-  // own position. (Summing the queue into one long prompt, as this once did, charged every
-  // prompt's attention over all the prompts before it: quadratic in the queue length, so a long
-  // queue of short prompts looked like overload and newest-first made its oldest requests wait.)
+  // computed before its TTFT SLO, while requests arrive faster than they are admitted. They are
+  // computed as the engine would: in steps that hold the running rows and fill the rest of
+  // max_batch_tokens with prompt chunks, each prompt from its own position. (Summing the queue into
+  // one long prompt, as this once did, charged every prompt's attention over all the prompts before
+  // it: quadratic in the queue length, so a long queue of short prompts looked like overload and
+  // newest-first made its oldest requests wait.)
   const int64_t budget =
       std::max<int64_t>(1, max_batch_tokens_ - static_cast<int64_t>(step_.rows()));
   double filled_s = 0;  // predicted seconds of the steps filled so far
@@ -123,7 +124,7 @@ bool SloPolicy::Sweep(const StepState& step, std::span<const Candidate> waiting,
       room -= n;
     }
     if (c.ttft_slo_s > 0 && c.waited_s + filled_s + model_->Predict(cur) > c.ttft_slo_s)
-      return true;
+      return step.backlog_s >= kOverloadWindowS && step.arrivals_per_s > step.admissions_per_s;
   }
   return false;
 }

@@ -35,11 +35,22 @@ struct Candidate {
   bool started = false;  // it has streamed tokens already (a preempted sequence)
 };
 
+// The window over which the scheduler measures arrival and admission rates, and how long a
+// backlog must last before SloPolicy calls it an overload (docs/scheduling.md).
+inline constexpr double kOverloadWindowS = 2.0;
+
 // The step as planned before admission: the running sequences' rows.
 struct StepState {
   StepFeatures planned;
   double min_tpot_slo_s = 0;  // the smallest TPOT SLO among them (0 = none has one)
   int64_t sequences = 0;      // running sequences in the plan
+  // Requests per second that arrived, and that were admitted for the first time, over the last
+  // kOverloadWindowS (S-LoRA App. B's R1 and R2), and for how long requests that have not
+  // started have been waiting without a break: together the sign of an overload that lasts,
+  // not of a burst the queue absorbs.
+  double arrivals_per_s = 0;
+  double admissions_per_s = 0;
+  double backlog_s = 0;
 };
 
 class Policy {
@@ -133,8 +144,11 @@ class ClusterPolicy : public FcfsPolicy {
 //   * TPOT guard: a sequence is not admitted when the predicted step time with its chunk would
 //     exceed the smallest TPOT SLO of the sequences in the step (unless none is running);
 //   * overload: when serving the ready queue in order would make some sequence miss its TTFT
-//     SLO, admission goes newest-first (S-LoRA, App. B: under overload the oldest are the ones
-//     that miss anyway).
+//     SLO *and* the overload lasts — requests have been waiting for a whole kOverloadWindow and
+//     arrive faster than they are admitted (S-LoRA App. B's R1 > R2) — admission goes
+//     newest-first (under a lasting overload the oldest are the ones that miss anyway). A burst
+//     that the queue absorbs is served in arrival order, as fcfs would: newest-first there
+//     only lengthens the oldest requests' wait (lower S-LoRA satisfaction, no SLO saved).
 class SloPolicy : public FcfsPolicy {
  public:
   SloPolicy(std::shared_ptr<const CostModel> model, int64_t max_batch_tokens, bool best_effort,

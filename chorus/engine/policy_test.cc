@@ -138,13 +138,54 @@ TEST(SloPolicyTest, OverloadCountsEachPromptsOwnContext) {
       q.push_back({.passes = &passes[i], .start = 0, .remaining = 256, .ttft_slo_s = slo_s});
     return q;
   };
+  // A backlog of 3 s with arrivals outpacing admissions: the overload lasts.
+  StepState lasting;
+  lasting.arrivals_per_s = 4;
+  lasting.admissions_per_s = 2;
+  lasting.backlog_s = 3;
   for (const auto& [slo_s, overload] : {std::pair{1.0, false}, std::pair{0.3, true}}) {
     SloPolicy p(m, /*max_batch_tokens=*/512, /*best_effort=*/false);
     const auto q = queue(slo_s);
     std::vector<char> abort(q.size(), 0);
     p.BeginRound({}, {});
-    EXPECT_EQ(p.Sweep(StepState{}, q, &abort), overload) << "SLO " << slo_s << " s";
+    EXPECT_EQ(p.Sweep(lasting, q, &abort), overload) << "SLO " << slo_s << " s";
     for (char a : abort) EXPECT_EQ(a, 0);  // each prompt alone (59 ms) meets either SLO
+  }
+}
+
+// Newest-first needs the in-order miss *and* a lasting overload (S-LoRA App. B): a fresh
+// backlog, or one the server admits as fast as requests arrive, is served in arrival order.
+TEST(SloPolicyTest, NewestFirstOnlyWhenTheOverloadLasts) {
+  auto model = CostModel::FromCoefficients(CostModel::Kind::kLinear, {0, 1e-3, 1e-3, 0, 0, 0, 0});
+  ASSERT_TRUE(model.ok());
+  auto m = std::make_shared<const CostModel>(*model);
+  int passes[4] = {};
+  std::vector<Candidate> q;  // 4 × 100 prompt tokens = 0.1 s each, 0.25 s SLO: the third misses
+  for (int i = 0; i < 4; ++i)
+    q.push_back({.passes = &passes[i], .remaining = 100, .ttft_slo_s = 0.25});
+  auto state = [](double arrivals_per_s, double admissions_per_s, double backlog_s) {
+    StepState s;
+    s.arrivals_per_s = arrivals_per_s;
+    s.admissions_per_s = admissions_per_s;
+    s.backlog_s = backlog_s;
+    return s;
+  };
+  const struct {
+    StepState state;
+    bool newest_first;
+  } cases[] = {
+      {state(4, 2, 3), true},
+      {state(4, 2, 0.5), false},  // a burst: the backlog is younger than the window
+      {state(2, 2, 3), false},    // the server keeps up with the arrivals
+      {state(0, 0, 0), false},
+  };
+  for (const auto& c : cases) {
+    SloPolicy p(m, /*max_batch_tokens=*/100, /*best_effort=*/false);
+    std::vector<char> abort(q.size(), 0);
+    p.BeginRound({}, {});
+    EXPECT_EQ(p.Sweep(c.state, q, &abort), c.newest_first)
+        << "arrivals " << c.state.arrivals_per_s << "/s, admissions " << c.state.admissions_per_s
+        << "/s, backlog " << c.state.backlog_s << " s";
   }
 }
 

@@ -24,7 +24,10 @@ Scheduler::Scheduler(SchedulerOptions opts, memory::PagePool* pages, memory::KvC
   step_deltas_.reserve(static_cast<size_t>(opts_.max_running));
 }
 
-void Scheduler::Enqueue(std::unique_ptr<Sequence> s) { waiting_.push_back(std::move(s)); }
+void Scheduler::Enqueue(std::unique_ptr<Sequence> s) {
+  arrivals_.push_back(s->arrival);
+  waiting_.push_back(std::move(s));
+}
 
 Scheduler::Outcome Scheduler::Plan() {
   residency_->Poll();     // pool copies that landed become resident
@@ -276,10 +279,32 @@ void Scheduler::AdmitWaiting(int64_t* budget) {
       state.min_tpot_slo_s = tpot;
   }
   state.sequences = static_cast<int64_t>(plan_.size());
+  const auto now = Clock::now();
+  const auto window = std::chrono::duration<double>(kOverloadWindowS);
+  for (auto* times : {&arrivals_, &admissions_}) {
+    while (!times->empty() && now - times->front() > window) times->pop_front();
+  }
+  const double window_s = kOverloadWindowS;
+  state.arrivals_per_s = static_cast<double>(arrivals_.size()) / window_s;
+  state.admissions_per_s = static_cast<double>(admissions_.size()) / window_s;
+  // The backlog began with the oldest unstarted sequence still waiting, unless one was already
+  // running since the previous round (kept then: the queue never emptied).
+  const Sequence* oldest = nullptr;
+  for (const auto& s : waiting_)
+    if (!s->finished && s->n_generated == 0) {
+      oldest = s.get();
+      break;
+    }
+  if (oldest == nullptr) {
+    backlog_since_.reset();
+  } else if (!backlog_since_ || oldest->arrival < *backlog_since_) {
+    backlog_since_ = oldest->arrival;
+  }
+  state.backlog_s =
+      backlog_since_ ? std::chrono::duration<double>(now - *backlog_since_).count() : 0.0;
   policy_->BeginRound(step_adapters_, step_deltas_);
 
   // Every ready waiting sequence as the policy sees it, in queue order.
-  const auto now = Clock::now();
   auto candidate_of = [&](Sequence* s) {
     return Candidate{
         .adapter = s->variant_key(),
@@ -374,7 +399,10 @@ void Scheduler::AdmitWaiting(int64_t* budget) {
         stopped = true;
         break;
       }
-      s->serial = s->serial ? s->serial : next_serial_++;
+      if (s->serial == 0) {
+        s->serial = next_serial_++;
+        admissions_.push_back(now);
+      }
       plan_.push_back({s, s->n_computed, count,
                        s->n_computed + count == static_cast<int64_t>(s->tokens.size())});
       *budget -= count;
@@ -389,6 +417,9 @@ void Scheduler::AdmitWaiting(int64_t* budget) {
     }
   }
   if (admitted || aborted) std::erase_if(waiting_, [](const auto& s) { return !s || s->finished; });
+  if (std::none_of(waiting_.begin(), waiting_.end(),
+                   [](const auto& s) { return !s->finished && s->n_generated == 0; }))
+    backlog_since_.reset();  // the queue of new requests emptied: the next backlog starts anew
 }
 
 // Starts pool copies: first of adapters this step uses (they may evict unpinned copies), then

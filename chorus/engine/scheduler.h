@@ -21,9 +21,11 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -111,6 +113,11 @@ class Scheduler {
   // The KV cache has windowed layer groups: after each step, blocks behind the window go
   // (KvCache::DropBehindWindows; docs/models.md, "KV blocks behind the window").
   const bool kv_windows_;
+
+  // Arrival and first-admission times within the last kOverloadWindowS (StepState's rates),
+  // and since when sequences that have not started have been waiting without a break.
+  std::deque<Clock::time_point> arrivals_, admissions_;
+  std::optional<Clock::time_point> backlog_since_;
 
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;  // admission order

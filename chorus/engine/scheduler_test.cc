@@ -45,6 +45,9 @@ class SchedulerTest : public ::testing::Test {
         pages_.get(), kv_.get(), residency_.get(), std::move(policy), &metrics_);
   }
 
+  // How long ago the next Submit's request arrived.
+  Clock::duration age_{};
+
   // Submits a request of `prompt_len` tokens for `max_tokens` tokens per choice.
   std::shared_ptr<RequestHandle> Submit(int64_t prompt_len, int64_t max_tokens, int n = 1,
                                         double ttft_slo_ms = 0, double tpot_slo_ms = 0) {
@@ -63,7 +66,7 @@ class SchedulerTest : public ::testing::Test {
       s->index = i;
       s->tokens = req->prompt;
       s->n_prompt = prompt_len;
-      s->arrival = Clock::now();
+      s->arrival = Clock::now() - age_;
       if (i == 0) {
         first = std::move(s);
       } else {
@@ -242,15 +245,31 @@ TEST_F(SchedulerTest, SloBestEffortServesItLate) {
   EXPECT_EQ(metrics_.slo_aborted.load(), 0u);
 }
 
-TEST_F(SchedulerTest, SloAdmitsNewestFirstUnderOverload) {
+TEST_F(SchedulerTest, SloAdmitsNewestFirstUnderALastingOverload) {
   // One sequence at a time; each prompt alone (60 ms) meets the 100 ms SLO, but the second
-  // would wait for the first (120 ms): overload, so the newest goes first.
+  // would wait for the first (120 ms). The queue has not emptied for 2.5 s (a request that
+  // old is waiting — and is aborted: it can no longer meet its SLO) and two arrived since with
+  // none admitted: a lasting overload, so the newest goes first.
   Build(64, 64, 1, Slo());
+  age_ = std::chrono::milliseconds(2500);
+  auto old = Submit(6, 2, 1, 100);
+  age_ = {};
   auto a = Submit(6, 2, 1, 100);
   auto b = Submit(6, 2, 1, 100);
   ASSERT_EQ(sched_->Plan(), Scheduler::Outcome::kRun);
   ASSERT_EQ(sched_->plan().size(), 1u);
   EXPECT_EQ(sched_->plan()[0].seq->handle, b);
+  EXPECT_EQ(LastEvent(old.get())->error_code, StatusCode::kResourceExhausted);
+  sched_->Complete(std::vector<float>(4).data(), 4, &sink_);
+  RunToIdle();
+  // The same two as a burst into an empty queue: served in arrival order, as fcfs would (the
+  // second may miss its SLO; newest-first would only trade one miss for the other and make
+  // the first wait longer).
+  Build(64, 64, 1, Slo());
+  auto e = Submit(6, 2, 1, 100);
+  auto f = Submit(6, 2, 1, 100);
+  ASSERT_EQ(sched_->Plan(), Scheduler::Outcome::kRun);
+  EXPECT_EQ(sched_->plan()[0].seq->handle, e);
   sched_->Complete(std::vector<float>(4).data(), 4, &sink_);
   RunToIdle();
   // Without SLOs the same queue is served in order.

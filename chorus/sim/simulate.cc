@@ -43,6 +43,10 @@ struct Replica {
   double busy_s = 0;
   std::unique_ptr<engine::Policy> admission;
   RouterState router;
+  // Arrival and first-admission times within the scheduler's rate window, and since when the
+  // waiting queue has not emptied (engine::StepState's rates and backlog, as scheduler.cc).
+  std::deque<double> arrivals, admissions;
+  double backlog_since = -1;  // -1: no backlog
 };
 
 double Percentile(std::vector<double> v, double p) {
@@ -140,6 +144,7 @@ class Simulator {
       results_[static_cast<size_t>(q)].replica = ri;
       RouterBegin(r.router, s, trace_[static_cast<size_t>(q)].adapter);
       r.waiting.push_back(q);
+      r.arrivals.push_back(now_);
       if (!r.busy && StartStep(r, ri, model)) step_ends.emplace(now_ + last_step_s_, ri);
     }
 
@@ -172,6 +177,17 @@ class Simulator {
       if (tpot > 0 && (state.min_tpot_slo_s <= 0 || tpot < state.min_tpot_slo_s))
         state.min_tpot_slo_s = tpot;
     }
+    const double window_s = engine::kOverloadWindowS;
+    for (auto* times : {&r.arrivals, &r.admissions})
+      while (!times->empty() && now_ - times->front() > window_s) times->pop_front();
+    state.arrivals_per_s = static_cast<double>(r.arrivals.size()) / window_s;
+    state.admissions_per_s = static_cast<double>(r.admissions.size()) / window_s;
+    if (r.waiting.empty()) {
+      r.backlog_since = -1;
+    } else if (r.backlog_since < 0) {
+      r.backlog_since = seqs_[static_cast<size_t>(r.waiting.front())].arrival;
+    }
+    state.backlog_s = r.backlog_since < 0 ? 0.0 : now_ - r.backlog_since;
     r.admission->BeginRound(step_adapters, {});
     auto candidate_of = [&](int64_t q) {
       Seq& s = seqs_[static_cast<size_t>(q)];
@@ -229,6 +245,7 @@ class Simulator {
         const Seq& s = seqs_[static_cast<size_t>(q)];
         const int64_t count = std::min(budget, s.total() - s.computed);
         r.admission->Admitted(c, count);
+        r.admissions.push_back(now_);
         admitted[k] = 1;
         r.running.push_back(q);
         r.plan.push_back({q, s.computed, count});
@@ -241,6 +258,7 @@ class Simulator {
         if (!admitted[k]) kept.push_back(r.waiting[k]);
       r.waiting = std::move(kept);
     }
+    if (r.waiting.empty()) r.backlog_since = -1;
     if (r.plan.empty()) {
       r.busy = false;
       return false;
