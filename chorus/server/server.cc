@@ -1133,8 +1133,10 @@ void Server::Impl::HandleGenerate(ApiKind kind, const httplib::Request& http_req
           for (auto& [which, ev] : gen->early) out += gen->builder->Chunk(which, ev);
           gen->early.clear();
         }
-        // Wait for one event, then take whatever else is ready, and send it in one write.
-        auto wait = std::chrono::milliseconds(100);
+        // Wait for one event, then take whatever else is ready, and send it in one write. With
+        // events already in hand (the first call after slo's wait for the first event), do not
+        // wait: that would hold the first token back until the next one (a whole step).
+        auto wait = out.empty() ? std::chrono::milliseconds(100) : std::chrono::milliseconds(0);
         for (int k = 0; k < 256 && !gen->AllFinished(); ++k) {
           size_t which = 0;
           engine::StreamEvent ev;
