@@ -182,7 +182,8 @@ TEST(MatMulAvx512Emulated, MatchesReference) {
   const Shape q_shapes[] = {{1, 32, 1},   {3, 96, 5},    {8, 96, 17},  {64, 32, 33},
                             {5, 256, 70}, {1, 1024, 64}, {33, 64, 20}, {2, 64, 130}};
   // K types need k % 256 == 0.
-  const Shape k_shapes[] = {{1, 256, 1}, {3, 512, 17}, {5, 256, 70}, {33, 768, 20}, {2, 256, 130}};
+  const Shape k_shapes[] = {{1, 256, 1},   {3, 512, 17},  {5, 256, 70}, {33, 768, 20},
+                            {2, 256, 130}, {1, 768, 130}, {1, 512, 64}};
   const Shape f_shapes[] = {{1, 1, 1},   {3, 7, 5},   {8, 33, 17}, {64, 32, 17},
                             {5, 47, 19}, {2, 300, 9}, {33, 16, 6}, {7, 33, 130}};
   for (DType dt : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ2_K,

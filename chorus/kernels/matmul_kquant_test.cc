@@ -108,6 +108,16 @@ TEST_F(MatMulKQuantTest, EveryLevelMatchesReferenceBitExact) {
     for (const Shape& s : shapes) CheckShape(dt, s, &pool1_, &pool2_);
 }
 
+// One row runs the batch-1 path (ktile::RowPanels: whole panels in address order), not the
+// register tiles: odd n (a part of a panel, one column, several panels), several super-blocks,
+// strided and accumulating, 1 and 2 threads (a thread's run of panels starts mid-weight).
+TEST_F(MatMulKQuantTest, OneRowMatchesReferenceBitExact) {
+  const Shape shapes[] = {{1, 256, 1},  {1, 256, 63},   {1, 512, 64},   {1, 768, 65},
+                          {1, 256, 17}, {1, 2048, 200}, {1, 1280, 257}, {1, 512, 448}};
+  for (DType dt : kKTypes)
+    for (const Shape& s : shapes) CheckShape(dt, s, &pool1_, &pool2_);
+}
+
 // Largest codes against the largest activations (±127 everywhere): the int16 partial sums of the
 // AVX2 kernel are at their bound (random data never gets near it).
 TEST_F(MatMulKQuantTest, ExtremeCodesMatchReference) {
@@ -142,6 +152,13 @@ TEST_F(MatMulKQuantTest, ExtremeCodesMatchReference) {
       MatMul(*pw, x.data(), k, m, got.data(), n, false, &pool2_);
       EXPECT_EQ(0, std::memcmp(got.data(), ref.data(), got.size() * 4))
           << DTypeName(dt) << " " << IsaName(level);
+      // Each row alone: the one-row path at the same bounds.
+      for (int64_t i = 0; i < m; ++i) {
+        std::vector<float> one(n);
+        MatMul(*pw, x.data() + i * k, k, 1, one.data(), n, false, &pool2_);
+        EXPECT_EQ(0, std::memcmp(one.data(), ref.data() + i * n, n * 4))
+            << DTypeName(dt) << " " << IsaName(level) << " row " << i << " alone";
+      }
     }
   }
 }

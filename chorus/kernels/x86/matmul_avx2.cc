@@ -105,6 +105,10 @@ struct Avx2Traits {
     const int g = 32767 / (2 * 127 * max_code);
     return g >= 8 ? 8 : g >= 4 ? 4 : 2;
   }
+  // One row (ktile::RowPanels): a panel's 8 vectors already give 8 independent int16 chains,
+  // and 16 more sums would not fit the 16 registers.
+  static constexpr bool kKRowSplit = false;
+  static I AddSums(I a, I b) { return _mm256_add_epi16(a, b); }
   static I Zero() { return _mm256_setzero_si256(); }
   static I Load(const uint8_t* p) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));

@@ -86,6 +86,9 @@ struct Avx512Traits {
   static constexpr int kKMaxR = 2;
   static constexpr int kKMaxC = 4;
   static constexpr int MaxGroups(int) { return 8; }  // vpdpbusd sums in int32: no bound
+  // One row (ktile::RowPanels): two vpdpbusd chains per vector (low and high k-group).
+  static constexpr bool kKRowSplit = true;
+  static I AddSums(I a, I b) { return _mm512_add_epi32(a, b); }
   static I Zero() { return _mm512_setzero_si512(); }
   static I Load(const uint8_t* p) { return _mm512_loadu_si512(p); }
   static I And(I a, I b) { return _mm512_and_si512(a, b); }

@@ -237,6 +237,123 @@ inline void Dispatch(int rr, int cc, const uint8_t* packed, int64_t panel_bytes,
   }
 }
 
+// One activation row against whole panels [p0, p1): the batch-1 (decode) path, the K-quant
+// counterpart of qtile::RowPanels. Each super-block of a panel is read once, in address order:
+// chunk by chunk over all the panel's column vectors (the codes), then the S, N, D, M rows of
+// the same super-block in the epilogue. Tile covers only kKMaxC of a panel's vectors (AVX2: 2
+// of 8), so on one row it passed over every panel kVpp / kKMaxC times, reading a quarter of each
+// 256-byte chunk per pass (docs/kernels.md, "The K-quant matmul").
+// With T::kKRowSplit the low and high k-group of every chunk accumulate into separate sums
+// (two independent vpdpbusd chains per vector instead of one: a single row has no other rows
+// to hide the instruction's latency behind), added before the sub-block's scale multiply.
+// The integer sums are exact whatever their order, and the float work per (column,
+// super-block) is Tile's: same bits as Tile and the reference.
+template <class T, int kLayout>
+__attribute__((noinline)) void RowPanels(const uint8_t* packed, int64_t panel_bytes, int64_t nsb,
+                                         int64_t p0, int64_t p1, const QRows& q, float* y_row,
+                                         int64_t n, bool accumulate) {
+  using I = typename T::I;
+  using F = typename T::F;
+  constexpr int kL = T::kLanes;
+  constexpr int kVpp = kPanelCols / kL;
+  constexpr int64_t kBlk = KBlockBytes(kLayout);
+  constexpr int kSub = KSubBlocks(kLayout);
+  constexpr int kSubGroups = 256 / kSub / 4;
+  constexpr int kFlush = std::min(kSubGroups, T::MaxGroups(KMaxCode(kLayout)));
+  static_assert(kFlush % 2 == 0 && kSubGroups % kFlush == 0);
+  constexpr bool kSplit = T::kKRowSplit;
+  const int8_t* xr = q.qs;
+  const QMetaK* mr = KMetaRow(q, 0);
+  for (int64_t p = p0; p < p1; ++p) {
+    const uint8_t* panel = packed + p * panel_bytes;
+    F acc[kVpp];
+    CHORUS_UNROLL
+    for (int h = 0; h < kVpp; ++h) acc[h] = T::FZero();
+    for (int64_t s = 0; s < nsb; ++s) {
+      const uint8_t* blk = panel + s * kBlk;
+      const int8_t* xs = xr + s * 256;
+      I isum[kVpp], ilo[kVpp], ihi[kVpp];
+      CHORUS_UNROLL
+      for (int h = 0; h < kVpp; ++h) isum[h] = ilo[h] = ihi[h] = T::Zero();
+      auto flush = [&](int64_t j) {
+        CHORUS_UNROLL
+        for (int h = 0; h < kVpp; ++h) {
+          const I sv = T::SVec(reinterpret_cast<const int8_t*>(
+                                   blk + KSOff(kLayout) + (j / 2) * 2 * kPanelCols + h * kL * 2),
+                               static_cast<int>(j & 1));
+          const I part = kSplit ? T::AddSums(ilo[h], ihi[h]) : ilo[h];
+          isum[h] = T::Flush(isum[h], part, sv);
+          ilo[h] = ihi[h] = T::Zero();
+        }
+      };
+      auto groups = [&](auto g4, int64_t u) {
+        constexpr int kG4 = decltype(g4)::value;
+        const int8_t* xp = xs + 32 * u + 8 * kG4;
+        const I x0 = T::Bcast(Load32(xp));
+        const I x1 = T::Bcast(Load32(xp + 4));
+        CHORUS_UNROLL
+        for (int h = 0; h < kVpp; ++h) {
+          I lo, hi;
+          Codes<T, kLayout, kG4>(blk + h * kL * 4, u, &lo, &hi);
+          ilo[h] = T::Dot(ilo[h], lo, x0);
+          if constexpr (kSplit) {
+            ihi[h] = T::Dot(ihi[h], hi, x1);
+          } else {
+            ilo[h] = T::Dot(ilo[h], hi, x1);
+          }
+        }
+        constexpr int kEnd = 2 * kG4 + 2;
+        if constexpr (kEnd % kFlush == 0) flush((8 * u + kEnd - 1) / kSubGroups);
+      };
+      CHORUS_KGROUP_UNROLL
+      for (int64_t u = 0; u < 8; ++u) {
+        groups(std::integral_constant<int, 0>{}, u);
+        groups(std::integral_constant<int, 1>{}, u);
+        groups(std::integral_constant<int, 2>{}, u);
+        groups(std::integral_constant<int, 3>{}, u);
+      }
+      const QMetaK& mt = mr[s];
+      I xpair[kSub / 2];
+      CHORUS_UNROLL
+      for (int i = 0; i < kSub / 2; ++i)
+        xpair[i] = T::Bcast(kSub == 8 ? Load32(mt.s32 + 2 * i) : Load32(mt.s16 + 2 * i));
+      const F dx = T::FBcast(mt.d);
+      CHORUS_UNROLL
+      for (int h = 0; h < kVpp; ++h) {
+        const uint8_t* base = blk + h * kL * 2;
+        I msum = T::Zero();
+        CHORUS_UNROLL
+        for (int i = 0; i < kSub / 2; ++i) {
+          I npair;
+          if constexpr (KHasMins(kLayout)) {
+            npair = T::PairVec(
+                reinterpret_cast<const int8_t*>(base + KNOff(kLayout) + i * 2 * kPanelCols));
+          } else {
+            const I sp = T::PairVec(
+                reinterpret_cast<const int8_t*>(base + KSOff(kLayout) + i * 2 * kPanelCols));
+            npair = T::template Shl16 < kLayout == kLayoutQ6K ? 5 : 2 > (sp);
+          }
+          msum = T::DotPairs(msum, npair, xpair[i]);
+        }
+        const F dw = T::Scales(reinterpret_cast<const uint16_t*>(base + KDOff(kLayout)));
+        if constexpr (KHasMins(kLayout)) {
+          const F mw = T::Scales(reinterpret_cast<const uint16_t*>(base + KMOff(kLayout)));
+          acc[h] = T::Fma(T::Mul(dw, dx), T::Cvt(isum[h]), acc[h]);
+          acc[h] = T::Fnma(T::Mul(mw, dx), T::Cvt(msum), acc[h]);
+        } else {
+          acc[h] = T::Fma(T::Mul(dw, dx), T::Cvt(T::Sub(isum[h], msum)), acc[h]);
+        }
+      }
+    }
+    CHORUS_UNROLL
+    for (int h = 0; h < kVpp; ++h) {
+      const int64_t col0 = p * kPanelCols + h * kL;
+      const int64_t valid = std::min<int64_t>(kL, n - col0);
+      if (valid > 0) T::Store(y_row + col0, acc[h], static_cast<int>(valid), accumulate);
+    }
+  }
+}
+
 // y[0..m, 64*p0 .. min(n, 64*p1)): column blocks sized for L2, rows in register tiles inside
 // (the structure of qtile::Panels).
 template <class T, int kLayout>
@@ -246,6 +363,10 @@ void Panels(const uint8_t* packed, int64_t n, int64_t k, const QRows& q, int64_t
   constexpr int kVpp = kPanelCols / kL;
   const int64_t nsb = k / 256;
   const int64_t panel_bytes = KPanelBytes(kLayout, k);
+  if (m == 1) {
+    RowPanels<T, kLayout>(packed, panel_bytes, nsb, p0, p1, q, y, n, accumulate);
+    return;
+  }
   const int64_t v0 = p0 * kVpp;
   const int64_t v1 = std::min<int64_t>(p1 * kVpp, (n + kL - 1) / kL);
   const int64_t vec_bytes = panel_bytes / kVpp;
