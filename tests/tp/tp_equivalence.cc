@@ -1,7 +1,11 @@
 // Tensor parallelism end to end under `mpirun -np 2` (registered by tests/tp/CMakeLists.txt;
 // docs/scaleout.md): for each model, rank 0 runs the same steps through the whole model in one
 // process (TP=1, the reference) and through the 2-rank sharded forward (TP=2, rank 1 computing
-// its shard), and checks that every logit agrees within 1e-4 and greedy tokens are identical.
+// its shard), and checks that greedy tokens are identical and every logit agrees within 1e-4
+// for f32 weights. With bf16 / q8_0 / q4_0 weights the activations are rounded to bf16 / int8
+// before each matmul, so the last-bit difference the split leaves in the residual stream (o and
+// down summed in two halves) can move an activation across a rounding boundary: the logits then
+// differ by up to ~1e-2, and the bound checked is 5e-2 (docs/scaleout.md).
 // Steps mix prefill chunks and decode rows of three sequences, one joining late.
 //
 // Models: stories260K (llama2.c, f32; ../shared/models) and the TinyLlama-1.1B shape (2 of its
@@ -34,7 +38,6 @@
 namespace chorus {
 namespace {
 
-constexpr float kTolerance = 1e-4f;
 constexpr int64_t kMaxRows = 32, kMaxSeqs = 4, kSteps = 10;
 
 // One KV cache and the sequences' tables in it.
@@ -48,7 +51,8 @@ struct Cache {
 };
 
 // Rank 0: the reference and the TP run side by side. Returns false on a mismatch.
-bool CompareOnRankZero(const std::string& name, std::shared_ptr<const model::Model> full,
+bool CompareOnRankZero(const std::string& name, float tolerance,
+                       std::shared_ptr<const model::Model> full,
                        std::shared_ptr<const model::Model> shard, dist::Communicator* comm) {
   const model::ModelConfig& c = full->config();
   const int64_t n_pages = 64;
@@ -115,11 +119,11 @@ bool CompareOnRankZero(const std::string& name, std::shared_ptr<const model::Mod
       toks[static_cast<size_t>(in_step[j])].push_back(ta);
     }
   }
-  const bool ok = worst <= kTolerance;
+  const bool ok = worst <= tolerance;
   std::fprintf(stderr,
                "%s %s: %lld steps, greedy tokens identical, max |logit TP=1 − TP=2| = %.3g%s\n",
                ok ? "PASS" : "FAIL", name.c_str(), static_cast<long long>(kSteps),
-               static_cast<double>(worst), ok ? "" : " > 1e-4");
+               static_cast<double>(worst), ok ? "" : " > the tolerance");
   return ok;
 }
 
@@ -142,11 +146,12 @@ int Main() {
   bool all_ok = true, skipped = false;
   struct Case {
     std::string name;
+    float tolerance;
     std::function<Result<std::shared_ptr<const model::Model>>()> make;
   };
   std::vector<Case> cases;
   if (FileExists(stories)) {
-    cases.push_back({"stories260K", [&] { return model::LoadModel(stories); }});
+    cases.push_back({"stories260K", 1e-4f, [&] { return model::LoadModel(stories); }});
   } else {
     skipped = true;
     if (comm->rank() == 0)
@@ -154,7 +159,8 @@ int Main() {
     if (required) all_ok = false;
   }
   for (DType d : {DType::kF32, DType::kBF16, DType::kQ8_0, DType::kQ4_0}) {
-    cases.push_back({"tinyllama-1.1b-shape/2-layers/" + std::string(DTypeName(d)), [d] {
+    cases.push_back({"tinyllama-1.1b-shape/2-layers/" + std::string(DTypeName(d)),
+                     d == DType::kF32 ? 1e-4f : 5e-2f, [d] {
                        return model::MakeSyntheticModel(
                            {.shape = "tinyllama-1.1b", .dtype = d, .seed = 3, .n_layers = 2});
                      }});
@@ -171,7 +177,7 @@ int Main() {
       return 1;
     }
     if (comm->rank() == 0) {
-      all_ok = CompareOnRankZero(k.name, *full, *shard, comm) && all_ok;
+      all_ok = CompareOnRankZero(k.name, k.tolerance, *full, *shard, comm) && all_ok;
     } else {
       full->reset();
       Status s = model::RunTpWorker(comm, *shard);
