@@ -43,6 +43,12 @@ class Communicator {
   virtual void AllReduceSum(float* data, int64_t n) = 0;
   // Root's `bytes` bytes at data are copied to every other rank's data.
   virtual void Broadcast(void* data, int64_t bytes, int root) = 0;
+  // Broadcast for a receiver that may wait long (a worker rank between steps of an idle
+  // server): the same result, but a waiting rank polls briefly and then sleeps between polls
+  // instead of spinning on a core. Default: Broadcast.
+  virtual void BroadcastMayIdle(void* data, int64_t bytes, int root) {
+    Broadcast(data, bytes, root);
+  }
   // Every rank's `n` floats concatenated in rank order into `out` [size() · n] on `root` (out is
   // not touched on other ranks and may be null there).
   virtual void Gather(const float* in, int64_t n, float* out, int root) = 0;

@@ -12,7 +12,7 @@ namespace {
 
 constexpr int32_t kStop = 0;
 constexpr int32_t kStep = 1;
-constexpr int kHeaderInts = 5;
+constexpr int kHeaderInts = 6;  // kind, rows, seqs, logit rows, payload ints, has slots
 
 // Columns [c0, c1) of a 2-D tensor, copied (o and down: split along their input features). A
 // quantized row is a run of blocks, so the split must fall on a block boundary.
@@ -123,7 +123,8 @@ StepChannel::StepChannel(dist::Communicator* comm, int64_t max_rows, int64_t max
   tables_.reserve(static_cast<size_t>(max_seqs));
 }
 
-void StepChannel::Send(const StepInput& in, const memory::KvCache& kv) {
+void StepChannel::Send(const StepInput& in, const memory::KvCache& kv,
+                       std::span<const int32_t> row_slots) {
   CHORUS_CHECK_EQ(comm_->rank(), 0);
   const auto n_rows = static_cast<int64_t>(in.tokens.size());
   const auto n_seqs = static_cast<int64_t>(in.block_tables.size());
@@ -141,6 +142,11 @@ void StepChannel::Send(const StepInput& in, const memory::KvCache& kv) {
   payload_.insert(payload_.end(), in.positions.begin(), in.positions.end());
   payload_.insert(payload_.end(), in.seq.begin(), in.seq.end());
   payload_.insert(payload_.end(), in.logit_rows.begin(), in.logit_rows.end());
+  const bool slots = !row_slots.empty();
+  if (slots) {
+    CHORUS_CHECK_EQ(static_cast<int64_t>(row_slots.size()), n_rows);
+    payload_.insert(payload_.end(), row_slots.begin(), row_slots.end());
+  }
   const size_t lengths_at = payload_.size();
   payload_.resize(lengths_at + static_cast<size_t>(n_seqs));
   for (int64_t s = 0; s < n_seqs; ++s) {
@@ -149,37 +155,48 @@ void StepChannel::Send(const StepInput& in, const memory::KvCache& kv) {
     const int32_t* t = in.block_tables[static_cast<size_t>(s)];
     payload_.insert(payload_.end(), t, t + entries);
   }
-  header_ = {kStep, static_cast<int32_t>(n_rows), static_cast<int32_t>(n_seqs),
-             static_cast<int32_t>(n_logit), static_cast<int32_t>(payload_.size())};
+  header_ = {kStep,
+             static_cast<int32_t>(n_rows),
+             static_cast<int32_t>(n_seqs),
+             static_cast<int32_t>(n_logit),
+             static_cast<int32_t>(payload_.size()),
+             slots ? 1 : 0};
   comm_->Broadcast(header_.data(), kHeaderInts * sizeof(int32_t), 0);
   comm_->Broadcast(payload_.data(), static_cast<int64_t>(payload_.size() * sizeof(int32_t)), 0);
 }
 
 void StepChannel::SendStop() {
-  header_ = {kStop, 0, 0, 0, 0};
+  header_ = {kStop, 0, 0, 0, 0, 0};
   comm_->Broadcast(header_.data(), kHeaderInts * sizeof(int32_t), 0);
 }
 
 bool StepChannel::Receive() {
-  comm_->Broadcast(header_.data(), kHeaderInts * sizeof(int32_t), 0);
+  // The header may be long in coming (an idle server): wait without holding a core.
+  comm_->BroadcastMayIdle(header_.data(), kHeaderInts * sizeof(int32_t), 0);
   if (header_[0] == kStop) return false;
   CHORUS_CHECK_EQ(header_[0], kStep) << "corrupt tensor-parallel step header";
   n_rows_ = header_[1];
   n_seqs_ = header_[2];
   n_logit_ = header_[3];
+  has_slots_ = header_[5] != 0;
   CHORUS_CHECK(n_rows_ > 0 && n_rows_ <= max_rows_ && n_seqs_ <= max_seqs_)
       << "tensor-parallel step of " << n_rows_ << " rows / " << n_seqs_
       << " sequences exceeds the setup";
   payload_.resize(static_cast<size_t>(header_[4]));
   comm_->Broadcast(payload_.data(), static_cast<int64_t>(payload_.size() * sizeof(int32_t)), 0);
   tables_.clear();
-  const int32_t* lengths = payload_.data() + 3 * n_rows_ + n_logit_;
+  const int32_t* lengths = payload_.data() + (has_slots_ ? 4 : 3) * n_rows_ + n_logit_;
   const int32_t* t = lengths + n_seqs_;
   for (int64_t s = 0; s < n_seqs_; ++s) {
     tables_.push_back(t);
     t += lengths[s];
   }
   return true;
+}
+
+std::span<const int32_t> StepChannel::row_slots() const {
+  if (!has_slots_) return {};
+  return {payload_.data() + 3 * n_rows_ + n_logit_, static_cast<size_t>(n_rows_)};
 }
 
 StepInput StepChannel::Input() const {
@@ -201,9 +218,10 @@ void TpLeader::Start(const TpSetup& setup) {
   channel_ = std::make_unique<StepChannel>(comm_, setup.max_rows, setup.max_seqs);
 }
 
-void TpLeader::Step(const StepInput& in, const memory::KvCache& kv) {
+void TpLeader::Step(const StepInput& in, const memory::KvCache& kv,
+                    std::span<const int32_t> row_slots) {
   CHORUS_CHECK(channel_ != nullptr) << "TpLeader::Step before Start";
-  channel_->Send(in, kv);
+  channel_->Send(in, kv, row_slots);
 }
 
 void TpLeader::Stop() {
@@ -217,10 +235,11 @@ void TpLeader::Stop() {
   channel_->SendStop();
 }
 
-Status RunTpWorker(dist::Communicator* comm, std::shared_ptr<const Model> shard) {
+Status RunTpWorker(dist::Communicator* comm, std::shared_ptr<const Model> shard,
+                   const TpHookForRows& hook_for) {
   CHORUS_CHECK(comm->rank() > 0) << "RunTpWorker on rank 0";
   TpSetup s;
-  comm->Broadcast(&s, sizeof(s), 0);
+  comm->BroadcastMayIdle(&s, sizeof(s), 0);
   if (s.max_rows == 0) return OkStatus();  // rank 0 stopped before starting
   const memory::KvLayout layout =
       KvLayoutFor(shard->config(), s.block_size, static_cast<kernels::KvDtype>(s.kv_dtype));
@@ -234,6 +253,15 @@ Status RunTpWorker(dist::Communicator* comm, std::shared_ptr<const Model> shard)
   while (channel.Receive()) {
     StepInput in = channel.Input();
     in.logit_rows = {};  // the head runs on rank 0
+    if (!channel.row_slots().empty()) {
+      // A failure here cannot be skipped (rank 0 is already in the step's collectives), so it
+      // ends this rank, and mpirun the job, with the reason.
+      CHORUS_CHECK(hook_for != nullptr) << "rank 0 sent variant slots; this rank has no variants";
+      Result<const LinearHook*> hook = hook_for(channel.row_slots());
+      CHORUS_CHECK(hook.ok()) << "tensor-parallel rank " << comm->rank() << ": "
+                              << hook.status().ToString();
+      in.hook = *hook;
+    }
     fwd.Run(in, &kv, &pool, nullptr);
   }
   return OkStatus();

@@ -14,7 +14,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "chorus/base/thread_pool.h"
@@ -50,22 +52,26 @@ struct TpSetup {
 };
 
 // The step plan on the wire: rank 0 sends StepInput's arrays (tokens, positions, sequences,
-// logit rows, the block tables' entries the step reads), the others receive them.
-// Hooks (adapters) do not cross: under TP the base model only, for now (docs/scaleout.md).
+// logit rows, the block tables' entries the step reads) and optionally each row's variant slot,
+// the others receive them. Hooks do not cross: a slot is an index into a table of variants every
+// rank loaded for its shard in the same order (RunTpWorker's `hook_for`).
 class StepChannel {
  public:
   StepChannel(dist::Communicator* comm, int64_t max_rows, int64_t max_seqs);
-  // Rank 0: broadcasts `in` (its tables read through `kv`'s geometry).
-  void Send(const StepInput& in, const memory::KvCache& kv);
+  // Rank 0: broadcasts `in` (its tables read through `kv`'s geometry) and, when not empty, the
+  // rows' variant slots [rows] (−1 = base).
+  void Send(const StepInput& in, const memory::KvCache& kv,
+            std::span<const int32_t> row_slots = {});
   // Rank 0: tells the workers to return.
   void SendStop();
   // Other ranks: the next step (true) or the stop message (false).
   bool Receive();
   // The received step, valid until the next Receive(); hook null.
   StepInput Input() const;
+  // The received rows' variant slots; empty when rank 0 sent none.
+  std::span<const int32_t> row_slots() const;
 
  private:
-  void Broadcast(int32_t kind, int64_t n_rows, int64_t n_seqs, int64_t n_logit);
   dist::Communicator* comm_;
   int64_t max_rows_, max_seqs_;
   std::vector<int32_t> header_;   // kind, rows, seqs, logit rows, payload ints
@@ -73,6 +79,7 @@ class StepChannel {
   std::vector<const int32_t*> tables_;
   std::vector<int64_t> scratch_last_;  // Send: each sequence's last position in the step
   int64_t n_rows_ = 0, n_seqs_ = 0, n_logit_ = 0;
+  bool has_slots_ = false;
 };
 
 // Rank 0's side: broadcasts the setup once, then each step's plan, then the stop (also on
@@ -87,7 +94,8 @@ class TpLeader {
   dist::Communicator* comm() const { return comm_; }
   // Once, before the first step. Requires comm rank 0.
   void Start(const TpSetup& setup);
-  void Step(const StepInput& in, const memory::KvCache& kv);
+  void Step(const StepInput& in, const memory::KvCache& kv,
+            std::span<const int32_t> row_slots = {});
   void Stop();
 
  private:
@@ -98,7 +106,11 @@ class TpLeader {
 
 // A worker rank (rank > 0): receives the setup, then runs every step rank 0 sends through its
 // own Forward over `shard` and its own KV cache (its KV heads only) until the stop message.
-// Returns when rank 0 stops; the logits are computed on rank 0 only.
-Status RunTpWorker(dist::Communicator* comm, std::shared_ptr<const Model> shard);
+// Returns when rank 0 stops; the logits are computed on rank 0 only. When rank 0 sends row
+// slots, `hook_for` gives the step's hook for them (this rank's shards of the variants: e.g. a
+// LoraHook over adapters::ShardLoraWeights); a step with slots and no `hook_for` is an error.
+using TpHookForRows = std::function<Result<const LinearHook*>(std::span<const int32_t> slots)>;
+Status RunTpWorker(dist::Communicator* comm, std::shared_ptr<const Model> shard,
+                   const TpHookForRows& hook_for = nullptr);
 
 }  // namespace chorus::model

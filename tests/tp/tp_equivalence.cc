@@ -6,7 +6,10 @@
 // before each matmul, so the last-bit difference the split leaves in the residual stream (o and
 // down summed in two halves) can move an activation across a rounding boundary: the logits then
 // differ by up to ~1e-2, and the bound checked is 5e-2 (docs/scaleout.md).
-// Steps mix prefill chunks and decode rows of three sequences, one joining late.
+// Steps mix prefill chunks and decode rows of three sequences, one joining late. Each model runs
+// twice: base only, and with LoRA variants — two random adapters (ranks 8 and 16, all seven
+// linears), sequence 0 on the first, 1 on the second, 2 on the base — every rank loading its
+// shard of them (adapters/lora/lora_tp.h).
 //
 // Models: stories260K (llama2.c, f32; ../shared/models) and the TinyLlama-1.1B shape (2 of its
 // 22 layers: full width — 32 heads, 4 KV heads, n_ff 5632, vocab 32000 — but a 22-layer random
@@ -25,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "chorus/adapters/lora/lora_tp.h"
 #include "chorus/base/thread_pool.h"
 #include "chorus/dist/communicator.h"
 #include "chorus/memory/kv_cache.h"
@@ -51,9 +55,36 @@ struct Cache {
 };
 
 // Rank 0: the reference and the TP run side by side. Returns false on a mismatch.
+// The two adapters' tables: for the whole model (rank 0's reference) and for this rank's shard.
+struct Loras {
+  std::unique_ptr<adapters::LoraSlotHook> whole, shard;
+};
+
+Result<Loras> MakeLoras(const model::Model& full, const model::Model& shard, int rank, int size) {
+  std::vector<std::shared_ptr<const adapters::LoraAdapter>> whole, part;
+  for (int64_t r : {8, 16}) {
+    adapters::RandomLoraSpec spec;
+    spec.rank = r;
+    spec.alpha = 2.0f * static_cast<float>(r);
+    spec.b_std = 0.05f;
+    spec.seed = 500 + static_cast<uint64_t>(r);
+    const adapters::LoraWeights w = adapters::MakeRandomLora(full.config(), spec);
+    CHORUS_ASSIGN_OR_RETURN(auto sw, adapters::ShardLoraWeights(w, full.config(), rank, size));
+    CHORUS_ASSIGN_OR_RETURN(auto a, adapters::LoraAdapter::Build(w, full.config(), "whole"));
+    CHORUS_ASSIGN_OR_RETURN(auto b, adapters::LoraAdapter::Build(sw, shard.config(), "shard"));
+    whole.push_back(std::move(a));
+    part.push_back(std::move(b));
+  }
+  Loras out;
+  out.whole = std::make_unique<adapters::LoraSlotHook>(full.config(), kMaxRows, std::move(whole));
+  out.shard = std::make_unique<adapters::LoraSlotHook>(shard.config(), kMaxRows, std::move(part));
+  return out;
+}
+
 bool CompareOnRankZero(const std::string& name, float tolerance,
                        std::shared_ptr<const model::Model> full,
-                       std::shared_ptr<const model::Model> shard, dist::Communicator* comm) {
+                       std::shared_ptr<const model::Model> shard, dist::Communicator* comm,
+                       Loras* loras) {
   const model::ModelConfig& c = full->config();
   const int64_t n_pages = 64;
   Cache ref(c, n_pages), tp(shard->config(), n_pages);
@@ -88,6 +119,7 @@ bool CompareOnRankZero(const std::string& name, float tolerance,
     b_ref.Clear();
     b_tp.Clear();
     std::vector<int> in_step;
+    std::vector<int32_t> slots;  // with LoRA: sequence s's rows on slot 0, 1, −1 (base)
     for (int s = 0; s < 3; ++s) {
       if (s == 2 && step < 3) continue;
       const auto n_tok = static_cast<int64_t>(toks[static_cast<size_t>(s)].size());
@@ -100,10 +132,19 @@ bool CompareOnRankZero(const std::string& name, float tolerance,
       b_tp.AddSequence(rows, from, tp.tables[static_cast<size_t>(s)].data(), last);
       done[static_cast<size_t>(s)] += count;
       if (last) in_step.push_back(s);
+      slots.insert(slots.end(), static_cast<size_t>(count), s == 2 ? -1 : s);
     }
-    fwd_ref.Run(b_ref.Input(), &ref.kv, &pool, lr.data());
-    leader.Step(b_tp.Input(), tp.kv);
-    fwd_tp.Run(b_tp.Input(), &tp.kv, &pool, lt.data());
+    const model::LinearHook* h_ref = nullptr;
+    const model::LinearHook* h_tp = nullptr;
+    if (loras != nullptr) {
+      h_ref = loras->whole->ForRows(slots).value();
+      h_tp = loras->shard->ForRows(slots).value();
+    } else {
+      slots.clear();
+    }
+    fwd_ref.Run(b_ref.Input(h_ref), &ref.kv, &pool, lr.data());
+    leader.Step(b_tp.Input(), tp.kv, slots);
+    fwd_tp.Run(b_tp.Input(h_tp), &tp.kv, &pool, lt.data());
     for (size_t j = 0; j < in_step.size(); ++j) {
       const float* a = lr.data() + static_cast<int64_t>(j) * c.vocab_size;
       const float* b = lt.data() + static_cast<int64_t>(j) * c.vocab_size;
@@ -176,13 +217,24 @@ int Main() {
       std::fprintf(stderr, "FAIL %s: %s\n", k.name.c_str(), shard.status().ToString().c_str());
       return 1;
     }
-    if (comm->rank() == 0) {
-      all_ok = CompareOnRankZero(k.name, k.tolerance, *full, *shard, comm) && all_ok;
-    } else {
-      full->reset();
-      Status s = model::RunTpWorker(comm, *shard);
+    auto loras = MakeLoras(**full, **shard, comm->rank(), comm->size());
+    if (!loras.ok()) {
+      std::fprintf(stderr, "FAIL %s: %s\n", k.name.c_str(), loras.status().ToString().c_str());
+      return 1;
+    }
+    for (bool with_lora : {false, true}) {
+      const std::string name = k.name + (with_lora ? " +LoRA" : "");
+      if (comm->rank() == 0) {
+        all_ok = CompareOnRankZero(name, k.tolerance, *full, *shard, comm,
+                                   with_lora ? &*loras : nullptr) &&
+                 all_ok;
+        continue;
+      }
+      adapters::LoraSlotHook* h = loras->shard.get();
+      Status s = model::RunTpWorker(
+          comm, *shard, [h](std::span<const int32_t> slots) { return h->ForRows(slots); });
       if (!s.ok()) {
-        std::fprintf(stderr, "FAIL %s rank %d: %s\n", k.name.c_str(), comm->rank(),
+        std::fprintf(stderr, "FAIL %s rank %d: %s\n", name.c_str(), comm->rank(),
                      s.ToString().c_str());
         return 1;
       }
