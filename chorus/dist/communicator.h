@@ -45,7 +45,8 @@ class Communicator {
   virtual void Broadcast(void* data, int64_t bytes, int root) = 0;
   // Broadcast for a receiver that may wait long (a worker rank between steps of an idle
   // server): the same result, but a waiting rank polls briefly and then sleeps between polls
-  // instead of spinning on a core. Default: Broadcast.
+  // instead of spinning on a core. Every rank (the root too) must use this call, not
+  // Broadcast, for a given message. Default: Broadcast.
   virtual void BroadcastMayIdle(void* data, int64_t bytes, int root) {
     Broadcast(data, bytes, root);
   }

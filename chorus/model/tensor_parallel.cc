@@ -161,13 +161,13 @@ void StepChannel::Send(const StepInput& in, const memory::KvCache& kv,
              static_cast<int32_t>(n_logit),
              static_cast<int32_t>(payload_.size()),
              slots ? 1 : 0};
-  comm_->Broadcast(header_.data(), kHeaderInts * sizeof(int32_t), 0);
+  comm_->BroadcastMayIdle(header_.data(), kHeaderInts * sizeof(int32_t), 0);
   comm_->Broadcast(payload_.data(), static_cast<int64_t>(payload_.size() * sizeof(int32_t)), 0);
 }
 
 void StepChannel::SendStop() {
   header_ = {kStop, 0, 0, 0, 0, 0};
-  comm_->Broadcast(header_.data(), kHeaderInts * sizeof(int32_t), 0);
+  comm_->BroadcastMayIdle(header_.data(), kHeaderInts * sizeof(int32_t), 0);
 }
 
 bool StepChannel::Receive() {
@@ -214,7 +214,7 @@ StepInput StepChannel::Input() const {
 void TpLeader::Start(const TpSetup& setup) {
   CHORUS_CHECK_EQ(comm_->rank(), 0);
   TpSetup s = setup;
-  comm_->Broadcast(&s, sizeof(s), 0);
+  comm_->BroadcastMayIdle(&s, sizeof(s), 0);
   channel_ = std::make_unique<StepChannel>(comm_, setup.max_rows, setup.max_seqs);
 }
 
@@ -229,7 +229,7 @@ void TpLeader::Stop() {
   stopped_ = true;
   if (channel_ == nullptr) {  // never started: the workers wait for the setup first
     TpSetup none;
-    comm_->Broadcast(&none, sizeof(none), 0);
+    comm_->BroadcastMayIdle(&none, sizeof(none), 0);
     return;
   }
   channel_->SendStop();

@@ -41,3 +41,31 @@ rows=$(grep -cE '^(1|4) +[0-9]' <<<"$out")
 [ "$rows" = 2 ] || fail "bench table: expected 2 batch rows: $out"
 echo "PASS bench --tp 2:"
 echo "$out"
+
+# serve --tp 2: rank 0 serves HTTP; a greedy completion equals one process's; SIGTERM to mpirun
+# ends every rank (the workers leave when rank 0's engine stops).
+serve_text() {  # serve_text PORT TP [mpirun...] : the completion's text
+  local port=$1 tp=$2; shift 2
+  "$@" "$CHORUS" serve --model "$M/stories260K.bin" --tokenizer "$M/tok512.bin" --threads 1 \
+    --port "$port" --host 127.0.0.1 --tp "$tp" >"$TMP/serve-$port.log" 2>&1 &
+  local pid=$!
+  for _ in $(seq 1 300); do
+    curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
+    kill -0 $pid 2>/dev/null || { cat "$TMP/serve-$port.log"; return 1; }
+    sleep 0.1
+  done
+  curl -sf "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
+    -d '{"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0}' >"$TMP/out-$port.json" ||
+    { cat "$TMP/serve-$port.log"; kill $pid; return 1; }
+  kill -TERM $pid
+  wait $pid || { echo "serve exited with $?"; cat "$TMP/serve-$port.log"; return 1; }
+  python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["choices"][0]["text"])' \
+    "$TMP/out-$port.json"
+}
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+P=$((20000 + RANDOM % 20000))
+s1=$(serve_text $P 1) || fail "serve (one process): $s1"
+s2=$(serve_text $((P + 1)) 2 "${MPIRUN[@]}") || fail "mpirun serve --tp 2: $s2"
+[ -n "$s1" ] && [ "$s1" = "$s2" ] || fail "serve --tp 2 text differs: '$s1' vs '$s2'"
+echo "PASS serve --tp 2: the same greedy completion as one process, SIGTERM ends every rank"

@@ -6,7 +6,7 @@
 set -euo pipefail
 MODEL=$1
 OUT=$2
-C=build/release/apps/chorus/chorus
+C=${CHORUS_BIN:-build/release/apps/chorus/chorus}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 ARGS=(--model "$MODEL" --batches 32 --context 32 --decode-steps 16 --repeats 3)
 mkdir -p "$OUT"
