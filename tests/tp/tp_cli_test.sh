@@ -42,8 +42,8 @@ rows=$(grep -cE '^(1|4) +[0-9]' <<<"$out")
 echo "PASS bench --tp 2:"
 echo "$out"
 
-# serve --tp 2: rank 0 serves HTTP; a greedy completion equals one process's; SIGTERM to mpirun
-# ends every rank (the workers leave when rank 0's engine stops).
+# serve --tp 2: rank 0 serves HTTP; a greedy completion equals one process's; SIGTERM to rank 0
+# ends every rank (the workers leave when rank 0's engine stops) and mpirun exits 0.
 serve_text() {  # serve_text PORT TP [mpirun...] : the completion's text
   local port=$1 tp=$2; shift 2
   "$@" "$CHORUS" serve --model "$M/stories260K.bin" --tokenizer "$M/tok512.bin" --threads 1 \
@@ -57,7 +57,13 @@ serve_text() {  # serve_text PORT TP [mpirun...] : the completion's text
   curl -sf "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
     -d '{"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0}' >"$TMP/out-$port.json" ||
     { cat "$TMP/serve-$port.log"; kill $pid; return 1; }
-  kill -TERM $pid
+  # SIGTERM to the process that listens (rank 0): it drains and exits 0, and its engine's stop
+  # message ends the other ranks. (mpirun itself would forward the signal to every rank and
+  # report the job as killed.)
+  local listener
+  listener=$(ss -ltnpH "sport = :$port" | grep -o 'pid=[0-9]*' | head -1 | cut -d= -f2)
+  [ -n "$listener" ] || { echo "no process listens on $port"; kill $pid; return 1; }
+  kill -TERM "$listener"
   wait $pid || { echo "serve exited with $?"; cat "$TMP/serve-$port.log"; return 1; }
   python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["choices"][0]["text"])' \
     "$TMP/out-$port.json"
@@ -68,4 +74,4 @@ P=$((20000 + RANDOM % 20000))
 s1=$(serve_text $P 1) || fail "serve (one process): $s1"
 s2=$(serve_text $((P + 1)) 2 "${MPIRUN[@]}") || fail "mpirun serve --tp 2: $s2"
 [ -n "$s1" ] && [ "$s1" = "$s2" ] || fail "serve --tp 2 text differs: '$s1' vs '$s2'"
-echo "PASS serve --tp 2: the same greedy completion as one process, SIGTERM ends every rank"
+echo "PASS serve --tp 2: the same greedy completion as one process, SIGTERM to rank 0 ends every rank"
