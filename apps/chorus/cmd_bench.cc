@@ -245,7 +245,14 @@ int BenchCommand(int argc, char** argv) {
     std::fprintf(stderr, "bench: kernels: isa %s alternating (cpu: %s)\n",
                  f.GetString("isa").c_str(), kernels::CpuFeaturesString().c_str());
   }
-  if (f.GetInt("tp") > 0) return TpBench(f, o);
+  if (f.GetInt("tp") > 0) {
+    if (o.n_adapters > 0 || o.n_deltas > 0 || o.workload != "default" || !o.isas.empty()) {
+      return Fail("bench", InvalidArgumentError(
+                               "--tp measures base-model decode only: no --adapters, --deltas, "
+                               "--workload or several --isa levels (docs/scaleout.md)"));
+    }
+    return TpBench(f, o);
+  }
   auto rep = engine::RunEngineBench(
       o, [](const std::string& msg) { std::fprintf(stderr, "bench: %s\n", msg.c_str()); });
   if (!rep.ok()) return Fail("bench", rep.status());
