@@ -11,6 +11,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libpcre2-dev libsentencepiece-dev libzstd-dev libsqlite3-dev
   libcpp-httplib-dev libssl-dev ccache
+  libopenmpi-dev openmpi-bin
   python3 python3-prometheus-client python3-jinja2 python3-jsonschema python3-numpy gnuplot-nox curl
 )
 

@@ -5,10 +5,14 @@
 
 #include "apps/chorus/commands.h"
 #include "apps/chorus/common.h"
+#include "apps/chorus/tp_cli.h"
 #include "chorus/base/mapped_file.h"
 #include "chorus/engine/bench.h"
+#include "chorus/engine/tp_bench.h"
 #include "chorus/kernels/dispatch.h"
 #include "chorus/memory/kv_cache.h"
+#include "chorus/model/loader.h"
+#include "chorus/model/synthetic.h"
 
 namespace chorus::apps {
 namespace {
@@ -50,6 +54,53 @@ Status ParseDeltaLayout(const std::string& text, delta::RandomDeltaSpec* out) {
   out->sparse24 = sparsity == "2:4";
   out->group_size = g;
   return OkStatus();
+}
+
+// `chorus bench --tp N` (docs/scaleout.md): decode tokens/s at each --batches size after
+// --context tokens of KV, with the communication time per step, on --model or the synthetic
+// --shape in the first of --dtypes. Every rank runs this; rank 0 measures and prints.
+int TpBench(const Flags& f, const engine::EngineBenchOptions& o) {
+  auto tp = StartTensorParallel(static_cast<int>(f.GetInt("tp")));
+  if (!tp.ok()) return Fail("bench", tp.status());
+  const model::QuantScheme& scheme = o.dtypes.front();
+  Result<std::shared_ptr<const model::Model>> full = InternalError("unset");
+  if (!o.model_path.empty()) {
+    full = model::LoadModel(o.model_path);
+  } else {
+    model::SyntheticSpec spec{.shape = o.shape, .dtype = scheme.base(), .seed = 1};
+    if (scheme.is_mix()) spec.mix = scheme;
+    full = model::MakeSyntheticModel(spec);
+  }
+  if (Status s = AgreeAcrossRanks(tp->comm.get(), full.status()); !s.ok()) return Fail("bench", s);
+  std::shared_ptr<const model::Model> mdl = std::move(full).value();
+  if (Status s = ShardForTensorParallel(&*tp, &mdl); !s.ok()) return Fail("bench", s);
+  if (tp->worker()) {
+    Status s = model::RunTpWorker(tp->comm.get(), mdl);
+    return s.ok() ? 0 : Fail("bench", s);
+  }
+  engine::TpBenchOptions to;
+  to.threads = o.threads;
+  to.batches = o.batches;
+  to.context = o.depths.front();
+  to.decode_steps = o.decode_steps;
+  to.repeats = o.repeats;
+  to.kv_dtype = o.kv_dtype;
+  std::fprintf(stderr, "bench: tensor parallel %d (%s), %d thread(s) per rank, shard: %s\n",
+               tp->size(), tp->comm->kind(), o.threads, mdl->config().Summary().c_str());
+  auto rep = engine::RunTpBench(
+      to, mdl, tp->comm.get(), tp->leader.get(),
+      [](const std::string& m) { std::fprintf(stderr, "bench: %s\n", m.c_str()); });
+  if (!rep.ok()) return Fail("bench", rep.status());
+  rep->model = o.model_path.empty() ? o.shape : o.model_path;
+  rep->dtype = o.model_path.empty() ? scheme.name() : "file";
+  std::fputs(rep->ToTable().c_str(), stdout);
+  if (!f.GetString("out").empty()) {
+    Status w1 = WriteFileAtomically(f.GetString("out") + ".csv", rep->ToCsv());
+    Status w2 = WriteFileAtomically(f.GetString("out") + ".json", rep->ToJson());
+    if (!w1.ok()) return Fail("bench", w1);
+    if (!w2.ok()) return Fail("bench", w2);
+  }
+  return 0;
 }
 
 }  // namespace
@@ -103,6 +154,11 @@ int BenchCommand(int argc, char** argv) {
            "best defers to CHORUS_ISA when set. A comma-separated list (amx,avx512) measures "
            "every figure at each level, alternating inside each repeat on the same model");
   f.String("out", "", "write <out>.csv and <out>.json");
+  f.Int("tp", 0,
+        "tensor-parallel decode benchmark over N ranks instead (`mpirun -np N chorus bench --tp "
+        "N`; --tp 1 is its one-process baseline): decode tok/s per --batches size after the "
+        "first --context depth, first of --dtypes, with communication ms per step "
+        "(docs/scaleout.md)");
   if (int rc = ParseOrExit(f, argc, argv); rc >= 0) return rc;
   engine::EngineBenchOptions o;
   o.shape = f.GetString("shape");
@@ -188,6 +244,14 @@ int BenchCommand(int argc, char** argv) {
   } else {
     std::fprintf(stderr, "bench: kernels: isa %s alternating (cpu: %s)\n",
                  f.GetString("isa").c_str(), kernels::CpuFeaturesString().c_str());
+  }
+  if (f.GetInt("tp") > 0) {
+    if (o.n_adapters > 0 || o.n_deltas > 0 || o.workload != "default" || !o.isas.empty()) {
+      return Fail("bench", InvalidArgumentError(
+                               "--tp measures base-model decode only: no --adapters, --deltas, "
+                               "--workload or several --isa levels (docs/scaleout.md)"));
+    }
+    return TpBench(f, o);
   }
   auto rep = engine::RunEngineBench(
       o, [](const std::string& msg) { std::fprintf(stderr, "bench: %s\n", msg.c_str()); });

@@ -5,6 +5,7 @@
 
 #include "apps/chorus/commands.h"
 #include "apps/chorus/common.h"
+#include "apps/chorus/tp_cli.h"
 #include "chorus/engine/engine.h"
 #include "chorus/memory/kv_cache.h"
 #include "chorus/model/forward.h"
@@ -44,10 +45,21 @@ int GenerateCommand(int argc, char** argv) {
            "chat template (a Jinja FILE or the template STRING itself) replacing the model's "
            "own; implies --chat");
   f.Bool("show-prompt", "print the prompt text (after the chat template) to stderr");
+  f.Int("tp", 1,
+        "tensor-parallel ranks: run as `mpirun -np N chorus generate --tp N ...` "
+        "(docs/scaleout.md); rank 0 prints");
   if (int rc = ParseOrExit(f, argc, argv); rc >= 0) return rc;
 
+  auto tp = StartTensorParallel(static_cast<int>(f.GetInt("tp")));
+  if (!tp.ok()) return Fail("generate", tp.status());
   auto loaded = LoadModelAndTokenizer(f.GetString("model"), f.GetString("tokenizer"));
-  if (!loaded.ok()) return Fail("generate", loaded.status());
+  if (Status s = AgreeAcrossRanks(tp->comm.get(), loaded.status()); !s.ok())
+    return Fail("generate", s);
+  if (Status s = ShardForTensorParallel(&*tp, &loaded->model); !s.ok()) return Fail("generate", s);
+  if (tp->worker()) {  // ranks > 0 compute their shard of every step rank 0 plans
+    Status s = model::RunTpWorker(tp->comm.get(), loaded->model);
+    return s.ok() ? 0 : Fail("generate", s);
+  }
   const auto& tok = *loaded->tokenizer;
   const auto& cfg = loaded->model->config();
 
@@ -126,6 +138,10 @@ int GenerateCommand(int argc, char** argv) {
   eopts.max_batch_tokens = f.GetInt("max-batch-tokens");
   eopts.max_running = 1;
   eopts.max_queue = 1;
+  if (tp->leader) {
+    eopts.tp_leader = tp->leader.get();
+    eopts.prefix_cache = false;  // one request: nothing to share (and not supported under TP)
+  }
   if (auto kv_dtype = memory::ParseKvDtype(f.GetString("kv-dtype")); kv_dtype.ok()) {
     eopts.kv_dtype = *kv_dtype;
   } else {

@@ -13,6 +13,7 @@
 #include "apps/chorus/commands.h"
 #include "apps/chorus/common.h"
 #include "apps/chorus/default_model.h"
+#include "apps/chorus/tp_cli.h"
 #include "chorus/adapters/adapter_cache.h"
 #include "chorus/adapters/delta/delta_file.h"
 #include "chorus/adapters/registry.h"
@@ -359,6 +360,9 @@ int ServeCommand(int argc, char** argv) {
            "(detected from the chat template; docs/api.md, Tools)");
   f.Float("drain-timeout", 30.0,
           "seconds running requests get to finish on SIGTERM before they are aborted");
+  f.Int("tp", 1,
+        "tensor-parallel ranks: `mpirun -np N chorus serve --tp N ...`; rank 0 serves HTTP and "
+        "schedules, the others compute their shards (base model only for now; docs/scaleout.md)");
   if (int rc = ParseOrExit(f, argc, argv); rc >= 0) return rc;
 
   // Signals are taken synchronously by this thread (sigwait); every thread created from here
@@ -372,6 +376,28 @@ int ServeCommand(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
 
   const std::string model_path = f.GetString("model");
+  // Tensor parallelism: started after the signal mask so MPI's own threads inherit it. Ranks > 0
+  // load and shard the model, then compute every step rank 0 plans until it stops.
+  auto tp = StartTensorParallel(static_cast<int>(f.GetInt("tp")));
+  if (!tp.ok()) return Fail("serve", tp.status());
+  if (tp->size() > 1) {
+    if (!f.GetRepeated("lora").empty() || !f.GetRepeated("delta").empty() ||
+        !f.GetRepeated("lora-dir").empty() || !f.GetRepeated("adapter-root").empty() ||
+        !f.GetString("registry").empty() || WantsFinetune(f)) {
+      return Fail("serve", InvalidArgumentError(
+                               "--tp > 1 serves the base model only for now: adapters, deltas "
+                               "and fine-tuning are not supported under tensor parallelism yet "
+                               "(docs/scaleout.md)"));
+    }
+    if (tp->worker()) {
+      auto loaded = LoadModelAndTokenizer(model_path, f.GetString("tokenizer"));
+      if (Status s = AgreeAcrossRanks(tp->comm.get(), loaded.status()); !s.ok())
+        return Fail("serve", s);
+      if (Status s = ShardForTensorParallel(&*tp, &loaded->model); !s.ok()) return Fail("serve", s);
+      Status s = model::RunTpWorker(tp->comm.get(), loaded->model);
+      return s.ok() ? 0 : Fail("serve", s);
+    }
+  }
   server::ServerOptions so;
   so.host = f.GetString("host");
   so.port = static_cast<int>(f.GetInt("port"));
@@ -481,8 +507,15 @@ int ServeCommand(int argc, char** argv) {
   std::atomic<bool> load_done{false};
   std::thread loader([&] {
     load_status = [&]() -> Status {
-      CHORUS_ASSIGN_OR_RETURN(LoadedModel loaded,
-                              LoadModelAndTokenizer(model_path, f.GetString("tokenizer")));
+      auto loaded_or = LoadModelAndTokenizer(model_path, f.GetString("tokenizer"));
+      CHORUS_RETURN_IF_ERROR(AgreeAcrossRanks(tp->comm.get(), loaded_or.status()));
+      LoadedModel loaded = std::move(loaded_or).value();
+      // Under --tp: this rank's shard; the engine then broadcasts each step's plan.
+      CHORUS_RETURN_IF_ERROR(ShardForTensorParallel(&*tp, &loaded.model));
+      if (tp->leader) {
+        eo.tp_leader = tp->leader.get();
+        eo.prefix_cache = false;  // not supported under TP yet (docs/scaleout.md)
+      }
       // No silent fallback: a model template that does not compile stops the server here.
       CHORUS_RETURN_IF_ERROR(
           server::ChooseChatTemplate(*loaded.tokenizer, so.chat_template, so.chat_template_label)

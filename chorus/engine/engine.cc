@@ -249,8 +249,30 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const model::Mode
       opts.adapter_cache->arena()->StartPrefault();
   }
   impl->kv = std::make_unique<memory::KvCache>(layout, impl->pages.get());
+  dist::Communicator* tp_comm = opts.tp_leader ? opts.tp_leader->comm() : nullptr;
+  if (tp_comm != nullptr && tp_comm->size() > 1) {
+    if (opts.prefix_cache) {
+      return InvalidArgumentError(
+          "the prefix cache is not supported with tensor parallelism yet (docs/scaleout.md)");
+    }
+    if (opts.adapter_cache) {
+      return InvalidArgumentError(
+          "adapters are not supported with tensor parallelism yet (docs/scaleout.md)");
+    }
+    if (opts.training_gate) {
+      return InvalidArgumentError(
+          "fine-tuning is not supported with tensor parallelism (docs/scaleout.md)");
+    }
+    opts.tp_leader->Start({.max_rows = opts.max_batch_tokens,
+                           .max_seqs = opts.max_running,
+                           .max_logit_rows = opts.max_running,
+                           .n_pages = n_pages,
+                           .block_size = opts.block_size,
+                           .kv_dtype = static_cast<int32_t>(opts.kv_dtype),
+                           .threads = impl->pool.size()});
+  }
   impl->forward =
-      std::make_unique<model::Forward>(e->model_, opts.max_batch_tokens, opts.max_running);
+      std::make_unique<model::Forward>(e->model_, opts.max_batch_tokens, opts.max_running, tp_comm);
   impl->logits.assign(static_cast<size_t>(opts.max_running * c.vocab_size), 0.0f);
   impl->step = std::make_unique<model::StepBuilder>(opts.max_batch_tokens, opts.max_running);
   impl->row_adapters.reserve(static_cast<size_t>(opts.max_batch_tokens));
@@ -318,6 +340,8 @@ Result<std::shared_ptr<RequestHandle>> Engine::Submit(GenerationRequest req) {
   }
   if (req.max_tokens < 1) return InvalidArgumentError("max_tokens must be at least 1");
   if (req.n < 1 || req.n > 16) return InvalidArgumentError("n must be in [1, 16]");
+  if (req.n > 1 && opts_.tp_leader != nullptr && opts_.tp_leader->comm()->size() > 1)
+    return InvalidArgumentError("n > 1 is not supported with tensor parallelism yet");
   if (req.variant && (!opts_.adapter_cache || req.variant->id.empty())) {
     return InvalidArgumentError("variant '" + req.variant->name + "' named but " +
                                 (opts_.adapter_cache ? "it has no registered identity"
@@ -561,6 +585,10 @@ void Engine::Impl::Step() {
   if (!mask_rows.empty()) {
     if (!mask_worker) mask_worker = std::make_unique<MaskWorker>(&self->metrics_);
     mask_worker->Start(&mask_rows);
+  }
+  if (self->opts_.tp_leader != nullptr && self->opts_.tp_leader->comm()->size() > 1) {
+    CHORUS_CHECK(in.hook == nullptr) << "adapters under tensor parallelism";
+    self->opts_.tp_leader->Step(in, *kv);
   }
   forward->Run(in, kv.get(), &pool, logits.data());
   if (!mask_rows.empty()) {

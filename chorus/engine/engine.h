@@ -37,6 +37,7 @@
 #include "chorus/engine/training_gate.h"
 #include "chorus/kernels/attention.h"
 #include "chorus/model/model.h"
+#include "chorus/model/tensor_parallel.h"
 #include "chorus/tokenizer/tokenizer.h"
 
 namespace chorus::engine {
@@ -101,6 +102,13 @@ struct EngineOptions {
   std::shared_ptr<TrainingGate> training_gate;
   std::string finetune_policy = "deferred";
   double deferral_bound_ms = 500;
+  // Tensor parallelism (docs/scaleout.md): rank 0's side of the step protocol. The engine then
+  // runs on this rank's shard (model/tensor_parallel.h), broadcasts each step's plan before
+  // computing it, and the forward pass all-reduces over the leader's communicator; the other
+  // ranks run model::RunTpWorker. Null: one process. Not owned; must outlive the engine.
+  // Under TP the engine serves the base model only and without the prefix cache or n > 1
+  // (their KV block copies happen on rank 0 alone): Create and Submit refuse them.
+  model::TpLeader* tp_leader = nullptr;
   Status Validate() const;
 };
 

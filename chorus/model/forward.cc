@@ -35,8 +35,12 @@ memory::KvLayout KvLayoutFor(const ModelConfig& config, int64_t block_size,
   return layout;
 }
 
-Forward::Forward(std::shared_ptr<const Model> model, int64_t max_rows, int64_t max_logit_rows)
-    : model_(std::move(model)), max_rows_(max_rows), max_logit_rows_(max_logit_rows) {
+Forward::Forward(std::shared_ptr<const Model> model, int64_t max_rows, int64_t max_logit_rows,
+                 dist::Communicator* comm)
+    : model_(std::move(model)),
+      max_rows_(max_rows),
+      max_logit_rows_(max_logit_rows),
+      comm_(comm != nullptr && comm->size() > 1 ? comm : nullptr) {
   const ModelConfig& c = model_->config();
   inv_freq_ = c.RopeInvFreq();
   if (c.rope_local_theta > 0) inv_freq_local_ = c.RopeInvFreqLocal();
@@ -371,6 +375,8 @@ void Forward::Run(const StepInput& in, memory::KvCache* kv, ThreadPool* pool, fl
     // see each other causally through n_ctx = pos + 1.
     Attention(in, kv, l, pool);
     Linear(l, model::Linear::kO, att_.data(), qd, xb_.data(), d, n, in, pool);
+    // Tensor parallel: each rank's o saw its heads only; the sum over ranks is the full o.
+    if (comm_ != nullptr) comm_->AllReduceSum(xb_.data(), n * d);
     if (c.sandwich_norms) {
       kernels::RmsNorm(xb_.data(), static_cast<const float*>(lw.post_attn_norm.data()), n, d,
                        c.norm_eps, xb_.data());
@@ -386,6 +392,7 @@ void Forward::Run(const StepInput& in, memory::KvCache* kv, ThreadPool* pool, fl
       kernels::SiluMul(gate_.data(), up_.data(), n * ff, gate_.data());
     }
     Linear(l, model::Linear::kDown, gate_.data(), ff, xb_.data(), d, n, in, pool);
+    if (comm_ != nullptr) comm_->AllReduceSum(xb_.data(), n * d);  // likewise its n_ff slice
     if (c.sandwich_norms) {
       kernels::RmsNorm(xb_.data(), static_cast<const float*>(lw.post_ffn_norm.data()), n, d,
                        c.norm_eps, xb_.data());

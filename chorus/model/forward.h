@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "chorus/base/thread_pool.h"
+#include "chorus/dist/communicator.h"
 #include "chorus/memory/kv_cache.h"
 #include "chorus/model/model.h"
 
@@ -94,7 +95,11 @@ struct StepInput {
 class Forward {
  public:
   // Preallocates every buffer for steps of up to `max_rows` rows and `max_logit_rows` logits.
-  Forward(std::shared_ptr<const Model> model, int64_t max_rows, int64_t max_logit_rows);
+  // With `comm` of size > 1, `model` is this rank's tensor-parallel shard
+  // (model/tensor_parallel.h): the outputs of o and of down are partial sums, all-reduced over
+  // the ranks before the residual add (every rank must run the same steps).
+  Forward(std::shared_ptr<const Model> model, int64_t max_rows, int64_t max_logit_rows,
+          dist::Communicator* comm = nullptr);
 
   const Model& model() const { return *model_; }
   int64_t max_rows() const { return max_rows_; }
@@ -129,6 +134,7 @@ class Forward {
 
   std::shared_ptr<const Model> model_;
   int64_t max_rows_, max_logit_rows_;
+  dist::Communicator* comm_ = nullptr;      // null or size 1: no tensor parallelism
   std::vector<float> inv_freq_;             // [rotary_dim / 2]
   std::vector<float> rope_cos_, rope_sin_;  // [max_rows, rotary_dim / 2]: this step's rotations
   // Sliding layers with their own RoPE base (Gemma 3): their inv_freq and tables; empty = same.

@@ -133,6 +133,10 @@ Result<ModelConfig> SyntheticConfig(const std::string& shape) {
 
 Result<std::shared_ptr<const Model>> MakeSyntheticModel(const SyntheticSpec& spec) {
   CHORUS_ASSIGN_OR_RETURN(ModelConfig c, SyntheticConfig(spec.shape));
+  if (spec.n_layers > 0) {
+    c.n_layers = spec.n_layers;
+    if (!c.layer_sliding.empty()) c.layer_sliding.resize(static_cast<size_t>(c.n_layers));
+  }
   bool tiny = false;
   for (const Shape& sh : kShapes) tiny |= spec.shape == sh.name && sh.tiny;
   struct Job {

@@ -19,6 +19,9 @@ struct SyntheticSpec {
   uint64_t seed = 1;
   // When set, chooses each matrix's dtype instead (a K-quant mix such as q4_k_m).
   std::optional<QuantScheme> mix = std::nullopt;
+  // When > 0, only this many layers (the shape's widths, fewer blocks): tests that need a real
+  // shape's matrices but not its depth (e.g. tensor parallelism at the TinyLlama shape).
+  int64_t n_layers = 0;
 };
 
 // "tiny" (the embedded default: dim 128, 4 layers, vocab 512), "stories260k", "tinyllama-1.1b",
