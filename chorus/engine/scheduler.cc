@@ -23,6 +23,7 @@ Scheduler::Scheduler(SchedulerOptions opts, memory::PagePool* pages, memory::KvC
   plan_.reserve(static_cast<size_t>(opts_.max_running));
   step_adapters_.reserve(static_cast<size_t>(opts_.max_running));
   step_deltas_.reserve(static_cast<size_t>(opts_.max_running));
+  if (full_models != nullptr) held_.reserve(full_models->refs().size());
 }
 
 void Scheduler::Enqueue(std::unique_ptr<Sequence> s) { waiting_.push_back(std::move(s)); }
@@ -318,13 +319,23 @@ void Scheduler::AdmitWaiting(int64_t* budget) {
   policy_->BeginRound(step_adapters_, step_deltas_);
 
   // Whole fine-tunes not resident: swap-ins in queue order, each evicting the least recently
-  // used resident model that no running sequence uses (or waiting until one is idle).
+  // used resident model that no running sequence uses (or waiting until one is idle). A resident
+  // model that an older waiting sequence needs is held for it meanwhile (first come, first
+  // served: a newer request's swap-in does not take its model away).
   if (full_models_ != nullptr) {
+    held_.clear();
     for (const auto& s : waiting_) {
-      if (s->full != nullptr && s->full->state != FullModels::State::kResident &&
-          s->full->state != FullModels::State::kLoading)
+      if (s->full == nullptr || s->full->state == FullModels::State::kLoading) continue;
+      if (s->full->state == FullModels::State::kResident) {
+        if (std::find(held_.begin(), held_.end(), s->full) == held_.end()) {
+          full_models_->Pin(s->full);
+          held_.push_back(s->full);
+        }
+      } else {
         full_models_->Want(s->full);
+      }
     }
+    for (FullModels::Entry* e : held_) full_models_->Unpin(e);
   }
 
   // Every ready waiting sequence as the policy sees it, in queue order.

@@ -139,6 +139,7 @@ class Scheduler {
   std::vector<Candidate> ready_;
   std::vector<size_t> ready_index_, order_;
   std::vector<char> abort_;
+  std::vector<FullModels::Entry*> held_;  // AdmitWaiting: resident models older requests need
 };
 
 }  // namespace chorus::engine

@@ -3,13 +3,15 @@
 // as GGUF files: each fine-tune's greedy tokens equal those of an engine serving that file as its
 // only model, whichever other models and the base share the run; swaps, evictions and bytes are
 // counted; bad files fail at start-up naming the model.
-#include <future>
+#include <cstdio>
+#include <filesystem>
 #include <thread>
 
 #include "chorus/compress/compress.h"
 #include "chorus/engine/engine.h"
 #include "chorus/model/convert.h"
 #include "chorus/model/loader.h"
+#include "chorus/model/synthetic.h"
 #include "tests/testutil/testutil.h"
 
 namespace chorus::engine {
@@ -263,7 +265,7 @@ TEST_F(SwapTest, UnknownFullModelIsRefused) {
   auto e = Engine::Create(base_, tok_, o);
   ASSERT_TRUE(e.ok());
   GenerationRequest r = Greedy(0, 4);
-  r.variant = adapters::VariantRef{.name = "nope", .id = {1, 1}, .kind = "full"};
+  r.variant = adapters::VariantRef{.name = "nope", .id = {1, 1}, .kind = "full", .path = "x"};
   auto h = (*e)->Submit(std::move(r));
   ASSERT_FALSE(h.ok());
   EXPECT_NE(h.status().message().find("'nope'"), std::string::npos);
