@@ -14,14 +14,14 @@
 # the same fine-tune F = q4_0(B + noise): the swap baseline exactly, the delta server as
 # B + rtn(F − B) (the delta also holds F's q4_0 rounding, so it is larger than the noise). No
 # bf16 copies are written. Making one fine-tune takes minutes on this 2-core machine (1.1 B
-# Gaussian draws, quantization, compression), so only DISTINCT (4) weight sets are made and the
+# Gaussian draws, quantization, compression), so only DISTINCT (3) weight sets are made and the
 # 32 names hard-link them round-robin: every name is still a separate variant to both servers —
 # its own registration, host copy and delta term in the delta server, its own swap-in (the file
 # read again) in the swap server. Every run starts a fresh server with --threads 2 and sends the
 # same seeded open-loop plan (Poisson arrivals, popularity zipf-1.5 or uniform over the 32).
 #
 # Environment: BUILD (build/release), WORK (/tmp/chorus-swap-bench), OUT (WORK/results), N (32),
-# DISTINCT (4), LOCK (a file: each setup command runs under `flock -s LOCK nice -n 19`),
+# DISTINCT (3), LOCK (a file: each setup command runs under `flock -s LOCK nice -n 19`),
 # BITS (2), RATE, NUM, IN_MIN/IN_MAX, OUT_MIN/OUT_MAX, SEED (1), PORT (18500), K (1: the swap
 # baseline's --max-resident-models), SERVE_FLAGS (extra `chorus serve` flags), RUN_TAG.
 set -euo pipefail
@@ -33,7 +33,7 @@ LOADGEN=$BUILD/bench/serve/chorus_bench_serve
 WORK=${WORK:-/tmp/chorus-swap-bench}
 OUT=${OUT:-$WORK/results}
 N=${N:-32}
-DISTINCT=${DISTINCT:-4}
+DISTINCT=${DISTINCT:-3}
 BITS=${BITS:-2}
 RATE=${RATE:-1.0}
 NUM=${NUM:-60}
