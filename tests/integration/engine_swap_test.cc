@@ -258,28 +258,6 @@ TEST_F(SwapTest, BadModelsFailAtStartNamingThem) {
   EXPECT_NE(e.status().message().find("max-resident-models"), std::string::npos);
 }
 
-// A file that disappears after start-up fails the requests waiting for its swap-in (a server
-// error naming the model), and the other models keep serving.
-TEST_F(SwapTest, AFileGoneAfterStartFailsOnlyItsRequests) {
-  const std::string doomed = dir_ + "/doomed.gguf";
-  std::filesystem::copy_file(paths_[0], doomed, std::filesystem::copy_options::overwrite_existing);
-  const std::vector<std::vector<int32_t>> want = Alone(paths_[1], {0}, 6);
-  EngineOptions o = Opts();
-  o.full_models = {{"doomed", doomed}, {"ok", paths_[1]}};
-  auto e = Engine::Create(base_, tok_, o);
-  ASSERT_TRUE(e.ok()) << e.status().ToString();
-  std::filesystem::remove(doomed);
-  GenerationRequest r = Greedy(0, 6);
-  r.variant = (*e)->full_models()[0];
-  const Output bad = Collect(**(*e)->Submit(std::move(r)));
-  EXPECT_EQ(bad.finish, FinishReason::kError);
-  EXPECT_NE(bad.error.find("'doomed' could not be swapped in"), std::string::npos) << bad.error;
-  EXPECT_EQ((*e)->metrics().full_model_swap_errors.load(), 1u);
-  GenerationRequest g = Greedy(0, 6);
-  g.variant = (*e)->full_models()[1];
-  EXPECT_EQ(Collect(**(*e)->Submit(std::move(g))).tokens, want[0]);
-}
-
 // A request naming a whole fine-tune the engine does not serve is refused at Submit.
 TEST_F(SwapTest, UnknownFullModelIsRefused) {
   EngineOptions o = Opts();
