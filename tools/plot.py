@@ -25,6 +25,9 @@ here.
                                                  fraction of capacity, one line per policy, one
                                                  column of panels per arrival cv
 
+  tools/plot.py delta-vs-swap summary.csv [-o ...]  bench/serve/delta_vs_swap.sh plot: throughput
+                                                 and p90 TTFT of base + deltas vs
+                                                 --swap-full-models, per popularity
   tools/plot.py soak     OUT/samples.csv [-o ...]  tools/soak.py: server RSS, running and waiting
                                                  sequences, KV blocks and adapter pages over time
   tools/plot.py soak-windows OUT/windows.csv [-o ...]  tools/soak.py: p50/p99 TTFT and latency per
@@ -241,6 +244,48 @@ plot {gp_quote(csv_path)} every ::1 using 2:6 with linespoints pt 7 title 'laten
 """
 
 
+def delta_vs_swap(csv_path, png, title):
+    # Rows: system, popularity, medians over runs. Two panels of clustered bars: throughput
+    # (completed requests/s) and p90 TTFT, one cluster per popularity, one bar per system.
+    rows = {}
+    with open(csv_path, newline="") as f:
+        for row in csv.DictReader(f):
+            rows[(row["popularity"], row["system"])] = (float(row["req_s"]),
+                                                         float(row["ttft_p90"]))
+    pops = sorted({p for p, _ in rows})
+    systems = sorted({s for _, s in rows})
+    data = "$d << EOD\n" + "pop " + " ".join(f"{s}_req {s}_ttft" for s in systems) + "\n"
+    for p in pops:
+        vals = []
+        for s in systems:
+            r, t = rows.get((p, s), (float("nan"), float("nan")))
+            vals += [f"{r:.6g}", f"{t:.6g}"]
+        data += p + " " + " ".join(vals) + "\n"
+    data += "EOD\n"
+    def bars(offset):
+        return ", ".join(f"$d using {2 + 2 * i + offset}:xtic(1) title {gp_quote(s)}"
+                         for i, s in enumerate(systems))
+    return f"""{data}set terminal pngcairo size 1000,450 noenhanced
+set output {gp_quote(png)}
+set multiplot layout 1,2 title {gp_quote(title or 'base + deltas vs --swap-full-models')}
+set style data histograms
+set style histogram clustered
+set style fill solid 0.8 border -1
+set grid ytics
+set yrange [0:*]
+set key top left
+set ylabel 'completed requests/s'
+set title 'throughput'
+plot {bars(0)}
+set ylabel 'TTFT p90 (s)'
+set title 'p90 time to first token'
+set logscale y
+set yrange [*:*]
+plot {bars(1)}
+unset multiplot
+"""
+
+
 # kind -> (script builder, columns the CSV header must have)
 KINDS = {
     "loss": (loss, ["step", "loss", "eval_loss"]),
@@ -252,6 +297,7 @@ KINDS = {
     "slo-sweep": (slo_sweep, ["policy", "cv", "fraction", "attainment", "attainment_admitted",
                               "satisfaction"]),
     "slora-vs-n": (slora_vs_n, ["n", "output_tok_s", "ttft_p50", "ttft_cold_p50", "ttft_warm_p50"]),
+    "delta-vs-swap": (delta_vs_swap, ["system", "popularity", "req_s", "ttft_p90"]),
     "soak": (soak, ["t", "rss_kib", "running", "waiting", "kv_used", "kv_pages", "adapter_pages"]),
     "soak-windows": (soak_windows, ["window", "start_s", "ttft_p50_ms", "ttft_p99_ms",
                                     "latency_p50_ms", "latency_p99_ms"]),

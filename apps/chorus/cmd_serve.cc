@@ -295,6 +295,15 @@ int ServeCommand(int argc, char** argv) {
       "delta",
       "serve a full fine-tune compressed by chorus compress as a variant: NAME=PATH (a delta "
       "file or directory, docs/deltas.md); it shares steps with LoRA adapters and the base");
+  f.Bool("swap-full-models",
+         "baseline for deltas (docs/deltas.md, \"Swapping full models\"): serve each --full-model "
+         "as a whole model of its own, swapped in from disk when a request needs it (vLLM-SCB)");
+  f.Repeated("full-model",
+             "with --swap-full-models: a fine-tune served as a whole model, NAME=PATH (GGUF, "
+             "Hugging Face directory or llama2.c; the base's architecture and shapes)");
+  f.Int("max-resident-models", 1,
+        "with --swap-full-models: whole fine-tunes in memory at a time (besides the base); the "
+        "least recently used one without running requests is swapped out for another");
   f.Repeated("lora-dir", "register every adapter directly under DIR (named after its folder/file)");
   f.Repeated("adapter-root", "directory POST /v1/load_lora_adapter may load adapters from");
   f.String("registry", "",
@@ -453,6 +462,36 @@ int ServeCommand(int argc, char** argv) {
                                                 " must be in [0, 1048576] MiB (0 = auto)"));
     }
   }
+  if (f.GetBool("swap-full-models")) {
+    if (f.GetRepeated("full-model").empty()) {
+      return Fail("serve",
+                  InvalidArgumentError(
+                      "flag --swap-full-models needs at least one --full-model NAME=PATH"));
+    }
+    for (const std::string& spec : f.GetRepeated("full-model")) {
+      const size_t eq = spec.find('=');
+      if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size()) {
+        return Fail("serve", InvalidArgumentError("flag --full-model expects NAME=PATH, got '" +
+                                                  spec.substr(0, 64) + "'"));
+      }
+      std::error_code ec;
+      if (!std::filesystem::exists(spec.substr(eq + 1), ec)) {
+        return Fail("serve",
+                    InvalidArgumentError("flag --full-model " + spec.substr(0, eq) + ": " +
+                                         spec.substr(eq + 1) + ": no such file or directory"));
+      }
+      eo.full_models.push_back({spec.substr(0, eq), spec.substr(eq + 1)});
+    }
+    eo.max_resident_models = f.GetInt("max-resident-models");
+    if (eo.max_resident_models < 1 || eo.max_resident_models > 4096) {
+      return Fail("serve", InvalidArgumentError("flag --max-resident-models must be in [1, 4096]"));
+    }
+  } else if (!f.GetRepeated("full-model").empty()) {
+    return Fail("serve", InvalidArgumentError(
+                             "flag --full-model needs --swap-full-models (whole fine-tunes are "
+                             "served only by swapping; see docs/deltas.md)"));
+  }
+  eo.served_model_name = so.served_model_name;
   eo.max_adapters_per_step = f.GetInt("max-adapters-per-step");
   eo.max_deltas_per_step = f.GetInt("max-deltas");
   const int64_t loader_threads = f.GetInt("loader-threads");
@@ -549,6 +588,12 @@ int ServeCommand(int argc, char** argv) {
                                 engine::RunProfile(loaded.model, po, [](const std::string&) {}));
         std::fprintf(stderr, "%s", rep.ToTable().c_str());
         eo.cost_model = std::make_shared<engine::CostModel>(rep.file.best());
+      }
+      if (!eo.full_models.empty()) {
+        std::fprintf(stderr,
+                     "chorus serve: --swap-full-models: checking %zu whole fine-tunes (each is "
+                     "loaded once), at most %lld resident\n",
+                     eo.full_models.size(), static_cast<long long>(eo.max_resident_models));
       }
       auto eng = engine::Engine::Create(loaded.model, loaded.tokenizer, eo);
       if (!eng.ok()) {

@@ -4,7 +4,9 @@
 // (shape 1/cv², scale cv²/R; cv = 1 is Poisson) with the `slora` workload's shapes (input and
 // output lengths uniform in [min, max)). With --adapters N the `model` field names one of the
 // first N adapters the server lists in /v1/models (sorted by name): adapter id = floor(u·N),
-// u ~ power(alpha) (S-LoRA; alpha = 1 is uniform), or round-robin; the summary then splits TTFT
+// u ~ power(alpha) (S-LoRA; alpha = 1 is uniform), zipf (P(k) ∝ 1/(k+1)^s, DeltaZip's
+// popularity; whole fine-tunes of `chorus serve --swap-full-models` count as adapters here), or
+// round-robin; the summary then splits TTFT
 // into cold requests (the first of this run to use its adapter) and warm ones. --compare-base
 // sends the same plan again without adapters and reports adapter / base-only throughput. Prompts
 // are random token ids so their lengths are exact; `ignore_eos` makes output lengths exact. Reports
@@ -359,8 +361,12 @@ std::vector<std::string> ListAdapters(const Url& url, const std::string& api_key
     return out;
   }
   for (const auto& m : j["data"]) {
-    if (m.contains("parent") && m["parent"].is_string() &&
-        !m["parent"].get<std::string>().empty() && m.contains("id") && m["id"].is_string()) {
+    // Whole fine-tunes of `chorus serve --swap-full-models` have no parent but kind "full".
+    const bool full = m.contains("kind") && m["kind"].is_string() && m["kind"] == "full";
+    if (((m.contains("parent") && m["parent"].is_string() &&
+          !m["parent"].get<std::string>().empty()) ||
+         full) &&
+        m.contains("id") && m["id"].is_string()) {
       out.push_back(m["id"].get<std::string>());
     }
   }
@@ -371,13 +377,20 @@ std::vector<std::string> ListAdapters(const Url& url, const std::string& api_key
 // Assigns adapters to the plan: power(alpha) popularity — u = U^(1/alpha) has density
 // alpha·u^(alpha−1) on [0, 1] (numpy.random.power, as S-LoRA's generator) — or round-robin; then
 // marks the first use of each adapter (in arrival order) as cold.
+// zipf_s > 0 instead: P(id = k) ∝ 1 / (k + 1)^zipf_s (DeltaZip's zipf-1.5 popularity, §6).
 void AssignAdapters(std::vector<Planned>* plan, int n_adapters, double alpha, bool round_robin,
-                    std::mt19937_64* rng) {
+                    std::mt19937_64* rng, double zipf_s = 0) {
   std::uniform_real_distribution<double> uni(0.0, 1.0);
+  std::vector<double> zipf_weights;
+  for (int k = 0; zipf_s > 0 && k < n_adapters; ++k)
+    zipf_weights.push_back(1.0 / std::pow(static_cast<double>(k + 1), zipf_s));
+  std::discrete_distribution<int> zipf(zipf_weights.begin(), zipf_weights.end());
   for (size_t i = 0; i < plan->size(); ++i) {
     int id;
     if (round_robin) {
       id = static_cast<int>(i % static_cast<size_t>(n_adapters));
+    } else if (zipf_s > 0) {
+      id = zipf(*rng);
     } else {
       const double u = std::pow(uni(*rng), 1.0 / alpha);
       id = std::min(n_adapters - 1, static_cast<int>(std::floor(u * n_adapters)));
@@ -416,7 +429,7 @@ double SendPlan(const Url& url, const std::string& api_key, const std::vector<Pl
 // Cold / warm TTFT and the number of adapters used, added to the summary.
 void AddAdapterSummary(json* summary, const std::vector<Planned>& plan,
                        const std::vector<Outcome>& outcomes, const std::vector<char>& sent,
-                       int n_adapters, double alpha, bool round_robin) {
+                       int n_adapters, double alpha, bool round_robin, double zipf_s) {
   std::vector<double> cold, warm;
   std::vector<char> used(static_cast<size_t>(n_adapters), 0);
   for (size_t i = 0; i < plan.size(); ++i) {
@@ -428,8 +441,11 @@ void AddAdapterSummary(json* summary, const std::vector<Planned>& plan,
   }
   json a = {{"registered_used", n_adapters},
             {"distinct_used", std::count(used.begin(), used.end(), 1)},
-            {"assignment", round_robin ? "round-robin" : "power"},
+            {"assignment", round_robin  ? "round-robin"
+                           : zipf_s > 0 ? "zipf"
+                                        : "power"},
             {"alpha", alpha},
+            {"zipf_s", zipf_s},
             {"cold_requests", cold.size()},
             {"warm_requests", warm.size()},
             {"ttft_cold_s", Stats(cold)},
@@ -491,7 +507,10 @@ int main(int argc, char** argv) {
   f.Float("metrics-interval", 1.0, "seconds between scrapes of the server's /metrics (0 = none)");
   f.Int("adapters", 0, "requests use the first N adapters the server lists (0 = base model only)");
   f.Float("alpha", 1.0, "adapter popularity: id = floor(u·N), u ~ power(alpha) (1 = uniform)");
-  f.String("adapter-assign", "power", "power (see --alpha) or round-robin");
+  f.String("adapter-assign", "power",
+           "power (see --alpha; alpha 1 = uniform), zipf (P(k) ∝ 1/(k+1)^s, see --zipf-s) or "
+           "round-robin");
+  f.Float("zipf-s", 1.5, "exponent s of --adapter-assign zipf");
   f.Bool("compare-base",
          "afterwards send the same plan without adapters and report the throughput ratio");
   chorus::Status st = f.Parse(argc - 1, argv + 1);
@@ -507,11 +526,13 @@ int main(int argc, char** argv) {
   const int64_t n_adapters = f.GetInt("adapters");
   const double alpha = f.GetFloat("alpha");
   const bool round_robin = f.GetString("adapter-assign") == "round-robin";
-  if (n_adapters < 0 || n_adapters > 1000000 || !(alpha > 0) ||
-      (!round_robin && f.GetString("adapter-assign") != "power")) {
+  const bool zipf = f.GetString("adapter-assign") == "zipf";
+  const double zipf_s = zipf ? f.GetFloat("zipf-s") : 0.0;
+  if (n_adapters < 0 || n_adapters > 1000000 || !(alpha > 0) || (zipf && !(zipf_s > 0)) ||
+      (!round_robin && !zipf && f.GetString("adapter-assign") != "power")) {
     std::fprintf(stderr,
-                 "chorus_bench_serve: need 0 <= adapters <= 1000000, alpha > 0, adapter-assign "
-                 "power|round-robin\n");
+                 "chorus_bench_serve: need 0 <= adapters <= 1000000, alpha > 0, zipf-s > 0, "
+                 "adapter-assign power|zipf|round-robin\n");
     return 2;
   }
   const double rate = f.GetFloat("rate"), cv = f.GetFloat("cv");
@@ -573,7 +594,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     adapter_names.resize(static_cast<size_t>(n_adapters));
-    AssignAdapters(&plan, static_cast<int>(n_adapters), alpha, round_robin, &rng);
+    AssignAdapters(&plan, static_cast<int>(n_adapters), alpha, round_robin, &rng, zipf_s);
   }
   auto model_of = [&](size_t i) {
     return plan[i].adapter >= 0 ? adapter_names[static_cast<size_t>(plan[i].adapter)] : model;
@@ -640,7 +661,7 @@ int main(int argc, char** argv) {
       {"output_len", {out_lo, out_hi}}};
   if (n_adapters > 0)
     AddAdapterSummary(&summary, plan, outcomes, sent, static_cast<int>(n_adapters), alpha,
-                      round_robin);
+                      round_robin, zipf_s);
   if (f.GetBool("compare-base")) {
     // The same plan (arrivals, lengths, prompts) once more, every request on the base model.
     std::fprintf(stderr, "chorus_bench_serve: the same %lld requests on the base model\n",

@@ -167,6 +167,7 @@ struct Engine::Impl {
   // Declared last: destroyed first. The scheduler before the residency it pins adapters in;
   // the residency joins its loader threads while the pool still exists.
   std::unique_ptr<AdapterResidency> residency;
+  std::unique_ptr<FullModels> full_models;      // null without --swap-full-models
   std::unique_ptr<memory::PrefixCache> prefix;  // null when disabled
   std::unique_ptr<Scheduler> scheduler;
   TrainingGate* training_gate = nullptr;  // EngineOptions::training_gate
@@ -191,6 +192,10 @@ struct Engine::Impl {
            (!idle && (draining.load() || work)) || trainer;
   }
   void Step();
+  // Run the forward pass over a run of the plan and write its logits from `out`; return the
+  // end of what they wrote.
+  float* RunBase(std::span<const Scheduler::Planned> run, float* out);
+  float* RunFull(std::span<const Scheduler::Planned> run, float* out);
   // Runs one training iteration (or waits briefly for the trainer's next one) when the finetune
   // policy lets it (EngineOptions::finetune_policy); returns whether it did either, i.e.
   // whether the loop should decide again before stepping.
@@ -202,6 +207,11 @@ struct Engine::Impl {
 };
 
 int64_t Engine::context_length() const { return model_->config().max_seq_len; }
+
+const std::vector<adapters::VariantRef>& Engine::full_models() const {
+  static const std::vector<adapters::VariantRef> kNone;
+  return impl_->full_models ? impl_->full_models->refs() : kNone;
+}
 
 int64_t Engine::max_kv_tokens() const {
   // PagesFor grows with the tokens (or stays bounded when every layer slides): the largest
@@ -263,6 +273,10 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const model::Mode
       return InvalidArgumentError(
           "fine-tuning is not supported with tensor parallelism (docs/scaleout.md)");
     }
+    if (!opts.full_models.empty()) {
+      return InvalidArgumentError(
+          "--swap-full-models is not supported with tensor parallelism (docs/scaleout.md)");
+    }
     opts.tp_leader->Start({.max_rows = opts.max_batch_tokens,
                            .max_seqs = opts.max_running,
                            .max_logit_rows = opts.max_running,
@@ -289,6 +303,14 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const model::Mode
   impl->residency = std::make_unique<AdapterResidency>(
       impl->pages.get(), &e->metrics_, opts.adapter_cache, [raw_impl] { raw_impl->Wake(); }, ro);
   impl->residency->PublishGauges();
+  if (!opts.full_models.empty()) {
+    CHORUS_ASSIGN_OR_RETURN(impl->full_models,
+                            FullModels::Create(opts.full_models, c, opts.served_model_name,
+                                               {.max_resident = opts.max_resident_models,
+                                                .max_rows = opts.max_batch_tokens,
+                                                .max_logit_rows = opts.max_running},
+                                               &e->metrics_, [raw_impl] { raw_impl->Wake(); }));
+  }
   if (opts.prefix_cache) impl->prefix = std::make_unique<memory::PrefixCache>(impl->kv.get());
   CHORUS_ASSIGN_OR_RETURN(std::unique_ptr<Policy> policy,
                           MakePolicy({.name = opts.policy,
@@ -300,7 +322,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const model::Mode
   impl->scheduler = std::make_unique<Scheduler>(
       SchedulerOptions{.max_batch_tokens = opts.max_batch_tokens, .max_running = opts.max_running},
       impl->pages.get(), impl->kv.get(), impl->residency.get(), std::move(policy), &e->metrics_,
-      impl->prefix.get());
+      impl->prefix.get(), impl->full_models.get());
   if (opts.training_gate) {
     impl->training_gate = opts.training_gate.get();
     impl->training_gate->set_wake([raw_impl] { raw_impl->Wake(); });
@@ -342,7 +364,13 @@ Result<std::shared_ptr<RequestHandle>> Engine::Submit(GenerationRequest req) {
   if (req.n < 1 || req.n > 16) return InvalidArgumentError("n must be in [1, 16]");
   if (req.n > 1 && opts_.tp_leader != nullptr && opts_.tp_leader->comm()->size() > 1)
     return InvalidArgumentError("n > 1 is not supported with tensor parallelism yet");
-  if (req.variant && (!opts_.adapter_cache || req.variant->id.empty())) {
+  FullModels::Entry* full = nullptr;
+  if (req.variant && req.variant->kind == "full") {
+    full = impl_->full_models ? impl_->full_models->Find(req.variant->name) : nullptr;
+    if (full == nullptr || full->ref.id != req.variant->id)
+      return InvalidArgumentError("model '" + req.variant->name +
+                                  "' is not a whole fine-tune this engine serves");
+  } else if (req.variant && (!opts_.adapter_cache || req.variant->id.empty())) {
     return InvalidArgumentError("variant '" + req.variant->name + "' named but " +
                                 (opts_.adapter_cache ? "it has no registered identity"
                                                      : "the engine has no adapter cache"));
@@ -376,7 +404,7 @@ Result<std::shared_ptr<RequestHandle>> Engine::Submit(GenerationRequest req) {
   // The variant's host copy: a cache hit at once, else a disk load queued now, in arrival
   // order, on a loader thread (the scheduler admits the request once it is done).
   std::shared_ptr<AdapterTicket> ticket;
-  if (req.variant) ticket = impl_->residency->Load(*req.variant);
+  if (req.variant && full == nullptr) ticket = impl_->residency->Load(*req.variant);
   auto shared_req = std::make_shared<const GenerationRequest>(std::move(req));
   auto handle = std::make_shared<RequestHandle>(shared_req->n,
                                                 static_cast<int64_t>(shared_req->prompt.size()));
@@ -398,6 +426,7 @@ Result<std::shared_ptr<RequestHandle>> Engine::Submit(GenerationRequest req) {
       }
       s->arrival = now;
       s->ticket = ticket;
+      s->full = full;  // swapped in when the scheduler gets to it (engine/full_models.h)
       if (i == 0) {
         impl_->incoming.push_back(std::move(s));
       } else {
@@ -537,13 +566,77 @@ void Engine::Impl::Step() {
   }
   scheduler->PrefetchAdapters();  // pool copies load on a loader thread while this step computes
 
+  // The plan's runs by model: the base's rows (with every adapter and delta) first, then one
+  // run per whole fine-tune (--swap-full-models), each its own forward pass over that model's
+  // weights; the runs' logits follow each other in plan order.
+  const std::span<const Scheduler::Planned> plan = scheduler->plan();
+  size_t base_end = 0;
+  while (base_end < plan.size() && plan[base_end].seq->full == nullptr) ++base_end;
+  uint64_t prompt_rows = 0;
+  for (const Scheduler::Planned& pl : plan) {
+    prompt_rows +=
+        static_cast<uint64_t>(std::clamp<int64_t>(pl.seq->n_prompt - pl.start, 0, pl.count));
+  }
+  last_step_prompt_rows = prompt_rows;
+
+  // Constrained rows: their masks for this step's token are computed during the forward pass.
+  mask_rows.clear();
+  for (const Scheduler::Planned& pl : plan) {
+    if (!self->opts_.overlap_grammar_masks) break;
+    if (pl.wants_logits && pl.seq->matcher != nullptr && !pl.seq->mask_ready)
+      mask_rows.push_back(pl.seq);
+  }
+  if (!mask_rows.empty()) {
+    if (!mask_worker) mask_worker = std::make_unique<MaskWorker>(&self->metrics_);
+    mask_worker->Start(&mask_rows);
+  }
+  float* run_logits = logits.data();
+  if (base_end > 0) run_logits = RunBase(plan.first(base_end), run_logits);
+  for (size_t i = base_end; i < plan.size();) {
+    size_t j = i;
+    while (j < plan.size() && plan[j].seq->full == plan[i].seq->full) ++j;
+    run_logits = RunFull(plan.subspan(i, j - i), run_logits);
+    i = j;
+  }
+  if (!mask_rows.empty()) {
+    const auto w0 = Clock::now();
+    mask_worker->Wait();
+    self->metrics_.grammar_mask_wait_micros.fetch_add(Micros(Clock::now() - w0));
+  }
+  self->metrics_.prompt_tokens_total.fetch_add(prompt_rows);
+  self->metrics_.steps_total.fetch_add(1);
+
+  scheduler->Complete(logits.data(), c.vocab_size, output.get());  // sample, stream, finish
+  self->metrics_.step_seconds.Observe(Seconds(Clock::now() - t0));
+  PublishGauges();
+}
+
+// One whole fine-tune's rows (a run of the plan): its own forward pass, no adapter hooks.
+float* Engine::Impl::RunFull(std::span<const Scheduler::Planned> run, float* out) {
+  FullModels::Entry* e = run.front().seq->full;
+  CHORUS_CHECK(e->state == FullModels::State::kResident && e->users > 0);
+  step->Clear();
+  int64_t n_logits = 0;
+  for (const Scheduler::Planned& pl : run) {
+    step->AddSequence(std::span<const int32_t>(pl.seq->tokens)
+                          .subspan(static_cast<size_t>(pl.start), static_cast<size_t>(pl.count)),
+                      pl.start, pl.seq->table.data(), pl.wants_logits);
+    n_logits += pl.wants_logits;
+  }
+  e->forward->Run(step->Input(), kv.get(), &pool, out);
+  return out + n_logits * e->model->config().vocab_size;
+}
+
+// The base's rows, with the terms of their adapters and deltas through the hooks.
+float* Engine::Impl::RunBase(std::span<const Scheduler::Planned> run, float* out) {
+  const auto& c = self->model_->config();
   // The planned rows become the step's arrays, and each row's adapter the hook's segments.
   row_adapters.clear();
   row_deltas.clear();
   bool any_adapter = false, any_delta = false;
   step->Clear();
-  uint64_t prompt_rows = 0;
-  for (const Scheduler::Planned& pl : scheduler->plan()) {
+  int64_t n_logits = 0;
+  for (const Scheduler::Planned& pl : run) {
     step->AddSequence(std::span<const int32_t>(pl.seq->tokens)
                           .subspan(static_cast<size_t>(pl.start), static_cast<size_t>(pl.count)),
                       pl.start, pl.seq->table.data(), pl.wants_logits);
@@ -551,11 +644,9 @@ void Engine::Impl::Step() {
     row_adapters.insert(row_adapters.end(), static_cast<size_t>(pl.count), view);
     row_deltas.insert(row_deltas.end(), static_cast<size_t>(pl.count), pl.seq->delta.get());
     any_delta |= pl.seq->delta != nullptr;
-    prompt_rows +=
-        static_cast<uint64_t>(std::clamp<int64_t>(pl.seq->n_prompt - pl.start, 0, pl.count));
     any_adapter |= pl.seq->lora != nullptr;
+    n_logits += pl.wants_logits;
   }
-  last_step_prompt_rows = prompt_rows;
 
   model::StepInput in = step->Input();
   variant_hook.Clear();
@@ -574,34 +665,12 @@ void Engine::Impl::Step() {
     variant_hook.Add(delta_hook.get());
     in.hook = &variant_hook;
   }
-
-  // Constrained rows: their masks for this step's token are computed during the forward pass.
-  mask_rows.clear();
-  for (const Scheduler::Planned& pl : scheduler->plan()) {
-    if (!self->opts_.overlap_grammar_masks) break;
-    if (pl.wants_logits && pl.seq->matcher != nullptr && !pl.seq->mask_ready)
-      mask_rows.push_back(pl.seq);
-  }
-  if (!mask_rows.empty()) {
-    if (!mask_worker) mask_worker = std::make_unique<MaskWorker>(&self->metrics_);
-    mask_worker->Start(&mask_rows);
-  }
   if (self->opts_.tp_leader != nullptr && self->opts_.tp_leader->comm()->size() > 1) {
     CHORUS_CHECK(in.hook == nullptr) << "adapters under tensor parallelism";
     self->opts_.tp_leader->Step(in, *kv);
   }
-  forward->Run(in, kv.get(), &pool, logits.data());
-  if (!mask_rows.empty()) {
-    const auto w0 = Clock::now();
-    mask_worker->Wait();
-    self->metrics_.grammar_mask_wait_micros.fetch_add(Micros(Clock::now() - w0));
-  }
-  self->metrics_.prompt_tokens_total.fetch_add(prompt_rows);
-  self->metrics_.steps_total.fetch_add(1);
-
-  scheduler->Complete(logits.data(), c.vocab_size, output.get());  // sample, stream, finish
-  self->metrics_.step_seconds.Observe(Seconds(Clock::now() - t0));
-  PublishGauges();
+  forward->Run(in, kv.get(), &pool, out);
+  return out + n_logits * c.vocab_size;
 }
 
 void Engine::Impl::PublishGauges() {

@@ -32,6 +32,7 @@
 #include "chorus/base/status.h"
 #include "chorus/base/thread_pool.h"
 #include "chorus/engine/cost_model.h"
+#include "chorus/engine/full_models.h"
 #include "chorus/engine/metrics.h"
 #include "chorus/engine/request.h"
 #include "chorus/engine/training_gate.h"
@@ -109,6 +110,13 @@ struct EngineOptions {
   // Under TP the engine serves the base model only and without the prefix cache or n > 1
   // (their KV block copies happen on rank 0 alone): Create and Submit refuse them.
   model::TpLeader* tp_leader = nullptr;
+  // --swap-full-models (engine/full_models.h, docs/deltas.md "Swapping full models"): whole
+  // fine-tunes requests may name (variant kind "full"), each validated at Create by loading it;
+  // at most max_resident_models of them in memory at a time. `served_model_name` is the base's
+  // name, which none of them may take.
+  std::vector<FullModelSpec> full_models;
+  int64_t max_resident_models = 1;
+  std::string served_model_name;
   Status Validate() const;
 };
 
@@ -136,6 +144,8 @@ class Engine {
   // sequence uses them, else when the last one finishes. Thread-safe.
   void ForgetAdapter(const std::string& name);
   const model::Model& model() const { return *model_; }
+  // The whole fine-tunes requests may name (--swap-full-models; empty without). Thread-safe.
+  const std::vector<adapters::VariantRef>& full_models() const;
   const tokenizer::Tokenizer& tokenizer() const { return *tok_; }
   const EngineOptions& options() const { return opts_; }
   int64_t context_length() const;

@@ -158,6 +158,17 @@ struct EngineMetrics {
       {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1}};
   Histogram adapter_disk_load_seconds{
       {0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10}};
+
+  // --swap-full-models (engine/full_models.h): whole fine-tunes swapped in from disk.
+  std::atomic<uint64_t> full_model_swaps{0};            // swap-ins completed
+  std::atomic<uint64_t> full_model_swap_errors{0};      // swap-ins that failed
+  std::atomic<uint64_t> full_model_evictions{0};        // resident models dropped for another
+  std::atomic<uint64_t> full_model_swap_file_bytes{0};  // bytes of the files swapped in
+  // Bytes the process read from storage during swap-ins (/proc/self/io read_bytes): below the
+  // file bytes when the files came from the page cache.
+  std::atomic<uint64_t> full_model_swap_read_bytes{0};
+  std::atomic<int64_t> full_models_resident{0};
+  Histogram full_model_swap_seconds{{0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32}};
 };
 
 }  // namespace chorus::engine

@@ -23,6 +23,14 @@ bool FcfsPolicy::InStep(const Candidate& c) const {
 
 bool FcfsPolicy::MayAdmit(const Candidate& c) {
   if (c.adapter == nullptr) return true;  // the base model takes no adapter slot
+  if (c.full) {
+    // A whole fine-tune takes no adapter slot; it runs once resident (engine/full_models.h).
+    if (c.swapped_out) {
+      if (++*c.passes >= kMaxPasses) barrier_ = true;
+      return false;
+    }
+    return !barrier_;
+  }
   const int64_t cap = c.delta ? delta_cap_ : cap_;
   const size_t in_step = c.delta ? step_deltas_.size() : step_adapters_.size();
   if (!capped_) return true;  // a relaxed pass (ClusterPolicy): under-filled steps take anyone
@@ -37,7 +45,7 @@ bool FcfsPolicy::MayAdmit(const Candidate& c) {
 }
 
 void FcfsPolicy::Admitted(const Candidate& c) {
-  if (c.adapter == nullptr || InStep(c)) return;
+  if (c.adapter == nullptr || c.full || InStep(c)) return;
   (c.delta ? step_deltas_ : step_adapters_).push_back(c.adapter);
 }
 

@@ -25,6 +25,11 @@ struct Candidate {
   const void* adapter = nullptr;
   int* passes = nullptr;
   bool delta = false;  // the variant is a compressed full fine-tune (docs/deltas.md)
+  // The variant is a whole fine-tune of --swap-full-models (engine/full_models.h), not resident
+  // yet: it cannot run in this step whatever the policy says (it is being swapped in, or waits
+  // for a resident model to fall idle).
+  bool full = false;
+  bool swapped_out = false;
   // What cost-aware policies (slo) need; others ignore it.
   int64_t rank = 0;       // its LoRA adapter's rank (0: base model or a delta)
   int64_t start = 0;      // the first position it would compute
@@ -99,7 +104,10 @@ Result<std::unique_ptr<Policy>> MakePolicy(const PolicyConfig& config);
 // A sequence whose adapter would exceed the cap is passed over, and later ones may overtake it,
 // but only kMaxPasses times: then it becomes a barrier and no newer sequence with an adapter is
 // admitted before it (newer base-model sequences still are: they take no adapter slot), so the
-// adapters in the step cannot keep it out forever.
+// adapters in the step cannot keep it out forever. A whole fine-tune that is swapped out
+// (--swap-full-models) is passed over the same way: requests for the resident models may
+// overtake it kMaxPasses times, then the resident models drain and one of them is swapped out
+// for it (vLLM-SCB's "batch the available requests of the same model", without starvation).
 class FcfsPolicy : public Policy {
  public:
   static constexpr int kMaxPasses = 8;

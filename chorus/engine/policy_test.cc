@@ -84,6 +84,32 @@ TEST(FcfsPolicyTest, DeltaCapSkipsTheLineForDeltasInTheStep) {
   EXPECT_FALSE(p.MayAdmit(d1.candidate()));
 }
 
+// --swap-full-models: a request whose whole fine-tune is not resident never runs; requests for
+// resident models overtake it, but only kMaxPasses times, then only the base's may (they take no
+// model slot). Whole fine-tunes take no adapter slot, whatever the adapter cap.
+TEST(FcfsPolicyTest, SwappedOutModelsWaitAndBlockNewerModelsAfterEightPasses) {
+  for (const auto& policy : {std::make_unique<FcfsPolicy>(1), std::make_unique<FcfsPolicy>(0)}) {
+    int out_passes = 0, in_passes = 0, base_passes = 0;
+    const Candidate out{.adapter = &kB, .passes = &out_passes, .full = true, .swapped_out = true};
+    const Candidate in{.adapter = &kA, .passes = &in_passes, .full = true};
+    const Candidate base{.adapter = nullptr, .passes = &base_passes};
+    for (int round = 0; round < FcfsPolicy::kMaxPasses; ++round) {
+      policy->BeginRound({&kC}, {});  // a LoRA adapter fills the cap of 1
+      EXPECT_FALSE(policy->MayAdmit(out)) << round;
+      EXPECT_EQ(policy->MayAdmit(in), round + 1 < FcfsPolicy::kMaxPasses) << round;
+      EXPECT_TRUE(policy->MayAdmit(base));
+    }
+    EXPECT_EQ(out_passes, FcfsPolicy::kMaxPasses);
+    EXPECT_EQ(in_passes, 0);
+    // Relaxed passes (ClusterPolicy) still never admit a swapped-out model.
+    ClusterPolicy cl(1);
+    cl.BeginRound({}, {});
+    ASSERT_TRUE(cl.Relax());
+    int p2 = 0;
+    EXPECT_FALSE(cl.MayAdmit({.adapter = &kB, .passes = &p2, .full = true, .swapped_out = true}));
+  }
+}
+
 TEST(ClusterPolicyTest, CapsAdaptersUnlessTheStepWouldBeUnderFilled) {
   ClusterPolicy p(1);
   p.BeginRound({&kA}, {});

@@ -10,7 +10,7 @@ namespace chorus::engine {
 
 Scheduler::Scheduler(SchedulerOptions opts, memory::PagePool* pages, memory::KvCache* kv,
                      AdapterResidency* residency, std::unique_ptr<Policy> policy,
-                     EngineMetrics* metrics, memory::PrefixCache* prefix)
+                     EngineMetrics* metrics, memory::PrefixCache* prefix, FullModels* full_models)
     : opts_(opts),
       pages_(pages),
       kv_(kv),
@@ -18,10 +18,12 @@ Scheduler::Scheduler(SchedulerOptions opts, memory::PagePool* pages, memory::KvC
       policy_(std::move(policy)),
       metrics_(metrics),
       prefix_(prefix),
+      full_models_(full_models),
       kv_windows_(kv->groups().any_window()) {
   plan_.reserve(static_cast<size_t>(opts_.max_running));
   step_adapters_.reserve(static_cast<size_t>(opts_.max_running));
   step_deltas_.reserve(static_cast<size_t>(opts_.max_running));
+  if (full_models != nullptr) held_.reserve(full_models->refs().size());
 }
 
 void Scheduler::Enqueue(std::unique_ptr<Sequence> s) {
@@ -32,6 +34,7 @@ void Scheduler::Enqueue(std::unique_ptr<Sequence> s) {
 Scheduler::Outcome Scheduler::Plan() {
   residency_->Poll();     // pool copies that landed become resident
   ResolveAdapterLoads();  // disk loads that finished: admit (or fail) their requests
+  ResolveFullModels();    // swap-ins that finished
 
   // 1. Cancellations (a client that went away frees its blocks within this step).
   for (auto& s : running_)
@@ -82,9 +85,9 @@ Scheduler::Outcome Scheduler::Plan() {
   if (preempted.empty()) AdmitWaiting(&budget);
   if (plan_.empty()) {
     auto first_ready =
-        std::find_if(waiting_.begin(), waiting_.end(), [](const auto& s) { return !s->ticket; });
+        std::find_if(waiting_.begin(), waiting_.end(), [](const auto& s) { return !NotReady(*s); });
     if (first_ready == waiting_.end() || !running_.empty()) {
-      return Outcome::kIdle;  // only requests whose adapters are still loading
+      return Outcome::kIdle;  // only requests whose adapters or models are still loading
     }
     if (ReleaseNewestWaitingTable()) return Outcome::kReplan;  // shared prompt blocks freed
     // Nothing fits even in an empty pool: cannot happen for validated requests, but never spin.
@@ -96,7 +99,10 @@ Scheduler::Outcome Scheduler::Plan() {
 
   // 3. Equal adapters contiguous (one segment each; base-model rows first); stable, so each
   //    sequence's rows stay contiguous and in position order.
+  //    Whole fine-tunes' rows last, one run per model (the engine runs each run separately).
   std::stable_sort(plan_.begin(), plan_.end(), [](const Planned& a, const Planned& b) {
+    const bool fa = a.seq->full != nullptr, fb = b.seq->full != nullptr;
+    if (fa != fb) return fb;
     return a.seq->variant_key() < b.seq->variant_key();
   });
   return Outcome::kRun;
@@ -172,6 +178,7 @@ void Scheduler::ForkChoices(Sequence* parent, const float* row_logits, TokenSink
     f->serial = next_serial_++;
     f->lora = parent->lora;  // the parent's adapter load resolved for every choice
     f->delta = parent->delta;
+    f->full = parent->full;
     f->ticket.reset();
     if (running_.size() < max_running) {
       f->n_computed = f->n_prompt;
@@ -179,6 +186,10 @@ void Scheduler::ForkChoices(Sequence* parent, const float* row_logits, TokenSink
       if (f->lora) {
         residency_->Pin(f->lora);
         f->pinned = true;
+      }
+      if (f->full) {
+        full_models_->Pin(f->full);  // resident: the parent runs on it
+        f->full_pinned = true;
       }
       if (sink->Emit(f.get(), row_logits) != FinishReason::kNone) Retire(f.get());
       running_.push_back(std::move(f));
@@ -239,9 +250,37 @@ void Scheduler::ResolveAdapterLoads() {
 }
 
 void Scheduler::UnpinAdapter(Sequence* s) {
+  if (s->full_pinned) {
+    full_models_->Unpin(s->full);
+    s->full_pinned = false;
+  }
   if (!s->pinned) return;
   residency_->Unpin(s->lora.get());
   s->pinned = false;
+}
+
+void Scheduler::ResolveFullModels() {
+  if (full_models_ == nullptr) return;
+  full_models_->Poll();
+  bool failed = false;
+  for (auto& s : waiting_) {
+    if (s->full == nullptr || s->full->state != FullModels::State::kFailed) continue;
+    // The file was valid at start-up; a failure now is the server's problem (5xx).
+    Finish(s.get(), FinishReason::kError,
+           "model '" + s->full->ref.name +
+               "' could not be swapped in (it changed or became unreadable after start-up): " +
+               s->full->error.message(),
+           StatusCode::kInternal);
+    queued_.fetch_sub(1);
+    failed = true;
+  }
+  if (!failed) return;
+  std::erase_if(waiting_, [](const auto& s) { return s->finished; });
+  // Later requests try again (the file may have been put back).
+  for (const adapters::VariantRef& r : full_models_->refs()) {
+    FullModels::Entry* e = full_models_->Find(r.name);
+    if (e->state == FullModels::State::kFailed) e->state = FullModels::State::kAbsent;
+  }
 }
 
 bool Scheduler::ReclaimPages(int64_t n_free) {
@@ -261,7 +300,8 @@ void Scheduler::AdmitWaiting(int64_t* budget) {
   step_deltas_.clear();
   StepState state;
   for (const Planned& p : plan_) {
-    const void* a = p.seq->variant_key();
+    // A whole fine-tune takes neither an adapter nor a delta slot.
+    const void* a = p.seq->full ? nullptr : p.seq->variant_key();
     auto& in = p.seq->delta ? step_deltas_ : step_adapters_;
     const bool is_new = a && std::find(in.begin(), in.end(), a) == in.end();
     if (is_new) in.push_back(a);
@@ -304,12 +344,34 @@ void Scheduler::AdmitWaiting(int64_t* budget) {
       backlog_since_ ? std::chrono::duration<double>(now - *backlog_since_).count() : 0.0;
   policy_->BeginRound(step_adapters_, step_deltas_);
 
+  // Whole fine-tunes not resident: swap-ins in queue order, each evicting the least recently
+  // used resident model that no running sequence uses (or waiting until one is idle). A resident
+  // model that an older waiting sequence needs is held for it meanwhile (first come, first
+  // served: a newer request's swap-in does not take its model away).
+  if (full_models_ != nullptr) {
+    held_.clear();
+    for (const auto& s : waiting_) {
+      if (s->full == nullptr || s->full->state == FullModels::State::kLoading) continue;
+      if (s->full->state == FullModels::State::kResident) {
+        if (std::find(held_.begin(), held_.end(), s->full) == held_.end()) {
+          full_models_->Pin(s->full);
+          held_.push_back(s->full);
+        }
+      } else {
+        full_models_->Want(s->full);
+      }
+    }
+    for (FullModels::Entry* e : held_) full_models_->Unpin(e);
+  }
+
   // Every ready waiting sequence as the policy sees it, in queue order.
   auto candidate_of = [&](Sequence* s) {
     return Candidate{
         .adapter = s->variant_key(),
         .passes = &s->policy_passes,
         .delta = s->delta != nullptr,
+        .full = s->full != nullptr,
+        .swapped_out = s->full != nullptr && s->full->state != FullModels::State::kResident,
         .rank = s->lora ? s->lora->max_rank() : 0,
         .start = s->n_computed,
         .remaining = static_cast<int64_t>(s->tokens.size()) - s->n_computed,
@@ -410,6 +472,10 @@ void Scheduler::AdmitWaiting(int64_t* budget) {
       if (s->lora) {
         residency_->Pin(s->lora);
         s->pinned = true;
+      }
+      if (s->full) {
+        full_models_->Pin(s->full);
+        s->full_pinned = true;
       }
       running_.push_back(std::move(slot));
       queued_.fetch_sub(1);

@@ -58,17 +58,23 @@ class Scheduler {
     kReplan,  // pages were freed (shared prompt blocks): plan again at once
   };
 
-  // Every pointer must outlive the scheduler; `prefix` may be null (no prefix caching).
+  // Every pointer must outlive the scheduler; `prefix` may be null (no prefix caching),
+  // `full_models` too (no --swap-full-models).
   Scheduler(SchedulerOptions opts, memory::PagePool* pages, memory::KvCache* kv,
             AdapterResidency* residency, std::unique_ptr<Policy> policy, EngineMetrics* metrics,
-            memory::PrefixCache* prefix = nullptr);
+            memory::PrefixCache* prefix = nullptr, FullModels* full_models = nullptr);
 
   // A new request's first choice (its other choices in `forks`), counted in `queued`
   // already by the submitter.
   void Enqueue(std::unique_ptr<Sequence> s);
 
   // Plans the next step. On kRun, plan() lists its rows, grouped so that equal adapters are
-  // contiguous (base-model rows first), each sequence's rows contiguous and in position order.
+  // contiguous (base-model rows first), each sequence's rows contiguous and in position order;
+  // rows of whole fine-tunes (--swap-full-models) come last, one contiguous run per model (each
+  // run is its own forward pass over that model's weights).
+  //
+  // Whole fine-tunes: a waiting sequence whose model is not resident asks FullModels for a
+  // swap-in (in queue order) and waits; the policy passes over it (Candidate::swapped_out).
   Outcome Plan();
   std::span<const Planned> plan() const { return plan_; }
   // Starts pool copies of the adapters this step and the queue will need (on loader threads,
@@ -97,7 +103,15 @@ class Scheduler {
   void ForkChoices(Sequence* parent, const float* row_logits, TokenSink* sink);
   bool ReleaseNewestWaitingTable();
   void ResolveAdapterLoads();
-  void UnpinAdapter(Sequence* s);
+  void UnpinAdapter(Sequence* s);  // and its whole fine-tune's pin
+  // Applies finished swap-ins; finishes the waiting sequences of a model whose swap-in failed.
+  void ResolveFullModels();
+  // A waiting sequence that cannot run yet: its adapter is loading, or its whole fine-tune is
+  // not resident.
+  static bool NotReady(const Sequence& s) {
+    return s.ticket != nullptr ||
+           (s.full != nullptr && s.full->state != FullModels::State::kResident);
+  }
   // Frees pages until `n_free` are free: unpinned adapter copies first, then cached prefix
   // blocks no sequence holds. Returns whether it freed anything it could.
   bool ReclaimPages(int64_t n_free);
@@ -110,6 +124,7 @@ class Scheduler {
   const std::unique_ptr<Policy> policy_;
   EngineMetrics* const metrics_;
   memory::PrefixCache* const prefix_;
+  FullModels* const full_models_;
   // The KV cache has windowed layer groups: after each step, blocks behind the window go
   // (KvCache::DropBehindWindows; docs/models.md, "KV blocks behind the window").
   const bool kv_windows_;
@@ -131,6 +146,7 @@ class Scheduler {
   std::vector<Candidate> ready_;
   std::vector<size_t> ready_index_, order_;
   std::vector<char> abort_;
+  std::vector<FullModels::Entry*> held_;  // AdmitWaiting: resident models older requests need
 };
 
 }  // namespace chorus::engine

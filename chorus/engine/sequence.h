@@ -13,6 +13,7 @@
 
 #include "chorus/adapters/delta/delta_hook.h"
 #include "chorus/adapters/lora/lora_adapter.h"
+#include "chorus/engine/full_models.h"
 #include "chorus/engine/request.h"
 #include "chorus/engine/sampler.h"
 #include "chorus/engine/stop_checker.h"
@@ -45,6 +46,10 @@ struct Sequence {
   // the sequence waits; `pinned` while it runs (AdapterResidency pin).
   std::shared_ptr<const adapters::LoraAdapter> lora;
   std::shared_ptr<const delta::DeltaWeights> delta;  // or a delta variant's weights (host copy)
+  // Or a whole fine-tune of --swap-full-models (engine/full_models.h): set at Submit; the
+  // sequence waits until it is resident; `full_pinned` while it runs.
+  FullModels::Entry* full = nullptr;
+  bool full_pinned = false;
   std::shared_ptr<AdapterTicket> ticket;
   bool pinned = false;
   int policy_passes = 0;  // the admission policy's counter (Candidate::passes)
@@ -56,6 +61,7 @@ struct Sequence {
   // The variant's weights as one identity for grouping rows and counting distinct variants
   // (null = the base model).
   const void* variant_key() const {
+    if (full != nullptr) return full;
     return lora ? static_cast<const void*>(lora.get()) : static_cast<const void*>(delta.get());
   }
   // Output stage state (engine/output_stage.h).

@@ -100,6 +100,25 @@ void RenderPoolAndResidency(std::string* out, const engine::EngineMetrics& m) {
        m.adapter_pool_load_seconds);
   Hist(out, "chorus_adapter_disk_load_seconds", "Time to load an adapter from disk.",
        m.adapter_disk_load_seconds);
+  // --swap-full-models (docs/deltas.md, "Swapping full models").
+  Scalar(out, "chorus_full_model_swaps_total", "counter",
+         "Whole fine-tunes swapped in from disk (--swap-full-models).",
+         static_cast<double>(m.full_model_swaps.load()));
+  Scalar(out, "chorus_full_model_swap_errors_total", "counter", "Swap-ins that failed.",
+         static_cast<double>(m.full_model_swap_errors.load()));
+  Scalar(out, "chorus_full_model_evictions_total", "counter",
+         "Resident whole fine-tunes dropped to make room for another.",
+         static_cast<double>(m.full_model_evictions.load()));
+  Scalar(out, "chorus_full_model_swap_file_bytes_total", "counter",
+         "Bytes of the model files swapped in.",
+         static_cast<double>(m.full_model_swap_file_bytes.load()));
+  Scalar(out, "chorus_full_model_swap_read_bytes_total", "counter",
+         "Bytes the process read from storage during swap-ins (page-cache hits excluded).",
+         static_cast<double>(m.full_model_swap_read_bytes.load()));
+  Scalar(out, "chorus_full_models_resident", "gauge", "Whole fine-tunes resident now.",
+         static_cast<double>(m.full_models_resident.load()));
+  Hist(out, "chorus_full_model_swap_seconds",
+       "Time to swap a whole fine-tune in (read, convert, repack).", m.full_model_swap_seconds);
 }
 }  // namespace
 

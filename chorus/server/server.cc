@@ -321,6 +321,18 @@ struct Server::Impl {
                       httplib::Response& res);
   json ModelJson() const;
   json AdapterJson(const adapters::AdapterInfo& a) const;
+  // A whole fine-tune of --swap-full-models named `name`, or null.
+  const adapters::VariantRef* FullModel(const std::string& name) const {
+    if (!engine) return nullptr;
+    for (const adapters::VariantRef& r : engine->full_models())
+      if (r.name == name) return &r;
+    return nullptr;
+  }
+  json FullModelJson(const adapters::VariantRef& r) const {
+    return {{"id", r.name},   {"object", "model"},      {"owned_by", "chorus"},
+            {"root", r.path}, {"parent", nullptr},      {"max_model_len", ctx.max_context},
+            {"kind", r.kind}, {"version", r.id.version}};
+  }
   // The one step from a request's `model` to what the engine loads: the registered variant's
   // reference into gen->variant, or 404 (unknown) / 400 (unavailable). Reads no file.
   std::optional<ApiError> ResolveVariant(const std::string& name, const Tenant* tenant,
@@ -510,6 +522,12 @@ void Server::SetAdapters(std::shared_ptr<adapters::AdapterRegistry> registry,
 
 std::optional<ApiError> Server::Impl::ResolveVariant(const std::string& name, const Tenant* tenant,
                                                      engine::GenerationRequest* gen) const {
+  // Whole fine-tunes of --swap-full-models (engine/full_models.h): fixed at start-up, shared by
+  // every tenant, loaded by the engine when the scheduler swaps them in.
+  if (const adapters::VariantRef* full = FullModel(name)) {
+    gen->variant = *full;
+    return std::nullopt;
+  }
   auto info = registry ? registry->Lookup(name) : std::nullopt;
   if (!info || !Visible(*info, tenant)) return UnknownModel(name, tenant);
   if (!info->available) {
@@ -528,6 +546,15 @@ ApiError Server::Impl::UnknownModel(const std::string& name, const Tenant* tenan
   // are kept small); the rest are counted and /v1/models lists them all.
   std::string list = "`" + self->opts_.served_model_name + "`";
   int64_t more = 0;
+  if (engine) {
+    for (const adapters::VariantRef& r : engine->full_models()) {
+      if (more == 0 && list.size() + r.name.size() + 4 <= kUnknownModelListBytes) {
+        list += ", `" + r.name + "`";
+      } else {
+        ++more;
+      }
+    }
+  }
   if (registry) {
     for (const auto& a : registry->List()) {
       if (!a.available || !Visible(a, tenant)) continue;
@@ -919,6 +946,7 @@ void Server::Impl::Routes() {
   http.Get(R"(/v1/models/?)", [this](const httplib::Request& req, httplib::Response& res) {
     if (!self->ready()) return SendError(res, *Unavailable());
     json data = json::array({ModelJson()});
+    for (const adapters::VariantRef& r : engine->full_models()) data.push_back(FullModelJson(r));
     if (registry) {
       const std::shared_ptr<Tenant> tenant = TenantOf(req);
       for (const auto& a : registry->List()) {
@@ -933,6 +961,10 @@ void Server::Impl::Routes() {
     if (!self->ready()) return SendError(res, *Unavailable());
     if (req.matches.size() >= 2 && req.matches[1].str() == self->opts_.served_model_name) {
       return res.set_content(DumpJson(ModelJson()), "application/json");
+    }
+    if (req.matches.size() >= 2) {
+      if (const adapters::VariantRef* full = FullModel(req.matches[1].str()))
+        return res.set_content(DumpJson(FullModelJson(*full)), "application/json");
     }
     if (registry && req.matches.size() >= 2) {
       auto a = registry->Lookup(req.matches[1].str());

@@ -69,6 +69,15 @@ plot requests "$tmp/requests.csv" -o "$tmp/r.png" >/dev/null
 is_png "$tmp/r.png" || fail "requests: no PNG"
 plot slora-vs-n "$tmp/slora.csv" -o "$tmp/s.png" --title "test" >/dev/null
 is_png "$tmp/s.png" || fail "slora-vs-n: no PNG"
+cat >"$tmp/dvs.csv" <<'CSV'
+system,popularity,runs,req_s,output_tok_s,ttft_p50,ttft_p90,swaps
+delta,uniform,2,0.15,9.9,3.1,10.7,0
+delta,zipf,2,0.15,9.9,3.1,10.7,0
+swap,uniform,2,0.15,10.1,1.3,3.4,22
+swap,zipf,2,0.15,10.1,1.3,3.4,22
+CSV
+plot delta-vs-swap "$tmp/dvs.csv" -o "$tmp/dvs.png" >/dev/null
+is_png "$tmp/dvs.png" || fail "delta-vs-swap: no PNG"
 plot loss "$tmp/loss.csv" >/dev/null
 is_png "$tmp/loss.png" || fail "loss: no PNG"
 cat >"$tmp/slo.csv" <<'CSV'

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# `chorus serve --swap-full-models` through the real binary (docs/deltas.md, "Swapping full
+# models"): two synthetic fine-tunes of stories260K as whole GGUF models, one resident at a time;
+# /v1/models lists them with kind "full"; each answers over HTTP with the greedy text of a server
+# whose only model is that file; /metrics counts the swaps; bad input ends the server at start
+# naming the flag or the model.
+# Usage: cli_swap_test.sh CHORUS MODELS_DIR
+# Exit 77 (skip) when MODELS_DIR is missing, unless CHORUS_REQUIRE_MODELS=1 (CI): then it fails.
+set -euo pipefail
+chorus=$1
+models=$2
+base=$models/stories260K/stories260K.bin
+tok=$models/stories260K/tok512.bin
+if [[ ! -f $base || ! -f $tok ]]; then
+  echo "shared models not found under $models"
+  [[ ${CHORUS_REQUIRE_MODELS:-0} == 1 ]] && exit 1
+  exit 77
+fi
+tmp=$(mktemp -d)
+pid=""
+cleanup() { [[ -n $pid ]] && kill "$pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$tmp"; }
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+for i in 1 2; do
+  "$chorus" convert --model "$base" --tokenizer "$tok" --finetune-delta 0.3:0.5 --seed $i \
+    --output "$tmp/ft$i.gguf" 2>/dev/null
+done
+
+# serve ARGS...: starts a server on a free port, sets $pid and $url.
+serve() {
+  "$chorus" serve --port 0 --host 127.0.0.1 --threads 1 "$@" >"$tmp/out" 2>"$tmp/err" &
+  pid=$!
+  for _ in $(seq 1 300); do
+    url=$(sed -n 's|.*serving ".*" at \(http://[^ ]*\)/v1 .*|\1|p' "$tmp/out")
+    [[ -n $url ]] && return 0
+    kill -0 "$pid" 2>/dev/null || fail "server exited: $(cat "$tmp/err")"
+    sleep 0.1
+  done
+  fail "server did not start: $(cat "$tmp/err")"
+}
+stop() { kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""; }
+complete() {
+  curl -sf "$url/v1/completions" -d "{\"model\":\"$1\",\"prompt\":\"Once upon a time\",\"max_tokens\":16,\"temperature\":0}" |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["choices"][0]["text"])'
+}
+
+declare -A alone
+for i in 1 2; do
+  serve --model "$tmp/ft$i.gguf" --tokenizer "$tok" --served-model-name "ft$i"
+  alone[$i]=$(complete "ft$i")
+  stop
+done
+[[ ${alone[1]} != "${alone[2]}" ]] || fail "the two fine-tunes answer alike"
+
+serve --model "$base" --tokenizer "$tok" --served-model-name base --swap-full-models \
+  --full-model ft1="$tmp/ft1.gguf" --full-model ft2="$tmp/ft2.gguf"
+curl -sf "$url/v1/models" | python3 -c '
+import json, sys
+m = {d["id"]: d for d in json.load(sys.stdin)["data"]}
+assert m["ft1"]["kind"] == "full" and m["ft2"]["kind"] == "full", m
+' || fail "/v1/models: $(curl -s "$url/v1/models")"
+for i in 1 2 1; do
+  got=$(complete "ft$i")
+  [[ $got == "${alone[$i]}" ]] || fail "ft$i swapped: '$got' != alone: '${alone[$i]}'"
+done
+[[ $(complete base) != "${alone[1]}" ]] || fail "the base answers as ft1"
+swaps=$(curl -sf "$url/metrics" | awk '$1 == "chorus_full_model_swaps_total" { print $2 }')
+[[ $swaps == 3 ]] || fail "swaps: '$swaps' (want 3)"
+stop
+
+# Bad input: exit non-zero at start, naming the problem.
+set +e
+"$chorus" serve --model "$base" --tokenizer "$tok" --port 0 --full-model x="$tmp/ft1.gguf" 2>"$tmp/e"
+[[ $? == 2 ]] && grep -q "needs --swap-full-models" "$tmp/e" || fail "--full-model alone: $(cat "$tmp/e")"
+"$chorus" serve --model "$base" --tokenizer "$tok" --port 0 --swap-full-models 2>"$tmp/e"
+[[ $? == 2 ]] && grep -q "needs at least one --full-model" "$tmp/e" || fail "no models: $(cat "$tmp/e")"
+"$chorus" serve --model "$base" --tokenizer "$tok" --port 0 --swap-full-models \
+  --full-model x="$tmp/missing.gguf" 2>"$tmp/e"
+[[ $? != 0 ]] && grep -q "missing.gguf: no such file" "$tmp/e" || fail "missing: $(cat "$tmp/e")"
+"$chorus" convert --shape tiny --output "$tmp/tiny.gguf" 2>/dev/null
+"$chorus" serve --model "$base" --tokenizer "$tok" --port 0 --swap-full-models \
+  --full-model tiny="$tmp/tiny.gguf" 2>"$tmp/e"
+[[ $? != 0 ]] && grep -q "full model 'tiny'.*not the base model's shape" "$tmp/e" ||
+  fail "other shape: $(cat "$tmp/e")"
+set -e
+echo PASS
