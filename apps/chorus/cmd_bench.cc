@@ -56,6 +56,17 @@ Status ParseDeltaLayout(const std::string& text, delta::RandomDeltaSpec* out) {
   return OkStatus();
 }
 
+// Prints a report's table and, with --out PREFIX, writes PREFIX.csv and PREFIX.json (the engine
+// and the TP bench reports alike).
+template <typename Report>
+Status PrintAndWrite(const Flags& f, const Report& rep) {
+  std::fputs(rep.ToTable().c_str(), stdout);
+  if (f.GetString("out").empty()) return OkStatus();
+  Status st = WriteFileAtomically(f.GetString("out") + ".csv", rep.ToCsv());
+  if (!st.ok()) return st;
+  return WriteFileAtomically(f.GetString("out") + ".json", rep.ToJson());
+}
+
 // `chorus bench --tp N` (docs/scaleout.md): decode tokens/s at each --batches size after
 // --context tokens of KV, with the communication time per step, on --model or the synthetic
 // --shape in the first of --dtypes. Every rank runs this; rank 0 measures and prints.
@@ -93,13 +104,7 @@ int TpBench(const Flags& f, const engine::EngineBenchOptions& o) {
   if (!rep.ok()) return Fail("bench", rep.status());
   rep->model = o.model_path.empty() ? o.shape : o.model_path;
   rep->dtype = o.model_path.empty() ? scheme.name() : "file";
-  std::fputs(rep->ToTable().c_str(), stdout);
-  if (!f.GetString("out").empty()) {
-    Status w1 = WriteFileAtomically(f.GetString("out") + ".csv", rep->ToCsv());
-    Status w2 = WriteFileAtomically(f.GetString("out") + ".json", rep->ToJson());
-    if (!w1.ok()) return Fail("bench", w1);
-    if (!w2.ok()) return Fail("bench", w2);
-  }
+  if (Status st = PrintAndWrite(f, *rep); !st.ok()) return Fail("bench", st);
   return 0;
 }
 
@@ -256,12 +261,8 @@ int BenchCommand(int argc, char** argv) {
   auto rep = engine::RunEngineBench(
       o, [](const std::string& msg) { std::fprintf(stderr, "bench: %s\n", msg.c_str()); });
   if (!rep.ok()) return Fail("bench", rep.status());
-  std::fputs(rep->ToTable().c_str(), stdout);
+  if (Status st = PrintAndWrite(f, *rep); !st.ok()) return Fail("bench", st);
   if (!f.GetString("out").empty()) {
-    Status w1 = WriteFileAtomically(f.GetString("out") + ".csv", rep->ToCsv());
-    Status w2 = WriteFileAtomically(f.GetString("out") + ".json", rep->ToJson());
-    if (!w1.ok()) return Fail("bench", w1);
-    if (!w2.ok()) return Fail("bench", w2);
     if (o.workload == "punica") {
       std::fprintf(stderr, "bench: plot it with tools/plot.py punica %s.csv\n",
                    f.GetString("out").c_str());
