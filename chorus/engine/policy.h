@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <span>
 #include <string>
@@ -56,6 +57,35 @@ struct StepState {
   double arrivals_per_s = 0;
   double admissions_per_s = 0;
   double backlog_s = 0;
+};
+
+// StepState's arrival and admission rates and backlog, kept by whoever plans steps (the
+// scheduler in wall-clock seconds, `chorus simulate` in simulated ones).
+class OverloadMeter {
+ public:
+  void Arrived(double t) { arrivals_.push_back(t); }
+  void Admitted(double t) { admissions_.push_back(t); }
+  // Before admission at `now`: `oldest_waiting` is the arrival time of the oldest sequence that
+  // has not started, or negative when there is none.
+  void Fill(double now, double oldest_waiting, StepState* state) {
+    for (auto* times : {&arrivals_, &admissions_}) {
+      while (!times->empty() && now - times->front() > kOverloadWindowS) times->pop_front();
+    }
+    state->arrivals_per_s = static_cast<double>(arrivals_.size()) / kOverloadWindowS;
+    state->admissions_per_s = static_cast<double>(admissions_.size()) / kOverloadWindowS;
+    if (oldest_waiting < 0) {
+      backlog_since_ = -1;
+    } else if (backlog_since_ < 0 || oldest_waiting < backlog_since_) {
+      backlog_since_ = oldest_waiting;  // kept while the queue never empties
+    }
+    state->backlog_s = backlog_since_ < 0 ? 0.0 : now - backlog_since_;
+  }
+  // After admission: no sequence that has not started is left, so the next backlog starts anew.
+  void QueueEmptied() { backlog_since_ = -1; }
+
+ private:
+  std::deque<double> arrivals_, admissions_;
+  double backlog_since_ = -1;  // negative: no backlog
 };
 
 class Policy {

@@ -7,6 +7,12 @@
 #include "chorus/base/logging.h"
 
 namespace chorus::engine {
+namespace {
+// A steady-clock time in seconds (since the clock's epoch: boot, so never negative).
+double Seconds(Clock::time_point t) {
+  return std::chrono::duration<double>(t.time_since_epoch()).count();
+}
+}  // namespace
 
 Scheduler::Scheduler(SchedulerOptions opts, memory::PagePool* pages, memory::KvCache* kv,
                      AdapterResidency* residency, std::unique_ptr<Policy> policy,
@@ -27,7 +33,7 @@ Scheduler::Scheduler(SchedulerOptions opts, memory::PagePool* pages, memory::KvC
 }
 
 void Scheduler::Enqueue(std::unique_ptr<Sequence> s) {
-  arrivals_.push_back(s->arrival);
+  overload_.Arrived(Seconds(s->arrival));
   waiting_.push_back(std::move(s));
 }
 
@@ -320,28 +326,13 @@ void Scheduler::AdmitWaiting(int64_t* budget) {
   }
   state.sequences = static_cast<int64_t>(plan_.size());
   const auto now = Clock::now();
-  const auto window = std::chrono::duration<double>(kOverloadWindowS);
-  for (auto* times : {&arrivals_, &admissions_}) {
-    while (!times->empty() && now - times->front() > window) times->pop_front();
-  }
-  const double window_s = kOverloadWindowS;
-  state.arrivals_per_s = static_cast<double>(arrivals_.size()) / window_s;
-  state.admissions_per_s = static_cast<double>(admissions_.size()) / window_s;
-  // The backlog began with the oldest unstarted sequence still waiting, unless one was already
-  // running since the previous round (kept then: the queue never emptied).
-  const Sequence* oldest = nullptr;
+  const Sequence* oldest = nullptr;  // the oldest sequence that has not started
   for (const auto& s : waiting_)
     if (!s->finished && s->n_generated == 0) {
       oldest = s.get();
       break;
     }
-  if (oldest == nullptr) {
-    backlog_since_.reset();
-  } else if (!backlog_since_ || oldest->arrival < *backlog_since_) {
-    backlog_since_ = oldest->arrival;
-  }
-  state.backlog_s =
-      backlog_since_ ? std::chrono::duration<double>(now - *backlog_since_).count() : 0.0;
+  overload_.Fill(Seconds(now), oldest ? Seconds(oldest->arrival) : -1.0, &state);
   policy_->BeginRound(step_adapters_, step_deltas_);
 
   // Whole fine-tunes not resident: swap-ins in queue order, each evicting the least recently
@@ -463,7 +454,7 @@ void Scheduler::AdmitWaiting(int64_t* budget) {
       }
       if (s->serial == 0) {
         s->serial = next_serial_++;
-        admissions_.push_back(now);
+        overload_.Admitted(Seconds(now));
       }
       plan_.push_back({s, s->n_computed, count,
                        s->n_computed + count == static_cast<int64_t>(s->tokens.size())});
@@ -485,7 +476,7 @@ void Scheduler::AdmitWaiting(int64_t* budget) {
   if (admitted || aborted) std::erase_if(waiting_, [](const auto& s) { return !s || s->finished; });
   if (std::none_of(waiting_.begin(), waiting_.end(),
                    [](const auto& s) { return !s->finished && s->n_generated == 0; }))
-    backlog_since_.reset();  // the queue of new requests emptied: the next backlog starts anew
+    overload_.QueueEmptied();
 }
 
 // Starts pool copies: first of adapters this step uses (they may evict unpinned copies), then

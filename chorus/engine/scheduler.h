@@ -21,11 +21,9 @@
 #pragma once
 
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <optional>
 #include <span>
 #include <vector>
 
@@ -129,10 +127,7 @@ class Scheduler {
   // (KvCache::DropBehindWindows; docs/models.md, "KV blocks behind the window").
   const bool kv_windows_;
 
-  // Arrival and first-admission times within the last kOverloadWindowS (StepState's rates),
-  // and since when sequences that have not started have been waiting without a break.
-  std::deque<Clock::time_point> arrivals_, admissions_;
-  std::optional<Clock::time_point> backlog_since_;
+  OverloadMeter overload_;  // StepState's rates and backlog
 
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;  // admission order

@@ -43,10 +43,7 @@ struct Replica {
   double busy_s = 0;
   std::unique_ptr<engine::Policy> admission;
   RouterState router;
-  // Arrival and first-admission times within the scheduler's rate window, and since when the
-  // waiting queue has not emptied (engine::StepState's rates and backlog, as scheduler.cc).
-  std::deque<double> arrivals, admissions;
-  double backlog_since = -1;  // -1: no backlog
+  engine::OverloadMeter overload;  // StepState's rates and backlog, as the scheduler keeps them
 };
 
 double Percentile(std::vector<double> v, double p) {
@@ -144,7 +141,7 @@ class Simulator {
       results_[static_cast<size_t>(q)].replica = ri;
       RouterBegin(r.router, s, trace_[static_cast<size_t>(q)].adapter);
       r.waiting.push_back(q);
-      r.arrivals.push_back(now_);
+      r.overload.Arrived(now_);
       if (!r.busy && StartStep(r, ri, model)) step_ends.emplace(now_ + last_step_s_, ri);
     }
 
@@ -177,17 +174,9 @@ class Simulator {
       if (tpot > 0 && (state.min_tpot_slo_s <= 0 || tpot < state.min_tpot_slo_s))
         state.min_tpot_slo_s = tpot;
     }
-    const double window_s = engine::kOverloadWindowS;
-    for (auto* times : {&r.arrivals, &r.admissions})
-      while (!times->empty() && now_ - times->front() > window_s) times->pop_front();
-    state.arrivals_per_s = static_cast<double>(r.arrivals.size()) / window_s;
-    state.admissions_per_s = static_cast<double>(r.admissions.size()) / window_s;
-    if (r.waiting.empty()) {
-      r.backlog_since = -1;
-    } else if (r.backlog_since < 0) {
-      r.backlog_since = seqs_[static_cast<size_t>(r.waiting.front())].arrival;
-    }
-    state.backlog_s = r.backlog_since < 0 ? 0.0 : now_ - r.backlog_since;
+    r.overload.Fill(
+        now_, r.waiting.empty() ? -1.0 : seqs_[static_cast<size_t>(r.waiting.front())].arrival,
+        &state);
     r.admission->BeginRound(step_adapters, {});
     auto candidate_of = [&](int64_t q) {
       Seq& s = seqs_[static_cast<size_t>(q)];
@@ -245,7 +234,7 @@ class Simulator {
         const Seq& s = seqs_[static_cast<size_t>(q)];
         const int64_t count = std::min(budget, s.total() - s.computed);
         r.admission->Admitted(c, count);
-        r.admissions.push_back(now_);
+        r.overload.Admitted(now_);
         admitted[k] = 1;
         r.running.push_back(q);
         r.plan.push_back({q, s.computed, count});
@@ -258,7 +247,7 @@ class Simulator {
         if (!admitted[k]) kept.push_back(r.waiting[k]);
       r.waiting = std::move(kept);
     }
-    if (r.waiting.empty()) r.backlog_since = -1;
+    if (r.waiting.empty()) r.overload.QueueEmptied();
     if (r.plan.empty()) {
       r.busy = false;
       return false;
