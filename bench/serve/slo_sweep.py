@@ -279,6 +279,37 @@ def measure_capacity(a, work, runs):
     return cap, info
 
 
+def run_order(policies, repeat):
+    """The policies' order at a point in repeat `repeat`: rotated by one per repeat."""
+    k = repeat % len(policies)
+    return policies[k:] + policies[:k]
+
+
+def cpu_busy_share(interval=1.0):
+    """The share of the host's CPU time spent outside idle/iowait over `interval` seconds."""
+    def snap():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v), v[3] + v[4]
+    t0, i0 = snap()
+    time.sleep(interval)
+    t1, i1 = snap()
+    return 1.0 - (i1 - i0) / max(1, t1 - t0)
+
+
+def wait_idle(limit_s, busy_below=0.10):
+    """Before a run: wait (at most limit_s) until the host is idle for a second, so that the
+    previous run's server and anything else winding down does not share this run's cores."""
+    if limit_s <= 0:
+        return
+    t0, busy = time.time(), 1.0
+    while time.time() - t0 < limit_s:
+        busy = cpu_busy_share()
+        if busy < busy_below:
+            return
+    log("host still %.0f %% busy after %.0f s; running anyway" % (100 * busy, limit_s))
+
+
 def one_run(a, work, runs, policy, cv, frac, cap, slo_ms, cm_path, repeat):
     rate = frac * cap
     n = min(a.max_requests, max(a.min_requests, int(round(rate * a.duration))))
@@ -341,7 +372,7 @@ def one_run(a, work, runs, policy, cv, frac, cap, slo_ms, cm_path, repeat):
     return row
 
 
-RUN_COLUMNS = (["policy", "cv", "fraction", "repeat"] + COLUMNS[4:] +
+RUN_COLUMNS = (["policy", "cv", "fraction", "repeat", "position"] + COLUMNS[4:] +
                ["satisfaction_sum", "out_tokens", "span_s", "ttfts"])
 
 
@@ -386,10 +417,28 @@ def pool(runs):
     return out
 
 
-def bar_checks(rows, admitted_until=0.8, top=1.5):
+def paired(runs, cv, f, key):
+    """slo − fcfs in `key` per repeat at one point (the two ran the same seeded plan), with the
+    mean and its standard error: how far apart the policies are beside how much repeats move."""
+    by = {(r["policy"], int(r["repeat"])): float(r[key]) for r in runs
+          if r["cv"] == cv and r["fraction"] == f}
+    diffs = [round(by[("slo", k)] - by[("fcfs", k)], 4) for (p, k) in sorted(by)
+             if p == "slo" and ("fcfs", k) in by]
+    if not diffs:
+        return {}
+    mean = statistics.mean(diffs)
+    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else None
+    return {"paired_diffs": diffs, "mean_diff": round(mean, 4),
+            "se": round(se, 4) if se is not None else None,
+            # Not worse beyond noise: the mean difference is within two standard errors of 0.
+            "within_noise": se is not None and mean + 2 * se >= 0}
+
+
+def bar_checks(rows, runs=(), admitted_until=0.8, top=1.5):
     """The issue's bar, point by point: slo ≥ fcfs (attainment and satisfaction) at every point;
     slo's admitted requests ≥ 95 % within the SLO up to 0.8× capacity; at 1.5×, slo's admitted
-    requests meet the SLO while fcfs's attainment collapses."""
+    requests meet the SLO while fcfs's attainment collapses. `ok` compares the pooled figures
+    strictly; the ≥ checks also carry the per-repeat paired differences (`paired`)."""
     by = {(r["policy"], r["cv"], r["fraction"]): r for r in rows}
     checks = []
     for (p, cv, f), r in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
@@ -397,12 +446,10 @@ def bar_checks(rows, admitted_until=0.8, top=1.5):
             continue
         fc = by.get(("fcfs", cv, f))
         if fc:
-            checks.append({"check": "slo >= fcfs attainment", "cv": cv, "fraction": f,
-                           "slo": r["attainment"], "fcfs": fc["attainment"],
-                           "ok": r["attainment"] >= fc["attainment"]})
-            checks.append({"check": "slo >= fcfs satisfaction", "cv": cv, "fraction": f,
-                           "slo": r["satisfaction"], "fcfs": fc["satisfaction"],
-                           "ok": r["satisfaction"] >= fc["satisfaction"]})
+            for key in ("attainment", "satisfaction"):
+                checks.append({"check": "slo >= fcfs " + key, "cv": cv, "fraction": f,
+                               "slo": r[key], "fcfs": fc[key], "ok": r[key] >= fc[key],
+                               "paired": paired(runs, cv, f, key)})
         if f <= admitted_until + 1e-9:
             checks.append({"check": "slo admitted attainment >= 0.95", "cv": cv, "fraction": f,
                            "slo": r["attainment_admitted"],
@@ -461,6 +508,9 @@ def main():
                          "docs/scheduling.md)")
     ap.add_argument("--capacity-seconds", type=float, default=20.0,
                     help="seconds of arrivals of the open-loop capacity run")
+    ap.add_argument("--idle-wait", type=float, default=10.0,
+                    help="before each run, wait up to this many seconds for a second in which "
+                         "the host is under 10 %% busy (0: don't wait)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="runs per point, each with its own seeded plan (seed + repeat), "
                          "shared by the policies; a point's figures pool them")
@@ -583,15 +633,18 @@ def main():
                 w.writerow(r)
 
     # Policies interleaved per point (and repeats per point), so that a drift in the machine's
-    # speed hits all alike.
+    # speed hits all alike; the order rotates with the repeat, so that no policy always runs
+    # first or last at a point (the runs before one leave the host warmer and its load higher).
     for cv in cvs:
         for frac in fractions:
             for rep in range(a.repeats):
-                for p in policies:
+                for position, p in enumerate(run_order(policies, rep)):
                     if (p, cv, frac, rep) in done:
                         continue
-                    runs_list.append(one_run(a, work, runs, p, cv, frac, cap, slo_ms, cm_path,
-                                             rep))
+                    wait_idle(a.idle_wait)
+                    run = one_run(a, work, runs, p, cv, frac, cap, slo_ms, cm_path, rep)
+                    run["position"] = position
+                    runs_list.append(run)
                     write_csv()
     write_csv()
     rows = pool(runs_list)
@@ -599,7 +652,7 @@ def main():
     cvs = sorted({r["cv"] for r in rows})
     fractions = sorted({r["fraction"] for r in rows})
 
-    checks = bar_checks(rows)
+    checks = bar_checks(rows, runs_list)
     lg = sum(r["loadgen_cpu_s"] for r in rows)
     sv = sum(r["server_cpu_s"] for r in rows if r["server_cpu_s"] != "")
     wall = sum(r["run_s"] for r in rows)

@@ -14,6 +14,15 @@ trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 sweep() { python3 "$root/bench/serve/slo_sweep.py" --chorus "$chorus" --loadgen "$loadgen" "$@"; }
 
+# Repeat r runs a point's policies rotated by r, so none always runs first or last.
+python3 - "$root/bench/serve" <<'PY' || fail "run order"
+import sys
+sys.path.insert(0, sys.argv[1])
+from slo_sweep import run_order
+p = ["fcfs", "cluster", "slo"]
+assert [run_order(p, r) for r in range(4)] == [p, p[1:] + p[:1], p[2:] + p[:2], p], "rotation"
+PY
+
 # Refusals first (no server is started for them).
 if sweep --out "$tmp/bad" --policies fcfs,lifo 2>"$tmp/err"; then fail "unknown policy accepted"; fi
 grep -q "unknown policy 'lifo'" "$tmp/err" || fail "unknown policy: $(cat "$tmp/err")"
@@ -23,7 +32,7 @@ grep -q "fractions" "$tmp/err" || fail "bad fractions: $(cat "$tmp/err")"
 sweep --out "$tmp/out" --adapters 12 --cvs 1 --fractions 0.5,1.5 --duration 1 --min-requests 6 \
   --max-requests 30 \
   --capacity-requests 16 --capacity-seconds 2 --input-min 8 --input-max 64 --output-min 4 --output-max 16 \
-  --profile-quick --ttft-slo-ms 2000 --timeout 60 || fail "the sweep failed"
+  --profile-quick --ttft-slo-ms 2000 --timeout 60 --idle-wait 0 || fail "the sweep failed"
 
 python3 - "$tmp/out" <<'PY' || fail "sweep output"
 import csv, json, os, sys
@@ -58,6 +67,15 @@ assert s["capacity"]["capacity_req_s"] == s["capacity"]["open"]["capacity_req_s"
 assert s["capacity"]["closed"]["capacity_req_s"] > 0
 assert len(s["rows"]) == 6 and isinstance(s["bar"], list) and s["bar"]
 assert all(isinstance(c["ok"], bool) for c in s["bar"])
+# Each slo-vs-fcfs check carries the per-repeat paired difference (one repeat here: no error).
+ge = [c for c in s["bar"] if c["check"].startswith("slo >= fcfs")]
+assert len(ge) == 4 and all(len(c["paired"]["paired_diffs"]) == 1 for c in ge), ge
+for c in ge:
+    assert abs(c["paired"]["mean_diff"] - (c["slo"] - c["fcfs"])) < 2e-3, c
+# Repeat 0 runs the policies in their listed order (repeat r rotates it by r).
+runs = list(csv.DictReader(open(os.path.join(out, "runs.csv"))))
+assert {(r["policy"], r["position"]) for r in runs} == {("fcfs", "0"), ("cluster", "1"),
+                                                         ("slo", "2")}, runs
 assert os.path.exists(os.path.join(out, "runs", "slo-cv1-f1.5.csv"))
 png = open(os.path.join(out, "slo_sweep.png"), "rb").read(8)
 assert png == b"\x89PNG\r\n\x1a\n", "no PNG"
@@ -68,7 +86,7 @@ PY
 # capacity and the SLO; with --repeats 2, fcfs at 0.5 gets its second run, pooled with the first.
 sweep --out "$tmp/out" --append --repeats 2 --adapters 12 --cvs 1 --fractions 0.5,1 --policies fcfs \
   --duration 1 --min-requests 6 --max-requests 30 --input-min 8 --input-max 64 --output-min 4 \
-  --output-max 16 --timeout 60 --no-plot || fail "the appended sweep failed"
+  --output-max 16 --timeout 60 --idle-wait 0 --no-plot || fail "the appended sweep failed"
 python3 - "$tmp/out" <<'PY' || fail "appended output"
 import csv, json, os, sys
 out = sys.argv[1]
