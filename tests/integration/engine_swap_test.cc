@@ -258,6 +258,61 @@ TEST_F(SwapTest, BadModelsFailAtStartNamingThem) {
   EXPECT_NE(e.status().message().find("max-resident-models"), std::string::npos);
 }
 
+// A fine-tune whose file disappears or is overwritten with junk after start-up: the swap-in
+// fails, every request waiting for that model finishes with an error naming it (kInternal: the
+// server's problem, a 5xx), the other models and the base keep answering as before, and once the
+// file is back the next request for it swaps it in and answers as the model alone.
+TEST_F(SwapTest, SwapInFailureFailsOnlyThatModelsRequestsUntilTheFileIsBack) {
+  constexpr int64_t kTokens = 8;
+  const std::vector<std::vector<int32_t>> want_a = Alone(paths_[0], {0, 1}, kTokens);
+  const std::vector<std::vector<int32_t>> want_b = Alone(paths_[1], {0, 1}, kTokens);
+  EngineOptions o = Opts();
+  o.full_models = {{"a", paths_[0]}, {"b", paths_[1]}};
+  o.max_resident_models = 1;
+  auto e = Engine::Create(base_, tok_, o);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  const auto& refs = (*e)->full_models();
+  auto submit = [&](int model, int id) {
+    GenerationRequest r = Greedy(id, kTokens);
+    if (model >= 0) r.variant = refs[static_cast<size_t>(model)];
+    auto h = (*e)->Submit(std::move(r));
+    CHORUS_CHECK(h.ok()) << h.status().ToString();
+    return *h;
+  };
+  EXPECT_EQ(Collect(*submit(0, 0)).tokens, want_a[0]);  // a is resident now
+
+  // b's file goes away (moved aside), then comes back as junk: both fail b's requests only.
+  const std::string aside = paths_[1] + ".aside";
+  std::filesystem::rename(paths_[1], aside);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (attempt == 1) {
+      std::FILE* fp = std::fopen(paths_[1].c_str(), "wb");
+      ASSERT_NE(fp, nullptr);
+      std::fputs("GGUF but not really", fp);
+      std::fclose(fp);
+    }
+    auto hb1 = submit(1, 0), hb2 = submit(1, 1), ha = submit(0, 1), hbase = submit(-1, 0);
+    for (auto* h : {&hb1, &hb2}) {
+      const Output out = Collect(**h);
+      EXPECT_EQ(out.finish, FinishReason::kError) << "attempt " << attempt;
+      EXPECT_TRUE(out.tokens.empty());
+      EXPECT_NE(out.error.find("model 'b' could not be swapped in"), std::string::npos)
+          << out.error;
+    }
+    EXPECT_EQ(Collect(*ha).tokens, want_a[1]) << "attempt " << attempt;
+    EXPECT_EQ(Collect(*hbase).finish, FinishReason::kLength);
+  }
+  EXPECT_EQ((*e)->metrics().full_model_swap_errors.load(), 2u);
+
+  // The file is back: b swaps in and answers as alone; a still answers after its eviction.
+  std::filesystem::remove(paths_[1]);
+  std::filesystem::rename(aside, paths_[1]);
+  EXPECT_EQ(Collect(*submit(1, 1)).tokens, want_b[1]);
+  EXPECT_EQ(Collect(*submit(0, 0)).tokens, want_a[0]);
+  EXPECT_EQ((*e)->metrics().full_model_swap_errors.load(), 2u);
+  EXPECT_LE((*e)->metrics().full_models_resident.load(), 1);
+}
+
 // A request naming a whole fine-tune the engine does not serve is refused at Submit.
 TEST_F(SwapTest, UnknownFullModelIsRefused) {
   EngineOptions o = Opts();
