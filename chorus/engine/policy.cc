@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace chorus::engine {
 
@@ -84,8 +85,8 @@ double SloPolicy::PredictPrefill(const StepFeatures& step, int64_t tokens, int64
   return total;
 }
 
-bool SloPolicy::Sweep(const StepState& step, std::span<const Candidate> waiting,
-                      std::vector<char>* abort) {
+int64_t SloPolicy::Sweep(const StepState& step, std::span<const Candidate> waiting,
+                         std::vector<char>* abort) {
   step_ = step.planned;
   min_tpot_ = step.min_tpot_slo_s;
   empty_ = step.sequences == 0;
@@ -96,22 +97,59 @@ bool SloPolicy::Sweep(const StepState& step, std::span<const Candidate> waiting,
     if (best_effort_ || c.started || c.ttft_slo_s <= 0) continue;
     if (c.waited_s + PredictPrefill(step_, c.remaining, c.rank) > c.ttft_slo_s) (*abort)[i] = 1;
   }
-  // Overload: in queue order, the prompts ahead of a sequence (its own included) would not be
-  // computed before its TTFT SLO, while requests arrive faster than they are admitted. They are
-  // computed as the engine would: in steps that hold the running rows and fill the rest of
-  // max_batch_tokens with prompt chunks, each prompt from its own position. (Summing the queue into
-  // one long prompt, as this once did, charged every prompt's attention over all the prompts before
-  // it: quadratic in the queue length, so a long queue of short prompts looked like overload and
-  // newest-first made its oldest requests wait.)
+  // Only a lasting overload reorders: requests have waited a whole window without the queue
+  // emptying while more arrive than are admitted (S-LoRA App. B's R1 > R2). A burst the server
+  // absorbs is served in arrival order.
+  if (step.backlog_s < kOverloadWindowS || step.arrivals_per_s <= step.admissions_per_s) return 0;
+  std::vector<size_t> fresh;  // not started, not aborted, in queue order
+  int64_t started = 0;        // started sequences go first and take running slots
+  for (size_t i = 0; i < waiting.size(); ++i) {
+    if ((*abort)[i]) continue;
+    if (waiting[i].started) {
+      ++started;
+    } else {
+      fresh.push_back(i);
+    }
+  }
+  if (fresh.size() < 2 || SuffixMeetsSlos(step, waiting, fresh, 0, started)) return 0;
+  // The fewest oldest to hold back so that the rest meet their SLOs in order (holding back more
+  // only brings the rest forward, so the test is monotone: binary search). When even the newest
+  // alone would miss, nothing is gained by reordering: queue order, and early abort as above.
+  size_t lo = 1, hi = fresh.size() - 1;
+  if (!SuffixMeetsSlos(step, waiting, fresh, hi, started)) return 0;
+  while (lo < hi) {
+    const size_t mid = lo + (hi - lo) / 2;
+    if (SuffixMeetsSlos(step, waiting, fresh, mid, started)) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return static_cast<int64_t>(lo);
+}
+
+bool SloPolicy::SuffixMeetsSlos(const StepState& step, std::span<const Candidate> waiting,
+                                std::span<const size_t> fresh, size_t first,
+                                int64_t started) const {
+  // Two things keep a queued request from its first token, and each is predicted as the engine
+  // would meet it:
+  //   * compute: the prompts ahead of it (its own included) laid into steps that hold the
+  //     running rows and fill the rest of max_batch_tokens with prompt chunks, each prompt from
+  //     its own position. (Summing the queue into one long prompt, as this once did, charged
+  //     every prompt's attention over all the prompts before it: quadratic in the queue.)
+  //   * a running slot: with --max-running reached, the k-th request past the free slots
+  //     starts when k running sequences have finished, which at the measured admission rate
+  //     (S-LoRA App. B's R2: a slot is reused as soon as it frees) takes k / R2 seconds.
   const int64_t budget =
       std::max<int64_t>(1, max_batch_tokens_ - static_cast<int64_t>(step_.rows()));
+  const int64_t free_slots = step.max_sequences > 0 ? step.max_sequences - step.sequences - started
+                                                    : std::numeric_limits<int64_t>::max();
   double filled_s = 0;  // predicted seconds of the steps filled so far
   StepFeatures cur = step_;
   int64_t room = budget;
   std::vector<const void*> cur_adapters;  // distinct adapters added to cur
-  for (size_t i = 0; i < waiting.size(); ++i) {
-    const Candidate& c = waiting[i];
-    if ((*abort)[i] || c.started) continue;
+  for (size_t j = first; j < fresh.size(); ++j) {
+    const Candidate& c = waiting[fresh[j]];
     for (int64_t pos = c.start, left = c.remaining; left > 0;) {
       if (room == 0) {
         filled_s += model_->Predict(cur);
@@ -131,10 +169,17 @@ bool SloPolicy::Sweep(const StepState& step, std::span<const Candidate> waiting,
       left -= n;
       room -= n;
     }
-    if (c.ttft_slo_s > 0 && c.waited_s + filled_s + model_->Predict(cur) > c.ttft_slo_s)
-      return step.backlog_s >= kOverloadWindowS && step.arrivals_per_s > step.admissions_per_s;
+    if (c.ttft_slo_s <= 0) continue;
+    double ready_s = filled_s + model_->Predict(cur);
+    const int64_t past = static_cast<int64_t>(j - first) - free_slots + 1;  // slots to wait for
+    if (past > 0) {
+      if (step.admissions_per_s <= 0) return false;
+      ready_s = std::max(ready_s, static_cast<double>(past) / step.admissions_per_s +
+                                      PredictPrefill(step_, c.remaining, c.rank));
+    }
+    if (c.waited_s + ready_s > c.ttft_slo_s) return false;
   }
-  return false;
+  return true;
 }
 
 bool SloPolicy::MayAdmit(const Candidate& c) {

@@ -50,6 +50,7 @@ struct StepState {
   StepFeatures planned;
   double min_tpot_slo_s = 0;  // the smallest TPOT SLO among them (0 = none has one)
   int64_t sequences = 0;      // running sequences in the plan
+  int64_t max_sequences = 0;  // how many may run at once (--max-running; 0 = no limit)
   // Requests per second that arrived, and that were admitted for the first time, over the last
   // kOverloadWindowS (S-LoRA App. B's R1 and R2), and for how long requests that have not
   // started have been waiting without a break: together the sign of an overload that lasts,
@@ -105,10 +106,12 @@ class Policy {
   // Optional hooks (the defaults keep plain queue order):
   // Called after BeginRound with the planned step and every waiting sequence ready to run, in
   // queue order. A policy may set (*abort)[i] to answer waiting[i] at once with an error
-  // (early abort); returns whether to admit newest-first (started sequences still first).
-  virtual bool Sweep(const StepState& /*step*/, std::span<const Candidate> /*waiting*/,
-                     std::vector<char>* /*abort*/) {
-    return false;
+  // (early abort). Returns how many of the oldest sequences that have not started (aborted ones
+  // not counted) go to the back of this round's admission order, behind the newer ones (which
+  // keep queue order); 0 keeps queue order. Started sequences are always admitted first.
+  virtual int64_t Sweep(const StepState& /*step*/, std::span<const Candidate> /*waiting*/,
+                        std::vector<char>* /*abort*/) {
+    return 0;
   }
   // Admission ended with rows to spare because MayAdmit passed over sequences: true = go over
   // the queue once more (MayAdmit may then be laxer). Called at most once per round.
@@ -181,18 +184,20 @@ class ClusterPolicy : public FcfsPolicy {
 //     or with best_effort served anyway (counted as missed);
 //   * TPOT guard: a sequence is not admitted when the predicted step time with its chunk would
 //     exceed the smallest TPOT SLO of the sequences in the step (unless none is running);
-//   * overload: when serving the ready queue in order would make some sequence miss its TTFT
-//     SLO *and* the overload lasts — requests have been waiting for a whole kOverloadWindow and
-//     arrive faster than they are admitted (S-LoRA App. B's R1 > R2) — admission goes
-//     newest-first (under a lasting overload the oldest are the ones that miss anyway). A burst
-//     that the queue absorbs is served in arrival order, as fcfs would: newest-first there
-//     only lengthens the oldest requests' wait (lower S-LoRA satisfaction, no SLO saved).
+//   * overload: when the overload lasts — requests have been waiting for a whole
+//     kOverloadWindow and arrive faster than they are admitted (S-LoRA App. B's R1 > R2) — and
+//     serving the ready queue in order would make some sequence miss its TTFT SLO, the oldest
+//     are held back: the fewest oldest such that the rest, served in queue order, all meet
+//     their SLOs (S-LoRA App. B, Theorem B.1: serve the most recent l requests that can meet
+//     their SLO, in order). The held-back ones are admitted after the others, when room is
+//     left, and early abort answers them once they cannot make it. A burst that the queue
+//     absorbs is served in arrival order, as fcfs would.
 class SloPolicy : public FcfsPolicy {
  public:
   SloPolicy(std::shared_ptr<const CostModel> model, int64_t max_batch_tokens, bool best_effort,
             int64_t max_adapters_per_step = 0, int64_t max_deltas_per_step = 0);
-  bool Sweep(const StepState& step, std::span<const Candidate> waiting,
-             std::vector<char>* abort) override;
+  int64_t Sweep(const StepState& step, std::span<const Candidate> waiting,
+                std::vector<char>* abort) override;
   bool MayAdmit(const Candidate& c) override;
   using FcfsPolicy::Admitted;
   void Admitted(const Candidate& c, int64_t count) override;
@@ -201,6 +206,11 @@ class SloPolicy : public FcfsPolicy {
   double PredictPrefill(const StepFeatures& step, int64_t tokens, int64_t rank) const;
 
  private:
+  // Would every sequence of `fresh` (indices into `waiting`, not started, in queue order) from
+  // its `first` on meet its TTFT SLO if those were admitted in queue order from now?
+  bool SuffixMeetsSlos(const StepState& step, std::span<const Candidate> waiting,
+                       std::span<const size_t> fresh, size_t first, int64_t started) const;
+
   std::shared_ptr<const CostModel> model_;
   const int64_t max_batch_tokens_;
   const bool best_effort_;

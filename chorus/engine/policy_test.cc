@@ -147,11 +147,13 @@ TEST(PolicyRegistryTest, NamesAndErrors) {
   EXPECT_TRUE(MakePolicy(c).ok());
 }
 
-// SloPolicy's overload test (newest-first) predicts the queue's prompts as the engine computes
-// them: each from its own position, so a prompt's attention covers its own context only. Eight
-// queued prompts of 256 tokens take 8 × (25.6 ms of rows + 32.9 ms of context) ≈ 0.47 s here;
-// summed into one prompt of 2048 tokens, their context alone would be 2.1 s — overload against
-// a 1 s SLO that in-order service meets.
+// SloPolicy's overload test (which holds the oldest back) predicts the queue's prompts as the
+// engine computes them: each from its own position, so a prompt's attention covers its own
+// context only. Eight queued prompts of 256 tokens take 8 × (25.6 ms of rows + 32.9 ms of
+// context) ≈ 0.47 s here, two per step of 512 rows (117 ms); summed into one prompt of 2048
+// tokens, their context alone would be 2.1 s — overload against a 1 s SLO that in-order
+// service meets. Against 0.3 s, in order the fifth finishes at 351 ms; holding back the 3
+// oldest, the other 5 finish by 117, 117, 234, 234 and 292 ms (two back would leave 6: 351 ms).
 TEST(SloPolicyTest, OverloadCountsEachPromptsOwnContext) {
   auto model = CostModel::FromCoefficients(CostModel::Kind::kLinear,
                                            {0, 1e-4, 1e-4, 0, 0, 0, /*context_tokens=*/1e-6});
@@ -169,19 +171,20 @@ TEST(SloPolicyTest, OverloadCountsEachPromptsOwnContext) {
   lasting.arrivals_per_s = 4;
   lasting.admissions_per_s = 2;
   lasting.backlog_s = 3;
-  for (const auto& [slo_s, overload] : {std::pair{1.0, false}, std::pair{0.3, true}}) {
+  for (const auto& [slo_s, hold_back] : {std::pair{1.0, 0}, std::pair{0.3, 3}}) {
     SloPolicy p(m, /*max_batch_tokens=*/512, /*best_effort=*/false);
     const auto q = queue(slo_s);
     std::vector<char> abort(q.size(), 0);
     p.BeginRound({}, {});
-    EXPECT_EQ(p.Sweep(lasting, q, &abort), overload) << "SLO " << slo_s << " s";
+    EXPECT_EQ(p.Sweep(lasting, q, &abort), hold_back) << "SLO " << slo_s << " s";
     for (char a : abort) EXPECT_EQ(a, 0);  // each prompt alone (59 ms) meets either SLO
   }
 }
 
-// Newest-first needs the in-order miss *and* a lasting overload (S-LoRA App. B): a fresh
-// backlog, or one the server admits as fast as requests arrive, is served in arrival order.
-TEST(SloPolicyTest, NewestFirstOnlyWhenTheOverloadLasts) {
+// Holding the oldest back needs the in-order miss *and* a lasting overload (S-LoRA App. B): a
+// fresh backlog, or one the server admits as fast as requests arrive, is served in arrival
+// order. Then the fewest oldest go back: here 2 of 4 (the other two finish at 0.1 and 0.2 s).
+TEST(SloPolicyTest, OldestHeldBackOnlyWhenTheOverloadLasts) {
   auto model = CostModel::FromCoefficients(CostModel::Kind::kLinear, {0, 1e-3, 1e-3, 0, 0, 0, 0});
   ASSERT_TRUE(model.ok());
   auto m = std::make_shared<const CostModel>(*model);
@@ -198,20 +201,48 @@ TEST(SloPolicyTest, NewestFirstOnlyWhenTheOverloadLasts) {
   };
   const struct {
     StepState state;
-    bool newest_first;
+    int64_t hold_back;
   } cases[] = {
-      {state(4, 2, 3), true},
-      {state(4, 2, 0.5), false},  // a burst: the backlog is younger than the window
-      {state(2, 2, 3), false},    // the server keeps up with the arrivals
-      {state(0, 0, 0), false},
+      {state(4, 2, 3), 2},
+      {state(4, 2, 0.5), 0},  // a burst: the backlog is younger than the window
+      {state(2, 2, 3), 0},    // the server keeps up with the arrivals
+      {state(0, 0, 0), 0},
   };
   for (const auto& c : cases) {
     SloPolicy p(m, /*max_batch_tokens=*/100, /*best_effort=*/false);
     std::vector<char> abort(q.size(), 0);
     p.BeginRound({}, {});
-    EXPECT_EQ(p.Sweep(c.state, q, &abort), c.newest_first)
+    EXPECT_EQ(p.Sweep(c.state, q, &abort), c.hold_back)
         << "arrivals " << c.state.arrivals_per_s << "/s, admissions " << c.state.admissions_per_s
         << "/s, backlog " << c.state.backlog_s << " s";
+  }
+}
+
+// With every running slot taken, a queued request also waits for running sequences to finish:
+// the k-th past the free slots starts after k / (admissions per second). Four short prompts
+// (10 ms each) behind a full batch of 2 with an SLO of 1.5 s: at 1 admission/s the second
+// would start after 2 s, so only the newest can make it (3 held back); at 4/s the fourth starts
+// after 1 s and all four make it (queue order).
+TEST(SloPolicyTest, QueuedRequestsWaitForRunningSlots) {
+  auto model = CostModel::FromCoefficients(CostModel::Kind::kLinear, {0, 1e-3, 0, 0, 0, 0, 0});
+  ASSERT_TRUE(model.ok());
+  auto m = std::make_shared<const CostModel>(*model);
+  int passes[4] = {};
+  std::vector<Candidate> q;
+  for (int i = 0; i < 4; ++i)
+    q.push_back({.passes = &passes[i], .remaining = 10, .ttft_slo_s = 1.5});
+  for (const auto& [admissions_per_s, hold_back] : {std::pair{1.0, 3}, std::pair{4.0, 0}}) {
+    StepState s;
+    s.sequences = 2;
+    s.max_sequences = 2;
+    s.arrivals_per_s = 8;
+    s.admissions_per_s = admissions_per_s;
+    s.backlog_s = 3;
+    SloPolicy p(m, /*max_batch_tokens=*/512, /*best_effort=*/false);
+    std::vector<char> abort(q.size(), 0);
+    p.BeginRound({}, {});
+    EXPECT_EQ(p.Sweep(s, q, &abort), hold_back) << admissions_per_s << " admissions/s";
+    for (char a : abort) EXPECT_EQ(a, 0);
   }
 }
 

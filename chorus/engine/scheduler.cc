@@ -296,11 +296,12 @@ bool Scheduler::ReclaimPages(int64_t n_free) {
   return pages_->n_free() > before;
 }
 
-// Admits waiting sequences in queue order (or newest-first when the policy says so, sequences
-// that already streamed tokens still first) while rows, sequences and pages allow and the policy
-// (engine/policy.h) agrees. A sequence whose adapter is still loading, or that the policy passes
-// over, keeps its place; a sequence that does not fit in the pool stops admission. Before that,
-// the policy may abort waiting sequences (early abort: they are answered with 429 at once).
+// Admits waiting sequences in queue order (the oldest not started last when the policy holds
+// them back, sequences that already streamed tokens first) while rows, sequences and pages allow
+// and the policy (engine/policy.h) agrees. A sequence whose adapter is still loading, or that the
+// policy passes over, keeps its place; a sequence that does not fit in the pool stops admission.
+// Before that, the policy may abort waiting sequences (early abort: they are answered with 429 at
+// once).
 void Scheduler::AdmitWaiting(int64_t* budget) {
   step_adapters_.clear();
   step_deltas_.clear();
@@ -325,6 +326,7 @@ void Scheduler::AdmitWaiting(int64_t* budget) {
       state.min_tpot_slo_s = tpot;
   }
   state.sequences = static_cast<int64_t>(plan_.size());
+  state.max_sequences = opts_.max_running;
   const auto now = Clock::now();
   const Sequence* oldest = nullptr;  // the oldest sequence that has not started
   for (const auto& s : waiting_)
@@ -380,7 +382,7 @@ void Scheduler::AdmitWaiting(int64_t* budget) {
     ready_index_.push_back(i);
   }
   abort_.assign(ready_.size(), 0);
-  const bool newest_first = policy_->Sweep(state, ready_, &abort_);
+  const int64_t hold_back = policy_->Sweep(state, ready_, &abort_);
   bool aborted = false;
   for (size_t k = 0; k < ready_.size(); ++k) {
     if (!abort_[k]) continue;
@@ -403,16 +405,25 @@ void Scheduler::AdmitWaiting(int64_t* budget) {
     aborted = true;
   }
 
-  // Admission order over the waiting queue: queue order, or started sequences in queue order
-  // and then the rest newest-first.
+  // Admission order over the waiting queue: started sequences in queue order, then the others
+  // in queue order, the `hold_back` oldest of those the policy saw (ready, not started) last.
   order_.clear();
+  held_back_order_.clear();
   for (size_t i = 0; i < waiting_.size(); ++i)
-    if (!waiting_[i]->finished && (!newest_first || waiting_[i]->n_generated > 0))
+    if (!waiting_[i]->finished && waiting_[i]->n_generated > 0) order_.push_back(i);
+  int64_t to_hold = hold_back;
+  for (size_t i = 0; i < waiting_.size(); ++i) {
+    Sequence* s = waiting_[i].get();
+    if (s->finished || s->n_generated > 0) continue;
+    s->held_back = to_hold > 0 && !s->ticket;
+    if (s->held_back) {
+      held_back_order_.push_back(i);
+      --to_hold;
+    } else {
       order_.push_back(i);
-  if (newest_first) {
-    for (size_t i = waiting_.size(); i-- > 0;)
-      if (!waiting_[i]->finished && waiting_[i]->n_generated == 0) order_.push_back(i);
+    }
   }
+  order_.insert(order_.end(), held_back_order_.begin(), held_back_order_.end());
   bool admitted = false, passed = false, stopped = false;
   for (int pass = 0; pass < 2 && !stopped; ++pass) {
     if (pass == 1 &&
@@ -480,7 +491,9 @@ void Scheduler::AdmitWaiting(int64_t* budget) {
 }
 
 // Starts pool copies: first of adapters this step uses (they may evict unpinned copies), then
-// of adapters named by queued requests, in arrival order (S-LoRA's prefetch; free pages only).
+// of adapters named by queued requests, in arrival order (S-LoRA's prefetch; free pages only)
+// — those the policy held back behind newer ones (Policy::Sweep) after the others, as they will
+// be admitted.
 // A copy is started only if pages stay free for KV: one per running sequence plus 1/8 of the
 // pool (1/4 for prefetch), so adapters never crowd out the KV of work already running.
 void Scheduler::PrefetchAdapters() {
@@ -490,12 +503,15 @@ void Scheduler::PrefetchAdapters() {
       residency_->Prefetch(p.seq->lora, base_reserve + pages_->n_pages() / 8, /*may_evict=*/true);
   }
   int prefetched = 0;
-  for (const auto& s : waiting_) {
-    if (prefetched >= 8) break;  // bound the work per step
-    if (!s->lora || residency_->Resident(s->lora.get()) || residency_->Loading(s->lora.get()))
-      continue;
-    residency_->Prefetch(s->lora, base_reserve + pages_->n_pages() / 4, /*may_evict=*/false);
-    ++prefetched;
+  for (const bool held_back : {false, true}) {
+    for (const auto& s : waiting_) {
+      if (prefetched >= 8) return;  // bound the work per step
+      if (s->held_back != held_back || !s->lora || residency_->Resident(s->lora.get()) ||
+          residency_->Loading(s->lora.get()))
+        continue;
+      residency_->Prefetch(s->lora, base_reserve + pages_->n_pages() / 4, /*may_evict=*/false);
+      ++prefetched;
+    }
   }
 }
 

@@ -139,7 +139,7 @@ class Scheduler {
   // AdmitWaiting's scratch: the ready waiting sequences as candidates, their queue indices,
   // the policy's abort marks, the admission order.
   std::vector<Candidate> ready_;
-  std::vector<size_t> ready_index_, order_;
+  std::vector<size_t> ready_index_, order_, held_back_order_;
   std::vector<char> abort_;
   std::vector<FullModels::Entry*> held_;  // AdmitWaiting: resident models older requests need
 };

@@ -245,11 +245,12 @@ TEST_F(SchedulerTest, SloBestEffortServesItLate) {
   EXPECT_EQ(metrics_.slo_aborted.load(), 0u);
 }
 
-TEST_F(SchedulerTest, SloAdmitsNewestFirstUnderALastingOverload) {
+TEST_F(SchedulerTest, SloHoldsTheOldestBackUnderALastingOverload) {
   // One sequence at a time; each prompt alone (60 ms) meets the 100 ms SLO, but the second
   // would wait for the first (120 ms). The queue has not emptied for 2.5 s (a request that
   // old is waiting — and is aborted: it can no longer meet its SLO) and two arrived since with
-  // none admitted: a lasting overload, so the newest goes first.
+  // none admitted: a lasting overload, so the older of the two is held back and the newer goes
+  // first.
   Build(64, 64, 1, Slo());
   age_ = std::chrono::milliseconds(2500);
   auto old = Submit(6, 2, 1, 100);
@@ -263,8 +264,8 @@ TEST_F(SchedulerTest, SloAdmitsNewestFirstUnderALastingOverload) {
   sched_->Complete(std::vector<float>(4).data(), 4, &sink_);
   RunToIdle();
   // The same two as a burst into an empty queue: served in arrival order, as fcfs would (the
-  // second may miss its SLO; newest-first would only trade one miss for the other and make
-  // the first wait longer).
+  // second may miss its SLO; holding the first back would only trade one miss for the other
+  // and make the first wait longer).
   Build(64, 64, 1, Slo());
   auto e = Submit(6, 2, 1, 100);
   auto f = Submit(6, 2, 1, 100);

@@ -53,6 +53,9 @@ struct Sequence {
   std::shared_ptr<AdapterTicket> ticket;
   bool pinned = false;
   int policy_passes = 0;  // the admission policy's counter (Candidate::passes)
+  // The policy moved it behind newer requests in the last admission round (Policy::Sweep); its
+  // adapter is prefetched after theirs.
+  bool held_back = false;
   // Prefix caching (memory/prefix_cache.h): the variant's cache key (0 = base model) and how far
   // this sequence's full blocks are matched or registered.
   uint64_t prefix_variant = 0;

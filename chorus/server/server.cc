@@ -108,6 +108,23 @@ bool PeerClosed(int fd) {
   return false;
 }
 
+// Whether a waiting handler's client hung up, with the connection's socket looked up only at the
+// first question: FindConnectionSocket scans the process's descriptors, which costs a
+// millisecond or so under load, and most requests are answered before a handler first asks.
+class ClientConnection {
+ public:
+  explicit ClientConnection(const httplib::Request& req) : req_(req) {}
+  bool Gone() {
+    if (fd_ == kNotLooked) fd_ = FindConnectionSocket(req_);
+    return fd_ >= 0 && PeerClosed(fd_);
+  }
+
+ private:
+  static constexpr int kNotLooked = -2;
+  const httplib::Request& req_;
+  int fd_ = kNotLooked;
+};
+
 const char* RouteLabel(const std::string& path) {
   if (path == "/v1/completions") return "/v1/completions";
   if (path == "/v1/chat/completions") return "/v1/chat/completions";
@@ -1082,15 +1099,15 @@ void Server::Impl::HandleGenerate(ApiKind kind, const httplib::Request& http_req
 
   if (!gen->req.stream) {
     // Like a stream's failed write, a client that hangs up while it waits cancels its request.
-    const int fd = FindConnectionSocket(http_req);
+    ClientConnection client(http_req);
     auto next_check = Clock::now() + kDisconnectPollInterval;
     while (!gen->AllFinished()) {
       size_t which = 0;
       engine::StreamEvent ev;
       const bool got = gen->Next(kDisconnectPollInterval, &which, &ev);
-      if (fd >= 0 && Clock::now() >= next_check) {
+      if (Clock::now() >= next_check) {
         next_check = Clock::now() + kDisconnectPollInterval;
-        if (PeerClosed(fd)) {
+        if (client.Gone()) {
           gen->CancelAll();  // the engine frees its KV blocks within one step
           // Nobody reads this; 499 (nginx's "client closed request") labels it in the counters.
           res.status = 499;
@@ -1126,7 +1143,7 @@ void Server::Impl::HandleGenerate(ApiKind kind, const httplib::Request& http_req
   const double ttft_ms =
       gen->req.gen.ttft_slo_ms >= 0 ? gen->req.gen.ttft_slo_ms : eopts.ttft_slo_ms;
   if (eopts.policy == "slo" && !eopts.slo_best_effort && ttft_ms > 0) {
-    const int fd = FindConnectionSocket(http_req);
+    ClientConnection client(http_req);
     size_t which = 0;
     engine::StreamEvent ev;
     while (!gen->AllFinished()) {
@@ -1135,7 +1152,7 @@ void Server::Impl::HandleGenerate(ApiKind kind, const httplib::Request& http_req
         gen->early.emplace_back(which, std::move(ev));
         break;
       }
-      if (fd >= 0 && PeerClosed(fd)) {
+      if (client.Gone()) {
         gen->CancelAll();
         res.status = 499;  // nobody reads it; labels the request in the counters
         res.set_content(

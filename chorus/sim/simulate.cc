@@ -169,6 +169,7 @@ class Simulator {
     std::vector<const void*> step_adapters;
     for (const Replica::Chunk& c : r.plan) AddToStep(c, &state.planned, &step_adapters);
     state.sequences = static_cast<int64_t>(r.plan.size());
+    state.max_sequences = opts_.max_running;
     for (const Replica::Chunk& c : r.plan) {
       const double tpot = trace_[static_cast<size_t>(c.req)].tpot_slo_ms / 1e3;
       if (tpot > 0 && (state.min_tpot_slo_s <= 0 || tpot < state.min_tpot_slo_s))
@@ -195,7 +196,7 @@ class Simulator {
     std::vector<engine::Candidate> ready;
     for (int64_t q : r.waiting) ready.push_back(candidate_of(q));
     std::vector<char> abort(ready.size(), 0);
-    const bool newest_first = r.admission->Sweep(state, ready, &abort);
+    const int64_t hold_back = r.admission->Sweep(state, ready, &abort);
     if (std::find(abort.begin(), abort.end(), 1) != abort.end()) {
       std::deque<int64_t> kept;
       for (size_t k = 0; k < r.waiting.size(); ++k) {
@@ -211,10 +212,11 @@ class Simulator {
       }
       r.waiting = std::move(kept);
     }
-    // Admission order: queue order, or newest first (no sequence here has started: there is no
-    // preemption in the simulator).
+    // Admission order: queue order, the `hold_back` oldest last (no sequence here has started:
+    // there is no preemption in the simulator).
     std::vector<size_t> order(r.waiting.size());
-    for (size_t k = 0; k < order.size(); ++k) order[k] = newest_first ? order.size() - 1 - k : k;
+    const size_t held = std::min(static_cast<size_t>(hold_back), order.size());
+    for (size_t k = 0; k < order.size(); ++k) order[k] = (k + held) % order.size();
     std::vector<char> admitted(r.waiting.size(), 0);
     bool passed = false;
     for (int pass = 0; pass < 2; ++pass) {
