@@ -70,7 +70,8 @@ POLICIES = ("fcfs", "cluster", "slo")
 COLUMNS = ["policy", "cv", "fraction", "repeats", "rate", "capacity_req_s", "ttft_slo_ms", "requests",
            "admitted", "rejected_429", "failed", "met_slo", "attainment", "attainment_admitted",
            "satisfaction", "throughput_req_s", "goodput_req_s", "output_tok_s",
-           "ttft_p50_admitted_s", "ttft_p99_admitted_s", "server_aborted", "server_ttft_met",
+           "ttft_p50_admitted_s", "ttft_p99_admitted_s", "server_aborted", "server_held_back",
+           "server_ttft_met",
            "server_ttft_missed", "distinct_adapters", "run_s", "loadgen_cpu_s", "server_cpu_s",
            "load_before", "load_after"]
 
@@ -356,6 +357,7 @@ def one_run(a, work, runs, policy, cv, frac, cap, slo_ms, cm_path, repeat):
         "ttft_p50_admitted_s": round(pct(ttfts, 50), 4) if ttfts else "",
         "ttft_p99_admitted_s": round(pct(ttfts, 99), 4) if ttfts else "",
         "server_aborted": int(metric(m, "chorus_slo_aborted_total") or 0),
+        "server_held_back": int(metric(m, "chorus_slo_held_back_total") or 0),
         "server_ttft_met": int(metric(m, "chorus_slo_ttft_met_total") or 0),
         "server_ttft_missed": int(metric(m, "chorus_slo_ttft_missed_total") or 0),
         "distinct_adapters": (summary.get("adapters") or {}).get("distinct_used", 0),
@@ -404,7 +406,9 @@ def pool(runs):
             "output_tok_s": round(sum(int(r["out_tokens"]) for r in rs) / span, 2),
             "ttft_p50_admitted_s": round(pct(ttfts, 50), 4) if ttfts else "",
             "ttft_p99_admitted_s": round(pct(ttfts, 99), 4) if ttfts else "",
-            "server_aborted": tot("server_aborted"), "server_ttft_met": tot("server_ttft_met"),
+            "server_aborted": tot("server_aborted"),
+            "server_held_back": sum(int(r.get("server_held_back") or 0) for r in rs),
+            "server_ttft_met": tot("server_ttft_met"),
             "server_ttft_missed": tot("server_ttft_missed"),
             "distinct_adapters": max(int(r["distinct_adapters"]) for r in rs),
             "run_s": round(sum(float(r["run_s"]) for r in rs), 2),

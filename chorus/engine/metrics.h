@@ -129,6 +129,9 @@ struct EngineMetrics {
   // their TTFT SLO (policy slo, early abort).
   std::array<std::atomic<uint64_t>, kSloCounts> slo{};
   std::atomic<uint64_t> slo_aborted{0};
+  // Requests the policy held back behind newer ones at least once (policy slo under a lasting
+  // overload, engine/policy.h).
+  std::atomic<uint64_t> slo_held_back{0};
   Histogram ttft_seconds{{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}};
   Histogram time_per_output_token_seconds{
       {0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2.5}};

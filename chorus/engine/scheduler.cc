@@ -419,6 +419,10 @@ void Scheduler::AdmitWaiting(int64_t* budget) {
     if (s->held_back) {
       held_back_order_.push_back(i);
       --to_hold;
+      if (!s->ever_held_back) {
+        s->ever_held_back = true;
+        metrics_->slo_held_back.fetch_add(1);
+      }
     } else {
       order_.push_back(i);
     }

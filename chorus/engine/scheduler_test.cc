@@ -261,6 +261,7 @@ TEST_F(SchedulerTest, SloHoldsTheOldestBackUnderALastingOverload) {
   ASSERT_EQ(sched_->plan().size(), 1u);
   EXPECT_EQ(sched_->plan()[0].seq->handle, b);
   EXPECT_EQ(LastEvent(old.get())->error_code, StatusCode::kResourceExhausted);
+  EXPECT_EQ(metrics_.slo_held_back.load(), 1u);  // a, once
   sched_->Complete(std::vector<float>(4).data(), 4, &sink_);
   RunToIdle();
   // The same two as a burst into an empty queue: served in arrival order, as fcfs would (the

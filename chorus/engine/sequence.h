@@ -56,6 +56,7 @@ struct Sequence {
   // The policy moved it behind newer requests in the last admission round (Policy::Sweep); its
   // adapter is prefetched after theirs.
   bool held_back = false;
+  bool ever_held_back = false;  // counted once in chorus_slo_held_back_total
   // Prefix caching (memory/prefix_cache.h): the variant's cache key (0 = base model) and how far
   // this sequence's full blocks are matched or registered.
   uint64_t prefix_variant = 0;

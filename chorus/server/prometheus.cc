@@ -175,6 +175,10 @@ std::string RenderPrometheus(const engine::EngineMetrics* m, const HttpCounters&
       Scalar(&out, "chorus_slo_aborted_total", "counter",
              "Requests answered 429 at once because they would miss their TTFT SLO (policy slo).",
              static_cast<double>(m->slo_aborted.load()));
+      Scalar(&out, "chorus_slo_held_back_total", "counter",
+             "Requests held back behind newer ones at least once under a lasting overload "
+             "(policy slo).",
+             static_cast<double>(m->slo_held_back.load()));
     }
     Scalar(&out, "chorus_preemptions_total", "counter",
            "Sequences preempted (KV freed, recomputed later).",
