@@ -189,11 +189,19 @@ set xrange [0:*]
 
 
 def finetune_sweep(csv_path, png, title):
+    # Columns by name (sweeps written by older versions of the tool have extra load columns).
+    with open(csv_path, newline="") as f:
+        rows = list(csv.reader(f))
+    header = rows[0]
+    col = {name: header.index(name) + 1 for name in header}
+    swept = rows[1][header.index("swept")] if "swept" in header and len(rows) > 1 else ""
+    xlabel = {"bound": "deferral bound (ms)", "rate": "arrival rate (requests/s)"}.get(
+        swept, "swept value (deferral bound ms or arrival rate req/s)")
     return f"""set terminal pngcairo size 900,600 noenhanced
 set output {gp_quote(png)}
 set datafile separator ','
 set title {gp_quote(title or 'fine-tuning while serving: deferred vs immediate')}
-set xlabel 'swept value (deferral bound ms or arrival rate req/s)'
+set xlabel {gp_quote(xlabel)}
 set ylabel 'fine-tuning tokens/min'
 set y2label 'deferral-bound attainment'
 set ytics nomirror
@@ -201,11 +209,11 @@ set y2tics
 set yrange [0:*]
 set y2range [0:1.05]
 set grid
-set key top left
-plot {gp_quote(csv_path)} every ::1 using 1:2 with linespoints pt 7 lw 2 title 'immediate tokens/min', \\
-     '' every ::1 using 1:5 with linespoints pt 5 lw 2 title 'deferred tokens/min', \\
-     '' every ::1 using 1:3 axes x1y2 with linespoints pt 6 dt 2 title 'immediate attainment', \\
-     '' every ::1 using 1:6 axes x1y2 with linespoints pt 4 dt 2 title 'deferred attainment'
+set key bottom right
+plot {gp_quote(csv_path)} every ::1 using 1:{col['immediate_tokens_per_min']} with linespoints pt 7 lw 2 title 'immediate tokens/min', \\
+     '' every ::1 using 1:{col['deferred_tokens_per_min']} with linespoints pt 5 lw 2 title 'deferred tokens/min', \\
+     '' every ::1 using 1:{col['immediate_attainment']} axes x1y2 with linespoints pt 6 dt 2 title 'immediate attainment', \\
+     '' every ::1 using 1:{col['deferred_attainment']} axes x1y2 with linespoints pt 4 dt 2 title 'deferred attainment'
 """
 
 

@@ -321,7 +321,8 @@ int ServeCommand(int argc, char** argv) {
   f.Bool("no-finetune", "no fine-tuning API even when an adapter registry is kept");
   f.String("finetune-policy", "deferred",
            "when fine-tuning iterations run between inference steps: deferred (a waiting "
-           "request is deferred while it stays within its deferral bound; FineInfer) or "
+           "request is deferred while it can still wait for an iteration within its deferral "
+           "bound, and the deferred requests are then served together; FineInfer) or "
            "immediate (only when no request waits or runs)");
   f.Float("deferral-bound", 500,
           "default deferral bound of inference requests under --finetune-policy deferred (ms; a "

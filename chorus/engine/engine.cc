@@ -171,10 +171,9 @@ struct Engine::Impl {
   std::unique_ptr<memory::PrefixCache> prefix;  // null when disabled
   std::unique_ptr<Scheduler> scheduler;
   TrainingGate* training_gate = nullptr;  // EngineOptions::training_gate
-  double step_ema_s = 0;                  // with a gate: moving average of step wall time
-  // With a gate: the same over the steps that computed prompt rows — the kind of step that
-  // admits deferred requests (it prefills all of them at once); and that count for the last step.
-  double prefill_step_ema_s = 0;
+  // With a gate: the cost model of the step that admits deferred requests (it prefills all of
+  // them at once), fed by every step that ran; and the prompt rows of the last step.
+  AdmitCost admit_cost;
   uint64_t last_step_prompt_rows = 0;
 
   explicit Impl(Engine* e, int threads) : self(e), pool(threads) {}
@@ -200,6 +199,11 @@ struct Engine::Impl {
   // policy lets it (EngineOptions::finetune_policy); returns whether it did either, i.e.
   // whether the loop should decide again before stepping.
   bool TrainingTurn();
+  // Deferred policy: the least slack over the waiting requests, in seconds — how much longer
+  // the most urgent one could wait beyond a training iteration and the step that admits all
+  // waiting prompts (d_rb − d_r − t_f of FineInfer's Algorithm 1). +inf with none waiting;
+  // −inf before any iteration was measured (the cost is unknown: no deferral).
+  double DeferralSlack(Clock::time_point now) const;
   void CancelAll();
   void PublishGauges();
   void PublishAdapterActivity();
@@ -484,48 +488,62 @@ void Engine::Impl::Loop() {
       continue;
     }
     if (TrainingTurn()) continue;
-    // The cost of the step that admits deferred requests counts against their bound too: a
-    // moving average of the wall time of steps that ran (weight 1/4 for the newest).
+    // Deferred continuous batching (Algorithm 1's inference mode): while a batch runs, a waiting
+    // request joins it only once it could not wait for a training iteration after it
+    // (d_r + t_f ≥ d_rb); until then it is deferred, so the batch drains, training resumes, and
+    // the deferred requests are admitted together — one batch whose decode steps cost about
+    // what one request's do (memory-bound), instead of a chain of late joiners that keeps the
+    // engine in inference mode. `immediate` admits at once (plain continuous batching).
+    scheduler->set_hold_admission(self->opts_.finetune_policy == "deferred" &&
+                                  training_gate->attached() && !scheduler->running().empty() &&
+                                  DeferralSlack(Clock::now()) > 0);
+    // The cost of the step that admits deferred requests counts against their bound too
+    // (AdmitCost: a decode step plus a cost per prompt row, from the steps that ran).
     const uint64_t steps_before = self->metrics_.steps_total.load(std::memory_order_relaxed);
     const auto s0 = Clock::now();
     last_step_prompt_rows = 0;
     Step();
     if (self->metrics_.steps_total.load(std::memory_order_relaxed) != steps_before) {
-      const double s = std::chrono::duration<double>(Clock::now() - s0).count();
-      step_ema_s = step_ema_s == 0 ? s : 0.75 * step_ema_s + 0.25 * s;
-      if (last_step_prompt_rows > 0)
-        prefill_step_ema_s = prefill_step_ema_s == 0 ? s : 0.75 * prefill_step_ema_s + 0.25 * s;
+      admit_cost.Add(std::chrono::duration<double>(Clock::now() - s0).count(),
+                     static_cast<int64_t>(last_step_prompt_rows));
     }
   }
+}
+
+double Engine::Impl::DeferralSlack(Clock::time_point now) const {
+  const TrainingGate* g = training_gate;
+  if (scheduler->waiting().empty()) return std::numeric_limits<double>::infinity();
+  // Every waiting request must still be able to wait for one more iteration (d_r + t_f < d_rb)
+  // and for the step that admits them all (their first tokens come after every deferred prompt
+  // was prefilled: AdmitCost). The iteration's cost is its mean plus twice its deviation
+  // (IterationCost), not the mean: a request is deferred to the edge of its bound, and an
+  // iteration longer than assumed would push it over.
+  if (g->iterations() == 0) return -std::numeric_limits<double>::infinity();
+  int64_t prompt_rows = 0;
+  for (const auto& s : scheduler->waiting()) prompt_rows += s->n_prompt;
+  const double t_f = g->iteration_cost_seconds() + admit_cost.Estimate(prompt_rows);
+  double slack_s = std::numeric_limits<double>::infinity();
+  for (const auto& s : scheduler->waiting()) {
+    const double bound_ms =
+        s->req->ttft_slo_ms > 0 ? s->req->ttft_slo_ms : self->opts_.deferral_bound_ms;
+    const double waited = std::chrono::duration<double>(now - s->arrival).count();
+    slack_s = std::min(slack_s, bound_ms / 1e3 - waited - t_f);
+  }
+  return slack_s;
 }
 
 bool Engine::Impl::TrainingTurn() {
   TrainingGate* g = training_gate;
   if (draining.load() || !(g->attached() || g->waiting())) return false;
   // Inference mode lasts until the running batch is empty (FineInfer, Algorithm 1): running
-  // requests keep continuous batching, and waiting ones join them meanwhile.
+  // requests keep continuous batching (waiting ones join them once they cannot wait longer).
   if (!scheduler->running().empty()) return false;
   const bool deferred = self->opts_.finetune_policy == "deferred";
   const auto now = Clock::now();
   double slack_s = std::numeric_limits<double>::infinity();
   if (!scheduler->waiting().empty()) {
     if (!deferred) return false;  // immediate: any waiting request comes first
-    // Deferred: train only if every waiting request can still wait for one more iteration
-    // (d_r + t_f < d_rb), keeping room for the step that will admit it (its first token is due
-    // within the bound). Before any iteration was measured the cost is unknown: no deferral.
-    // The iteration's cost is its mean plus twice its deviation (IterationCost), not the mean: a
-    // request is deferred to the edge of its bound, and an iteration longer than assumed would
-    // push it over. The admitting step prefills every deferred prompt: the average of prefill
-    // steps (of all steps until one ran).
-    if (g->iterations() == 0) return false;
-    const double admit_s = prefill_step_ema_s > 0 ? prefill_step_ema_s : step_ema_s;
-    const double t_f = g->iteration_cost_seconds() + admit_s;
-    for (const auto& s : scheduler->waiting()) {
-      const double bound_ms =
-          s->req->ttft_slo_ms > 0 ? s->req->ttft_slo_ms : self->opts_.deferral_bound_ms;
-      const double waited = std::chrono::duration<double>(now - s->arrival).count();
-      slack_s = std::min(slack_s, bound_ms / 1e3 - waited - t_f);
-    }
+    slack_s = DeferralSlack(now);
     if (!(slack_s > 0)) return false;
   }
   if (!g->waiting()) {

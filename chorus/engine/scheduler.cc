@@ -88,7 +88,7 @@ Scheduler::Outcome Scheduler::Plan() {
     waiting_.push_front(std::move(*it));
     queued_.fetch_add(1);
   }
-  if (preempted.empty()) AdmitWaiting(&budget);
+  if (preempted.empty() && !(hold_admission_ && !running_.empty())) AdmitWaiting(&budget);
   if (plan_.empty()) {
     auto first_ready =
         std::find_if(waiting_.begin(), waiting_.end(), [](const auto& s) { return !NotReady(*s); });

@@ -89,6 +89,13 @@ class Scheduler {
   void Finish(Sequence* s, FinishReason why, const std::string& error = "",
               StatusCode code = StatusCode::kInternal);
 
+  // Deferred continuous batching (FineInfer Algorithm 1; docs/finetuning.md, "Training while
+  // serving"): while set, Plan admits no waiting request as long as some sequence runs — the
+  // waiting ones are deferred to form the next batch after a training iteration instead of
+  // extending this batch's inference mode one by one. With nothing running it has no effect
+  // (the engine decides then whether to train or to admit). The engine sets it before each step.
+  void set_hold_admission(bool hold) { hold_admission_ = hold; }
+
   bool has_work() const { return !running_.empty() || !waiting_.empty(); }
   const std::vector<std::unique_ptr<Sequence>>& running() const { return running_; }
   const std::deque<std::unique_ptr<Sequence>>& waiting() const { return waiting_; }
@@ -127,7 +134,8 @@ class Scheduler {
   // (KvCache::DropBehindWindows; docs/models.md, "KV blocks behind the window").
   const bool kv_windows_;
 
-  OverloadMeter overload_;  // StepState's rates and backlog
+  OverloadMeter overload_;       // StepState's rates and backlog
+  bool hold_admission_ = false;  // set_hold_admission
 
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;  // admission order

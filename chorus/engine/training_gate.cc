@@ -1,5 +1,6 @@
 #include "chorus/engine/training_gate.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace chorus::engine {
@@ -21,6 +22,22 @@ void IterationCost::Add(double seconds) {
   }
   deviation_ = (1 - kEmaWeight) * deviation_ + kEmaWeight * std::abs(seconds - mean_);
   mean_ = (1 - kEmaWeight) * mean_ + kEmaWeight * seconds;
+}
+
+void AdmitCost::Add(double seconds, int64_t prompt_rows) {
+  if (prompt_rows <= 0) {
+    decode_s_ = decode_s_ == 0 ? seconds : (1 - kEmaWeight) * decode_s_ + kEmaWeight * seconds;
+    return;
+  }
+  if (first_s_ == 0) first_s_ = seconds;
+  // Until a decode step was measured the whole step counts per row (an overestimate).
+  const double row = std::max(0.0, seconds - decode_s_) / static_cast<double>(prompt_rows);
+  row_s_ = row_s_ == 0 ? row : (1 - kEmaWeight) * row_s_ + kEmaWeight * row;
+}
+
+double AdmitCost::Estimate(int64_t prompt_rows) const {
+  const double step = decode_s_ > 0 ? decode_s_ : first_s_;
+  return step + row_s_ * static_cast<double>(std::max<int64_t>(prompt_rows, 0));
 }
 
 void TrainingGate::Attach() { attached_.store(true, std::memory_order_release); }

@@ -46,6 +46,30 @@ class IterationCost {
   double mean_ = 0, deviation_ = 0;
 };
 
+// The cost of the step that admits deferred requests, as the deferred policy must assume it
+// (docs/finetuning.md, "Training while serving"): the requests it defers are admitted together
+// and the first token of each comes only after every deferred prompt was prefilled. On a real
+// model a prompt row costs milliseconds (prefill is compute-bound, unlike a decode step, which
+// costs about the same for 1 row as for 8), so a batch of deferred prompts can take many times
+// one prefill step; an average over past prefill steps would undercount exactly the batches
+// deferral builds. So the cost is modelled as a decode step plus a per-prompt-row cost, each a
+// moving average (weight 1/4 for the newest) of the steps that ran: steps without prompt rows
+// give the decode step, steps with p prompt rows give (time − decode step) / p per row.
+// Not thread-safe (the engine thread owns it).
+class AdmitCost {
+ public:
+  void Add(double seconds, int64_t prompt_rows);
+  // The assumed time until the first token of every one of `prompt_rows` waiting prompt rows
+  // (0 before any step ran).
+  double Estimate(int64_t prompt_rows) const;
+  double decode_step() const { return decode_s_; }
+  double per_prompt_row() const { return row_s_; }
+
+ private:
+  double decode_s_ = 0, row_s_ = 0;
+  double first_s_ = 0;  // the first step of either kind until a decode step was seen
+};
+
 class TrainingGate {
  public:
   // Trainer side. Attach/Detach bracket a job: while attached, the deferred policy keeps

@@ -48,6 +48,14 @@ x,immediate_tokens_per_min,immediate_attainment,immediate_load,deferred_tokens_p
 CSV
 plot finetune-sweep "$tmp/sweep.csv" >/dev/null
 is_png "$tmp/sweep.png" || fail "finetune-sweep: no PNG"
+# The current layout (columns by name, the swept quantity labels the x axis), and a merged sweep.
+cat >"$tmp/sweep2.csv" <<'CSV'
+x,swept,immediate_tokens_per_min,immediate_attainment,deferred_tokens_per_min,deferred_attainment,ratio,runs
+1000.0,bound,934,0.925,1227,1.0,1.31,2
+4000.0,bound,1281,1.0,1754,0.975,1.37,2
+CSV
+plot finetune-sweep "$tmp/sweep2.csv" >/dev/null
+is_png "$tmp/sweep2.png" || fail "finetune-sweep (named columns): no PNG"
 
 cat >"$tmp/samples.csv" <<'CSV'
 t,rss_kib,running,waiting,kv_used,kv_pages,adapter_pages,free_pages,prefix_blocks,resident,registered,host_entries,host_bytes
