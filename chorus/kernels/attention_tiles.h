@@ -45,8 +45,13 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // Rows of a block are padded to a multiple of this (the widest level's lanes), so that the
 // scratch size does not depend on the level.
 constexpr int64_t kRowPad = 16;
-// Decode rows prefetch the next tile's K and V rows (BlockKernel::Prefetch).
+// Decode rows prefetch K and V rows ahead of use (BlockKernel::Tile): a packed decode row
+// spreads the lines of the tile kPrefetchTiles ahead over its QK loop (one or two per step);
+// other decode rows ask for all of the next tile's lines at once.
 constexpr bool kPrefetchNext = true;
+constexpr int64_t kPrefetchTiles = 2;
+// Lines of one planned tile (K and V); beyond it (wide token-major rows) nothing is prefetched.
+constexpr int64_t kPrefetchLines = 512;
 
 inline int64_t RoundUp(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
@@ -223,9 +228,28 @@ class BlockKernel {
 
  private:
   void Tile(int64_t t0, int64_t nk) {
-    // A decode row streams its keys once: ask for the next tile's K and V rows now.
+    // A decode row streams its keys once from DRAM. All of a tile's lines requested at once
+    // (128 for bf16 K and V at head_dim 64, 256 for f32) are more than the core keeps in
+    // flight, so the first loads of the tile stall behind them; the packed path therefore
+    // requests the lines of the tile kPrefetchTiles ahead a few at a time inside its QK loop
+    // (PackedScoreTile), after one burst for the tile after the row's first.
+    // (docs/kernels.md, "Decode prefetch")
     if (n_tokens_ == 1 && kPrefetchNext) {
-      Prefetch(t0 + kAttentionTile, std::min(t0 + 2 * kAttentionTile, pos0_ + 1));
+      const int64_t last = pos0_ + 1;
+      pf_n_ = pf_i_ = 0;
+      if (kpv_ > 1) {
+        if (!pf_started_) {
+          pf_started_ = true;
+          PlanPrefetch(t0 + kAttentionTile, std::min(t0 + 2 * kAttentionTile, last));
+          IssuePrefetch(pf_n_);
+          pf_n_ = pf_i_ = 0;
+        }
+        const int64_t ahead = t0 + kPrefetchTiles * kAttentionTile;
+        PlanPrefetch(ahead, std::min(ahead + kAttentionTile, last));
+      } else {
+        PlanPrefetch(t0 + kAttentionTile, std::min(t0 + 2 * kAttentionTile, last));
+        IssuePrefetch(pf_n_);
+      }
     }
     const int64_t ft = FirstToken(t0);
     const int64_t rv0 = ft * group_ / W;  // row vectors before it hold only masked rows
@@ -278,23 +302,29 @@ class BlockKernel {
     }
   }
 
-  // Software prefetch of the K and V rows of keys [from, to): each block's run of rows of this
-  // head, line by line.
-  void Prefetch(int64_t from, int64_t to) const {
+  // Plans the software prefetch of the K and V rows of keys [from, to) (each block's run of
+  // rows of this head, line by line, K and V alternating) into pf_lines_; IssuePrefetch sends
+  // the next n planned lines.
+  void PlanPrefetch(int64_t from, int64_t to) {
     const int64_t elem = kv_.dtype == KvDtype::kBf16 ? 2 : 4;
     for (int64_t t = from; t < to;) {
       const int64_t bi = t / kv_.block_size, slot = t % kv_.block_size;
       const int64_t n = std::min(kv_.block_size - slot, to - t);
-      const int32_t block = kv_.block_table[bi];
+      const int32_t block = kv_.block_table[bi * kv_.table_stride];
       const int64_t off = (slot * kv_.kv_stride + kv_off_) * elem;
       const int64_t bytes = ((n - 1) * kv_.kv_stride + hd_) * elem;
       const char* k = reinterpret_cast<const char*>(kv_.k_blocks[block]) + off;
       const char* v = reinterpret_cast<const char*>(kv_.v_blocks[block]) + off;
-      for (int64_t b = 0; b < bytes; b += 64) {
-        __builtin_prefetch(k + b, 0, 3);
-        __builtin_prefetch(v + b, 0, 3);
+      for (int64_t b = 0; b < bytes && pf_n_ + 2 <= kPrefetchLines; b += 64) {
+        pf_lines_[pf_n_++] = k + b;
+        pf_lines_[pf_n_++] = v + b;
       }
       t += n;
+    }
+  }
+  void IssuePrefetch(int64_t n) {
+    for (const int64_t end = std::min(pf_n_, pf_i_ + n); pf_i_ < end; ++pf_i_) {
+      __builtin_prefetch(pf_lines_[pf_i_], 0, 3);
     }
   }
 
@@ -368,6 +398,9 @@ class BlockKernel {
     if constexpr (KPV >= 2 && KPV <= W) {
       constexpr int kGroups = static_cast<int>(kAttentionTile) / KPV;  // packed vectors
       constexpr int kNj = kGroups < 8 ? kGroups : 8;                   // accumulators
+      // The planned prefetch lines, spread evenly over the hd_ · kGroups / kNj QK steps.
+      const int64_t steps = hd_ * (kGroups / kNj);
+      pf_per_step_ = (pf_n_ - pf_i_ + steps - 1) / steps;
       PackKeys<KPV>(kp, kh);
       for (int j0 = 0; j0 < kGroups; j0 += kNj) PackedScoreTile<KPV, kNj>(j0);
     }
@@ -421,6 +454,7 @@ class BlockKernel {
     for (int j = 0; j < NJ; ++j) acc[j] = VT::Zero();
     const float* kpack = sc_.kt + j0 * hd_ * KPV;
     for (int64_t d = 0; d < hd_; ++d) {
+      IssuePrefetch(pf_per_step_);
       const V qv = VT::Load(sc_.qt + d * W);
 #pragma GCC unroll 8
       for (int j = 0; j < NJ; ++j) {
@@ -653,6 +687,11 @@ class BlockKernel {
   int64_t n_tokens_, pos0_, group_, hd_, hd_pad_, kv_off_;
   int64_t r_, rp_, n_rv_;
   Scratch sc_;
+  // Decode prefetch (Tile): planned lines, the next to issue, lines per QK step; whether the
+  // row's first tile has been run.
+  const char* pf_lines_[kPrefetchLines];
+  int64_t pf_n_ = 0, pf_i_ = 0, pf_per_step_ = 0;
+  bool pf_started_ = false;
   int64_t kpv_;  // keys per vector of the packed decode scores; 1: the key-major tile
   bool fuse_v_;  // a one-token block over bf16 V: widen V inside PV (AccumulateBf16)
 };
