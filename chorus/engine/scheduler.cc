@@ -409,8 +409,11 @@ void Scheduler::AdmitWaiting(int64_t* budget) {
   // in queue order, the `hold_back` oldest of those the policy saw (ready, not started) last.
   order_.clear();
   held_back_order_.clear();
-  for (size_t i = 0; i < waiting_.size(); ++i)
-    if (!waiting_[i]->finished && waiting_[i]->n_generated > 0) order_.push_back(i);
+  for (size_t i = 0; i < waiting_.size(); ++i) {
+    if (waiting_[i]->finished || waiting_[i]->n_generated == 0) continue;
+    waiting_[i]->held_back = false;  // a preempted sequence goes first, and so does its prefetch
+    order_.push_back(i);
+  }
   int64_t to_hold = hold_back;
   for (size_t i = 0; i < waiting_.size(); ++i) {
     Sequence* s = waiting_[i].get();
