@@ -29,16 +29,17 @@
 #include "chorus/model/synthetic.h"
 
 namespace chorus::engine {
-namespace {
-
-using Clock = std::chrono::steady_clock;
 
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
 }
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
 
 __attribute__((target("avx2"))) uint64_t SumAvx2(const uint8_t* p, int64_t n) {
   __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;

@@ -148,6 +148,10 @@ class ReadBandwidthProbe {
 // operations per int8 multiply-add (128 per instruction). 0 when the CPU lacks AVX-512 VNNI.
 double MeasureVnniPeak(ThreadPool* pool);
 
+// The median of `v` (the mean of the middle two for an even count; 0 when empty): every
+// benchmark here reports medians of its repeats.
+double Median(std::vector<double> v);
+
 // Median of `repeats` probe passes (after one warm-up pass), in GB/s.
 double MeasureReadBandwidth(int threads, int64_t bytes, int repeats, std::vector<double>* runs);
 

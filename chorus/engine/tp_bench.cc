@@ -7,6 +7,7 @@
 
 #include "chorus/base/rng.h"
 #include "chorus/base/thread_pool.h"
+#include "chorus/engine/bench.h"
 #include "chorus/memory/kv_cache.h"
 #include "chorus/memory/page_pool.h"
 #include "chorus/model/forward.h"
@@ -16,13 +17,6 @@ namespace chorus::engine {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
-}
 
 }  // namespace
 
