@@ -1,4 +1,5 @@
 // chorus serve: the OpenAI-compatible HTTP server (docs/api.md).
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 
@@ -6,6 +7,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <thread>
@@ -17,6 +19,7 @@
 #include "chorus/adapters/adapter_cache.h"
 #include "chorus/adapters/delta/delta_file.h"
 #include "chorus/adapters/registry.h"
+#include "chorus/adapters/tp_variants.h"
 #include "chorus/engine/engine.h"
 #include "chorus/engine/profile.h"
 #include "chorus/memory/kv_cache.h"
@@ -135,16 +138,38 @@ struct ServedAdapters {
 // default in `<registry file without .json>.finetune/` beside the registry's state file — named
 // after that file, so that two servers keeping registries in one directory never share (and lock
 // each other out of) a fine-tuning state directory.
+// Under --tp the API is off (training under tensor parallelism is not built; an explicit
+// --finetune-dir is refused at start).
 bool WantsFinetune(const Flags& f) {
-  return !f.GetBool("no-finetune") &&
+  return !f.GetBool("no-finetune") && f.GetInt("tp") <= 1 &&
          (!f.GetString("finetune-dir").empty() || !f.GetString("registry").empty());
+}
+
+// Adapters or deltas may be served (named on the command line, or a registry to load them into).
+bool ServesAdapters(const Flags& f) {
+  return !f.GetRepeated("lora").empty() || !f.GetRepeated("delta").empty() ||
+         !f.GetRepeated("lora-dir").empty() || !f.GetRepeated("adapter-root").empty() ||
+         !f.GetString("registry").empty() || WantsFinetune(f);
+}
+
+// --max-lora-rank and --lora-dtype: how every rank builds its adapter copies.
+Result<adapters::LoraLimits> LoraLimitsFromFlags(const Flags& f) {
+  adapters::LoraLimits limits;
+  limits.max_rank = f.GetInt("max-lora-rank");
+  const std::string dtype = f.GetString("lora-dtype");
+  if (dtype != "bf16" && dtype != "f32")
+    return InvalidArgumentError("flag --lora-dtype must be bf16 or f32");
+  limits.storage = dtype == "f32" ? adapters::LoraStorage::kF32 : adapters::LoraStorage::kBF16;
+  return limits;
 }
 
 // The registry (persisted across restarts) plus the adapters named on the command line. The
 // directories of --lora and --lora-dir paths are adapter roots too: the operator named them.
+// `base` is the whole model's config; under --tp the cache holds this rank's shards (`shard`).
 Result<ServedAdapters> OpenAdapters(const Flags& f, const model::ModelConfig& base,
                                     const std::string& base_name, int64_t host_cache_bytes,
-                                    const std::string& base_weights_hash) {
+                                    const std::string& base_weights_hash,
+                                    adapters::TensorParallelShard shard) {
   ServedAdapters out;
   std::vector<std::string> roots = f.GetRepeated("adapter-root");
   std::vector<std::pair<std::string, std::string>> loras;
@@ -219,14 +244,9 @@ Result<ServedAdapters> OpenAdapters(const Flags& f, const model::ModelConfig& ba
     }
   }
   {
-    adapters::LoraLimits limits;
-    limits.max_rank = ro.max_lora_rank;
-    const std::string dtype = f.GetString("lora-dtype");
-    if (dtype != "bf16" && dtype != "f32")
-      return InvalidArgumentError("flag --lora-dtype must be bf16 or f32");
-    limits.storage = dtype == "f32" ? adapters::LoraStorage::kF32 : adapters::LoraStorage::kBF16;
-    out.cache =
-        std::make_shared<adapters::AdapterCache>(base, host_cache_bytes, limits, base_weights_hash);
+    CHORUS_ASSIGN_OR_RETURN(adapters::LoraLimits limits, LoraLimitsFromFlags(f));
+    out.cache = std::make_shared<adapters::AdapterCache>(base, host_cache_bytes, limits,
+                                                         base_weights_hash, shard);
   }
   std::fprintf(stderr,
                "chorus serve: %zu adapters registered (%s); host adapter cache %lld MiB%s\n",
@@ -247,6 +267,17 @@ void ReloadTenants(const server::ServerOptions& so) {
   } else {
     std::fprintf(stderr, "chorus serve: SIGHUP: reloaded %s\n", so.tenants->path().c_str());
   }
+}
+
+// A long-running server's resident memory must stay flat (docs/hardening.md, "What the soak
+// found"). glibc gives each thread that allocates while the others hold their arenas a new arena,
+// up to 8 per core; a connection thread started at a rare concurrency peak then grows a heap of
+// its own, mostly free afterwards in pieces smaller than a page that are never returned. Two
+// arenas bound that growth. The connection threads' allocations are small and brief (parsing,
+// formatting), so sharing two arena locks among them rarely makes one wait; the engine's large
+// buffers are allocated once. MALLOC_ARENA_MAX, when set, wins.
+void LimitMallocArenas() {
+  if (std::getenv("MALLOC_ARENA_MAX") == nullptr) mallopt(M_ARENA_MAX, 2);
 }
 
 }  // namespace
@@ -372,8 +403,10 @@ int ServeCommand(int argc, char** argv) {
           "seconds running requests get to finish on SIGTERM before they are aborted");
   f.Int("tp", 1,
         "tensor-parallel ranks: `mpirun -np N chorus serve --tp N ...`; rank 0 serves HTTP and "
-        "schedules, the others compute their shards (base model only for now; docs/scaleout.md)");
+        "schedules, the others compute their shards (the base model, LoRA adapters and deltas; "
+        "no fine-tuning yet; docs/scaleout.md)");
   if (int rc = ParseOrExit(f, argc, argv); rc >= 0) return rc;
+  LimitMallocArenas();
 
   // Signals are taken synchronously by this thread (sigwait); every thread created from here
   // on inherits the mask. A peer that closes its socket must not kill the process.
@@ -391,20 +424,32 @@ int ServeCommand(int argc, char** argv) {
   auto tp = StartTensorParallel(static_cast<int>(f.GetInt("tp")));
   if (!tp.ok()) return Fail("serve", tp.status());
   if (tp->size() > 1) {
-    if (!f.GetRepeated("lora").empty() || !f.GetRepeated("delta").empty() ||
-        !f.GetRepeated("lora-dir").empty() || !f.GetRepeated("adapter-root").empty() ||
-        !f.GetString("registry").empty() || WantsFinetune(f)) {
-      return Fail("serve", InvalidArgumentError(
-                               "--tp > 1 serves the base model only for now: adapters, deltas "
-                               "and fine-tuning are not supported under tensor parallelism yet "
-                               "(docs/scaleout.md)"));
+    if (!f.GetString("finetune-dir").empty()) {
+      return Fail("serve",
+                  InvalidArgumentError("--tp > 1 serves the base model, LoRA adapters and deltas: "
+                                       "fine-tuning (--finetune-dir) is not supported under tensor "
+                                       "parallelism yet (docs/scaleout.md)"));
     }
     if (tp->worker()) {
+      // Every rank parses the same flags; rank 0 reports a bad one and stops every rank.
+      adapters::LoraLimits limits;
+      if (auto l = LoraLimitsFromFlags(f); l.ok()) limits = *l;
       auto loaded = LoadModelAndTokenizer(model_path, f.GetString("tokenizer"));
       if (Status s = AgreeAcrossRanks(tp->comm.get(), loaded.status()); !s.ok())
         return Fail("serve", s);
+      const model::ModelConfig full = loaded->model->config();
+      // Deltas are checked against the whole base's weights, as on rank 0.
+      const std::string base_hash =
+          ServesAdapters(f) ? delta::BaseWeightsHash(*loaded->model) : std::string();
       if (Status s = ShardForTensorParallel(&*tp, &loaded->model); !s.ok()) return Fail("serve", s);
-      Status s = model::RunTpWorker(tp->comm.get(), loaded->model);
+      // Variants: rank 0 defines each one's slot before its first use; this rank loads its
+      // shard of the same file (adapters/tp_variants.h).
+      adapters::TpVariantWorker variants(full, tp->rank(), tp->size(), f.GetInt("max-batch-tokens"),
+                                         {.limits = limits}, base_hash);
+      Status s = model::RunTpWorker(
+          tp->comm.get(), loaded->model,
+          [&](std::span<const int32_t> slots) { return variants.ForRows(slots); },
+          [&](int32_t slot, std::string_view d) { return variants.Define(slot, d); });
       return s.ok() ? 0 : Fail("serve", s);
     }
   }
@@ -550,6 +595,12 @@ int ServeCommand(int argc, char** argv) {
       auto loaded_or = LoadModelAndTokenizer(model_path, f.GetString("tokenizer"));
       CHORUS_RETURN_IF_ERROR(AgreeAcrossRanks(tp->comm.get(), loaded_or.status()));
       LoadedModel loaded = std::move(loaded_or).value();
+      // Adapters are read and checked against the whole model, also under --tp; deltas against
+      // the whole base's weights.
+      const model::ModelConfig full_config = loaded.model->config();
+      const bool with_adapters = ServesAdapters(f);
+      const std::string base_hash =
+          with_adapters ? delta::BaseWeightsHash(*loaded.model) : std::string();
       // Under --tp: this rank's shard; the engine then broadcasts each step's plan.
       CHORUS_RETURN_IF_ERROR(ShardForTensorParallel(&*tp, &loaded.model));
       if (tp->leader) {
@@ -560,18 +611,13 @@ int ServeCommand(int argc, char** argv) {
       CHORUS_RETURN_IF_ERROR(
           server::ChooseChatTemplate(*loaded.tokenizer, so.chat_template, so.chat_template_label)
               .status());
-      const bool with_adapters =
-          !f.GetRepeated("lora").empty() || !f.GetRepeated("delta").empty() ||
-          !f.GetRepeated("lora-dir").empty() || !f.GetRepeated("adapter-root").empty() ||
-          !f.GetString("registry").empty() || WantsFinetune(f);
       const MemoryPlan plan = PlanMemory(f, loaded.model->config(), eo.max_running,
                                          eo.max_batch_tokens, with_adapters, eo.kv_dtype);
       eo.pool_bytes = plan.pool_bytes;
       CHORUS_ASSIGN_OR_RETURN(
           ServedAdapters served,
-          OpenAdapters(f, loaded.model->config(), so.served_model_name, plan.host_cache_bytes,
-                       // Deltas are checked against the weights they were made for.
-                       with_adapters ? delta::BaseWeightsHash(*loaded.model) : std::string()));
+          OpenAdapters(f, full_config, so.served_model_name, plan.host_cache_bytes, base_hash,
+                       {.rank = tp->rank(), .size = tp->size()}));
       eo.adapter_cache = served.cache;  // the engine's loader threads read adapters through it
       if (eo.policy == "slo" && !eo.cost_model) {
         // No --cost-model: a quick profile of this model on this machine (docs/scheduling.md).

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstdio>
 
+#include "chorus/adapters/delta/delta_tp.h"
+#include "chorus/adapters/lora/lora_tp.h"
 #include "chorus/memory/host_arena.h"
 
 namespace chorus::adapters {
@@ -28,8 +30,9 @@ LoraLimits WithArena(LoraLimits limits, int64_t max_bytes) {
 }  // namespace
 
 AdapterCache::AdapterCache(model::ModelConfig base, int64_t max_bytes, LoraLimits limits,
-                           std::string base_weights_hash)
+                           std::string base_weights_hash, TensorParallelShard shard)
     : base_(std::move(base)),
+      shard_(shard),
       max_bytes_(max_bytes),
       limits_(WithArena(std::move(limits), max_bytes)),
       base_weights_hash_(std::move(base_weights_hash)) {}
@@ -47,8 +50,9 @@ Result<std::shared_ptr<const delta::DeltaWeights>> AdapterCache::GetDelta(const 
     CHORUS_RETURN_IF_ERROR(
         VerifyRegisteredContent(key.name, key.path, key.files, key.id.content_hash));
     CHORUS_ASSIGN_OR_RETURN(std::vector<AdapterFile> before, CurrentFingerprints(key.files));
-    CHORUS_ASSIGN_OR_RETURN(auto w,
-                            delta::LoadDeltaWeights(key.path, base_, base_weights_hash_, key.name));
+    CHORUS_ASSIGN_OR_RETURN(
+        auto w, delta::LoadDeltaWeightsShard(key.path, base_, base_weights_hash_, shard_.rank,
+                                             shard_.size, key.name));
     if (!CheckFingerprints(before).ok()) {
       return UnavailableError("delta '" + key.name + "': " + key.path +
                               " changed while being loaded; try again");
@@ -125,7 +129,8 @@ Result<std::shared_ptr<const LoraAdapter>> AdapterCache::Get(const VariantRef& k
     CHORUS_RETURN_IF_ERROR(
         VerifyRegisteredContent(key.name, key.path, key.files, key.id.content_hash));
     CHORUS_ASSIGN_OR_RETURN(std::vector<AdapterFile> before, CurrentFingerprints(key.files));
-    CHORUS_ASSIGN_OR_RETURN(auto adapter, LoadLoraAdapter(key.path, base_, lo, key.name));
+    CHORUS_ASSIGN_OR_RETURN(auto adapter, LoadLoraAdapterShard(key.path, base_, shard_.rank,
+                                                               shard_.size, lo, key.name));
     if (!CheckFingerprints(before).ok()) {
       return UnavailableError("adapter '" + key.name + "': " + key.path +
                               " changed while being loaded; try again");

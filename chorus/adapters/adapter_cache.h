@@ -29,12 +29,20 @@
 
 namespace chorus::adapters {
 
+// Under tensor parallelism (docs/scaleout.md) each rank's cache holds its own shard of every
+// adapter: files are read and checked against the whole model and split for `rank` of `size`.
+struct TensorParallelShard {
+  int rank = 0;
+  int size = 1;
+};
+
 class AdapterCache {
  public:
-  // `base_weights_hash` (delta::BaseWeightsHash of the served base) is checked against every
-  // delta loaded (empty: not checked).
+  // `base` is the whole model's config. `base_weights_hash` (delta::BaseWeightsHash of the
+  // served base) is checked against every delta loaded (empty: not checked). With `shard.size`
+  // > 1 the copies are this rank's shards (of LoRA adapters and deltas alike).
   AdapterCache(model::ModelConfig base, int64_t max_bytes, LoraLimits limits = {},
-               std::string base_weights_hash = {});
+               std::string base_weights_hash = {}, TensorParallelShard shard = {});
 
   // The decoded copy of `ref` (loading it on a miss). Requires: !ref.id.empty().
   Result<std::shared_ptr<const LoraAdapter>> Get(const VariantRef& ref);
@@ -87,6 +95,7 @@ class AdapterCache {
   };
 
   const model::ModelConfig base_;
+  const TensorParallelShard shard_;
   const int64_t max_bytes_;
   const LoraLimits limits_;
   mutable Mutex mu_;

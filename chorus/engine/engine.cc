@@ -6,6 +6,7 @@
 
 #include "chorus/adapters/delta/delta_hook.h"
 #include "chorus/adapters/lora/lora_hook.h"
+#include "chorus/adapters/tp_variants.h"
 #include "chorus/adapters/variant_hook.h"
 #include "chorus/base/logging.h"
 #include "chorus/base/mutex.h"
@@ -144,6 +145,8 @@ struct Engine::Impl {
   std::unique_ptr<model::StepBuilder> step;             // the step's arrays, reserved at Create
   std::vector<const adapters::LoraView*> row_adapters;  // [rows] of the step
   std::unique_ptr<adapters::LoraHook> lora_hook;        // the LoRA kind's term (docs/variants.md)
+  std::unique_ptr<adapters::TpVariantSlots> tp_slots;   // under TP: adapters' slots on all ranks
+  std::vector<int32_t> row_slots;                       // under TP: [rows] of the step, -1 = base
   std::vector<const delta::DeltaWeights*> row_deltas;   // [rows] of the step
   std::unique_ptr<delta::DeltaHook> delta_hook;         // the delta kind's term
   adapters::VariantHook variant_hook;                   // every kind with rows in the step
@@ -269,10 +272,6 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const model::Mode
       return InvalidArgumentError(
           "the prefix cache is not supported with tensor parallelism yet (docs/scaleout.md)");
     }
-    if (opts.adapter_cache) {
-      return InvalidArgumentError(
-          "adapters are not supported with tensor parallelism yet (docs/scaleout.md)");
-    }
     if (opts.training_gate) {
       return InvalidArgumentError(
           "fine-tuning is not supported with tensor parallelism (docs/scaleout.md)");
@@ -327,6 +326,21 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const model::Mode
       SchedulerOptions{.max_batch_tokens = opts.max_batch_tokens, .max_running = opts.max_running},
       impl->pages.get(), impl->kv.get(), impl->residency.get(), std::move(policy), &e->metrics_,
       impl->prefix.get(), impl->full_models.get());
+  if (tp_comm != nullptr && tp_comm->size() > 1) {
+    // Variants under TP: every rank loads its shard of an adapter or delta into a slot before a
+    // sequence uses it; the step plan names each row's slot (adapters/tp_variants.h).
+    model::TpLeader* leader = opts.tp_leader;
+    impl->tp_slots = std::make_unique<adapters::TpVariantSlots>(
+        [leader](int32_t slot, std::string_view description) {
+          return leader->Define(slot, description);
+        });
+    impl->scheduler->set_bind_variant(
+        [slots = impl->tp_slots.get()](const std::shared_ptr<const void>& copy,
+                                       const adapters::VariantRef& ref) {
+          return slots->Bind(copy, ref).status();
+        });
+    impl->row_slots.reserve(static_cast<size_t>(opts.max_batch_tokens));
+  }
   if (opts.training_gate) {
     impl->training_gate = opts.training_gate.get();
     impl->training_gate->set_wake([raw_impl] { raw_impl->Wake(); });
@@ -650,6 +664,7 @@ float* Engine::Impl::RunBase(std::span<const Scheduler::Planned> run, float* out
   const auto& c = self->model_->config();
   // The planned rows become the step's arrays, and each row's adapter the hook's segments.
   row_adapters.clear();
+  row_slots.clear();
   row_deltas.clear();
   bool any_adapter = false, any_delta = false;
   step->Clear();
@@ -660,6 +675,12 @@ float* Engine::Impl::RunBase(std::span<const Scheduler::Planned> run, float* out
                       pl.start, pl.seq->table.data(), pl.wants_logits);
     const adapters::LoraView* view = pl.seq->lora ? residency->View(pl.seq->lora.get()) : nullptr;
     row_adapters.insert(row_adapters.end(), static_cast<size_t>(pl.count), view);
+    if (tp_slots) {
+      const void* copy = pl.seq->lora ? static_cast<const void*>(pl.seq->lora.get())
+                                      : static_cast<const void*>(pl.seq->delta.get());
+      row_slots.insert(row_slots.end(), static_cast<size_t>(pl.count),
+                       copy != nullptr ? tp_slots->SlotOf(copy) : -1);
+    }
     row_deltas.insert(row_deltas.end(), static_cast<size_t>(pl.count), pl.seq->delta.get());
     any_delta |= pl.seq->delta != nullptr;
     any_adapter |= pl.seq->lora != nullptr;
@@ -683,9 +704,10 @@ float* Engine::Impl::RunBase(std::span<const Scheduler::Planned> run, float* out
     variant_hook.Add(delta_hook.get());
     in.hook = &variant_hook;
   }
-  if (self->opts_.tp_leader != nullptr && self->opts_.tp_leader->comm()->size() > 1) {
-    CHORUS_CHECK(in.hook == nullptr) << "adapters under tensor parallelism";
-    self->opts_.tp_leader->Step(in, *kv);
+  if (tp_slots) {
+    self->opts_.tp_leader->Step(in, *kv,
+                                any_adapter || any_delta ? std::span<const int32_t>(row_slots)
+                                                         : std::span<const int32_t>());
   }
   forward->Run(in, kv.get(), &pool, out);
   return out + n_logits * c.vocab_size;

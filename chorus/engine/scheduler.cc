@@ -241,13 +241,24 @@ void Scheduler::ResolveAdapterLoads() {
                  t->status.message(),
              code);
       queued_.fetch_sub(1);
-    } else if (t->delta) {
-      s->delta = t->delta;  // validated against the base when loaded
-    } else if (t->adapter->n_layers() != kv_->layout().n_layers) {
+    } else if (!t->delta && t->adapter->n_layers() != kv_->layout().n_layers) {
       Finish(s.get(), FinishReason::kError,
              "adapter '" + t->adapter->name() + "' was built for another base model",
              StatusCode::kInvalidArgument);
       queued_.fetch_sub(1);
+    } else if (Status b = bind_variant_
+                              ? bind_variant_(t->delta ? std::shared_ptr<const void>(t->delta)
+                                                       : std::shared_ptr<const void>(t->adapter),
+                                              *s->req->variant)
+                              : OkStatus();
+               !b.ok()) {
+      // Another rank could not load its shard (tensor parallelism): as a failed load.
+      Finish(
+          s.get(), FinishReason::kError, b.message(),
+          b.code() == StatusCode::kUnavailable ? StatusCode::kUnavailable : StatusCode::kInternal);
+      queued_.fetch_sub(1);
+    } else if (t->delta) {
+      s->delta = t->delta;  // validated against the base when loaded
     } else {
       s->lora = t->adapter;
     }

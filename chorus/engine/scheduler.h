@@ -23,6 +23,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -61,6 +62,14 @@ class Scheduler {
   Scheduler(SchedulerOptions opts, memory::PagePool* pages, memory::KvCache* kv,
             AdapterResidency* residency, std::unique_ptr<Policy> policy, EngineMetrics* metrics,
             memory::PrefixCache* prefix = nullptr, FullModels* full_models = nullptr);
+
+  // Called when a waiting sequence's variant (its LoraAdapter or delta::DeltaWeights copy) has
+  // loaded, before the sequence may use it (under tensor parallelism: the other ranks load their
+  // shards, adapters::TpVariantSlots). An error finishes the sequence with it, as a failed load
+  // does. Default: none. Set before the first Plan().
+  using BindVariant =
+      std::function<Status(const std::shared_ptr<const void>& copy, const adapters::VariantRef&)>;
+  void set_bind_variant(BindVariant bind) { bind_variant_ = std::move(bind); }
 
   // A new request's first choice (its other choices in `forks`), counted in `queued`
   // already by the submitter.
@@ -123,6 +132,7 @@ class Scheduler {
   void AdmitWaiting(int64_t* budget);
 
   const SchedulerOptions opts_;
+  BindVariant bind_variant_;
   memory::PagePool* const pages_;
   memory::KvCache* const kv_;
   AdapterResidency* const residency_;

@@ -1,6 +1,7 @@
 #include "chorus/model/tensor_parallel.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <string>
@@ -12,6 +13,7 @@ namespace {
 
 constexpr int32_t kStop = 0;
 constexpr int32_t kStep = 1;
+constexpr int32_t kDefine = 2;
 constexpr int kHeaderInts = 6;  // kind, rows, seqs, logit rows, payload ints, has slots
 
 // Columns [c0, c1) of a 2-D tensor, copied (o and down: split along their input features). A
@@ -165,15 +167,40 @@ void StepChannel::Send(const StepInput& in, const memory::KvCache& kv,
   comm_->Broadcast(payload_.data(), static_cast<int64_t>(payload_.size() * sizeof(int32_t)), 0);
 }
 
+void StepChannel::SendDefine(int32_t slot, std::string_view description) {
+  CHORUS_CHECK_EQ(comm_->rank(), 0);
+  CHORUS_CHECK(slot >= 0);
+  // The description travels in the int32 payload: its length in bytes, then its bytes padded.
+  payload_.assign(1 + (description.size() + 3) / 4, 0);
+  payload_[0] = static_cast<int32_t>(description.size());
+  std::memcpy(payload_.data() + 1, description.data(), description.size());
+  header_ = {kDefine, slot, 0, 0, static_cast<int32_t>(payload_.size()), 0};
+  comm_->BroadcastMayIdle(header_.data(), kHeaderInts * sizeof(int32_t), 0);
+  comm_->Broadcast(payload_.data(), static_cast<int64_t>(payload_.size() * sizeof(int32_t)), 0);
+}
+
+std::string_view StepChannel::define_description() const {
+  return {reinterpret_cast<const char*>(payload_.data() + 1), static_cast<size_t>(payload_[0])};
+}
+
 void StepChannel::SendStop() {
   header_ = {kStop, 0, 0, 0, 0, 0};
   comm_->BroadcastMayIdle(header_.data(), kHeaderInts * sizeof(int32_t), 0);
 }
 
-bool StepChannel::Receive() {
+StepChannel::Message StepChannel::Receive() {
   // The header may be long in coming (an idle server): wait without holding a core.
   comm_->BroadcastMayIdle(header_.data(), kHeaderInts * sizeof(int32_t), 0);
-  if (header_[0] == kStop) return false;
+  if (header_[0] == kStop) return Message::kStop;
+  if (header_[0] == kDefine) {
+    CHORUS_CHECK(header_[1] >= 0 && header_[4] >= 1) << "corrupt tensor-parallel definition";
+    payload_.resize(static_cast<size_t>(header_[4]));
+    comm_->Broadcast(payload_.data(), static_cast<int64_t>(payload_.size() * sizeof(int32_t)), 0);
+    CHORUS_CHECK(payload_[0] >= 0 &&
+                 (static_cast<size_t>(payload_[0]) + 3) / 4 + 1 == payload_.size())
+        << "corrupt tensor-parallel definition";
+    return Message::kDefine;
+  }
   CHORUS_CHECK_EQ(header_[0], kStep) << "corrupt tensor-parallel step header";
   n_rows_ = header_[1];
   n_seqs_ = header_[2];
@@ -191,7 +218,7 @@ bool StepChannel::Receive() {
     tables_.push_back(t);
     t += lengths[s];
   }
-  return true;
+  return Message::kStep;
 }
 
 std::span<const int32_t> StepChannel::row_slots() const {
@@ -224,6 +251,22 @@ void TpLeader::Step(const StepInput& in, const memory::KvCache& kv,
   channel_->Send(in, kv, row_slots);
 }
 
+Status TpLeader::Define(int32_t slot, std::string_view description) {
+  CHORUS_CHECK(channel_ != nullptr) << "TpLeader::Define before Start";
+  channel_->SendDefine(slot, description);
+  // Each worker adds its rank's bit (exact in a float for the ranks an MPI job on CPUs has).
+  float failed = 0;
+  comm_->AllReduceSum(&failed, 1);
+  if (failed == 0) return OkStatus();
+  std::string ranks;
+  for (int r = 1; r < comm_->size() && r < 24; ++r) {
+    if ((static_cast<int64_t>(failed) >> r) & 1)
+      ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  }
+  return UnavailableError("tensor-parallel rank(s) " + (ranks.empty() ? std::string("?") : ranks) +
+                          " could not load their shard (their log says why)");
+}
+
 void TpLeader::Stop() {
   if (stopped_ || comm_ == nullptr || comm_->size() == 1) return;
   stopped_ = true;
@@ -236,7 +279,7 @@ void TpLeader::Stop() {
 }
 
 Status RunTpWorker(dist::Communicator* comm, std::shared_ptr<const Model> shard,
-                   const TpHookForRows& hook_for) {
+                   const TpHookForRows& hook_for, const TpDefineSlot& define) {
   CHORUS_CHECK(comm->rank() > 0) << "RunTpWorker on rank 0";
   TpSetup s;
   comm->BroadcastMayIdle(&s, sizeof(s), 0);
@@ -250,7 +293,20 @@ Status RunTpWorker(dist::Communicator* comm, std::shared_ptr<const Model> shard,
   Forward fwd(shard, s.max_rows, std::max<int64_t>(1, s.max_logit_rows), comm);
   ThreadPool pool(s.threads);
   StepChannel channel(comm, s.max_rows, s.max_seqs);
-  while (channel.Receive()) {
+  for (;;) {
+    const StepChannel::Message m = channel.Receive();
+    if (m == StepChannel::Message::kStop) break;
+    if (m == StepChannel::Message::kDefine) {
+      Status s = define ? define(channel.define_slot(), channel.define_description())
+                        : FailedPreconditionError("this rank serves no variants");
+      if (!s.ok()) {
+        std::fprintf(stderr, "tensor-parallel rank %d: variant slot %d: %s\n", comm->rank(),
+                     channel.define_slot(), s.ToString().c_str());
+      }
+      float failed = s.ok() ? 0.0f : static_cast<float>(int64_t{1} << std::min(comm->rank(), 23));
+      comm->AllReduceSum(&failed, 1);
+      continue;
+    }
     StepInput in = channel.Input();
     in.logit_rows = {};  // the head runs on rank 0
     if (!channel.row_slots().empty()) {

@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "chorus/base/thread_pool.h"
@@ -54,22 +55,30 @@ struct TpSetup {
 // The step plan on the wire: rank 0 sends StepInput's arrays (tokens, positions, sequences,
 // logit rows, the block tables' entries the step reads) and optionally each row's variant slot,
 // the others receive them. Hooks do not cross: a slot is an index into a table of variants every
-// rank loaded for its shard in the same order (RunTpWorker's `hook_for`).
+// rank loaded for its shard (RunTpWorker's `hook_for`). Between steps rank 0 may define a slot:
+// it sends the slot and an opaque description of the variant (the adapters module writes and
+// reads it), every rank loads its shard of that variant, and all agree on the outcome.
 class StepChannel {
  public:
+  enum class Message { kStop, kStep, kDefine };
   StepChannel(dist::Communicator* comm, int64_t max_rows, int64_t max_seqs);
   // Rank 0: broadcasts `in` (its tables read through `kv`'s geometry) and, when not empty, the
   // rows' variant slots [rows] (−1 = base).
   void Send(const StepInput& in, const memory::KvCache& kv,
             std::span<const int32_t> row_slots = {});
+  // Rank 0: broadcasts a slot's definition (the ranks then agree on it: TpLeader::Define).
+  void SendDefine(int32_t slot, std::string_view description);
   // Rank 0: tells the workers to return.
   void SendStop();
-  // Other ranks: the next step (true) or the stop message (false).
-  bool Receive();
+  // Other ranks: the next message.
+  Message Receive();
   // The received step, valid until the next Receive(); hook null.
   StepInput Input() const;
   // The received rows' variant slots; empty when rank 0 sent none.
   std::span<const int32_t> row_slots() const;
+  // The received definition (kDefine), valid until the next Receive().
+  int32_t define_slot() const { return header_[1]; }
+  std::string_view define_description() const;
 
  private:
   dist::Communicator* comm_;
@@ -96,6 +105,11 @@ class TpLeader {
   void Start(const TpSetup& setup);
   void Step(const StepInput& in, const memory::KvCache& kv,
             std::span<const int32_t> row_slots = {});
+  // Between steps: every worker loads its shard of the variant `description` names into `slot`
+  // (RunTpWorker's `define`). OK only when every worker succeeded; otherwise an error naming the
+  // ranks that failed (each prints its own reason); rank 0 then uses the slot for nothing until
+  // it defines it again (a worker that did load the variant keeps it until then).
+  Status Define(int32_t slot, std::string_view description);
   void Stop();
 
  private:
@@ -109,8 +123,12 @@ class TpLeader {
 // Returns when rank 0 stops; the logits are computed on rank 0 only. When rank 0 sends row
 // slots, `hook_for` gives the step's hook for them (this rank's shards of the variants: e.g. a
 // LoraHook over adapters::ShardLoraWeights); a step with slots and no `hook_for` is an error.
+// `define` loads this rank's shard of a variant into a slot when rank 0 defines one (no
+// `define`: every definition fails on this rank); its error is printed, and rank 0 refuses
+// the variant.
 using TpHookForRows = std::function<Result<const LinearHook*>(std::span<const int32_t> slots)>;
+using TpDefineSlot = std::function<Status(int32_t slot, std::string_view description)>;
 Status RunTpWorker(dist::Communicator* comm, std::shared_ptr<const Model> shard,
-                   const TpHookForRows& hook_for = nullptr);
+                   const TpHookForRows& hook_for = nullptr, const TpDefineSlot& define = nullptr);
 
 }  // namespace chorus::model

@@ -42,21 +42,35 @@ rows=$(grep -cE '^(1|4) +[0-9]' <<<"$out")
 echo "PASS bench --tp 2:"
 echo "$out"
 
-# serve --tp 2: rank 0 serves HTTP; a greedy completion equals one process's; SIGTERM to rank 0
+# serve --tp 2: rank 0 serves HTTP; greedy completions of the base, of an adapter given with
+# --lora, of one loaded through the API and of a delta (BitDelta of a synthetic fine-tune: one
+# scale per matrix, so stories260K's 172-wide MLP splits) equal one process's; SIGTERM to rank 0
 # ends every rank (the workers leave when rank 0's engine stops) and mpirun exits 0.
-serve_text() {  # serve_text PORT TP [mpirun...] : the completion's text
+complete() {  # complete PORT MODEL : the greedy completion's text
+  curl -sf "http://127.0.0.1:$1/v1/completions" -H 'Content-Type: application/json' \
+    -d "{\"model\": \"$2\", \"prompt\": \"Once upon a time\", \"max_tokens\": 40, \"temperature\": 0}" |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["choices"][0]["text"])'
+}
+serve_texts() {  # serve_texts PORT TP [mpirun...] : the texts of base, a, b, d, a, base
   local port=$1 tp=$2; shift 2
   "$@" "$CHORUS" serve --model "$M/stories260K.bin" --tokenizer "$M/tok512.bin" --threads 1 \
-    --port "$port" --host 127.0.0.1 --tp "$tp" >"$TMP/serve-$port.log" 2>&1 &
+    --port "$port" --host 127.0.0.1 --tp "$tp" --served-model-name base \
+    --lora "a=$TMP/loras/lora-0" --delta "d=$TMP/d.safetensors" --adapter-root "$TMP/loras" \
+    --registry "$TMP/reg-$port.json" \
+    --no-finetune >"$TMP/serve-$port.log" 2>&1 &
   local pid=$!
   for _ in $(seq 1 300); do
     curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
     kill -0 $pid 2>/dev/null || { cat "$TMP/serve-$port.log"; return 1; }
     sleep 0.1
   done
-  curl -sf "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
-    -d '{"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0}' >"$TMP/out-$port.json" ||
-    { cat "$TMP/serve-$port.log"; kill $pid; return 1; }
+  curl -sf "http://127.0.0.1:$port/v1/load_lora_adapter" -H 'Content-Type: application/json' \
+    -d "{\"lora_name\": \"b\", \"lora_path\": \"$TMP/loras/lora-1\"}" >/dev/null ||
+    { echo "load_lora_adapter failed"; cat "$TMP/serve-$port.log"; kill $pid; return 1; }
+  local m
+  for m in base a b d a base; do
+    complete "$port" "$m" || { echo "completion of $m failed"; cat "$TMP/serve-$port.log"; kill $pid; return 1; }
+  done
   # SIGTERM to the process that listens (rank 0): it drains and exits 0, and its engine's stop
   # message ends the other ranks. (mpirun itself would forward the signal to every rank and
   # report the job as killed.)
@@ -65,13 +79,36 @@ serve_text() {  # serve_text PORT TP [mpirun...] : the completion's text
   [ -n "$listener" ] || { echo "no process listens on $port"; kill $pid; return 1; }
   kill -TERM "$listener"
   wait $pid || { echo "serve exited with $?"; cat "$TMP/serve-$port.log"; return 1; }
-  python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["choices"][0]["text"])' \
-    "$TMP/out-$port.json"
 }
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
+"$CHORUS" convert --model "$M/stories260K.bin" --lora-count 2 --lora-ranks 8,16 \
+  --lora-targets q,k,v,o,gate,up,down --output "$TMP/loras" 2>/dev/null ||
+  fail "chorus convert --lora-count failed"
+"$CHORUS" convert --model "$M/stories260K.bin" --tokenizer "$M/tok512.bin" --finetune-delta 0.15:0.2 \
+  --output "$TMP/ft.gguf" 2>/dev/null || fail "chorus convert --finetune-delta failed"
+"$CHORUS" compress --base "$M/stories260K.bin" --finetuned "$TMP/ft.gguf" --method bitdelta \
+  --distill-steps 0 --output "$TMP/d.safetensors" >/dev/null 2>"$TMP/compress.err" ||
+  fail "chorus compress failed: $(cat "$TMP/compress.err")"
 P=$((20000 + RANDOM % 20000))
-s1=$(serve_text $P 1) || fail "serve (one process): $s1"
-s2=$(serve_text $((P + 1)) 2 "${MPIRUN[@]}") || fail "mpirun serve --tp 2: $s2"
-[ -n "$s1" ] && [ "$s1" = "$s2" ] || fail "serve --tp 2 text differs: '$s1' vs '$s2'"
-echo "PASS serve --tp 2: the same greedy completion as one process, SIGTERM to rank 0 ends every rank"
+s1=$(serve_texts $P 1) || fail "serve (one process): $s1"
+s2=$(serve_texts $((P + 1)) 2 "${MPIRUN[@]}") || fail "mpirun serve --tp 2: $s2"
+[ "$(wc -l <<<"$s1")" = 6 ] || fail "serve: expected 6 completions: $s1"
+[ "$s1" = "$s2" ] || fail "serve --tp 2 texts differ from one process's:
+--- TP=1:
+$s1
+--- TP=2:
+$s2"
+mapfile -t t <<<"$s1"
+[ "${t[0]}" != "${t[1]}" ] && [ "${t[1]}" != "${t[2]}" ] && [ "${t[0]}" != "${t[3]}" ] ||
+  fail "the variants do not change the text (a test that cannot fail): $s1"
+echo "PASS serve --tp 2: the same greedy completions as one process (base, --lora adapter, adapter"
+echo "     loaded through the API, delta), SIGTERM to rank 0 ends every rank"
+
+# What TP does not serve yet is refused at start, naming it.
+err=$("${MPIRUN[@]}" "$CHORUS" serve --model "$M/stories260K.bin" --tokenizer "$M/tok512.bin" \
+      --threads 1 --port 0 --tp 2 --finetune-dir "$TMP/ft" 2>&1) &&
+  fail "--finetune-dir under --tp 2 started"
+grep -q "fine-tuning (--finetune-dir) is not supported under tensor parallelism" <<<"$err" ||
+  fail "--finetune-dir under --tp 2: unexpected message: $err"
+echo "PASS --finetune-dir under --tp 2 refused"

@@ -7,9 +7,13 @@
 // down summed in two halves) can move an activation across a rounding boundary: the logits then
 // differ by up to ~1e-2, and the bound checked is 5e-2 (docs/scaleout.md).
 // Steps mix prefill chunks and decode rows of three sequences, one joining late. Each model runs
-// twice: base only, and with LoRA variants — two random adapters (ranks 8 and 16, all seven
-// linears), sequence 0 on the first, 1 on the second, 2 on the base — every rank loading its
-// shard of them (adapters/lora/lora_tp.h).
+// three times: base only; with LoRA variants — two random adapters (ranks 8 and 16, all seven
+// linears), sequence 0 on the first, 1 on the second, 2 on the base — every rank holding its
+// shard of them (adapters/lora/lora_tp.h); and with a delta beside them — sequence 0 on a random
+// compressed delta of every linear (every rank holding its shard, adapters/delta/delta_tp.h),
+// 1 on the rank-8 adapter, 2 on the base. The delta is 4-bit 2:4 with scale groups of 64 at the
+// TinyLlama shape, and 1-bit with one scale per matrix (BitDelta's layout) on stories260K, whose
+// 172-wide MLP splits at 86 columns, inside any group of 4.
 //
 // Models: stories260K (llama2.c, f32; ../shared/models) and the TinyLlama-1.1B shape (2 of its
 // 22 layers: full width — 32 heads, 4 KV heads, n_ff 5632, vocab 32000 — but a 22-layer random
@@ -28,7 +32,10 @@
 #include <string>
 #include <vector>
 
+#include "chorus/adapters/delta/delta_synthetic.h"
+#include "chorus/adapters/delta/delta_tp.h"
 #include "chorus/adapters/lora/lora_tp.h"
+#include "chorus/adapters/variant_hook.h"
 #include "chorus/base/thread_pool.h"
 #include "chorus/dist/communicator.h"
 #include "chorus/memory/kv_cache.h"
@@ -54,13 +61,51 @@ struct Cache {
   std::vector<std::vector<int32_t>> tables;
 };
 
-// Rank 0: the reference and the TP run side by side. Returns false on a mismatch.
-// The two adapters' tables: for the whole model (rank 0's reference) and for this rank's shard.
-struct Loras {
-  std::unique_ptr<adapters::LoraSlotHook> whole, shard;
+// The variants of one side (the whole model, or this rank's shard): slots 0 and 1 are the LoRA
+// adapters, slot 2 the delta.
+class Variants {
+ public:
+  Variants(const model::ModelConfig& c, std::vector<std::shared_ptr<const adapters::LoraAdapter>> l,
+           std::shared_ptr<const delta::DeltaWeights> d)
+      : lora_(c, kMaxRows, std::move(l)), delta_(std::move(d)), delta_hook_(kMaxRows) {}
+  Result<const model::LinearHook*> ForRows(std::span<const int32_t> slots) {
+    lora_rows_.clear();
+    delta_rows_.clear();
+    bool any_lora = false, any_delta = false;
+    for (int32_t s : slots) {
+      lora_rows_.push_back(s == 2 ? -1 : s);
+      delta_rows_.push_back(s == 2 ? delta_.get() : nullptr);
+      any_lora |= s == 0 || s == 1;
+      any_delta |= s == 2;
+    }
+    hook_.Clear();
+    if (any_lora) {
+      CHORUS_ASSIGN_OR_RETURN(const model::LinearHook* h, lora_.ForRows(lora_rows_));
+      hook_.Add(h);
+    }
+    if (any_delta) {
+      CHORUS_RETURN_IF_ERROR(delta_hook_.SetRows(delta_rows_));
+      hook_.Add(&delta_hook_);
+    }
+    return static_cast<const model::LinearHook*>(&hook_);
+  }
+
+ private:
+  adapters::LoraSlotHook lora_;
+  std::shared_ptr<const delta::DeltaWeights> delta_;
+  delta::DeltaHook delta_hook_;
+  adapters::VariantHook hook_;
+  std::vector<int32_t> lora_rows_;
+  std::vector<const delta::DeltaWeights*> delta_rows_;
 };
 
-Result<Loras> MakeLoras(const model::Model& full, const model::Model& shard, int rank, int size) {
+// The variants for the whole model (rank 0's reference) and for this rank's shard.
+struct Loras {
+  std::unique_ptr<Variants> whole, shard;
+};
+
+Result<Loras> MakeLoras(const model::Model& full, const model::Model& shard, int rank, int size,
+                        const delta::RandomDeltaSpec& delta_spec) {
   std::vector<std::shared_ptr<const adapters::LoraAdapter>> whole, part;
   for (int64_t r : {8, 16}) {
     adapters::RandomLoraSpec spec;
@@ -75,16 +120,26 @@ Result<Loras> MakeLoras(const model::Model& full, const model::Model& shard, int
     whole.push_back(std::move(a));
     part.push_back(std::move(b));
   }
+  const delta::Delta d = delta::MakeRandomDelta(full.config(), delta_spec);
+  CHORUS_ASSIGN_OR_RETURN(delta::Delta sd, delta::ShardDelta(d, full.config(), rank, size));
+  CHORUS_ASSIGN_OR_RETURN(
+      auto dw,
+      delta::DeltaWeights::Build(std::make_shared<const delta::Delta>(d), full.config(), "whole"));
+  CHORUS_ASSIGN_OR_RETURN(
+      auto ds, delta::DeltaWeights::Build(std::make_shared<const delta::Delta>(std::move(sd)),
+                                          shard.config(), "shard"));
   Loras out;
-  out.whole = std::make_unique<adapters::LoraSlotHook>(full.config(), kMaxRows, std::move(whole));
-  out.shard = std::make_unique<adapters::LoraSlotHook>(shard.config(), kMaxRows, std::move(part));
+  out.whole = std::make_unique<Variants>(full.config(), std::move(whole), std::move(dw));
+  out.shard = std::make_unique<Variants>(shard.config(), std::move(part), std::move(ds));
   return out;
 }
+
+enum class Mode { kBase, kLora, kDelta };
 
 bool CompareOnRankZero(const std::string& name, float tolerance,
                        std::shared_ptr<const model::Model> full,
                        std::shared_ptr<const model::Model> shard, dist::Communicator* comm,
-                       Loras* loras) {
+                       Loras* loras, Mode mode) {
   const model::ModelConfig& c = full->config();
   const int64_t n_pages = 64;
   Cache ref(c, n_pages), tp(shard->config(), n_pages);
@@ -119,7 +174,8 @@ bool CompareOnRankZero(const std::string& name, float tolerance,
     b_ref.Clear();
     b_tp.Clear();
     std::vector<int> in_step;
-    std::vector<int32_t> slots;  // with LoRA: sequence s's rows on slot 0, 1, −1 (base)
+    // Sequence s's rows: LoRA 0, LoRA 1, base; with the delta: delta (slot 2), LoRA 0, base.
+    std::vector<int32_t> slots;
     for (int s = 0; s < 3; ++s) {
       if (s == 2 && step < 3) continue;
       const auto n_tok = static_cast<int64_t>(toks[static_cast<size_t>(s)].size());
@@ -132,11 +188,12 @@ bool CompareOnRankZero(const std::string& name, float tolerance,
       b_tp.AddSequence(rows, from, tp.tables[static_cast<size_t>(s)].data(), last);
       done[static_cast<size_t>(s)] += count;
       if (last) in_step.push_back(s);
-      slots.insert(slots.end(), static_cast<size_t>(count), s == 2 ? -1 : s);
+      const int32_t slot = s == 2 ? -1 : mode == Mode::kDelta ? (s == 0 ? 2 : 0) : s;
+      slots.insert(slots.end(), static_cast<size_t>(count), slot);
     }
     const model::LinearHook* h_ref = nullptr;
     const model::LinearHook* h_tp = nullptr;
-    if (loras != nullptr) {
+    if (mode != Mode::kBase) {
       h_ref = loras->whole->ForRows(slots).value();
       h_tp = loras->shard->ForRows(slots).value();
     } else {
@@ -217,20 +274,30 @@ int Main() {
       std::fprintf(stderr, "FAIL %s: %s\n", k.name.c_str(), shard.status().ToString().c_str());
       return 1;
     }
-    auto loras = MakeLoras(**full, **shard, comm->rank(), comm->size());
+    // Deltas split like their base matrices: o and down by columns, on whole groups.
+    const delta::RandomDeltaSpec delta_spec =
+        k.name == "stories260K"
+            ? delta::RandomDeltaSpec{.bits = 1,
+                                     .sparse24 = false,
+                                     .group_size = 0,
+                                     .scale = 2e-2f,
+                                     .seed = 31}
+            : delta::RandomDeltaSpec{
+                  .bits = 4, .sparse24 = true, .group_size = 64, .scale = 2e-3f, .seed = 31};
+    auto loras = MakeLoras(**full, **shard, comm->rank(), comm->size(), delta_spec);
     if (!loras.ok()) {
       std::fprintf(stderr, "FAIL %s: %s\n", k.name.c_str(), loras.status().ToString().c_str());
       return 1;
     }
-    for (bool with_lora : {false, true}) {
-      const std::string name = k.name + (with_lora ? " +LoRA" : "");
+    for (Mode mode : {Mode::kBase, Mode::kLora, Mode::kDelta}) {
+      const std::string name = k.name + (mode == Mode::kLora    ? " +LoRA"
+                                         : mode == Mode::kDelta ? " +delta+LoRA"
+                                                                : "");
       if (comm->rank() == 0) {
-        all_ok = CompareOnRankZero(name, k.tolerance, *full, *shard, comm,
-                                   with_lora ? &*loras : nullptr) &&
-                 all_ok;
+        all_ok = CompareOnRankZero(name, k.tolerance, *full, *shard, comm, &*loras, mode) && all_ok;
         continue;
       }
-      adapters::LoraSlotHook* h = loras->shard.get();
+      Variants* h = loras->shard.get();
       Status s = model::RunTpWorker(
           comm, *shard, [h](std::span<const int32_t> slots) { return h->ForRows(slots); });
       if (!s.ok()) {

@@ -51,6 +51,22 @@ Result<LoraWeights> ShardLoraWeights(const LoraWeights& w, const model::ModelCon
   return out;
 }
 
+Result<std::shared_ptr<const LoraAdapter>> LoadLoraAdapterShard(const std::string& path,
+                                                                const model::ModelConfig& full,
+                                                                int rank, int size,
+                                                                const LoraLoadOptions& opts,
+                                                                std::string name) {
+  if (size == 1) return LoadLoraAdapter(path, full, opts, std::move(name));
+  CHORUS_ASSIGN_OR_RETURN(LoraWeights w, ReadLora(path, full, opts));
+  auto shard = ShardLoraWeights(w, full, rank, size);
+  if (!shard.ok()) return shard.status().WithContext(path);
+  CHORUS_ASSIGN_OR_RETURN(model::ModelConfig sc, model::ShardConfig(full, size));
+  auto ad =
+      LoraAdapter::Build(*shard, sc, name.empty() ? path : std::move(name), opts.limits, opts.id);
+  if (!ad.ok()) return ad.status().WithContext(path);
+  return ad;
+}
+
 LoraSlotHook::LoraSlotHook(const model::ModelConfig& config, int64_t max_rows,
                            std::vector<std::shared_ptr<const LoraAdapter>> table)
     : table_(std::move(table)), hook_(config, max_rows) {
@@ -64,10 +80,19 @@ Result<const model::LinearHook*> LoraSlotHook::ForRows(std::span<const int32_t> 
       return InvalidArgumentError("variant slot " + std::to_string(s) + " outside the " +
                                   std::to_string(table_.size()) + " adapters of this rank");
     }
-    rows_.push_back(s < 0 ? nullptr : table_[static_cast<size_t>(s)].get());
+    const LoraAdapter* a = s < 0 ? nullptr : table_[static_cast<size_t>(s)].get();
+    if (s >= 0 && a == nullptr)
+      return InvalidArgumentError("variant slot " + std::to_string(s) + " is not defined");
+    rows_.push_back(a);
   }
   CHORUS_RETURN_IF_ERROR(hook_.SetRows(rows_));
   return static_cast<const model::LinearHook*>(&hook_);
+}
+
+void LoraSlotHook::Set(int32_t slot, std::shared_ptr<const LoraAdapter> adapter) {
+  CHORUS_CHECK(slot >= 0);
+  if (static_cast<size_t>(slot) >= table_.size()) table_.resize(static_cast<size_t>(slot) + 1);
+  table_[static_cast<size_t>(slot)] = std::move(adapter);
 }
 
 }  // namespace chorus::adapters

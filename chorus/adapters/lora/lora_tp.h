@@ -19,9 +19,11 @@
 
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "chorus/adapters/lora/lora_adapter.h"
+#include "chorus/adapters/lora/lora_files.h"
 #include "chorus/adapters/lora/lora_hook.h"
 #include "chorus/model/config.h"
 
@@ -33,16 +35,29 @@ namespace chorus::adapters {
 Result<LoraWeights> ShardLoraWeights(const LoraWeights& w, const model::ModelConfig& base, int rank,
                                      int size);
 
-// A rank's LoRA hook over a fixed table of adapters, addressed by slot (slot i = table[i],
+// ReadLora against the whole model `full`, ShardLoraWeights for `rank` of `size`, and
+// LoraAdapter::Build against model::ShardConfig(full, size): this rank's copy of an adapter
+// file (size 1: LoadLoraAdapter). Errors name the path.
+Result<std::shared_ptr<const LoraAdapter>> LoadLoraAdapterShard(const std::string& path,
+                                                                const model::ModelConfig& full,
+                                                                int rank, int size,
+                                                                const LoraLoadOptions& opts,
+                                                                std::string name);
+
+// A rank's LoRA hook over a table of adapters, addressed by slot (slot i = table[i],
 // −1 = base): what the step plan carries per row (model::StepChannel) and what
 // model::RunTpWorker asks for (`ForRows` is a model::TpHookForRows). Every rank builds its table
-// from the same adapters in the same order, each for its own shard.
+// from the same adapters, each for its own shard: all at once, or slot by slot as rank 0
+// defines them (Set).
 class LoraSlotHook {
  public:
   LoraSlotHook(const model::ModelConfig& config, int64_t max_rows,
-               std::vector<std::shared_ptr<const LoraAdapter>> table);
-  // The hook with rows set from `slots` (a slot outside the table is an error naming it).
+               std::vector<std::shared_ptr<const LoraAdapter>> table = {});
+  // The hook with rows set from `slots` (a slot outside the table, or empty, is an error naming
+  // it).
   Result<const model::LinearHook*> ForRows(std::span<const int32_t> slots);
+  // Puts `adapter` in `slot` (≥ 0; the table grows as needed), replacing what was there.
+  void Set(int32_t slot, std::shared_ptr<const LoraAdapter> adapter);
 
  private:
   std::vector<std::shared_ptr<const LoraAdapter>> table_;
