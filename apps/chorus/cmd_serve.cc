@@ -603,10 +603,7 @@ int ServeCommand(int argc, char** argv) {
           with_adapters ? delta::BaseWeightsHash(*loaded.model) : std::string();
       // Under --tp: this rank's shard; the engine then broadcasts each step's plan.
       CHORUS_RETURN_IF_ERROR(ShardForTensorParallel(&*tp, &loaded.model));
-      if (tp->leader) {
-        eo.tp_leader = tp->leader.get();
-        eo.prefix_cache = false;  // not supported under TP yet (docs/scaleout.md)
-      }
+      if (tp->leader) eo.tp_leader = tp->leader.get();
       // No silent fallback: a model template that does not compile stops the server here.
       CHORUS_RETURN_IF_ERROR(
           server::ChooseChatTemplate(*loaded.tokenizer, so.chat_template, so.chat_template_label)

@@ -268,10 +268,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const model::Mode
   impl->kv = std::make_unique<memory::KvCache>(layout, impl->pages.get());
   dist::Communicator* tp_comm = opts.tp_leader ? opts.tp_leader->comm() : nullptr;
   if (tp_comm != nullptr && tp_comm->size() > 1) {
-    if (opts.prefix_cache) {
-      return InvalidArgumentError(
-          "the prefix cache is not supported with tensor parallelism yet (docs/scaleout.md)");
-    }
+    // The other ranks mirror the pool's pages: copy-on-write copies (n > 1 choices, cached
+    // prefixes) travel with the next step's plan.
+    impl->kv->RecordCopies(true);
     if (opts.training_gate) {
       return InvalidArgumentError(
           "fine-tuning is not supported with tensor parallelism (docs/scaleout.md)");
@@ -380,8 +379,6 @@ Result<std::shared_ptr<RequestHandle>> Engine::Submit(GenerationRequest req) {
   }
   if (req.max_tokens < 1) return InvalidArgumentError("max_tokens must be at least 1");
   if (req.n < 1 || req.n > 16) return InvalidArgumentError("n must be in [1, 16]");
-  if (req.n > 1 && opts_.tp_leader != nullptr && opts_.tp_leader->comm()->size() > 1)
-    return InvalidArgumentError("n > 1 is not supported with tensor parallelism yet");
   FullModels::Entry* full = nullptr;
   if (req.variant && req.variant->kind == "full") {
     full = impl_->full_models ? impl_->full_models->Find(req.variant->name) : nullptr;
@@ -705,9 +702,11 @@ float* Engine::Impl::RunBase(std::span<const Scheduler::Planned> run, float* out
     in.hook = &variant_hook;
   }
   if (tp_slots) {
-    self->opts_.tp_leader->Step(in, *kv,
-                                any_adapter || any_delta ? std::span<const int32_t>(row_slots)
-                                                         : std::span<const int32_t>());
+    self->opts_.tp_leader->Step(
+        in, *kv,
+        any_adapter || any_delta ? std::span<const int32_t>(row_slots) : std::span<const int32_t>(),
+        kv->copies());
+    kv->ClearCopies();
   }
   forward->Run(in, kv.get(), &pool, out);
   return out + n_logits * c.vocab_size;

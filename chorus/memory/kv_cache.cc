@@ -148,6 +148,7 @@ Status KvCache::PrepareWrite(std::vector<int32_t>* table, int64_t write_from, in
       // The whole page: the slots before `write_from` hold this holder's history.
       std::memcpy(pool_->PageData(copy), pool_->PageData(blk),
                   static_cast<size_t>(pool_->page_bytes()));
+      if (record_copies_) copies_.insert(copies_.end(), {blk, copy});
       if (--refs_[static_cast<size_t>(blk)] == 1) {
         --n_shared_;
         if (cache_mark_[static_cast<size_t>(blk)]) ++n_cache_only_;

@@ -116,6 +116,13 @@ class KvCache {
   // Reserve() and replaces every shared block in that range by a private copy (copy-on-write).
   // All or nothing: kResourceExhausted leaves `table` and the pool unchanged.
   Status PrepareWrite(std::vector<int32_t>* table, int64_t write_from, int64_t n_tokens);
+  // Under tensor parallelism the other ranks mirror this cache's pages (same block ids, their own
+  // KV heads): with recording on, every page copy PrepareWrite makes is noted as (source,
+  // destination) block ids, in order, until ClearCopies(), so that the step plan can carry them
+  // (model::StepChannel) and each rank copies its own pages the same way.
+  void RecordCopies(bool on) { record_copies_ = on; }
+  const std::vector<int32_t>& copies() const { return copies_; }  // [src, dst, src, dst, ...]
+  void ClearCopies() { copies_.clear(); }
   // Pages PrepareWrite(table, write_from, n_tokens) would take from the pool.
   int64_t PagesToWrite(const std::vector<int32_t>& table, int64_t write_from,
                        int64_t n_tokens) const;
@@ -188,6 +195,8 @@ class KvCache {
   int64_t n_shared_ = 0;             // blocks with refs_ > 1
   std::vector<uint8_t> cache_mark_;  // per block: held by the prefix cache
   int64_t n_cache_only_ = 0;         // marked blocks with reference count 1
+  bool record_copies_ = false;
+  std::vector<int32_t> copies_;  // recorded page copies (RecordCopies)
 };
 
 }  // namespace chorus::memory

@@ -68,6 +68,30 @@ TEST(KvCacheSharingTest, PrepareWriteCopiesOnlyTheSharedBlocksItWrites) {
   EXPECT_EQ(pool.n_free(), 8);
 }
 
+// Under tensor parallelism the other ranks make the same page copies: with recording on, each
+// copy-on-write copy is noted as (source, destination), in order, until cleared.
+TEST(KvCacheSharingTest, RecordedCopiesNameSourceAndDestinationInOrder) {
+  KvLayout layout = SmallLayout();
+  PagePool pool(8, layout.PageBytes());
+  KvCache kv(layout, &pool);
+  std::vector<int32_t> a;
+  CHORUS_ASSERT_OK(kv.Reserve(&a, 40));
+  std::vector<int32_t> b = kv.Fork(a), c = kv.Fork(a);
+  CHORUS_ASSERT_OK(kv.PrepareWrite(&b, 40, 41));  // not recording yet
+  EXPECT_TRUE(kv.copies().empty());
+  kv.RecordCopies(true);
+  CHORUS_ASSERT_OK(kv.PrepareWrite(&c, 16, 41));  // blocks 1 and 2 shared with a: two copies
+  EXPECT_EQ(kv.copies(), (std::vector<int32_t>{a[1], c[1], a[2], c[2]}));
+  CHORUS_ASSERT_OK(kv.PrepareWrite(&a, 40, 41));  // a alone holds its blocks now: no copy
+  EXPECT_EQ(kv.copies().size(), 4u);
+  kv.ClearCopies();
+  EXPECT_TRUE(kv.copies().empty());
+  kv.Release(&a);
+  kv.Release(&b);
+  kv.Release(&c);
+  EXPECT_EQ(pool.n_free(), 8);
+}
+
 // Sliding windows: a windowed group's blocks wholly behind n_computed − window are released and
 // their slots marked, later slots keep their indices, a global group's blocks stay; a block
 // another holder shares survives until that holder lets go, and every operation skips dropped

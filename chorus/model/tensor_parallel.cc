@@ -14,7 +14,8 @@ namespace {
 constexpr int32_t kStop = 0;
 constexpr int32_t kStep = 1;
 constexpr int32_t kDefine = 2;
-constexpr int kHeaderInts = 6;  // kind, rows, seqs, logit rows, payload ints, has slots
+// kind, rows, seqs, logit rows, payload ints, has slots, page copies
+constexpr int kHeaderInts = 7;
 
 // Columns [c0, c1) of a 2-D tensor, copied (o and down: split along their input features). A
 // quantized row is a run of blocks, so the split must fall on a block boundary.
@@ -126,7 +127,7 @@ StepChannel::StepChannel(dist::Communicator* comm, int64_t max_rows, int64_t max
 }
 
 void StepChannel::Send(const StepInput& in, const memory::KvCache& kv,
-                       std::span<const int32_t> row_slots) {
+                       std::span<const int32_t> row_slots, std::span<const int32_t> page_copies) {
   CHORUS_CHECK_EQ(comm_->rank(), 0);
   const auto n_rows = static_cast<int64_t>(in.tokens.size());
   const auto n_seqs = static_cast<int64_t>(in.block_tables.size());
@@ -157,12 +158,15 @@ void StepChannel::Send(const StepInput& in, const memory::KvCache& kv,
     const int32_t* t = in.block_tables[static_cast<size_t>(s)];
     payload_.insert(payload_.end(), t, t + entries);
   }
+  CHORUS_CHECK(page_copies.size() % 2 == 0);
+  payload_.insert(payload_.end(), page_copies.begin(), page_copies.end());
   header_ = {kStep,
              static_cast<int32_t>(n_rows),
              static_cast<int32_t>(n_seqs),
              static_cast<int32_t>(n_logit),
              static_cast<int32_t>(payload_.size()),
-             slots ? 1 : 0};
+             slots ? 1 : 0,
+             static_cast<int32_t>(page_copies.size() / 2)};
   comm_->BroadcastMayIdle(header_.data(), kHeaderInts * sizeof(int32_t), 0);
   comm_->Broadcast(payload_.data(), static_cast<int64_t>(payload_.size() * sizeof(int32_t)), 0);
 }
@@ -174,7 +178,7 @@ void StepChannel::SendDefine(int32_t slot, std::string_view description) {
   payload_.assign(1 + (description.size() + 3) / 4, 0);
   payload_[0] = static_cast<int32_t>(description.size());
   std::memcpy(payload_.data() + 1, description.data(), description.size());
-  header_ = {kDefine, slot, 0, 0, static_cast<int32_t>(payload_.size()), 0};
+  header_ = {kDefine, slot, 0, 0, static_cast<int32_t>(payload_.size()), 0, 0};
   comm_->BroadcastMayIdle(header_.data(), kHeaderInts * sizeof(int32_t), 0);
   comm_->Broadcast(payload_.data(), static_cast<int64_t>(payload_.size() * sizeof(int32_t)), 0);
 }
@@ -184,7 +188,7 @@ std::string_view StepChannel::define_description() const {
 }
 
 void StepChannel::SendStop() {
-  header_ = {kStop, 0, 0, 0, 0, 0};
+  header_ = {kStop, 0, 0, 0, 0, 0, 0};
   comm_->BroadcastMayIdle(header_.data(), kHeaderInts * sizeof(int32_t), 0);
 }
 
@@ -218,12 +222,20 @@ StepChannel::Message StepChannel::Receive() {
     tables_.push_back(t);
     t += lengths[s];
   }
+  n_copies_ = header_[6];
+  copies_ = t;
+  CHORUS_CHECK(n_copies_ >= 0 && copies_ + 2 * n_copies_ == payload_.data() + payload_.size())
+      << "corrupt tensor-parallel step payload";
   return Message::kStep;
 }
 
 std::span<const int32_t> StepChannel::row_slots() const {
   if (!has_slots_) return {};
   return {payload_.data() + 3 * n_rows_ + n_logit_, static_cast<size_t>(n_rows_)};
+}
+
+std::span<const int32_t> StepChannel::page_copies() const {
+  return {copies_, static_cast<size_t>(2 * n_copies_)};
 }
 
 StepInput StepChannel::Input() const {
@@ -246,9 +258,9 @@ void TpLeader::Start(const TpSetup& setup) {
 }
 
 void TpLeader::Step(const StepInput& in, const memory::KvCache& kv,
-                    std::span<const int32_t> row_slots) {
+                    std::span<const int32_t> row_slots, std::span<const int32_t> page_copies) {
   CHORUS_CHECK(channel_ != nullptr) << "TpLeader::Step before Start";
-  channel_->Send(in, kv, row_slots);
+  channel_->Send(in, kv, row_slots, page_copies);
 }
 
 Status TpLeader::Define(int32_t slot, std::string_view description) {
@@ -306,6 +318,15 @@ Status RunTpWorker(dist::Communicator* comm, std::shared_ptr<const Model> shard,
       float failed = s.ok() ? 0.0f : static_cast<float>(int64_t{1} << std::min(comm->rank(), 23));
       comm->AllReduceSum(&failed, 1);
       continue;
+    }
+    // Rank 0's copy-on-write copies since the last step, in order: the same pages here.
+    const std::span<const int32_t> copies = channel.page_copies();
+    for (size_t i = 0; i < copies.size(); i += 2) {
+      CHORUS_CHECK(copies[i] >= 0 && copies[i] < s.n_pages && copies[i + 1] >= 0 &&
+                   copies[i + 1] < s.n_pages)
+          << "tensor-parallel page copy outside the pool";
+      std::memcpy(pages.PageData(copies[i + 1]), pages.PageData(copies[i]),
+                  static_cast<size_t>(pages.page_bytes()));
     }
     StepInput in = channel.Input();
     in.logit_rows = {};  // the head runs on rank 0

@@ -62,10 +62,11 @@ class StepChannel {
  public:
   enum class Message { kStop, kStep, kDefine };
   StepChannel(dist::Communicator* comm, int64_t max_rows, int64_t max_seqs);
-  // Rank 0: broadcasts `in` (its tables read through `kv`'s geometry) and, when not empty, the
-  // rows' variant slots [rows] (−1 = base).
-  void Send(const StepInput& in, const memory::KvCache& kv,
-            std::span<const int32_t> row_slots = {});
+  // Rank 0: broadcasts `in` (its tables read through `kv`'s geometry), when not empty the rows'
+  // variant slots [rows] (−1 = base), and the page copies (source, destination block ids, in
+  // order: memory::KvCache::copies()) the ranks must make before the step.
+  void Send(const StepInput& in, const memory::KvCache& kv, std::span<const int32_t> row_slots = {},
+            std::span<const int32_t> page_copies = {});
   // Rank 0: broadcasts a slot's definition (the ranks then agree on it: TpLeader::Define).
   void SendDefine(int32_t slot, std::string_view description);
   // Rank 0: tells the workers to return.
@@ -76,6 +77,8 @@ class StepChannel {
   StepInput Input() const;
   // The received rows' variant slots; empty when rank 0 sent none.
   std::span<const int32_t> row_slots() const;
+  // The received step's page copies, [source, destination, ...].
+  std::span<const int32_t> page_copies() const;
   // The received definition (kDefine), valid until the next Receive().
   int32_t define_slot() const { return header_[1]; }
   std::string_view define_description() const;
@@ -87,7 +90,8 @@ class StepChannel {
   std::vector<int32_t> payload_;  // tokens, positions, seq, logit rows, table lengths, tables
   std::vector<const int32_t*> tables_;
   std::vector<int64_t> scratch_last_;  // Send: each sequence's last position in the step
-  int64_t n_rows_ = 0, n_seqs_ = 0, n_logit_ = 0;
+  int64_t n_rows_ = 0, n_seqs_ = 0, n_logit_ = 0, n_copies_ = 0;
+  const int32_t* copies_ = nullptr;
   bool has_slots_ = false;
 };
 
@@ -103,8 +107,8 @@ class TpLeader {
   dist::Communicator* comm() const { return comm_; }
   // Once, before the first step. Requires comm rank 0.
   void Start(const TpSetup& setup);
-  void Step(const StepInput& in, const memory::KvCache& kv,
-            std::span<const int32_t> row_slots = {});
+  void Step(const StepInput& in, const memory::KvCache& kv, std::span<const int32_t> row_slots = {},
+            std::span<const int32_t> page_copies = {});
   // Between steps: every worker loads its shard of the variant `description` names into `slot`
   // (RunTpWorker's `define`). OK only when every worker succeeded; otherwise an error naming the
   // ranks that failed (each prints its own reason); rank 0 then uses the slot for nothing until

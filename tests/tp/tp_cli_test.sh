@@ -51,7 +51,18 @@ complete() {  # complete PORT MODEL : the greedy completion's text
     -d "{\"model\": \"$2\", \"prompt\": \"Once upon a time\", \"max_tokens\": 40, \"temperature\": 0}" |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["choices"][0]["text"])'
 }
-serve_texts() {  # serve_texts PORT TP [mpirun...] : the texts of base, a, b, d, a, base
+# A prompt of several KV blocks (16 tokens each), asked twice: the second time its blocks come from
+# the prefix cache; with n = 2 the choices share the prompt's blocks and copy the last one on
+# write — pages every rank must copy alike.
+LONG="Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her friends and her big red ball."
+complete_long() {  # complete_long PORT MODEL N : the texts of the N greedy choices, one per line
+  curl -sf "http://127.0.0.1:$1/v1/completions" -H 'Content-Type: application/json' \
+    -d "{\"model\": \"$2\", \"prompt\": \"$LONG\", \"max_tokens\": 24, \"temperature\": 0, \"n\": $3}" |
+    python3 -c 'import json,sys; [print(c["text"]) for c in sorted(json.load(sys.stdin)["choices"], key=lambda c: c["index"])]'
+}
+serve_texts() {  # serve_texts PORT TP [mpirun...] : the texts of base, a, b, d, a, base, then the
+                 # long prompt's: base, base again, a with n = 2
+
   local port=$1 tp=$2; shift 2
   "$@" "$CHORUS" serve --model "$M/stories260K.bin" --tokenizer "$M/tok512.bin" --threads 1 \
     --port "$port" --host 127.0.0.1 --tp "$tp" --served-model-name base \
@@ -71,6 +82,12 @@ serve_texts() {  # serve_texts PORT TP [mpirun...] : the texts of base, a, b, d,
   for m in base a b d a base; do
     complete "$port" "$m" || { echo "completion of $m failed"; cat "$TMP/serve-$port.log"; kill $pid; return 1; }
   done
+  { complete_long "$port" base 1 && complete_long "$port" base 1 && complete_long "$port" a 2; } ||
+    { echo "long completions failed"; cat "$TMP/serve-$port.log"; kill $pid; return 1; }
+  local hits
+  hits=$(curl -sf "http://127.0.0.1:$port/metrics" | awk '/^chorus_prefix_cache_hit_tokens_total/ {print $2}')
+  [ "${hits%.*}" -gt 0 ] 2>/dev/null ||
+    { echo "no prefix-cache hits (chorus_prefix_cache_hit_tokens_total=$hits)"; kill $pid; return 1; }
   # SIGTERM to the process that listens (rank 0): it drains and exits 0, and its engine's stop
   # message ends the other ranks. (mpirun itself would forward the signal to every rank and
   # report the job as killed.)
@@ -93,7 +110,7 @@ trap 'rm -rf "$TMP"' EXIT
 P=$((20000 + RANDOM % 20000))
 s1=$(serve_texts $P 1) || fail "serve (one process): $s1"
 s2=$(serve_texts $((P + 1)) 2 "${MPIRUN[@]}") || fail "mpirun serve --tp 2: $s2"
-[ "$(wc -l <<<"$s1")" = 6 ] || fail "serve: expected 6 completions: $s1"
+[ "$(wc -l <<<"$s1")" = 10 ] || fail "serve: expected 10 completions: $s1"
 [ "$s1" = "$s2" ] || fail "serve --tp 2 texts differ from one process's:
 --- TP=1:
 $s1
@@ -102,8 +119,11 @@ $s2"
 mapfile -t t <<<"$s1"
 [ "${t[0]}" != "${t[1]}" ] && [ "${t[1]}" != "${t[2]}" ] && [ "${t[0]}" != "${t[3]}" ] ||
   fail "the variants do not change the text (a test that cannot fail): $s1"
+[ "${t[6]}" = "${t[7]}" ] && [ "${t[8]}" = "${t[9]}" ] ||
+  fail "a cached prefix or n = 2 changed a greedy text: $s1"
 echo "PASS serve --tp 2: the same greedy completions as one process (base, --lora adapter, adapter"
-echo "     loaded through the API, delta), SIGTERM to rank 0 ends every rank"
+echo "     loaded through the API, delta; a prompt from the prefix cache; n = 2), SIGTERM to rank 0"
+echo "     ends every rank"
 
 # What TP does not serve yet is refused at start, naming it.
 err=$("${MPIRUN[@]}" "$CHORUS" serve --model "$M/stories260K.bin" --tokenizer "$M/tok512.bin" \
