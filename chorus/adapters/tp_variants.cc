@@ -94,45 +94,30 @@ int32_t TpVariantSlots::SlotOf(const void* copy) const {
   return it->second.slot;
 }
 
-TpVariantWorker::TpVariantWorker(const model::ModelConfig& full, int rank, int size,
-                                 int64_t max_rows, LoraLoadOptions opts,
-                                 std::string base_weights_hash)
-    : full_(full),
-      rank_(rank),
-      size_(size),
-      opts_(std::move(opts)),
-      base_weights_hash_(std::move(base_weights_hash)),
-      lora_(model::ShardConfig(full, size).value(), max_rows),
-      delta_hook_(max_rows) {
+VariantSlotHook::VariantSlotHook(const model::ModelConfig& config, int64_t max_rows)
+    : lora_(config, max_rows), delta_hook_(max_rows) {
   lora_slots_.reserve(static_cast<size_t>(max_rows));
   row_deltas_.reserve(static_cast<size_t>(max_rows));
 }
 
-Status TpVariantWorker::Define(int32_t slot, std::string_view description) {
-  // Whatever happens, the slot no longer holds what it held.
+void VariantSlotHook::Clear(int32_t slot) {
+  CHORUS_CHECK(slot >= 0);
   lora_.Set(slot, nullptr);
-  if (static_cast<size_t>(slot) >= deltas_.size()) deltas_.resize(static_cast<size_t>(slot) + 1);
-  deltas_[static_cast<size_t>(slot)] = nullptr;
-  CHORUS_ASSIGN_OR_RETURN(VariantRef ref, ParseTpVariant(description));
-  if (ref.kind != "lora" && ref.kind != "delta")
-    return InvalidArgumentError("variant '" + ref.name + "' of unknown kind '" + ref.kind + "'");
-  CHORUS_RETURN_IF_ERROR(
-      VerifyRegisteredContent(ref.name, ref.path, ref.files, ref.id.content_hash));
-  if (ref.kind == "delta") {
-    CHORUS_ASSIGN_OR_RETURN(
-        deltas_[static_cast<size_t>(slot)],
-        delta::LoadDeltaWeightsShard(ref.path, full_, base_weights_hash_, rank_, size_, ref.name));
-    return OkStatus();
-  }
-  LoraLoadOptions lo = opts_;
-  lo.id = ref.id;
-  CHORUS_ASSIGN_OR_RETURN(auto adapter,
-                          LoadLoraAdapterShard(ref.path, full_, rank_, size_, lo, ref.name));
-  lora_.Set(slot, std::move(adapter));
-  return OkStatus();
+  if (static_cast<size_t>(slot) < deltas_.size()) deltas_[static_cast<size_t>(slot)] = nullptr;
 }
 
-Result<const model::LinearHook*> TpVariantWorker::ForRows(std::span<const int32_t> slots) {
+void VariantSlotHook::SetLora(int32_t slot, std::shared_ptr<const LoraAdapter> adapter) {
+  Clear(slot);
+  lora_.Set(slot, std::move(adapter));
+}
+
+void VariantSlotHook::SetDelta(int32_t slot, std::shared_ptr<const delta::DeltaWeights> delta) {
+  Clear(slot);
+  if (static_cast<size_t>(slot) >= deltas_.size()) deltas_.resize(static_cast<size_t>(slot) + 1);
+  deltas_[static_cast<size_t>(slot)] = std::move(delta);
+}
+
+Result<const model::LinearHook*> VariantSlotHook::ForRows(std::span<const int32_t> slots) {
   lora_slots_.clear();
   row_deltas_.clear();
   bool any_lora = false, any_delta = false;
@@ -141,8 +126,8 @@ Result<const model::LinearHook*> TpVariantWorker::ForRows(std::span<const int32_
                                        ? deltas_[static_cast<size_t>(s)].get()
                                        : nullptr;
     row_deltas_.push_back(d);
-    lora_slots_.push_back(d != nullptr ? -1 : s);
-    any_delta |= d != nullptr;
+    lora_slots_.push_back(d != nullptr ? -1 : s);  // a LoRA slot, or an empty one: LoraSlotHook
+    any_delta |= d != nullptr;                     // names it in its error
     any_lora |= d == nullptr && s >= 0;
   }
   hook_.Clear();
@@ -155,6 +140,38 @@ Result<const model::LinearHook*> TpVariantWorker::ForRows(std::span<const int32_
     hook_.Add(&delta_hook_);
   }
   return static_cast<const model::LinearHook*>(&hook_);
+}
+
+TpVariantWorker::TpVariantWorker(const model::ModelConfig& full, int rank, int size,
+                                 int64_t max_rows, LoraLoadOptions opts,
+                                 std::string base_weights_hash)
+    : full_(full),
+      rank_(rank),
+      size_(size),
+      opts_(std::move(opts)),
+      base_weights_hash_(std::move(base_weights_hash)),
+      slots_(model::ShardConfig(full, size).value(), max_rows) {}
+
+Status TpVariantWorker::Define(int32_t slot, std::string_view description) {
+  slots_.Clear(slot);  // whatever happens, the slot no longer holds what it held
+  CHORUS_ASSIGN_OR_RETURN(VariantRef ref, ParseTpVariant(description));
+  if (ref.kind != "lora" && ref.kind != "delta")
+    return InvalidArgumentError("variant '" + ref.name + "' of unknown kind '" + ref.kind + "'");
+  CHORUS_RETURN_IF_ERROR(
+      VerifyRegisteredContent(ref.name, ref.path, ref.files, ref.id.content_hash));
+  if (ref.kind == "delta") {
+    CHORUS_ASSIGN_OR_RETURN(
+        auto d,
+        delta::LoadDeltaWeightsShard(ref.path, full_, base_weights_hash_, rank_, size_, ref.name));
+    slots_.SetDelta(slot, std::move(d));
+    return OkStatus();
+  }
+  LoraLoadOptions lo = opts_;
+  lo.id = ref.id;
+  CHORUS_ASSIGN_OR_RETURN(auto adapter,
+                          LoadLoraAdapterShard(ref.path, full_, rank_, size_, lo, ref.name));
+  slots_.SetLora(slot, std::move(adapter));
+  return OkStatus();
 }
 
 }  // namespace chorus::adapters

@@ -69,6 +69,27 @@ class TpVariantSlots {
   int64_t definitions_ = 0;
 };
 
+// A rank's hook over a table of variants by slot — LoRA adapters and deltas, each for this rank's
+// shard — for the rows of a step (slot −1 = base): what the step plan's slots name.
+class VariantSlotHook {
+ public:
+  // `config`: this rank's model (shard) config.
+  VariantSlotHook(const model::ModelConfig& config, int64_t max_rows);
+  void SetLora(int32_t slot, std::shared_ptr<const LoraAdapter> adapter);
+  void SetDelta(int32_t slot, std::shared_ptr<const delta::DeltaWeights> delta);
+  void Clear(int32_t slot);  // the slot holds nothing
+  // A model::TpHookForRows: the hook of the step's rows (an empty slot is an error naming it).
+  Result<const model::LinearHook*> ForRows(std::span<const int32_t> slots);
+
+ private:
+  LoraSlotHook lora_;
+  std::vector<std::shared_ptr<const delta::DeltaWeights>> deltas_;  // by slot; null: not a delta
+  delta::DeltaHook delta_hook_;
+  VariantHook hook_;
+  std::vector<int32_t> lora_slots_;                     // ForRows scratch: delta rows as −1
+  std::vector<const delta::DeltaWeights*> row_deltas_;  // ForRows scratch
+};
+
 // A worker rank's slots: loads its shard of each variant rank 0 defines.
 class TpVariantWorker {
  public:
@@ -80,20 +101,17 @@ class TpVariantWorker {
   // A model::TpDefineSlot. Refuses files that no longer hold the registered content, and
   // malformed descriptions; a failure leaves the slot empty.
   Status Define(int32_t slot, std::string_view description);
-  // A model::TpHookForRows: the hook of the step's rows (a slot that is empty is an error).
-  Result<const model::LinearHook*> ForRows(std::span<const int32_t> slots);
+  // A model::TpHookForRows.
+  Result<const model::LinearHook*> ForRows(std::span<const int32_t> slots) {
+    return slots_.ForRows(slots);
+  }
 
  private:
   model::ModelConfig full_;
   int rank_, size_;
   LoraLoadOptions opts_;
   std::string base_weights_hash_;
-  LoraSlotHook lora_;
-  std::vector<std::shared_ptr<const delta::DeltaWeights>> deltas_;  // by slot; null: not a delta
-  delta::DeltaHook delta_hook_;
-  VariantHook hook_;
-  std::vector<int32_t> lora_slots_;                     // ForRows scratch: delta rows as −1
-  std::vector<const delta::DeltaWeights*> row_deltas_;  // ForRows scratch
+  VariantSlotHook slots_;
 };
 
 }  // namespace chorus::adapters

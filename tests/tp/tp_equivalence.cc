@@ -35,7 +35,7 @@
 #include "chorus/adapters/delta/delta_synthetic.h"
 #include "chorus/adapters/delta/delta_tp.h"
 #include "chorus/adapters/lora/lora_tp.h"
-#include "chorus/adapters/variant_hook.h"
+#include "chorus/adapters/tp_variants.h"
 #include "chorus/base/thread_pool.h"
 #include "chorus/dist/communicator.h"
 #include "chorus/memory/kv_cache.h"
@@ -61,47 +61,10 @@ struct Cache {
   std::vector<std::vector<int32_t>> tables;
 };
 
-// The variants of one side (the whole model, or this rank's shard): slots 0 and 1 are the LoRA
-// adapters, slot 2 the delta.
-class Variants {
- public:
-  Variants(const model::ModelConfig& c, std::vector<std::shared_ptr<const adapters::LoraAdapter>> l,
-           std::shared_ptr<const delta::DeltaWeights> d)
-      : lora_(c, kMaxRows, std::move(l)), delta_(std::move(d)), delta_hook_(kMaxRows) {}
-  Result<const model::LinearHook*> ForRows(std::span<const int32_t> slots) {
-    lora_rows_.clear();
-    delta_rows_.clear();
-    bool any_lora = false, any_delta = false;
-    for (int32_t s : slots) {
-      lora_rows_.push_back(s == 2 ? -1 : s);
-      delta_rows_.push_back(s == 2 ? delta_.get() : nullptr);
-      any_lora |= s == 0 || s == 1;
-      any_delta |= s == 2;
-    }
-    hook_.Clear();
-    if (any_lora) {
-      CHORUS_ASSIGN_OR_RETURN(const model::LinearHook* h, lora_.ForRows(lora_rows_));
-      hook_.Add(h);
-    }
-    if (any_delta) {
-      CHORUS_RETURN_IF_ERROR(delta_hook_.SetRows(delta_rows_));
-      hook_.Add(&delta_hook_);
-    }
-    return static_cast<const model::LinearHook*>(&hook_);
-  }
-
- private:
-  adapters::LoraSlotHook lora_;
-  std::shared_ptr<const delta::DeltaWeights> delta_;
-  delta::DeltaHook delta_hook_;
-  adapters::VariantHook hook_;
-  std::vector<int32_t> lora_rows_;
-  std::vector<const delta::DeltaWeights*> delta_rows_;
-};
-
 // The variants for the whole model (rank 0's reference) and for this rank's shard.
+// Slots 0 and 1 are the LoRA adapters, slot 2 the delta.
 struct Loras {
-  std::unique_ptr<Variants> whole, shard;
+  std::unique_ptr<adapters::VariantSlotHook> whole, shard;
 };
 
 Result<Loras> MakeLoras(const model::Model& full, const model::Model& shard, int rank, int size,
@@ -129,8 +92,14 @@ Result<Loras> MakeLoras(const model::Model& full, const model::Model& shard, int
       auto ds, delta::DeltaWeights::Build(std::make_shared<const delta::Delta>(std::move(sd)),
                                           shard.config(), "shard"));
   Loras out;
-  out.whole = std::make_unique<Variants>(full.config(), std::move(whole), std::move(dw));
-  out.shard = std::make_unique<Variants>(shard.config(), std::move(part), std::move(ds));
+  out.whole = std::make_unique<adapters::VariantSlotHook>(full.config(), kMaxRows);
+  out.shard = std::make_unique<adapters::VariantSlotHook>(shard.config(), kMaxRows);
+  for (int32_t slot : {0, 1}) {
+    out.whole->SetLora(slot, whole[static_cast<size_t>(slot)]);
+    out.shard->SetLora(slot, part[static_cast<size_t>(slot)]);
+  }
+  out.whole->SetDelta(2, std::move(dw));
+  out.shard->SetDelta(2, std::move(ds));
   return out;
 }
 
@@ -297,7 +266,7 @@ int Main() {
         all_ok = CompareOnRankZero(name, k.tolerance, *full, *shard, comm, &*loras, mode) && all_ok;
         continue;
       }
-      Variants* h = loras->shard.get();
+      adapters::VariantSlotHook* h = loras->shard.get();
       Status s = model::RunTpWorker(
           comm, *shard, [h](std::span<const int32_t> slots) { return h->ForRows(slots); });
       if (!s.ok()) {
