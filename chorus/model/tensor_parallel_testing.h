@@ -126,4 +126,25 @@ inline TpComparison CompareTensorParallel(std::shared_ptr<const Model> full,
   return out;
 }
 
+// CompareTensorParallel with `v`, and how far the TP run is from a reference whose rows all run
+// on the base model (2 steps): that distance shows the variants change the logits, so the first
+// comparison could have failed.
+struct TpVariantComparison {
+  TpComparison with;
+  float without_variants_max_abs_diff = 0;
+};
+inline TpVariantComparison CompareVariantsUnderTp(
+    std::shared_ptr<const Model> full, const std::vector<std::shared_ptr<const Model>>& shards,
+    const TpVariants& v) {
+  TpVariantComparison out;
+  out.with = CompareTensorParallel(full, shards, 8, v);
+  TpVariants base = v;
+  base.ref = [ref = v.ref](std::span<const int32_t> s) {
+    const std::vector<int32_t> none(s.size(), -1);
+    return ref(none);
+  };
+  out.without_variants_max_abs_diff = CompareTensorParallel(full, shards, 2, base).max_abs_diff;
+  return out;
+}
+
 }  // namespace chorus::model::testing
