@@ -650,11 +650,15 @@ class Parser {
                                              ")");
     }
     uint64_t ne[kMaxDims] = {1, 1, 1, 1};
-    uint64_t n_elems = 1;
+    // The product of the dimensions, zeros counted as 1, must fit an int64: a zero dimension
+    // makes the tensor empty, but the shape is multiplied outermost first elsewhere
+    // (TensorView::NumElements), where huge dimensions before the zero would overflow.
+    uint64_t n_elems = 1, extent = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
       if (!r_.Read(&ne[d])) return Truncated("the shape of " + what);
       if (ne[d] > static_cast<uint64_t>(INT64_MAX) || !CheckedMul(n_elems, ne[d], &n_elems) ||
-          n_elems > static_cast<uint64_t>(INT64_MAX)) {
+          !CheckedMul(extent, std::max<uint64_t>(ne[d], 1), &extent) ||
+          extent > static_cast<uint64_t>(INT64_MAX)) {
         return Fail(StatusCode::kDataLoss, what + " has an absurd shape (dimension " +
                                                std::to_string(d) + " = " + std::to_string(ne[d]) +
                                                ")");
