@@ -5,7 +5,8 @@
 //     steps); counters median_us and p99_us are per row per step. cache=1 is the matcher as
 //     served (per-state mask cache on), cache=0 walks the vocabulary's prefix tree every step.
 //     cpu_median_us / cpu_p99_us: the same from this thread's CPU clock (robust to a shared host;
-//     the clock read itself costs ~0.3 µs).
+//     the clock read itself costs ~0.3 µs). max_work: the most work units one mask took, against
+//     Matcher::kMaxMaskWork.
 //     Vocabularies: llama2 — the Llama-2 tokenizer (32 000 tokens, ../shared/models);
 //     synth152k — a synthetic byte-level vocabulary of 151 936 tokens (no Qwen2 tokenizer is
 //     available offline): the Llama-2 and GPT-2 vocabularies' bytes plus concatenations of
@@ -106,6 +107,7 @@ void BM_MaskPerStep(benchmark::State& state) {
   std::vector<Grammar> grammars;
   for (const auto& s : schemas) grammars.push_back(*CompileJsonSchema(s["schema"]));
   std::vector<double> micros, cpu_micros;  // wall clock; this thread's CPU time
+  int64_t max_work = 0;                    // the most work units one mask took
   TokenMask mask;
   uint64_t seed = 1;
   for (auto _ : state) {
@@ -121,6 +123,7 @@ void BM_MaskPerStep(benchmark::State& state) {
             std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
                 .count());
         cpu_micros.push_back(ThreadCpuMicros() - c0);
+        max_work = std::max(max_work, m.last_mask_work());
         std::vector<int32_t> allowed;
         for (int32_t i = 0; i < mask.size(); ++i) {
           if (mask.Test(i) && (!vocab->IsEos(i) || step >= 150)) allowed.push_back(i);
@@ -141,12 +144,66 @@ void BM_MaskPerStep(benchmark::State& state) {
   state.counters["cpu_p99_us"] = Percentile(cpu_micros, 0.99);
   state.counters["steps"] = static_cast<double>(micros.size());
   state.counters["vocab"] = static_cast<double>(vocab->size());
+  state.counters["max_work"] = static_cast<double>(max_work);  // vs Matcher::kMaxMaskWork
 }
 BENCHMARK(BM_MaskPerStep)
     ->ArgsProduct({{0, 1}, {1, 0}})
     ->ArgNames({"vocab152k", "cache"})
     ->Unit(benchmark::kMillisecond)
     ->Iterations(1);
+
+// Hostile grammars (the work bounds of docs/structured_outputs.md, "Matcher"): a nullable
+// item repeated 100 000 times, so a set holds a stack per copy and every transition passes
+// every copy (fuzz_gbnf found its 4 115-copy form: 19 s for 24 tokens before the bounds);
+// hostile=1 gives every printable character a class of its own, so the byte classes cannot
+// share transitions. Counters as BM_MaskPerStep's, plus max_us and truncated (transitions cut).
+void BM_HostileGrammarMask(benchmark::State& state) {
+  auto vocab = VocabArg(state.range(0));
+  std::string item;
+  if (state.range(1) == 0) {
+    item = "(\"ab\" | [^\\n\"ab{zN]? | [^&\"Vn])";
+  } else {
+    item = "(";
+    for (int c = 0x21; c < 0x7F; ++c) {
+      if (c == '\\' || c == ']' || c == '^' || c == '-') continue;
+      item += std::string(c == 0x21 ? "[" : " | [") + static_cast<char>(c) + "]";
+    }
+    item += ")?";
+  }
+  auto g = CompileGbnf("root ::= " + item + "{100000} \"!\"");
+  CHORUS_CHECK(g.ok()) << g.status().ToString();
+  std::vector<double> micros;
+  int64_t truncated = 0;
+  TokenMask mask;
+  uint64_t seed = 1;
+  for (auto _ : state) {
+    Matcher m(*g, vocab);
+    std::mt19937_64 rng(seed++);
+    for (int step = 0; step < 32 && !m.Done(); ++step) {
+      const auto t0 = std::chrono::steady_clock::now();
+      m.FillMask(&mask);
+      micros.push_back(
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+      std::vector<int32_t> allowed;
+      for (int32_t i = 0; i < mask.size(); ++i) {
+        if (mask.Test(i) && !vocab->IsEos(i)) allowed.push_back(i);
+      }
+      if (allowed.empty()) break;
+      CHORUS_CHECK(m.Accept(allowed[rng() % allowed.size()]));
+    }
+    truncated += m.truncated();
+  }
+  state.counters["median_us"] = Percentile(micros, 0.5);
+  state.counters["p99_us"] = Percentile(micros, 0.99);
+  state.counters["max_us"] = Percentile(micros, 1.0);
+  state.counters["steps"] = static_cast<double>(micros.size());
+  state.counters["truncated"] = static_cast<double>(truncated);
+}
+BENCHMARK(BM_HostileGrammarMask)
+    ->ArgsProduct({{0, 1}, {0, 1}})
+    ->ArgNames({"vocab152k", "hostile"})
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(2);
 
 void BM_CompileSchema(benchmark::State& state) {
   const bool cached = state.range(0) != 0;

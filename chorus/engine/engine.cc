@@ -71,8 +71,10 @@ class MaskWorker {
         job = started_;
       }
       const auto t0 = Clock::now();
-      for (Sequence* s : *rows) OutputStage::PrepareMask(s);
+      uint64_t truncated = 0;
+      for (Sequence* s : *rows) truncated += OutputStage::PrepareMask(s) ? 1 : 0;
       metrics_->grammar_masks_total.fetch_add(rows->size());
+      metrics_->grammar_masks_truncated.fetch_add(truncated);
       metrics_->grammar_mask_micros.fetch_add(Micros(Clock::now() - t0));
       {
         MutexLock lock(&mu_);

@@ -138,8 +138,10 @@ struct EngineMetrics {
   Histogram step_seconds{{0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2.5}};
   // Constrained decoding (docs/structured_outputs.md): masks computed by the mask worker while
   // the forward pass ran, the time it spent on them, and the time the engine thread still
-  // waited for them after the forward pass (the part on the critical path).
+  // waited for them after the forward pass (the part on the critical path); masks the matcher's
+  // work bounds cut short (a hugely ambiguous grammar: the mask is narrowed, never widened).
   std::atomic<uint64_t> grammar_masks_total{0};
+  std::atomic<uint64_t> grammar_masks_truncated{0};
   std::atomic<uint64_t> grammar_mask_micros{0};
   std::atomic<uint64_t> grammar_mask_wait_micros{0};
   AdapterMetrics adapters;           // per-adapter requests and TTFT

@@ -40,10 +40,12 @@ std::shared_ptr<const grammar::Vocabulary> OutputStage::vocabulary() {
   return vocab_;
 }
 
-void OutputStage::PrepareMask(Sequence* s) {
-  if (s->matcher == nullptr || s->mask_ready) return;
+bool OutputStage::PrepareMask(Sequence* s) {
+  if (s->matcher == nullptr || s->mask_ready) return false;
+  const int64_t truncated = s->matcher->truncated();
   s->matcher->FillMask(&s->mask);
   s->mask_ready = true;
+  return s->matcher->truncated() != truncated;
 }
 
 void CountSlo(const Sequence& s, EngineMetrics* m) {
@@ -69,7 +71,7 @@ FinishReason OutputStage::Emit(Sequence* s, const float* row_logits) {
   const std::span<const int32_t> all(s->tokens);
   const grammar::TokenMask* allowed = nullptr;
   if (s->matcher != nullptr) {
-    PrepareMask(s);
+    if (PrepareMask(s)) metrics_->grammar_masks_truncated.fetch_add(1);
     if (s->mask.Count() == 0) {
       // The grammar needs bytes no token of this vocabulary supplies.
       s->finished = true;

@@ -46,8 +46,9 @@ class OutputStage : public TokenSink {
 
   // Computes `s`'s allowed-token mask for its next token when it has a matcher and the mask is
   // not ready yet. Thread-safe across different sequences (the engine's mask worker calls it
-  // for the step's rows while the forward pass runs).
-  static void PrepareMask(Sequence* s);
+  // for the step's rows while the forward pass runs). True when the matcher's work bounds cut
+  // this mask short (counted in EngineMetrics::grammar_masks_truncated).
+  static bool PrepareMask(Sequence* s);
   // The vocabulary the matchers use (built from the tokenizer on first use).
   std::shared_ptr<const grammar::Vocabulary> vocabulary();
 

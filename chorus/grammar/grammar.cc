@@ -443,6 +443,22 @@ Result<Grammar> Grammar::FromAst(const GrammarAst& ast) {
   std::shared_ptr<LoweredGrammar> lowered;
   Lowerer l(ast);
   CHORUS_ASSIGN_OR_RETURN(Grammar g, l.Run(&lowered));
+  // Refine the partition of the 256 bytes by every class: two bytes stay together only when
+  // each class holds both or neither.
+  int n = 1;
+  for (const ByteClass& c : lowered->classes) {
+    int split[256][2];
+    for (auto& s : split) s[0] = s[1] = -1;
+    int next = 0;
+    for (int b = 0; b < 256; ++b) {
+      int& id = split[lowered->byte_class[b]][c.Has(static_cast<uint8_t>(b)) ? 1 : 0];
+      if (id < 0) id = next++;
+      lowered->byte_class[b] = static_cast<uint8_t>(id);
+    }
+    n = next;
+    if (n == 256) break;  // every byte apart already
+  }
+  lowered->n_byte_classes = n;
   g.lowered_ = std::move(lowered);
   return g;
 }

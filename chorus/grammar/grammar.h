@@ -101,6 +101,10 @@ struct LoweredGrammar {
   std::vector<std::vector<uint32_t>> alts;  // per rule: start index of each alternative
   std::vector<std::string> names;           // per rule (auxiliary rules: "name_N")
   uint32_t root = 0;
+  // Bytes that no class tells apart share an equivalence class (regex engines' "byte
+  // classes"): the matcher computes one transition per class instead of one per byte.
+  uint8_t byte_class[256] = {};
+  int n_byte_classes = 1;
 };
 
 // A compiled grammar: immutable, shared. Default-constructed = empty (valid() false).

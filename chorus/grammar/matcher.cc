@@ -28,6 +28,57 @@ uint64_t HashInts(const std::vector<int32_t>& v) {
 
 }  // namespace
 
+// ---- FlatIndex -------------------------------------------------------------------------------
+
+namespace detail {
+
+int32_t FlatIndex::FindOrInsert(uint64_t key, int32_t value, bool* inserted) {
+  if (2 * (size_ + 1) > keys_.size()) Grow();
+  const size_t mask = keys_.size() - 1;
+  size_t i = static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> 20) & mask;
+  for (;; i = (i + 1) & mask) {
+    if (epochs_[i] != epoch_) {
+      keys_[i] = key;
+      values_[i] = value;
+      epochs_[i] = epoch_;
+      ++size_;
+      *inserted = true;
+      return value;
+    }
+    if (keys_[i] == key) {
+      *inserted = false;
+      return values_[i];
+    }
+  }
+}
+
+void FlatIndex::Clear() {
+  size_ = 0;
+  if (++epoch_ == 0) {  // wrapped: stale stamps could look current
+    std::fill(epochs_.begin(), epochs_.end(), 0);
+    epoch_ = 1;
+  }
+}
+
+void FlatIndex::Grow() {
+  std::vector<uint64_t> keys = std::move(keys_);
+  std::vector<int32_t> values = std::move(values_);
+  std::vector<uint32_t> epochs = std::move(epochs_);
+  const size_t n = std::max<size_t>(64, 2 * keys.size());
+  keys_.assign(n, 0);
+  values_.assign(n, 0);
+  epochs_.assign(n, 0);
+  const uint32_t old_epoch = epoch_;
+  epoch_ = 1;
+  size_ = 0;
+  bool ignored;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (epochs[i] == old_epoch) FindOrInsert(keys[i], values[i], &ignored);
+  }
+}
+
+}  // namespace detail
+
 int64_t TokenMask::Count() const {
   int64_t c = 0;
   for (uint64_t w : words_) c += std::popcount(w);
@@ -121,16 +172,19 @@ bool Vocabulary::IsEos(int32_t id) const {
 Matcher::Matcher(Grammar grammar, std::shared_ptr<const Vocabulary> vocab)
     : grammar_(std::move(grammar)), g_(&grammar_.lowered()), vocab_(std::move(vocab)) {
   scratch_.clear();
-  expand_seen_.clear();
+  expand_seen_.Clear();
+  step_work_ = 0;
   for (uint32_t a : g_->alts[g_->root]) Expand(a, -1, &scratch_);
+  if (step_work_ > kMaxStepWork) ++truncated_;
   state_ = InternSet(&scratch_);
 }
 
 int32_t Matcher::InternNode(uint32_t pos, int32_t parent) {
   const uint64_t key = (uint64_t{pos} << 32) | static_cast<uint32_t>(parent);
-  auto [it, inserted] = node_ids_.try_emplace(key, static_cast<int32_t>(nodes_.size()));
+  bool inserted;
+  const int32_t id = node_ids_.FindOrInsert(key, static_cast<int32_t>(nodes_.size()), &inserted);
   if (inserted) nodes_.push_back({pos, parent});
-  return it->second;
+  return id;
 }
 
 // Pushes onto `out` every stack that reading from `pos` (with `parent` below) can reach before
@@ -141,7 +195,11 @@ void Matcher::Expand(uint32_t pos, int32_t parent, std::vector<int32_t>* out) {
     // once per top-level step keeps grammars with many empty alternatives (x ::= "" | "" used
     // 30 times in a row) polynomial instead of exponential.
     const uint64_t key = (uint64_t{pos} << 32) | static_cast<uint32_t>(parent);
-    if (!expand_seen_.insert(key).second) return;
+    bool first;
+    expand_seen_.FindOrInsert(key, 0, &first);
+    if (!first) return;
+    // Past a work bound the rest is dropped (see kMaxStepWork); the caller counts it.
+    if (++step_work_ > kMaxStepWork || (in_mask_ && mask_work_ + step_work_ > kMaxMaskWork)) return;
     const Elem& e = g_->elems[pos];
     if (e.kind == Elem::Kind::kEnd) {
       if (parent < 0) {
@@ -169,7 +227,10 @@ int32_t Matcher::InternSet(std::vector<int32_t>* stacks) {
   std::sort(stacks->begin(), stacks->end());
   stacks->erase(std::unique(stacks->begin(), stacks->end()), stacks->end());
   if (stacks->empty()) return -1;
-  if (stacks->size() > kMaxStacks) stacks->resize(kMaxStacks);
+  if (stacks->size() > kMaxStacks) {
+    stacks->resize(kMaxStacks);
+    ++truncated_;
+  }
   const uint64_t h = HashInts(*stacks);
   auto& ids = set_ids_[h];
   for (int32_t id : ids) {
@@ -187,14 +248,26 @@ int32_t Matcher::Step(int32_t state, uint8_t byte) {
   if (trans_[slot] != -2) return trans_[slot];
   std::vector<int32_t>& next = step_scratch_;  // reused: no allocation per new transition
   next.clear();
-  expand_seen_.clear();
+  expand_seen_.Clear();
+  step_work_ = 0;
   for (int32_t id : sets_[static_cast<size_t>(state)]) {
     if (id < 0) continue;
     const Node n = nodes_[static_cast<size_t>(id)];
     if (g_->classes[g_->elems[n.pos].value].Has(byte)) Expand(n.pos + 1, n.parent, &next);
   }
+  // The scan of the set counts too: many cheap transitions out of a set of thousands of stacks
+  // would otherwise be unbounded.
+  if (in_mask_)
+    mask_work_ += std::min(step_work_, kMaxStepWork + 1) +
+                  static_cast<int64_t>(sets_[static_cast<size_t>(state)].size());
+  if (step_work_ > kMaxStepWork || (in_mask_ && mask_work_ > kMaxMaskWork)) ++truncated_;
   const int32_t r = InternSet(&next);
-  trans_[slot] = r;
+  // Every byte of `byte`'s equivalence class leads to the same set (trans_ may have moved).
+  const uint8_t cls = g_->byte_class[byte];
+  int32_t* row = trans_.data() + static_cast<size_t>(state) * 256;
+  for (int b = 0; b < 256; ++b) {
+    if (g_->byte_class[b] == cls) row[b] = r;
+  }
   return r;
 }
 
@@ -212,6 +285,8 @@ void Matcher::FillMask(TokenMask* mask) {
     return;
   }
   mask->Clear();
+  in_mask_ = true;
+  mask_work_ = 0;
   uint64_t* words = mask->words().data();
   walk_.resize(static_cast<size_t>(v.max_depth_) + 1);
   walk_[0] = state_;
@@ -237,6 +312,7 @@ void Matcher::FillMask(TokenMask* mask) {
     }
     ++i;
   }
+  in_mask_ = false;
   if (CanEnd()) {
     for (int32_t id : v.eos_) mask->Set(id);
   }
@@ -298,7 +374,7 @@ void Matcher::Compact() {
     stacks.push_back(std::move(chain));
   }
   nodes_.clear();
-  node_ids_.clear();
+  node_ids_.Clear();
   sets_.clear();
   set_ids_.clear();
   trans_.clear();

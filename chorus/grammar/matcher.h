@@ -32,7 +32,6 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "chorus/base/status.h"
@@ -100,9 +99,40 @@ class Vocabulary {
   int max_depth_ = 0;
 };
 
+namespace detail {
+
+// Open-addressed map from a 64-bit key to an int32, without an allocation per entry (the
+// matcher's expansion does one lookup per grammar position it passes, so node-based hash
+// tables spent most of its time in malloc). Clear() is O(1): entries carry the epoch they were
+// written in. The key ~0 is reserved.
+class FlatIndex {
+ public:
+  // The value stored for `key`, inserting `value` first when absent; `inserted` tells which.
+  int32_t FindOrInsert(uint64_t key, int32_t value, bool* inserted);
+  void Clear();
+  size_t size() const { return size_; }
+
+ private:
+  void Grow();
+  std::vector<uint64_t> keys_;
+  std::vector<int32_t> values_;
+  std::vector<uint32_t> epochs_;
+  uint32_t epoch_ = 1;
+  size_t size_ = 0;
+};
+
+}  // namespace detail
+
 class Matcher {
  public:
   static constexpr size_t kMaxStacks = 4096;
+  // Work bounds: grammar positions one transition may expand, and that one FillMask may expand
+  // in total. A grammar whose sets of stacks are huge (e.g. a nullable item repeated thousands
+  // of times: every byte may belong to any copy) would otherwise cost seconds per token. Past
+  // a bound the expansion stops and what it did not reach is dropped — like kMaxStacks this can
+  // only narrow the mask, never admit a byte the grammar rejects — and truncated() says so.
+  static constexpr int64_t kMaxStepWork = int64_t{1} << 16;
+  static constexpr int64_t kMaxMaskWork = int64_t{1} << 18;
 
   Matcher(Grammar grammar, std::shared_ptr<const Vocabulary> vocab);
 
@@ -126,6 +156,11 @@ class Matcher {
   int64_t n_states() const { return static_cast<int64_t>(sets_.size()); }
   int64_t n_stacks() const { return static_cast<int64_t>(nodes_.size()); }
   int64_t mask_cache_hits() const { return mask_hits_; }
+  // Transitions (or masks) cut short by kMaxStacks, kMaxStepWork or kMaxMaskWork so far.
+  int64_t truncated() const { return truncated_; }
+  // Work units (positions expanded + stacks scanned) the last FillMask spent, against
+  // kMaxMaskWork.
+  int64_t last_mask_work() const { return mask_work_; }
 
  private:
   struct Node {
@@ -142,7 +177,7 @@ class Matcher {
   const LoweredGrammar* g_;
   std::shared_ptr<const Vocabulary> vocab_;
   std::vector<Node> nodes_;
-  std::unordered_map<uint64_t, int32_t> node_ids_;
+  detail::FlatIndex node_ids_;
   std::vector<std::vector<int32_t>> sets_;  // -1 in a set: the empty stack (accepting)
   std::unordered_map<uint64_t, std::vector<int32_t>> set_ids_;  // hash → candidate ids
   std::vector<int32_t> trans_;  // [state * 256 + byte]: -2 unknown, -1 dead
@@ -153,7 +188,11 @@ class Matcher {
   bool ended_ = false;
   bool mask_cache_on_ = true;
   std::vector<int32_t> scratch_, walk_, step_scratch_;
-  std::unordered_set<uint64_t> expand_seen_;  // (pos, parent) expanded in this Step
+  detail::FlatIndex expand_seen_;  // (pos, parent) expanded in this Step
+  int64_t step_work_ = 0;          // positions expanded in this Step
+  int64_t mask_work_ = 0;          // ... in this FillMask (reset by FillMask)
+  bool in_mask_ = false;
+  int64_t truncated_ = 0;
 };
 
 // Brute-force reference for tests: token ids whose bytes, appended to `prefix`, keep it a

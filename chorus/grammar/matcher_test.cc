@@ -135,6 +135,7 @@ TEST(MatcherDifferential, RandomGrammarsAndVocabularies) {
       }
       prefix += vocab->bytes(t);
     }
+    EXPECT_EQ(m.truncated(), 0) << "seed " << seed;  // the equality above is not by luck
   }
   EXPECT_GT(compiled, 500);
   EXPECT_GT(steps, 3000);
@@ -252,6 +253,56 @@ TEST(Matcher, ManyEmptyAlternativesStayPolynomial) {
   EXPECT_EQ(MaskString(mask), "99 100 ");
   ASSERT_TRUE(m.Accept('c'));
   EXPECT_TRUE(m.Done());
+}
+
+// Bytes no class tells apart share one equivalence class; classes split them.
+TEST(Matcher, ByteClassesPartitionTheBytes) {
+  auto g = CompileGbnf("root ::= [a-z]+ [0-9] | \"x\" [^a-z]");
+  ASSERT_TRUE(g.ok());
+  const LoweredGrammar& l = g->lowered();
+  // ASCII falls into {x}, {a-w, y, z}, {0-9} and the rest; [^a-z] also takes the lead and
+  // continuation bytes of multi-byte characters, in ranges of their own.
+  EXPECT_GT(l.n_byte_classes, 4);
+  EXPECT_LT(l.n_byte_classes, 32);
+  EXPECT_EQ(l.byte_class['a'], l.byte_class['q']);
+  EXPECT_NE(l.byte_class['a'], l.byte_class['x']);
+  EXPECT_NE(l.byte_class['0'], l.byte_class['a']);
+  EXPECT_EQ(l.byte_class['0'], l.byte_class['9']);
+  EXPECT_EQ(l.byte_class['A'], l.byte_class['!']);
+  EXPECT_NE(l.byte_class['A'], l.byte_class['a']);
+}
+
+// A nullable item repeated many times: after each byte the next may belong to any later copy,
+// so a set holds a stack per copy and every transition passes every copy. Found by fuzz_gbnf
+// (tests/data/fuzz_regressions/gbnf/: 19 s for 24 tokens before the work bounds). The bounded
+// matcher must stay a narrowing: for texts this short, G{100000} allows exactly what G{40}
+// allows, so every mask of the big grammar is a non-empty subset of the small one's.
+TEST(Matcher, HugeNullableRepetitionIsBoundedAndOnlyNarrows) {
+  const std::string item = "(\"ab\" | [^\\n\"ab{zN]? | [^&\"Vn])";
+  auto big = CompileGbnf("root ::= " + item + "{100000} .?");
+  auto small = CompileGbnf("root ::= " + item + "{40} .?");
+  ASSERT_TRUE(big.ok()) << big.status().ToString();
+  ASSERT_TRUE(small.ok()) << small.status().ToString();
+  auto v = ByteVocab();
+  Matcher m(*big, v), ref(*small, v);
+  std::mt19937_64 rng(7);
+  TokenMask mask, ref_mask;
+  for (int step = 0; step < 16; ++step) {
+    m.FillMask(&mask);
+    ref.FillMask(&ref_mask);
+    std::vector<int32_t> allowed;
+    for (int32_t i = 0; i < mask.size(); ++i) {
+      if (!mask.Test(i)) continue;
+      ASSERT_TRUE(ref_mask.Test(i)) << "step " << step << " token " << i;
+      if (!v->IsEos(i)) allowed.push_back(i);
+    }
+    ASSERT_FALSE(allowed.empty()) << "step " << step;
+    const int32_t t = allowed[rng() % allowed.size()];
+    ASSERT_TRUE(m.Accept(t));
+    ASSERT_TRUE(ref.Accept(t));
+  }
+  EXPECT_GT(m.truncated(), 0);
+  EXPECT_EQ(ref.truncated(), 0);
 }
 
 TEST(Vocabulary, SpecialAndEmptyTokensNeverAllowed) {

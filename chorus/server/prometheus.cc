@@ -154,6 +154,15 @@ std::string RenderPrometheus(const engine::EngineMetrics* m, const HttpCounters&
     Scalar(&out, "chorus_prefix_cache_hit_tokens_total", "counter",
            "Prompt tokens found in the prefix cache (prefill skipped).",
            static_cast<double>(m->prefix_cache_hit_tokens.load()));
+    Scalar(&out, "chorus_grammar_masks_total", "counter",
+           "Allowed-token masks computed for grammar-constrained rows.",
+           static_cast<double>(m->grammar_masks_total.load()));
+    Scalar(&out, "chorus_grammar_mask_seconds_total", "counter",
+           "Mask worker time spent computing them (overlaps the forward pass).",
+           1e-6 * static_cast<double>(m->grammar_mask_micros.load()));
+    Scalar(&out, "chorus_grammar_masks_truncated_total", "counter",
+           "Masks cut short by the matcher's work bounds (a hugely ambiguous grammar; narrowed).",
+           static_cast<double>(m->grammar_masks_truncated.load()));
     Scalar(&out, "chorus_prefix_cache_blocks", "gauge",
            "Full KV blocks held by the prefix cache (those no request uses are free to evict).",
            static_cast<double>(m->prefix_cache_blocks.load()));
