@@ -4,9 +4,10 @@
 Starts a real server (or attaches to one with --attach), registers --adapters synthetic LoRA
 adapters of mixed ranks through the API, and for --duration seconds runs:
 
-* --concurrency client threads sending valid requests: the base model or an adapter,
-  completions or chat, streamed or not, n of 1-3, stop strings, shared prompt prefixes, and
-  clients that hang up mid-stream or while waiting for a non-streamed answer;
+* --concurrency client processes (threads with --client-threads) sending valid requests: the
+  base model or an adapter, completions or chat, streamed or not, n of 1-3, stop strings,
+  shared prompt prefixes, and clients that hang up mid-stream or while waiting for a
+  non-streamed answer;
 * a churn thread unloading, loading back and replacing adapters (another rank's files);
 * a thread rewriting the --tenants file and sending SIGHUP (a second tenant's limits change,
   and a small client of that tenant meets its limits: 429 with Retry-After);
@@ -19,7 +20,9 @@ adapter pages, resident copies and host-cache entries go back to 0.
 Reported per --window: requests, answers by status, client hang-ups, p50/p99 TTFT (streamed)
 and total latency (finished 200s), RSS. Summary: RSS growth after warm-up (the first --warmup
 windows: max RSS afterwards over the RSS at the end of warm-up), the p99 spread across the
-full windows after warm-up, leaked pages, 5xx count.
+full windows after warm-up, leaked pages, 5xx count. With --out, requests.csv lists every
+finished request (model, route, stream, n, max_tokens, TTFT, latency), to see what a window's
+tail is made of.
 
 Exit 1 when a bar fails: any 5xx or error event in a stream, an unexpected status, the server
 dead or not idle at the end, a leaked page, RSS growth above --rss-bar (2 %), and — unless
@@ -33,6 +36,7 @@ usage: tools/soak.py --chorus build/release/apps/chorus/chorus [--duration 3600]
 import argparse
 import http.client
 import json
+import multiprocessing
 import os
 import random
 import re
@@ -233,22 +237,40 @@ class Soak:
         self.a = a
         self.srv = srv
         self.lock = threading.Lock()
-        self.stop = threading.Event()
-        self.records = []  # (t_end, kind, status, ttft, latency, hung_up)
+        self.stop = multiprocessing.Event()  # seen by client threads and client processes
+        self.records = []  # (t_end, kind, status, ttft, latency)
+        self.details = []  # per finished request: (t_end, model, path, stream, n, max_tokens, ...)
+        self.sink = None   # in a client process: a queue to the parent instead of the lists
         self.failures = []
         self.samples = []  # dicts
         self.names = ["lora-%02d" % i if a.adapters <= 100 else "lora-%03d" % i
                       for i in range(a.adapters)]
         self.dirs = sorted(os.listdir(srv.adapter_dir))
         self.loaded = set()
+        # Which adapters are loaded, shared with client processes (the churn thread writes it).
+        self.loaded_flags = multiprocessing.Array("b", len(self.names), lock=False)
         self.churn_ops = {"unload": 0, "load": 0, "replace": 0}
         self.sighups = 0
         self.aux = {}
         self.t0 = None
 
     def fail(self, msg):
+        if self.sink is not None:
+            self.sink.put(("fail", msg))
+            return
         with self.lock:
             self.failures.append(msg)
+
+    def set_loaded(self, name, on):
+        with self.lock:
+            (self.loaded.add if on else self.loaded.discard)(name)
+            self.loaded_flags[self.names.index(name)] = 1 if on else 0
+
+    def loaded_names(self):
+        if self.sink is not None:  # a client process: the parent's flags
+            return [n for n, f in zip(self.names, self.loaded_flags) if f]
+        with self.lock:
+            return sorted(self.loaded)
 
     # -- setup ----------------------------------------------------------------------------
     def register_all(self):
@@ -258,12 +280,11 @@ class Soak:
                 "replace": True})
             if st != 200:
                 raise RuntimeError("registering %s: %d %s" % (name, st, body[:200]))
-            self.loaded.add(name)
+            self.set_loaded(name, True)
 
     # -- load -----------------------------------------------------------------------------
     def body(self, rng):
-        with self.lock:
-            loaded = sorted(self.loaded)
+        loaded = self.loaded_names()
         model = "base" if rng.random() < self.a.base_share or not loaded else rng.choice(loaded)
         chat = rng.random() < 0.5
         words = " ".join(rng.choice(WORDS) for _ in range(rng.randrange(3, 60)))
@@ -354,17 +375,48 @@ class Soak:
             return
         finally:
             c.close()
-        self.record(t0, kind, status, ttft, time.monotonic() - t0 if status == 200 else None)
+        latency = time.monotonic() - t0 if status == 200 else None
+        self.record(t0, kind, status, ttft, latency)
+        if latency is not None:
+            self.detail((round(time.monotonic() - self.t0, 3), body["model"], path, int(stream),
+                         body["n"], body["max_tokens"], round(ttft * 1000, 2) if ttft else "",
+                         round(latency * 1000, 2)))
 
     def record(self, t0, kind, status, ttft, latency):
+        r = (time.monotonic() - self.t0, kind, status, ttft, latency)
+        if self.sink is not None:
+            self.sink.put(("record", r))
+            return
         with self.lock:
-            self.records.append((time.monotonic() - self.t0, kind, status, ttft, latency))
+            self.records.append(r)
+
+    def detail(self, d):
+        if self.sink is not None:
+            self.sink.put(("detail", d))
+            return
+        with self.lock:
+            self.details.append(d)
 
     def worker(self, i):
         rng = random.Random(self.a.seed * 1000 + i)
         while not self.stop.is_set():
             self.one(rng)
             time.sleep(rng.uniform(0, self.a.think))
+
+    def worker_process(self, i, sink):
+        # A client process: its own interpreter, so the clients' latencies do not include
+        # waiting for one another's Python (the GIL hands over every 5 ms).
+        self.sink = sink
+        self.worker(i)
+
+    def drain(self, sink):
+        while True:
+            kind, x = sink.get()
+            if kind == "end":
+                return
+            with self.lock:
+                {"record": self.records, "detail": self.details,
+                 "fail": self.failures}[kind].append(x)
 
     # -- churn ----------------------------------------------------------------------------
     def churn(self):
@@ -377,8 +429,7 @@ class Soak:
             k = rng.random()
             if (k < 0.4 and len(loaded) > keep) or not unloaded and k < 0.6:
                 name = rng.choice(loaded)
-                with self.lock:
-                    self.loaded.discard(name)  # workers stop picking it before it goes
+                self.set_loaded(name, False)  # workers stop picking it before it goes
                 st, body, _ = self.srv.post("/v1/unload_lora_adapter", {"lora_name": name})
                 op = "unload"
             elif k < 0.7 and unloaded:
@@ -388,8 +439,7 @@ class Soak:
                     "lora_path": os.path.join(self.srv.adapter_dir, rng.choice(self.dirs))})
                 op = "load"
                 if st == 200:
-                    with self.lock:
-                        self.loaded.add(name)
+                    self.set_loaded(name, True)
             else:
                 name = rng.choice(loaded)  # another adapter's files (another rank, most often)
                 st, body, _ = self.srv.post("/v1/load_lora_adapter", {
@@ -525,7 +575,20 @@ class Soak:
         a = self.a
         self.t0 = time.monotonic()
         out_csv = open(os.path.join(a.out, "samples.csv"), "w") if a.out else None
-        threads = [threading.Thread(target=self.worker, args=(i,)) for i in range(a.concurrency)]
+        procs, threads = [], []
+        if a.client_threads:
+            threads = [threading.Thread(target=self.worker, args=(i,))
+                       for i in range(a.concurrency)]
+        else:
+            # Forked before any thread of this process starts.
+            ctx = multiprocessing.get_context("fork")
+            sink = ctx.Queue()
+            procs = [ctx.Process(target=self.worker_process, args=(i, sink))
+                     for i in range(a.concurrency)]
+            for p in procs:
+                p.start()
+            drainer = threading.Thread(target=self.drain, args=(sink,))
+            drainer.start()
         if not a.no_churn:
             threads.append(threading.Thread(target=self.churn))
         if self.srv.tenants_path and not a.no_sighup:
@@ -550,6 +613,11 @@ class Soak:
         self.stop.set()
         for t in threads:
             t.join()
+        for p in procs:
+            p.join()
+        if procs:
+            sink.put(("end", None))
+            drainer.join()
         sampler.join()
         if out_csv:
             out_csv.close()
@@ -670,7 +738,10 @@ def main():
     ap.add_argument("--pid", type=int, default=0)
     ap.add_argument("--tenants-file", default="", help="with --attach: its --tenants file")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--out", default="", help="directory for summary.json, windows.csv, samples.csv")
+    ap.add_argument("--client-threads", action="store_true",
+                    help="run the --concurrency clients as threads of this process, not as "
+                    "processes (their latencies then include waiting for each other's Python)")
+    ap.add_argument("--out", default="", help="directory for summary.json, windows.csv, samples.csv, requests.csv")
     ap.add_argument("--plot", action="store_true", help="with --out: samples.png via tools/plot.py")
     a = ap.parse_args()
     if a.duration <= 0 or a.window <= 0 or a.concurrency < 1 or a.adapters < 1:
@@ -710,6 +781,10 @@ def main():
         with open(os.path.join(a.out, "summary.json"), "w") as f:
             json.dump({"summary": summary, "windows": windows,
                        "failures": soak.failures[:200]}, f, indent=1)
+        with open(os.path.join(a.out, "requests.csv"), "w") as f:
+            f.write("t_end_s,model,path,stream,n,max_tokens,ttft_ms,latency_ms\n")
+            for d in sorted(soak.details):
+                f.write(",".join(str(x) for x in d) + "\n")
         with open(os.path.join(a.out, "windows.csv"), "w") as f:
             f.write("window,start_s,requests,ttft_p50_ms,ttft_p99_ms,latency_p50_ms,"
                     "latency_p99_ms,rss_mib\n")
