@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <numeric>
+#include <tuple>
 
 #include "chorus/tokenizer/tokenizer.h"
 
@@ -190,36 +191,51 @@ int32_t Matcher::InternNode(uint32_t pos, int32_t parent) {
 // Pushes onto `out` every stack that reading from `pos` (with `parent` below) can reach before
 // it must match a byte; -1 for the empty stack (the grammar is complete there).
 void Matcher::Expand(uint32_t pos, int32_t parent, std::vector<int32_t>* out) {
-  for (;;) {
-    // Each (position, stack below) expands to the same stacks whoever reaches it: expanding it
-    // once per top-level step keeps grammars with many empty alternatives (x ::= "" | "" used
-    // 30 times in a row) polynomial instead of exponential.
-    const uint64_t key = (uint64_t{pos} << 32) | static_cast<uint32_t>(parent);
-    bool first;
-    expand_seen_.FindOrInsert(key, 0, &first);
-    if (!first) return;
-    // Past a work bound the rest is dropped (see kMaxStepWork); the caller counts it.
-    if (++step_work_ > kMaxStepWork || (in_mask_ && mask_work_ + step_work_ > kMaxMaskWork)) return;
-    const Elem& e = g_->elems[pos];
-    if (e.kind == Elem::Kind::kEnd) {
-      if (parent < 0) {
-        out->push_back(-1);
+  // Depth-first with an explicit stack: a chain of nullable items (x? repeated thousands of
+  // times) would otherwise recurse once per item and could overflow a thread's stack. The
+  // alternatives are pushed last-first, so they are expanded in the order a recursion would
+  // (which matters only for what a work bound drops).
+  std::vector<std::pair<uint32_t, int32_t>>& todo = expand_todo_;
+  todo.clear();
+  todo.emplace_back(pos, parent);
+  while (!todo.empty()) {
+    std::tie(pos, parent) = todo.back();
+    todo.pop_back();
+    for (;;) {
+      // Each (position, stack below) expands to the same stacks whoever reaches it: expanding
+      // it once per top-level step keeps grammars with many empty alternatives (x ::= "" | ""
+      // used 30 times in a row) polynomial instead of exponential.
+      const uint64_t key = (uint64_t{pos} << 32) | static_cast<uint32_t>(parent);
+      bool first;
+      expand_seen_.FindOrInsert(key, 0, &first);
+      if (!first) break;
+      // Past a work bound the rest is dropped (see kMaxStepWork); the caller counts it.
+      if (++step_work_ > kMaxStepWork || (in_mask_ && mask_work_ + step_work_ > kMaxMaskWork)) {
+        todo.clear();
         return;
       }
-      const Node n = nodes_[static_cast<size_t>(parent)];
-      pos = n.pos;
-      parent = n.parent;
-      continue;
+      const Elem& e = g_->elems[pos];
+      if (e.kind == Elem::Kind::kEnd) {
+        if (parent < 0) {
+          out->push_back(-1);
+          break;
+        }
+        const Node n = nodes_[static_cast<size_t>(parent)];
+        pos = n.pos;
+        parent = n.parent;
+        continue;
+      }
+      if (e.kind == Elem::Kind::kBytes) {
+        out->push_back(InternNode(pos, parent));
+        break;
+      }
+      // A rule last in its alternative returns straight to the caller's caller (tail call).
+      const int32_t cont =
+          g_->elems[pos + 1].kind == Elem::Kind::kEnd ? parent : InternNode(pos + 1, parent);
+      const std::vector<uint32_t>& alts = g_->alts[e.value];
+      for (auto a = alts.rbegin(); a != alts.rend(); ++a) todo.emplace_back(*a, cont);
+      break;
     }
-    if (e.kind == Elem::Kind::kBytes) {
-      out->push_back(InternNode(pos, parent));
-      return;
-    }
-    // A rule last in its alternative returns straight to the caller's caller (tail call).
-    const int32_t cont =
-        g_->elems[pos + 1].kind == Elem::Kind::kEnd ? parent : InternNode(pos + 1, parent);
-    for (uint32_t a : g_->alts[e.value]) Expand(a, cont, out);
-    return;
   }
 }
 

@@ -32,6 +32,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "chorus/base/status.h"
@@ -188,9 +189,10 @@ class Matcher {
   bool ended_ = false;
   bool mask_cache_on_ = true;
   std::vector<int32_t> scratch_, walk_, step_scratch_;
-  detail::FlatIndex expand_seen_;  // (pos, parent) expanded in this Step
-  int64_t step_work_ = 0;          // positions expanded in this Step
-  int64_t mask_work_ = 0;          // ... in this FillMask (reset by FillMask)
+  detail::FlatIndex expand_seen_;                          // (pos, parent) expanded in this Step
+  std::vector<std::pair<uint32_t, int32_t>> expand_todo_;  // Expand's depth-first stack
+  int64_t step_work_ = 0;                                  // positions expanded in this Step
+  int64_t mask_work_ = 0;  // ... in this FillMask (reset by FillMask)
   bool in_mask_ = false;
   int64_t truncated_ = 0;
 };

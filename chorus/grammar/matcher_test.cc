@@ -4,6 +4,7 @@
 #include "chorus/grammar/matcher.h"
 
 #include <gtest/gtest.h>
+#include <pthread.h>
 
 #include <cstdio>
 #include <random>
@@ -303,6 +304,41 @@ TEST(Matcher, HugeNullableRepetitionIsBoundedAndOnlyNarrows) {
   }
   EXPECT_GT(m.truncated(), 0);
   EXPECT_EQ(ref.truncated(), 0);
+}
+
+// An expansion that passes thousands of nullable items in a row must not recurse once per item:
+// run on a thread with a 256 KiB stack (a recursive expansion needs megabytes here).
+TEST(Matcher, LongNullableChainNeedsLittleStack) {
+  auto g = CompileGbnf("root ::= ([a]?){50000} \"b\"");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  auto v = ByteVocab();
+  bool ok = false;
+  pthread_attr_t attr;
+  ASSERT_EQ(pthread_attr_init(&attr), 0);
+  ASSERT_EQ(pthread_attr_setstacksize(&attr, 256 << 10), 0);
+  struct Ctx {
+    const Grammar* g;
+    std::shared_ptr<const Vocabulary> v;
+    bool* ok;
+  } ctx{&*g, v, &ok};
+  pthread_t t;
+  ASSERT_EQ(pthread_create(
+                &t, &attr,
+                [](void* p) -> void* {
+                  auto* c = static_cast<Ctx*>(p);
+                  Matcher m(*c->g, c->v);
+                  TokenMask mask;
+                  m.FillMask(&mask);
+                  // (The set is cut at kMaxStacks, so "b", reachable only past every copy, is
+                  // not offered: a narrowing.)
+                  *c->ok = mask.Test('a') && m.Accept('a') && m.truncated() > 0;
+                  return nullptr;
+                },
+                &ctx),
+            0);
+  pthread_join(t, nullptr);
+  pthread_attr_destroy(&attr);
+  EXPECT_TRUE(ok);
 }
 
 TEST(Vocabulary, SpecialAndEmptyTokensNeverAllowed) {
