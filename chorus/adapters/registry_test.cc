@@ -823,9 +823,15 @@ TEST_F(RegistryTest, SurvivesSigkillDuringRegistration) {
   uint64_t last_next = 1;
   int killed = 0;
   for (int round = 0; round < 24; ++round) {
+    // The child says when its first registration is done, and the kill comes a random time
+    // after that: a slow start (a sanitized build takes longer than the whole window below to
+    // open the registry) must not let every kill land before the first write.
+    int ready[2];
+    ASSERT_EQ(::pipe(ready), 0);
     const pid_t pid = ::fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {
+      ::close(ready[0]);
       auto r = AdapterRegistry::Open(state_, Options());
       if (!r.ok()) ::_exit(2);
       for (int i = 0; i < 400; ++i) {
@@ -836,9 +842,14 @@ TEST_F(RegistryTest, SurvivesSigkillDuringRegistration) {
                         .ok()) {
           ::_exit(3);
         }
+        if (i == 0 && ::write(ready[1], "r", 1) != 1) ::_exit(4);
       }
       ::_exit(0);
     }
+    ::close(ready[1]);
+    char byte;
+    (void)::read(ready[0], &byte, 1);  // 0 bytes: the child ended first (its status says how)
+    ::close(ready[0]);
     const int delay_us = std::uniform_int_distribution<int>(0, 40000)(rng);
     ::usleep(static_cast<useconds_t>(delay_us));
     ::kill(pid, SIGKILL);
