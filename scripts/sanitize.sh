@@ -38,8 +38,9 @@ mkdir -p "$reports"
 export ASAN_OPTIONS="detect_leaks=1:check_initialization_order=1:strict_init_order=1:allocator_may_return_null=1:log_path=$reports/asan"
 # -fno-sanitize-recover=undefined already makes every UBSan finding fatal; the stack says where.
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$reports/ubsan"
-# TSan reports every race (a process with one exits 66, failing its test).
-export TSAN_OPTIONS="halt_on_error=0:second_deadlock_stack=1:log_path=$reports/tsan"
+# TSan reports every race (a process with one exits 66, failing its test). scripts/tsan.supp
+# says which uninstrumented library's interceptor calls it cannot judge, and why.
+export TSAN_OPTIONS="halt_on_error=0:second_deadlock_stack=1:suppressions=$PWD/scripts/tsan.supp:log_path=$reports/tsan"
 
 runner=()
 if [ "$build" = tsan ]; then
