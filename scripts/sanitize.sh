@@ -24,6 +24,7 @@ if command -v ccache >/dev/null && [ -z "${CMAKE_CXX_COMPILER_LAUNCHER:-}" ]; th
   export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache
 fi
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"  # cache keys independent of the clone's folder
+export CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"  # -g1 builds too (ccache hashes the folder by default)
 start=$(date +%s)
 cmake --preset "$build" >/dev/null
 cmake --build "build/$build" -j"$(nproc)" --target "$target"
