@@ -254,12 +254,17 @@ class Soak:
         self.aux = {}
         self.t0 = None
 
-    def fail(self, msg):
+    def add(self, kind, x):
+        """Appends x to the records, details or failures — through the queue to the parent when
+        this is a client process."""
         if self.sink is not None:
-            self.sink.put(("fail", msg))
+            self.sink.put((kind, x))
             return
         with self.lock:
-            self.failures.append(msg)
+            {"record": self.records, "detail": self.details, "fail": self.failures}[kind].append(x)
+
+    def fail(self, msg):
+        self.add("fail", msg)
 
     def set_loaded(self, name, on):
         with self.lock:
@@ -378,24 +383,12 @@ class Soak:
         latency = time.monotonic() - t0 if status == 200 else None
         self.record(t0, kind, status, ttft, latency)
         if latency is not None:
-            self.detail((round(time.monotonic() - self.t0, 3), body["model"], path, int(stream),
-                         body["n"], body["max_tokens"], round(ttft * 1000, 2) if ttft else "",
-                         round(latency * 1000, 2)))
+            self.add("detail", (round(time.monotonic() - self.t0, 3), body["model"], path,
+                                int(stream), body["n"], body["max_tokens"],
+                                round(ttft * 1000, 2) if ttft else "", round(latency * 1000, 2)))
 
     def record(self, t0, kind, status, ttft, latency):
-        r = (time.monotonic() - self.t0, kind, status, ttft, latency)
-        if self.sink is not None:
-            self.sink.put(("record", r))
-            return
-        with self.lock:
-            self.records.append(r)
-
-    def detail(self, d):
-        if self.sink is not None:
-            self.sink.put(("detail", d))
-            return
-        with self.lock:
-            self.details.append(d)
+        self.add("record", (time.monotonic() - self.t0, kind, status, ttft, latency))
 
     def worker(self, i):
         rng = random.Random(self.a.seed * 1000 + i)
@@ -414,9 +407,7 @@ class Soak:
             kind, x = sink.get()
             if kind == "end":
                 return
-            with self.lock:
-                {"record": self.records, "detail": self.details,
-                 "fail": self.failures}[kind].append(x)
+            self.add(kind, x)  # this thread's sink is None: straight into the lists
 
     # -- churn ----------------------------------------------------------------------------
     def churn(self):

@@ -175,8 +175,9 @@ Matcher::Matcher(Grammar grammar, std::shared_ptr<const Vocabulary> vocab)
   scratch_.clear();
   expand_seen_.Clear();
   step_work_ = 0;
+  expand_cut_ = false;
   for (uint32_t a : g_->alts[g_->root]) Expand(a, -1, &scratch_);
-  if (step_work_ > kMaxStepWork) ++truncated_;
+  if (expand_cut_) ++truncated_;
   state_ = InternSet(&scratch_);
 }
 
@@ -211,6 +212,7 @@ void Matcher::Expand(uint32_t pos, int32_t parent, std::vector<int32_t>* out) {
       if (!first) break;
       // Past a work bound the rest is dropped (see kMaxStepWork); the caller counts it.
       if (++step_work_ > kMaxStepWork || (in_mask_ && mask_work_ + step_work_ > kMaxMaskWork)) {
+        expand_cut_ = true;
         todo.clear();
         return;
       }
@@ -266,6 +268,7 @@ int32_t Matcher::Step(int32_t state, uint8_t byte) {
   next.clear();
   expand_seen_.Clear();
   step_work_ = 0;
+  expand_cut_ = false;
   for (int32_t id : sets_[static_cast<size_t>(state)]) {
     if (id < 0) continue;
     const Node n = nodes_[static_cast<size_t>(id)];
@@ -274,9 +277,8 @@ int32_t Matcher::Step(int32_t state, uint8_t byte) {
   // The scan of the set counts too: many cheap transitions out of a set of thousands of stacks
   // would otherwise be unbounded.
   if (in_mask_)
-    mask_work_ += std::min(step_work_, kMaxStepWork + 1) +
-                  static_cast<int64_t>(sets_[static_cast<size_t>(state)].size());
-  if (step_work_ > kMaxStepWork || (in_mask_ && mask_work_ > kMaxMaskWork)) ++truncated_;
+    mask_work_ += step_work_ + static_cast<int64_t>(sets_[static_cast<size_t>(state)].size());
+  if (expand_cut_) ++truncated_;
   const int32_t r = InternSet(&next);
   // Every byte of `byte`'s equivalence class leads to the same set (trans_ may have moved).
   const uint8_t cls = g_->byte_class[byte];

@@ -105,13 +105,12 @@ namespace detail {
 // Open-addressed map from a 64-bit key to an int32, without an allocation per entry (the
 // matcher's expansion does one lookup per grammar position it passes, so node-based hash
 // tables spent most of its time in malloc). Clear() is O(1): entries carry the epoch they were
-// written in. The key ~0 is reserved.
+// written in.
 class FlatIndex {
  public:
   // The value stored for `key`, inserting `value` first when absent; `inserted` tells which.
   int32_t FindOrInsert(uint64_t key, int32_t value, bool* inserted);
   void Clear();
-  size_t size() const { return size_; }
 
  private:
   void Grow();
@@ -192,8 +191,9 @@ class Matcher {
   detail::FlatIndex expand_seen_;                          // (pos, parent) expanded in this Step
   std::vector<std::pair<uint32_t, int32_t>> expand_todo_;  // Expand's depth-first stack
   int64_t step_work_ = 0;                                  // positions expanded in this Step
-  int64_t mask_work_ = 0;  // ... in this FillMask (reset by FillMask)
+  int64_t mask_work_ = 0;  // ... and stacks scanned in this FillMask (reset by FillMask)
   bool in_mask_ = false;
+  bool expand_cut_ = false;  // a work bound stopped an expansion of this Step
   int64_t truncated_ = 0;
 };
 
