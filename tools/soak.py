@@ -22,7 +22,8 @@ and total latency (finished 200s), RSS. Summary: RSS growth after warm-up (the f
 windows: max RSS afterwards over the RSS at the end of warm-up), the p99 spread across the
 full windows after warm-up, leaked pages, 5xx count. With --out, requests.csv lists every
 finished request (model, route, stream, n, max_tokens, TTFT, latency), to see what a window's
-tail is made of.
+tail is made of, and events.csv every churn call and SIGHUP (start, op, name, seconds), to see
+whether the tail follows them.
 
 Exit 1 when a bar fails: any 5xx or error event in a stream, an unexpected status, the server
 dead or not idle at the end, a leaked page, RSS growth above --rss-bar (2 %), and — unless
@@ -34,6 +35,7 @@ usage: tools/soak.py --chorus build/release/apps/chorus/chorus [--duration 3600]
 """
 
 import argparse
+import atexit
 import http.client
 import json
 import multiprocessing
@@ -113,7 +115,11 @@ def launch_server(cmd, env, log_path, timeout):
     """Starts `chorus serve` (`cmd`) with its output in `log_path` and waits until the log names
     its port. Returns (process, log file, port, deadline) — the deadline for wait_healthy()."""
     log = open(log_path, "wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    # Its own session: a Ctrl-C at the terminal ends the load early (Soak.run) but leaves the
+    # server to the final checks; atexit stops it if this script dies first.
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+    atexit.register(lambda: proc.poll() is None and proc.kill())
     deadline = time.time() + timeout
     while time.time() < deadline:
         time.sleep(0.1)
@@ -250,6 +256,7 @@ class Soak:
         # Which adapters are loaded, shared with client processes (the churn thread writes it).
         self.loaded_flags = multiprocessing.Array("b", len(self.names), lock=False)
         self.churn_ops = {"unload": 0, "load": 0, "replace": 0}
+        self.events = []  # (t_start_s, op, name, seconds): churn calls and SIGHUPs, for events.csv
         self.sighups = 0
         self.aux = {}
         self.t0 = None
@@ -398,7 +405,9 @@ class Soak:
 
     def worker_process(self, i, sink):
         # A client process: its own interpreter, so the clients' latencies do not include
-        # waiting for one another's Python (the GIL hands over every 5 ms).
+        # waiting for one another's Python (the GIL hands over every 5 ms). A Ctrl-C is the
+        # parent's to handle: it sets self.stop.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         self.sink = sink
         self.worker(i)
 
@@ -418,6 +427,7 @@ class Soak:
                 loaded = sorted(self.loaded)
                 unloaded = sorted(set(self.names) - self.loaded)
             k = rng.random()
+            t_start = time.monotonic()
             if (k < 0.4 and len(loaded) > keep) or not unloaded and k < 0.6:
                 name = rng.choice(loaded)
                 self.set_loaded(name, False)  # workers stop picking it before it goes
@@ -438,6 +448,9 @@ class Soak:
                     "lora_path": os.path.join(self.srv.adapter_dir, rng.choice(self.dirs))})
                 op = "replace"
             self.churn_ops[op] += 1
+            with self.lock:
+                self.events.append((round(t_start - self.t0, 3), op, name,
+                                    round(time.monotonic() - t_start, 4)))
             if st != 200:
                 self.fail("churn %s %s: %d %s" % (op, name, st, body[:200]))
 
@@ -452,6 +465,8 @@ class Soak:
             os.replace(tmp, self.srv.tenants_path)
             os.kill(self.srv.pid, signal.SIGHUP)
             self.sighups += 1
+            with self.lock:
+                self.events.append((round(time.monotonic() - self.t0, 3), "sighup", gen, 0))
 
     def aux_client(self, i):
         """The limited tenant: small requests back to back; 200 or 429 with Retry-After."""
@@ -591,8 +606,13 @@ class Soak:
         for t in threads:
             t.start()
         next_report = a.window
+        interrupted = []
+        signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
         while time.monotonic() - self.t0 < a.duration:
             time.sleep(1)
+            if interrupted:
+                print("soak: interrupted — ending the load now and reporting what ran", flush=True)
+                break
             if not self.srv.alive():
                 self.fail("the server died")
                 break
@@ -735,7 +755,8 @@ def main():
     ap.add_argument("--client-threads", action="store_true",
                     help="run the --concurrency clients as threads of this process, not as "
                     "processes (their latencies then include waiting for each other's Python)")
-    ap.add_argument("--out", default="", help="directory for summary.json, windows.csv, samples.csv, requests.csv")
+    ap.add_argument("--out", default="", help="directory for summary.json, windows.csv, "
+                    "samples.csv, requests.csv, events.csv (churn calls and SIGHUPs)")
     ap.add_argument("--plot", action="store_true", help="with --out: samples.png via tools/plot.py")
     a = ap.parse_args()
     if a.duration <= 0 or a.window <= 0 or a.concurrency < 1 or a.adapters < 1:
@@ -779,6 +800,10 @@ def main():
             f.write("t_end_s,model,path,stream,n,max_tokens,ttft_ms,latency_ms\n")
             for d in sorted(soak.details):
                 f.write(",".join(str(x) for x in d) + "\n")
+        with open(os.path.join(a.out, "events.csv"), "w") as f:
+            f.write("t_start_s,op,name,seconds\n")
+            for e in sorted(soak.events):
+                f.write(",".join(str(x) for x in e) + "\n")
         with open(os.path.join(a.out, "windows.csv"), "w") as f:
             f.write("window,start_s,requests,ttft_p50_ms,ttft_p99_ms,latency_p50_ms,"
                     "latency_p99_ms,rss_mib\n")

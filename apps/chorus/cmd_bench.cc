@@ -158,6 +158,7 @@ int BenchCommand(int argc, char** argv) {
            "AVX-512 kernels on an AMX machine, or the AVX2 ones on an AVX-512 machine); "
            "best defers to CHORUS_ISA when set. A comma-separated list (amx,avx512) measures "
            "every figure at each level, alternating inside each repeat on the same model");
+  f.String("delta-activations", "auto", kDeltaActivationsHelp);
   f.String("out", "", "write <out>.csv and <out>.json");
   f.Int("tp", 0,
         "tensor-parallel decode benchmark over N ranks instead (`mpirun -np N chorus bench --tp "
@@ -244,6 +245,7 @@ int BenchCommand(int argc, char** argv) {
   } else if (Status si = ApplyIsaFlag(f); !si.ok()) {
     return Fail("bench", si);
   }
+  if (Status sd = ApplyDeltaActivationsFlag(f); !sd.ok()) return Fail("bench", sd);
   if (o.isas.empty()) {
     std::fprintf(stderr, "bench: %s\n", IsaLine().c_str());
   } else {

@@ -314,6 +314,7 @@ int ServeCommand(int argc, char** argv) {
   f.String("isa", "best",
            "highest kernel level: best, amx, avx512, avx2 or scalar (best defers to CHORUS_ISA "
            "when set)");
+  f.String("delta-activations", "auto", kDeltaActivationsHelp);
   f.Int("max-running", 64, "sequences in the running batch");
   f.Int("max-batch-tokens", 512, "tokens (rows) per engine step: decode rows + prefill chunks");
   f.Int("max-queue", 256, "waiting requests before answering 429");
@@ -493,6 +494,7 @@ int ServeCommand(int argc, char** argv) {
   engine::EngineOptions eo;
   eo.threads = ThreadsFlag(f);
   if (Status si = ApplyIsaFlag(f); !si.ok()) return Fail("serve", si);
+  if (Status sd = ApplyDeltaActivationsFlag(f); !sd.ok()) return Fail("serve", sd);
   eo.max_running = f.GetInt("max-running");
   eo.max_batch_tokens = f.GetInt("max-batch-tokens");
   eo.max_queue = f.GetInt("max-queue");

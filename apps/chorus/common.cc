@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "apps/chorus/default_model.h"
+#include "chorus/kernels/delta.h"
 #include "chorus/kernels/dispatch.h"
 #include "chorus/model/loader.h"
 #include "chorus/tokenizer/chat_template.h"
@@ -72,9 +73,21 @@ Status ApplyIsaFlag(const Flags& f) {
   return OkStatus();
 }
 
+Status ApplyDeltaActivationsFlag(const Flags& f) {
+  const std::string name = f.GetString("delta-activations");
+  std::optional<kernels::DeltaActivations> parsed;
+  if (!kernels::ParseDeltaActivations(name, &parsed)) {
+    return InvalidArgumentError("--delta-activations must be auto, int16 or f32, got '" +
+                                name.substr(0, 32) + "'");
+  }
+  kernels::SetDeltaActivations(parsed);
+  return OkStatus();
+}
+
 std::string IsaLine() {
   return "kernels: isa " + kernels::IsaName(kernels::ActiveIsa()) +
-         " (cpu: " + kernels::CpuFeaturesString() + ")";
+         " (cpu: " + kernels::CpuFeaturesString() + "); delta term activations " +
+         kernels::DeltaActivationsName(kernels::DefaultDeltaActivations());
 }
 
 int ThreadsFlag(const Flags& f) {

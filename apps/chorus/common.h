@@ -42,6 +42,14 @@ Result<ChatTemplateFlag> ReadChatTemplateFlag(const std::string& value);
 // CHORUS_ISA when it is set): caps the kernel level (kernels/dispatch.h). An unknown name, or a
 // level this CPU (or, for amx, the OS tile permission) does not allow, is an error naming why.
 Status ApplyIsaFlag(const Flags& f);
+// --delta-activations auto|int16|f32 (kernels/delta.h): how the delta term multiplies; the
+// flag is registered with the help kDeltaActivationsHelp.
+Status ApplyDeltaActivationsFlag(const Flags& f);
+inline constexpr const char* kDeltaActivationsHelp =
+    "how the delta term of full fine-tunes multiplies (docs/deltas.md): int16 (x rounded to 15 "
+    "bits per row, integer dot products on the codes: ~2x faster), f32 (exact to the dense "
+    "reconstruction's rounding), or auto = int16 where the CPU has its kernel (AVX-512 "
+    "VNNI/VBMI2)";
 // "kernels: isa amx (cpu: ...)" — the level in use, for the start-up lines of serve and bench.
 std::string IsaLine();
 

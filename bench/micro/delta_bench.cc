@@ -3,9 +3,12 @@
 // different fine-tunes), 2 threads. The packed deltas (1.6 GB at 4-bit 2:4) are larger than this
 // host's last-level cache, so each step streams them from memory, as serving does.
 //
-// Counters: packed_GBps = bytes the kernel reads per step (codes, 2:4 patterns, f32 scales as
-// they sit in host memory) ÷ step time; of_bandwidth = that ÷ the read bandwidth measured by the
-// same probe `chorus bench` uses (engine/bench.h, 1 GiB, 2 threads), measured at start.
+// The fourth argument picks the activations (kernels/delta.h): 0 = f32 (the kernel reads codes,
+// 2:4 pattern bytes and scales), 1 = int16 (codes, the 2:4 keep bits built at load, scales).
+//
+// Counters: packed_GBps = bytes the kernel reads per step (codes, 2:4 patterns or keep bits, f32
+// scales as they sit in host memory) ÷ step time; of_bandwidth = that ÷ the read bandwidth measured
+// by the same probe `chorus bench` uses (engine/bench.h, 1 GiB, 2 threads), measured at start.
 // Layouts: chorus compress's defaults — 4-bit 2:4 and 2-bit 2:4 in groups of 64 (deltazip,
 // rtn) and bitdelta's 1-bit signs with one scale per matrix; levels avx512 / avx2 / scalar.
 //   ./build/release/bench/delta_bench --benchmark_repetitions=3
@@ -59,8 +62,10 @@ void Fill(uint8_t* p, size_t n, uint64_t seed, int mod) {
 // Every delta matrix of one layout, in one arena.
 struct Model {
   std::vector<uint8_t> arena;
-  std::vector<DeltaMatrixView> views;  // [delta][layer][linear]
-  int64_t bytes = 0;                   // what a step reads
+  std::vector<DeltaMatrixView> views;       // [delta][layer][linear]
+  std::vector<std::vector<uint64_t>> keep;  // 2:4: each view's keep bits
+  int64_t bytes = 0;                        // what a step of the f32 path reads
+  int64_t int16_bytes = 0;                  // … of the int16 path (keep bits instead of patterns)
 };
 
 Model& ModelFor(int layout_index) {
@@ -105,8 +110,15 @@ Model& ModelFor(int layout_index) {
     v.codes = codes;
     v.mask = v.sparse24 ? codes + code_bytes : nullptr;
     v.scales = scales;
+    int64_t keep_bytes = 0;
+    if (v.sparse24) {
+      m->keep.push_back(chorus::kernels::DeltaKeepBits(v));
+      v.keep = m->keep.back().data();
+      keep_bytes = static_cast<int64_t>(m->keep.back().size() * sizeof(uint64_t));
+    }
     m->views.push_back(v);
     m->bytes += static_cast<int64_t>(code_bytes + mask_bytes) + scale_count(v) * 4;
+    m->int16_bytes += static_cast<int64_t>(code_bytes) + keep_bytes + scale_count(v) * 4;
   }
   return *m;
 }
@@ -132,6 +144,15 @@ void BM_DeltaStep(benchmark::State& state) {
   const double bandwidth = Bandwidth();
   Model& model = ModelFor(layout);
   const int threads = static_cast<int>(state.range(2));
+  const bool int16 = state.range(3) == 1;
+  const auto activations =
+      int16 ? chorus::kernels::DeltaActivations::kInt16 : chorus::kernels::DeltaActivations::kF32;
+  if (int16 && !chorus::kernels::DeltaInt16Fast()) {
+    state.SkipWithError("no int16 delta kernel at this level (AVX-512 VNNI/VBMI/VBMI2)");
+    chorus::kernels::SetMaxIsa(chorus::kernels::kMaxIsaLevel);
+    return;
+  }
+  const int64_t step_bytes = int16 ? model.int16_bytes : model.bytes;
   // CHORUS_DELTA_BENCH_LAYERS=1: one layer's deltas (~70 MB at 4-bit 2:4), which stay in a large
   // last-level cache — the kernel's decode speed without the memory system.
   const char* env = std::getenv("CHORUS_DELTA_BENCH_LAYERS");
@@ -145,28 +166,30 @@ void BM_DeltaStep(benchmark::State& state) {
       for (int lin = 0; lin < 7; ++lin) {
         for (int d = 0; d < kDeltas; ++d)
           per_linear[d] = model.views[static_cast<size_t>((d * kLayers + layer) * 7 + lin)];
-        chorus::kernels::DeltaApply(one_row_each, per_linear, x.data(), 5632, y.data(), 5632,
-                                    &pool);
+        chorus::kernels::DeltaApply(one_row_each, per_linear, x.data(), 5632, y.data(), 5632, &pool,
+                                    activations);
       }
     }
     benchmark::DoNotOptimize(y.data());
   }
   state.counters["packed_GBps"] = benchmark::Counter(
-      static_cast<double>(model.bytes) * layers / kLayers,
+      static_cast<double>(step_bytes) * layers / kLayers,
       benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
   state.counters["of_bandwidth"] =
-      benchmark::Counter(static_cast<double>(model.bytes) * layers / kLayers / (bandwidth * 1e9),
+      benchmark::Counter(static_cast<double>(step_bytes) * layers / kLayers / (bandwidth * 1e9),
                          benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["step_MB"] = static_cast<double>(model.bytes) * layers / kLayers / 1e6;
+  state.counters["step_MB"] = static_cast<double>(step_bytes) * layers / kLayers / 1e6;
   state.SetLabel(std::string(kLayouts[layout].name) + " " + chorus::kernels::IsaName(level) + " " +
-                 std::to_string(threads) + "t");
+                 std::to_string(threads) + "t" + (int16 ? " int16" : " f32"));
   chorus::kernels::SetMaxIsa(chorus::kernels::kMaxIsaLevel);
 }
 BENCHMARK(BM_DeltaStep)
     ->ArgsProduct({{0, 1, 2},
                    {static_cast<int>(IsaLevel::kAvx512), static_cast<int>(IsaLevel::kAvx2),
                     static_cast<int>(IsaLevel::kScalar)},
-                   {2, 1}})
+                   {2, 1},
+                   {0}})
+    ->ArgsProduct({{0, 1, 2}, {static_cast<int>(IsaLevel::kAvx512)}, {2, 1}, {1}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 

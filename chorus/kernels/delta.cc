@@ -1,6 +1,8 @@
 #include "chorus/kernels/delta.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <iterator>
 #include <vector>
 
@@ -116,21 +118,221 @@ void DeltaDecodeRow(const DeltaMatrixView& m, int64_t o, float* out) {
   delta_internal::DecodeColumns(m, o, 0, out);
 }
 
+std::vector<uint64_t> DeltaKeepBits(const DeltaMatrixView& m) {
+  CHORUS_CHECK(m.sparse24) << "keep bits of a dense delta matrix";
+  const int64_t words = m.keep_row_words();
+  std::vector<uint64_t> keep(static_cast<size_t>(m.rows * words), 0);
+  for (int64_t o = 0; o < m.rows; ++o) {
+    const uint8_t* mask = m.mask + o * m.mask_row_bytes();
+    uint64_t* row = keep.data() + o * words;
+    for (int64_t g = 0; g < m.cols / 4; ++g) {
+      const int p = kTriples.p[mask[g / 3]][g % 3];
+      for (int j : kPairs24[p]) {
+        const int64_t c = 4 * g + j;
+        row[c / 64] |= uint64_t{1} << (c % 64);
+      }
+    }
+  }
+  return keep;
+}
+
+bool DeltaInt16Layout(const DeltaMatrixView& m) {
+  const bool bits_ok = m.sparse24 ? (m.bits == 2 || m.bits == 4) && m.keep != nullptr
+                                  : m.bits == 1 || m.bits == 2 || m.bits == 4 || m.bits == 8;
+  return m.rows > 0 && bits_ok && (m.group_size == 0 || m.group_size % 64 == 0);
+}
+
+bool DeltaInt16Fast() {
+  const CpuFeatures& f = DetectCpu();
+  return static_cast<int>(ActiveIsa()) >= static_cast<int>(IsaLevel::kAvx512) && f.avx512vbmi &&
+         f.avx512vbmi2;
+}
+
+namespace {
+// −1: automatic; else a DeltaActivations value.
+std::atomic<int> g_delta_activations{-1};
+}  // namespace
+
+DeltaActivations DefaultDeltaActivations() {
+  const int forced = g_delta_activations.load(std::memory_order_relaxed);
+  if (forced >= 0) return static_cast<DeltaActivations>(forced);
+  return DeltaInt16Fast() ? DeltaActivations::kInt16 : DeltaActivations::kF32;
+}
+
+void SetDeltaActivations(std::optional<DeltaActivations> activations) {
+  g_delta_activations.store(activations ? static_cast<int>(*activations) : -1);
+}
+
+std::string DeltaActivationsName(DeltaActivations activations) {
+  return activations == DeltaActivations::kInt16 ? "int16" : "f32";
+}
+
+bool ParseDeltaActivations(const std::string& name, std::optional<DeltaActivations>* out) {
+  if (name == "auto") {
+    *out = std::nullopt;
+  } else if (name == "int16") {
+    *out = DeltaActivations::kInt16;
+  } else if (name == "f32") {
+    *out = DeltaActivations::kF32;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+namespace delta_internal::q16 {
+
+void Quantize(const float* x, int64_t xs, int64_t n, int64_t cols, int16_t* q, float* scales) {
+  const int64_t padded = PaddedCols(cols);
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = x + i * xs;
+    int16_t* out = q + i * padded;
+    std::fill(out, out + padded, int16_t{0});
+    float max_abs = 0;
+    for (int64_t c = 0; c < cols; ++c) max_abs = std::max(max_abs, std::fabs(row[c]));
+    for (int64_t c = 0; c < cols; ++c)  // std::max drops NaN; look for it separately
+      if (std::isnan(row[c])) max_abs = row[c];
+    if (!std::isfinite(max_abs)) {
+      scales[i] = std::nanf("");
+      continue;
+    }
+    if (max_abs == 0) {
+      scales[i] = 0;
+      continue;
+    }
+    const float inv = 32767.0f / max_abs;
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t b = c / 64, l = c % 64 / 4, j = c % 4;
+      const int64_t at = 64 * b + (j < 2 ? 2 * l + j : 32 + 2 * l + j - 2);
+      const float v = std::clamp(std::nearbyint(row[c] * inv), -32767.0f, 32767.0f);
+      out[at] = static_cast<int16_t>(v);
+    }
+    scales[i] = max_abs / 32767.0f;
+  }
+}
+
+namespace {
+
+// Row o's integer weights w' = 2·code − (2^bits − 1), pruned columns and columns ≥ cols 0,
+// decoded from the codes and the pattern bytes (not the keep bits the SIMD kernel reads).
+void IntegerRow(const DeltaMatrixView& m, int64_t o, int16_t* w) {
+  const int64_t padded = PaddedCols(m.cols);
+  std::fill(w, w + padded, int16_t{0});
+  const uint8_t* codes = m.codes + o * m.code_row_bytes();
+  const int offset = (1 << m.bits) - 1;
+  auto value = [&](int64_t j) {
+    return static_cast<int16_t>(2 * CodeAt(codes, j, m.bits) - offset);
+  };
+  if (!m.sparse24) {
+    for (int64_t c = 0; c < m.cols; ++c) w[c] = value(c);
+    return;
+  }
+  const uint8_t* mask = m.mask + o * m.mask_row_bytes();
+  for (int64_t g = 0; g < m.cols / 4; ++g) {
+    const int p = kTriples.p[mask[g / 3]][g % 3];
+    w[4 * g + kPairs24[p][0]] = value(2 * g);
+    w[4 * g + kPairs24[p][1]] = value(2 * g + 1);
+  }
+}
+
+}  // namespace
+
+void PortableRows(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const int16_t* q,
+                  const float* x_scales, int64_t n_rows, float* y, int64_t y_stride) {
+  const int64_t padded = PaddedCols(m.cols);
+  thread_local std::vector<int16_t> w;
+  w.resize(static_cast<size_t>(padded));
+  for (int64_t o = o_begin; o < o_end; ++o) {
+    IntegerRow(m, o, w.data());
+    const float* row_scales = m.group_size == 0 ? m.scales : m.scales + o * m.groups();
+    for (int64_t i = 0; i < n_rows; ++i) {
+      const int16_t* qi = q + i * padded;
+      float acc[16] = {};
+      for (int64_t b = 0; b < padded / 64; ++b) {
+        const float half_scale =
+            (m.group_size == 0 ? row_scales[0] : row_scales[64 * b / m.group_size]) * 0.5f;
+        for (int l = 0; l < 16; ++l) {
+          int32_t sum = 0;
+          for (int j = 0; j < 4; ++j) {
+            const int64_t c = 64 * b + 4 * l + j;
+            const int64_t at = 64 * b + (j < 2 ? 2 * l + j : 32 + 2 * l + j - 2);
+            sum += int32_t{w[static_cast<size_t>(c)]} * int32_t{qi[at]};
+          }
+          acc[l] = std::fma(static_cast<float>(sum), half_scale, acc[l]);
+        }
+      }
+      for (int width = 8; width >= 1; width /= 2)
+        for (int l = 0; l < width; ++l) acc[l] += acc[l + width];
+      const float term = acc[0] * x_scales[i];
+      y[i * y_stride + o] += term;
+    }
+  }
+}
+
+}  // namespace delta_internal::q16
+
+namespace {
+
+// x rows of the segments the int16 path takes, quantized once per call (segment k's rows at
+// offsets[k]; −1: the segment runs the f32 path).
+struct QuantizedRows {
+  std::vector<int16_t> q;
+  std::vector<float> scales;
+  std::vector<int64_t> q_offset, scale_offset;
+
+  void Build(std::span<const LoraSegment> segments, std::span<const DeltaMatrixView> weights,
+             const float* x, int64_t x_stride) {
+    q_offset.assign(segments.size(), -1);
+    scale_offset.assign(segments.size(), -1);
+    int64_t q_size = 0, n_scales = 0;
+    for (size_t k = 0; k < segments.size(); ++k) {
+      const LoraSegment& s = segments[k];
+      const DeltaMatrixView& m = weights[static_cast<size_t>(s.slot)];
+      if (s.row_end <= s.row_begin || !DeltaInt16Layout(m)) continue;
+      q_offset[k] = q_size;
+      scale_offset[k] = n_scales;
+      q_size += (s.row_end - s.row_begin) * delta_internal::q16::PaddedCols(m.cols);
+      n_scales += s.row_end - s.row_begin;
+    }
+    q.resize(static_cast<size_t>(q_size));
+    scales.resize(static_cast<size_t>(n_scales));
+    for (size_t k = 0; k < segments.size(); ++k) {
+      if (q_offset[k] < 0) continue;
+      const LoraSegment& s = segments[k];
+      delta_internal::q16::Quantize(x + s.row_begin * x_stride, x_stride, s.row_end - s.row_begin,
+                                    weights[static_cast<size_t>(s.slot)].cols,
+                                    q.data() + q_offset[k], scales.data() + scale_offset[k]);
+    }
+  }
+};
+
+}  // namespace
+
 void DeltaApplyReference(std::span<const LoraSegment> segments,
                          std::span<const DeltaMatrixView> weights, const float* x, int64_t x_stride,
-                         float* y, int64_t y_stride) {
+                         float* y, int64_t y_stride, DeltaActivations activations) {
   CheckArgs(segments, weights);
+  QuantizedRows quantized;
+  if (activations == DeltaActivations::kInt16) quantized.Build(segments, weights, x, x_stride);
   std::vector<float> row;
-  for (const LoraSegment& s : segments) {
+  for (size_t k = 0; k < segments.size(); ++k) {
+    const LoraSegment& s = segments[k];
     const DeltaMatrixView& m = weights[static_cast<size_t>(s.slot)];
     if (m.rows == 0) continue;
+    if (activations == DeltaActivations::kInt16 && quantized.q_offset[k] >= 0) {
+      delta_internal::q16::PortableRows(m, 0, m.rows, quantized.q.data() + quantized.q_offset[k],
+                                        quantized.scales.data() + quantized.scale_offset[k],
+                                        s.row_end - s.row_begin, y + s.row_begin * y_stride,
+                                        y_stride);
+      continue;
+    }
     row.resize(static_cast<size_t>(m.cols));
     for (int64_t o = 0; o < m.rows; ++o) {
       DeltaDecodeRow(m, o, row.data());
       for (int64_t i = s.row_begin; i < s.row_end; ++i) {
         float sum = 0;
-        for (int64_t k = 0; k < m.cols; ++k)
-          sum += x[i * x_stride + k] * row[static_cast<size_t>(k)];
+        for (int64_t k2 = 0; k2 < m.cols; ++k2)
+          sum += x[i * x_stride + k2] * row[static_cast<size_t>(k2)];
         y[i * y_stride + o] += sum;
       }
     }
@@ -162,7 +364,8 @@ void PortableRows(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, cons
 }  // namespace
 
 void DeltaApply(std::span<const LoraSegment> segments, std::span<const DeltaMatrixView> weights,
-                const float* x, int64_t x_stride, float* y, int64_t y_stride, ThreadPool* pool) {
+                const float* x, int64_t x_stride, float* y, int64_t y_stride, ThreadPool* pool,
+                DeltaActivations activations) {
   CheckArgs(segments, weights);
   int64_t max_rows = 0;
   for (const LoraSegment& s : segments)
@@ -170,14 +373,28 @@ void DeltaApply(std::span<const LoraSegment> segments, std::span<const DeltaMatr
       max_rows = std::max(max_rows, weights[static_cast<size_t>(s.slot)].rows);
   if (max_rows == 0) return;
   const delta_internal::ApplyRowsFn simd = kApplyRows[static_cast<int>(ActiveIsa())];
+  // The int16 path: x quantized here, once per call, on the caller's thread (the workers read it).
+  const bool int16 = activations == DeltaActivations::kInt16;
+  thread_local QuantizedRows quantized;
+  if (int16) quantized.Build(segments, weights, x, x_stride);
+  const delta_internal::q16::ApplyRowsFn int16_fn =
+      DeltaInt16Fast() ? delta_internal::q16::avx512::ApplyRows : delta_internal::q16::PortableRows;
+  const QuantizedRows* qr = &quantized;
   // Thread t owns output rows [begin, end) of every slot: each output element is computed whole
   // by one thread (no split of k), so the split never changes a value.
   auto work = [&](int t, int nt) {
     int64_t begin, end;
     ThreadPool::Slice(max_rows, t, nt, 8, &begin, &end);
-    for (const LoraSegment& s : segments) {
+    for (size_t k = 0; k < segments.size(); ++k) {
+      const LoraSegment& s = segments[k];
       const DeltaMatrixView& m = weights[static_cast<size_t>(s.slot)];
       if (m.rows == 0 || s.row_end <= s.row_begin || begin >= m.rows) continue;
+      if (int16 && qr->q_offset[k] >= 0) {
+        int16_fn(m, begin, std::min(end, m.rows), qr->q.data() + qr->q_offset[k],
+                 qr->scales.data() + qr->scale_offset[k], s.row_end - s.row_begin,
+                 y + s.row_begin * y_stride, y_stride);
+        continue;
+      }
       const auto rows_fn = simd != nullptr && delta_internal::SimdLayout(m) ? simd : PortableRows;
       rows_fn(m, begin, std::min(end, m.rows), x + s.row_begin * x_stride, x_stride,
               s.row_end - s.row_begin, y + s.row_begin * y_stride, y_stride);

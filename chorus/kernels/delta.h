@@ -17,11 +17,31 @@
 // rows o, never k. So a row's result does not depend on the other rows, segments or threads.
 // The reference sums sequentially, so the two agree to rounding, not bitwise.
 //
+// Activations in int16 (DeltaActivations::kInt16, the serving default where the CPU has the
+// kernel): the f32 kernel above is compute-bound — every weight is decoded to f32 and
+// multiplied, which two cores cannot do at memory speed for 0.1–0.4 bytes per weight. The int16
+// path quantizes each input row once per call, symmetrically to int16 (x ≈ sx · q, sx =
+// max|x| / 32767, the row's own scale: batch invariant), and dots it with the codes as signed
+// integers w' = 2·code − (2^bits − 1) (value = w' · scale / 2; pruned columns 0) in exact int32
+// sums over 64-column blocks — 32 products per VNNI instruction:
+//
+//   y[i, o] += sx_i · Σ_l acc_l,   acc_l ← fma(float(Σ_{c ∈ block, ⌊(c mod 64)/4⌋ = l} w'_c · q_c),
+//                                              scale_block / 2, acc_l)   block after block
+//
+// with the 16 lane sums added pairwise (8, 4, 2, 1) at the end. The integer sums are exact and
+// the float steps fixed, so the SIMD kernel equals its scalar reference bit for bit and a row's
+// result never depends on the other rows. Against the f32 path it differs by the rounding of x
+// to 15 bits (relative error ≤ 2^-16 of the row's largest |x| per element). Layouts it takes:
+// DeltaInt16Layout(); others run the f32 kernel even when int16 is asked.
+//
 // Thread-safety: stateless; weights are read-only.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <string>
+#include <vector>
 
 #include "chorus/base/thread_pool.h"
 #include "chorus/kernels/lora.h"
@@ -37,23 +57,55 @@ struct DeltaMatrixView {
   const uint8_t* codes = nullptr;  // [rows, code_row_bytes]
   const uint8_t* mask = nullptr;   // [rows, mask_row_bytes] (2:4 only)
   const float* scales = nullptr;   // [rows, groups] or [1]
+  // 2:4 only, for the int16 path: the keep bit of every column (bit c % 64 of word c / 64;
+  // columns ≥ cols 0), built from `mask` by DeltaKeepBits (1 bit per column against the
+  // mask's 2/3: the kernel then needs no table lookups per pattern). Null: the f32 path.
+  const uint64_t* keep = nullptr;  // [rows, keep_row_words()]
+  int64_t keep_row_words() const { return (cols + 63) / 64; }
   int64_t code_row_bytes() const { return ((sparse24 ? cols / 2 : cols) * bits + 7) / 8; }
   int64_t mask_row_bytes() const { return sparse24 ? (cols / 4 + 2) / 3 : 0; }
   int64_t groups() const { return group_size == 0 ? 0 : (cols + group_size - 1) / group_size; }
 };
 
+// How DeltaApply multiplies (see the top of this file).
+enum class DeltaActivations { kF32, kInt16 };
+
 // Decodes row `o` of `m` into out[0, cols) (pruned columns 0).
 void DeltaDecodeRow(const DeltaMatrixView& m, int64_t o, float* out);
+
+// The keep bits of a 2:4 matrix (DeltaMatrixView::keep), [rows, keep_row_words()].
+// Requires: m.sparse24.
+std::vector<uint64_t> DeltaKeepBits(const DeltaMatrixView& m);
+
+// Whether the int16 path takes m: codes of 1, 2, 4 or 8 bits dense or 2 and 4 bits 2:4 (with
+// keep bits), one scale per matrix or scale groups of a multiple of 64 columns.
+bool DeltaInt16Layout(const DeltaMatrixView& m);
+// Whether the active ISA level has the SIMD int16 kernel (AVX-512 with VNNI, VBMI and VBMI2);
+// elsewhere kInt16 runs its scalar reference, slower than the f32 kernels.
+bool DeltaInt16Fast();
+// What serving uses: the SetDeltaActivations override if any, else kInt16 where
+// DeltaInt16Fast(), else kF32.
+DeltaActivations DefaultDeltaActivations();
+// Overrides DefaultDeltaActivations for delta hooks built afterwards (`chorus serve
+// --delta-activations`); nullopt restores the automatic choice. Thread-safe.
+void SetDeltaActivations(std::optional<DeltaActivations> activations);
+// "f32" / "int16". ParseDeltaActivations also takes "auto" (*out = nullopt); false for any
+// other name.
+std::string DeltaActivationsName(DeltaActivations activations);
+bool ParseDeltaActivations(const std::string& name, std::optional<DeltaActivations>* out);
 
 // Requires: every segment's slot < weights.size(); segments do not overlap; for each used slot
 // x rows have weights[slot].cols floats and y rows weights[slot].rows floats; x and y do not
 // overlap. pool may be null (caller thread only).
 void DeltaApply(std::span<const LoraSegment> segments, std::span<const DeltaMatrixView> weights,
-                const float* x, int64_t x_stride, float* y, int64_t y_stride, ThreadPool* pool);
+                const float* x, int64_t x_stride, float* y, int64_t y_stride, ThreadPool* pool,
+                DeltaActivations activations = DeltaActivations::kF32);
 
-// Scalar reference: decode, then sequential dot products (the specification of DeltaApply).
+// Scalar reference (the specification of DeltaApply): kF32 decodes, then sequential dot
+// products; kInt16 is the int16 path's exact arithmetic, one lane at a time.
 void DeltaApplyReference(std::span<const LoraSegment> segments,
                          std::span<const DeltaMatrixView> weights, const float* x, int64_t x_stride,
-                         float* y, int64_t y_stride);
+                         float* y, int64_t y_stride,
+                         DeltaActivations activations = DeltaActivations::kF32);
 
 }  // namespace chorus::kernels

@@ -63,4 +63,34 @@ void ApplyRows(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const f
                int64_t x_stride, int64_t n_rows, float* y, int64_t y_stride);
 }  // namespace avx512
 
+// The int16 path (kernels/delta.h). An input row is quantized once per call into `q16` order:
+// per 64-column block, positions 0–31 hold columns 4l, 4l + 1 and positions 32–63 columns
+// 4l + 2, 4l + 3 (l = 0…15), so that one VNNI pair-dot of each half puts the block's columns
+// 4l…4l + 3 in int32 lane l; columns past the row are 0.
+namespace q16 {
+
+// Quantized columns per row: cols rounded up to whole blocks.
+inline int64_t PaddedCols(int64_t cols) { return (cols + 63) / 64 * 64; }
+
+// Quantizes x [n, cols] (stride xs) into q [n, PaddedCols(cols)] in q16 order and scales[n]
+// (x ≈ scale · q). A row of zeros gets scale 0; a row with an infinity or NaN gets scale NaN and
+// q 0, so its term is NaN as the f32 path's would be.
+void Quantize(const float* x, int64_t xs, int64_t n, int64_t cols, int16_t* q, float* scales);
+
+// y[i·ys + o] += the int16 term for rows i < n_rows, o ∈ [o_begin, o_end).
+// Requires DeltaInt16Layout(m); q rows of PaddedCols(m.cols) int16.
+using ApplyRowsFn = void (*)(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end,
+                             const int16_t* q, const float* x_scales, int64_t n_rows, float* y,
+                             int64_t y_stride);
+
+void PortableRows(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const int16_t* q,
+                  const float* x_scales, int64_t n_rows, float* y, int64_t y_stride);
+namespace avx512 {
+// Needs AVX-512 F/BW/VNNI/VBMI/VBMI2.
+void ApplyRows(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const int16_t* q,
+               const float* x_scales, int64_t n_rows, float* y, int64_t y_stride);
+}  // namespace avx512
+
+}  // namespace q16
+
 }  // namespace chorus::kernels::delta_internal

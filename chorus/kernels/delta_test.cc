@@ -3,11 +3,14 @@
 // scalar reference against a double-precision oracle, DeltaApply against the reference (every
 // bit width, dense and 2:4, grouped and per-matrix scales, awkward widths, many / empty / rank-0
 // segments), and bitwise batch invariance (a row alone = the same row in a mixed batch, at 1
-// and 2 threads).
+// and 2 threads). The int16 path: its keep bits against the decode, every level against its
+// scalar reference bitwise, its error against the double oracle within the bound of x's
+// rounding, batch invariance, non-finite and zero rows, and layouts it leaves to the f32 path.
 #include "chorus/kernels/delta.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <random>
@@ -23,6 +26,7 @@ namespace {
 struct Packed {
   DeltaMatrixView view;
   std::vector<uint8_t> codes, mask;
+  std::vector<uint64_t> keep;  // 2:4: the int16 path's keep bits
   std::vector<float> scales;
   std::vector<double> dense;  // [rows, cols], decoded here independently of the kernel
 };
@@ -77,6 +81,10 @@ Packed MakePacked(int64_t rows, int64_t cols, int bits, bool sparse24, int64_t g
   v.codes = p.codes.data();
   v.mask = sparse24 ? p.mask.data() : nullptr;
   v.scales = p.scales.data();
+  if (sparse24) {
+    p.keep = DeltaKeepBits(v);
+    v.keep = p.keep.data();
+  }
   return p;
 }
 
@@ -235,6 +243,171 @@ TEST(DeltaKernelTest, EveryIsaLevelEqualsTheScalarLevelBitwise) {
         }
       }
     }
+  }
+}
+
+TEST(DeltaKernelTest, KeepBitsAreTheDecodedNonZeroColumns) {
+  std::mt19937 rng(5);
+  for (int bits : {2, 4, 8}) {
+    for (int64_t cols : {int64_t{64}, int64_t{100}, int64_t{172}, int64_t{2048}}) {
+      Packed p = MakePacked(7, cols, bits, true, 64, &rng);
+      const int64_t words = p.view.keep_row_words();
+      ASSERT_EQ(static_cast<int64_t>(p.keep.size()), 7 * words);
+      std::vector<float> row(static_cast<size_t>(cols));
+      for (int64_t o = 0; o < 7; ++o) {
+        DeltaDecodeRow(p.view, o, row.data());
+        for (int64_t c = 0; c < words * 64; ++c) {
+          const bool kept = (p.keep[static_cast<size_t>(o * words + c / 64)] >> (c % 64)) & 1;
+          const bool nonzero = c < cols && row[static_cast<size_t>(c)] != 0.0f;
+          ASSERT_EQ(kept, nonzero)
+              << "bits " << bits << " cols " << cols << " row " << o << " col " << c;
+        }
+      }
+    }
+  }
+}
+
+// The int16 layouts, and a few the int16 path leaves to the f32 kernel (3 bits, groups of 16).
+struct Int16Case {
+  int bits;
+  bool sparse;
+  int64_t group;
+};
+const Int16Case kInt16Cases[] = {{1, false, 0},   {2, false, 64}, {4, false, 64}, {4, false, 0},
+                                 {8, false, 128}, {2, true, 64},  {4, true, 64},  {4, true, 192},
+                                 {4, true, 0},    {3, false, 64}, {4, true, 16}};
+
+TEST(DeltaKernelTest, Int16PathEqualsItsReferenceBitwiseAtEveryLevel) {
+  std::mt19937 rng(6);
+  std::cout << "int16 delta kernel: " << (DeltaInt16Fast() ? "AVX-512 VNNI/VBMI2" : "portable")
+            << " at the best level\n";
+  for (const Int16Case& k : kInt16Cases) {
+    for (int64_t in : {int64_t{64}, int64_t{172}, int64_t{200}, int64_t{2048}}) {
+      const int64_t cols = k.sparse ? in : in - 3;
+      const int64_t out = 21;
+      Packed a = MakePacked(out, cols, k.bits, k.sparse, k.group, &rng);
+      // b: per-matrix scales where a has groups of 64 (both run the same path).
+      Packed b = MakePacked(out, cols, k.bits, k.sparse, k.group == 64 ? 0 : k.group, &rng);
+      const std::vector<DeltaMatrixView> views = {a.view, b.view};
+      const int64_t n = 16;
+      const std::vector<LoraSegment> segments = {{0, 1, 0}, {1, 3, 1},  {3, 6, 0},
+                                                 {6, 7, 1}, {7, 11, 1}, {11, 16, 0}};
+      std::vector<float> x = RandomX(n * cols, &rng);
+      x[static_cast<size_t>(2 * cols + 5)] = 40.0f;  // an outlier sets row 2's scale
+      for (int64_t c = 0; c < cols; ++c) x[static_cast<size_t>(9 * cols + c)] = 0.0f;  // a zero row
+      std::vector<float> want(static_cast<size_t>(n * out), 0.25f);
+      DeltaApplyReference(segments, views, x.data(), cols, want.data(), out,
+                          DeltaActivations::kInt16);
+      if (!DeltaInt16Layout(a.view)) {  // left to the f32 path: the f32 reference exactly
+        std::vector<float> f32(static_cast<size_t>(n * out), 0.25f);
+        DeltaApplyReference(segments, views, x.data(), cols, f32.data(), out);
+        ASSERT_EQ(f32, want) << "bits " << k.bits << " group " << k.group;
+      }
+      for (int64_t o = 0; o < out; ++o) ASSERT_EQ(want[static_cast<size_t>(9 * out + o)], 0.25f);
+      for (IsaLevel level : SupportedLevels()) {
+        for (int threads : {1, 2}) {
+          IsaGuard g;
+          SetMaxIsa(level);
+          ThreadPool pool(threads);
+          std::vector<float> got(static_cast<size_t>(n * out), 0.25f);
+          DeltaApply(segments, views, x.data(), cols, got.data(), out, &pool,
+                     DeltaActivations::kInt16);
+          const bool int16 = DeltaInt16Layout(a.view);
+          for (size_t e = 0; e < got.size(); ++e) {
+            // Layouts the int16 path leaves to the f32 kernel agree to the f32 kernel's rounding.
+            if (int16) {
+              ASSERT_EQ(got[e], want[e])
+                  << IsaName(level) << " bits " << k.bits << " sparse " << k.sparse << " group "
+                  << k.group << " cols " << cols << " threads " << threads << " element " << e;
+            } else {
+              ASSERT_NEAR(got[e], want[e], 1e-5 * (1 + std::fabs(want[e])));
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(DeltaKernelTest, Int16PathIsWithinTheRoundingOfXOfTheExactTerm) {
+  std::mt19937 rng(7);
+  ThreadPool pool(2);
+  for (const Int16Case& k : kInt16Cases) {
+    const int64_t cols = k.sparse ? 1024 : 1021, out = 33, n = 5;
+    Packed a = MakePacked(out, cols, k.bits, k.sparse, k.group, &rng);
+    const std::vector<DeltaMatrixView> views = {a.view};
+    std::vector<float> x = RandomX(n * cols, &rng);
+    x[17] = -25.0f;  // row 0 has an outlier: its other values keep fewer bits
+    std::vector<float> y(static_cast<size_t>(n * out), 0.0f);
+    DeltaApply(std::vector<LoraSegment>{{0, n, 0}}, views, x.data(), cols, y.data(), out, &pool,
+               DeltaActivations::kInt16);
+    for (int64_t i = 0; i < n; ++i) {
+      double max_abs = 0;
+      for (int64_t c = 0; c < cols; ++c)
+        max_abs =
+            std::max(max_abs, std::fabs(static_cast<double>(x[static_cast<size_t>(i * cols + c)])));
+      for (int64_t o = 0; o < out; ++o) {
+        double exact = 0, sum_abs_w = 0, sum_abs = 0;
+        for (int64_t c = 0; c < cols; ++c) {
+          const double w = a.dense[static_cast<size_t>(o * cols + c)];
+          const double xv = x[static_cast<size_t>(i * cols + c)];
+          exact += w * xv;
+          sum_abs_w += std::fabs(w);
+          sum_abs += std::fabs(w * xv);
+        }
+        // x rounded to 15 bits moves each product by ≤ |w|·max|x|/65534; float sums add ~1e-6.
+        const double bound = sum_abs_w * max_abs / 65534.0 * 1.001 + 2e-6 * sum_abs + 1e-12;
+        ASSERT_NEAR(y[static_cast<size_t>(i * out + o)], exact, bound)
+            << "bits " << k.bits << " sparse " << k.sparse << " group " << k.group << " row " << i
+            << " col " << o;
+      }
+    }
+  }
+}
+
+TEST(DeltaKernelTest, Int16RowAloneEqualsTheSameRowInAMixedBatchBitwise) {
+  std::mt19937 rng(8);
+  const int64_t in = 320, out = 70;
+  Packed a = MakePacked(out, in, 4, true, 64, &rng), b = MakePacked(out, in, 2, false, 64, &rng);
+  const std::vector<DeltaMatrixView> views = {a.view, b.view};
+  const int64_t n = 9;
+  const std::vector<float> x = RandomX(n * in, &rng);
+  for (int threads : {1, 2}) {
+    ThreadPool pool(threads);
+    std::vector<float> batch(static_cast<size_t>(n * out), 0.0f);
+    DeltaApply(std::vector<LoraSegment>{{0, 5, 0}, {5, 9, 1}}, views, x.data(), in, batch.data(),
+               out, &pool, DeltaActivations::kInt16);
+    for (int64_t i = 0; i < n; ++i) {
+      std::vector<float> alone(static_cast<size_t>(out), 0.0f);
+      ThreadPool one(1);
+      DeltaApply(std::vector<LoraSegment>{{0, 1, i < 5 ? 0 : 1}}, views, x.data() + i * in, in,
+                 alone.data(), out, &one, DeltaActivations::kInt16);
+      for (int64_t o = 0; o < out; ++o)
+        ASSERT_EQ(alone[static_cast<size_t>(o)], batch[static_cast<size_t>(i * out + o)])
+            << "threads " << threads << " row " << i << " col " << o;
+    }
+  }
+}
+
+TEST(DeltaKernelTest, Int16RowWithANonFiniteValueGivesNaNAndLeavesTheOtherRowsAlone) {
+  std::mt19937 rng(9);
+  const int64_t in = 128, out = 16;
+  Packed a = MakePacked(out, in, 4, true, 64, &rng);
+  const std::vector<DeltaMatrixView> views = {a.view};
+  std::vector<float> x = RandomX(3 * in, &rng);
+  x[static_cast<size_t>(in + 7)] = std::nanf("");
+  x[static_cast<size_t>(2 * in + 3)] = INFINITY;
+  ThreadPool pool(2);
+  std::vector<float> y(static_cast<size_t>(3 * out), 0.0f), y0(static_cast<size_t>(out), 0.0f);
+  DeltaApply(std::vector<LoraSegment>{{0, 3, 0}}, views, x.data(), in, y.data(), out, &pool,
+             DeltaActivations::kInt16);
+  DeltaApply(std::vector<LoraSegment>{{0, 1, 0}}, views, x.data(), in, y0.data(), out, &pool,
+             DeltaActivations::kInt16);
+  for (int64_t o = 0; o < out; ++o) {
+    EXPECT_EQ(y[static_cast<size_t>(o)], y0[static_cast<size_t>(o)]);
+    EXPECT_TRUE(std::isfinite(y[static_cast<size_t>(o)]));
+    EXPECT_TRUE(std::isnan(y[static_cast<size_t>(out + o)]));
+    EXPECT_TRUE(std::isnan(y[static_cast<size_t>(2 * out + o)]));
   }
 }
 

@@ -40,6 +40,8 @@ CpuFeatures Probe() {
     f.avx512bw = zmm_os && ((b >> 30) & 1);
     f.avx512vl = zmm_os && ((b >> 31) & 1);
     f.avx512vnni = zmm_os && ((c >> 11) & 1);
+    f.avx512vbmi = zmm_os && ((c >> 1) & 1);
+    f.avx512vbmi2 = zmm_os && ((c >> 6) & 1);
     // XCR0 bits 17/18: the OS manages the tile config and tile data state.
     const bool tile_os = (xcr0 & 0x60000) == 0x60000;
     f.amx_bf16 = tile_os && ((d >> 22) & 1);
@@ -135,6 +137,8 @@ std::string CpuFeaturesString() {
   add(f.avx512vl, "avx512vl");
   add(f.avx512vnni, "avx512vnni");
   add(f.avx512bf16, "avx512bf16");
+  add(f.avx512vbmi, "avx512vbmi");
+  add(f.avx512vbmi2, "avx512vbmi2");
   add(f.avxvnni, "avxvnni");
   add(f.amx_tile, "amx-tile");
   add(f.amx_int8, "amx-int8");

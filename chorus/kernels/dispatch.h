@@ -17,6 +17,8 @@ struct CpuFeatures {
   bool avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512vnni = false, avx512bf16 = false,
        avxvnni = false;
+  // Byte permutes and expands (vpmultishiftqb, vpexpandb): the int16 delta kernel's decode.
+  bool avx512vbmi = false, avx512vbmi2 = false;
   // AMX: the CPUID bits, and whether the kernel granted this process the tile data state
   // (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), asked once by DetectCpu()). Tile
   // kernels run only when all three hold.

@@ -92,6 +92,11 @@ Result<std::shared_ptr<const DeltaWeights>> DeltaWeights::Build(std::shared_ptr<
             (l.group_size == 0 ? 1 : l.rows * v.groups())) {
       return InvalidArgumentError("delta '" + name + "': " + m.name + ": packed sizes disagree");
     }
+    if (v.sparse24) {  // the int16 kernel's keep bits (kernels/delta.h)
+      w->keep_.push_back(kernels::DeltaKeepBits(v));
+      v.keep = w->keep_.back().data();
+      w->keep_bytes_ += static_cast<int64_t>(w->keep_.back().size() * sizeof(uint64_t));
+    }
   }
   w->delta_ = std::move(d);
   return std::shared_ptr<const DeltaWeights>(std::move(w));
@@ -118,7 +123,7 @@ const std::vector<float>* DeltaWeights::norm(int64_t layer, model::LinearHook::N
 }
 
 int64_t DeltaWeightsBytes(const DeltaWeights& w) {
-  return w.delta().MatrixBytes() + w.delta().ExtraBytes();
+  return w.delta().MatrixBytes() + w.delta().ExtraBytes() + w.keep_bytes();
 }
 
 namespace {
@@ -133,7 +138,8 @@ inline float ExtraAt(const ExtraDelta& e, int64_t cols, int64_t row, int64_t col
 
 }  // namespace
 
-DeltaHook::DeltaHook(int64_t max_rows) : max_rows_(max_rows) {
+DeltaHook::DeltaHook(int64_t max_rows, kernels::DeltaActivations activations)
+    : max_rows_(max_rows), activations_(activations) {
   segments_.reserve(static_cast<size_t>(max_rows));
   slots_.reserve(static_cast<size_t>(max_rows));
   row_delta_.reserve(static_cast<size_t>(max_rows));
@@ -176,7 +182,7 @@ void DeltaHook::Apply(int64_t layer, model::Linear which, const float* x, int64_
                       float* y, int64_t y_stride, int64_t /*n_rows*/, ThreadPool* pool) const {
   if (segments_.empty()) return;
   for (size_t s = 0; s < slots_.size(); ++s) table_[s] = slots_[s]->at(layer, which);
-  kernels::DeltaApply(segments_, table_, x, x_stride, y, y_stride, pool);
+  kernels::DeltaApply(segments_, table_, x, x_stride, y, y_stride, pool, activations_);
 }
 
 void DeltaHook::AdjustEmbeddings(std::span<const int32_t> tokens, float* x, int64_t d) const {

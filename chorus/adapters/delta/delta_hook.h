@@ -48,10 +48,14 @@ class DeltaWeights {
   const ExtraDelta* embeddings() const { return embeddings_; }
   const ExtraDelta* output() const { return output_; }
   bool has_extras() const { return has_extras_; }
+  // Bytes of the 2:4 matrices' keep bits, derived at Build for the int16 kernel.
+  int64_t keep_bytes() const { return keep_bytes_; }
 
  private:
   std::shared_ptr<const Delta> delta_;
   std::vector<kernels::DeltaMatrixView> views_;  // [n_layers × kNumLinears]; rows 0 = none
+  std::vector<std::vector<uint64_t>> keep_;      // the 2:4 views' keep bits
+  int64_t keep_bytes_ = 0;
   int64_t n_layers_ = 0;
   std::string name_;
   std::vector<std::vector<float>> norms_;  // [n_layers × 2 + 1]: attn, ffn, …, output; {} = none
@@ -67,12 +71,15 @@ Result<std::shared_ptr<const DeltaWeights>> LoadDeltaWeights(const std::string& 
                                                              const model::ModelConfig& base,
                                                              const std::string& base_hash,
                                                              const std::string& name);
-// Bytes a loaded delta holds (its packed matrices).
+// Bytes a loaded delta holds (its packed matrices and their keep bits).
 int64_t DeltaWeightsBytes(const DeltaWeights& w);
 
 class DeltaHook : public model::LinearHook {
  public:
-  explicit DeltaHook(int64_t max_rows);
+  // activations: how the delta term multiplies (kernels/delta.h); the default is the fastest
+  // path this CPU has.
+  explicit DeltaHook(int64_t max_rows,
+                     kernels::DeltaActivations activations = kernels::DefaultDeltaActivations());
   // The delta of every row of the next step (null = none), as LoraHook::SetRows. Errors
   // (nothing changed): more rows than max_rows.
   Status SetRows(std::span<const DeltaWeights* const> row_deltas);
@@ -91,6 +98,7 @@ class DeltaHook : public model::LinearHook {
   const DeltaWeights* RowDelta(int64_t i) const { return row_delta_[static_cast<size_t>(i)]; }
 
   int64_t max_rows_;
+  kernels::DeltaActivations activations_;
   std::vector<const DeltaWeights*> row_delta_;  // [rows of the step]
   bool any_extras_ = false;
   mutable std::vector<float> merged_;  // a norm's w + Δw
