@@ -1,12 +1,16 @@
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
+#include <chrono>
 #include <filesystem>
 #include <thread>
 #include <vector>
 
+#include "chorus/base/background_thread.h"
 #include "chorus/base/durable_file.h"
 #include "chorus/base/mapped_file.h"
 #include "chorus/base/owned_ranges.h"
@@ -40,6 +44,45 @@ TEST(StatusTest, MacrosPropagate) {
   EXPECT_EQ(r.status().message(), "odd");
   EXPECT_TRUE(CheckEven(4).ok());
   EXPECT_EQ(CheckEven(3).WithContext("x").ToString(), "INVALID_ARGUMENT: x: odd");
+}
+
+TEST(BackgroundThreadTest, RunsEachCallersTaskOnItsThreadAtItsPriority) {
+  const int before = ::getpriority(PRIO_PROCESS, 0);  // the test may itself run under `nice`
+  BackgroundThread bg(10);
+  std::thread::id caller = std::this_thread::get_id(), ran_on;
+  int nice = 0;
+  bg.RunAndWait([&] {
+    ran_on = std::this_thread::get_id();
+    errno = 0;
+    nice = ::getpriority(PRIO_PROCESS, 0);  // the calling thread's nice value on Linux
+  });
+  EXPECT_NE(ran_on, caller);
+  if (before <= 10) {
+    EXPECT_EQ(nice, 10);
+  } else {
+    EXPECT_GE(nice, 10);  // lowering nice again needs a privilege the test may not have
+  }
+  EXPECT_EQ(::getpriority(PRIO_PROCESS, 0), before);  // the caller's own priority is untouched
+  // Many callers at once: every task runs once, one at a time, and each caller sees its own.
+  std::atomic<int> running{0}, max_running{0};
+  std::vector<int> results(16, -1);
+  std::vector<std::thread> callers;
+  for (int i = 0; i < 16; ++i) {
+    callers.emplace_back([&, i] {
+      bg.RunAndWait([&, i] {
+        const int now = running.fetch_add(1) + 1;
+        int seen = max_running.load();
+        while (now > seen && !max_running.compare_exchange_weak(seen, now)) {
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        results[static_cast<size_t>(i)] = i * i;
+        running.fetch_sub(1);
+      });
+      EXPECT_EQ(results[static_cast<size_t>(i)], i * i);  // done before RunAndWait returned
+    });
+  }
+  for (std::thread& t : callers) t.join();
+  EXPECT_EQ(max_running.load(), 1);
 }
 
 TEST(ThreadPoolTest, EveryThreadRunsOncePerJob) {

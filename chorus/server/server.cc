@@ -15,6 +15,7 @@
 #include <optional>
 #include <string_view>
 
+#include "chorus/base/background_thread.h"
 #include "chorus/base/logging.h"
 #include "chorus/memory/kv_cache.h"
 #include "chorus/model/forward.h"
@@ -323,6 +324,9 @@ struct Server::Impl {
   std::shared_ptr<engine::Engine> engine;               // set once, before ready_
   std::shared_ptr<adapters::AdapterRegistry> registry;  // null = base model only
   std::shared_ptr<adapters::AdapterCache> adapter_cache;
+  // The adapter routes' registry work, at nice 10: on a small machine it would otherwise take CPU
+  // from the steps of the requests running beside it (base/background_thread.h).
+  BackgroundThread admin_thread{10};
   std::shared_ptr<FinetuneApi> finetune;  // null: fine-tuning routes answer 404
   tokenizer::ChatTemplate chat_template = tokenizer::DefaultChatTemplate();
   ApiContext ctx;
@@ -656,8 +660,12 @@ void Server::Impl::HandleLoadAdapter(const httplib::Request& http_req, const std
                                      "adapters of fine-tuning jobs",
                                      "lora_name"));
   }
-  auto info = registry->Register(lora_name, path->get<std::string>(), replace,
-                                 tenant ? tenant->name() : "");
+  // Reading, validating and fingerprinting the files runs below the engine's priority.
+  Result<adapters::AdapterInfo> info = InternalError("adapter registration did not run");
+  admin_thread.RunAndWait([&] {
+    info = registry->Register(lora_name, path->get<std::string>(), replace,
+                              tenant ? tenant->name() : "");
+  });
   if (!info.ok()) {
     ApiError e = ErrorFromStatus(info.status(), "lora_path");
     if (info.status().code() == StatusCode::kAlreadyExists) {
@@ -680,8 +688,11 @@ void Server::Impl::HandleUnloadAdapter(const httplib::Request& http_req, const s
   auto name = j->find("lora_name");
   // A tenant unloads only its own adapters; another's (or a shared one) is "not registered".
   const std::shared_ptr<Tenant> tenant = TenantOf(http_req);
-  Status s = registry->Unregister(
-      name->get<std::string>(), tenant ? std::optional<std::string>(tenant->name()) : std::nullopt);
+  Status s;
+  admin_thread.RunAndWait([&] {
+    s = registry->Unregister(name->get<std::string>(),
+                             tenant ? std::optional<std::string>(tenant->name()) : std::nullopt);
+  });
   if (!s.ok()) return SendError(res, ErrorFromStatus(s, "lora_name"));
   // Running requests hold their own reference and finish; the weights are freed after them.
   adapter_cache->Erase(name->get<std::string>());
