@@ -16,6 +16,7 @@
 
 #include "chorus/base/check.h"
 #include "chorus/kernels/delta_internal.h"
+#include "chorus/kernels/x86/delta_avx512_common.h"
 
 namespace chorus::kernels::delta_internal::avx512 {
 namespace {
@@ -26,15 +27,6 @@ inline __m256i Bytes8(const uint8_t* p) {
 }
 inline __m512i Bytes16(const uint8_t* p) {
   return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-
-// Sixteen lanes summed in the portable order: halves 8, 4, 2, 1.
-inline float Reduce(__m512 a) {
-  const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(a),
-                                  _mm512_castps512_ps256(_mm512_shuffle_f32x4(a, a, 0xEE)));
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
 
 // The 12-column keep masks of four pattern bytes (48 columns, three 16-column chunks).
@@ -181,7 +173,7 @@ void Rows(const DeltaMatrixView& m, int64_t o, const float* x, int64_t xs, float
     }
   }
   for (int u = 0; u < NO; ++u)
-    for (int r = 0; r < NR; ++r) y[r * ys + o + u] += Reduce(acc[u][r]);
+    for (int r = 0; r < NR; ++r) y[r * ys + o + u] += avx512_common::Reduce(acc[u][r]);
 }
 
 // BitDelta's layout (1-bit signs, one scale for the matrix): Δ̃[o, k] = ±h with h = scale · ½, so
@@ -224,7 +216,7 @@ void SignRows(const DeltaMatrixView& m, int64_t o, const float* x, int64_t xs, c
     }
   }
   for (int u = 0; u < NO; ++u)
-    for (int r = 0; r < NR; ++r) y[r * ys + o + u] += Reduce(acc[u][r]);
+    for (int r = 0; r < NR; ++r) y[r * ys + o + u] += avx512_common::Reduce(acc[u][r]);
 }
 
 template <int NR>
@@ -256,24 +248,10 @@ template <int B, bool kSparse>
 void Apply(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const float* x, int64_t xs,
            int64_t n, float* y, int64_t ys, int shift) {
   // Input rows four at a time: a chunk is decoded once per output row and block of four.
-  for (int64_t i = 0; i < n; i += 4) {
-    const float* xi = x + i * xs;
-    float* yi = y + i * ys;
-    switch (std::min<int64_t>(4, n - i)) {
-      case 1:
-        RowsOf<B, kSparse, 1>(m, o_begin, o_end, xi, xs, yi, ys, shift);
-        break;
-      case 2:
-        RowsOf<B, kSparse, 2>(m, o_begin, o_end, xi, xs, yi, ys, shift);
-        break;
-      case 3:
-        RowsOf<B, kSparse, 3>(m, o_begin, o_end, xi, xs, yi, ys, shift);
-        break;
-      default:
-        RowsOf<B, kSparse, 4>(m, o_begin, o_end, xi, xs, yi, ys, shift);
-        break;
-    }
-  }
+  avx512_common::ForRowsInFours(n, [&](int64_t i, auto nr) {
+    RowsOf<B, kSparse, decltype(nr)::value>(m, o_begin, o_end, x + i * xs, xs, y + i * ys, ys,
+                                            shift);
+  });
 }
 
 }  // namespace

@@ -21,18 +21,10 @@
 #include <cstring>
 
 #include "chorus/kernels/delta_internal.h"
+#include "chorus/kernels/x86/delta_avx512_common.h"
 
 namespace chorus::kernels::delta_internal::q16::avx512 {
 namespace {
-
-// Sixteen lanes summed pairwise: halves 8, 4, 2, 1 (the reference's order).
-inline float Reduce(__m512 a) {
-  const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(a),
-                                  _mm512_castps512_ps256(_mm512_shuffle_f32x4(a, a, 0xEE)));
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
-}
 
 // vpshufb controls, the same in each 128-bit lane (dword d = columns 4d…4d + 3 of the lane).
 // High: byte c of w' into the high byte of an int16 (low byte 0); low: into the low byte.
@@ -179,7 +171,7 @@ void Rows(const DeltaMatrixView& m, int64_t o, const int16_t* q, int64_t padded,
   const float unscale = B <= 4 ? 1.0f / 512.0f : 0.5f;
   for (int u = 0; u < NO; ++u) {
     for (int r = 0; r < NR; ++r) {
-      const float term = (Reduce(acc[u][r]) * unscale) * x_scales[r];
+      const float term = (avx512_common::Reduce(acc[u][r]) * unscale) * x_scales[r];
       y[r * ys + o + u] += term;
     }
   }
@@ -200,25 +192,10 @@ void Apply(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const int16
            const float* x_scales, int64_t n, float* y, int64_t ys) {
   const int64_t padded = PaddedCols(m.cols);
   // Input rows four at a time: a block is decoded once per output row and group of four.
-  for (int64_t i = 0; i < n; i += 4) {
-    const int16_t* qi = q + i * padded;
-    const float* si = x_scales + i;
-    float* yi = y + i * ys;
-    switch (std::min<int64_t>(4, n - i)) {
-      case 1:
-        RowsOf<B, kSparse, 1>(m, o_begin, o_end, qi, padded, si, yi, ys);
-        break;
-      case 2:
-        RowsOf<B, kSparse, 2>(m, o_begin, o_end, qi, padded, si, yi, ys);
-        break;
-      case 3:
-        RowsOf<B, kSparse, 3>(m, o_begin, o_end, qi, padded, si, yi, ys);
-        break;
-      default:
-        RowsOf<B, kSparse, 4>(m, o_begin, o_end, qi, padded, si, yi, ys);
-        break;
-    }
-  }
+  avx512_common::ForRowsInFours(n, [&](int64_t i, auto nr) {
+    RowsOf<B, kSparse, decltype(nr)::value>(m, o_begin, o_end, q + i * padded, padded, x_scales + i,
+                                            y + i * ys, ys);
+  });
 }
 
 }  // namespace
