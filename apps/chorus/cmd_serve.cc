@@ -432,7 +432,10 @@ int ServeCommand(int argc, char** argv) {
                                        "parallelism yet (docs/scaleout.md)"));
     }
     if (tp->worker()) {
-      // Every rank parses the same flags; rank 0 reports a bad one and stops every rank.
+      // Every rank parses the same flags; rank 0 reports a bad one and stops every rank. The
+      // kernel choices must match rank 0's: a worker computes its shard of every step.
+      (void)ApplyIsaFlag(f);
+      (void)ApplyDeltaActivationsFlag(f);
       adapters::LoraLimits limits;
       if (auto l = LoraLimitsFromFlags(f); l.ok()) limits = *l;
       auto loaded = LoadModelAndTokenizer(model_path, f.GetString("tokenizer"));

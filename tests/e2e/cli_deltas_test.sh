@@ -2,7 +2,8 @@
 # `chorus compress` and `chorus eval` through the real binary (docs/deltas.md, docs/eval.md):
 # a delta of a synthetic fine-tune of stories260K round-trips into `chorus eval`, whose --json
 # last line parses and puts the delta much closer to the fine-tune than the base; bad input
-# (a truncated delta, a delta for another base, a fine-tune of another architecture, bad flags)
+# (a truncated delta, a delta for another base, a fine-tune of another architecture, bad flags —
+# also `chorus serve --delta-activations`)
 # exits non-zero naming the problem.
 # Usage: cli_deltas_test.sh CHORUS MODELS_DIR
 # Exit 77 (skip) when MODELS_DIR is missing, unless CHORUS_REQUIRE_MODELS=1 (CI): then it fails.
@@ -57,5 +58,9 @@ set +e
 [[ $? == 2 ]] || fail "--bits 5 did not exit 2"
 "$chorus" compress --base "$base" --finetuned "$tmp/ft.gguf" --method deltazip --output "$tmp/y" 2>"$tmp/e"
 [[ $? != 0 ]] && grep -q "calib" "$tmp/e" || fail "deltazip without --calib: $(cat "$tmp/e")"
+"$chorus" serve --model "$base" --tokenizer "$tok" --delta d="$tmp/d" --delta-activations int8 \
+  --port 0 2>"$tmp/e" </dev/null
+[[ $? != 0 ]] && grep -q "delta-activations must be auto, int16 or f32" "$tmp/e" ||
+  fail "--delta-activations int8: $(cat "$tmp/e")"
 set -e
 echo PASS
