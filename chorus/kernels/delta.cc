@@ -189,10 +189,12 @@ void Quantize(const float* x, int64_t xs, int64_t n, int64_t cols, int16_t* q, f
     int16_t* out = q + i * padded;
     std::fill(out, out + padded, int16_t{0});
     float max_abs = 0;
-    for (int64_t c = 0; c < cols; ++c) max_abs = std::max(max_abs, std::fabs(row[c]));
-    for (int64_t c = 0; c < cols; ++c)  // std::max drops NaN; look for it separately
-      if (std::isnan(row[c])) max_abs = row[c];
-    if (!std::isfinite(max_abs)) {
+    bool nan = false;  // std::max drops NaN
+    for (int64_t c = 0; c < cols; ++c) {
+      nan = nan || std::isnan(row[c]);
+      max_abs = std::max(max_abs, std::fabs(row[c]));
+    }
+    if (nan || !std::isfinite(max_abs)) {
       scales[i] = std::nanf("");
       continue;
     }
@@ -202,10 +204,8 @@ void Quantize(const float* x, int64_t xs, int64_t n, int64_t cols, int16_t* q, f
     }
     const float inv = 32767.0f / max_abs;
     for (int64_t c = 0; c < cols; ++c) {
-      const int64_t b = c / 64, l = c % 64 / 4, j = c % 4;
-      const int64_t at = 64 * b + (j < 2 ? 2 * l + j : 32 + 2 * l + j - 2);
       const float v = std::clamp(std::nearbyint(row[c] * inv), -32767.0f, 32767.0f);
-      out[at] = static_cast<int16_t>(v);
+      out[Q16Position(c)] = static_cast<int16_t>(v);
     }
     scales[i] = max_abs / 32767.0f;
   }
@@ -253,11 +253,8 @@ void PortableRows(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, cons
             (m.group_size == 0 ? row_scales[0] : row_scales[64 * b / m.group_size]) * 0.5f;
         for (int l = 0; l < 16; ++l) {
           int32_t sum = 0;
-          for (int j = 0; j < 4; ++j) {
-            const int64_t c = 64 * b + 4 * l + j;
-            const int64_t at = 64 * b + (j < 2 ? 2 * l + j : 32 + 2 * l + j - 2);
-            sum += int32_t{w[static_cast<size_t>(c)]} * int32_t{qi[at]};
-          }
+          for (int64_t c = 64 * b + 4 * l; c < 64 * b + 4 * l + 4; ++c)
+            sum += int32_t{w[static_cast<size_t>(c)]} * int32_t{qi[Q16Position(c)]};
           acc[l] = std::fma(static_cast<float>(sum), half_scale, acc[l]);
         }
       }

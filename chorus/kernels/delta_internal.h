@@ -72,6 +72,12 @@ namespace q16 {
 // Quantized columns per row: cols rounded up to whole blocks.
 inline int64_t PaddedCols(int64_t cols) { return (cols + 63) / 64 * 64; }
 
+// Where column c sits in a quantized row (the q16 order above).
+inline int64_t Q16Position(int64_t c) {
+  const int64_t l = c % 64 / 4, j = c % 4;
+  return c / 64 * 64 + (j < 2 ? 2 * l + j : 32 + 2 * l + j - 2);
+}
+
 // Quantizes x [n, cols] (stride xs) into q [n, PaddedCols(cols)] in q16 order and scales[n]
 // (x ≈ scale · q). A row of zeros gets scale 0; a row with an infinity or NaN gets scale NaN and
 // q 0, so its term is NaN as the f32 path's would be.

@@ -95,7 +95,6 @@ Result<std::shared_ptr<const DeltaWeights>> DeltaWeights::Build(std::shared_ptr<
     if (v.sparse24) {  // the int16 kernel's keep bits (kernels/delta.h)
       w->keep_.push_back(kernels::DeltaKeepBits(v));
       v.keep = w->keep_.back().data();
-      w->keep_bytes_ += static_cast<int64_t>(w->keep_.back().size() * sizeof(uint64_t));
     }
   }
   w->delta_ = std::move(d);
@@ -120,6 +119,13 @@ const std::vector<float>* DeltaWeights::norm(int64_t layer, model::LinearHook::N
           ? norms_.size() - 1
           : static_cast<size_t>(2 * layer + (which == model::LinearHook::Norm::kFfn));
   return norms_[slot].empty() ? nullptr : &norms_[slot];
+}
+
+int64_t DeltaWeights::keep_bytes() const {
+  int64_t bytes = 0;
+  for (const std::vector<uint64_t>& k : keep_)
+    bytes += static_cast<int64_t>(k.size() * sizeof(uint64_t));
+  return bytes;
 }
 
 int64_t DeltaWeightsBytes(const DeltaWeights& w) {

@@ -49,13 +49,12 @@ class DeltaWeights {
   const ExtraDelta* output() const { return output_; }
   bool has_extras() const { return has_extras_; }
   // Bytes of the 2:4 matrices' keep bits, derived at Build for the int16 kernel.
-  int64_t keep_bytes() const { return keep_bytes_; }
+  int64_t keep_bytes() const;
 
  private:
   std::shared_ptr<const Delta> delta_;
   std::vector<kernels::DeltaMatrixView> views_;  // [n_layers × kNumLinears]; rows 0 = none
   std::vector<std::vector<uint64_t>> keep_;      // the 2:4 views' keep bits
-  int64_t keep_bytes_ = 0;
   int64_t n_layers_ = 0;
   std::string name_;
   std::vector<std::vector<float>> norms_;  // [n_layers × 2 + 1]: attn, ffn, …, output; {} = none

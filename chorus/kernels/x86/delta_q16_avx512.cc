@@ -84,8 +84,8 @@ struct BlockDecoder {
       // Codes of qword q (8 of them, B bits each) → bytes 8q…8q + 7 by vpmultishiftqb.
       const __m512i shifts = B == 4 ? _mm512_set1_epi64(0x1C1814100C080400LL)
                                     : _mm512_set1_epi64(0x0E0C0A0806040200LL);
-      const __m512i low_bits = _mm512_set1_epi8(static_cast<char>((1 << B) - 1));
-      const __m512i offset = _mm512_set1_epi8(static_cast<char>((1 << B) - 1));
+      // 2^B − 1: the mask of a code's bits, and the offset in w' = 2·code − (2^B − 1).
+      const __m512i max_code = _mm512_set1_epi8(static_cast<char>((1 << B) - 1));
       __m512i q;  // qword q: the B·8 bits of codes 8q…8q + 7
       if constexpr (!kSparse && B == 4) {
         const __m256i raw =
@@ -108,8 +108,8 @@ struct BlockDecoder {
                                 : _mm_maskz_loadu_epi8(static_cast<__mmask16>(Avail(8, avail)), p);
         q = _mm512_zextsi256_si512(_mm256_cvtepu16_epi64(raw));
       }
-      const __m512i c = _mm512_and_si512(_mm512_multishift_epi64_epi8(shifts, q), low_bits);
-      const __m512i w = _mm512_sub_epi8(_mm512_add_epi8(c, c), offset);
+      const __m512i c = _mm512_and_si512(_mm512_multishift_epi64_epi8(shifts, q), max_code);
+      const __m512i w = _mm512_sub_epi8(_mm512_add_epi8(c, c), max_code);
       if constexpr (kSparse) return _mm512_maskz_expand_epi8(keep[b], w);
       return w;
     }
