@@ -125,6 +125,10 @@ int BenchCommand(int argc, char** argv) {
            "comma-separated weight dtypes or K-quant mixes (q4_k_m, q6_k, ...)");
   f.Int("threads", 2, "compute threads");
   f.String("prefill", "512,2048,4096", "comma-separated prompt lengths for the prefill figures");
+  f.Int("prefill-chunk", 512,
+        "rows per prefill step: a longer prompt runs in chunks of this many tokens, as chorus "
+        "serve does with its default --max-batch-tokens and llama.cpp with its default "
+        "n_ubatch (both 512); 0 = each prompt in one step");
   f.String("batches", "1,8,32", "comma-separated decode batch sizes");
   f.Int("decode-steps", 32, "timed decode steps per batch size");
   f.String("context", "128,4000",
@@ -188,6 +192,11 @@ int BenchCommand(int argc, char** argv) {
   };
   Status s = ParseList(f.GetString("prefill"), &o.prefill_lengths, tokens("--prefill"));
   if (!s.ok()) return Fail("bench", s);
+  o.prefill_chunk = f.GetInt("prefill-chunk");
+  if (o.prefill_chunk < 0 || o.prefill_chunk > (1 << 20)) {
+    return Fail("bench", InvalidArgumentError("--prefill-chunk must be in [0, 1048576] (0 = "
+                                              "each prompt in one step)"));
+  }
   s = ParseList(f.GetString("context"), &o.depths, tokens("--context"));
   if (!s.ok()) return Fail("bench", s);
   s = ParseList(f.GetString("dtypes"), &o.dtypes,

@@ -11,6 +11,7 @@
 #include <iomanip>
 #include <map>
 #include <numeric>
+#include <span>
 #include <sstream>
 
 #include "chorus/adapters/delta/delta_hook.h"
@@ -305,6 +306,7 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
   rep.shape = opts.model_path.empty() ? opts.shape : opts.model_path;
   rep.threads = opts.threads;
   rep.kv_dtype = memory::KvDtypeName(opts.kv_dtype);
+  rep.prefill_chunk = opts.prefill_chunk;
   if (!opts.model_path.empty() && opts.workload != "default")
     return InvalidArgumentError("a model file is measured by the default workload only");
   const kernels::IsaLevel entry_isa = kernels::ActiveIsa();
@@ -400,10 +402,11 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
       return static_cast<int32_t>(rng.NextU64() % static_cast<uint64_t>(c.vocab_size));
     };
 
-    // Prefill: one sequence per length, the whole prompt in one step (chunk = prompt length).
-    // The lengths and the kernel levels take turns within each repeat (after one warm-up run
-    // each), so a slow spell of the shared host weighs on every length and level alike and their
-    // ratios stay comparable.
+    // Prefill: one sequence per length, in steps of opts.prefill_chunk rows (each chunk over
+    // the KV its predecessors wrote; logits for the last row only), or the whole prompt in one
+    // step when that is 0. The lengths and the kernel levels take turns within each repeat (after
+    // one warm-up run each), so a slow spell of the shared host weighs on every length and level
+    // alike and their ratios stay comparable.
     {
       const size_t n_len = opts.prefill_lengths.size();
       std::vector<std::vector<int32_t>> tables(n_len), prompts(n_len);
@@ -421,11 +424,18 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
         for (size_t li = 0; li < n_len; ++li) {
           for (size_t ii = 0; ii < isas.size(); ++ii) {
             kernels::SetMaxIsa(isas[ii]);
-            builder.Clear();
-            builder.AddSequence(prompts[li], 0, tables[li].data(), /*want_logits=*/true);
+            const int64_t len = opts.prefill_lengths[li];
+            const int64_t chunk = opts.prefill_chunk > 0 ? opts.prefill_chunk : len;
+            const std::span<const int32_t> prompt(prompts[li]);
             const double before = vnni && r > 0 ? MeasureVnniPeak(&pool) : 0;
             auto t0 = Clock::now();
-            fwd.Run(builder.Input(), &kv, &pool, logits.data());
+            for (int64_t p = 0; p < len; p += chunk) {
+              const int64_t n = std::min(chunk, len - p);
+              builder.Clear();
+              builder.AddSequence(prompt.subspan(static_cast<size_t>(p), static_cast<size_t>(n)), p,
+                                  tables[li].data(), /*want_logits=*/p + n == len);
+              fwd.Run(builder.Input(), &kv, &pool, logits.data());
+            }
             double s = std::chrono::duration<double>(Clock::now() - t0).count();
             if (r > 0) {
               runs[li][ii].push_back(static_cast<double>(opts.prefill_lengths[li]) / s);
@@ -629,7 +639,7 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
 std::string EngineBenchReport::ToCsv() const {
   std::ostringstream s;
   s << "shape,threads,isa,dtype,metric,batch,tokens_per_s,roofline_fraction,bandwidth_gbs,runs,"
-       "adapters,depth,weight_bytes_per_token,kv_bytes_per_token,kv_dtype\n";
+       "adapters,depth,weight_bytes_per_token,kv_bytes_per_token,kv_dtype,prefill_chunk\n";
   for (const auto& r : rows) {
     s << shape << "," << threads << "," << (r.isa.empty() ? isa : r.isa) << "," << r.dtype << ","
       << r.metric << "," << r.batch << "," << std::fixed << std::setprecision(2) << r.tokens_per_s
@@ -638,7 +648,8 @@ std::string EngineBenchReport::ToCsv() const {
     for (size_t i = 0; i < r.runs.size(); ++i)
       s << (i ? ";" : "") << std::setprecision(2) << r.runs[i];
     s << "," << r.adapters << "," << r.depth << "," << std::setprecision(0)
-      << r.weight_bytes_per_token << "," << r.kv_bytes_per_token << "," << kv_dtype << "\n";
+      << r.weight_bytes_per_token << "," << r.kv_bytes_per_token << "," << kv_dtype << ","
+      << prefill_chunk << "\n";
   }
   return s.str();
 }
@@ -647,8 +658,8 @@ std::string EngineBenchReport::ToJson() const {
   std::ostringstream s;
   s << std::fixed << std::setprecision(3);
   s << "{\"shape\":\"" << shape << "\",\"threads\":" << threads << ",\"isa\":\"" << isa
-    << "\",\"kv_dtype\":\"" << kv_dtype << "\",\"bandwidth_gbs\":" << bandwidth_gbs
-    << ",\"vnni_gops\":" << vnni_gops << ",\"rows\":[";
+    << "\",\"kv_dtype\":\"" << kv_dtype << "\",\"prefill_chunk\":" << prefill_chunk
+    << ",\"bandwidth_gbs\":" << bandwidth_gbs << ",\"vnni_gops\":" << vnni_gops << ",\"rows\":[";
   for (size_t i = 0; i < rows.size(); ++i) {
     const auto& r = rows[i];
     s << (i ? "," : "") << "{\"isa\":\"" << (r.isa.empty() ? isa : r.isa) << "\",\"dtype\":\""
@@ -675,6 +686,12 @@ std::string EngineBenchReport::ToTable() const {
   s << "shape " << shape << ", " << threads << " threads, isa " << isa << ", KV cache " << kv_dtype
     << ", read bandwidth " << bandwidth_gbs << " GB/s (median)";
   if (vnni_gops > 0) s << ", int8 VNNI limit " << vnni_gops << " GOP/s (median)";
+  s << ", prefill ";
+  if (prefill_chunk > 0) {
+    s << "in steps of " << prefill_chunk << " rows";
+  } else {
+    s << "in one step per prompt";
+  }
   s << "\n";
   const bool by_isa = isa.find(',') != std::string::npos;
   if (by_isa) s << "isa     ";
@@ -700,7 +717,7 @@ std::string EngineBenchReport::ToTable() const {
         if (first.dtype != r.dtype || first.metric != "prefill" || first.isa != r.isa) continue;
         if (&first != &r && first.tokens_per_s > 0) {
           s << std::setprecision(2) << r.tokens_per_s / first.tokens_per_s << " × prefill "
-            << first.batch;
+            << first.batch << std::setprecision(1);
         }
         break;
       }

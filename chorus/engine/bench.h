@@ -32,8 +32,12 @@ struct EngineBenchOptions {
   // Weight dtypes, or K-quant mixes such as q4_k_m (model/quant_scheme.h).
   std::vector<model::QuantScheme> dtypes = {DType::kQ4_0, DType::kQ8_0, DType::kBF16};
   int threads = 2;
-  // Prompt lengths of the prefill figures (one step each: the whole prompt is one chunk).
+  // Prompt lengths of the prefill figures.
   std::vector<int64_t> prefill_lengths = {512, 2048, 4096};
+  // Rows per prefill step: a longer prompt is prefilled in consecutive chunks of this many
+  // tokens over its own cached KV, as `chorus serve` does with its default --max-batch-tokens
+  // (512) and llama.cpp with its default n_ubatch (512). 0: the whole prompt in one step.
+  int64_t prefill_chunk = 512;
   std::vector<int64_t> batches = {1, 8, 32};
   int64_t decode_steps = 32;  // timed decode steps per batch size
   // Tokens already in each sequence's KV when decode is timed: `batches` run at depths[0]; every
@@ -113,6 +117,7 @@ struct EngineBenchReport {
   int threads = 0;
   std::string isa;
   std::string kv_dtype = "f32";  // the KV cache's element type (EngineBenchOptions::kv_dtype)
+  int64_t prefill_chunk = 0;     // rows per prefill step (EngineBenchOptions); 0: whole prompt
   double bandwidth_gbs = 0;      // median read bandwidth (GB/s = 1e9 B/s)
   std::vector<double> bandwidth_runs;
   // The int8 dot-product limit of the vector units (VnniPeakProbe, all `threads`): median GOP/s

@@ -120,10 +120,40 @@ TEST(EngineBenchTest, Bf16KvCountsHalfTheKvBytes) {
   EXPECT_DOUBLE_EQ(rep->rows[1].kv_bytes_per_token, 4 * 2 * 64 * 2 * (8 + 2.5));
   EXPECT_GT(rep->rows[1].tokens_per_s, 0.0);
   const std::string csv = rep->ToCsv();
-  EXPECT_NE(csv.find(",kv_dtype\n"), std::string::npos);
-  EXPECT_NE(csv.find(",bf16\n"), std::string::npos);
+  EXPECT_NE(csv.find(",kv_dtype,prefill_chunk\n"), std::string::npos);
+  EXPECT_NE(csv.find(",bf16,512\n"), std::string::npos);
   EXPECT_NE(rep->ToJson().find("\"kv_dtype\":\"bf16\""), std::string::npos);
   EXPECT_NE(rep->ToTable().find("KV cache bf16"), std::string::npos);
+}
+
+// --prefill-chunk: a prompt longer than the chunk runs in steps of that many rows (as `chorus
+// serve` prefills it), and every output names the chunk; 0 runs each prompt in one step.
+TEST(EngineBenchTest, PrefillChunkIsReported) {
+  for (int64_t chunk : {int64_t{10}, int64_t{0}}) {
+    EngineBenchOptions o;
+    o.shape = "tiny";
+    o.dtypes = {DType::kQ8_0};
+    o.prefill_lengths = {8, 24};
+    o.prefill_chunk = chunk;
+    o.batches = {1};
+    o.decode_steps = 2;
+    o.depths = {8};
+    o.repeats = 1;
+    o.bandwidth_bytes = 8 << 20;
+    auto rep = RunEngineBench(o, [](const std::string&) {});
+    ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+    ASSERT_EQ(rep->rows.size(), 3u);
+    EXPECT_EQ(rep->rows[1].metric, "prefill");
+    EXPECT_EQ(rep->rows[1].batch, 24);
+    EXPECT_GT(rep->rows[1].tokens_per_s, 0.0);
+    EXPECT_EQ(rep->prefill_chunk, chunk);
+    const std::string n = std::to_string(chunk);
+    EXPECT_NE(rep->ToCsv().find(",f32," + n + "\n"), std::string::npos);
+    EXPECT_NE(rep->ToJson().find("\"prefill_chunk\":" + n + ","), std::string::npos);
+    EXPECT_NE(rep->ToTable().find(chunk > 0 ? "prefill in steps of 10 rows"
+                                            : "prefill in one step per prompt"),
+              std::string::npos);
+  }
 }
 
 }  // namespace
