@@ -27,6 +27,7 @@
 #include "chorus/engine/bench.h"
 #include "chorus/kernels/delta.h"
 #include "chorus/kernels/dispatch.h"
+#include "chorus/kernels/ops.h"
 
 namespace {
 
@@ -190,6 +191,43 @@ BENCHMARK(BM_DeltaStep)
                    {2, 1},
                    {0}})
     ->ArgsProduct({{0, 1, 2}, {static_cast<int>(IsaLevel::kAvx512)}, {2, 1}, {1}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+// The output-head delta of a full fine-tune (int8 rows with one scale per row, as `chorus
+// compress` keeps lm_head; kernels/ops.h AddInt8RowDots) at TinyLlama's head, 32000 × 2048
+// (65.5 MB): n logit rows of one delta, one thread, at each level. The scalar level is the
+// reference, a sequential loop like the one the hook ran before the kernel existed.
+void BM_OutputHeadDelta(benchmark::State& state) {
+  const auto level = static_cast<IsaLevel>(state.range(0));
+  const int64_t n = state.range(1);
+  constexpr int64_t kVocab = 32000, kD = 2048;
+  chorus::kernels::SetMaxIsa(level);
+  if (chorus::kernels::ActiveIsa() != level) {
+    state.SkipWithError("level not supported here");
+    chorus::kernels::SetMaxIsa(chorus::kernels::kMaxIsaLevel);
+    return;
+  }
+  std::vector<int8_t> q(static_cast<size_t>(kVocab * kD));
+  for (size_t i = 0; i < q.size(); ++i)
+    q[i] = static_cast<int8_t>(static_cast<int>(i * 31 % 255) - 127);
+  std::vector<float> scales(kVocab, 1e-3f), x(static_cast<size_t>(n * kD), 0.25f),
+      y(static_cast<size_t>(n * kVocab), 0.0f);
+  for (auto _ : state) {
+    chorus::kernels::AddInt8RowDots(q.data(), scales.data(), kVocab, kD, x.data(), kD, n, y.data(),
+                                    kVocab);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["GBps"] = benchmark::Counter(static_cast<double>(kVocab * kD),
+                                              benchmark::Counter::kIsIterationInvariantRate,
+                                              benchmark::Counter::kIs1000);
+  state.SetLabel(std::string(chorus::kernels::IsaName(level)) + " " + std::to_string(n) + " rows");
+  chorus::kernels::SetMaxIsa(chorus::kernels::kMaxIsaLevel);
+}
+BENCHMARK(BM_OutputHeadDelta)
+    ->ArgsProduct({{static_cast<int>(IsaLevel::kAvx512), static_cast<int>(IsaLevel::kAvx2),
+                    static_cast<int>(IsaLevel::kScalar)},
+                   {1, 4}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 

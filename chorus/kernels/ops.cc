@@ -92,4 +92,32 @@ void Add(float* y, const float* x, int64_t n) {
   reference::Add(y, x, n);
 }
 
+void AddInt8RowDots(const int8_t* q, const float* row_scales, int64_t rows, int64_t cols,
+                    const float* x, int64_t x_stride, int64_t n, float* y, int64_t y_stride) {
+  switch (ActiveIsa()) {
+    case IsaLevel::kAmx:  // no tile kernel: a handful of inputs against many rows
+    case IsaLevel::kAvx512:
+      return avx512::AddInt8RowDots(q, row_scales, rows, cols, x, x_stride, n, y, y_stride);
+    case IsaLevel::kAvx2:
+      return avx2::AddInt8RowDots(q, row_scales, rows, cols, x, x_stride, n, y, y_stride);
+    case IsaLevel::kScalar:
+      break;
+  }
+  reference::AddInt8RowDots(q, row_scales, rows, cols, x, x_stride, n, y, y_stride);
+}
+
+void AddF32RowDots(const float* w, int64_t rows, int64_t cols, const float* x, int64_t x_stride,
+                   int64_t n, float* y, int64_t y_stride) {
+  switch (ActiveIsa()) {
+    case IsaLevel::kAmx:
+    case IsaLevel::kAvx512:
+      return avx512::AddF32RowDots(w, rows, cols, x, x_stride, n, y, y_stride);
+    case IsaLevel::kAvx2:
+      return avx2::AddF32RowDots(w, rows, cols, x, x_stride, n, y, y_stride);
+    case IsaLevel::kScalar:
+      break;
+  }
+  reference::AddF32RowDots(w, rows, cols, x, x_stride, n, y, y_stride);
+}
+
 }  // namespace chorus::kernels

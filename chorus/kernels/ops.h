@@ -61,6 +61,22 @@ void Softmax(float* x, int64_t n);
 // y[i] += x[i] (n elements).
 void Add(float* y, const float* x, int64_t n);
 
+// Dot products of a matrix's rows with f32 inputs, added to y: the output-head delta of a full
+// fine-tune, stored as int8 rows with one scale per row or as exact f32 rows (docs/deltas.md,
+// "Serving"). For each input j < n and row r < rows:
+//   AddInt8RowDots: y[j·y_stride + r] += row_scales[r] · Σ_k x[j·x_stride + k] · q[r·cols + k]
+//   AddF32RowDots:  y[j·y_stride + r] += Σ_k x[j·x_stride + k] · w[r·cols + k]
+// Each dot is one chain over k whose association depends only on the level — the reference
+// sums k in order; a vector level keeps one partial sum per lane (k in order, the last chunk
+// zero-padded) and then adds the lanes in a fixed order — never on n, on the other inputs or
+// on which rows one call covers (the int8 dot is added as fma(row_scale, dot, y), explicitly). So
+// an input's results are the same alone or beside others, and whatever ranges of rows threads split
+// (batch invariance). Vector levels differ from the reference by that reassociation only.
+void AddInt8RowDots(const int8_t* q, const float* row_scales, int64_t rows, int64_t cols,
+                    const float* x, int64_t x_stride, int64_t n, float* y, int64_t y_stride);
+void AddF32RowDots(const float* w, int64_t rows, int64_t cols, const float* x, int64_t x_stride,
+                   int64_t n, float* y, int64_t y_stride);
+
 namespace reference {
 // Scalar specifications of the kernels above (same semantics and signatures); the dispatched
 // versions are tested against these.
@@ -72,6 +88,10 @@ void RopeApply(float* x, int64_t n_heads, int64_t head_dim, const float* cos_t, 
 void SiluMul(const float* gate, const float* up, int64_t n, float* out);
 void Softmax(float* x, int64_t n);
 void Add(float* y, const float* x, int64_t n);
+void AddInt8RowDots(const int8_t* q, const float* row_scales, int64_t rows, int64_t cols,
+                    const float* x, int64_t x_stride, int64_t n, float* y, int64_t y_stride);
+void AddF32RowDots(const float* w, int64_t rows, int64_t cols, const float* x, int64_t x_stride,
+                   int64_t n, float* y, int64_t y_stride);
 }  // namespace reference
 
 }  // namespace chorus::kernels

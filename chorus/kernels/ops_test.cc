@@ -243,6 +243,60 @@ TEST_P(IsaTest, RopeLayoutsRelatedByPermutation) {
   }
 }
 
+// AddInt8RowDots / AddF32RowDots (an output-head delta): within reassociation of the
+// sequential reference, and batch invariant — an input's results are bitwise the same alone as
+// among six inputs, and whatever split of the rows the calls cover (threads split the vocabulary).
+TEST_P(IsaTest, RowDotsMatchReferenceAndAreBatchInvariant) {
+  for (int64_t cols : {1, 7, 8, 9, 15, 16, 17, 33, 64, 100, 2048}) {
+    const int64_t rows = 13, n = 6;
+    Rng rng(static_cast<uint64_t>(cols));
+    std::vector<int8_t> q(static_cast<size_t>(rows * cols));
+    for (auto& v : q) v = static_cast<int8_t>(static_cast<int>(rng.NextU64() % 255) - 127);
+    std::vector<float> scales = Random(rows, 3 + cols, 1e-2f);
+    const std::vector<float> w = Random(rows * cols, 5 + cols);
+    const std::vector<float> x = Random(n * cols, 7 + cols);
+    const std::vector<float> y0 = Random(n * rows, 9 + cols);
+    for (bool int8 : {true, false}) {
+      auto run = [&](int64_t r0, int64_t nr, int64_t j0, int64_t nj, float* y, bool ref) {
+        const float* xj = x.data() + j0 * cols;
+        float* yj = y + j0 * rows + r0;
+        if (int8) {
+          (ref ? reference::AddInt8RowDots : AddInt8RowDots)(
+              q.data() + r0 * cols, scales.data() + r0, nr, cols, xj, cols, nj, yj, rows);
+        } else {
+          (ref ? reference::AddF32RowDots : AddF32RowDots)(w.data() + r0 * cols, nr, cols, xj, cols,
+                                                           nj, yj, rows);
+        }
+      };
+      std::vector<float> want = y0, got = y0;
+      run(0, rows, 0, n, want.data(), true);
+      run(0, rows, 0, n, got.data(), false);
+      for (int64_t j = 0; j < n; ++j) {
+        for (int64_t r = 0; r < rows; ++r) {
+          double mag = 0;  // Σ |x·w| of the dot: the scale of its rounding
+          for (int64_t k = 0; k < cols; ++k) {
+            const double wk = int8 ? q[static_cast<size_t>(r * cols + k)] *
+                                         static_cast<double>(scales[static_cast<size_t>(r)])
+                                   : w[static_cast<size_t>(r * cols + k)];
+            mag += std::fabs(x[static_cast<size_t>(j * cols + k)] * wk);
+          }
+          const size_t i = static_cast<size_t>(j * rows + r);
+          ASSERT_NEAR(got[i], want[i], 1e-5 * mag + 1e-6 * std::fabs(y0[i]))
+              << (int8 ? "int8" : "f32") << " cols " << cols << " input " << j << " row " << r;
+        }
+      }
+      // Each input alone, over rows [0, 5) and [5, rows) in two calls: the same bits.
+      for (int64_t j = 0; j < n; ++j) {
+        std::vector<float> alone = y0;
+        run(0, 5, j, 1, alone.data(), false);
+        run(5, rows - 5, j, 1, alone.data(), false);
+        EXPECT_TRUE(BitwiseEqual(alone.data() + j * rows, got.data() + j * rows, rows))
+            << (int8 ? "int8" : "f32") << " cols " << cols << " input " << j;
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Levels, IsaTest,
                          ::testing::Values(IsaLevel::kScalar, IsaLevel::kAvx2, IsaLevel::kAvx512,
                                            IsaLevel::kAmx),

@@ -60,30 +60,34 @@ complete_long() {  # complete_long PORT MODEL N : the texts of the N greedy choi
     -d "{\"model\": \"$2\", \"prompt\": \"$LONG\", \"max_tokens\": 24, \"temperature\": 0, \"n\": $3}" |
     python3 -c 'import json,sys; [print(c["text"]) for c in sorted(json.load(sys.stdin)["choices"], key=lambda c: c["index"])]'
 }
-serve_texts() {  # serve_texts PORT TP [mpirun...] : the texts of base, a, b, d, a, base, then the
+serve_texts() {  # serve_texts TAG TP [mpirun...] : the texts of base, a, b, d, a, base, then the
                  # long prompt's: base, base again, a with n = 2
-
-  local port=$1 tp=$2; shift 2
+  # --port 0: the kernel picks a free port, read back from rank 0's "listening on" line. (A
+  # random fixed port could be another test's server, whose /health would answer for ours.)
+  local tag=$1 tp=$2; shift 2
+  local log="$TMP/serve-$tag.log"
   "$@" "$CHORUS" serve --model "$M/stories260K.bin" --tokenizer "$M/tok512.bin" --threads 1 \
-    --port "$port" --host 127.0.0.1 --tp "$tp" --served-model-name base \
+    --port 0 --host 127.0.0.1 --tp "$tp" --served-model-name base \
     --lora "a=$TMP/loras/lora-0" --delta "d=$TMP/d.safetensors" --adapter-root "$TMP/loras" \
-    --registry "$TMP/reg-$port.json" \
-    --no-finetune >"$TMP/serve-$port.log" 2>&1 &
-  local pid=$!
+    --registry "$TMP/reg-$tag.json" \
+    --no-finetune >"$log" 2>&1 &
+  local pid=$! port=
   for _ in $(seq 1 300); do
-    curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
-    kill -0 $pid 2>/dev/null || { cat "$TMP/serve-$port.log"; return 1; }
+    port=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$log" | head -1 | grep -o '[0-9]*$')
+    [ -n "$port" ] && curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
+    kill -0 $pid 2>/dev/null || { cat "$log"; return 1; }
     sleep 0.1
   done
+  [ -n "$port" ] || { echo "no 'listening on' line"; cat "$log"; kill $pid; return 1; }
   curl -sf "http://127.0.0.1:$port/v1/load_lora_adapter" -H 'Content-Type: application/json' \
     -d "{\"lora_name\": \"b\", \"lora_path\": \"$TMP/loras/lora-1\"}" >/dev/null ||
-    { echo "load_lora_adapter failed"; cat "$TMP/serve-$port.log"; kill $pid; return 1; }
+    { echo "load_lora_adapter failed"; cat "$log"; kill $pid; return 1; }
   local m
   for m in base a b d a base; do
-    complete "$port" "$m" || { echo "completion of $m failed"; cat "$TMP/serve-$port.log"; kill $pid; return 1; }
+    complete "$port" "$m" || { echo "completion of $m failed"; cat "$log"; kill $pid; return 1; }
   done
   { complete_long "$port" base 1 && complete_long "$port" base 1 && complete_long "$port" a 2; } ||
-    { echo "long completions failed"; cat "$TMP/serve-$port.log"; kill $pid; return 1; }
+    { echo "long completions failed"; cat "$log"; kill $pid; return 1; }
   local hits
   hits=$(curl -sf "http://127.0.0.1:$port/metrics" | awk '/^chorus_prefix_cache_hit_tokens_total/ {print $2}')
   [ "${hits%.*}" -gt 0 ] 2>/dev/null ||
@@ -95,7 +99,7 @@ serve_texts() {  # serve_texts PORT TP [mpirun...] : the texts of base, a, b, d,
   listener=$(ss -ltnpH "sport = :$port" | grep -o 'pid=[0-9]*' | head -1 | cut -d= -f2)
   [ -n "$listener" ] || { echo "no process listens on $port"; kill $pid; return 1; }
   kill -TERM "$listener"
-  wait $pid || { echo "serve exited with $?"; cat "$TMP/serve-$port.log"; return 1; }
+  wait $pid || { echo "serve exited with $?"; cat "$log"; return 1; }
 }
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
@@ -107,9 +111,8 @@ trap 'rm -rf "$TMP"' EXIT
 "$CHORUS" compress --base "$M/stories260K.bin" --finetuned "$TMP/ft.gguf" --method bitdelta \
   --distill-steps 0 --output "$TMP/d.safetensors" >/dev/null 2>"$TMP/compress.err" ||
   fail "chorus compress failed: $(cat "$TMP/compress.err")"
-P=$((20000 + RANDOM % 20000))
-s1=$(serve_texts $P 1) || fail "serve (one process): $s1"
-s2=$(serve_texts $((P + 1)) 2 "${MPIRUN[@]}") || fail "mpirun serve --tp 2: $s2"
+s1=$(serve_texts one 1) || fail "serve (one process): $s1"
+s2=$(serve_texts tp2 2 "${MPIRUN[@]}") || fail "mpirun serve --tp 2: $s2"
 [ "$(wc -l <<<"$s1")" = 10 ] || fail "serve: expected 10 completions: $s1"
 [ "$s1" = "$s2" ] || fail "serve --tp 2 texts differ from one process's:
 --- TP=1:

@@ -77,5 +77,29 @@ void Add(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }
 
+void AddInt8RowDots(const int8_t* q, const float* row_scales, int64_t rows, int64_t cols,
+                    const float* x, int64_t x_stride, int64_t n, float* y, int64_t y_stride) {
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t r = 0; r < rows; ++r) {
+      float sum = 0.0f;
+      for (int64_t k = 0; k < cols; ++k) {
+        sum = std::fma(x[j * x_stride + k], static_cast<float>(q[r * cols + k]), sum);
+      }
+      y[j * y_stride + r] = std::fma(row_scales[r], sum, y[j * y_stride + r]);
+    }
+  }
+}
+
+void AddF32RowDots(const float* w, int64_t rows, int64_t cols, const float* x, int64_t x_stride,
+                   int64_t n, float* y, int64_t y_stride) {
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t r = 0; r < rows; ++r) {
+      float sum = 0.0f;
+      for (int64_t k = 0; k < cols; ++k) sum = std::fma(x[j * x_stride + k], w[r * cols + k], sum);
+      y[j * y_stride + r] += sum;
+    }
+  }
+}
+
 }  // namespace reference
 }  // namespace chorus::kernels
