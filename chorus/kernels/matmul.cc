@@ -188,6 +188,10 @@ int64_t QRowsBytes(int64_t m, int64_t k) {
          m * (k / kQuantBlock) * static_cast<int64_t>(sizeof(internal::QMeta));
 }
 
+// Rows per MatMulMulti pass: a step with more runs in blocks of this many (the serving step's
+// default size, docs/benchmarks.md "Long prompts: prefill in serving-size steps").
+constexpr int64_t kMatMulRowBlock = 512;
+
 // Up to this many rows, every thread converts all activations itself (cheap, and it saves a
 // second pool synchronization); above it, threads convert disjoint rows into one buffer first.
 constexpr int64_t kRedundantConvertRows = 32;
@@ -291,6 +295,21 @@ void MatMulMulti(std::span<const MatMulOut> outs, const float* x, int64_t x_stri
                  bool accumulate, ThreadPool* pool) {
   if (m <= 0 || outs.empty()) return;
   CHORUS_CHECK_LE(static_cast<int64_t>(outs.size()), kMaxMatMulOuts);
+  if (m > kMatMulRowBlock) {
+    // A big step in blocks of rows, so that a block's converted activations stay in cache while
+    // every weight panel passes over them. Rows are independent (batch invariance), so the bits
+    // are those of one call.
+    MatMulOut block[kMaxMatMulOuts];
+    for (int64_t r = 0; r < m; r += kMatMulRowBlock) {
+      for (size_t i = 0; i < outs.size(); ++i) {
+        block[i] = outs[i];
+        block[i].y = outs[i].y + r * outs[i].y_stride;
+      }
+      MatMulMulti({block, outs.size()}, x + r * x_stride, x_stride,
+                  std::min(kMatMulRowBlock, m - r), accumulate, pool);
+    }
+    return;
+  }
   for (const MatMulOut& o : outs) {
     CHORUS_CHECK(o.w->k() == outs[0].w->k() && o.w->dtype() == outs[0].w->dtype())
         << "MatMulMulti: weights differ in k or dtype";

@@ -198,6 +198,29 @@ TEST_F(MatMulTest, BatchInvariance) {
 // MatMulMulti (q/k/v-style fused outputs sharing one input) gives every output exactly what
 // MatMul gives it alone, for every dtype, level, thread count and both activation-conversion
 // paths (m ≤ 32: per thread; m > 32: split rows), and writes nothing outside its outputs.
+// A step of more than 512 rows runs in blocks of rows (kMatMulRowBlock): its rows are those of
+// one row alone, for every dtype and level, with accumulate and strided outputs.
+TEST_F(MatMulTest, StepsBeyondOneRowBlockEqualRowsAlone) {
+  IsaGuard guard;
+  for (DType dt : kAllTypes) {
+    const int64_t k = IsQuant(dt) ? 64 : 19, n = 21, rows = 1100, ys = n + 3;
+    const PackedWeight w = MakeWeight(dt, n, k, 99);
+    const std::vector<float> x = RandomVec(static_cast<size_t>(rows * k), 5);
+    const std::vector<float> y0 = RandomVec(static_cast<size_t>(rows * ys), 6);
+    for (IsaLevel level : SupportedLevels()) {
+      SetMaxIsa(level);
+      std::vector<float> all = y0;
+      MatMul(w, x.data(), k, rows, all.data(), ys, /*accumulate=*/true, &pool2_);
+      for (int64_t i : {int64_t{0}, int64_t{511}, int64_t{512}, int64_t{1023}, int64_t{1099}}) {
+        std::vector<float> alone(y0.begin() + i * ys, y0.begin() + i * ys + n);
+        MatMul(w, x.data() + i * k, k, 1, alone.data(), n, true, &pool2_);
+        EXPECT_EQ(0, std::memcmp(alone.data(), all.data() + i * ys, n * 4))
+            << DTypeName(dt) << " " << IsaName(level) << ": row " << i;
+      }
+    }
+  }
+}
+
 TEST_F(MatMulTest, MultiEqualsSeparateBitwise) {
   IsaGuard guard;
   for (DType dt : kAllTypes) {
