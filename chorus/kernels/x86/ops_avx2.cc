@@ -8,6 +8,7 @@
 
 #include "chorus/kernels/x86/exp_avx2.h"
 #include "chorus/kernels/x86/ops_x86.h"
+#include "chorus/kernels/x86/row_dots.h"
 
 namespace chorus::kernels::avx2 {
 namespace {
@@ -162,95 +163,43 @@ void Add(float* y, const float* x, int64_t n) {
 
 namespace {
 
-// 8 weights of a row from p, as floats.
-inline __m256 RowChunk(const int8_t* p) {
-  return _mm256_cvtepi32_ps(
-      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-}
-inline __m256 RowChunk(const float* p) { return _mm256_loadu_ps(p); }
-
-// Rows [r0, r0 + NR) against inputs [0, NJ): one 8-lane partial sum per (row, input); the last
-// partial chunk is copied into zero-padded buffers and goes through the same instructions, so a
-// dot's association is the same whichever rows and inputs share the call (ops.h).
-template <class T, int NR, int NJ>
-void RowDots(const T* w, const float* scales, int64_t r0, int64_t cols, const float* x,
-             int64_t x_stride, float* y, int64_t y_stride) {
-  __m256 acc[NR][NJ];
-  for (int i = 0; i < NR; ++i)
-    for (int j = 0; j < NJ; ++j) acc[i][j] = _mm256_setzero_ps();
-  auto chunk = [&](const float* const* xs, const T* const* ws) {
-    __m256 xv[NJ];
-    for (int j = 0; j < NJ; ++j) xv[j] = _mm256_loadu_ps(xs[j]);
-    for (int i = 0; i < NR; ++i) {
-      const __m256 wv = RowChunk(ws[i]);
-      for (int j = 0; j < NJ; ++j) acc[i][j] = _mm256_fmadd_ps(xv[j], wv, acc[i][j]);
-    }
-  };
-  const float* xs[NJ];
-  const T* ws[NR];
-  int64_t k = 0;
-  for (; k + 8 <= cols; k += 8) {
-    for (int j = 0; j < NJ; ++j) xs[j] = x + j * x_stride + k;
-    for (int i = 0; i < NR; ++i) ws[i] = w + (r0 + i) * cols + k;
-    chunk(xs, ws);
+// The vector of row_dots.h at 8 lanes. A row's last, partial chunk is copied into a zero-filled
+// buffer and loaded like a full one.
+struct RowDotsVec {
+  using V = __m256;
+  static constexpr int64_t kLanes = 8;
+  static constexpr int64_t kInputsPerPass = 2;  // 16 ymm registers: 4 rows × 2 inputs
+  static V Zero() { return _mm256_setzero_ps(); }
+  static V Fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static float Sum(V v) { return HorizontalSum(v); }
+  static V LoadX(const float* p) { return _mm256_loadu_ps(p); }
+  static V Row(const int8_t* p) {
+    return _mm256_cvtepi32_ps(
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   }
-  if (k < cols) {
-    float xt[NJ][8] = {};
-    T wt[NR][8] = {};
-    for (int j = 0; j < NJ; ++j) {
-      std::copy(x + j * x_stride + k, x + j * x_stride + cols, xt[j]);
-      xs[j] = xt[j];
-    }
-    for (int i = 0; i < NR; ++i) {
-      std::copy(w + (r0 + i) * cols + k, w + (r0 + i) * cols + cols, wt[i]);
-      ws[i] = wt[i];
-    }
-    chunk(xs, ws);
+  static V Row(const float* p) { return _mm256_loadu_ps(p); }
+  template <class T>
+  static V Padded(const T* p, int64_t n) {
+    T t[8] = {};
+    std::copy(p, p + n, t);
+    return Row(t);
   }
-  for (int i = 0; i < NR; ++i) {
-    for (int j = 0; j < NJ; ++j) {
-      const float sum = HorizontalSum(acc[i][j]);
-      // One explicit fma: a contracted or uncontracted a·b + c must not depend on how the
-      // compiler treated this instantiation (batch invariance).
-      float& out = y[j * y_stride + r0 + i];
-      out = scales != nullptr ? std::fma(scales[r0 + i], sum, out) : out + sum;
-    }
-  }
-}
-
-template <class T, int NJ>
-void RowDotsOfInputs(const T* w, const float* scales, int64_t rows, int64_t cols, const float* x,
-                     int64_t x_stride, float* y, int64_t y_stride) {
-  int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) RowDots<T, 4, NJ>(w, scales, r, cols, x, x_stride, y, y_stride);
-  for (; r < rows; ++r) RowDots<T, 1, NJ>(w, scales, r, cols, x, x_stride, y, y_stride);
-}
-
-template <class T>
-void AllRowDots(const T* w, const float* scales, int64_t rows, int64_t cols, const float* x,
-                int64_t x_stride, int64_t n, float* y, int64_t y_stride) {
-  // Inputs two at a time (16 ymm registers): each chunk of a row is widened once for both.
-  int64_t j = 0;
-  for (; j + 2 <= n; j += 2) {
-    RowDotsOfInputs<T, 2>(w, scales, rows, cols, x + j * x_stride, x_stride, y + j * y_stride,
-                          y_stride);
-  }
-  if (j < n) {
-    RowDotsOfInputs<T, 1>(w, scales, rows, cols, x + j * x_stride, x_stride, y + j * y_stride,
-                          y_stride);
-  }
-}
+  static V LoadXTail(const float* p, int64_t n) { return Padded(p, n); }
+  static V RowTail(const int8_t* p, int64_t n) { return Padded(p, n); }
+  static V RowTail(const float* p, int64_t n) { return Padded(p, n); }
+};
 
 }  // namespace
 
 void AddInt8RowDots(const int8_t* q, const float* row_scales, int64_t rows, int64_t cols,
                     const float* x, int64_t x_stride, int64_t n, float* y, int64_t y_stride) {
-  AllRowDots(q, row_scales, rows, cols, x, x_stride, n, y, y_stride);
+  row_dots::Add<RowDotsVec>(q, row_scales, rows, cols, x, x_stride, n, y, y_stride);
 }
 
 void AddF32RowDots(const float* w, int64_t rows, int64_t cols, const float* x, int64_t x_stride,
                    int64_t n, float* y, int64_t y_stride) {
-  AllRowDots(w, static_cast<const float*>(nullptr), rows, cols, x, x_stride, n, y, y_stride);
+  row_dots::Add<RowDotsVec>(w, static_cast<const float*>(nullptr), rows, cols, x, x_stride, n, y,
+                            y_stride);
 }
 
 }  // namespace chorus::kernels::avx2

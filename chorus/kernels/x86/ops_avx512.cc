@@ -14,6 +14,7 @@
 
 #include "chorus/base/check.h"
 #include "chorus/kernels/x86/ops_x86.h"
+#include "chorus/kernels/x86/row_dots.h"
 
 namespace chorus::kernels::avx512 {
 namespace {
@@ -165,98 +166,39 @@ void Add(float* y, const float* x, int64_t n) {
 
 namespace {
 
-// 16 weights of a row from p, as floats; the masked forms (the row's last, partial chunk) give 0
-// past `m` (masked loads do not fault). Full chunks use plain loads: masked byte loads measured
-// 2× slower here.
-inline __m512 RowChunk(const int8_t* p) {
-  return _mm512_cvtepi32_ps(
-      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-}
-inline __m512 RowChunk(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 RowChunk(const int8_t* p, __mmask16 m) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, p)));
-}
-inline __m512 RowChunk(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
-
-// Rows [r0, r0 + NR) against inputs [0, NJ): one 16-lane partial sum per (row, input), so a
-// dot's association is the same whichever rows and inputs share the call (ops.h).
-template <class T, int NR, int NJ>
-void RowDots(const T* w, const float* scales, int64_t r0, int64_t cols, const float* x,
-             int64_t x_stride, float* y, int64_t y_stride) {
-  __m512 acc[NR][NJ];
-  for (int i = 0; i < NR; ++i)
-    for (int j = 0; j < NJ; ++j) acc[i][j] = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 16 <= cols; k += 16) {
-    __m512 xv[NJ];
-    for (int j = 0; j < NJ; ++j) xv[j] = _mm512_loadu_ps(x + j * x_stride + k);
-    for (int i = 0; i < NR; ++i) {
-      const __m512 wv = RowChunk(w + (r0 + i) * cols + k);
-      for (int j = 0; j < NJ; ++j) acc[i][j] = _mm512_fmadd_ps(xv[j], wv, acc[i][j]);
-    }
+// The vector of row_dots.h at 16 lanes. Full chunks use plain loads (masked byte loads measured
+// 2× slower here); a row's last, partial chunk uses masked loads, 0 past n (no fault).
+struct RowDotsVec {
+  using V = __m512;
+  static constexpr int64_t kLanes = 16;
+  static constexpr int64_t kInputsPerPass = 4;  // 4 rows × 4 inputs: 16 accumulators
+  static V Zero() { return _mm512_setzero_ps(); }
+  static V Fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static float Sum(V v) { return _mm512_reduce_add_ps(v); }
+  static V LoadX(const float* p) { return _mm512_loadu_ps(p); }
+  static V LoadXTail(const float* p, int64_t n) { return _mm512_maskz_loadu_ps(TailMask(n), p); }
+  static V Row(const int8_t* p) {
+    return _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   }
-  if (k < cols) {  // the same operations on zero-filled lanes
-    const __mmask16 m = TailMask(cols - k);
-    __m512 xv[NJ];
-    for (int j = 0; j < NJ; ++j) xv[j] = _mm512_maskz_loadu_ps(m, x + j * x_stride + k);
-    for (int i = 0; i < NR; ++i) {
-      const __m512 wv = RowChunk(w + (r0 + i) * cols + k, m);
-      for (int j = 0; j < NJ; ++j) acc[i][j] = _mm512_fmadd_ps(xv[j], wv, acc[i][j]);
-    }
+  static V Row(const float* p) { return _mm512_loadu_ps(p); }
+  static V RowTail(const int8_t* p, int64_t n) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(TailMask(n), p)));
   }
-  for (int i = 0; i < NR; ++i) {
-    for (int j = 0; j < NJ; ++j) {
-      const float sum = _mm512_reduce_add_ps(acc[i][j]);
-      // One explicit fma: a contracted or uncontracted a·b + c must not depend on how the
-      // compiler treated this instantiation (batch invariance).
-      float& out = y[j * y_stride + r0 + i];
-      out = scales != nullptr ? std::fma(scales[r0 + i], sum, out) : out + sum;
-    }
-  }
-}
-
-template <class T, int NJ>
-void RowDotsOfInputs(const T* w, const float* scales, int64_t rows, int64_t cols, const float* x,
-                     int64_t x_stride, float* y, int64_t y_stride) {
-  int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) RowDots<T, 4, NJ>(w, scales, r, cols, x, x_stride, y, y_stride);
-  for (; r < rows; ++r) RowDots<T, 1, NJ>(w, scales, r, cols, x, x_stride, y, y_stride);
-}
-
-template <class T>
-void AllRowDots(const T* w, const float* scales, int64_t rows, int64_t cols, const float* x,
-                int64_t x_stride, int64_t n, float* y, int64_t y_stride) {
-  // Inputs four at a time: each chunk of a row is loaded and widened once for all of them.
-  for (int64_t j = 0; j < n; j += 4) {
-    const float* xj = x + j * x_stride;
-    float* yj = y + j * y_stride;
-    switch (std::min<int64_t>(4, n - j)) {
-      case 1:
-        RowDotsOfInputs<T, 1>(w, scales, rows, cols, xj, x_stride, yj, y_stride);
-        break;
-      case 2:
-        RowDotsOfInputs<T, 2>(w, scales, rows, cols, xj, x_stride, yj, y_stride);
-        break;
-      case 3:
-        RowDotsOfInputs<T, 3>(w, scales, rows, cols, xj, x_stride, yj, y_stride);
-        break;
-      default:
-        RowDotsOfInputs<T, 4>(w, scales, rows, cols, xj, x_stride, yj, y_stride);
-        break;
-    }
-  }
-}
+  static V RowTail(const float* p, int64_t n) { return _mm512_maskz_loadu_ps(TailMask(n), p); }
+};
 
 }  // namespace
 
 void AddInt8RowDots(const int8_t* q, const float* row_scales, int64_t rows, int64_t cols,
                     const float* x, int64_t x_stride, int64_t n, float* y, int64_t y_stride) {
-  AllRowDots(q, row_scales, rows, cols, x, x_stride, n, y, y_stride);
+  row_dots::Add<RowDotsVec>(q, row_scales, rows, cols, x, x_stride, n, y, y_stride);
 }
 
 void AddF32RowDots(const float* w, int64_t rows, int64_t cols, const float* x, int64_t x_stride,
                    int64_t n, float* y, int64_t y_stride) {
-  AllRowDots(w, static_cast<const float*>(nullptr), rows, cols, x, x_stride, n, y, y_stride);
+  row_dots::Add<RowDotsVec>(w, static_cast<const float*>(nullptr), rows, cols, x, x_stride, n, y,
+                            y_stride);
 }
 
 }  // namespace chorus::kernels::avx512
