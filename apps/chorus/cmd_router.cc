@@ -30,6 +30,12 @@ int RouterCommand(int argc, char** argv) {
   f.String("cost-model", "",
            "rank-aware: the replicas' cost model (`chorus profile` JSON); its predicted steps "
            "over the requests in flight replace the proxy (docs/router.md)");
+  f.Bool("shed",
+         "with --cost-model: answer 429 (Retry-After) instead of forwarding a request the chosen "
+         "replica is predicted to serve outside its ttft_slo_ms / tpot_slo_ms (rank-aware: "
+         "when every replica is)");
+  f.Int("replica-max-batch-tokens", 512,
+        "the replicas' --max-batch-tokens (prompt chunks), for the predicted TTFT");
   if (int rc = ParseOrExit(f, argc, argv); rc >= 0) return rc;
   router::RouterOptions o;
   o.replicas = f.GetRepeated("replica");
@@ -58,6 +64,8 @@ int RouterCommand(int argc, char** argv) {
     if (!cm.ok()) return Fail("router", cm.status().WithContext("flag --cost-model"));
     o.cost_model = std::make_shared<engine::CostModel>(cm->best());
   }
+  o.shed = f.GetBool("shed");
+  o.replica_max_batch_tokens = f.GetInt("replica-max-batch-tokens");
   auto r = router::Router::Create(o);
   if (!r.ok()) return Fail("router", r.status());
   if (Status s = (*r)->Start(); !s.ok()) return Fail("router", s);

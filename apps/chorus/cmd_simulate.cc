@@ -87,6 +87,9 @@ int SimulateCommand(int argc, char** argv) {
   f.Bool("rank-aware-proxy",
          "rank-aware without the cost model's predictions (the router's proxy, as `chorus router` "
          "runs it)");
+  f.Bool("shed",
+         "the router's --shed: refuse (429) a request the chosen replica is predicted to serve "
+         "outside its SLOs, for every policy (counted as missed; column `shed`)");
   f.Int("seed", 1, "seed of the generated trace and of the router's random choices");
   f.Bool("json", "print one JSON object per policy and load point instead of the table");
   f.String("csv", "", "also write the results as CSV (tools/plot.py simulate FILE draws them)");
@@ -169,6 +172,7 @@ int SimulateCommand(int argc, char** argv) {
   o.max_adapters_per_step = f.GetInt("max-adapters-per-step");
   o.cost_model = std::make_shared<engine::CostModel>(cm->best());
   o.seed = static_cast<uint64_t>(f.GetInt("seed"));
+  o.shed = f.GetBool("shed");
 
   const bool json_out = f.GetBool("json");
   if (!json_out) {
@@ -178,16 +182,16 @@ int SimulateCommand(int argc, char** argv) {
         static_cast<long long>(o.replicas), f.GetString("cost-model").c_str(),
         engine::CostModel::KindName(o.cost_model->kind()), cm->threads, cm->loadavg.c_str(),
         base.size(), ttft_slo, tpot_slo);
-    std::printf("%-13s %8s %7s %7s %7s %9s %9s %8s %8s %8s %8s %8s %9s %5s\n", "policy", "rate/s",
-                "slo", "ttft", "tpot", "ttft p50", "ttft p90", "tpot p50", "tpot p90", "e2e p50",
-                "e2e p90", "req/s", "tok/s", "busy");
-    std::printf("%-13s %8s %7s %7s %7s %9s %9s %8s %8s %8s %8s %8s %9s %5s\n", "", "", "att.",
-                "att.", "att.", "ms", "ms", "ms", "ms", "s", "s", "", "", "");
+    std::printf("%-13s %8s %7s %7s %7s %9s %9s %8s %8s %8s %8s %8s %9s %5s %6s\n", "policy",
+                "rate/s", "slo", "ttft", "tpot", "ttft p50", "ttft p90", "tpot p50", "tpot p90",
+                "e2e p50", "e2e p90", "req/s", "tok/s", "busy", "shed");
+    std::printf("%-13s %8s %7s %7s %7s %9s %9s %8s %8s %8s %8s %8s %9s %5s %6s\n", "", "", "att.",
+                "att.", "att.", "ms", "ms", "ms", "ms", "s", "s", "", "", "", "");
   }
   std::string csv =
       "policy,rate,attainment,ttft_attainment,tpot_attainment,ttft_p50_ms,ttft_p90_ms,"
       "tpot_p50_ms,tpot_p90_ms,tpot_mean_ms,e2e_p50_s,e2e_p90_s,throughput_rps,tokens_per_s,"
-      "busy_fraction,requests,completed\n";
+      "busy_fraction,requests,completed,shed\n";
   for (double rate : points) {
     const std::vector<sim::TraceRequest> trace = as_is ? base : sim::ScaleToRate(base, rate);
     for (router::Policy p : policies) {
@@ -199,12 +203,12 @@ int SimulateCommand(int argc, char** argv) {
       char line[512];
       std::snprintf(line, sizeof(line),
                     "%s,%g,%.4f,%.4f,%.4f,%.2f,%.2f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.1f,%.3f,%lld,"
-                    "%lld\n",
+                    "%lld,%lld\n",
                     name, rate, m.attainment, m.ttft_attainment, m.tpot_attainment,
                     m.ttft_p50 * 1e3, m.ttft_p90 * 1e3, m.tpot_p50 * 1e3, m.tpot_p90 * 1e3,
                     m.tpot_mean * 1e3, m.e2e_p50, m.e2e_p90, m.throughput_rps, m.tokens_per_s,
                     m.busy_fraction, static_cast<long long>(m.requests),
-                    static_cast<long long>(m.completed));
+                    static_cast<long long>(m.completed), static_cast<long long>(m.shed));
       csv += line;
       if (json_out) {
         const nlohmann::json j = {{"policy", name},
@@ -212,6 +216,7 @@ int SimulateCommand(int argc, char** argv) {
                                   {"replicas", o.replicas},
                                   {"requests", m.requests},
                                   {"completed", m.completed},
+                                  {"shed", m.shed},
                                   {"attainment", m.attainment},
                                   {"ttft_attainment", m.ttft_attainment},
                                   {"tpot_attainment", m.tpot_attainment},
@@ -230,10 +235,10 @@ int SimulateCommand(int argc, char** argv) {
       } else {
         std::printf(
             "%-13s %8g %7.3f %7.3f %7.3f %9.1f %9.1f %8.2f %8.2f %8.2f %8.2f %8.1f %9.0f "
-            "%5.2f\n",
+            "%5.2f %6lld\n",
             name, rate, m.attainment, m.ttft_attainment, m.tpot_attainment, m.ttft_p50 * 1e3,
             m.ttft_p90 * 1e3, m.tpot_p50 * 1e3, m.tpot_p90 * 1e3, m.e2e_p50, m.e2e_p90,
-            m.throughput_rps, m.tokens_per_s, m.busy_fraction);
+            m.throughput_rps, m.tokens_per_s, m.busy_fraction, static_cast<long long>(m.shed));
       }
       std::fflush(stdout);
     }

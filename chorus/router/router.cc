@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -36,6 +37,47 @@ void SendError(httplib::Response& res, int status, const std::string& message,
   res.status = status;
   if (retry_after_s > 0) res.set_header("Retry-After", std::to_string(retry_after_s));
   res.set_content(ErrorJson(message, type, code), "application/json");
+}
+
+double NowSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// What the router's forecast needs from an OpenAI request body, without tokenizing: the model,
+// the SLOs, max_tokens (max_completion_tokens for chat; kAssumedOutputTokens when absent) and
+// the prompt's length — exact for token-id prompts, else about 4 bytes per token of the prompt
+// text or the messages (English BPE), an estimate documented in docs/router.md.
+constexpr int64_t kAssumedOutputTokens = 256;
+void DescribeRequest(const json& j, RoutedRequest* req, RequestSlo* slo) {
+  auto number = [&](const char* key, double* out) {
+    if (j.contains(key) && j[key].is_number()) *out = j[key].get<double>();
+  };
+  if (j.contains("model") && j["model"].is_string()) req->variant = j["model"].get<std::string>();
+  double ms = 0;
+  number("ttft_slo_ms", &ms);
+  slo->ttft_s = std::max(0.0, ms / 1e3);
+  ms = 0;
+  number("tpot_slo_ms", &ms);
+  slo->tpot_s = std::max(0.0, ms / 1e3);
+  double out = 0;
+  number("max_completion_tokens", &out);
+  if (out <= 0) number("max_tokens", &out);
+  req->output_tokens = out >= 1 && out < 1e9 ? static_cast<int64_t>(out) : kAssumedOutputTokens;
+  int64_t prompt = 0;
+  if (j.contains("prompt")) {
+    const json& p = j["prompt"];
+    if (p.is_string()) {
+      prompt = static_cast<int64_t>(p.get_ref<const std::string&>().size()) / 4;
+    } else if (p.is_array()) {
+      for (const json& e : p)
+        prompt += e.is_array()    ? static_cast<int64_t>(e.size())
+                  : e.is_string() ? static_cast<int64_t>(e.get_ref<const std::string&>().size()) / 4
+                                  : 1;
+    }
+  } else if (j.contains("messages")) {
+    prompt = static_cast<int64_t>(j["messages"].dump().size()) / 4;
+  }
+  req->prompt_tokens = std::max<int64_t>(1, prompt);
 }
 
 // The headers a request carries upstream: the client's credentials and body type.
@@ -113,13 +155,23 @@ Result<ReplicaAddress> ParseReplicaUrl(const std::string& url) {
   return a;
 }
 
-double RankAwareScore(const ReplicaView& r, bool predicted, double tpot_slo_s) {
+bool MissesSlo(const ReplicaView& r, const RequestSlo& slo) {
+  if (slo.ttft_s > 0 && r.ttft_s_with >= 0 && r.ttft_s_with > slo.ttft_s) return true;
+  return slo.tpot_s > 0 && r.tpot_s_with >= 0 && r.tpot_s_with > kTpotHeadroom * slo.tpot_s;
+}
+
+bool BreaksSlo(const ReplicaView& r, const RequestSlo& slo) {
+  if (slo.ttft_s > 0 && r.ttft_s_with >= 0 && r.ttft_s_with > slo.ttft_s) return true;
+  return slo.tpot_s > 0 && r.step_s_with > slo.tpot_s;
+}
+
+double RankAwareScore(const ReplicaView& r, bool predicted, const RequestSlo& slo) {
   if (predicted) {
     // CaraServe §5, Alg. 1: the added latency on the requests already there, plus the new
-    // request's own step, and a large penalty when its step would break its TPOT SLO.
+    // request's own step, and a large penalty when it would miss its SLOs there.
     const double added = std::max(0.0, r.step_s_with - r.step_s);
     double score = static_cast<double>(r.in_flight) * added + r.step_s_with;
-    if (tpot_slo_s > 0 && r.step_s_with > tpot_slo_s) score += kSloPenalty;
+    if (slo.shed ? MissesSlo(r, slo) : BreaksSlo(r, slo)) score += kSloPenalty;
     return score;
   }
   // Proxy: added latency ∝ rows in flight, plus the LoRA work they bring (a step's time grows
@@ -164,8 +216,56 @@ engine::StepFeatures InFlightStep::With(const std::string& variant, int64_t rank
   return f;
 }
 
+Forecast ReplicaForecast::With(const engine::CostModel& model, const RoutedRequest& req,
+                               double now_s) const {
+  Forecast f;
+  f.step_s = model.Predict(step_.features());
+  f.step_s_with = model.Predict(step_.With(req.variant, req.rank, req.prompt_tokens));
+  // Its prompt runs in chunks of max_batch_tokens, each in a step with the decode rows already
+  // there (as the engine plans them); what such a step takes beyond a decode step is the stall
+  // every request in flight sees.
+  const int64_t prompt = std::max<int64_t>(1, req.prompt_tokens);
+  const int64_t chunks = (prompt + max_batch_tokens_ - 1) / max_batch_tokens_;
+  engine::StepFeatures g = step_.features();
+  g.AddChunk(0, std::min(prompt, max_batch_tokens_), /*prefill=*/true, req.rank);
+  if (req.rank > 0 && !step_.Runs(req.variant)) {
+    g.adapters += 1;
+    g.sum_ranks += static_cast<double>(req.rank);
+  }
+  const double chunk_s = model.Predict(g);
+  f.prefill_s = static_cast<double>(chunks) * chunk_s;
+  f.stall_s = static_cast<double>(chunks) * std::max(0.0, chunk_s - f.step_s);
+  f.ttft_s = std::max(0.0, prefill_free_s_ - now_s) + f.prefill_s;
+  const double n = static_cast<double>(in_flight_ + 1);
+  const double tokens = output_sum_ + static_cast<double>(std::max<int64_t>(1, req.output_tokens));
+  f.tpot_s = f.step_s_with + (stall_sum_s_ + f.stall_s) * n / tokens;
+  return f;
+}
+
+void ReplicaForecast::Add(const RoutedRequest& req, const Forecast& f, double now_s) {
+  step_.Add(req.variant, req.rank, req.prompt_tokens);
+  ++in_flight_;
+  stall_sum_s_ += f.stall_s;
+  output_sum_ += static_cast<double>(std::max<int64_t>(1, req.output_tokens));
+  prefill_free_s_ = std::max(prefill_free_s_, now_s) + f.prefill_s;
+}
+
+void ReplicaForecast::Remove(const RoutedRequest& req, const Forecast& f) {
+  step_.Remove(req.variant, req.rank, req.prompt_tokens);
+  if (--in_flight_ <= 0) {  // back to exactly nothing (no drift); every prompt has been computed
+    in_flight_ = 0;
+    stall_sum_s_ = 0;
+    output_sum_ = 0;
+    prefill_free_s_ = 0;
+    return;
+  }
+  stall_sum_s_ = std::max(0.0, stall_sum_s_ - f.stall_s);
+  output_sum_ =
+      std::max(0.0, output_sum_ - static_cast<double>(std::max<int64_t>(1, req.output_tokens)));
+}
+
 int ChooseReplica(Policy policy, std::span<const ReplicaView> replicas, int64_t capacity,
-                  uint64_t random, double tpot_slo_s) {
+                  uint64_t random, const RequestSlo& slo) {
   std::vector<int> candidates;
   for (size_t i = 0; i < replicas.size(); ++i)
     if (replicas[i].healthy && replicas[i].serves_model) candidates.push_back(static_cast<int>(i));
@@ -209,8 +309,7 @@ int ChooseReplica(Policy policy, std::span<const ReplicaView> replicas, int64_t 
         const ReplicaView& r = replicas[static_cast<size_t>(i)];
         predicted = predicted && r.step_s >= 0 && r.step_s_with >= 0;
       }
-      return best_by(
-          [&](const ReplicaView& r) { return RankAwareScore(r, predicted, tpot_slo_s); });
+      return best_by([&](const ReplicaView& r) { return RankAwareScore(r, predicted, slo); });
     }
   }
   return -1;
@@ -226,7 +325,7 @@ struct Router::Impl {
     std::map<std::string, int64_t> models;   // GUARDED_BY(mu): id → LoRA rank (0: none)
     std::map<std::string, int64_t> running;  // GUARDED_BY(mu): model → requests in flight
     int64_t rank_in_flight = 0;              // GUARDED_BY(mu)
-    InFlightStep step;                       // GUARDED_BY(mu)
+    ReplicaForecast forecast;                // GUARDED_BY(mu)
   };
 
   RouterOptions opts;
@@ -239,7 +338,7 @@ struct Router::Impl {
   bool stopping = false;  // GUARDED_BY(stop_mu)
   int port = 0;
   std::atomic<uint64_t> rng_state{0x9E3779B97F4A7C15ull};
-  std::atomic<int64_t> retries{0}, stream_errors{0}, no_replica{0};
+  std::atomic<int64_t> retries{0}, stream_errors{0}, no_replica{0}, shed_count{0};
 
   uint64_t Random() {
     uint64_t s = rng_state.fetch_add(0x9E3779B97F4A7C15ull);
@@ -302,67 +401,81 @@ struct Router::Impl {
     for (auto& th : t) th.join();
   }
 
-  // The replica for a request for `model` (empty: none named), excluding `tried`.
-  int Choose(const std::string& model, const std::set<int>& tried, double tpot_slo_s) {
+  // The replica for `req` (its model empty: none named), excluding `tried`, with its forecast
+  // there when the router has a cost model; -1 when none can serve it. `*shed` is set when
+  // --shed is on and the chosen replica is predicted to miss the request's SLOs.
+  int Choose(const RoutedRequest& req, const std::set<int>& tried, const RequestSlo& slo,
+             Forecast* forecast, bool* shed) {
     std::vector<ReplicaView> views(replicas.size());
+    std::vector<Forecast> forecasts(replicas.size());
+    const double now = NowSeconds();
     bool anyone_lists = false;
     for (size_t i = 0; i < replicas.size(); ++i) {
       Replica& r = *replicas[i];
       std::lock_guard<std::mutex> l(r.mu);
       views[i].healthy = r.healthy.load() && !tried.count(static_cast<int>(i));
-      views[i].serves_model = model.empty() || r.models.count(model) > 0;
+      views[i].serves_model = req.variant.empty() || r.models.count(req.variant) > 0;
       anyone_lists = anyone_lists || views[i].serves_model;
       views[i].in_flight = r.in_flight.load();
       views[i].rank_in_flight = r.rank_in_flight;
-      views[i].runs_variant = r.running.count(model) > 0;
+      views[i].runs_variant = r.running.count(req.variant) > 0;
       if (opts.cost_model != nullptr) {
-        // The router does not know prompt lengths: rows at context 0.
-        const auto it = r.models.find(model);
-        const int64_t rank = it == r.models.end() ? 0 : it->second;
-        views[i].step_s = opts.cost_model->Predict(r.step.features());
-        views[i].step_s_with = opts.cost_model->Predict(r.step.With(model, rank, 0));
+        RoutedRequest here = req;
+        const auto it = r.models.find(req.variant);
+        here.rank = it == r.models.end() ? 0 : it->second;
+        const Forecast f = r.forecast.With(*opts.cost_model, here, now);
+        forecasts[i] = f;
+        views[i].step_s = f.step_s;
+        views[i].step_s_with = f.step_s_with;
+        views[i].tpot_s_with = f.tpot_s;
+        views[i].ttft_s_with = f.ttft_s;
       }
     }
     // No replica lists the model (e.g. a tenant's own adapter, invisible to the router's polls):
     // any replica may take it; the one chosen answers for it.
     if (!anyone_lists)
       for (auto& v : views) v.serves_model = true;
-    return ChooseReplica(opts.policy, views, opts.replica_capacity, Random(), tpot_slo_s);
+    const int i = ChooseReplica(opts.policy, views, opts.replica_capacity, Random(), slo);
+    if (i >= 0) {
+      *forecast = forecasts[static_cast<size_t>(i)];
+      *shed = slo.shed && MissesSlo(views[static_cast<size_t>(i)], slo);
+    }
+    return i;
   }
 
-  // A request starts on `r`: returns the rank it was counted with, for End.
-  int64_t Begin(Replica& r, const std::string& model) {
+  // A request starts on `r`: returns what it was counted with, for End.
+  RoutedRequest Begin(Replica& r, RoutedRequest req, const Forecast& f) {
     r.in_flight.fetch_add(1);
     r.requests.fetch_add(1);
     std::lock_guard<std::mutex> l(r.mu);
-    ++r.running[model];
-    const auto it = r.models.find(model);
-    const int64_t rank = it == r.models.end() ? 0 : it->second;
-    r.rank_in_flight += rank;
-    r.step.Add(model, rank, 0);
-    return rank;
+    ++r.running[req.variant];
+    const auto it = r.models.find(req.variant);
+    req.rank = it == r.models.end() ? 0 : it->second;
+    r.rank_in_flight += req.rank;
+    r.forecast.Add(req, f, NowSeconds());
+    return req;
   }
-  void End(Replica& r, const std::string& model, int64_t rank) {
+  void End(Replica& r, const RoutedRequest& req, const Forecast& f) {
     r.in_flight.fetch_sub(1);
     std::lock_guard<std::mutex> l(r.mu);
-    if (auto it = r.running.find(model); it != r.running.end() && --it->second == 0)
+    if (auto it = r.running.find(req.variant); it != r.running.end() && --it->second == 0)
       r.running.erase(it);
-    r.rank_in_flight -= rank;
-    r.step.Remove(model, rank, 0);
+    r.rank_in_flight -= req.rank;
+    r.forecast.Remove(req, f);
   }
 
   // Starts the upstream call of `req` on replica `i` in its own thread; returns its exchange.
   std::shared_ptr<Exchange> StartUpstream(int i, const httplib::Request& req,
-                                          const std::string& model) {
+                                          const RoutedRequest& routed, const Forecast& forecast) {
     auto ex = std::make_shared<Exchange>();
     Replica& r = *replicas[static_cast<size_t>(i)];
-    const int64_t rank = Begin(r, model);
+    const RoutedRequest counted = Begin(r, routed, forecast);
     httplib::Request up;
     up.method = req.method;
     up.path = req.path;
     up.headers = UpstreamHeaders(req);
     up.body = req.body;
-    std::thread([keep = weak_self.lock(), ex, up = std::move(up), &r, model, rank]() mutable {
+    std::thread([keep = weak_self.lock(), ex, up = std::move(up), &r, counted, forecast]() mutable {
       Impl* self = keep.get();
       up.response_handler = [ex](const httplib::Response& res) {
         std::lock_guard<std::mutex> l(ex->mu);
@@ -387,7 +500,7 @@ struct Router::Impl {
       };
       auto c = self->ClientFor(r, self->opts.read_timeout_s);
       auto res = c->send(up);
-      self->End(r, model, rank);
+      self->End(r, counted, forecast);
       std::lock_guard<std::mutex> l(ex->mu);
       ex->done = true;
       if (!res && !ex->client_gone.load()) {
@@ -402,23 +515,23 @@ struct Router::Impl {
   // Generation and other per-request routes: choose, forward, retry on another replica when
   // nothing has reached the client yet.
   void Proxy(const httplib::Request& req, httplib::Response& res) {
-    std::string model;
-    double tpot_slo_s = 0;  // the request's own TPOT SLO (rank-aware with a cost model)
+    RoutedRequest routed;  // model, and estimates of its prompt and output for the forecast
+    RequestSlo slo;        // the request's own SLOs (rank-aware and --shed with a cost model)
     if (!req.body.empty()) {
       try {
         const json j = json::parse(req.body);
-        if (j.is_object() && j.contains("model") && j["model"].is_string())
-          model = j["model"].get<std::string>();
-        if (j.is_object() && j.contains("tpot_slo_ms") && j["tpot_slo_ms"].is_number())
-          tpot_slo_s = std::max(0.0, j["tpot_slo_ms"].get<double>() / 1e3);
+        if (j.is_object()) DescribeRequest(j, &routed, &slo);
       } catch (const std::exception&) {
         // Not JSON: the replica answers with its own 400.
       }
     }
+    slo.shed = opts.shed && opts.cost_model != nullptr;
     std::set<int> tried;
     std::string last_failure;
     while (true) {
-      const int i = Choose(model, tried, tpot_slo_s);
+      Forecast forecast;
+      bool shed = false;
+      const int i = Choose(routed, tried, slo, &forecast, &shed);
       if (i < 0) {
         no_replica.fetch_add(1);
         SendError(res, 503,
@@ -428,9 +541,21 @@ struct Router::Impl {
                   "service_unavailable", "no_replica", 1);
         return;
       }
+      if (shed) {
+        shed_count.fetch_add(1);
+        char detail[160];
+        std::snprintf(
+            detail, sizeof(detail), "predicted TTFT %.4g ms, TPOT %.4g ms; SLOs %.4g ms, %.4g ms",
+            forecast.ttft_s * 1e3, forecast.tpot_s * 1e3, slo.ttft_s * 1e3, slo.tpot_s * 1e3);
+        SendError(
+            res, 429,
+            std::string("every replica is predicted to miss this request's SLOs (") + detail + ")",
+            "rate_limit_exceeded", "slo_unattainable", 1);
+        return;
+      }
       tried.insert(i);
       Replica& r = *replicas[static_cast<size_t>(i)];
-      auto ex = StartUpstream(i, req, model);
+      auto ex = StartUpstream(i, req, routed, forecast);
       std::unique_lock<std::mutex> l(ex->mu);
       ex->cv.wait(l, [&] { return ex->got_headers || ex->done; });
       if (!ex->got_headers) {  // connection failed: nothing was said, try another replica
@@ -624,6 +749,10 @@ Result<std::unique_ptr<Router>> Router::Create(RouterOptions opts) {
   if (opts.health_interval_ms < 50 || opts.health_interval_ms > 600000)
     return InvalidArgumentError("flag --health-interval-ms must be in [50, 600000]");
   if (opts.replica_capacity < 1) return InvalidArgumentError("flag --replica-capacity must be ≥ 1");
+  if (opts.replica_max_batch_tokens < 1)
+    return InvalidArgumentError("the replicas' max batch tokens must be ≥ 1");
+  if (opts.shed && opts.cost_model == nullptr)
+    return InvalidArgumentError("flag --shed needs --cost-model (it sheds by predicted TTFT/TPOT)");
   auto impl = std::make_shared<Impl>();
   impl->weak_self = impl;
   std::set<std::string> seen;
@@ -633,6 +762,7 @@ Result<std::unique_ptr<Router>> Router::Create(RouterOptions opts) {
       return InvalidArgumentError("flag --replica: " + a.url() + " is given twice");
     auto r = std::make_unique<Impl::Replica>();
     r->addr = a;
+    r->forecast = ReplicaForecast(opts.replica_max_batch_tokens);
     impl->replicas.push_back(std::move(r));
   }
   impl->opts = std::move(opts);
@@ -748,6 +878,8 @@ std::string Router::MetricsText() const {
       << "\n";
   s << "# TYPE chorus_router_retries_total counter\nchorus_router_retries_total "
     << m.retries.load() << "\n";
+  s << "# TYPE chorus_router_shed_total counter\nchorus_router_shed_total " << m.shed_count.load()
+    << "\n";
   s << "# TYPE chorus_router_stream_errors_total counter\nchorus_router_stream_errors_total "
     << m.stream_errors.load() << "\n";
   s << "# TYPE chorus_router_no_replica_total counter\nchorus_router_no_replica_total "

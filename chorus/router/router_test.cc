@@ -69,17 +69,97 @@ TEST(RouterChoiceTest, RankAwareWithPredictedStepsUsesCaraServesCost) {
   EXPECT_EQ(
       ChooseReplica(Policy::kRankAware, std::vector{P(2, 0.010, 0.014), P(6, 0.010, 0.011)}, 32, 0),
       1);
-  EXPECT_NEAR(RankAwareScore(P(2, 0.010, 0.014), true, 0), 0.022, 1e-12);
+  EXPECT_NEAR(RankAwareScore(P(2, 0.010, 0.014), true, {}), 0.022, 1e-12);
   // The cheaper one would break a 10.5 ms TPOT SLO: the penalty sends the request elsewhere.
   EXPECT_EQ(ChooseReplica(Policy::kRankAware, std::vector{P(2, 0.010, 0.0104), P(1, 0.010, 0.012)},
-                          32, 0, 0.011),
+                          32, 0, RequestSlo{.tpot_s = 0.011}),
             0);
   EXPECT_EQ(ChooseReplica(Policy::kRankAware, std::vector{P(1, 0.009, 0.0104), P(1, 0.010, 0.012)},
-                          32, 0, 0.010),
+                          32, 0, RequestSlo{.tpot_s = 0.010}),
             0);  // both over: the smaller cost still wins
   // A candidate without a prediction: every candidate is scored by the proxy.
   ReplicaView unknown = V(0);
   EXPECT_EQ(ChooseReplica(Policy::kRankAware, std::vector{P(5, 0.001, 0.002), unknown}, 32, 0), 1);
+}
+
+TEST(RouterChoiceTest, ForecastMissesDecideThePenalty) {
+  // MissesSlo (what --shed refuses): TTFT over its SLO, or predicted TPOT over kTpotHeadroom ×
+  // its SLO. BreaksSlo (the penalty without shedding): TTFT over its SLO, or the bare decode
+  // step with the request over the TPOT SLO.
+  auto F = [](int64_t in_flight, double with, double tpot, double ttft) {
+    ReplicaView v = V(in_flight);
+    v.step_s = 0.010;
+    v.step_s_with = with;
+    v.tpot_s_with = tpot;
+    v.ttft_s_with = ttft;
+    return v;
+  };
+  const RequestSlo slo{.ttft_s = 1.0, .tpot_s = 0.100};
+  EXPECT_FALSE(MissesSlo(F(0, 0.02, 0.079, 0.9), slo));
+  EXPECT_TRUE(MissesSlo(F(0, 0.02, 0.081, 0.9), slo));   // over 0.8 × 100 ms
+  EXPECT_TRUE(MissesSlo(F(0, 0.02, 0.05, 1.1), slo));    // TTFT
+  EXPECT_FALSE(MissesSlo(F(0, 0.02, 0.5, 5.0), {}));     // no SLOs
+  EXPECT_FALSE(MissesSlo(V(3), slo));                    // no forecast
+  EXPECT_FALSE(BreaksSlo(F(0, 0.02, 0.081, 0.9), slo));  // the forecast's TPOT is not looked at
+  EXPECT_TRUE(BreaksSlo(F(0, 0.101, 0.05, 0.9), slo));   // the decode step alone is over
+  EXPECT_TRUE(BreaksSlo(F(0, 0.02, 0.05, 1.1), slo));    // TTFT
+  // The cheaper replica would make the request wait past its TTFT SLO: the other one is chosen,
+  // by either rule.
+  for (bool shed : {false, true}) {
+    RequestSlo s = slo;
+    s.shed = shed;
+    EXPECT_EQ(ChooseReplica(Policy::kRankAware,
+                            std::vector{F(0, 0.011, 0.02, 1.5), F(3, 0.015, 0.03, 0.5)}, 32, 0, s),
+              1);
+    // Both miss: the smaller cost still wins (shedding is the caller's decision).
+    EXPECT_EQ(ChooseReplica(Policy::kRankAware,
+                            std::vector{F(0, 0.011, 0.02, 1.5), F(3, 0.101, 0.09, 0.5)}, 32, 0, s),
+              0);
+  }
+  // A predicted TPOT of 90 ms against a 100 ms SLO: penalised only when shedding (headroom).
+  const std::vector<ReplicaView> near_edge{F(0, 0.011, 0.09, 0.5), F(4, 0.015, 0.05, 0.5)};
+  EXPECT_EQ(ChooseReplica(Policy::kRankAware, near_edge, 32, 0, slo), 0);
+  RequestSlo shed = slo;
+  shed.shed = true;
+  EXPECT_EQ(ChooseReplica(Policy::kRankAware, near_edge, 32, 0, shed), 1);
+}
+
+TEST(ReplicaForecastTest, PredictsTtftFromThePromptQueueAndTpotWithPrefillStalls) {
+  // t = 10 ms + 1 ms per prefill token + 2 ms per decode row.
+  auto m = engine::CostModel::FromCoefficients(engine::CostModel::Kind::kLinear,
+                                               {0.010, 0.001, 0.002, 0, 0, 0, 0});
+  ASSERT_TRUE(m.ok());
+  ReplicaForecast r(512);
+  const RoutedRequest a{.variant = "base", .prompt_tokens = 100, .output_tokens = 10};
+  const Forecast fa = r.With(*m, a, 0);
+  EXPECT_NEAR(fa.step_s, 0.010, 1e-12);
+  EXPECT_NEAR(fa.step_s_with, 0.012, 1e-12);
+  EXPECT_NEAR(fa.prefill_s, 0.110, 1e-12);  // one chunk beside no decode rows
+  EXPECT_NEAR(fa.stall_s, 0.100, 1e-12);    // what that step takes beyond a decode step
+  EXPECT_NEAR(fa.ttft_s, 0.110, 1e-12);
+  EXPECT_NEAR(fa.tpot_s, 0.012 + 0.100 * 1 / 10, 1e-12);
+  r.Add(a, fa, 0);
+  // 50 ms later, the first prompt is predicted to need 60 ms more; then this one's 112 ms (its
+  // chunk beside the first request's decode row). Two requests, two prefill stalls of 100 ms,
+  // over 20 output tokens between them.
+  const Forecast fb = r.With(*m, a, 0.050);
+  EXPECT_NEAR(fb.step_s, 0.012, 1e-12);
+  EXPECT_NEAR(fb.step_s_with, 0.014, 1e-12);
+  EXPECT_NEAR(fb.prefill_s, 0.112, 1e-12);
+  EXPECT_NEAR(fb.ttft_s, 0.060 + 0.112, 1e-12);
+  EXPECT_NEAR(fb.tpot_s, 0.014 + (0.100 + 0.100) * 2 / 20, 1e-12);
+  r.Add(a, fb, 0.050);
+  EXPECT_EQ(r.in_flight(), 2);
+  // A long prompt runs in chunks of max_batch_tokens.
+  const Forecast fl = r.With(*m, {.variant = "base", .prompt_tokens = 1000, .output_tokens = 5}, 1);
+  EXPECT_NEAR(fl.prefill_s, 2 * (0.010 + 0.004 + 0.512), 1e-12);
+  // Both end: the forecast is back to an idle replica's.
+  r.Remove(a, fa);
+  r.Remove(a, fb);
+  EXPECT_EQ(r.in_flight(), 0);
+  const Forecast again = r.With(*m, a, 10);
+  EXPECT_NEAR(again.ttft_s, fa.ttft_s, 1e-12);
+  EXPECT_NEAR(again.tpot_s, fa.tpot_s, 1e-12);
 }
 
 TEST(InFlightStepTest, CountsRowsRanksAndEachAdapterOnceAndUndoesExactly) {

@@ -23,13 +23,15 @@ struct Seq {
   int64_t computed = 0, generated = 0;
   int passes = 0;  // the admission policy's counter
   double arrival = 0, first_token = -1;
+  router::Forecast forecast;  // what the router predicted where it sent it (undone at the end)
   int64_t total() const { return prompt + generated; }  // tokens the sequence holds
 };
 
 // What the router knows of one replica: the requests it has in flight there.
 struct RouterState {
+  explicit RouterState(int64_t max_batch_tokens) : forecast(max_batch_tokens) {}
   int64_t in_flight = 0, rank_in_flight = 0;
-  router::InFlightStep step;  // the router's own bookkeeping: one decode row per request
+  router::ReplicaForecast forecast;  // the router's own bookkeeping (router.h)
 };
 
 struct Replica {
@@ -42,7 +44,7 @@ struct Replica {
   bool busy = false;
   double busy_s = 0;
   std::unique_ptr<engine::Policy> admission;
-  RouterState router;
+  RouterState router{512};
   engine::OverloadMeter overload;  // StepState's rates and backlog, as the scheduler keeps them
 };
 
@@ -53,18 +55,25 @@ double Percentile(std::vector<double> v, double p) {
   return v[std::min(v.size() - 1, k == 0 ? 0 : k - 1)];
 }
 
-// The router's bookkeeping (router::InFlightStep, the same code as `chorus router`'s), each
-// request at its prompt's length (a simulated router knows it; the live one counts 0).
-void RouterBegin(RouterState& r, const Seq& s, const std::string& variant) {
+// The router's bookkeeping (router::ReplicaForecast, the same code as `chorus router`'s), each
+// request at its prompt's and output's lengths (a simulated router knows them; the live one
+// estimates them from the body).
+router::RoutedRequest Routed(const Seq& s, const std::string& variant) {
+  return {.variant = variant, .rank = s.rank, .prompt_tokens = s.prompt, .output_tokens = s.output};
+}
+
+void RouterBegin(RouterState& r, Seq& s, const std::string& variant, const router::Forecast& f,
+                 double now) {
   ++r.in_flight;
   r.rank_in_flight += s.rank;
-  r.step.Add(variant, s.rank, s.prompt);
+  s.forecast = f;
+  r.forecast.Add(Routed(s, variant), f, now);
 }
 
 void RouterEnd(RouterState& r, const Seq& s, const std::string& variant) {
   --r.in_flight;
   r.rank_in_flight -= s.rank;
-  r.step.Remove(variant, s.rank, s.prompt);
+  r.forecast.Remove(Routed(s, variant), s.forecast);
 }
 
 class Simulator {
@@ -92,6 +101,7 @@ class Simulator {
     }
     replicas_.resize(static_cast<size_t>(opts_.replicas));
     for (Replica& r : replicas_) {
+      r.router = RouterState(opts_.max_batch_tokens);
       engine::PolicyConfig pc;
       pc.name = opts_.admission;
       pc.max_adapters_per_step = opts_.max_adapters_per_step;
@@ -107,6 +117,7 @@ class Simulator {
     std::priority_queue<Event, std::vector<Event>, std::greater<Event>> step_ends;
     size_t next = 0;
     std::vector<router::ReplicaView> views(replicas_.size());
+    std::vector<router::Forecast> forecasts(replicas_.size());
     while (next < trace_.size() || !step_ends.empty()) {
       if (!step_ends.empty() &&
           (next >= trace_.size() || step_ends.top().first <= seqs_[next].arrival)) {
@@ -120,8 +131,14 @@ class Simulator {
       }
       const int64_t q = static_cast<int64_t>(next++);
       now_ = seqs_[static_cast<size_t>(q)].arrival;
-      const Seq& s = seqs_[static_cast<size_t>(q)];
-      const bool predict = opts_.policy == router::Policy::kRankAware && !opts_.rank_aware_proxy;
+      Seq& s = seqs_[static_cast<size_t>(q)];
+      const TraceRequest& t = trace_[static_cast<size_t>(q)];
+      const router::RoutedRequest routed = Routed(s, t.adapter);
+      const router::RequestSlo slo{
+          .ttft_s = t.ttft_slo_ms / 1e3, .tpot_s = t.tpot_slo_ms / 1e3, .shed = opts_.shed};
+      // rank-aware sees the cost model's steps unless it runs as the proxy; the forecast of the
+      // request's TTFT and TPOT is there for every policy (--shed uses it).
+      const bool steps = opts_.policy == router::Policy::kRankAware && !opts_.rank_aware_proxy;
       for (size_t i = 0; i < replicas_.size(); ++i) {
         const RouterState& rs = replicas_[i].router;
         router::ReplicaView& v = views[i];
@@ -129,17 +146,23 @@ class Simulator {
         v.serves_model = true;  // every replica holds every adapter (one shared adapter root)
         v.in_flight = rs.in_flight;
         v.rank_in_flight = rs.rank_in_flight;
-        const std::string& variant = trace_[static_cast<size_t>(q)].adapter;
-        v.runs_variant = rs.step.Runs(variant);
-        v.step_s = predict ? model.Predict(rs.step.features()) : -1;
-        v.step_s_with = predict ? model.Predict(rs.step.With(variant, s.rank, s.prompt)) : -1;
+        v.runs_variant = rs.forecast.step().Runs(t.adapter);
+        forecasts[i] = rs.forecast.With(model, routed, now_);
+        v.step_s = steps ? forecasts[i].step_s : -1;
+        v.step_s_with = steps ? forecasts[i].step_s_with : -1;
+        v.tpot_s_with = forecasts[i].tpot_s;
+        v.ttft_s_with = forecasts[i].ttft_s;
       }
-      const int ri = router::ChooseReplica(opts_.policy, views, opts_.replica_capacity, rng_.Next(),
-                                           trace_[static_cast<size_t>(q)].tpot_slo_ms / 1e3);
+      const int ri =
+          router::ChooseReplica(opts_.policy, views, opts_.replica_capacity, rng_.Next(), slo);
       if (ri < 0) return InternalError("simulate: the router chose no replica");
-      Replica& r = replicas_[static_cast<size_t>(ri)];
       results_[static_cast<size_t>(q)].replica = ri;
-      RouterBegin(r.router, s, trace_[static_cast<size_t>(q)].adapter);
+      if (slo.shed && router::MissesSlo(views[static_cast<size_t>(ri)], slo)) {
+        results_[static_cast<size_t>(q)].shed = true;  // 429 at once: never reaches the replica
+        continue;
+      }
+      Replica& r = replicas_[static_cast<size_t>(ri)];
+      RouterBegin(r.router, s, t.adapter, forecasts[static_cast<size_t>(ri)], now_);
       r.waiting.push_back(q);
       r.overload.Arrived(now_);
       if (!r.busy && StartStep(r, ri, model)) step_ends.emplace(now_ + last_step_s_, ri);
@@ -314,6 +337,7 @@ class Simulator {
     double tokens = 0, tpot_sum = 0;
     for (size_t i = 0; i < out->requests.size(); ++i) {
       const RequestResult& r = out->requests[i];
+      m.shed += r.shed;
       if (!r.completed) continue;
       ++m.completed;
       ttft.push_back(r.ttft_s);

@@ -6,12 +6,12 @@
 // What is modelled, and from which code:
 //   * routing: every arrival is routed by router::ChooseReplica — the router's own decision —
 //     over views built from what the router knows of each replica (the requests it has in
-//     flight there, their LoRA ranks and variants, kept by the router's own InFlightStep). For
+//     flight there, their LoRA ranks and variants, kept by the router's own ReplicaForecast). For
 //     rank-aware the views also carry the cost model's predicted decode step over those requests
-//     without and with the new one (CaraServe §5); with `rank_aware_proxy` they do not, and
-//     rank-aware falls back to the router's proxy (`chorus router` without --cost-model). The
-//     simulated router knows each request's prompt length (its rows' context); `chorus router`
-//     counts context 0.
+//     without and with the new one (CaraServe §5) and the new one's predicted TTFT and TPOT
+//     there; with `rank_aware_proxy` the steps are absent and rank-aware falls back to the
+//     router's proxy (`chorus router` without --cost-model). The simulated router knows each
+//     request's prompt and output lengths; `chorus router` estimates them from the body.
 //   * each replica: the engine's continuous batching (engine/scheduler.cc): every step takes the
 //     running sequences oldest first (a decode row, or the next chunk of a prompt) under
 //     max_batch_tokens rows, then admits waiting requests in queue order while rows and
@@ -53,17 +53,21 @@ struct SimOptions {
   int64_t max_adapters_per_step = 0;
   std::shared_ptr<const engine::CostModel> cost_model;  // required
   uint64_t seed = 1;  // the router's random numbers (random policy, ties)
+  // The router's --shed: a request the chosen replica is predicted to serve outside its SLOs
+  // (router::MissesSlo) is refused at once (429) and counts as missed.
+  bool shed = false;
 };
 
 struct RequestResult {
   int replica = -1;
-  bool completed = false;  // false: refused by the replica's slo admission (early abort)
+  bool completed = false;  // false: refused by the replica's slo admission or shed by the router
+  bool shed = false;       // refused by the router's --shed
   double ttft_s = 0, tpot_s = 0, e2e_s = 0;
   bool ttft_met = false, tpot_met = false;  // against its SLOs (met when it has none)
 };
 
 struct Summary {
-  int64_t requests = 0, completed = 0;
+  int64_t requests = 0, completed = 0, shed = 0;  // shed: refused by the router (--shed)
   // Fractions of all requests (refused ones miss both): TTFT SLO met, TPOT SLO met, both met.
   double ttft_attainment = 0, tpot_attainment = 0, attainment = 0;
   // Over completed requests, seconds.

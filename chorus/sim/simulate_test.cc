@@ -200,6 +200,37 @@ TEST(SimulateTest, RankAwareRoutesWithTheCostModel) {
   EXPECT_EQ(r->requests[2].replica, r->requests[0].replica);
 }
 
+TEST(SimulateTest, ShedRefusesWhatThePredictedTtftWouldMiss) {
+  // One replica, three prompts of 100 tokens at once, TTFT SLO 150 ms. The first is predicted
+  // at 110 ms (one 100-token chunk); the second would wait for it (110 + 112 ms) and so would
+  // the third: with --shed both are refused at once, without it they are served late.
+  SimOptions o = One();
+  std::vector<TraceRequest> t = {Req(0, 100, 4), Req(0, 100, 4), Req(0, 100, 4)};
+  for (TraceRequest& r : t) r.ttft_slo_ms = 150;
+  auto served = Simulate(t, o);
+  ASSERT_TRUE(served.ok());
+  EXPECT_EQ(served->summary.completed, 3);
+  EXPECT_EQ(served->summary.shed, 0);
+  o.shed = true;
+  auto shed = Simulate(t, o);
+  ASSERT_TRUE(shed.ok());
+  EXPECT_EQ(shed->summary.shed, 2);
+  EXPECT_EQ(shed->summary.completed, 1);
+  EXPECT_TRUE(shed->requests[0].completed);
+  EXPECT_TRUE(shed->requests[0].ttft_met);
+  for (int i : {1, 2}) {
+    EXPECT_TRUE(shed->requests[static_cast<size_t>(i)].shed);
+    EXPECT_FALSE(shed->requests[static_cast<size_t>(i)].completed);
+  }
+  EXPECT_NEAR(shed->summary.attainment, 1.0 / 3, 1e-12);
+  // Requests without SLOs are never shed.
+  for (TraceRequest& r : t) r.ttft_slo_ms = 0;
+  auto none = Simulate(t, o);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->summary.shed, 0);
+  EXPECT_EQ(none->summary.completed, 3);
+}
+
 TEST(SimulateTest, BadOptionsAreRefused) {
   SimOptions o = One();
   o.cost_model = nullptr;

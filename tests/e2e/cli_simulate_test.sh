@@ -54,6 +54,17 @@ for x, y in zip(a, c):
     assert x["policy"] == y["policy"] and x["attainment"] == y["attainment"], (x, y)
     assert abs(x["tpot_mean_s"] - y["tpot_mean_s"]) < 1e-9, (x, y)
 PY
+# --shed: every policy refuses what its chosen replica is predicted to serve late; at 400/s
+# some requests are shed, none is both shed and served, and at 50/s nothing is.
+sim --rates 50,400 --json --seed 3 --shed >"$tmp/shed.json" || fail "--shed run failed"
+python3 - "$tmp/shed.json" <<'PY' || fail "--shed output: $(cat "$tmp/shed.json")"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert len(rows) == 6, len(rows)
+for r in rows:
+    assert r["completed"] + r["shed"] == r["requests"], r
+    assert r["shed"] == 0 if r["rate"] == 50 else r["shed"] > 0, r
+PY
 sim --rates 50 >"$tmp/table.txt"
 grep -q "rank-aware" "$tmp/table.txt" || fail "no table"
 python3 "$root/tools/plot.py" simulate "$tmp/a.csv" -o "$tmp/a.png" >/dev/null || fail "plot"

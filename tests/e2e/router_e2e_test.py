@@ -104,7 +104,9 @@ for args, needle in ((["router"], "--replica"),
                       "fastest"),
                      (["router", "--replica", "http://127.0.0.1:1", "--policy", "rank-aware",
                        "--cost-model", os.path.join(tmp, "no-such-cost-model.json")],
-                      "no-such-cost-model.json")):
+                      "no-such-cost-model.json"),
+                     (["router", "--replica", "http://127.0.0.1:1", "--shed"],
+                      "--shed needs --cost-model")):
     p = subprocess.run([CHORUS] + args, capture_output=True, text=True, timeout=30)
     if p.returncode == 0 or needle not in p.stderr:
         fail(f"{args}: rc {p.returncode}, stderr {p.stderr[:300]!r}")
@@ -151,6 +153,44 @@ try:
     st, body, _ = request(rport, "POST", "/v1/completions", {"model": "nope", "prompt": "x"})
     if st != 404:
         fail(f"unknown model: {st} {body[:200]}")
+
+    # --shed (rank-aware with a cost model): a request every replica is predicted to serve past
+    # its TTFT SLO gets 429 with Retry-After and never reaches a replica; one that fits, 200.
+    cm = os.path.join(tmp, "cm.json")
+    with open(cm, "w") as f:  # 2 ms per step, 20 us per prefill token, 100 us per decode row
+        json.dump({"format": "chorus-cost-model", "version": 1, "model": "test", "threads": 1,
+                   "loadavg": "0", "use": "linear",
+                   "models": [{"kind": "linear", "seconds_per_term": {
+                       "1": 0.002, "prefill_tokens": 2e-5, "decode_rows": 1e-4, "sum_ranks": 0,
+                       "adapters": 0, "deltas": 0, "context_tokens": 0}}]}, f)
+    slog = os.path.join(tmp, "router-shed.log")
+    shedder = start(["router", "--port", "0", "--policy", "rank-aware", "--cost-model", cm,
+                     "--shed"] + sum((["--replica", f"http://127.0.0.1:{pt}"] for pt in ports), []),
+                    slog)
+    procs.append(shedder)
+    sport = wait_port(slog, shedder, "router --shed")
+    def completions_served():  # every replica's /v1/completions answers, any status
+        return [sum(float(v) for v in re.findall(
+            r'^chorus_http_requests_total\{route="/v1/completions",[^}]*\} (\S+)$',
+            request(pt, "GET", "/metrics")[1], re.M)) for pt in ports]
+    before = completions_served()
+    st, body, hdr = request(sport, "POST", "/v1/completions",
+                            {"model": "chorus-default", "prompt": "Once upon a time",
+                             "max_tokens": 8, "ttft_slo_ms": 0.5})
+    if st != 429 or "Retry-After" not in hdr or "slo_unattainable" not in body:
+        fail(f"--shed: an unattainable TTFT SLO gave {st} {hdr} {body[:300]}")
+    after = completions_served()
+    if before != after:
+        fail(f"--shed: the shed request reached a replica ({before} -> {after})")
+    st, body, _ = request(sport, "POST", "/v1/completions",
+                          {"model": "chorus-default", "prompt": "Once upon a time",
+                           "max_tokens": 8, "ttft_slo_ms": 5000, "tpot_slo_ms": 1000})
+    if st != 200:
+        fail(f"--shed: an attainable request gave {st} {body[:300]}")
+    if not re.search(r"^chorus_router_shed_total 1$", request(sport, "GET", "/metrics")[1], re.M):
+        fail("--shed: chorus_router_shed_total is not 1")
+    shedder.terminate()
+    shedder.wait(timeout=30)
 
     # An adapter loaded through the router lands on both replicas; /v1/models is the union.
     p = subprocess.run([CHORUS, "convert", "--shape", "tiny", "--lora-count", "1", "--lora-ranks",
