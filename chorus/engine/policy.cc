@@ -89,6 +89,8 @@ int64_t SloPolicy::Sweep(const StepState& step, std::span<const Candidate> waiti
                          std::vector<char>* abort) {
   step_ = step.planned;
   min_tpot_ = step.min_tpot_slo_s;
+  if (step.has_tpot_allowance)
+    min_tpot_ = std::isfinite(step.tpot_allowance_s) ? step.tpot_allowance_s : 0;
   empty_ = step.sequences == 0;
   seen_adapters_.clear();
   // Early abort: its own prefill alone, in a step with the running rows, comes too late.
@@ -205,7 +207,10 @@ void SloPolicy::Admitted(const Candidate& c, int64_t count) {
     step_.adapters += 1;
     step_.sum_ranks += static_cast<double>(c.rank);
   }
-  if (c.tpot_slo_s > 0 && (min_tpot_ <= 0 || c.tpot_slo_s < min_tpot_)) min_tpot_ = c.tpot_slo_s;
+  // A sequence admitted now yields its first token at the end of this step: its TPOT clock has
+  // not started, so only a preempted one (it streamed tokens already) limits the step.
+  if (c.started && c.tpot_slo_s > 0 && (min_tpot_ <= 0 || c.tpot_slo_s < min_tpot_))
+    min_tpot_ = c.tpot_slo_s;
   empty_ = false;
 }
 

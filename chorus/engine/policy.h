@@ -7,6 +7,7 @@
 // Thread-safety: called only from the engine thread.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -45,10 +46,24 @@ struct Candidate {
 // backlog must last before SloPolicy calls it an overload (docs/scheduling.md).
 inline constexpr double kOverloadWindowS = 2.0;
 
+// A running sequence's part of StepState::tpot_allowance_s: its TPOT SLO, `generated` tokens
+// so far, the first `since_first_s` seconds ago.
+inline double TpotAllowance(double tpot_slo_s, int64_t generated, double since_first_s) {
+  return std::max(tpot_slo_s, tpot_slo_s * static_cast<double>(generated) - since_first_s);
+}
+
 // The step as planned before admission: the running sequences' rows.
 struct StepState {
   StepFeatures planned;
   double min_tpot_slo_s = 0;  // the smallest TPOT SLO among them (0 = none has one)
+  // How long this step may take without any running sequence's time per output token so far
+  // exceeding its TPOT SLO: the least, over the running sequences that have a TPOT SLO and have
+  // generated, of max(SLO, SLO × tokens generated − seconds since its first token) — a sequence
+  // that ran faster than its SLO has banked the difference, and a prefill chunk may spend it;
+  // one behind still allows a step of its SLO (TpotAllowance). When set, SloPolicy's TPOT guard
+  // uses it instead of min_tpot_slo_s (infinity: no such sequence).
+  bool has_tpot_allowance = false;
+  double tpot_allowance_s = 0;
   int64_t sequences = 0;      // running sequences in the plan
   int64_t max_sequences = 0;  // how many may run at once (--max-running; 0 = no limit)
   // Requests per second that arrived, and that were admitted for the first time, over the last
@@ -183,7 +198,10 @@ class ClusterPolicy : public FcfsPolicy {
 //     even if scheduled now (seconds waited + predicted prefill time > SLO) is aborted (429),
 //     or with best_effort served anyway (counted as missed);
 //   * TPOT guard: a sequence is not admitted when the predicted step time with its chunk would
-//     exceed the smallest TPOT SLO of the sequences in the step (unless none is running);
+//     exceed what the running sequences' TPOT SLOs allow this step (StepState's
+//     tpot_allowance_s: a time per output token averaged from each one's first token, as the
+//     SLO is measured, so a prompt chunk longer than the SLO waits until the sequences it stalls
+//     have banked the time; without it, the smallest TPOT SLO in the step);
 //   * overload: when the overload lasts — requests have been waiting for a whole
 //     kOverloadWindow and arrive faster than they are admitted (S-LoRA App. B's R1 > R2) — and
 //     serving the ready queue in order would make some sequence miss its TTFT SLO, the oldest
@@ -214,8 +232,8 @@ class SloPolicy : public FcfsPolicy {
   std::shared_ptr<const CostModel> model_;
   const int64_t max_batch_tokens_;
   const bool best_effort_;
-  StepFeatures step_;  // the planned step plus what was admitted this round
-  double min_tpot_ = 0;
+  StepFeatures step_;                       // the planned step plus what was admitted this round
+  double min_tpot_ = 0;                     // the TPOT guard's limit on the step (0: none)
   bool empty_ = true;                       // nothing runs or was admitted yet this round
   std::vector<const void*> seen_adapters_;  // distinct adapters counted in step_
 };

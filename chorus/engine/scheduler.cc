@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <limits>
 
 #include "chorus/base/logging.h"
 
@@ -317,6 +318,9 @@ void Scheduler::AdmitWaiting(int64_t* budget) {
   step_adapters_.clear();
   step_deltas_.clear();
   StepState state;
+  const auto now = Clock::now();
+  state.has_tpot_allowance = true;
+  state.tpot_allowance_s = std::numeric_limits<double>::infinity();
   for (const Planned& p : plan_) {
     // A whole fine-tune takes neither an adapter nor a delta slot.
     const void* a = p.seq->full ? nullptr : p.seq->variant_key();
@@ -335,10 +339,14 @@ void Scheduler::AdmitWaiting(int64_t* budget) {
     const double tpot = p.seq->req->tpot_slo_ms / 1e3;
     if (tpot > 0 && (state.min_tpot_slo_s <= 0 || tpot < state.min_tpot_slo_s))
       state.min_tpot_slo_s = tpot;
+    if (tpot > 0 && p.seq->n_generated > 0)
+      state.tpot_allowance_s =
+          std::min(state.tpot_allowance_s,
+                   TpotAllowance(tpot, p.seq->n_generated,
+                                 std::chrono::duration<double>(now - p.seq->first_token).count()));
   }
   state.sequences = static_cast<int64_t>(plan_.size());
   state.max_sequences = opts_.max_running;
-  const auto now = Clock::now();
   const Sequence* oldest = nullptr;  // the oldest sequence that has not started
   for (const auto& s : waiting_)
     if (!s->finished && s->n_generated == 0) {

@@ -20,6 +20,7 @@ struct FakeSink : TokenSink {
     ++emitted[s];
     s->tokens.push_back(static_cast<int32_t>(1 + s->n_generated));
     ++s->n_generated;
+    if (s->n_generated == 1) s->first_token = Clock::now();  // as the output stage does
     if (s->n_generated < s->req->max_tokens) return FinishReason::kNone;
     s->finished = true;
     StreamEvent ev;
@@ -310,17 +311,29 @@ TEST_F(SchedulerTest, SloHoldsTheOldestBackUnderALastingOverload) {
 }
 
 TEST_F(SchedulerTest, SloKeepsRunningRequestsWithinTheirTpot) {
+  // The cost model: 10 ms per row. The guard holds each running sequence's time per output token
+  // since its first token within its SLO: a step may take max(SLO, SLO × tokens − elapsed).
   Build(64, 64, 4, Slo());
   auto runner = Submit(2, 6, 1, 0, /*tpot_slo_ms=*/50);
-  ASSERT_EQ(RunStep(), 2);     // its prompt; now it decodes one row per step (10 ms)
-  auto waiter = Submit(6, 2);  // one decode row + 6 prompt rows = 70 ms > 50 ms: waits
-  EXPECT_EQ(RunStep(), 1);
-  EXPECT_EQ(sched_->waiting().size(), 1u);
-  auto small = Submit(3, 2);  // 1 + 3 rows = 40 ms fits: admitted past it
+  ASSERT_EQ(RunStep(), 2);  // its prompt; now it decodes one row per step (10 ms)
+  // One token so far: a step may take 50 ms. Its decode row + 6 prompt rows = 70 ms: waits; a
+  // 3-row prompt (40 ms) is admitted past it.
+  auto waiter = Submit(6, 2);
+  auto small = Submit(3, 4, 1, 0, /*tpot_slo_ms=*/50);
   EXPECT_EQ(RunStep(), 4);
+  EXPECT_EQ(sched_->waiting().size(), 1u);
+  // The runner has banked a token's SLO (2 × 50 ms − the ~0 ms these steps took) but `small`
+  // just started: still 50 ms, and 2 decode rows + 6 = 80 ms waits.
+  EXPECT_EQ(RunStep(), 2);
+  EXPECT_EQ(sched_->waiting().size(), 1u);
+  // Now each has banked one: 100 ms allowed, and the 80 ms step with the prompt runs — the
+  // stall is paid from time the sequences saved, not refused while anything runs.
+  EXPECT_EQ(RunStep(), 8);
+  EXPECT_TRUE(sched_->waiting().empty());
   RunToIdle();
-  EXPECT_EQ(LastEvent(waiter.get())->finish, FinishReason::kLength);  // once the runner ended
+  EXPECT_EQ(LastEvent(waiter.get())->finish, FinishReason::kLength);
   EXPECT_EQ(LastEvent(small.get())->finish, FinishReason::kLength);
+  EXPECT_EQ(LastEvent(runner.get())->finish, FinishReason::kLength);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <map>
 #include <queue>
 
@@ -193,10 +194,16 @@ class Simulator {
     for (const Replica::Chunk& c : r.plan) AddToStep(c, &state.planned, &step_adapters);
     state.sequences = static_cast<int64_t>(r.plan.size());
     state.max_sequences = opts_.max_running;
+    state.has_tpot_allowance = true;
+    state.tpot_allowance_s = std::numeric_limits<double>::infinity();
     for (const Replica::Chunk& c : r.plan) {
       const double tpot = trace_[static_cast<size_t>(c.req)].tpot_slo_ms / 1e3;
       if (tpot > 0 && (state.min_tpot_slo_s <= 0 || tpot < state.min_tpot_slo_s))
         state.min_tpot_slo_s = tpot;
+      const Seq& s = seqs_[static_cast<size_t>(c.req)];
+      if (tpot > 0 && s.generated > 0)
+        state.tpot_allowance_s = std::min(
+            state.tpot_allowance_s, engine::TpotAllowance(tpot, s.generated, now_ - s.first_token));
     }
     r.overload.Fill(
         now_, r.waiting.empty() ? -1.0 : seqs_[static_cast<size_t>(r.waiting.front())].arrival,
