@@ -12,9 +12,11 @@
 //
 // S-LoRA §6 instead splits A of the first group along the rank dimension and all-gathers the
 // shrink, and all-reduces the shrink of o / down before a split B: the memory of every adapter
-// matrix divided by N, at the cost of extra collectives per layer. On CPUs over MPI a collective
-// costs far more than the replicated rank-r shrink / expand (r ≪ hidden size), so the replicas
-// are chosen here: no communication beyond the base model's two all-reduces per layer.
+// matrix divided by N, at the cost of extra collectives per layer. This split replicates half of
+// each adapter instead and adds no collective or synchronisation point. (Measured here, those
+// collectives would move their data in under 1 ms of a ~120 ms step — bench/tp/
+// collectives_bench.cc, docs/scaleout.md — so the memory-optimal split is the better trade and is
+// not implemented yet.)
 #pragma once
 
 #include <memory>
