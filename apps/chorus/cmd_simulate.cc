@@ -191,7 +191,7 @@ int SimulateCommand(int argc, char** argv) {
   std::string csv =
       "policy,rate,attainment,ttft_attainment,tpot_attainment,ttft_p50_ms,ttft_p90_ms,"
       "tpot_p50_ms,tpot_p90_ms,tpot_mean_ms,e2e_p50_s,e2e_p90_s,throughput_rps,tokens_per_s,"
-      "busy_fraction,requests,completed,shed\n";
+      "busy_fraction,requests,completed,shed,retries\n";
   for (double rate : points) {
     const std::vector<sim::TraceRequest> trace = as_is ? base : sim::ScaleToRate(base, rate);
     for (router::Policy p : policies) {
@@ -203,12 +203,13 @@ int SimulateCommand(int argc, char** argv) {
       char line[512];
       std::snprintf(line, sizeof(line),
                     "%s,%g,%.4f,%.4f,%.4f,%.2f,%.2f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.1f,%.3f,%lld,"
-                    "%lld,%lld\n",
+                    "%lld,%lld,%lld\n",
                     name, rate, m.attainment, m.ttft_attainment, m.tpot_attainment,
                     m.ttft_p50 * 1e3, m.ttft_p90 * 1e3, m.tpot_p50 * 1e3, m.tpot_p90 * 1e3,
                     m.tpot_mean * 1e3, m.e2e_p50, m.e2e_p90, m.throughput_rps, m.tokens_per_s,
                     m.busy_fraction, static_cast<long long>(m.requests),
-                    static_cast<long long>(m.completed), static_cast<long long>(m.shed));
+                    static_cast<long long>(m.completed), static_cast<long long>(m.shed),
+                    static_cast<long long>(m.retries));
       csv += line;
       if (json_out) {
         const nlohmann::json j = {{"policy", name},
@@ -217,6 +218,7 @@ int SimulateCommand(int argc, char** argv) {
                                   {"requests", m.requests},
                                   {"completed", m.completed},
                                   {"shed", m.shed},
+                                  {"retries", m.retries},
                                   {"attainment", m.attainment},
                                   {"ttft_attainment", m.ttft_attainment},
                                   {"tpot_attainment", m.tpot_attainment},

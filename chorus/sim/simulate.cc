@@ -25,6 +25,7 @@ struct Seq {
   int passes = 0;  // the admission policy's counter
   double arrival = 0, first_token = -1;
   router::Forecast forecast;  // what the router predicted where it sent it (undone at the end)
+  std::vector<int32_t> refused_by;  // replicas that answered it 429 (the router tries others)
   int64_t total() const { return prompt + generated; }  // tokens the sequence holds
 };
 
@@ -119,19 +120,9 @@ class Simulator {
     size_t next = 0;
     std::vector<router::ReplicaView> views(replicas_.size());
     std::vector<router::Forecast> forecasts(replicas_.size());
-    while (next < trace_.size() || !step_ends.empty()) {
-      if (!step_ends.empty() &&
-          (next >= trace_.size() || step_ends.top().first <= seqs_[next].arrival)) {
-        const auto [t, ri] = step_ends.top();
-        step_ends.pop();
-        now_ = t;
-        Replica& r = replicas_[static_cast<size_t>(ri)];
-        EndStep(r, static_cast<int>(ri));
-        if (StartStep(r, static_cast<int>(ri), model)) step_ends.emplace(now_ + last_step_s_, ri);
-        continue;
-      }
-      const int64_t q = static_cast<int64_t>(next++);
-      now_ = seqs_[static_cast<size_t>(q)].arrival;
+    // Routes request q at now_ (its arrival, or when a replica refused it), past the replicas
+    // that refused it already; false when none is left (the request stays refused).
+    auto route = [&](int64_t q) -> Result<bool> {
       Seq& s = seqs_[static_cast<size_t>(q)];
       const TraceRequest& t = trace_[static_cast<size_t>(q)];
       const router::RoutedRequest routed = Routed(s, t.adapter);
@@ -143,7 +134,8 @@ class Simulator {
       for (size_t i = 0; i < replicas_.size(); ++i) {
         const RouterState& rs = replicas_[i].router;
         router::ReplicaView& v = views[i];
-        v.healthy = true;
+        v.healthy = std::find(s.refused_by.begin(), s.refused_by.end(), static_cast<int32_t>(i)) ==
+                    s.refused_by.end();
         v.serves_model = true;  // every replica holds every adapter (one shared adapter root)
         v.in_flight = rs.in_flight;
         v.rank_in_flight = rs.rank_in_flight;
@@ -156,17 +148,48 @@ class Simulator {
       }
       const int ri =
           router::ChooseReplica(opts_.policy, views, opts_.replica_capacity, rng_.Next(), slo);
-      if (ri < 0) return InternalError("simulate: the router chose no replica");
+      if (ri < 0) {
+        if (s.refused_by.empty()) return InternalError("simulate: the router chose no replica");
+        return false;  // every replica refused it: the client gets the last 429
+      }
       results_[static_cast<size_t>(q)].replica = ri;
       if (slo.shed && router::MissesSlo(views[static_cast<size_t>(ri)], slo)) {
         results_[static_cast<size_t>(q)].shed = true;  // 429 at once: never reaches the replica
-        continue;
+        return false;
       }
       Replica& r = replicas_[static_cast<size_t>(ri)];
+      s.passes = 0;  // the admission policy's counter is per replica
       RouterBegin(r.router, s, t.adapter, forecasts[static_cast<size_t>(ri)], now_);
       r.waiting.push_back(q);
       r.overload.Arrived(now_);
       if (!r.busy && StartStep(r, ri, model)) step_ends.emplace(now_ + last_step_s_, ri);
+      return true;
+    };
+    while (next < trace_.size() || !step_ends.empty() || !refused_.empty()) {
+      if (!refused_.empty()) {
+        // A replica answered 429 (its slo admission's early abort) at now_: the router sends the
+        // request to another replica, as `chorus router` does (nothing reached the client yet).
+        const int64_t q = refused_.front();
+        refused_.pop_front();
+        ++retries_;
+        CHORUS_ASSIGN_OR_RETURN(const bool routed, route(q));
+        (void)routed;
+        continue;
+      }
+      if (!step_ends.empty() &&
+          (next >= trace_.size() || step_ends.top().first <= seqs_[next].arrival)) {
+        const auto [t, ri] = step_ends.top();
+        step_ends.pop();
+        now_ = t;
+        Replica& r = replicas_[static_cast<size_t>(ri)];
+        EndStep(r, static_cast<int>(ri));
+        if (StartStep(r, static_cast<int>(ri), model)) step_ends.emplace(now_ + last_step_s_, ri);
+        continue;
+      }
+      const int64_t q = static_cast<int64_t>(next++);
+      now_ = seqs_[static_cast<size_t>(q)].arrival;
+      CHORUS_ASSIGN_OR_RETURN(const bool routed, route(q));
+      (void)routed;
     }
 
     SimResult out;
@@ -235,10 +258,12 @@ class Simulator {
           kept.push_back(q);
           continue;
         }
-        // Refused at once (429): the router sees the answer and forgets the request.
+        // Refused at once (429): the router takes it back and tries another replica.
         RequestResult& res = results_[static_cast<size_t>(q)];
         res.completed = false;
         RouterEnd(r.router, seqs_[static_cast<size_t>(q)], trace_[static_cast<size_t>(q)].adapter);
+        seqs_[static_cast<size_t>(q)].refused_by.push_back(ri);
+        refused_.push_back(q);
       }
       r.waiting = std::move(kept);
     }
@@ -291,7 +316,6 @@ class Simulator {
     r.busy = true;
     r.busy_s += last_step_s_;
     ++steps_;
-    (void)ri;
     return true;
   }
 
@@ -371,6 +395,7 @@ class Simulator {
     m.throughput_rps = last_finish_ > 0 ? static_cast<double>(m.completed) / last_finish_ : 0;
     m.tokens_per_s = last_finish_ > 0 ? tokens / last_finish_ : 0;
     m.steps = steps_;
+    m.retries = retries_;
     double busy = 0;
     for (const Replica& r : replicas_) busy += r.busy_s;
     m.busy_fraction =
@@ -385,6 +410,8 @@ class Simulator {
   std::vector<RequestResult> results_;
   double now_ = 0, last_step_s_ = 0, last_finish_ = 0;
   int64_t steps_ = 0;
+  int64_t retries_ = 0;          // requests sent to another replica after a 429
+  std::deque<int64_t> refused_;  // refused by a replica at now_, to be routed again
 };
 
 }  // namespace

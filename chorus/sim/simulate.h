@@ -19,6 +19,9 @@
 //     slo, with max_adapters_per_step) agrees — the same Policy objects the engine builds;
 //   * a step's duration: the cost model's Predict() of the step's features (prefill tokens,
 //     decode rows, distinct adapters and Σ of their ranks, context, rank-weighted rows).
+//   * a replica's 429 (the slo admission's early abort): the router sends the request to a
+//     replica that has not refused it yet, at once, as `chorus router` does; when every replica
+//     has, it stays refused (counted as missed).
 // Not modelled: KV-cache capacity and preemption (max_running bounds a replica's batch),
 // adapter loading time, network time, replica failures, n > 1 choices, prefix caching.
 //
@@ -60,7 +63,7 @@ struct SimOptions {
 
 struct RequestResult {
   int replica = -1;
-  bool completed = false;  // false: refused by the replica's slo admission or shed by the router
+  bool completed = false;  // false: refused by every replica's slo admission, or shed by the router
   bool shed = false;       // refused by the router's --shed
   double ttft_s = 0, tpot_s = 0, e2e_s = 0;
   bool ttft_met = false, tpot_met = false;  // against its SLOs (met when it has none)
@@ -77,6 +80,7 @@ struct Summary {
   double throughput_rps = 0;  // completed requests / makespan
   double tokens_per_s = 0;    // output tokens of completed requests / makespan
   int64_t steps = 0;          // engine steps over all replicas
+  int64_t retries = 0;        // requests the router sent to another replica after a 429
   double busy_fraction = 0;   // Σ step time / (replicas × makespan)
 };
 

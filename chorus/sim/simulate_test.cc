@@ -231,6 +231,42 @@ TEST(SimulateTest, ShedRefusesWhatThePredictedTtftWouldMiss) {
   EXPECT_EQ(none->summary.completed, 3);
 }
 
+TEST(SimulateTest, ARequestAReplicaRefusesIsRoutedToAnother) {
+  // Two replicas with the slo admission; `pack` (capacity 100) puts 60 one-token prompts that
+  // decode 20 tokens each on one replica: steps of 10 + 60 × 2 = 130 ms. A 100-token prompt with
+  // a 260 ms TTFT SLO arriving at 1 s goes there too; at the next step boundary its prefill
+  // beside the 60 rows is predicted at 230 ms, too late: that replica answers 429, and the router
+  // — as `chorus router` does — sends it to the idle replica, where 110 ms of prefill still
+  // meets the SLO.
+  SimOptions o;
+  o.replicas = 2;
+  o.cost_model = Model();
+  o.policy = router::Policy::kPack;
+  o.replica_capacity = 100;
+  o.admission = "slo";
+  std::vector<TraceRequest> t;
+  for (int i = 0; i < 60; ++i) t.push_back(Req(0, 1, 20));
+  t.push_back(Req(1.0, 100, 4));
+  t.back().ttft_slo_ms = 260;
+  auto r = Simulate(t, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const RequestResult& late = r->requests.back();
+  EXPECT_TRUE(late.completed);
+  EXPECT_NE(late.replica, r->requests[0].replica);
+  EXPECT_TRUE(late.ttft_met) << late.ttft_s;
+  EXPECT_GT(late.ttft_s, 0.110);  // the wait for the busy replica's step, then its own prefill
+  EXPECT_LT(late.ttft_s, 0.260);
+  EXPECT_EQ(r->summary.retries, 1);
+  EXPECT_EQ(r->summary.completed, 61);
+  // With one replica there is nowhere else: it stays refused.
+  o.replicas = 1;
+  r = Simulate(t, o);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->requests.back().completed);
+  EXPECT_EQ(r->summary.retries, 1);
+  EXPECT_EQ(r->summary.completed, 60);
+}
+
 TEST(SimulateTest, BadOptionsAreRefused) {
   SimOptions o = One();
   o.cost_model = nullptr;
