@@ -88,9 +88,7 @@ double SloPolicy::PredictPrefill(const StepFeatures& step, int64_t tokens, int64
 int64_t SloPolicy::Sweep(const StepState& step, std::span<const Candidate> waiting,
                          std::vector<char>* abort) {
   step_ = step.planned;
-  min_tpot_ = step.min_tpot_slo_s;
-  if (step.has_tpot_allowance)
-    min_tpot_ = std::isfinite(step.tpot_allowance_s) ? step.tpot_allowance_s : 0;
+  tpot_limit_ = std::isfinite(step.tpot_allowance_s) ? step.tpot_allowance_s : 0;
   empty_ = step.sequences == 0;
   seen_adapters_.clear();
   // Early abort: its own prefill alone, in a step with the running rows, comes too late.
@@ -186,7 +184,7 @@ bool SloPolicy::SuffixMeetsSlos(const StepState& step, std::span<const Candidate
 
 bool SloPolicy::MayAdmit(const Candidate& c) {
   if (!FcfsPolicy::MayAdmit(c)) return false;
-  if (empty_ || min_tpot_ <= 0) return true;  // nothing running (or no TPOT SLO) to protect
+  if (empty_ || tpot_limit_ <= 0) return true;  // nothing running (or no TPOT SLO) to protect
   StepFeatures f = step_;
   f.AddChunk(c.start, std::min(c.remaining, max_batch_tokens_), !c.started || c.remaining > 1,
              c.rank);
@@ -195,7 +193,7 @@ bool SloPolicy::MayAdmit(const Candidate& c) {
     f.adapters += 1;
     f.sum_ranks += static_cast<double>(c.rank);
   }
-  return model_->Predict(f) <= min_tpot_;
+  return model_->Predict(f) <= tpot_limit_;
 }
 
 void SloPolicy::Admitted(const Candidate& c, int64_t count) {
@@ -209,8 +207,8 @@ void SloPolicy::Admitted(const Candidate& c, int64_t count) {
   }
   // A sequence admitted now yields its first token at the end of this step: its TPOT clock has
   // not started, so only a preempted one (it streamed tokens already) limits the step.
-  if (c.started && c.tpot_slo_s > 0 && (min_tpot_ <= 0 || c.tpot_slo_s < min_tpot_))
-    min_tpot_ = c.tpot_slo_s;
+  if (c.started && c.tpot_slo_s > 0 && (tpot_limit_ <= 0 || c.tpot_slo_s < tpot_limit_))
+    tpot_limit_ = c.tpot_slo_s;
   empty_ = false;
 }
 

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -55,15 +56,12 @@ inline double TpotAllowance(double tpot_slo_s, int64_t generated, double since_f
 // The step as planned before admission: the running sequences' rows.
 struct StepState {
   StepFeatures planned;
-  double min_tpot_slo_s = 0;  // the smallest TPOT SLO among them (0 = none has one)
   // How long this step may take without any running sequence's time per output token so far
   // exceeding its TPOT SLO: the least, over the running sequences that have a TPOT SLO and have
   // generated, of max(SLO, SLO × tokens generated − seconds since its first token) — a sequence
   // that ran faster than its SLO has banked the difference, and a prefill chunk may spend it;
-  // one behind still allows a step of its SLO (TpotAllowance). When set, SloPolicy's TPOT guard
-  // uses it instead of min_tpot_slo_s (infinity: no such sequence).
-  bool has_tpot_allowance = false;
-  double tpot_allowance_s = 0;
+  // one behind still allows a step of its SLO (TpotAllowance). Infinity: no such sequence.
+  double tpot_allowance_s = std::numeric_limits<double>::infinity();
   int64_t sequences = 0;      // running sequences in the plan
   int64_t max_sequences = 0;  // how many may run at once (--max-running; 0 = no limit)
   // Requests per second that arrived, and that were admitted for the first time, over the last
@@ -201,7 +199,7 @@ class ClusterPolicy : public FcfsPolicy {
 //     exceed what the running sequences' TPOT SLOs allow this step (StepState's
 //     tpot_allowance_s: a time per output token averaged from each one's first token, as the
 //     SLO is measured, so a prompt chunk longer than the SLO waits until the sequences it stalls
-//     have banked the time; without it, the smallest TPOT SLO in the step);
+//     have banked the time);
 //   * overload: when the overload lasts — requests have been waiting for a whole
 //     kOverloadWindow and arrive faster than they are admitted (S-LoRA App. B's R1 > R2) — and
 //     serving the ready queue in order would make some sequence miss its TTFT SLO, the oldest
@@ -233,7 +231,7 @@ class SloPolicy : public FcfsPolicy {
   const int64_t max_batch_tokens_;
   const bool best_effort_;
   StepFeatures step_;                       // the planned step plus what was admitted this round
-  double min_tpot_ = 0;                     // the TPOT guard's limit on the step (0: none)
+  double tpot_limit_ = 0;                   // the TPOT guard's limit on the step (0: none)
   bool empty_ = true;                       // nothing runs or was admitted yet this round
   std::vector<const void*> seen_adapters_;  // distinct adapters counted in step_
 };

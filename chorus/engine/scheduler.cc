@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <limits>
 
 #include "chorus/base/logging.h"
 
@@ -319,8 +318,6 @@ void Scheduler::AdmitWaiting(int64_t* budget) {
   step_deltas_.clear();
   StepState state;
   const auto now = Clock::now();
-  state.has_tpot_allowance = true;
-  state.tpot_allowance_s = std::numeric_limits<double>::infinity();
   for (const Planned& p : plan_) {
     // A whole fine-tune takes neither an adapter nor a delta slot.
     const void* a = p.seq->full ? nullptr : p.seq->variant_key();
@@ -337,8 +334,6 @@ void Scheduler::AdmitWaiting(int64_t* budget) {
     }
     if (is_new && p.seq->delta) state.planned.deltas += 1;
     const double tpot = p.seq->req->tpot_slo_ms / 1e3;
-    if (tpot > 0 && (state.min_tpot_slo_s <= 0 || tpot < state.min_tpot_slo_s))
-      state.min_tpot_slo_s = tpot;
     if (tpot > 0 && p.seq->n_generated > 0)
       state.tpot_allowance_s =
           std::min(state.tpot_allowance_s,

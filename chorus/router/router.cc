@@ -322,10 +322,8 @@ struct Router::Impl {
     std::atomic<int64_t> in_flight{0};
     std::atomic<int64_t> requests{0}, failures{0};
     std::mutex mu;
-    std::map<std::string, int64_t> models;   // GUARDED_BY(mu): id → LoRA rank (0: none)
-    std::map<std::string, int64_t> running;  // GUARDED_BY(mu): model → requests in flight
-    int64_t rank_in_flight = 0;              // GUARDED_BY(mu)
-    ReplicaForecast forecast;                // GUARDED_BY(mu)
+    std::map<std::string, int64_t> models;  // GUARDED_BY(mu): id → LoRA rank (0: none)
+    ReplicaForecast forecast;               // GUARDED_BY(mu)
   };
 
   RouterOptions opts;
@@ -417,18 +415,14 @@ struct Router::Impl {
       views[i].serves_model = req.variant.empty() || r.models.count(req.variant) > 0;
       anyone_lists = anyone_lists || views[i].serves_model;
       views[i].in_flight = r.in_flight.load();
-      views[i].rank_in_flight = r.rank_in_flight;
-      views[i].runs_variant = r.running.count(req.variant) > 0;
+      views[i].rank_in_flight = r.forecast.rank_in_flight();
+      views[i].runs_variant = r.forecast.step().Runs(req.variant);
       if (opts.cost_model != nullptr) {
         RoutedRequest here = req;
         const auto it = r.models.find(req.variant);
         here.rank = it == r.models.end() ? 0 : it->second;
-        const Forecast f = r.forecast.With(*opts.cost_model, here, now);
-        forecasts[i] = f;
-        views[i].step_s = f.step_s;
-        views[i].step_s_with = f.step_s_with;
-        views[i].tpot_s_with = f.tpot_s;
-        views[i].ttft_s_with = f.ttft_s;
+        forecasts[i] = r.forecast.With(*opts.cost_model, here, now);
+        views[i].SetForecast(forecasts[i]);
       }
     }
     // No replica lists the model (e.g. a tenant's own adapter, invisible to the router's polls):
@@ -448,19 +442,14 @@ struct Router::Impl {
     r.in_flight.fetch_add(1);
     r.requests.fetch_add(1);
     std::lock_guard<std::mutex> l(r.mu);
-    ++r.running[req.variant];
     const auto it = r.models.find(req.variant);
     req.rank = it == r.models.end() ? 0 : it->second;
-    r.rank_in_flight += req.rank;
     r.forecast.Add(req, f, NowSeconds());
     return req;
   }
   void End(Replica& r, const RoutedRequest& req, const Forecast& f) {
     r.in_flight.fetch_sub(1);
     std::lock_guard<std::mutex> l(r.mu);
-    if (auto it = r.running.find(req.variant); it != r.running.end() && --it->second == 0)
-      r.running.erase(it);
-    r.rank_in_flight -= req.rank;
     r.forecast.Remove(req, f);
   }
 
@@ -525,7 +514,7 @@ struct Router::Impl {
         // Not JSON: the replica answers with its own 400.
       }
     }
-    slo.shed = opts.shed && opts.cost_model != nullptr;
+    slo.shed = opts.shed;  // Create refused --shed without a cost model
     std::set<int> tried;
     std::string last_failure;
     while (true) {

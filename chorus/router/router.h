@@ -53,6 +53,16 @@ struct ReplicaAddress {
 };
 Result<ReplicaAddress> ParseReplicaUrl(const std::string& url);
 
+// One replica's predictions for a request routed there, from the cost model.
+struct Forecast {
+  double step_s = 0;       // decode step over the requests in flight
+  double step_s_with = 0;  // ... and this one
+  double prefill_s = 0;    // its prompt's steps (chunks of max_batch_tokens beside the decode rows)
+  double stall_s = 0;      // what those steps add to the decode steps of the requests in flight
+  double ttft_s = 0;       // predicted TTFT: the prompts routed there before it, then its own
+  double tpot_s = 0;       // predicted TPOT: step_s_with plus prompts' stalls spread over tokens
+};
+
 // What the choice sees of one replica.
 struct ReplicaView {
   bool healthy = false;
@@ -69,6 +79,14 @@ struct ReplicaView {
   // decide the SLO penalty and shedding; the score's latency terms stay CaraServe's decode steps.
   double tpot_s_with = -1;
   double ttft_s_with = -1;
+  // Takes the forecast's fields; without `steps` (rank-aware's proxy) the decode steps stay
+  // unknown and only the TTFT/TPOT forecast is set.
+  void SetForecast(const Forecast& f, bool steps = true) {
+    step_s = steps ? f.step_s : -1;
+    step_s_with = steps ? f.step_s_with : -1;
+    tpot_s_with = f.tpot_s;
+    ttft_s_with = f.ttft_s;
+  }
 };
 
 // A request's SLOs, seconds (0 = none), and whether the router sheds what would miss them.
@@ -140,16 +158,6 @@ struct RoutedRequest {
   int64_t output_tokens = 1;  // tokens it will generate (max_tokens in the router)
 };
 
-// One replica's predictions for a request routed there, from the cost model.
-struct Forecast {
-  double step_s = 0;       // decode step over the requests in flight
-  double step_s_with = 0;  // ... and this one
-  double prefill_s = 0;    // its prompt's steps (chunks of max_batch_tokens beside the decode rows)
-  double stall_s = 0;      // what those steps add to the decode steps of the requests in flight
-  double ttft_s = 0;       // predicted TTFT: the prompts routed there before it, then its own
-  double tpot_s = 0;       // predicted TPOT: step_s_with plus prompts' stalls spread over tokens
-};
-
 // The router's model of one replica's load, from the requests it routed there (the router sees
 // no replica internals): the decode step over them (InFlightStep), a FIFO of their prompts'
 // prefill time (TTFT), and the stalls prompts add to everyone's decode steps. In steady state a
@@ -166,6 +174,8 @@ class ReplicaForecast {
   void Remove(const RoutedRequest& req, const Forecast& f);
   const InFlightStep& step() const { return step_; }
   int64_t in_flight() const { return in_flight_; }
+  // Σ LoRA ranks of the requests in flight (each request's row carries its rank).
+  int64_t rank_in_flight() const { return static_cast<int64_t>(step_.features().row_ranks); }
 
  private:
   int64_t max_batch_tokens_;

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdint>
 #include <deque>
-#include <limits>
 #include <map>
 #include <queue>
 
@@ -29,13 +28,6 @@ struct Seq {
   int64_t total() const { return prompt + generated; }  // tokens the sequence holds
 };
 
-// What the router knows of one replica: the requests it has in flight there.
-struct RouterState {
-  explicit RouterState(int64_t max_batch_tokens) : forecast(max_batch_tokens) {}
-  int64_t in_flight = 0, rank_in_flight = 0;
-  router::ReplicaForecast forecast;  // the router's own bookkeeping (router.h)
-};
-
 struct Replica {
   std::deque<int64_t> waiting;   // request indices, queue order
   std::vector<int64_t> running;  // admission order
@@ -46,7 +38,7 @@ struct Replica {
   bool busy = false;
   double busy_s = 0;
   std::unique_ptr<engine::Policy> admission;
-  RouterState router{512};
+  router::ReplicaForecast router;  // what the router knows of it: the requests it has there
   engine::OverloadMeter overload;  // StepState's rates and backlog, as the scheduler keeps them
 };
 
@@ -64,18 +56,14 @@ router::RoutedRequest Routed(const Seq& s, const std::string& variant) {
   return {.variant = variant, .rank = s.rank, .prompt_tokens = s.prompt, .output_tokens = s.output};
 }
 
-void RouterBegin(RouterState& r, Seq& s, const std::string& variant, const router::Forecast& f,
-                 double now) {
-  ++r.in_flight;
-  r.rank_in_flight += s.rank;
+void RouterBegin(router::ReplicaForecast& r, Seq& s, const std::string& variant,
+                 const router::Forecast& f, double now) {
   s.forecast = f;
-  r.forecast.Add(Routed(s, variant), f, now);
+  r.Add(Routed(s, variant), f, now);
 }
 
-void RouterEnd(RouterState& r, const Seq& s, const std::string& variant) {
-  --r.in_flight;
-  r.rank_in_flight -= s.rank;
-  r.forecast.Remove(Routed(s, variant), s.forecast);
+void RouterEnd(router::ReplicaForecast& r, const Seq& s, const std::string& variant) {
+  r.Remove(Routed(s, variant), s.forecast);
 }
 
 class Simulator {
@@ -103,7 +91,7 @@ class Simulator {
     }
     replicas_.resize(static_cast<size_t>(opts_.replicas));
     for (Replica& r : replicas_) {
-      r.router = RouterState(opts_.max_batch_tokens);
+      r.router = router::ReplicaForecast(opts_.max_batch_tokens);
       engine::PolicyConfig pc;
       pc.name = opts_.admission;
       pc.max_adapters_per_step = opts_.max_adapters_per_step;
@@ -132,19 +120,16 @@ class Simulator {
       // request's TTFT and TPOT is there for every policy (--shed uses it).
       const bool steps = opts_.policy == router::Policy::kRankAware && !opts_.rank_aware_proxy;
       for (size_t i = 0; i < replicas_.size(); ++i) {
-        const RouterState& rs = replicas_[i].router;
+        const router::ReplicaForecast& rs = replicas_[i].router;
         router::ReplicaView& v = views[i];
         v.healthy = std::find(s.refused_by.begin(), s.refused_by.end(), static_cast<int32_t>(i)) ==
                     s.refused_by.end();
         v.serves_model = true;  // every replica holds every adapter (one shared adapter root)
-        v.in_flight = rs.in_flight;
-        v.rank_in_flight = rs.rank_in_flight;
-        v.runs_variant = rs.forecast.step().Runs(t.adapter);
-        forecasts[i] = rs.forecast.With(model, routed, now_);
-        v.step_s = steps ? forecasts[i].step_s : -1;
-        v.step_s_with = steps ? forecasts[i].step_s_with : -1;
-        v.tpot_s_with = forecasts[i].tpot_s;
-        v.ttft_s_with = forecasts[i].ttft_s;
+        v.in_flight = rs.in_flight();
+        v.rank_in_flight = rs.rank_in_flight();
+        v.runs_variant = rs.step().Runs(t.adapter);
+        forecasts[i] = rs.With(model, routed, now_);
+        v.SetForecast(forecasts[i], steps);
       }
       const int ri =
           router::ChooseReplica(opts_.policy, views, opts_.replica_capacity, rng_.Next(), slo);
@@ -217,12 +202,8 @@ class Simulator {
     for (const Replica::Chunk& c : r.plan) AddToStep(c, &state.planned, &step_adapters);
     state.sequences = static_cast<int64_t>(r.plan.size());
     state.max_sequences = opts_.max_running;
-    state.has_tpot_allowance = true;
-    state.tpot_allowance_s = std::numeric_limits<double>::infinity();
     for (const Replica::Chunk& c : r.plan) {
       const double tpot = trace_[static_cast<size_t>(c.req)].tpot_slo_ms / 1e3;
-      if (tpot > 0 && (state.min_tpot_slo_s <= 0 || tpot < state.min_tpot_slo_s))
-        state.min_tpot_slo_s = tpot;
       const Seq& s = seqs_[static_cast<size_t>(c.req)];
       if (tpot > 0 && s.generated > 0)
         state.tpot_allowance_s = std::min(
