@@ -84,11 +84,8 @@ int TpBench(const Flags& f, const engine::EngineBenchOptions& o) {
   }
   if (Status s = AgreeAcrossRanks(tp->comm.get(), full.status()); !s.ok()) return Fail("bench", s);
   std::shared_ptr<const model::Model> mdl = std::move(full).value();
+  const model::ModelConfig full_config = mdl->config();
   if (Status s = ShardForTensorParallel(&*tp, &mdl); !s.ok()) return Fail("bench", s);
-  if (tp->worker()) {
-    Status s = model::RunTpWorker(tp->comm.get(), mdl);
-    return s.ok() ? 0 : Fail("bench", s);
-  }
   engine::TpBenchOptions to;
   to.threads = o.threads;
   to.batches = o.batches;
@@ -96,10 +93,28 @@ int TpBench(const Flags& f, const engine::EngineBenchOptions& o) {
   to.decode_steps = o.decode_steps;
   to.repeats = o.repeats;
   to.kv_dtype = o.kv_dtype;
+  to.adapters = o.n_adapters;
+  to.lora_ranks = o.lora_ranks;
+  to.lora_storage = o.lora_storage;
+  if (tp->worker()) {
+    // The same adapters as rank 0 (the same seeds), this rank's part of each.
+    std::unique_ptr<engine::TpBenchAdapters> loras;
+    if (to.adapters > 0) {
+      auto made = engine::TpBenchAdapters::Make(to, full_config, mdl->config(), tp->comm.get());
+      if (!made.ok()) return Fail("bench", made.status());
+      loras = std::move(made).value();
+    }
+    Status s = model::RunTpWorker(tp->comm.get(), mdl,
+                                  loras ? model::TpHookForRows([&](std::span<const int32_t> slots) {
+                                    return loras->ForRows(slots);
+                                  })
+                                        : model::TpHookForRows());
+    return s.ok() ? 0 : Fail("bench", s);
+  }
   std::fprintf(stderr, "bench: tensor parallel %d (%s), %d thread(s) per rank, shard: %s\n",
                tp->size(), tp->comm->kind(), o.threads, mdl->config().Summary().c_str());
   auto rep = engine::RunTpBench(
-      to, mdl, tp->comm.get(), tp->leader.get(),
+      to, full_config, mdl, tp->comm.get(), tp->leader.get(),
       [](const std::string& m) { std::fprintf(stderr, "bench: %s\n", m.c_str()); });
   if (!rep.ok()) return Fail("bench", rep.status());
   rep->model = o.model_path.empty() ? o.shape : o.model_path;
@@ -136,7 +151,8 @@ int BenchCommand(int argc, char** argv) {
            "at each further one");
   f.Int("repeats", 3, "runs per figure (median reported)");
   f.Int("adapters", 0,
-        "also run each decode batch with every row on a different LoRA (q,k,v,o) of this many");
+        "also run each decode batch with every row on a different LoRA (q,k,v,o) of this many "
+        "(with --tp: round-robin, each rank holding its part of every adapter)");
   f.String("lora-ranks", "8,16,32,64", "ranks of those adapters, round-robin");
   f.Int("deltas", 0,
         "also run each decode batch with its rows split evenly over the base, this many "
@@ -262,10 +278,10 @@ int BenchCommand(int argc, char** argv) {
                  f.GetString("isa").c_str(), kernels::CpuFeaturesString().c_str());
   }
   if (f.GetInt("tp") > 0) {
-    if (o.n_adapters > 0 || o.n_deltas > 0 || o.workload != "default" || !o.isas.empty()) {
+    if (o.n_deltas > 0 || o.workload != "default" || !o.isas.empty()) {
       return Fail("bench", InvalidArgumentError(
-                               "--tp measures base-model decode only: no --adapters, --deltas, "
-                               "--workload or several --isa levels (docs/scaleout.md)"));
+                               "--tp measures decode of the base and of --adapters only: no "
+                               "--deltas, --workload or several --isa levels (docs/scaleout.md)"));
     }
     return TpBench(f, o);
   }

@@ -448,7 +448,7 @@ int ServeCommand(int argc, char** argv) {
       if (Status s = ShardForTensorParallel(&*tp, &loaded->model); !s.ok()) return Fail("serve", s);
       // Variants: rank 0 defines each one's slot before its first use; this rank loads its
       // shard of the same file (adapters/tp_variants.h).
-      adapters::TpVariantWorker variants(full, tp->rank(), tp->size(), f.GetInt("max-batch-tokens"),
+      adapters::TpVariantWorker variants(full, tp->comm.get(), f.GetInt("max-batch-tokens"),
                                          {.limits = limits}, base_hash);
       Status s = model::RunTpWorker(
           tp->comm.get(), loaded->model,

@@ -94,8 +94,9 @@ int32_t TpVariantSlots::SlotOf(const void* copy) const {
   return it->second.slot;
 }
 
-VariantSlotHook::VariantSlotHook(const model::ModelConfig& config, int64_t max_rows)
-    : lora_(config, max_rows), delta_hook_(max_rows) {
+VariantSlotHook::VariantSlotHook(const model::ModelConfig& config, int64_t max_rows,
+                                 dist::Communicator* comm)
+    : lora_(config, max_rows, comm), delta_hook_(max_rows) {
   lora_slots_.reserve(static_cast<size_t>(max_rows));
   row_deltas_.reserve(static_cast<size_t>(max_rows));
 }
@@ -142,15 +143,15 @@ Result<const model::LinearHook*> VariantSlotHook::ForRows(std::span<const int32_
   return static_cast<const model::LinearHook*>(&hook_);
 }
 
-TpVariantWorker::TpVariantWorker(const model::ModelConfig& full, int rank, int size,
+TpVariantWorker::TpVariantWorker(const model::ModelConfig& full, dist::Communicator* comm,
                                  int64_t max_rows, LoraLoadOptions opts,
                                  std::string base_weights_hash)
     : full_(full),
-      rank_(rank),
-      size_(size),
+      rank_(comm->rank()),
+      size_(comm->size()),
       opts_(std::move(opts)),
       base_weights_hash_(std::move(base_weights_hash)),
-      slots_(model::ShardConfig(full, size).value(), max_rows) {}
+      slots_(model::ShardConfig(full, size_).value(), max_rows, comm) {}
 
 Status TpVariantWorker::Define(int32_t slot, std::string_view description) {
   slots_.Clear(slot);  // whatever happens, the slot no longer holds what it held

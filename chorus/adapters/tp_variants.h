@@ -73,8 +73,9 @@ class TpVariantSlots {
 // shard — for the rows of a step (slot −1 = base): what the step plan's slots name.
 class VariantSlotHook {
  public:
-  // `config`: this rank's model (shard) config.
-  VariantSlotHook(const model::ModelConfig& config, int64_t max_rows);
+  // `config`: this rank's model (shard) config; `comm`: the forward pass's communicator
+  // (LoraSlotHook).
+  VariantSlotHook(const model::ModelConfig& config, int64_t max_rows, dist::Communicator* comm);
   void SetLora(int32_t slot, std::shared_ptr<const LoraAdapter> adapter);
   void SetDelta(int32_t slot, std::shared_ptr<const delta::DeltaWeights> delta);
   void Clear(int32_t slot);  // the slot holds nothing
@@ -94,9 +95,10 @@ class VariantSlotHook {
 class TpVariantWorker {
  public:
   // `full`: the whole model's config (files are read and checked against it); this rank is
-  // `rank` of `size`; `opts.limits` as rank 0's (--max-lora-rank, --lora-dtype);
-  // `base_weights_hash`: the whole base's (delta::BaseWeightsHash), checked against deltas.
-  TpVariantWorker(const model::ModelConfig& full, int rank, int size, int64_t max_rows,
+  // comm's rank of its size (its forward pass's communicator); `opts.limits` as rank 0's
+  // (--max-lora-rank, --lora-dtype); `base_weights_hash`: the whole base's
+  // (delta::BaseWeightsHash), checked against deltas.
+  TpVariantWorker(const model::ModelConfig& full, dist::Communicator* comm, int64_t max_rows,
                   LoraLoadOptions opts, std::string base_weights_hash);
   // A model::TpDefineSlot. Refuses files that no longer hold the registered content, and
   // malformed descriptions; a failure leaves the slot empty.

@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "chorus/adapters/registry.h"
+#include "chorus/dist/thread_communicator.h"
 #include "chorus/model/synthetic.h"
 #include "chorus/model/tensor_parallel.h"
 
@@ -172,17 +173,14 @@ class TpVariantWorkerTest : public testing::Test {
 TEST_F(TpVariantWorkerTest, LoadsItsShardOfTheRegisteredFile) {
   LoraLoadOptions lo;
   lo.limits.storage = LoraStorage::kF32;
-  TpVariantWorker worker(full_, 1, 2, 16, lo, "");
+  auto comms = dist::MakeThreadCommunicators(2);  // rank 1's (no collective is called here)
+  TpVariantWorker worker(full_, comms[1].get(), 16, lo, "");
   ASSERT_TRUE(worker.Define(3, DescribeTpVariant(ref_)).ok());
-  // The same shard built from the file in memory (ShardLoraWeights, lora_tp_test checks it
-  // against the whole adapter): equal rows from the slot.
+  // The same part built from the file in memory (BuildShard, lora_tp_test checks it against the
+  // whole adapter).
   auto w = ReadLora(ref_.path, full_, lo);
   ASSERT_TRUE(w.ok());
-  auto shard = ShardLoraWeights(*w, full_, 1, 2);
-  ASSERT_TRUE(shard.ok());
-  auto sc = model::ShardConfig(full_, 2);
-  ASSERT_TRUE(sc.ok());
-  auto expect = LoraAdapter::Build(*shard, *sc, "sql", lo.limits);
+  auto expect = LoraAdapter::BuildShard(*w, full_, 1, 2, "sql", lo.limits);
   ASSERT_TRUE(expect.ok());
   auto via_file = LoadLoraAdapterShard(ref_.path, full_, 1, 2, lo, "sql");
   ASSERT_TRUE(via_file.ok()) << via_file.status().ToString();
@@ -199,7 +197,8 @@ TEST_F(TpVariantWorkerTest, LoadsItsShardOfTheRegisteredFile) {
 }
 
 TEST_F(TpVariantWorkerTest, RefusesChangedFilesAndUnknownKindsAndForgetsTheSlot) {
-  TpVariantWorker worker(full_, 1, 2, 16, {}, "");
+  auto comms = dist::MakeThreadCommunicators(2);
+  TpVariantWorker worker(full_, comms[1].get(), 16, {}, "");
   ASSERT_TRUE(worker.Define(0, DescribeTpVariant(ref_)).ok());
   VariantRef odd = ref_;
   odd.kind = "mystery";

@@ -30,7 +30,12 @@ struct CommStats {
   int64_t gathers = 0;
   int64_t gather_bytes = 0;
   double gather_seconds = 0;
-  double seconds() const { return all_reduce_seconds + broadcast_seconds + gather_seconds; }
+  int64_t all_gathers = 0;
+  int64_t all_gather_bytes = 0;  // sent by this rank
+  double all_gather_seconds = 0;
+  double seconds() const {
+    return all_reduce_seconds + broadcast_seconds + gather_seconds + all_gather_seconds;
+  }
 };
 
 class Communicator {
@@ -53,6 +58,10 @@ class Communicator {
   // Every rank's `n` floats concatenated in rank order into `out` [size() · n] on `root` (out is
   // not touched on other ranks and may be null there).
   virtual void Gather(const float* in, int64_t n, float* out, int root) = 0;
+  // Every rank's `n` floats concatenated in rank order into `out` [size() · n] on every rank (the
+  // shrink of a LoRA adapter split along its rank: docs/scaleout.md). `in` and `out` must not
+  // overlap.
+  virtual void AllGather(const float* in, int64_t n, float* out) = 0;
   virtual void Barrier() = 0;
   // "local" or "mpi" (for logs and reports).
   virtual const char* kind() const = 0;

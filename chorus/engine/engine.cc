@@ -294,7 +294,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const model::Mode
   impl->logits.assign(static_cast<size_t>(opts.max_running * c.vocab_size), 0.0f);
   impl->step = std::make_unique<model::StepBuilder>(opts.max_batch_tokens, opts.max_running);
   impl->row_adapters.reserve(static_cast<size_t>(opts.max_batch_tokens));
-  impl->lora_hook = std::make_unique<adapters::LoraHook>(c, opts.max_batch_tokens);
+  impl->lora_hook = std::make_unique<adapters::LoraHook>(c, opts.max_batch_tokens, tp_comm);
   impl->delta_hook = std::make_unique<delta::DeltaHook>(opts.max_batch_tokens);
   impl->row_deltas.reserve(static_cast<size_t>(opts.max_batch_tokens));
   e->metrics_.kv_blocks_total = n_pages;

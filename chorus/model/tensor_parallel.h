@@ -126,8 +126,8 @@ class TpLeader {
 // own Forward over `shard` and its own KV cache (its KV heads only) until the stop message.
 // Returns when rank 0 stops; the logits are computed on rank 0 only. When rank 0 sends row
 // slots, `hook_for` gives the step's hook for them (this rank's shards of the variants: e.g. a
-// LoraHook over adapters::ShardLoraWeights); a step with slots and no `hook_for` is an error.
-// `define` loads this rank's shard of a variant into a slot when rank 0 defines one (no
+// LoraHook over adapters::LoraAdapter::BuildShard's parts); a step with slots and no `hook_for` is
+// an error. `define` loads this rank's shard of a variant into a slot when rank 0 defines one (no
 // `define`: every definition fails on this rank); its error is printed, and rank 0 refuses
 // the variant.
 using TpHookForRows = std::function<Result<const LinearHook*>(std::span<const int32_t> slots)>;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -25,11 +26,13 @@ struct TpComparison {
 };
 
 // Variants under test, each a TpHookForRows giving the step's hook for the rows' slots: the
-// reference's (whole model), and rank r's for its shard (index r); every row of sequence s uses
-// slot seq_slots[s]. Empty: base model only.
+// reference's (whole model), and rank r's for its shard (index r), made for the communicator
+// rank r's forward pass uses (a LoRA hook runs its collectives on it); every row of sequence s
+// uses slot seq_slots[s]. Empty: base model only.
+using TpHookFactory = std::function<TpHookForRows(dist::Communicator* comm)>;
 struct TpVariants {
   TpHookForRows ref;
-  std::vector<TpHookForRows> ranks;
+  std::vector<TpHookFactory> ranks;
   std::vector<int32_t> seq_slots;
 };
 
@@ -41,13 +44,16 @@ inline TpComparison CompareTensorParallel(std::shared_ptr<const Model> full,
                                           int steps = 8, const TpVariants& variants = {}) {
   const int n = static_cast<int>(shards.size());
   auto comms = dist::MakeThreadCommunicators(n);
+  std::vector<TpHookForRows> hooks;
+  for (size_t r = 0; r < variants.ranks.size(); ++r)
+    hooks.push_back(variants.ranks[r](comms[r].get()));
   std::vector<Status> worker_status(static_cast<size_t>(n));
   std::vector<std::thread> workers;
   for (int r = 1; r < n; ++r) {
     workers.emplace_back([&, r] {
-      worker_status[static_cast<size_t>(r)] = RunTpWorker(
-          comms[static_cast<size_t>(r)].get(), shards[static_cast<size_t>(r)],
-          variants.ranks.empty() ? TpHookForRows() : variants.ranks[static_cast<size_t>(r)]);
+      worker_status[static_cast<size_t>(r)] =
+          RunTpWorker(comms[static_cast<size_t>(r)].get(), shards[static_cast<size_t>(r)],
+                      hooks.empty() ? TpHookForRows() : hooks[static_cast<size_t>(r)]);
     });
   }
   TpComparison out;
@@ -98,7 +104,7 @@ inline TpComparison CompareTensorParallel(std::shared_ptr<const Model> full,
       const LinearHook* rank0_hook = nullptr;
       if (!slots.empty()) {
         ref_hook = variants.ref(slots).value();
-        rank0_hook = variants.ranks[0](slots).value();
+        rank0_hook = hooks[0](slots).value();
       }
       fr.Run(br.Input(ref_hook), &kr, &pool, lg_r.data());
       leader.Step(bt.Input(), kt, slots);

@@ -33,12 +33,18 @@ err=$("${MPIRUN[@]}" "$CHORUS" "${GEN[@]}" --tp 3 2>&1) && fail "--tp 3 under -n
 grep -q "this job has 2 MPI processes" <<<"$err" || fail "--tp 3 under -np 2: unexpected: $err"
 echo "PASS rank-count check"
 
+# With --adapters, every batch also runs with its rows on LoRA adapters (q,k,v,o), each rank
+# holding its part: per layer an all-gather of the q|k|v shrink and an all-reduce of o's beside
+# the base's two all-reduces (stories260K: 5 layers, 10 collectives per base step, 20 with LoRA).
 out=$("${MPIRUN[@]}" "$CHORUS" bench --tp 2 --threads 1 --model "$M/stories260K.bin" \
-      --batches 1,4 --context 8 --decode-steps 4 --repeats 1 2>/dev/null) ||
-  fail "mpirun bench --tp 2 failed"
+      --batches 1,4 --context 8 --decode-steps 4 --repeats 1 --adapters 3 --lora-ranks 4,5 \
+      2>/dev/null) || fail "mpirun bench --tp 2 --adapters 3 failed"
 grep -q "tp 2" <<<"$out" || fail "bench table lacks 'tp 2': $out"
-rows=$(grep -cE '^(1|4) +[0-9]' <<<"$out")
-[ "$rows" = 2 ] || fail "bench table: expected 2 batch rows: $out"
+rows=$(grep -cE '^(1|4) +base +[0-9]' <<<"$out")
+[ "$rows" = 2 ] || fail "bench table: expected 2 base rows: $out"
+lora=$(grep -E '^(1|4) +lora +[0-9]' <<<"$out" | awk '{print $NF}' | sort -u)
+[ "$lora" = 20 ] || fail "bench table: expected 20 collectives per LoRA step: $out"
+echo "PASS bench --tp 2 with adapters (10 collectives per base step, 20 with LoRA rows)"
 echo "PASS bench --tp 2:"
 echo "$out"
 

@@ -9,11 +9,11 @@
 // Steps mix prefill chunks and decode rows of three sequences, one joining late. Each model runs
 // three times: base only; with LoRA variants — two random adapters (ranks 8 and 16, all seven
 // linears), sequence 0 on the first, 1 on the second, 2 on the base — every rank holding its
-// shard of them (adapters/lora/lora_tp.h); and with a delta beside them — sequence 0 on a random
-// compressed delta of every linear (every rank holding its shard, adapters/delta/delta_tp.h),
-// 1 on the rank-8 adapter, 2 on the base. The delta is 4-bit 2:4 with scale groups of 64 at the
-// TinyLlama shape, and 1-bit with one scale per matrix (BitDelta's layout) on stories260K, whose
-// 172-wide MLP splits at 86 columns, inside any group of 4.
+// part of them, S-LoRA §6's split with its collectives (adapters/lora/lora_tp.h); and with a delta
+// beside them — sequence 0 on a random compressed delta of every linear (every rank holding its
+// shard, adapters/delta/delta_tp.h), 1 on the rank-8 adapter, 2 on the base. The delta is 4-bit 2:4
+// with scale groups of 64 at the TinyLlama shape, and 1-bit with one scale per matrix (BitDelta's
+// layout) on stories260K, whose 172-wide MLP splits at 86 columns, inside any group of 4.
 //
 // Models: stories260K (llama2.c, f32; ../shared/models) and the TinyLlama-1.1B shape (2 of its
 // 22 layers: full width — 32 heads, 4 KV heads, n_ff 5632, vocab 32000 — but a 22-layer random
@@ -69,8 +69,9 @@ struct Loras {
   std::unique_ptr<adapters::VariantSlotHook> whole, shard;
 };
 
-Result<Loras> MakeLoras(const model::Model& full, const model::Model& shard, int rank, int size,
-                        const delta::RandomDeltaSpec& delta_spec) {
+Result<Loras> MakeLoras(const model::Model& full, const model::Model& shard,
+                        dist::Communicator* comm, const delta::RandomDeltaSpec& delta_spec) {
+  const int rank = comm->rank(), size = comm->size();
   std::vector<std::shared_ptr<const adapters::LoraAdapter>> whole, part;
   for (int64_t r : {8, 16}) {
     adapters::RandomLoraSpec spec;
@@ -79,9 +80,9 @@ Result<Loras> MakeLoras(const model::Model& full, const model::Model& shard, int
     spec.b_std = 0.05f;
     spec.seed = 500 + static_cast<uint64_t>(r);
     const adapters::LoraWeights w = adapters::MakeRandomLora(full.config(), spec);
-    CHORUS_ASSIGN_OR_RETURN(auto sw, adapters::ShardLoraWeights(w, full.config(), rank, size));
     CHORUS_ASSIGN_OR_RETURN(auto a, adapters::LoraAdapter::Build(w, full.config(), "whole"));
-    CHORUS_ASSIGN_OR_RETURN(auto b, adapters::LoraAdapter::Build(sw, shard.config(), "shard"));
+    CHORUS_ASSIGN_OR_RETURN(
+        auto b, adapters::LoraAdapter::BuildShard(w, full.config(), rank, size, "shard"));
     whole.push_back(std::move(a));
     part.push_back(std::move(b));
   }
@@ -94,8 +95,8 @@ Result<Loras> MakeLoras(const model::Model& full, const model::Model& shard, int
       auto ds, delta::DeltaWeights::Build(std::make_shared<const delta::Delta>(std::move(sd)),
                                           shard.config(), "shard"));
   Loras out;
-  out.whole = std::make_unique<adapters::VariantSlotHook>(full.config(), kMaxRows);
-  out.shard = std::make_unique<adapters::VariantSlotHook>(shard.config(), kMaxRows);
+  out.whole = std::make_unique<adapters::VariantSlotHook>(full.config(), kMaxRows, nullptr);
+  out.shard = std::make_unique<adapters::VariantSlotHook>(shard.config(), kMaxRows, comm);
   for (int32_t slot : {0, 1}) {
     out.whole->SetLora(slot, whole[static_cast<size_t>(slot)]);
     out.shard->SetLora(slot, part[static_cast<size_t>(slot)]);
@@ -262,7 +263,7 @@ int Main() {
                                      .seed = 31}
             : delta::RandomDeltaSpec{
                   .bits = 4, .sparse24 = true, .group_size = 64, .scale = 2e-3f, .seed = 31};
-    auto loras = MakeLoras(**full, **shard, comm->rank(), comm->size(), delta_spec);
+    auto loras = MakeLoras(**full, **shard, comm, delta_spec);
     if (!loras.ok()) {
       std::fprintf(stderr, "FAIL %s: %s\n", k.name.c_str(), loras.status().ToString().c_str());
       return 1;

@@ -120,7 +120,9 @@ TEST(DeltaTensorParallelTest, TwoRanksGiveTheWholeModelsLogits) {
   v.ref = [&](std::span<const int32_t> s) { return ref.ForRows(s); };
   for (int r = 0; r < 2; ++r) {
     DeltaSlots* h = hooks[static_cast<size_t>(r)].get();
-    v.ranks.push_back([h](std::span<const int32_t> s) { return h->ForRows(s); });
+    v.ranks.push_back([h](dist::Communicator*) -> model::TpHookForRows {
+      return [h](std::span<const int32_t> s) { return h->ForRows(s); };
+    });
   }
   v.seq_slots = {0, -1};  // the delta beside the base
   const auto cmp = model::testing::CompareVariantsUnderTp(*full, shards, v);

@@ -9,6 +9,7 @@
 #include "chorus/base/rng.h"
 #include "chorus/memory/host_arena.h"
 #include "chorus/model/convert.h"
+#include "chorus/model/tensor_parallel.h"
 
 namespace chorus::adapters {
 namespace {
@@ -115,39 +116,44 @@ int64_t RopeSourceRow(int64_t o, int64_t head_dim, kernels::RopeLayout from,
   return h * head_dim + (i % 2 == 0 ? i / 2 : i / 2 + half);  // rotate-half → interleaved
 }
 
-// lora_A [r, in] → the compute copy's rows (same order), checked, converted, in one pass.
-Status EmitA(const Tensor& a, LoraStorage st, void* dst, std::vector<float>* scratch,
-             const std::string& what) {
-  const int64_t r = a.shape()[0], in = a.shape()[1];
+// Rows [row0, row0 + rows) and columns [col0, col0 + cols) of lora_A [r, in] → the compute
+// copy's rows (same order), checked, converted, in one pass. Error positions are elements of the
+// whole tensor.
+Status EmitA(const Tensor& a, int64_t row0, int64_t rows, int64_t col0, int64_t cols,
+             LoraStorage st, void* dst, std::vector<float>* scratch, const std::string& what) {
+  const int64_t in = a.shape()[1];
   const int64_t eb = st == LoraStorage::kBF16 ? 2 : 4;
   scratch->resize(static_cast<size_t>(in));
-  for (int64_t j = 0; j < r; ++j) {
-    void* d = static_cast<uint8_t*>(dst) + j * in * eb;
+  for (int64_t j = 0; j < rows; ++j) {
+    void* d = static_cast<uint8_t*>(dst) + j * cols * eb;
     bool ok;
     const float* f = nullptr;
     if (a.dtype() == DType::kBF16) {
-      ok = EmitBF16Row(reinterpret_cast<const uint16_t*>(a.view().Row(j)), in, st, d);
+      ok = EmitBF16Row(reinterpret_cast<const uint16_t*>(a.view().Row(row0 + j)) + col0, cols, st,
+                       d);
     } else {
-      f = RowAsF32(a, j, scratch->data());
-      ok = EmitF32Row(f, in, st, d);
+      f = RowAsF32(a, row0 + j, scratch->data());
+      ok = EmitF32Row(f + col0, cols, st, d);
     }
     if (!ok) {
-      if (f == nullptr) f = RowAsF32(a, j, scratch->data());
-      const int64_t k = FirstNonFinite(f, in);
-      return NonFiniteError(what, f[k], j * in + k);
+      if (f == nullptr) f = RowAsF32(a, row0 + j, scratch->data());
+      const int64_t k = FirstNonFinite(f + col0, cols);
+      return NonFiniteError(what, f[col0 + k], (row0 + j) * in + col0 + k);
     }
   }
   return OkStatus();
 }
 
-// lora_B [out, r] (rows in pair order `from`) → Bᵀ [r, out] in the base's order `to`, checked
-// and converted. Tiles of kTile rows of B are decoded into a small f32 buffer (L1-resident) and
-// written out as kTile-wide runs of each Bᵀ row, so neither side is walked with a large stride.
-Status EmitBt(const Tensor& b, int64_t rope_heads, int64_t head_dim, kernels::RopeLayout from,
-              kernels::RopeLayout to, LoraStorage st, void* dst, std::vector<float>* scratch,
-              const std::string& what) {
+// Rows [row0, row0 + out) of lora_B [*, r] (rows in pair order `from`) → Bᵀ [r, out] in the
+// base's order `to`, checked and converted (row0 is a multiple of head_dim when rows are
+// permuted: the permutation stays inside heads). Tiles of kTile rows of B are decoded into a
+// small f32 buffer (L1-resident) and written out as kTile-wide runs of each Bᵀ row, so neither
+// side is walked with a large stride.
+Status EmitBt(const Tensor& b, int64_t row0, int64_t out, int64_t rope_heads, int64_t head_dim,
+              kernels::RopeLayout from, kernels::RopeLayout to, LoraStorage st, void* dst,
+              std::vector<float>* scratch, const std::string& what) {
   constexpr int64_t kTile = 32;
-  const int64_t out = b.shape()[0], r = b.shape()[1];
+  const int64_t r = b.shape()[1];
   scratch->resize(static_cast<size_t>((kTile + 1) * r));
   float* tile = scratch->data();      // [kTile, r]
   float* row_buf = tile + kTile * r;  // one decoded row
@@ -155,7 +161,7 @@ Status EmitBt(const Tensor& b, int64_t rope_heads, int64_t head_dim, kernels::Ro
   for (int64_t o0 = 0; o0 < out; o0 += kTile) {
     const int64_t nb = std::min(kTile, out - o0);
     for (int64_t k = 0; k < nb; ++k) {
-      const int64_t o = o0 + k;
+      const int64_t o = row0 + o0 + k;
       const int64_t src = permute ? RopeSourceRow(o, head_dim, from, to) : o;
       const float* f = RowAsF32(b, src, row_buf);
       float* t = tile + k * r;
@@ -186,6 +192,38 @@ Status EmitBt(const Tensor& b, int64_t rope_heads, int64_t head_dim, kernels::Ro
     }
   }
   return OkStatus();
+}
+
+// What one module's compute copy holds of its A and B (LoraView::Module): A rows [a_first,
+// a_first + a_rows) × columns [a_col0, a_col0 + in); B rows [b_first, b_first + out), all r
+// columns, written to output columns from out_first.
+struct ModulePart {
+  int64_t a_first = 0, a_rows = 0, a_col0 = 0, in = 0, b_first = 0, out = 0, out_first = 0;
+};
+
+// Part tp_rank of tp_size (whole for size 1) of a module of rank r (docs/scaleout.md): the
+// base's own split for the dimension it splits — q/k/v/gate/up by output rows, o/down by input
+// columns (`sc`: the shard config, whose widths are the base shard's) — and the rank or the
+// whole output split evenly for the other.
+ModulePart PartOf(const model::ModelConfig& full, const model::ModelConfig& sc, Linear which,
+                  int64_t r, int tp_rank, int tp_size) {
+  ModulePart p;
+  if (which == Linear::kO || which == Linear::kDown) {
+    p.a_rows = r;
+    p.in = LinearIn(sc, which);
+    p.a_col0 = tp_rank * p.in;
+    const TpPart o = LoraTpPart(LinearOut(full, which), tp_rank, tp_size);
+    p.b_first = p.out_first = o.first;
+    p.out = o.count;
+  } else {
+    const TpPart a = LoraTpPart(r, tp_rank, tp_size);
+    p.a_first = a.first;
+    p.a_rows = a.count;
+    p.in = LinearIn(sc, which);
+    p.out = LinearOut(sc, which);
+    p.b_first = tp_rank * p.out;
+  }
+  return p;
 }
 
 }  // namespace
@@ -284,9 +322,16 @@ Status ValidateLoraWeights(const LoraWeights& w, const model::ModelConfig& c,
 
 const char* LoraStorageName(LoraStorage s) { return s == LoraStorage::kBF16 ? "bf16" : "f32"; }
 
+TpPart LoraTpPart(int64_t n, int p, int size) {
+  const int64_t first = n * p / size;
+  return {first, n * (p + 1) / size - first};
+}
+
 void LoraView::CopyShapeFrom(const LoraView& other) {
   name_ = other.name_;
   id_ = other.id_;
+  tp_rank_ = other.tp_rank_;
+  tp_size_ = other.tp_size_;
   storage_type_ = other.storage_type_;
   n_layers_ = other.n_layers_;
   max_rank_ = other.max_rank_;
@@ -300,7 +345,7 @@ void LoraView::CopyShapeFrom(const LoraView& other) {
 
 void LoraView::LayoutRowTables() {
   size_t total = 0;
-  for (const Module& m : modules_) total += static_cast<size_t>(2 * m.rank);
+  for (const Module& m : modules_) total += static_cast<size_t>(m.a_rank + m.rank);
   const bool bf16 = storage_type_ == LoraStorage::kBF16;
   rows_.assign(bf16 ? 0 : total, nullptr);
   rows16_.assign(bf16 ? total : 0, nullptr);
@@ -322,12 +367,12 @@ void LoraView::LayoutRowTables() {
       take(0, 0, &f.a_rows, &f.a_rows_bf16);  // the group's rows start here
       for (Linear member : model::LinearGroupMembers(static_cast<model::LinearGroup>(g))) {
         Module& m = mod(l, member);
-        take(m.rank, m.in, &m.a_rows, &m.a_rows_bf16);
+        take(m.a_rank, m.in, &m.a_rows, &m.a_rows_bf16);
       }
     }
     for (Linear which : {Linear::kO, Linear::kDown}) {
       Module& m = mod(l, which);
-      take(m.rank, m.in, &m.a_rows, &m.a_rows_bf16);
+      take(m.a_rank, m.in, &m.a_rows, &m.a_rows_bf16);
     }
     for (int li = 0; li < model::kNumLinears; ++li) {
       Module& m = mod(l, static_cast<Linear>(li));
@@ -362,10 +407,24 @@ Result<std::shared_ptr<const LoraAdapter>> LoraAdapter::Build(const LoraWeights&
                                                               std::string name,
                                                               const LoraLimits& limits,
                                                               VariantId id) {
+  return BuildShard(w, c, 0, 1, std::move(name), limits, id);
+}
+
+Result<std::shared_ptr<const LoraAdapter>> LoraAdapter::BuildShard(
+    const LoraWeights& w, const model::ModelConfig& c, int tp_rank, int tp_size, std::string name,
+    const LoraLimits& limits, VariantId id) {
+  CHORUS_CHECK(tp_size >= 1 && tp_rank >= 0 && tp_rank < tp_size)
+      << "LoRA shard " << tp_rank << " of " << tp_size;
   CHORUS_RETURN_IF_ERROR(ValidateLoraWeights(w, c, limits).WithContext("adapter '" + name + "'"));
+  model::ModelConfig sc = c;
+  if (tp_size > 1) {
+    CHORUS_ASSIGN_OR_RETURN(sc, model::ShardConfig(c, tp_size));
+  }
   std::shared_ptr<LoraAdapter> ad(new LoraAdapter());
   ad->name_ = std::move(name);
   ad->id_ = id;
+  ad->tp_rank_ = tp_rank;
+  ad->tp_size_ = tp_size;
   ad->n_layers_ = w.n_layers;
   ad->modules_.resize(w.modules.size());
   ad->fused_.resize(static_cast<size_t>(w.n_layers * model::kNumLinearGroups));
@@ -374,39 +433,47 @@ Result<std::shared_ptr<const LoraAdapter>> LoraAdapter::Build(const LoraWeights&
   // down's A, then every module's Bᵀ. Offsets first, so pointers are set after one allocation.
   struct Slot {
     size_t a_off = 0, bt_off = 0;
+    ModulePart part;
   };
   std::vector<Slot> slots(w.modules.size());
   std::vector<size_t> fused_off(ad->fused_.size());
+  auto index = [](int64_t l, Linear which) {
+    return static_cast<size_t>(l * model::kNumLinears + static_cast<int>(which));
+  };
   size_t total = 0;
   for (int64_t l = 0; l < w.n_layers; ++l) {
+    for (int li = 0; li < model::kNumLinears; ++li) {
+      const auto which = static_cast<Linear>(li);
+      Slot& sl = slots[index(l, which)];
+      sl.part = PartOf(c, sc, which, w.at(l, which).rank(), tp_rank, tp_size);
+      Module& m = ad->modules_[index(l, which)];
+      m.in = sl.part.in;
+      m.out = sl.part.out;
+    }
     for (int g = 0; g < model::kNumLinearGroups; ++g) {
       fused_off[static_cast<size_t>(l * model::kNumLinearGroups + g)] = total;
-      int64_t col = 0;
+      int64_t col = 0, held = 0;
       for (Linear which : model::LinearGroupMembers(static_cast<model::LinearGroup>(g))) {
-        const LoraModuleWeights& m = w.at(l, which);
-        const size_t idx = static_cast<size_t>(l * model::kNumLinears + static_cast<int>(which));
-        slots[idx].a_off = total;
-        ad->modules_[idx].fused_col = col;
-        ad->modules_[idx].in = LinearIn(c, which);
-        ad->modules_[idx].out = LinearOut(c, which);
-        col += m.rank();
-        total += static_cast<size_t>(m.rank() * LinearIn(c, which));
+        Slot& sl = slots[index(l, which)];
+        sl.a_off = total;
+        ad->modules_[index(l, which)].fused_col = col;
+        col += w.at(l, which).rank();
+        held += sl.part.a_rows;
+        total += static_cast<size_t>(sl.part.a_rows * sl.part.in);
       }
-      ad->fused_[static_cast<size_t>(l * model::kNumLinearGroups + g)].rank = col;
+      ad->fused_[static_cast<size_t>(l * model::kNumLinearGroups + g)].rank = held;
       ad->max_fused_rank_ = std::max(ad->max_fused_rank_, col);
     }
     for (Linear which : {Linear::kO, Linear::kDown}) {
-      const size_t idx = static_cast<size_t>(l * model::kNumLinears + static_cast<int>(which));
-      slots[idx].a_off = total;
-      ad->modules_[idx].in = LinearIn(c, which);
-      ad->modules_[idx].out = LinearOut(c, which);
-      total += static_cast<size_t>(w.at(l, which).rank() * LinearIn(c, which));
+      Slot& sl = slots[index(l, which)];
+      sl.a_off = total;
+      total += static_cast<size_t>(sl.part.a_rows * sl.part.in);
     }
     for (int li = 0; li < model::kNumLinears; ++li) {
       const Linear which = static_cast<Linear>(li);
-      const size_t idx = static_cast<size_t>(l * model::kNumLinears + li);
-      slots[idx].bt_off = total;
-      total += static_cast<size_t>(w.at(l, which).rank() * LinearOut(c, which));
+      Slot& sl = slots[index(l, which)];
+      sl.bt_off = total;
+      total += static_cast<size_t>(w.at(l, which).rank() * sl.part.out);
     }
   }
   // One uninitialized allocation in the storage type; every element is written exactly once
@@ -431,21 +498,26 @@ Result<std::shared_ptr<const LoraAdapter>> LoraAdapter::Build(const LoraWeights&
       const Linear which = static_cast<Linear>(li);
       const LoraModuleWeights& m = w.at(l, which);
       if (!m.present()) continue;
-      const size_t idx = static_cast<size_t>(l * model::kNumLinears + li);
-      Module& mod = ad->modules_[idx];
+      const Slot& sl = slots[index(l, which)];
+      const ModulePart& part = sl.part;
+      Module& mod = ad->modules_[index(l, which)];
       const int64_t r = m.rank();
       const std::string mname = LoraModuleName(l, which);
-      uint8_t* a_dst = base + slots[idx].a_off * static_cast<size_t>(eb);
-      uint8_t* bt_dst = base + slots[idx].bt_off * static_cast<size_t>(eb);
-      CHORUS_RETURN_IF_ERROR(EmitA(m.a, limits.storage, a_dst, &scratch, "lora_A of " + mname)
+      uint8_t* a_dst = base + sl.a_off * static_cast<size_t>(eb);
+      uint8_t* bt_dst = base + sl.bt_off * static_cast<size_t>(eb);
+      CHORUS_RETURN_IF_ERROR(EmitA(m.a, part.a_first, part.a_rows, part.a_col0, part.in,
+                                   limits.storage, a_dst, &scratch, "lora_A of " + mname)
                                  .WithContext("adapter '" + ad->name_ + "'"));
-      CHORUS_RETURN_IF_ERROR(EmitBt(m.b, RopeHeads(c, which), c.head_dim, w.qk_layout,
-                                    c.rope_layout, limits.storage, bt_dst, &scratch,
+      CHORUS_RETURN_IF_ERROR(EmitBt(m.b, part.b_first, part.out, RopeHeads(c, which), c.head_dim,
+                                    w.qk_layout, c.rope_layout, limits.storage, bt_dst, &scratch,
                                     "lora_B of " + mname)
                                  .WithContext("adapter '" + ad->name_ + "'"));
       mod.rank = r;
+      mod.a_rank = part.a_rows;
+      mod.a_first = part.a_first;
+      mod.out_first = part.out_first;
       mod.scale = w.Scale(l, which);
-      mod.a = f32 ? reinterpret_cast<const float*>(a_dst) : nullptr;
+      mod.a = f32 && part.a_rows > 0 ? reinterpret_cast<const float*>(a_dst) : nullptr;
       mod.bt = f32 ? reinterpret_cast<const float*>(bt_dst) : nullptr;
       ad->max_rank_ = std::max(ad->max_rank_, r);
     }

@@ -95,24 +95,35 @@ Status ValidateLoraWeights(const LoraWeights& w, const model::ModelConfig& base,
 
 class LoraView {
  public:
-  // One targeted linear in compute layout.
+  // One targeted linear in compute layout. In a tensor-parallel shard (tp_size() > 1: S-LoRA
+  // §6's split, docs/scaleout.md) a module holds only part of A and Bᵀ:
+  //   q, k, v, gate, up: A rows [a_first, a_first + a_rank) of the r rows (a chunk of the rank;
+  //     the shrink is all-gathered), Bᵀ [r, out] for this rank's output rows of the base;
+  //   o, down: A [r, in] for this rank's input columns (the shrink is all-reduced), Bᵀ [r, out]
+  //     for output columns [out_first, out_first + out) of the whole output.
+  // Otherwise a_rank = rank, a_first = out_first = 0 and in / out are the base linear's shape.
   struct Module {
-    int64_t rank = 0;                       // 0 = not targeted
+    int64_t rank = 0;                       // r: rows of Bᵀ; 0 = not targeted
+    int64_t a_rank = 0;                     // rows of A held here
+    int64_t a_first = 0;                    // the first of them among the r rows
     float scale = 0.0f;                     // s
-    int64_t in = 0, out = 0;                // the base linear's shape
-    const float* a = nullptr;               // [rank, in] contiguous (host copy only; else null)
+    int64_t in = 0, out = 0;                // widths of the A rows and Bᵀ rows held
+    int64_t out_first = 0;                  // first output column of the term
+    const float* a = nullptr;               // [a_rank, in] contiguous (host copy only; else null)
     const float* bt = nullptr;              // [rank, out] contiguous (host copy only; else null)
-    const float* const* a_rows = nullptr;   // [rank] rows of A, each [in] (f32 storage)
+    const float* const* a_rows = nullptr;   // [a_rank] rows of A, each [in] (f32 storage)
     const float* const* bt_rows = nullptr;  // [rank] rows of Bᵀ (lora_B transposed), each [out]
     const uint16_t* const* a_rows_bf16 = nullptr;   // the same for bf16 storage (else null)
     const uint16_t* const* bt_rows_bf16 = nullptr;  //
-    int64_t fused_col = 0;  // first row of this module's A inside its fused group
+    // First column of this module's rank values in the group's fused shrink output (Σ r of the
+    // members before it): where its expand reads them.
+    int64_t fused_col = 0;
   };
   // The A of the linears of one model::LinearGroup (they read the same input), concatenated by
   // rows in LinearGroupMembers() order. Absent modules contribute no rows.
   using Group = model::LinearGroup;
   struct Fused {
-    int64_t rank = 0;                      // Σ ranks of the group's modules
+    int64_t rank = 0;                      // Σ a_rank of the group's modules (rows held here)
     const float* a = nullptr;              // [rank, in] contiguous (host copy only; else null)
     const float* const* a_rows = nullptr;  // [rank] rows (the members' a_rows, concatenated)
     const uint16_t* const* a_rows_bf16 = nullptr;  // the same for bf16 storage
@@ -136,11 +147,14 @@ class LoraView {
     return fused_[static_cast<size_t>(layer * model::kNumLinearGroups + static_cast<int>(g))];
   }
   int64_t max_rank() const { return max_rank_; }
-  // Largest fused-group rank (what a shrink buffer row must hold).
+  // Largest Σ r of a fused group (what a row of the whole fused shrink output holds).
   int64_t max_fused_rank() const { return max_fused_rank_; }
+  // This copy is part tp_rank() of tp_size() of the adapter (S-LoRA §6's split); 0 of 1: whole.
+  int tp_rank() const { return tp_rank_; }
+  int tp_size() const { return tp_size_; }
   LoraStorage storage() const { return storage_type_; }
   int64_t element_bytes() const { return storage_type_ == LoraStorage::kBF16 ? 2 : 4; }
-  // Rows of A and Bᵀ of every module: 2 × Σ ranks.
+  // Rows of A and Bᵀ of every module: Σ (a_rank + rank) (2 × Σ ranks for a whole adapter).
   int64_t n_rows() const { return static_cast<int64_t>(row_elems_.size()); }
   // Row `i` of the flat row order (per layer: q|k|v A rows, gate|up A rows, o A, down A, then
   // every linear's Bᵀ rows in linear order): its data, elements and bytes.
@@ -171,6 +185,7 @@ class LoraView {
   std::string name_;
   VariantId id_;
   int64_t n_layers_ = 0, max_rank_ = 0, max_fused_rank_ = 0;
+  int tp_rank_ = 0, tp_size_ = 1;
   std::vector<Module> modules_;                   // [n_layers × kNumLinears]
   std::vector<Fused> fused_;                      // [n_layers × 2]
   LoraStorage storage_type_ = LoraStorage::kF32;  // set before LayoutRowTables()
@@ -194,6 +209,14 @@ class LoraAdapter : public LoraView {
                                                           std::string name,
                                                           const LoraLimits& limits = {},
                                                           VariantId id = {});
+  // Part `tp_rank` of `tp_size` of the adapter `w` of the whole model `base` (S-LoRA §6's split,
+  // Module above), for a LoraHook over model::ShardModel's shard of `base` under a communicator
+  // of that size. Reads only the parts of `w` it keeps (a quantized A of o/down is decoded and
+  // sliced, so no block boundary constrains the split); validation and errors as Build.
+  // tp_size 1: Build.
+  static Result<std::shared_ptr<const LoraAdapter>> BuildShard(
+      const LoraWeights& w, const model::ModelConfig& base, int tp_rank, int tp_size,
+      std::string name, const LoraLimits& limits = {}, VariantId id = {});
 
   // Bytes of compute weights held.
   int64_t memory_bytes() const { return static_cast<int64_t>(storage_.size()); }
@@ -223,6 +246,13 @@ class LoraAdapter : public LoraView {
   // Build); never resized after Build.
   HostBuffer storage_;
 };
+
+// The part [first, first + count) of n items that rank p of `size` holds under S-LoRA's split:
+// n·p/size rounded down to n·(p+1)/size (a rank may hold nothing when n < size).
+struct TpPart {
+  int64_t first = 0, count = 0;
+};
+TpPart LoraTpPart(int64_t n, int p, int size);
 
 // ---- Test oracles and synthetic adapters ----
 

@@ -13,6 +13,16 @@
 // A row's adapter is any LoraView: the host-tier copy (LoraAdapter) or its copy in pool pages
 // (PagedLora). Both hold the same values, so which one a step uses never changes its output.
 //
+// Under tensor parallelism (a communicator of size N > 1) every row's adapter is this rank's
+// part of it (LoraAdapter::BuildShard: S-LoRA §6's split, docs/scaleout.md) and the hook adds the
+// collectives that complete the term: for q|k|v and gate|up, each rank shrinks with its chunk of
+// the rank rows and an all-gather assembles the whole shrink before each rank expands into its
+// own output rows; for o and down, each rank's shrink is a partial sum over its input columns,
+// an all-reduce completes it, and each rank expands into its own slice of the output columns,
+// which the forward pass's all-reduce after o / down then sums with the base. Two collectives per
+// group step with any adapter row, called identically on every rank (the rows' adapters come
+// from the step plan, and a module's rank is known to every rank).
+//
 // Thread-safety: one thread (the engine thread) calls SetRows() and Forward::Run() with this
 // hook; Apply() uses internal scratch and must not run concurrently with itself. Adapters set
 // for a step must stay alive until the step ends.
@@ -24,6 +34,7 @@
 #include <vector>
 
 #include "chorus/adapters/lora/lora_adapter.h"
+#include "chorus/dist/communicator.h"
 #include "chorus/kernels/lora.h"
 #include "chorus/model/forward.h"
 
@@ -31,13 +42,15 @@ namespace chorus::adapters {
 
 class LoraHook : public model::LinearHook {
  public:
-  // `base` is the config the adapters were built for; buffers hold steps of up to `max_rows`.
-  LoraHook(const model::ModelConfig& base, int64_t max_rows);
+  // `base` is the config the adapters were built for (under TP: this rank's shard config);
+  // buffers hold steps of up to `max_rows`. `comm` (may be null: one process) is the forward
+  // pass's communicator; of size N > 1, the adapters must be parts of that split.
+  LoraHook(const model::ModelConfig& base, int64_t max_rows, dist::Communicator* comm = nullptr);
 
   // Sets the adapter of every row of the next step(s): row_adapters[i] for row i, nullptr = base
   // model only. Errors (nothing changed): more rows than max_rows, an adapter built for a model
-  // with another layer count. Grows the shrink buffer when a larger rank first appears (not per
-  // step).
+  // with another layer count, or for another part of the tensor-parallel split than this rank's.
+  // Grows the shrink buffer when a larger rank first appears (not per step).
   Status SetRows(std::span<const LoraView* const> row_adapters);
   Status SetRows(std::span<const LoraAdapter* const> row_adapters);
   // No adapter rows (the hook then does nothing).
@@ -57,7 +70,14 @@ class LoraHook : public model::LinearHook {
                   ThreadPool* pool) const override;
 
  private:
+  bool split() const { return comm_ != nullptr && comm_->size() > 1; }
+  void ApplySplit(int64_t layer, model::Linear which, const float* x, int64_t x_stride, float* y,
+                  int64_t y_stride, int64_t n_rows, ThreadPool* pool) const;
+  void ApplyGroupSplit(int64_t layer, model::LinearGroup group, std::span<const Target> targets,
+                       const float* x, int64_t x_stride, int64_t n_rows, ThreadPool* pool) const;
+
   model::ModelConfig config_;
+  dist::Communicator* comm_ = nullptr;
   int64_t max_rows_ = 0;
   int64_t n_rows_ = 0;  // rows of the current step
   std::vector<kernels::LoraSegment> segments_;
@@ -71,6 +91,8 @@ class LoraHook : public model::LinearHook {
   // ApplyGroup: one expand table per output of the group.
   mutable std::array<std::vector<kernels::LoraExpandWeight>, kernels::kMaxLoraExpandOuts>
       group_expand_w_;
+  // Under TP: this rank's chunks of a fused shrink [rows, w] and every rank's, gathered.
+  mutable std::vector<float> local_, gathered_;
 };
 
 }  // namespace chorus::adapters

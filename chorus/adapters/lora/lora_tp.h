@@ -1,22 +1,17 @@
-// A LoRA adapter's shard for tensor parallelism (docs/scaleout.md, "LoRA under tensor
-// parallelism"), so that each rank's ordinary LoraHook, over its model shard, adds exactly its
-// part of the adapter term and the forward pass's existing all-reduces complete it:
+// LoRA adapters under tensor parallelism (docs/scaleout.md, "LoRA under tensor parallelism"):
+// S-LoRA §6's split. Each rank holds 1/N of every adapter matrix (LoraAdapter::BuildShard):
 //
-//   q, k, v, gate, up (base split by output rows): A whole (every rank has all of x, so the
-//     shrink x·Aᵀ is computed in full on each rank, no communication), B split by output rows
-//     like the base — each rank writes the adapter term of its own outputs;
+//   q, k, v, gate, up (base split by output rows): A split along the rank r — each rank shrinks
+//     with its chunk of the rank rows and an all-gather assembles the whole shrink x·Aᵀ — and B
+//     split by output rows like the base, so each rank writes the adapter term of its own
+//     outputs;
 //   o, down (base split by input columns): A split by input columns like the base — each rank's
-//     shrink is a partial sum over its inputs — and B whole: each rank adds s·(x_r·A_rᵀ)·Bᵀ to
-//     its partial sum of the base product, and the all-reduce after o / down sums the partial
-//     shrinks through B along with the base (linear in the shrink).
+//     shrink is a partial sum over its inputs, which an all-reduce completes — and B split by
+//     output rows: each rank adds the term of its slice of the outputs to its partial sum of the
+//     base product, and the forward pass's all-reduce after o / down sums the slices with it.
 //
-// S-LoRA §6 instead splits A of the first group along the rank dimension and all-gathers the
-// shrink, and all-reduces the shrink of o / down before a split B: the memory of every adapter
-// matrix divided by N, at the cost of extra collectives per layer. This split replicates half of
-// each adapter instead and adds no collective or synchronisation point. (Measured here, those
-// collectives would move their data in under 1 ms of a ~120 ms step — bench/tp/
-// collectives_bench.cc, docs/scaleout.md — so the memory-optimal split is the better trade and is
-// not implemented yet.)
+// The LoraHook of a rank, given the forward pass's communicator, runs these collectives (two per
+// group of linears with an adapter row, each a few KB for decode: bench/tp/collectives_bench.cc).
 #pragma once
 
 #include <memory>
@@ -31,15 +26,8 @@
 
 namespace chorus::adapters {
 
-// Shard `rank` of `size` of `w` (an adapter of the whole model `base`), to be built against
-// model::ShardConfig(base, size). Quantized A of o/down split inside a block is refused; size 1
-// returns `w`.
-Result<LoraWeights> ShardLoraWeights(const LoraWeights& w, const model::ModelConfig& base, int rank,
-                                     int size);
-
-// ReadLora against the whole model `full`, ShardLoraWeights for `rank` of `size`, and
-// LoraAdapter::Build against model::ShardConfig(full, size): this rank's copy of an adapter
-// file (size 1: LoadLoraAdapter). Errors name the path.
+// ReadLora against the whole model `full` and LoraAdapter::BuildShard for `rank` of `size`: this
+// rank's copy of an adapter file (size 1: LoadLoraAdapter). Errors name the path.
 Result<std::shared_ptr<const LoraAdapter>> LoadLoraAdapterShard(const std::string& path,
                                                                 const model::ModelConfig& full,
                                                                 int rank, int size,
@@ -53,7 +41,9 @@ Result<std::shared_ptr<const LoraAdapter>> LoadLoraAdapterShard(const std::strin
 // defines them (Set).
 class LoraSlotHook {
  public:
-  LoraSlotHook(const model::ModelConfig& config, int64_t max_rows,
+  // `config`: this rank's model (shard) config; `comm`: the forward pass's communicator (the
+  // adapters are its rank's parts; null: one process, whole adapters).
+  LoraSlotHook(const model::ModelConfig& config, int64_t max_rows, dist::Communicator* comm,
                std::vector<std::shared_ptr<const LoraAdapter>> table = {});
   // The hook with rows set from `slots` (a slot outside the table, or empty, is an error naming
   // it).

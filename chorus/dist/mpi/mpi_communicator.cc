@@ -91,6 +91,15 @@ class MpiCommunicator final : public Communicator {
     stats_.gather_bytes += n * static_cast<int64_t>(sizeof(float));
     stats_.gather_seconds += Now() - t0;
   }
+  void AllGather(const float* in, int64_t n, float* out) override {
+    const double t0 = Now();
+    CHORUS_CHECK(n < kMaxCount) << "all-gather of " << n << " floats per rank";
+    MPI_Allgather(in, static_cast<int>(n), MPI_FLOAT, out, static_cast<int>(n), MPI_FLOAT,
+                  MPI_COMM_WORLD);
+    stats_.all_gathers += 1;
+    stats_.all_gather_bytes += n * static_cast<int64_t>(sizeof(float));
+    stats_.all_gather_seconds += Now() - t0;
+  }
   void Barrier() override { MPI_Barrier(MPI_COMM_WORLD); }
   const char* kind() const override { return "mpi"; }
 
