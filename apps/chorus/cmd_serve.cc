@@ -453,7 +453,8 @@ int ServeCommand(int argc, char** argv) {
       Status s = model::RunTpWorker(
           tp->comm.get(), loaded->model,
           [&](std::span<const int32_t> slots) { return variants.ForRows(slots); },
-          [&](int32_t slot, std::string_view d) { return variants.Define(slot, d); });
+          [&](int32_t slot, std::string_view d) { return variants.Define(slot, d); },
+          [&](std::string_view d) { variants.Prefetch(d); });
       return s.ok() ? 0 : Fail("serve", s);
     }
   }

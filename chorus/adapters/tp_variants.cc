@@ -1,5 +1,7 @@
 #include "chorus/adapters/tp_variants.h"
 
+#include <sys/resource.h>
+
 #include <nlohmann/json.hpp>
 
 #include "chorus/adapters/delta/delta_tp.h"
@@ -9,6 +11,10 @@
 namespace chorus::adapters {
 
 using json = nlohmann::json;
+
+namespace {
+constexpr int kLoaderNice = 10;
+}  // namespace
 
 std::string DescribeTpVariant(const VariantRef& ref) {
   json files = json::array();
@@ -80,12 +86,25 @@ Result<int32_t> TpVariantSlots::Bind(const std::shared_ptr<const void>& copy,
     slot = next_slot_++;
   }
   ++definitions_;
-  if (Status s = define_(slot, DescribeTpVariant(ref)); !s.ok()) {
+  std::string description = DescribeTpVariant(ref);
+  hinted_.erase(description);
+  if (Status s = define_(slot, description); !s.ok()) {
     free_.push_back(slot);
     return s.WithContext("adapter '" + ref.name + "'");
   }
-  by_copy_[copy.get()] = {copy, slot};
+  by_copy_[copy.get()] = {copy, slot, std::move(description)};
   return slot;
+}
+
+bool TpVariantSlots::ShouldPrefetch(const VariantRef& ref) {
+  std::string description = DescribeTpVariant(ref);
+  for (const auto& [addr, b] : by_copy_) {
+    if (b.description == description && !b.copy.expired()) return false;
+  }
+  if (hinted_.count(description) > 0) return false;
+  if (hinted_.size() >= kMaxHinted) hinted_.clear();  // forgetting only costs a repeated hint
+  hinted_.insert(std::move(description));
+  return true;
 }
 
 int32_t TpVariantSlots::SlotOf(const void* copy) const {
@@ -153,8 +172,102 @@ TpVariantWorker::TpVariantWorker(const model::ModelConfig& full, dist::Communica
       base_weights_hash_(std::move(base_weights_hash)),
       slots_(model::ShardConfig(full, size_).value(), max_rows, comm) {}
 
+TpVariantWorker::~TpVariantWorker() {
+  {
+    MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  cv_.SignalAll();
+  if (loader_.joinable()) loader_.join();  // a load in progress finishes first
+}
+
 Status TpVariantWorker::Define(int32_t slot, std::string_view description) {
   slots_.Clear(slot);  // whatever happens, the slot no longer holds what it held
+  std::optional<Result<Loaded>> pre = TakePrefetched(std::string(description));
+  if (pre) ++prefetch_hits_;
+  Result<Loaded> v = pre ? std::move(*pre) : Load(description);
+  if (!v.ok()) return v.status();
+  if (v->delta) {
+    slots_.SetDelta(slot, std::move(v->delta));
+  } else {
+    slots_.SetLora(slot, std::move(v->lora));
+  }
+  return OkStatus();
+}
+
+void TpVariantWorker::Prefetch(std::string_view description) {
+  std::string d(description);
+  {
+    MutexLock lock(&mu_);
+    if (loading_ == d) return;
+    for (const std::string& q : queued_)
+      if (q == d) return;
+    for (const auto& [l, r] : loaded_)
+      if (l == d) return;
+    while (queued_.size() + loaded_.size() >= kMaxPrefetched) {
+      if (!loaded_.empty()) {
+        loaded_.pop_front();
+      } else {
+        queued_.pop_front();
+      }
+    }
+    queued_.push_back(std::move(d));
+  }
+  if (!loader_.joinable()) loader_ = std::thread([this] { LoaderMain(); });
+  cv_.SignalAll();
+}
+
+void TpVariantWorker::WaitForPrefetches() {
+  MutexLock lock(&mu_);
+  while (!queued_.empty() || !loading_.empty()) cv_.Wait(&mu_);
+}
+
+std::optional<Result<TpVariantWorker::Loaded>> TpVariantWorker::TakePrefetched(
+    const std::string& description) {
+  MutexLock lock(&mu_);
+  for (auto q = queued_.begin(); q != queued_.end(); ++q) {
+    if (*q == description) {  // not started: loading it here is no slower than waiting
+      queued_.erase(q);
+      return std::nullopt;
+    }
+  }
+  while (loading_ == description) cv_.Wait(&mu_);
+  for (auto l = loaded_.begin(); l != loaded_.end(); ++l) {
+    if (l->first == description) {
+      Result<Loaded> r = std::move(l->second);
+      loaded_.erase(l);
+      return r;
+    }
+  }
+  return std::nullopt;
+}
+
+void TpVariantWorker::LoaderMain() {
+  // Below the compute thread's priority: a prefetch must not slow the steps the ranks run
+  // meanwhile (rank 0 would wait for this rank at every collective). Linux: `who` = 0 is the
+  // calling thread. A refusal leaves it at the worker's priority.
+  (void)::setpriority(PRIO_PROCESS, 0, kLoaderNice);
+  for (;;) {
+    std::string description;
+    {
+      MutexLock lock(&mu_);
+      while (!stop_ && queued_.empty()) cv_.Wait(&mu_);
+      if (stop_) return;
+      loading_ = std::move(queued_.front());
+      queued_.pop_front();
+      description = loading_;
+    }
+    Result<Loaded> r = Load(description);  // the file read and conversion, off the lock
+    {
+      MutexLock lock(&mu_);
+      loaded_.emplace_back(std::move(description), std::move(r));
+      loading_.clear();
+    }
+    cv_.SignalAll();
+  }
+}
+
+Result<TpVariantWorker::Loaded> TpVariantWorker::Load(std::string_view description) const {
   CHORUS_ASSIGN_OR_RETURN(VariantRef ref, ParseTpVariant(description));
   if (ref.kind != "lora" && ref.kind != "delta")
     return InvalidArgumentError("variant '" + ref.name + "' of unknown kind '" + ref.kind + "'");
@@ -164,15 +277,13 @@ Status TpVariantWorker::Define(int32_t slot, std::string_view description) {
     CHORUS_ASSIGN_OR_RETURN(
         auto d,
         delta::LoadDeltaWeightsShard(ref.path, full_, base_weights_hash_, rank_, size_, ref.name));
-    slots_.SetDelta(slot, std::move(d));
-    return OkStatus();
+    return Loaded{nullptr, std::move(d)};
   }
   LoraLoadOptions lo = opts_;
   lo.id = ref.id;
   CHORUS_ASSIGN_OR_RETURN(auto adapter,
                           LoadLoraAdapterShard(ref.path, full_, rank_, size_, lo, ref.name));
-  slots_.SetLora(slot, std::move(adapter));
-  return OkStatus();
+  return Loaded{std::move(adapter), nullptr};
 }
 
 }  // namespace chorus::adapters

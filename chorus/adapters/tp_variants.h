@@ -11,26 +11,38 @@
 //            the file, keep this rank's shard in the slot (LoRA: LoraSlotHook; delta: its
 //            DeltaWeights); ForRows for the steps.
 //
+// Prefetch (S-LoRA §5.2's prefetch of queued requests' adapters, on the workers): when a request
+// for a variant is queued, rank 0 sends its description as a hint (TpVariantSlots::
+// ShouldPrefetch, model::TpLeader::Prefetch) while its own copy loads; each worker starts
+// loading its shard on a loader thread, and the Define that follows takes the loaded shard
+// instead of reading the file while every rank waits between two steps.
+//
 // The description is the VariantRef as JSON (name, kind, path, id, file fingerprints): every rank
 // reads the same path (the same file on every host) and checks it holds the registered content.
 //
 // Thread-safety: TpVariantSlots is used by the engine thread only (its Define is a collective);
-// TpVariantWorker by the worker's one thread.
+// TpVariantWorker by the worker's one thread (its loader thread only loads files and hands the
+// result over under a mutex).
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "chorus/adapters/delta/delta_hook.h"
 #include "chorus/adapters/lora/lora_tp.h"
 #include "chorus/adapters/variant.h"
 #include "chorus/adapters/variant_hook.h"
+#include "chorus/base/mutex.h"
 #include "chorus/model/config.h"
 
 namespace chorus::adapters {
@@ -54,6 +66,11 @@ class TpVariantSlots {
   Result<int32_t> Bind(const std::shared_ptr<const void>& copy, const VariantRef& ref);
   // The slot `copy` was bound to. Requires: Bind succeeded for it and it is alive.
   int32_t SlotOf(const void* copy) const;
+  // Whether to send the workers a prefetch hint for `ref`, whose request was just queued: not
+  // when a live copy of it is bound already, nor when a hint for it went out since its last
+  // definition (at most kMaxHinted remembered). Records the hint.
+  bool ShouldPrefetch(const VariantRef& ref);
+  static constexpr size_t kMaxHinted = 64;
   int64_t bound() const { return static_cast<int64_t>(by_copy_.size()); }
   int64_t definitions() const { return definitions_; }
 
@@ -61,9 +78,11 @@ class TpVariantSlots {
   struct Binding {
     std::weak_ptr<const void> copy;
     int32_t slot;
+    std::string description;
   };
   DefineFn define_;
   std::map<const void*, Binding> by_copy_;
+  std::set<std::string> hinted_;  // descriptions hinted and not defined since
   std::vector<int32_t> free_;
   int32_t next_slot_ = 0;
   int64_t definitions_ = 0;
@@ -100,20 +119,51 @@ class TpVariantWorker {
   // (delta::BaseWeightsHash), checked against deltas.
   TpVariantWorker(const model::ModelConfig& full, dist::Communicator* comm, int64_t max_rows,
                   LoraLoadOptions opts, std::string base_weights_hash);
+  ~TpVariantWorker();
   // A model::TpDefineSlot. Refuses files that no longer hold the registered content, and
-  // malformed descriptions; a failure leaves the slot empty.
+  // malformed descriptions; a failure leaves the slot empty. Takes a prefetched shard of the same
+  // description when one is loaded (waiting while it loads); one still queued is loaded here.
   Status Define(int32_t slot, std::string_view description);
+  // A model::TpPrefetch: queues the load of this rank's shard of `description` on the loader
+  // thread (FIFO; a description queued, loading or loaded already is not queued again; beyond
+  // kMaxPrefetched the oldest is dropped). Errors are kept for the Define that takes them.
+  void Prefetch(std::string_view description);
+  static constexpr size_t kMaxPrefetched = 8;
+  // Definitions served by a prefetched shard.
+  int64_t prefetch_hits() const { return prefetch_hits_; }
+  // Tests: returns once nothing is queued or loading.
+  void WaitForPrefetches();
   // A model::TpHookForRows.
   Result<const model::LinearHook*> ForRows(std::span<const int32_t> slots) {
     return slots_.ForRows(slots);
   }
 
  private:
+  struct Loaded {
+    std::shared_ptr<const LoraAdapter> lora;
+    std::shared_ptr<const delta::DeltaWeights> delta;
+  };
+  // Parses `description`, verifies the registered content and loads this rank's shard.
+  Result<Loaded> Load(std::string_view description) const;
+  // The prefetched result for `description`, removed (waits while it loads); nullopt when none
+  // is loaded or loading (a queued one is dropped).
+  std::optional<Result<Loaded>> TakePrefetched(const std::string& description);
+  void LoaderMain();
+
   model::ModelConfig full_;
   int rank_, size_;
   LoraLoadOptions opts_;
   std::string base_weights_hash_;
   VariantSlotHook slots_;
+  int64_t prefetch_hits_ = 0;
+
+  Mutex mu_;
+  CondVar cv_;  // signalled when the queue grows, a load ends, or on stop
+  std::deque<std::string> queued_ GUARDED_BY(mu_);
+  std::string loading_ GUARDED_BY(mu_);  // empty: none
+  std::deque<std::pair<std::string, Result<Loaded>>> loaded_ GUARDED_BY(mu_);
+  bool stop_ GUARDED_BY(mu_) = false;
+  std::thread loader_;  // started by the first Prefetch
 };
 
 }  // namespace chorus::adapters

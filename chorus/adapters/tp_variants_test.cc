@@ -135,6 +135,26 @@ TEST(TpVariantSlotsTest, AWorkersFailureBindsNothing) {
   EXPECT_EQ(calls, 2);
 }
 
+TEST(TpVariantSlotsTest, PrefetchHintsOncePerDefinitionAndNotForABoundCopy) {
+  TpVariantSlots slots([](int32_t, std::string_view) { return OkStatus(); });
+  VariantRef ra = SomeRef(), rb = SomeRef();
+  ra.name = "a";
+  rb.name = "b";
+  EXPECT_TRUE(slots.ShouldPrefetch(ra));
+  EXPECT_FALSE(slots.ShouldPrefetch(ra)) << "hinted already";
+  EXPECT_TRUE(slots.ShouldPrefetch(rb));
+  auto a = SmallAdapter("a", 1);
+  ASSERT_TRUE(slots.Bind(a, ra).ok());
+  EXPECT_FALSE(slots.ShouldPrefetch(ra)) << "a live copy is bound: the workers hold it";
+  a.reset();
+  EXPECT_TRUE(slots.ShouldPrefetch(ra)) << "its copy is gone: a later use defines it anew";
+  for (int i = 0; i < static_cast<int>(TpVariantSlots::kMaxHinted) + 1; ++i) {
+    VariantRef r = SomeRef();
+    r.name = "many" + std::to_string(i);
+    EXPECT_TRUE(slots.ShouldPrefetch(r));
+  }
+}
+
 class TpVariantWorkerTest : public testing::Test {
  protected:
   void SetUp() override {
@@ -216,6 +236,58 @@ TEST_F(TpVariantWorkerTest, RefusesChangedFilesAndUnknownKindsAndForgetsTheSlot)
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
   EXPECT_NE(s.message().find("changed since it was registered"), std::string::npos) << s.message();
   EXPECT_FALSE(worker.Define(2, "not json").ok());
+}
+
+// A prefetched shard is what Define then installs, without reading the file again (it was
+// checked against the registered content when the prefetch read it); a failed prefetch is the
+// error of that Define; a Define without a prefetch loads as before.
+TEST_F(TpVariantWorkerTest, DefineTakesThePrefetchedShard) {
+  auto comms = dist::MakeThreadCommunicators(2);
+  TpVariantWorker worker(full_, comms[1].get(), 16, {}, "");
+  const std::string desc = DescribeTpVariant(ref_);
+  worker.Prefetch(desc);
+  worker.Prefetch(desc);  // queued or loaded already: one load
+  worker.WaitForPrefetches();
+  // Removing the file now shows the Define does not read it.
+  const fs::path moved = dir_ / "moved";
+  fs::rename(dir_ / "set" / "lora-0", moved);
+  ASSERT_TRUE(worker.Define(4, desc).ok());
+  EXPECT_EQ(worker.prefetch_hits(), 1);
+  const int32_t rows[] = {4, -1};
+  EXPECT_TRUE(worker.ForRows(rows).ok());
+  // Taken: a second Define reads the file, which is gone.
+  EXPECT_FALSE(worker.Define(5, desc).ok());
+  EXPECT_EQ(worker.prefetch_hits(), 1);
+  fs::rename(moved, dir_ / "set" / "lora-0");
+
+  VariantRef odd = ref_;
+  odd.kind = "mystery";
+  worker.Prefetch(DescribeTpVariant(odd));
+  worker.Prefetch("not json");
+  worker.WaitForPrefetches();
+  Status d = worker.Define(6, DescribeTpVariant(odd));
+  EXPECT_EQ(d.code(), StatusCode::kInvalidArgument) << d.ToString();
+  EXPECT_NE(d.message().find("unknown kind"), std::string::npos) << d.message();
+  EXPECT_FALSE(worker.Define(7, "not json").ok());
+  EXPECT_EQ(worker.prefetch_hits(), 3);
+}
+
+TEST_F(TpVariantWorkerTest, PrefetchesBeyondTheLimitDropTheOldest) {
+  auto comms = dist::MakeThreadCommunicators(2);
+  TpVariantWorker worker(full_, comms[1].get(), 16, {}, "");
+  // Distinct descriptions of the same file (another version each): each is its own load.
+  std::vector<std::string> descs;
+  for (size_t i = 0; i < TpVariantWorker::kMaxPrefetched + 2; ++i) {
+    VariantRef r = ref_;
+    r.id.version += 1 + i;
+    descs.push_back(DescribeTpVariant(r));
+    worker.Prefetch(descs.back());
+    worker.WaitForPrefetches();  // loaded, in order: the oldest loaded ones are dropped first
+  }
+  ASSERT_TRUE(worker.Define(0, descs.front()).ok());  // dropped: loaded here
+  EXPECT_EQ(worker.prefetch_hits(), 0);
+  ASSERT_TRUE(worker.Define(1, descs.back()).ok());
+  EXPECT_EQ(worker.prefetch_hits(), 1);
 }
 
 }  // namespace

@@ -148,10 +148,12 @@ struct Engine::Impl {
   std::vector<const adapters::LoraView*> row_adapters;  // [rows] of the step
   std::unique_ptr<adapters::LoraHook> lora_hook;        // the LoRA kind's term (docs/variants.md)
   std::unique_ptr<adapters::TpVariantSlots> tp_slots;   // under TP: adapters' slots on all ranks
-  std::vector<int32_t> row_slots;                       // under TP: [rows] of the step, -1 = base
-  std::vector<const delta::DeltaWeights*> row_deltas;   // [rows] of the step
-  std::unique_ptr<delta::DeltaHook> delta_hook;         // the delta kind's term
-  adapters::VariantHook variant_hook;                   // every kind with rows in the step
+  // Loop scratch: the requests just queued whose variants the TP workers may prefetch.
+  std::vector<std::shared_ptr<const GenerationRequest>> prefetch_reqs;
+  std::vector<int32_t> row_slots;                      // under TP: [rows] of the step, -1 = base
+  std::vector<const delta::DeltaWeights*> row_deltas;  // [rows] of the step
+  std::unique_ptr<delta::DeltaHook> delta_hook;        // the delta kind's term
+  adapters::VariantHook variant_hook;                  // every kind with rows in the step
   std::unique_ptr<OutputStage> output;
   std::unique_ptr<MaskWorker> mask_worker;  // created with the first constrained row
   std::vector<Sequence*> mask_rows;         // the step's constrained rows (mask worker input)
@@ -485,12 +487,22 @@ void Engine::Impl::Loop() {
         while (!ReadyLocked()) cv.Wait(&mu);
       }
       kick = false;
+      prefetch_reqs.clear();
       while (!incoming.empty()) {
+        const Sequence& s = *incoming.front();
+        if (tp_slots && s.req->variant && s.full == nullptr) prefetch_reqs.push_back(s.req);
         scheduler->Enqueue(std::move(incoming.front()));
         incoming.pop_front();
       }
       past_deadline = draining.load() && Clock::now() >= drain_deadline;
     }
+    // Under TP the workers start loading the queued requests' variants now, while rank 0's
+    // loader threads load its own copies (adapters/tp_variants.h, "Prefetch").
+    for (const auto& req : prefetch_reqs) {
+      if (tp_slots->ShouldPrefetch(*req->variant))
+        self->opts_.tp_leader->Prefetch(adapters::DescribeTpVariant(*req->variant));
+    }
+    prefetch_reqs.clear();
     if (stop_now.load() || past_deadline) {
       CancelAll();
       return;

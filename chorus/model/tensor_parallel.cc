@@ -14,6 +14,7 @@ namespace {
 constexpr int32_t kStop = 0;
 constexpr int32_t kStep = 1;
 constexpr int32_t kDefine = 2;
+constexpr int32_t kPrefetch = 3;
 // kind, rows, seqs, logit rows, payload ints, has slots, page copies
 constexpr int kHeaderInts = 7;
 
@@ -172,13 +173,21 @@ void StepChannel::Send(const StepInput& in, const memory::KvCache& kv,
 }
 
 void StepChannel::SendDefine(int32_t slot, std::string_view description) {
-  CHORUS_CHECK_EQ(comm_->rank(), 0);
   CHORUS_CHECK(slot >= 0);
+  SendDescription(kDefine, slot, description);
+}
+
+void StepChannel::SendPrefetch(std::string_view description) {
+  SendDescription(kPrefetch, -1, description);
+}
+
+void StepChannel::SendDescription(int32_t kind, int32_t slot, std::string_view description) {
+  CHORUS_CHECK_EQ(comm_->rank(), 0);
   // The description travels in the int32 payload: its length in bytes, then its bytes padded.
   payload_.assign(1 + (description.size() + 3) / 4, 0);
   payload_[0] = static_cast<int32_t>(description.size());
   std::memcpy(payload_.data() + 1, description.data(), description.size());
-  header_ = {kDefine, slot, 0, 0, static_cast<int32_t>(payload_.size()), 0, 0};
+  header_ = {kind, slot, 0, 0, static_cast<int32_t>(payload_.size()), 0, 0};
   comm_->BroadcastMayIdle(header_.data(), kHeaderInts * sizeof(int32_t), 0);
   comm_->Broadcast(payload_.data(), static_cast<int64_t>(payload_.size() * sizeof(int32_t)), 0);
 }
@@ -196,14 +205,15 @@ StepChannel::Message StepChannel::Receive() {
   // The header may be long in coming (an idle server): wait without holding a core.
   comm_->BroadcastMayIdle(header_.data(), kHeaderInts * sizeof(int32_t), 0);
   if (header_[0] == kStop) return Message::kStop;
-  if (header_[0] == kDefine) {
-    CHORUS_CHECK(header_[1] >= 0 && header_[4] >= 1) << "corrupt tensor-parallel definition";
+  if (header_[0] == kDefine || header_[0] == kPrefetch) {
+    CHORUS_CHECK((header_[0] == kPrefetch || header_[1] >= 0) && header_[4] >= 1)
+        << "corrupt tensor-parallel definition";
     payload_.resize(static_cast<size_t>(header_[4]));
     comm_->Broadcast(payload_.data(), static_cast<int64_t>(payload_.size() * sizeof(int32_t)), 0);
     CHORUS_CHECK(payload_[0] >= 0 &&
                  (static_cast<size_t>(payload_[0]) + 3) / 4 + 1 == payload_.size())
         << "corrupt tensor-parallel definition";
-    return Message::kDefine;
+    return header_[0] == kDefine ? Message::kDefine : Message::kPrefetch;
   }
   CHORUS_CHECK_EQ(header_[0], kStep) << "corrupt tensor-parallel step header";
   n_rows_ = header_[1];
@@ -279,6 +289,11 @@ Status TpLeader::Define(int32_t slot, std::string_view description) {
                           " could not load their shard (their log says why)");
 }
 
+void TpLeader::Prefetch(std::string_view description) {
+  CHORUS_CHECK(channel_ != nullptr) << "TpLeader::Prefetch before Start";
+  channel_->SendPrefetch(description);
+}
+
 void TpLeader::Stop() {
   if (stopped_ || comm_ == nullptr || comm_->size() == 1) return;
   stopped_ = true;
@@ -291,7 +306,8 @@ void TpLeader::Stop() {
 }
 
 Status RunTpWorker(dist::Communicator* comm, std::shared_ptr<const Model> shard,
-                   const TpHookForRows& hook_for, const TpDefineSlot& define) {
+                   const TpHookForRows& hook_for, const TpDefineSlot& define,
+                   const TpPrefetch& prefetch) {
   CHORUS_CHECK(comm->rank() > 0) << "RunTpWorker on rank 0";
   TpSetup s;
   comm->BroadcastMayIdle(&s, sizeof(s), 0);
@@ -308,6 +324,10 @@ Status RunTpWorker(dist::Communicator* comm, std::shared_ptr<const Model> shard,
   for (;;) {
     const StepChannel::Message m = channel.Receive();
     if (m == StepChannel::Message::kStop) break;
+    if (m == StepChannel::Message::kPrefetch) {
+      if (prefetch) prefetch(channel.define_description());
+      continue;
+    }
     if (m == StepChannel::Message::kDefine) {
       Status s = define ? define(channel.define_slot(), channel.define_description())
                         : FailedPreconditionError("this rank serves no variants");

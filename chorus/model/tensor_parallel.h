@@ -57,10 +57,12 @@ struct TpSetup {
 // the others receive them. Hooks do not cross: a slot is an index into a table of variants every
 // rank loaded for its shard (RunTpWorker's `hook_for`). Between steps rank 0 may define a slot:
 // it sends the slot and an opaque description of the variant (the adapters module writes and
-// reads it), every rank loads its shard of that variant, and all agree on the outcome.
+// reads it), every rank loads its shard of that variant, and all agree on the outcome. Rank 0
+// may also announce a variant it will likely define soon (a prefetch: no slot, no reply), so the
+// workers can start loading it off the step's critical path.
 class StepChannel {
  public:
-  enum class Message { kStop, kStep, kDefine };
+  enum class Message { kStop, kStep, kDefine, kPrefetch };
   StepChannel(dist::Communicator* comm, int64_t max_rows, int64_t max_seqs);
   // Rank 0: broadcasts `in` (its tables read through `kv`'s geometry), when not empty the rows'
   // variant slots [rows] (−1 = base), and the page copies (source, destination block ids, in
@@ -69,6 +71,8 @@ class StepChannel {
             std::span<const int32_t> page_copies = {});
   // Rank 0: broadcasts a slot's definition (the ranks then agree on it: TpLeader::Define).
   void SendDefine(int32_t slot, std::string_view description);
+  // Rank 0: broadcasts a prefetch hint (TpLeader::Prefetch).
+  void SendPrefetch(std::string_view description);
   // Rank 0: tells the workers to return.
   void SendStop();
   // Other ranks: the next message.
@@ -79,11 +83,14 @@ class StepChannel {
   std::span<const int32_t> row_slots() const;
   // The received step's page copies, [source, destination, ...].
   std::span<const int32_t> page_copies() const;
-  // The received definition (kDefine), valid until the next Receive().
+  // The received definition (kDefine) or prefetch (kPrefetch: the slot is −1), valid until the
+  // next Receive().
   int32_t define_slot() const { return header_[1]; }
   std::string_view define_description() const;
 
  private:
+  void SendDescription(int32_t kind, int32_t slot, std::string_view description);
+
   dist::Communicator* comm_;
   int64_t max_rows_, max_seqs_;
   std::vector<int32_t> header_;   // kind, rows, seqs, logit rows, payload ints
@@ -114,6 +121,10 @@ class TpLeader {
   // ranks that failed (each prints its own reason); rank 0 then uses the slot for nothing until
   // it defines it again (a worker that did load the variant keeps it until then).
   Status Define(int32_t slot, std::string_view description);
+  // Between steps: the workers may start loading their shard of the variant `description`
+  // names, which rank 0 is likely to Define soon (its own copy is being loaded for a queued
+  // request). A hint: no reply, no agreement; a worker without `prefetch` ignores it.
+  void Prefetch(std::string_view description);
   void Stop();
 
  private:
@@ -129,10 +140,13 @@ class TpLeader {
 // LoraHook over adapters::LoraAdapter::BuildShard's parts); a step with slots and no `hook_for` is
 // an error. `define` loads this rank's shard of a variant into a slot when rank 0 defines one (no
 // `define`: every definition fails on this rank); its error is printed, and rank 0 refuses
-// the variant.
+// the variant. `prefetch` receives rank 0's prefetch hints (it must not block long: the
+// workers are between steps).
 using TpHookForRows = std::function<Result<const LinearHook*>(std::span<const int32_t> slots)>;
 using TpDefineSlot = std::function<Status(int32_t slot, std::string_view description)>;
+using TpPrefetch = std::function<void(std::string_view description)>;
 Status RunTpWorker(dist::Communicator* comm, std::shared_ptr<const Model> shard,
-                   const TpHookForRows& hook_for = nullptr, const TpDefineSlot& define = nullptr);
+                   const TpHookForRows& hook_for = nullptr, const TpDefineSlot& define = nullptr,
+                   const TpPrefetch& prefetch = nullptr);
 
 }  // namespace chorus::model
