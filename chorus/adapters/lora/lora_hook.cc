@@ -105,18 +105,24 @@ void LoraHook::ApplyGroup(int64_t layer, model::LinearGroup group, std::span<con
     const LoraView::Fused& f = slots_[s]->fused(layer, group);
     shrink_w_[s] = {f.a_rows, f.rank, f.a_rows_bf16};
   }
-  std::array<kernels::LoraExpandOut, kernels::kMaxLoraExpandOuts> outs;
+  const GroupOuts outs = ExpandOuts(layer, members, targets);
+  kernels::LoraShrinkExpand(segments_, shrink_w_, x, x_stride, LinearIn(config_, members[0]),
+                            v_.data(), v_stride_, {outs.data(), targets.size()}, pool);
+}
+
+LoraHook::GroupOuts LoraHook::ExpandOuts(int64_t layer, std::span<const model::Linear> members,
+                                         std::span<const Target> targets) const {
+  GroupOuts outs;
   for (size_t t = 0; t < targets.size(); ++t) {
     CHORUS_CHECK(targets[t].which == members[t]) << "ApplyGroup targets out of group order";
     std::vector<kernels::LoraExpandWeight>& ew = group_expand_w_[t];
-    for (size_t s = 0; s < n_slots; ++s) {
+    for (size_t s = 0; s < slots_.size(); ++s) {
       const LoraView::Module& m = slots_[s]->module(layer, targets[t].which);
       ew[s] = {m.bt_rows, m.rank, m.fused_col, m.scale, m.bt_rows_bf16};
     }
     outs[t] = {ew, LinearOut(config_, targets[t].which), targets[t].y, targets[t].y_stride};
   }
-  kernels::LoraShrinkExpand(segments_, shrink_w_, x, x_stride, LinearIn(config_, members[0]),
-                            v_.data(), v_stride_, {outs.data(), targets.size()}, pool);
+  return outs;
 }
 
 // o or down under TP: A split by input columns like the base, so each rank's shrink is a
@@ -192,15 +198,10 @@ void LoraHook::ApplyGroupSplit(int64_t layer, model::LinearGroup group,
       }
     }
   }
+  const GroupOuts outs = ExpandOuts(layer, members, targets);
   for (size_t t = 0; t < targets.size(); ++t) {
-    CHORUS_CHECK(targets[t].which == members[t]) << "ApplyGroup targets out of group order";
-    std::vector<kernels::LoraExpandWeight>& ew = group_expand_w_[t];
-    for (size_t s = 0; s < n_slots; ++s) {
-      const LoraView::Module& m = slots_[s]->module(layer, targets[t].which);
-      ew[s] = {m.bt_rows, m.rank, m.fused_col, m.scale, m.bt_rows_bf16};
-    }
-    kernels::LoraExpand(segments_, ew, v_.data(), v_stride_, LinearOut(config_, targets[t].which),
-                        targets[t].y, targets[t].y_stride, pool);
+    kernels::LoraExpand(segments_, outs[t].weights, v_.data(), v_stride_, outs[t].out, outs[t].y,
+                        outs[t].y_stride, pool);
   }
 }
 

@@ -70,6 +70,10 @@ class LoraHook : public model::LinearHook {
                   ThreadPool* pool) const override;
 
  private:
+  using GroupOuts = std::array<kernels::LoraExpandOut, kernels::kMaxLoraExpandOuts>;
+  // Each target's expand table over the step's slots (in group_expand_w_) and output.
+  GroupOuts ExpandOuts(int64_t layer, std::span<const model::Linear> members,
+                       std::span<const Target> targets) const;
   bool split() const { return comm_ != nullptr && comm_->size() > 1; }
   void ApplySplit(int64_t layer, model::Linear which, const float* x, int64_t x_stride, float* y,
                   int64_t y_stride, int64_t n_rows, ThreadPool* pool) const;
