@@ -44,7 +44,7 @@ struct Cache {
   std::vector<const float*> kp, vp;
   std::vector<int32_t> table;
   std::vector<uint16_t> k16, v16;  // bf16 copies (round to nearest even), when asked for
-  bool head_major, bf16 = false;
+  bool head_major, bf16 = false, columns = false;
   explicit Cache(int64_t n, bool head_major_ = true, uint32_t seed = 1) : head_major(head_major_) {
     const int64_t blocks = (n + kBs - 1) / kBs, kv_dim = kKvHeads * kHd;
     std::mt19937 rng(seed);
@@ -57,6 +57,21 @@ struct Cache {
       kp.push_back(k.data() + b * kBs * kv_dim);
       vp.push_back(v.data() + b * kBs * kv_dim);
       table.push_back(static_cast<int32_t>(b));
+    }
+  }
+  // K of each head-major block in columns ([kv_head][d][slot], KvCache's layout).
+  void ToColumns() {
+    columns = true;
+    std::vector<float> col(static_cast<size_t>(kBs * kHd));
+    for (const float* b : kp) {
+      for (int64_t g = 0; g < kKvHeads; ++g) {
+        float* head = const_cast<float*>(b) + g * kBs * kHd;
+        for (int64_t t = 0; t < kBs; ++t) {
+          for (int64_t d = 0; d < kHd; ++d)
+            col[static_cast<size_t>(d * kBs + t)] = head[t * kHd + d];
+        }
+        std::copy(col.begin(), col.end(), head);
+      }
     }
   }
   // Keeps only bf16 copies of K and V (the f32 ones are freed, so only bf16 bytes are read).
@@ -80,6 +95,7 @@ struct Cache {
     kv.block_size = kBs;
     kv.kv_stride = head_major ? kHd : kKvHeads * kHd;
     kv.head_stride = head_major ? kBs * kHd : kHd;
+    kv.k_columns = columns;
     return kv;
   }
 };
@@ -96,6 +112,7 @@ void BM_Prefill(benchmark::State& state) {
   CapIsa();
   const int64_t n = state.range(0), stride = kHeads * kHd;
   Cache cache(n);
+  if (state.range(1) == 1) cache.ToColumns();
   const std::vector<float> q = RandomQ(n * stride);
   std::vector<float> out(q.size());
   std::vector<float> scratch(
@@ -113,14 +130,16 @@ void BM_Prefill(benchmark::State& state) {
   const double flops = 4.0 * kHeads * kHd * (static_cast<double>(n) * (n + 1) / 2);
   state.counters["GFLOP/s"] = benchmark::Counter(
       flops * 1e-9 * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
-  state.SetLabel(IsaName(ActiveIsa()));
+  state.SetLabel(std::string(IsaName(ActiveIsa())) +
+                 (state.range(1) == 1 ? " K columns" : " K rows"));
 }
-BENCHMARK(BM_Prefill)->Arg(512)->Arg(2048)->Arg(4096)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Prefill)->ArgsProduct({{512, 2048, 4096}, {0, 1}})->Unit(benchmark::kMillisecond);
 
 void BM_Decode(benchmark::State& state) {
   CapIsa();
   const int64_t depth = state.range(0);
   Cache cache(depth);
+  if (state.range(1) == 1) cache.ToColumns();
   const std::vector<float> q = RandomQ(kHeads * kHd);
   std::vector<float> out(q.size());
   std::vector<float> scratch(static_cast<size_t>(AttentionScratchFloats(1, kGroup, kHd)));
@@ -132,17 +151,20 @@ void BM_Decode(benchmark::State& state) {
   state.counters["bytes/s"] = benchmark::Counter(
       2.0 * depth * kKvHeads * kHd * sizeof(float) * static_cast<double>(state.iterations()),
       benchmark::Counter::kIsRate);
-  state.SetLabel(IsaName(ActiveIsa()));
+  state.SetLabel(std::string(IsaName(ActiveIsa())) +
+                 (state.range(1) == 1 ? " K columns" : " K rows"));
 }
-BENCHMARK(BM_Decode)->Arg(128)->Arg(4000)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Decode)->ArgsProduct({{128, 4000}, {0, 1}})->Unit(benchmark::kMicrosecond);
 
 void BM_DecodeDram(benchmark::State& state) {
   CapIsa();
   constexpr int64_t kLayers = 22, kDepth = 4000;
-  const bool head_major = state.range(0) >= 1, bf16 = state.range(0) == 2;
+  const int64_t layout = state.range(0);
+  const bool head_major = layout >= 1, bf16 = layout == 2 || layout == 4, columns = layout >= 3;
   std::vector<Cache> layers;
   for (int64_t l = 0; l < kLayers; ++l) {
     layers.emplace_back(kDepth, head_major, static_cast<uint32_t>(l + 1));
+    if (columns) layers.back().ToColumns();
     if (bf16) layers.back().ToBf16();
   }
   const std::vector<float> q = RandomQ(kHeads * kHd);
@@ -171,9 +193,9 @@ void BM_DecodeDram(benchmark::State& state) {
                              static_cast<double>(state.iterations()),
                          benchmark::Counter::kIsRate);
   state.SetLabel(std::string(IsaName(ActiveIsa())) + (head_major ? " head-major" : " token-major") +
-                 (bf16 ? " bf16" : " f32"));
+                 (columns ? " K columns" : "") + (bf16 ? " bf16" : " f32"));
 }
-BENCHMARK(BM_DecodeDram)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_DecodeDram)->DenseRange(0, 4)->Unit(benchmark::kMillisecond);
 
 // The same 180 MB read by a plain sum (what one thread can pull from memory right now): the
 // scale BM_DecodeDram is judged against on a shared host.

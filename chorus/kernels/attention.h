@@ -9,6 +9,11 @@
 // ([slot][kv_head][head_dim]: kv_stride = n_kv_heads·head_dim, head_stride = head_dim) and the
 // head-major blocks KvCache uses ([kv_head][slot][head_dim]: kv_stride = head_dim, head_stride
 // = block_size·head_dim), in which one head's keys of a block are contiguous.
+// KvCache stores K of a block in columns instead (k_columns): for each KV head, head_dim rows of
+// block_size slots, element (t, d) of head g at
+//     k_blocks[block] + g * head_stride + d * block_size + (t % block_size)
+// so the d-th element of 16 consecutive keys is one 64-byte line, which a decode row loads as a
+// vector with one key per lane (docs/kernels.md, "K in columns"). V keeps the row layout.
 // (The memory module owns the pool; these kernels only read it.)
 //
 // For query head h (kv head g = h / (n_heads / n_kv_heads), grouped-query attention) of a token
@@ -62,12 +67,29 @@ struct PagedKv {
   int64_t kv_stride = 0;    // floats between consecutive tokens in a block
   int64_t head_stride = 0;  // floats between consecutive KV heads of a token; 0: head_dim
   KvDtype dtype = KvDtype::kF32;
+  // K in columns (above): kv_stride applies to V only, and head_stride (≥ block_size ·
+  // head_dim) to both.
+  bool k_columns = false;
 
   // Key t's row of K (V) for KV head `kv_head`, widened to f32 into `buf` (head_dim floats)
-  // when the blocks are bf16; the row itself when they are f32.
+  // when the blocks are bf16 or K is stored in columns; the row itself otherwise.
   const float* KeyRow(int64_t t, int64_t kv_head, int64_t head_dim, float* buf) const {
-    return Row(k_blocks, t, kv_head, head_dim, buf);
+    if (!k_columns) return Row(k_blocks, t, kv_head, head_dim, buf);
+    const int64_t off = kv_head * head_stride + t % block_size;
+    const float* base = k_blocks[block_table[t / block_size * table_stride]];
+    for (int64_t d = 0; d < head_dim; ++d) {
+      if (dtype == KvDtype::kF32) {
+        buf[d] = base[off + d * block_size];
+      } else {
+        const uint32_t u =
+            static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(base)[off + d * block_size])
+            << 16;
+        __builtin_memcpy(&buf[d], &u, 4);
+      }
+    }
+    return buf;
   }
+
   const float* ValueRow(int64_t t, int64_t kv_head, int64_t head_dim, float* buf) const {
     return Row(v_blocks, t, kv_head, head_dim, buf);
   }
@@ -130,7 +152,7 @@ void AttentionRow(const float* q, const PagedKv& kv, int64_t n_ctx, int64_t n_he
 // restricted to it, as KvCache::View gives), with scores s = scale·q·k, then
 // s = softcap·tanh(s / softcap) when softcap > 0, softmax, Σ p·V. Plain scalar arithmetic in key
 // order per row, so a row's result depends on nothing else in the step.
-// q, out: [group, head_dim]; scratch ≥ pos + 1 − first floats (+ head_dim with bf16 blocks).
+// q, out: [group, head_dim]; scratch ≥ pos + 1 − first + head_dim floats.
 void AttentionRowWindow(const float* q, int64_t first, int64_t pos, const PagedKv& kv,
                         int64_t group, int64_t head_dim, float scale, float softcap, float* scratch,
                         float* out);

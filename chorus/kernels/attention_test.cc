@@ -10,6 +10,8 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "chorus/base/rng.h"
@@ -629,6 +631,184 @@ TEST_P(AttentionTest, DecodeRowsEqualPrefillRowsOverGroupsHeadDimsAndDtypes) {
                                 merged.size() * sizeof(float)),
                     0)
               << "group " << group << " hd " << hd << " g " << g;
+        }
+      }
+    }
+  }
+}
+
+// K in columns (KvCache's layout, attention.h): per block and KV head, head_dim rows of
+// block_size slots (d stride exactly block_size), heads padded apart; V in rows as HeadMajor.
+// Optionally bf16 (every element of the pools rounded, NaN kept).
+struct KColumns {
+  std::vector<float> pool_k, pool_v;
+  std::vector<uint16_t> k16, v16;
+  std::vector<const float*> k_ptr, v_ptr;
+  const int32_t* table;
+  int64_t block_size, kv_stride, head_stride;
+  bool bf16;
+  KColumns(const Paged& p, bool bf16_)
+      : table(p.table.data()), block_size(p.block_size), bf16(bf16_) {
+    kv_stride = p.head_dim + 2;
+    head_stride = p.block_size * kv_stride + 5;
+    const int64_t block_floats = p.n_kv_heads * head_stride;
+    const int64_t n_total = static_cast<int64_t>(p.k_ptr.size());
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    pool_k.assign(static_cast<size_t>(n_total * block_floats), nan);
+    pool_v.assign(pool_k.size(), nan);
+    const int64_t kv_dim = p.n_kv_heads * p.head_dim;
+    for (int64_t t = 0; t < p.n_ctx; ++t) {
+      for (int64_t g = 0; g < p.n_kv_heads; ++g) {
+        const int64_t head =
+            p.table[static_cast<size_t>(t / block_size)] * block_floats + g * head_stride;
+        for (int64_t d = 0; d < p.head_dim; ++d) {
+          pool_k[static_cast<size_t>(head + d * block_size + t % block_size)] =
+              p.k_dense[static_cast<size_t>(t * kv_dim + g * p.head_dim + d)];
+        }
+        std::copy_n(p.v_dense.begin() + t * kv_dim + g * p.head_dim, p.head_dim,
+                    pool_v.begin() + head + (t % block_size) * kv_stride);
+      }
+    }
+    if (bf16) {
+      k16.resize(pool_k.size());
+      v16.resize(pool_v.size());
+      for (size_t i = 0; i < k16.size(); ++i) {
+        k16[i] = F32ToBF16(pool_k[i]);
+        v16[i] = F32ToBF16(pool_v[i]);
+      }
+    }
+    for (int64_t b = 0; b < n_total; ++b) {
+      if (bf16) {
+        k_ptr.push_back(reinterpret_cast<const float*>(k16.data() + b * block_floats));
+        v_ptr.push_back(reinterpret_cast<const float*>(v16.data() + b * block_floats));
+      } else {
+        k_ptr.push_back(pool_k.data() + b * block_floats);
+        v_ptr.push_back(pool_v.data() + b * block_floats);
+      }
+    }
+  }
+  PagedKv View() const {
+    PagedKv kv;
+    kv.k_blocks = k_ptr.data();
+    kv.v_blocks = v_ptr.data();
+    kv.block_table = table;
+    kv.block_size = block_size;
+    kv.kv_stride = kv_stride;
+    kv.head_stride = head_stride;
+    kv.dtype = bf16 ? KvDtype::kBf16 : KvDtype::kF32;
+    kv.k_columns = true;
+    return kv;
+  }
+};
+
+// K in columns changes where a key's floats are, never the arithmetic: over f32 and bf16
+// blocks, groups that fill a chunk of 8 heads or not (1, 3, 8, 12), head dims with
+// tails, block sizes that hold a 16-key half (16, 32: the column decode at 16 lanes) or not (7),
+// prefill chunkings, one-token rows and split-K give the token-major rows' bits (of the same
+// values), and the reference and the window path read columns too.
+TEST_P(AttentionTest, KColumnsEqualRows) {
+  for (int64_t group : {1, 3, 8, 12}) {
+    for (int64_t hd : {16, 37, 64}) {
+      for (int64_t block_size : {7, 16, 32}) {
+        for (bool bf16 : {false, true}) {
+          if (hd == 64 && group != 8) continue;
+          const bool long_case = hd == 64 && block_size == 16;
+          const int64_t n_ctx = long_case ? 530 : 75, n_kv = 2, n_heads = n_kv * group;
+          const int64_t stride = n_heads * hd;
+          std::ostringstream what_os;
+          what_os << "group " << group << " hd " << hd << " block " << block_size
+                  << (bf16 ? " bf16" : " f32");
+          const std::string what = what_os.str();
+          Paged p(n_ctx, n_kv, hd, block_size,
+                  static_cast<uint64_t>(group * 1000 + hd * 10 + block_size));
+          if (bf16) {
+            for (auto* dense : {&p.k_dense, &p.v_dense})
+              for (float& x : *dense) x = BF16ToF32(F32ToBF16(x));
+          }
+          Paged rows = p;
+          for (int64_t t = 0; t < n_ctx; ++t) {  // rows of the (rounded) dense values
+            const int64_t kv_dim = n_kv * hd;
+            const int64_t off =
+                (p.table[t / block_size] * block_size + t % block_size) * p.kv_stride;
+            std::copy_n(p.k_dense.begin() + t * kv_dim, kv_dim, rows.pool_k.begin() + off);
+            std::copy_n(p.v_dense.begin() + t * kv_dim, kv_dim, rows.pool_v.begin() + off);
+          }
+          for (size_t b = 0; b < rows.k_ptr.size(); ++b) {
+            rows.k_ptr[b] = rows.pool_k.data() + b * block_size * rows.kv_stride;
+            rows.v_ptr[b] = rows.pool_v.data() + b * block_size * rows.kv_stride;
+          }
+          const KColumns cols(rows, bf16);
+          const std::vector<float> q =
+              RandomQ(n_ctx * stride, 70 + static_cast<uint64_t>(group + hd), 2.0f);
+          const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+          std::vector<float> want;
+          RunChunked(rows, q, n_ctx, n_heads, 1, scale, &want);
+          for (int64_t chunk : {int64_t{1}, int64_t{8}, int64_t{45}}) {
+            std::vector<float> got(static_cast<size_t>(n_ctx * stride), -7.0f);
+            std::vector<float> scratch(
+                static_cast<size_t>(AttentionScratchFloats(chunk, group, hd)));
+            for (int64_t pos0 = 0; pos0 < n_ctx; pos0 += chunk) {
+              const int64_t n = std::min(chunk, n_ctx - pos0);
+              for (int64_t g = 0; g < n_kv; ++g) {
+                const int64_t off = pos0 * stride + g * group * hd;
+                AttentionBlock(q.data() + off, stride, n, pos0, cols.View(), g, group, hd, scale,
+                               scratch.data(), got.data() + off, stride);
+              }
+            }
+            ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
+                << what << " chunk " << chunk;
+          }
+          const float* q_last = q.data() + (n_ctx - 1) * stride;
+          const std::vector<double> ref = rows.NaiveOver(q_last, n_heads, scale, n_ctx);
+          for (int64_t j = 0; j < stride; ++j) {
+            ASSERT_NEAR(want[static_cast<size_t>((n_ctx - 1) * stride + j)],
+                        ref[static_cast<size_t>(j)], 2e-5)
+                << what;
+          }
+          // Split-K of the last token, one segment per call, merged.
+          const int64_t n_seg = AttentionSegments(n_ctx), pf = AttentionPartialFloats(group, hd);
+          std::vector<float> scratch(static_cast<size_t>(AttentionScratchFloats(1, group, hd)));
+          for (int64_t g = 0; g < n_kv; ++g) {
+            std::vector<float> partials(static_cast<size_t>(n_seg * pf)), merged(group * hd);
+            for (int64_t sg = 0; sg < n_seg; ++sg) {
+              AttentionPartials(q_last + g * group * hd, n_ctx - 1, cols.View(), g, group, hd,
+                                scale, sg, sg + 1, scratch.data(), partials.data() + sg * pf);
+            }
+            AttentionMerge(partials.data(), n_seg, group, hd, merged.data());
+            ASSERT_EQ(
+                std::memcmp(merged.data(), want.data() + (n_ctx - 1) * stride + g * group * hd,
+                            merged.size() * sizeof(float)),
+                0)
+                << what << " g " << g;
+          }
+          // The reference and the window path read columns as the rows they hold.
+          std::vector<float> ra(static_cast<size_t>(stride)), rb(ra.size()), rs(n_ctx + hd);
+          reference::AttentionRow(q_last, rows.View(), n_ctx, n_heads, n_kv, hd, scale, rs.data(),
+                                  ra.data());
+          reference::AttentionRow(q_last, cols.View(), n_ctx, n_heads, n_kv, hd, scale, rs.data(),
+                                  rb.data());
+          ASSERT_EQ(std::memcmp(ra.data(), rb.data(), ra.size() * sizeof(float)), 0) << what;
+          for (int64_t g = 0; g < n_kv; ++g) {
+            PagedKv rg = rows.View(), cg = cols.View();
+            std::vector<const float*> rk(rows.k_ptr), rv(rows.v_ptr), ck(cols.k_ptr),
+                cv(cols.v_ptr);
+            const int64_t esz = bf16 ? 2 : 4;
+            for (size_t b = 0; b < rk.size(); ++b) {  // the KvCache::View convention
+              rk[b] += g * hd, rv[b] += g * hd;
+              ck[b] = reinterpret_cast<const float*>(reinterpret_cast<const char*>(ck[b]) +
+                                                     g * cols.head_stride * esz);
+              cv[b] = reinterpret_cast<const float*>(reinterpret_cast<const char*>(cv[b]) +
+                                                     g * cols.head_stride * esz);
+            }
+            rg.k_blocks = rk.data(), rg.v_blocks = rv.data();
+            cg.k_blocks = ck.data(), cg.v_blocks = cv.data();
+            AttentionRowWindow(q_last + g * group * hd, n_ctx / 3, n_ctx - 1, rg, group, hd, scale,
+                               0.0f, rs.data(), ra.data());
+            AttentionRowWindow(q_last + g * group * hd, n_ctx / 3, n_ctx - 1, cg, group, hd, scale,
+                               0.0f, rs.data(), rb.data());
+            ASSERT_EQ(std::memcmp(ra.data(), rb.data(), group * hd * sizeof(float)), 0)
+                << what << " window g " << g;
+          }
         }
       }
     }

@@ -164,7 +164,8 @@ class BlockKernel {
         rp_(RoundUp(r_, kRowPad)),
         n_rv_((r_ + W - 1) / W),
         sc_(CarveScratch(scratch, n_tokens, group, head_dim)),
-        kpv_(PackedKeysPerVector(n_tokens, group)),
+        kpv_(kv.k_columns ? 1 : PackedKeysPerVector(n_tokens, group)),
+        column_decode_(ColumnDecode(kv, n_tokens)),
         fuse_v_(n_tokens == 1 && kv.dtype == KvDtype::kBf16 && head_dim % (2 * W) == 0) {
     for (int64_t i = 0, r = 0; i < n_tokens_; ++i) {
       for (int64_t h = 0; h < group_; ++h, ++r) sc_.rowpos[r] = static_cast<float>(pos0_ + i);
@@ -180,6 +181,14 @@ class BlockKernel {
         }
       }
       std::fill(sc_.s, sc_.s + kAttentionTile * rp_, 0.0f);
+    } else if (column_decode_) {
+      // qc[h / 8][d][h % 8] = scale · q[h][d] (the value qt[d][h] would hold): per chunk of 8
+      // heads, the 8 values a QK step broadcasts are adjacent.
+      for (int64_t h = 0; h < group_; ++h) {
+        for (int64_t d = 0; d < hd_; ++d) {
+          sc_.qt[(h / 8 * hd_ + d) * 8 + h % 8] = scale * q[h * hd_ + d];
+        }
+      }
     } else {
       // qt[d][r] = scale · q[token][head][d]; padding rows are 0 (and never masked).
       for (int64_t i = 0, r = 0; i < n_tokens_; ++i) {
@@ -202,6 +211,12 @@ class BlockKernel {
     int64_t rp = 1;
     while (rp < group) rp *= 2;
     return W / rp >= 2 ? W / rp : 1;
+  }
+
+  // Column decode (the header): a one-token block over K in columns at 16 lanes, when each
+  // 16-key half of a tile lies in one block.
+  static bool ColumnDecode(const PagedKv& kv, int64_t n_tokens) {
+    return W == 16 && n_tokens == 1 && kv.k_columns && kv.block_size % 16 == 0;
   }
 
   int64_t rows() const { return r_; }
@@ -237,7 +252,18 @@ class BlockKernel {
     if (n_tokens_ == 1 && kPrefetchNext) {
       const int64_t last = pos0_ + 1;
       pf_n_ = pf_i_ = 0;
-      if (kpv_ > 1) {
+      if (column_decode_) {
+        if (!pf_started_) {
+          pf_started_ = true;
+          PlanColumnPrefetch(t0 + kAttentionTile, last);
+          for (int64_t d = 0; d < hd_; ++d) IssueColumnPrefetch(d);
+          int64_t v_lines = 0;
+          for (int64_t i = 1; i < n_cpf_; i += 2) v_lines = std::max(v_lines, cpf_[i].n);
+          for (pv_pf_ = 0; pv_pf_ < v_lines;) IssuePvPrefetch();
+        }
+        PlanColumnPrefetch(t0 + kPrefetchTiles * kAttentionTile, last);
+        pv_pf_ = 0;
+      } else if (kpv_ > 1) {
         if (!pf_started_) {
           pf_started_ = true;
           PlanPrefetch(t0 + kAttentionTile, std::min(t0 + 2 * kAttentionTile, last));
@@ -259,38 +285,65 @@ class BlockKernel {
     const uint16_t* vh[kAttentionTile];  // bf16 V rows, widened inside PV (fuse_v_)
     // One division per tile; the slot then walks the blocks.
     int64_t bi = t0 / kv_.block_size, slot = t0 % kv_.block_size;
+    // K in columns: kp[c] / kh[c] point at key c's element 0, its element d is d · kds_ further.
+    const int64_t kcol = kv_.k_columns ? 1 : 0;
+    kds_ = kv_.k_columns ? kv_.block_size : 1;
     for (int64_t c = 0; c < nk; ++c) {
       const int64_t off = slot * kv_.kv_stride + kv_off_;
+      const int64_t koff = kcol ? kv_off_ + slot : off;
       const int32_t block = kv_.block_table[bi * kv_.table_stride];
       if (kv_.dtype == KvDtype::kF32) {
-        kp[c] = kv_.k_blocks[block] + off;
+        kp[c] = kv_.k_blocks[block] + koff;
         vp[c] = kv_.v_blocks[block] + off;
       } else {  // bf16: widen the rows once per tile (exact), then the same f32 arithmetic
-        kh[c] = reinterpret_cast<const uint16_t*>(kv_.k_blocks[block]) + off;
-        if (kpv_ == 1) kp[c] = Widen(kh[c], sc_.kt + c * hd_pad_);
+        kh[c] = reinterpret_cast<const uint16_t*>(kv_.k_blocks[block]) + koff;
+        if (kpv_ == 1 && !kcol) kp[c] = Widen(kh[c], sc_.kt + c * hd_pad_);
         vh[c] = reinterpret_cast<const uint16_t*>(kv_.v_blocks[block]) + off;
         if (!fuse_v_) vp[c] = Widen(vh[c], sc_.vt + c * hd_pad_);
       }
       if (++slot == kv_.block_size) slot = 0, ++bi;
     }
-    // Past the last key the group of keys repeats it; those scores are never used.
-    // (kp holds f32 rows unless bf16 rows are packed straight from the cache; kh holds those.)
     const bool bf16 = kv_.dtype == KvDtype::kBf16;
-    for (int64_t c = nk; c < kAttentionTile; ++c) {
-      if (bf16) kh[c] = kh[nk - 1];
-      if (!bf16 || kpv_ == 1) kp[c] = kp[nk - 1];
-    }
-    if (kpv_ > 1) {
-      PackedScores(kp, kh);
+    if (column_decode_) {
+      ColumnScoresSoftmax(kp, kh, nk);
     } else {
-      Scores(kp, nk, rv0);
-    }
-    // Keys past some processed row's position: the tile reaches beyond the first row's token.
-    const bool diag = t0 + nk - 1 > pos0_ + rv0 * W / group_;
-    if (kpv_ > 1) {
-      PackedSoftmax(nk);
-    } else {
-      Softmax(t0, nk, rv0, diag);
+      if (kcol && bf16) {  // bf16 columns widened into kt[d][c] (exact), a block's run at once
+        for (int64_t c = 0; c < nk;) {
+          int64_t n = 1;
+          while (c + n < nk && kh[c + n] == kh[c] + n) ++n;
+          for (int64_t d = 0; d < hd_; ++d) {
+            const uint16_t* src = kh[c] + d * kds_;
+            float* dst = sc_.kt + d * kAttentionTile + c;
+            int64_t i = 0;
+            for (; i + W <= n; i += W) VT::Store(dst + i, VT::LoadBf16(src + i));
+            for (; i < n; ++i) {
+              const uint32_t u = static_cast<uint32_t>(src[i]) << 16;
+              std::memcpy(dst + i, &u, sizeof(u));
+            }
+          }
+          for (int64_t i = 0; i < n; ++i) kp[c + i] = sc_.kt + c + i;
+          c += n;
+        }
+        kds_ = kAttentionTile;
+      }
+      // Past the last key the group of keys repeats it; those scores are never used.
+      // (kp holds f32 rows unless bf16 rows are packed straight from the cache; kh holds those.)
+      for (int64_t c = nk; c < kAttentionTile; ++c) {
+        if (bf16) kh[c] = kh[nk - 1];
+        if (!bf16 || kpv_ == 1) kp[c] = kp[nk - 1];
+      }
+      if (kpv_ > 1) {
+        PackedScores(kp, kh);
+      } else {
+        Scores(kp, nk, rv0);
+      }
+      // Keys past some processed row's position: the tile reaches beyond the first row's token.
+      const bool diag = t0 + nk - 1 > pos0_ + rv0 * W / group_;
+      if (kpv_ > 1) {
+        PackedSoftmax(nk);
+      } else {
+        Softmax(t0, nk, rv0, diag);
+      }
     }
     for (int64_t i = ft; i < n_tokens_; ++i) {
       const int64_t nv = std::min<int64_t>(nk, pos0_ + i + 1 - t0);
@@ -315,13 +368,50 @@ class BlockKernel {
       const int64_t bytes = ((n - 1) * kv_.kv_stride + hd_) * elem;
       const char* k = reinterpret_cast<const char*>(kv_.k_blocks[block]) + off;
       const char* v = reinterpret_cast<const char*>(kv_.v_blocks[block]) + off;
-      for (int64_t b = 0; b < bytes && pf_n_ + 2 <= kPrefetchLines; b += 64) {
-        pf_lines_[pf_n_++] = k + b;
-        pf_lines_[pf_n_++] = v + b;
+      if (kv_.k_columns) {  // head_dim runs of n elements, block_size elements apart
+        k = reinterpret_cast<const char*>(kv_.k_blocks[block]) + (kv_off_ + slot) * elem;
+        for (int64_t d = 0; d < hd_; ++d) {
+          for (int64_t b = 0; b < n * elem && pf_n_ + 1 <= kPrefetchLines; b += 64) {
+            pf_lines_[pf_n_++] = k + d * kv_.block_size * elem + b;
+          }
+        }
+        for (int64_t b = 0; b < bytes && pf_n_ + 1 <= kPrefetchLines; b += 64) {
+          pf_lines_[pf_n_++] = v + b;
+        }
+      } else {
+        for (int64_t b = 0; b < bytes && pf_n_ + 2 <= kPrefetchLines; b += 64) {
+          pf_lines_[pf_n_++] = k + b;
+          pf_lines_[pf_n_++] = v + b;
+        }
       }
       t += n;
     }
   }
+  // Column decode: the tile at `from` (keys [from, min(from + 32, last))) as up to 4 streams —
+  // per 16-key half, its K columns (one run of 16 slots per d, block_size elements apart) and
+  // its V rows — with no list: QK step d asks for line d of each K stream
+  // (IssueColumnPrefetch), and each key step of PV for the next line of each V stream
+  // (IssuePvPrefetch), so the requests are spread over the whole tile.
+  void PlanColumnPrefetch(int64_t from, int64_t last) {
+    n_cpf_ = 0;
+    const int64_t elem = kv_.dtype == KvDtype::kBf16 ? 2 : 4;
+    for (int64_t t = from; t < std::min(from + kAttentionTile, last); t += 16) {
+      const int64_t slot = t % kv_.block_size;
+      const int32_t block = kv_.block_table[t / kv_.block_size * kv_.table_stride];
+      const char* k = reinterpret_cast<const char*>(kv_.k_blocks[block]) + (kv_off_ + slot) * elem;
+      const char* v = reinterpret_cast<const char*>(kv_.v_blocks[block]) +
+                      (slot * kv_.kv_stride + kv_off_) * elem;
+      const int64_t n = std::min<int64_t>(16, last - t);
+      cpf_[n_cpf_++] = {k, kv_.block_size * elem, hd_};
+      cpf_[n_cpf_++] = {v, 64, (((n - 1) * kv_.kv_stride + hd_) * elem + 63) / 64};
+    }
+  }
+  void IssueColumnPrefetch(int64_t d) {
+    for (int64_t i = 0; i < n_cpf_; i += 2) {
+      if (d < cpf_[i].n) __builtin_prefetch(cpf_[i].base + d * cpf_[i].stride, 0, 3);
+    }
+  }
+
   void IssuePrefetch(int64_t n) {
     for (const int64_t end = std::min(pf_n_, pf_i_ + n); pf_i_ < end; ++pf_i_) {
       __builtin_prefetch(pf_lines_[pf_i_], 0, 3);
@@ -364,7 +454,7 @@ class BlockKernel {
       for (int i = 0; i < NV; ++i) qv[i] = VT::Load(qt + d * rp_ + i * W);
 #pragma GCC unroll 16
       for (int j = 0; j < NK; ++j) {
-        const V kb = VT::Set1(kp[j][d]);
+        const V kb = VT::Set1(kp[j][d * kds_]);
 #pragma GCC unroll 16
         for (int i = 0; i < NV; ++i) acc[i][j] = VT::Fma(qv[i], kb, acc[i][j]);
       }
@@ -373,6 +463,103 @@ class BlockKernel {
     for (int j = 0; j < NK; ++j) {
 #pragma GCC unroll 16
       for (int i = 0; i < NV; ++i) VT::Store(sc_.s + (c0 + j) * rp_ + (rv + i) * W, acc[i][j]);
+    }
+  }
+
+  // Column decode (the header): per chunk of up to 8 heads, the tile's scores with keys in
+  // lanes, Softmax()'s online update on them, and the probabilities stored key-major (s[c][row])
+  // for PV.
+  void ColumnScoresSoftmax(const float* const* kp, const uint16_t* const* kh, int64_t nk) {
+    if constexpr (W == 16) {
+      for (int64_t h0 = 0; h0 < group_; h0 += 8) {
+        DispatchHeads(std::min<int64_t>(8, group_ - h0), [&](auto nh_c) {
+          constexpr int NH = decltype(nh_c)::value;
+          if (nk > 16) {
+            ColumnChunk<NH, 2>(h0, kp, kh, nk);
+          } else {
+            ColumnChunk<NH, 1>(h0, kp, kh, nk);
+          }
+        });
+      }
+    }
+  }
+
+  // Heads [h0, h0 + NH) over the tile's first NHALF · 16 keys. Score c of head h is the FMA
+  // chain of ScoreTile (scale·q[h][d] · K_c[d] over d from zero; a product's operands commute),
+  // max and sum run in Softmax()'s order, exp on the same values: the same bits.
+  template <int NH, int NHALF>
+  void ColumnChunk(int64_t h0, const float* const* kp, const uint16_t* const* kh, int64_t nk) {
+    if constexpr (W == 16) {
+      V acc[NH][NHALF];
+#pragma GCC unroll 8
+      for (int h = 0; h < NH; ++h) {
+#pragma GCC unroll 2
+        for (int j = 0; j < NHALF; ++j) acc[h][j] = VT::Zero();
+      }
+      const float* q = sc_.qt + h0 * hd_;  // qc of this chunk: [d][8]
+      const int64_t bs = kv_.block_size;
+      auto step = [&](int64_t d, const V* x) {
+#pragma GCC unroll 8
+        for (int h = 0; h < NH; ++h) {
+          const V qb = VT::Set1(q[d * 8 + h]);
+#pragma GCC unroll 2
+          for (int j = 0; j < NHALF; ++j) acc[h][j] = VT::Fma(qb, x[j], acc[h][j]);
+        }
+      };
+      if (kv_.dtype == KvDtype::kF32) {
+        const float* k[2] = {kp[0], kp[NHALF - 1 == 1 ? 16 : 0]};
+        for (int64_t d = 0; d < hd_; ++d) {
+          if (h0 == 0) IssueColumnPrefetch(d);
+          V x[NHALF];
+#pragma GCC unroll 2
+          for (int j = 0; j < NHALF; ++j) x[j] = VT::Load(k[j] + d * bs);
+          step(d, x);
+        }
+      } else {
+        const uint16_t* k[2] = {kh[0], kh[NHALF - 1 == 1 ? 16 : 0]};
+        for (int64_t d = 0; d < hd_; ++d) {
+          if (h0 == 0) IssueColumnPrefetch(d);
+          V x[NHALF];
+#pragma GCC unroll 2
+          for (int j = 0; j < NHALF; ++j) x[j] = VT::LoadBf16(k[j] + d * bs);
+          step(d, x);
+        }
+      }
+      // Lanes past the tile's last key may hold anything: -inf, so exp gives 0 (never used).
+      const V neg_inf = VT::Set1(kNegInf);
+      alignas(64) float red[16];
+      std::fill_n(red, 16, kNegInf);
+#pragma GCC unroll 8
+      for (int h = 0; h < NH; ++h) {
+#pragma GCC unroll 2
+        for (int j = 0; j < NHALF; ++j) acc[h][j] = VT::MaskTail(acc[h][j], nk - 16 * j, neg_inf);
+        V m = acc[h][0];
+        if constexpr (NHALF == 2) m = VT::Max(m, acc[h][1]);
+        red[h] = VT::ReduceMax(m);
+      }
+      const V m_old = VT::LoadN(sc_.m + h0, NH);
+      const V m_new = VT::Max(m_old, VT::Load(red));
+      const V mu = VT::ZeroIfNegInf(m_new);
+      const V alpha = VT::Exp(VT::Sub(m_old, mu));
+      VT::Store(red, mu);
+      V p[8][NHALF];
+#pragma GCC unroll 8
+      for (int h = 0; h < 8; ++h) {
+#pragma GCC unroll 2
+        for (int j = 0; j < NHALF; ++j) {
+          p[h][j] = h < NH ? VT::Exp(VT::Sub(acc[h][j], VT::Set1(red[h]))) : VT::Zero();
+        }
+      }
+#pragma GCC unroll 2
+      for (int j = 0; j < NHALF; ++j) {
+        const V pj[8] = {p[0][j], p[1][j], p[2][j], p[3][j], p[4][j], p[5][j], p[6][j], p[7][j]};
+        VT::StoreTransposed8(pj, sc_.s + 16 * j * rp_ + h0, rp_);
+      }
+      V sum = VT::Zero();  // in key order, as Softmax()
+      for (int64_t c = 0; c < nk; ++c) sum = VT::Add(sum, VT::LoadHalf(sc_.s + c * rp_ + h0));
+      VT::StoreN(sc_.l + h0, NH, VT::Fma(VT::LoadN(sc_.l + h0, NH), alpha, sum));
+      VT::StoreN(sc_.m + h0, NH, m_new);
+      VT::StoreN(sc_.alpha + h0, NH, alpha);
     }
   }
 
@@ -595,6 +782,7 @@ class BlockKernel {
     }
     const float* p = sc_.s + r;
     for (int64_t c = 0; c < nv; ++c) {
+      if (column_decode_) IssuePvPrefetch();
       const uint16_t* v = vh[c] + d;
       const V v0 = VT::LoadBf16(v), v1 = VT::LoadBf16(v + W);
 #pragma GCC unroll 8
@@ -659,6 +847,7 @@ class BlockKernel {
     }
     const float* p = sc_.s + r;
     for (int64_t c = 0; c < nv; ++c) {
+      if (column_decode_) IssuePvPrefetch();
       const float* v = vp[c] + d;
       const V v0 = load(v, 0), v1 = load(v, 1);
 #pragma GCC unroll 8
@@ -692,8 +881,25 @@ class BlockKernel {
   const char* pf_lines_[kPrefetchLines];
   int64_t pf_n_ = 0, pf_i_ = 0, pf_per_step_ = 0;
   bool pf_started_ = false;
-  int64_t kpv_;  // keys per vector of the packed decode scores; 1: the key-major tile
-  bool fuse_v_;  // a one-token block over bf16 V: widen V inside PV (AccumulateBf16)
+  // Column decode prefetch streams (PlanColumnPrefetch): line d at base + d · stride, d < n.
+  struct PrefetchStream {
+    const char* base;
+    int64_t stride, n;
+  };
+  PrefetchStream cpf_[4];
+  int64_t n_cpf_ = 0;
+  int64_t pv_pf_ = 0;  // PV's next line of the planned V streams
+  void IssuePvPrefetch() {
+    for (int64_t i = 1; i < n_cpf_; i += 2) {
+      if (pv_pf_ < cpf_[i].n) __builtin_prefetch(cpf_[i].base + pv_pf_ * cpf_[i].stride, 0, 3);
+    }
+    ++pv_pf_;
+  }
+
+  int64_t kpv_;         // keys per vector of the packed decode scores; 1: the key-major tile
+  bool column_decode_;  // ColumnDecode: keys in lanes over K in columns
+  int64_t kds_ = 1;     // elements between d and d + 1 of a key behind kp (this tile)
+  bool fuse_v_;         // a one-token block over bf16 V: widen V inside PV (AccumulateBf16)
 };
 
 template <class VT>

@@ -239,11 +239,13 @@ void KvCache::WriteToken(int64_t layer, int32_t block, int64_t slot, const float
     for (int which = 0; which < 2; ++which) {
       const float* src = (which == 0 ? k : v) + g * hd;
       uint8_t* dst = page + RowOffset(layer, which, slot, g);
+      const int64_t es = ElementStride(which);
       if (layout_.dtype == kernels::KvDtype::kF32) {
-        std::memcpy(dst, src, static_cast<size_t>(hd) * sizeof(float));
+        auto* f = reinterpret_cast<float*>(dst);
+        for (int64_t d = 0; d < hd; ++d) f[d * es] = src[d];
       } else {
         auto* h = reinterpret_cast<uint16_t*>(dst);  // round to nearest even, NaN kept
-        for (int64_t d = 0; d < hd; ++d) h[d] = F32ToBF16(src[d]);
+        for (int64_t d = 0; d < hd; ++d) h[d * es] = F32ToBF16(src[d]);
       }
     }
   }
@@ -252,13 +254,14 @@ void KvCache::WriteToken(int64_t layer, int32_t block, int64_t slot, const float
 void KvCache::ReadRow(int64_t layer, int which, int32_t block, int64_t slot, int64_t kv_head,
                       float* out) const {
   const uint8_t* row = pool_->PageData(block) + RowOffset(layer, which, slot, kv_head);
-  const int64_t hd = layout_.head_dim;
+  const int64_t hd = layout_.head_dim, es = ElementStride(which);
   if (layout_.dtype == kernels::KvDtype::kF32) {
-    std::memcpy(out, row, static_cast<size_t>(hd) * sizeof(float));
+    const auto* f = reinterpret_cast<const float*>(row);
+    for (int64_t d = 0; d < hd; ++d) out[d] = f[d * es];
     return;
   }
   const auto* h = reinterpret_cast<const uint16_t*>(row);
-  for (int64_t d = 0; d < hd; ++d) out[d] = BF16ToF32(h[d]);
+  for (int64_t d = 0; d < hd; ++d) out[d] = BF16ToF32(h[d * es]);
 }
 
 void KvCache::ReadK(int64_t layer, int32_t block, int64_t slot, int64_t kv_head, float* out) const {
@@ -277,9 +280,10 @@ kernels::PagedKv KvCache::View(int64_t layer, int64_t kv_head, const int32_t* bl
   kv.block_table = block_table + groups_.group_of[static_cast<size_t>(layer)];
   kv.table_stride = groups_.n_groups();
   kv.block_size = layout_.block_size;
-  kv.kv_stride = layout_.head_dim;  // head-major blocks: a head's rows follow each other
+  kv.kv_stride = layout_.head_dim;  // head-major blocks: a head's V rows follow each other
   kv.head_stride = layout_.block_size * layout_.head_dim;
   kv.dtype = layout_.dtype;  // strides count elements of this type
+  kv.k_columns = true;
   return kv;
 }
 

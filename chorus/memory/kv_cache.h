@@ -3,11 +3,14 @@
 // one layer group (below):
 //   page bytes = layers_per_page × 2 × block_size × n_kv_heads × head_dim × element bytes
 // (4 for f32, 2 for bf16: KvLayout::dtype, `--kv-dtype`), laid out
-// [layer in page][K|V][kv_head][slot][head_dim]: head-major, so the K (or V) of one KV head of a
-// block is block_size × head_dim contiguous elements (4 KiB of f32 at the TinyLlama shape), which
-// a decode step streams with whole cache lines and the hardware prefetcher's help. (Token-major
+// [layer in page][K|V][kv_head][…]: head-major, so the K (or V) of one KV head of a block is
+// block_size × head_dim contiguous elements (4 KiB of f32 at the TinyLlama shape), which a
+// decode step streams with whole cache lines and the hardware prefetcher's help. (Token-major
 // blocks, [slot][kv_head][head_dim], put one head's rows 256 bytes every 1 KiB at that shape,
-// and one thread read them at about half the rate: docs/kernels.md, "Attention".)
+// and one thread read them at about half the rate: docs/kernels.md, "Attention".) Within a
+// head, V is [slot][head_dim] and K is in columns, [head_dim][slot] (kernels::PagedKv::
+// k_columns): element d of 16 consecutive keys is one line, so a decode row computes 16 keys'
+// scores per vector straight from the cache (docs/kernels.md, "K in columns").
 //
 // Layer groups (docs/models.md, "KV blocks behind the window"). Layers that attend every key
 // (global) and layers with a sliding window need their keys for different lengths of time, so
@@ -155,9 +158,10 @@ class KvCache {
   void SetCacheMark(int32_t block, bool marked);
   int64_t n_cache_only() const { return n_cache_only_; }
 
-  // K / V of KV head `kv_head` of token slot `slot` of `block` in `layer`: head_dim floats.
-  // Requires: an f32 cache (tests write single values through these); `block` one of the
-  // layer's group.
+  // K / V of KV head `kv_head` of token slot `slot` of `block` in `layer`: element 0 of its
+  // head_dim floats, which are consecutive for V and block_size floats apart for K (K in
+  // columns). Requires: an f32 cache (tests write single values through these); `block` one of
+  // the layer's group.
   float* K(int64_t layer, int32_t block, int64_t slot, int64_t kv_head);
   float* V(int64_t layer, int32_t block, int64_t slot, int64_t kv_head);
   // Stores one token's K and V rows ([n_kv_heads × head_dim] floats each, heads side by side,
@@ -176,12 +180,15 @@ class KvCache {
 
  private:
   // Byte offset of element 0 of that row in its page (`which`: 0 = K, 1 = V); the page holds the
-  // layers of `layer`'s group, `layer` at its place in it.
+  // layers of `layer`'s group, `layer` at its place in it. Element d of the row is
+  // ElementStride(which) elements further.
   int64_t RowOffset(int64_t layer, int which, int64_t slot, int64_t kv_head) const {
     const int64_t in_page = groups_.slot_of[static_cast<size_t>(layer)];
-    return (((in_page * 2 + which) * layout_.n_kv_heads + kv_head) * layout_.block_size + slot) *
-           layout_.head_dim * layout_.ElementBytes();
+    const int64_t head = ((in_page * 2 + which) * layout_.n_kv_heads + kv_head) *
+                         layout_.block_size * layout_.head_dim;
+    return (head + slot * (which == 0 ? 1 : layout_.head_dim)) * layout_.ElementBytes();
   }
+  int64_t ElementStride(int which) const { return which == 0 ? layout_.block_size : 1; }
   void ReadRow(int64_t layer, int which, int32_t block, int64_t slot, int64_t kv_head,
                float* out) const;
 

@@ -199,7 +199,7 @@ TEST(KvCacheGroupsTest, ViewsReadEachLayersGroup) {
     for (int64_t h = 0; h < 2; ++h) {
       const kernels::PagedKv view = kv.View(l, h, t.data());
       for (int64_t pos = 0; pos < 40; ++pos) {
-        float kbuf[4], vbuf[4];  // used by bf16 views only; this cache is f32
+        float kbuf[4], vbuf[4];  // K in columns is gathered; V used by bf16 views only
         const float* kr = view.KeyRow(pos, 0, 4, kbuf);
         const float* vr = view.ValueRow(pos, 0, 4, vbuf);
         EXPECT_EQ(kr[1], static_cast<float>(1000 * l + 10 * pos + 4 * h + 1)) << l << " " << pos;
@@ -269,11 +269,13 @@ TEST(KvCacheBf16Test, WriteTokenRoundsToNearestEvenAndTheViewReadsBf16) {
   EXPECT_EQ(got[1], 1.0f + 0x1p-6f);
   EXPECT_EQ(got[2], -1.0f);
   EXPECT_EQ(got[3], 0.15625f);
-  // The view: bf16, head-major strides in elements, head 1's row right after head 0's block.
+  // The view: bf16, head-major strides in elements, head 1's rows right after head 0's block,
+  // K in columns.
   const kernels::PagedKv view = kv.View(1, 1, a.data());
   EXPECT_EQ(view.dtype, kernels::KvDtype::kBf16);
   EXPECT_EQ(view.kv_stride, 4);
   EXPECT_EQ(view.head_stride, 16 * 4);
+  EXPECT_TRUE(view.k_columns);
   float buf[4];
   const float* row = view.KeyRow(19, 0, 4, buf);
   kv.ReadK(1, a[1], 3, 1, got);

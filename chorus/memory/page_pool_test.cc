@@ -75,11 +75,15 @@ TEST(KvCacheTest, ReserveGrowsAndReleases) {
   *kv.V(0, table[0], 0, 0) = 4.0f;
   EXPECT_EQ(*kv.K(1, table[1], 15, 1), 3.0f);
   EXPECT_EQ(*kv.V(0, table[0], 0, 0), 4.0f);
-  // Head-major blocks: the view of KV head 1 walks that head's rows, head_dim floats apart.
+  // Head-major blocks: the view of KV head 1 walks that head's V rows, head_dim floats apart,
+  // and its K columns: slot t's element d at t + d · block_size.
   auto view = kv.View(1, 1, table.data());
   EXPECT_EQ(view.kv_stride, 4);
-  EXPECT_EQ(view.k_blocks[table[1]] + 15 * view.kv_stride, kv.K(1, table[1], 15, 1));
-  EXPECT_EQ(kv.K(1, table[1], 1, 0), kv.K(1, table[1], 0, 0) + 4);
+  EXPECT_TRUE(view.k_columns);
+  EXPECT_EQ(view.v_blocks[table[1]] + 15 * view.kv_stride, kv.V(1, table[1], 15, 1));
+  EXPECT_EQ(view.k_blocks[table[1]] + 15, kv.K(1, table[1], 15, 1));
+  EXPECT_EQ(kv.V(1, table[1], 1, 0), kv.V(1, table[1], 0, 0) + 4);
+  EXPECT_EQ(kv.K(1, table[1], 1, 0), kv.K(1, table[1], 0, 0) + 1);
   EXPECT_EQ(kv.K(1, table[1], 0, 1), kv.K(1, table[1], 0, 0) + 16 * 4);
   kv.Release(&table);
   EXPECT_TRUE(table.empty());

@@ -85,6 +85,41 @@ struct Vec512 {
   static void StoreLanes(float* p, V v, int64_t first, int64_t n) {
     _mm512_mask_storeu_ps(p, static_cast<__mmask16>(Mask(n) << first), v);
   }
+  // Column decode (attention_tiles.h): lanes [n, 16) of v replaced by fill (all when n ≤ 0);
+  // the largest lane; 8 floats at p in the low lanes, zeros above; and the transpose of 8
+  // vectors (row h = x[h], 16 keys) stored as 16 rows of 8 floats, row c at dst + c · stride.
+  static V MaskTail(V v, int64_t n, V fill) {
+    return n >= 16 ? v : _mm512_mask_mov_ps(fill, Mask(n < 0 ? 0 : n), v);
+  }
+  static float ReduceMax(V v) { return _mm512_reduce_max_ps(v); }
+  static V LoadHalf(const float* p) { return _mm512_zextps256_ps512(_mm256_loadu_ps(p)); }
+  static void StoreTransposed8(const V* x, float* dst, int64_t stride) {
+    V t[8], u[8];
+    for (int i = 0; i < 4; ++i) {  // per 128-bit lane: rows 2i, 2i + 1 interleaved
+      t[2 * i] = _mm512_unpacklo_ps(x[2 * i], x[2 * i + 1]);
+      t[2 * i + 1] = _mm512_unpackhi_ps(x[2 * i], x[2 * i + 1]);
+    }
+    for (int g = 0; g < 2; ++g) {  // u[4g + k], lane L: rows 4g..4g+3 of key 4L + k
+      const __m512d a = _mm512_castps_pd(t[4 * g]), b = _mm512_castps_pd(t[4 * g + 2]);
+      const __m512d c = _mm512_castps_pd(t[4 * g + 1]), d = _mm512_castps_pd(t[4 * g + 3]);
+      u[4 * g + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+      u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+      u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
+      u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
+    }
+    const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i hi =
+        _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    auto store2 = [&](V v, int64_t key_a, int64_t key_b) {
+      _mm256_storeu_ps(dst + key_a * stride, _mm512_castps512_ps256(v));
+      _mm256_storeu_ps(dst + key_b * stride,
+                       _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    };
+    for (int k = 0; k < 4; ++k) {
+      store2(_mm512_permutex2var_ps(u[k], lo, u[4 + k]), k, k + 4);
+      store2(_mm512_permutex2var_ps(u[k], hi, u[4 + k]), k + 8, k + 12);
+    }
+  }
   static V ZeroIfNegInf(V m) {
     const __mmask16 k =
         _mm512_cmp_ps_mask(m, _mm512_set1_ps(attention_internal::kNegInf), _CMP_EQ_OQ);
