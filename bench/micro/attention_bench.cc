@@ -1,13 +1,16 @@
 // Attention kernels (attention.h) at the TinyLlama-1.1B shape (32 query heads, 4 KV heads,
 // head_dim 64, 16-token KV blocks), one layer, on the calling thread:
-//   BM_Prefill/N    — a prompt of N tokens in blocks of 8 tokens per KV head (what a prefill
+//   BM_Prefill/N/C  — a prompt of N tokens in blocks of 8 tokens per KV head (what a prefill
 //                     step runs); counter: causal GFLOP/s (4·head_dim FLOPs per (query head, key))
-//   BM_Decode/D     — one token at depth D, every KV head; counter: KV bytes read per second
+//   BM_Decode/D/C   — one token at depth D, every KV head; counter: KV bytes read per second
+//                     (C = 0: head-major blocks with K in rows, C = 1: K in columns, KvCache's
+//                     layout and the column decode)
 //   BM_DecodeDram/L — one token at depth 4000 over 22 layers' KV (180 MB, so it comes from
 //                     DRAM as in a real decode step), segment by segment over the 4 KV heads as
 //                     a split-K decode thread does; L = 0: token-major blocks
-//                     ([slot][kv_head][head_dim]), L = 1: head-major ([kv_head][slot][head_dim],
-//                     KvCache's layout), L = 2: head-major bf16 (90 MB); counter: KV bytes
+//                     ([slot][kv_head][head_dim]), L = 1: head-major ([kv_head][slot][head_dim]),
+//                     L = 2: head-major bf16 (90 MB), L = 3 / 4: head-major with K in columns
+//                     ([kv_head][head_dim][slot], KvCache's layout), f32 / bf16; counter: KV bytes
 //                     read per second
 //
 //   ./attention_bench --benchmark_filter=Prefill --benchmark_min_time=1

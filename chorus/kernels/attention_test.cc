@@ -554,89 +554,6 @@ TEST_P(AttentionTest, Bf16BlocksEqualF32BlocksOfTheSameValues) {
   }
 }
 
-// Packed decode scores (attention_tiles.h): a one-token block whose group fills at most half
-// the lanes packs 16 / RP keys per vector (RP = the group rounded up to a power of two). Its
-// rows must equal the same tokens computed inside multi-token blocks (the key-major tile) bit
-// for bit — groups 1–9 (every keys-per-vector at both widths, padded groups 3, 5–7), head dims
-// below, at and past the lane count with tails, f32 and bf16 blocks, split-K partials — and the
-// dense reference within rounding.
-TEST_P(AttentionTest, DecodeRowsEqualPrefillRowsOverGroupsHeadDimsAndDtypes) {
-  for (int64_t group : {1, 2, 3, 4, 5, 6, 7, 8, 9}) {
-    for (int64_t hd : {4, 16, 37, 64}) {
-      for (bool bf16 : {false, true}) {
-        const int64_t n_ctx = group == 8 ? 530 : 75, n_kv = 2, n_heads = n_kv * group;
-        const int64_t stride = n_heads * hd;
-        Paged p(n_ctx, n_kv, hd, 16, static_cast<uint64_t>(group * 100 + hd + (bf16 ? 7 : 0)));
-        if (bf16) {
-          for (auto* dense : {&p.k_dense, &p.v_dense})
-            for (float& x : *dense) x = BF16ToF32(F32ToBF16(x));
-        }
-        const HeadMajor f32(p);
-        std::vector<uint16_t> k16(f32.pool_k.size()), v16(f32.pool_v.size());
-        std::vector<const float*> kb, vb;
-        PagedKv kv = f32.View();
-        if (bf16) {
-          for (size_t i = 0; i < k16.size(); ++i) {
-            k16[i] = F32ToBF16(f32.pool_k[i]);
-            v16[i] = F32ToBF16(f32.pool_v[i]);
-          }
-          for (size_t b = 0; b < f32.k_ptr.size(); ++b) {
-            kb.push_back(
-                reinterpret_cast<const float*>(k16.data() + (f32.k_ptr[b] - f32.pool_k.data())));
-            vb.push_back(
-                reinterpret_cast<const float*>(v16.data() + (f32.v_ptr[b] - f32.pool_v.data())));
-          }
-          kv.k_blocks = kb.data();
-          kv.v_blocks = vb.data();
-          kv.dtype = KvDtype::kBf16;
-        }
-        const std::vector<float> q =
-            RandomQ(n_ctx * stride, 90 + static_cast<uint64_t>(group), 2.0f);
-        const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-        // Every token as a one-token block (packed decode) and in blocks of 8 tokens.
-        std::vector<float> one(static_cast<size_t>(n_ctx * stride)), eight(one.size());
-        for (int64_t chunk : {int64_t{1}, int64_t{8}}) {
-          std::vector<float>& out = chunk == 1 ? one : eight;
-          std::vector<float> scratch(static_cast<size_t>(AttentionScratchFloats(chunk, group, hd)));
-          for (int64_t pos0 = 0; pos0 < n_ctx; pos0 += chunk) {
-            const int64_t n = std::min(chunk, n_ctx - pos0);
-            for (int64_t g = 0; g < n_kv; ++g) {
-              const int64_t off = pos0 * stride + g * group * hd;
-              AttentionBlock(q.data() + off, stride, n, pos0, kv, g, group, hd, scale,
-                             scratch.data(), out.data() + off, stride);
-            }
-          }
-        }
-        ASSERT_EQ(std::memcmp(one.data(), eight.data(), one.size() * sizeof(float)), 0)
-            << "group " << group << " hd " << hd << " bf16 " << bf16;
-        for (int64_t i : {int64_t{0}, int64_t{31}, int64_t{32}, n_ctx - 1}) {
-          const std::vector<double> ref = p.NaiveOver(q.data() + i * stride, n_heads, scale, i + 1);
-          for (int64_t j = 0; j < stride; ++j) {
-            ASSERT_NEAR(one[static_cast<size_t>(i * stride + j)], ref[static_cast<size_t>(j)], 2e-5)
-                << "group " << group << " hd " << hd << " token " << i;
-          }
-        }
-        // Split-K of the last token: partials of single segments, merged.
-        const int64_t n_seg = AttentionSegments(n_ctx), pf = AttentionPartialFloats(group, hd);
-        const float* q_last = q.data() + (n_ctx - 1) * stride;
-        std::vector<float> scratch(static_cast<size_t>(AttentionScratchFloats(1, group, hd)));
-        for (int64_t g = 0; g < n_kv; ++g) {
-          std::vector<float> partials(static_cast<size_t>(n_seg * pf)), merged(group * hd);
-          for (int64_t sg = 0; sg < n_seg; ++sg) {
-            AttentionPartials(q_last + g * group * hd, n_ctx - 1, kv, g, group, hd, scale, sg,
-                              sg + 1, scratch.data(), partials.data() + sg * pf);
-          }
-          AttentionMerge(partials.data(), n_seg, group, hd, merged.data());
-          ASSERT_EQ(std::memcmp(merged.data(), one.data() + (n_ctx - 1) * stride + g * group * hd,
-                                merged.size() * sizeof(float)),
-                    0)
-              << "group " << group << " hd " << hd << " g " << g;
-        }
-      }
-    }
-  }
-}
-
 // K in columns (KvCache's layout, attention.h): per block and KV head, head_dim rows of
 // block_size slots (d stride exactly block_size), heads padded apart; V in rows as HeadMajor.
 // Optionally bf16 (every element of the pools rounded, NaN kept).
@@ -700,6 +617,71 @@ struct KColumns {
     return kv;
   }
 };
+
+// Decode rows over K in columns (the column decode at 16 lanes, attention_tiles.h): one-token
+// blocks must equal the same tokens computed inside multi-token blocks (the key-major tile) bit
+// for bit — groups 1–9 (chunks of 8 heads full, partial, and one past), head dims below, at and
+// past the lane count with tails, f32 and bf16 blocks, split-K partials — and the dense
+// reference within rounding.
+TEST_P(AttentionTest, DecodeRowsEqualPrefillRowsOverGroupsHeadDimsAndDtypes) {
+  for (int64_t group : {1, 2, 3, 4, 5, 6, 7, 8, 9}) {
+    for (int64_t hd : {4, 16, 37, 64}) {
+      for (bool bf16 : {false, true}) {
+        const int64_t n_ctx = group == 8 ? 530 : 75, n_kv = 2, n_heads = n_kv * group;
+        const int64_t stride = n_heads * hd;
+        Paged p(n_ctx, n_kv, hd, 16, static_cast<uint64_t>(group * 100 + hd + (bf16 ? 7 : 0)));
+        if (bf16) {
+          for (auto* dense : {&p.k_dense, &p.v_dense})
+            for (float& x : *dense) x = BF16ToF32(F32ToBF16(x));
+        }
+        const KColumns cols(p, bf16);  // KvCache's layout
+        const PagedKv kv = cols.View();
+        const std::vector<float> q =
+            RandomQ(n_ctx * stride, 90 + static_cast<uint64_t>(group), 2.0f);
+        const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+        // Every token as a one-token block (column decode) and in blocks of 8 tokens.
+        std::vector<float> one(static_cast<size_t>(n_ctx * stride)), eight(one.size());
+        for (int64_t chunk : {int64_t{1}, int64_t{8}}) {
+          std::vector<float>& out = chunk == 1 ? one : eight;
+          std::vector<float> scratch(static_cast<size_t>(AttentionScratchFloats(chunk, group, hd)));
+          for (int64_t pos0 = 0; pos0 < n_ctx; pos0 += chunk) {
+            const int64_t n = std::min(chunk, n_ctx - pos0);
+            for (int64_t g = 0; g < n_kv; ++g) {
+              const int64_t off = pos0 * stride + g * group * hd;
+              AttentionBlock(q.data() + off, stride, n, pos0, kv, g, group, hd, scale,
+                             scratch.data(), out.data() + off, stride);
+            }
+          }
+        }
+        ASSERT_EQ(std::memcmp(one.data(), eight.data(), one.size() * sizeof(float)), 0)
+            << "group " << group << " hd " << hd << " bf16 " << bf16;
+        for (int64_t i : {int64_t{0}, int64_t{31}, int64_t{32}, n_ctx - 1}) {
+          const std::vector<double> ref = p.NaiveOver(q.data() + i * stride, n_heads, scale, i + 1);
+          for (int64_t j = 0; j < stride; ++j) {
+            ASSERT_NEAR(one[static_cast<size_t>(i * stride + j)], ref[static_cast<size_t>(j)], 2e-5)
+                << "group " << group << " hd " << hd << " token " << i;
+          }
+        }
+        // Split-K of the last token: partials of single segments, merged.
+        const int64_t n_seg = AttentionSegments(n_ctx), pf = AttentionPartialFloats(group, hd);
+        const float* q_last = q.data() + (n_ctx - 1) * stride;
+        std::vector<float> scratch(static_cast<size_t>(AttentionScratchFloats(1, group, hd)));
+        for (int64_t g = 0; g < n_kv; ++g) {
+          std::vector<float> partials(static_cast<size_t>(n_seg * pf)), merged(group * hd);
+          for (int64_t sg = 0; sg < n_seg; ++sg) {
+            AttentionPartials(q_last + g * group * hd, n_ctx - 1, kv, g, group, hd, scale, sg,
+                              sg + 1, scratch.data(), partials.data() + sg * pf);
+          }
+          AttentionMerge(partials.data(), n_seg, group, hd, merged.data());
+          ASSERT_EQ(std::memcmp(merged.data(), one.data() + (n_ctx - 1) * stride + g * group * hd,
+                                merged.size() * sizeof(float)),
+                    0)
+              << "group " << group << " hd " << hd << " g " << g;
+        }
+      }
+    }
+  }
+}
 
 // K in columns changes where a key's floats are, never the arithmetic: over f32 and bf16
 // blocks, groups that fill a chunk of 8 heads or not (1, 3, 8, 12), head dims with

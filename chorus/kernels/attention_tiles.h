@@ -13,23 +13,19 @@
 //   softmax: lane-wise max over the tile's keys, exp, key-ordered sum; running (m, l) per row
 //   PV: o[r][:] = o[r][:] · alpha[r] + Σ_c p[c][r] · V_c[:] per token (its heads share the mask)
 //
-// A block of one token (a decode row) whose group fills at most half the lanes packs several
-// keys per vector for QK instead ("packed" scores): with RP = the group rounded up to a power
-// of two and KPV = lanes / RP keys per vector, lane r·KPV + k holds (row r, key c0 + k), so a
-// TinyLlama decode row (8 heads per KV head) computes 2 keys per 16-lane vector instead of one
-// key in 8 of 16 lanes. The tile's K rows are interleaved once into kpack[c / KPV][d][KPV]
-// (exact copies: a bf16 row is widened on the way) and
-//   s[c0 + k][r] = Σ_d qrep[d][r·KPV + k] · kpack[c0 / KPV][d][k]    (qrep[d][l] = qt[d][l / KPV])
-// is the very FMA chain of the key-major tile (same operands, same order over d, from zero), so
-// each score has the same bits. The online softmax then runs on the packed scores
-// (PackedSoftmax: each row's running max and sum updated key by key in key order, exp on every
-// lane), the probabilities go back to [key][row] order, and PV runs as for any block (with bf16
-// V widened in registers, AccumulateBf16). A decode row is therefore bit-identical to the same
-// token inside a prefill block (the batch-invariance rule, attention.h).
+// A block of one token (a decode row) over K in columns (PagedKv::k_columns, KvCache's layout)
+// at 16 lanes takes the column decode instead (ColumnChunk): element d of 16 consecutive keys is
+// one vector in the cache, so keys go in lanes — for each chunk of up to 8 heads, acc[h][half]
+// += (scale·q[h][d] broadcast) · K[d][16 keys of the half] over d from zero, the very FMA chain
+// of the key-major tile (a product's operands commute), so each score has the same bits and no
+// K is copied or packed. The online softmax runs on those vectors with Softmax()'s operations in
+// its order (a head's max over its keys is exact in any order; exp lane by lane; the sum in key
+// order over the probabilities transposed to [key][row], which is also what PV reads), so a
+// decode row stays bit-identical to the same token inside a prefill block (the batch-invariance
+// rule, attention.h).
 #pragma once
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -45,9 +41,9 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // Rows of a block are padded to a multiple of this (the widest level's lanes), so that the
 // scratch size does not depend on the level.
 constexpr int64_t kRowPad = 16;
-// Decode rows prefetch K and V rows ahead of use (BlockKernel::Tile): a packed decode row
-// spreads the lines of the tile kPrefetchTiles ahead over its QK loop (one or two per step);
-// other decode rows ask for all of the next tile's lines at once.
+// Decode rows prefetch K and V ahead of use (BlockKernel::Tile): the column decode spreads the
+// lines of the tile kPrefetchTiles ahead over its QK and PV loops; other decode rows ask for
+// all of the next tile's lines at once.
 constexpr bool kPrefetchNext = true;
 constexpr int64_t kPrefetchTiles = 2;
 // Lines of one planned tile (K and V); beyond it (wide token-major rows) nothing is prefetched.
@@ -55,28 +51,9 @@ constexpr int64_t kPrefetchLines = 512;
 
 inline int64_t RoundUp(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
-// Lane permutations of the packed decode softmax (W lanes, KPV keys per vector, lane
-// r·KPV + k = row r, key k): kSpread[k] puts key k's lane of each row on all of that row's
-// lanes; kReplicate puts row r's lane of a [row] vector on all of row r's lanes.
-template <int64_t W, int KPV>
-struct PackIndex {
-  static constexpr auto kSpread = [] {
-    std::array<std::array<int32_t, W>, KPV> idx{};
-    for (int k = 0; k < KPV; ++k) {
-      for (int64_t l = 0; l < W; ++l) idx[k][l] = static_cast<int32_t>(l / KPV * KPV + k);
-    }
-    return idx;
-  }();
-  static constexpr auto kReplicate = [] {
-    std::array<int32_t, W> idx{};
-    for (int64_t l = 0; l < W; ++l) idx[l] = static_cast<int32_t>(l / KPV);
-    return idx;
-  }();
-};
-
 // Scratch of a block of r rows (rp = r padded), carved from the caller's buffer.
 struct Scratch {
-  float* qt;      // [head_dim][rp] scale·q, transposed (packed decode: qrep[head_dim][lanes])
+  float* qt;      // [head_dim][rp] scale·q, transposed (column decode: qc[chunk][head_dim][8])
   float* s;       // [kAttentionTile][rp] scores, then probabilities, of the current tile
   float* m;       // [rp] running max of the current segment
   float* l;       // [rp] running sum of the current segment
@@ -86,16 +63,15 @@ struct Scratch {
   float* mo;      // [r] folded max over the finished segments
   float* lo;      // [r] folded sum over the finished segments
   float* kt;      // [kAttentionTile][hd] the tile's K rows widened to f32 (bf16 blocks only);
-                  // packed decode: kpack[kAttentionTile / KPV][hd][KPV] (the same floats)
+                  // bf16 columns: [hd][kAttentionTile]
   float* vt;      // [kAttentionTile][hd] its V rows likewise
-  float* sp;      // packed decode: the tile's scores, then probabilities, [vector][lanes]
 };
 
 inline int64_t ScratchFloats(int64_t n_tokens, int64_t group, int64_t head_dim) {
   const int64_t r = n_tokens * group, rp = RoundUp(r, kRowPad);
   const int64_t hd = RoundUp(head_dim, 16);
   return rp * (hd + kAttentionTile + 4) + r * hd + 2 * RoundUp(r, 16) + 2 * kAttentionTile * hd +
-         kAttentionTile * kRowPad + 16 * 15;
+         16 * 14;
 }
 
 inline Scratch CarveScratch(float* buf, int64_t n_tokens, int64_t group, int64_t head_dim) {
@@ -117,8 +93,7 @@ inline Scratch CarveScratch(float* buf, int64_t n_tokens, int64_t group, int64_t
   s.mo = p, p = align(p + RoundUp(r, 16));
   s.lo = p, p = align(p + RoundUp(r, 16));
   s.kt = p, p = align(p + kAttentionTile * hd);
-  s.vt = p, p = align(p + kAttentionTile * hd);
-  s.sp = p;
+  s.vt = p;
   return s;
 }
 
@@ -164,24 +139,13 @@ class BlockKernel {
         rp_(RoundUp(r_, kRowPad)),
         n_rv_((r_ + W - 1) / W),
         sc_(CarveScratch(scratch, n_tokens, group, head_dim)),
-        kpv_(kv.k_columns ? 1 : PackedKeysPerVector(n_tokens, group)),
         column_decode_(ColumnDecode(kv, n_tokens)),
         fuse_v_(n_tokens == 1 && kv.dtype == KvDtype::kBf16 && head_dim % (2 * W) == 0) {
     for (int64_t i = 0, r = 0; i < n_tokens_; ++i) {
       for (int64_t h = 0; h < group_; ++h, ++r) sc_.rowpos[r] = static_cast<float>(pos0_ + i);
     }
     for (int64_t r = r_; r < rp_; ++r) sc_.rowpos[r] = std::numeric_limits<float>::infinity();
-    if (kpv_ > 1) {
-      // qrep[d][l] = scale · q[head l / KPV][d] (the value qt[d][l / KPV] would hold); lanes of
-      // rows past the group are 0. Score lanes of rows ≥ RP are never written: zero them once.
-      for (int64_t d = 0; d < hd_; ++d) {
-        float* dst = sc_.qt + d * W;
-        for (int64_t h = 0; h < W / kpv_; ++h, dst += kpv_) {
-          std::fill_n(dst, kpv_, h < group_ ? scale * q[h * hd_ + d] : 0.0f);
-        }
-      }
-      std::fill(sc_.s, sc_.s + kAttentionTile * rp_, 0.0f);
-    } else if (column_decode_) {
+    if (column_decode_) {
       // qc[h / 8][d][h % 8] = scale · q[h][d] (the value qt[d][h] would hold): per chunk of 8
       // heads, the 8 values a QK step broadcasts are adjacent.
       for (int64_t h = 0; h < group_; ++h) {
@@ -202,15 +166,6 @@ class BlockKernel {
       }
     }
     ResetSegment();
-  }
-
-  // Keys per vector of the packed decode scores: lanes / RP (RP = group rounded up to a power
-  // of two) for a one-token block when that is ≥ 2, else 1 (the key-major tile).
-  static int64_t PackedKeysPerVector(int64_t n_tokens, int64_t group) {
-    if (n_tokens != 1) return 1;
-    int64_t rp = 1;
-    while (rp < group) rp *= 2;
-    return W / rp >= 2 ? W / rp : 1;
   }
 
   // Column decode (the header): a one-token block over K in columns at 16 lanes, when each
@@ -245,10 +200,10 @@ class BlockKernel {
   void Tile(int64_t t0, int64_t nk) {
     // A decode row streams its keys once from DRAM. All of a tile's lines requested at once
     // (128 for bf16 K and V at head_dim 64, 256 for f32) are more than the core keeps in
-    // flight, so the first loads of the tile stall behind them; the packed path therefore
-    // requests the lines of the tile kPrefetchTiles ahead a few at a time inside its QK loop
-    // (PackedScoreTile), after one burst for the tile after the row's first.
-    // (docs/kernels.md, "Decode prefetch")
+    // flight, so the first loads of the tile stall behind them; the column decode therefore
+    // requests the lines of the tile kPrefetchTiles ahead a few at a time over its QK and PV
+    // loops, after one burst for the tile after the row's first; other decode rows ask for the
+    // next tile at once. (docs/kernels.md, "Decode prefetch")
     if (n_tokens_ == 1 && kPrefetchNext) {
       const int64_t last = pos0_ + 1;
       pf_n_ = pf_i_ = 0;
@@ -263,15 +218,6 @@ class BlockKernel {
         }
         PlanColumnPrefetch(t0 + kPrefetchTiles * kAttentionTile, last);
         pv_pf_ = 0;
-      } else if (kpv_ > 1) {
-        if (!pf_started_) {
-          pf_started_ = true;
-          PlanPrefetch(t0 + kAttentionTile, std::min(t0 + 2 * kAttentionTile, last));
-          IssuePrefetch(pf_n_);
-          pf_n_ = pf_i_ = 0;
-        }
-        const int64_t ahead = t0 + kPrefetchTiles * kAttentionTile;
-        PlanPrefetch(ahead, std::min(ahead + kAttentionTile, last));
       } else {
         PlanPrefetch(t0 + kAttentionTile, std::min(t0 + 2 * kAttentionTile, last));
         IssuePrefetch(pf_n_);
@@ -281,7 +227,7 @@ class BlockKernel {
     const int64_t rv0 = ft * group_ / W;  // row vectors before it hold only masked rows
     const float* kp[kAttentionTile];
     const float* vp[kAttentionTile];
-    const uint16_t* kh[kAttentionTile];  // bf16 K rows, packed straight from the cache
+    const uint16_t* kh[kAttentionTile];  // bf16 K (rows widened into kt, or columns)
     const uint16_t* vh[kAttentionTile];  // bf16 V rows, widened inside PV (fuse_v_)
     // One division per tile; the slot then walks the blocks.
     int64_t bi = t0 / kv_.block_size, slot = t0 % kv_.block_size;
@@ -297,7 +243,7 @@ class BlockKernel {
         vp[c] = kv_.v_blocks[block] + off;
       } else {  // bf16: widen the rows once per tile (exact), then the same f32 arithmetic
         kh[c] = reinterpret_cast<const uint16_t*>(kv_.k_blocks[block]) + koff;
-        if (kpv_ == 1 && !kcol) kp[c] = Widen(kh[c], sc_.kt + c * hd_pad_);
+        if (!kcol) kp[c] = Widen(kh[c], sc_.kt + c * hd_pad_);
         vh[c] = reinterpret_cast<const uint16_t*>(kv_.v_blocks[block]) + off;
         if (!fuse_v_) vp[c] = Widen(vh[c], sc_.vt + c * hd_pad_);
       }
@@ -327,23 +273,11 @@ class BlockKernel {
         kds_ = kAttentionTile;
       }
       // Past the last key the group of keys repeats it; those scores are never used.
-      // (kp holds f32 rows unless bf16 rows are packed straight from the cache; kh holds those.)
-      for (int64_t c = nk; c < kAttentionTile; ++c) {
-        if (bf16) kh[c] = kh[nk - 1];
-        if (!bf16 || kpv_ == 1) kp[c] = kp[nk - 1];
-      }
-      if (kpv_ > 1) {
-        PackedScores(kp, kh);
-      } else {
-        Scores(kp, nk, rv0);
-      }
+      for (int64_t c = nk; c < kAttentionTile; ++c) kp[c] = kp[nk - 1];
+      Scores(kp, nk, rv0);
       // Keys past some processed row's position: the tile reaches beyond the first row's token.
       const bool diag = t0 + nk - 1 > pos0_ + rv0 * W / group_;
-      if (kpv_ > 1) {
-        PackedSoftmax(nk);
-      } else {
-        Softmax(t0, nk, rv0, diag);
-      }
+      Softmax(t0, nk, rv0, diag);
     }
     for (int64_t i = ft; i < n_tokens_; ++i) {
       const int64_t nv = std::min<int64_t>(nk, pos0_ + i + 1 - t0);
@@ -563,152 +497,6 @@ class BlockKernel {
     }
   }
 
-  // Packed decode scores (the header): s[c][r] for every key c of the tile (keys past the
-  // last repeat it; those scores are never used).
-  void PackedScores(const float* const* kp, const uint16_t* const* kh) {
-    switch (kpv_) {
-      case 2:
-        return PackedScoresK<2>(kp, kh);
-      case 4:
-        return PackedScoresK<4>(kp, kh);
-      case 8:
-        return PackedScoresK<8>(kp, kh);
-      case 16:
-        return PackedScoresK<16>(kp, kh);
-      default:
-        break;
-    }
-  }
-
-  template <int KPV>
-  void PackedScoresK(const float* const* kp, const uint16_t* const* kh) {
-    if constexpr (KPV >= 2 && KPV <= W) {
-      constexpr int kGroups = static_cast<int>(kAttentionTile) / KPV;  // packed vectors
-      constexpr int kNj = kGroups < 8 ? kGroups : 8;                   // accumulators
-      // The planned prefetch lines, spread evenly over the hd_ · kGroups / kNj QK steps.
-      const int64_t steps = hd_ * (kGroups / kNj);
-      pf_per_step_ = (pf_n_ - pf_i_ + steps - 1) / steps;
-      PackKeys<KPV>(kp, kh);
-      for (int j0 = 0; j0 < kGroups; j0 += kNj) PackedScoreTile<KPV, kNj>(j0);
-    }
-  }
-
-  // kpack[j][d][k] = K_{j·KPV + k}[d] for the tile's 32 keys: per W floats of KPV rows,
-  // log2(KPV) rounds of pairwise interleaving (row i with row i + KPV/2) — a transpose of the
-  // KPV × W block into W / KPV groups of KPV keys.
-  template <int KPV>
-  void PackKeys(const float* const* kp, const uint16_t* const* kh) {
-    const bool bf16 = kv_.dtype == KvDtype::kBf16;
-    for (int j = 0; j < static_cast<int>(kAttentionTile) / KPV; ++j) {
-      float* dst = sc_.kt + j * hd_ * KPV;
-      int64_t d = 0;
-      for (; d + W <= hd_; d += W) {
-        V x[KPV];
-#pragma GCC unroll 16
-        for (int k = 0; k < KPV; ++k) {
-          x[k] = bf16 ? VT::LoadBf16(kh[j * KPV + k] + d) : VT::Load(kp[j * KPV + k] + d);
-        }
-#pragma GCC unroll 4
-        for (int level = 1; level < KPV; level *= 2) {
-          V y[KPV];
-#pragma GCC unroll 8
-          for (int i = 0; i < KPV / 2; ++i) VT::Interleave2(x[i], x[i + KPV / 2], &y[2 * i]);
-#pragma GCC unroll 16
-          for (int k = 0; k < KPV; ++k) x[k] = y[k];
-        }
-#pragma GCC unroll 16
-        for (int i = 0; i < KPV; ++i) VT::Store(dst + d * KPV + i * W, x[i]);
-      }
-      for (; d < hd_; ++d) {
-        for (int k = 0; k < KPV; ++k) {
-          if (bf16) {
-            const uint32_t u = static_cast<uint32_t>(kh[j * KPV + k][d]) << 16;
-            std::memcpy(dst + d * KPV + k, &u, sizeof(u));
-          } else {
-            dst[d * KPV + k] = kp[j * KPV + k][d];
-          }
-        }
-      }
-    }
-  }
-
-  // Packed vectors [j0, j0 + NJ): one FMA chain per lane over d, stored packed (sp) for
-  // PackedSoftmax.
-  template <int KPV, int NJ>
-  void PackedScoreTile(int j0) {
-    V acc[NJ];
-#pragma GCC unroll 8
-    for (int j = 0; j < NJ; ++j) acc[j] = VT::Zero();
-    const float* kpack = sc_.kt + j0 * hd_ * KPV;
-    for (int64_t d = 0; d < hd_; ++d) {
-      IssuePrefetch(pf_per_step_);
-      const V qv = VT::Load(sc_.qt + d * W);
-#pragma GCC unroll 8
-      for (int j = 0; j < NJ; ++j) {
-        acc[j] = VT::Fma(qv, VT::template LoadGroup<KPV>(kpack + (j * hd_ + d) * KPV), acc[j]);
-      }
-    }
-#pragma GCC unroll 8
-    for (int j = 0; j < NJ; ++j) VT::Store(sc_.sp + (j0 + j) * W, acc[j]);
-  }
-
-  // The online softmax of Softmax() on the packed scores, for a one-token block (no masking):
-  // every lane of row r's KPV lanes carries row r's running max and sum, updated key by key in
-  // key order with the same operations (the score of key c broadcast over its row's lanes), so
-  // m, l, alpha and every probability have the bits Softmax() gives them; exp runs on all lanes.
-  // The probabilities go to s in [key][row] order for PV.
-  void PackedSoftmax(int64_t nk) {
-    switch (kpv_) {
-      case 2:
-        return PackedSoftmaxK<2>(nk);
-      case 4:
-        return PackedSoftmaxK<4>(nk);
-      case 8:
-        return PackedSoftmaxK<8>(nk);
-      case 16:
-        return PackedSoftmaxK<16>(nk);
-      default:
-        break;
-    }
-  }
-
-  template <int KPV>
-  void PackedSoftmaxK(int64_t nk) {
-    if constexpr (KPV >= 2 && KPV <= W) {
-      constexpr int64_t kRp = W / KPV;
-      using Idx = PackIndex<W, KPV>;
-      const int64_t ng = (nk + KPV - 1) / KPV;
-      V mt = VT::Set1(kNegInf);
-      for (int64_t j = 0; j < ng; ++j) {
-        const V sj = VT::Load(sc_.sp + j * W);
-#pragma GCC unroll 16
-        for (int k = 0; k < KPV; ++k) {
-          if (j * KPV + k < nk) mt = VT::Max(mt, VT::Permute(sj, Idx::kSpread[k].data()));
-        }
-      }
-      const V m_old = VT::Permute(VT::Load(sc_.m), Idx::kReplicate.data());
-      const V m_new = VT::Max(m_old, mt);
-      const V mu = VT::ZeroIfNegInf(m_new);
-      const V alpha = VT::Exp(VT::Sub(m_old, mu));
-      V sum = VT::Zero();
-      for (int64_t j = 0; j < ng; ++j) {
-        const V p = VT::Exp(VT::Sub(VT::Load(sc_.sp + j * W), mu));
-        const V t = VT::template KeysToRows<KPV>(p);  // lane k·RP + r = (row r, key k)
-#pragma GCC unroll 16
-        for (int k = 0; k < KPV; ++k) {
-          float* row = sc_.s + (j * KPV + k) * rp_;
-          VT::StoreLanes(row - k * kRp, t, k * kRp, kRp);
-          if (j * KPV + k < nk) sum = VT::Add(sum, VT::Permute(p, Idx::kSpread[k].data()));
-        }
-      }
-      const V l_old = VT::Permute(VT::Load(sc_.l), Idx::kReplicate.data());
-      // Lane r·KPV of each back to lane r (KeysToRows' first RP lanes).
-      VT::StoreLanes(sc_.l, VT::template KeysToRows<KPV>(VT::Fma(l_old, alpha, sum)), 0, kRp);
-      VT::StoreLanes(sc_.m, VT::template KeysToRows<KPV>(m_new), 0, kRp);
-      VT::StoreLanes(sc_.alpha, VT::template KeysToRows<KPV>(alpha), 0, kRp);
-    }
-  }
-
   void Softmax(int64_t t0, int64_t nk, int64_t rv0, bool diag) {
     const V neg_inf = VT::Set1(kNegInf);
     for (int64_t rv = rv0; rv < n_rv_; ++rv) {
@@ -879,7 +667,7 @@ class BlockKernel {
   // Decode prefetch (Tile): planned lines, the next to issue, lines per QK step; whether the
   // row's first tile has been run.
   const char* pf_lines_[kPrefetchLines];
-  int64_t pf_n_ = 0, pf_i_ = 0, pf_per_step_ = 0;
+  int64_t pf_n_ = 0, pf_i_ = 0;
   bool pf_started_ = false;
   // Column decode prefetch streams (PlanColumnPrefetch): line d at base + d · stride, d < n.
   struct PrefetchStream {
@@ -896,7 +684,6 @@ class BlockKernel {
     ++pv_pf_;
   }
 
-  int64_t kpv_;         // keys per vector of the packed decode scores; 1: the key-major tile
   bool column_decode_;  // ColumnDecode: keys in lanes over K in columns
   int64_t kds_ = 1;     // elements between d and d + 1 of a key behind kp (this tile)
   bool fuse_v_;         // a one-token block over bf16 V: widen V inside PV (AccumulateBf16)

@@ -2,7 +2,6 @@
 // 4 keys by 2 row vectors per score tile and 6 heads × 16 floats per PV tile (16 ymm registers).
 #include <immintrin.h>
 
-#include <array>
 #include <cstring>
 #include <limits>
 
@@ -38,53 +37,6 @@ struct Vec256 {
   static V Add(V a, V b) { return _mm256_add_ps(a, b); }
   static V Sub(V a, V b) { return _mm256_sub_ps(a, b); }
   static V Max(V a, V b) { return _mm256_max_ps(a, b); }
-  // Packed decode scores (attention_tiles.h): KPV consecutive floats at p repeated over the
-  // vector; out[0] / out[1] = the first / last 4 lanes of a and b interleaved (a0 b0 a1 b1 …);
-  // lane k·(8/KPV) + r of the result = lane r·KPV + k of v; v's lanes [first, first + n)
-  // stored at p + first.
-  template <int KPV>
-  static V LoadGroup(const float* p) {
-    if constexpr (KPV == 2) {
-      double pair;  // two floats as one 64-bit element: vbroadcastsd
-      std::memcpy(&pair, p, sizeof(pair));
-      return _mm256_castpd_ps(_mm256_set1_pd(pair));
-    } else if constexpr (KPV == 4) {
-      return _mm256_broadcast_ps(reinterpret_cast<const __m128*>(p));
-    } else {
-      static_assert(KPV == 8);
-      return _mm256_loadu_ps(p);
-    }
-  }
-  static void Interleave2(V a, V b, V* out) {
-    const V u0 = _mm256_unpacklo_ps(a, b);  // a0 b0 a1 b1 | a4 b4 a5 b5
-    const V u1 = _mm256_unpackhi_ps(a, b);  // a2 b2 a3 b3 | a6 b6 a7 b7
-    out[0] = _mm256_permute2f128_ps(u0, u1, 0x20);
-    out[1] = _mm256_permute2f128_ps(u0, u1, 0x31);
-  }
-  template <int KPV>
-  static V KeysToRows(V v) {
-    constexpr int kRp = 8 / KPV;
-    alignas(32) static constexpr auto kIdx = [] {
-      std::array<int32_t, 8> idx{};
-      for (int k = 0; k < KPV; ++k) {
-        for (int r = 0; r < kRp; ++r) idx[static_cast<size_t>(k * kRp + r)] = r * KPV + k;
-      }
-      return idx;
-    }();
-    return _mm256_permutevar8x32_ps(
-        v, _mm256_load_si256(reinterpret_cast<const __m256i*>(kIdx.data())));
-  }
-  // Lane i of the result = lane idx[i] of v.
-  static V Permute(V v, const int32_t* idx) {
-    return _mm256_permutevar8x32_ps(v, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx)));
-  }
-  static void StoreLanes(float* p, V v, int64_t first, int64_t n) {
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256i in =
-        _mm256_and_si256(_mm256_cmpgt_epi32(lane, _mm256_set1_epi32(static_cast<int>(first) - 1)),
-                         _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(first + n)), lane));
-    _mm256_maskstore_ps(p, in, v);
-  }
   static V ZeroIfNegInf(V m) {
     const V is_neg_inf = _mm256_cmp_ps(m, _mm256_set1_ps(attention_internal::kNegInf), _CMP_EQ_OQ);
     return _mm256_blendv_ps(m, _mm256_setzero_ps(), is_neg_inf);

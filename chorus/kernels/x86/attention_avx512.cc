@@ -6,7 +6,6 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
-#include <array>
 #include <cstring>
 
 #include "chorus/kernels/attention_tiles.h"
@@ -39,52 +38,6 @@ struct Vec512 {
   static V Add(V a, V b) { return _mm512_add_ps(a, b); }
   static V Sub(V a, V b) { return _mm512_sub_ps(a, b); }
   static V Max(V a, V b) { return _mm512_max_ps(a, b); }
-  // Packed decode scores (attention_tiles.h): KPV consecutive floats at p repeated over the
-  // vector; out[0] / out[1] = the first / last 8 lanes of a and b interleaved (a0 b0 a1 b1 …);
-  // lane k·(16/KPV) + r of the result = lane r·KPV + k of v; v's lanes [first, first + n)
-  // stored at p + first.
-  template <int KPV>
-  static V LoadGroup(const float* p) {
-    if constexpr (KPV == 2) {
-      double pair;  // two floats as one 64-bit element: vbroadcastsd
-      std::memcpy(&pair, p, sizeof(pair));
-      return _mm512_castpd_ps(_mm512_set1_pd(pair));
-    } else if constexpr (KPV == 4) {
-      return _mm512_broadcast_f32x4(_mm_loadu_ps(p));
-    } else if constexpr (KPV == 8) {
-      return _mm512_castpd_ps(
-          _mm512_broadcast_f64x4(_mm256_loadu_pd(reinterpret_cast<const double*>(p))));
-    } else {
-      static_assert(KPV == 16);
-      return _mm512_loadu_ps(p);
-    }
-  }
-  static void Interleave2(V a, V b, V* out) {
-    const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-    const __m512i hi =
-        _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-    out[0] = _mm512_permutex2var_ps(a, lo, b);
-    out[1] = _mm512_permutex2var_ps(a, hi, b);
-  }
-  template <int KPV>
-  static V KeysToRows(V v) {
-    constexpr int kRp = 16 / KPV;
-    alignas(64) static constexpr auto kIdx = [] {
-      std::array<int32_t, 16> idx{};
-      for (int k = 0; k < KPV; ++k) {
-        for (int r = 0; r < kRp; ++r) idx[static_cast<size_t>(k * kRp + r)] = r * KPV + k;
-      }
-      return idx;
-    }();
-    return _mm512_permutexvar_ps(_mm512_load_si512(kIdx.data()), v);
-  }
-  // Lane i of the result = lane idx[i] of v.
-  static V Permute(V v, const int32_t* idx) {
-    return _mm512_permutexvar_ps(_mm512_loadu_si512(idx), v);
-  }
-  static void StoreLanes(float* p, V v, int64_t first, int64_t n) {
-    _mm512_mask_storeu_ps(p, static_cast<__mmask16>(Mask(n) << first), v);
-  }
   // Column decode (attention_tiles.h): lanes [n, 16) of v replaced by fill (all when n ≤ 0);
   // the largest lane; 8 floats at p in the low lanes, zeros above; and the transpose of 8
   // vectors (row h = x[h], 16 keys) stored as 16 rows of 8 floats, row c at dst + c · stride.
