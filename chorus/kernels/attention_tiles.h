@@ -364,15 +364,24 @@ class BlockKernel {
   }
 
   // s[c][rv·W + lane] for c < nk (and the repeated keys up to the group's end).
+  // K in columns: a key group whose keys are adjacent slots of one block (the common case)
+  // broadcasts every key's element d from one pointer (kRun), freeing the per-key registers.
   void Scores(const float* const* kp, int64_t nk, int64_t rv0) {
-    for (int64_t c0 = 0; c0 < nk; c0 += VT::kKeyGroup) {
+    constexpr int NK = VT::kKeyGroup;
+    for (int64_t c0 = 0; c0 < nk; c0 += NK) {
+      const bool run = kds_ != 1 && kp[c0 + NK - 1] == kp[c0] + (NK - 1);
       int64_t rv = rv0;
-      for (; rv + 2 <= n_rv_; rv += 2) ScoreTile<2>(kp + c0, c0, rv);
-      if (rv < n_rv_) ScoreTile<1>(kp + c0, c0, rv);
+      if (run) {
+        for (; rv + 2 <= n_rv_; rv += 2) ScoreTile<2, true>(kp + c0, c0, rv);
+        if (rv < n_rv_) ScoreTile<1, true>(kp + c0, c0, rv);
+      } else {
+        for (; rv + 2 <= n_rv_; rv += 2) ScoreTile<2, false>(kp + c0, c0, rv);
+        if (rv < n_rv_) ScoreTile<1, false>(kp + c0, c0, rv);
+      }
     }
   }
 
-  template <int NV>
+  template <int NV, bool kRun>
   void ScoreTile(const float* const* kp, int64_t c0, int64_t rv) {
     constexpr int NK = VT::kKeyGroup;
     V acc[NV][NK];
@@ -382,13 +391,15 @@ class BlockKernel {
       for (int j = 0; j < NK; ++j) acc[i][j] = VT::Zero();
     }
     const float* qt = sc_.qt + rv * W;
-    for (int64_t d = 0; d < hd_; ++d) {
+    const int64_t ks = kds_;
+    const float* k0 = kp[0];
+    for (int64_t d = 0, off = 0; d < hd_; ++d, off += ks) {
       V qv[NV];
 #pragma GCC unroll 16
       for (int i = 0; i < NV; ++i) qv[i] = VT::Load(qt + d * rp_ + i * W);
 #pragma GCC unroll 16
       for (int j = 0; j < NK; ++j) {
-        const V kb = VT::Set1(kp[j][d * kds_]);
+        const V kb = VT::Set1(kRun ? k0[off + j] : kp[j][off]);
 #pragma GCC unroll 16
         for (int i = 0; i < NV; ++i) acc[i][j] = VT::Fma(qv[i], kb, acc[i][j]);
       }
