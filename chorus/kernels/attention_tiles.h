@@ -14,9 +14,10 @@
 //   PV: o[r][:] = o[r][:] · alpha[r] + Σ_c p[c][r] · V_c[:] per token (its heads share the mask)
 //
 // A block of one token (a decode row) over K in columns (PagedKv::k_columns, KvCache's layout)
-// at 16 lanes takes the column decode instead (ColumnChunk): element d of 16 consecutive keys is
-// one vector in the cache, so keys go in lanes — for each chunk of up to 8 heads, acc[h][half]
-// += (scale·q[h][d] broadcast) · K[d][16 keys of the half] over d from zero, the very FMA chain
+// at 16 or 8 lanes takes the column decode instead (ColumnChunk): element d of W consecutive
+// keys is one vector in the cache, so keys go in lanes — for each chunk of up to 8 heads (2 at 8
+// lanes), acc[h][j] += (scale·q[h][d] broadcast) · K[d][keys jW … jW + W − 1] over d from
+// zero, the very FMA chain
 // of the key-major tile (a product's operands commute), so each score has the same bits and no
 // K is copied or packed. The online softmax runs on those vectors with Softmax()'s operations in
 // its order (a head's max over its keys is exact in any order; exp lane by lane; the sum in key
@@ -168,11 +169,14 @@ class BlockKernel {
     ResetSegment();
   }
 
-  // Column decode (the header): a one-token block over K in columns at 16 lanes, when each
+  // Column decode (the header): a one-token block over K in columns at 16 or 8 lanes, when each
   // 16-key half of a tile lies in one block.
   static bool ColumnDecode(const PagedKv& kv, int64_t n_tokens) {
-    return W == 16 && n_tokens == 1 && kv.k_columns && kv.block_size % 16 == 0;
+    return (W == 16 || W == 8) && n_tokens == 1 && kv.k_columns && kv.block_size % 16 == 0;
   }
+  // Heads per column-decode chunk: 8 × two 16-key vectors, or 2 × four 8-key vectors (AVX2's 16
+  // registers).
+  static constexpr int kColumnHeads = W == 16 ? 8 : 2;
 
   int64_t rows() const { return r_; }
   const Scratch& scratch() const { return sc_; }
@@ -411,62 +415,77 @@ class BlockKernel {
     }
   }
 
-  // Column decode (the header): per chunk of up to 8 heads, the tile's scores with keys in
+  // Column decode (the header): per chunk of kColumnHeads heads, the tile's scores with keys in
   // lanes, Softmax()'s online update on them, and the probabilities stored key-major (s[c][row])
   // for PV.
   void ColumnScoresSoftmax(const float* const* kp, const uint16_t* const* kh, int64_t nk) {
-    if constexpr (W == 16) {
-      for (int64_t h0 = 0; h0 < group_; h0 += 8) {
-        DispatchHeads(std::min<int64_t>(8, group_ - h0), [&](auto nh_c) {
+    if constexpr (W == 16 || W == 8) {
+      for (int64_t h0 = 0; h0 < group_; h0 += kColumnHeads) {
+        DispatchHeads(std::min<int64_t>(kColumnHeads, group_ - h0), [&](auto nh_c) {
           constexpr int NH = decltype(nh_c)::value;
-          if (nk > 16) {
-            ColumnChunk<NH, 2>(h0, kp, kh, nk);
-          } else {
-            ColumnChunk<NH, 1>(h0, kp, kh, nk);
+          if constexpr (NH <= kColumnHeads) {
+            switch ((nk + W - 1) / W) {  // key vectors the tile fills
+              case 1:
+                return ColumnChunk<NH, 1>(h0, kp, kh, nk);
+              case 2:
+                return ColumnChunk<NH, 2>(h0, kp, kh, nk);
+              case 3:
+                if constexpr (W == 8) return ColumnChunk<NH, 3>(h0, kp, kh, nk);
+                break;
+              case 4:
+                if constexpr (W == 8) return ColumnChunk<NH, 4>(h0, kp, kh, nk);
+                break;
+              default:
+                break;
+            }
           }
         });
       }
     }
   }
 
-  // Heads [h0, h0 + NH) over the tile's first NHALF · 16 keys. Score c of head h is the FMA
-  // chain of ScoreTile (scale·q[h][d] · K_c[d] over d from zero; a product's operands commute),
-  // max and sum run in Softmax()'s order, exp on the same values: the same bits.
-  template <int NH, int NHALF>
+  // Heads [h0, h0 + NH) over the tile's first NV · W keys. Score c of head h is the FMA chain
+  // of ScoreTile (scale·q[h][d] · K_c[d] over d from zero; a product's operands commute), max
+  // and sum run in Softmax()'s order, exp on the same values: the same bits.
+  template <int NH, int NV>
   void ColumnChunk(int64_t h0, const float* const* kp, const uint16_t* const* kh, int64_t nk) {
-    if constexpr (W == 16) {
-      V acc[NH][NHALF];
+    if constexpr (W == 16 || W == 8) {
+      V acc[NH][NV];
 #pragma GCC unroll 8
       for (int h = 0; h < NH; ++h) {
-#pragma GCC unroll 2
-        for (int j = 0; j < NHALF; ++j) acc[h][j] = VT::Zero();
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; ++j) acc[h][j] = VT::Zero();
       }
-      const float* q = sc_.qt + h0 * hd_;  // qc of this chunk: [d][8]
+      const float* q = sc_.qt + h0 / 8 * hd_ * 8 + h0 % 8;  // qc of these heads: [d][8]
       const int64_t bs = kv_.block_size;
       auto step = [&](int64_t d, const V* x) {
 #pragma GCC unroll 8
         for (int h = 0; h < NH; ++h) {
           const V qb = VT::Set1(q[d * 8 + h]);
-#pragma GCC unroll 2
-          for (int j = 0; j < NHALF; ++j) acc[h][j] = VT::Fma(qb, x[j], acc[h][j]);
+#pragma GCC unroll 4
+          for (int j = 0; j < NV; ++j) acc[h][j] = VT::Fma(qb, x[j], acc[h][j]);
         }
       };
       if (kv_.dtype == KvDtype::kF32) {
-        const float* k[2] = {kp[0], kp[NHALF - 1 == 1 ? 16 : 0]};
+        const float* k[NV];
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; ++j) k[j] = kp[j * W];
         for (int64_t d = 0; d < hd_; ++d) {
           if (h0 == 0) IssueColumnPrefetch(d);
-          V x[NHALF];
-#pragma GCC unroll 2
-          for (int j = 0; j < NHALF; ++j) x[j] = VT::Load(k[j] + d * bs);
+          V x[NV];
+#pragma GCC unroll 4
+          for (int j = 0; j < NV; ++j) x[j] = VT::Load(k[j] + d * bs);
           step(d, x);
         }
       } else {
-        const uint16_t* k[2] = {kh[0], kh[NHALF - 1 == 1 ? 16 : 0]};
+        const uint16_t* k[NV];
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; ++j) k[j] = kh[j * W];
         for (int64_t d = 0; d < hd_; ++d) {
           if (h0 == 0) IssueColumnPrefetch(d);
-          V x[NHALF];
-#pragma GCC unroll 2
-          for (int j = 0; j < NHALF; ++j) x[j] = VT::LoadBf16(k[j] + d * bs);
+          V x[NV];
+#pragma GCC unroll 4
+          for (int j = 0; j < NV; ++j) x[j] = VT::LoadBf16(k[j] + d * bs);
           step(d, x);
         }
       }
@@ -476,10 +495,11 @@ class BlockKernel {
       std::fill_n(red, 16, kNegInf);
 #pragma GCC unroll 8
       for (int h = 0; h < NH; ++h) {
-#pragma GCC unroll 2
-        for (int j = 0; j < NHALF; ++j) acc[h][j] = VT::MaskTail(acc[h][j], nk - 16 * j, neg_inf);
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; ++j) acc[h][j] = VT::MaskTail(acc[h][j], nk - W * j, neg_inf);
         V m = acc[h][0];
-        if constexpr (NHALF == 2) m = VT::Max(m, acc[h][1]);
+#pragma GCC unroll 4
+        for (int j = 1; j < NV; ++j) m = VT::Max(m, acc[h][j]);
         red[h] = VT::ReduceMax(m);
       }
       const V m_old = VT::LoadN(sc_.m + h0, NH);
@@ -487,21 +507,37 @@ class BlockKernel {
       const V mu = VT::ZeroIfNegInf(m_new);
       const V alpha = VT::Exp(VT::Sub(m_old, mu));
       VT::Store(red, mu);
-      V p[8][NHALF];
 #pragma GCC unroll 8
-      for (int h = 0; h < 8; ++h) {
+      for (int h = 0; h < NH; ++h) {
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; ++j) acc[h][j] = VT::Exp(VT::Sub(acc[h][j], VT::Set1(red[h])));
+      }
+      // The probabilities to s[c][row] (PV's layout), then their sum in key order.
+      V sum;
+      if constexpr (W == 16) {
 #pragma GCC unroll 2
-        for (int j = 0; j < NHALF; ++j) {
-          p[h][j] = h < NH ? VT::Exp(VT::Sub(acc[h][j], VT::Set1(red[h]))) : VT::Zero();
+        for (int j = 0; j < NV; ++j) {
+          V pj[8];
+#pragma GCC unroll 8
+          for (int h = 0; h < 8; ++h) pj[h] = h < NH ? acc[h][j] : VT::Zero();
+          VT::StoreTransposed8(pj, sc_.s + 16 * j * rp_ + h0, rp_);
         }
+        sum = VT::Zero();
+        for (int64_t c = 0; c < nk; ++c) sum = VT::Add(sum, VT::LoadHalf(sc_.s + c * rp_ + h0));
+      } else {
+        alignas(32) float lanes[W];
+        alignas(32) float sums[W] = {};
+#pragma GCC unroll 8
+        for (int h = 0; h < NH; ++h) {
+#pragma GCC unroll 4
+          for (int j = 0; j < NV; ++j) {
+            VT::Store(lanes, acc[h][j]);
+            for (int64_t l = 0; l < W; ++l) sc_.s[(j * W + l) * rp_ + h0 + h] = lanes[l];
+          }
+          for (int64_t c = 0; c < nk; ++c) sums[h] += sc_.s[c * rp_ + h0 + h];
+        }
+        sum = VT::Load(sums);
       }
-#pragma GCC unroll 2
-      for (int j = 0; j < NHALF; ++j) {
-        const V pj[8] = {p[0][j], p[1][j], p[2][j], p[3][j], p[4][j], p[5][j], p[6][j], p[7][j]};
-        VT::StoreTransposed8(pj, sc_.s + 16 * j * rp_ + h0, rp_);
-      }
-      V sum = VT::Zero();  // in key order, as Softmax()
-      for (int64_t c = 0; c < nk; ++c) sum = VT::Add(sum, VT::LoadHalf(sc_.s + c * rp_ + h0));
       VT::StoreN(sc_.l + h0, NH, VT::Fma(VT::LoadN(sc_.l + h0, NH), alpha, sum));
       VT::StoreN(sc_.m + h0, NH, m_new);
       VT::StoreN(sc_.alpha + h0, NH, alpha);

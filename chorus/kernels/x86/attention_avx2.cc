@@ -37,6 +37,17 @@ struct Vec256 {
   static V Add(V a, V b) { return _mm256_add_ps(a, b); }
   static V Sub(V a, V b) { return _mm256_sub_ps(a, b); }
   static V Max(V a, V b) { return _mm256_max_ps(a, b); }
+  // Column decode (attention_tiles.h): lanes [n, 8) of v replaced by fill (all when n ≤ 0);
+  // the largest lane.
+  static V MaskTail(V v, int64_t n, V fill) {
+    return n >= 8 ? v : _mm256_blendv_ps(fill, v, _mm256_castsi256_ps(Mask(n)));
+  }
+  static float ReduceMax(V v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+  }
   static V ZeroIfNegInf(V m) {
     const V is_neg_inf = _mm256_cmp_ps(m, _mm256_set1_ps(attention_internal::kNegInf), _CMP_EQ_OQ);
     return _mm256_blendv_ps(m, _mm256_setzero_ps(), is_neg_inf);
