@@ -466,28 +466,23 @@ class BlockKernel {
           for (int j = 0; j < NV; ++j) acc[h][j] = VT::Fma(qb, x[j], acc[h][j]);
         }
       };
+      // Walks d over the NV key vectors (element type T: f32, or bf16 widened by `load`).
+      auto walk = [&](auto keys, auto load) {
+        std::remove_cv_t<std::remove_reference_t<decltype(keys[0])>> k[NV];
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; ++j) k[j] = keys[j * W];
+        for (int64_t d = 0; d < hd_; ++d) {
+          if (h0 == 0) IssueColumnPrefetch(d);
+          V x[NV];
+#pragma GCC unroll 4
+          for (int j = 0; j < NV; ++j) x[j] = load(k[j] + d * bs);
+          step(d, x);
+        }
+      };
       if (kv_.dtype == KvDtype::kF32) {
-        const float* k[NV];
-#pragma GCC unroll 4
-        for (int j = 0; j < NV; ++j) k[j] = kp[j * W];
-        for (int64_t d = 0; d < hd_; ++d) {
-          if (h0 == 0) IssueColumnPrefetch(d);
-          V x[NV];
-#pragma GCC unroll 4
-          for (int j = 0; j < NV; ++j) x[j] = VT::Load(k[j] + d * bs);
-          step(d, x);
-        }
+        walk(kp, [](const float* p) { return VT::Load(p); });
       } else {
-        const uint16_t* k[NV];
-#pragma GCC unroll 4
-        for (int j = 0; j < NV; ++j) k[j] = kh[j * W];
-        for (int64_t d = 0; d < hd_; ++d) {
-          if (h0 == 0) IssueColumnPrefetch(d);
-          V x[NV];
-#pragma GCC unroll 4
-          for (int j = 0; j < NV; ++j) x[j] = VT::LoadBf16(k[j] + d * bs);
-          step(d, x);
-        }
+        walk(kh, [](const uint16_t* p) { return VT::LoadBf16(p); });
       }
       // Lanes past the tile's last key may hold anything: -inf, so exp gives 0 (never used).
       const V neg_inf = VT::Set1(kNegInf);
