@@ -78,14 +78,9 @@ struct PagedKv {
     const int64_t off = kv_head * head_stride + t % block_size;
     const float* base = k_blocks[block_table[t / block_size * table_stride]];
     for (int64_t d = 0; d < head_dim; ++d) {
-      if (dtype == KvDtype::kF32) {
-        buf[d] = base[off + d * block_size];
-      } else {
-        const uint32_t u =
-            static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(base)[off + d * block_size])
-            << 16;
-        __builtin_memcpy(&buf[d], &u, 4);
-      }
+      buf[d] = dtype == KvDtype::kF32
+                   ? base[off + d * block_size]
+                   : Bf16(reinterpret_cast<const uint16_t*>(base)[off + d * block_size]);
     }
     return buf;
   }
@@ -100,11 +95,15 @@ struct PagedKv {
     const float* base = blocks[block_table[t / block_size * table_stride]];
     if (dtype == KvDtype::kF32) return base + off;
     const auto* h = reinterpret_cast<const uint16_t*>(base) + off;
-    for (int64_t d = 0; d < head_dim; ++d) {
-      const uint32_t u = static_cast<uint32_t>(h[d]) << 16;
-      __builtin_memcpy(&buf[d], &u, 4);
-    }
+    for (int64_t d = 0; d < head_dim; ++d) buf[d] = Bf16(h[d]);
     return buf;
+  }
+  // bf16 bits widened to f32 (into the high half: exact).
+  static float Bf16(uint16_t h) {
+    const uint32_t u = static_cast<uint32_t>(h) << 16;
+    float f;
+    __builtin_memcpy(&f, &u, 4);
+    return f;
   }
 };
 

@@ -212,19 +212,25 @@ TEST_P(AttentionTest, PerKvHeadCallsEqualFullCall) {
 
 // Every token of a prompt, computed as blocks of `chunk` tokens (a chunked prefill) over the
 // sequence's KV heads. q, out: [n_tokens, n_heads, head_dim].
-void RunChunked(const Paged& p, const std::vector<float>& q, int64_t n_tokens, int64_t n_heads,
-                int64_t chunk, float scale, std::vector<float>* out) {
-  const int64_t group = n_heads / p.n_kv_heads, hd = p.head_dim, stride = n_heads * hd;
+// The same over any view of a sequence's KV with n_kv_heads heads of hd floats.
+void RunChunkedOver(const PagedKv& kv, int64_t n_kv_heads, int64_t hd, const std::vector<float>& q,
+                    int64_t n_tokens, int64_t n_heads, int64_t chunk, float scale,
+                    std::vector<float>* out) {
+  const int64_t group = n_heads / n_kv_heads, stride = n_heads * hd;
   std::vector<float> scratch(static_cast<size_t>(AttentionScratchFloats(chunk, group, hd)));
   out->assign(static_cast<size_t>(n_tokens * stride), -7.0f);
   for (int64_t pos0 = 0; pos0 < n_tokens; pos0 += chunk) {
     const int64_t n = std::min(chunk, n_tokens - pos0);
-    for (int64_t g = 0; g < p.n_kv_heads; ++g) {
+    for (int64_t g = 0; g < n_kv_heads; ++g) {
       const int64_t off = pos0 * stride + g * group * hd;
-      AttentionBlock(q.data() + off, stride, n, pos0, p.View(), g, group, hd, scale, scratch.data(),
+      AttentionBlock(q.data() + off, stride, n, pos0, kv, g, group, hd, scale, scratch.data(),
                      out->data() + off, stride);
     }
   }
+}
+void RunChunked(const Paged& p, const std::vector<float>& q, int64_t n_tokens, int64_t n_heads,
+                int64_t chunk, float scale, std::vector<float>* out) {
+  RunChunkedOver(p.View(), p.n_kv_heads, p.head_dim, q, n_tokens, n_heads, chunk, scale, out);
 }
 
 // A prompt of n_ctx tokens: each token against the dense reference over its own keys, and the
@@ -366,13 +372,18 @@ TEST_P(AttentionTest, ForksSharingPromptBlocks) {
 
 // The same tokens as `p` (same block table) in head-major blocks, [kv_head][slot][head_dim] as
 // KvCache lays them out, with padding between rows and between heads (NaN, like every float no
-// token uses), so the kernels must follow kv_stride and head_stride.
+// token uses), so the kernels must follow kv_stride and head_stride. With `k_columns`, K is in
+// columns ([kv_head][head_dim][slot], KvCache's layout: d stride exactly block_size); with
+// `bf16`, the pools hold bf16 (every element rounded, NaN kept).
 struct HeadMajor {
   std::vector<float> pool_k, pool_v;
+  std::vector<uint16_t> k16, v16;
   std::vector<const float*> k_ptr, v_ptr;
   const int32_t* table;
   int64_t block_size, kv_stride, head_stride;
-  explicit HeadMajor(const Paged& p) : table(p.table.data()), block_size(p.block_size) {
+  bool k_columns, bf16;
+  explicit HeadMajor(const Paged& p, bool k_columns_ = false, bool bf16_ = false)
+      : table(p.table.data()), block_size(p.block_size), k_columns(k_columns_), bf16(bf16_) {
     kv_stride = p.head_dim + 2;
     head_stride = p.block_size * kv_stride + 5;
     const int64_t block_floats = p.n_kv_heads * head_stride;
@@ -383,17 +394,36 @@ struct HeadMajor {
     const int64_t kv_dim = p.n_kv_heads * p.head_dim;
     for (int64_t t = 0; t < p.n_ctx; ++t) {
       for (int64_t g = 0; g < p.n_kv_heads; ++g) {
-        const int64_t off = p.table[static_cast<size_t>(t / block_size)] * block_floats +
-                            g * head_stride + (t % block_size) * kv_stride;
-        std::copy_n(p.k_dense.begin() + t * kv_dim + g * p.head_dim, p.head_dim,
-                    pool_k.begin() + off);
+        const int64_t head =
+            p.table[static_cast<size_t>(t / block_size)] * block_floats + g * head_stride;
+        const int64_t off = head + (t % block_size) * kv_stride;
+        const auto k = p.k_dense.begin() + t * kv_dim + g * p.head_dim;
+        if (k_columns) {
+          for (int64_t d = 0; d < p.head_dim; ++d)
+            pool_k[static_cast<size_t>(head + d * block_size + t % block_size)] = k[d];
+        } else {
+          std::copy_n(k, p.head_dim, pool_k.begin() + off);
+        }
         std::copy_n(p.v_dense.begin() + t * kv_dim + g * p.head_dim, p.head_dim,
                     pool_v.begin() + off);
       }
     }
+    if (bf16) {
+      k16.resize(pool_k.size());
+      v16.resize(pool_v.size());
+      for (size_t i = 0; i < k16.size(); ++i) {
+        k16[i] = F32ToBF16(pool_k[i]);
+        v16[i] = F32ToBF16(pool_v[i]);
+      }
+    }
     for (int64_t b = 0; b < n_total; ++b) {
-      k_ptr.push_back(pool_k.data() + b * block_floats);
-      v_ptr.push_back(pool_v.data() + b * block_floats);
+      if (bf16) {
+        k_ptr.push_back(reinterpret_cast<const float*>(k16.data() + b * block_floats));
+        v_ptr.push_back(reinterpret_cast<const float*>(v16.data() + b * block_floats));
+      } else {
+        k_ptr.push_back(pool_k.data() + b * block_floats);
+        v_ptr.push_back(pool_v.data() + b * block_floats);
+      }
     }
   }
   PagedKv View() const {
@@ -404,6 +434,8 @@ struct HeadMajor {
     kv.block_size = block_size;
     kv.kv_stride = kv_stride;
     kv.head_stride = head_stride;
+    kv.dtype = bf16 ? KvDtype::kBf16 : KvDtype::kF32;
+    kv.k_columns = k_columns;
     return kv;
   }
 };
@@ -422,16 +454,8 @@ TEST_P(AttentionTest, HeadMajorBlocksEqualTokenMajor) {
       std::vector<float> want;  // token-major, one token at a time
       RunChunked(p, q, n_ctx, n_heads, 1, scale, &want);
       for (int64_t chunk : {int64_t{1}, int64_t{45}}) {
-        std::vector<float> got(static_cast<size_t>(n_ctx * stride), -7.0f);
-        std::vector<float> scratch(static_cast<size_t>(AttentionScratchFloats(chunk, group, hd)));
-        for (int64_t pos0 = 0; pos0 < n_ctx; pos0 += chunk) {
-          const int64_t n = std::min(chunk, n_ctx - pos0);
-          for (int64_t g = 0; g < n_kv; ++g) {
-            const int64_t off = pos0 * stride + g * group * hd;
-            AttentionBlock(q.data() + off, stride, n, pos0, h.View(), g, group, hd, scale,
-                           scratch.data(), got.data() + off, stride);
-          }
-        }
+        std::vector<float> got;
+        RunChunkedOver(h.View(), n_kv, hd, q, n_ctx, n_heads, chunk, scale, &got);
         ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
             << "ratio " << ratio << " block " << block_size << " chunk " << chunk;
       }
@@ -554,70 +578,6 @@ TEST_P(AttentionTest, Bf16BlocksEqualF32BlocksOfTheSameValues) {
   }
 }
 
-// K in columns (KvCache's layout, attention.h): per block and KV head, head_dim rows of
-// block_size slots (d stride exactly block_size), heads padded apart; V in rows as HeadMajor.
-// Optionally bf16 (every element of the pools rounded, NaN kept).
-struct KColumns {
-  std::vector<float> pool_k, pool_v;
-  std::vector<uint16_t> k16, v16;
-  std::vector<const float*> k_ptr, v_ptr;
-  const int32_t* table;
-  int64_t block_size, kv_stride, head_stride;
-  bool bf16;
-  KColumns(const Paged& p, bool bf16_)
-      : table(p.table.data()), block_size(p.block_size), bf16(bf16_) {
-    kv_stride = p.head_dim + 2;
-    head_stride = p.block_size * kv_stride + 5;
-    const int64_t block_floats = p.n_kv_heads * head_stride;
-    const int64_t n_total = static_cast<int64_t>(p.k_ptr.size());
-    const float nan = std::numeric_limits<float>::quiet_NaN();
-    pool_k.assign(static_cast<size_t>(n_total * block_floats), nan);
-    pool_v.assign(pool_k.size(), nan);
-    const int64_t kv_dim = p.n_kv_heads * p.head_dim;
-    for (int64_t t = 0; t < p.n_ctx; ++t) {
-      for (int64_t g = 0; g < p.n_kv_heads; ++g) {
-        const int64_t head =
-            p.table[static_cast<size_t>(t / block_size)] * block_floats + g * head_stride;
-        for (int64_t d = 0; d < p.head_dim; ++d) {
-          pool_k[static_cast<size_t>(head + d * block_size + t % block_size)] =
-              p.k_dense[static_cast<size_t>(t * kv_dim + g * p.head_dim + d)];
-        }
-        std::copy_n(p.v_dense.begin() + t * kv_dim + g * p.head_dim, p.head_dim,
-                    pool_v.begin() + head + (t % block_size) * kv_stride);
-      }
-    }
-    if (bf16) {
-      k16.resize(pool_k.size());
-      v16.resize(pool_v.size());
-      for (size_t i = 0; i < k16.size(); ++i) {
-        k16[i] = F32ToBF16(pool_k[i]);
-        v16[i] = F32ToBF16(pool_v[i]);
-      }
-    }
-    for (int64_t b = 0; b < n_total; ++b) {
-      if (bf16) {
-        k_ptr.push_back(reinterpret_cast<const float*>(k16.data() + b * block_floats));
-        v_ptr.push_back(reinterpret_cast<const float*>(v16.data() + b * block_floats));
-      } else {
-        k_ptr.push_back(pool_k.data() + b * block_floats);
-        v_ptr.push_back(pool_v.data() + b * block_floats);
-      }
-    }
-  }
-  PagedKv View() const {
-    PagedKv kv;
-    kv.k_blocks = k_ptr.data();
-    kv.v_blocks = v_ptr.data();
-    kv.block_table = table;
-    kv.block_size = block_size;
-    kv.kv_stride = kv_stride;
-    kv.head_stride = head_stride;
-    kv.dtype = bf16 ? KvDtype::kBf16 : KvDtype::kF32;
-    kv.k_columns = true;
-    return kv;
-  }
-};
-
 // Decode rows over K in columns (the column decode at 16 lanes, attention_tiles.h): one-token
 // blocks must equal the same tokens computed inside multi-token blocks (the key-major tile) bit
 // for bit — groups 1–9 (chunks of 8 heads full, partial, and one past), head dims below, at and
@@ -634,7 +594,7 @@ TEST_P(AttentionTest, DecodeRowsEqualPrefillRowsOverGroupsHeadDimsAndDtypes) {
           for (auto* dense : {&p.k_dense, &p.v_dense})
             for (float& x : *dense) x = BF16ToF32(F32ToBF16(x));
         }
-        const KColumns cols(p, bf16);  // KvCache's layout
+        const HeadMajor cols(p, /*k_columns=*/true, bf16);  // KvCache's layout
         const PagedKv kv = cols.View();
         const std::vector<float> q =
             RandomQ(n_ctx * stride, 90 + static_cast<uint64_t>(group), 2.0f);
@@ -719,24 +679,15 @@ TEST_P(AttentionTest, KColumnsEqualRows) {
             rows.k_ptr[b] = rows.pool_k.data() + b * block_size * rows.kv_stride;
             rows.v_ptr[b] = rows.pool_v.data() + b * block_size * rows.kv_stride;
           }
-          const KColumns cols(rows, bf16);
+          const HeadMajor cols(rows, /*k_columns=*/true, bf16);
           const std::vector<float> q =
               RandomQ(n_ctx * stride, 70 + static_cast<uint64_t>(group + hd), 2.0f);
           const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
           std::vector<float> want;
           RunChunked(rows, q, n_ctx, n_heads, 1, scale, &want);
           for (int64_t chunk : {int64_t{1}, int64_t{8}, int64_t{45}}) {
-            std::vector<float> got(static_cast<size_t>(n_ctx * stride), -7.0f);
-            std::vector<float> scratch(
-                static_cast<size_t>(AttentionScratchFloats(chunk, group, hd)));
-            for (int64_t pos0 = 0; pos0 < n_ctx; pos0 += chunk) {
-              const int64_t n = std::min(chunk, n_ctx - pos0);
-              for (int64_t g = 0; g < n_kv; ++g) {
-                const int64_t off = pos0 * stride + g * group * hd;
-                AttentionBlock(q.data() + off, stride, n, pos0, cols.View(), g, group, hd, scale,
-                               scratch.data(), got.data() + off, stride);
-              }
-            }
+            std::vector<float> got;
+            RunChunkedOver(cols.View(), n_kv, hd, q, n_ctx, n_heads, chunk, scale, &got);
             ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
                 << what << " chunk " << chunk;
           }

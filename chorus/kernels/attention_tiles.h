@@ -235,9 +235,9 @@ class BlockKernel {
     const uint16_t* vh[kAttentionTile];  // bf16 V rows, widened inside PV (fuse_v_)
     // One division per tile; the slot then walks the blocks.
     int64_t bi = t0 / kv_.block_size, slot = t0 % kv_.block_size;
-    // K in columns: kp[c] / kh[c] point at key c's element 0, its element d is d · kds_ further.
-    const int64_t kcol = kv_.k_columns ? 1 : 0;
-    kds_ = kv_.k_columns ? kv_.block_size : 1;
+    // K in columns: kp[c] / kh[c] point at key c's element 0, its element d is d · ks further.
+    const bool kcol = kv_.k_columns;
+    int64_t ks = kcol ? kv_.block_size : 1;
     for (int64_t c = 0; c < nk; ++c) {
       const int64_t off = slot * kv_.kv_stride + kv_off_;
       const int64_t koff = kcol ? kv_off_ + slot : off;
@@ -262,7 +262,7 @@ class BlockKernel {
           int64_t n = 1;
           while (c + n < nk && kh[c + n] == kh[c] + n) ++n;
           for (int64_t d = 0; d < hd_; ++d) {
-            const uint16_t* src = kh[c] + d * kds_;
+            const uint16_t* src = kh[c] + d * ks;
             float* dst = sc_.kt + d * kAttentionTile + c;
             int64_t i = 0;
             for (; i + W <= n; i += W) VT::Store(dst + i, VT::LoadBf16(src + i));
@@ -274,11 +274,11 @@ class BlockKernel {
           for (int64_t i = 0; i < n; ++i) kp[c + i] = sc_.kt + c + i;
           c += n;
         }
-        kds_ = kAttentionTile;
+        ks = kAttentionTile;
       }
       // Past the last key the group of keys repeats it; those scores are never used.
       for (int64_t c = nk; c < kAttentionTile; ++c) kp[c] = kp[nk - 1];
-      Scores(kp, nk, rv0);
+      Scores(kp, ks, nk, rv0);
       // Keys past some processed row's position: the tile reaches beyond the first row's token.
       const bool diag = t0 + nk - 1 > pos0_ + rv0 * W / group_;
       Softmax(t0, nk, rv0, diag);
@@ -370,23 +370,24 @@ class BlockKernel {
   // s[c][rv·W + lane] for c < nk (and the repeated keys up to the group's end).
   // K in columns: a key group whose keys are adjacent slots of one block (the common case)
   // broadcasts every key's element d from one pointer (kRun), freeing the per-key registers.
-  void Scores(const float* const* kp, int64_t nk, int64_t rv0) {
+  // ks: elements between d and d + 1 of a key behind kp.
+  void Scores(const float* const* kp, int64_t ks, int64_t nk, int64_t rv0) {
     constexpr int NK = VT::kKeyGroup;
     for (int64_t c0 = 0; c0 < nk; c0 += NK) {
-      const bool run = kds_ != 1 && kp[c0 + NK - 1] == kp[c0] + (NK - 1);
+      const bool run = ks != 1 && kp[c0 + NK - 1] == kp[c0] + (NK - 1);
       int64_t rv = rv0;
       if (run) {
-        for (; rv + 2 <= n_rv_; rv += 2) ScoreTile<2, true>(kp + c0, c0, rv);
-        if (rv < n_rv_) ScoreTile<1, true>(kp + c0, c0, rv);
+        for (; rv + 2 <= n_rv_; rv += 2) ScoreTile<2, true>(kp + c0, ks, c0, rv);
+        if (rv < n_rv_) ScoreTile<1, true>(kp + c0, ks, c0, rv);
       } else {
-        for (; rv + 2 <= n_rv_; rv += 2) ScoreTile<2, false>(kp + c0, c0, rv);
-        if (rv < n_rv_) ScoreTile<1, false>(kp + c0, c0, rv);
+        for (; rv + 2 <= n_rv_; rv += 2) ScoreTile<2, false>(kp + c0, ks, c0, rv);
+        if (rv < n_rv_) ScoreTile<1, false>(kp + c0, ks, c0, rv);
       }
     }
   }
 
   template <int NV, bool kRun>
-  void ScoreTile(const float* const* kp, int64_t c0, int64_t rv) {
+  void ScoreTile(const float* const* kp, int64_t ks, int64_t c0, int64_t rv) {
     constexpr int NK = VT::kKeyGroup;
     V acc[NV][NK];
 #pragma GCC unroll 16
@@ -395,7 +396,6 @@ class BlockKernel {
       for (int j = 0; j < NK; ++j) acc[i][j] = VT::Zero();
     }
     const float* qt = sc_.qt + rv * W;
-    const int64_t ks = kds_;
     const float* k0 = kp[0];
     for (int64_t d = 0, off = 0; d < hd_; ++d, off += ks) {
       V qv[NV];
@@ -727,7 +727,6 @@ class BlockKernel {
   }
 
   bool column_decode_;  // ColumnDecode: keys in lanes over K in columns
-  int64_t kds_ = 1;     // elements between d and d + 1 of a key behind kp (this tile)
   bool fuse_v_;         // a one-token block over bf16 V: widen V inside PV (AccumulateBf16)
 };
 
