@@ -4,12 +4,13 @@
 // host's last-level cache, so each step streams them from memory, as serving does.
 //
 // The fourth argument picks the activations (kernels/delta.h): 0 = f32 (the kernel reads codes,
-// 2:4 pattern bytes and scales), 1 = int16 (codes, the 2:4 keep bits built at load, scales).
+// 2:4 pattern bytes and scales), 1 = int16 (codes, the 2:4 kept positions built at load,
+// scales).
 //
-// Counters: packed_GBps = bytes the kernel reads per step (codes, 2:4 patterns or keep bits, f32
-// scales as they sit in host memory) ÷ step time; of_bandwidth = that ÷ the read bandwidth measured
-// by the same probe `chorus bench` uses (engine/bench.h, 1 GiB, 2 threads), measured at start.
-// Layouts: chorus compress's defaults — 4-bit 2:4 and 2-bit 2:4 in groups of 64 (deltazip,
+// Counters: packed_GBps = bytes the kernel reads per step (codes, 2:4 patterns or kept positions,
+// f32 scales as they sit in host memory) ÷ step time; of_bandwidth = that ÷ the read bandwidth
+// measured by the same probe `chorus bench` uses (engine/bench.h, 1 GiB, 2 threads), measured at
+// start. Layouts: chorus compress's defaults — 4-bit 2:4 and 2-bit 2:4 in groups of 64 (deltazip,
 // rtn) and bitdelta's 1-bit signs with one scale per matrix; levels avx512 / avx2 / scalar.
 //   ./build/release/bench/delta_bench --benchmark_repetitions=3
 //   --benchmark_report_aggregates_only=true
@@ -63,10 +64,10 @@ void Fill(uint8_t* p, size_t n, uint64_t seed, int mod) {
 // Every delta matrix of one layout, in one arena.
 struct Model {
   std::vector<uint8_t> arena;
-  std::vector<DeltaMatrixView> views;       // [delta][layer][linear]
-  std::vector<std::vector<uint64_t>> keep;  // 2:4: each view's keep bits
-  int64_t bytes = 0;                        // what a step of the f32 path reads
-  int64_t int16_bytes = 0;                  // … of the int16 path (keep bits instead of patterns)
+  std::vector<DeltaMatrixView> views;            // [delta][layer][linear]
+  std::vector<std::vector<uint64_t>> positions;  // 2:4: each view's kept positions
+  int64_t bytes = 0;                             // what a step of the f32 path reads
+  int64_t int16_bytes = 0;  // … of the int16 path (kept positions instead of patterns)
 };
 
 Model& ModelFor(int layout_index) {
@@ -111,15 +112,15 @@ Model& ModelFor(int layout_index) {
     v.codes = codes;
     v.mask = v.sparse24 ? codes + code_bytes : nullptr;
     v.scales = scales;
-    int64_t keep_bytes = 0;
+    int64_t positions_bytes = 0;
     if (v.sparse24) {
-      m->keep.push_back(chorus::kernels::DeltaKeepBits(v));
-      v.keep = m->keep.back().data();
-      keep_bytes = static_cast<int64_t>(m->keep.back().size() * sizeof(uint64_t));
+      m->positions.push_back(chorus::kernels::DeltaKeptPositions(v));
+      v.positions = m->positions.back().data();
+      positions_bytes = static_cast<int64_t>(m->positions.back().size() * sizeof(uint64_t));
     }
     m->views.push_back(v);
     m->bytes += static_cast<int64_t>(code_bytes + mask_bytes) + scale_count(v) * 4;
-    m->int16_bytes += static_cast<int64_t>(code_bytes) + keep_bytes + scale_count(v) * 4;
+    m->int16_bytes += static_cast<int64_t>(code_bytes) + positions_bytes + scale_count(v) * 4;
   }
   return *m;
 }

@@ -118,26 +118,24 @@ void DeltaDecodeRow(const DeltaMatrixView& m, int64_t o, float* out) {
   delta_internal::DecodeColumns(m, o, 0, out);
 }
 
-std::vector<uint64_t> DeltaKeepBits(const DeltaMatrixView& m) {
-  CHORUS_CHECK(m.sparse24) << "keep bits of a dense delta matrix";
-  const int64_t words = m.keep_row_words();
-  std::vector<uint64_t> keep(static_cast<size_t>(m.rows * words), 0);
+std::vector<uint64_t> DeltaKeptPositions(const DeltaMatrixView& m) {
+  CHORUS_CHECK(m.sparse24) << "kept positions of a dense delta matrix";
+  const int64_t words = m.position_row_words();
+  std::vector<uint64_t> positions(static_cast<size_t>(m.rows * words), 0);
   for (int64_t o = 0; o < m.rows; ++o) {
     const uint8_t* mask = m.mask + o * m.mask_row_bytes();
-    uint64_t* row = keep.data() + o * words;
+    uint64_t* row = positions.data() + o * words;
     for (int64_t g = 0; g < m.cols / 4; ++g) {
       const int p = kTriples.p[mask[g / 3]][g % 3];
-      for (int j : kPairs24[p]) {
-        const int64_t c = 4 * g + j;
-        row[c / 64] |= uint64_t{1} << (c % 64);
-      }
+      const uint64_t field = static_cast<uint64_t>(kPairs24[p][0] | kPairs24[p][1] << 2);
+      row[g / 16] |= field << (4 * (g % 16));
     }
   }
-  return keep;
+  return positions;
 }
 
 bool DeltaInt16Layout(const DeltaMatrixView& m) {
-  const bool bits_ok = m.sparse24 ? (m.bits == 2 || m.bits == 4) && m.keep != nullptr
+  const bool bits_ok = m.sparse24 ? (m.bits == 2 || m.bits == 4) && m.positions != nullptr
                                   : m.bits == 1 || m.bits == 2 || m.bits == 4 || m.bits == 8;
   return m.rows > 0 && bits_ok && (m.group_size == 0 || m.group_size % 64 == 0);
 }
@@ -182,7 +180,8 @@ bool ParseDeltaActivations(const std::string& name, std::optional<DeltaActivatio
 
 namespace delta_internal::q16 {
 
-void Quantize(const float* x, int64_t xs, int64_t n, int64_t cols, int16_t* q, float* scales) {
+void Quantize(const float* x, int64_t xs, int64_t n, int64_t cols, bool sparse24, int16_t* q,
+              float* scales) {
   const int64_t padded = PaddedCols(cols);
   for (int64_t i = 0; i < n; ++i) {
     const float* row = x + i * xs;
@@ -205,7 +204,7 @@ void Quantize(const float* x, int64_t xs, int64_t n, int64_t cols, int16_t* q, f
     const float inv = 32767.0f / max_abs;
     for (int64_t c = 0; c < cols; ++c) {
       const float v = std::clamp(std::nearbyint(row[c] * inv), -32767.0f, 32767.0f);
-      out[Q16Position(c)] = static_cast<int16_t>(v);
+      out[Q16Position(c, sparse24)] = static_cast<int16_t>(v);
     }
     scales[i] = max_abs / 32767.0f;
   }
@@ -214,7 +213,7 @@ void Quantize(const float* x, int64_t xs, int64_t n, int64_t cols, int16_t* q, f
 namespace {
 
 // Row o's integer weights w' = 2·code − (2^bits − 1), pruned columns and columns ≥ cols 0,
-// decoded from the codes and the pattern bytes (not the keep bits the SIMD kernel reads).
+// decoded from the codes and the pattern bytes (not the kept positions the SIMD kernel reads).
 void IntegerRow(const DeltaMatrixView& m, int64_t o, int16_t* w) {
   const int64_t padded = PaddedCols(m.cols);
   std::fill(w, w + padded, int16_t{0});
@@ -254,7 +253,7 @@ void PortableRows(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, cons
         for (int l = 0; l < 16; ++l) {
           int32_t sum = 0;
           for (int64_t c = 64 * b + 4 * l; c < 64 * b + 4 * l + 4; ++c)
-            sum += int32_t{w[static_cast<size_t>(c)]} * int32_t{qi[Q16Position(c)]};
+            sum += int32_t{w[static_cast<size_t>(c)]} * int32_t{qi[Q16Position(c, m.sparse24)]};
           acc[l] = std::fma(static_cast<float>(sum), half_scale, acc[l]);
         }
       }
@@ -298,6 +297,7 @@ struct QuantizedRows {
       const LoraSegment& s = segments[k];
       delta_internal::q16::Quantize(x + s.row_begin * x_stride, x_stride, s.row_end - s.row_begin,
                                     weights[static_cast<size_t>(s.slot)].cols,
+                                    weights[static_cast<size_t>(s.slot)].sparse24,
                                     q.data() + q_offset[k], scales.data() + scale_offset[k]);
     }
   }

@@ -57,11 +57,13 @@ struct DeltaMatrixView {
   const uint8_t* codes = nullptr;  // [rows, code_row_bytes]
   const uint8_t* mask = nullptr;   // [rows, mask_row_bytes] (2:4 only)
   const float* scales = nullptr;   // [rows, groups] or [1]
-  // 2:4 only, for the int16 path: the keep bit of every column (bit c % 64 of word c / 64;
-  // columns ≥ cols 0), built from `mask` by DeltaKeepBits (1 bit per column against the
-  // mask's 2/3: the kernel then needs no table lookups per pattern). Null: the f32 path.
-  const uint64_t* keep = nullptr;  // [rows, keep_row_words()]
-  int64_t keep_row_words() const { return (cols + 63) / 64; }
+  // 2:4 only, for the int16 path: where each group of 4 columns keeps its two values — group g
+  // is 4 bits at bit 4·(g mod 16) of word g / 16, the first kept column's offset p0 in bits 0–1
+  // and the second's p1 > p0 in bits 2–3 (groups ≥ cols / 4: 0). Built from `mask` by
+  // DeltaKeptPositions (1 bit per column against the mask's 2/3: the kernel then needs no table
+  // lookups per pattern, and gathers x at these columns). Null: the f32 path.
+  const uint64_t* positions = nullptr;  // [rows, position_row_words()]
+  int64_t position_row_words() const { return (cols + 63) / 64; }
   int64_t code_row_bytes() const { return ((sparse24 ? cols / 2 : cols) * bits + 7) / 8; }
   int64_t mask_row_bytes() const { return sparse24 ? (cols / 4 + 2) / 3 : 0; }
   int64_t groups() const { return group_size == 0 ? 0 : (cols + group_size - 1) / group_size; }
@@ -73,12 +75,12 @@ enum class DeltaActivations { kF32, kInt16 };
 // Decodes row `o` of `m` into out[0, cols) (pruned columns 0).
 void DeltaDecodeRow(const DeltaMatrixView& m, int64_t o, float* out);
 
-// The keep bits of a 2:4 matrix (DeltaMatrixView::keep), [rows, keep_row_words()].
-// Requires: m.sparse24.
-std::vector<uint64_t> DeltaKeepBits(const DeltaMatrixView& m);
+// The kept positions of a 2:4 matrix (DeltaMatrixView::positions), [rows,
+// position_row_words()]. Requires: m.sparse24.
+std::vector<uint64_t> DeltaKeptPositions(const DeltaMatrixView& m);
 
 // Whether the int16 path takes m: codes of 1, 2, 4 or 8 bits dense or 2 and 4 bits 2:4 (with
-// keep bits), one scale per matrix or scale groups of a multiple of 64 columns.
+// kept positions), one scale per matrix or scale groups of a multiple of 64 columns.
 bool DeltaInt16Layout(const DeltaMatrixView& m);
 // Whether the active ISA level has the SIMD int16 kernel (AVX-512 with VNNI, VBMI and VBMI2);
 // elsewhere kInt16 runs its scalar reference, slower than the f32 kernels.

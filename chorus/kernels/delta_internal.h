@@ -63,25 +63,32 @@ void ApplyRows(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const f
                int64_t x_stride, int64_t n_rows, float* y, int64_t y_stride);
 }  // namespace avx512
 
-// The int16 path (kernels/delta.h). An input row is quantized once per call into `q16` order:
-// per 64-column block, positions 0–31 hold columns 4l, 4l + 1 and positions 32–63 columns
-// 4l + 2, 4l + 3 (l = 0…15), so that one VNNI pair-dot of each half puts the block's columns
-// 4l…4l + 3 in int32 lane l; columns past the row are 0.
+// The int16 path (kernels/delta.h). An input row is quantized once per call, in one of two
+// orders per 64-column block:
+//  * pairs (dense matrices): positions 0–31 hold columns 4l, 4l + 1 and positions 32–63 columns
+//    4l + 2, 4l + 3 (l = 0…15), so that one VNNI pair-dot of each half puts the block's columns
+//    4l…4l + 3 in int32 lane l;
+//  * columns (2:4 matrices): column order. The kernel gathers the two kept columns of group l
+//    (DeltaMatrixView::positions) into the int16 pair of lane l, so one pair-dot of the gathered
+//    x with the block's 32 kept values gives the same lanes, and pruned columns cost nothing.
+// Columns past the row are 0 in both.
 namespace q16 {
 
 // Quantized columns per row: cols rounded up to whole blocks.
 inline int64_t PaddedCols(int64_t cols) { return (cols + 63) / 64 * 64; }
 
-// Where column c sits in a quantized row (the q16 order above).
-inline int64_t Q16Position(int64_t c) {
+// Where column c sits in a quantized row of a matrix with (sparse24) or without 2:4 sparsity.
+inline int64_t Q16Position(int64_t c, bool sparse24) {
+  if (sparse24) return c;
   const int64_t l = c % 64 / 4, j = c % 4;
   return c / 64 * 64 + (j < 2 ? 2 * l + j : 32 + 2 * l + j - 2);
 }
 
-// Quantizes x [n, cols] (stride xs) into q [n, PaddedCols(cols)] in q16 order and scales[n]
-// (x ≈ scale · q). A row of zeros gets scale 0; a row with an infinity or NaN gets scale NaN and
-// q 0, so its term is NaN as the f32 path's would be.
-void Quantize(const float* x, int64_t xs, int64_t n, int64_t cols, int16_t* q, float* scales);
+// Quantizes x [n, cols] (stride xs) into q [n, PaddedCols(cols)] in the order for sparse24 (above)
+// and scales[n] (x ≈ scale · q). A row of zeros gets scale 0; a row with an infinity or NaN gets
+// scale NaN and q 0, so its term is NaN as the f32 path's would be.
+void Quantize(const float* x, int64_t xs, int64_t n, int64_t cols, bool sparse24, int16_t* q,
+              float* scales);
 
 // y[i·ys + o] += the int16 term for rows i < n_rows, o ∈ [o_begin, o_end).
 // Requires DeltaInt16Layout(m); q rows of PaddedCols(m.cols) int16.

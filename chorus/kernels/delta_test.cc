@@ -3,7 +3,7 @@
 // scalar reference against a double-precision oracle, DeltaApply against the reference (every
 // bit width, dense and 2:4, grouped and per-matrix scales, awkward widths, many / empty / rank-0
 // segments), and bitwise batch invariance (a row alone = the same row in a mixed batch, at 1
-// and 2 threads). The int16 path: its keep bits against the decode, every level against its
+// and 2 threads). The int16 path: its kept positions against the decode, every level against its
 // scalar reference bitwise, its error against the double oracle within the bound of x's
 // rounding, batch invariance, non-finite and zero rows, and layouts it leaves to the f32 path.
 #include "chorus/kernels/delta.h"
@@ -26,7 +26,7 @@ namespace {
 struct Packed {
   DeltaMatrixView view;
   std::vector<uint8_t> codes, mask;
-  std::vector<uint64_t> keep;  // 2:4: the int16 path's keep bits
+  std::vector<uint64_t> positions;  // 2:4: the int16 path's kept positions
   std::vector<float> scales;
   std::vector<double> dense;  // [rows, cols], decoded here independently of the kernel
 };
@@ -82,8 +82,8 @@ Packed MakePacked(int64_t rows, int64_t cols, int bits, bool sparse24, int64_t g
   v.mask = sparse24 ? p.mask.data() : nullptr;
   v.scales = p.scales.data();
   if (sparse24) {
-    p.keep = DeltaKeepBits(v);
-    v.keep = p.keep.data();
+    p.positions = DeltaKeptPositions(v);
+    v.positions = p.positions.data();
   }
   return p;
 }
@@ -250,21 +250,32 @@ TEST(DeltaKernelTest, EveryIsaLevelEqualsTheScalarLevelBitwise) {
   }
 }
 
-TEST(DeltaKernelTest, KeepBitsAreTheDecodedNonZeroColumns) {
+TEST(DeltaKernelTest, KeptPositionsAreTheDecodedNonZeroColumns) {
   std::mt19937 rng(5);
   for (int bits : {2, 4, 8}) {
     for (int64_t cols : {int64_t{64}, int64_t{100}, int64_t{172}, int64_t{2048}}) {
       Packed p = MakePacked(7, cols, bits, true, 64, &rng);
-      const int64_t words = p.view.keep_row_words();
-      ASSERT_EQ(static_cast<int64_t>(p.keep.size()), 7 * words);
+      const int64_t words = p.view.position_row_words();
+      ASSERT_EQ(static_cast<int64_t>(p.positions.size()), 7 * words);
       std::vector<float> row(static_cast<size_t>(cols));
       for (int64_t o = 0; o < 7; ++o) {
         DeltaDecodeRow(p.view, o, row.data());
-        for (int64_t c = 0; c < words * 64; ++c) {
-          const bool kept = (p.keep[static_cast<size_t>(o * words + c / 64)] >> (c % 64)) & 1;
-          const bool nonzero = c < cols && row[static_cast<size_t>(c)] != 0.0f;
-          ASSERT_EQ(kept, nonzero)
-              << "bits " << bits << " cols " << cols << " row " << o << " col " << c;
+        for (int64_t g = 0; g < words * 16; ++g) {
+          const uint64_t field =
+              (p.positions[static_cast<size_t>(o * words + g / 16)] >> (4 * (g % 16))) & 15;
+          if (4 * g >= cols) {  // past the row: nothing
+            ASSERT_EQ(field, 0u) << "bits " << bits << " cols " << cols << " group " << g;
+            continue;
+          }
+          const int64_t p0 = static_cast<int64_t>(field & 3), p1 = static_cast<int64_t>(field >> 2);
+          ASSERT_LT(p0, p1) << "bits " << bits << " cols " << cols << " group " << g;
+          for (int64_t j = 0; j < 4; ++j) {
+            // A kept value can decode to 0 only if its code is the middle one, which an even
+            // number of levels does not have.
+            const bool nonzero = row[static_cast<size_t>(4 * g + j)] != 0.0f;
+            ASSERT_EQ(j == p0 || j == p1, nonzero)
+                << "bits " << bits << " cols " << cols << " row " << o << " col " << 4 * g + j;
+          }
         }
       }
     }

@@ -92,9 +92,9 @@ Result<std::shared_ptr<const DeltaWeights>> DeltaWeights::Build(std::shared_ptr<
             (l.group_size == 0 ? 1 : l.rows * v.groups())) {
       return InvalidArgumentError("delta '" + name + "': " + m.name + ": packed sizes disagree");
     }
-    if (v.sparse24) {  // the int16 kernel's keep bits (kernels/delta.h)
-      w->keep_.push_back(kernels::DeltaKeepBits(v));
-      v.keep = w->keep_.back().data();
+    if (v.sparse24) {  // the int16 kernel's kept positions (kernels/delta.h)
+      w->positions_.push_back(kernels::DeltaKeptPositions(v));
+      v.positions = w->positions_.back().data();
     }
   }
   w->delta_ = std::move(d);
@@ -121,15 +121,15 @@ const std::vector<float>* DeltaWeights::norm(int64_t layer, model::LinearHook::N
   return norms_[slot].empty() ? nullptr : &norms_[slot];
 }
 
-int64_t DeltaWeights::keep_bytes() const {
+int64_t DeltaWeights::positions_bytes() const {
   int64_t bytes = 0;
-  for (const std::vector<uint64_t>& k : keep_)
+  for (const std::vector<uint64_t>& k : positions_)
     bytes += static_cast<int64_t>(k.size() * sizeof(uint64_t));
   return bytes;
 }
 
 int64_t DeltaWeightsBytes(const DeltaWeights& w) {
-  return w.delta().MatrixBytes() + w.delta().ExtraBytes() + w.keep_bytes();
+  return w.delta().MatrixBytes() + w.delta().ExtraBytes() + w.positions_bytes();
 }
 
 namespace {

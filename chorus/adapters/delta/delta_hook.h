@@ -48,13 +48,13 @@ class DeltaWeights {
   const ExtraDelta* embeddings() const { return embeddings_; }
   const ExtraDelta* output() const { return output_; }
   bool has_extras() const { return has_extras_; }
-  // Bytes of the 2:4 matrices' keep bits, derived at Build for the int16 kernel.
-  int64_t keep_bytes() const;
+  // Bytes of the 2:4 matrices' kept positions, derived at Build for the int16 kernel.
+  int64_t positions_bytes() const;
 
  private:
   std::shared_ptr<const Delta> delta_;
-  std::vector<kernels::DeltaMatrixView> views_;  // [n_layers × kNumLinears]; rows 0 = none
-  std::vector<std::vector<uint64_t>> keep_;      // the 2:4 views' keep bits
+  std::vector<kernels::DeltaMatrixView> views_;   // [n_layers × kNumLinears]; rows 0 = none
+  std::vector<std::vector<uint64_t>> positions_;  // the 2:4 views' kept positions
   int64_t n_layers_ = 0;
   std::string name_;
   std::vector<std::vector<float>> norms_;  // [n_layers × 2 + 1]: attn, ffn, …, output; {} = none
@@ -70,7 +70,7 @@ Result<std::shared_ptr<const DeltaWeights>> LoadDeltaWeights(const std::string& 
                                                              const model::ModelConfig& base,
                                                              const std::string& base_hash,
                                                              const std::string& name);
-// Bytes a loaded delta holds (its packed matrices and their keep bits).
+// Bytes a loaded delta holds (its packed matrices and their kept positions).
 int64_t DeltaWeightsBytes(const DeltaWeights& w);
 
 class DeltaHook : public model::LinearHook {

@@ -1,9 +1,15 @@
-// AVX-512 kernel of the int16 delta path (kernels/delta.h, kernels/delta_internal.h): a
-// 64-column block of one output row is decoded into signed bytes w' = 2·code − (2^bits − 1)
-// (vpmultishiftqb pulls the codes out of their bit stream, vpexpandb spreads 2:4 values to their
-// columns under the keep bits, pruned columns 0), then two vpshufb make the block's int16
-// operands — columns 4l, 4l + 1 and 4l + 2, 4l + 3 of int32 lane l — and two vpdpwssd dot them
-// with the quantized input row: 64 products in 2 instructions, exact in int32.
+// AVX-512 kernel of the int16 delta path (kernels/delta.h, kernels/delta_internal.h), per
+// 64-column block of one output row:
+//  * dense codes: the block is decoded into signed bytes w' = 2·code − (2^bits − 1)
+//    (vpmultishiftqb pulls the codes out of their bit stream), then two vpshufb make its int16
+//    operands — columns 4l, 4l + 1 and 4l + 2, 4l + 3 of int32 lane l — and two vpdpwssd dot
+//    them with the quantized input row (pairs order): 64 products in 2 instructions.
+//  * 2:4 codes: the block's 32 kept values go straight to the high bytes of 32 int16 words, two
+//    per lane (vpmultishiftqb, then a masked vpermb table lookup code → w'), and vpermt2w
+//    gathers x at their columns from the block's 64 quantized columns (column order), using the
+//    kept positions; one vpdpwssd then dots the 32 kept products. No vpexpandb: on the Zen 5
+//    host it costs ~5 cycles, as much as the rest of a block's work (docs/deltas.md).
+// Either way int32 lane l holds exactly the products of columns 4l…4l + 3, as the reference.
 //
 // Codes of ≤ 4 bits go to the high byte of each int16 (vpshufb cannot sign-extend), so the lane
 // sums are 256 × the true ones, and the scale taken at full value (not halved): every float is
@@ -25,6 +31,10 @@
 
 namespace chorus::kernels::delta_internal::q16::avx512 {
 namespace {
+// Software prefetch distance, in output rows: each output row in flight is its own stream of
+// codes (and 2:4 positions and scales), more streams than the hardware prefetchers follow far
+// enough ahead; 4, 8 and 16 rows ahead measured alike within this host's noise.
+constexpr int kAheadRows = 4;
 
 // vpshufb controls, the same in each 128-bit lane (dword d = columns 4d…4d + 3 of the lane).
 // High: byte c of w' into the high byte of an int16 (low byte 0); low: into the low byte.
@@ -48,25 +58,31 @@ inline __mmask64 Avail(int n, int64_t avail) {
   return k >= 64 ? ~__mmask64{0} : (__mmask64{1} << k) - 1;
 }
 
-// The int16 operands of one output row's blocks (see the top of the file).
-template <int B, bool kSparse>
-struct BlockDecoder {
-  static constexpr int kBlockBytes = (kSparse ? 32 : 64) * B / 8;  // code bytes per block
+// The int16 operands of one output row's blocks of dense codes (see the top of the file).
+template <int B>
+struct DenseDecoder {
+  static constexpr bool kSparse = false;
+  static constexpr int kBlockBytes = 64 * B / 8;  // code bytes per block
   const uint8_t* codes = nullptr;
-  const uint64_t* keep = nullptr;
   int64_t row_bytes = 0;
   __m512i lo_pair, hi_pair;  // vpshufb controls
 
   void Init(const DeltaMatrixView& m, int64_t o) {
     row_bytes = m.code_row_bytes();
     codes = m.codes + o * row_bytes;
-    keep = kSparse ? m.keep + o * m.keep_row_words() : nullptr;
     lo_pair = Control(false, B <= 4);
     hi_pair = Control(true, B <= 4);
   }
 
   // Whole blocks: those whose code bytes all lie inside the row (the last may be partial).
   int64_t WholeBlocks() const { return row_bytes / kBlockBytes; }
+
+  // Requests block b's code line of the row `ahead` rows below.
+  void Prefetch(int64_t b, int64_t ahead) const {
+    if (b * kBlockBytes % 64 < kBlockBytes)
+      _mm_prefetch(reinterpret_cast<const char*>(codes + ahead * row_bytes + b * kBlockBytes),
+                   _MM_HINT_T0);
+  }
 
   // w' of block b as 64 signed bytes (≤ 4 bits) or 8-bit codes as unsigned bytes. kWhole: the
   // block's code bytes are all inside the row; otherwise only the row's are read.
@@ -87,31 +103,19 @@ struct BlockDecoder {
       // 2^B − 1: the mask of a code's bits, and the offset in w' = 2·code − (2^B − 1).
       const __m512i max_code = _mm512_set1_epi8(static_cast<char>((1 << B) - 1));
       __m512i q;  // qword q: the B·8 bits of codes 8q…8q + 7
-      if constexpr (!kSparse && B == 4) {
+      if constexpr (B == 4) {
         const __m256i raw =
             kWhole ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
                    : _mm256_maskz_loadu_epi8(static_cast<__mmask32>(Avail(32, avail)), p);
         q = _mm512_cvtepu32_epi64(raw);
-      } else if constexpr (!kSparse && B == 2) {
+      } else {  // B == 2
         const __m128i raw = kWhole
                                 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))
                                 : _mm_maskz_loadu_epi8(static_cast<__mmask16>(Avail(16, avail)), p);
         q = _mm512_cvtepu16_epi64(raw);
-      } else if constexpr (B == 4) {  // 2:4: 32 codes in 16 bytes
-        const __m128i raw = kWhole
-                                ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))
-                                : _mm_maskz_loadu_epi8(static_cast<__mmask16>(Avail(16, avail)), p);
-        q = _mm512_zextsi256_si512(_mm256_cvtepu32_epi64(raw));
-      } else {  // 2:4, 2 bits: 32 codes in 8 bytes
-        const __m128i raw = kWhole
-                                ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))
-                                : _mm_maskz_loadu_epi8(static_cast<__mmask16>(Avail(8, avail)), p);
-        q = _mm512_zextsi256_si512(_mm256_cvtepu16_epi64(raw));
       }
       const __m512i c = _mm512_and_si512(_mm512_multishift_epi64_epi8(shifts, q), max_code);
-      const __m512i w = _mm512_sub_epi8(_mm512_add_epi8(c, c), max_code);
-      if constexpr (kSparse) return _mm512_maskz_expand_epi8(keep[b], w);
-      return w;
+      return _mm512_sub_epi8(_mm512_add_epi8(c, c), max_code);
     }
   }
 
@@ -129,11 +133,95 @@ struct BlockDecoder {
   }
 };
 
+// Constants of SparseDecoder.
+struct SparseTables {
+  // w[B == 4][i] = w' of the code i mod 2^B (B = 2, 4): 2·(i mod 2^B) − (2^B − 1).
+  alignas(64) int8_t w[2][64];
+  // Byte 2j and 2j + 1: bit 2j (value j's position within its qword's 64 bits).
+  alignas(64) uint8_t position_shifts[64];
+  // Word j: 4·(j / 2), the first column of value j's group.
+  alignas(64) int16_t group_base[32];
+  constexpr SparseTables() : w(), position_shifts(), group_base() {
+    for (int i = 0; i < 64; ++i) {
+      w[0][i] = static_cast<int8_t>(2 * (i % 4) - 3);
+      w[1][i] = static_cast<int8_t>(2 * (i % 16) - 15);
+    }
+    for (int j = 0; j < 32; ++j) {
+      position_shifts[2 * j] = position_shifts[2 * j + 1] = static_cast<uint8_t>(2 * j);
+      group_base[j] = static_cast<int16_t>(4 * (j / 2));
+    }
+  }
+};
+inline constexpr SparseTables kSparseTables;
+
+// The 2:4 blocks of one output row (see the top of the file): the block's 32 kept values as
+// int16 words w'·256, value j in word j (group j / 2's first and second kept value), and the
+// vpermt2w indices of their columns in the block, 4·(j / 2) + p_j.
+template <int B>
+struct SparseDecoder {
+  static constexpr bool kSparse = true;
+  static constexpr int kBlockBytes = 32 * B / 8;  // code bytes per block
+  const uint8_t* codes = nullptr;
+  const uint64_t* positions = nullptr;
+  int64_t row_bytes = 0, position_words = 0;
+
+  void Init(const DeltaMatrixView& m, int64_t o) {
+    row_bytes = m.code_row_bytes();
+    position_words = m.position_row_words();
+    codes = m.codes + o * row_bytes;
+    positions = m.positions + o * position_words;
+  }
+
+  int64_t WholeBlocks() const { return row_bytes / kBlockBytes; }
+
+  // Requests block b's code and position lines of the row `ahead` rows below.
+  void Prefetch(int64_t b, int64_t ahead) const {
+    if (b * kBlockBytes % 64 < kBlockBytes)
+      _mm_prefetch(reinterpret_cast<const char*>(codes + ahead * row_bytes + b * kBlockBytes),
+                   _MM_HINT_T0);
+    if (b % 8 == 0)
+      _mm_prefetch(reinterpret_cast<const char*>(positions + ahead * position_words + b),
+                   _MM_HINT_T0);
+  }
+
+  template <bool kWhole>
+  void Block(int64_t b, __m512i* w, __m512i* index) const {
+    // Values 4L…4L + 3 (4·B bits) into qword L, then vpmultishiftqb puts value 4L + i's bits at the
+    // bottom of byte 2i + 1 (the high byte of word 4L + i); the table lookup maps the low 6 bits of
+    // each high byte to w' (the table repeats every 2^B entries, so the next value's bits above do
+    // not matter) and zeroes the low bytes.
+    const uint8_t* p = codes + b * kBlockBytes;
+    const int64_t avail = kWhole ? kBlockBytes : row_bytes - b * kBlockBytes;
+    __m512i q;
+    if constexpr (B == 4) {
+      const __m128i raw = kWhole
+                              ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))
+                              : _mm_maskz_loadu_epi8(static_cast<__mmask16>(Avail(16, avail)), p);
+      q = _mm512_cvtepu16_epi64(raw);
+    } else {  // B == 2
+      const __m128i raw = kWhole ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))
+                                 : _mm_maskz_loadu_epi8(static_cast<__mmask16>(Avail(8, avail)), p);
+      q = _mm512_cvtepu8_epi64(raw);
+    }
+    const __m512i code_shifts =
+        B == 4 ? _mm512_set1_epi64(0x0C00080004000000LL) : _mm512_set1_epi64(0x0600040002000000LL);
+    *w = _mm512_maskz_permutexvar_epi8(0xAAAAAAAAAAAAAAAAull,
+                                       _mm512_multishift_epi64_epi8(code_shifts, q),
+                                       _mm512_load_si512(kSparseTables.w[B == 4]));
+    // Positions: value j's 2 bits at bit 2j of the block's word; byte 2i of qword L takes bit
+    // 2·(4L + i), masked to p_j and or-ed with 4·(j / 2).
+    const __m512i pos = _mm512_set1_epi64(static_cast<long long>(positions[b]));
+    *index = _mm512_ternarylogic_epi32(
+        _mm512_multishift_epi64_epi8(_mm512_load_si512(kSparseTables.position_shifts), pos),
+        _mm512_set1_epi16(3), _mm512_load_si512(kSparseTables.group_base), 0xEA);  // (a & b) | c
+  }
+};
+
 // y[r·ys + o + u] += the int16 term for r < NR, u < NO.
-template <int B, bool kSparse, int NO, int NR>
+template <class Decoder, int NO, int NR>
 void Rows(const DeltaMatrixView& m, int64_t o, const int16_t* q, int64_t padded,
           const float* x_scales, float* y, int64_t ys) {
-  BlockDecoder<B, kSparse> dec[NO];
+  Decoder dec[NO];
   const float* scales[NO];
   for (int u = 0; u < NO; ++u) {
     dec[u].Init(m, o + u);
@@ -146,14 +234,26 @@ void Rows(const DeltaMatrixView& m, int64_t o, const int16_t* q, int64_t padded,
   const int64_t blocks_per_scale = m.group_size == 0 ? blocks : m.group_size / 64;
   int64_t g = 0, in_group = 0;
   auto block = [&]<bool kWhole>(int64_t b) {
+    // Dense: the two operands; 2:4: the kept values and their gather indices.
     __m512i first[NO], second[NO];
     for (int u = 0; u < NO; ++u) dec[u].template Block<kWhole>(b, &first[u], &second[u]);
+    for (int u = 0; u < NO; ++u) dec[u].Prefetch(b, kAheadRows);
+    if (m.group_size != 0 && in_group == 0 && g % 16 == 0)
+      for (int u = 0; u < NO; ++u)
+        _mm_prefetch(reinterpret_cast<const char*>(scales[u] + kAheadRows * m.groups() + g),
+                     _MM_HINT_T0);
     for (int r = 0; r < NR; ++r) {
       const int16_t* qb = q + r * padded + 64 * b;
       const __m512i qa = _mm512_loadu_si512(qb), qc = _mm512_loadu_si512(qb + 32);
       for (int u = 0; u < NO; ++u) {
-        const __m512i sum = _mm512_dpwssd_epi32(
-            _mm512_dpwssd_epi32(_mm512_setzero_si512(), first[u], qa), second[u], qc);
+        __m512i sum;
+        if constexpr (Decoder::kSparse) {
+          sum = _mm512_dpwssd_epi32(_mm512_setzero_si512(), first[u],
+                                    _mm512_permutex2var_epi16(qa, second[u], qc));
+        } else {
+          sum = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_setzero_si512(), first[u], qa),
+                                    second[u], qc);
+        }
         acc[u][r] =
             _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(scales[u][g]), acc[u][r]);
       }
@@ -168,7 +268,7 @@ void Rows(const DeltaMatrixView& m, int64_t o, const int16_t* q, int64_t padded,
   for (int64_t b = 0; b < whole; ++b) block.template operator()<true>(b);
   for (int64_t b = whole; b < blocks; ++b) block.template operator()<false>(b);
   // The accumulators hold 512× (≤ 4 bits) or 2× (8 bits) the reference's: exact to undo.
-  const float unscale = B <= 4 ? 1.0f / 512.0f : 0.5f;
+  const float unscale = m.bits <= 4 ? 1.0f / 512.0f : 0.5f;
   for (int u = 0; u < NO; ++u) {
     for (int r = 0; r < NR; ++r) {
       const float term = (avx512_common::Reduce(acc[u][r]) * unscale) * x_scales[r];
@@ -177,25 +277,31 @@ void Rows(const DeltaMatrixView& m, int64_t o, const int16_t* q, int64_t padded,
   }
 }
 
-template <int B, bool kSparse, int NR>
+template <class Decoder, int NR>
 void RowsOf(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const int16_t* q,
             int64_t padded, const float* x_scales, float* y, int64_t ys) {
   // More output rows in flight for one input row: more independent streams and chains.
   constexpr int kNO = NR == 1 ? 4 : 2;
   int64_t o = o_begin;
-  for (; o + kNO <= o_end; o += kNO) Rows<B, kSparse, kNO, NR>(m, o, q, padded, x_scales, y, ys);
-  for (; o < o_end; ++o) Rows<B, kSparse, 1, NR>(m, o, q, padded, x_scales, y, ys);
+  for (; o + kNO <= o_end; o += kNO) Rows<Decoder, kNO, NR>(m, o, q, padded, x_scales, y, ys);
+  for (; o < o_end; ++o) Rows<Decoder, 1, NR>(m, o, q, padded, x_scales, y, ys);
 }
 
-template <int B, bool kSparse>
+template <class Decoder>
 void Apply(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const int16_t* q,
            const float* x_scales, int64_t n, float* y, int64_t ys) {
   const int64_t padded = PaddedCols(m.cols);
-  // Input rows four at a time: a block is decoded once per output row and group of four.
-  avx512_common::ForRowsInFours(n, [&](int64_t i, auto nr) {
-    RowsOf<B, kSparse, decltype(nr)::value>(m, o_begin, o_end, q + i * padded, padded, x_scales + i,
-                                            y + i * ys, ys);
-  });
+  // Input rows four at a time: a block is decoded once per output row and group of four. The
+  // groups take turns over chunks of output rows small enough to stay in L1, so a segment of
+  // more than four rows streams the codes from memory once, not once per group.
+  constexpr int64_t kChunk = 8;
+  for (int64_t o = o_begin; o < o_end; o += kChunk) {
+    const int64_t chunk_end = std::min(o_end, o + kChunk);
+    avx512_common::ForRowsInFours(n, [&](int64_t i, auto nr) {
+      RowsOf<Decoder, decltype(nr)::value>(m, o, chunk_end, q + i * padded, padded, x_scales + i,
+                                           y + i * ys, ys);
+    });
+  }
 }
 
 }  // namespace
@@ -203,16 +309,16 @@ void Apply(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const int16
 void ApplyRows(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const int16_t* q,
                const float* x_scales, int64_t n_rows, float* y, int64_t y_stride) {
   auto run = [&](auto fn) { fn(m, o_begin, o_end, q, x_scales, n_rows, y, y_stride); };
-  if (m.sparse24) return m.bits == 2 ? run(Apply<2, true>) : run(Apply<4, true>);
+  if (m.sparse24) return m.bits == 2 ? run(Apply<SparseDecoder<2>>) : run(Apply<SparseDecoder<4>>);
   switch (m.bits) {
     case 1:
-      return run(Apply<1, false>);
+      return run(Apply<DenseDecoder<1>>);
     case 2:
-      return run(Apply<2, false>);
+      return run(Apply<DenseDecoder<2>>);
     case 4:
-      return run(Apply<4, false>);
+      return run(Apply<DenseDecoder<4>>);
     default:
-      return run(Apply<8, false>);
+      return run(Apply<DenseDecoder<8>>);
   }
 }
 
