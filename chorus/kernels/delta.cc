@@ -180,7 +180,7 @@ bool ParseDeltaActivations(const std::string& name, std::optional<DeltaActivatio
 
 namespace delta_internal::q16 {
 
-void Quantize(const float* x, int64_t xs, int64_t n, int64_t cols, bool sparse24, int16_t* q,
+void Quantize(const float* x, int64_t xs, int64_t n, int64_t cols, bool column_order, int16_t* q,
               float* scales) {
   const int64_t padded = PaddedCols(cols);
   for (int64_t i = 0; i < n; ++i) {
@@ -204,7 +204,7 @@ void Quantize(const float* x, int64_t xs, int64_t n, int64_t cols, bool sparse24
     const float inv = 32767.0f / max_abs;
     for (int64_t c = 0; c < cols; ++c) {
       const float v = std::clamp(std::nearbyint(row[c] * inv), -32767.0f, 32767.0f);
-      out[Q16Position(c, sparse24)] = static_cast<int16_t>(v);
+      out[Q16Position(c, column_order)] = static_cast<int16_t>(v);
     }
     scales[i] = max_abs / 32767.0f;
   }
@@ -241,11 +241,20 @@ void PortableRows(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, cons
   const int64_t padded = PaddedCols(m.cols);
   thread_local std::vector<int16_t> w;
   w.resize(static_cast<size_t>(padded));
+  const bool column_order = ColumnOrder(m);
   for (int64_t o = o_begin; o < o_end; ++o) {
     IntegerRow(m, o, w.data());
     const float* row_scales = m.group_size == 0 ? m.scales : m.scales + o * m.groups();
     for (int64_t i = 0; i < n_rows; ++i) {
       const int16_t* qi = q + i * padded;
+      if (SignRowSum(m)) {
+        int64_t total = 0;
+        for (int64_t c = 0; c < padded; ++c)
+          total += int64_t{w[static_cast<size_t>(c)]} * int64_t{qi[c]};
+        const float term = (static_cast<float>(total) * (row_scales[0] * 0.5f)) * x_scales[i];
+        y[i * y_stride + o] += term;
+        continue;
+      }
       float acc[16] = {};
       for (int64_t b = 0; b < padded / 64; ++b) {
         const float half_scale =
@@ -253,7 +262,7 @@ void PortableRows(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, cons
         for (int l = 0; l < 16; ++l) {
           int32_t sum = 0;
           for (int64_t c = 64 * b + 4 * l; c < 64 * b + 4 * l + 4; ++c)
-            sum += int32_t{w[static_cast<size_t>(c)]} * int32_t{qi[Q16Position(c, m.sparse24)]};
+            sum += int32_t{w[static_cast<size_t>(c)]} * int32_t{qi[Q16Position(c, column_order)]};
           acc[l] = std::fma(static_cast<float>(sum), half_scale, acc[l]);
         }
       }
@@ -295,10 +304,11 @@ struct QuantizedRows {
     for (size_t k = 0; k < segments.size(); ++k) {
       if (q_offset[k] < 0) continue;
       const LoraSegment& s = segments[k];
-      delta_internal::q16::Quantize(x + s.row_begin * x_stride, x_stride, s.row_end - s.row_begin,
-                                    weights[static_cast<size_t>(s.slot)].cols,
-                                    weights[static_cast<size_t>(s.slot)].sparse24,
-                                    q.data() + q_offset[k], scales.data() + scale_offset[k]);
+      delta_internal::q16::Quantize(
+          x + s.row_begin * x_stride, x_stride, s.row_end - s.row_begin,
+          weights[static_cast<size_t>(s.slot)].cols,
+          delta_internal::q16::ColumnOrder(weights[static_cast<size_t>(s.slot)]),
+          q.data() + q_offset[k], scales.data() + scale_offset[k]);
     }
   }
 };

@@ -68,26 +68,38 @@ void ApplyRows(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const f
 //  * pairs (dense matrices): positions 0–31 hold columns 4l, 4l + 1 and positions 32–63 columns
 //    4l + 2, 4l + 3 (l = 0…15), so that one VNNI pair-dot of each half puts the block's columns
 //    4l…4l + 3 in int32 lane l;
-//  * columns (2:4 matrices): column order. The kernel gathers the two kept columns of group l
-//    (DeltaMatrixView::positions) into the int16 pair of lane l, so one pair-dot of the gathered
-//    x with the block's 32 kept values gives the same lanes, and pruned columns cost nothing.
+//  * columns (2:4 matrices, and BitDelta's signs): column order. For 2:4 the kernel gathers the
+//    two kept columns of group l (DeltaMatrixView::positions) into the int16 pair of lane l, so
+//    one pair-dot of the gathered x with the block's 32 kept values gives the same lanes, and
+//    pruned columns cost nothing. For signs, see SignRowSum.
 // Columns past the row are 0 in both.
 namespace q16 {
 
 // Quantized columns per row: cols rounded up to whole blocks.
 inline int64_t PaddedCols(int64_t cols) { return (cols + 63) / 64 * 64; }
 
-// Where column c sits in a quantized row of a matrix with (sparse24) or without 2:4 sparsity.
-inline int64_t Q16Position(int64_t c, bool sparse24) {
-  if (sparse24) return c;
+// BitDelta's layout (1-bit codes, one scale per matrix): the whole row's products ±q are summed
+// exactly as integers and converted once, term = (float(Σ w'·q) · (scale / 2)) · sx — there is
+// no per-block scale to apply, so the kernel skips the per-block float steps of the other
+// layouts (a sign code costs two VNNI instructions per 64 columns).
+inline bool SignRowSum(const DeltaMatrixView& m) {
+  return m.bits == 1 && !m.sparse24 && m.group_size == 0;
+}
+
+// Whether m's rows are quantized in column order (above); otherwise pairs order.
+inline bool ColumnOrder(const DeltaMatrixView& m) { return m.sparse24 || SignRowSum(m); }
+
+// Where column c sits in a quantized row, in column order or pairs order.
+inline int64_t Q16Position(int64_t c, bool column_order) {
+  if (column_order) return c;
   const int64_t l = c % 64 / 4, j = c % 4;
   return c / 64 * 64 + (j < 2 ? 2 * l + j : 32 + 2 * l + j - 2);
 }
 
-// Quantizes x [n, cols] (stride xs) into q [n, PaddedCols(cols)] in the order for sparse24 (above)
-// and scales[n] (x ≈ scale · q). A row of zeros gets scale 0; a row with an infinity or NaN gets
+// Quantizes x [n, cols] (stride xs) into q [n, PaddedCols(cols)] in column or pairs order and
+// scales[n] (x ≈ scale · q). A row of zeros gets scale 0; a row with an infinity or NaN gets
 // scale NaN and q 0, so its term is NaN as the f32 path's would be.
-void Quantize(const float* x, int64_t xs, int64_t n, int64_t cols, bool sparse24, int16_t* q,
+void Quantize(const float* x, int64_t xs, int64_t n, int64_t cols, bool column_order, int16_t* q,
               float* scales);
 
 // y[i·ys + o] += the int16 term for rows i < n_rows, o ∈ [o_begin, o_end).

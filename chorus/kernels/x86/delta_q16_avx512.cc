@@ -287,6 +287,72 @@ void RowsOf(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const int1
   for (; o < o_end; ++o) Rows<Decoder, 1, NR>(m, o, q, padded, x_scales, y, ys);
 }
 
+// BitDelta's layout (SignRowSum): each 64-column block's sign bits become ±1 int16 words by two
+// masked blends (columns 0–31 and 32–63 of the column-ordered x), and two vpdpwssd add the
+// block's products into int32 lanes that run over the whole row; the lanes are summed as
+// integers and converted once. |lane| ≤ cols / 16 · 32767, far inside int32.
+template <int NO, int NR>
+void SignRows(const DeltaMatrixView& m, int64_t o, const int16_t* q, int64_t padded,
+              const float* x_scales, float* y, int64_t ys) {
+  const int64_t row_bytes = m.code_row_bytes(), blocks = padded / 64;
+  const uint8_t* codes = m.codes + o * row_bytes;
+  __m512i acc[NO][NR];
+  for (int u = 0; u < NO; ++u)
+    for (int r = 0; r < NR; ++r) acc[u][r] = _mm512_setzero_si512();
+  const __m512i minus = _mm512_set1_epi16(-1), plus = _mm512_set1_epi16(1);
+  auto block = [&]<bool kWhole>(int64_t b) {
+    __m512i lo[NO], hi[NO];
+    for (int u = 0; u < NO; ++u) {
+      const uint8_t* p = codes + u * row_bytes + 8 * b;
+      uint64_t bits = 0;
+      // A fixed-size copy is one load; the row's last, partial block copies what is left.
+      std::memcpy(&bits, p, kWhole ? 8 : static_cast<size_t>(row_bytes - 8 * b));
+      lo[u] = _mm512_mask_blend_epi16(static_cast<__mmask32>(bits), minus, plus);
+      hi[u] = _mm512_mask_blend_epi16(static_cast<__mmask32>(bits >> 32), minus, plus);
+      if (b % 8 == 0)
+        _mm_prefetch(reinterpret_cast<const char*>(p + kAheadRows * row_bytes), _MM_HINT_T0);
+    }
+    for (int r = 0; r < NR; ++r) {
+      const int16_t* qb = q + r * padded + 64 * b;
+      const __m512i qa = _mm512_loadu_si512(qb), qc = _mm512_loadu_si512(qb + 32);
+      for (int u = 0; u < NO; ++u)
+        acc[u][r] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(acc[u][r], lo[u], qa), hi[u], qc);
+    }
+  };
+  const int64_t whole = std::min(blocks, row_bytes / 8);
+  for (int64_t b = 0; b < whole; ++b) block.template operator()<true>(b);
+  for (int64_t b = whole; b < blocks; ++b) block.template operator()<false>(b);
+  const float half_scale = m.scales[0] * 0.5f;
+  for (int u = 0; u < NO; ++u) {
+    for (int r = 0; r < NR; ++r) {
+      const __m512i a = acc[u][r];
+      const int64_t total = _mm512_reduce_add_epi64(
+          _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(a)),
+                           _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(a, 1))));
+      const float term = (static_cast<float>(total) * half_scale) * x_scales[r];
+      y[r * ys + o + u] += term;
+    }
+  }
+}
+
+void ApplySigns(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const int16_t* q,
+                const float* x_scales, int64_t n, float* y, int64_t ys) {
+  const int64_t padded = PaddedCols(m.cols);
+  constexpr int64_t kChunk = 8;  // as in Apply
+  for (int64_t o0 = o_begin; o0 < o_end; o0 += kChunk) {
+    const int64_t chunk_end = std::min(o_end, o0 + kChunk);
+    avx512_common::ForRowsInFours(n, [&](int64_t i, auto nr) {
+      constexpr int kNR = decltype(nr)::value;
+      constexpr int kNO = kNR == 1 ? 4 : 2;
+      int64_t o = o0;
+      for (; o + kNO <= chunk_end; o += kNO)
+        SignRows<kNO, kNR>(m, o, q + i * padded, padded, x_scales + i, y + i * ys, ys);
+      for (; o < chunk_end; ++o)
+        SignRows<1, kNR>(m, o, q + i * padded, padded, x_scales + i, y + i * ys, ys);
+    });
+  }
+}
+
 template <class Decoder>
 void Apply(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const int16_t* q,
            const float* x_scales, int64_t n, float* y, int64_t ys) {
@@ -309,6 +375,7 @@ void Apply(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const int16
 void ApplyRows(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const int16_t* q,
                const float* x_scales, int64_t n_rows, float* y, int64_t y_stride) {
   auto run = [&](auto fn) { fn(m, o_begin, o_end, q, x_scales, n_rows, y, y_stride); };
+  if (SignRowSum(m)) return run(ApplySigns);
   if (m.sparse24) return m.bits == 2 ? run(Apply<SparseDecoder<2>>) : run(Apply<SparseDecoder<4>>);
   switch (m.bits) {
     case 1:
