@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 #include <iterator>
+#include <limits>
 #include <vector>
 
 #include "chorus/base/check.h"
@@ -187,13 +188,16 @@ void Quantize(const float* x, int64_t xs, int64_t n, int64_t cols, bool column_o
     const float* row = x + i * xs;
     int16_t* out = q + i * padded;
     std::fill(out, out + padded, int16_t{0});
+    // Branch-free loops the compiler vectorizes: this runs on the caller's thread for every
+    // delta row of every linear of a step.
     float max_abs = 0;
-    bool nan = false;  // std::max drops NaN
+    bool non_finite = false;  // a NaN fails every comparison, so `a > max_abs` would drop it
     for (int64_t c = 0; c < cols; ++c) {
-      nan = nan || std::isnan(row[c]);
-      max_abs = std::max(max_abs, std::fabs(row[c]));
+      const float a = std::fabs(row[c]);
+      non_finite |= !(a <= std::numeric_limits<float>::max());
+      max_abs = a > max_abs ? a : max_abs;
     }
-    if (nan || !std::isfinite(max_abs)) {
+    if (non_finite) {
       scales[i] = std::nanf("");
       continue;
     }
@@ -202,9 +206,17 @@ void Quantize(const float* x, int64_t xs, int64_t n, int64_t cols, bool column_o
       continue;
     }
     const float inv = 32767.0f / max_abs;
-    for (int64_t c = 0; c < cols; ++c) {
-      const float v = std::clamp(std::nearbyint(row[c] * inv), -32767.0f, 32767.0f);
-      out[Q16Position(c, column_order)] = static_cast<int16_t>(v);
+    // Round to nearest, ties to even (std::nearbyint's default mode, without its library call):
+    // for |v| < 2^22, v + 1.5·2^23 lands where the float spacing is 1.
+    constexpr float kRound = 12582912.0f;
+    auto quantize = [&](int64_t c) {
+      const float v = std::clamp((row[c] * inv + kRound) - kRound, -32767.0f, 32767.0f);
+      return static_cast<int16_t>(v);
+    };
+    if (column_order) {
+      for (int64_t c = 0; c < cols; ++c) out[c] = quantize(c);
+    } else {
+      for (int64_t c = 0; c < cols; ++c) out[Q16Position(c, false)] = quantize(c);
     }
     scales[i] = max_abs / 32767.0f;
   }

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "chorus/kernels/delta_internal.h"
 #include "chorus/kernels/dispatch.h"
 
 namespace chorus::kernels {
@@ -377,6 +378,30 @@ TEST(DeltaKernelTest, Int16PathIsWithinTheRoundingOfXOfTheExactTerm) {
             << " col " << o;
       }
     }
+  }
+}
+
+TEST(DeltaKernelTest, Int16QuantizationRoundsToNearestEvenInBothOrders) {
+  // max|x| = 32767 makes the scale 1, so x itself is rounded: ties go to the even neighbour, as
+  // std::nearbyint does in the default rounding mode.
+  std::vector<float> x = {32767.0f, 0.5f, 1.5f, 2.5f, -0.5f, -1.5f, -2.5f, 3.49f, -3.51f, 0.0f};
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> d(-32767.0f, 32767.0f);
+  while (x.size() < 130) x.push_back(d(rng));
+  const auto cols = static_cast<int64_t>(x.size());
+  for (bool column_order : {true, false}) {
+    std::vector<int16_t> q(static_cast<size_t>(delta_internal::q16::PaddedCols(cols)), 7);
+    float scale = 0;
+    delta_internal::q16::Quantize(x.data(), cols, 1, cols, column_order, q.data(), &scale);
+    ASSERT_EQ(scale, 1.0f);
+    for (int64_t c = 0; c < cols; ++c) {
+      const auto want = static_cast<int16_t>(std::nearbyint(x[static_cast<size_t>(c)]));
+      ASSERT_EQ(q[static_cast<size_t>(delta_internal::q16::Q16Position(c, column_order))], want)
+          << "column " << c << " value " << x[static_cast<size_t>(c)] << " column order "
+          << column_order;
+    }
+    for (int64_t c = cols; c < static_cast<int64_t>(q.size()); ++c)
+      ASSERT_EQ(q[static_cast<size_t>(delta_internal::q16::Q16Position(c, column_order))], 0);
   }
 }
 
