@@ -28,10 +28,12 @@
 //   y[i, o] += sx_i · Σ_l acc_l,   acc_l ← fma(float(Σ_{c ∈ block, ⌊(c mod 64)/4⌋ = l} w'_c · q_c),
 //                                              scale_block / 2, acc_l)   block after block
 //
-// with the 16 lane sums added pairwise (8, 4, 2, 1) at the end. The integer sums are exact and
-// the float steps fixed, so the SIMD kernel equals its scalar reference bit for bit and a row's
-// result never depends on the other rows. Against the f32 path it differs by the rounding of x
-// to 15 bits (relative error ≤ 2^-16 of the row's largest |x| per element). Layouts it takes:
+// with the 16 lane sums added pairwise (8, 4, 2, 1) at the end — except BitDelta's layout (1-bit
+// codes, one scale per matrix), whose row of products is summed exactly as integers and
+// converted once: y[i, o] += (float(Σ_c w'_c · q_c) · (scale / 2)) · sx_i. The integer sums are
+// exact and the float steps fixed, so the SIMD kernel equals its scalar reference bit for bit and a
+// row's result never depends on the other rows. Against the f32 path it differs by the rounding of
+// x to 15 bits (relative error ≤ 2^-16 of the row's largest |x| per element). Layouts it takes:
 // DeltaInt16Layout(); others run the f32 kernel even when int16 is asked.
 //
 // Thread-safety: stateless; weights are read-only.
