@@ -115,6 +115,7 @@ struct EngineMetrics {
   std::atomic<uint64_t> requests_total{0};
   std::atomic<uint64_t> requests_rejected{0};
   std::atomic<uint64_t> preemptions_total{0};
+  std::atomic<uint64_t> line_skippers_preempted{0};  // of preemptions_total (--max-deltas)
   std::atomic<uint64_t> prompt_tokens_total{0};
   std::atomic<uint64_t> generation_tokens_total{0};
   std::atomic<uint64_t> steps_total{0};

@@ -146,7 +146,9 @@ Result<std::unique_ptr<Policy>> MakePolicy(const PolicyConfig& config);
 
 // First come, first served, with optional caps on distinct LoRA adapters and on distinct deltas
 // per step (0 = none; the delta cap is DeltaZip's N-delta rule: requests for deltas already in
-// the step skip the line, others wait until a delta leaves the step).
+// the step skip the line, others wait until a delta leaves the step; the scheduler preempts a
+// line-skipper once the requests of its delta it joined have finished,
+// Scheduler::PreemptOrphanedLineSkippers).
 // A sequence whose adapter would exceed the cap is passed over, and later ones may overtake it,
 // but only kMaxPasses times: then it becomes a barrier and no newer sequence with an adapter is
 // admitted before it (newer base-model sequences still are: they take no adapter slot), so the

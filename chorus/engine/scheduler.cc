@@ -53,6 +53,7 @@ Scheduler::Outcome Scheduler::Plan() {
     }
   }
   std::erase_if(waiting_, [](const auto& s) { return s->finished; });
+  PreemptOrphanedLineSkippers();
 
   // 2. Running sequences oldest first (decode rows or their next prefill chunk), then admit
   //    waiting ones in queue order while rows, sequences and pages allow.
@@ -168,6 +169,37 @@ void Scheduler::Preempt(Sequence* s) {
   metrics_->preemptions_total.fetch_add(1);
   CHORUS_LOG(DEBUG) << "preempt req=" << s->req->id << " choice=" << s->index
                     << " tokens=" << s->tokens.size();
+}
+
+void Scheduler::PreemptOrphanedLineSkippers() {
+  auto running_delta = [&](const void* d, bool parents_only) {
+    return std::any_of(running_.begin(), running_.end(), [&](const auto& r) {
+      return !r->finished && r->delta.get() == d && !(parents_only && r->line_skipper);
+    });
+  };
+  const bool another_delta_waits =
+      std::any_of(waiting_.begin(), waiting_.end(), [&](const auto& w) {
+        return !w->finished && !NotReady(*w) && w->delta != nullptr &&
+               !running_delta(w->delta.get(), false);
+      });
+  if (!another_delta_waits) return;
+  std::vector<std::unique_ptr<Sequence>> yielded;
+  for (auto& r : running_) {
+    if (!r->line_skipper || r->finished || running_delta(r->delta.get(), true)) continue;
+    Preempt(r.get());
+    metrics_->line_skippers_preempted.fetch_add(1);
+    r->line_skipper = false;
+    r->yielded = true;
+    yielded.push_back(std::move(r));
+  }
+  if (yielded.empty()) return;
+  std::erase_if(running_, [](const auto& r) { return r == nullptr; });
+  for (auto& y : yielded) {
+    auto at = std::find_if(waiting_.begin(), waiting_.end(),
+                           [&](const auto& w) { return w->arrival > y->arrival; });
+    waiting_.insert(at, std::move(y));
+    queued_.fetch_add(1);
+  }
 }
 
 // Choice 0 of `parent`'s request has just computed its prompt: every other choice takes a
@@ -424,14 +456,15 @@ void Scheduler::AdmitWaiting(int64_t* budget) {
   order_.clear();
   held_back_order_.clear();
   for (size_t i = 0; i < waiting_.size(); ++i) {
-    if (waiting_[i]->finished || waiting_[i]->n_generated == 0) continue;
+    // A yielded line-skipper waits its turn in arrival order instead.
+    if (waiting_[i]->finished || waiting_[i]->n_generated == 0 || waiting_[i]->yielded) continue;
     waiting_[i]->held_back = false;  // a preempted sequence goes first, and so does its prefetch
     order_.push_back(i);
   }
   int64_t to_hold = hold_back;
   for (size_t i = 0; i < waiting_.size(); ++i) {
     Sequence* s = waiting_[i].get();
-    if (s->finished || s->n_generated > 0) continue;
+    if (s->finished || (s->n_generated > 0 && !s->yielded)) continue;
     s->held_back = to_hold > 0 && !s->ticket;
     if (s->held_back) {
       held_back_order_.push_back(i);
@@ -446,6 +479,7 @@ void Scheduler::AdmitWaiting(int64_t* budget) {
   }
   order_.insert(order_.end(), held_back_order_.begin(), held_back_order_.end());
   bool admitted = false, passed = false, stopped = false;
+  bool delta_passed = false;  // the policy passed over a delta's request in the first pass
   for (int pass = 0; pass < 2 && !stopped; ++pass) {
     if (pass == 1 &&
         !(passed && *budget > 0 && static_cast<int64_t>(running_.size()) < opts_.max_running &&
@@ -460,6 +494,7 @@ void Scheduler::AdmitWaiting(int64_t* budget) {
       if (s->ticket) continue;
       if (!policy_->MayAdmit(candidate)) {
         passed = true;
+        delta_passed = delta_passed || (pass == 0 && candidate.delta);
         continue;
       }
       if (prefix_ != nullptr && s->table.empty() && s->n_computed == 0) {
@@ -492,6 +527,10 @@ void Scheduler::AdmitWaiting(int64_t* budget) {
                        s->n_computed + count == static_cast<int64_t>(s->tokens.size())});
       *budget -= count;
       policy_->Admitted(candidate, count);
+      // Past a delta's request the policy held back, a delta's request can only be admitted
+      // because its delta is in the step: it skipped the line.
+      s->line_skipper = pass == 0 && candidate.delta && delta_passed;
+      s->yielded = false;
       if (s->lora) {
         residency_->Pin(s->lora);
         s->pinned = true;

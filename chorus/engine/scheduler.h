@@ -113,6 +113,10 @@ class Scheduler {
 
  private:
   void Preempt(Sequence* s);
+  // DeltaZip §5.4: while a ready request waits for a delta that is not in the step, preempts the
+  // running line-skippers (Sequence::line_skipper) whose delta has no other sequence running,
+  // and queues them in arrival order.
+  void PreemptOrphanedLineSkippers();
   void Retire(Sequence* s);  // a finished sequence gives back its blocks and pin
   void ForkChoices(Sequence* parent, const float* row_logits, TokenSink* sink);
   bool ReleaseNewestWaitingTable();

@@ -53,6 +53,13 @@ struct Sequence {
   std::shared_ptr<AdapterTicket> ticket;
   bool pinned = false;
   int policy_passes = 0;  // the admission policy's counter (Candidate::passes)
+  // DeltaZip's line skipping (--max-deltas, docs/deltas.md): admitted past an older request for
+  // another delta, which the cap held back, because its own delta was in the step. Once no
+  // sequence of its delta that was not itself a line-skipper runs (its "parents"), it is
+  // preempted while another delta's request waits (`yielded`: it then waits in arrival order,
+  // not first as sequences preempted for memory do).
+  bool line_skipper = false;
+  bool yielded = false;
   // The policy moved it behind newer requests in the last admission round (Policy::Sweep); its
   // adapter is prefetched after theirs.
   bool held_back = false;

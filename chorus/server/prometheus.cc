@@ -192,6 +192,10 @@ std::string RenderPrometheus(const engine::EngineMetrics* m, const HttpCounters&
     Scalar(&out, "chorus_preemptions_total", "counter",
            "Sequences preempted (KV freed, recomputed later).",
            static_cast<double>(m->preemptions_total.load()));
+    Scalar(&out, "chorus_delta_line_skippers_preempted_total", "counter",
+           "Requests for a delta that skipped the line (--max-deltas) preempted when the requests "
+           "of their delta they joined had finished, so that another delta's request could run.",
+           static_cast<double>(m->line_skippers_preempted.load()));
     Scalar(&out, "chorus_prompt_tokens_total", "counter", "Prompt tokens computed (prefill rows).",
            static_cast<double>(m->prompt_tokens_total.load()));
     Scalar(&out, "chorus_generation_tokens_total", "counter", "Tokens generated.",

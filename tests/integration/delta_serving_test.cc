@@ -5,8 +5,10 @@
 // each row is bitwise what it is alone. Synthetic model (no shared assets needed).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <future>
 #include <random>
 
 #include "chorus/adapters/adapter_cache.h"
@@ -393,6 +395,99 @@ TEST(DeltaServingTest, EngineServesDeltaLoraAndBaseTogether) {
   ASSERT_TRUE(ev.has_value());
   EXPECT_EQ(ev->finish, engine::FinishReason::kError);
   EXPECT_NE(ev->error.find("fnv1a64:0000000000000000"), std::string::npos) << ev->error;
+}
+
+// DeltaZip's N-delta rule with line skipping and its preemption (--max-deltas 1): A (delta D1)
+// runs; B (D2) must wait for the cap; C (D1, arriving after B) skips the line and runs beside A.
+// When A, C's parent, finishes, C is preempted so that B runs; C resumes after B. Without the
+// preemption C would run its 64 tokens to the end first. Every request's tokens are those it
+// gets alone (preemption recomputes).
+TEST(DeltaServingTest, LineSkipperIsPreemptedWhenItsParentFinishes) {
+  const std::string models = testing::SharedModelsDir();
+  CHORUS_REQUIRE_SHARED_MODEL("stories260K/stories260K.bin");
+  auto base = model::LoadModel(models + "/stories260K/stories260K.bin");
+  ASSERT_TRUE(base.ok());
+  auto t = tokenizer::LoadTokenizer(models + "/stories260K/tok512.bin");
+  ASSERT_TRUE(t.ok());
+  std::shared_ptr<const tokenizer::Tokenizer> tok(std::move(*t));
+  const auto& c = (*base)->config();
+  ThreadPool pool(2);
+  std::vector<adapters::VariantRef> refs;
+  for (int k = 0; k < 2; ++k) {
+    auto ft = compress::MakeSyntheticFineTune(**base, 0.03, 0.06, static_cast<uint64_t>(21 + k));
+    ASSERT_TRUE(ft.ok());
+    compress::CompressOptions o;
+    o.method = delta::Method::kRtn;
+    auto d = compress::CompressDelta(*base, *ft, {}, 1, o, &pool);
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    d->extras.clear();
+    const std::string dir = testing::TempDir() + "/line_skip_delta" + std::to_string(k);
+    std::filesystem::remove_all(dir);
+    ASSERT_TRUE(delta::WriteDelta(dir, *d).ok());
+    refs.push_back({.name = k == 0 ? "d1" : "d2",
+                    .id = {static_cast<uint64_t>(0xd1 + k), 1},
+                    .kind = "delta",
+                    .path = dir});
+  }
+  auto options = [&] {
+    engine::EngineOptions eo;
+    eo.threads = 2;
+    eo.max_batch_tokens = 64;
+    eo.max_running = 8;
+    eo.pool_bytes = 32 << 20;
+    eo.max_deltas_per_step = 1;
+    eo.adapter_cache = std::make_shared<adapters::AdapterCache>(
+        c, int64_t{64} << 20, adapters::LoraLimits{}, delta::BaseWeightsHash(**base));
+    return eo;
+  };
+  struct Ask {
+    int delta;
+    int max_tokens;
+  };
+  // A runs long enough (16 steps) for B and C, submitted right after it, to arrive while it runs.
+  const std::vector<Ask> asks = {{0, 16}, {1, 6}, {0, 64}};  // A, B, C
+  auto request = [&](size_t i) {
+    engine::GenerationRequest r;
+    r.prompt = {1, static_cast<int32_t>(300 + i), 400, 17};
+    r.max_tokens = asks[i].max_tokens;
+    r.ignore_eos = true;
+    r.sampling.temperature = 0;
+    r.variant = refs[static_cast<size_t>(asks[i].delta)];
+    return r;
+  };
+  using Time = std::chrono::steady_clock::time_point;
+  auto run = [](engine::RequestHandle& h, Time* finished) {
+    std::vector<int32_t> toks;
+    for (;;) {
+      auto ev = h.Next(std::chrono::milliseconds(30000));
+      if (!ev) return toks;
+      EXPECT_NE(ev->finish, engine::FinishReason::kError) << ev->error;
+      if (ev->token >= 0) toks.push_back(ev->token);
+      if (ev->finish != engine::FinishReason::kNone) {
+        if (finished != nullptr) *finished = std::chrono::steady_clock::now();
+        return toks;
+      }
+    }
+  };
+  std::vector<std::vector<int32_t>> alone;
+  for (size_t i = 0; i < asks.size(); ++i) {
+    auto e = engine::Engine::Create(*base, tok, options());
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    alone.push_back(run(**(*e)->Submit(request(i)), nullptr));
+  }
+  auto e = engine::Engine::Create(*base, tok, options());
+  ASSERT_TRUE(e.ok());
+  // Both deltas loaded (host cache) first, so that admission, not loading, orders the requests.
+  for (size_t i = 0; i < 2; ++i) run(**(*e)->Submit(request(i)), nullptr);
+  std::vector<std::shared_ptr<engine::RequestHandle>> hs;
+  for (size_t i = 0; i < asks.size(); ++i) hs.push_back(*(*e)->Submit(request(i)));
+  std::vector<Time> done(asks.size());
+  std::vector<std::future<std::vector<int32_t>>> got;
+  for (size_t i = 0; i < asks.size(); ++i)
+    got.push_back(std::async(std::launch::async, [&, i] { return run(*hs[i], &done[i]); }));
+  for (size_t i = 0; i < asks.size(); ++i) EXPECT_EQ(got[i].get(), alone[i]) << "request " << i;
+  EXPECT_LT(done[1], done[2]) << "B (another delta) must run before the line-skipper C ends";
+  EXPECT_GE((*e)->metrics().line_skippers_preempted.load(), 1u);
 }
 
 }  // namespace
