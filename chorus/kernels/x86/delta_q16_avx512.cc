@@ -343,7 +343,9 @@ void ApplySigns(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const 
     const int64_t chunk_end = std::min(o_end, o0 + kChunk);
     avx512_common::ForRowsInFours(n, [&](int64_t i, auto nr) {
       constexpr int kNR = decltype(nr)::value;
-      constexpr int kNO = kNR == 1 ? 4 : 2;
+      // Four output rows for any number of input rows: 16 int32 accumulators at most, no float
+      // chains (a mixed step with ~4 rows per delta: +2 points of base-only against 2 rows).
+      constexpr int kNO = 4;
       int64_t o = o0;
       for (; o + kNO <= chunk_end; o += kNO)
         SignRows<kNO, kNR>(m, o, q + i * padded, padded, x_scales + i, y + i * ys, ys);
