@@ -298,99 +298,133 @@ TEST(DeltaServingTest, DeltasThatChangeOtherTensorsOrOtherShapesAreRefused) {
 namespace chorus {
 namespace {
 
-// Through the engine (the serving path): a delta registered as a variant — its file written,
-// referenced by a VariantRef of kind "delta", loaded by the engine's loader threads through the
-// host cache — runs in the same steps as a LoRA adapter and the base: every request's greedy
-// tokens equal those it gets alone, and the delta request's equal the dense reconstruction's.
-TEST(DeltaServingTest, EngineServesDeltaLoraAndBaseTogether) {
-  const std::string models = testing::SharedModelsDir();
-  CHORUS_REQUIRE_SHARED_MODEL("stories260K/stories260K.bin");
-  auto base = model::LoadModel(models + "/stories260K/stories260K.bin");
-  ASSERT_TRUE(base.ok());
-  auto t = tokenizer::LoadTokenizer(models + "/stories260K/tok512.bin");
-  ASSERT_TRUE(t.ok());
-  std::shared_ptr<const tokenizer::Tokenizer> tok(std::move(*t));
-  const auto& c = (*base)->config();
-  ThreadPool pool(2);
-  auto ft = compress::MakeSyntheticFineTune(**base, 0.03, 0.06, 11);
-  ASSERT_TRUE(ft.ok());
-  compress::CompressOptions o;
-  o.method = delta::Method::kRtn;
-  auto d = compress::CompressDelta(*base, *ft, {}, 1, o, &pool);
-  ASSERT_TRUE(d.ok()) << d.status().ToString();
-  d->extras.clear();
-  const std::string dir = testing::TempDir() + "/engine_delta";
-  std::filesystem::remove_all(dir);
-  ASSERT_TRUE(delta::WriteDelta(dir, *d).ok());
-  const std::string lora_dir = testing::TempDir() + "/engine_delta_lora";
-  std::filesystem::remove_all(lora_dir);
-  adapters::RandomLoraSpec spec;
-  spec.rank = 8;
-  spec.b_std = 0.2f;
-  ASSERT_TRUE(adapters::WritePeftLora(lora_dir, adapters::MakeRandomLora(c, spec), c).ok());
-  const adapters::VariantRef delta_ref{
-      .name = "ft", .id = {0xde17a, 1}, .kind = "delta", .path = dir};
-  const adapters::VariantRef lora_ref{.name = "lora", .id = {0x10ea, 1}, .path = lora_dir};
+// What the engine tests share: stories260K and its tokenizer, rtn deltas of synthetic
+// fine-tunes written as files, engine options, and a greedy reader of one request.
+struct EngineSetup {
+  std::shared_ptr<const model::Model> base;
+  std::shared_ptr<const tokenizer::Tokenizer> tok;
 
-  auto options = [&] {
+  // False (with a skip or a failure recorded) when the assets are missing or do not load.
+  bool Load() {
+    const std::string models = testing::SharedModelsDir();
+    auto b = model::LoadModel(models + "/stories260K/stories260K.bin");
+    auto t = tokenizer::LoadTokenizer(models + "/stories260K/tok512.bin");
+    EXPECT_TRUE(b.ok() && t.ok());
+    if (!b.ok() || !t.ok()) return false;
+    base = std::move(*b);
+    tok = std::move(*t);
+    return true;
+  }
+  // An rtn delta of a synthetic fine-tune (seed), without extras, written to TempDir()/`name`.
+  delta::Delta WriteDelta(uint64_t seed, const std::string& name, adapters::VariantRef* ref) {
+    ThreadPool pool(2);
+    auto ft = compress::MakeSyntheticFineTune(*base, 0.03, 0.06, seed);
+    EXPECT_TRUE(ft.ok());
+    if (!ft.ok()) return {};
+    compress::CompressOptions o;
+    o.method = delta::Method::kRtn;
+    auto d = compress::CompressDelta(base, *ft, {}, 1, o, &pool);
+    EXPECT_TRUE(d.ok()) << d.status().ToString();
+    if (!d.ok()) return {};
+    d->extras.clear();
+    const std::string dir = testing::TempDir() + "/" + name;
+    std::filesystem::remove_all(dir);
+    EXPECT_TRUE(delta::WriteDelta(dir, *d).ok());
+    *ref = {.name = name, .id = {seed, 1}, .kind = "delta", .path = dir};
+    return std::move(*d);
+  }
+  engine::EngineOptions Options(int64_t max_deltas_per_step = 0,
+                                const std::string& base_hash = "") const {
     engine::EngineOptions eo;
     eo.threads = 2;
     eo.max_batch_tokens = 64;
     eo.max_running = 8;
     eo.pool_bytes = 32 << 20;
+    eo.max_deltas_per_step = max_deltas_per_step;
     eo.adapter_cache = std::make_shared<adapters::AdapterCache>(
-        c, int64_t{64} << 20, adapters::LoraLimits{}, delta::BaseWeightsHash(**base));
+        base->config(), int64_t{64} << 20, adapters::LoraLimits{},
+        base_hash.empty() ? delta::BaseWeightsHash(*base) : base_hash);
     return eo;
-  };
-  auto request = [](int i, std::optional<adapters::VariantRef> v) {
+  }
+  static engine::GenerationRequest Request(int i, int max_tokens,
+                                           std::optional<adapters::VariantRef> v) {
     engine::GenerationRequest r;
     r.prompt = {1, static_cast<int32_t>(300 + i), 400, 17};
-    r.max_tokens = 24;
+    r.max_tokens = max_tokens;
     r.ignore_eos = true;
     r.sampling.temperature = 0;
     r.variant = std::move(v);
     return r;
-  };
-  auto run = [](engine::RequestHandle& h) {
+  }
+  // The request's tokens; `finished` (if set) gets the time of its last event.
+  static std::vector<int32_t> Run(engine::RequestHandle& h,
+                                  std::chrono::steady_clock::time_point* finished = nullptr) {
     std::vector<int32_t> toks;
     for (;;) {
       auto ev = h.Next(std::chrono::milliseconds(30000));
       if (!ev) return toks;
       EXPECT_NE(ev->finish, engine::FinishReason::kError) << ev->error;
       if (ev->token >= 0) toks.push_back(ev->token);
-      if (ev->finish != engine::FinishReason::kNone) return toks;
+      if (ev->finish != engine::FinishReason::kNone) {
+        if (finished != nullptr) *finished = std::chrono::steady_clock::now();
+        return toks;
+      }
     }
-  };
+  }
+  // The tokens of `r` on an engine of its own.
+  std::vector<int32_t> RunAlone(const engine::GenerationRequest& r,
+                                const engine::EngineOptions& eo) const {
+    auto e = engine::Engine::Create(base, tok, eo);
+    EXPECT_TRUE(e.ok()) << e.status().ToString();
+    return e.ok() ? Run(**(*e)->Submit(r)) : std::vector<int32_t>{};
+  }
+};
+
+// Through the engine (the serving path): a delta registered as a variant — its file written,
+// referenced by a VariantRef of kind "delta", loaded by the engine's loader threads through the
+// host cache — runs in the same steps as a LoRA adapter and the base: every request's greedy
+// tokens equal those it gets alone, and the delta request's equal the dense reconstruction's.
+TEST(DeltaServingTest, EngineServesDeltaLoraAndBaseTogether) {
+  CHORUS_REQUIRE_SHARED_MODEL("stories260K/stories260K.bin");
+  EngineSetup setup;
+  ASSERT_TRUE(setup.Load());
+  adapters::VariantRef delta_ref;
+  const delta::Delta d = setup.WriteDelta(0xde17a, "engine_delta", &delta_ref);
+  const std::string lora_dir = testing::TempDir() + "/engine_delta_lora";
+  std::filesystem::remove_all(lora_dir);
+  adapters::RandomLoraSpec spec;
+  spec.rank = 8;
+  spec.b_std = 0.2f;
+  const auto& c = setup.base->config();
+  ASSERT_TRUE(adapters::WritePeftLora(lora_dir, adapters::MakeRandomLora(c, spec), c).ok());
+  const adapters::VariantRef lora_ref{.name = "lora", .id = {0x10ea, 1}, .path = lora_dir};
+
   const std::vector<std::optional<adapters::VariantRef>> variants = {
       delta_ref, std::nullopt, lora_ref, delta_ref, std::nullopt};
+  auto request = [&](size_t i) {
+    return EngineSetup::Request(static_cast<int>(i), 24, variants[i]);
+  };
   std::vector<std::vector<int32_t>> alone;
-  for (size_t i = 0; i < variants.size(); ++i) {
-    auto e = engine::Engine::Create(*base, tok, options());
-    ASSERT_TRUE(e.ok()) << e.status().ToString();
-    alone.push_back(run(**(*e)->Submit(request(static_cast<int>(i), variants[i]))));
-  }
-  auto e = engine::Engine::Create(*base, tok, options());
+  for (size_t i = 0; i < variants.size(); ++i)
+    alone.push_back(setup.RunAlone(request(i), setup.Options()));
+  auto e = engine::Engine::Create(setup.base, setup.tok, setup.Options());
   ASSERT_TRUE(e.ok());
   std::vector<std::shared_ptr<engine::RequestHandle>> hs;
+  for (size_t i = 0; i < variants.size(); ++i) hs.push_back(*(*e)->Submit(request(i)));
   for (size_t i = 0; i < variants.size(); ++i)
-    hs.push_back(*(*e)->Submit(request(static_cast<int>(i), variants[i])));
-  for (size_t i = 0; i < variants.size(); ++i) EXPECT_EQ(run(*hs[i]), alone[i]) << "request " << i;
+    EXPECT_EQ(EngineSetup::Run(*hs[i]), alone[i]) << "request " << i;
   // The delta changes the output, and it is the dense reconstruction's.
-  auto dense = delta::ApplyDeltaDense(**base, *d, dir);
+  auto dense = delta::ApplyDeltaDense(*setup.base, d, delta_ref.path);
   ASSERT_TRUE(dense.ok()) << dense.status().ToString();
-  auto de = engine::Engine::Create(*dense, tok, options());
+  auto de = engine::Engine::Create(*dense, setup.tok, setup.Options());
   ASSERT_TRUE(de.ok());
-  EXPECT_EQ(run(**(*de)->Submit(request(0, std::nullopt))), alone[0]);
-  auto be = engine::Engine::Create(*base, tok, options());
-  EXPECT_NE(run(**(*be)->Submit(request(0, std::nullopt))), alone[0]);
+  const auto base_request = EngineSetup::Request(0, 24, std::nullopt);
+  EXPECT_EQ(EngineSetup::Run(**(*de)->Submit(base_request)), alone[0]);
+  EXPECT_NE(setup.RunAlone(base_request, setup.Options()), alone[0]);
   // A delta made for other weights is refused when it loads: that request ends in an error.
-  auto other = engine::Engine::Create(*base, tok, [&] {
-    auto eo = options();
-    eo.adapter_cache = std::make_shared<adapters::AdapterCache>(
-        c, int64_t{64} << 20, adapters::LoraLimits{}, "fnv1a64:0000000000000000");
-    return eo;
-  }());
-  auto h = *(*other)->Submit(request(0, delta_ref));
+  auto other =
+      engine::Engine::Create(setup.base, setup.tok, setup.Options(0, "fnv1a64:0000000000000000"));
+  auto h = *(*other)->Submit(request(0));
   auto ev = h->Next(std::chrono::milliseconds(30000));
   ASSERT_TRUE(ev.has_value());
   EXPECT_EQ(ev->finish, engine::FinishReason::kError);
@@ -403,43 +437,12 @@ TEST(DeltaServingTest, EngineServesDeltaLoraAndBaseTogether) {
 // preemption C would run its 64 tokens to the end first. Every request's tokens are those it
 // gets alone (preemption recomputes).
 TEST(DeltaServingTest, LineSkipperIsPreemptedWhenItsParentFinishes) {
-  const std::string models = testing::SharedModelsDir();
   CHORUS_REQUIRE_SHARED_MODEL("stories260K/stories260K.bin");
-  auto base = model::LoadModel(models + "/stories260K/stories260K.bin");
-  ASSERT_TRUE(base.ok());
-  auto t = tokenizer::LoadTokenizer(models + "/stories260K/tok512.bin");
-  ASSERT_TRUE(t.ok());
-  std::shared_ptr<const tokenizer::Tokenizer> tok(std::move(*t));
-  const auto& c = (*base)->config();
-  ThreadPool pool(2);
-  std::vector<adapters::VariantRef> refs;
-  for (int k = 0; k < 2; ++k) {
-    auto ft = compress::MakeSyntheticFineTune(**base, 0.03, 0.06, static_cast<uint64_t>(21 + k));
-    ASSERT_TRUE(ft.ok());
-    compress::CompressOptions o;
-    o.method = delta::Method::kRtn;
-    auto d = compress::CompressDelta(*base, *ft, {}, 1, o, &pool);
-    ASSERT_TRUE(d.ok()) << d.status().ToString();
-    d->extras.clear();
-    const std::string dir = testing::TempDir() + "/line_skip_delta" + std::to_string(k);
-    std::filesystem::remove_all(dir);
-    ASSERT_TRUE(delta::WriteDelta(dir, *d).ok());
-    refs.push_back({.name = k == 0 ? "d1" : "d2",
-                    .id = {static_cast<uint64_t>(0xd1 + k), 1},
-                    .kind = "delta",
-                    .path = dir});
-  }
-  auto options = [&] {
-    engine::EngineOptions eo;
-    eo.threads = 2;
-    eo.max_batch_tokens = 64;
-    eo.max_running = 8;
-    eo.pool_bytes = 32 << 20;
-    eo.max_deltas_per_step = 1;
-    eo.adapter_cache = std::make_shared<adapters::AdapterCache>(
-        c, int64_t{64} << 20, adapters::LoraLimits{}, delta::BaseWeightsHash(**base));
-    return eo;
-  };
+  EngineSetup setup;
+  ASSERT_TRUE(setup.Load());
+  adapters::VariantRef refs[2];
+  setup.WriteDelta(0xd1, "line_skip_d1", &refs[0]);
+  setup.WriteDelta(0xd2, "line_skip_d2", &refs[1]);
   struct Ask {
     int delta;
     int max_tokens;
@@ -447,44 +450,23 @@ TEST(DeltaServingTest, LineSkipperIsPreemptedWhenItsParentFinishes) {
   // A runs long enough (16 steps) for B and C, submitted right after it, to arrive while it runs.
   const std::vector<Ask> asks = {{0, 16}, {1, 6}, {0, 64}};  // A, B, C
   auto request = [&](size_t i) {
-    engine::GenerationRequest r;
-    r.prompt = {1, static_cast<int32_t>(300 + i), 400, 17};
-    r.max_tokens = asks[i].max_tokens;
-    r.ignore_eos = true;
-    r.sampling.temperature = 0;
-    r.variant = refs[static_cast<size_t>(asks[i].delta)];
-    return r;
-  };
-  using Time = std::chrono::steady_clock::time_point;
-  auto run = [](engine::RequestHandle& h, Time* finished) {
-    std::vector<int32_t> toks;
-    for (;;) {
-      auto ev = h.Next(std::chrono::milliseconds(30000));
-      if (!ev) return toks;
-      EXPECT_NE(ev->finish, engine::FinishReason::kError) << ev->error;
-      if (ev->token >= 0) toks.push_back(ev->token);
-      if (ev->finish != engine::FinishReason::kNone) {
-        if (finished != nullptr) *finished = std::chrono::steady_clock::now();
-        return toks;
-      }
-    }
+    return EngineSetup::Request(static_cast<int>(i), asks[i].max_tokens,
+                                refs[static_cast<size_t>(asks[i].delta)]);
   };
   std::vector<std::vector<int32_t>> alone;
-  for (size_t i = 0; i < asks.size(); ++i) {
-    auto e = engine::Engine::Create(*base, tok, options());
-    ASSERT_TRUE(e.ok()) << e.status().ToString();
-    alone.push_back(run(**(*e)->Submit(request(i)), nullptr));
-  }
-  auto e = engine::Engine::Create(*base, tok, options());
+  for (size_t i = 0; i < asks.size(); ++i)
+    alone.push_back(setup.RunAlone(request(i), setup.Options(1)));
+  auto e = engine::Engine::Create(setup.base, setup.tok, setup.Options(1));
   ASSERT_TRUE(e.ok());
   // Both deltas loaded (host cache) first, so that admission, not loading, orders the requests.
-  for (size_t i = 0; i < 2; ++i) run(**(*e)->Submit(request(i)), nullptr);
+  for (size_t i = 0; i < 2; ++i) EngineSetup::Run(**(*e)->Submit(request(i)));
   std::vector<std::shared_ptr<engine::RequestHandle>> hs;
   for (size_t i = 0; i < asks.size(); ++i) hs.push_back(*(*e)->Submit(request(i)));
-  std::vector<Time> done(asks.size());
+  std::vector<std::chrono::steady_clock::time_point> done(asks.size());
   std::vector<std::future<std::vector<int32_t>>> got;
   for (size_t i = 0; i < asks.size(); ++i)
-    got.push_back(std::async(std::launch::async, [&, i] { return run(*hs[i], &done[i]); }));
+    got.push_back(
+        std::async(std::launch::async, [&, i] { return EngineSetup::Run(*hs[i], &done[i]); }));
   for (size_t i = 0; i < asks.size(); ++i) EXPECT_EQ(got[i].get(), alone[i]) << "request " << i;
   EXPECT_LT(done[1], done[2]) << "B (another delta) must run before the line-skipper C ends";
   EXPECT_GE((*e)->metrics().line_skippers_preempted.load(), 1u);
