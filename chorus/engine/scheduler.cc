@@ -172,9 +172,11 @@ void Scheduler::Preempt(Sequence* s) {
 }
 
 void Scheduler::PreemptOrphanedLineSkippers() {
+  // (Entries already moved out below are null.)
   auto running_delta = [&](const void* d, bool parents_only) {
     return std::any_of(running_.begin(), running_.end(), [&](const auto& r) {
-      return !r->finished && r->delta.get() == d && !(parents_only && r->line_skipper);
+      return r != nullptr && !r->finished && r->delta.get() == d &&
+             !(parents_only && r->line_skipper);
     });
   };
   const bool another_delta_waits =

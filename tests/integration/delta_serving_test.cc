@@ -432,10 +432,10 @@ TEST(DeltaServingTest, EngineServesDeltaLoraAndBaseTogether) {
 }
 
 // DeltaZip's N-delta rule with line skipping and its preemption (--max-deltas 1): A (delta D1)
-// runs; B (D2) must wait for the cap; C (D1, arriving after B) skips the line and runs beside A.
-// When A, C's parent, finishes, C is preempted so that B runs; C resumes after B. Without the
-// preemption C would run its 64 tokens to the end first. Every request's tokens are those it
-// gets alone (preemption recomputes).
+// runs; B (D2) must wait for the cap; C and C2 (D1, arriving after B) skip the line and run
+// beside A. When A, their parent, finishes, both are preempted so that B runs; they resume after
+// B. Without the preemption they would run their 64 and 48 tokens to the end first. Every request's
+// tokens are those it gets alone (preemption recomputes).
 TEST(DeltaServingTest, LineSkipperIsPreemptedWhenItsParentFinishes) {
   CHORUS_REQUIRE_SHARED_MODEL("stories260K/stories260K.bin");
   EngineSetup setup;
@@ -448,7 +448,7 @@ TEST(DeltaServingTest, LineSkipperIsPreemptedWhenItsParentFinishes) {
     int max_tokens;
   };
   // A runs long enough (16 steps) for B and C, submitted right after it, to arrive while it runs.
-  const std::vector<Ask> asks = {{0, 16}, {1, 6}, {0, 64}};  // A, B, C
+  const std::vector<Ask> asks = {{0, 16}, {1, 6}, {0, 64}, {0, 48}};  // A, B, C, C2
   auto request = [&](size_t i) {
     return EngineSetup::Request(static_cast<int>(i), asks[i].max_tokens,
                                 refs[static_cast<size_t>(asks[i].delta)]);
@@ -469,6 +469,7 @@ TEST(DeltaServingTest, LineSkipperIsPreemptedWhenItsParentFinishes) {
         std::async(std::launch::async, [&, i] { return EngineSetup::Run(*hs[i], &done[i]); }));
   for (size_t i = 0; i < asks.size(); ++i) EXPECT_EQ(got[i].get(), alone[i]) << "request " << i;
   EXPECT_LT(done[1], done[2]) << "B (another delta) must run before the line-skipper C ends";
+  EXPECT_LT(done[1], done[3]) << "… and before C2 ends";
   EXPECT_GE((*e)->metrics().line_skippers_preempted.load(), 1u);
 }
 
