@@ -137,7 +137,8 @@ struct DenseDecoder {
 struct SparseTables {
   // w[B == 4][i] = w' of the code i mod 2^B (B = 2, 4): 2·(i mod 2^B) − (2^B − 1).
   alignas(64) int8_t w[2][64];
-  // Byte 2j and 2j + 1: bit 2j (value j's position within its qword's 64 bits).
+  // Bytes 2j and 2j + 1 (word j): 2j, the bit offset of value j's position in the block's
+  // 64-bit word of positions (broadcast to every qword; vpmultishiftqb offsets).
   alignas(64) uint8_t position_shifts[64];
   // Word j: 4·(j / 2), the first column of value j's group.
   alignas(64) int16_t group_base[32];
