@@ -220,8 +220,8 @@ struct SparseDecoder {
 
 // y[r·ys + o + u] += the int16 term for r < NR, u < NO.
 template <class Decoder, int NO, int NR>
-void Rows(const DeltaMatrixView& m, int64_t o, const int16_t* q, int64_t padded,
-          const float* x_scales, float* y, int64_t ys) {
+void DecodedRows(const DeltaMatrixView& m, int64_t o, const int16_t* q, int64_t padded,
+                 const float* x_scales, float* y, int64_t ys) {
   Decoder dec[NO];
   const float* scales[NO];
   for (int u = 0; u < NO; ++u) {
@@ -278,16 +278,6 @@ void Rows(const DeltaMatrixView& m, int64_t o, const int16_t* q, int64_t padded,
   }
 }
 
-template <class Decoder, int NR>
-void RowsOf(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const int16_t* q,
-            int64_t padded, const float* x_scales, float* y, int64_t ys) {
-  // More output rows in flight for one input row: more independent streams and chains.
-  constexpr int kNO = NR == 1 ? 4 : 2;
-  int64_t o = o_begin;
-  for (; o + kNO <= o_end; o += kNO) Rows<Decoder, kNO, NR>(m, o, q, padded, x_scales, y, ys);
-  for (; o < o_end; ++o) Rows<Decoder, 1, NR>(m, o, q, padded, x_scales, y, ys);
-}
-
 // BitDelta's layout (SignRowSum): each 64-column block's sign bits become ±1 int16 words by two
 // masked blends (columns 0–31 and 32–63 of the column-ordered x), and two vpdpwssd add the
 // block's products into int32 lanes that run over the whole row; the lanes are summed as
@@ -336,27 +326,30 @@ void SignRows(const DeltaMatrixView& m, int64_t o, const int16_t* q, int64_t pad
   }
 }
 
-void ApplySigns(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const int16_t* q,
-                const float* x_scales, int64_t n, float* y, int64_t ys) {
-  const int64_t padded = PaddedCols(m.cols);
-  constexpr int64_t kChunk = 8;  // as in Apply
-  for (int64_t o0 = o_begin; o0 < o_end; o0 += kChunk) {
-    const int64_t chunk_end = std::min(o_end, o0 + kChunk);
-    avx512_common::ForRowsInFours(n, [&](int64_t i, auto nr) {
-      constexpr int kNR = decltype(nr)::value;
-      // Four output rows for any number of input rows: 16 int32 accumulators at most, no float
-      // chains (a mixed step with ~4 rows per delta: +2 points of base-only against 2 rows).
-      constexpr int kNO = 4;
-      int64_t o = o0;
-      for (; o + kNO <= chunk_end; o += kNO)
-        SignRows<kNO, kNR>(m, o, q + i * padded, padded, x_scales + i, y + i * ys, ys);
-      for (; o < chunk_end; ++o)
-        SignRows<1, kNR>(m, o, q + i * padded, padded, x_scales + i, y + i * ys, ys);
-    });
-  }
-}
-
+// The two row kernels, each with how many output rows it keeps in flight for NR input rows.
 template <class Decoder>
+struct Decoded {
+  // More output rows in flight for one input row: more independent streams and chains (for
+  // more input rows, 2 × NR float accumulators).
+  static constexpr int OutputRows(int nr) { return nr == 1 ? 4 : 2; }
+  template <int NO, int NR>
+  static void Rows(const DeltaMatrixView& m, int64_t o, const int16_t* q, int64_t padded,
+                   const float* x_scales, float* y, int64_t ys) {
+    DecodedRows<Decoder, NO, NR>(m, o, q, padded, x_scales, y, ys);
+  }
+};
+struct Signs {
+  // Four output rows for any number of input rows: 16 int32 accumulators at most, no float
+  // chains (a mixed step with ~4 rows per delta: +2 points of base-only against 2 rows).
+  static constexpr int OutputRows(int) { return 4; }
+  template <int NO, int NR>
+  static void Rows(const DeltaMatrixView& m, int64_t o, const int16_t* q, int64_t padded,
+                   const float* x_scales, float* y, int64_t ys) {
+    SignRows<NO, NR>(m, o, q, padded, x_scales, y, ys);
+  }
+};
+
+template <class Kernel>
 void Apply(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const int16_t* q,
            const float* x_scales, int64_t n, float* y, int64_t ys) {
   const int64_t padded = PaddedCols(m.cols);
@@ -364,11 +357,17 @@ void Apply(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const int16
   // groups take turns over chunks of output rows small enough to stay in L1, so a segment of
   // more than four rows streams the codes from memory once, not once per group.
   constexpr int64_t kChunk = 8;
-  for (int64_t o = o_begin; o < o_end; o += kChunk) {
-    const int64_t chunk_end = std::min(o_end, o + kChunk);
+  for (int64_t o0 = o_begin; o0 < o_end; o0 += kChunk) {
+    const int64_t chunk_end = std::min(o_end, o0 + kChunk);
     avx512_common::ForRowsInFours(n, [&](int64_t i, auto nr) {
-      RowsOf<Decoder, decltype(nr)::value>(m, o, chunk_end, q + i * padded, padded, x_scales + i,
-                                           y + i * ys, ys);
+      constexpr int kNR = decltype(nr)::value;
+      constexpr int kNO = Kernel::OutputRows(kNR);
+      const int16_t* qi = q + i * padded;
+      int64_t o = o0;
+      for (; o + kNO <= chunk_end; o += kNO)
+        Kernel::template Rows<kNO, kNR>(m, o, qi, padded, x_scales + i, y + i * ys, ys);
+      for (; o < chunk_end; ++o)
+        Kernel::template Rows<1, kNR>(m, o, qi, padded, x_scales + i, y + i * ys, ys);
     });
   }
 }
@@ -378,17 +377,20 @@ void Apply(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const int16
 void ApplyRows(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const int16_t* q,
                const float* x_scales, int64_t n_rows, float* y, int64_t y_stride) {
   auto run = [&](auto fn) { fn(m, o_begin, o_end, q, x_scales, n_rows, y, y_stride); };
-  if (SignRowSum(m)) return run(ApplySigns);
-  if (m.sparse24) return m.bits == 2 ? run(Apply<SparseDecoder<2>>) : run(Apply<SparseDecoder<4>>);
+  if (SignRowSum(m)) return run(Apply<Signs>);
+  if (m.sparse24) {
+    return m.bits == 2 ? run(Apply<Decoded<SparseDecoder<2>>>)
+                       : run(Apply<Decoded<SparseDecoder<4>>>);
+  }
   switch (m.bits) {
     case 1:
-      return run(Apply<DenseDecoder<1>>);
+      return run(Apply<Decoded<DenseDecoder<1>>>);
     case 2:
-      return run(Apply<DenseDecoder<2>>);
+      return run(Apply<Decoded<DenseDecoder<2>>>);
     case 4:
-      return run(Apply<DenseDecoder<4>>);
+      return run(Apply<Decoded<DenseDecoder<4>>>);
     default:
-      return run(Apply<DenseDecoder<8>>);
+      return run(Apply<Decoded<DenseDecoder<8>>>);
   }
 }
 
