@@ -12,6 +12,7 @@
 #include "chorus/adapters/lora/lora_files.h"
 #include "chorus/adapters/lora/lora_hook.h"
 #include "chorus/eval/eval.h"
+#include "chorus/memory/kv_cache.h"
 #include "chorus/model/loader.h"
 
 namespace chorus::apps {
@@ -74,6 +75,10 @@ int EvalCommand(int argc, char** argv) {
   f.Int("greedy-tokens", 12, "tokens of each --greedy-prompt continuation");
   f.Bool("json", "print one JSON object on the last line");
   f.Int("threads", 0, "compute threads (0 = all cores)");
+  f.String("isa", "best", "highest kernel level: best, amx, avx512, avx2 or scalar");
+  f.String("kv-dtype", "f32",
+           "KV cache elements of the evaluated model: f32 or bf16 (as chorus serve --kv-dtype; "
+           "the --kl-reference model always runs with f32)");
   if (int rc = ParseOrExit(f, argc, argv); rc >= 0) return rc;
   if (f.GetString("data").empty())
     return Fail("eval", InvalidArgumentError("flag --data is required"));
@@ -124,13 +129,20 @@ int EvalCommand(int argc, char** argv) {
   std::vector<int32_t> tokens = tok.Encode(*text, eo);
 
   eval::EvalOptions eopts;
+  if (Status si = ApplyIsaFlag(f); !si.ok()) return Fail("eval", si);
+  if (auto kv_dtype = memory::ParseKvDtype(f.GetString("kv-dtype")); kv_dtype.ok()) {
+    eopts.kv_dtype = *kv_dtype;
+  } else {
+    return Fail("eval", kv_dtype.status().WithContext("flag --kv-dtype"));
+  }
   eopts.ctx = ctx;
   eopts.bos_id = tok.add_bos() ? tok.bos_id() : -1;
   eopts.max_rows = kMaxRows;
   ThreadPool pool(ThreadsFlag(f));
-  std::fprintf(stderr, "chorus eval: %s%s, %zu tokens, ctx %lld\n", m->source().c_str(),
+  std::fprintf(stderr, "chorus eval: %s%s, %zu tokens, ctx %lld, KV cache %s\n",
+               m->source().c_str(),
                variant.empty() ? "" : (" + " + variant_kind + " " + variant).c_str(), tokens.size(),
-               static_cast<long long>(ctx));
+               static_cast<long long>(ctx), memory::KvDtypeName(eopts.kv_dtype));
   auto res = eval::Evaluate(
       m, lora_hook.get(), ref, tokens, eopts, &pool, [](int64_t done, int64_t total) {
         std::fprintf(stderr, "\rchorus eval: chunk %lld/%lld", static_cast<long long>(done),
@@ -156,7 +168,7 @@ int EvalCommand(int argc, char** argv) {
                                                "' is empty or too long for the context"));
     }
     const size_t n_prompt = seq.size();
-    eval::LogitsRunner runner(m, cfg.max_seq_len, kMaxRows);
+    eval::LogitsRunner runner(m, cfg.max_seq_len, kMaxRows, eopts.kv_dtype);
     std::vector<float> logits;
     for (int64_t i = 0; i < n_greedy; ++i) {
       if (Status st = runner.Run(seq, static_cast<int64_t>(seq.size()) - 1, lora_hook.get(), &pool,

@@ -4,14 +4,15 @@
 //                     step runs); counter: causal GFLOP/s (4·head_dim FLOPs per (query head, key))
 //   BM_Decode/D/C   — one token at depth D, every KV head; counter: KV bytes read per second
 //                     (C = 0: head-major blocks with K in rows, C = 1: K in columns, KvCache's
-//                     layout and the column decode)
+//                     layout and the column decode; C = 2 / 3: K in columns, bf16 blocks, the
+//                     f32 arithmetic on widened values / bf16 dot products, as KvCache asks)
 //   BM_DecodeDram/L — one token at depth 4000 over 22 layers' KV (180 MB, so it comes from
 //                     DRAM as in a real decode step), segment by segment over the 4 KV heads as
 //                     a split-K decode thread does; L = 0: token-major blocks
 //                     ([slot][kv_head][head_dim]), L = 1: head-major ([kv_head][slot][head_dim]),
 //                     L = 2: head-major bf16 (90 MB), L = 3 / 4: head-major with K in columns
-//                     ([kv_head][head_dim][slot], KvCache's layout), f32 / bf16; counter: KV bytes
-//                     read per second
+//                     ([kv_head][head_dim][slot], KvCache's layout), f32 / bf16 (dot products,
+//                     as KvCache asks); counter: KV bytes read per second
 //
 //   ./attention_bench --benchmark_filter=Prefill --benchmark_min_time=1
 //
@@ -47,7 +48,7 @@ struct Cache {
   std::vector<const float*> kp, vp;
   std::vector<int32_t> table;
   std::vector<uint16_t> k16, v16;  // bf16 copies (round to nearest even), when asked for
-  bool head_major, bf16 = false, columns = false;
+  bool head_major, bf16 = false, columns = false, dot = false;
   explicit Cache(int64_t n, bool head_major_ = true, uint32_t seed = 1) : head_major(head_major_) {
     const int64_t blocks = (n + kBs - 1) / kBs, kv_dim = kKvHeads * kHd;
     std::mt19937 rng(seed);
@@ -99,6 +100,7 @@ struct Cache {
     kv.kv_stride = head_major ? kHd : kKvHeads * kHd;
     kv.head_stride = head_major ? kBs * kHd : kHd;
     kv.k_columns = columns;
+    kv.bf16_dot = dot;
     return kv;
   }
 };
@@ -111,11 +113,23 @@ std::vector<float> RandomQ(int64_t n) {
   return q;
 }
 
+// BM_Prefill / BM_Decode's C: 0 K rows, 1 K columns (f32), 2 K columns bf16 widened, 3 K
+// columns bf16 dot products.
+void Configure(Cache* cache, int64_t c) {
+  if (c >= 1) cache->ToColumns();
+  if (c >= 2) cache->ToBf16();
+  cache->dot = c == 3;
+}
+std::string ConfigName(int64_t c) {
+  const char* names[] = {" K rows", " K columns", " K columns bf16", " K columns bf16 dot"};
+  return names[c];
+}
+
 void BM_Prefill(benchmark::State& state) {
   CapIsa();
   const int64_t n = state.range(0), stride = kHeads * kHd;
   Cache cache(n);
-  if (state.range(1) == 1) cache.ToColumns();
+  Configure(&cache, state.range(1));
   const std::vector<float> q = RandomQ(n * stride);
   std::vector<float> out(q.size());
   std::vector<float> scratch(
@@ -133,16 +147,17 @@ void BM_Prefill(benchmark::State& state) {
   const double flops = 4.0 * kHeads * kHd * (static_cast<double>(n) * (n + 1) / 2);
   state.counters["GFLOP/s"] = benchmark::Counter(
       flops * 1e-9 * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
-  state.SetLabel(std::string(IsaName(ActiveIsa())) +
-                 (state.range(1) == 1 ? " K columns" : " K rows"));
+  state.SetLabel(std::string(IsaName(ActiveIsa())) + ConfigName(state.range(1)));
 }
-BENCHMARK(BM_Prefill)->ArgsProduct({{512, 2048, 4096}, {0, 1}})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Prefill)
+    ->ArgsProduct({{512, 2048, 4096}, {0, 1, 2, 3}})
+    ->Unit(benchmark::kMillisecond);
 
 void BM_Decode(benchmark::State& state) {
   CapIsa();
   const int64_t depth = state.range(0);
   Cache cache(depth);
-  if (state.range(1) == 1) cache.ToColumns();
+  Configure(&cache, state.range(1));
   const std::vector<float> q = RandomQ(kHeads * kHd);
   std::vector<float> out(q.size());
   std::vector<float> scratch(static_cast<size_t>(AttentionScratchFloats(1, kGroup, kHd)));
@@ -151,13 +166,13 @@ void BM_Decode(benchmark::State& state) {
                  out.data());
     benchmark::DoNotOptimize(out.data());
   }
-  state.counters["bytes/s"] = benchmark::Counter(
-      2.0 * depth * kKvHeads * kHd * sizeof(float) * static_cast<double>(state.iterations()),
-      benchmark::Counter::kIsRate);
-  state.SetLabel(std::string(IsaName(ActiveIsa())) +
-                 (state.range(1) == 1 ? " K columns" : " K rows"));
+  state.counters["bytes/s"] =
+      benchmark::Counter(2.0 * depth * kKvHeads * kHd * (state.range(1) >= 2 ? 2.0 : 4.0) *
+                             static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate);
+  state.SetLabel(std::string(IsaName(ActiveIsa())) + ConfigName(state.range(1)));
 }
-BENCHMARK(BM_Decode)->ArgsProduct({{128, 4000}, {0, 1}})->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Decode)->ArgsProduct({{128, 4000}, {0, 1, 2, 3}})->Unit(benchmark::kMicrosecond);
 
 void BM_DecodeDram(benchmark::State& state) {
   CapIsa();
@@ -168,7 +183,7 @@ void BM_DecodeDram(benchmark::State& state) {
   for (int64_t l = 0; l < kLayers; ++l) {
     layers.emplace_back(kDepth, head_major, static_cast<uint32_t>(l + 1));
     if (columns) layers.back().ToColumns();
-    if (bf16) layers.back().ToBf16();
+    if (bf16) layers.back().ToBf16(), layers.back().dot = true;
   }
   const std::vector<float> q = RandomQ(kHeads * kHd);
   std::vector<float> out(q.size());

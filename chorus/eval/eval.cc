@@ -6,10 +6,13 @@
 namespace chorus::eval {
 namespace {
 
-memory::KvLayout LayoutOf(const model::Model& m) {
+memory::KvLayout LayoutOf(const model::Model& m, kernels::KvDtype dtype) {
   const auto& c = m.config();
-  return memory::KvLayout{
-      .n_layers = c.n_layers, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim, .block_size = 16};
+  return memory::KvLayout{.n_layers = c.n_layers,
+                          .n_kv_heads = c.n_kv_heads,
+                          .head_dim = c.head_dim,
+                          .block_size = 16,
+                          .dtype = dtype};
 }
 
 // log Σ exp(x) in double.
@@ -28,13 +31,13 @@ int64_t ArgMax(std::span<const float> x) {
 }  // namespace
 
 LogitsRunner::LogitsRunner(std::shared_ptr<const model::Model> model, int64_t max_ctx,
-                           int64_t max_rows)
+                           int64_t max_rows, kernels::KvDtype kv_dtype)
     : model_(model),
       max_ctx_(max_ctx),
       max_rows_(std::min(max_rows, max_ctx)),
       forward_(model, std::min(max_rows, max_ctx), max_ctx),
-      pages_((max_ctx + 15) / 16 + 1, LayoutOf(*model).PageBytes()),
-      kv_(LayoutOf(*model), &pages_) {}
+      pages_((max_ctx + 15) / 16 + 1, LayoutOf(*model, kv_dtype).PageBytes()),
+      kv_(LayoutOf(*model, kv_dtype), &pages_) {}
 
 Status LogitsRunner::Run(std::span<const int32_t> tokens, int64_t from,
                          const model::LinearHook* hook, ThreadPool* pool,
@@ -145,7 +148,7 @@ Result<EvalResult> Evaluate(std::shared_ptr<const model::Model> m, const model::
                                   std::to_string(reference->config().max_seq_len));
     }
   }
-  LogitsRunner runner(m, w.ctx, opts.max_rows);
+  LogitsRunner runner(m, w.ctx, opts.max_rows, opts.kv_dtype);
   std::unique_ptr<LogitsRunner> ref_runner;
   if (reference) ref_runner = std::make_unique<LogitsRunner>(reference, w.ctx, opts.max_rows);
   std::vector<int32_t> chunk(static_cast<size_t>(w.ctx));

@@ -30,8 +30,10 @@ namespace chorus::eval {
 // rows, and returns the logits of a range of positions.
 class LogitsRunner {
  public:
-  // Sequences of up to `max_ctx` tokens (≤ the model's context).
-  LogitsRunner(std::shared_ptr<const model::Model> model, int64_t max_ctx, int64_t max_rows = 256);
+  // Sequences of up to `max_ctx` tokens (≤ the model's context), with a KV cache of kv_dtype
+  // elements (as `chorus serve --kv-dtype`).
+  LogitsRunner(std::shared_ptr<const model::Model> model, int64_t max_ctx, int64_t max_rows = 256,
+               kernels::KvDtype kv_dtype = kernels::KvDtype::kF32);
   const model::Model& model() const { return *model_; }
   int64_t max_rows() const { return max_rows_; }
 
@@ -85,6 +87,9 @@ struct EvalOptions {
   int64_t ctx = 512;       // chunk length (≤ both models' context)
   int32_t bos_id = -1;     // replaces each chunk's first token when ≥ 0 (tokenizer adds BOS)
   int64_t max_rows = 256;  // rows per forward step
+  // KV cache elements of the evaluated model (the reference always runs with f32), so the
+  // cost of --kv-dtype bf16 is measured as llama.cpp's perplexity tool measures its KV types.
+  kernels::KvDtype kv_dtype = kernels::KvDtype::kF32;
 };
 
 // Perplexity of `m` (+ `hook`) over `tokens` in the windows above; with `reference`, also the

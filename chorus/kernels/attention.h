@@ -70,6 +70,15 @@ struct PagedKv {
   // K in columns (above): kv_stride applies to V only, and head_stride (≥ block_size ·
   // head_dim) to both.
   bool k_columns = false;
+  // bf16 blocks only: compute with bf16 products (docs/kernels.md, "bf16 dot products") where
+  // the level has them (AVX-512: vdpbf16ps): scale·q and each tile's probabilities are rounded
+  // to bf16 (nearest even), and a score is a chain over pairs of elements d = (2j, 2j + 1) —
+  // acc += q[2j+1]·K[2j+1], then acc += q[2j]·K[2j], each one rounding (vdpbf16ps, denormals
+  // flushed) — and o a chain over pairs of keys likewise; l sums the rounded probabilities. Half
+  // the instructions of the f32 arithmetic for the same work. The batch-invariance rule holds
+  // unchanged (pairs at absolute positions). Ignored (the f32 arithmetic on widened values) at
+  // other levels, for an odd head_dim and for f32 blocks. KvCache sets it for bf16 caches.
+  bool bf16_dot = false;
 
   // Key t's row of K (V) for KV head `kv_head`, widened to f32 into `buf` (head_dim floats)
   // when the blocks are bf16 or K is stored in columns; the row itself otherwise.

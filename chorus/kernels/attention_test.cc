@@ -748,6 +748,81 @@ TEST_P(AttentionTest, KColumnsEqualRows) {
   }
 }
 
+// bf16 dot products (PagedKv::bf16_dot; AVX-512 computes with vdpbf16ps, other levels ignore
+// the flag): every token against the dense reference with scale·q rounded to bf16 as the kernel
+// rounds it (the probabilities' bf16 rounding is the tolerance: ≤ 2^-8 relative per weight), and
+// bit for bit the same whatever the chunking — one token at a time (the column decode where it
+// applies), blocks of 5 and 8 and the whole prompt — and under split-K; over KvCache's layout
+// and token-major rows, groups in and past a chunk of 8 heads, head dims with tails, block sizes
+// that hold a 16-key half or not. At a level with the instructions the results must differ from
+// the widened f32 arithmetic (the flag is not ignored there).
+TEST_P(AttentionTest, Bf16DotProductsAreBatchInvariantAndMatchTheReference) {
+  for (int64_t group : {1, 3, 8, 9}) {
+    for (int64_t hd : {16, 38, 64}) {
+      for (int64_t bs : {16, 7}) {
+        for (bool k_columns : {true, false}) {
+          const int64_t n_ctx = group == 8 ? 530 : 75, n_kv = 2, n_heads = n_kv * group;
+          const int64_t stride = n_heads * hd;
+          Paged p(n_ctx, n_kv, hd, bs, static_cast<uint64_t>(group * 100 + hd + bs));
+          for (auto* dense : {&p.k_dense, &p.v_dense})
+            for (float& x : *dense) x = BF16ToF32(F32ToBF16(x));
+          const HeadMajor blocks(p, k_columns, /*bf16=*/true);
+          PagedKv kv = blocks.View();
+          kv.bf16_dot = true;
+          const std::vector<float> q =
+              RandomQ(n_ctx * stride, 70 + static_cast<uint64_t>(group), 2.0f);
+          const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+          const std::string where = "group " + std::to_string(group) + " hd " + std::to_string(hd) +
+                                    " bs " + std::to_string(bs) +
+                                    (k_columns ? " columns" : " rows");
+          std::vector<float> one, other;
+          RunChunkedOver(kv, n_kv, hd, q, n_ctx, n_heads, 1, scale, &one);
+          for (int64_t chunk : {int64_t{5}, int64_t{8}, n_ctx}) {
+            RunChunkedOver(kv, n_kv, hd, q, n_ctx, n_heads, chunk, scale, &other);
+            ASSERT_EQ(std::memcmp(one.data(), other.data(), one.size() * sizeof(float)), 0)
+                << where << " chunk " << chunk;
+          }
+          // What the kernel multiplies: bf16(scale·q) with the instructions, else scale·q.
+          const bool dot = static_cast<int>(GetParam()) >= static_cast<int>(IsaLevel::kAvx512);
+          std::vector<float> q_scaled(q.size());
+          for (size_t i = 0; i < q.size(); ++i) {
+            q_scaled[i] = dot ? BF16ToF32(F32ToBF16(scale * q[i])) : scale * q[i];
+          }
+          for (int64_t i = 0; i < n_ctx; ++i) {
+            const std::vector<double> ref =
+                p.NaiveOver(q_scaled.data() + i * stride, n_heads, 1.0, i + 1);
+            for (int64_t j = 0; j < stride; ++j) {
+              ASSERT_NEAR(one[static_cast<size_t>(i * stride + j)], ref[static_cast<size_t>(j)],
+                          dot ? 4e-3 : 2e-5)
+                  << where << " token " << i;
+            }
+          }
+          const int64_t n_seg = AttentionSegments(n_ctx), pf = AttentionPartialFloats(group, hd);
+          const float* q_last = q.data() + (n_ctx - 1) * stride;
+          std::vector<float> scratch(static_cast<size_t>(AttentionScratchFloats(1, group, hd)));
+          for (int64_t g = 0; g < n_kv; ++g) {
+            std::vector<float> partials(static_cast<size_t>(n_seg * pf)), merged(group * hd);
+            for (int64_t sg = 0; sg < n_seg; ++sg) {
+              AttentionPartials(q_last + g * group * hd, n_ctx - 1, kv, g, group, hd, scale, sg,
+                                sg + 1, scratch.data(), partials.data() + sg * pf);
+            }
+            AttentionMerge(partials.data(), n_seg, group, hd, merged.data());
+            ASSERT_EQ(std::memcmp(merged.data(), one.data() + (n_ctx - 1) * stride + g * group * hd,
+                                  merged.size() * sizeof(float)),
+                      0)
+                << where << " split-K, g " << g;
+          }
+          kv.bf16_dot = false;
+          RunChunkedOver(kv, n_kv, hd, q, n_ctx, n_heads, 8, scale, &other);
+          const bool same = std::memcmp(one.data(), other.data(), one.size() * sizeof(float)) == 0;
+          EXPECT_EQ(same, static_cast<int>(GetParam()) < static_cast<int>(IsaLevel::kAvx512))
+              << where;
+        }
+      }
+    }
+  }
+}
+
 TEST(AttentionReference, MatchesDense) {
   for (int64_t ratio : {1, 2, 4, 8}) {
     Paged p(50, 2, 24, 7, 5 + ratio);

@@ -52,6 +52,16 @@ constexpr int64_t kPrefetchLines = 512;
 
 inline int64_t RoundUp(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
+// bf16 bits of f, rounded to nearest even (NaN stays a quiet NaN); a pair of them in one
+// 32-bit word, `lo` in the low half (the element vdpbf16ps multiplies second).
+inline uint32_t Bf16Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
+  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+inline uint32_t Bf16Pair(float lo, float hi) { return Bf16Bits(lo) | Bf16Bits(hi) << 16; }
+
 // Scratch of a block of r rows (rp = r padded), carved from the caller's buffer.
 struct Scratch {
   float* qt;      // [head_dim][rp] scale·q, transposed (column decode: qc[chunk][head_dim][8])
@@ -65,14 +75,19 @@ struct Scratch {
   float* lo;      // [r] folded sum over the finished segments
   float* kt;      // [kAttentionTile][hd] the tile's K rows widened to f32 (bf16 blocks only);
                   // bf16 columns: [hd][kAttentionTile]
-  float* vt;      // [kAttentionTile][hd] its V rows likewise
+  float* vt;      // [kAttentionTile][hd] its V rows likewise (dot: pairs of keys, [16][hd2])
+  // bf16 dot products (PagedKv::bf16_dot): the tile's probabilities rounded to bf16, as pairs of
+  // keys (2c, 2c + 1) per 32-bit word, low half key 2c — prefill [kAttentionTile / 2][rp],
+  // column decode [head][kAttentionTile / 2]. (qt then holds scale·q as bf16 pairs of elements,
+  // and kt the tile's K as pairs: [head_dim / 2][kAttentionTile].)
+  uint32_t* p2;
 };
 
 inline int64_t ScratchFloats(int64_t n_tokens, int64_t group, int64_t head_dim) {
   const int64_t r = n_tokens * group, rp = RoundUp(r, kRowPad);
   const int64_t hd = RoundUp(head_dim, 16);
-  return rp * (hd + kAttentionTile + 4) + r * hd + 2 * RoundUp(r, 16) + 2 * kAttentionTile * hd +
-         16 * 14;
+  return rp * (hd + kAttentionTile + 4) + r * hd + 2 * RoundUp(r, 16) + kAttentionTile * hd +
+         kAttentionTile * RoundUp(head_dim, 32) + rp * kAttentionTile / 2 + 16 * 15;
 }
 
 inline Scratch CarveScratch(float* buf, int64_t n_tokens, int64_t group, int64_t head_dim) {
@@ -94,7 +109,8 @@ inline Scratch CarveScratch(float* buf, int64_t n_tokens, int64_t group, int64_t
   s.mo = p, p = align(p + RoundUp(r, 16));
   s.lo = p, p = align(p + RoundUp(r, 16));
   s.kt = p, p = align(p + kAttentionTile * hd);
-  s.vt = p;
+  s.vt = p, p = align(p + kAttentionTile * RoundUp(head_dim, 32));
+  s.p2 = reinterpret_cast<uint32_t*>(p);
   return s;
 }
 
@@ -141,12 +157,34 @@ class BlockKernel {
         n_rv_((r_ + W - 1) / W),
         sc_(CarveScratch(scratch, n_tokens, group, head_dim)),
         column_decode_(ColumnDecode(kv, n_tokens)),
-        fuse_v_(n_tokens == 1 && kv.dtype == KvDtype::kBf16 && head_dim % (2 * W) == 0) {
+        fuse_v_(n_tokens == 1 && kv.dtype == KvDtype::kBf16 && head_dim % (2 * W) == 0),
+        dot_(VT::kBf16Dot && kv.dtype == KvDtype::kBf16 && kv.bf16_dot && head_dim % 2 == 0) {
     for (int64_t i = 0, r = 0; i < n_tokens_; ++i) {
       for (int64_t h = 0; h < group_; ++h, ++r) sc_.rowpos[r] = static_cast<float>(pos0_ + i);
     }
     for (int64_t r = r_; r < rp_; ++r) sc_.rowpos[r] = std::numeric_limits<float>::infinity();
-    if (column_decode_) {
+    if (dot_) {
+      // scale·q as bf16 pairs (2j, 2j + 1): column decode q2[h / 8][j][h % 8], else q2[j][r]
+      // (padding rows 0).
+      uint32_t* q2 = reinterpret_cast<uint32_t*>(sc_.qt);
+      const int64_t hd2 = hd_ / 2;
+      for (int64_t i = 0, r = 0; i < n_tokens_; ++i) {
+        for (int64_t h = 0; h < group_; ++h, ++r) {
+          const float* src = q + i * q_stride + h * hd_;
+          for (int64_t j = 0; j < hd2; ++j) {
+            const uint32_t pair = Bf16Pair(scale * src[2 * j], scale * src[2 * j + 1]);
+            if (column_decode_) {
+              q2[(h / 8 * hd2 + j) * 8 + h % 8] = pair;
+            } else {
+              q2[j * rp_ + r] = pair;
+            }
+          }
+        }
+      }
+      if (!column_decode_) {
+        for (int64_t j = 0; j < hd2; ++j) std::fill(q2 + j * rp_ + r_, q2 + j * rp_ + rp_, 0u);
+      }
+    } else if (column_decode_) {
       // qc[h / 8][d][h % 8] = scale · q[h][d] (the value qt[d][h] would hold): per chunk of 8
       // heads, the 8 values a QK step broadcasts are adjacent.
       for (int64_t h = 0; h < group_; ++h) {
@@ -247,13 +285,16 @@ class BlockKernel {
         vp[c] = kv_.v_blocks[block] + off;
       } else {  // bf16: widen the rows once per tile (exact), then the same f32 arithmetic
         kh[c] = reinterpret_cast<const uint16_t*>(kv_.k_blocks[block]) + koff;
-        if (!kcol) kp[c] = Widen(kh[c], sc_.kt + c * hd_pad_);
+        if (!kcol && !dot_) kp[c] = Widen(kh[c], sc_.kt + c * hd_pad_);
         vh[c] = reinterpret_cast<const uint16_t*>(kv_.v_blocks[block]) + off;
-        if (!fuse_v_) vp[c] = Widen(vh[c], sc_.vt + c * hd_pad_);
+        if (!fuse_v_ && !dot_) vp[c] = Widen(vh[c], sc_.vt + c * hd_pad_);
       }
       if (++slot == kv_.block_size) slot = 0, ++bi;
     }
     const bool bf16 = kv_.dtype == KvDtype::kBf16;
+    if constexpr (VT::kBf16Dot) {
+      if (dot_) return TileDot(t0, nk, kh, vh, ft, rv0);
+    }
     if (column_decode_) {
       ColumnScoresSoftmax(kp, kh, nk);
     } else {
@@ -289,6 +330,182 @@ class BlockKernel {
         AccumulateBf16(vh, nv);
       } else {
         Accumulate(i, vp, nv);
+      }
+    }
+  }
+
+  // Tile() with bf16 dot products (PagedKv::bf16_dot; VT::kBf16Dot levels): scores over pairs
+  // of K elements, the probabilities rounded to bf16 pairs of keys, PV over pairs of V rows.
+  void TileDot(int64_t t0, int64_t nk, const uint16_t* const* kh, const uint16_t* const* vh,
+               int64_t ft, int64_t rv0) {
+    if constexpr (VT::kBf16Dot) {
+      if (column_decode_) {
+        ColumnScoresSoftmaxDot(kh, nk);
+      } else {
+        KeyPairs(kh, nk);
+        ScoresDot(nk, rv0);
+        const bool diag = t0 + nk - 1 > pos0_ + rv0 * W / group_;
+        Softmax(t0, nk, rv0, diag);
+      }
+      ValuePairs(vh, nk);
+      for (int64_t i = ft; i < n_tokens_; ++i) {
+        AccumulateDot(i * group_, std::min<int64_t>(nk, pos0_ + i + 1 - t0));
+      }
+    }
+  }
+
+  // The tile's K as bf16 pairs kt2[j][c] = (K_c[2j], K_c[2j + 1]) (keys past nk: 0). K in
+  // columns, 16 adjacent slots of a block at once: rows 2j and 2j + 1 of the block interleaved.
+  void KeyPairs(const uint16_t* const* kh, int64_t nk) {
+    uint32_t* kt2 = reinterpret_cast<uint32_t*>(sc_.kt);
+    const int64_t hd2 = hd_ / 2, bs = kv_.block_size;
+    const bool kcol = kv_.k_columns;
+    for (int64_t c = 0; c < kAttentionTile;) {
+      if (kcol && c + 16 <= nk && kh[c + 15] == kh[c] + 15) {
+        for (int64_t j = 0; j < hd2; ++j) {
+          VT::StorePairs(kt2 + j * kAttentionTile + c,
+                         VT::InterleaveBf16(kh[c] + 2 * j * bs, kh[c] + (2 * j + 1) * bs));
+        }
+        c += 16;
+        continue;
+      }
+      const int64_t es = kcol ? bs : 1;  // elements between d and d + 1 of a key
+      for (int64_t j = 0; j < hd2; ++j) {
+        kt2[j * kAttentionTile + c] =
+            c < nk ? kh[c][2 * j * es] | static_cast<uint32_t>(kh[c][(2 * j + 1) * es]) << 16 : 0u;
+      }
+      ++c;
+    }
+  }
+
+  // The tile's V as pairs of keys vt2[c / 2][d] = (V_c[d], V_{c+1}[d]) (the tokens of a block
+  // share them), the second row of an odd tile's last pair 0, elements past head_dim 0.
+  void ValuePairs(const uint16_t* const* vh, int64_t nk) {
+    uint32_t* vt2 = reinterpret_cast<uint32_t*>(sc_.vt);
+    for (int64_t c = 0; c < nk; c += 2) {
+      const bool pair = c + 1 < nk;
+      for (int64_t d = 0; d < hd_; d += 2 * W) {
+        typename VT::P v0, v1;
+        VT::InterleaveRows(vh[c] + d, (pair ? vh[c + 1] : vh[c]) + d,
+                           std::min<int64_t>(2 * W, hd_ - d), &v0, &v1);
+        if (!pair) v0 = VT::EvenOnly(v0), v1 = VT::EvenOnly(v1);
+        VT::StorePairs(vt2 + c / 2 * hd_pad2() + d, v0);
+        VT::StorePairs(vt2 + c / 2 * hd_pad2() + d + W, v1);
+      }
+    }
+  }
+  // Words per pair of keys in vt2: head_dim rounded up to the PV chunk.
+  int64_t hd_pad2() const { return RoundUp(hd_, 4 * W); }
+
+  // 4 keys × 4 row vectors per score tile (16 accumulators): a broadcast K pair feeds 4
+  // vdpbf16ps (1.02–1.04× the speed of 8 keys × 2 row vectors, attention_bench).
+  void ScoresDot(int64_t nk, int64_t rv0) {
+    for (int64_t c0 = 0; c0 < nk; c0 += 4) {
+      int64_t rv = rv0;
+      for (; rv + 4 <= n_rv_; rv += 4) ScoreTileDot<4, 4>(c0, rv);
+      for (; rv + 2 <= n_rv_; rv += 2) ScoreTileDot<2, 4>(c0, rv);
+      if (rv < n_rv_) ScoreTileDot<1, 4>(c0, rv);
+    }
+  }
+
+  // ScoreTile over bf16 pairs: s[c][r] = the vdpbf16ps chain over j of q2[j][r] · kt2[j][c].
+  template <int NV, int NK>
+  void ScoreTileDot(int64_t c0, int64_t rv) {
+    using P = typename VT::P;
+    V acc[NV][NK];
+#pragma GCC unroll 16
+    for (int i = 0; i < NV; ++i) {
+#pragma GCC unroll 16
+      for (int j = 0; j < NK; ++j) acc[i][j] = VT::Zero();
+    }
+    const uint32_t* q2 = reinterpret_cast<const uint32_t*>(sc_.qt) + rv * W;
+    const uint32_t* k2 = reinterpret_cast<const uint32_t*>(sc_.kt) + c0;
+    for (int64_t j2 = 0; j2 < hd_ / 2; ++j2) {
+      P qv[NV];
+#pragma GCC unroll 16
+      for (int i = 0; i < NV; ++i) qv[i] = VT::LoadPairs(q2 + j2 * rp_ + i * W);
+#pragma GCC unroll 16
+      for (int j = 0; j < NK; ++j) {
+        const P kb = VT::BroadcastPair(k2[j2 * kAttentionTile + j]);
+#pragma GCC unroll 16
+        for (int i = 0; i < NV; ++i) acc[i][j] = VT::Dot(acc[i][j], qv[i], kb);
+      }
+    }
+#pragma GCC unroll 16
+    for (int j = 0; j < NK; ++j) {
+#pragma GCC unroll 16
+      for (int i = 0; i < NV; ++i) VT::Store(sc_.s + (c0 + j) * rp_ + (rv + i) * W, acc[i][j]);
+    }
+  }
+
+  // o[r] = o[r] · alpha[r] + Σ over pairs of keys (2c, 2c + 1) < nv of the vdpbf16ps of the
+  // rounded probabilities and the pair's V (ValuePairs), for the heads of rows [r0, r0 + group).
+  // A pair past the row's last key has its second V row (and probability) zeroed, so a row reads
+  // the same operands whatever follows it (decode or prefill, any chunking).
+  void AccumulateDot(int64_t r0, int64_t nv) {
+    constexpr int64_t HB = 4;  // heads × 4 vectors of d: a broadcast feeds 4 vdpbf16ps
+    for (int64_t h = 0; h < group_; h += HB) {
+      const int64_t nh = std::min(HB, group_ - h);
+      DispatchHeads(nh, [&](auto nh_c) {
+        constexpr int NH = decltype(nh_c)::value;
+        if constexpr (NH <= HB) {
+          for (int64_t d = 0; d < hd_; d += 4 * W) {
+            if (column_decode_) {
+              PvTileDot<NH, true>(r0 + h, nv, d);
+            } else {
+              PvTileDot<NH, false>(r0 + h, nv, d);
+            }
+          }
+        }
+      });
+    }
+  }
+
+  // Rows [r, r + NH) × elements [d, d + 4W) of o (fewer at the end of a row). p2: prefill
+  // [pair][row], column decode [row][pair] (kDecode).
+  template <int NH, bool kDecode>
+  void PvTileDot(int64_t r, int64_t nv, int64_t d) {
+    using P = typename VT::P;
+    constexpr int64_t kRowStride = kDecode ? kAttentionTile / 2 : 1;
+    const int64_t n = std::min<int64_t>(4 * W, hd_ - d);  // elements of this chunk
+    const int nd = static_cast<int>((n + W - 1) / W);
+    V acc[NH][4];
+#pragma GCC unroll 4
+    for (int h = 0; h < NH; ++h) {
+      const V a = VT::Set1(sc_.alpha[r + h]);
+      const float* o = sc_.o + (r + h) * hd_ + d;
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        acc[h][j] = VT::Mul(VT::LoadN(o + j * W, std::clamp<int64_t>(n - j * W, 0, W)), a);
+      }
+    }
+    const uint32_t* pc = sc_.p2 + r * kRowStride;
+    const int64_t pair_stride = kDecode ? 1 : rp_;
+    const uint32_t* vt2 = reinterpret_cast<const uint32_t*>(sc_.vt) + d;
+    const int64_t vs = hd_pad2();
+    for (int64_t c = 0; c < nv; c += 2, pc += pair_stride, vt2 += vs) {
+      if (kDecode) IssuePvPrefetch(), IssuePvPrefetch();
+      const bool pair = c + 1 < nv;
+      P v[4];
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        v[j] = j < nd ? VT::LoadPairs(vt2 + j * W) : VT::ZeroPairs();
+        if (!pair) v[j] = VT::EvenOnly(v[j]);
+      }
+#pragma GCC unroll 4
+      for (int h = 0; h < NH; ++h) {
+        const P pb = VT::BroadcastPair(pc[h * kRowStride]);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) acc[h][j] = VT::Dot(acc[h][j], v[j], pb);
+      }
+    }
+#pragma GCC unroll 4
+    for (int h = 0; h < NH; ++h) {
+      float* o = sc_.o + (r + h) * hd_ + d;
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        const int64_t m = std::clamp<int64_t>(n - j * W, 0, W);
+        if (m > 0) VT::StoreN(o + j * W, m, acc[h][j]);
       }
     }
   }
@@ -539,6 +756,97 @@ class BlockKernel {
     }
   }
 
+  // ColumnScoresSoftmax with bf16 dot products: the same chunks of heads over key vectors, K
+  // pairs (rows 2j and 2j + 1 of 16 slots interleaved) against broadcast q pairs.
+  void ColumnScoresSoftmaxDot(const uint16_t* const* kh, int64_t nk) {
+    if constexpr (VT::kBf16Dot) {
+      for (int64_t h0 = 0; h0 < group_; h0 += kColumnHeads) {
+        DispatchHeads(std::min<int64_t>(kColumnHeads, group_ - h0), [&](auto nh_c) {
+          constexpr int NH = decltype(nh_c)::value;
+          if constexpr (NH <= kColumnHeads) {
+            if (nk > W) return ColumnChunkDot<NH, 2>(h0, kh, nk);
+            return ColumnChunkDot<NH, 1>(h0, kh, nk);
+          }
+        });
+      }
+    }
+  }
+
+  // ColumnChunk over bf16 pairs: score c of head h is ScoreTileDot's chain (vdpbf16ps with its
+  // operands swapped: each product is exact, so the same bits); the probabilities are rounded to
+  // bf16, kept as pairs of keys in p2[head][c / 2] and, widened, in s[c][head] for the sum.
+  template <int NH, int NV>
+  void ColumnChunkDot(int64_t h0, const uint16_t* const* kh, int64_t nk) {
+    if constexpr (VT::kBf16Dot) {
+      using P = typename VT::P;
+      V acc[NH][NV];
+#pragma GCC unroll 8
+      for (int h = 0; h < NH; ++h) {
+#pragma GCC unroll 2
+        for (int j = 0; j < NV; ++j) acc[h][j] = VT::Zero();
+      }
+      const int64_t hd2 = hd_ / 2, bs = kv_.block_size;
+      const uint32_t* q2 = reinterpret_cast<const uint32_t*>(sc_.qt) + h0 / 8 * hd2 * 8;
+      const uint16_t* k[NV];
+#pragma GCC unroll 2
+      for (int j = 0; j < NV; ++j) k[j] = kh[j * W];
+      for (int64_t j2 = 0; j2 < hd2; ++j2) {
+        if (h0 == 0) IssueColumnPrefetch(2 * j2), IssueColumnPrefetch(2 * j2 + 1);
+        P x[NV];
+#pragma GCC unroll 2
+        for (int j = 0; j < NV; ++j) {
+          x[j] = VT::InterleaveBf16(k[j] + 2 * j2 * bs, k[j] + (2 * j2 + 1) * bs);
+        }
+#pragma GCC unroll 8
+        for (int h = 0; h < NH; ++h) {
+          const P qb = VT::BroadcastPair(q2[j2 * 8 + h]);
+#pragma GCC unroll 2
+          for (int j = 0; j < NV; ++j) acc[h][j] = VT::Dot(acc[h][j], x[j], qb);
+        }
+      }
+      const V neg_inf = VT::Set1(kNegInf);
+      alignas(64) float red[16];
+      std::fill_n(red, 16, kNegInf);
+#pragma GCC unroll 8
+      for (int h = 0; h < NH; ++h) {
+#pragma GCC unroll 2
+        for (int j = 0; j < NV; ++j) acc[h][j] = VT::MaskTail(acc[h][j], nk - W * j, neg_inf);
+        V m = acc[h][0];
+#pragma GCC unroll 2
+        for (int j = 1; j < NV; ++j) m = VT::Max(m, acc[h][j]);
+        red[h] = VT::ReduceMax(m);
+      }
+      const V m_old = VT::LoadN(sc_.m + h0, NH);
+      const V m_new = VT::Max(m_old, VT::Load(red));
+      const V mu = VT::ZeroIfNegInf(m_new);
+      const V alpha = VT::Exp(VT::Sub(m_old, mu));
+      VT::Store(red, mu);
+#pragma GCC unroll 8
+      for (int h = 0; h < NH; ++h) {
+#pragma GCC unroll 2
+        for (int j = 0; j < NV; ++j) {
+          const auto p = VT::RoundBf16(VT::Exp(VT::Sub(acc[h][j], VT::Set1(red[h]))));
+          VT::StoreHalfPairs(sc_.p2 + (h0 + h) * (kAttentionTile / 2) + j * (W / 2), p);
+          acc[h][j] = VT::WidenBf16(p);
+        }
+      }
+      // A single-vector tile leaves the second half of each head's pairs unwritten; PV reads
+      // pairs below (nk + 1) / 2 ≤ 8 only.
+#pragma GCC unroll 2
+      for (int j = 0; j < NV; ++j) {
+        V pj[8];
+#pragma GCC unroll 8
+        for (int h = 0; h < 8; ++h) pj[h] = h < NH ? acc[h][j] : VT::Zero();
+        VT::StoreTransposed8(pj, sc_.s + 16 * j * rp_ + h0, rp_);
+      }
+      V sum = VT::Zero();
+      for (int64_t c = 0; c < nk; ++c) sum = VT::Add(sum, VT::LoadHalf(sc_.s + c * rp_ + h0));
+      VT::StoreN(sc_.l + h0, NH, VT::Fma(VT::LoadN(sc_.l + h0, NH), alpha, sum));
+      VT::StoreN(sc_.m + h0, NH, m_new);
+      VT::StoreN(sc_.alpha + h0, NH, alpha);
+    }
+  }
+
   void Softmax(int64_t t0, int64_t nk, int64_t rv0, bool diag) {
     const V neg_inf = VT::Set1(kNegInf);
     for (int64_t rv = rv0; rv < n_rv_; ++rv) {
@@ -559,7 +867,23 @@ class BlockKernel {
       const V mu = VT::ZeroIfNegInf(m_new);
       const V alpha = VT::Exp(VT::Sub(m_old, mu));
       V sum = VT::Zero();
-      for (int64_t c = 0; c < nk; ++c) {
+      if constexpr (VT::kBf16Dot) {
+        if (dot_) {
+          // Rounded to bf16, summed as rounded, stored as pairs of keys for AccumulateDot (the
+          // second of an odd tile's last pair 0).
+          for (int64_t c = 0; c < nk; c += 2) {
+            const auto p0 = VT::RoundBf16(VT::Exp(VT::Sub(VT::Load(sc_.s + c * rp_ + off), mu)));
+            sum = VT::Add(sum, VT::WidenBf16(p0));
+            auto p1 = VT::ZeroBf16();
+            if (c + 1 < nk) {
+              p1 = VT::RoundBf16(VT::Exp(VT::Sub(VT::Load(sc_.s + (c + 1) * rp_ + off), mu)));
+              sum = VT::Add(sum, VT::WidenBf16(p1));
+            }
+            VT::StorePairs(sc_.p2 + c / 2 * rp_ + off, VT::Interleave(p0, p1));
+          }
+        }
+      }
+      for (int64_t c = 0; c < nk && !dot_; ++c) {
         float* sp = sc_.s + c * rp_ + off;
         const V p = VT::Exp(VT::Sub(VT::Load(sp), mu));
         VT::Store(sp, p);
@@ -728,6 +1052,7 @@ class BlockKernel {
 
   bool column_decode_;  // ColumnDecode: keys in lanes over K in columns
   bool fuse_v_;         // a one-token block over bf16 V: widen V inside PV (AccumulateBf16)
+  bool dot_;            // bf16 dot products (PagedKv::bf16_dot at a VT::kBf16Dot level)
 };
 
 template <class VT>
@@ -796,6 +1121,7 @@ void Merge(const float* partials, int64_t n_segments, int64_t group, int64_t hea
 // The scalar level's vector: one lane.
 struct ScalarVec {
   using V = float;
+  static constexpr bool kBf16Dot = false;  // the f32 arithmetic on widened bf16 values
   static constexpr int64_t kLanes = 1;
   static constexpr int kKeyGroup = 8;
   static constexpr int64_t kHeadBlock = 8;

@@ -284,6 +284,7 @@ kernels::PagedKv KvCache::View(int64_t layer, int64_t kv_head, const int32_t* bl
   kv.head_stride = layout_.block_size * layout_.head_dim;
   kv.dtype = layout_.dtype;  // strides count elements of this type
   kv.k_columns = true;
+  kv.bf16_dot = layout_.dtype == kernels::KvDtype::kBf16;  // bf16 products where the level has them
   return kv;
 }
 

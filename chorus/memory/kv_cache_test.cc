@@ -294,10 +294,12 @@ TEST(KvCacheBf16Test, WriteTokenRoundsToNearestEvenAndTheViewReadsBf16) {
 }
 
 // Attention over a bf16 cache filled through WriteToken: at every ISA level the tiled kernels
-// (prefill blocks, one-token decode rows, split-K) give the bits they give over an f32 cache
-// holding the same rounded values, and agree with the reference attention (reference::
-// AttentionRow, which reads the bf16 view itself) and with a dense softmax in double over the
-// rounded values.
+// with the f32 arithmetic (bf16_dot off; prefill blocks, one-token decode rows, split-K) give
+// the bits they give over an f32 cache holding the same rounded values, and agree with the
+// reference attention (reference::AttentionRow, which reads the bf16 view itself) and with a
+// dense softmax in double over the rounded values. The cache's own view asks for bf16 dot
+// products: the same bits over every chunking and split-K, within the probabilities' bf16
+// rounding of the f32 result.
 TEST(KvCacheBf16Test, AttentionOverBf16CacheEqualsF32CacheOfTheRoundedValues) {
   const int64_t n_layers = 2, n_kv = 2, hd = 64, group = 8, n_heads = n_kv * group;
   const int64_t n_ctx = 600, stride = n_heads * hd, kv_dim = n_kv * hd, layer = 1;
@@ -325,7 +327,8 @@ TEST(KvCacheBf16Test, AttentionOverBf16CacheEqualsF32CacheOfTheRoundedValues) {
   std::vector<float> q(static_cast<size_t>(n_ctx * stride));
   for (float& x : q) x = 1.5f * rng.NextGaussian();
   const float scale = 0.125f;
-  auto run = [&](const KvCache& c, const std::vector<int32_t>& table, int64_t chunk) {
+  auto run = [&](const KvCache& c, const std::vector<int32_t>& table, int64_t chunk,
+                 bool dot = false) {
     std::vector<float> out(q.size());
     std::vector<float> scratch(
         static_cast<size_t>(kernels::AttentionScratchFloats(chunk, group, hd)));
@@ -333,8 +336,10 @@ TEST(KvCacheBf16Test, AttentionOverBf16CacheEqualsF32CacheOfTheRoundedValues) {
       const int64_t n = std::min(chunk, n_ctx - pos0);
       for (int64_t g = 0; g < n_kv; ++g) {
         const int64_t off = pos0 * stride + g * group * hd;
-        kernels::AttentionBlock(q.data() + off, stride, n, pos0, c.View(layer, g, table.data()), 0,
-                                group, hd, scale, scratch.data(), out.data() + off, stride);
+        kernels::PagedKv view = c.View(layer, g, table.data());
+        view.bf16_dot = dot;
+        kernels::AttentionBlock(q.data() + off, stride, n, pos0, view, 0, group, hd, scale,
+                                scratch.data(), out.data() + off, stride);
       }
     }
     return out;
@@ -350,7 +355,19 @@ TEST(KvCacheBf16Test, AttentionOverBf16CacheEqualsF32CacheOfTheRoundedValues) {
       ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
           << kernels::IsaName(level) << " chunk " << chunk;
     }
-    // The last token split-K, one segment per call, merged.
+    EXPECT_TRUE(c16.View(layer, 0, t16.data()).bf16_dot);
+    EXPECT_FALSE(c32.View(layer, 0, t32.data()).bf16_dot);
+    const std::vector<float> dot = run(c16, t16, 1, /*dot=*/true);
+    for (int64_t chunk : {int64_t{8}, int64_t{37}}) {
+      const std::vector<float> got = run(c16, t16, chunk, /*dot=*/true);
+      ASSERT_EQ(std::memcmp(got.data(), dot.data(), got.size() * sizeof(float)), 0)
+          << kernels::IsaName(level) << " dot, chunk " << chunk;
+    }
+    for (size_t i = 0; i < dot.size(); ++i) {
+      ASSERT_NEAR(dot[i], want[i], 1e-2) << kernels::IsaName(level) << " dot, element " << i;
+    }
+    // The last token split-K over the cache's own view (dot products), one segment per call,
+    // merged.
     const int64_t pos = n_ctx - 1, n_seg = kernels::AttentionSegments(n_ctx);
     const int64_t pf = kernels::AttentionPartialFloats(group, hd);
     std::vector<float> scratch(static_cast<size_t>(kernels::AttentionScratchFloats(1, group, hd)));
@@ -362,7 +379,7 @@ TEST(KvCacheBf16Test, AttentionOverBf16CacheEqualsF32CacheOfTheRoundedValues) {
                                    scratch.data(), partials.data() + sg * pf);
       }
       kernels::AttentionMerge(partials.data(), n_seg, group, hd, merged.data());
-      ASSERT_EQ(std::memcmp(merged.data(), want.data() + pos * stride + g * group * hd,
+      ASSERT_EQ(std::memcmp(merged.data(), dot.data() + pos * stride + g * group * hd,
                             merged.size() * sizeof(float)),
                 0)
           << kernels::IsaName(level) << " g " << g;

@@ -14,6 +14,7 @@ namespace {
 
 struct Vec256 {
   using V = __m256;
+  static constexpr bool kBf16Dot = false;  // the f32 arithmetic on widened bf16 values
   static constexpr int64_t kLanes = 8;
   static constexpr int kKeyGroup = 4;
   static constexpr int64_t kHeadBlock = 6;

@@ -14,9 +14,66 @@
 namespace chorus::kernels::avx512 {
 namespace {
 
+// vpermt2w indices of Vec512::PairIndex: idx[h] word 2i ← first[16h + i], word 2i + 1 ←
+// second[16h + i].
+struct PairIndexTable {
+  alignas(64) int16_t idx[2][32];
+  constexpr PairIndexTable() : idx() {
+    for (int h = 0; h < 2; ++h) {
+      for (int i = 0; i < 16; ++i) {
+        idx[h][2 * i] = static_cast<int16_t>(16 * h + i);
+        idx[h][2 * i + 1] = static_cast<int16_t>(32 + 16 * h + i);
+      }
+    }
+  }
+};
+inline constexpr PairIndexTable kPairIndex;
+
 struct Vec512 {
   using V = __m512;
   static constexpr int64_t kLanes = 16;
+  // bf16 dot products (PagedKv::bf16_dot, attention_tiles.h): P holds 16 pairs of bf16 (a
+  // 32-bit word each, the pair's first element in the low half); B 16 bf16 values.
+  static constexpr bool kBf16Dot = true;
+  using P = __m512i;
+  using B = __m256i;
+  static P LoadPairs(const uint32_t* p) { return _mm512_loadu_si512(p); }
+  static void StorePairs(uint32_t* p, P v) { _mm512_storeu_si512(p, v); }
+  static void StoreHalfPairs(uint32_t* p, B v) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v);
+  }
+  static P BroadcastPair(uint32_t x) { return _mm512_set1_epi32(static_cast<int>(x)); }
+  static P ZeroPairs() { return _mm512_setzero_si512(); }
+  // acc + a·b per lane over its pair: the second elements' product first, then the first's,
+  // each rounded once (vdpbf16ps).
+  static V Dot(V acc, P a, P b) { return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b); }
+  static B RoundBf16(V v) { return (__m256i)_mm512_cvtneps_pbh(v); }  // nearest even
+  static V WidenBf16(B b) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+  }
+  static B ZeroBf16() { return _mm256_setzero_si256(); }
+  // Pair i = (first[i], second[i]).
+  static P Interleave(B first, B second) {
+    return _mm512_permutex2var_epi16(_mm512_castsi256_si512(first), PairIndex(0),
+                                     _mm512_castsi256_si512(second));
+  }
+  static P InterleaveBf16(const uint16_t* first, const uint16_t* second) {
+    return Interleave(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(first)),
+                      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(second)));
+  }
+  // Elements [0, n) of two bf16 rows (n ≤ 32; the rest read as 0) as pairs: lo elements 0–15,
+  // hi 16–31.
+  static void InterleaveRows(const uint16_t* first, const uint16_t* second, int64_t n, P* lo,
+                             P* hi) {
+    const __mmask32 m = n >= 32 ? ~__mmask32{0} : (__mmask32{1} << n) - 1;
+    const __m512i a = _mm512_maskz_loadu_epi16(m, first), b = _mm512_maskz_loadu_epi16(m, second);
+    *lo = _mm512_permutex2var_epi16(a, PairIndex(0), b);
+    *hi = _mm512_permutex2var_epi16(a, PairIndex(16), b);
+  }
+  // The first element of each pair kept, the second zeroed.
+  static P EvenOnly(P v) { return _mm512_maskz_mov_epi16(0x55555555u, v); }
+  // vpermt2w indices: word 2i ← first[base + i], word 2i + 1 ← second[base + i] (base 0, 16).
+  static __m512i PairIndex(int base) { return _mm512_load_si512(kPairIndex.idx[base / 16]); }
   static constexpr int kKeyGroup = 8;
   static constexpr int64_t kHeadBlock = 8;
   static __mmask16 Mask(int64_t n) {
