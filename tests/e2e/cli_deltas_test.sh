@@ -35,6 +35,17 @@ base_kl=$(ev | kl)
 delta_kl=$(ev --variant "$tmp/d" | kl)
 python3 -c "import sys; b,d=$base_kl,$delta_kl; sys.exit(0 if d < 0.2*b else 1)" || fail "delta KL $delta_kl not far below base KL $base_kl"
 
+# The evaluated model over a bf16 KV cache against the same model over f32 (--kl-reference
+# always runs f32): a small but non-zero KL; an unknown element type is refused by name.
+self_kl() { "$chorus" eval --model "$base" --tokenizer "$tok" --data "$data" --ctx 128 --kl-reference "$base" --json "$@" 2>/dev/null | tail -1 | kl; }
+f32_kl=$(self_kl) bf16_kl=$(self_kl --kv-dtype bf16)
+python3 -c "import sys; f,b=$f32_kl,$bf16_kl; sys.exit(0 if f == 0 and 0 < b < 0.01 else 1)" ||
+  fail "self KL with f32 / bf16 KV: $f32_kl / $bf16_kl"
+if "$chorus" eval --model "$base" --tokenizer "$tok" --data "$data" --kv-dtype fp8 2>"$tmp/e"; then
+  fail "--kv-dtype fp8 accepted"
+fi
+grep -q "kv-dtype.*fp8" "$tmp/e" || fail "kv-dtype: $(cat "$tmp/e")"
+
 # A truncated delta: non-zero exit naming the file.
 head -c 3000 "$tmp/d/delta.safetensors" > "$tmp/trunc.safetensors"
 if "$chorus" eval --model "$base" --tokenizer "$tok" --data "$data" --variant "$tmp/trunc.safetensors" 2>"$tmp/e"; then
