@@ -93,10 +93,10 @@ PackedMatrix Pack(const UnpackedMatrix& m) {
   return p;
 }
 
-Result<UnpackedMatrix> Unpack(const PackedMatrix& p, const std::string& what) {
+Status CheckPacked(const PackedMatrix& p, const std::string& what) {
   const MatrixLayout& l = p.layout;
   CHORUS_RETURN_IF_ERROR(ValidateLayout(l, what));
-  const int64_t crb = l.code_row_bytes(), kept = l.kept_per_row();
+  const int64_t crb = l.code_row_bytes();
   if (static_cast<int64_t>(p.codes.size()) != l.rows * crb) {
     return DataLossError(what + ": codes hold " + std::to_string(p.codes.size()) +
                          " bytes, the layout needs " + std::to_string(l.rows * crb));
@@ -114,11 +114,51 @@ Result<UnpackedMatrix> Unpack(const PackedMatrix& p, const std::string& what) {
       return DataLossError(what + ": scale " + std::to_string(i) + " is not finite");
     }
   }
+  // Padding: the bits of each row's last bytes past kept · bits.
+  const int64_t used_bits = l.kept_per_row() * l.bits;
+  if (used_bits < crb * 8) {
+    const int64_t first = used_bits / 8;
+    for (int64_t r = 0; r < l.rows; ++r) {
+      const uint8_t* row = p.codes.data() + r * crb;
+      for (int64_t byte = first; byte < crb; ++byte) {
+        const int64_t from = std::max<int64_t>(used_bits - byte * 8, 0);  // first padding bit
+        if ((row[byte] >> from) != 0) {
+          return DataLossError(what + ": row " + std::to_string(r) + " has non-zero padding bits");
+        }
+      }
+    }
+  }
+  if (l.sparse24 && l.mask_row_bytes() > 0) {
+    // Every byte holds 3 patterns (< 216) but a row's last, which may hold 1 or 2 (< 6, < 36).
+    const int64_t mrb = l.mask_row_bytes(), n4 = l.cols / 4;
+    const int n_last = static_cast<int>(n4 - 3 * (mrb - 1));
+    const int last_limit = n_last == 3 ? 216 : (n_last == 2 ? 36 : 6);
+    for (int64_t r = 0; r < l.rows; ++r) {
+      const uint8_t* row = p.mask.data() + r * mrb;
+      uint8_t max_full = 0;
+      for (int64_t b = 0; b + 1 < mrb; ++b) max_full = std::max(max_full, row[b]);
+      if (max_full < 216 && row[mrb - 1] < last_limit) continue;
+      for (int64_t b = 0; b < mrb; ++b) {  // the first bad byte, for the message
+        const int limit = b == mrb - 1 ? last_limit : 216;
+        if (row[b] >= limit) {
+          return DataLossError(what + ": 2:4 mask byte " + std::to_string(r * mrb + b) + " is " +
+                               std::to_string(row[b]) + ", above the largest pattern code " +
+                               std::to_string(limit - 1));
+        }
+      }
+    }
+  }
+  return OkStatus();
+}
+
+Result<UnpackedMatrix> Unpack(const PackedMatrix& p, const std::string& what) {
+  CHORUS_RETURN_IF_ERROR(CheckPacked(p, what));
+  const MatrixLayout& l = p.layout;
+  const int64_t crb = l.code_row_bytes(), kept = l.kept_per_row();
   UnpackedMatrix m;
   m.layout = l;
   m.scales = p.scales;
   m.codes.resize(static_cast<size_t>(l.rows * kept));
-  const int64_t used_bits = kept * l.bits;
   for (int64_t r = 0; r < l.rows; ++r) {
     const uint8_t* row = p.codes.data() + r * crb;
     for (int64_t j = 0; j < kept; ++j) {
@@ -129,11 +169,6 @@ Result<UnpackedMatrix> Unpack(const PackedMatrix& p, const std::string& what) {
       }
       m.codes[static_cast<size_t>(r * kept + j)] = static_cast<uint8_t>(code);
     }
-    for (int64_t bit = used_bits; bit < crb * 8; ++bit) {
-      if ((row[bit / 8] >> (bit % 8)) & 1u) {
-        return DataLossError(what + ": row " + std::to_string(r) + " has non-zero padding bits");
-      }
-    }
   }
   if (l.sparse24) {
     const int64_t mrb = l.mask_row_bytes(), n4 = l.cols / 4;
@@ -142,12 +177,6 @@ Result<UnpackedMatrix> Unpack(const PackedMatrix& p, const std::string& what) {
       for (int64_t g = 0; g < n4; g += 3) {
         int v = p.mask[static_cast<size_t>(r * mrb + g / 3)];
         const int64_t n_here = std::min<int64_t>(3, n4 - g);
-        const int limit = n_here == 3 ? 216 : (n_here == 2 ? 36 : 6);
-        if (v >= limit) {
-          return DataLossError(what + ": 2:4 mask byte " + std::to_string(r * mrb + g / 3) +
-                               " is " + std::to_string(v) + ", above the largest pattern code " +
-                               std::to_string(limit - 1));
-        }
         for (int64_t k = g; k < g + n_here; ++k, v /= 6)
           m.patterns[static_cast<size_t>(r * n4 + k)] = static_cast<uint8_t>(v % 6);
       }

@@ -93,8 +93,11 @@ struct PackedMatrix {
 };
 
 PackedMatrix Pack(const UnpackedMatrix& m);
-// Checks sizes, pattern bytes (< 216), padding bits of codes (zero), finite scales; `what`
-// names the matrix in errors.
+// Checks the layout, sizes, pattern bytes (each below its largest pattern code), padding bits
+// of codes (zero) and finite scales, without unpacking (what reading a delta file checks);
+// `what` names the matrix in errors.
+Status CheckPacked(const PackedMatrix& p, const std::string& what);
+// CheckPacked, then the codes and patterns one per byte.
 Result<UnpackedMatrix> Unpack(const PackedMatrix& p, const std::string& what);
 
 // Rounds to the nearest f16 value (scales are stored as f16 when grouped).

@@ -354,7 +354,7 @@ Result<Delta> ParseDelta(const std::string& file, std::string bytes) {
       used.insert(sn);
     }
     // Full validation of codes, patterns and scales.
-    CHORUS_RETURN_IF_ERROR(Unpack(md.packed, file + ": matrix " + name).status());
+    CHORUS_RETURN_IF_ERROR(CheckPacked(md.packed, file + ": matrix " + name));
     d.matrices.push_back(std::move(md));
   }
   // Extras, and nothing else.
