@@ -578,6 +578,29 @@ TEST_P(AttentionTest, Bf16BlocksEqualF32BlocksOfTheSameValues) {
   }
 }
 
+// Split-K of a prompt's last token (one segment per AttentionPartials call, merged) equals its
+// row in `rows` ([n_ctx, n_kv · group, hd], as RunChunkedOver gives) bit for bit, every KV head.
+void ExpectSplitKEqualsLastRow(const PagedKv& kv, const std::vector<float>& q,
+                               const std::vector<float>& rows, int64_t n_ctx, int64_t n_kv,
+                               int64_t group, int64_t hd, float scale, const std::string& where) {
+  const int64_t stride = n_kv * group * hd;
+  const int64_t n_seg = AttentionSegments(n_ctx), pf = AttentionPartialFloats(group, hd);
+  const float* q_last = q.data() + (n_ctx - 1) * stride;
+  std::vector<float> scratch(static_cast<size_t>(AttentionScratchFloats(1, group, hd)));
+  for (int64_t g = 0; g < n_kv; ++g) {
+    std::vector<float> partials(static_cast<size_t>(n_seg * pf)), merged(group * hd);
+    for (int64_t sg = 0; sg < n_seg; ++sg) {
+      AttentionPartials(q_last + g * group * hd, n_ctx - 1, kv, g, group, hd, scale, sg, sg + 1,
+                        scratch.data(), partials.data() + sg * pf);
+    }
+    AttentionMerge(partials.data(), n_seg, group, hd, merged.data());
+    ASSERT_EQ(std::memcmp(merged.data(), rows.data() + (n_ctx - 1) * stride + g * group * hd,
+                          merged.size() * sizeof(float)),
+              0)
+        << where << " split-K, g " << g;
+  }
+}
+
 // Decode rows over K in columns (the column decode at 16 lanes, attention_tiles.h): one-token
 // blocks must equal the same tokens computed inside multi-token blocks (the key-major tile) bit
 // for bit — groups 1–9 (chunks of 8 heads full, partial, and one past), head dims below, at and
@@ -623,21 +646,8 @@ TEST_P(AttentionTest, DecodeRowsEqualPrefillRowsOverGroupsHeadDimsAndDtypes) {
           }
         }
         // Split-K of the last token: partials of single segments, merged.
-        const int64_t n_seg = AttentionSegments(n_ctx), pf = AttentionPartialFloats(group, hd);
-        const float* q_last = q.data() + (n_ctx - 1) * stride;
-        std::vector<float> scratch(static_cast<size_t>(AttentionScratchFloats(1, group, hd)));
-        for (int64_t g = 0; g < n_kv; ++g) {
-          std::vector<float> partials(static_cast<size_t>(n_seg * pf)), merged(group * hd);
-          for (int64_t sg = 0; sg < n_seg; ++sg) {
-            AttentionPartials(q_last + g * group * hd, n_ctx - 1, kv, g, group, hd, scale, sg,
-                              sg + 1, scratch.data(), partials.data() + sg * pf);
-          }
-          AttentionMerge(partials.data(), n_seg, group, hd, merged.data());
-          ASSERT_EQ(std::memcmp(merged.data(), one.data() + (n_ctx - 1) * stride + g * group * hd,
-                                merged.size() * sizeof(float)),
-                    0)
-              << "group " << group << " hd " << hd << " g " << g;
-        }
+        ExpectSplitKEqualsLastRow(kv, q, one, n_ctx, n_kv, group, hd, scale,
+                                  "group " + std::to_string(group) + " hd " + std::to_string(hd));
       }
     }
   }
@@ -797,21 +807,7 @@ TEST_P(AttentionTest, Bf16DotProductsAreBatchInvariantAndMatchTheReference) {
                   << where << " token " << i;
             }
           }
-          const int64_t n_seg = AttentionSegments(n_ctx), pf = AttentionPartialFloats(group, hd);
-          const float* q_last = q.data() + (n_ctx - 1) * stride;
-          std::vector<float> scratch(static_cast<size_t>(AttentionScratchFloats(1, group, hd)));
-          for (int64_t g = 0; g < n_kv; ++g) {
-            std::vector<float> partials(static_cast<size_t>(n_seg * pf)), merged(group * hd);
-            for (int64_t sg = 0; sg < n_seg; ++sg) {
-              AttentionPartials(q_last + g * group * hd, n_ctx - 1, kv, g, group, hd, scale, sg,
-                                sg + 1, scratch.data(), partials.data() + sg * pf);
-            }
-            AttentionMerge(partials.data(), n_seg, group, hd, merged.data());
-            ASSERT_EQ(std::memcmp(merged.data(), one.data() + (n_ctx - 1) * stride + g * group * hd,
-                                  merged.size() * sizeof(float)),
-                      0)
-                << where << " split-K, g " << g;
-          }
+          ExpectSplitKEqualsLastRow(kv, q, one, n_ctx, n_kv, group, hd, scale, where);
           kv.bf16_dot = false;
           RunChunkedOver(kv, n_kv, hd, q, n_ctx, n_heads, 8, scale, &other);
           const bool same = std::memcmp(one.data(), other.data(), one.size() * sizeof(float)) == 0;

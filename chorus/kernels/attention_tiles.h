@@ -701,6 +701,18 @@ class BlockKernel {
       } else {
         walk(kh, [](const uint16_t* p) { return VT::LoadBf16(p); });
       }
+      ColumnSoftmax<NH, NV>(h0, acc, nk, [](int, int, V p) { return p; });
+    }
+  }
+
+  // The online-softmax update of a column chunk over its scores acc[h][j] (head h, keys jW …
+  // jW + W − 1 in lanes), in Softmax()'s operations and order: the tile's lanes past nk masked
+  // to -inf, a head's max over its keys, exp, then `keep(h, j, p)` — the probabilities as kept
+  // (the identity, or rounded to bf16 by the dot products) — stored key-major (s[c][row], what PV
+  // reads) and summed in key order into l.
+  template <int NH, int NV, class Keep>
+  void ColumnSoftmax(int64_t h0, V (&acc)[NH][NV], int64_t nk, Keep keep) {
+    if constexpr (W == 16 || W == 8) {
       // Lanes past the tile's last key may hold anything: -inf, so exp gives 0 (never used).
       const V neg_inf = VT::Set1(kNegInf);
       alignas(64) float red[16];
@@ -722,7 +734,9 @@ class BlockKernel {
 #pragma GCC unroll 8
       for (int h = 0; h < NH; ++h) {
 #pragma GCC unroll 4
-        for (int j = 0; j < NV; ++j) acc[h][j] = VT::Exp(VT::Sub(acc[h][j], VT::Set1(red[h])));
+        for (int j = 0; j < NV; ++j) {
+          acc[h][j] = keep(h, j, VT::Exp(VT::Sub(acc[h][j], VT::Set1(red[h]))));
+        }
       }
       // The probabilities to s[c][row] (PV's layout), then their sum in key order.
       V sum;
@@ -804,46 +818,13 @@ class BlockKernel {
           for (int j = 0; j < NV; ++j) acc[h][j] = VT::Dot(acc[h][j], x[j], qb);
         }
       }
-      const V neg_inf = VT::Set1(kNegInf);
-      alignas(64) float red[16];
-      std::fill_n(red, 16, kNegInf);
-#pragma GCC unroll 8
-      for (int h = 0; h < NH; ++h) {
-#pragma GCC unroll 2
-        for (int j = 0; j < NV; ++j) acc[h][j] = VT::MaskTail(acc[h][j], nk - W * j, neg_inf);
-        V m = acc[h][0];
-#pragma GCC unroll 2
-        for (int j = 1; j < NV; ++j) m = VT::Max(m, acc[h][j]);
-        red[h] = VT::ReduceMax(m);
-      }
-      const V m_old = VT::LoadN(sc_.m + h0, NH);
-      const V m_new = VT::Max(m_old, VT::Load(red));
-      const V mu = VT::ZeroIfNegInf(m_new);
-      const V alpha = VT::Exp(VT::Sub(m_old, mu));
-      VT::Store(red, mu);
-#pragma GCC unroll 8
-      for (int h = 0; h < NH; ++h) {
-#pragma GCC unroll 2
-        for (int j = 0; j < NV; ++j) {
-          const auto p = VT::RoundBf16(VT::Exp(VT::Sub(acc[h][j], VT::Set1(red[h]))));
-          VT::StoreHalfPairs(sc_.p2 + (h0 + h) * (kAttentionTile / 2) + j * (W / 2), p);
-          acc[h][j] = VT::WidenBf16(p);
-        }
-      }
-      // A single-vector tile leaves the second half of each head's pairs unwritten; PV reads
+      // A single-vector tile leaves the second half of each head's pairs unwritten; PV reads the
       // pairs below (nk + 1) / 2 ≤ 8 only.
-#pragma GCC unroll 2
-      for (int j = 0; j < NV; ++j) {
-        V pj[8];
-#pragma GCC unroll 8
-        for (int h = 0; h < 8; ++h) pj[h] = h < NH ? acc[h][j] : VT::Zero();
-        VT::StoreTransposed8(pj, sc_.s + 16 * j * rp_ + h0, rp_);
-      }
-      V sum = VT::Zero();
-      for (int64_t c = 0; c < nk; ++c) sum = VT::Add(sum, VT::LoadHalf(sc_.s + c * rp_ + h0));
-      VT::StoreN(sc_.l + h0, NH, VT::Fma(VT::LoadN(sc_.l + h0, NH), alpha, sum));
-      VT::StoreN(sc_.m + h0, NH, m_new);
-      VT::StoreN(sc_.alpha + h0, NH, alpha);
+      ColumnSoftmax<NH, NV>(h0, acc, nk, [&](int h, int j, V p) {
+        const auto rounded = VT::RoundBf16(p);
+        VT::StoreHalfPairs(sc_.p2 + (h0 + h) * (kAttentionTile / 2) + j * (W / 2), rounded);
+        return VT::WidenBf16(rounded);
+      });
     }
   }
 
