@@ -73,7 +73,11 @@ expect_startup_error "flag --chat-template" "not a template" -- --chat-template 
 start_server() {
   local log=$1
   shift
-  "$chorus" serve --port 0 "$@" >"$tmp/$log.out" 2>"$tmp/$log.err" &
+  # The files exist before the background job opens them: the first sed below may run first,
+  # and under `set -e -o pipefail` a missing file would end the test.
+  : >"$tmp/$log.out"
+  : >"$tmp/$log.err"
+  "$chorus" serve --port 0 "$@" >>"$tmp/$log.out" 2>>"$tmp/$log.err" &
   pids+=("$!")
   disown "$!"  # killed at exit without a job-control notice
   url=""

@@ -29,7 +29,9 @@ done
 
 # serve ARGS...: starts a server on a free port, sets $pid and $url.
 serve() {
-  "$chorus" serve --port 0 --host 127.0.0.1 --threads 1 "$@" >"$tmp/out" 2>"$tmp/err" &
+  : >"$tmp/out"  # exists before the background job opens it (the first sed may run first)
+  : >"$tmp/err"
+  "$chorus" serve --port 0 --host 127.0.0.1 --threads 1 "$@" >>"$tmp/out" 2>>"$tmp/err" &
   pid=$!
   for _ in $(seq 1 300); do
     url=$(sed -n 's|.*serving ".*" at \(http://[^ ]*\)/v1 .*|\1|p' "$tmp/out")
