@@ -122,5 +122,35 @@ TEST(DeltaCodecTest, CorruptPackedFormsAreRefusedWithTheMatrixName) {
   }
 }
 
+// CheckPacked (what reading a delta file runs) refuses a pattern byte above the largest code of
+// the patterns it holds — 3 (< 216) in every byte of a row but its last, which holds 1 (< 6),
+// 2 (< 36) or 3 — naming the first such byte, and accepts the largest valid codes.
+TEST(DeltaCodecTest, CheckPackedRefusesEachRowsBadPatternBytes) {
+  for (int64_t cols : {int64_t{16}, int64_t{20}, int64_t{24}}) {
+    MatrixLayout l{.rows = 2, .cols = cols, .bits = 2, .sparse24 = true, .group_size = 0};
+    PackedMatrix p = Pack(RandomMatrix(l, 11));
+    const int64_t mrb = l.mask_row_bytes();
+    ASSERT_EQ(mrb, 2);
+    const int last_limit = cols == 16 ? 6 : cols == 20 ? 36 : 216;
+    PackedMatrix q = p;
+    q.mask[static_cast<size_t>(mrb + 1)] = static_cast<uint8_t>(last_limit - 1);
+    q.mask[static_cast<size_t>(mrb)] = 215;
+    EXPECT_TRUE(CheckPacked(q, "m").ok()) << cols;
+    EXPECT_TRUE(Unpack(q, "m").ok()) << cols;
+    q.mask[static_cast<size_t>(mrb + 1)] =
+        static_cast<uint8_t>(last_limit == 216 ? 255 : last_limit);
+    Status st = CheckPacked(q, "m");
+    ASSERT_FALSE(st.ok()) << cols;
+    EXPECT_NE(st.message().find("mask byte 3"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("largest pattern code " + std::to_string(last_limit - 1)),
+              std::string::npos)
+        << st.message();
+    q.mask[static_cast<size_t>(mrb)] = 216;  // an earlier bad byte of the same row is named first
+    st = CheckPacked(q, "m");
+    ASSERT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("mask byte 2 is 216"), std::string::npos) << st.message();
+  }
+}
+
 }  // namespace
 }  // namespace chorus::delta
