@@ -398,7 +398,8 @@ class BlockKernel {
   int64_t hd_pad2() const { return RoundUp(hd_, 4 * W); }
 
   // 4 keys × 4 row vectors per score tile (16 accumulators): a broadcast K pair feeds 4
-  // vdpbf16ps (1.02–1.04× the speed of 8 keys × 2 row vectors, attention_bench).
+  // vdpbf16ps (with V pairs built once per tile, 1.05× the speed of 8 keys × 2 row vectors on
+  // attention_bench's prefill; docs/kernels.md "bf16 dot products").
   void ScoresDot(int64_t nk, int64_t rv0) {
     for (int64_t c0 = 0; c0 < nk; c0 += 4) {
       int64_t rv = rv0;
