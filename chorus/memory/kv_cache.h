@@ -175,7 +175,8 @@ class KvCache {
 
   // PagedKv for the attention kernel restricted to kv head `kv_head` of `layer` (so the kernel
   // can be called per kv-head group, which lets threads split heads at batch 1); `block_table`
-  // is the sequence's whole table (the view reads the layer's group's entries).
+  // is the sequence's whole table (the view reads the layer's group's entries). A bf16 cache's
+  // view asks for bf16 dot products (PagedKv::bf16_dot).
   kernels::PagedKv View(int64_t layer, int64_t kv_head, const int32_t* block_table) const;
 
  private:
