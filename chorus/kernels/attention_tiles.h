@@ -865,11 +865,13 @@ class BlockKernel {
           }
         }
       }
-      for (int64_t c = 0; c < nk && !dot_; ++c) {
-        float* sp = sc_.s + c * rp_ + off;
-        const V p = VT::Exp(VT::Sub(VT::Load(sp), mu));
-        VT::Store(sp, p);
-        sum = VT::Add(sum, p);
+      if (!dot_) {  // the f32 probabilities, in place
+        for (int64_t c = 0; c < nk; ++c) {
+          float* sp = sc_.s + c * rp_ + off;
+          const V p = VT::Exp(VT::Sub(VT::Load(sp), mu));
+          VT::Store(sp, p);
+          sum = VT::Add(sum, p);
+        }
       }
       VT::Store(sc_.l + off, VT::Fma(VT::Load(sc_.l + off), alpha, sum));
       VT::Store(sc_.m + off, m_new);

@@ -71,7 +71,7 @@ struct TriplePositions {
     for (int v = 0; v < 216; ++v) {
       int field = 0;
       for (int k = 0; k < 3; ++k) {
-        const int p = v / (k == 0 ? 1 : k == 1 ? 6 : 36) % 6;
+        const int p = kTriples.p[v][k];
         field |= (kPairs24[p][0] | kPairs24[p][1] << 2) << (4 * k);
       }
       f[v] = static_cast<uint16_t>(field);
