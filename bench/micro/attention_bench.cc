@@ -13,6 +13,9 @@
 //                     L = 2: head-major bf16 (90 MB), L = 3 / 4: head-major with K in columns
 //                     ([kv_head][head_dim][slot], KvCache's layout), f32 / bf16 (dot products,
 //                     as KvCache asks); counter: KV bytes read per second
+//   BM_DecodePages/B/H/T — the same over KvCache's own page layout (all layers of 16 tokens
+//                     in one page), f32 or bf16 dot (B), head by head or all heads together (H),
+//                     on T threads splitting the segments as Forward's split-K does
 //
 //   ./attention_bench --benchmark_filter=Prefill --benchmark_min_time=1
 //
@@ -20,11 +23,16 @@
 // caps the kernels' ISA level.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "chorus/base/large_alloc.h"
+#include "chorus/base/thread_pool.h"
 #include "chorus/kernels/attention.h"
 #include "chorus/kernels/dispatch.h"
 #include "chorus/tensor/dtype.h"
@@ -214,6 +222,125 @@ void BM_DecodeDram(benchmark::State& state) {
                  (columns ? " K columns" : "") + (bf16 ? " bf16" : " f32"));
 }
 BENCHMARK(BM_DecodeDram)->DenseRange(0, 4)->Unit(benchmark::kMillisecond);
+
+// KvCache's own page layout: page p holds kBs tokens of every layer, [layer][K|V][kv_head]
+// [kBs × head_dim] (K in columns), so one layer's block is a run of K then V for all heads,
+// and consecutive blocks of a sequence are a page (22 layers) apart. Views are per KV head, as
+// KvCache::View gives them.
+struct Pages {
+  static constexpr int64_t kLayers = 22;
+  int64_t n_pages, elem, page_elems;
+  // Huge pages, as KvCache's page pool (AllocateLarge): with 4 KiB pages every block of every
+  // layer (352 KB apart in bf16) would be its own TLB miss, which the engine never pays.
+  std::unique_ptr<uint8_t, decltype(&std::free)> bytes{nullptr, &std::free};
+  std::vector<const float*> kp, vp;  // [(layer · kKvHeads + g) · n_pages + page]
+  std::vector<int32_t> table;
+  bool bf16;
+  Pages(int64_t depth, bool bf16_) : bf16(bf16_) {
+    n_pages = (depth + kBs - 1) / kBs;
+    elem = bf16 ? 2 : 4;
+    page_elems = kLayers * 2 * kKvHeads * kBs * kHd;
+    bytes.reset(static_cast<uint8_t*>(
+        AllocateLarge(static_cast<size_t>(n_pages * page_elems * elem), "the KV pages")));
+    std::mt19937 rng(3);
+    std::normal_distribution<float> nd;
+    for (int64_t i = 0; i < n_pages * page_elems; ++i) {
+      const float x = nd(rng);
+      if (bf16) {
+        const uint16_t h = F32ToBF16(x);
+        std::memcpy(bytes.get() + i * 2, &h, 2);
+      } else {
+        std::memcpy(bytes.get() + i * 4, &x, 4);
+      }
+    }
+    for (int64_t l = 0; l < kLayers; ++l) {
+      for (int64_t g = 0; g < kKvHeads; ++g) {
+        for (int64_t p = 0; p < n_pages; ++p) {
+          const uint8_t* page = bytes.get() + p * page_elems * elem;
+          const int64_t k_off = ((l * 2 + 0) * kKvHeads + g) * kBs * kHd;
+          const int64_t v_off = ((l * 2 + 1) * kKvHeads + g) * kBs * kHd;
+          kp.push_back(reinterpret_cast<const float*>(page + k_off * elem));
+          vp.push_back(reinterpret_cast<const float*>(page + v_off * elem));
+        }
+      }
+    }
+    for (int64_t p = 0; p < n_pages; ++p) table.push_back(static_cast<int32_t>(p));
+  }
+  PagedKv View(int64_t layer, int64_t g) const {
+    PagedKv kv;
+    const size_t off = static_cast<size_t>((layer * kKvHeads + g) * n_pages);
+    kv.k_blocks = kp.data() + off;
+    kv.v_blocks = vp.data() + off;
+    kv.block_table = table.data();
+    kv.block_size = kBs;
+    kv.kv_stride = kHd;
+    kv.head_stride = kBs * kHd;
+    kv.dtype = bf16 ? KvDtype::kBf16 : KvDtype::kF32;
+    kv.k_columns = true;
+    kv.bf16_dot = bf16;
+    return kv;
+  }
+};
+
+// BM_DecodePages/B/H/T — one token at depth 4000 over 22 layers of KvCache's pages (B = 0: f32,
+// 180 MB; B = 1: bf16 dot products, 90 MB), split-K as one thread of Forward's decode runs it:
+// H = 0: segment by segment, each KV head in turn over the segment (AttentionPartials);
+// H = 1: all KV heads tile by tile together (AttentionPartialsHeads); T threads, each a
+// contiguous range of the segments. Counter: KV bytes/s.
+void BM_DecodePages(benchmark::State& state) {
+  CapIsa();
+  constexpr int64_t kDepth = 4000;
+  const bool bf16 = state.range(0) == 1, together = state.range(1) == 1;
+  const int threads = static_cast<int>(state.range(2));
+  const Pages pages(kDepth, bf16);
+  const std::vector<float> q = RandomQ(kHeads * kHd);
+  std::vector<float> out(q.size());
+  const int64_t scratch_floats =
+      std::max(AttentionScratchFloats(1, kGroup, kHd),
+               AttentionPartialsHeadsScratchFloats(kKvHeads, kGroup, kHd));
+  std::vector<float> scratch(static_cast<size_t>(scratch_floats * threads));
+  const int64_t n_seg = AttentionSegments(kDepth), pf = AttentionPartialFloats(kGroup, kHd);
+  std::vector<float> partials(static_cast<size_t>(kKvHeads * n_seg * pf));
+  ThreadPool pool(threads);
+  for (auto _ : state) {
+    for (int64_t l = 0; l < Pages::kLayers; ++l) {
+      PagedKv views[kKvHeads];
+      for (int64_t g = 0; g < kKvHeads; ++g) views[g] = pages.View(l, g);
+      // Each thread a contiguous range of segments, as Forward's split-K tasks.
+      pool.Run([&](int ti, int nt) {
+        const int64_t s0 = ti * n_seg / nt, s1 = (ti + 1) * n_seg / nt;
+        float* sc = scratch.data() + ti * scratch_floats;
+        if (s0 == s1) return;
+        if (together) {
+          AttentionPartialsHeads(q.data(), kDepth - 1, views, kKvHeads, kGroup, kHd, 0.125f, s0, s1,
+                                 sc, partials.data() + s0 * pf, n_seg * pf);
+          return;
+        }
+        for (int64_t s = s0; s < s1; ++s) {
+          for (int64_t g = 0; g < kKvHeads; ++g) {
+            AttentionPartials(q.data() + g * kGroup * kHd, kDepth - 1, views[g], 0, kGroup, kHd,
+                              0.125f, s, s + 1, sc, partials.data() + (g * n_seg + s) * pf);
+          }
+        }
+      });
+      for (int64_t g = 0; g < kKvHeads; ++g) {
+        AttentionMerge(partials.data() + g * n_seg * pf, n_seg, kGroup, kHd,
+                       out.data() + g * kGroup * kHd);
+      }
+      benchmark::DoNotOptimize(out.data());
+    }
+  }
+  state.counters["bytes/s"] =
+      benchmark::Counter(2.0 * Pages::kLayers * kDepth * kKvHeads * kHd * (bf16 ? 2.0 : 4.0) *
+                             static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate);
+  state.SetLabel(std::string(IsaName(ActiveIsa())) + (bf16 ? " bf16 dot" : " f32") +
+                 (together ? ", heads together" : ", head by head"));
+}
+BENCHMARK(BM_DecodePages)
+    ->ArgsProduct({{0, 1}, {0, 1}, {1, 2}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 // The same 180 MB read by a plain sum (what one thread can pull from memory right now): the
 // scale BM_DecodeDram is judged against on a shared host.

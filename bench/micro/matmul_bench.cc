@@ -95,6 +95,68 @@ void BM_ReadBandwidth(benchmark::State& state) {
       benchmark::Counter(static_cast<double>(bytes), benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// One batch-1 decode step's weight stream without the rest of the step: kLayers TinyLlama-1.1B
+// layers (q|k|v and gate|up as one MatMulMulti each, o, down, as Forward runs them) of distinct
+// random weights, ~210 MB in q4_0, far more than L3, so every call streams from memory. Compare
+// weight_B/s with read/bytes:268435456/threads:2 in the same invocation: the gap is what the
+// kernels and the dispatches between them lose against a bare read loop.
+//   ./matmul_bench --benchmark_filter='stream|read/.*threads:2' --benchmark_repetitions=5
+struct StreamLayer {
+  PackedWeight q, k, v, o, gate, up, down;
+};
+PackedWeight RandomWeight(DType dt, int64_t n, int64_t k, uint64_t seed) {
+  std::vector<float> v(static_cast<size_t>(n * k));
+  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (auto& x : v) {  // xorshift: a normal generator would take minutes for 210 MB of weights
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    x = static_cast<float>(static_cast<int64_t>(s >> 40) - (int64_t{1} << 23)) * 2.4e-9f;
+  }
+  auto pw = PackedWeight::Pack(Tensor::FromF32(v, dt, {n, k}));
+  CHORUS_CHECK(pw.ok()) << pw.status().ToString();
+  return std::move(pw).value();
+}
+
+void BM_DecodeStream(benchmark::State& state, DType dt) {
+  constexpr int kLayers = 8;
+  constexpr int64_t d = 2048, kv = 256, ff = 5632;
+  static std::map<DType, std::vector<StreamLayer>> cache;
+  auto& layers = cache[dt];
+  if (layers.empty()) {
+    for (int l = 0; l < kLayers; ++l) {
+      const uint64_t s = static_cast<uint64_t>(l) * 8;
+      layers.push_back({RandomWeight(dt, d, d, s), RandomWeight(dt, kv, d, s + 1),
+                        RandomWeight(dt, kv, d, s + 2), RandomWeight(dt, d, d, s + 3),
+                        RandomWeight(dt, ff, d, s + 4), RandomWeight(dt, ff, d, s + 5),
+                        RandomWeight(dt, d, ff, s + 6)});
+    }
+  }
+  ThreadPool* pool = Pool(static_cast<int>(state.range(0)));
+  std::vector<float> x(ff, 0.5f), qkv(d + 2 * kv), o(d), gu(2 * ff), down(d);
+  double bytes = 0;
+  for (const StreamLayer& L : layers) {
+    for (const PackedWeight* w : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down})
+      bytes += static_cast<double>(w->source().view().NumBytes());
+  }
+  for (auto _ : state) {
+    for (const StreamLayer& L : layers) {
+      const MatMulOut qkv_outs[] = {
+          {&L.q, qkv.data(), d}, {&L.k, qkv.data() + d, kv}, {&L.v, qkv.data() + d + kv, kv}};
+      MatMulMulti(qkv_outs, x.data(), d, 1, false, pool);
+      MatMul(L.o, x.data(), d, 1, o.data(), d, false, pool);
+      const MatMulOut gu_outs[] = {{&L.gate, gu.data(), ff}, {&L.up, gu.data() + ff, ff}};
+      MatMulMulti(gu_outs, x.data(), d, 1, false, pool);
+      MatMul(L.down, x.data(), ff, 1, down.data(), d, false, pool);
+    }
+    benchmark::DoNotOptimize(down.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["weight_B/s"] =
+      benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(IsaName(ActiveIsa()));
+}
+
 // Pack() cost (runs once per weight at model load): bytes of source weight per second.
 void BM_Pack(benchmark::State& state, DType dt) {
   const int64_t n = 5632, k = 2048;
@@ -122,6 +184,15 @@ int Register() {
       ->Args({256 << 20, 2})
       ->Unit(benchmark::kMicrosecond)
       ->UseRealTime();
+  for (DType dt : {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) {
+    const std::string name = "stream/" + std::string(DTypeName(dt));
+    benchmark::RegisterBenchmark(name.c_str(), BM_DecodeStream, dt)
+        ->ArgNames({"threads"})
+        ->Arg(1)
+        ->Arg(2)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
+  }
   for (DType dt : kTypes) {
     for (const auto& s : kShapes) {
       const std::string name =

@@ -3,6 +3,7 @@
 // (attention_tiles.h).
 #include "chorus/kernels/attention.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "chorus/base/check.h"
@@ -25,6 +26,7 @@ namespace {
 struct AttentionKernels {
   decltype(&avx2::AttentionBlock) block;
   decltype(&avx2::AttentionPartials) partials;
+  decltype(&avx2::AttentionPartialsHeads) partials_heads;
   decltype(&avx2::AttentionMerge) merge;
 };
 
@@ -40,16 +42,26 @@ void ScalarPartials(const float* q, int64_t pos, const PagedKv& kv, int64_t kv_h
   attention_internal::Partials<ScalarVec>(q, pos, kv, kv_head, group, head_dim, scale, seg_begin,
                                           seg_end, scratch, partials);
 }
+void ScalarPartialsHeads(const float* q, int64_t pos, const PagedKv* kv, int64_t n_heads,
+                         int64_t group, int64_t head_dim, float scale, int64_t seg_begin,
+                         int64_t seg_end, float* scratch, float* partials, int64_t head_partials) {
+  attention_internal::PartialsHeads<ScalarVec>(q, pos, kv, n_heads, group, head_dim, scale,
+                                               seg_begin, seg_end, scratch, partials,
+                                               head_partials);
+}
 void ScalarMerge(const float* partials, int64_t n_segments, int64_t group, int64_t head_dim,
                  float* out) {
   attention_internal::Merge<ScalarVec>(partials, n_segments, group, head_dim, out);
 }
 
 constexpr AttentionKernels kAttentionKernels[] = {
-    {ScalarBlock, ScalarPartials, ScalarMerge},
-    {avx2::AttentionBlock, avx2::AttentionPartials, avx2::AttentionMerge},
-    {avx512::AttentionBlock, avx512::AttentionPartials, avx512::AttentionMerge},
-    {avx512::AttentionBlock, avx512::AttentionPartials, avx512::AttentionMerge},  // kAmx
+    {ScalarBlock, ScalarPartials, ScalarPartialsHeads, ScalarMerge},
+    {avx2::AttentionBlock, avx2::AttentionPartials, avx2::AttentionPartialsHeads,
+     avx2::AttentionMerge},
+    {avx512::AttentionBlock, avx512::AttentionPartials, avx512::AttentionPartialsHeads,
+     avx512::AttentionMerge},
+    {avx512::AttentionBlock, avx512::AttentionPartials, avx512::AttentionPartialsHeads,
+     avx512::AttentionMerge},  // kAmx
 };
 static_assert(static_cast<int>(IsaLevel::kScalar) == 0 && static_cast<int>(IsaLevel::kAvx2) == 1 &&
               static_cast<int>(IsaLevel::kAvx512) == 2 && static_cast<int>(IsaLevel::kAmx) == 3);
@@ -75,6 +87,23 @@ void AttentionPartials(const float* q, int64_t pos, const PagedKv& kv, int64_t k
       << "pos " << pos << " segments [" << seg_begin << ", " << seg_end << ")";
   KernelsForIsa().partials(q, pos, kv, kv_head, group, head_dim, scale, seg_begin, seg_end, scratch,
                            partials);
+}
+
+void AttentionPartialsHeads(const float* q, int64_t pos, const PagedKv* kv, int64_t n_heads,
+                            int64_t group, int64_t head_dim, float scale, int64_t seg_begin,
+                            int64_t seg_end, float* scratch, float* partials,
+                            int64_t head_partials) {
+  CHORUS_CHECK(pos >= 0 && n_heads >= 1 && 0 <= seg_begin && seg_begin < seg_end &&
+               seg_end <= AttentionSegments(pos + 1))
+      << "pos " << pos << " heads " << n_heads << " segments [" << seg_begin << ", " << seg_end
+      << ")";
+  KernelsForIsa().partials_heads(q, pos, kv, n_heads, group, head_dim, scale, seg_begin, seg_end,
+                                 scratch, partials, head_partials);
+}
+
+int64_t AttentionPartialsHeadsScratchFloats(int64_t n_heads, int64_t group, int64_t head_dim) {
+  return std::min(n_heads, kAttentionHeadsTogether) *
+         attention_internal::ScratchFloats(1, group, head_dim);
 }
 
 void AttentionMerge(const float* partials, int64_t n_segments, int64_t group, int64_t head_dim,

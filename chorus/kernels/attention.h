@@ -145,6 +145,18 @@ void AttentionBlock(const float* q, int64_t q_stride, int64_t n_tokens, int64_t 
 void AttentionPartials(const float* q, int64_t pos, const PagedKv& kv, int64_t kv_head,
                        int64_t group, int64_t head_dim, float scale, int64_t seg_begin,
                        int64_t seg_end, float* scratch, float* partials);
+// AttentionPartials for KV heads 0 … n_heads−1 of one token at once, bit for bit the same:
+// head g reads kv[g] (its KV head at kv_head 0, as KvCache::View gives one head), its query
+// heads at q + g·group·head_dim, and writes its partials at partials + g·head_partials. The
+// heads advance tile by tile together (up to kAttentionHeadsTogether at a time), so a block's
+// K and V of all heads, which KvCache stores side by side, stream from memory as one run.
+// Requires: scratch ≥ AttentionPartialsHeadsScratchFloats(n_heads, group, head_dim).
+inline constexpr int64_t kAttentionHeadsTogether = 8;
+void AttentionPartialsHeads(const float* q, int64_t pos, const PagedKv* kv, int64_t n_heads,
+                            int64_t group, int64_t head_dim, float scale, int64_t seg_begin,
+                            int64_t seg_end, float* scratch, float* partials,
+                            int64_t head_partials);
+int64_t AttentionPartialsHeadsScratchFloats(int64_t n_heads, int64_t group, int64_t head_dim);
 // Folds n_segments partials left to right and normalizes: out [group, head_dim].
 void AttentionMerge(const float* partials, int64_t n_segments, int64_t group, int64_t head_dim,
                     float* out);

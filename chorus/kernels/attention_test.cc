@@ -578,6 +578,57 @@ TEST_P(AttentionTest, Bf16BlocksEqualF32BlocksOfTheSameValues) {
   }
 }
 
+// One view per KV head of kv, head g at kv_head 0 (as KvCache::View gives them, what
+// AttentionPartialsHeads takes); `ptrs` keeps their block pointers.
+std::vector<PagedKv> HeadViews(const PagedKv& kv, int64_t n_kv, int64_t hd, int64_t n_ctx,
+                               std::vector<std::vector<const float*>>* ptrs) {
+  int64_t n_blocks = 0;
+  for (int64_t b = 0; b < (n_ctx + kv.block_size - 1) / kv.block_size; ++b) {
+    n_blocks = std::max<int64_t>(n_blocks, kv.block_table[b * kv.table_stride] + 1);
+  }
+  const int64_t elem = kv.dtype == KvDtype::kBf16 ? 2 : 4;
+  ptrs->assign(static_cast<size_t>(2 * n_kv), {});
+  std::vector<PagedKv> views;
+  for (int64_t g = 0; g < n_kv; ++g) {
+    const int64_t off = g * (kv.head_stride > 0 ? kv.head_stride : hd) * elem;
+    auto& k = (*ptrs)[static_cast<size_t>(2 * g)];
+    auto& v = (*ptrs)[static_cast<size_t>(2 * g + 1)];
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      k.push_back(
+          reinterpret_cast<const float*>(reinterpret_cast<const char*>(kv.k_blocks[b]) + off));
+      v.push_back(
+          reinterpret_cast<const float*>(reinterpret_cast<const char*>(kv.v_blocks[b]) + off));
+    }
+    PagedKv view = kv;
+    view.k_blocks = k.data();
+    view.v_blocks = v.data();
+    views.push_back(view);
+  }
+  return views;
+}
+
+// AttentionPartialsHeads over [seg_begin, seg_end) equals AttentionPartials head by head, bit
+// for bit.
+void ExpectPartialsHeadsEqualPerHead(const PagedKv& kv, const float* q_row, int64_t pos,
+                                     int64_t n_kv, int64_t group, int64_t hd, float scale,
+                                     int64_t seg_begin, int64_t seg_end, const std::string& where) {
+  const int64_t n_seg = seg_end - seg_begin, pf = AttentionPartialFloats(group, hd);
+  std::vector<std::vector<const float*>> ptrs;
+  const std::vector<PagedKv> views = HeadViews(kv, n_kv, hd, pos + 1, &ptrs);
+  std::vector<float> scratch(static_cast<size_t>(AttentionScratchFloats(1, group, hd)));
+  std::vector<float> heads_scratch(
+      static_cast<size_t>(AttentionPartialsHeadsScratchFloats(n_kv, group, hd)));
+  std::vector<float> want(static_cast<size_t>(n_kv * n_seg * pf)), got(want.size(), -3.0f);
+  for (int64_t g = 0; g < n_kv; ++g) {
+    AttentionPartials(q_row + g * group * hd, pos, kv, g, group, hd, scale, seg_begin, seg_end,
+                      scratch.data(), want.data() + g * n_seg * pf);
+  }
+  AttentionPartialsHeads(q_row, pos, views.data(), n_kv, group, hd, scale, seg_begin, seg_end,
+                         heads_scratch.data(), got.data(), n_seg * pf);
+  ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
+      << where << " heads together, segments [" << seg_begin << ", " << seg_end << ")";
+}
+
 // Split-K of a prompt's last token (one segment per AttentionPartials call, merged) equals its
 // row in `rows` ([n_ctx, n_kv · group, hd], as RunChunkedOver gives) bit for bit, every KV head.
 void ExpectSplitKEqualsLastRow(const PagedKv& kv, const std::vector<float>& q,
@@ -598,6 +649,45 @@ void ExpectSplitKEqualsLastRow(const PagedKv& kv, const std::vector<float>& q,
                           merged.size() * sizeof(float)),
               0)
         << where << " split-K, g " << g;
+  }
+  ExpectPartialsHeadsEqualPerHead(kv, q_last, n_ctx - 1, n_kv, group, hd, scale, 0, n_seg, where);
+  if (n_seg > 1) {
+    ExpectPartialsHeadsEqualPerHead(kv, q_last, n_ctx - 1, n_kv, group, hd, scale, 1, n_seg, where);
+  }
+}
+
+// All KV heads of a decode row at once (AttentionPartialsHeads: heads advance tile by tile
+// together, at most kAttentionHeadsTogether at a time) equal head-by-head partials bit for bit:
+// more heads than one pass takes, f32 and bf16 blocks (dot products), K in rows and columns, any
+// range of segments.
+TEST_P(AttentionTest, PartialsOfAllHeadsAtOnceEqualHeadByHead) {
+  for (int64_t n_kv : {1, 3, 11}) {
+    for (int64_t group : {1, 4, 8}) {
+      for (int bf16 = 0; bf16 < 2; ++bf16) {
+        for (bool k_columns : {true, false}) {
+          const int64_t n_ctx = 1100, hd = 64, bs = 16;
+          Paged p(n_ctx, n_kv, hd, bs, static_cast<uint64_t>(n_kv * 31 + group));
+          const HeadMajor blocks(p, k_columns, bf16 == 1);
+          PagedKv kv = blocks.View();
+          kv.bf16_dot = bf16 == 1;
+          const std::vector<float> q =
+              RandomQ(n_kv * group * hd, 90 + static_cast<uint64_t>(n_kv), 2.0f);
+          const std::string where = "kv " + std::to_string(n_kv) + " group " +
+                                    std::to_string(group) + (bf16 ? " bf16" : " f32") +
+                                    (k_columns ? " columns" : " rows");
+          const int64_t n_seg = AttentionSegments(n_ctx);
+          ExpectPartialsHeadsEqualPerHead(kv, q.data(), n_ctx - 1, n_kv, group, hd, 0.125f, 0,
+                                          n_seg, where);
+          ExpectPartialsHeadsEqualPerHead(kv, q.data(), n_ctx - 1, n_kv, group, hd, 0.125f, 1, 2,
+                                          where);
+          ExpectPartialsHeadsEqualPerHead(kv, q.data(), n_ctx - 1, n_kv, group, hd, 0.125f, 2,
+                                          n_seg, where);
+          // A row whose last segment holds a single key.
+          ExpectPartialsHeadsEqualPerHead(kv, q.data(), 1024, n_kv, group, hd, 0.125f, 0, 3,
+                                          where + " pos 1024");
+        }
+      }
+    }
   }
 }
 

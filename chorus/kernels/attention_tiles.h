@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <type_traits>
 
 #include "chorus/kernels/attention.h"
@@ -225,6 +226,11 @@ class BlockKernel {
     std::fill(sc_.o, sc_.o + r_ * hd_, 0.0f);
   }
 
+  // One tile of keys [t0, t0 + kAttentionTile) (t0 a multiple of the tile inside the current
+  // segment), for callers that interleave several kernels tile by tile (PartialsHeads); the
+  // tiles of a segment must come in order, as RunSegment runs them.
+  void RunTile(int64_t t0) { Tile(t0, std::min<int64_t>(kAttentionTile, pos0_ + n_tokens_ - t0)); }
+
   // Runs the tiles of segment `seg` (keys [seg·S, min((seg+1)·S, pos0 + n_tokens))) for every
   // token whose position reaches into it.
   void RunSegment(int64_t seg) {
@@ -271,25 +277,40 @@ class BlockKernel {
     const float* vp[kAttentionTile];
     const uint16_t* kh[kAttentionTile];  // bf16 K (rows widened into kt, or columns)
     const uint16_t* vh[kAttentionTile];  // bf16 V rows, widened inside PV (fuse_v_)
-    // One division per tile; the slot then walks the blocks.
-    int64_t bi = t0 / kv_.block_size, slot = t0 % kv_.block_size;
+    // One division per tile, one table lookup per block the tile touches; the key pointers
+    // then step through the block. (The view's fields are copied to locals: read through kv_
+    // inside the loop, every store to kp/kh/the scratch would make the compiler load them again,
+    // and the table → block-pointer chain of loads per key cost ~9 % of a decode row.)
+    const int64_t bs = kv_.block_size, kvs = kv_.kv_stride, ts = kv_.table_stride;
+    const int32_t* const table = kv_.block_table;
+    const float* const* const kb = kv_.k_blocks;
+    const float* const* const vb = kv_.v_blocks;
+    int64_t bi = t0 / bs, slot = t0 % bs;
     // K in columns: kp[c] / kh[c] point at key c's element 0, its element d is d · ks further.
-    const bool kcol = kv_.k_columns;
-    int64_t ks = kcol ? kv_.block_size : 1;
-    for (int64_t c = 0; c < nk; ++c) {
-      const int64_t off = slot * kv_.kv_stride + kv_off_;
-      const int64_t koff = kcol ? kv_off_ + slot : off;
-      const int32_t block = kv_.block_table[bi * kv_.table_stride];
-      if (kv_.dtype == KvDtype::kF32) {
-        kp[c] = kv_.k_blocks[block] + koff;
-        vp[c] = kv_.v_blocks[block] + off;
-      } else {  // bf16: widen the rows once per tile (exact), then the same f32 arithmetic
-        kh[c] = reinterpret_cast<const uint16_t*>(kv_.k_blocks[block]) + koff;
+    const bool kcol = kv_.k_columns, f32 = kv_.dtype == KvDtype::kF32;
+    int64_t ks = kcol ? bs : 1;
+    const int64_t kstep = kcol ? 1 : kvs;
+    for (int64_t c = 0; c < nk; slot = 0, ++bi) {
+      const int32_t block = table[bi * ts];
+      const int64_t end = std::min(nk, c + bs - slot);
+      int64_t off = slot * kvs + kv_off_, koff = kcol ? kv_off_ + slot : off;
+      if (f32) {
+        for (; c < end; ++c, off += kvs, koff += kstep) {
+          kp[c] = kb[block] + koff;
+          vp[c] = vb[block] + off;
+        }
+        continue;
+      }
+      // bf16: widen the rows once per tile (exact), then the same f32 arithmetic — unless the
+      // dot products (or the fused V of a decode row) read the bf16 elements directly.
+      const uint16_t* const kb16 = reinterpret_cast<const uint16_t*>(kb[block]);
+      const uint16_t* const vb16 = reinterpret_cast<const uint16_t*>(vb[block]);
+      for (; c < end; ++c, off += kvs, koff += kstep) {
+        kh[c] = kb16 + koff;
         if (!kcol && !dot_) kp[c] = Widen(kh[c], sc_.kt + c * hd_pad_);
-        vh[c] = reinterpret_cast<const uint16_t*>(kv_.v_blocks[block]) + off;
+        vh[c] = vb16 + off;
         if (!fuse_v_ && !dot_) vp[c] = Widen(vh[c], sc_.vt + c * hd_pad_);
       }
-      if (++slot == kv_.block_size) slot = 0, ++bi;
     }
     const bool bf16 = kv_.dtype == KvDtype::kBf16;
     if constexpr (VT::kBf16Dot) {
@@ -347,9 +368,66 @@ class BlockKernel {
         const bool diag = t0 + nk - 1 > pos0_ + rv0 * W / group_;
         Softmax(t0, nk, rv0, diag);
       }
+      if (column_decode_) return PvColumnsDot(vh, nk);
       ValuePairs(vh, nk);
       for (int64_t i = ft; i < n_tokens_; ++i) {
         AccumulateDot(i * group_, std::min<int64_t>(nk, pos0_ + i + 1 - t0));
+      }
+    }
+  }
+
+  // AccumulateDot of a decode row (nv = nk keys, every one at or before the row's position),
+  // with the V pairs made in registers from the bf16 rows as they are used instead of through
+  // vt2 (ValuePairs' stores and PvTileDot's loads were a sixth of a decode row's time): chunks
+  // of up to kColumnHeads heads × 2W elements of d, so the pairs of a chunk of d are made once
+  // for all of its heads. The operands and each accumulator's chain are PvTileDot's: same bits.
+  void PvColumnsDot(const uint16_t* const* vh, int64_t nv) {
+    if constexpr (VT::kBf16Dot) {
+      for (int64_t h0 = 0; h0 < group_; h0 += kColumnHeads) {
+        DispatchHeads(std::min<int64_t>(kColumnHeads, group_ - h0), [&](auto nh_c) {
+          constexpr int NH = decltype(nh_c)::value;
+          if constexpr (NH <= kColumnHeads) {
+            for (int64_t d = 0; d < hd_; d += 2 * W) PvColumnDot<NH>(h0, vh, nv, d);
+          }
+        });
+      }
+    }
+  }
+  template <int NH>
+  void PvColumnDot(int64_t r, const uint16_t* const* vh, int64_t nv, int64_t d) {
+    using P = typename VT::P;
+    const int64_t n = std::min<int64_t>(2 * W, hd_ - d);  // elements of this chunk
+    V acc[NH][2];
+#pragma GCC unroll 8
+    for (int h = 0; h < NH; ++h) {
+      const V a = VT::Set1(sc_.alpha[r + h]);
+      const float* o = sc_.o + (r + h) * hd_ + d;
+#pragma GCC unroll 2
+      for (int j = 0; j < 2; ++j) {
+        acc[h][j] = VT::Mul(VT::LoadN(o + j * W, std::clamp<int64_t>(n - j * W, 0, W)), a);
+      }
+    }
+    const uint32_t* pc = sc_.p2 + r * (kAttentionTile / 2);
+    for (int64_t c = 0; c < nv; c += 2, ++pc) {
+      IssuePvPrefetch(), IssuePvPrefetch();
+      const bool pair = c + 1 < nv;
+      P v[2];
+      VT::InterleaveRows(vh[c] + d, (pair ? vh[c + 1] : vh[c]) + d, n, &v[0], &v[1]);
+      if (!pair) v[0] = VT::EvenOnly(v[0]), v[1] = VT::EvenOnly(v[1]);
+#pragma GCC unroll 8
+      for (int h = 0; h < NH; ++h) {
+        const P pb = VT::BroadcastPair(pc[h * (kAttentionTile / 2)]);
+#pragma GCC unroll 2
+        for (int j = 0; j < 2; ++j) acc[h][j] = VT::Dot(acc[h][j], v[j], pb);
+      }
+    }
+#pragma GCC unroll 8
+    for (int h = 0; h < NH; ++h) {
+      float* o = sc_.o + (r + h) * hd_ + d;
+#pragma GCC unroll 2
+      for (int j = 0; j < 2; ++j) {
+        const int64_t m = std::clamp<int64_t>(n - j * W, 0, W);
+        if (m > 0) VT::StoreN(o + j * W, m, acc[h][j]);
       }
     }
   }
@@ -1083,6 +1161,43 @@ void Partials(const float* q, int64_t pos, const PagedKv& kv, int64_t kv_head, i
     std::copy_n(sc.m, group, part);
     std::copy_n(sc.l, group, part + group);
     std::copy_n(sc.o, group * head_dim, part + 2 * group);
+  }
+}
+
+// Partials for several KV heads of one decode row: head g's kernel over kv[g] (its head at
+// kv_head 0, as KvCache::View gives it), q + g·group·head_dim, partials + g·head_partials. The
+// heads run tile by tile in turn, so a block's K and V of every head — adjacent in KvCache's
+// pages — are read within one tile's time instead of once per head and segment. Each head's
+// kernel runs the very tiles Partials would, in the same order: same bits.
+template <class VT>
+void PartialsHeads(const float* q, int64_t pos, const PagedKv* kv, int64_t n_heads, int64_t group,
+                   int64_t head_dim, float scale, int64_t seg_begin, int64_t seg_end,
+                   float* scratch, float* partials, int64_t head_partials) {
+  const int64_t per = ScratchFloats(1, group, head_dim),
+                pf = AttentionPartialFloats(group, head_dim);
+  for (int64_t g0 = 0; g0 < n_heads; g0 += kAttentionHeadsTogether) {
+    const int64_t ng = std::min(kAttentionHeadsTogether, n_heads - g0);
+    std::optional<BlockKernel<VT>> k[kAttentionHeadsTogether];
+    for (int64_t g = 0; g < ng; ++g) {
+      k[g].emplace(q + (g0 + g) * group * head_dim, group * head_dim, 1, pos, kv[g0 + g], 0, group,
+                   head_dim, scale, scratch + g * per);
+    }
+    for (int64_t seg = seg_begin; seg < seg_end; ++seg) {
+      if (seg > seg_begin) {
+        for (int64_t g = 0; g < ng; ++g) k[g]->ResetSegment();
+      }
+      const int64_t end = std::min(pos + 1, (seg + 1) * kAttentionSegment);
+      for (int64_t t0 = seg * kAttentionSegment; t0 < end; t0 += kAttentionTile) {
+        for (int64_t g = 0; g < ng; ++g) k[g]->RunTile(t0);
+      }
+      for (int64_t g = 0; g < ng; ++g) {
+        const Scratch& sc = k[g]->scratch();
+        float* part = partials + (g0 + g) * head_partials + (seg - seg_begin) * pf;
+        std::copy_n(sc.m, group, part);
+        std::copy_n(sc.l, group, part + group);
+        std::copy_n(sc.o, group * head_dim, part + 2 * group);
+      }
+    }
   }
 }
 

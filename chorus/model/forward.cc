@@ -67,7 +67,9 @@ Forward::Forward(std::shared_ptr<const Model> model, int64_t max_rows, int64_t m
     step_rows_[static_cast<size_t>(i)] = static_cast<int32_t>(i);
   const int64_t group = c.n_heads / c.n_kv_heads;
   attn_block_tokens_ = std::max<int64_t>(1, kAttnBlockRows / group);
-  attn_scratch_floats_ = kernels::AttentionScratchFloats(attn_block_tokens_, group, c.head_dim);
+  attn_scratch_floats_ =
+      std::max(kernels::AttentionScratchFloats(attn_block_tokens_, group, c.head_dim),
+               kernels::AttentionPartialsHeadsScratchFloats(c.n_kv_heads, group, c.head_dim));
   tasks_.reserve(static_cast<size_t>(max_rows * c.n_kv_heads + kMaxSplitTasks));
   merges_.reserve(static_cast<size_t>(max_rows * c.n_kv_heads));
 }
@@ -255,17 +257,14 @@ void Forward::Attention(const StepInput& in, memory::KvCache* kv, int64_t layer,
                                 /*kv_head=*/0, group, hd, scale, scratch, att_.data() + off, qd);
         continue;
       }
-      // A split range: segment by segment over every KV head, so the range's blocks are read
-      // once, contiguously, while they are in cache.
+      // A split range: every KV head at once, tile by tile, so each block's K and V of all
+      // heads (side by side in the page) are read once, as one run.
       const int64_t n_seg = kernels::AttentionSegments(pos + 1);
-      for (int64_t s = t.seg_begin; s < t.seg_end; ++s) {
-        for (int64_t g = 0; g < c.n_kv_heads; ++g) {
-          kernels::AttentionPartials(q_.data() + t.row * qd + g * group * hd, pos,
-                                     kv->View(layer, g, table), /*kv_head=*/0, group, hd, scale, s,
-                                     s + 1, scratch,
-                                     partials_.data() + t.partials + (g * n_seg + s) * pf);
-        }
-      }
+      kernels::PagedKv* views = head_views_.data() + static_cast<size_t>(ti) * c.n_kv_heads;
+      for (int64_t g = 0; g < c.n_kv_heads; ++g) views[g] = kv->View(layer, g, table);
+      kernels::AttentionPartialsHeads(q_.data() + t.row * qd, pos, views, c.n_kv_heads, group, hd,
+                                      scale, t.seg_begin, t.seg_end, scratch,
+                                      partials_.data() + t.partials + t.seg_begin * pf, n_seg * pf);
     }
   });
   if (merges_.empty()) return;
@@ -289,6 +288,7 @@ void Forward::Run(const StepInput& in, memory::KvCache* kv, ThreadPool* pool, fl
   if (scratch_threads_ < pool->size()) {  // grows once per pool size, never per step
     scratch_threads_ = pool->size();
     scratch_.assign(static_cast<size_t>(scratch_threads_ * attn_scratch_floats_), 0.0f);
+    head_views_.resize(static_cast<size_t>(scratch_threads_ * c.n_kv_heads));
   }
   PlanAttention(in, pool->size());
   const int64_t d = c.n_embd, qd = c.q_dim(), kvd = c.kv_dim(), ff = c.n_ff;

@@ -148,6 +148,7 @@ class Forward {
   int64_t attn_scratch_floats_ = 0;
   std::vector<float> scratch_;  // [n_threads][attn_scratch_floats_] attention block scratch
   int64_t scratch_threads_ = 0;
+  std::vector<kernels::PagedKv> head_views_;  // [n_threads][n_kv_heads] a split task's views
   // This step's attention plan: tasks_ run in phase 1 (blocks and split ranges, costliest first,
   // taken from next_task_ by whichever thread is free); merges_ in phase 2 (split rows × KV head).
   std::vector<AttnTask> tasks_, merges_;

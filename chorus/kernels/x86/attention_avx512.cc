@@ -174,6 +174,14 @@ void AttentionPartials(const float* q, int64_t pos, const PagedKv& kv, int64_t k
                                        seg_end, scratch, partials);
 }
 
+void AttentionPartialsHeads(const float* q, int64_t pos, const PagedKv* kv, int64_t n_heads,
+                            int64_t group, int64_t head_dim, float scale, int64_t seg_begin,
+                            int64_t seg_end, float* scratch, float* partials,
+                            int64_t head_partials) {
+  attention_internal::PartialsHeads<Vec512>(q, pos, kv, n_heads, group, head_dim, scale, seg_begin,
+                                            seg_end, scratch, partials, head_partials);
+}
+
 void AttentionMerge(const float* partials, int64_t n_segments, int64_t group, int64_t head_dim,
                     float* out) {
   attention_internal::Merge<Vec512>(partials, n_segments, group, head_dim, out);

@@ -14,6 +14,10 @@
   void AttentionPartials(const float* q, int64_t pos, const PagedKv& kv, int64_t kv_head,         \
                          int64_t group, int64_t head_dim, float scale, int64_t seg_begin,         \
                          int64_t seg_end, float* scratch, float* partials);                       \
+  void AttentionPartialsHeads(const float* q, int64_t pos, const PagedKv* kv, int64_t n_heads,    \
+                              int64_t group, int64_t head_dim, float scale, int64_t seg_begin,    \
+                              int64_t seg_end, float* scratch, float* partials,                   \
+                              int64_t head_partials);                                             \
   void AttentionMerge(const float* partials, int64_t n_segments, int64_t group, int64_t head_dim, \
                       float* out);
 
