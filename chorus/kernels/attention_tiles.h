@@ -378,7 +378,8 @@ class BlockKernel {
 
   // AccumulateDot of a decode row (nv = nk keys, every one at or before the row's position),
   // with the V pairs made in registers from the bf16 rows as they are used instead of through
-  // vt2 (ValuePairs' stores and PvTileDot's loads were a sixth of a decode row's time): chunks
+  // vt2 (ValuePairs' stores and PvTileDot's loads were a sixth of a decode row's time; p2 is
+  // [row][pair] here, ColumnChunkDot's layout): chunks
   // of up to kColumnHeads heads × 2W elements of d, so the pairs of a chunk of d are made once
   // for all of its heads. The operands and each accumulator's chain are PvTileDot's: same bits.
   void PvColumnsDot(const uint16_t* const* vh, int64_t nv) {
@@ -398,15 +399,7 @@ class BlockKernel {
     using P = typename VT::P;
     const int64_t n = std::min<int64_t>(2 * W, hd_ - d);  // elements of this chunk
     V acc[NH][2];
-#pragma GCC unroll 8
-    for (int h = 0; h < NH; ++h) {
-      const V a = VT::Set1(sc_.alpha[r + h]);
-      const float* o = sc_.o + (r + h) * hd_ + d;
-#pragma GCC unroll 2
-      for (int j = 0; j < 2; ++j) {
-        acc[h][j] = VT::Mul(VT::LoadN(o + j * W, std::clamp<int64_t>(n - j * W, 0, W)), a);
-      }
-    }
+    LoadScaledO(r, d, n, acc);
     const uint32_t* pc = sc_.p2 + r * (kAttentionTile / 2);
     for (int64_t c = 0; c < nv; c += 2, ++pc) {
       IssuePvPrefetch(), IssuePvPrefetch();
@@ -421,15 +414,7 @@ class BlockKernel {
         for (int j = 0; j < 2; ++j) acc[h][j] = VT::Dot(acc[h][j], v[j], pb);
       }
     }
-#pragma GCC unroll 8
-    for (int h = 0; h < NH; ++h) {
-      float* o = sc_.o + (r + h) * hd_ + d;
-#pragma GCC unroll 2
-      for (int j = 0; j < 2; ++j) {
-        const int64_t m = std::clamp<int64_t>(n - j * W, 0, W);
-        if (m > 0) VT::StoreN(o + j * W, m, acc[h][j]);
-      }
-    }
+    StoreO(r, d, n, acc);
   }
 
   // The tile's K as bf16 pairs kt2[j][c] = (K_c[2j], K_c[2j + 1]) (keys past nk: 0). K in
@@ -528,42 +513,24 @@ class BlockKernel {
       DispatchHeads(nh, [&](auto nh_c) {
         constexpr int NH = decltype(nh_c)::value;
         if constexpr (NH <= HB) {
-          for (int64_t d = 0; d < hd_; d += 4 * W) {
-            if (column_decode_) {
-              PvTileDot<NH, true>(r0 + h, nv, d);
-            } else {
-              PvTileDot<NH, false>(r0 + h, nv, d);
-            }
-          }
+          for (int64_t d = 0; d < hd_; d += 4 * W) PvTileDot<NH>(r0 + h, nv, d);
         }
       });
     }
   }
 
-  // Rows [r, r + NH) × elements [d, d + 4W) of o (fewer at the end of a row). p2: prefill
-  // [pair][row], column decode [row][pair] (kDecode).
-  template <int NH, bool kDecode>
+  // Rows [r, r + NH) × elements [d, d + 4W) of o (fewer at the end of a row); p2 [pair][row].
+  template <int NH>
   void PvTileDot(int64_t r, int64_t nv, int64_t d) {
     using P = typename VT::P;
-    constexpr int64_t kRowStride = kDecode ? kAttentionTile / 2 : 1;
     const int64_t n = std::min<int64_t>(4 * W, hd_ - d);  // elements of this chunk
     const int nd = static_cast<int>((n + W - 1) / W);
     V acc[NH][4];
-#pragma GCC unroll 4
-    for (int h = 0; h < NH; ++h) {
-      const V a = VT::Set1(sc_.alpha[r + h]);
-      const float* o = sc_.o + (r + h) * hd_ + d;
-#pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) {
-        acc[h][j] = VT::Mul(VT::LoadN(o + j * W, std::clamp<int64_t>(n - j * W, 0, W)), a);
-      }
-    }
-    const uint32_t* pc = sc_.p2 + r * kRowStride;
-    const int64_t pair_stride = kDecode ? 1 : rp_;
+    LoadScaledO(r, d, n, acc);
+    const uint32_t* pc = sc_.p2 + r;
     const uint32_t* vt2 = reinterpret_cast<const uint32_t*>(sc_.vt) + d;
     const int64_t vs = hd_pad2();
-    for (int64_t c = 0; c < nv; c += 2, pc += pair_stride, vt2 += vs) {
-      if (kDecode) IssuePvPrefetch(), IssuePvPrefetch();
+    for (int64_t c = 0; c < nv; c += 2, pc += rp_, vt2 += vs) {
       const bool pair = c + 1 < nv;
       P v[4];
 #pragma GCC unroll 4
@@ -573,16 +540,35 @@ class BlockKernel {
       }
 #pragma GCC unroll 4
       for (int h = 0; h < NH; ++h) {
-        const P pb = VT::BroadcastPair(pc[h * kRowStride]);
+        const P pb = VT::BroadcastPair(pc[h]);
 #pragma GCC unroll 4
         for (int j = 0; j < 4; ++j) acc[h][j] = VT::Dot(acc[h][j], v[j], pb);
       }
     }
+    StoreO(r, d, n, acc);
+  }
+
+  // acc[h][j] = o[r + h][d + jW …] · alpha[r + h] over the n elements of a PV chunk (lanes past
+  // n: 0), and back: the start and end of PvTileDot and PvColumnDot.
+  template <int NH, int NJ>
+  void LoadScaledO(int64_t r, int64_t d, int64_t n, V (&acc)[NH][NJ]) const {
+#pragma GCC unroll 8
+    for (int h = 0; h < NH; ++h) {
+      const V a = VT::Set1(sc_.alpha[r + h]);
+      const float* o = sc_.o + (r + h) * hd_ + d;
 #pragma GCC unroll 4
+      for (int j = 0; j < NJ; ++j) {
+        acc[h][j] = VT::Mul(VT::LoadN(o + j * W, std::clamp<int64_t>(n - j * W, 0, W)), a);
+      }
+    }
+  }
+  template <int NH, int NJ>
+  void StoreO(int64_t r, int64_t d, int64_t n, const V (&acc)[NH][NJ]) {
+#pragma GCC unroll 8
     for (int h = 0; h < NH; ++h) {
       float* o = sc_.o + (r + h) * hd_ + d;
 #pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) {
+      for (int j = 0; j < NJ; ++j) {
         const int64_t m = std::clamp<int64_t>(n - j * W, 0, W);
         if (m > 0) VT::StoreN(o + j * W, m, acc[h][j]);
       }
