@@ -226,6 +226,14 @@ class BlockKernel {
     std::fill(sc_.o, sc_.o + r_ * hd_, 0.0f);
   }
 
+  // The current segment's state of a one-token kernel as one partial (AttentionPartialFloats'
+  // layout: m[group], l[group], o[group][head_dim]).
+  void WritePartial(float* part) const {
+    std::copy_n(sc_.m, group_, part);
+    std::copy_n(sc_.l, group_, part + group_);
+    std::copy_n(sc_.o, group_ * hd_, part + 2 * group_);
+  }
+
   // One tile of keys [t0, t0 + kAttentionTile) (t0 a multiple of the tile inside the current
   // segment), for callers that interleave several kernels tile by tile (PartialsHeads); the
   // tiles of a segment must come in order, as RunSegment runs them.
@@ -379,9 +387,9 @@ class BlockKernel {
   // AccumulateDot of a decode row (nv = nk keys, every one at or before the row's position),
   // with the V pairs made in registers from the bf16 rows as they are used instead of through
   // vt2 (ValuePairs' stores and PvTileDot's loads were a sixth of a decode row's time; p2 is
-  // [row][pair] here, ColumnChunkDot's layout): chunks
-  // of up to kColumnHeads heads × 2W elements of d, so the pairs of a chunk of d are made once
-  // for all of its heads. The operands and each accumulator's chain are PvTileDot's: same bits.
+  // [row][pair] here, ColumnChunkDot's layout): chunks of up to kColumnHeads heads × 2W
+  // elements of d, so the pairs of a chunk of d are made once for all of its heads. The
+  // operands and each accumulator's chain are PvTileDot's: same bits.
   void PvColumnsDot(const uint16_t* const* vh, int64_t nv) {
     if constexpr (VT::kBf16Dot) {
       for (int64_t h0 = 0; h0 < group_; h0 += kColumnHeads) {
@@ -1138,15 +1146,11 @@ void Partials(const float* q, int64_t pos, const PagedKv& kv, int64_t kv_head, i
               int64_t head_dim, float scale, int64_t seg_begin, int64_t seg_end, float* scratch,
               float* partials) {
   BlockKernel<VT> k(q, group * head_dim, 1, pos, kv, kv_head, group, head_dim, scale, scratch);
-  const Scratch& sc = k.scratch();
   const int64_t pf = AttentionPartialFloats(group, head_dim);
   for (int64_t seg = seg_begin; seg < seg_end; ++seg) {
     if (seg > seg_begin) k.ResetSegment();
     k.RunSegment(seg);
-    float* part = partials + (seg - seg_begin) * pf;
-    std::copy_n(sc.m, group, part);
-    std::copy_n(sc.l, group, part + group);
-    std::copy_n(sc.o, group * head_dim, part + 2 * group);
+    k.WritePartial(partials + (seg - seg_begin) * pf);
   }
 }
 
@@ -1177,11 +1181,7 @@ void PartialsHeads(const float* q, int64_t pos, const PagedKv* kv, int64_t n_hea
         for (int64_t g = 0; g < ng; ++g) k[g]->RunTile(t0);
       }
       for (int64_t g = 0; g < ng; ++g) {
-        const Scratch& sc = k[g]->scratch();
-        float* part = partials + (g0 + g) * head_partials + (seg - seg_begin) * pf;
-        std::copy_n(sc.m, group, part);
-        std::copy_n(sc.l, group, part + group);
-        std::copy_n(sc.o, group * head_dim, part + 2 * group);
+        k[g]->WritePartial(partials + (g0 + g) * head_partials + (seg - seg_begin) * pf);
       }
     }
   }
