@@ -370,44 +370,42 @@ Engine::~Engine() {
   }
 }
 
-Result<std::shared_ptr<RequestHandle>> Engine::Submit(GenerationRequest req) {
+Status Engine::Check(GenerationRequest* req, FullModels::Entry** full) const {
   const auto& c = model_->config();
-  if (!accepting_.load()) return UnavailableError("server is shutting down");
-  if (req.prompt.empty()) return InvalidArgumentError("prompt is empty");
-  for (int32_t t : req.prompt) {
+  if (req->prompt.empty()) return InvalidArgumentError("prompt is empty");
+  for (int32_t t : req->prompt) {
     if (t < 0 || t >= c.vocab_size) {
       return InvalidArgumentError("prompt token id " + std::to_string(t) +
                                   " is outside the vocabulary [0, " + std::to_string(c.vocab_size) +
                                   ")");
     }
   }
-  if (req.max_tokens < 1) return InvalidArgumentError("max_tokens must be at least 1");
-  if (req.n < 1 || req.n > 16) return InvalidArgumentError("n must be in [1, 16]");
-  FullModels::Entry* full = nullptr;
-  if (req.variant && req.variant->kind == "full") {
-    full = impl_->full_models ? impl_->full_models->Find(req.variant->name) : nullptr;
-    if (full == nullptr || full->ref.id != req.variant->id)
-      return InvalidArgumentError("model '" + req.variant->name +
+  if (req->max_tokens < 1) return InvalidArgumentError("max_tokens must be at least 1");
+  if (req->n < 1 || req->n > 16) return InvalidArgumentError("n must be in [1, 16]");
+  if (req->variant && req->variant->kind == "full") {
+    *full = impl_->full_models ? impl_->full_models->Find(req->variant->name) : nullptr;
+    if (*full == nullptr || (*full)->ref.id != req->variant->id)
+      return InvalidArgumentError("model '" + req->variant->name +
                                   "' is not a whole fine-tune this engine serves");
-  } else if (req.variant && (!opts_.adapter_cache || req.variant->id.empty())) {
-    return InvalidArgumentError("variant '" + req.variant->name + "' named but " +
+  } else if (req->variant && (!opts_.adapter_cache || req->variant->id.empty())) {
+    return InvalidArgumentError("variant '" + req->variant->name + "' named but " +
                                 (opts_.adapter_cache ? "it has no registered identity"
                                                      : "the engine has no adapter cache"));
   }
-  CHORUS_RETURN_IF_ERROR(req.sampling.Validate());
+  CHORUS_RETURN_IF_ERROR(req->sampling.Validate());
   // SLOs: the engine's defaults where the request gives none (negative).
-  if (req.ttft_slo_ms < 0) req.ttft_slo_ms = opts_.ttft_slo_ms;
-  if (req.tpot_slo_ms < 0) req.tpot_slo_ms = opts_.tpot_slo_ms;
-  for (double v : {req.ttft_slo_ms, req.tpot_slo_ms}) {
+  if (req->ttft_slo_ms < 0) req->ttft_slo_ms = opts_.ttft_slo_ms;
+  if (req->tpot_slo_ms < 0) req->tpot_slo_ms = opts_.tpot_slo_ms;
+  for (double v : {req->ttft_slo_ms, req->tpot_slo_ms}) {
     if (!(v >= 0 && v <= kMaxSloMs))
       return InvalidArgumentError("SLOs must be finite milliseconds in [0, 86400000]");
   }
-  const int64_t total = static_cast<int64_t>(req.prompt.size()) + req.max_tokens;
+  const int64_t total = static_cast<int64_t>(req->prompt.size()) + req->max_tokens;
   if (total > c.max_seq_len) {
     return OutOfRangeError("this model's maximum context length is " +
                            std::to_string(c.max_seq_len) + " tokens, but the request needs " +
-                           std::to_string(req.prompt.size()) + " prompt + " +
-                           std::to_string(req.max_tokens) + " completion tokens");
+                           std::to_string(req->prompt.size()) + " prompt + " +
+                           std::to_string(req->max_tokens) + " completion tokens");
   }
   if (const int64_t pages = impl_->kv->PagesFor(total, opts_.max_batch_tokens);
       pages > impl_->pages->n_pages()) {
@@ -415,21 +413,44 @@ Result<std::shared_ptr<RequestHandle>> Engine::Submit(GenerationRequest req) {
                            std::to_string(pages) + " blocks), more than the pool holds (" +
                            std::to_string(impl_->pages->n_pages()) + " blocks); raise --pool-size");
   }
-  if (impl_->scheduler->queued().load() + req.n > opts_.max_queue) {
-    metrics_.requests_rejected.fetch_add(1);
+  return OkStatus();
+}
+
+Result<std::shared_ptr<RequestHandle>> Engine::Submit(GenerationRequest req) {
+  std::vector<GenerationRequest> one;
+  one.push_back(std::move(req));
+  CHORUS_ASSIGN_OR_RETURN(auto handles, SubmitAll(std::move(one)));
+  return std::move(handles[0]);
+}
+
+Result<std::vector<std::shared_ptr<RequestHandle>>> Engine::SubmitAll(
+    std::vector<GenerationRequest> reqs) {
+  if (!accepting_.load()) return UnavailableError("server is shutting down");
+  std::vector<FullModels::Entry*> full(reqs.size(), nullptr);
+  int64_t sequences = 0;
+  for (size_t r = 0; r < reqs.size(); ++r) {
+    CHORUS_RETURN_IF_ERROR(Check(&reqs[r], &full[r]));
+    sequences += reqs[r].n;
+  }
+  if (impl_->scheduler->queued().load() + sequences > opts_.max_queue) {
+    metrics_.requests_rejected.fetch_add(static_cast<uint64_t>(reqs.size()));
     return ResourceExhaustedError("too many requests waiting (" + std::to_string(opts_.max_queue) +
                                   ")");
   }
-  // The variant's host copy: a cache hit at once, else a disk load queued now, in arrival
-  // order, on a loader thread (the scheduler admits the request once it is done).
-  std::shared_ptr<AdapterTicket> ticket;
-  if (req.variant && full == nullptr) ticket = impl_->residency->Load(*req.variant);
-  auto shared_req = std::make_shared<const GenerationRequest>(std::move(req));
-  auto handle = std::make_shared<RequestHandle>(shared_req->n,
-                                                static_cast<int64_t>(shared_req->prompt.size()));
+  // Each request's sequences, built outside the lock: choice 0 carries the others as forks.
+  std::vector<std::shared_ptr<RequestHandle>> handles;
+  std::vector<std::unique_ptr<Sequence>> heads;
+  std::vector<std::string> names;
   const auto now = Clock::now();
-  {
-    MutexLock lock(&impl_->mu);
+  for (size_t r = 0; r < reqs.size(); ++r) {
+    // The variant's host copy: a cache hit at once, else a disk load queued now, in arrival
+    // order, on a loader thread (the scheduler admits the request once it is done).
+    std::shared_ptr<AdapterTicket> ticket;
+    if (reqs[r].variant && full[r] == nullptr) ticket = impl_->residency->Load(*reqs[r].variant);
+    const int64_t total = static_cast<int64_t>(reqs[r].prompt.size()) + reqs[r].max_tokens;
+    auto shared_req = std::make_shared<const GenerationRequest>(std::move(reqs[r]));
+    auto handle = std::make_shared<RequestHandle>(shared_req->n,
+                                                  static_cast<int64_t>(shared_req->prompt.size()));
     for (int i = 0; i < shared_req->n; ++i) {
       auto s = std::make_unique<Sequence>();
       s->handle = handle;
@@ -445,20 +466,28 @@ Result<std::shared_ptr<RequestHandle>> Engine::Submit(GenerationRequest req) {
       }
       s->arrival = now;
       s->ticket = ticket;
-      s->full = full;  // swapped in when the scheduler gets to it (engine/full_models.h)
+      s->full = full[r];  // swapped in when the scheduler gets to it (engine/full_models.h)
       if (i == 0) {
-        impl_->incoming.push_back(std::move(s));
+        heads.push_back(std::move(s));
       } else {
-        impl_->incoming.back()->forks.push_back(std::move(s));  // shares choice 0's prompt
+        heads.back()->forks.push_back(std::move(s));  // shares choice 0's prompt
       }
     }
-    impl_->scheduler->queued().fetch_add(shared_req->n);
+    names.push_back(shared_req->variant_name());
+    handles.push_back(std::move(handle));
   }
-  metrics_.requests_total.fetch_add(1);
-  metrics_.adapters.CountRequest(shared_req->variant_name());  // per-adapter series
+  {
+    MutexLock lock(&impl_->mu);
+    for (auto& head : heads) impl_->incoming.push_back(std::move(head));
+    impl_->scheduler->queued().fetch_add(sequences);
+  }
+  for (const std::string& name : names) {
+    metrics_.requests_total.fetch_add(1);
+    metrics_.adapters.CountRequest(name);  // per-adapter series
+  }
   metrics_.queue_length.store(impl_->scheduler->queued().load());
   impl_->cv.SignalAll();
-  return handle;
+  return handles;
 }
 
 void Engine::Shutdown(std::chrono::milliseconds drain) {

@@ -134,6 +134,13 @@ class Engine {
   // (shutting down).
   Result<std::shared_ptr<RequestHandle>> Submit(GenerationRequest req);
 
+  // Submit for several requests at once (a completion's array of prompts): every request is
+  // checked first, and either none is queued (the first refusal is returned) or all are, in
+  // order, in one critical section — so the scheduler never sees a part of them, and a bad
+  // last prompt leaves no earlier one running.
+  Result<std::vector<std::shared_ptr<RequestHandle>>> SubmitAll(
+      std::vector<GenerationRequest> reqs);
+
   // Stops admitting; running and queued requests continue for up to `drain`, the rest are
   // cancelled; then the engine thread exits. Idempotent.
   void Shutdown(std::chrono::milliseconds drain);
@@ -160,6 +167,9 @@ class Engine {
 
  private:
   Engine() = default;
+  // Submit's checks: every refusal but a full queue. Fills the SLO defaults and, for a whole
+  // fine-tune, the model it names.
+  Status Check(GenerationRequest* req, FullModels::Entry** full) const;
   std::shared_ptr<const model::Model> model_;
   std::shared_ptr<const tokenizer::Tokenizer> tok_;
   EngineOptions opts_;

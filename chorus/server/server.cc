@@ -1084,25 +1084,26 @@ void Server::Impl::HandleGenerate(ApiKind kind, const httplib::Request& http_req
   }
 
   const std::string id = NewResponseId(kind);
+  // All prompts of the request are queued together or not at all (Engine::SubmitAll).
+  std::vector<engine::GenerationRequest> gens(gen->req.prompts.size());
   for (size_t i = 0; i < gen->req.prompts.size(); ++i) {
-    engine::GenerationRequest g;
-    std::optional<ApiError> err = MakeGenerationRequest(gen->req, i, ctx, &g);
-    if (!err) {
-      g.id = id + "/" + std::to_string(i);
-      auto h = engine->Submit(std::move(g));
-      if (h.ok()) {
-        gen->handles.push_back(std::move(*h));
-        gen->finished.push_back(0);
-        continue;
-      }
-      err = ErrorFromStatus(h.status(), kind == ApiKind::kChat ? "messages" : "prompt");
-      if (h.status().code() != StatusCode::kInvalidArgument &&
-          h.status().code() != StatusCode::kOutOfRange) {
-        err->param.clear();
-      }
+    if (std::optional<ApiError> err = MakeGenerationRequest(gen->req, i, ctx, &gens[i]))
+      return SendError(res, *err);
+    gens[i].id = id + "/" + std::to_string(i);
+  }
+  auto handles = engine->SubmitAll(std::move(gens));
+  if (!handles.ok()) {
+    ApiError err =
+        ErrorFromStatus(handles.status(), kind == ApiKind::kChat ? "messages" : "prompt");
+    if (handles.status().code() != StatusCode::kInvalidArgument &&
+        handles.status().code() != StatusCode::kOutOfRange) {
+      err.param.clear();
     }
-    gen->CancelAll();
-    return SendError(res, *err);
+    return SendError(res, err);
+  }
+  for (auto& h : *handles) {
+    gen->handles.push_back(std::move(h));
+    gen->finished.push_back(0);
   }
   gen->builder = std::make_unique<ResponseBuilder>(gen->req, ctx, id,
                                                    static_cast<int64_t>(std::time(nullptr)));

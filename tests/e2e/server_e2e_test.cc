@@ -655,6 +655,10 @@ TEST(ServerE2E, ErrorRows) {
   ExpectError(Post(*ts, C, json{{"prompt", "x"}, {"top_p", 7}}), 400, "top_p");
   ExpectError(Post(*ts, C, json{{"prompt", json::array()}}), 400, "prompt");
   ExpectError(Post(*ts, C, json{{"prompt", {1, 99999}}}), 400, "prompt");
+  // A list of prompts is queued whole or not at all: a bad second prompt leaves no first one.
+  const double accepted = MetricValue(ts->MetricsText(), "chorus_engine_requests_total");
+  ExpectError(Post(*ts, C, json{{"prompt", {{1, 403}, {1, 99999}}}}), 400, "prompt");
+  EXPECT_EQ(MetricValue(ts->MetricsText(), "chorus_engine_requests_total"), accepted);
   ExpectError(Post(*ts, C, json{{"prompt", "x"}, {"max_tokens", 100000}}), 400, "prompt",
               "context_length_exceeded");
   auto unknown = Post(*ts, C, json{{"prompt", "x"}, {"model", "gpt-4o"}});
@@ -685,7 +689,7 @@ TEST(ServerE2E, ErrorRows) {
   // httplib counts a request in its logger, after the response has been written: the client may
   // read the answer before the count lands, so wait for it.
   const std::string want =
-      "chorus_http_requests_total{route=\"/v1/completions\",status=\"400\"} 10";
+      "chorus_http_requests_total{route=\"/v1/completions\",status=\"400\"} 11";
   bool counted = false;
   for (int i = 0; i < 200 && !(counted = ts->MetricsText().find(want) != std::string::npos); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));

@@ -364,10 +364,19 @@ CappedQueue SubmitCappedQueue(Engine* e, const adapters::VariantRef& a,
   // order in which two loader threads happen to finish reading them).
   RunToEnd(**e->Submit(Req(0, a, 1)));
   RunToEnd(**e->Submit(Req(0, b, 1)));
+  // One SubmitAll: the scheduler sees the whole queue at its next step. (Submitted one by one,
+  // a test thread descheduled after B let B be passed over kMaxPasses times by the long request
+  // alone, so that no short one could overtake it.)
+  std::vector<GenerationRequest> reqs;
+  reqs.push_back(Req(0, a, long_tokens));
+  reqs.push_back(Req(1, b, 8));
+  for (int i = 0; i < 20; ++i) reqs.push_back(Req(2 + i, a, 3));
+  auto handles = e->SubmitAll(std::move(reqs));
+  CHORUS_CHECK(handles.ok()) << handles.status().ToString();
   CappedQueue q;
-  q.long_a = *e->Submit(Req(0, a, long_tokens));
-  q.b = *e->Submit(Req(1, b, 8));
-  for (int i = 0; i < 20; ++i) q.short_a.push_back(*e->Submit(Req(2 + i, a, 3)));
+  q.long_a = (*handles)[0];
+  q.b = (*handles)[1];
+  q.short_a.assign(handles->begin() + 2, handles->end());
   return q;
 }
 
@@ -387,7 +396,7 @@ TEST(EngineResidencyTest, CappedAdapterIsOvertakenOnlyBoundedTimes) {
   EXPECT_EQ(RunToEnd(*q.b), want_b);
   RunToEnd(*q.long_a);
   for (auto& h : q.short_a) RunToEnd(*h);
-  // All were submitted within microseconds; first tokens are steps apart, so TTFT orders them.
+  // All were submitted at once; first tokens are steps apart, so TTFT orders them.
   int ahead_of_b = 0;
   for (auto& h : q.short_a) ahead_of_b += h->ttft_seconds() < q.b->ttft_seconds() ? 1 : 0;
   EXPECT_GE(ahead_of_b, 1);  // overtaking is allowed (A is in the step) ...

@@ -454,5 +454,43 @@ TEST(EngineTest, RejectsBadRequestsAndFullQueue) {
   EXPECT_EQ((*e)->Submit(Greedy({1}, 5)).status().code(), StatusCode::kUnavailable);
 }
 
+// SubmitAll queues all of its requests or none: one bad request refuses the lot, and no other
+// is left running; a good lot gives each request what it gives alone.
+TEST(EngineTest, SubmitAllQueuesAllOrNone) {
+  CHORUS_REQUIRE_SHARED_MODEL(kModel);
+  Loaded l = Load();
+  EngineOptions o = Opts();
+  o.max_queue = 4;
+  auto e = Engine::Create(l.model, l.tok, o);
+  ASSERT_TRUE(e.ok());
+  auto lot = [](GenerationRequest last) {
+    std::vector<GenerationRequest> v;
+    v.push_back(Greedy(PromptFor(0), 8));
+    v.push_back(Greedy(PromptFor(1), 8));
+    v.push_back(std::move(last));
+    return v;
+  };
+  EXPECT_EQ((*e)->SubmitAll(lot(Greedy({1, 9999}, 5))).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ((*e)->SubmitAll(lot(Greedy({1}, 600))).status().code(), StatusCode::kOutOfRange);
+  GenerationRequest too_many = Greedy(PromptFor(2), 8);
+  too_many.n = 3;  // 5 sequences in all, the queue holds 4
+  EXPECT_EQ((*e)->SubmitAll(lot(std::move(too_many))).status().code(),
+            StatusCode::kResourceExhausted);
+  EXPECT_EQ((*e)->metrics().requests_total.load(), 0u);  // nothing of the refused lots queued
+  EXPECT_EQ((*e)->metrics().queue_length.load(), 0);
+  auto hs = (*e)->SubmitAll(lot(Greedy(PromptFor(2), 8)));
+  ASSERT_TRUE(hs.ok()) << hs.status().ToString();
+  ASSERT_EQ(hs->size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    auto alone = Engine::Create(l.model, l.tok, Opts());
+    ASSERT_TRUE(alone.ok());
+    auto h = (*alone)->Submit(Greedy(PromptFor(i), 8));
+    ASSERT_TRUE(h.ok());
+    EXPECT_EQ(Collect(*(*hs)[static_cast<size_t>(i)]).tokens, Collect(**h).tokens) << i;
+  }
+  EXPECT_EQ((*e)->metrics().requests_total.load(), 3u);
+}
+
 }  // namespace
 }  // namespace chorus::engine
