@@ -249,6 +249,13 @@ inline void Dispatch(int rr, int cc, const uint8_t* packed, int64_t panel_bytes,
 #define CHORUS_KROW_PREFETCH 2
 #endif
 inline constexpr int64_t kRowPrefetchBlocks = CHORUS_KROW_PREFETCH;
+// Into L2 (prefetcht1), not L1 (prefetcht0): two super-blocks ahead are 19–27 KB, most of this
+// host's 32 KB L1D, and into L1 they measured slower (likely evicting what is being read; the
+// L2 prefetch leaves L1 to the demand loads a few chunks ahead). Measured in one binary
+// switching the hint (docs/benchmarks.md "K-quant row prefetch into L2"), one thread from DRAM
+// where q4_0 streamed at 25–27 GB/s in the same invocation: q4_k 16.7 → 21.3–23.9 GB/s, q6_k
+// 16.2 → 21.9–23.4; end to end, q4_k_m b=1 decode 78.3 → 81.1 % of its roofline (medians of 3).
+inline constexpr int kRowPrefetchLocality = 2;
 
 // One activation row against whole panels [p0, p1): the batch-1 (decode) path, the K-quant
 // counterpart of qtile::RowPanels. Each super-block of a panel is read once, in address order:
@@ -308,7 +315,7 @@ __attribute__((noinline)) void RowPanels(const uint8_t* packed, int64_t panel_by
           const uint8_t* ahead = blk + kRowPrefetchBlocks * kBlk + i * kPer * 64;
           CHORUS_UNROLL
           for (int64_t l = 0; l < kPer; ++l) {
-            if (i * kPer + l < kLines) __builtin_prefetch(ahead + l * 64, 0, 3);
+            if (i * kPer + l < kLines) __builtin_prefetch(ahead + l * 64, 0, kRowPrefetchLocality);
           }
         }
         const int8_t* xp = xs + 32 * u + 8 * kG4;
