@@ -170,8 +170,8 @@ int BenchCommand(int argc, char** argv) {
            "(docs/benchmarks.md), ranks round-robin over --lora-ranks; plot: tools/plot.py punica "
            "<out>.csv");
   f.String("lora-dtype", "bf16", "storage of those adapters' compute weights: bf16 or f32");
-  f.String("kv-dtype", "f32",
-           "KV cache elements for every figure: f32 or bf16 (as chorus serve --kv-dtype); the "
+  f.String("kv-dtype", "bf16",
+           "KV cache elements for every figure: bf16 or f32 (as chorus serve --kv-dtype); the "
            "decode roofline counts the KV bytes of this dtype");
   f.String("isa", "best",
            "highest kernel level to use: best, amx, avx512, avx2 or scalar (to measure the "

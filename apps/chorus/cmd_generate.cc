@@ -36,8 +36,8 @@ int GenerateCommand(int argc, char** argv) {
   f.Bool("no-bos", "do not prepend BOS");
   f.Int("threads", 0, "compute threads (0 = all cores)");
   f.Int("max-batch-tokens", 512, "prefill chunk size (tokens per step)");
-  f.String("kv-dtype", "f32",
-           "KV cache elements: f32, or bf16 (values rounded to nearest even when written)");
+  f.String("kv-dtype", "bf16",
+           "KV cache elements: bf16 (values rounded to nearest even when written), or f32");
   f.Bool("quiet", "do not print the statistics line");
   f.Bool("chat", "send --prompt as a user message through the model's chat template");
   f.String("system", "", "with --chat: a system message before the prompt");

@@ -40,7 +40,7 @@ int ProfileCommand(int argc, char** argv) {
            "how steps are timed: wall, or cpu (the thread's CPU time: steadier on a shared host; "
            "needs --threads 1)");
   f.String("isa", "best", "highest kernel level: best, amx, avx512, avx2 or scalar");
-  f.String("kv-dtype", "f32", "KV cache elements: f32 or bf16 (as the server will run)");
+  f.String("kv-dtype", "bf16", "KV cache elements: bf16 or f32 (as the server will run)");
   if (int rc = ParseOrExit(f, argc, argv); rc >= 0) return rc;
   if (Status si = ApplyIsaFlag(f); !si.ok()) return Fail("profile", si);
 

@@ -308,9 +308,9 @@ int ServeCommand(int argc, char** argv) {
         "paged pool (KV blocks + resident adapters) in MiB; 0 = sized from the model: KV for "
         "--max-running full contexts (+ adapter room), at most half of MemAvailable");
   f.Int("threads", 0, "compute threads (0 = all cores)");
-  f.String("kv-dtype", "f32",
-           "KV cache elements: f32, or bf16 (values rounded to nearest even when written: half "
-           "the pool per token and half the KV bytes a long-context decode step reads)");
+  f.String("kv-dtype", "bf16",
+           "KV cache elements: bf16 (values rounded to nearest even when written: half the pool "
+           "per token and half the KV bytes a long-context decode step reads of f32), or f32");
   f.String("isa", "best",
            "highest kernel level: best, amx, avx512, avx2 or scalar (best defers to CHORUS_ISA "
            "when set)");

@@ -70,10 +70,13 @@ serve_texts() {  # serve_texts TAG TP [mpirun...] : the texts of base, a, b, d, 
                  # long prompt's: base, base again, a with n = 2
   # --port 0: the kernel picks a free port, read back from rank 0's "listening on" line. (A
   # random fixed port could be another test's server, whose /health would answer for ours.)
+  # --kv-dtype f32: a bf16 cache rounds K and V after the all-reduce, so TP's last-bit
+  # difference can cross a bf16 boundary and flip a near-tie of a random adapter's greedy text
+  # (docs/scaleout.md "Exactness"); the comparison here needs the f32 cache's 1e-4.
   local tag=$1 tp=$2; shift 2
   local log="$TMP/serve-$tag.log"
   "$@" "$CHORUS" serve --model "$M/stories260K.bin" --tokenizer "$M/tok512.bin" --threads 1 \
-    --port 0 --host 127.0.0.1 --tp "$tp" --served-model-name base \
+    --port 0 --host 127.0.0.1 --tp "$tp" --served-model-name base --kv-dtype f32 \
     --lora "a=$TMP/loras/lora-0" --delta "d=$TMP/d.safetensors" --adapter-root "$TMP/loras" \
     --registry "$TMP/reg-$tag.json" \
     --no-finetune >"$log" 2>&1 &
