@@ -238,23 +238,19 @@ inline void Dispatch(int rr, int cc, const uint8_t* packed, int64_t panel_bytes,
 }
 
 // Software prefetch of the super-block this many ahead, a share of its lines in each of the 32
-// k-group steps of the current one (0 = none). Unlike a q4_0 panel (one stream of identical
-// blocks, which the hardware prefetcher follows at memory speed), a K super-block is several
-// regions (codes, high-bit planes, sub-block scales) read at different paces, and a streamed
-// one-row matmul ran as if every miss were waited for. Measured (`matmul_bench
-// stream/<type>/threads:1`, one thread, from DRAM, alternating builds): q6_k 11.7 → 15.8 GB/s,
-// q4_k 16.6 → 17.6–18.3 at AVX-512; q6_k 9.3 → 14.1–14.7 at AVX2; 1 and 4 blocks ahead gave
-// less than 2.
+// k-group steps of the current one (0 = none), into L2 (prefetcht1). Unlike a q4_0 panel (one
+// stream of identical blocks, which the hardware prefetcher follows at memory speed), a K
+// super-block is several regions (codes, high-bit planes, sub-block scales) read at different
+// paces, and a streamed one-row matmul ran as if every miss were waited for. Not into L1
+// (prefetcht0): two super-blocks ahead are 19–27 KB, most of this host's 32 KB L1D, and there
+// they measured slower (likely evicting what is being read). One thread from DRAM
+// (`matmul_bench stream/<type>/threads:1`, docs/kernels.md "Row-path prefetch"): no prefetch →
+// into L1 → into L2, q4_k 16.6 → 17.6–18.3 → 21.3–23.9 GB/s, q6_k 11.7 → 15.8 → 21.9–23.4;
+// other distances (1–8 blocks) gave no more than 2.
 #ifndef CHORUS_KROW_PREFETCH
 #define CHORUS_KROW_PREFETCH 2
 #endif
 inline constexpr int64_t kRowPrefetchBlocks = CHORUS_KROW_PREFETCH;
-// Into L2 (prefetcht1), not L1 (prefetcht0): two super-blocks ahead are 19–27 KB, most of this
-// host's 32 KB L1D, and into L1 they measured slower (likely evicting what is being read; the
-// L2 prefetch leaves L1 to the demand loads a few chunks ahead). Measured in one binary
-// switching the hint (docs/benchmarks.md "K-quant row prefetch into L2"), one thread from DRAM
-// where q4_0 streamed at 25–27 GB/s in the same invocation: q4_k 16.7 → 21.3–23.9 GB/s, q6_k
-// 16.2 → 21.9–23.4; end to end, q4_k_m b=1 decode 78.3 → 81.1 % of its roofline (medians of 3).
 inline constexpr int kRowPrefetchLocality = 2;
 
 // One activation row against whole panels [p0, p1): the batch-1 (decode) path, the K-quant
