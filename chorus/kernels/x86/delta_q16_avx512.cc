@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "chorus/kernels/delta_internal.h"
 #include "chorus/kernels/x86/delta_avx512_common.h"
@@ -326,6 +327,147 @@ void SignRows(const DeltaMatrixView& m, int64_t o, const int16_t* q, int64_t pad
   }
 }
 
+// BitDelta's layout by table lookup (SignRowSum, panels of 16 output rows): each group of 4
+// columns has 16 possible sign patterns, so per input row a table holds, for every group g and
+// pattern n, T_g[n] = Σ_j (2·bit_j(n) − 1)·q[4g + j] — the group's exact integer sum for that
+// pattern. A panel's int32 lane i is output row o + i: one vpermd looks up group g's table at the
+// 16 rows' 4 sign bits each (64 weights) and one vpaddd adds the results, against two blends and
+// two vpdpwssd per row of 64 columns in SignRows: 2048 × 2048 from L2, one input row, 1.66 →
+// 0.69 ns per 64 columns and row on this host (docs/deltas.md "BitDelta by table lookup"). The
+// sums are the same exact integers in another order, so the term equals SignRows' and the
+// reference's bit for bit.
+//
+// vpermd reads the low 4 bits of each index dword, so lane i must hold row o + i's bits: each
+// 512-column chunk loads 64 code bytes of each of the 16 rows and transposes them as 16 × 16
+// dwords (dword k of lane i = row o + i's columns 512c + 32k …); a dword then serves 8 groups,
+// shifted right by 4 between them.
+constexpr int64_t kLutRows = 16;    // output rows per panel (int32 lanes)
+constexpr int64_t kLutChunk = 512;  // columns per transposed chunk (64 code bytes per row)
+// Panels per block: the block's panels take turns per chunk, so a chunk's tables (8 KB per input
+// row) serve 32 rows from L1. 1, 2 and 8 measured alike within this host's noise in L2; 8 was
+// slower streamed from memory (docs/deltas.md).
+constexpr int64_t kLutPanels = 2;
+constexpr int64_t kLutBlockRows = kLutRows * kLutPanels;
+// Software prefetch distance in blocks: 0 (none) streamed at half the speed of 2; 8 no better.
+constexpr int64_t kLutAheadBlocks = 2;
+// A lane sums a whole row, |Σ| ≤ cols · 32767: within int32 up to 65 536 columns (wider rows run
+// SignRows, whose lanes take a sixteenth of the row each).
+constexpr int64_t kLutMaxCols = 65536;
+
+// The tables of one input row q (column order, PaddedCols(cols) int16) for `groups` groups of 4
+// columns (a multiple of 128; groups past q's columns are 0): T = s01·(q0, q1) + s23·(q2, q3) by
+// two vpdpwssd, where word pair n of s01 is (2·bit_0(n) − 1, 2·bit_1(n) − 1).
+void BuildSignTables(const int16_t* q, int64_t padded, int64_t groups, int32_t* tables) {
+  alignas(64) int16_t s01[32], s23[32];
+  for (int n = 0; n < 16; ++n) {
+    for (int j = 0; j < 2; ++j) {
+      s01[2 * n + j] = static_cast<int16_t>((n >> j & 1) != 0 ? 1 : -1);
+      s23[2 * n + j] = static_cast<int16_t>((n >> (j + 2) & 1) != 0 ? 1 : -1);
+    }
+  }
+  const __m512i a = _mm512_load_si512(s01), b = _mm512_load_si512(s23);
+  const int64_t q_groups = padded / 4;
+  for (int64_t g = 0; g < q_groups; ++g) {
+    int32_t q01, q23;
+    std::memcpy(&q01, q + 4 * g, 4);
+    std::memcpy(&q23, q + 4 * g + 2, 4);
+    const __m512i t =
+        _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_setzero_si512(), a, _mm512_set1_epi32(q01)),
+                            b, _mm512_set1_epi32(q23));
+    _mm512_storeu_si512(tables + 16 * g, t);
+  }
+  std::memset(tables + 16 * q_groups, 0, static_cast<size_t>(groups - q_groups) * 64);
+}
+
+// r[k] ← the dwords k of r[0…15] (a 16 × 16 dword transpose: lane i of the result = row i).
+inline void Transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {  // per 128-bit lane: a0 b0 a1 b1 | a2 b2 a3 b3
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // u[i + j], lane L: dword 4L + j of rows i…i + 3
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int j = 0; j < 4; ++j) {  // 4 × 4 transpose of 128-bit lanes: result 4L + j = lanes L
+    const __m512i x0 = _mm512_shuffle_i32x4(r[j], r[4 + j], 0x44);
+    const __m512i x1 = _mm512_shuffle_i32x4(r[j], r[4 + j], 0xEE);
+    const __m512i x2 = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0x44);
+    const __m512i x3 = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0xEE);
+    t[j] = _mm512_shuffle_i32x4(x0, x2, 0x88);
+    t[4 + j] = _mm512_shuffle_i32x4(x0, x2, 0xDD);
+    t[8 + j] = _mm512_shuffle_i32x4(x1, x3, 0x88);
+    t[12 + j] = _mm512_shuffle_i32x4(x1, x3, 0xDD);
+  }
+  for (int k = 0; k < 16; ++k) r[k] = t[k];
+}
+
+// y[r·ys + o + i] += the term for i < 16 · panels, r < NR (panels ≤ kLutPanels); tables[r] is
+// input row r's (BuildSignTables, chunks · 128 groups). Chunk by chunk, each panel of the block
+// in turn; the panels' sums wait in `sums` between chunks.
+template <int NR>
+void SignLutBlock(const DeltaMatrixView& m, int64_t o, int64_t panels, int64_t chunks,
+                  const int32_t* const* tables, const float* x_scales, float* y, int64_t ys) {
+  const int64_t row_bytes = m.code_row_bytes();
+  const uint8_t* codes = m.codes + o * row_bytes;
+  // The block to request while this one runs: its bytes that exist (0 past the matrix's end).
+  const int64_t ahead_row = o + kLutAheadBlocks * kLutBlockRows;
+  const int64_t ahead_bytes =
+      std::max<int64_t>(0, std::min(kLutBlockRows, m.rows - ahead_row)) * row_bytes;
+  const uint8_t* ahead = ahead_bytes > 0 ? m.codes + ahead_row * row_bytes : m.codes;
+  alignas(64) int32_t sums[kLutPanels][NR][16] = {};
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t at = kLutChunk / 8 * c;
+    const bool whole = row_bytes - at >= 64;
+    const __mmask64 tail = whole ? ~__mmask64{0} : Avail(64, row_bytes - at);
+    const int64_t g0 = kLutChunk / 4 * c;
+    for (int64_t p = 0; p < panels; ++p) {
+      const uint8_t* pc = codes + kLutRows * p * row_bytes + at;
+      __m512i v[16];
+      if (whole) {
+        for (int i = 0; i < 16; ++i) v[i] = _mm512_loadu_si512(pc + i * row_bytes);
+      } else {  // the row's last, partial chunk: bytes past the row are not read
+        for (int i = 0; i < 16; ++i) v[i] = _mm512_maskz_loadu_epi8(tail, pc + i * row_bytes);
+      }
+      // Requests the block kLutAheadBlocks below in address order (into L2), 16 lines per
+      // panel step, so that all its lines are asked for by the time this block ends.
+      const int64_t line0 = 16 * (c * panels + p);
+      for (int i = 0; i < 16; ++i) {
+        if (64 * (line0 + i) < ahead_bytes)
+          _mm_prefetch(reinterpret_cast<const char*>(ahead + 64 * (line0 + i)), _MM_HINT_T1);
+      }
+      Transpose16(v);
+      __m512i acc[NR];
+      for (int r = 0; r < NR; ++r) acc[r] = _mm512_load_si512(sums[p][r]);
+      for (int k = 0; k < 16; ++k) {
+        __m512i idx = v[k];
+        for (int s = 0; s < 8; ++s) {
+          for (int r = 0; r < NR; ++r) {
+            const __m512i t = _mm512_loadu_si512(tables[r] + 16 * (g0 + 8 * k + s));
+            acc[r] = _mm512_add_epi32(acc[r], _mm512_permutexvar_epi32(idx, t));
+          }
+          idx = _mm512_srli_epi32(idx, 4);
+        }
+      }
+      for (int r = 0; r < NR; ++r) _mm512_store_si512(sums[p][r], acc[r]);
+    }
+  }
+  // As SignRows: term = (float(Σ) · (scale / 2)) · sx, two separate roundings.
+  const __m512 half_scale = _mm512_set1_ps(m.scales[0] * 0.5f);
+  for (int64_t p = 0; p < panels; ++p) {
+    for (int r = 0; r < NR; ++r) {
+      const __m512 term = _mm512_mul_ps(
+          _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums[p][r])), half_scale),
+          _mm512_set1_ps(x_scales[r]));
+      float* yr = y + r * ys + o + kLutRows * p;
+      _mm512_storeu_ps(yr, _mm512_add_ps(_mm512_loadu_ps(yr), term));
+    }
+  }
+}
+
 // The two row kernels, each with how many output rows it keeps in flight for NR input rows.
 template <class Decoder>
 struct Decoded {
@@ -348,6 +490,13 @@ struct Signs {
     SignRows<NO, NR>(m, o, q, padded, x_scales, y, ys);
   }
 };
+
+// SignRowSum matrices: the lookup kernel over whole panels of 16 output rows, SignRows over the
+// rest (the same integers, so the same bits). Each thread builds the tables of all n input rows
+// (n · cols · 16 bytes; 4 rows of 5632 columns: 360 KB, in L2) — a few percent of the kernel's
+// work, cheaper than a second hand-off to the pool.
+void ApplySigns(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const int16_t* q,
+                const float* x_scales, int64_t n, float* y, int64_t ys);
 
 template <class Kernel>
 void Apply(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const int16_t* q,
@@ -372,12 +521,36 @@ void Apply(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const int16
   }
 }
 
+void ApplySigns(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const int16_t* q,
+                const float* x_scales, int64_t n, float* y, int64_t ys) {
+  const int64_t padded = PaddedCols(m.cols);
+  const int64_t chunks = (m.cols + kLutChunk - 1) / kLutChunk;
+  const int64_t groups = chunks * (kLutChunk / 4);
+  const int64_t panel_end = o_begin + (o_end - o_begin) / kLutRows * kLutRows;
+  if (panel_end > o_begin) {
+    thread_local std::vector<int32_t> tables;
+    tables.resize(static_cast<size_t>(n * groups * 16));
+    for (int64_t r = 0; r < n; ++r)
+      BuildSignTables(q + r * padded, padded, groups, tables.data() + r * groups * 16);
+    for (int64_t o = o_begin; o < panel_end; o += kLutBlockRows) {
+      const int64_t panels = std::min(kLutBlockRows, panel_end - o) / kLutRows;
+      avx512_common::ForRowsInFours(n, [&](int64_t i, auto nr) {
+        constexpr int kNR = decltype(nr)::value;
+        const int32_t* t[kNR];
+        for (int r = 0; r < kNR; ++r) t[r] = tables.data() + (i + r) * groups * 16;
+        SignLutBlock<kNR>(m, o, panels, chunks, t, x_scales + i, y + i * ys, ys);
+      });
+    }
+  }
+  if (panel_end < o_end) Apply<Signs>(m, panel_end, o_end, q, x_scales, n, y, ys);
+}
+
 }  // namespace
 
 void ApplyRows(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const int16_t* q,
                const float* x_scales, int64_t n_rows, float* y, int64_t y_stride) {
   auto run = [&](auto fn) { fn(m, o_begin, o_end, q, x_scales, n_rows, y, y_stride); };
-  if (SignRowSum(m)) return run(Apply<Signs>);
+  if (SignRowSum(m)) return m.cols <= kLutMaxCols ? run(ApplySigns) : run(Apply<Signs>);
   if (m.sparse24) {
     return m.bits == 2 ? run(Apply<Decoded<SparseDecoder<2>>>)
                        : run(Apply<Decoded<SparseDecoder<4>>>);
