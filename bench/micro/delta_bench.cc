@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "chorus/base/large_alloc.h"
 #include "chorus/engine/bench.h"
 #include "chorus/kernels/delta.h"
 #include "chorus/kernels/dispatch.h"
@@ -63,7 +64,8 @@ void Fill(uint8_t* p, size_t n, uint64_t seed, int mod) {
 
 // Every delta matrix of one layout, in one arena.
 struct Model {
-  std::vector<uint8_t> arena;
+  // Huge pages where the kernel allows them, as serving holds deltas (DeltaWeights::Build).
+  std::unique_ptr<uint8_t, decltype(&std::free)> arena{nullptr, &std::free};
   std::vector<DeltaMatrixView> views;            // [delta][layer][linear]
   std::vector<std::vector<uint64_t>> positions;  // 2:4: each view's kept positions
   int64_t bytes = 0;                             // what a step of the f32 path reads
@@ -95,18 +97,18 @@ Model& ModelFor(int layout_index) {
   for (const DeltaMatrixView& v : shapes)
     total += static_cast<size_t>(v.rows * (v.code_row_bytes() + v.mask_row_bytes()) +
                                  scale_count(v) * 4 + 64);
-  m->arena.resize(total);
+  m->arena.reset(static_cast<uint8_t*>(chorus::AllocateLarge(total, "delta_bench arena")));
   size_t at = 0;
   uint64_t seed = 1;
   for (DeltaMatrixView v : shapes) {
-    uint8_t* codes = m->arena.data() + at;
+    uint8_t* codes = m->arena.get() + at;
     const auto code_bytes = static_cast<size_t>(v.rows * v.code_row_bytes());
     const auto mask_bytes = static_cast<size_t>(v.rows * v.mask_row_bytes());
     Fill(codes, code_bytes, seed++, 256);
     Fill(codes + code_bytes, mask_bytes, seed++, 216);
     at += code_bytes + mask_bytes;
     at = (at + 3) / 4 * 4;
-    auto* scales = reinterpret_cast<float*>(m->arena.data() + at);
+    auto* scales = reinterpret_cast<float*>(m->arena.get() + at);
     for (int64_t i = 0; i < scale_count(v); ++i) scales[i] = 0.001f * static_cast<float>(1 + i % 7);
     at += static_cast<size_t>(scale_count(v)) * 4;
     v.codes = codes;

@@ -491,10 +491,9 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
       spec.seed = 900 + static_cast<uint64_t>(dn);
       progress("building random delta " + std::to_string(dn + 1) + " of " +
                std::to_string(opts.n_deltas));
-      CHORUS_ASSIGN_OR_RETURN(
-          auto w, delta::DeltaWeights::Build(
-                      std::make_shared<const delta::Delta>(delta::MakeRandomDelta(c, spec)), c,
-                      "bench-delta" + std::to_string(dn)));
+      CHORUS_ASSIGN_OR_RETURN(auto w,
+                              delta::DeltaWeights::Build(delta::MakeRandomDelta(c, spec), c,
+                                                         "bench-delta" + std::to_string(dn)));
       deltas.push_back(std::move(w));
     }
     delta::DeltaHook delta_hook(max_rows);

@@ -1,7 +1,9 @@
 #include "chorus/adapters/delta/delta_hook.h"
 
+#include <cstring>
 #include <map>
 
+#include "chorus/base/large_alloc.h"
 #include "chorus/kernels/ops.h"
 
 namespace chorus::delta {
@@ -9,6 +11,69 @@ namespace chorus::delta {
 Result<std::shared_ptr<const DeltaWeights>> DeltaWeights::Build(std::shared_ptr<const Delta> d,
                                                                 const model::ModelConfig& base,
                                                                 const std::string& name) {
+  std::vector<int64_t> matrix_of_view;
+  CHORUS_ASSIGN_OR_RETURN(auto w, BuildViews(std::move(d), base, name, &matrix_of_view));
+  return std::shared_ptr<const DeltaWeights>(std::move(w));
+}
+
+Result<std::shared_ptr<const DeltaWeights>> DeltaWeights::Build(Delta d,
+                                                                const model::ModelConfig& base,
+                                                                const std::string& name) {
+  auto owned = std::make_shared<Delta>(std::move(d));
+  std::vector<int64_t> matrix_of_view;
+  CHORUS_ASSIGN_OR_RETURN(auto w, BuildViews(owned, base, name, &matrix_of_view));
+  w->MoveToStreamedBuffer(*owned, matrix_of_view);
+  return std::shared_ptr<const DeltaWeights>(std::move(w));
+}
+
+void DeltaWeights::MoveToStreamedBuffer(Delta& owned, const std::vector<int64_t>& matrix_of_view) {
+  // Each array starts on a cache line.
+  auto line = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
+  auto sizes = [](const kernels::DeltaMatrixView& v) {
+    struct {
+      int64_t codes, mask, positions, scales;
+    } s{v.rows * v.code_row_bytes(), v.rows * v.mask_row_bytes(),
+        v.positions != nullptr ? v.rows * v.position_row_words() * 8 : 0,
+        (v.group_size == 0 ? 1 : v.rows * v.groups()) * 4};
+    return s;
+  };
+  int64_t total = 0;
+  for (const kernels::DeltaMatrixView& v : views_) {
+    if (v.rows == 0) continue;
+    const auto s = sizes(v);
+    total += line(s.codes) + line(s.mask) + line(s.positions) + line(s.scales);
+  }
+  if (total == 0) return;
+  streamed_.reset(
+      static_cast<uint8_t*>(AllocateLarge(static_cast<size_t>(total), "delta matrices")));
+  uint8_t* at = streamed_.get();
+  auto move = [&](const void* from, int64_t bytes) {
+    std::memcpy(at, from, static_cast<size_t>(bytes));
+    uint8_t* to = at;
+    at += line(bytes);
+    return to;
+  };
+  for (size_t k = 0; k < views_.size(); ++k) {
+    kernels::DeltaMatrixView& v = views_[k];
+    if (v.rows == 0) continue;
+    const auto s = sizes(v);
+    v.codes = move(v.codes, s.codes);
+    if (v.mask != nullptr) v.mask = move(v.mask, s.mask);
+    if (v.positions != nullptr)
+      v.positions = reinterpret_cast<const uint64_t*>(move(v.positions, s.positions));
+    v.scales = reinterpret_cast<const float*>(move(v.scales, s.scales));
+    // Free this matrix's copies now, so the peak is one matrix above the buffer.
+    PackedMatrix& p = owned.matrices[static_cast<size_t>(matrix_of_view[k])].packed;
+    std::vector<uint8_t>().swap(p.codes);
+    std::vector<uint8_t>().swap(p.mask);
+    std::vector<float>().swap(p.scales);
+  }
+  std::vector<std::vector<uint64_t>>().swap(positions_);
+}
+
+Result<std::shared_ptr<DeltaWeights>> DeltaWeights::BuildViews(
+    std::shared_ptr<const Delta> d, const model::ModelConfig& base, const std::string& name,
+    std::vector<int64_t>* matrix_of_view) {
   if (!d) return InvalidArgumentError("delta '" + name + "': no delta");
   auto w = std::shared_ptr<DeltaWeights>(new DeltaWeights());
   w->name_ = name;
@@ -52,6 +117,7 @@ Result<std::shared_ptr<const DeltaWeights>> DeltaWeights::Build(std::shared_ptr<
     w->has_extras_ = true;
   }
   w->views_.resize(static_cast<size_t>(base.n_layers * model::kNumLinears));
+  matrix_of_view->assign(w->views_.size(), -1);
   std::map<std::string, std::pair<int64_t, model::Linear>> where;
   for (int64_t l = 0; l < base.n_layers; ++l) {
     for (int li = 0; li < model::kNumLinears; ++li) {
@@ -59,7 +125,8 @@ Result<std::shared_ptr<const DeltaWeights>> DeltaWeights::Build(std::shared_ptr<
       where[model::HfLayerTensorName(l, which)] = {l, which};
     }
   }
-  for (const MatrixDelta& m : d->matrices) {
+  for (size_t mi = 0; mi < d->matrices.size(); ++mi) {
+    const MatrixDelta& m = d->matrices[mi];
     auto it = where.find(m.name);
     if (it == where.end()) {
       return UnimplementedError("delta '" + name + "': " + m.name +
@@ -76,8 +143,11 @@ Result<std::shared_ptr<const DeltaWeights>> DeltaWeights::Build(std::shared_ptr<
                                   std::to_string(want_in));
     }
     CHORUS_RETURN_IF_ERROR(ValidateLayout(l, "delta '" + name + "': " + m.name));
-    kernels::DeltaMatrixView& v =
-        w->views_[static_cast<size_t>(layer * model::kNumLinears + static_cast<int>(which))];
+    const auto slot = static_cast<size_t>(layer * model::kNumLinears + static_cast<int>(which));
+    if ((*matrix_of_view)[slot] >= 0)
+      return InvalidArgumentError("delta '" + name + "': " + m.name + " appears twice");
+    (*matrix_of_view)[slot] = static_cast<int64_t>(mi);
+    kernels::DeltaMatrixView& v = w->views_[slot];
     v.rows = l.rows;
     v.cols = l.cols;
     v.bits = l.bits;
@@ -98,7 +168,7 @@ Result<std::shared_ptr<const DeltaWeights>> DeltaWeights::Build(std::shared_ptr<
     }
   }
   w->delta_ = std::move(d);
-  return std::shared_ptr<const DeltaWeights>(std::move(w));
+  return w;
 }
 
 Result<std::shared_ptr<const DeltaWeights>> LoadDeltaWeights(const std::string& path,
@@ -110,7 +180,7 @@ Result<std::shared_ptr<const DeltaWeights>> LoadDeltaWeights(const std::string& 
     return FailedPreconditionError(path + ": made against base weights " + d.base_hash +
                                    ", but the served base is " + base_hash);
   }
-  return DeltaWeights::Build(std::make_shared<const Delta>(std::move(d)), base, name);
+  return DeltaWeights::Build(std::move(d), base, name);
 }
 
 const std::vector<float>* DeltaWeights::norm(int64_t layer, model::LinearHook::Norm which) const {
@@ -123,8 +193,8 @@ const std::vector<float>* DeltaWeights::norm(int64_t layer, model::LinearHook::N
 
 int64_t DeltaWeights::positions_bytes() const {
   int64_t bytes = 0;
-  for (const std::vector<uint64_t>& k : positions_)
-    bytes += static_cast<int64_t>(k.size() * sizeof(uint64_t));
+  for (const kernels::DeltaMatrixView& v : views_)
+    if (v.rows > 0 && v.positions != nullptr) bytes += v.rows * v.position_row_words() * 8;
   return bytes;
 }
 

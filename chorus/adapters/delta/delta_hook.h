@@ -16,6 +16,7 @@
 // thread per step (SetRows, then Forward::Run).
 #pragma once
 
+#include <cstdlib>
 #include <memory>
 #include <span>
 #include <vector>
@@ -31,8 +32,16 @@ class DeltaWeights {
  public:
   // Maps every matrix to its (layer, linear) of `base` and checks shapes and layouts. Errors
   // name the tensor: a matrix that is not a layer linear, a shape that does not match, extras.
+  // The views point into d's own vectors (tests and tools that keep the Delta).
   static Result<std::shared_ptr<const DeltaWeights>> Build(std::shared_ptr<const Delta> d,
                                                            const model::ModelConfig& base,
+                                                           const std::string& name);
+  // What serving uses: the same checks and views, but every matrix's streamed bytes (codes, 2:4
+  // patterns and kept positions, scales) move into one buffer on huge pages
+  // (base/large_alloc.h) and d's copies are freed, matrix by matrix. A step reads each delta in
+  // its rows from DRAM; with 4 KiB pages every few rows cost a TLB miss and the hardware
+  // prefetchers stop at each page (docs/deltas.md "Serving").
+  static Result<std::shared_ptr<const DeltaWeights>> Build(Delta d, const model::ModelConfig& base,
                                                            const std::string& name);
   const kernels::DeltaMatrixView& at(int64_t layer, model::Linear which) const {
     return views_[static_cast<size_t>(layer * model::kNumLinears + static_cast<int>(which))];
@@ -50,11 +59,24 @@ class DeltaWeights {
   bool has_extras() const { return has_extras_; }
   // Bytes of the 2:4 matrices' kept positions, derived at Build for the int16 kernel.
   int64_t positions_bytes() const;
+  // Whether the matrices sit in the huge-page buffer (the Build(Delta) overload).
+  bool streamed_buffer() const { return streamed_ != nullptr; }
 
  private:
+  // The checks and views of both Build overloads; `matrix_of_view` gets, per view, the index of
+  // its matrix in d->matrices (−1: none).
+  static Result<std::shared_ptr<DeltaWeights>> BuildViews(std::shared_ptr<const Delta> d,
+                                                          const model::ModelConfig& base,
+                                                          const std::string& name,
+                                                          std::vector<int64_t>* matrix_of_view);
+  // Copies the views' bytes into streamed_, repoints them, and frees the copies in `owned`
+  // (the Delta delta_ points to) and positions_.
+  void MoveToStreamedBuffer(Delta& owned, const std::vector<int64_t>& matrix_of_view);
+
   std::shared_ptr<const Delta> delta_;
   std::vector<kernels::DeltaMatrixView> views_;   // [n_layers × kNumLinears]; rows 0 = none
-  std::vector<std::vector<uint64_t>> positions_;  // the 2:4 views' kept positions
+  std::vector<std::vector<uint64_t>> positions_;  // the 2:4 views' kept positions (until moved)
+  std::unique_ptr<uint8_t, void (*)(void*)> streamed_{nullptr, &std::free};
   int64_t n_layers_ = 0;
   std::string name_;
   std::vector<std::vector<float>> norms_;  // [n_layers × 2 + 1]: attn, ffn, …, output; {} = none

@@ -119,7 +119,7 @@ Result<std::shared_ptr<const DeltaWeights>> LoadDeltaWeightsShard(const std::str
   auto shard = ShardDelta(d, full, rank, size);
   if (!shard.ok()) return shard.status().WithContext(path);
   CHORUS_ASSIGN_OR_RETURN(model::ModelConfig sc, model::ShardConfig(full, size));
-  auto w = DeltaWeights::Build(std::make_shared<const Delta>(std::move(*shard)), sc, name);
+  auto w = DeltaWeights::Build(std::move(*shard), sc, name);
   if (!w.ok()) return w.status().WithContext(path);
   return w;
 }
