@@ -346,7 +346,8 @@ TEST(DeltaKernelTest, Int16PathEqualsItsReferenceBitwiseAtEveryLevel) {
 }
 
 // BitDelta's signs run a table-lookup kernel over panels of 16 output rows and 512-column chunks
-// (x86/delta_q16_avx512.cc), the rows past the last whole panel the per-row kernel: both must
+// (x86/delta_q16_avx512.cc) for segments of ≥ 3 rows, the rows past the last whole panel and
+// smaller segments the per-row kernel: both must
 // equal the reference bitwise at every panel and chunk boundary, for any number of input rows
 // (1–4 share a pass, more take turns), on 1 and 2 threads (whose row split can cut a panel).
 TEST(DeltaKernelTest, SignLookupKernelEqualsTheReferenceAcrossPanelsChunksAndRowCounts) {
@@ -374,8 +375,9 @@ TEST(DeltaKernelTest, SignLookupKernelEqualsTheReferenceAcrossPanelsChunksAndRow
   }
 }
 
-// The lookup kernel sums a whole row in one int32 lane: at its widest (65 536 columns) with every
-// |q| = 32767 and every sign alike, the sum (±65 536 · 32767) is still exact.
+// The lookup kernel (segments of ≥ 3 rows) sums a whole row in one int32 lane: at its widest
+// (65 536 columns) with every |q| = 32767 and every sign alike, the sum (±65 536 · 32767) is
+// still exact.
 TEST(DeltaKernelTest, SignLookupKernelSumsTheWidestRowExactly) {
   std::mt19937 rng(22);
   const int64_t out = 32, cols = 65536;
@@ -385,16 +387,16 @@ TEST(DeltaKernelTest, SignLookupKernelSumsTheWidestRowExactly) {
     std::fill_n(p.codes.begin() + o * p.view.code_row_bytes(), p.view.code_row_bytes(),
                 static_cast<uint8_t>(o < 16 ? 0xFF : 0x00));
   const std::vector<DeltaMatrixView> views = {p.view};
-  const std::vector<float> x(static_cast<size_t>(cols), 3.0f);  // q = 32767 everywhere
-  std::vector<float> want(static_cast<size_t>(out), 0.0f), got = want;
-  const std::vector<LoraSegment> segments = {{0, 1, 0}};
+  const std::vector<float> x(static_cast<size_t>(3 * cols), 3.0f);  // q = 32767 everywhere
+  std::vector<float> want(static_cast<size_t>(3 * out), 0.0f), got = want;
+  const std::vector<LoraSegment> segments = {{0, 3, 0}};
   DeltaApplyReference(segments, views, x.data(), cols, want.data(), out, DeltaActivations::kInt16);
   DeltaApply(segments, views, x.data(), cols, got.data(), out, nullptr, DeltaActivations::kInt16);
   EXPECT_EQ(got, want);
   // The term itself: a 1-bit value is ±scale / 2, so ±cols · 3 · scale / 2 (to x's rounding).
   const double term = cols * 3.0 * p.scales[0] / 2;
   EXPECT_NEAR(got[0], term, 1e-4 * term);
-  EXPECT_NEAR(got[31], -term, 1e-4 * term);
+  EXPECT_NEAR(got[3 * out - 1], -term, 1e-4 * term);
 }
 
 TEST(DeltaKernelTest, Int16PathIsWithinTheRoundingOfXOfTheExactTerm) {

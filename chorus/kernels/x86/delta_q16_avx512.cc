@@ -354,6 +354,11 @@ constexpr int64_t kLutAheadBlocks = 2;
 // A lane sums a whole row, |Σ| ≤ cols · 32767: within int32 up to 65 536 columns (wider rows run
 // SignRows, whose lanes take a sixteenth of the row each).
 constexpr int64_t kLutMaxCols = 65536;
+// Segments of fewer input rows run SignRows: streamed from memory (a step's usual case) the
+// lookup kernel is no faster for one row — delta_bench's step of 4 deltas × 1 row took 40 ms
+// with SignRows and 44 ms with it — while from 3 rows on it wins (a mixed batch of 32 rows over
+// base + 4 BitDelta deltas + 4 LoRAs: 55.8 → 57.7 % of base-only; docs/benchmarks.md).
+constexpr int64_t kLutMinInputRows = 3;
 
 // The tables of one input row q (column order, PaddedCols(cols) int16) for `groups` groups of 4
 // columns (a multiple of 128; groups past q's columns are 0): T = s01·(q0, q1) + s23·(q2, q3) by
@@ -558,7 +563,10 @@ void ApplySigns(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const 
 void ApplyRows(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const int16_t* q,
                const float* x_scales, int64_t n_rows, float* y, int64_t y_stride) {
   auto run = [&](auto fn) { fn(m, o_begin, o_end, q, x_scales, n_rows, y, y_stride); };
-  if (SignRowSum(m)) return m.cols <= kLutMaxCols ? run(ApplySigns) : run(Apply<Signs>);
+  if (SignRowSum(m)) {
+    return m.cols <= kLutMaxCols && n_rows >= kLutMinInputRows ? run(ApplySigns)
+                                                               : run(Apply<Signs>);
+  }
   if (m.sparse24) {
     return m.bits == 2 ? run(Apply<Decoded<SparseDecoder<2>>>)
                        : run(Apply<Decoded<SparseDecoder<4>>>);
