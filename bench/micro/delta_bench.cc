@@ -197,6 +197,46 @@ BENCHMARK(BM_DeltaStep)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
+// The BitDelta term's compute speed without the memory system: one 2048 × 2048 matrix of signs
+// (512 KB, in L2) applied to n input rows of one segment, one thread, int16 activations — what
+// serving runs for that segment (the per-row kernel below 3 rows, the lookup kernel from 3 on;
+// docs/deltas.md "BitDelta by table lookup"). Counter per_block_row: CPU time per 64 columns of
+// one output row and one input row.
+void BM_SignTermInL2(benchmark::State& state) {
+  if (!chorus::kernels::DeltaInt16Fast()) {
+    state.SkipWithError("no int16 delta kernel at this level (AVX-512 VNNI/VBMI/VBMI2)");
+    return;
+  }
+  const int64_t n = state.range(0);
+  constexpr int64_t kRows = 2048, kCols = 2048;
+  DeltaMatrixView v;
+  v.rows = kRows;
+  v.cols = kCols;
+  v.bits = 1;
+  v.sparse24 = false;
+  v.group_size = 0;
+  std::vector<uint8_t> codes(static_cast<size_t>(kRows * v.code_row_bytes()));
+  Fill(codes.data(), codes.size(), 7, 256);
+  const float scale = 1e-3f;
+  v.codes = codes.data();
+  v.scales = &scale;
+  std::vector<float> x(static_cast<size_t>(n * kCols)), y(static_cast<size_t>(n * kRows), 0.0f);
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = static_cast<float>(static_cast<int>(i * 37 % 201) - 100);
+  const std::vector<LoraSegment> segment = {{0, n, 0}};
+  const std::vector<DeltaMatrixView> views = {v};
+  for (auto _ : state) {
+    chorus::kernels::DeltaApply(segment, views, x.data(), kCols, y.data(), kRows, nullptr,
+                                chorus::kernels::DeltaActivations::kInt16);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["per_block_row"] = benchmark::Counter(
+      static_cast<double>(kRows * (kCols / 64) * n),
+      benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+  state.SetLabel(std::to_string(n) + " input rows");
+}
+BENCHMARK(BM_SignTermInL2)->DenseRange(1, 4)->Unit(benchmark::kMicrosecond);
+
 // The output-head delta of a full fine-tune (int8 rows with one scale per row, as `chorus
 // compress` keeps lm_head; kernels/ops.h AddInt8RowDots) at TinyLlama's head, 32000 × 2048
 // (65.5 MB): n logit rows of one delta, one thread, at each level. The scalar level is the
