@@ -356,7 +356,7 @@ constexpr int64_t kLutAheadBlocks = 2;
 constexpr int64_t kLutMaxCols = 65536;
 // Segments of fewer input rows run SignRows: streamed from memory (a step's usual case) the
 // lookup kernel is no faster for one row — delta_bench's step of 4 deltas × 1 row took 40 ms
-// with SignRows and 44 ms with it. From 3 rows on it is 1.25–1.45× SignRows from L2, and a mixed
+// with SignRows and 44 ms with it. From 3 rows on it is 1.1–1.45× SignRows from L2, and a mixed
 // batch of 32 rows (3–4 per delta) measured 56.2 → 56.8 % of base-only (docs/benchmarks.md).
 constexpr int64_t kLutMinInputRows = 3;
 
