@@ -90,13 +90,10 @@ Model& ModelFor(int layout_index) {
         v.group_size = l.group_size;
         shapes.push_back(v);
       }
-  auto scale_count = [](const DeltaMatrixView& v) {
-    return v.group_size == 0 ? 1 : v.rows * v.groups();
-  };
   size_t total = 0;
   for (const DeltaMatrixView& v : shapes)
     total += static_cast<size_t>(v.rows * (v.code_row_bytes() + v.mask_row_bytes()) +
-                                 scale_count(v) * 4 + 64);
+                                 v.n_scales() * 4 + 64);
   m->arena.reset(static_cast<uint8_t*>(chorus::AllocateLarge(total, "delta_bench arena")));
   size_t at = 0;
   uint64_t seed = 1;
@@ -109,8 +106,8 @@ Model& ModelFor(int layout_index) {
     at += code_bytes + mask_bytes;
     at = (at + 3) / 4 * 4;
     auto* scales = reinterpret_cast<float*>(m->arena.get() + at);
-    for (int64_t i = 0; i < scale_count(v); ++i) scales[i] = 0.001f * static_cast<float>(1 + i % 7);
-    at += static_cast<size_t>(scale_count(v)) * 4;
+    for (int64_t i = 0; i < v.n_scales(); ++i) scales[i] = 0.001f * static_cast<float>(1 + i % 7);
+    at += static_cast<size_t>(v.n_scales()) * 4;
     v.codes = codes;
     v.mask = v.sparse24 ? codes + code_bytes : nullptr;
     v.scales = scales;
@@ -121,8 +118,8 @@ Model& ModelFor(int layout_index) {
       positions_bytes = static_cast<int64_t>(m->positions.back().size() * sizeof(uint64_t));
     }
     m->views.push_back(v);
-    m->bytes += static_cast<int64_t>(code_bytes + mask_bytes) + scale_count(v) * 4;
-    m->int16_bytes += static_cast<int64_t>(code_bytes) + positions_bytes + scale_count(v) * 4;
+    m->bytes += static_cast<int64_t>(code_bytes + mask_bytes) + v.n_scales() * 4;
+    m->int16_bytes += static_cast<int64_t>(code_bytes) + positions_bytes + v.n_scales() * 4;
   }
   return *m;
 }

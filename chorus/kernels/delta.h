@@ -69,6 +69,8 @@ struct DeltaMatrixView {
   int64_t code_row_bytes() const { return ((sparse24 ? cols / 2 : cols) * bits + 7) / 8; }
   int64_t mask_row_bytes() const { return sparse24 ? (cols / 4 + 2) / 3 : 0; }
   int64_t groups() const { return group_size == 0 ? 0 : (cols + group_size - 1) / group_size; }
+  // Entries of `scales`: one per (row, group), or one for the matrix.
+  int64_t n_scales() const { return group_size == 0 ? 1 : rows * groups(); }
 };
 
 // How DeltaApply multiplies (see the top of this file).

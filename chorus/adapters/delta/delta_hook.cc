@@ -33,8 +33,7 @@ void DeltaWeights::MoveToStreamedBuffer(Delta& owned, const std::vector<int64_t>
     struct {
       int64_t codes, mask, positions, scales;
     } s{v.rows * v.code_row_bytes(), v.rows * v.mask_row_bytes(),
-        v.positions != nullptr ? v.rows * v.position_row_words() * 8 : 0,
-        (v.group_size == 0 ? 1 : v.rows * v.groups()) * 4};
+        v.positions != nullptr ? v.rows * v.position_row_words() * 8 : 0, v.n_scales() * 4};
     return s;
   };
   int64_t total = 0;
@@ -158,8 +157,7 @@ Result<std::shared_ptr<DeltaWeights>> DeltaWeights::BuildViews(
     v.scales = m.packed.scales.data();
     if (v.code_row_bytes() * v.rows != static_cast<int64_t>(m.packed.codes.size()) ||
         v.mask_row_bytes() * v.rows != static_cast<int64_t>(m.packed.mask.size()) ||
-        static_cast<int64_t>(m.packed.scales.size()) !=
-            (l.group_size == 0 ? 1 : l.rows * v.groups())) {
+        static_cast<int64_t>(m.packed.scales.size()) != v.n_scales()) {
       return InvalidArgumentError("delta '" + name + "': " + m.name + ": packed sizes disagree");
     }
     if (v.sparse24) {  // the int16 kernel's kept positions (kernels/delta.h)
