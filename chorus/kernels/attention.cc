@@ -32,22 +32,23 @@ struct AttentionKernels {
 
 void ScalarBlock(const float* q, int64_t q_stride, int64_t n_tokens, int64_t pos0,
                  const PagedKv& kv, int64_t kv_head, int64_t group, int64_t head_dim, float scale,
-                 float* scratch, float* out, int64_t out_stride) {
+                 float* scratch, float* out, int64_t out_stride, int64_t window) {
   attention_internal::Block<ScalarVec>(q, q_stride, n_tokens, pos0, kv, kv_head, group, head_dim,
-                                       scale, scratch, out, out_stride);
+                                       scale, scratch, out, out_stride, window);
 }
 void ScalarPartials(const float* q, int64_t pos, const PagedKv& kv, int64_t kv_head, int64_t group,
                     int64_t head_dim, float scale, int64_t seg_begin, int64_t seg_end,
-                    float* scratch, float* partials) {
+                    float* scratch, float* partials, int64_t window) {
   attention_internal::Partials<ScalarVec>(q, pos, kv, kv_head, group, head_dim, scale, seg_begin,
-                                          seg_end, scratch, partials);
+                                          seg_end, scratch, partials, window);
 }
 void ScalarPartialsHeads(const float* q, int64_t pos, const PagedKv* kv, int64_t n_heads,
                          int64_t group, int64_t head_dim, float scale, int64_t seg_begin,
-                         int64_t seg_end, float* scratch, float* partials, int64_t head_partials) {
+                         int64_t seg_end, float* scratch, float* partials, int64_t head_partials,
+                         int64_t window) {
   attention_internal::PartialsHeads<ScalarVec>(q, pos, kv, n_heads, group, head_dim, scale,
-                                               seg_begin, seg_end, scratch, partials,
-                                               head_partials);
+                                               seg_begin, seg_end, scratch, partials, head_partials,
+                                               window);
 }
 void ScalarMerge(const float* partials, int64_t n_segments, int64_t group, int64_t head_dim,
                  float* out) {
@@ -72,33 +73,33 @@ const AttentionKernels& KernelsForIsa() { return kAttentionKernels[static_cast<i
 
 void AttentionBlock(const float* q, int64_t q_stride, int64_t n_tokens, int64_t pos0,
                     const PagedKv& kv, int64_t kv_head, int64_t group, int64_t head_dim,
-                    float scale, float* scratch, float* out, int64_t out_stride) {
-  CHORUS_CHECK(n_tokens >= 1 && pos0 >= 0 && group >= 1 && head_dim >= 1)
-      << "n_tokens " << n_tokens << " pos0 " << pos0 << " group " << group;
+                    float scale, float* scratch, float* out, int64_t out_stride, int64_t window) {
+  CHORUS_CHECK(n_tokens >= 1 && pos0 >= 0 && group >= 1 && head_dim >= 1 && window >= 0)
+      << "n_tokens " << n_tokens << " pos0 " << pos0 << " group " << group << " window " << window;
   KernelsForIsa().block(q, q_stride, n_tokens, pos0, kv, kv_head, group, head_dim, scale, scratch,
-                        out, out_stride);
+                        out, out_stride, window);
 }
 
 void AttentionPartials(const float* q, int64_t pos, const PagedKv& kv, int64_t kv_head,
                        int64_t group, int64_t head_dim, float scale, int64_t seg_begin,
-                       int64_t seg_end, float* scratch, float* partials) {
+                       int64_t seg_end, float* scratch, float* partials, int64_t window) {
   CHORUS_CHECK(pos >= 0 && 0 <= seg_begin && seg_begin < seg_end &&
-               seg_end <= AttentionSegments(pos + 1))
-      << "pos " << pos << " segments [" << seg_begin << ", " << seg_end << ")";
+               seg_end <= AttentionSegments(pos + 1) && window >= 0)
+      << "pos " << pos << " segments [" << seg_begin << ", " << seg_end << ") window " << window;
   KernelsForIsa().partials(q, pos, kv, kv_head, group, head_dim, scale, seg_begin, seg_end, scratch,
-                           partials);
+                           partials, window);
 }
 
 void AttentionPartialsHeads(const float* q, int64_t pos, const PagedKv* kv, int64_t n_heads,
                             int64_t group, int64_t head_dim, float scale, int64_t seg_begin,
-                            int64_t seg_end, float* scratch, float* partials,
-                            int64_t head_partials) {
+                            int64_t seg_end, float* scratch, float* partials, int64_t head_partials,
+                            int64_t window) {
   CHORUS_CHECK(pos >= 0 && n_heads >= 1 && 0 <= seg_begin && seg_begin < seg_end &&
-               seg_end <= AttentionSegments(pos + 1))
+               seg_end <= AttentionSegments(pos + 1) && window >= 0)
       << "pos " << pos << " heads " << n_heads << " segments [" << seg_begin << ", " << seg_end
-      << ")";
+      << ") window " << window;
   KernelsForIsa().partials_heads(q, pos, kv, n_heads, group, head_dim, scale, seg_begin, seg_end,
-                                 scratch, partials, head_partials);
+                                 scratch, partials, head_partials, window);
 }
 
 int64_t AttentionPartialsHeadsScratchFloats(int64_t n_heads, int64_t group, int64_t head_dim) {

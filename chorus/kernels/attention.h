@@ -131,20 +131,40 @@ inline int64_t AttentionPartialFloats(int64_t group, int64_t head_dim) {
   return group * (head_dim + 2);
 }
 
+// Sliding windows (`window` > 0, Mistral, Phi-3, Gemma's local layers): a token at position p
+// attends keys [AttentionFirstKey(p, window), p] only. Keys before that first key are masked as
+// keys past p are (probability exactly 0), tiles and segments wholly before the first token's
+// first key are never run — nor their KV blocks looked up, so blocks a windowed cache dropped
+// behind the window (KvCache::DropBehindWindows) may be gone from the table — and a later token's
+// tiles and segments before its own first key fold as exact no-ops. So the batch-invariance rule
+// above holds unchanged with windows. window = 0: no window.
+inline int64_t AttentionFirstKey(int64_t pos, int64_t window) {
+  return window > 0 && pos >= window ? pos - window + 1 : 0;
+}
+
 // Tokens i ∈ [0, n_tokens) of one sequence at positions pos0 + i, each attending keys
-// [0, pos0 + i + 1), for the `group` query heads of KV head `kv_head`.
+// [AttentionFirstKey(pos0 + i, window), pos0 + i], for the `group` query heads of KV head
+// `kv_head`.
 // q: token i's heads at q + i·q_stride, [group, head_dim]; out likewise with out_stride.
-// Requires: K/V of positions [0, pos0 + n_tokens) written; scratch ≥ AttentionScratchFloats.
+// Requires: K/V of positions [AttentionFirstKey(pos0, window), pos0 + n_tokens) written;
+// scratch ≥ AttentionScratchFloats.
 void AttentionBlock(const float* q, int64_t q_stride, int64_t n_tokens, int64_t pos0,
                     const PagedKv& kv, int64_t kv_head, int64_t group, int64_t head_dim,
-                    float scale, float* scratch, float* out, int64_t out_stride);
+                    float scale, float* scratch, float* out, int64_t out_stride,
+                    int64_t window = 0);
 
 // Split-K: the unnormalized partials of segments [seg_begin, seg_end) of one token at position
 // `pos` (its group heads of `kv_head`); partials: (seg_end − seg_begin) × AttentionPartialFloats.
+// Under a window, a segment before AttentionFirstSegment is an empty partial (m = -inf, l = 0,
+// o = 0), which AttentionMerge folds as a no-op; callers start at the first segment.
 // Requires: seg_end ≤ AttentionSegments(pos + 1); scratch ≥ AttentionScratchFloats(1, …).
 void AttentionPartials(const float* q, int64_t pos, const PagedKv& kv, int64_t kv_head,
                        int64_t group, int64_t head_dim, float scale, int64_t seg_begin,
-                       int64_t seg_end, float* scratch, float* partials);
+                       int64_t seg_end, float* scratch, float* partials, int64_t window = 0);
+// The segment that holds a token's first key under `window`.
+inline int64_t AttentionFirstSegment(int64_t pos, int64_t window) {
+  return AttentionFirstKey(pos, window) / kAttentionSegment;
+}
 // AttentionPartials for KV heads 0 … n_heads−1 of one token at once, bit for bit the same:
 // head g reads kv[g] (its KV head at kv_head 0, as KvCache::View gives one head), its query
 // heads at q + g·group·head_dim, and writes its partials at partials + g·head_partials. The
@@ -154,8 +174,8 @@ void AttentionPartials(const float* q, int64_t pos, const PagedKv& kv, int64_t k
 inline constexpr int64_t kAttentionHeadsTogether = 8;
 void AttentionPartialsHeads(const float* q, int64_t pos, const PagedKv* kv, int64_t n_heads,
                             int64_t group, int64_t head_dim, float scale, int64_t seg_begin,
-                            int64_t seg_end, float* scratch, float* partials,
-                            int64_t head_partials);
+                            int64_t seg_end, float* scratch, float* partials, int64_t head_partials,
+                            int64_t window = 0);
 int64_t AttentionPartialsHeadsScratchFloats(int64_t n_heads, int64_t group, int64_t head_dim);
 // Folds n_segments partials left to right and normalizes: out [group, head_dim].
 void AttentionMerge(const float* partials, int64_t n_segments, int64_t group, int64_t head_dim,
@@ -167,7 +187,8 @@ void AttentionMerge(const float* partials, int64_t n_segments, int64_t group, in
 void AttentionRow(const float* q, const PagedKv& kv, int64_t n_ctx, int64_t n_heads,
                   int64_t n_kv_heads, int64_t head_dim, float scale, float* scratch, float* out);
 
-// The general path (sliding-window layers, soft-capped scores; docs/models.md): the `group`
+// The general path (soft-capped scores, Gemma 2; docs/models.md), also the reference of the
+// windowed tiled kernels: the `group`
 // query heads of one token at position `pos` over keys [first, pos] of one KV head (kv already
 // restricted to it, as KvCache::View gives), with scores s = scale·q·k, then
 // s = softcap·tanh(s / softcap) when softcap > 0, softmax, Σ p·V. Plain scalar arithmetic in key

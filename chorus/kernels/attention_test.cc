@@ -611,7 +611,8 @@ std::vector<PagedKv> HeadViews(const PagedKv& kv, int64_t n_kv, int64_t hd, int6
 // for bit.
 void ExpectPartialsHeadsEqualPerHead(const PagedKv& kv, const float* q_row, int64_t pos,
                                      int64_t n_kv, int64_t group, int64_t hd, float scale,
-                                     int64_t seg_begin, int64_t seg_end, const std::string& where) {
+                                     int64_t seg_begin, int64_t seg_end, const std::string& where,
+                                     int64_t window = 0) {
   const int64_t n_seg = seg_end - seg_begin, pf = AttentionPartialFloats(group, hd);
   std::vector<std::vector<const float*>> ptrs;
   const std::vector<PagedKv> views = HeadViews(kv, n_kv, hd, pos + 1, &ptrs);
@@ -621,10 +622,10 @@ void ExpectPartialsHeadsEqualPerHead(const PagedKv& kv, const float* q_row, int6
   std::vector<float> want(static_cast<size_t>(n_kv * n_seg * pf)), got(want.size(), -3.0f);
   for (int64_t g = 0; g < n_kv; ++g) {
     AttentionPartials(q_row + g * group * hd, pos, kv, g, group, hd, scale, seg_begin, seg_end,
-                      scratch.data(), want.data() + g * n_seg * pf);
+                      scratch.data(), want.data() + g * n_seg * pf, window);
   }
   AttentionPartialsHeads(q_row, pos, views.data(), n_kv, group, hd, scale, seg_begin, seg_end,
-                         heads_scratch.data(), got.data(), n_seg * pf);
+                         heads_scratch.data(), got.data(), n_seg * pf, window);
   ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
       << where << " heads together, segments [" << seg_begin << ", " << seg_end << ")";
 }
@@ -903,6 +904,148 @@ TEST_P(AttentionTest, Bf16DotProductsAreBatchInvariantAndMatchTheReference) {
           const bool same = std::memcmp(one.data(), other.data(), one.size() * sizeof(float)) == 0;
           EXPECT_EQ(same, static_cast<int>(GetParam()) < static_cast<int>(IsaLevel::kAvx512))
               << where;
+        }
+      }
+    }
+  }
+}
+
+// Sliding windows in the tiled kernels (attention.h, "Sliding windows"): every token of a prompt
+// over keys [AttentionFirstKey(pos, window), pos] — against the formula in double, bit for bit
+// the same whatever the chunking (1, 5, 8, 33 tokens, whole; 45 and 512 across segments: chunk
+// and window edges inside tiles and segments), split-K from the first segment, heads together
+// — with the table as a
+// windowed KvCache leaves it: blocks wholly behind the window of the chunk's first token point at
+// NaN blocks, so a read of them poisons the result. Windows of 1 key, inside a tile, a tile
+// and one past, across segments; groups 1, 3, 8 (the column decode's chunk), f32 and bf16
+// (dot products), K in columns (KvCache's layout) and rows, blocks of 16 and 7.
+TEST_P(AttentionTest, WindowedTokensMatchTheFormulaWhateverTheChunkingAndDroppedBlocks) {
+  const bool dot_level = static_cast<int>(GetParam()) >= static_cast<int>(IsaLevel::kAvx512);
+  for (int64_t window : {1, 7, 32, 33, 600}) {
+    for (int64_t group : {1, 3, 8}) {
+      for (int64_t hd : {16, 37, 64}) {
+        for (int64_t bs : {16, 7}) {
+          for (int bf16 = 0; bf16 < 2; ++bf16) {
+            for (bool k_columns : {true, false}) {
+              if ((hd == 37) != (group == 3)) continue;  // odd head dims once, with odd groups
+              // The long case once, at the vector levels (a minute at the scalar level, whose
+              // segments run the same template code).
+              if (window == 600 && (group != 8 || bs != 16 || GetParam() == IsaLevel::kScalar))
+                continue;
+              const int64_t n_ctx = window == 600 ? 1100 : 90, n_kv = 2, n_heads = n_kv * group;
+              const int64_t stride = n_heads * hd;
+              Paged p(n_ctx, n_kv, hd, bs, static_cast<uint64_t>(window * 7 + group * 3 + hd));
+              if (bf16 == 1) {
+                for (auto* dense : {&p.k_dense, &p.v_dense})
+                  for (float& x : *dense) x = BF16ToF32(F32ToBF16(x));
+              }
+              const HeadMajor blocks(p, k_columns, bf16 == 1);
+              PagedKv full = blocks.View();
+              full.bf16_dot = bf16 == 1;
+              const std::vector<float> q =
+                  RandomQ(n_ctx * stride, 30 + static_cast<uint64_t>(group), 2.0f);
+              const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+              std::ostringstream os;
+              os << "window " << window << " group " << group << " hd " << hd << " bs " << bs
+                 << (bf16 ? " bf16" : " f32") << (k_columns ? " columns" : " rows");
+              const std::string where = os.str();
+              // The table a windowed cache holds when a chunk starting at pos0 runs: blocks
+              // wholly behind the window of position pos0 − 1 dropped (KvCache::DropBehindWindows).
+              const int32_t poison = p.spare.front();
+              auto table_at = [&](int64_t pos0) {
+                std::vector<int32_t> t = p.table;
+                const int64_t dropped = std::max<int64_t>(0, pos0 - window) / bs;
+                for (int64_t b = 0; b < dropped; ++b) t[static_cast<size_t>(b)] = poison;
+                return t;
+              };
+              std::vector<float> one, other;
+              // (The long case: chunks of 45 and 512 — a whole 1100-token block walks every
+              // key from its first token's window on.)
+              const std::vector<int64_t> chunks = window == 600
+                                                      ? std::vector<int64_t>{1, 45, 512}
+                                                      : std::vector<int64_t>{1, 5, 8, 33, n_ctx};
+              for (int64_t chunk : chunks) {
+                std::vector<float>& out = chunk == 1 ? one : other;
+                out.assign(static_cast<size_t>(n_ctx * stride), -7.0f);
+                std::vector<float> scratch(
+                    static_cast<size_t>(AttentionScratchFloats(chunk, group, hd)));
+                for (int64_t pos0 = 0; pos0 < n_ctx; pos0 += chunk) {
+                  const std::vector<int32_t> table = table_at(pos0);
+                  PagedKv kv = full;
+                  kv.block_table = table.data();
+                  const int64_t n = std::min(chunk, n_ctx - pos0);
+                  for (int64_t g = 0; g < n_kv; ++g) {
+                    const int64_t off = pos0 * stride + g * group * hd;
+                    AttentionBlock(q.data() + off, stride, n, pos0, kv, g, group, hd, scale,
+                                   scratch.data(), out.data() + off, stride, window);
+                  }
+                }
+                if (chunk > 1) {
+                  ASSERT_EQ(std::memcmp(one.data(), other.data(), one.size() * sizeof(float)), 0)
+                      << where << " chunk " << chunk;
+                }
+              }
+              // The formula over the window, in double; with the dot products, on what the
+              // kernel multiplies (bf16(scale·q), probabilities rounded: 4e-3).
+              const bool dot = dot_level && bf16 == 1 && hd % 2 == 0;  // odd: widened, f32
+              const int64_t kv_dim = n_kv * hd;
+              for (int64_t i = 0; i < n_ctx; i += (i < 40 ? 1 : 13)) {
+                const int64_t first = AttentionFirstKey(i, window);
+                for (int64_t h = 0; h < n_heads; ++h) {
+                  const int64_t g = h / group;
+                  std::vector<double> sc;
+                  double mx = -1e300;
+                  for (int64_t t = first; t <= i; ++t) {
+                    double acc = 0;
+                    for (int64_t d = 0; d < hd; ++d) {
+                      const float qs = scale * q[static_cast<size_t>(i * stride + h * hd + d)];
+                      acc += double(dot ? BF16ToF32(F32ToBF16(qs)) : qs) *
+                             p.k_dense[static_cast<size_t>(t * kv_dim + g * hd + d)];
+                    }
+                    sc.push_back(acc);
+                    mx = std::max(mx, acc);
+                  }
+                  double sum = 0;
+                  for (double& v : sc) sum += (v = std::exp(v - mx));
+                  for (int64_t d = 0; d < hd; ++d) {
+                    double want = 0;
+                    for (int64_t t = first; t <= i; ++t) {
+                      want += sc[static_cast<size_t>(t - first)] / sum *
+                              p.v_dense[static_cast<size_t>(t * kv_dim + g * hd + d)];
+                    }
+                    ASSERT_NEAR(one[static_cast<size_t>(i * stride + h * hd + d)], want,
+                                dot ? 4e-3 : 2e-5)
+                        << where << " token " << i << " head " << h;
+                  }
+                }
+              }
+              // Split-K of the last token from its first segment (one segment per call, then
+              // merged), and all heads at once, over the table of its decode step.
+              const int64_t pos = n_ctx - 1;
+              const std::vector<int32_t> table = table_at(pos);
+              PagedKv kv = full;
+              kv.block_table = table.data();
+              const int64_t s0 = AttentionFirstSegment(pos, window);
+              const int64_t n_seg = AttentionSegments(pos + 1) - s0;
+              const int64_t pf = AttentionPartialFloats(group, hd);
+              std::vector<float> scratch(static_cast<size_t>(AttentionScratchFloats(1, group, hd)));
+              for (int64_t g = 0; g < n_kv; ++g) {
+                const float* qg = q.data() + pos * stride + g * group * hd;
+                std::vector<float> partials(static_cast<size_t>(n_seg * pf)), merged(group * hd);
+                for (int64_t sg = 0; sg < n_seg; ++sg) {
+                  AttentionPartials(qg, pos, kv, g, group, hd, scale, s0 + sg, s0 + sg + 1,
+                                    scratch.data(), partials.data() + sg * pf, window);
+                }
+                AttentionMerge(partials.data(), n_seg, group, hd, merged.data());
+                ASSERT_EQ(std::memcmp(merged.data(), one.data() + pos * stride + g * group * hd,
+                                      merged.size() * sizeof(float)),
+                          0)
+                    << where << " split-K, g " << g;
+              }
+              ExpectPartialsHeadsEqualPerHead(kv, q.data() + pos * stride, pos, n_kv, group, hd,
+                                              scale, s0, s0 + n_seg, where, window);
+            }
+          }
         }
       }
     }

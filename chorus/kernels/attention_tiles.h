@@ -65,18 +65,19 @@ inline uint32_t Bf16Pair(float lo, float hi) { return Bf16Bits(lo) | Bf16Bits(hi
 
 // Scratch of a block of r rows (rp = r padded), carved from the caller's buffer.
 struct Scratch {
-  float* qt;      // [head_dim][rp] scale·q, transposed (column decode: qc[chunk][head_dim][8])
-  float* s;       // [kAttentionTile][rp] scores, then probabilities, of the current tile
-  float* m;       // [rp] running max of the current segment
-  float* l;       // [rp] running sum of the current segment
-  float* alpha;   // [rp] rescale of the current tile
-  float* rowpos;  // [rp] position of each row's token (padding rows: +inf, never masked)
-  float* o;       // [r][head_dim] unnormalized output of the current segment
-  float* mo;      // [r] folded max over the finished segments
-  float* lo;      // [r] folded sum over the finished segments
-  float* kt;      // [kAttentionTile][hd] the tile's K rows widened to f32 (bf16 blocks only);
-                  // bf16 columns: [hd][kAttentionTile]
-  float* vt;      // [kAttentionTile][hd] its V rows likewise (dot: pairs of keys, [16][hd2])
+  float* qt;        // [head_dim][rp] scale·q, transposed (column decode: qc[chunk][head_dim][8])
+  float* s;         // [kAttentionTile][rp] scores, then probabilities, of the current tile
+  float* m;         // [rp] running max of the current segment
+  float* l;         // [rp] running sum of the current segment
+  float* alpha;     // [rp] rescale of the current tile
+  float* rowpos;    // [rp] position of each row's token (padding rows: +inf, never masked)
+  float* negfirst;  // [rp] −(the row's first key) under a window, else −0 (padding rows: +inf)
+  float* o;         // [r][head_dim] unnormalized output of the current segment
+  float* mo;        // [r] folded max over the finished segments
+  float* lo;        // [r] folded sum over the finished segments
+  float* kt;        // [kAttentionTile][hd] the tile's K rows widened to f32 (bf16 blocks only);
+                    // bf16 columns: [hd][kAttentionTile]
+  float* vt;        // [kAttentionTile][hd] its V rows likewise (dot: pairs of keys, [16][hd2])
   // bf16 dot products (PagedKv::bf16_dot): the tile's probabilities rounded to bf16, as pairs of
   // keys (2c, 2c + 1) per 32-bit word, low half key 2c — prefill [kAttentionTile / 2][rp],
   // column decode [head][kAttentionTile / 2]. (qt then holds scale·q as bf16 pairs of elements,
@@ -87,7 +88,7 @@ struct Scratch {
 inline int64_t ScratchFloats(int64_t n_tokens, int64_t group, int64_t head_dim) {
   const int64_t r = n_tokens * group, rp = RoundUp(r, kRowPad);
   const int64_t hd = RoundUp(head_dim, 16);
-  return rp * (hd + kAttentionTile + 4) + r * hd + 2 * RoundUp(r, 16) + kAttentionTile * hd +
+  return rp * (hd + kAttentionTile + 5) + r * hd + 2 * RoundUp(r, 16) + kAttentionTile * hd +
          kAttentionTile * RoundUp(head_dim, 32) + rp * kAttentionTile / 2 + 16 * 15;
 }
 
@@ -106,6 +107,7 @@ inline Scratch CarveScratch(float* buf, int64_t n_tokens, int64_t group, int64_t
   s.l = p, p = align(p + rp);
   s.alpha = p, p = align(p + rp);
   s.rowpos = p, p = align(p + rp);
+  s.negfirst = p, p = align(p + rp);
   s.o = p, p = align(p + r * hd);
   s.mo = p, p = align(p + RoundUp(r, 16));
   s.lo = p, p = align(p + RoundUp(r, 16));
@@ -145,10 +147,13 @@ class BlockKernel {
 
  public:
   BlockKernel(const float* q, int64_t q_stride, int64_t n_tokens, int64_t pos0, const PagedKv& kv,
-              int64_t kv_head, int64_t group, int64_t head_dim, float scale, float* scratch)
+              int64_t kv_head, int64_t group, int64_t head_dim, float scale, float* scratch,
+              int64_t window)
       : kv_(kv),
         n_tokens_(n_tokens),
         pos0_(pos0),
+        first_key_(AttentionFirstKey(pos0, window)),
+        last_first_(AttentionFirstKey(pos0 + n_tokens - 1, window)),
         group_(group),
         hd_(head_dim),
         hd_pad_(RoundUp(head_dim, 16)),
@@ -161,9 +166,15 @@ class BlockKernel {
         fuse_v_(n_tokens == 1 && kv.dtype == KvDtype::kBf16 && head_dim % (2 * W) == 0),
         dot_(VT::kBf16Dot && kv.dtype == KvDtype::kBf16 && kv.bf16_dot && head_dim % 2 == 0) {
     for (int64_t i = 0, r = 0; i < n_tokens_; ++i) {
-      for (int64_t h = 0; h < group_; ++h, ++r) sc_.rowpos[r] = static_cast<float>(pos0_ + i);
+      for (int64_t h = 0; h < group_; ++h, ++r) {
+        sc_.rowpos[r] = static_cast<float>(pos0_ + i);
+        sc_.negfirst[r] = -static_cast<float>(AttentionFirstKey(pos0_ + i, window));
+      }
     }
-    for (int64_t r = r_; r < rp_; ++r) sc_.rowpos[r] = std::numeric_limits<float>::infinity();
+    for (int64_t r = r_; r < rp_; ++r) {
+      sc_.rowpos[r] = std::numeric_limits<float>::infinity();
+      sc_.negfirst[r] = std::numeric_limits<float>::infinity();
+    }
     if (dot_) {
       // scale·q as bf16 pairs (2j, 2j + 1): column decode q2[h / 8][j][h % 8], else q2[j][r]
       // (padding rows 0).
@@ -234,17 +245,23 @@ class BlockKernel {
     std::copy_n(sc_.o, group_ * hd_, part + 2 * group_);
   }
 
+  // The tile that holds the block's first key (its first token's): no tile before it is run, nor
+  // its KV read — a windowed cache may have dropped those blocks (KvCache::DropBehindWindows).
+  int64_t FirstTile() const { return first_key_ / kAttentionTile * kAttentionTile; }
+  int64_t FirstSegment() const { return first_key_ / kAttentionSegment; }
+
   // One tile of keys [t0, t0 + kAttentionTile) (t0 a multiple of the tile inside the current
-  // segment), for callers that interleave several kernels tile by tile (PartialsHeads); the
-  // tiles of a segment must come in order, as RunSegment runs them.
+  // segment, ≥ FirstTile()), for callers that interleave several kernels tile by tile
+  // (PartialsHeads); the tiles of a segment must come in order, as RunSegment runs them.
   void RunTile(int64_t t0) { Tile(t0, std::min<int64_t>(kAttentionTile, pos0_ + n_tokens_ - t0)); }
 
-  // Runs the tiles of segment `seg` (keys [seg·S, min((seg+1)·S, pos0 + n_tokens))) for every
-  // token whose position reaches into it.
+  // Runs the tiles of segment `seg` (keys [seg·S, min((seg+1)·S, pos0 + n_tokens)), from
+  // FirstTile() on) for every token whose position reaches into it.
   void RunSegment(int64_t seg) {
     const int64_t end = pos0_ + n_tokens_;  // keys of the last token
     const int64_t seg_end = std::min(end, (seg + 1) * kAttentionSegment);
-    for (int64_t t0 = seg * kAttentionSegment; t0 < seg_end; t0 += kAttentionTile) {
+    for (int64_t t0 = std::max(seg * kAttentionSegment, FirstTile()); t0 < seg_end;
+         t0 += kAttentionTile) {
       Tile(t0, std::min<int64_t>(kAttentionTile, end - t0));
     }
   }
@@ -254,6 +271,7 @@ class BlockKernel {
 
  private:
   void Tile(int64_t t0, int64_t nk) {
+    t0_ = t0;
     // A decode row streams its keys once from DRAM. All of a tile's lines requested at once
     // (128 for bf16 K and V at head_dim 64, 256 for f32) are more than the core keeps in
     // flight, so the first loads of the tile stall behind them; the column decode therefore
@@ -293,19 +311,30 @@ class BlockKernel {
     const int32_t* const table = kv_.block_table;
     const float* const* const kb = kv_.k_blocks;
     const float* const* const vb = kv_.v_blocks;
-    int64_t bi = t0 / bs, slot = t0 % bs;
     // K in columns: kp[c] / kh[c] point at key c's element 0, its element d is d · ks further.
     const bool kcol = kv_.k_columns, f32 = kv_.dtype == KvDtype::kF32;
     int64_t ks = kcol ? bs : 1;
     const int64_t kstep = kcol ? 1 : kvs;
+    // Under a window, keys in blocks before the one holding the first key may be gone from the
+    // table (KvCache::DropBehindWindows). Their K points into that block instead, at the same
+    // slot (each lies in [0, bs), and the slots of a 16-key half stay contiguous for the column
+    // decode): readable memory, perhaps not yet written, whose scores are replaced by -inf
+    // (a select, so even NaN there is harmless). Their V, which PV multiplies by their exact-zero
+    // probabilities, is the first key's row: written, so finite, and 0 · V adds exact zeros.
+    const int64_t first_block = first_key_ / bs;
+    const int64_t v_first = (first_key_ % bs) * kvs + kv_off_;
+    int64_t bi = t0 / bs, slot = t0 % bs;
     for (int64_t c = 0; c < nk; slot = 0, ++bi) {
-      const int32_t block = table[bi * ts];
+      const bool dropped = bi < first_block;
+      const int32_t block = table[(dropped ? first_block : bi) * ts];
       const int64_t end = std::min(nk, c + bs - slot);
       int64_t off = slot * kvs + kv_off_, koff = kcol ? kv_off_ + slot : off;
+      int64_t voff = dropped ? v_first : off;
+      const int64_t vstep = dropped ? 0 : kvs;
       if (f32) {
-        for (; c < end; ++c, off += kvs, koff += kstep) {
+        for (; c < end; ++c, koff += kstep, voff += vstep) {
           kp[c] = kb[block] + koff;
-          vp[c] = vb[block] + off;
+          vp[c] = vb[block] + voff;
         }
         continue;
       }
@@ -313,10 +342,10 @@ class BlockKernel {
       // dot products (or the fused V of a decode row) read the bf16 elements directly.
       const uint16_t* const kb16 = reinterpret_cast<const uint16_t*>(kb[block]);
       const uint16_t* const vb16 = reinterpret_cast<const uint16_t*>(vb[block]);
-      for (; c < end; ++c, off += kvs, koff += kstep) {
+      for (; c < end; ++c, koff += kstep, voff += vstep) {
         kh[c] = kb16 + koff;
         if (!kcol && !dot_) kp[c] = Widen(kh[c], sc_.kt + c * hd_pad_);
-        vh[c] = vb16 + off;
+        vh[c] = vb16 + voff;
         if (!fuse_v_ && !dot_) vp[c] = Widen(vh[c], sc_.vt + c * hd_pad_);
       }
     }
@@ -787,13 +816,18 @@ class BlockKernel {
   void ColumnSoftmax(int64_t h0, V (&acc)[NH][NV], int64_t nk, Keep keep) {
     if constexpr (W == 16 || W == 8) {
       // Lanes past the tile's last key may hold anything: -inf, so exp gives 0 (never used).
+      // Lanes before the row's first key under a window (`lead` of them): -inf, probability 0.
       const V neg_inf = VT::Set1(kNegInf);
+      const int64_t lead = first_key_ - t0_;
       alignas(64) float red[16];
       std::fill_n(red, 16, kNegInf);
 #pragma GCC unroll 8
       for (int h = 0; h < NH; ++h) {
 #pragma GCC unroll 4
-        for (int j = 0; j < NV; ++j) acc[h][j] = VT::MaskTail(acc[h][j], nk - W * j, neg_inf);
+        for (int j = 0; j < NV; ++j) {
+          acc[h][j] =
+              VT::MaskHead(VT::MaskTail(acc[h][j], nk - W * j, neg_inf), lead - W * j, neg_inf);
+        }
         V m = acc[h][0];
 #pragma GCC unroll 4
         for (int j = 1; j < NV; ++j) m = VT::Max(m, acc[h][j]);
@@ -903,15 +937,20 @@ class BlockKernel {
 
   void Softmax(int64_t t0, int64_t nk, int64_t rv0, bool diag) {
     const V neg_inf = VT::Set1(kNegInf);
+    // Keys before some row's window: the tile starts before the last row's first key.
+    const bool lead = t0 < last_first_;
     for (int64_t rv = rv0; rv < n_rv_; ++rv) {
       const int64_t off = rv * W;
       const V pos = VT::Load(sc_.rowpos + off);
+      const V negfirst = VT::Load(sc_.negfirst + off);
       V mt = neg_inf;
       for (int64_t c = 0; c < nk; ++c) {
         float* sp = sc_.s + c * rp_ + off;
         V s = VT::Load(sp);
-        if (diag) {
-          s = VT::MaskBelow(pos, static_cast<float>(t0 + c), s, neg_inf);
+        if (diag || lead) {
+          if (diag) s = VT::MaskBelow(pos, static_cast<float>(t0 + c), s, neg_inf);
+          // key < first ⇔ −first > −key: masked as a key past −first would be.
+          if (lead) s = VT::MaskBelow(negfirst, -static_cast<float>(t0 + c), s, neg_inf);
           VT::Store(sp, s);
         }
         mt = VT::Max(mt, s);
@@ -1083,7 +1122,11 @@ class BlockKernel {
   }
 
   const PagedKv& kv_;
-  int64_t n_tokens_, pos0_, group_, hd_, hd_pad_, kv_off_;
+  int64_t n_tokens_, pos0_;
+  // Under a window: the first key of the block's first and last tokens (0 without one).
+  int64_t first_key_, last_first_;
+  int64_t t0_ = 0;  // the tile being run (its first key)
+  int64_t group_, hd_, hd_pad_, kv_off_;
   int64_t r_, rp_, n_rv_;
   Scratch sc_;
   // Decode prefetch (Tile): planned lines, the next to issue, lines per QK step; whether the
@@ -1114,8 +1157,9 @@ class BlockKernel {
 template <class VT>
 void Block(const float* q, int64_t q_stride, int64_t n_tokens, int64_t pos0, const PagedKv& kv,
            int64_t kv_head, int64_t group, int64_t head_dim, float scale, float* scratch,
-           float* out, int64_t out_stride) {
-  BlockKernel<VT> k(q, q_stride, n_tokens, pos0, kv, kv_head, group, head_dim, scale, scratch);
+           float* out, int64_t out_stride, int64_t window) {
+  BlockKernel<VT> k(q, q_stride, n_tokens, pos0, kv, kv_head, group, head_dim, scale, scratch,
+                    window);
   const Scratch& sc = k.scratch();
   const int64_t r = k.rows();
   // The folded output lives in `out` until it is normalized.
@@ -1124,8 +1168,11 @@ void Block(const float* q, int64_t q_stride, int64_t n_tokens, int64_t pos0, con
     sc.lo[i] = 0.0f;
     std::fill_n(out + (i / group) * out_stride + (i % group) * head_dim, head_dim, 0.0f);
   }
+  // Segments before the first token's window are skipped; a later token's segments (and tiles)
+  // before its own window fold as exact no-ops (m = -inf, l = 0, o = 0), so its result is
+  // the same as alone.
   const int64_t n_seg = AttentionSegments(pos0 + n_tokens);
-  for (int64_t seg = 0; seg < n_seg; ++seg) {
+  for (int64_t seg = k.FirstSegment(); seg < n_seg; ++seg) {
     k.RunSegment(seg);
     // Tokens whose keys reach into this segment fold it.
     for (int64_t i = k.FirstToken(seg * kAttentionSegment) * group; i < r; ++i) {
@@ -1144,8 +1191,9 @@ void Block(const float* q, int64_t q_stride, int64_t n_tokens, int64_t pos0, con
 template <class VT>
 void Partials(const float* q, int64_t pos, const PagedKv& kv, int64_t kv_head, int64_t group,
               int64_t head_dim, float scale, int64_t seg_begin, int64_t seg_end, float* scratch,
-              float* partials) {
-  BlockKernel<VT> k(q, group * head_dim, 1, pos, kv, kv_head, group, head_dim, scale, scratch);
+              float* partials, int64_t window) {
+  BlockKernel<VT> k(q, group * head_dim, 1, pos, kv, kv_head, group, head_dim, scale, scratch,
+                    window);
   const int64_t pf = AttentionPartialFloats(group, head_dim);
   for (int64_t seg = seg_begin; seg < seg_end; ++seg) {
     if (seg > seg_begin) k.ResetSegment();
@@ -1162,7 +1210,7 @@ void Partials(const float* q, int64_t pos, const PagedKv& kv, int64_t kv_head, i
 template <class VT>
 void PartialsHeads(const float* q, int64_t pos, const PagedKv* kv, int64_t n_heads, int64_t group,
                    int64_t head_dim, float scale, int64_t seg_begin, int64_t seg_end,
-                   float* scratch, float* partials, int64_t head_partials) {
+                   float* scratch, float* partials, int64_t head_partials, int64_t window) {
   const int64_t per = ScratchFloats(1, group, head_dim),
                 pf = AttentionPartialFloats(group, head_dim);
   for (int64_t g0 = 0; g0 < n_heads; g0 += kAttentionHeadsTogether) {
@@ -1170,14 +1218,15 @@ void PartialsHeads(const float* q, int64_t pos, const PagedKv* kv, int64_t n_hea
     std::optional<BlockKernel<VT>> k[kAttentionHeadsTogether];
     for (int64_t g = 0; g < ng; ++g) {
       k[g].emplace(q + (g0 + g) * group * head_dim, group * head_dim, 1, pos, kv[g0 + g], 0, group,
-                   head_dim, scale, scratch + g * per);
+                   head_dim, scale, scratch + g * per, window);
     }
     for (int64_t seg = seg_begin; seg < seg_end; ++seg) {
       if (seg > seg_begin) {
         for (int64_t g = 0; g < ng; ++g) k[g]->ResetSegment();
       }
       const int64_t end = std::min(pos + 1, (seg + 1) * kAttentionSegment);
-      for (int64_t t0 = seg * kAttentionSegment; t0 < end; t0 += kAttentionTile) {
+      for (int64_t t0 = std::max(seg * kAttentionSegment, k[0]->FirstTile()); t0 < end;
+           t0 += kAttentionTile) {
         for (int64_t g = 0; g < ng; ++g) k[g]->RunTile(t0);
       }
       for (int64_t g = 0; g < ng; ++g) {

@@ -70,8 +70,24 @@ Forward::Forward(std::shared_ptr<const Model> model, int64_t max_rows, int64_t m
   attn_scratch_floats_ =
       std::max(kernels::AttentionScratchFloats(attn_block_tokens_, group, c.head_dim),
                kernels::AttentionPartialsHeadsScratchFloats(c.n_kv_heads, group, c.head_dim));
-  tasks_.reserve(static_cast<size_t>(max_rows * c.n_kv_heads + kMaxSplitTasks));
-  merges_.reserve(static_cast<size_t>(max_rows * c.n_kv_heads));
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    if (!TiledAttention(l)) continue;
+    const int64_t w = LayerWindow(l);
+    if (std::none_of(plans_.begin(), plans_.end(),
+                     [&](const AttnPlan& p) { return p.window == w; }))
+      plans_.emplace_back().window = w;
+  }
+  for (AttnPlan& p : plans_) {
+    p.tasks.reserve(static_cast<size_t>(max_rows * c.n_kv_heads + kMaxSplitTasks));
+    p.merges.reserve(static_cast<size_t>(max_rows * c.n_kv_heads));
+  }
+}
+
+bool Forward::TiledAttention(int64_t /*layer*/) const { return model_->config().attn_softcap <= 0; }
+
+int64_t Forward::LayerWindow(int64_t layer) const {
+  const ModelConfig& c = model_->config();
+  return c.LayerSliding(layer) ? c.sliding_window : 0;
 }
 
 void Forward::Linear(int64_t layer, model::Linear which, const float* x, int64_t x_stride, float* y,
@@ -129,14 +145,20 @@ void Forward::Linears(int64_t layer, LinearGroup group, const float* x, int64_t 
   if (in.hook != nullptr) in.hook->ApplyGroup(layer, group, outs, x, x_stride, n, pool);
 }
 
-void Forward::PlanAttention(const StepInput& in, int n_threads) {
+int64_t Forward::PlanAttention(const StepInput& in, int n_threads, AttnPlan* plan) {
   const ModelConfig& c = model_->config();
   const int64_t n = static_cast<int64_t>(in.tokens.size());
   const int64_t group = c.n_heads / c.n_kv_heads;
   const int64_t pf = kernels::AttentionPartialFloats(group, c.head_dim);
-  tasks_.clear();
-  merges_.clear();
+  const int64_t window = plan->window;
+  std::vector<AttnTask>& tasks = plan->tasks;
+  std::vector<AttnTask>& merges = plan->merges;
+  tasks.clear();
+  merges.clear();
   auto pos = [&](int64_t i) { return static_cast<int64_t>(in.positions[static_cast<size_t>(i)]); };
+  // Segments a row at position p runs under the window: [first, AttentionSegments(p + 1)).
+  auto seg_first = [&](int64_t p) { return kernels::AttentionFirstSegment(p, window); };
+  auto n_segs = [&](int64_t p) { return kernels::AttentionSegments(p + 1) - seg_first(p); };
   auto run_end = [&](int64_t i) {  // rows [i, j): one sequence, consecutive positions
     int64_t j = i + 1;
     while (j < n && in.seq[static_cast<size_t>(j)] == in.seq[static_cast<size_t>(i)] &&
@@ -151,7 +173,7 @@ void Forward::PlanAttention(const StepInput& in, int n_threads) {
   int64_t n_long_single = 0, n_units = 0;
   for (int64_t i = 0; i < n;) {
     const int64_t j = run_end(i);
-    if (j - i == 1 && kernels::AttentionSegments(pos(i) + 1) >= 2) ++n_long_single;
+    if (j - i == 1 && n_segs(pos(i)) >= 2) ++n_long_single;
     n_units += (j - i + attn_block_tokens_ - 1) / attn_block_tokens_ * c.n_kv_heads;
     i = j;
   }
@@ -159,16 +181,17 @@ void Forward::PlanAttention(const StepInput& in, int n_threads) {
   int64_t partial_floats = 0;
   for (int64_t i = 0; i < n;) {
     const int64_t j = run_end(i);
-    const int64_t n_seg = kernels::AttentionSegments(pos(i) + 1);
+    const int64_t n_seg = n_segs(pos(i)), s0 = seg_first(pos(i));
     if (split && j - i == 1 && n_seg >= 2) {
       const int64_t parts = std::min<int64_t>(n_seg, kSplitUnitsPerThread * n_threads);
       for (int64_t p = 0; p < parts; ++p) {
         AttnTask t;
         t.row = static_cast<int32_t>(i);
-        t.seg_begin = static_cast<int32_t>(p * n_seg / parts);
-        t.seg_end = static_cast<int32_t>((p + 1) * n_seg / parts);
+        t.seg_begin = static_cast<int32_t>(s0 + p * n_seg / parts);
+        t.seg_end = static_cast<int32_t>(s0 + (p + 1) * n_seg / parts);
+        t.seg_first = static_cast<int32_t>(s0);
         t.partials = partial_floats;
-        tasks_.push_back(t);
+        tasks.push_back(t);
       }
       for (int64_t g = 0; g < c.n_kv_heads; ++g) {
         AttnTask m;
@@ -176,19 +199,17 @@ void Forward::PlanAttention(const StepInput& in, int n_threads) {
         m.kv_head = static_cast<int32_t>(g);
         m.seg_end = static_cast<int32_t>(n_seg);
         m.partials = partial_floats + g * n_seg * pf;
-        merges_.push_back(m);
+        merges.push_back(m);
       }
       partial_floats += c.n_kv_heads * n_seg * pf;
     }
     i = j;
   }
-  if (static_cast<int64_t>(partials_.size()) < partial_floats) {
-    partials_.resize(static_cast<size_t>(partial_floats));  // grows to the longest context seen
-  }
+
   // Blocks, the latest (costliest) of each run first, so the last tasks taken are cheap ones.
   for (int64_t i = 0; i < n;) {
     const int64_t j = run_end(i);
-    if (!(split && j - i == 1 && kernels::AttentionSegments(pos(i) + 1) >= 2)) {
+    if (!(split && j - i == 1 && n_segs(pos(i)) >= 2)) {
       const int64_t n_blocks = (j - i + attn_block_tokens_ - 1) / attn_block_tokens_;
       for (int64_t b = n_blocks - 1; b >= 0; --b) {
         const int64_t first = i + b * attn_block_tokens_;
@@ -197,22 +218,23 @@ void Forward::PlanAttention(const StepInput& in, int n_threads) {
           t.row = static_cast<int32_t>(first);
           t.n_tokens = static_cast<int32_t>(std::min(attn_block_tokens_, j - first));
           t.kv_head = static_cast<int32_t>(g);
-          tasks_.push_back(t);
+          tasks.push_back(t);
         }
       }
     }
     i = j;
   }
+  return partial_floats;
 }
 
 void Forward::Attention(const StepInput& in, memory::KvCache* kv, int64_t layer, ThreadPool* pool) {
   const ModelConfig& c = model_->config();
   const int64_t group = c.n_heads / c.n_kv_heads, hd = c.head_dim, qd = c.q_dim();
   const float scale = c.AttnScale();
-  if (c.LayerSliding(layer) || c.attn_softcap > 0) {
-    // The general path: a window over the keys and/or soft-capped scores, row by row
-    // (docs/models.md, "Soft-capping, sliding windows"). Exact, not yet tiled like the kernels
-    // above.
+  if (!TiledAttention(layer)) {
+    // The general path: soft-capped scores (and the layer's window), row by row
+    // (docs/models.md, "Soft-capping, sliding windows"). Exact, not tiled like the kernels
+    // below.
     const int64_t n = static_cast<int64_t>(in.tokens.size());
     const int64_t window = c.LayerSliding(layer) ? c.sliding_window : 0;
     const int64_t per_thread = c.max_seq_len + c.head_dim + 16;
@@ -236,7 +258,13 @@ void Forward::Attention(const StepInput& in, memory::KvCache* kv, int64_t layer,
     return;
   }
   const int64_t pf = kernels::AttentionPartialFloats(group, hd);
-  const int64_t n_tasks = static_cast<int64_t>(tasks_.size());
+  const int64_t window = LayerWindow(layer);
+  const auto plan = std::find_if(plans_.begin(), plans_.end(),
+                                 [&](const AttnPlan& p) { return p.window == window; });
+  CHORUS_CHECK(plan != plans_.end()) << "no attention plan for window " << window;
+  const std::vector<AttnTask>& tasks = plan->tasks;
+  const std::vector<AttnTask>& merges = plan->merges;
+  const int64_t n_tasks = static_cast<int64_t>(tasks.size());
   auto table_of = [&](int64_t row) {
     return in.block_tables[static_cast<size_t>(in.seq[static_cast<size_t>(row)])];
   };
@@ -247,32 +275,34 @@ void Forward::Attention(const StepInput& in, memory::KvCache* kv, int64_t layer,
   pool->Run([&](int ti, int /*nt*/) {
     float* scratch = scratch_.data() + static_cast<size_t>(ti) * attn_scratch_floats_;
     for (int64_t k; (k = next_task_.fetch_add(1, std::memory_order_relaxed)) < n_tasks;) {
-      const AttnTask& t = tasks_[static_cast<size_t>(k)];
+      const AttnTask& t = tasks[static_cast<size_t>(k)];
       const int32_t* table = table_of(t.row);
       const int64_t pos = in.positions[static_cast<size_t>(t.row)];
       if (t.n_tokens > 0) {
         const int64_t off = t.row * qd + t.kv_head * group * hd;
-        kernels::AttentionBlock(q_.data() + off, qd, t.n_tokens, pos,
-                                kv->View(layer, t.kv_head, table),
-                                /*kv_head=*/0, group, hd, scale, scratch, att_.data() + off, qd);
+        kernels::AttentionBlock(
+            q_.data() + off, qd, t.n_tokens, pos, kv->View(layer, t.kv_head, table),
+            /*kv_head=*/0, group, hd, scale, scratch, att_.data() + off, qd, window);
         continue;
       }
       // A split range: every KV head at once, tile by tile, so each block's K and V of all
       // heads (side by side in the page) are read once, as one run.
-      const int64_t n_seg = kernels::AttentionSegments(pos + 1);
+      // The row's partials hold its segments from seg_first on, per KV head.
+      const int64_t n_seg = kernels::AttentionSegments(pos + 1) - t.seg_first;
       kernels::PagedKv* views = head_views_.data() + static_cast<size_t>(ti) * c.n_kv_heads;
       for (int64_t g = 0; g < c.n_kv_heads; ++g) views[g] = kv->View(layer, g, table);
-      kernels::AttentionPartialsHeads(q_.data() + t.row * qd, pos, views, c.n_kv_heads, group, hd,
-                                      scale, t.seg_begin, t.seg_end, scratch,
-                                      partials_.data() + t.partials + t.seg_begin * pf, n_seg * pf);
+      kernels::AttentionPartialsHeads(
+          q_.data() + t.row * qd, pos, views, c.n_kv_heads, group, hd, scale, t.seg_begin,
+          t.seg_end, scratch, partials_.data() + t.partials + (t.seg_begin - t.seg_first) * pf,
+          n_seg * pf, window);
     }
   });
-  if (merges_.empty()) return;
+  if (merges.empty()) return;
   // Phase 2: fold each split row's segments in order, one (row, KV head) per task.
-  const int64_t n_merges = static_cast<int64_t>(merges_.size());
+  const int64_t n_merges = static_cast<int64_t>(merges.size());
   pool->Run([&](int ti, int nt) {
     for (int64_t k = ti; k < n_merges; k += nt) {
-      const AttnTask& m = merges_[static_cast<size_t>(k)];
+      const AttnTask& m = merges[static_cast<size_t>(k)];
       kernels::AttentionMerge(partials_.data() + m.partials, m.seg_end, group, hd,
                               att_.data() + m.row * qd + m.kv_head * group * hd);
     }
@@ -290,7 +320,12 @@ void Forward::Run(const StepInput& in, memory::KvCache* kv, ThreadPool* pool, fl
     scratch_.assign(static_cast<size_t>(scratch_threads_ * attn_scratch_floats_), 0.0f);
     head_views_.resize(static_cast<size_t>(scratch_threads_ * c.n_kv_heads));
   }
-  PlanAttention(in, pool->size());
+  int64_t partial_floats = 0;
+  for (AttnPlan& plan : plans_)
+    partial_floats = std::max(partial_floats, PlanAttention(in, pool->size(), &plan));
+  if (static_cast<int64_t>(partials_.size()) < partial_floats) {
+    partials_.resize(static_cast<size_t>(partial_floats));  // grows to the longest context seen
+  }
   const int64_t d = c.n_embd, qd = c.q_dim(), kvd = c.kv_dim(), ff = c.n_ff;
   const int64_t block = kv->layout().block_size;
 

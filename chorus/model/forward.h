@@ -116,11 +116,23 @@ class Forward {
     int32_t row = 0;                     // first row of the block / the split row
     int32_t n_tokens = 0;                // block: tokens; split: 0
     int32_t kv_head = 0;                 // block only
-    int32_t seg_begin = 0, seg_end = 0;  // split only
+    int32_t seg_begin = 0, seg_end = 0;  // split: absolute segments; merge: segments to fold
+    int32_t seg_first = 0;               // split: the row's first segment under the window
     int64_t partials = 0;                // split: offset of the row's partials in partials_
   };
-  // Cuts the step's rows into attention tasks (once per step; the same for every layer).
-  void PlanAttention(const StepInput& in, int n_threads);
+  // A step's attention plan for the layers of one window (0: none): tasks run in phase 1
+  // (blocks and split ranges, costliest first, taken from next_task_ by whichever thread is
+  // free); merges in phase 2 (split rows × KV head).
+  struct AttnPlan {
+    int64_t window = 0;
+    std::vector<AttnTask> tasks, merges;
+  };
+  // Cuts the step's rows into attention tasks for the layers of plan->window (once per step and
+  // window, the same for every such layer); returns the floats of partials it needs.
+  int64_t PlanAttention(const StepInput& in, int n_threads, AttnPlan* plan);
+  // Whether `layer` runs the tiled kernels (all but soft-capped scores), and its window.
+  bool TiledAttention(int64_t layer) const;
+  int64_t LayerWindow(int64_t layer) const;
   void Attention(const StepInput& in, memory::KvCache* kv, int64_t layer, ThreadPool* pool);
   void Linear(int64_t layer, model::Linear which, const float* x, int64_t x_stride, float* y,
               int64_t y_stride, int64_t n, const StepInput& in, ThreadPool* pool);
@@ -149,9 +161,8 @@ class Forward {
   std::vector<float> scratch_;  // [n_threads][attn_scratch_floats_] attention block scratch
   int64_t scratch_threads_ = 0;
   std::vector<kernels::PagedKv> head_views_;  // [n_threads][n_kv_heads] a split task's views
-  // This step's attention plan: tasks_ run in phase 1 (blocks and split ranges, costliest first,
-  // taken from next_task_ by whichever thread is free); merges_ in phase 2 (split rows × KV head).
-  std::vector<AttnTask> tasks_, merges_;
+  // This step's attention plans, one per window the tiled layers use (Gemma 3: local and global).
+  std::vector<AttnPlan> plans_;
   std::vector<float> partials_;  // split rows' segment partials; grows to the largest step seen
   std::atomic<int64_t> next_task_{0};
 };

@@ -43,6 +43,10 @@ struct Vec256 {
   static V MaskTail(V v, int64_t n, V fill) {
     return n >= 8 ? v : _mm256_blendv_ps(fill, v, _mm256_castsi256_ps(Mask(n)));
   }
+  // Lanes [0, n) of v replaced by fill (none when n ≤ 0): keys before a window's first.
+  static V MaskHead(V v, int64_t n, V fill) {
+    return n <= 0 ? v : _mm256_blendv_ps(v, fill, _mm256_castsi256_ps(Mask(n)));
+  }
   static float ReduceMax(V v) {
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     m = _mm_max_ps(m, _mm_movehl_ps(m, m));
@@ -64,24 +68,24 @@ struct Vec256 {
 
 void AttentionBlock(const float* q, int64_t q_stride, int64_t n_tokens, int64_t pos0,
                     const PagedKv& kv, int64_t kv_head, int64_t group, int64_t head_dim,
-                    float scale, float* scratch, float* out, int64_t out_stride) {
+                    float scale, float* scratch, float* out, int64_t out_stride, int64_t window) {
   attention_internal::Block<Vec256>(q, q_stride, n_tokens, pos0, kv, kv_head, group, head_dim,
-                                    scale, scratch, out, out_stride);
+                                    scale, scratch, out, out_stride, window);
 }
 
 void AttentionPartials(const float* q, int64_t pos, const PagedKv& kv, int64_t kv_head,
                        int64_t group, int64_t head_dim, float scale, int64_t seg_begin,
-                       int64_t seg_end, float* scratch, float* partials) {
+                       int64_t seg_end, float* scratch, float* partials, int64_t window) {
   attention_internal::Partials<Vec256>(q, pos, kv, kv_head, group, head_dim, scale, seg_begin,
-                                       seg_end, scratch, partials);
+                                       seg_end, scratch, partials, window);
 }
 
 void AttentionPartialsHeads(const float* q, int64_t pos, const PagedKv* kv, int64_t n_heads,
                             int64_t group, int64_t head_dim, float scale, int64_t seg_begin,
-                            int64_t seg_end, float* scratch, float* partials,
-                            int64_t head_partials) {
+                            int64_t seg_end, float* scratch, float* partials, int64_t head_partials,
+                            int64_t window) {
   attention_internal::PartialsHeads<Vec256>(q, pos, kv, n_heads, group, head_dim, scale, seg_begin,
-                                            seg_end, scratch, partials, head_partials);
+                                            seg_end, scratch, partials, head_partials, window);
 }
 
 void AttentionMerge(const float* partials, int64_t n_segments, int64_t group, int64_t head_dim,

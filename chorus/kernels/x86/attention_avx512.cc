@@ -101,6 +101,10 @@ struct Vec512 {
   static V MaskTail(V v, int64_t n, V fill) {
     return n >= 16 ? v : _mm512_mask_mov_ps(fill, Mask(n < 0 ? 0 : n), v);
   }
+  // Lanes [0, n) of v replaced by fill (none when n ≤ 0): keys before a window's first.
+  static V MaskHead(V v, int64_t n, V fill) {
+    return n <= 0 ? v : _mm512_mask_mov_ps(v, Mask(n), fill);
+  }
   static float ReduceMax(V v) { return _mm512_reduce_max_ps(v); }
   static V LoadHalf(const float* p) { return _mm512_zextps256_ps512(_mm256_loadu_ps(p)); }
   static void StoreTransposed8(const V* x, float* dst, int64_t stride) {
@@ -162,24 +166,24 @@ struct Vec512 {
 
 void AttentionBlock(const float* q, int64_t q_stride, int64_t n_tokens, int64_t pos0,
                     const PagedKv& kv, int64_t kv_head, int64_t group, int64_t head_dim,
-                    float scale, float* scratch, float* out, int64_t out_stride) {
+                    float scale, float* scratch, float* out, int64_t out_stride, int64_t window) {
   attention_internal::Block<Vec512>(q, q_stride, n_tokens, pos0, kv, kv_head, group, head_dim,
-                                    scale, scratch, out, out_stride);
+                                    scale, scratch, out, out_stride, window);
 }
 
 void AttentionPartials(const float* q, int64_t pos, const PagedKv& kv, int64_t kv_head,
                        int64_t group, int64_t head_dim, float scale, int64_t seg_begin,
-                       int64_t seg_end, float* scratch, float* partials) {
+                       int64_t seg_end, float* scratch, float* partials, int64_t window) {
   attention_internal::Partials<Vec512>(q, pos, kv, kv_head, group, head_dim, scale, seg_begin,
-                                       seg_end, scratch, partials);
+                                       seg_end, scratch, partials, window);
 }
 
 void AttentionPartialsHeads(const float* q, int64_t pos, const PagedKv* kv, int64_t n_heads,
                             int64_t group, int64_t head_dim, float scale, int64_t seg_begin,
-                            int64_t seg_end, float* scratch, float* partials,
-                            int64_t head_partials) {
+                            int64_t seg_end, float* scratch, float* partials, int64_t head_partials,
+                            int64_t window) {
   attention_internal::PartialsHeads<Vec512>(q, pos, kv, n_heads, group, head_dim, scale, seg_begin,
-                                            seg_end, scratch, partials, head_partials);
+                                            seg_end, scratch, partials, head_partials, window);
 }
 
 void AttentionMerge(const float* partials, int64_t n_segments, int64_t group, int64_t head_dim,

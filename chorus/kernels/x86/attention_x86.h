@@ -10,14 +10,15 @@
 #define CHORUS_X86_ATTENTION_DECLS                                                                \
   void AttentionBlock(const float* q, int64_t q_stride, int64_t n_tokens, int64_t pos0,           \
                       const PagedKv& kv, int64_t kv_head, int64_t group, int64_t head_dim,        \
-                      float scale, float* scratch, float* out, int64_t out_stride);               \
+                      float scale, float* scratch, float* out, int64_t out_stride,                \
+                      int64_t window);                                                            \
   void AttentionPartials(const float* q, int64_t pos, const PagedKv& kv, int64_t kv_head,         \
                          int64_t group, int64_t head_dim, float scale, int64_t seg_begin,         \
-                         int64_t seg_end, float* scratch, float* partials);                       \
+                         int64_t seg_end, float* scratch, float* partials, int64_t window);       \
   void AttentionPartialsHeads(const float* q, int64_t pos, const PagedKv* kv, int64_t n_heads,    \
                               int64_t group, int64_t head_dim, float scale, int64_t seg_begin,    \
                               int64_t seg_end, float* scratch, float* partials,                   \
-                              int64_t head_partials);                                             \
+                              int64_t head_partials, int64_t window);                             \
   void AttentionMerge(const float* partials, int64_t n_segments, int64_t group, int64_t head_dim, \
                       float* out);
 
