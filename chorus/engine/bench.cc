@@ -22,6 +22,7 @@
 #include "chorus/base/large_alloc.h"
 #include "chorus/base/rng.h"
 #include "chorus/base/thread_pool.h"
+#include "chorus/kernels/attention.h"
 #include "chorus/kernels/dispatch.h"
 #include "chorus/memory/kv_cache.h"
 #include "chorus/model/forward.h"
@@ -499,9 +500,18 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
     delta::DeltaHook delta_hook(max_rows);
     adapters::VariantHook variant_hook;
     const bool mixed = !deltas.empty();
-    // K and V bytes one decode token reads: every layer's K and V rows of its context, in the
+    // K and V bytes one decode token at position `pos` reads: every layer's K and V rows of the
+    // keys it attends — its whole context, or its window on sliding-window layers — in the
     // cache's dtype.
-    const double kv_bytes_per_ctx_token = static_cast<double>(layout.TokenBytes());
+    const double kv_bytes_per_layer_key = static_cast<double>(layout.TokenBytes()) / c.n_layers;
+    auto kv_bytes_at = [&](int64_t pos) {
+      double keys = 0;
+      for (int64_t l = 0; l < c.n_layers; ++l) {
+        const int64_t window = c.LayerSliding(l) ? c.sliding_window : 0;
+        keys += static_cast<double>(pos + 1 - kernels::AttentionFirstKey(pos, window));
+      }
+      return keys * kv_bytes_per_layer_key;
+    };
 
     // Decode: the batches at depths[0], then batch 1 at each further depth. B sequences with
     // `depth` tokens of KV (filled once, untimed; every repeat rewrites the same later
@@ -613,9 +623,10 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
         row.runs = runs;
         row.isa = kernels::IsaName(isas[li]);
         row.weight_bytes_per_token = static_cast<double>(mdl->StreamedBytesPerToken());
-        // The timed steps attend over depth + 1 … depth + steps keys.
-        row.kv_bytes_per_token =
-            kv_bytes_per_ctx_token * (static_cast<double>(depth) + (opts.decode_steps + 1) / 2.0);
+        // The timed steps' tokens sit at positions depth … depth + steps − 1.
+        double kv_bytes = 0;
+        for (int64_t s = 0; s < opts.decode_steps; ++s) kv_bytes += kv_bytes_at(depth + s);
+        row.kv_bytes_per_token = kv_bytes / static_cast<double>(opts.decode_steps);
         if (b == 1 && !with_lora && !probe_runs.empty()) {
           row.roofline_bandwidth_gbs = Median(probe_runs);
           row.roofline_bandwidth_runs = probe_runs;

@@ -126,6 +126,28 @@ TEST(EngineBenchTest, Bf16KvCountsHalfTheKvBytes) {
   EXPECT_NE(rep->ToTable().find("KV cache bf16"), std::string::npos);
 }
 
+// A sliding-window layer's decode token reads only its window's K and V, so the roofline counts
+// those: gemma3-tiny has 6 layers with a window of 8 and 1 global layer; at depth 20 the 4 timed
+// tokens sit at positions 20–23 (21–24 keys on the global layer, mean 22.5), each bf16 K + V row
+// of a layer 2 · 64 · 2 bytes.
+TEST(EngineBenchTest, WindowedLayersCountOnlyTheirWindowsKvBytes) {
+  EngineBenchOptions o;
+  o.shape = "gemma3-tiny";
+  o.dtypes = {DType::kQ8_0};
+  o.prefill_lengths = {16};
+  o.batches = {1};
+  o.decode_steps = 4;
+  o.depths = {20};
+  o.repeats = 1;
+  o.bandwidth_bytes = 8 << 20;
+  o.kv_dtype = kernels::KvDtype::kBf16;
+  auto rep = RunEngineBench(o, [](const std::string&) {});
+  ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+  ASSERT_EQ(rep->rows.size(), 2u);
+  EXPECT_DOUBLE_EQ(rep->rows[1].kv_bytes_per_token, (22.5 + 6 * 8) * 2 * 64 * 2);
+  EXPECT_GT(rep->rows[1].tokens_per_s, 0.0);
+}
+
 // --prefill-chunk: a prompt longer than the chunk runs in steps of that many rows (as `chorus
 // serve` prefills it), and every output names the chunk; 0 runs each prompt in one step.
 TEST(EngineBenchTest, PrefillChunkIsReported) {
