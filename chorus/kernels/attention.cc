@@ -32,23 +32,23 @@ struct AttentionKernels {
 
 void ScalarBlock(const float* q, int64_t q_stride, int64_t n_tokens, int64_t pos0,
                  const PagedKv& kv, int64_t kv_head, int64_t group, int64_t head_dim, float scale,
-                 float* scratch, float* out, int64_t out_stride, int64_t window) {
+                 float* scratch, float* out, int64_t out_stride, AttentionScores scores) {
   attention_internal::Block<ScalarVec>(q, q_stride, n_tokens, pos0, kv, kv_head, group, head_dim,
-                                       scale, scratch, out, out_stride, window);
+                                       scale, scratch, out, out_stride, scores);
 }
 void ScalarPartials(const float* q, int64_t pos, const PagedKv& kv, int64_t kv_head, int64_t group,
                     int64_t head_dim, float scale, int64_t seg_begin, int64_t seg_end,
-                    float* scratch, float* partials, int64_t window) {
+                    float* scratch, float* partials, AttentionScores scores) {
   attention_internal::Partials<ScalarVec>(q, pos, kv, kv_head, group, head_dim, scale, seg_begin,
-                                          seg_end, scratch, partials, window);
+                                          seg_end, scratch, partials, scores);
 }
 void ScalarPartialsHeads(const float* q, int64_t pos, const PagedKv* kv, int64_t n_heads,
                          int64_t group, int64_t head_dim, float scale, int64_t seg_begin,
                          int64_t seg_end, float* scratch, float* partials, int64_t head_partials,
-                         int64_t window) {
+                         AttentionScores scores) {
   attention_internal::PartialsHeads<ScalarVec>(q, pos, kv, n_heads, group, head_dim, scale,
                                                seg_begin, seg_end, scratch, partials, head_partials,
-                                               window);
+                                               scores);
 }
 void ScalarMerge(const float* partials, int64_t n_segments, int64_t group, int64_t head_dim,
                  float* out) {
@@ -73,33 +73,36 @@ const AttentionKernels& KernelsForIsa() { return kAttentionKernels[static_cast<i
 
 void AttentionBlock(const float* q, int64_t q_stride, int64_t n_tokens, int64_t pos0,
                     const PagedKv& kv, int64_t kv_head, int64_t group, int64_t head_dim,
-                    float scale, float* scratch, float* out, int64_t out_stride, int64_t window) {
-  CHORUS_CHECK(n_tokens >= 1 && pos0 >= 0 && group >= 1 && head_dim >= 1 && window >= 0)
-      << "n_tokens " << n_tokens << " pos0 " << pos0 << " group " << group << " window " << window;
+                    float scale, float* scratch, float* out, int64_t out_stride,
+                    AttentionScores scores) {
+  CHORUS_CHECK(n_tokens >= 1 && pos0 >= 0 && group >= 1 && head_dim >= 1 && scores.window >= 0)
+      << "n_tokens " << n_tokens << " pos0 " << pos0 << " group " << group << " window "
+      << scores.window;
   KernelsForIsa().block(q, q_stride, n_tokens, pos0, kv, kv_head, group, head_dim, scale, scratch,
-                        out, out_stride, window);
+                        out, out_stride, scores);
 }
 
 void AttentionPartials(const float* q, int64_t pos, const PagedKv& kv, int64_t kv_head,
                        int64_t group, int64_t head_dim, float scale, int64_t seg_begin,
-                       int64_t seg_end, float* scratch, float* partials, int64_t window) {
+                       int64_t seg_end, float* scratch, float* partials, AttentionScores scores) {
   CHORUS_CHECK(pos >= 0 && 0 <= seg_begin && seg_begin < seg_end &&
-               seg_end <= AttentionSegments(pos + 1) && window >= 0)
-      << "pos " << pos << " segments [" << seg_begin << ", " << seg_end << ") window " << window;
+               seg_end <= AttentionSegments(pos + 1) && scores.window >= 0)
+      << "pos " << pos << " segments [" << seg_begin << ", " << seg_end << ") window "
+      << scores.window;
   KernelsForIsa().partials(q, pos, kv, kv_head, group, head_dim, scale, seg_begin, seg_end, scratch,
-                           partials, window);
+                           partials, scores);
 }
 
 void AttentionPartialsHeads(const float* q, int64_t pos, const PagedKv* kv, int64_t n_heads,
                             int64_t group, int64_t head_dim, float scale, int64_t seg_begin,
                             int64_t seg_end, float* scratch, float* partials, int64_t head_partials,
-                            int64_t window) {
+                            AttentionScores scores) {
   CHORUS_CHECK(pos >= 0 && n_heads >= 1 && 0 <= seg_begin && seg_begin < seg_end &&
-               seg_end <= AttentionSegments(pos + 1) && window >= 0)
+               seg_end <= AttentionSegments(pos + 1) && scores.window >= 0)
       << "pos " << pos << " heads " << n_heads << " segments [" << seg_begin << ", " << seg_end
-      << ") window " << window;
+      << ") window " << scores.window;
   KernelsForIsa().partials_heads(q, pos, kv, n_heads, group, head_dim, scale, seg_begin, seg_end,
-                                 scratch, partials, head_partials, window);
+                                 scratch, partials, head_partials, scores);
 }
 
 int64_t AttentionPartialsHeadsScratchFloats(int64_t n_heads, int64_t group, int64_t head_dim) {
@@ -120,43 +123,6 @@ void AttentionRow(const float* q, const PagedKv& kv, int64_t n_ctx, int64_t n_he
   for (int64_t g = 0; g < n_kv_heads; ++g) {
     AttentionBlock(q + g * group * head_dim, n_heads * head_dim, 1, n_ctx - 1, kv, g, group,
                    head_dim, scale, scratch, out + g * group * head_dim, n_heads * head_dim);
-  }
-}
-
-void AttentionRowWindow(const float* q, int64_t first, int64_t pos, const PagedKv& kv,
-                        int64_t group, int64_t head_dim, float scale, float softcap, float* scratch,
-                        float* out) {
-  CHORUS_CHECK(0 <= first && first <= pos && group >= 1 && head_dim >= 1)
-      << "keys [" << first << ", " << pos << "]";
-  const int64_t n = pos + 1 - first;
-  float* row = scratch + n;  // a bf16 row widened to f32
-  for (int64_t h = 0; h < group; ++h) {
-    const float* qh = q + h * head_dim;
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < n; ++j) {
-      const int64_t t = first + j;
-      const float* k = kv.KeyRow(t, 0, head_dim, row);
-      float dot = 0.0f;
-      for (int64_t d = 0; d < head_dim; ++d) dot = std::fma(qh[d], k[d], dot);
-      float s = dot * scale;
-      if (softcap > 0) s = softcap * std::tanh(s / softcap);
-      scratch[j] = s;
-      mx = std::max(mx, s);
-    }
-    float sum = 0.0f;
-    for (int64_t j = 0; j < n; ++j) {
-      scratch[j] = std::exp(scratch[j] - mx);
-      sum += scratch[j];
-    }
-    const float inv = 1.0f / sum;
-    float* oh = out + h * head_dim;
-    std::fill_n(oh, head_dim, 0.0f);
-    for (int64_t j = 0; j < n; ++j) {
-      const int64_t t = first + j;
-      const float* v = kv.ValueRow(t, 0, head_dim, row);
-      const float p = scratch[j] * inv;
-      for (int64_t d = 0; d < head_dim; ++d) oh[d] = std::fma(p, v[d], oh[d]);
-    }
   }
 }
 

@@ -131,7 +131,7 @@ inline int64_t AttentionPartialFloats(int64_t group, int64_t head_dim) {
   return group * (head_dim + 2);
 }
 
-// Sliding windows (`window` > 0, Mistral, Phi-3, Gemma's local layers): a token at position p
+// Sliding windows (`window` > 0, Phi-3, Gemma's local layers): a token at position p
 // attends keys [AttentionFirstKey(p, window), p] only. Keys before that first key are masked as
 // keys past p are (probability exactly 0), tiles and segments wholly before the first token's
 // first key are never run — nor their KV blocks looked up, so blocks a windowed cache dropped
@@ -142,16 +142,27 @@ inline int64_t AttentionFirstKey(int64_t pos, int64_t window) {
   return window > 0 && pos >= window ? pos - window + 1 : 0;
 }
 
+// How a layer shapes its scores (the default: plain causal attention).
+// Soft-capping (`softcap` > 0, Gemma 2): each score s = scale·q·k becomes softcap·tanh(s /
+// softcap) before the softmax, with the level's own tanh (from its Exp: ±(1 − e)/(1 + e),
+// e = exp(−2|x|)), in Softmax's pass and the column decode alike, so a score's bits are again a
+// function of its row and key only.
+struct AttentionScores {
+  int64_t window = 0;    // > 0: a sliding window (above)
+  float softcap = 0.0f;  // > 0: soft-capped scores
+};
+
 // Tokens i ∈ [0, n_tokens) of one sequence at positions pos0 + i, each attending keys
-// [AttentionFirstKey(pos0 + i, window), pos0 + i], for the `group` query heads of KV head
+// [AttentionFirstKey(pos0 + i, scores.window), pos0 + i], with scores shaped by `scores`, for the
+// `group` query heads of KV head
 // `kv_head`.
 // q: token i's heads at q + i·q_stride, [group, head_dim]; out likewise with out_stride.
-// Requires: K/V of positions [AttentionFirstKey(pos0, window), pos0 + n_tokens) written;
+// Requires: K/V of positions [AttentionFirstKey(pos0, scores.window), pos0 + n_tokens) written;
 // scratch ≥ AttentionScratchFloats.
 void AttentionBlock(const float* q, int64_t q_stride, int64_t n_tokens, int64_t pos0,
                     const PagedKv& kv, int64_t kv_head, int64_t group, int64_t head_dim,
                     float scale, float* scratch, float* out, int64_t out_stride,
-                    int64_t window = 0);
+                    AttentionScores scores = {});
 
 // Split-K: the unnormalized partials of segments [seg_begin, seg_end) of one token at position
 // `pos` (its group heads of `kv_head`); partials: (seg_end − seg_begin) × AttentionPartialFloats.
@@ -160,7 +171,8 @@ void AttentionBlock(const float* q, int64_t q_stride, int64_t n_tokens, int64_t 
 // Requires: seg_end ≤ AttentionSegments(pos + 1); scratch ≥ AttentionScratchFloats(1, …).
 void AttentionPartials(const float* q, int64_t pos, const PagedKv& kv, int64_t kv_head,
                        int64_t group, int64_t head_dim, float scale, int64_t seg_begin,
-                       int64_t seg_end, float* scratch, float* partials, int64_t window = 0);
+                       int64_t seg_end, float* scratch, float* partials,
+                       AttentionScores scores = {});
 // The segment that holds a token's first key under `window`.
 inline int64_t AttentionFirstSegment(int64_t pos, int64_t window) {
   return AttentionFirstKey(pos, window) / kAttentionSegment;
@@ -175,7 +187,7 @@ inline constexpr int64_t kAttentionHeadsTogether = 8;
 void AttentionPartialsHeads(const float* q, int64_t pos, const PagedKv* kv, int64_t n_heads,
                             int64_t group, int64_t head_dim, float scale, int64_t seg_begin,
                             int64_t seg_end, float* scratch, float* partials, int64_t head_partials,
-                            int64_t window = 0);
+                            AttentionScores scores = {});
 int64_t AttentionPartialsHeadsScratchFloats(int64_t n_heads, int64_t group, int64_t head_dim);
 // Folds n_segments partials left to right and normalizes: out [group, head_dim].
 void AttentionMerge(const float* partials, int64_t n_segments, int64_t group, int64_t head_dim,
@@ -187,21 +199,18 @@ void AttentionMerge(const float* partials, int64_t n_segments, int64_t group, in
 void AttentionRow(const float* q, const PagedKv& kv, int64_t n_ctx, int64_t n_heads,
                   int64_t n_kv_heads, int64_t head_dim, float scale, float* scratch, float* out);
 
-// The general path (soft-capped scores, Gemma 2; docs/models.md), also the reference of the
-// windowed tiled kernels: the `group`
-// query heads of one token at position `pos` over keys [first, pos] of one KV head (kv already
-// restricted to it, as KvCache::View gives), with scores s = scale·q·k, then
-// s = softcap·tanh(s / softcap) when softcap > 0, softmax, Σ p·V. Plain scalar arithmetic in key
-// order per row, so a row's result depends on nothing else in the step.
-// q, out: [group, head_dim]; scratch ≥ pos + 1 − first + head_dim floats.
-void AttentionRowWindow(const float* q, int64_t first, int64_t pos, const PagedKv& kv,
-                        int64_t group, int64_t head_dim, float scale, float softcap, float* scratch,
-                        float* out);
-
 namespace reference {
 // The specification; scratch: at least n_ctx floats.
 void AttentionRow(const float* q, const PagedKv& kv, int64_t n_ctx, int64_t n_heads,
                   int64_t n_kv_heads, int64_t head_dim, float scale, float* scratch, float* out);
+// The specification of windows and soft-capping (AttentionScores): the `group` query heads of
+// one token at position `pos` over keys [first, pos] of one KV head (kv already restricted to it,
+// as KvCache::View gives), with scores s = scale·q·k, then s = softcap·tanh(s / softcap) when
+// softcap > 0, softmax, Σ p·V, in key order.
+// q, out: [group, head_dim]; scratch ≥ pos + 1 − first + head_dim floats.
+void AttentionRowWindow(const float* q, int64_t first, int64_t pos, const PagedKv& kv,
+                        int64_t group, int64_t head_dim, float scale, float softcap, float* scratch,
+                        float* out);
 }  // namespace reference
 
 }  // namespace chorus::kernels

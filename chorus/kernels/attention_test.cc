@@ -569,10 +569,10 @@ TEST_P(AttentionTest, Bf16BlocksEqualF32BlocksOfTheSameValues) {
       }
       fg.k_blocks = fk.data(), fg.v_blocks = fv.data();
       bg.k_blocks = bk.data(), bg.v_blocks = bv.data();
-      AttentionRowWindow(q_last + g * group * hd, 100, n_ctx - 1, fg, group, hd, scale, 0.0f,
-                         rs.data(), ra.data());
-      AttentionRowWindow(q_last + g * group * hd, 100, n_ctx - 1, bg, group, hd, scale, 0.0f,
-                         rs.data(), rb.data());
+      reference::AttentionRowWindow(q_last + g * group * hd, 100, n_ctx - 1, fg, group, hd, scale,
+                                    0.0f, rs.data(), ra.data());
+      reference::AttentionRowWindow(q_last + g * group * hd, 100, n_ctx - 1, bg, group, hd, scale,
+                                    0.0f, rs.data(), rb.data());
       ASSERT_EQ(std::memcmp(ra.data(), rb.data(), group * hd * sizeof(float)), 0) << g;
     }
   }
@@ -612,7 +612,7 @@ std::vector<PagedKv> HeadViews(const PagedKv& kv, int64_t n_kv, int64_t hd, int6
 void ExpectPartialsHeadsEqualPerHead(const PagedKv& kv, const float* q_row, int64_t pos,
                                      int64_t n_kv, int64_t group, int64_t hd, float scale,
                                      int64_t seg_begin, int64_t seg_end, const std::string& where,
-                                     int64_t window = 0) {
+                                     AttentionScores scores = {}) {
   const int64_t n_seg = seg_end - seg_begin, pf = AttentionPartialFloats(group, hd);
   std::vector<std::vector<const float*>> ptrs;
   const std::vector<PagedKv> views = HeadViews(kv, n_kv, hd, pos + 1, &ptrs);
@@ -622,10 +622,10 @@ void ExpectPartialsHeadsEqualPerHead(const PagedKv& kv, const float* q_row, int6
   std::vector<float> want(static_cast<size_t>(n_kv * n_seg * pf)), got(want.size(), -3.0f);
   for (int64_t g = 0; g < n_kv; ++g) {
     AttentionPartials(q_row + g * group * hd, pos, kv, g, group, hd, scale, seg_begin, seg_end,
-                      scratch.data(), want.data() + g * n_seg * pf, window);
+                      scratch.data(), want.data() + g * n_seg * pf, scores);
   }
   AttentionPartialsHeads(q_row, pos, views.data(), n_kv, group, hd, scale, seg_begin, seg_end,
-                         heads_scratch.data(), got.data(), n_seg * pf, window);
+                         heads_scratch.data(), got.data(), n_seg * pf, scores);
   ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
       << where << " heads together, segments [" << seg_begin << ", " << seg_end << ")";
 }
@@ -836,10 +836,10 @@ TEST_P(AttentionTest, KColumnsEqualRows) {
             }
             rg.k_blocks = rk.data(), rg.v_blocks = rv.data();
             cg.k_blocks = ck.data(), cg.v_blocks = cv.data();
-            AttentionRowWindow(q_last + g * group * hd, n_ctx / 3, n_ctx - 1, rg, group, hd, scale,
-                               0.0f, rs.data(), ra.data());
-            AttentionRowWindow(q_last + g * group * hd, n_ctx / 3, n_ctx - 1, cg, group, hd, scale,
-                               0.0f, rs.data(), rb.data());
+            reference::AttentionRowWindow(q_last + g * group * hd, n_ctx / 3, n_ctx - 1, rg, group,
+                                          hd, scale, 0.0f, rs.data(), ra.data());
+            reference::AttentionRowWindow(q_last + g * group * hd, n_ctx / 3, n_ctx - 1, cg, group,
+                                          hd, scale, 0.0f, rs.data(), rb.data());
             ASSERT_EQ(std::memcmp(ra.data(), rb.data(), group * hd * sizeof(float)), 0)
                 << what << " window g " << g;
           }
@@ -910,18 +910,30 @@ TEST_P(AttentionTest, Bf16DotProductsAreBatchInvariantAndMatchTheReference) {
   }
 }
 
-// Sliding windows in the tiled kernels (attention.h, "Sliding windows"): every token of a prompt
-// over keys [AttentionFirstKey(pos, window), pos] — against the formula in double, bit for bit
+// Sliding windows and soft caps in the tiled kernels (attention.h, "Sliding windows",
+// AttentionScores): every token of a prompt over keys [AttentionFirstKey(pos, window), pos], its
+// scores capped where a cap is given — against the formula in double, bit for bit
 // the same whatever the chunking (1, 5, 8, 33 tokens, whole; 45 and 512 across segments: chunk
 // and window edges inside tiles and segments), split-K from the first segment, heads together
 // — with the table as a
 // windowed KvCache leaves it: blocks wholly behind the window of the chunk's first token point at
 // NaN blocks, so a read of them poisons the result. Windows of 1 key, inside a tile, a tile
 // and one past, across segments; groups 1, 3, 8 (the column decode's chunk), f32 and bf16
-// (dot products), K in columns (KvCache's layout) and rows, blocks of 16 and 7.
+// (dot products), K in columns (KvCache's layout) and rows, blocks of 16 and 7; caps with and
+// without a window (Gemma 2: 50 on every layer, a window on every other).
 TEST_P(AttentionTest, WindowedTokensMatchTheFormulaWhateverTheChunkingAndDroppedBlocks) {
   const bool dot_level = static_cast<int>(GetParam()) >= static_cast<int>(IsaLevel::kAvx512);
-  for (int64_t window : {1, 7, 32, 33, 600}) {
+  const AttentionScores cases[] = {{.window = 1},
+                                   {.window = 7},
+                                   {.window = 32},
+                                   {.window = 33, .softcap = 3.5f},
+                                   {.window = 600},
+                                   {.window = 0, .softcap = 3.5f},
+                                   {.window = 600, .softcap = 50.0f}};
+  for (const AttentionScores& scores : cases) {
+    const int64_t window = scores.window;
+    const float cap = scores.softcap;
+    const bool long_case = window == 600;
     for (int64_t group : {1, 3, 8}) {
       for (int64_t hd : {16, 37, 64}) {
         for (int64_t bs : {16, 7}) {
@@ -930,11 +942,12 @@ TEST_P(AttentionTest, WindowedTokensMatchTheFormulaWhateverTheChunkingAndDropped
               if ((hd == 37) != (group == 3)) continue;  // odd head dims once, with odd groups
               // The long case once, at the vector levels (a minute at the scalar level, whose
               // segments run the same template code).
-              if (window == 600 && (group != 8 || bs != 16 || GetParam() == IsaLevel::kScalar))
+              if (long_case && (group != 8 || bs != 16 || GetParam() == IsaLevel::kScalar))
                 continue;
-              const int64_t n_ctx = window == 600 ? 1100 : 90, n_kv = 2, n_heads = n_kv * group;
+              const int64_t n_ctx = long_case ? 1100 : 90, n_kv = 2, n_heads = n_kv * group;
               const int64_t stride = n_heads * hd;
-              Paged p(n_ctx, n_kv, hd, bs, static_cast<uint64_t>(window * 7 + group * 3 + hd));
+              Paged p(n_ctx, n_kv, hd, bs,
+                      static_cast<uint64_t>(window * 7 + group * 3 + hd + (cap > 0 ? 1 : 0)));
               if (bf16 == 1) {
                 for (auto* dense : {&p.k_dense, &p.v_dense})
                   for (float& x : *dense) x = BF16ToF32(F32ToBF16(x));
@@ -946,22 +959,23 @@ TEST_P(AttentionTest, WindowedTokensMatchTheFormulaWhateverTheChunkingAndDropped
                   RandomQ(n_ctx * stride, 30 + static_cast<uint64_t>(group), 2.0f);
               const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
               std::ostringstream os;
-              os << "window " << window << " group " << group << " hd " << hd << " bs " << bs
-                 << (bf16 ? " bf16" : " f32") << (k_columns ? " columns" : " rows");
+              os << "window " << window << " cap " << cap << " group " << group << " hd " << hd
+                 << " bs " << bs << (bf16 ? " bf16" : " f32") << (k_columns ? " columns" : " rows");
               const std::string where = os.str();
               // The table a windowed cache holds when a chunk starting at pos0 runs: blocks
-              // wholly behind the window of position pos0 − 1 dropped (KvCache::DropBehindWindows).
+              // wholly behind the window of position pos0 − 1 dropped (KvCache::DropBehindWindows;
+              // none without a window).
               const int32_t poison = p.spare.front();
               auto table_at = [&](int64_t pos0) {
                 std::vector<int32_t> t = p.table;
-                const int64_t dropped = std::max<int64_t>(0, pos0 - window) / bs;
+                const int64_t dropped = window > 0 ? std::max<int64_t>(0, pos0 - window) / bs : 0;
                 for (int64_t b = 0; b < dropped; ++b) t[static_cast<size_t>(b)] = poison;
                 return t;
               };
               std::vector<float> one, other;
               // (The long case: chunks of 45 and 512 — a whole 1100-token block walks every
               // key from its first token's window on.)
-              const std::vector<int64_t> chunks = window == 600
+              const std::vector<int64_t> chunks = long_case
                                                       ? std::vector<int64_t>{1, 45, 512}
                                                       : std::vector<int64_t>{1, 5, 8, 33, n_ctx};
               for (int64_t chunk : chunks) {
@@ -977,7 +991,7 @@ TEST_P(AttentionTest, WindowedTokensMatchTheFormulaWhateverTheChunkingAndDropped
                   for (int64_t g = 0; g < n_kv; ++g) {
                     const int64_t off = pos0 * stride + g * group * hd;
                     AttentionBlock(q.data() + off, stride, n, pos0, kv, g, group, hd, scale,
-                                   scratch.data(), out.data() + off, stride, window);
+                                   scratch.data(), out.data() + off, stride, scores);
                   }
                 }
                 if (chunk > 1) {
@@ -1002,6 +1016,7 @@ TEST_P(AttentionTest, WindowedTokensMatchTheFormulaWhateverTheChunkingAndDropped
                       acc += double(dot ? BF16ToF32(F32ToBF16(qs)) : qs) *
                              p.k_dense[static_cast<size_t>(t * kv_dim + g * hd + d)];
                     }
+                    if (cap > 0) acc = cap * std::tanh(acc / cap);
                     sc.push_back(acc);
                     mx = std::max(mx, acc);
                   }
@@ -1034,7 +1049,7 @@ TEST_P(AttentionTest, WindowedTokensMatchTheFormulaWhateverTheChunkingAndDropped
                 std::vector<float> partials(static_cast<size_t>(n_seg * pf)), merged(group * hd);
                 for (int64_t sg = 0; sg < n_seg; ++sg) {
                   AttentionPartials(qg, pos, kv, g, group, hd, scale, s0 + sg, s0 + sg + 1,
-                                    scratch.data(), partials.data() + sg * pf, window);
+                                    scratch.data(), partials.data() + sg * pf, scores);
                 }
                 AttentionMerge(partials.data(), n_seg, group, hd, merged.data());
                 ASSERT_EQ(std::memcmp(merged.data(), one.data() + pos * stride + g * group * hd,
@@ -1043,7 +1058,7 @@ TEST_P(AttentionTest, WindowedTokensMatchTheFormulaWhateverTheChunkingAndDropped
                     << where << " split-K, g " << g;
               }
               ExpectPartialsHeadsEqualPerHead(kv, q.data() + pos * stride, pos, n_kv, group, hd,
-                                              scale, s0, s0 + n_seg, where, window);
+                                              scale, s0, s0 + n_seg, where, scores);
             }
           }
         }
@@ -1097,8 +1112,8 @@ TEST(AttentionRowWindow, MatchesDenseWithWindowAndSoftcap) {
           for (auto& ptr : vb) ptr += g * hd;
           kv.k_blocks = kb.data();
           kv.v_blocks = vb.data();
-          AttentionRowWindow(q.data() + g * ratio * hd, first, pos, kv, ratio, hd, scale, cap,
-                             scratch.data(), out.data() + g * ratio * hd);
+          reference::AttentionRowWindow(q.data() + g * ratio * hd, first, pos, kv, ratio, hd, scale,
+                                        cap, scratch.data(), out.data() + g * ratio * hd);
         }
         const int64_t kv_dim = kv_heads * hd;
         for (int64_t h = 0; h < n_heads; ++h) {

@@ -148,12 +148,13 @@ class BlockKernel {
  public:
   BlockKernel(const float* q, int64_t q_stride, int64_t n_tokens, int64_t pos0, const PagedKv& kv,
               int64_t kv_head, int64_t group, int64_t head_dim, float scale, float* scratch,
-              int64_t window)
+              AttentionScores scores)
       : kv_(kv),
         n_tokens_(n_tokens),
         pos0_(pos0),
-        first_key_(AttentionFirstKey(pos0, window)),
-        last_first_(AttentionFirstKey(pos0 + n_tokens - 1, window)),
+        first_key_(AttentionFirstKey(pos0, scores.window)),
+        last_first_(AttentionFirstKey(pos0 + n_tokens - 1, scores.window)),
+        softcap_(scores.softcap),
         group_(group),
         hd_(head_dim),
         hd_pad_(RoundUp(head_dim, 16)),
@@ -168,7 +169,7 @@ class BlockKernel {
     for (int64_t i = 0, r = 0; i < n_tokens_; ++i) {
       for (int64_t h = 0; h < group_; ++h, ++r) {
         sc_.rowpos[r] = static_cast<float>(pos0_ + i);
-        sc_.negfirst[r] = -static_cast<float>(AttentionFirstKey(pos0_ + i, window));
+        sc_.negfirst[r] = -static_cast<float>(AttentionFirstKey(pos0_ + i, scores.window));
       }
     }
     for (int64_t r = r_; r < rp_; ++r) {
@@ -819,12 +820,15 @@ class BlockKernel {
       // Lanes before the row's first key under a window (`lead` of them): -inf, probability 0.
       const V neg_inf = VT::Set1(kNegInf);
       const int64_t lead = first_key_ - t0_;
+      const bool capped = softcap_ > 0;
+      const V cap = VT::Set1(softcap_), inv_cap = VT::Set1(capped ? 1.0f / softcap_ : 0.0f);
       alignas(64) float red[16];
       std::fill_n(red, 16, kNegInf);
 #pragma GCC unroll 8
       for (int h = 0; h < NH; ++h) {
 #pragma GCC unroll 4
         for (int j = 0; j < NV; ++j) {
+          if (capped) acc[h][j] = SoftCap(acc[h][j], cap, inv_cap);
           acc[h][j] =
               VT::MaskHead(VT::MaskTail(acc[h][j], nk - W * j, neg_inf), lead - W * j, neg_inf);
         }
@@ -935,10 +939,16 @@ class BlockKernel {
     }
   }
 
+  // cap · tanh(s / cap) (AttentionScores), the level's tanh: one formula for every path.
+  static V SoftCap(V s, V cap, V inv_cap) { return VT::Mul(cap, VT::Tanh(VT::Mul(s, inv_cap))); }
+
   void Softmax(int64_t t0, int64_t nk, int64_t rv0, bool diag) {
     const V neg_inf = VT::Set1(kNegInf);
     // Keys before some row's window: the tile starts before the last row's first key.
     const bool lead = t0 < last_first_;
+    // Soft-capped scores, capped before the masks (a masked key stays -inf).
+    const bool capped = softcap_ > 0;
+    const V cap = VT::Set1(softcap_), inv_cap = VT::Set1(capped ? 1.0f / softcap_ : 0.0f);
     for (int64_t rv = rv0; rv < n_rv_; ++rv) {
       const int64_t off = rv * W;
       const V pos = VT::Load(sc_.rowpos + off);
@@ -947,7 +957,8 @@ class BlockKernel {
       for (int64_t c = 0; c < nk; ++c) {
         float* sp = sc_.s + c * rp_ + off;
         V s = VT::Load(sp);
-        if (diag || lead) {
+        if (capped || diag || lead) {
+          if (capped) s = SoftCap(s, cap, inv_cap);
           if (diag) s = VT::MaskBelow(pos, static_cast<float>(t0 + c), s, neg_inf);
           // key < first ⇔ −first > −key: masked as a key past −first would be.
           if (lead) s = VT::MaskBelow(negfirst, -static_cast<float>(t0 + c), s, neg_inf);
@@ -1125,6 +1136,7 @@ class BlockKernel {
   int64_t n_tokens_, pos0_;
   // Under a window: the first key of the block's first and last tokens (0 without one).
   int64_t first_key_, last_first_;
+  float softcap_;   // > 0: scores soft-capped (AttentionScores)
   int64_t t0_ = 0;  // the tile being run (its first key)
   int64_t group_, hd_, hd_pad_, kv_off_;
   int64_t r_, rp_, n_rv_;
@@ -1157,9 +1169,9 @@ class BlockKernel {
 template <class VT>
 void Block(const float* q, int64_t q_stride, int64_t n_tokens, int64_t pos0, const PagedKv& kv,
            int64_t kv_head, int64_t group, int64_t head_dim, float scale, float* scratch,
-           float* out, int64_t out_stride, int64_t window) {
+           float* out, int64_t out_stride, AttentionScores scores) {
   BlockKernel<VT> k(q, q_stride, n_tokens, pos0, kv, kv_head, group, head_dim, scale, scratch,
-                    window);
+                    scores);
   const Scratch& sc = k.scratch();
   const int64_t r = k.rows();
   // The folded output lives in `out` until it is normalized.
@@ -1191,9 +1203,9 @@ void Block(const float* q, int64_t q_stride, int64_t n_tokens, int64_t pos0, con
 template <class VT>
 void Partials(const float* q, int64_t pos, const PagedKv& kv, int64_t kv_head, int64_t group,
               int64_t head_dim, float scale, int64_t seg_begin, int64_t seg_end, float* scratch,
-              float* partials, int64_t window) {
+              float* partials, AttentionScores scores) {
   BlockKernel<VT> k(q, group * head_dim, 1, pos, kv, kv_head, group, head_dim, scale, scratch,
-                    window);
+                    scores);
   const int64_t pf = AttentionPartialFloats(group, head_dim);
   for (int64_t seg = seg_begin; seg < seg_end; ++seg) {
     if (seg > seg_begin) k.ResetSegment();
@@ -1210,7 +1222,7 @@ void Partials(const float* q, int64_t pos, const PagedKv& kv, int64_t kv_head, i
 template <class VT>
 void PartialsHeads(const float* q, int64_t pos, const PagedKv* kv, int64_t n_heads, int64_t group,
                    int64_t head_dim, float scale, int64_t seg_begin, int64_t seg_end,
-                   float* scratch, float* partials, int64_t head_partials, int64_t window) {
+                   float* scratch, float* partials, int64_t head_partials, AttentionScores scores) {
   const int64_t per = ScratchFloats(1, group, head_dim),
                 pf = AttentionPartialFloats(group, head_dim);
   for (int64_t g0 = 0; g0 < n_heads; g0 += kAttentionHeadsTogether) {
@@ -1218,7 +1230,7 @@ void PartialsHeads(const float* q, int64_t pos, const PagedKv* kv, int64_t n_hea
     std::optional<BlockKernel<VT>> k[kAttentionHeadsTogether];
     for (int64_t g = 0; g < ng; ++g) {
       k[g].emplace(q + (g0 + g) * group * head_dim, group * head_dim, 1, pos, kv[g0 + g], 0, group,
-                   head_dim, scale, scratch + g * per, window);
+                   head_dim, scale, scratch + g * per, scores);
     }
     for (int64_t seg = seg_begin; seg < seg_end; ++seg) {
       if (seg > seg_begin) {
@@ -1279,6 +1291,7 @@ struct ScalarVec {
   static V Sub(V a, V b) { return a - b; }
   static V Max(V a, V b) { return a > b ? a : b; }
   static V Exp(V x) { return std::exp(x); }
+  static V Tanh(V x) { return std::tanh(x); }
   static V ZeroIfNegInf(V m) { return m == kNegInf ? 0.0f : m; }
   // s where pos ≥ key, else fill.
   static V MaskBelow(V pos, float key, V s, V fill) { return pos < key ? fill : s; }

@@ -71,7 +71,6 @@ Forward::Forward(std::shared_ptr<const Model> model, int64_t max_rows, int64_t m
       std::max(kernels::AttentionScratchFloats(attn_block_tokens_, group, c.head_dim),
                kernels::AttentionPartialsHeadsScratchFloats(c.n_kv_heads, group, c.head_dim));
   for (int64_t l = 0; l < c.n_layers; ++l) {
-    if (!TiledAttention(l)) continue;
     const int64_t w = LayerWindow(l);
     if (std::none_of(plans_.begin(), plans_.end(),
                      [&](const AttnPlan& p) { return p.window == w; }))
@@ -82,8 +81,6 @@ Forward::Forward(std::shared_ptr<const Model> model, int64_t max_rows, int64_t m
     p.merges.reserve(static_cast<size_t>(max_rows * c.n_kv_heads));
   }
 }
-
-bool Forward::TiledAttention(int64_t /*layer*/) const { return model_->config().attn_softcap <= 0; }
 
 int64_t Forward::LayerWindow(int64_t layer) const {
   const ModelConfig& c = model_->config();
@@ -231,34 +228,10 @@ void Forward::Attention(const StepInput& in, memory::KvCache* kv, int64_t layer,
   const ModelConfig& c = model_->config();
   const int64_t group = c.n_heads / c.n_kv_heads, hd = c.head_dim, qd = c.q_dim();
   const float scale = c.AttnScale();
-  if (!TiledAttention(layer)) {
-    // The general path: soft-capped scores (and the layer's window), row by row
-    // (docs/models.md, "Soft-capping, sliding windows"). Exact, not tiled like the kernels
-    // below.
-    const int64_t n = static_cast<int64_t>(in.tokens.size());
-    const int64_t window = c.LayerSliding(layer) ? c.sliding_window : 0;
-    const int64_t per_thread = c.max_seq_len + c.head_dim + 16;
-    if (static_cast<int64_t>(window_scratch_.size()) < per_thread * pool->size())
-      window_scratch_.resize(static_cast<size_t>(per_thread * pool->size()));
-    // One unit = one row × one KV head (so a single decode row still uses every thread); each
-    // writes only its own outputs, and its arithmetic does not depend on who runs it.
-    const int64_t n_units = n * c.n_kv_heads;
-    pool->Run([&](int ti, int nt) {
-      float* scratch = window_scratch_.data() + static_cast<size_t>(ti) * per_thread;
-      for (int64_t u = ti; u < n_units; u += nt) {
-        const int64_t i = u / c.n_kv_heads, g = u % c.n_kv_heads;
-        const int32_t* table = in.block_tables[static_cast<size_t>(in.seq[static_cast<size_t>(i)])];
-        const int64_t pos = in.positions[static_cast<size_t>(i)];
-        const int64_t first = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
-        const int64_t off = i * qd + g * group * hd;
-        kernels::AttentionRowWindow(q_.data() + off, first, pos, kv->View(layer, g, table), group,
-                                    hd, scale, c.attn_softcap, scratch, att_.data() + off);
-      }
-    });
-    return;
-  }
   const int64_t pf = kernels::AttentionPartialFloats(group, hd);
   const int64_t window = LayerWindow(layer);
+  // Sliding windows and soft caps (Gemma 2, 3, Phi-3) inside the tiled kernels (attention.h).
+  const kernels::AttentionScores scores{.window = window, .softcap = c.attn_softcap};
   const auto plan = std::find_if(plans_.begin(), plans_.end(),
                                  [&](const AttnPlan& p) { return p.window == window; });
   CHORUS_CHECK(plan != plans_.end()) << "no attention plan for window " << window;
@@ -282,7 +255,7 @@ void Forward::Attention(const StepInput& in, memory::KvCache* kv, int64_t layer,
         const int64_t off = t.row * qd + t.kv_head * group * hd;
         kernels::AttentionBlock(
             q_.data() + off, qd, t.n_tokens, pos, kv->View(layer, t.kv_head, table),
-            /*kv_head=*/0, group, hd, scale, scratch, att_.data() + off, qd, window);
+            /*kv_head=*/0, group, hd, scale, scratch, att_.data() + off, qd, scores);
         continue;
       }
       // A split range: every KV head at once, tile by tile, so each block's K and V of all
@@ -294,7 +267,7 @@ void Forward::Attention(const StepInput& in, memory::KvCache* kv, int64_t layer,
       kernels::AttentionPartialsHeads(
           q_.data() + t.row * qd, pos, views, c.n_kv_heads, group, hd, scale, t.seg_begin,
           t.seg_end, scratch, partials_.data() + t.partials + (t.seg_begin - t.seg_first) * pf,
-          n_seg * pf, window);
+          n_seg * pf, scores);
     }
   });
   if (merges.empty()) return;

@@ -130,8 +130,7 @@ class Forward {
   // Cuts the step's rows into attention tasks for the layers of plan->window (once per step and
   // window, the same for every such layer); returns the floats of partials it needs.
   int64_t PlanAttention(const StepInput& in, int n_threads, AttnPlan* plan);
-  // Whether `layer` runs the tiled kernels (all but soft-capped scores), and its window.
-  bool TiledAttention(int64_t layer) const;
+  // The sliding window of `layer` (0: none).
   int64_t LayerWindow(int64_t layer) const;
   void Attention(const StepInput& in, memory::KvCache* kv, int64_t layer, ThreadPool* pool);
   void Linear(int64_t layer, model::Linear which, const float* x, int64_t x_stride, float* y,
@@ -151,8 +150,6 @@ class Forward {
   std::vector<float> rope_cos_, rope_sin_;  // [max_rows, rotary_dim / 2]: this step's rotations
   // Sliding layers with their own RoPE base (Gemma 3): their inv_freq and tables; empty = same.
   std::vector<float> inv_freq_local_, rope_cos_local_, rope_sin_local_;
-  // Scratch of the general attention path (kernels::AttentionRowWindow), per thread.
-  std::vector<float> window_scratch_;
   // Step buffers, [max_rows, width] each.
   std::vector<float> x_, xb_, q_, k_, v_, att_, gate_, up_, logit_in_;
   std::vector<int32_t> step_rows_;  // 0, 1, …, max_rows − 1: the rows of a layer norm

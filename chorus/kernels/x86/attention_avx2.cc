@@ -62,30 +62,39 @@ struct Vec256 {
   }
   // e^x as ops_avx2.cc computes it (x86/exp_avx2.h).
   static V Exp(V x) { return avx2::Exp(x); }
+  // tanh x = ±(1 − e)/(1 + e) with e = e^(−2|x|), the sign of x (soft caps, AttentionScores).
+  static V Tanh(V x) {
+    const V sign_bit = _mm256_set1_ps(-0.0f);
+    const V e = Exp(_mm256_mul_ps(_mm256_set1_ps(-2.0f), _mm256_andnot_ps(sign_bit, x)));
+    const V one = _mm256_set1_ps(1.0f);
+    const V t = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
+    return _mm256_or_ps(t, _mm256_and_ps(x, sign_bit));
+  }
 };
 
 }  // namespace
 
 void AttentionBlock(const float* q, int64_t q_stride, int64_t n_tokens, int64_t pos0,
                     const PagedKv& kv, int64_t kv_head, int64_t group, int64_t head_dim,
-                    float scale, float* scratch, float* out, int64_t out_stride, int64_t window) {
+                    float scale, float* scratch, float* out, int64_t out_stride,
+                    AttentionScores scores) {
   attention_internal::Block<Vec256>(q, q_stride, n_tokens, pos0, kv, kv_head, group, head_dim,
-                                    scale, scratch, out, out_stride, window);
+                                    scale, scratch, out, out_stride, scores);
 }
 
 void AttentionPartials(const float* q, int64_t pos, const PagedKv& kv, int64_t kv_head,
                        int64_t group, int64_t head_dim, float scale, int64_t seg_begin,
-                       int64_t seg_end, float* scratch, float* partials, int64_t window) {
+                       int64_t seg_end, float* scratch, float* partials, AttentionScores scores) {
   attention_internal::Partials<Vec256>(q, pos, kv, kv_head, group, head_dim, scale, seg_begin,
-                                       seg_end, scratch, partials, window);
+                                       seg_end, scratch, partials, scores);
 }
 
 void AttentionPartialsHeads(const float* q, int64_t pos, const PagedKv* kv, int64_t n_heads,
                             int64_t group, int64_t head_dim, float scale, int64_t seg_begin,
                             int64_t seg_end, float* scratch, float* partials, int64_t head_partials,
-                            int64_t window) {
+                            AttentionScores scores) {
   attention_internal::PartialsHeads<Vec256>(q, pos, kv, n_heads, group, head_dim, scale, seg_begin,
-                                            seg_end, scratch, partials, head_partials, window);
+                                            seg_end, scratch, partials, head_partials, scores);
 }
 
 void AttentionMerge(const float* partials, int64_t n_segments, int64_t group, int64_t head_dim,

@@ -145,6 +145,15 @@ struct Vec512 {
   // e^x for x ≤ 0 (every argument here is a score minus a running max that includes it, or
   // −∞): x = n·ln2 + r with |r| ≤ ln2/2, e^r by its degree-6 Taylor polynomial (truncation error
   // < 1.3e-7 relative), 2^n by vscalefps; x is clamped below at -104 so that exp(-inf) = 0.
+  // tanh x = ±(1 − e)/(1 + e) with e = e^(−2|x|) ∈ (0, 1] (Exp's domain), the sign of x (soft
+  // caps, AttentionScores).
+  static V Tanh(V x) {
+    const V e = Exp(_mm512_mul_ps(_mm512_set1_ps(-2.0f), _mm512_abs_ps(x)));
+    const V one = _mm512_set1_ps(1.0f);
+    const V t = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
+    const __m512i sign = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN));
+    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(t), sign));
+  }
   static V Exp(V x) {
     const V xc = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);
     const V n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
@@ -166,24 +175,25 @@ struct Vec512 {
 
 void AttentionBlock(const float* q, int64_t q_stride, int64_t n_tokens, int64_t pos0,
                     const PagedKv& kv, int64_t kv_head, int64_t group, int64_t head_dim,
-                    float scale, float* scratch, float* out, int64_t out_stride, int64_t window) {
+                    float scale, float* scratch, float* out, int64_t out_stride,
+                    AttentionScores scores) {
   attention_internal::Block<Vec512>(q, q_stride, n_tokens, pos0, kv, kv_head, group, head_dim,
-                                    scale, scratch, out, out_stride, window);
+                                    scale, scratch, out, out_stride, scores);
 }
 
 void AttentionPartials(const float* q, int64_t pos, const PagedKv& kv, int64_t kv_head,
                        int64_t group, int64_t head_dim, float scale, int64_t seg_begin,
-                       int64_t seg_end, float* scratch, float* partials, int64_t window) {
+                       int64_t seg_end, float* scratch, float* partials, AttentionScores scores) {
   attention_internal::Partials<Vec512>(q, pos, kv, kv_head, group, head_dim, scale, seg_begin,
-                                       seg_end, scratch, partials, window);
+                                       seg_end, scratch, partials, scores);
 }
 
 void AttentionPartialsHeads(const float* q, int64_t pos, const PagedKv* kv, int64_t n_heads,
                             int64_t group, int64_t head_dim, float scale, int64_t seg_begin,
                             int64_t seg_end, float* scratch, float* partials, int64_t head_partials,
-                            int64_t window) {
+                            AttentionScores scores) {
   attention_internal::PartialsHeads<Vec512>(q, pos, kv, n_heads, group, head_dim, scale, seg_begin,
-                                            seg_end, scratch, partials, head_partials, window);
+                                            seg_end, scratch, partials, head_partials, scores);
 }
 
 void AttentionMerge(const float* partials, int64_t n_segments, int64_t group, int64_t head_dim,

@@ -11,14 +11,15 @@
   void AttentionBlock(const float* q, int64_t q_stride, int64_t n_tokens, int64_t pos0,           \
                       const PagedKv& kv, int64_t kv_head, int64_t group, int64_t head_dim,        \
                       float scale, float* scratch, float* out, int64_t out_stride,                \
-                      int64_t window);                                                            \
+                      AttentionScores scores);                                                    \
   void AttentionPartials(const float* q, int64_t pos, const PagedKv& kv, int64_t kv_head,         \
                          int64_t group, int64_t head_dim, float scale, int64_t seg_begin,         \
-                         int64_t seg_end, float* scratch, float* partials, int64_t window);       \
+                         int64_t seg_end, float* scratch, float* partials,                        \
+                         AttentionScores scores);                                                 \
   void AttentionPartialsHeads(const float* q, int64_t pos, const PagedKv* kv, int64_t n_heads,    \
                               int64_t group, int64_t head_dim, float scale, int64_t seg_begin,    \
                               int64_t seg_end, float* scratch, float* partials,                   \
-                              int64_t head_partials, int64_t window);                             \
+                              int64_t head_partials, AttentionScores scores);                     \
   void AttentionMerge(const float* partials, int64_t n_segments, int64_t group, int64_t head_dim, \
                       float* out);
 
