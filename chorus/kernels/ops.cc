@@ -46,11 +46,16 @@ void Rope(float* x, int64_t n_heads, int64_t head_dim, int64_t pos, const float*
 }
 
 void GeluTanhMul(const float* gate, const float* up, int64_t n, float* out) {
-  constexpr float kSqrt2OverPi = 0.7978845608028654f;
-  for (int64_t i = 0; i < n; ++i) {
-    const float x = gate[i];
-    out[i] = 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x))) * up[i];
+  switch (ActiveIsa()) {
+    case IsaLevel::kAmx:  // no tile kernel for element-wise ops
+    case IsaLevel::kAvx512:
+      return avx512::GeluTanhMul(gate, up, n, out);
+    case IsaLevel::kAvx2:
+      return avx2::GeluTanhMul(gate, up, n, out);
+    case IsaLevel::kScalar:
+      break;
   }
+  reference::GeluTanhMul(gate, up, n, out);
 }
 
 void SiluMul(const float* gate, const float* up, int64_t n, float* out) {

@@ -51,7 +51,8 @@ void RopeApply(float* x, int64_t n_heads, int64_t head_dim, const float* cos_t, 
 void SiluMul(const float* gate, const float* up, int64_t n, float* out);
 
 // out[i] = gelu_tanh(gate[i]) * up[i] with gelu_tanh(x) = ½x(1 + tanh(√(2/π)(x + 0.044715x³)))
-// — Gemma's GeGLU. Scalar at every level (no vector variant yet). out may alias gate or up.
+// — Gemma's GeGLU. The vector levels use ½(1 + tanh u) = 1 / (1 + e^(−2u)), so the same exp as
+// SiluMul: gelu_tanh(x) = x / (1 + exp(−2√(2/π)(x + 0.044715x³))). out may alias gate or up.
 void GeluTanhMul(const float* gate, const float* up, int64_t n, float* out);
 
 // In-place softmax over n values: x[i] = exp(x[i] - max) / Σ exp(x[j] - max).
@@ -86,6 +87,7 @@ void Rope(float* x, int64_t n_heads, int64_t head_dim, int64_t pos, const float*
 void RopeApply(float* x, int64_t n_heads, int64_t head_dim, const float* cos_t, const float* sin_t,
                RopeLayout layout);
 void SiluMul(const float* gate, const float* up, int64_t n, float* out);
+void GeluTanhMul(const float* gate, const float* up, int64_t n, float* out);
 void Softmax(float* x, int64_t n);
 void Add(float* y, const float* x, int64_t n);
 void AddInt8RowDots(const int8_t* q, const float* row_scales, int64_t rows, int64_t cols,

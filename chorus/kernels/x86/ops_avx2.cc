@@ -124,6 +124,19 @@ void SiluMul(const float* gate, const float* up, int64_t n, float* out) {
   }
 }
 
+// gelu_tanh(g) · u = g / (1 + e^(−2√(2/π)(g + 0.044715g³))) · u (ops.h).
+void GeluTanhMul(const float* gate, const float* up, int64_t n, float* out) {
+  const __m256 one = _mm256_set1_ps(1.0f), c = _mm256_set1_ps(-2.0f * 0.7978845608028654f);
+  const __m256 k = _mm256_set1_ps(0.044715f);
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 g = Load(gate + i, n - i);
+    const __m256 u = Load(up + i, n - i);
+    const __m256 inner = _mm256_fmadd_ps(_mm256_mul_ps(k, g), _mm256_mul_ps(g, g), g);
+    const __m256 e = Exp(_mm256_mul_ps(c, inner));
+    Store(out + i, n - i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), u));
+  }
+}
+
 float Max(const float* x, int64_t n) {
   const __m256 neg_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   __m256 m = neg_inf;

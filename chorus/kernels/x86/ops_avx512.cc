@@ -127,6 +127,20 @@ void SiluMul(const float* gate, const float* up, int64_t n, float* out) {
   }
 }
 
+// gelu_tanh(g) · u = g / (1 + e^(−2√(2/π)(g + 0.044715g³))) · u (ops.h).
+void GeluTanhMul(const float* gate, const float* up, int64_t n, float* out) {
+  const __m512 one = _mm512_set1_ps(1.0f), c = _mm512_set1_ps(-2.0f * 0.7978845608028654f);
+  const __m512 k = _mm512_set1_ps(0.044715f);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = TailMask(n - i);
+    const __m512 g = _mm512_maskz_loadu_ps(m, gate + i);
+    const __m512 u = _mm512_maskz_loadu_ps(m, up + i);
+    const __m512 inner = _mm512_fmadd_ps(_mm512_mul_ps(k, g), _mm512_mul_ps(g, g), g);
+    const __m512 e = Exp(_mm512_mul_ps(c, inner));
+    _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)), u));
+  }
+}
+
 float Max(const float* x, int64_t n) {
   __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (int64_t i = 0; i < n; i += 16) {

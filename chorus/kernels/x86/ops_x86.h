@@ -12,6 +12,7 @@
   void RopeApply(float* x, int64_t n_heads, int64_t head_dim, const float* cos_t,                  \
                  const float* sin_t, RopeLayout layout);                                           \
   void SiluMul(const float* gate, const float* up, int64_t n, float* out);                         \
+  void GeluTanhMul(const float* gate, const float* up, int64_t n, float* out);                     \
   void Softmax(float* x, int64_t n);                                                               \
   void Add(float* y, const float* x, int64_t n);                                                   \
   void AddInt8RowDots(const int8_t* q, const float* row_scales, int64_t rows, int64_t cols,        \
