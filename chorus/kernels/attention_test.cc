@@ -125,6 +125,39 @@ struct Paged {
   }
 };
 
+// Windows and soft caps (attention.h, AttentionScores) as written, in double: for each query
+// head h of q ([n_heads, head_dim]), s_t = scale · q_h · K_t[g] for keys t ∈ [first, pos], then
+// s → cap·tanh(s/cap) when cap > 0, softmax, Σ p_t · V_t[g]. Out: [n_heads, head_dim].
+std::vector<double> NaiveWindow(const Paged& p, const float* q, int64_t n_heads, double scale,
+                                int64_t first, int64_t pos, double cap) {
+  const int64_t hd = p.head_dim, group = n_heads / p.n_kv_heads, kv_dim = p.n_kv_heads * hd;
+  std::vector<double> out(static_cast<size_t>(n_heads * hd), 0.0);
+  for (int64_t h = 0; h < n_heads; ++h) {
+    const int64_t g = h / group;
+    std::vector<double> s;
+    double mx = -1e300;
+    for (int64_t t = first; t <= pos; ++t) {
+      double dot = 0;
+      for (int64_t d = 0; d < hd; ++d)
+        dot += double(q[h * hd + d]) * p.k_dense[static_cast<size_t>(t * kv_dim + g * hd + d)];
+      double v = dot * scale;
+      if (cap > 0) v = cap * std::tanh(v / cap);
+      s.push_back(v);
+      mx = std::max(mx, v);
+    }
+    double sum = 0;
+    for (double& v : s) sum += (v = std::exp(v - mx));
+    for (int64_t t = first; t <= pos; ++t) {
+      for (int64_t d = 0; d < hd; ++d) {
+        out[static_cast<size_t>(h * hd + d)] +=
+            s[static_cast<size_t>(t - first)] / sum *
+            p.v_dense[static_cast<size_t>(t * kv_dim + g * hd + d)];
+      }
+    }
+  }
+  return out;
+}
+
 std::vector<float> RandomQ(int64_t n, uint64_t seed, float scale) {
   Rng rng(seed);
   std::vector<float> q(static_cast<size_t>(n));
@@ -1002,36 +1035,20 @@ TEST_P(AttentionTest, WindowedTokensMatchTheFormulaWhateverTheChunkingAndDropped
               // The formula over the window, in double; with the dot products, on what the
               // kernel multiplies (bf16(scale·q), probabilities rounded: 4e-3).
               const bool dot = dot_level && bf16 == 1 && hd % 2 == 0;  // odd: widened, f32
-              const int64_t kv_dim = n_kv * hd;
               for (int64_t i = 0; i < n_ctx; i += (i < 40 ? 1 : 13)) {
                 const int64_t first = AttentionFirstKey(i, window);
-                for (int64_t h = 0; h < n_heads; ++h) {
-                  const int64_t g = h / group;
-                  std::vector<double> sc;
-                  double mx = -1e300;
-                  for (int64_t t = first; t <= i; ++t) {
-                    double acc = 0;
-                    for (int64_t d = 0; d < hd; ++d) {
-                      const float qs = scale * q[static_cast<size_t>(i * stride + h * hd + d)];
-                      acc += double(dot ? BF16ToF32(F32ToBF16(qs)) : qs) *
-                             p.k_dense[static_cast<size_t>(t * kv_dim + g * hd + d)];
-                    }
-                    if (cap > 0) acc = cap * std::tanh(acc / cap);
-                    sc.push_back(acc);
-                    mx = std::max(mx, acc);
-                  }
-                  double sum = 0;
-                  for (double& v : sc) sum += (v = std::exp(v - mx));
-                  for (int64_t d = 0; d < hd; ++d) {
-                    double want = 0;
-                    for (int64_t t = first; t <= i; ++t) {
-                      want += sc[static_cast<size_t>(t - first)] / sum *
-                              p.v_dense[static_cast<size_t>(t * kv_dim + g * hd + d)];
-                    }
-                    ASSERT_NEAR(one[static_cast<size_t>(i * stride + h * hd + d)], want,
-                                dot ? 4e-3 : 2e-5)
-                        << where << " token " << i << " head " << h;
-                  }
+                // What the kernel multiplies: scale·q, rounded to bf16 by the dot products.
+                std::vector<float> q_scaled(static_cast<size_t>(stride));
+                for (int64_t e = 0; e < stride; ++e) {
+                  const float qs = scale * q[static_cast<size_t>(i * stride + e)];
+                  q_scaled[static_cast<size_t>(e)] = dot ? BF16ToF32(F32ToBF16(qs)) : qs;
+                }
+                const std::vector<double> want =
+                    NaiveWindow(p, q_scaled.data(), n_heads, 1.0, first, i, cap);
+                for (int64_t e = 0; e < stride; ++e) {
+                  ASSERT_NEAR(one[static_cast<size_t>(i * stride + e)],
+                              want[static_cast<size_t>(e)], dot ? 4e-3 : 2e-5)
+                      << where << " token " << i << " element " << e;
                 }
               }
               // Split-K of the last token from its first segment (one segment per call, then
@@ -1115,29 +1132,10 @@ TEST(AttentionRowWindow, MatchesDenseWithWindowAndSoftcap) {
           reference::AttentionRowWindow(q.data() + g * ratio * hd, first, pos, kv, ratio, hd, scale,
                                         cap, scratch.data(), out.data() + g * ratio * hd);
         }
-        const int64_t kv_dim = kv_heads * hd;
-        for (int64_t h = 0; h < n_heads; ++h) {
-          const int64_t g = h / ratio;
-          std::vector<double> s;
-          double mx = -1e300;
-          for (int64_t t = first; t <= pos; ++t) {
-            double dot = 0;
-            for (int64_t d = 0; d < hd; ++d)
-              dot += double(q[h * hd + d]) * p.k_dense[t * kv_dim + g * hd + d];
-            double v = dot * scale;
-            if (cap > 0) v = cap * std::tanh(v / cap);
-            s.push_back(v);
-            mx = std::max(mx, v);
-          }
-          double sum = 0;
-          for (double& v : s) sum += (v = std::exp(v - mx));
-          for (int64_t d = 0; d < hd; ++d) {
-            double want = 0;
-            for (int64_t t = first; t <= pos; ++t)
-              want += s[static_cast<size_t>(t - first)] / sum * p.v_dense[t * kv_dim + g * hd + d];
-            ASSERT_NEAR(out[h * hd + d], want, 2e-5)
-                << "ratio " << ratio << " cap " << cap << " first " << first << " h " << h;
-          }
+        const std::vector<double> want = NaiveWindow(p, q.data(), n_heads, scale, first, pos, cap);
+        for (size_t e = 0; e < want.size(); ++e) {
+          ASSERT_NEAR(out[e], want[e], 2e-5)
+              << "ratio " << ratio << " cap " << cap << " first " << first << " element " << e;
         }
       }
     }
