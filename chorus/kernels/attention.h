@@ -154,8 +154,7 @@ struct AttentionScores {
 
 // Tokens i ∈ [0, n_tokens) of one sequence at positions pos0 + i, each attending keys
 // [AttentionFirstKey(pos0 + i, scores.window), pos0 + i], with scores shaped by `scores`, for the
-// `group` query heads of KV head
-// `kv_head`.
+// `group` query heads of KV head `kv_head`.
 // q: token i's heads at q + i·q_stride, [group, head_dim]; out likewise with out_stride.
 // Requires: K/V of positions [AttentionFirstKey(pos0, scores.window), pos0 + n_tokens) written;
 // scratch ≥ AttentionScratchFloats.
