@@ -507,8 +507,7 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
     auto kv_bytes_at = [&](int64_t pos) {
       double keys = 0;
       for (int64_t l = 0; l < c.n_layers; ++l) {
-        const int64_t window = c.LayerSliding(l) ? c.sliding_window : 0;
-        keys += static_cast<double>(pos + 1 - kernels::AttentionFirstKey(pos, window));
+        keys += static_cast<double>(pos + 1 - kernels::AttentionFirstKey(pos, c.LayerWindow(l)));
       }
       return keys * kv_bytes_per_layer_key;
     };

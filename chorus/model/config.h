@@ -79,6 +79,8 @@ struct ModelConfig {
     return sliding_window > 0 &&
            (layer_sliding.empty() || layer_sliding[static_cast<size_t>(layer)] != 0);
   }
+  // The sliding window of `layer` (its attention's keys [p − window + 1, p]), 0 for none.
+  int64_t LayerWindow(int64_t layer) const { return LayerSliding(layer) ? sliding_window : 0; }
   float AttnScale() const;
   // The window when every layer slides (KV blocks behind it are never read again), else 0.
   int64_t KvWindow() const {

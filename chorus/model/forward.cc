@@ -30,7 +30,7 @@ memory::KvLayout KvLayoutFor(const ModelConfig& config, int64_t block_size,
                           .dtype = dtype};
   if (config.sliding_window > 0) {
     for (int64_t l = 0; l < config.n_layers; ++l)
-      layout.layer_windows.push_back(config.LayerSliding(l) ? config.sliding_window : 0);
+      layout.layer_windows.push_back(config.LayerWindow(l));
   }
   return layout;
 }
@@ -71,20 +71,19 @@ Forward::Forward(std::shared_ptr<const Model> model, int64_t max_rows, int64_t m
       std::max(kernels::AttentionScratchFloats(attn_block_tokens_, group, c.head_dim),
                kernels::AttentionPartialsHeadsScratchFloats(c.n_kv_heads, group, c.head_dim));
   for (int64_t l = 0; l < c.n_layers; ++l) {
-    const int64_t w = LayerWindow(l);
-    if (std::none_of(plans_.begin(), plans_.end(),
-                     [&](const AttnPlan& p) { return p.window == w; }))
+    const int64_t w = c.LayerWindow(l);
+    auto it = std::find_if(plans_.begin(), plans_.end(),
+                           [&](const AttnPlan& p) { return p.window == w; });
+    if (it == plans_.end()) {
       plans_.emplace_back().window = w;
+      it = plans_.end() - 1;
+    }
+    layer_plan_.push_back(static_cast<int32_t>(it - plans_.begin()));
   }
   for (AttnPlan& p : plans_) {
     p.tasks.reserve(static_cast<size_t>(max_rows * c.n_kv_heads + kMaxSplitTasks));
     p.merges.reserve(static_cast<size_t>(max_rows * c.n_kv_heads));
   }
-}
-
-int64_t Forward::LayerWindow(int64_t layer) const {
-  const ModelConfig& c = model_->config();
-  return c.LayerSliding(layer) ? c.sliding_window : 0;
 }
 
 void Forward::Linear(int64_t layer, model::Linear which, const float* x, int64_t x_stride, float* y,
@@ -186,7 +185,6 @@ int64_t Forward::PlanAttention(const StepInput& in, int n_threads, AttnPlan* pla
         t.row = static_cast<int32_t>(i);
         t.seg_begin = static_cast<int32_t>(s0 + p * n_seg / parts);
         t.seg_end = static_cast<int32_t>(s0 + (p + 1) * n_seg / parts);
-        t.seg_first = static_cast<int32_t>(s0);
         t.partials = partial_floats;
         tasks.push_back(t);
       }
@@ -202,7 +200,6 @@ int64_t Forward::PlanAttention(const StepInput& in, int n_threads, AttnPlan* pla
     }
     i = j;
   }
-
   // Blocks, the latest (costliest) of each run first, so the last tasks taken are cheap ones.
   for (int64_t i = 0; i < n;) {
     const int64_t j = run_end(i);
@@ -229,14 +226,11 @@ void Forward::Attention(const StepInput& in, memory::KvCache* kv, int64_t layer,
   const int64_t group = c.n_heads / c.n_kv_heads, hd = c.head_dim, qd = c.q_dim();
   const float scale = c.AttnScale();
   const int64_t pf = kernels::AttentionPartialFloats(group, hd);
-  const int64_t window = LayerWindow(layer);
+  const AttnPlan& plan = plans_[static_cast<size_t>(layer_plan_[static_cast<size_t>(layer)])];
   // Sliding windows and soft caps (Gemma 2, 3, Phi-3) inside the tiled kernels (attention.h).
-  const kernels::AttentionScores scores{.window = window, .softcap = c.attn_softcap};
-  const auto plan = std::find_if(plans_.begin(), plans_.end(),
-                                 [&](const AttnPlan& p) { return p.window == window; });
-  CHORUS_CHECK(plan != plans_.end()) << "no attention plan for window " << window;
-  const std::vector<AttnTask>& tasks = plan->tasks;
-  const std::vector<AttnTask>& merges = plan->merges;
+  const kernels::AttentionScores scores{.window = plan.window, .softcap = c.attn_softcap};
+  const std::vector<AttnTask>& tasks = plan.tasks;
+  const std::vector<AttnTask>& merges = plan.merges;
   const int64_t n_tasks = static_cast<int64_t>(tasks.size());
   auto table_of = [&](int64_t row) {
     return in.block_tables[static_cast<size_t>(in.seq[static_cast<size_t>(row)])];
@@ -260,14 +254,15 @@ void Forward::Attention(const StepInput& in, memory::KvCache* kv, int64_t layer,
       }
       // A split range: every KV head at once, tile by tile, so each block's K and V of all
       // heads (side by side in the page) are read once, as one run.
-      // The row's partials hold its segments from seg_first on, per KV head.
-      const int64_t n_seg = kernels::AttentionSegments(pos + 1) - t.seg_first;
+      // The row's partials hold its segments from the window's first on, per KV head.
+      const int64_t s0 = kernels::AttentionFirstSegment(pos, plan.window);
+      const int64_t n_seg = kernels::AttentionSegments(pos + 1) - s0;
       kernels::PagedKv* views = head_views_.data() + static_cast<size_t>(ti) * c.n_kv_heads;
       for (int64_t g = 0; g < c.n_kv_heads; ++g) views[g] = kv->View(layer, g, table);
-      kernels::AttentionPartialsHeads(
-          q_.data() + t.row * qd, pos, views, c.n_kv_heads, group, hd, scale, t.seg_begin,
-          t.seg_end, scratch, partials_.data() + t.partials + (t.seg_begin - t.seg_first) * pf,
-          n_seg * pf, scores);
+      kernels::AttentionPartialsHeads(q_.data() + t.row * qd, pos, views, c.n_kv_heads, group, hd,
+                                      scale, t.seg_begin, t.seg_end, scratch,
+                                      partials_.data() + t.partials + (t.seg_begin - s0) * pf,
+                                      n_seg * pf, scores);
     }
   });
   if (merges.empty()) return;

@@ -117,7 +117,6 @@ class Forward {
     int32_t n_tokens = 0;                // block: tokens; split: 0
     int32_t kv_head = 0;                 // block only
     int32_t seg_begin = 0, seg_end = 0;  // split: absolute segments; merge: segments to fold
-    int32_t seg_first = 0;               // split: the row's first segment under the window
     int64_t partials = 0;                // split: offset of the row's partials in partials_
   };
   // A step's attention plan for the layers of one window (0: none): tasks run in phase 1
@@ -130,8 +129,6 @@ class Forward {
   // Cuts the step's rows into attention tasks for the layers of plan->window (once per step and
   // window, the same for every such layer); returns the floats of partials it needs.
   int64_t PlanAttention(const StepInput& in, int n_threads, AttnPlan* plan);
-  // The sliding window of `layer` (0: none).
-  int64_t LayerWindow(int64_t layer) const;
   void Attention(const StepInput& in, memory::KvCache* kv, int64_t layer, ThreadPool* pool);
   void Linear(int64_t layer, model::Linear which, const float* x, int64_t x_stride, float* y,
               int64_t y_stride, int64_t n, const StepInput& in, ThreadPool* pool);
@@ -160,7 +157,8 @@ class Forward {
   std::vector<kernels::PagedKv> head_views_;  // [n_threads][n_kv_heads] a split task's views
   // This step's attention plans, one per window the tiled layers use (Gemma 3: local and global).
   std::vector<AttnPlan> plans_;
-  std::vector<float> partials_;  // split rows' segment partials; grows to the largest step seen
+  std::vector<int32_t> layer_plan_;  // [n_layers] index of each layer's plan (its window's)
+  std::vector<float> partials_;      // split rows' segment partials; grows to the largest step seen
   std::atomic<int64_t> next_task_{0};
 };
 
