@@ -1,5 +1,6 @@
 #include "chorus/model/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -250,6 +251,47 @@ Result<ModelConfig> ConfigFromHfJson(const std::string& text, const std::string&
     if (!j.contains(key) || j[key].is_null()) return OkStatus();
     return get_float(key, out);
   };
+  // transformers' per-layer `layer_types` ("sliding_attention" / "full_attention") into
+  // c.layer_sliding.
+  auto read_layer_types = [&]() -> Status {
+    const json& lt = j["layer_types"];
+    if (static_cast<int64_t>(lt.size()) != c.n_layers)
+      return err("'layer_types' has " + std::to_string(lt.size()) + " entries, expected " +
+                 std::to_string(c.n_layers));
+    c.layer_sliding.assign(lt.size(), 0);
+    for (size_t i = 0; i < lt.size(); ++i) {
+      if (!lt[i].is_string()) return err("'layer_types' entries must be strings");
+      const std::string t = lt[i];
+      if (t != "sliding_attention" && t != "full_attention")
+        return err("'layer_types' entry '" + t.substr(0, 32) + "' is not supported");
+      c.layer_sliding[i] = t == "sliding_attention";
+    }
+    return OkStatus();
+  };
+  if (arch_name == "MistralForCausalLM" || arch_name == "mistral") {
+    // Mistral 7B v0.1 slides every layer over 4096 keys; later Mistrals set null (none).
+    CHORUS_RETURN_IF_ERROR(get_int("sliding_window", &c.sliding_window, false));
+  } else if (c.arch == "qwen2" || c.arch == "qwen3") {
+    // Qwen's sliding_window applies only with use_sliding_window (false in every released
+    // config), and then, as transformers' Qwen2Config / Qwen3Config define, to the layers
+    // ≥ max_window_layers unless layer_types lists them.
+    if (j.contains("use_sliding_window") && !j["use_sliding_window"].is_boolean())
+      return err("'use_sliding_window' must be a boolean");
+    if (j.value("use_sliding_window", false)) {
+      CHORUS_RETURN_IF_ERROR(get_int("sliding_window", &c.sliding_window, false));
+      int64_t max_window_layers = 28;  // the config classes' default
+      CHORUS_RETURN_IF_ERROR(get_int("max_window_layers", &max_window_layers, false));
+      if (j.contains("layer_types") && j["layer_types"].is_array()) {
+        CHORUS_RETURN_IF_ERROR(read_layer_types());
+      } else {
+        c.layer_sliding.assign(static_cast<size_t>(std::max<int64_t>(c.n_layers, 0)), 0);
+        for (int64_t l = 0; l < c.n_layers; ++l)
+          c.layer_sliding[static_cast<size_t>(l)] = l >= max_window_layers;
+      }
+      if (std::find(c.layer_sliding.begin(), c.layer_sliding.end(), 1) == c.layer_sliding.end())
+        c.sliding_window = 0;  // no layer slides
+    }
+  }
   if (c.arch == "phi3") {
     // Phi-3 ignores any hidden_act other than silu in practice; refuse the unexpected.
     if (j.contains("hidden_act") && j["hidden_act"] != "silu")
@@ -289,20 +331,10 @@ Result<ModelConfig> ConfigFromHfJson(const std::string& text, const std::string&
     CHORUS_RETURN_IF_ERROR(get_int("sliding_window", &c.sliding_window, false));
     // Which layers slide: layer_types when given, else the family's fixed pattern (Gemma 2:
     // even layers; Gemma 3: all but every sliding_window_pattern-th).
-    c.layer_sliding.assign(static_cast<size_t>(std::max<int64_t>(c.n_layers, 0)), 0);
     if (j.contains("layer_types") && j["layer_types"].is_array()) {
-      const json& lt = j["layer_types"];
-      if (static_cast<int64_t>(lt.size()) != c.n_layers)
-        return err("'layer_types' has " + std::to_string(lt.size()) + " entries, expected " +
-                   std::to_string(c.n_layers));
-      for (size_t i = 0; i < lt.size(); ++i) {
-        if (!lt[i].is_string()) return err("'layer_types' entries must be strings");
-        const std::string t = lt[i];
-        if (t != "sliding_attention" && t != "full_attention")
-          return err("'layer_types' entry '" + t.substr(0, 32) + "' is not supported");
-        c.layer_sliding[i] = t == "sliding_attention";
-      }
+      CHORUS_RETURN_IF_ERROR(read_layer_types());
     } else {
+      c.layer_sliding.assign(static_cast<size_t>(std::max<int64_t>(c.n_layers, 0)), 0);
       int64_t pattern = c.arch == "gemma2" ? 2 : 6;
       CHORUS_RETURN_IF_ERROR(get_int("sliding_window_pattern", &pattern, false));
       if (pattern <= 0) return err("'sliding_window_pattern' must be positive");

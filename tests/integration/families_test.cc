@@ -427,6 +427,49 @@ TEST(FamiliesTest, PublishedConfigsParse) {
   ASSERT_TRUE(p3.ok()) << p3.status().ToString();
   EXPECT_EQ(p3->KvWindow(), 2047);
   EXPECT_EQ(p3->head_dim, 96);
+  // Mistral 7B v0.1 slides every layer over 4096 keys; v0.3 says null.
+  const std::string mistral = R"({"architectures": ["MistralForCausalLM"], "hidden_size": 4096,
+    "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mistral",
+    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "vocab_size": 32000, "sliding_window": )";
+  auto m01 = model::ConfigFromHfJson(mistral + "4096}", "mistral-7b-v0.1/config.json");
+  ASSERT_TRUE(m01.ok()) << m01.status().ToString();
+  EXPECT_EQ(m01->arch, "llama");
+  EXPECT_EQ(m01->KvWindow(), 4096);
+  EXPECT_EQ(m01->LayerWindow(31), 4096);
+  auto m03 = model::ConfigFromHfJson(mistral + "null}", "mistral-7b-v0.3/config.json");
+  ASSERT_TRUE(m03.ok()) << m03.status().ToString();
+  EXPECT_EQ(m03->sliding_window, 0);
+  // Qwen2's sliding_window counts only with use_sliding_window (false in released configs), and
+  // then for the layers ≥ max_window_layers, or as layer_types lists them.
+  const std::string qwen2 = R"({"architectures": ["Qwen2ForCausalLM"], "hidden_size": 896,
+    "intermediate_size": 4864, "num_attention_heads": 14, "num_hidden_layers": 4,
+    "num_key_value_heads": 2, "vocab_size": 151936, "sliding_window": 131072,
+    "max_window_layers": 2, )";
+  auto q25 = model::ConfigFromHfJson(qwen2 + R"("use_sliding_window": false})", "q/config.json");
+  ASSERT_TRUE(q25.ok()) << q25.status().ToString();
+  EXPECT_EQ(q25->sliding_window, 0);
+  auto qsw = model::ConfigFromHfJson(qwen2 + R"("use_sliding_window": true})", "q/config.json");
+  ASSERT_TRUE(qsw.ok()) << qsw.status().ToString();
+  EXPECT_EQ(qsw->LayerWindow(1), 0);
+  EXPECT_EQ(qsw->LayerWindow(2), 131072);
+  EXPECT_EQ(qsw->KvWindow(), 0);  // not every layer slides
+  auto qlt = model::ConfigFromHfJson(qwen2 + R"("use_sliding_window": true, "layer_types":
+    ["sliding_attention", "full_attention", "full_attention", "full_attention"]})",
+                                     "q/config.json");
+  ASSERT_TRUE(qlt.ok()) << qlt.status().ToString();
+  EXPECT_EQ(qlt->LayerWindow(0), 131072);
+  EXPECT_EQ(qlt->LayerWindow(2), 0);
+  auto qbad = model::ConfigFromHfJson(qwen2 + R"("use_sliding_window": "yes"})", "q/config.json");
+  ASSERT_FALSE(qbad.ok());
+  EXPECT_NE(qbad.status().message().find("'use_sliding_window'"), std::string::npos)
+      << qbad.status().ToString();
+  auto qshort = model::ConfigFromHfJson(
+      qwen2 + R"("use_sliding_window": true, "layer_types": ["full_attention"]})", "q/config.json");
+  ASSERT_FALSE(qshort.ok());
+  EXPECT_NE(qshort.status().message().find("'layer_types' has 1 entries, expected 4"),
+            std::string::npos)
+      << qshort.status().ToString();
 }
 
 TEST(FamiliesTest, BadInputIsAClearError) {
