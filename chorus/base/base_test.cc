@@ -141,6 +141,25 @@ TEST(OwnedRangesTest, StealsBackHalfOfLargestRange) {
   EXPECT_EQ(r.Next(1), -1);
 }
 
+// A long range is taken a few units per swap (at most kMaxTake, at most a quarter of what is
+// left): those stay with their taker, the rest can still be stolen, and the last units of a
+// range go one at a time.
+TEST(OwnedRangesTest, LongRangesAreTakenAFewUnitsAtATime) {
+  static_assert(OwnedRanges::kMaxTake == 4);
+  OwnedRanges r(100, 2);  // [0, 50) and [50, 100)
+  EXPECT_EQ(r.Next(0), 0);  // takes [0, 4): [4, 50) stays stealable
+  for (int64_t u = 50; u < 100; ++u) ASSERT_EQ(r.Next(1), u);
+  EXPECT_EQ(r.Next(1), 27);  // steals [27, 50), the back half of [4, 50)
+  for (int64_t u = 1; u < 27; ++u) ASSERT_EQ(r.Next(0), u) << "thread 0 keeps its order";
+  // Thread 0's range is empty now; thread 1 took [27, 31) and holds 28..30.
+  EXPECT_EQ(r.Next(0), 40);  // steals [40, 50), the back half of [31, 50), from thread 1
+  for (int64_t u = 28; u < 40; ++u) ASSERT_EQ(r.Next(1), u);
+  for (int64_t u = 41; u < 50; ++u) ASSERT_EQ(r.Next(0), u);
+  EXPECT_TRUE(r.Empty());
+  EXPECT_EQ(r.Next(0), -1);
+  EXPECT_EQ(r.Next(1), -1);
+}
+
 TEST(OwnedRangesTest, FewerUnitsThanThreadsAndNone) {
   OwnedRanges none(0, 4);
   EXPECT_TRUE(none.Empty());

@@ -1,5 +1,7 @@
 #include "chorus/base/owned_ranges.h"
 
+#include <algorithm>
+
 #include "chorus/base/check.h"
 
 namespace chorus {
@@ -17,13 +19,20 @@ OwnedRanges::OwnedRanges(int64_t total, int n_threads) : n_(n_threads) {
 }
 
 int64_t OwnedRanges::Next(int i) {
-  std::atomic<uint64_t>& own = ranges_[i].fb;
+  Range& r = ranges_[i];
+  if (r.held < r.held_end) return r.held++;
+  std::atomic<uint64_t>& own = r.fb;
   for (;;) {
     uint64_t v = own.load(std::memory_order_relaxed);
     for (;;) {
       const auto f = static_cast<uint32_t>(v), b = static_cast<uint32_t>(v >> 32);
       if (f >= b) break;
-      if (own.compare_exchange_weak(v, Pack(f + 1, b), std::memory_order_relaxed)) return f;
+      const uint32_t take = std::clamp<uint32_t>((b - f) / 4, 1, kMaxTake);
+      if (own.compare_exchange_weak(v, Pack(f + take, b), std::memory_order_relaxed)) {
+        r.held = f + 1;
+        r.held_end = f + take;
+        return f;
+      }
     }
     if (!Steal(i)) return -1;
   }
