@@ -146,7 +146,7 @@ TEST(OwnedRangesTest, StealsBackHalfOfLargestRange) {
 // range go one at a time.
 TEST(OwnedRangesTest, LongRangesAreTakenAFewUnitsAtATime) {
   static_assert(OwnedRanges::kMaxTake == 4);
-  OwnedRanges r(100, 2);  // [0, 50) and [50, 100)
+  OwnedRanges r(100, 2);    // [0, 50) and [50, 100)
   EXPECT_EQ(r.Next(0), 0);  // takes [0, 4): [4, 50) stays stealable
   for (int64_t u = 50; u < 100; ++u) ASSERT_EQ(r.Next(1), u);
   EXPECT_EQ(r.Next(1), 27);  // steals [27, 50), the back half of [4, 50)
