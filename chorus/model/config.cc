@@ -275,9 +275,13 @@ Result<ModelConfig> ConfigFromHfJson(const std::string& text, const std::string&
     // Qwen's sliding_window applies only with use_sliding_window (false in every released
     // config), and then, as transformers' Qwen2Config / Qwen3Config define, to the layers
     // ≥ max_window_layers unless layer_types lists them.
-    if (j.contains("use_sliding_window") && !j["use_sliding_window"].is_boolean())
-      return err("'use_sliding_window' must be a boolean");
-    if (j.value("use_sliding_window", false)) {
+    bool use_window = false;  // absent or null: false
+    if (j.contains("use_sliding_window") && !j["use_sliding_window"].is_null()) {
+      if (!j["use_sliding_window"].is_boolean())
+        return err("'use_sliding_window' must be a boolean");
+      use_window = j["use_sliding_window"].get<bool>();
+    }
+    if (use_window) {
       CHORUS_RETURN_IF_ERROR(get_int("sliding_window", &c.sliding_window, false));
       int64_t max_window_layers = 28;  // the config classes' default
       CHORUS_RETURN_IF_ERROR(get_int("max_window_layers", &max_window_layers, false));

@@ -460,6 +460,9 @@ TEST(FamiliesTest, PublishedConfigsParse) {
   ASSERT_TRUE(qlt.ok()) << qlt.status().ToString();
   EXPECT_EQ(qlt->LayerWindow(0), 131072);
   EXPECT_EQ(qlt->LayerWindow(2), 0);
+  auto qnull = model::ConfigFromHfJson(qwen2 + R"("use_sliding_window": null})", "q/config.json");
+  ASSERT_TRUE(qnull.ok()) << qnull.status().ToString();
+  EXPECT_EQ(qnull->sliding_window, 0);
   auto qbad = model::ConfigFromHfJson(qwen2 + R"("use_sliding_window": "yes"})", "q/config.json");
   ASSERT_FALSE(qbad.ok());
   EXPECT_NE(qbad.status().message().find("'use_sliding_window'"), std::string::npos)
