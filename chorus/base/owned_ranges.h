@@ -13,7 +13,8 @@
 //
 // A take is a locked compare-and-swap, and on x86 a locked instruction waits for every earlier
 // load to complete: in a streaming kernel it drained the loads in flight at every unit (2.7 % of
-// a batch-1 decode step's samples sat on that one instruction, docs/kernels.md "Taking units").
+// a q4_k_m batch-1 decode profile's samples sat on that one instruction, docs/kernels.md
+// "Threads: units of weights").
 // So the owner takes up to kMaxTake units per swap while its range is long (a quarter of what is
 // left, so the last units still go one at a time and stay stealable), and hands them out from
 // its own fields without atomics.
@@ -46,7 +47,7 @@ class OwnedRanges {
   static constexpr uint32_t kMaxTake = 4;
 
  private:
-  // One range as a packed [front, back) pair, so a take (front + 1) and a steal (back moves
+  // One range as a packed [front, back) pair, so a take (front moves up) and a steal (back moves
   // down) are each a single compare-and-swap on one word. One cache line per range.
   struct alignas(64) Range {
     std::atomic<uint64_t> fb{0};
