@@ -104,6 +104,8 @@ Status EngineOptions::Validate() const {
     return InvalidArgumentError(
         "max-running must not exceed max-batch-tokens (each running sequence needs a row per "
         "step)");
+  if (max_prompt_logprob_rows < 1 || max_prompt_logprob_rows > 65536)
+    return InvalidArgumentError("max-prompt-logprob-rows must be in [1, 65536]");
   if (max_queue < 0 || max_queue > 1000000)
     return InvalidArgumentError("max-queue must be in [0, 1000000]");
   if (pool_bytes < (int64_t{1} << 20))
@@ -270,6 +272,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const model::Mode
       opts.adapter_cache->arena()->StartPrefault();
   }
   impl->kv = std::make_unique<memory::KvCache>(layout, impl->pages.get());
+  // Logits rows of a step: one per running sequence, plus the prompt-logprob rows.
+  const int64_t max_logit_rows =
+      opts.max_running + std::min(opts.max_prompt_logprob_rows, opts.max_batch_tokens);
   dist::Communicator* tp_comm = opts.tp_leader ? opts.tp_leader->comm() : nullptr;
   if (tp_comm != nullptr && tp_comm->size() > 1) {
     // The other ranks mirror the pool's pages: copy-on-write copies (n > 1 choices, cached
@@ -285,15 +290,15 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const model::Mode
     }
     opts.tp_leader->Start({.max_rows = opts.max_batch_tokens,
                            .max_seqs = opts.max_running,
-                           .max_logit_rows = opts.max_running,
+                           .max_logit_rows = max_logit_rows,
                            .n_pages = n_pages,
                            .block_size = opts.block_size,
                            .kv_dtype = static_cast<int32_t>(opts.kv_dtype),
                            .threads = impl->pool.size()});
   }
   impl->forward =
-      std::make_unique<model::Forward>(e->model_, opts.max_batch_tokens, opts.max_running, tp_comm);
-  impl->logits.assign(static_cast<size_t>(opts.max_running * c.vocab_size), 0.0f);
+      std::make_unique<model::Forward>(e->model_, opts.max_batch_tokens, max_logit_rows, tp_comm);
+  impl->logits.assign(static_cast<size_t>(max_logit_rows * c.vocab_size), 0.0f);
   impl->step = std::make_unique<model::StepBuilder>(opts.max_batch_tokens, opts.max_running);
   impl->row_adapters.reserve(static_cast<size_t>(opts.max_batch_tokens));
   impl->lora_hook = std::make_unique<adapters::LoraHook>(c, opts.max_batch_tokens, tp_comm);
@@ -314,7 +319,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const model::Mode
                             FullModels::Create(opts.full_models, c, opts.served_model_name,
                                                {.max_resident = opts.max_resident_models,
                                                 .max_rows = opts.max_batch_tokens,
-                                                .max_logit_rows = opts.max_running},
+                                                .max_logit_rows = max_logit_rows},
                                                &e->metrics_, [raw_impl] { raw_impl->Wake(); }));
   }
   if (opts.prefix_cache) impl->prefix = std::make_unique<memory::PrefixCache>(impl->kv.get());
@@ -326,7 +331,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const model::Mode
                                       .cost_model = opts.cost_model,
                                       .best_effort = opts.slo_best_effort}));
   impl->scheduler = std::make_unique<Scheduler>(
-      SchedulerOptions{.max_batch_tokens = opts.max_batch_tokens, .max_running = opts.max_running},
+      SchedulerOptions{.max_batch_tokens = opts.max_batch_tokens,
+                       .max_running = opts.max_running,
+                       .max_prompt_logprob_rows = opts.max_prompt_logprob_rows},
       impl->pages.get(), impl->kv.get(), impl->residency.get(), std::move(policy), &e->metrics_,
       impl->prefix.get(), impl->full_models.get());
   if (tp_comm != nullptr && tp_comm->size() > 1) {
@@ -393,6 +400,10 @@ Status Engine::Check(GenerationRequest* req, FullModels::Entry** full) const {
                                                      : "the engine has no adapter cache"));
   }
   CHORUS_RETURN_IF_ERROR(req->sampling.Validate());
+  if (req->prompt_logprobs < -1 || req->prompt_logprobs > kMaxLogprobs) {
+    return InvalidArgumentError("prompt_logprobs must be in [0, " + std::to_string(kMaxLogprobs) +
+                                "], got " + std::to_string(req->prompt_logprobs));
+  }
   // SLOs: the engine's defaults where the request gives none (negative).
   if (req->ttft_slo_ms < 0) req->ttft_slo_ms = opts_.ttft_slo_ms;
   if (req->tpot_slo_ms < 0) req->tpot_slo_ms = opts_.tpot_slo_ms;
@@ -459,6 +470,8 @@ Result<std::vector<std::shared_ptr<RequestHandle>>> Engine::SubmitAll(
       s->tokens = shared_req->prompt;
       s->tokens.reserve(static_cast<size_t>(total));
       s->n_prompt = static_cast<int64_t>(shared_req->prompt.size());
+      // Choice 0 reports the prompt's logprobs; the others share its prompt.
+      s->prompt_logprobs_next = shared_req->prompt_logprobs >= 0 && i == 0 ? 1 : s->n_prompt;
       impl_->output->Attach(s.get());
       if (shared_req->variant) {
         const adapters::VariantId& id = shared_req->variant->id;
@@ -692,8 +705,9 @@ float* Engine::Impl::RunFull(std::span<const Scheduler::Planned> run, float* out
   for (const Scheduler::Planned& pl : run) {
     step->AddSequence(std::span<const int32_t>(pl.seq->tokens)
                           .subspan(static_cast<size_t>(pl.start), static_cast<size_t>(pl.count)),
-                      pl.start, pl.seq->table.data(), pl.wants_logits);
-    n_logits += pl.wants_logits;
+                      pl.start, pl.seq->table.data(), pl.wants_logits,
+                      {pl.prompt_logits_begin - pl.start, pl.prompt_logits_end - pl.start});
+    n_logits += pl.logit_rows();
   }
   e->forward->Run(step->Input(), kv.get(), &pool, out);
   return out + n_logits * e->model->config().vocab_size;
@@ -712,7 +726,8 @@ float* Engine::Impl::RunBase(std::span<const Scheduler::Planned> run, float* out
   for (const Scheduler::Planned& pl : run) {
     step->AddSequence(std::span<const int32_t>(pl.seq->tokens)
                           .subspan(static_cast<size_t>(pl.start), static_cast<size_t>(pl.count)),
-                      pl.start, pl.seq->table.data(), pl.wants_logits);
+                      pl.start, pl.seq->table.data(), pl.wants_logits,
+                      {pl.prompt_logits_begin - pl.start, pl.prompt_logits_end - pl.start});
     const adapters::LoraView* view = pl.seq->lora ? residency->View(pl.seq->lora.get()) : nullptr;
     row_adapters.insert(row_adapters.end(), static_cast<size_t>(pl.count), view);
     if (tp_slots) {
@@ -724,7 +739,7 @@ float* Engine::Impl::RunBase(std::span<const Scheduler::Planned> run, float* out
     row_deltas.insert(row_deltas.end(), static_cast<size_t>(pl.count), pl.seq->delta.get());
     any_delta |= pl.seq->delta != nullptr;
     any_adapter |= pl.seq->lora != nullptr;
-    n_logits += pl.wants_logits;
+    n_logits += pl.logit_rows();
   }
 
   model::StepInput in = step->Input();

@@ -65,6 +65,22 @@ void CountSlo(const Sequence& s, EngineMetrics* m) {
   }
 }
 
+void OutputStage::EmitPromptLogprob(Sequence* s, int64_t position, const float* row_logits) {
+  CHORUS_CHECK(position > 0 && position < s->n_prompt);
+  ScoreToken(std::span<const float>(row_logits, static_cast<size_t>(config_.vocab_size)),
+             s->tokens[static_cast<size_t>(position)], s->req->prompt_logprobs, &scratch_,
+             &result_);
+  StreamEvent ev;
+  ev.index = s->index;
+  ev.token = result_.token;
+  ev.prompt = true;
+  ev.position = position;
+  ev.rank = result_.rank;
+  ev.logprob = result_.logprob;
+  ev.top_logprobs = result_.top;
+  s->handle->Push(std::move(ev));
+}
+
 FinishReason OutputStage::Emit(Sequence* s, const float* row_logits) {
   SampleResult& r = result_;
   const GenerationRequest& req = *s->req;

@@ -27,6 +27,9 @@ class TokenSink {
   // Appends the next token of `s` from `row_logits` ([vocab]) and streams it; returns how the
   // sequence finished with it (kNone: it continues). Sets s->finished when it did.
   virtual FinishReason Emit(Sequence* s, const float* row_logits) = 0;
+  // Streams the logprob of prompt token `position` of `s` (prompt logprobs), scored by
+  // `row_logits`, the logits of the row before it.
+  virtual void EmitPromptLogprob(Sequence* s, int64_t position, const float* row_logits) = 0;
 };
 
 // Counts `s`'s SLO attainment (metrics.h, SloCount) once it has finished with tokens.
@@ -43,6 +46,7 @@ class OutputStage : public TokenSink {
   void Attach(Sequence* s);
 
   FinishReason Emit(Sequence* s, const float* row_logits) override;
+  void EmitPromptLogprob(Sequence* s, int64_t position, const float* row_logits) override;
 
   // Computes `s`'s allowed-token mask for its next token when it has a matcher and the mask is
   // not ready yet. Thread-safe across different sequences (the engine's mask worker calls it

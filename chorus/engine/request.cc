@@ -36,7 +36,7 @@ bool RequestHandle::Done() const {
 }
 
 void RequestHandle::Push(StreamEvent ev) {
-  if (ev.token >= 0) completion_tokens_.fetch_add(1);
+  if (ev.token >= 0 && !ev.prompt) completion_tokens_.fetch_add(1);
   {
     MutexLock lock(&mu_);
     events_.push_back(std::move(ev));

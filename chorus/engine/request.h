@@ -52,6 +52,13 @@ struct GenerationRequest {
   // also schedules by them.
   double ttft_slo_ms = -1;
   double tpot_slo_ms = -1;
+  // Prompt logprobs (the completions API's `echo` with `logprobs`, vLLM's `prompt_logprobs`):
+  // -1 = none; N in [0, kMaxLogprobs]: before its first token, choice 0 streams one event per
+  // prompt token after the first (StreamEvent::prompt), in position order, with the token's raw
+  // logprob given the tokens before it and the N most likely tokens there (ScoreToken). Their
+  // rows are computed, never taken from the prefix cache, at most
+  // EngineOptions::max_prompt_logprob_rows per step.
+  int32_t prompt_logprobs = -1;
 
   // The variant's name, "" for the base model (logs, metrics).
   const std::string& variant_name() const {
@@ -61,8 +68,14 @@ struct GenerationRequest {
 };
 
 struct StreamEvent {
-  int index = 0;       // choice
-  int32_t token = -1;  // the new token (-1 on a final event without one)
+  int index = 0;  // choice
+  // The new token (-1 on a final event without one); on a prompt event, the prompt token.
+  int32_t token = -1;
+  // A prompt logprob (GenerationRequest::prompt_logprobs): `token` is prompt token `position`,
+  // with `logprob` and `top_logprobs`; no text, never final.
+  bool prompt = false;
+  int64_t position = 0;
+  int64_t rank = 0;  // on a prompt event: 1 + the tokens with a strictly higher logprob there
   std::string text;    // text completed by this event (may be empty)
   float logprob = 0;   // when sampling.logprobs is set
   std::vector<TokenLogprob> top_logprobs;

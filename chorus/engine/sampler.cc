@@ -214,9 +214,11 @@ int32_t Sampler::Draw(SamplerScratch* scratch) {
   return order[n - 1];
 }
 
-void Sampler::FillLogprobs(const float* lp, int32_t token, SamplerScratch* scratch,
-                           SampleResult* result) const {
-  const int64_t v = vocab_size_;
+namespace {
+// log-softmax of `lp` [v] at `token`, its rank and the n_top most likely tokens into *result
+// (`order`: v ints of scratch).
+void Logprobs(const float* lp, int64_t v, int32_t token, int64_t n_top, int32_t* order,
+              SampleResult* result) {
   const float max = *std::max_element(lp, lp + v);
   double log_z = kNegInf;
   if (max != kNegInf) {
@@ -227,17 +229,33 @@ void Sampler::FillLogprobs(const float* lp, int32_t token, SamplerScratch* scrat
   auto logprob = [&](int32_t t) {
     return lp[t] == kNegInf ? kNegInf : static_cast<float>(lp[t] - log_z);
   };
+  result->token = token;
   result->logprob = logprob(token);
   int64_t higher = 0;
   for (int64_t i = 0; i < v; ++i) higher += lp[i] > lp[token];
   result->rank = higher + 1;
-  const int64_t n_top = std::min<int64_t>(*params_.logprobs, v);
+  n_top = std::min<int64_t>(n_top, v);
   result->top.clear();
-  if (n_top == 0) return;
-  int32_t* order = scratch->order_.data();
+  if (n_top <= 0) return;
   std::iota(order, order + v, 0);
   std::partial_sort(order, order + n_top, order + v, MoreLikely{lp});
   for (int64_t i = 0; i < n_top; ++i) result->top.push_back({order[i], logprob(order[i])});
+}
+}  // namespace
+
+void ScoreToken(std::span<const float> logits, int32_t token, int32_t n_top,
+                SamplerScratch* scratch, SampleResult* result) {
+  const auto v = static_cast<int64_t>(logits.size());
+  CHORUS_CHECK(token >= 0 && token < v) << "token " << token << " outside a vocabulary of " << v;
+  scratch->Reserve(v);
+  float* raw = scratch->probs_.data();
+  for (int64_t i = 0; i < v; ++i) raw[i] = Sanitize(logits[i]);
+  Logprobs(raw, v, token, n_top, scratch->order_.data(), result);
+}
+
+void Sampler::FillLogprobs(const float* lp, int32_t token, SamplerScratch* scratch,
+                           SampleResult* result) const {
+  Logprobs(lp, vocab_size_, token, *params_.logprobs, scratch->order_.data(), result);
 }
 
 int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> prompt,

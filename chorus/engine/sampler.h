@@ -117,10 +117,20 @@ class SamplerScratch {
 
  private:
   friend class Sampler;
+  friend void ScoreToken(std::span<const float>, int32_t, int32_t, SamplerScratch*,
+                         SampleResult*);
   std::vector<float> logits_;   // [vocab] processed logits
   std::vector<float> probs_;    // [vocab] probabilities, zeroed where truncated
   std::vector<int32_t> order_;  // [vocab] token ids, partially sorted
 };
+
+// A given token's entry under `logits` (prompt logprobs, GenerationRequest::prompt_logprobs):
+// the raw logprob of `token` — log-softmax of the logits, NaN read as −inf, as Sample() reports
+// in LogprobsMode::kRaw without a grammar mask — its rank, and the `n_top` most likely tokens
+// (descending, lower id first on ties). The same arithmetic as a sampled token's logprobs, so a
+// prompt token and a generated one are scored alike. Requires: token in [0, logits.size()).
+void ScoreToken(std::span<const float> logits, int32_t token, int32_t n_top,
+                SamplerScratch* scratch, SampleResult* result);
 
 class Sampler {
  public:

@@ -58,12 +58,13 @@ Scheduler::Outcome Scheduler::Plan() {
   // 2. Running sequences oldest first (decode rows or their next prefill chunk), then admit
   //    waiting ones in queue order while rows, sequences and pages allow.
   plan_.clear();
+  prompt_logit_allowance_ = opts_.max_prompt_logprob_rows;
   int64_t budget = opts_.max_batch_tokens;
   std::vector<std::unique_ptr<Sequence>> preempted;
   for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
     Sequence* s = running_[i].get();
-    const int64_t remaining = static_cast<int64_t>(s->tokens.size()) - s->n_computed;
-    const int64_t count = std::min(budget, remaining);
+    const int64_t count = ChunkRows(*s, budget);
+    if (count == 0) continue;  // its prompt-logprob rows wait for the next step
     bool ok = false;
     while (!ok) {
       ok = kv_->PrepareWrite(&s->table, s->n_computed, s->n_computed + count).ok();
@@ -80,8 +81,7 @@ Scheduler::Outcome Scheduler::Plan() {
       if (victim == i) break;
     }
     if (!ok) break;  // s itself was preempted; every later one too
-    plan_.push_back(
-        {s, s->n_computed, count, s->n_computed + count == static_cast<int64_t>(s->tokens.size())});
+    plan_.push_back(PlanChunk(s, count));
     budget -= count;
   }
   // Preempted sequences go back to the front of the queue, oldest first.
@@ -115,6 +115,25 @@ Scheduler::Outcome Scheduler::Plan() {
   return Outcome::kRun;
 }
 
+int64_t Scheduler::ChunkRows(const Sequence& s, int64_t budget) const {
+  const int64_t remaining = static_cast<int64_t>(s.tokens.size()) - s.n_computed;
+  int64_t count = std::min(budget, remaining);
+  const auto [begin, end] = s.PromptLogitRows(s.n_computed, count);
+  if (end - begin > prompt_logit_allowance_) count = begin - s.n_computed + prompt_logit_allowance_;
+  return count;
+}
+
+Scheduler::Planned Scheduler::PlanChunk(Sequence* s, int64_t count) {
+  const auto [begin, end] = s->PromptLogitRows(s->n_computed, count);
+  prompt_logit_allowance_ -= end - begin;
+  return {s,
+          s->n_computed,
+          count,
+          s->n_computed + count == static_cast<int64_t>(s->tokens.size()),
+          begin,
+          end};
+}
+
 void Scheduler::Complete(const float* logits, int64_t vocab, TokenSink* sink) {
   size_t li = 0;
   for (const Planned& pl : plan_) {
@@ -125,6 +144,10 @@ void Scheduler::Complete(const float* logits, int64_t vocab, TokenSink* sink) {
     // Rows from now on are at positions ≥ n_computed: windowed layers' blocks behind their
     // window are never read again.
     if (kv_windows_) kv_->DropBehindWindows(&s->table, s->n_computed);
+    for (int64_t p = pl.prompt_logits_begin; p < pl.prompt_logits_end; ++p, ++li) {
+      sink->EmitPromptLogprob(s, p + 1, logits + li * static_cast<size_t>(vocab));
+      s->prompt_logprobs_next = p + 2;
+    }
     if (!pl.wants_logits) continue;
     const float* row = logits + li * static_cast<size_t>(vocab);
     if (!pl.seq->forks.empty()) ForkChoices(pl.seq, row, sink);  // before the prompt may be freed
@@ -502,16 +525,18 @@ void Scheduler::AdmitWaiting(int64_t* budget) {
         delta_passed = delta_passed || (pass == 0 && candidate.delta);
         continue;
       }
-      if (prefix_ != nullptr && s->table.empty() && s->n_computed == 0) {
+      if (prefix_ != nullptr && s->table.empty() && s->n_computed == 0 &&
+          !s->wants_prompt_logprobs()) {
         // The longest cached prefix (whole blocks; the last token is always computed, for its
-        // logits). A sequence that then does not fit keeps the blocks while it waits.
+        // logits). A sequence that then does not fit keeps the blocks while it waits. Prompt
+        // logprobs need the logits of every prompt row, so such a prompt is computed whole.
         const int64_t n = static_cast<int64_t>(s->tokens.size());
         s->n_computed = prefix_->Match(s->prefix_variant, s->tokens, n - 1, &s->table, &s->prefix);
         metrics_->prefix_cache_query_tokens.fetch_add(static_cast<uint64_t>(n));
         metrics_->prefix_cache_hit_tokens.fetch_add(static_cast<uint64_t>(s->n_computed));
       }
-      const int64_t remaining = static_cast<int64_t>(s->tokens.size()) - s->n_computed;
-      const int64_t count = std::min(*budget, remaining);
+      const int64_t count = ChunkRows(*s, *budget);
+      if (count == 0) continue;  // its prompt-logprob rows wait for the next step
       // Admit only if this chunk fits and one block per running sequence stays free for
       // their next decode step (avoids admitting work that immediately causes preemption).
       // Its unforked choices will need a block each, too.
@@ -528,8 +553,7 @@ void Scheduler::AdmitWaiting(int64_t* budget) {
         s->serial = next_serial_++;
         overload_.Admitted(Seconds(now));
       }
-      plan_.push_back({s, s->n_computed, count,
-                       s->n_computed + count == static_cast<int64_t>(s->tokens.size())});
+      plan_.push_back(PlanChunk(s, count));
       *budget -= count;
       policy_->Admitted(candidate, count);
       // Past a delta's request the policy held back, a delta's request can only be admitted

@@ -41,6 +41,8 @@ namespace chorus::engine {
 struct SchedulerOptions {
   int64_t max_batch_tokens = 512;  // rows per step, decode + prefill
   int64_t max_running = 64;        // sequences in the running batch
+  // Rows per step whose logits feed prompt logprobs (EngineOptions::max_prompt_logprob_rows).
+  int64_t max_prompt_logprob_rows = 64;
 };
 
 class Scheduler {
@@ -50,6 +52,11 @@ class Scheduler {
     Sequence* seq;
     int64_t start, count;
     bool wants_logits;  // the chunk ends at the sequence's last token: sample after it
+    // Rows at positions [prompt_logits_begin, prompt_logits_end) also want logits: prompt
+    // logprobs (Sequence::PromptLogitRows); their logits come before the sampled row's.
+    int64_t prompt_logits_begin = 0, prompt_logits_end = 0;
+    int64_t prompt_logit_rows() const { return prompt_logits_end - prompt_logits_begin; }
+    int64_t logit_rows() const { return prompt_logit_rows() + (wants_logits ? 1 : 0); }
   };
   enum class Outcome {
     kRun,     // plan() holds the step's rows
@@ -88,8 +95,9 @@ class Scheduler {
   // while the step computes). Call after Plan() returned kRun.
   void PrefetchAdapters();
   // The step ran: advances every planned sequence, and for each row that wanted logits (in
-  // plan order; logits holds them in that order, [n, vocab]) forks pending choices and emits
-  // the next token through `sink`; finished sequences release their blocks and pins.
+  // plan order, each sequence's prompt-logprob rows before its sampled row; logits holds them
+  // in that order, [n, vocab]) sends the prompt logprobs, forks pending choices and emits the
+  // next token through `sink`; finished sequences release their blocks and pins.
   void Complete(const float* logits, int64_t vocab, TokenSink* sink);
 
   // Ends every sequence (shutdown) with kCancelled, freeing everything.
@@ -134,6 +142,11 @@ class Scheduler {
   // blocks no sequence holds. Returns whether it freed anything it could.
   bool ReclaimPages(int64_t n_free);
   void AdmitWaiting(int64_t* budget);
+  // How many of `s`'s rows from n_computed this step takes, at most `budget`: fewer when its
+  // prompt-logprob rows would pass what is left of max_prompt_logprob_rows (possibly 0).
+  int64_t ChunkRows(const Sequence& s, int64_t budget) const;
+  // The plan entry of that chunk; counts its prompt-logprob rows against the step's allowance.
+  Planned PlanChunk(Sequence* s, int64_t count);
 
   const SchedulerOptions opts_;
   BindVariant bind_variant_;
@@ -156,6 +169,7 @@ class Scheduler {
   std::atomic<int64_t> queued_{0};
   uint64_t next_serial_ = 1;
   std::vector<Planned> plan_;               // reserved for max_running
+  int64_t prompt_logit_allowance_ = 0;      // prompt-logprob rows this step may still take
   std::vector<const void*> step_adapters_;  // distinct LoRA adapters of the step (AdmitWaiting)
   std::vector<const void*> step_deltas_;    // distinct deltas of the step
   // AdmitWaiting's scratch: the ready waiting sequences as candidates, their queue indices,

@@ -8,7 +8,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
+#include <numeric>
 #include <optional>
 
 namespace chorus::engine {
@@ -16,6 +18,12 @@ namespace {
 
 struct FakeSink : TokenSink {
   std::map<const Sequence*, int> emitted;
+  // EmitPromptLogprob calls: the positions scored per sequence (choice 0 only).
+  std::map<const Sequence*, std::vector<int64_t>> prompt_positions;
+  void EmitPromptLogprob(Sequence* s, int64_t position, const float* /*row_logits*/) override {
+    EXPECT_EQ(s->index, 0);
+    prompt_positions[s].push_back(position);
+  }
   FinishReason Emit(Sequence* s, const float* /*row_logits*/) override {
     ++emitted[s];
     s->tokens.push_back(static_cast<int32_t>(1 + s->n_generated));
@@ -34,7 +42,7 @@ struct FakeSink : TokenSink {
 class SchedulerTest : public ::testing::Test {
  protected:
   void Build(int64_t n_pages, int64_t max_batch_tokens, int64_t max_running,
-             std::unique_ptr<Policy> policy = nullptr) {
+             std::unique_ptr<Policy> policy = nullptr, int64_t max_prompt_logprob_rows = 64) {
     if (!policy) policy = std::make_unique<FcfsPolicy>(0);
     layout_ = {.n_layers = 2, .n_kv_heads = 1, .head_dim = 8, .block_size = 4};
     pages_ = std::make_unique<memory::PagePool>(n_pages, layout_.PageBytes());
@@ -42,7 +50,9 @@ class SchedulerTest : public ::testing::Test {
     residency_ = std::make_unique<AdapterResidency>(
         pages_.get(), &metrics_, nullptr, [] {}, AdapterResidency::Options{});
     sched_ = std::make_unique<Scheduler>(
-        SchedulerOptions{.max_batch_tokens = max_batch_tokens, .max_running = max_running},
+        SchedulerOptions{.max_batch_tokens = max_batch_tokens,
+                         .max_running = max_running,
+                         .max_prompt_logprob_rows = max_prompt_logprob_rows},
         pages_.get(), kv_.get(), residency_.get(), std::move(policy), &metrics_);
   }
 
@@ -51,8 +61,10 @@ class SchedulerTest : public ::testing::Test {
 
   // Submits a request of `prompt_len` tokens for `max_tokens` tokens per choice.
   std::shared_ptr<RequestHandle> Submit(int64_t prompt_len, int64_t max_tokens, int n = 1,
-                                        double ttft_slo_ms = 0, double tpot_slo_ms = 0) {
+                                        double ttft_slo_ms = 0, double tpot_slo_ms = 0,
+                                        int32_t prompt_logprobs = -1) {
     auto req = std::make_shared<GenerationRequest>();
+    req->prompt_logprobs = prompt_logprobs;
     req->ttft_slo_ms = ttft_slo_ms;
     req->tpot_slo_ms = tpot_slo_ms;
     req->prompt.assign(static_cast<size_t>(prompt_len), 5);
@@ -67,6 +79,7 @@ class SchedulerTest : public ::testing::Test {
       s->index = i;
       s->tokens = req->prompt;
       s->n_prompt = prompt_len;
+      s->prompt_logprobs_next = prompt_logprobs >= 0 && i == 0 ? 1 : prompt_len;  // as Submit
       s->arrival = Clock::now() - age_;
       if (i == 0) {
         first = std::move(s);
@@ -86,7 +99,7 @@ class SchedulerTest : public ::testing::Test {
     int64_t rows = 0, logit_rows = 0;
     for (const auto& p : sched_->plan()) {
       rows += p.count;
-      logit_rows += p.wants_logits ? 1 : 0;
+      logit_rows += p.logit_rows();
     }
     logits_.assign(static_cast<size_t>(logit_rows * 4), 0.0f);
     sched_->Complete(logits_.data(), 4, &sink_);
@@ -132,6 +145,62 @@ TEST_F(SchedulerTest, ChunkedPrefillUnderTheRowBudgetThenDecode) {
   EXPECT_FALSE(sched_->has_work());
   EXPECT_EQ(pages_->n_used(memory::PageKind::kKv), 0);
   for (const auto& [seq, n] : sink_.emitted) EXPECT_EQ(n, 3);
+}
+
+// Prompt logprobs: every prompt row but the last wants logits, at most
+// max_prompt_logprob_rows of them per step, so such a prompt is prefilled in chunks of that
+// many rows while other sequences use the rest of the row budget; each prompt position is
+// scored exactly once, in order, by choice 0 only.
+TEST_F(SchedulerTest, PromptLogprobRowsAreCappedPerStepAndEachPositionIsScoredOnce) {
+  Build(/*n_pages=*/64, /*max_batch_tokens=*/16, /*max_running=*/8, nullptr,
+        /*max_prompt_logprob_rows=*/5);
+  auto scored = Submit(12, 2, /*n=*/2, 0, 0, /*prompt_logprobs=*/1);
+  auto plain = Submit(6, 2);
+  ASSERT_EQ(sched_->Plan(), Scheduler::Outcome::kRun);
+  ASSERT_EQ(sched_->plan().size(), 2u);
+  const Scheduler::Planned first = sched_->plan()[0];
+  EXPECT_EQ(first.count, 5);  // capped by the 5 logit rows, not by the 16-row budget
+  EXPECT_EQ(first.prompt_logits_begin, 0);
+  EXPECT_EQ(first.prompt_logits_end, 5);
+  EXPECT_FALSE(first.wants_logits);
+  EXPECT_EQ(sched_->plan()[1].count, 6);  // the other request takes the rest of the budget
+  EXPECT_EQ(sched_->plan()[1].prompt_logit_rows(), 0);
+  sched_->Complete(std::vector<float>(4 * 6).data(), 4, &sink_);
+  // Then rows 5–9, then rows 10 and 11: 11 (scoring positions 11) plus the sampled row.
+  ASSERT_EQ(sched_->Plan(), Scheduler::Outcome::kRun);
+  EXPECT_EQ(sched_->plan()[0].count, 5);
+  sched_->Complete(std::vector<float>(4 * 6).data(), 4, &sink_);
+  ASSERT_EQ(sched_->Plan(), Scheduler::Outcome::kRun);
+  EXPECT_EQ(sched_->plan()[0].count, 2);
+  EXPECT_EQ(sched_->plan()[0].prompt_logit_rows(), 1);
+  EXPECT_TRUE(sched_->plan()[0].wants_logits);
+  EXPECT_EQ(sched_->plan()[0].logit_rows(), 2);
+  sched_->Complete(std::vector<float>(4 * 3).data(), 4, &sink_);
+  RunToIdle();
+  EXPECT_FALSE(sched_->has_work());
+  std::vector<int64_t> want(11);
+  std::iota(want.begin(), want.end(), 1);
+  ASSERT_EQ(sink_.prompt_positions.size(), 1u);  // choice 0 of the scored request only
+  EXPECT_EQ(sink_.prompt_positions.begin()->second, want);
+  EXPECT_EQ(pages_->n_used(memory::PageKind::kKv), 0);
+}
+
+TEST_F(SchedulerTest, PromptLogprobsAreNotReportedAgainWhenAPreemptedPromptIsRecomputed) {
+  // 6 pages of 4 tokens: both sequences grow to 16 tokens (4 pages each), so the scored one
+  // (the newest) is preempted and recomputed from its start.
+  Build(/*n_pages=*/6, 64, 4, nullptr, /*max_prompt_logprob_rows=*/2);
+  Submit(4, 12);
+  Submit(8, 8, 1, 0, 0, /*prompt_logprobs=*/0);
+  RunToIdle();
+  EXPECT_FALSE(sched_->has_work());
+  EXPECT_GE(metrics_.preemptions_total.load(), 1u);
+  ASSERT_EQ(sink_.prompt_positions.size(), 1u);
+  EXPECT_EQ(sink_.prompt_positions.begin()->second, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7}));
+  std::vector<int> emitted;  // tokens per sequence (the sequences themselves are gone)
+  for (const auto& [seq, n] : sink_.emitted) emitted.push_back(n);
+  std::sort(emitted.begin(), emitted.end());
+  EXPECT_EQ(emitted, (std::vector<int>{8, 12}));
+  EXPECT_EQ(pages_->n_used(memory::PageKind::kKv), 0);
 }
 
 TEST_F(SchedulerTest, AdmitsInArrivalOrderUpToMaxRunning) {

@@ -6,9 +6,11 @@
 // engine's incoming queue; from then on only the engine thread touches it.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "chorus/adapters/delta/delta_hook.h"
@@ -37,6 +39,10 @@ struct Sequence {
   int64_t n_computed = 0;      // tokens whose K/V are in the cache
   std::vector<int32_t> table;  // KV block table
   int64_t n_generated = 0;
+  // Prompt logprobs (GenerationRequest::prompt_logprobs): the next prompt position whose
+  // token's logprob is due; n_prompt when none is (or none was asked for). Kept across
+  // preemption, so a recomputed prompt row is never reported twice. Engine::Submit sets it.
+  int64_t prompt_logprobs_next = 0;
   Clock::time_point arrival, first_token, last_token;
   bool finished = false;
   // Choices 1..n-1 of a request with n > 1, held by choice 0 until its prompt is in the cache;
@@ -68,6 +74,18 @@ struct Sequence {
   // this sequence's full blocks are matched or registered.
   uint64_t prefix_variant = 0;
   memory::PrefixChain prefix;
+
+  // Absolute positions [begin, end) of the rows of a chunk [start, start + count) whose logits
+  // the prompt logprobs want: row p scores prompt token p + 1.
+  std::pair<int64_t, int64_t> PromptLogitRows(int64_t start, int64_t count) const {
+    if (!wants_prompt_logprobs()) return {start, start};
+    const int64_t begin = std::max(start, prompt_logprobs_next - 1);
+    const int64_t end = std::min(start + count, n_prompt - 1);
+    return begin < end ? std::pair{begin, end} : std::pair{begin, begin};
+  }
+  bool wants_prompt_logprobs() const {
+    return req != nullptr && req->prompt_logprobs >= 0 && prompt_logprobs_next < n_prompt;
+  }
 
   // The variant's weights as one identity for grouping rows and counting distinct variants
   // (null = the base model).

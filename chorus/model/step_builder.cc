@@ -10,7 +10,7 @@ StepBuilder::StepBuilder(int64_t max_rows, int64_t max_seqs)
   positions_.reserve(static_cast<size_t>(max_rows));
   seq_.reserve(static_cast<size_t>(max_rows));
   tables_.reserve(static_cast<size_t>(max_seqs));
-  logit_rows_.reserve(static_cast<size_t>(max_seqs));
+  logit_rows_.reserve(static_cast<size_t>(max_rows + max_seqs));
 }
 
 void StepBuilder::Clear() {
@@ -22,8 +22,12 @@ void StepBuilder::Clear() {
 }
 
 int32_t StepBuilder::AddSequence(std::span<const int32_t> tokens, int64_t first_pos,
-                                 const int32_t* table, bool want_logits) {
+                                 const int32_t* table, bool want_logits,
+                                 std::pair<int64_t, int64_t> logit_range) {
   CHORUS_CHECK(!tokens.empty());
+  const auto n = static_cast<int64_t>(tokens.size());
+  CHORUS_CHECK(0 <= logit_range.first && logit_range.first <= logit_range.second &&
+               logit_range.second <= n - (want_logits ? 1 : 0));
   CHORUS_CHECK(rows() + static_cast<int64_t>(tokens.size()) <= max_rows_);
   CHORUS_CHECK(seqs() < max_seqs_);
   const auto index = static_cast<int32_t>(tables_.size());
@@ -33,6 +37,9 @@ int32_t StepBuilder::AddSequence(std::span<const int32_t> tokens, int64_t first_
     positions_.push_back(static_cast<int32_t>(first_pos + static_cast<int64_t>(j)));
     seq_.push_back(index);
   }
+  const int64_t row0 = rows() - n;
+  for (int64_t j = logit_range.first; j < logit_range.second; ++j)
+    logit_rows_.push_back(static_cast<int32_t>(row0 + j));
   if (want_logits) logit_rows_.push_back(static_cast<int32_t>(tokens_.size() - 1));
   return index;
 }

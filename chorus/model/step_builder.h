@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "chorus/model/forward.h"
@@ -27,11 +28,14 @@ class StepBuilder {
 
   // Appends the rows of one sequence: `tokens` at positions first_pos, first_pos + 1, ...;
   // `table` is its KV block table and must cover first_pos + tokens.size() tokens. With
-  // `want_logits`, the logits of its last row are computed (in the order sequences are added).
+  // `want_logits`, the logits of its last row are computed (in the order sequences are added),
+  // and before them those of its rows [logit_range.first, logit_range.second) (indices into
+  // `tokens`; prompt logprobs).
   // Returns the sequence's index in the step.
-  // Requires: tokens non-empty, rows() + tokens.size() <= max_rows, seqs() < max_seqs.
+  // Requires: tokens non-empty, rows() + tokens.size() <= max_rows, seqs() < max_seqs;
+  // 0 <= logit_range.first <= logit_range.second <= tokens.size() (− 1 with want_logits).
   int32_t AddSequence(std::span<const int32_t> tokens, int64_t first_pos, const int32_t* table,
-                      bool want_logits);
+                      bool want_logits, std::pair<int64_t, int64_t> logit_range = {0, 0});
 
   // The step's arrays, with `hook` (null = base model only).
   StepInput Input(const LinearHook* hook = nullptr) const;
@@ -46,7 +50,7 @@ class StepBuilder {
   std::vector<int32_t> positions_;      // [rows]
   std::vector<int32_t> seq_;            // [rows] index into tables_
   std::vector<const int32_t*> tables_;  // [seqs] not owned
-  std::vector<int32_t> logit_rows_;     // [sequences that want logits]
+  std::vector<int32_t> logit_rows_;     // [rows whose logits are wanted]
 };
 
 }  // namespace chorus::model

@@ -386,8 +386,11 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, std::string_view body, con
     if (present) g.max_tokens = v;
   }
   if (g.max_tokens < 0) {
+    // 0 is a completions request scoring its prompt (with echo; checked below).
     present = false;
-    if (auto e = GetInt(j, "max_tokens", 1, kMaxTokensLimit, &v, &present)) return e;
+    if (auto e = GetInt(j, "max_tokens", kind == ApiKind::kCompletion ? 0 : 1, kMaxTokensLimit, &v,
+                        &present))
+      return e;
     if (present) g.max_tokens = v;
   }
   v = 1;
@@ -460,9 +463,18 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, std::string_view body, con
     if (auto e = GetInt(j, "logprobs", 0, engine::kMaxLogprobs, &v)) return e;
     out->logprobs = static_cast<int>(v);
     if (auto e = GetBool(j, "echo", &out->echo)) return e;
-    if (out->echo && out->logprobs >= 0) {
-      return BadRequest("echo with logprobs (prompt logprobs) is not supported", "echo",
-                        "unsupported");
+    // echo with logprobs: the prompt's tokens come back with their logprobs too (OpenAI's
+    // legacy completions, vLLM; what lm-evaluation-harness's loglikelihood tasks read).
+    if (out->echo && out->logprobs >= 0) g.prompt_logprobs = out->logprobs;
+    if (g.max_tokens == 0) {
+      if (!out->echo) {
+        return BadRequest(
+            "max_tokens must be at least 1 (0 only with echo, to return the prompt alone)",
+            "max_tokens");
+      }
+      // The engine samples one token, which the response leaves out.
+      out->echo_only = true;
+      g.max_tokens = 1;
     }
     if (const json* s = Field(j, "suffix")) {
       if (!s->is_string() || !s->get_ref<const std::string&>().empty()) {
@@ -478,6 +490,20 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, std::string_view body, con
     if (top_present && !logprobs)
       return BadRequest("top_logprobs requires logprobs to be true", "top_logprobs");
     out->logprobs = logprobs ? static_cast<int>(v) : -1;
+  }
+  {
+    // vLLM's prompt_logprobs: not streamed (vLLM refuses it with stream too).
+    const json* pl = Field(j, "prompt_logprobs");
+    if (pl != nullptr && !pl->is_null()) {
+      v = 0;
+      if (auto e = GetInt(j, "prompt_logprobs", 0, engine::kMaxLogprobs, &v)) return e;
+      if (out->stream) {
+        return BadRequest("prompt_logprobs is not available when stream is true",
+                          "prompt_logprobs");
+      }
+      out->prompt_logprobs = static_cast<int>(v);
+      g.prompt_logprobs = std::max(g.prompt_logprobs, out->prompt_logprobs);
+    }
   }
   if (auto e = ParseStructuredOutput(j, body, &g)) return e;
   if (out->logprobs >= 0) sp.logprobs = out->logprobs;
@@ -550,9 +576,26 @@ ResponseBuilder::ResponseBuilder(const ApiRequest& req, const ApiContext& ctx, s
     : req_(req), ctx_(ctx), id_(std::move(id)), created_(created) {
   const size_t n = static_cast<size_t>(req.gen.n);
   choices_.resize(req.prompts.size() * n);
+  if (req.gen.prompt_logprobs >= 0) {
+    // The first token has no logprob (nothing before it): null entries, as OpenAI and vLLM.
+    prompt_scores_.resize(req.prompts.size());
+    for (size_t p = 0; p < req.prompts.size(); ++p) {
+      PromptScores& ps = prompt_scores_[p];
+      if (req.prompts[p].empty()) continue;
+      ps.prev_token = req.prompts[p][0];
+      const std::string text = TokenText(-1, ps.prev_token);
+      ps.tokens.push_back(text);
+      ps.token_logprobs.push_back(nullptr);
+      ps.top_logprobs.push_back(nullptr);
+      ps.text_offset.push_back(0);
+      ps.vllm.push_back(nullptr);
+      ps.text_end = static_cast<int64_t>(text.size());
+    }
+  }
   for (size_t p = 0; p < req.prompts.size(); ++p) {
     for (size_t i = 0; i < n; ++i) {
       Choice& c = choices_[p * n + i];
+      c.prompt = p;
       c.prev_token = req.prompts[p].empty() ? -1 : req.prompts[p].back();
       if (req.echo) c.text = req.echo_text[p];
       if (req.kind == ApiKind::kChat && req.tools.active()) {
@@ -573,15 +616,79 @@ std::string ResponseBuilder::TokenText(int32_t prev, int32_t id) const {
   return ctx_.tok->TokenBytes(prev, id, /*include_special=*/true);
 }
 
+namespace {
+double ClampLogprob(float lp) { return std::isfinite(lp) ? static_cast<double>(lp) : kMinLogprob; }
+}  // namespace
+
+void ResponseBuilder::AddPromptScore(size_t prompt_index, const engine::StreamEvent& ev) {
+  if (prompt_index >= prompt_scores_.size()) return;
+  PromptScores& ps = prompt_scores_[prompt_index];
+  const std::string text = TokenText(ps.prev_token, ev.token);
+  if (echo_logprobs()) {
+    json top = json::object();
+    const size_t n_top = std::min(ev.top_logprobs.size(), static_cast<size_t>(req_.logprobs));
+    for (size_t k = 0; k < n_top; ++k) {
+      const auto& t = ev.top_logprobs[k];
+      top[TokenText(ps.prev_token, t.token)] = ClampLogprob(t.logprob);
+    }
+    top[text] = ClampLogprob(ev.logprob);
+    ps.tokens.push_back(text);
+    ps.token_logprobs.push_back(ClampLogprob(ev.logprob));
+    ps.top_logprobs.push_back(std::move(top));
+    ps.text_offset.push_back(ps.text_end);
+  }
+  if (req_.prompt_logprobs >= 0) {
+    // vLLM's form: {"<id>": {"logprob", "rank", "decoded_token"}} with the prompt token first.
+    json entry = json::object();
+    entry[std::to_string(ev.token)] = {
+        {"logprob", ClampLogprob(ev.logprob)}, {"rank", ev.rank}, {"decoded_token", text}};
+    const size_t n_top = std::min(ev.top_logprobs.size(), static_cast<size_t>(req_.prompt_logprobs));
+    for (size_t k = 0; k < n_top; ++k) {
+      const auto& t = ev.top_logprobs[k];
+      const std::string key = std::to_string(t.token);
+      if (entry.contains(key)) continue;
+      // Sorted descending: the rank is 1 + the entries before it that are strictly higher.
+      int64_t rank = 1;
+      for (size_t i = 0; i < k; ++i) rank += ev.top_logprobs[i].logprob > t.logprob;
+      entry[key] = {{"logprob", ClampLogprob(t.logprob)},
+                    {"rank", rank},
+                    {"decoded_token", TokenText(ps.prev_token, t.token)}};
+    }
+    ps.vllm.push_back(std::move(entry));
+  }
+  ps.text_end += static_cast<int64_t>(text.size());
+  ps.prev_token = ev.token;
+}
+
+json ResponseBuilder::EchoLogprobs(const Choice& c) const {
+  const PromptScores& ps = prompt_scores_[c.prompt];
+  auto join = [](const json& a, const json& b) {
+    json out = a;
+    for (const auto& x : b) out.push_back(x);
+    return out;
+  };
+  return {{"tokens", join(ps.tokens, c.tokens)},
+          {"token_logprobs", join(ps.token_logprobs, c.token_logprobs)},
+          {"top_logprobs", join(ps.top_logprobs, c.top_logprobs)},
+          {"text_offset", join(ps.text_offset, c.text_offset)}};
+}
+
 void ResponseBuilder::AddLogprobs(Choice* c, const engine::StreamEvent& ev, json* delta) const {
   if (req_.logprobs < 0 || ev.token < 0) return;
-  auto clamp = [](float lp) { return std::isfinite(lp) ? static_cast<double>(lp) : kMinLogprob; };
+  auto clamp = ClampLogprob;
   const std::string text = TokenText(c->prev_token, ev.token);
   if (req_.kind == ApiKind::kCompletion) {
     json top = json::object();
     for (const auto& t : ev.top_logprobs) top[TokenText(c->prev_token, t.token)] = clamp(t.logprob);
     top[text] = clamp(ev.logprob);
-    const size_t offset = c->text.size();
+    // An offset into the response's text; after an echo with logprobs, the prompt's offsets
+    // count its token texts (as vLLM's), so the generated ones continue from their end.
+    int64_t offset = static_cast<int64_t>(c->text.size());
+    if (echo_logprobs() && c->prompt < prompt_scores_.size()) {
+      offset += prompt_scores_[c->prompt].text_end -
+                static_cast<int64_t>(req_.echo_text[c->prompt].size());
+    }
+    offset = std::max<int64_t>(offset, 0);
     c->tokens.push_back(text);
     c->token_logprobs.push_back(clamp(ev.logprob));
     c->top_logprobs.push_back(top);
@@ -614,9 +721,15 @@ void ResponseBuilder::AddLogprobs(Choice* c, const engine::StreamEvent& ev, json
 }
 
 void ResponseBuilder::Add(size_t prompt_index, const engine::StreamEvent& ev) {
+  if (ev.prompt) return AddPromptScore(prompt_index, ev);
   const int idx = ChoiceIndex(prompt_index, ev);
   if (idx < 0 || idx >= static_cast<int>(choices_.size())) return;
   Choice& c = choices_[static_cast<size_t>(idx)];
+  if (req_.echo_only) {  // the one sampled token is not part of the answer
+    if (ev.finish == engine::FinishReason::kStop || ev.finish == engine::FinishReason::kLength)
+      c.finish = "length";
+    return;
+  }
   AddLogprobs(&c, ev, nullptr);
   c.text += ev.text;
   if (ev.finish == engine::FinishReason::kStop || ev.finish == engine::FinishReason::kLength) {
@@ -635,7 +748,9 @@ std::string ResponseBuilder::FinalJson(const Usage& usage) const {
     const Choice& c = choices_[i];
     json ch = {{"index", i}};
     json lp = nullptr;
-    if (req_.logprobs >= 0) {
+    if (echo_logprobs()) {
+      lp = EchoLogprobs(c);
+    } else if (req_.logprobs >= 0) {
       lp = chat ? json{{"content", c.content}}
                 : json{{"tokens", c.tokens},
                        {"token_logprobs", c.token_logprobs},
@@ -667,9 +782,12 @@ std::string ResponseBuilder::FinalJson(const Usage& usage) const {
     }
     ch["logprobs"] = lp;
     ch["finish_reason"] = finish.empty() ? json(nullptr) : json(finish);
+    if (!chat && req_.prompt_logprobs >= 0) ch["prompt_logprobs"] = prompt_scores_[c.prompt].vllm;
     choices.push_back(std::move(ch));
   }
   out["choices"] = std::move(choices);
+  if (chat && req_.prompt_logprobs >= 0 && !prompt_scores_.empty())
+    out["prompt_logprobs"] = prompt_scores_[0].vllm;
   out["usage"] = usage.ToJson();
   return DumpJson(out);
 }
@@ -699,7 +817,7 @@ std::string ResponseBuilder::OpeningChunks() {
                 {"delta", {{"role", "assistant"}, {"content", ""}}},
                 {"logprobs", nullptr},
                 {"finish_reason", nullptr}};
-    } else if (req_.echo) {
+    } else if (req_.echo && !echo_logprobs()) {
       choice = {{"index", i},
                 {"text", choices_[i].text},
                 {"logprobs", nullptr},
@@ -716,19 +834,46 @@ std::string ResponseBuilder::OpeningChunks() {
 }
 
 std::string ResponseBuilder::Chunk(size_t prompt_index, const engine::StreamEvent& ev) {
+  if (ev.prompt) {
+    AddPromptScore(prompt_index, ev);
+    return {};
+  }
   const int idx = ChoiceIndex(prompt_index, ev);
   if (idx < 0 || idx >= static_cast<int>(choices_.size())) return {};
   Choice& c = choices_[static_cast<size_t>(idx)];
+  std::string out;
+  if (echo_logprobs() && !c.echo_sent) {
+    // The prompt's logprobs arrived before this first event of the choice: its echo chunk.
+    c.echo_sent = true;
+    json choice = {{"index", idx},
+                   {"text", c.text},
+                   {"logprobs", EchoLogprobs(c)},
+                   {"finish_reason", nullptr}};
+    json chunk = ChunkEnvelope();
+    chunk["choices"] = json::array({std::move(choice)});
+    if (req_.include_usage) chunk["usage"] = nullptr;
+    out += Sse(chunk);
+  }
   json lp = nullptr;
+  std::string finish;
+  if (req_.echo_only) {  // the one sampled token is not part of the answer
+    if (ev.finish != engine::FinishReason::kStop && ev.finish != engine::FinishReason::kLength)
+      return out;
+    finish = c.finish = "length";
+    json choice = {{"index", idx}, {"text", ""}, {"logprobs", nullptr}, {"finish_reason", finish}};
+    json chunk = ChunkEnvelope();
+    chunk["choices"] = json::array({std::move(choice)});
+    if (req_.include_usage) chunk["usage"] = nullptr;
+    return out + Sse(chunk);
+  }
   AddLogprobs(&c, ev, &lp);
   c.text += ev.text;
-  std::string finish;
   if (ev.finish == engine::FinishReason::kStop || ev.finish == engine::FinishReason::kLength) {
     finish = engine::FinishReasonName(ev.finish);
     c.finish = finish;
   }
-  if (c.tool_parser) return ToolChunks(&c, idx, ev, std::move(lp), std::move(finish));
-  if (ev.text.empty() && lp.is_null() && finish.empty()) return {};
+  if (c.tool_parser) return out + ToolChunks(&c, idx, ev, std::move(lp), std::move(finish));
+  if (ev.text.empty() && lp.is_null() && finish.empty()) return out;
   json choice = {{"index", idx}};
   if (req_.kind == ApiKind::kChat) {
     choice["delta"] = ev.text.empty() ? json::object() : json{{"content", ev.text}};
@@ -740,7 +885,7 @@ std::string ResponseBuilder::Chunk(size_t prompt_index, const engine::StreamEven
   json chunk = ChunkEnvelope();
   chunk["choices"] = json::array({std::move(choice)});
   if (req_.include_usage) chunk["usage"] = nullptr;
-  return Sse(chunk);
+  return out + Sse(chunk);
 }
 
 // As OpenAI streams tool calls: per call, a first delta with its index, id, type and name

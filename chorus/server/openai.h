@@ -77,7 +77,16 @@ struct ApiRequest {
   bool include_usage = false;  // stream_options.include_usage
   bool echo = false;           // completions only
   // Completions: the `logprobs` int; chat: `top_logprobs` when `logprobs` is true. -1 = none.
+  // With `echo`, the prompt's tokens get logprobs too (gen.prompt_logprobs).
   int logprobs = -1;
+  // Completions with echo and max_tokens 0 (OpenAI's legacy call that scores a prompt; vLLM):
+  // the answer is the prompt alone, with its logprobs when asked; gen.max_tokens is 1 and the
+  // one sampled token is left out of text, logprobs and usage.
+  bool echo_only = false;
+  // vLLM's `prompt_logprobs` (both endpoints, not with stream): -1 = none; N = each prompt
+  // token's logprob, rank and the N most likely tokens there, in vLLM's form (a choice's
+  // `prompt_logprobs` for completions, the response's for chat).
+  int prompt_logprobs = -1;
   // Chat: tools, tool_choice and parallel_tool_calls, and the syntax replies are parsed with
   // when tools.active().
   ToolsRequest tools;
@@ -125,7 +134,8 @@ class ResponseBuilder {
   std::string FinalJson(const Usage& usage) const;
 
   // Streaming. Opening chunks: chat → one role chunk per choice; completions with echo → the
-  // prompt text per choice. May be empty.
+  // prompt text per choice (with echo and logprobs: sent with the prompt's logprobs before the
+  // choice's first token instead, once they are known). May be empty.
   std::string OpeningChunks();
   // SSE text for one event ("data: {...}\n\n"), or "" when the event carries nothing to send.
   std::string Chunk(size_t prompt_index, const engine::StreamEvent& ev);
@@ -136,6 +146,8 @@ class ResponseBuilder {
 
  private:
   struct Choice {
+    size_t prompt = 0;        // the prompt it answers
+    bool echo_sent = false;   // streamed: its echo chunk went out
     int32_t prev_token = -1;  // for token text in logprobs
     std::string text;
     std::string finish;  // "stop" / "length" / ""
@@ -151,6 +163,23 @@ class ResponseBuilder {
     // chat logprobs
     nlohmann::json content = nlohmann::json::array();
   };
+  // A prompt's own logprobs (GenerationRequest::prompt_logprobs), built as its prompt events
+  // arrive (before any token of its choices), shown by every choice of that prompt.
+  struct PromptScores {
+    int32_t prev_token = -1;
+    int64_t text_end = 0;  // bytes of the token texts so far: the next text_offset
+    // Completions' logprobs form (echo with logprobs): the first token's entry is null.
+    nlohmann::json tokens = nlohmann::json::array();
+    nlohmann::json token_logprobs = nlohmann::json::array();
+    nlohmann::json top_logprobs = nlohmann::json::array();
+    nlohmann::json text_offset = nlohmann::json::array();
+    nlohmann::json vllm = nlohmann::json::array();  // vLLM's prompt_logprobs form
+  };
+  void AddPromptScore(size_t prompt_index, const engine::StreamEvent& ev);
+  // Echo with logprobs: the completions logprobs of prompt `p`'s tokens followed by the
+  // choice's own.
+  nlohmann::json EchoLogprobs(const Choice& c) const;
+  bool echo_logprobs() const { return req_.echo && req_.logprobs >= 0; }
   std::string TokenText(int32_t prev, int32_t id) const;
   // Appends the logprob entries of `ev` to `c` (and to `delta`, the chunk's own logprobs).
   void AddLogprobs(Choice* c, const engine::StreamEvent& ev, nlohmann::json* delta) const;
@@ -166,6 +195,7 @@ class ResponseBuilder {
   std::string id_;
   int64_t created_;
   std::vector<Choice> choices_;
+  std::vector<PromptScores> prompt_scores_;  // per prompt, when gen.prompt_logprobs ≥ 0
 };
 
 // Serializes JSON for the wire: invalid UTF-8 replaced by U+FFFD, never thrown.

@@ -264,6 +264,7 @@ struct Generation {
       u.prompt_tokens += h->prompt_tokens();
       u.completion_tokens += h->completion_tokens();
     }
+    if (req.echo_only) u.completion_tokens = 0;  // its one sampled token is not returned
     return u;
   }
   void OnEvent(size_t which, const engine::StreamEvent& ev) {
