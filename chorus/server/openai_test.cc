@@ -141,7 +141,9 @@ TEST_F(OpenAiTest, CompletionErrors) {
   ExpectBad(C, R"({"prompt":[1,512]})", "prompt");
   ExpectBad(C, R"({"prompt":[-1]})", "prompt");
   ExpectBad(C, R"({"prompt":[1.5]})", "prompt");
-  ExpectBad(C, R"({"prompt":"a","max_tokens":0})", "max_tokens");
+  ExpectBad(C, R"({"prompt":"a","max_tokens":0})", "max_tokens");  // 0 only with echo
+  ExpectBad(ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],"max_tokens":0})",
+            "max_tokens");
   ExpectBad(C, R"({"prompt":"a","max_tokens":"5"})", "max_tokens");
   ExpectBad(C, R"({"prompt":"a","max_tokens":1e30})", "max_tokens");
   ExpectBad(C, R"({"prompt":"a","temperature":-1})", "temperature");
@@ -162,7 +164,9 @@ TEST_F(OpenAiTest, CompletionErrors) {
   ExpectBad(C, R"({"prompt":"a","stream_options":{"include_usage":true}})", "stream_options");
   ExpectBad(C, R"({"prompt":"a","logprobs":21})", "logprobs");
   ExpectBad(C, R"({"prompt":"a","logprobs":true})", "logprobs");
-  ExpectBad(C, R"({"prompt":"a","echo":true,"logprobs":1})", "echo");
+  ExpectBad(C, R"({"prompt":"a","prompt_logprobs":21})", "prompt_logprobs");
+  ExpectBad(C, R"({"prompt":"a","prompt_logprobs":"1"})", "prompt_logprobs");
+  ExpectBad(C, R"({"prompt":"a","prompt_logprobs":1,"stream":true})", "prompt_logprobs");
   ExpectBad(C, R"({"prompt":"a","ignore_eos":1})", "ignore_eos");
   ExpectBad(C, R"({"prompt":"a","logit_bias":{"5":1}})", "logit_bias");
   ExpectBad(C, R"({"prompt":"a","model":5})", "model");
@@ -398,6 +402,118 @@ std::vector<std::string> SseData(const std::string& s) {
     pos = end + 2;
   }
   return out;
+}
+
+engine::StreamEvent PromptEv(int64_t position, int32_t token, float logprob,
+                             std::vector<engine::TokenLogprob> top, int64_t rank) {
+  engine::StreamEvent ev;
+  ev.prompt = true;
+  ev.position = position;
+  ev.token = token;
+  ev.logprob = logprob;
+  ev.top_logprobs = std::move(top);
+  ev.rank = rank;
+  return ev;
+}
+
+// Echo with logprobs (lm-evaluation-harness's loglikelihood request): the prompt's tokens come
+// first, the first with null entries, then the generated ones; every choice of the prompt shows
+// the prompt's part; offsets count token texts, the generated ones continuing after them.
+TEST_F(OpenAiTest, EchoWithLogprobsReturnsThePromptsLogprobs) {
+  ASSERT_FALSE(Parse(ApiKind::kCompletion,
+                     R"({"prompt":[[1,403,407]],"echo":true,"logprobs":1,"max_tokens":1,"n":2})"));
+  EXPECT_EQ(req_.gen.prompt_logprobs, 1);
+  EXPECT_FALSE(req_.echo_only);
+  ResponseBuilder b(req_, ctx_, "cmpl-2", 42);
+  b.Add(0, PromptEv(1, 403, -0.25f, {{403, -0.25f}, {450, -1.5f}}, 1));
+  b.Add(0, PromptEv(2, 407, -2.0f, {{300, -0.5f}, {407, -2.0f}}, 2));
+  for (int i = 0; i < 2; ++i) {
+    auto ev = Ev(i, 261, " a", engine::FinishReason::kLength);
+    ev.logprob = -0.125f;
+    ev.top_logprobs = {{261, -0.125f}};
+    b.Add(0, ev);
+  }
+  json r = json::parse(b.FinalJson({3, 2}));
+  ASSERT_EQ(r["choices"].size(), 2u);
+  const std::string bos = tok_->TokenBytes(-1, 1, true);
+  for (const json& c : r["choices"]) {
+    EXPECT_EQ(c["text"], "Once upon a");
+    const json& lp = c["logprobs"];
+    EXPECT_EQ(lp["tokens"], json({bos, "Once", " upon", " a"}));
+    EXPECT_EQ(lp["token_logprobs"], json({nullptr, -0.25, -2.0, -0.125}));
+    EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+    // logprobs = 1: the most likely token, plus the prompt token itself when it is not that.
+    EXPECT_EQ(lp["top_logprobs"][1], json({{"Once", -0.25}}));
+    EXPECT_EQ(lp["top_logprobs"][2].size(), 2u);
+    EXPECT_EQ(lp["top_logprobs"][2][" upon"], -2.0);
+    const auto b0 = static_cast<int64_t>(bos.size());
+    EXPECT_EQ(lp["text_offset"], json({0, b0, b0 + 4, b0 + 9}));
+    EXPECT_FALSE(c.contains("prompt_logprobs"));
+  }
+  EXPECT_EQ(r["usage"]["completion_tokens"], 2);
+}
+
+// max_tokens 0 with echo: the prompt alone, "length", no completion tokens counted.
+TEST_F(OpenAiTest, EchoWithZeroMaxTokensReturnsThePromptAlone) {
+  ASSERT_FALSE(Parse(ApiKind::kCompletion,
+                     R"({"prompt":[1,403,407],"echo":true,"logprobs":0,"max_tokens":0})"));
+  EXPECT_TRUE(req_.echo_only);
+  EXPECT_EQ(req_.gen.max_tokens, 1);  // the engine samples one token; the answer drops it
+  ResponseBuilder b(req_, ctx_, "cmpl-3", 42);
+  b.Add(0, PromptEv(1, 403, -0.25f, {}, 1));
+  b.Add(0, PromptEv(2, 407, -2.0f, {}, 3));
+  b.Add(0, Ev(0, 261, " a", engine::FinishReason::kStop));
+  json r = json::parse(b.FinalJson({3, 0}));
+  const json& c = r["choices"][0];
+  EXPECT_EQ(c["text"], "Once upon");
+  EXPECT_EQ(c["finish_reason"], "length");
+  EXPECT_EQ(c["logprobs"]["token_logprobs"], json({nullptr, -0.25, -2.0}));
+  EXPECT_EQ(c["logprobs"]["tokens"].size(), 3u);
+
+  // Streamed: the echo chunk waits for the prompt's logprobs, then the final chunk is empty.
+  ASSERT_FALSE(Parse(ApiKind::kCompletion, R"({"prompt":[1,403,407],"echo":true,"logprobs":0,
+                                               "max_tokens":0,"stream":true})"));
+  ResponseBuilder sb(req_, ctx_, "cmpl-4", 42);
+  EXPECT_EQ(sb.OpeningChunks(), "");
+  EXPECT_EQ(sb.Chunk(0, PromptEv(1, 403, -0.25f, {}, 1)), "");
+  EXPECT_EQ(sb.Chunk(0, PromptEv(2, 407, -2.0f, {}, 3)), "");
+  auto chunks = SseData(sb.Chunk(0, Ev(0, 261, " a", engine::FinishReason::kLength)));
+  ASSERT_EQ(chunks.size(), 2u);
+  json first = json::parse(chunks[0]), last = json::parse(chunks[1]);
+  EXPECT_EQ(first["choices"][0]["text"], "Once upon");
+  EXPECT_EQ(first["choices"][0]["logprobs"]["token_logprobs"], json({nullptr, -0.25, -2.0}));
+  EXPECT_EQ(last["choices"][0]["text"], "");
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "length");
+}
+
+// vLLM's prompt_logprobs: per choice for completions, per response for chat; keyed by token id,
+// the prompt token first with its rank, then the most likely ones.
+TEST_F(OpenAiTest, VllmPromptLogprobsShape) {
+  ASSERT_FALSE(Parse(ApiKind::kCompletion, R"({"prompt":[1,403,407],"prompt_logprobs":1})"));
+  EXPECT_EQ(req_.gen.prompt_logprobs, 1);
+  ResponseBuilder b(req_, ctx_, "cmpl-5", 42);
+  b.Add(0, PromptEv(1, 403, -0.25f, {{403, -0.25f}}, 1));
+  b.Add(0, PromptEv(2, 407, -2.0f, {{300, -0.5f}}, 4));
+  b.Add(0, Ev(0, 261, " a", engine::FinishReason::kLength));
+  json r = json::parse(b.FinalJson({3, 1}));
+  const json& pl = r["choices"][0]["prompt_logprobs"];
+  ASSERT_EQ(pl.size(), 3u);
+  EXPECT_TRUE(pl[0].is_null());
+  EXPECT_EQ(pl[1], json({{"403", {{"logprob", -0.25}, {"rank", 1}, {"decoded_token", "Once"}}}}));
+  EXPECT_EQ(pl[2]["407"]["rank"], 4);
+  EXPECT_EQ(pl[2]["300"]["rank"], 1);
+  EXPECT_EQ(pl[2]["300"]["logprob"], -0.5);
+  EXPECT_TRUE(r["choices"][0]["logprobs"].is_null());  // logprobs not asked for
+
+  ASSERT_FALSE(Parse(ApiKind::kChat,
+                     R"({"messages":[{"role":"user","content":"x"}],"prompt_logprobs":0})"));
+  ResponseBuilder cb(req_, ctx_, "chatcmpl-5", 42);
+  const int64_t n = static_cast<int64_t>(req_.prompts[0].size());
+  for (int64_t p = 1; p < n; ++p) cb.Add(0, PromptEv(p, req_.prompts[0][p], -1.0f, {}, 2));
+  cb.Add(0, Ev(0, 261, " a", engine::FinishReason::kLength));
+  json cr = json::parse(cb.FinalJson({n, 1}));
+  ASSERT_EQ(cr["prompt_logprobs"].size(), static_cast<size_t>(n));
+  EXPECT_FALSE(cr["choices"][0].contains("prompt_logprobs"));
 }
 
 TEST_F(OpenAiTest, ChatChunkShapes) {

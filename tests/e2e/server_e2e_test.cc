@@ -459,6 +459,58 @@ TEST(ServerE2E, StopSeedEchoAndMultiplePrompts) {
   EXPECT_EQ(e.body["choices"][1]["text"].get<std::string>().rfind(Decode({1, 403, 407}), 0), 0u);
 }
 
+// lm-evaluation-harness's loglikelihood call (echo, logprobs 1; here max_tokens 0 as OpenAI's
+// legacy form): the continuation's prompt logprobs are those the model gave the same tokens
+// when it generated them, and each is the most likely one (greedy) — what lm-eval sums and
+// checks.
+TEST(ServerE2E, EchoWithLogprobsScoresAContinuationAsItsGenerationDid) {
+  START_OR_SKIP(ts);
+  auto gen = Post(*ts, "/v1/completions",
+                  json{{"prompt", "Once upon a time"},
+                       {"max_tokens", 8},
+                       {"temperature", 0},
+                       {"logprobs", 1}});
+  ASSERT_EQ(gen.status, 200) << gen.raw;
+  const json& g = gen.body["choices"][0]["logprobs"];
+  const std::string text = "Once upon a time" + gen.body["choices"][0]["text"].get<std::string>();
+  auto score = Post(*ts, "/v1/completions",
+                    json{{"prompt", text}, {"max_tokens", 0}, {"logprobs", 1}, {"echo", true}});
+  ASSERT_EQ(score.status, 200) << score.raw;
+  const json& c = score.body["choices"][0];
+  EXPECT_EQ(c["text"], text);
+  EXPECT_EQ(c["finish_reason"], "length");
+  EXPECT_EQ(score.body["usage"]["completion_tokens"], 0);
+  const json& lp = c["logprobs"];
+  const size_t n = lp["tokens"].size();
+  ASSERT_EQ(n, score.body["usage"]["prompt_tokens"].get<size_t>());
+  ASSERT_GT(n, 8u);
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  for (size_t i = 0; i < 8; ++i) {
+    const size_t at = n - 8 + i;
+    // The re-tokenized text gives the generated tokens back (simple words), so the scores
+    // must be the generation's.
+    ASSERT_EQ(lp["tokens"][at], g["tokens"][i]) << i;
+    EXPECT_EQ(lp["token_logprobs"][at], g["token_logprobs"][i]) << i;
+    double best = -1e9;
+    for (auto it = lp["top_logprobs"][at].begin(); it != lp["top_logprobs"][at].end(); ++it)
+      best = std::max(best, it.value().get<double>());
+    EXPECT_EQ(lp["token_logprobs"][at].get<double>(), best) << i;  // lm-eval's is_greedy
+  }
+  // A token-id prompt list (lm-eval's form) with two prompts: one choice each.
+  auto batch = Post(*ts, "/v1/completions",
+                    json{{"prompt", json::array({json::array({1, 403, 407}), json::array({1, 403})})},
+                         {"max_tokens", 1},
+                         {"temperature", 0},
+                         {"logprobs", 1},
+                         {"echo", true}});
+  ASSERT_EQ(batch.status, 200) << batch.raw;
+  EXPECT_EQ(batch.body["choices"][0]["logprobs"]["token_logprobs"].size(), 4u);
+  EXPECT_EQ(batch.body["choices"][1]["logprobs"]["token_logprobs"].size(), 3u);
+  EXPECT_EQ(batch.body["choices"][0]["logprobs"]["token_logprobs"][1],
+            batch.body["choices"][1]["logprobs"]["token_logprobs"][1]);
+}
+
 TEST(ServerE2E, LogprobsShapes) {
   START_OR_SKIP(ts);
   auto r = Post(
