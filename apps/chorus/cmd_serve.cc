@@ -316,6 +316,10 @@ int ServeCommand(int argc, char** argv) {
            "when set)");
   f.String("delta-activations", "auto", kDeltaActivationsHelp);
   f.Int("max-running", 64, "sequences in the running batch");
+  f.Int("max-prompt-logprob-rows", 64,
+        "prompt rows per step whose logits are kept for prompt logprobs (echo with logprobs, "
+        "prompt_logprobs): such a prompt is prefilled in chunks of this many rows; the logits "
+        "buffer holds this many rows × the vocabulary beyond --max-running");
   f.Int("max-batch-tokens", 512, "tokens (rows) per engine step: decode rows + prefill chunks");
   f.Int("max-queue", 256, "waiting requests before answering 429");
   f.Int("max-body-bytes", 8 << 20, "largest request body accepted (larger: 413)");
@@ -500,6 +504,7 @@ int ServeCommand(int argc, char** argv) {
   if (Status si = ApplyIsaFlag(f); !si.ok()) return Fail("serve", si);
   if (Status sd = ApplyDeltaActivationsFlag(f); !sd.ok()) return Fail("serve", sd);
   eo.max_running = f.GetInt("max-running");
+  eo.max_prompt_logprob_rows = f.GetInt("max-prompt-logprob-rows");
   eo.max_batch_tokens = f.GetInt("max-batch-tokens");
   eo.max_queue = f.GetInt("max-queue");
   if (auto kv_dtype = memory::ParseKvDtype(f.GetString("kv-dtype")); kv_dtype.ok()) {

@@ -54,7 +54,7 @@ struct EngineOptions {
   // a prompt that wants them is prefilled in chunks of at most this many rows, and the logits
   // buffer holds this many rows beyond max_running (64 × a 32k vocabulary: 8 MB).
   int64_t max_prompt_logprob_rows = 64;
-  int64_t max_queue = 256;         // waiting requests before Submit() says kResourceExhausted
+  int64_t max_queue = 256;  // waiting requests before Submit() says kResourceExhausted
   int64_t pool_bytes = int64_t{1} << 30;  // the paged pool (KV blocks and resident adapters)
   int64_t block_size = 16;                // tokens per KV block
   // Element type of the KV cache (`--kv-dtype`): bf16 halves the pages and the bytes a decode

@@ -75,9 +75,9 @@ struct StreamEvent {
   // with `logprob` and `top_logprobs`; no text, never final.
   bool prompt = false;
   int64_t position = 0;
-  int64_t rank = 0;  // on a prompt event: 1 + the tokens with a strictly higher logprob there
-  std::string text;    // text completed by this event (may be empty)
-  float logprob = 0;   // when sampling.logprobs is set
+  int64_t rank = 0;   // on a prompt event: 1 + the tokens with a strictly higher logprob there
+  std::string text;   // text completed by this event (may be empty)
+  float logprob = 0;  // when sampling.logprobs is set
   std::vector<TokenLogprob> top_logprobs;
   FinishReason finish = FinishReason::kNone;      // set on the choice's last event
   std::string error;                              // when finish == kError

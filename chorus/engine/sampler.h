@@ -117,8 +117,7 @@ class SamplerScratch {
 
  private:
   friend class Sampler;
-  friend void ScoreToken(std::span<const float>, int32_t, int32_t, SamplerScratch*,
-                         SampleResult*);
+  friend void ScoreToken(std::span<const float>, int32_t, int32_t, SamplerScratch*, SampleResult*);
   std::vector<float> logits_;   // [vocab] processed logits
   std::vector<float> probs_;    // [vocab] probabilities, zeroed where truncated
   std::vector<int32_t> order_;  // [vocab] token ids, partially sorted

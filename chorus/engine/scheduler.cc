@@ -126,12 +126,9 @@ int64_t Scheduler::ChunkRows(const Sequence& s, int64_t budget) const {
 Scheduler::Planned Scheduler::PlanChunk(Sequence* s, int64_t count) {
   const auto [begin, end] = s->PromptLogitRows(s->n_computed, count);
   prompt_logit_allowance_ -= end - begin;
-  return {s,
-          s->n_computed,
-          count,
-          s->n_computed + count == static_cast<int64_t>(s->tokens.size()),
-          begin,
-          end};
+  return {s,     s->n_computed,
+          count, s->n_computed + count == static_cast<int64_t>(s->tokens.size()),
+          begin, end};
 }
 
 void Scheduler::Complete(const float* logits, int64_t vocab, TokenSink* sink) {

@@ -642,7 +642,8 @@ void ResponseBuilder::AddPromptScore(size_t prompt_index, const engine::StreamEv
     json entry = json::object();
     entry[std::to_string(ev.token)] = {
         {"logprob", ClampLogprob(ev.logprob)}, {"rank", ev.rank}, {"decoded_token", text}};
-    const size_t n_top = std::min(ev.top_logprobs.size(), static_cast<size_t>(req_.prompt_logprobs));
+    const size_t n_top =
+        std::min(ev.top_logprobs.size(), static_cast<size_t>(req_.prompt_logprobs));
     for (size_t k = 0; k < n_top; ++k) {
       const auto& t = ev.top_logprobs[k];
       const std::string key = std::to_string(t.token);

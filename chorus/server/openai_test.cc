@@ -505,8 +505,8 @@ TEST_F(OpenAiTest, VllmPromptLogprobsShape) {
   EXPECT_EQ(pl[2]["300"]["logprob"], -0.5);
   EXPECT_TRUE(r["choices"][0]["logprobs"].is_null());  // logprobs not asked for
 
-  ASSERT_FALSE(Parse(ApiKind::kChat,
-                     R"({"messages":[{"role":"user","content":"x"}],"prompt_logprobs":0})"));
+  ASSERT_FALSE(
+      Parse(ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],"prompt_logprobs":0})"));
   ResponseBuilder cb(req_, ctx_, "chatcmpl-5", 42);
   const int64_t n = static_cast<int64_t>(req_.prompts[0].size());
   for (int64_t p = 1; p < n; ++p) cb.Add(0, PromptEv(p, req_.prompts[0][p], -1.0f, {}, 2));

@@ -465,11 +465,9 @@ TEST(ServerE2E, StopSeedEchoAndMultiplePrompts) {
 // checks.
 TEST(ServerE2E, EchoWithLogprobsScoresAContinuationAsItsGenerationDid) {
   START_OR_SKIP(ts);
-  auto gen = Post(*ts, "/v1/completions",
-                  json{{"prompt", "Once upon a time"},
-                       {"max_tokens", 8},
-                       {"temperature", 0},
-                       {"logprobs", 1}});
+  auto gen = Post(
+      *ts, "/v1/completions",
+      json{{"prompt", "Once upon a time"}, {"max_tokens", 8}, {"temperature", 0}, {"logprobs", 1}});
   ASSERT_EQ(gen.status, 200) << gen.raw;
   const json& g = gen.body["choices"][0]["logprobs"];
   const std::string text = "Once upon a time" + gen.body["choices"][0]["text"].get<std::string>();
@@ -498,12 +496,13 @@ TEST(ServerE2E, EchoWithLogprobsScoresAContinuationAsItsGenerationDid) {
     EXPECT_EQ(lp["token_logprobs"][at].get<double>(), best) << i;  // lm-eval's is_greedy
   }
   // A token-id prompt list (lm-eval's form) with two prompts: one choice each.
-  auto batch = Post(*ts, "/v1/completions",
-                    json{{"prompt", json::array({json::array({1, 403, 407}), json::array({1, 403})})},
-                         {"max_tokens", 1},
-                         {"temperature", 0},
-                         {"logprobs", 1},
-                         {"echo", true}});
+  auto batch =
+      Post(*ts, "/v1/completions",
+           json{{"prompt", json::array({json::array({1, 403, 407}), json::array({1, 403})})},
+                {"max_tokens", 1},
+                {"temperature", 0},
+                {"logprobs", 1},
+                {"echo", true}});
   ASSERT_EQ(batch.status, 200) << batch.raw;
   EXPECT_EQ(batch.body["choices"][0]["logprobs"]["token_logprobs"].size(), 4u);
   EXPECT_EQ(batch.body["choices"][1]["logprobs"]["token_logprobs"].size(), 3u);

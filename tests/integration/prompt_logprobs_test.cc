@@ -127,7 +127,8 @@ void CheckPromptScoresEqualDecodeScores(std::optional<adapters::VariantRef> vari
   const Outcome got = Collect(**(*e)->Submit(scored));
   EXPECT_EQ(m.prefix_cache_query_tokens.load(), queried);
   // Again beside two unrelated requests (other rows, other chunking of the step): the same.
-  auto other1 = (*e)->Submit(Greedy(s.tok->Encode("Lily and Ben", tokenizer::EncodeOptions{}), 30, 0));
+  auto other1 =
+      (*e)->Submit(Greedy(s.tok->Encode("Lily and Ben", tokenizer::EncodeOptions{}), 30, 0));
   auto again = (*e)->Submit(scored);
   auto other2 = (*e)->Submit(Greedy(start, 30, 0));
   ASSERT_TRUE(other1.ok() && again.ok() && other2.ok());
