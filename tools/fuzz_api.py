@@ -312,7 +312,8 @@ class Gen:
             b["messages"] = self.messages()
         else:
             b["prompt"] = self.prompt()
-        b["max_tokens"] = r.choice([1, 2, 3, 4]) if r.random() < 0.9 else self.weird_value()
+        # 0: a completions request with echo scores its prompt; without echo it is a 400.
+        b["max_tokens"] = r.choice([0, 1, 2, 3, 4]) if r.random() < 0.9 else self.weird_value()
         # option: (valid values, invalid values); an option is invalid 15 % of the time.
         opts = {
             "temperature": ([0, 0.5, 1.0, 2.0], [-1, 3, "hot"]),
@@ -329,6 +330,7 @@ class Gen:
             "frequency_penalty": ([0, 0.5], [-2.5, 3]),
             "repetition_penalty": ([1, 1.2], [0, -1]),
             "echo": ([False] if chat else [True, False], [1, "x"]),
+            "prompt_logprobs": ([0, 2], [21, -1, "x", 1.5]),
             "stream_options": ([{"include_usage": True}, {"include_usage": False}], [5, "x"]),
             "ignore_eos": ([True, False], ["no"]),
             "ttft_slo_ms": ([0, 50, 2000.5], [-1, "fast", True]),
