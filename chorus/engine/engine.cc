@@ -389,6 +389,11 @@ Status Engine::Check(GenerationRequest* req, FullModels::Entry** full) const {
   }
   if (req->max_tokens < 1) return InvalidArgumentError("max_tokens must be at least 1");
   if (req->n < 1 || req->n > 16) return InvalidArgumentError("n must be in [1, 16]");
+  if (req->min_tokens < 0 || req->min_tokens > req->max_tokens) {
+    return InvalidArgumentError(
+        "min_tokens must be in [0, max_tokens = " + std::to_string(req->max_tokens) + "], got " +
+        std::to_string(req->min_tokens));
+  }
   if (req->variant && req->variant->kind == "full") {
     *full = impl_->full_models ? impl_->full_models->Find(req->variant->name) : nullptr;
     if (*full == nullptr || (*full)->ref.id != req->variant->id)

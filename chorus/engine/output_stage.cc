@@ -98,11 +98,18 @@ FinishReason OutputStage::Emit(Sequence* s, const float* row_logits) {
     }
     allowed = &s->mask;
   }
+  // min_tokens: the end tokens wait until the choice has that many.
+  suppressed_.clear();
+  if (s->n_generated < req.min_tokens) {
+    if (!req.ignore_eos || s->matcher != nullptr)
+      suppressed_.assign(tok_->eos_ids().begin(), tok_->eos_ids().end());
+    suppressed_.insert(suppressed_.end(), req.stop_token_ids.begin(), req.stop_token_ids.end());
+  }
   const int32_t tok = s->sampler->Sample(
       std::span<const float>(row_logits, static_cast<size_t>(config_.vocab_size)),
       all.subspan(0, static_cast<size_t>(s->n_prompt)),
       all.subspan(static_cast<size_t>(s->n_prompt)), &scratch_,
-      req.sampling.logprobs.has_value() ? &r : nullptr, allowed);
+      req.sampling.logprobs.has_value() ? &r : nullptr, allowed, suppressed_);
   bool grammar_done = false;
   if (s->matcher != nullptr) {
     const bool accepted = s->matcher->Accept(tok);

@@ -64,8 +64,9 @@ class OutputStage : public TokenSink {
   const model::ModelConfig config_;
   const tokenizer::Tokenizer* const tok_;
   EngineMetrics* const metrics_;
-  SamplerScratch scratch_;  // engine thread only
-  SampleResult result_;     // engine thread only, reused
+  SamplerScratch scratch_;           // engine thread only
+  SampleResult result_;              // engine thread only, reused
+  std::vector<int32_t> suppressed_;  // engine thread only: a row's tokens held back (min_tokens)
   // Seeds for requests without one: distinct per sequence, different on every run.
   std::atomic<uint64_t> seed_source_;
   std::once_flag vocab_once_;

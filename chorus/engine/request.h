@@ -30,6 +30,10 @@ struct GenerationRequest {
   std::vector<std::string> stop;        // stop strings (not included in the output)
   std::vector<int32_t> stop_token_ids;  // extra end ids
   bool ignore_eos = false;
+  // vLLM's min_tokens: until a choice has this many tokens, its end tokens (EOS and
+  // stop_token_ids) are not drawn (SamplingParams pipeline, step 1). Stop strings still apply.
+  // Range [0, max_tokens].
+  int64_t min_tokens = 0;
   // Whether special tokens (other than the end ids) are left out of the streamed text. Tool
   // calls of some model families start with one (Mistral's [TOOL_CALLS], Llama's
   // <|python_tag|>), so the server keeps them when it parses those (docs/api.md, "Tools").

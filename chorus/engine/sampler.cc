@@ -73,6 +73,15 @@ Status SamplingParams::Validate() const {
   if (logprobs.has_value() && (*logprobs < 0 || *logprobs > kMaxLogprobs)) {
     return OutOfRange("logprobs", *logprobs, "in [0, 20]");
   }
+  if (logit_bias.size() > kMaxLogitBiasTokens) {
+    return InvalidArgumentError("logit_bias has " + std::to_string(logit_bias.size()) +
+                                " entries; at most " + std::to_string(kMaxLogitBiasTokens));
+  }
+  for (const TokenBias& b : logit_bias) {
+    if (b.token < 0) return OutOfRange("logit_bias token", b.token, "a token id ≥ 0");
+    if (!(b.bias >= -kMaxLogitBias && b.bias <= kMaxLogitBias))
+      return OutOfRange("logit_bias value", b.bias, "in [-100, 100]");
+  }
   return OkStatus();
 }
 
@@ -260,7 +269,8 @@ void Sampler::FillLogprobs(const float* lp, int32_t token, SamplerScratch* scrat
 
 int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> prompt,
                         std::span<const int32_t> generated, SamplerScratch* scratch,
-                        SampleResult* result, const grammar::TokenMask* allowed) {
+                        SampleResult* result, const grammar::TokenMask* allowed,
+                        std::span<const int32_t> suppressed) {
   CHORUS_CHECK_EQ(static_cast<int64_t>(logits.size()), vocab_size_);
   const int64_t v = vocab_size_;
   if (allowed != nullptr) CHORUS_CHECK_GE(allowed->size(), v);
@@ -268,6 +278,24 @@ int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> 
   float* l = scratch->logits_.data();
   for (int64_t i = 0; i < v; ++i) l[i] = Sanitize(logits[i]);
   if (allowed != nullptr) ApplyMask(l, v, *allowed);
+  for (const TokenBias& b : params_.logit_bias) {
+    // Sanitized logits stay finite (or −inf, which a bias keeps) after adding ±100.
+    if (b.token < v) l[b.token] += b.bias;
+  }
+  if (!suppressed.empty()) {
+    // Only if some other token stays possible: a row cannot end up with nothing to draw.
+    bool other = false;
+    for (int64_t i = 0; i < v && !other; ++i) {
+      if (l[i] == kNegInf) continue;
+      other = std::find(suppressed.begin(), suppressed.end(), static_cast<int32_t>(i)) ==
+              suppressed.end();
+    }
+    if (other) {
+      for (int32_t t : suppressed) {
+        if (t >= 0 && t < v) l[t] = kNegInf;
+      }
+    }
+  }
   if (params_.has_penalties()) {
     UpdateHistory(prompt, generated);
     ApplyPenalties(l);

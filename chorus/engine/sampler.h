@@ -4,6 +4,9 @@
 //
 // Pipeline for one step, on a scratch copy of the logits row [vocab]:
 //   1. sanitize: NaN → −inf, +inf → FLT_MAX (a broken row never crashes or hangs the sampler);
+//      then `logit_bias` (OpenAI): l[token] += bias; then the tokens Sample() is told to
+//      suppress (a request's min_tokens keeps its end tokens out) → −inf, unless that would
+//      leave no finite logit;
 //   2. repetition penalty (Hugging Face / CTRL): for every token in prompt ∪ generated,
 //      l > 0 ? l / rp : l · rp;
 //   3. frequency and presence penalties (OpenAI), on generated tokens only:
@@ -58,7 +61,14 @@ enum class LogprobsMode {
 inline constexpr float kMaxTemperature = 100.0f;    // higher is uniform noise for any model
 inline constexpr float kGreedyTemperature = 1e-5f;  // below this, temperature means greedy (vLLM)
 inline constexpr float kMaxRepetitionPenalty = 10.0f;
-inline constexpr int32_t kMaxLogprobs = 20;  // OpenAI top_logprobs / vLLM max_logprobs
+inline constexpr int32_t kMaxLogprobs = 20;          // OpenAI top_logprobs / vLLM max_logprobs
+inline constexpr float kMaxLogitBias = 100.0f;       // OpenAI: a bias in [-100, 100]
+inline constexpr size_t kMaxLogitBiasTokens = 4096;  // entries of one request's logit_bias
+
+struct TokenBias {
+  int32_t token = 0;
+  float bias = 0.0f;
+};
 
 // Per-request sampling parameters. Defaults are vLLM's / OpenAI's: plain sampling at T = 1.
 struct SamplingParams {
@@ -84,6 +94,12 @@ struct SamplingParams {
   // likely tokens' logprobs. Range [0, kMaxLogprobs].
   std::optional<int32_t> logprobs;
   LogprobsMode logprobs_mode = LogprobsMode::kRaw;
+  // OpenAI's logit_bias: added to these tokens' logits before penalties, temperature and
+  // truncation (so −100 all but bans a token and +100 all but forces it). Raw logprobs do not
+  // see it (the model's own distribution, as vLLM's); processed logprobs do. Ids outside the
+  // vocabulary are ignored (the server refuses them). At most kMaxLogitBiasTokens entries,
+  // each bias in [-kMaxLogitBias, kMaxLogitBias].
+  std::vector<TokenBias> logit_bias;
 
   // InvalidArgument naming the field, its value and the accepted range.
   Status Validate() const;
@@ -149,9 +165,12 @@ class Sampler {
   // `allowed` (null = every token): the tokens the row's grammar admits; tokens outside it get
   // −inf. Requires: logits.size() == vocab_size; allowed->size() >= vocab_size; at least one
   // allowed token (else token 0 is returned, as for an all −inf row).
+  // `suppressed`: tokens that may not be drawn this step (step 1; ids outside the vocabulary
+  // are ignored); ignored when every other token is −inf.
   int32_t Sample(std::span<const float> logits, std::span<const int32_t> prompt,
                  std::span<const int32_t> generated, SamplerScratch* scratch,
-                 SampleResult* result = nullptr, const grammar::TokenMask* allowed = nullptr);
+                 SampleResult* result = nullptr, const grammar::TokenMask* allowed = nullptr,
+                 std::span<const int32_t> suppressed = {});
 
   // Number of distinct tokens tracked for penalties (0 when no penalty is active).
   int64_t tracked_tokens() const { return static_cast<int64_t>(history_.size()); }

@@ -553,5 +553,66 @@ TEST(SamplerTest, AllowedMaskIsEnforcedAndLogprobsAreMasked) {
   EXPECT_EQ(g2.Sample(dead, {}, {}, &scratch, nullptr, &allowed), 1);
 }
 
+TEST(SamplerTest, LogitBiasShiftsTheDrawButNotRawLogprobs) {
+  const std::vector<float> l = {1.0f, 3.0f, 2.0f, 0.0f};
+  SamplerScratch scratch;
+  SampleResult r;
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  greedy.logprobs = 1;
+  greedy.logit_bias = {{3, 100.0f}, {9, 50.0f}};  // id 9 is outside the vocabulary: ignored
+  Sampler forced(greedy, 4);
+  EXPECT_EQ(forced.Sample(l, {}, {}, &scratch, &r), 3);
+  const std::vector<double> raw = LogSoftmax(l);
+  EXPECT_NEAR(r.logprob, raw[3], 1e-5);  // raw logprobs: the model's own distribution
+  EXPECT_EQ(r.top[0].token, 1);
+  // −100 on the most likely token: the next one; processed logprobs see the bias.
+  greedy.logit_bias = {{1, -100.0f}};
+  greedy.logprobs_mode = LogprobsMode::kProcessed;
+  Sampler banned(greedy, 4);
+  EXPECT_EQ(banned.Sample(l, {}, {}, &scratch, &r), 2);
+  const std::vector<double> biased = LogSoftmax({1.0f, -97.0f, 2.0f, 0.0f});
+  EXPECT_NEAR(r.logprob, biased[2], 1e-5);
+  // Sampling at T = 1 with −100: the token is (practically) never drawn; +5 on token 0 makes
+  // it the most frequent.
+  SamplingParams hot;
+  hot.logit_bias = {{1, -100.0f}, {0, 5.0f}};
+  const auto counts = Histogram(hot, l, 4000, 17);
+  EXPECT_EQ(counts[1], 0);
+  EXPECT_GT(counts[0], counts[2]);
+  EXPECT_GT(counts[0], counts[3]);
+  // Validation.
+  SamplingParams bad;
+  bad.logit_bias = {{2, 100.5f}};
+  EXPECT_FALSE(bad.Validate().ok());
+  bad.logit_bias = {{-1, 1.0f}};
+  EXPECT_FALSE(bad.Validate().ok());
+  bad.logit_bias = {{2, std::numeric_limits<float>::quiet_NaN()}};
+  EXPECT_FALSE(bad.Validate().ok());
+  bad.logit_bias.assign(kMaxLogitBiasTokens + 1, TokenBias{1, 1.0f});
+  EXPECT_FALSE(bad.Validate().ok());
+}
+
+TEST(SamplerTest, SuppressedTokensAreNotDrawnUnlessNothingElseIsLeft) {
+  const std::vector<float> l = {1.0f, 3.0f, 2.0f, 0.0f};
+  SamplerScratch scratch;
+  SampleResult r;
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  greedy.logprobs = 0;
+  Sampler g(greedy, 4);
+  const std::vector<int32_t> end = {1, 7};  // 7: outside the vocabulary, ignored
+  EXPECT_EQ(g.Sample(l, {}, {}, &scratch, &r, nullptr, end), 2);
+  EXPECT_NEAR(r.logprob, LogSoftmax(l)[2], 1e-5);  // raw logprobs
+  // Only the suppressed token is possible: it is drawn all the same.
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> only = {-inf, 3.0f, -inf, -inf};
+  EXPECT_EQ(g.Sample(only, {}, {}, &scratch, &r, nullptr, end), 1);
+  SamplingParams hot;
+  hot.seed = 4;
+  Sampler s(hot, 4);
+  for (int i = 0; i < 500; ++i) EXPECT_NE(s.Sample(l, {}, {}, &scratch, nullptr, nullptr, end), 1);
+}
+
 }  // namespace
 }  // namespace chorus::engine

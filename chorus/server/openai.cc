@@ -1,5 +1,7 @@
 #include "chorus/server/openai.h"
 
+#include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <random>
 
@@ -507,9 +509,42 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, std::string_view body, con
   }
   if (auto e = ParseStructuredOutput(j, body, &g)) return e;
   if (out->logprobs >= 0) sp.logprobs = out->logprobs;
-  if (const json* lb = Field(j, "logit_bias")) {
-    if (!lb->is_object() || !lb->empty())
-      return BadRequest("logit_bias is not supported", "logit_bias", "unsupported");
+  if (const json* lb = Field(j, "logit_bias"); lb != nullptr && !lb->is_null()) {
+    // OpenAI's form: {"<token id>": bias in [-100, 100], ...}.
+    if (!lb->is_object())
+      return BadRequest("logit_bias must be an object of token ids to biases", "logit_bias");
+    if (lb->size() > engine::kMaxLogitBiasTokens) {
+      return BadRequest("logit_bias has " + std::to_string(lb->size()) + " entries; at most " +
+                            std::to_string(engine::kMaxLogitBiasTokens),
+                        "logit_bias");
+    }
+    for (auto it = lb->begin(); it != lb->end(); ++it) {
+      const std::string& key = it.key();
+      int64_t id = -1;
+      const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+      if (ec != std::errc() || end != key.data() + key.size() || id < 0 || id >= ctx.vocab_size) {
+        return BadRequest("logit_bias key '" + Clip(key) + "' is not a token id in [0, " +
+                              std::to_string(ctx.vocab_size) + ")",
+                          "logit_bias");
+      }
+      if (!it.value().is_number()) {
+        return BadRequest("logit_bias value of token " + key + " must be a number", "logit_bias");
+      }
+      const double bias = it.value().get<double>();
+      if (!(bias >= -engine::kMaxLogitBias && bias <= engine::kMaxLogitBias)) {
+        return BadRequest("logit_bias value of token " + key + " must be in [-100, 100]",
+                          "logit_bias");
+      }
+      sp.logit_bias.push_back({static_cast<int32_t>(id), static_cast<float>(bias)});
+    }
+  }
+  v = 0;
+  if (auto e = GetInt(j, "min_tokens", 0, kMaxTokensLimit, &v)) return e;
+  g.min_tokens = v;
+  if (g.max_tokens >= 0 && g.min_tokens > g.max_tokens) {
+    return BadRequest("min_tokens (" + std::to_string(g.min_tokens) +
+                          ") must not exceed max_tokens (" + std::to_string(g.max_tokens) + ")",
+                      "min_tokens");
   }
   if (Status s = sp.Validate(); !s.ok()) return ErrorFromStatus(s);
 

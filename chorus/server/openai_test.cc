@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "chorus/grammar/matcher.h"
 #include "chorus/server/api_error.h"
 #include "chorus/server/prometheus.h"
@@ -168,7 +170,15 @@ TEST_F(OpenAiTest, CompletionErrors) {
   ExpectBad(C, R"({"prompt":"a","prompt_logprobs":"1"})", "prompt_logprobs");
   ExpectBad(C, R"({"prompt":"a","prompt_logprobs":1,"stream":true})", "prompt_logprobs");
   ExpectBad(C, R"({"prompt":"a","ignore_eos":1})", "ignore_eos");
-  ExpectBad(C, R"({"prompt":"a","logit_bias":{"5":1}})", "logit_bias");
+  ExpectBad(C, R"({"prompt":"a","logit_bias":{"x":1}})", "logit_bias");
+  ExpectBad(C, R"({"prompt":"a","logit_bias":{"512":1}})", "logit_bias");  // vocab is 512
+  ExpectBad(C, R"({"prompt":"a","logit_bias":{"-1":1}})", "logit_bias");
+  ExpectBad(C, R"({"prompt":"a","logit_bias":{"5 ":1}})", "logit_bias");
+  ExpectBad(C, R"({"prompt":"a","logit_bias":{"5":101}})", "logit_bias");
+  ExpectBad(C, R"({"prompt":"a","logit_bias":{"5":"1"}})", "logit_bias");
+  ExpectBad(C, R"({"prompt":"a","logit_bias":[5]})", "logit_bias");
+  ExpectBad(C, R"({"prompt":"a","min_tokens":-1})", "min_tokens");
+  ExpectBad(C, R"({"prompt":"a","min_tokens":5,"max_tokens":4})", "min_tokens");
   ExpectBad(C, R"({"prompt":"a","model":5})", "model");
   e = Parse(C, R"({"prompt":"a","model":"gpt-4"})");
   ASSERT_TRUE(e);
@@ -414,6 +424,22 @@ engine::StreamEvent PromptEv(int64_t position, int32_t token, float logprob,
   ev.top_logprobs = std::move(top);
   ev.rank = rank;
   return ev;
+}
+
+TEST_F(OpenAiTest, LogitBiasAndMinTokens) {
+  ASSERT_FALSE(Parse(ApiKind::kCompletion,
+                     R"({"prompt":"a","logit_bias":{"5":-100,"300":2.5},"min_tokens":3})"));
+  ASSERT_EQ(req_.gen.sampling.logit_bias.size(), 2u);
+  std::map<int32_t, float> bias;
+  for (const auto& b : req_.gen.sampling.logit_bias) bias[b.token] = b.bias;
+  EXPECT_EQ(bias[5], -100.0f);
+  EXPECT_EQ(bias[300], 2.5f);
+  EXPECT_EQ(req_.gen.min_tokens, 3);
+  ASSERT_FALSE(Parse(ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],
+                                         "logit_bias":{},"min_tokens":0})"));
+  EXPECT_TRUE(req_.gen.sampling.logit_bias.empty());
+  ASSERT_FALSE(Parse(ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],
+                                         "logit_bias":null})"));
 }
 
 // Echo with logprobs (lm-evaluation-harness's loglikelihood request): the prompt's tokens come

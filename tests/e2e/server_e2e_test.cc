@@ -510,6 +510,45 @@ TEST(ServerE2E, EchoWithLogprobsScoresAContinuationAsItsGenerationDid) {
             batch.body["choices"][1]["logprobs"]["token_logprobs"][1]);
 }
 
+// logit_bias +100 on " upon" (407) makes greedy decoding repeat it; as a stop token id it then
+// ends a choice at once, unless min_tokens holds it back for that many tokens.
+TEST(ServerE2E, LogitBiasAndMinTokens) {
+  START_OR_SKIP(ts);
+  auto forced = Post(*ts, "/v1/completions",
+                     json{{"prompt", "Once upon a time"},
+                          {"max_tokens", 4},
+                          {"temperature", 0},
+                          {"logit_bias", {{"407", 100}}}});
+  ASSERT_EQ(forced.status, 200) << forced.raw;
+  EXPECT_EQ(forced.body["choices"][0]["text"], " upon upon upon upon");
+  auto ended = Post(*ts, "/v1/completions",
+                    json{{"prompt", "Once upon a time"},
+                         {"max_tokens", 20},
+                         {"temperature", 0},
+                         {"logit_bias", {{"407", 100}}},
+                         {"stop_token_ids", {407}}});
+  ASSERT_EQ(ended.status, 200) << ended.raw;
+  EXPECT_EQ(ended.body["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(ended.body["usage"]["completion_tokens"], 1);
+  auto held = Post(*ts, "/v1/completions",
+                   json{{"prompt", "Once upon a time"},
+                        {"max_tokens", 20},
+                        {"temperature", 0},
+                        {"logit_bias", {{"407", 100}}},
+                        {"stop_token_ids", {407}},
+                        {"min_tokens", 5}});
+  ASSERT_EQ(held.status, 200) << held.raw;
+  EXPECT_EQ(held.body["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(held.body["usage"]["completion_tokens"], 6);  // 5 others, then the stop token
+  // The 5 held-back tokens are what greedy decoding gives without the bias.
+  auto plain = Post(*ts, "/v1/completions",
+                    json{{"prompt", "Once upon a time"}, {"max_tokens", 5}, {"temperature", 0}});
+  ASSERT_EQ(plain.status, 200) << plain.raw;
+  EXPECT_EQ(held.body["choices"][0]["text"], plain.body["choices"][0]["text"]);
+  ExpectError(Post(*ts, "/v1/completions", json{{"prompt", "a"}, {"logit_bias", {{"99999", 1}}}}),
+              400, "logit_bias");
+}
+
 TEST(ServerE2E, LogprobsShapes) {
   START_OR_SKIP(ts);
   auto r = Post(
