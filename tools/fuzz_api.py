@@ -335,7 +335,9 @@ class Gen:
             "ignore_eos": ([True, False], ["no"]),
             "ttft_slo_ms": ([0, 50, 2000.5], [-1, "fast", True]),
             "tpot_slo_ms": ([0, 20, 100], [-0.5, "x", [1]]),
-            "logit_bias": ([{}], [{"5": 1}, {"x": 1}, 3]),
+            "logit_bias": ([{}, {"5": 1}, {"300": -100}, None], [{"x": 1}, 3, {"5": 200},
+                                                                 {"99999": 1}, {"5": "1"}]),
+            "min_tokens": ([0, 1, 3], [-1, 10**6, "x"]),
             "user": (["u"], [5]),
             "response_format": ([{"type": "text"}, {"type": "json_object"},
                                  {"type": "json_schema", "json_schema": {
