@@ -51,6 +51,8 @@ Status CheckAdapterFlags(const Flags& f) {
     CHORUS_RETURN_IF_ERROR(CheckDirectoryFlag("adapter-root", r));
   for (const std::string& d : f.GetRepeated("lora-dir"))
     CHORUS_RETURN_IF_ERROR(CheckDirectoryFlag("lora-dir", d));
+  for (const std::string& d : f.GetRepeated("lora-resolve-dir"))
+    CHORUS_RETURN_IF_ERROR(CheckDirectoryFlag("lora-resolve-dir", d));
   for (const char* flag : {"lora", "delta"}) {
     for (const std::string& spec : f.GetRepeated(flag)) {
       const size_t eq = spec.find('=');
@@ -149,7 +151,8 @@ bool WantsFinetune(const Flags& f) {
 bool ServesAdapters(const Flags& f) {
   return !f.GetRepeated("lora").empty() || !f.GetRepeated("delta").empty() ||
          !f.GetRepeated("lora-dir").empty() || !f.GetRepeated("adapter-root").empty() ||
-         !f.GetString("registry").empty() || WantsFinetune(f);
+         !f.GetRepeated("lora-resolve-dir").empty() || !f.GetString("registry").empty() ||
+         WantsFinetune(f);
 }
 
 // --max-lora-rank and --lora-dtype: how every rank builds its adapter copies.
@@ -190,6 +193,7 @@ Result<ServedAdapters> OpenAdapters(const Flags& f, const model::ModelConfig& ba
     roots.push_back(p.has_parent_path() ? p.parent_path().string() : ".");
   }
   for (const std::string& d : f.GetRepeated("lora-dir")) roots.push_back(d);
+  for (const std::string& d : f.GetRepeated("lora-resolve-dir")) roots.push_back(d);
   if (roots.empty() && f.GetString("registry").empty() && !WantsFinetune(f))
     return out;  // base model only
   std::string state = f.GetString("registry");
@@ -341,6 +345,10 @@ int ServeCommand(int argc, char** argv) {
         "with --swap-full-models: whole fine-tunes in memory at a time (besides the base); the "
         "least recently used one without running requests is swapped out for another");
   f.Repeated("lora-dir", "register every adapter directly under DIR (named after its folder/file)");
+  f.Repeated("lora-resolve-dir",
+             "serve adapters added to DIR after start: a request whose model names no "
+             "registered variant NAME registers DIR/NAME (a PEFT directory or a delta) or "
+             "DIR/NAME.gguf on first use, as vLLM's filesystem LoRA resolver (repeatable)");
   f.Repeated("adapter-root", "directory POST /v1/load_lora_adapter may load adapters from");
   f.String("registry", "",
            "adapter registry state file (default: <cache dir>/adapters-registry.json)");
@@ -587,6 +595,7 @@ int ServeCommand(int argc, char** argv) {
   so.chat_template = chat_template->source;
   so.chat_template_label = chat_template->label;
   so.tool_call_parser = f.GetString("tool-call-parser");
+  so.lora_resolve_dirs = f.GetRepeated("lora-resolve-dir");
   auto srv = server::Server::Create(so);
   if (!srv.ok()) return Fail("serve", InvalidArgumentError("flag " + srv.status().message()));
   if (Status s = (*srv)->Start(); !s.ok()) return Fail("serve", s);

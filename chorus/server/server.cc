@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <optional>
 #include <string_view>
 
@@ -357,6 +358,10 @@ struct Server::Impl {
   }
   // The one step from a request's `model` to what the engine loads: the registered variant's
   // reference into gen->variant, or 404 (unknown) / 400 (unavailable). Reads no file.
+  // --lora-resolve-dir: registers DIR/NAME (or DIR/NAME.gguf) of the first directory that has
+  // it; nullopt when none does; the registry's error when it is not a servable adapter.
+  Result<std::optional<adapters::AdapterInfo>> RegisterFromResolveDirs(
+      const std::string& name) const;
   std::optional<ApiError> ResolveVariant(const std::string& name, const Tenant* tenant,
                                          engine::GenerationRequest* gen) const;
   // The body of an adapter endpoint, once the server is ready, serves adapters, and the body is
@@ -551,6 +556,11 @@ std::optional<ApiError> Server::Impl::ResolveVariant(const std::string& name, co
     return std::nullopt;
   }
   auto info = registry ? registry->Lookup(name) : std::nullopt;
+  if (!info && registry && !self->opts_.lora_resolve_dirs.empty()) {
+    Result<std::optional<adapters::AdapterInfo>> found = RegisterFromResolveDirs(name);
+    if (!found.ok()) return ErrorFromStatus(found.status(), "model");
+    info = std::move(*found);
+  }
   if (!info || !Visible(*info, tenant)) return UnknownModel(name, tenant);
   if (!info->available) {
     return ErrorFromStatus(
@@ -561,6 +571,31 @@ std::optional<ApiError> Server::Impl::ResolveVariant(const std::string& name, co
   // the host cache or, on its loader threads, from disk. No adapter file is read here.
   gen->variant = info->ref();
   return std::nullopt;
+}
+
+Result<std::optional<adapters::AdapterInfo>> Server::Impl::RegisterFromResolveDirs(
+    const std::string& name) const {
+  // A plain file name only: never a path out of the directory, never a hidden entry.
+  if (name.empty() || name.size() > 128 || name[0] == '.' ||
+      name.find_first_of("/\\") != std::string::npos)
+    return std::optional<adapters::AdapterInfo>();
+  for (const std::string& dir : self->opts_.lora_resolve_dirs) {
+    for (const std::string& candidate : {dir + "/" + name, dir + "/" + name + ".gguf"}) {
+      std::error_code ec;
+      if (!std::filesystem::exists(candidate, ec)) continue;
+      Result<adapters::AdapterInfo> info = registry->Register(name, candidate);
+      if (info.ok()) {
+        CHORUS_LOG(INFO) << "registered adapter '" << name << "' from " << candidate
+                         << " on its first request (--lora-resolve-dir)";
+        return std::optional<adapters::AdapterInfo>(std::move(*info));
+      }
+      // Another request registered it meanwhile.
+      if (info.status().code() == StatusCode::kAlreadyExists) return registry->Lookup(name);
+      return info.status().WithContext("adapter '" + name + "' found by --lora-resolve-dir at " +
+                                       candidate);
+    }
+  }
+  return std::optional<adapters::AdapterInfo>();
 }
 
 ApiError Server::Impl::UnknownModel(const std::string& name, const Tenant* tenant) const {

@@ -70,6 +70,11 @@ struct ServerOptions {
   // The tool-call syntax of replies (--tool-call-parser: hermes, llama3_json, mistral, generic;
   // "auto" = detected from the chat template; docs/api.md, "Tools").
   std::string tool_call_parser = "auto";
+  // Directories searched when a request's `model` names no registered variant
+  // (--lora-resolve-dir; vLLM's filesystem LoRA resolver, LoRAX's adapters loaded on demand):
+  // DIR/NAME (a PEFT directory or a delta) or DIR/NAME.gguf is registered as NAME, shared by
+  // every tenant, and the request served. Each must be an adapter root of the registry.
+  std::vector<std::string> lora_resolve_dirs;
   Status Validate() const;
 };
 
