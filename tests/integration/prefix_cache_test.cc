@@ -9,6 +9,7 @@
 #include "chorus/adapters/lora/lora_files.h"
 #include "chorus/engine/engine.h"
 #include "chorus/model/loader.h"
+#include "tests/testutil/stories260k.h"
 #include "tests/testutil/testutil.h"
 
 namespace chorus::engine {
@@ -16,19 +17,8 @@ namespace {
 
 const char* kModel = "stories260K/stories260K.bin";
 
-struct Stories {
-  std::shared_ptr<const model::Model> model;
-  std::shared_ptr<const tokenizer::Tokenizer> tok;
-};
-
-Stories LoadStories() {
-  const std::string dir = testing::SharedModelsDir() + "/stories260K/";
-  auto m = model::LoadModel(dir + "stories260K.bin");
-  CHORUS_CHECK(m.ok()) << m.status().ToString();
-  auto t = tokenizer::LoadTokenizer(dir + "tok512.bin");
-  CHORUS_CHECK(t.ok());
-  return {*m, std::shared_ptr<const tokenizer::Tokenizer>(std::move(*t))};
-}
+using Stories = testing::Stories260K;
+Stories LoadStories() { return testing::LoadStories260K(); }
 
 // Gauges are published at the end of the step that pushed the last event: wait for them.
 template <typename Pred>

@@ -10,6 +10,7 @@
 #include "chorus/adapters/lora/lora_files.h"
 #include "chorus/engine/engine.h"
 #include "chorus/model/loader.h"
+#include "tests/testutil/stories260k.h"
 #include "tests/testutil/testutil.h"
 
 namespace chorus::engine {
@@ -17,19 +18,8 @@ namespace {
 
 const char* kModel = "stories260K/stories260K.bin";
 
-struct Stories {
-  std::shared_ptr<const model::Model> model;
-  std::shared_ptr<const tokenizer::Tokenizer> tok;
-};
-
-Stories LoadStories() {
-  const std::string dir = testing::SharedModelsDir() + "/stories260K/";
-  auto m = model::LoadModel(dir + "stories260K.bin");
-  CHORUS_CHECK(m.ok()) << m.status().ToString();
-  auto t = tokenizer::LoadTokenizer(dir + "tok512.bin");
-  CHORUS_CHECK(t.ok());
-  return {*m, std::shared_ptr<const tokenizer::Tokenizer>(std::move(*t))};
-}
+using Stories = testing::Stories260K;
+Stories LoadStories() { return testing::LoadStories260K(); }
 
 // One scored token: a generated token's or a prompt token's.
 struct Scored {
