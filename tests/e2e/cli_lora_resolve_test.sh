@@ -30,22 +30,12 @@ cp -r "$lora" "$tmp/made/lora-0"
 cp -r "$lora" "$tmp/made/lora-1"
 cp -r "$tmp/made/lora-0" "$tmp/fixed/"
 
-# serve ARGS...: starts a server on a free port, sets $pid and $url.
-serve() {
-  : >"$tmp/out"
-  : >"$tmp/err"
-  "$chorus" serve --port 0 --host 127.0.0.1 --threads 1 --model "$base" --tokenizer "$tok" \
-    --served-model-name base --registry "$tmp/registry-$1.json" "${@:2}" >>"$tmp/out" 2>>"$tmp/err" &
-  pid=$!
-  for _ in $(seq 1 300); do
-    url=$(sed -n 's|.*serving ".*" at \(http://[^ ]*\)/v1 .*|\1|p' "$tmp/out")
-    [[ -n $url ]] && return 0
-    kill -0 "$pid" 2>/dev/null || fail "server exited: $(cat "$tmp/err")"
-    sleep 0.1
-  done
-  fail "server did not start: $(cat "$tmp/err")"
+source "$(dirname "$0")/serve_lib.sh"
+# serve_as NAME ARGS...: the base with its own registry file NAME, and ARGS.
+serve_as() {
+  serve --model "$base" --tokenizer "$tok" --served-model-name base \
+    --registry "$tmp/registry-$1.json" "${@:2}"
 }
-stop() { kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""; }
 # post MODEL: the HTTP status, the body in $tmp/body.
 post() {
   curl -s -o "$tmp/body" -w '%{http_code}' "$url/v1/completions" \
@@ -54,14 +44,14 @@ post() {
 text() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["choices"][0]["text"])' "$tmp/body"; }
 
 # The reference: lora-0 registered at start.
-serve a --lora-dir "$tmp/fixed"
+serve_as a --lora-dir "$tmp/fixed"
 [[ $(post lora-0) == 200 ]] || fail "fixed lora-0: $(cat "$tmp/body")"
 want=$(text)
 [[ $(post base) == 200 ]] || fail "base: $(cat "$tmp/body")"
 [[ $(text) != "$want" ]] || fail "the adapter does not change the output"
 stop
 
-serve b --lora-resolve-dir "$tmp/live"
+serve_as b --lora-resolve-dir "$tmp/live"
 [[ $(post lora-0) == 404 ]] || fail "no entry yet: expected 404, got $(cat "$tmp/body")"
 grep -q model_not_found "$tmp/body" || fail "404 body: $(cat "$tmp/body")"
 cp -r "$tmp/made/lora-0" "$tmp/live/"  # added while serving

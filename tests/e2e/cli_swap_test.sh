@@ -27,21 +27,7 @@ for i in 1 2; do
     --output "$tmp/ft$i.gguf" 2>/dev/null
 done
 
-# serve ARGS...: starts a server on a free port, sets $pid and $url.
-serve() {
-  : >"$tmp/out"  # exists before the background job opens it (the first sed may run first)
-  : >"$tmp/err"
-  "$chorus" serve --port 0 --host 127.0.0.1 --threads 1 "$@" >>"$tmp/out" 2>>"$tmp/err" &
-  pid=$!
-  for _ in $(seq 1 300); do
-    url=$(sed -n 's|.*serving ".*" at \(http://[^ ]*\)/v1 .*|\1|p' "$tmp/out")
-    [[ -n $url ]] && return 0
-    kill -0 "$pid" 2>/dev/null || fail "server exited: $(cat "$tmp/err")"
-    sleep 0.1
-  done
-  fail "server did not start: $(cat "$tmp/err")"
-}
-stop() { kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""; }
+source "$(dirname "$0")/serve_lib.sh"
 complete() {
   curl -sf "$url/v1/completions" -d "{\"model\":\"$1\",\"prompt\":\"Once upon a time\",\"max_tokens\":16,\"temperature\":0}" |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["choices"][0]["text"])'
