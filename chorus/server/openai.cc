@@ -224,6 +224,43 @@ std::optional<ApiError> ParseStop(const json& body, ApiRequest* out) {
 // keyword and its location).
 // Schemas compile from an order-preserving parse of the body, so properties come out in the
 // order the client wrote them (as OpenAI's structured outputs do).
+// Most strings guided_choice may list (each one alternative of the grammar).
+constexpr size_t kMaxGuidedChoices = 1024;
+
+// `text` as a GBNF string literal: quotes, backslashes and control bytes escaped; other bytes
+// (UTF-8 included) as they are.
+std::string GbnfLiteral(const std::string& text) {
+  std::string out = "\"";
+  for (unsigned char ch : text) {
+    switch (ch) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (ch < 0x20 || ch == 0x7f) {
+          char buf[8];
+          std::snprintf(buf, sizeof(buf), "\\x%02X", ch);
+          out += buf;
+        } else {
+          out += static_cast<char>(ch);
+        }
+    }
+  }
+  return out + "\"";
+}
+
 std::optional<ApiError> ParseStructuredOutput(const json& j, std::string_view body,
                                               engine::GenerationRequest* g) {
   std::optional<nlohmann::ordered_json> ordered;
@@ -246,8 +283,8 @@ std::optional<ApiError> ParseStructuredOutput(const json& j, std::string_view bo
   const char* source = nullptr;
   auto once = [&](const char* field) -> std::optional<ApiError> {
     if (source != nullptr) {
-      return BadRequest(std::string("only one of response_format, grammar and json_schema may "
-                                    "constrain the output (got ") +
+      return BadRequest(std::string("only one of response_format, grammar, json_schema and "
+                                    "guided_* may constrain the output (got ") +
                             source + " and " + field + ")",
                         field);
     }
@@ -318,6 +355,56 @@ std::optional<ApiError> ParseStructuredOutput(const json& j, std::string_view bo
     if (auto e = once("json_schema")) return e;
     if (auto e = compiled(schema_grammar(*js, {"json_schema"}), "json_schema", "JSON schema"))
       return e;
+  }
+  // vLLM's extensions (extra body fields of its OpenAI server; docs/structured_outputs.md).
+  if (const json* gj = Field(j, "guided_json"); gj != nullptr && !gj->is_null()) {
+    if (auto e = once("guided_json")) return e;
+    if (gj->is_string()) {  // a schema sent as a JSON string
+      const std::string& text = gj->get_ref<const std::string&>();
+      auto parsed = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+      if (parsed.is_discarded() || !(parsed.is_object() || parsed.is_boolean()))
+        return BadRequest("guided_json must be a JSON schema (an object or its JSON text)",
+                          "guided_json");
+      if (auto e = compiled(grammar::CachedOrderedJsonSchema(parsed), "guided_json", "JSON schema"))
+        return e;
+    } else if (gj->is_object() || gj->is_boolean()) {
+      if (auto e = compiled(schema_grammar(*gj, {"guided_json"}), "guided_json", "JSON schema"))
+        return e;
+    } else {
+      return BadRequest("guided_json must be a JSON schema (an object or its JSON text)",
+                        "guided_json");
+    }
+  }
+  if (const json* gc = Field(j, "guided_choice"); gc != nullptr && !gc->is_null()) {
+    if (auto e = once("guided_choice")) return e;
+    if (!gc->is_array() || gc->empty() || gc->size() > kMaxGuidedChoices)
+      return BadRequest(
+          "guided_choice must be a list of 1 to " + std::to_string(kMaxGuidedChoices) + " strings",
+          "guided_choice");
+    // The output is exactly one of the strings: root ::= "a" | "b" | …
+    std::string gbnf = "root ::= ";
+    for (size_t k = 0; k < gc->size(); ++k) {
+      const json& c = (*gc)[k];
+      if (!c.is_string() || c.get_ref<const std::string&>().empty())
+        return BadRequest("guided_choice[" + std::to_string(k) + "] must be a non-empty string",
+                          "guided_choice");
+      gbnf += (k == 0 ? "" : " | ") + GbnfLiteral(c.get_ref<const std::string&>());
+    }
+    if (auto e = compiled(grammar::CachedGbnf(gbnf), "guided_choice", "guided_choice")) return e;
+  }
+  if (const json* gg = Field(j, "guided_grammar"); gg != nullptr && !gg->is_null()) {
+    if (!gg->is_string())
+      return BadRequest("guided_grammar must be a GBNF string", "guided_grammar");
+    if (auto e = once("guided_grammar")) return e;
+    if (auto e = compiled(grammar::CachedGbnf(gg->get_ref<const std::string&>()), "guided_grammar",
+                          "grammar"))
+      return e;
+  }
+  if (const json* gr = Field(j, "guided_regex"); gr != nullptr && !gr->is_null()) {
+    return BadRequest(
+        "guided_regex is not supported; use guided_grammar (GBNF), or guided_json with a "
+        "string \"pattern\" for a regex inside JSON",
+        "guided_regex", "unsupported");
   }
   return std::nullopt;
 }

@@ -426,6 +426,40 @@ engine::StreamEvent PromptEv(int64_t position, int32_t token, float logprob,
   return ev;
 }
 
+// vLLM's guided_json / guided_choice / guided_grammar (extra body fields of its OpenAI server).
+TEST_F(OpenAiTest, VllmGuidedFields) {
+  const auto C = ApiKind::kCompletion;
+  ASSERT_FALSE(Parse(C, R"({"prompt":"a","guided_choice":["yes","no","a \"quoted\"\n\\ one"]})"));
+  ASSERT_TRUE(req_.gen.grammar.valid());
+  EXPECT_EQ(grammar::ReferenceRecognize(req_.gen.grammar, "yes"), 1);
+  EXPECT_EQ(grammar::ReferenceRecognize(req_.gen.grammar, "no"), 1);
+  EXPECT_EQ(grammar::ReferenceRecognize(req_.gen.grammar, "a \"quoted\"\n\\ one"), 1);
+  EXPECT_EQ(grammar::ReferenceRecognize(req_.gen.grammar, "yesno"), -1);
+  EXPECT_EQ(grammar::ReferenceRecognize(req_.gen.grammar, "maybe"), -1);
+  ASSERT_FALSE(
+      Parse(C, R"({"prompt":"a","guided_json":{"type":"integer","minimum":3,"maximum":4}})"));
+  EXPECT_EQ(grammar::ReferenceRecognize(req_.gen.grammar, "4"), 1);
+  EXPECT_EQ(grammar::ReferenceRecognize(req_.gen.grammar, "5"), -1);
+  ASSERT_FALSE(Parse(C, R"({"prompt":"a","guided_json":"{\"enum\": [\"x\"]}"})"));  // as text
+  EXPECT_EQ(grammar::ReferenceRecognize(req_.gen.grammar, R"("x")"), 1);
+  ASSERT_FALSE(Parse(C, R"({"prompt":"a","guided_grammar":"root ::= [0-9]+"})"));
+  EXPECT_EQ(grammar::ReferenceRecognize(req_.gen.grammar, "42"), 1);
+  ASSERT_FALSE(Parse(C, R"({"prompt":"a","guided_choice":null})"));
+  EXPECT_FALSE(req_.gen.grammar.valid());
+
+  ExpectBad(C, R"({"prompt":"a","guided_choice":[]})", "guided_choice");
+  ExpectBad(C, R"({"prompt":"a","guided_choice":"yes"})", "guided_choice");
+  ExpectBad(C, R"({"prompt":"a","guided_choice":["yes",""]})", "guided_choice");
+  ExpectBad(C, R"({"prompt":"a","guided_choice":["yes",1]})", "guided_choice");
+  ExpectBad(C, R"({"prompt":"a","guided_json":"{not json"})", "guided_json");
+  ExpectBad(C, R"({"prompt":"a","guided_json":{"type":"nope"}})", "guided_json");
+  ExpectBad(C, R"({"prompt":"a","guided_json":5})", "guided_json");
+  ExpectBad(C, R"({"prompt":"a","guided_grammar":"root ::= undefined"})", "guided_grammar");
+  ExpectBad(C, R"({"prompt":"a","guided_regex":"[a-z]+"})", "guided_regex");
+  ExpectBad(C, R"({"prompt":"a","guided_choice":["a"],"grammar":"root ::= \"a\""})",
+            "guided_choice");
+}
+
 TEST_F(OpenAiTest, LogitBiasAndMinTokens) {
   ASSERT_FALSE(Parse(ApiKind::kCompletion,
                      R"({"prompt":"a","logit_bias":{"5":-100,"300":2.5},"min_tokens":3})"));

@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -547,6 +548,24 @@ TEST(ServerE2E, LogitBiasAndMinTokens) {
   EXPECT_EQ(held.body["choices"][0]["text"], plain.body["choices"][0]["text"]);
   ExpectError(Post(*ts, "/v1/completions", json{{"prompt", "a"}, {"logit_bias", {{"99999", 1}}}}),
               400, "logit_bias");
+}
+
+// vLLM's guided_choice: whatever is sampled, the text is one of the choices.
+TEST(ServerE2E, GuidedChoiceAnswersOneOfTheChoices) {
+  START_OR_SKIP(ts);
+  const std::set<std::string> choices = {"yes", "no", "a big dog"};
+  for (int seed = 0; seed < 6; ++seed) {
+    auto r = Post(*ts, "/v1/chat/completions",
+                  json{{"messages", {{{"role", "user"}, {"content", "Is it?"}}}},
+                       {"max_tokens", 16},
+                       {"temperature", 1.0},
+                       {"seed", seed},
+                       {"guided_choice", {"yes", "no", "a big dog"}}});
+    ASSERT_EQ(r.status, 200) << r.raw;
+    const std::string text = r.body["choices"][0]["message"]["content"];
+    EXPECT_TRUE(choices.count(text)) << "'" << text << "'";
+    EXPECT_EQ(r.body["choices"][0]["finish_reason"], "stop");
+  }
 }
 
 TEST(ServerE2E, LogprobsShapes) {
