@@ -29,7 +29,10 @@ constexpr int64_t kDefaultCheckpointEvery = 20;
 constexpr auto kCancelWait = std::chrono::seconds(3);
 
 FinetuneReply Error(const ApiError& e) { return {e.http_status, e.ToJson(), "application/json"}; }
-FinetuneReply Ok(const json& j) { return {200, j.dump(), "application/json"}; }
+// Never throws: invalid UTF-8 (which no stored field should hold) is replaced by U+FFFD.
+FinetuneReply Ok(const json& j) {
+  return {200, j.dump(-1, ' ', false, json::error_handler_t::replace), "application/json"};
+}
 
 int64_t Now() {
   return std::chrono::duration_cast<std::chrono::seconds>(
@@ -606,7 +609,8 @@ std::string FinetuneApi::JobJson(const std::string& id,
     }
     j["error"] = {{"code", code}, {"message", msg}, {"param", param}};
   }
-  return j.dump();
+  // An error message may quote the training data, which need not be UTF-8: never throw.
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 std::optional<train::JobSnapshot> FinetuneApi::VisibleJob(const std::string& id,

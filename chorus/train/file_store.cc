@@ -9,6 +9,7 @@
 
 #include "chorus/base/logging.h"
 #include "chorus/base/mapped_file.h"
+#include "chorus/tokenizer/utf8.h"
 
 namespace chorus::train {
 namespace {
@@ -229,6 +230,12 @@ Result<StoredFile> FileStore::Add(const std::string& filename, const std::string
   }
   if (filename.find('/') != std::string::npos || filename.find('\\') != std::string::npos) {
     return InvalidArgumentError("filename must not contain a path separator");
+  }
+  // It is listed in JSON (the index, GET /v1/files): text only.
+  if (tokenizer::internal::SanitizeUtf8(filename) != filename ||
+      std::any_of(filename.begin(), filename.end(),
+                  [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; })) {
+    return InvalidArgumentError("filename must be UTF-8 text without control characters");
   }
   if (!owner.empty() && !IsValidOwnerName(owner)) {
     return InvalidArgumentError("owner must be a tenant name (1-64 characters of [A-Za-z0-9._-])");

@@ -53,6 +53,16 @@ TEST(FileStoreTest, Refusals) {
   EXPECT_EQ((*s)->Add("a.jsonl", "fine-tune", "").status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ((*s)->Add("../a.jsonl", "fine-tune", "x").status().code(),
             StatusCode::kInvalidArgument);
+  // A name that is not UTF-8, or holds control characters, could not be listed as JSON.
+  for (const std::string name : {std::string("a\xff.jsonl"), std::string("a\xc3.jsonl"),
+                                 std::string("a\n.jsonl"), std::string("a\x7f")}) {
+    auto r = (*s)->Add(name, "fine-tune", "x");
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << name;
+    EXPECT_NE(r.status().message().find("filename"), std::string::npos);
+  }
+  CHORUS_ASSERT_OK((*s)->Add("données ✓.jsonl", "fine-tune", "x").status());
+  ASSERT_EQ((*s)->List().size(), 1u);
+  CHORUS_ASSERT_OK((*s)->Delete((*s)->List()[0].id));
   auto big = (*s)->Add("a.jsonl", "fine-tune", std::string(17, 'x'));
   EXPECT_EQ(big.status().code(), StatusCode::kResourceExhausted);
   EXPECT_NE(big.status().message().find("over the limit of 16"), std::string::npos);

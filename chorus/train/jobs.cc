@@ -274,8 +274,9 @@ void JobQueue::Persist() const {
     list.push_back(std::move(e));
   }
   // A failed write loses only this update; the next change writes the whole list again.
+  // Error messages may quote training data that is not UTF-8: replaced, never thrown.
   (void)WriteFileAtomically((std::filesystem::path(state_dir_) / "jobs.json").string(),
-                            list.dump(1));
+                            list.dump(1, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 
 JobQueue::~JobQueue() { Stop(); }
