@@ -80,8 +80,7 @@ struct Sequence {
   std::pair<int64_t, int64_t> PromptLogitRows(int64_t start, int64_t count) const {
     if (!wants_prompt_logprobs()) return {start, start};
     const int64_t begin = std::max(start, prompt_logprobs_next - 1);
-    const int64_t end = std::min(start + count, n_prompt - 1);
-    return begin < end ? std::pair{begin, end} : std::pair{begin, begin};
+    return {begin, std::max(begin, std::min(start + count, n_prompt - 1))};
   }
   bool wants_prompt_logprobs() const {
     return req != nullptr && req->prompt_logprobs >= 0 && prompt_logprobs_next < n_prompt;

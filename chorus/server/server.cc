@@ -357,13 +357,14 @@ struct Server::Impl {
             {"kind", r.kind}, {"version", r.id.version}};
   }
   // The one step from a request's `model` to what the engine loads: the registered variant's
-  // reference into gen->variant, or 404 (unknown) / 400 (unavailable). Reads no file.
+  // reference into gen->variant, or 404 (unknown) / 400 (unavailable). Reads no file, except
+  // when a name unknown to the registry is looked up in the --lora-resolve-dir directories.
+  std::optional<ApiError> ResolveVariant(const std::string& name, const Tenant* tenant,
+                                         engine::GenerationRequest* gen) const;
   // --lora-resolve-dir: registers DIR/NAME (or DIR/NAME.gguf) of the first directory that has
   // it; nullopt when none does; the registry's error when it is not a servable adapter.
   Result<std::optional<adapters::AdapterInfo>> RegisterFromResolveDirs(
       const std::string& name) const;
-  std::optional<ApiError> ResolveVariant(const std::string& name, const Tenant* tenant,
-                                         engine::GenerationRequest* gen) const;
   // The body of an adapter endpoint, once the server is ready, serves adapters, and the body is
   // a JSON object with a string lora_name; otherwise the error is sent and nullopt returned.
   std::optional<json> AdapterRequest(const std::string& body, httplib::Response& res) const;

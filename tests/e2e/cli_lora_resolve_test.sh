@@ -9,18 +9,7 @@
 set -euo pipefail
 chorus=$1
 models=$2
-base=$models/stories260K/stories260K.bin
-tok=$models/stories260K/tok512.bin
-if [[ ! -f $base || ! -f $tok ]]; then
-  echo "shared models not found under $models"
-  [[ ${CHORUS_REQUIRE_MODELS:-0} == 1 ]] && exit 1
-  exit 77
-fi
-tmp=$(mktemp -d)
-pid=""
-cleanup() { [[ -n $pid ]] && kill "$pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$tmp"; }
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "$0")/serve_lib.sh"
 
 # The real LoRA fine-tune of stories260K ("things"), under two names.
 lora=$models/stories260K-finetunes/things/lora
@@ -30,7 +19,6 @@ cp -r "$lora" "$tmp/made/lora-0"
 cp -r "$lora" "$tmp/made/lora-1"
 cp -r "$tmp/made/lora-0" "$tmp/fixed/"
 
-source "$(dirname "$0")/serve_lib.sh"
 # serve_as NAME ARGS...: the base with its own registry file NAME, and ARGS.
 serve_as() {
   serve --model "$base" --tokenizer "$tok" --served-model-name base \

@@ -9,25 +9,13 @@
 set -euo pipefail
 chorus=$1
 models=$2
-base=$models/stories260K/stories260K.bin
-tok=$models/stories260K/tok512.bin
-if [[ ! -f $base || ! -f $tok ]]; then
-  echo "shared models not found under $models"
-  [[ ${CHORUS_REQUIRE_MODELS:-0} == 1 ]] && exit 1
-  exit 77
-fi
-tmp=$(mktemp -d)
-pid=""
-cleanup() { [[ -n $pid ]] && kill "$pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$tmp"; }
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "$0")/serve_lib.sh"
 
 for i in 1 2; do
   "$chorus" convert --model "$base" --tokenizer "$tok" --finetune-delta 0.3:0.5 --seed $i \
     --output "$tmp/ft$i.gguf" 2>/dev/null
 done
 
-source "$(dirname "$0")/serve_lib.sh"
 complete() {
   curl -sf "$url/v1/completions" -d "{\"model\":\"$1\",\"prompt\":\"Once upon a time\",\"max_tokens\":16,\"temperature\":0}" |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["choices"][0]["text"])'

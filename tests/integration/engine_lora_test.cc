@@ -109,9 +109,6 @@ TEST(EngineLoraTest, SixteenRequestsOverEightAdaptersMatchAlone) {
 // ---- Residency: unified paging, loader threads, cold start (docs/architecture.md, "Memory tiers")
 // ----
 
-using Stories = testing::Stories260K;
-Stories LoadStories() { return testing::LoadStories260K(); }
-
 adapters::LoraWeights Weights(const model::ModelConfig& c, int64_t rank, uint64_t seed) {
   adapters::RandomLoraSpec spec;
   spec.rank = rank;
@@ -140,7 +137,7 @@ GenerationRequest Req(int i, std::optional<adapters::VariantRef> variant, int64_
   return r;
 }
 
-EngineOptions SmallOptions(const Stories& s, int64_t pool_bytes,
+EngineOptions SmallOptions(const testing::Stories260K& s, int64_t pool_bytes,
                            adapters::LoraStorage storage = adapters::LoraLimits{}.storage) {
   EngineOptions o;
   o.threads = 2;
@@ -160,7 +157,7 @@ bool WaitFor(Pred pred) {
   return pred();
 }
 
-std::vector<int32_t> Alone(const Stories& s, GenerationRequest r) {
+std::vector<int32_t> Alone(const testing::Stories260K& s, GenerationRequest r) {
   auto e = Engine::Create(s.model, s.tok, SmallOptions(s, 64 << 20));
   CHORUS_CHECK(e.ok());
   return RunToEnd(**(*e)->Submit(std::move(r)));
@@ -170,7 +167,7 @@ class EngineResidencyStorageTest : public ::testing::TestWithParam<adapters::Lor
 
 TEST_P(EngineResidencyStorageTest, ColdRequestEqualsWarmAndAdapterPagesComeFromThePool) {
   CHORUS_REQUIRE_SHARED_MODEL(kModel);
-  Stories s = LoadStories();
+  testing::Stories260K s = testing::LoadStories260K();
   const auto a = WriteVariant(s.model->config(), Weights(s.model->config(), 16, 7), "cold");
   EngineOptions host_only = SmallOptions(s, 64 << 20, GetParam());
   host_only.adapter_pool_copies = false;
@@ -214,7 +211,7 @@ constexpr int64_t kSmallPool = 80 * 20480;
 // The small pool, f32 adapters, and no prefix cache: these tests count which pages KV takes
 // from whom, and cached blocks of finished requests would add a third party (their eviction
 // order is tested in tests/integration/prefix_cache_test.cc).
-EngineOptions SmallPoolOptions(const Stories& s) {
+EngineOptions SmallPoolOptions(const testing::Stories260K& s) {
   EngineOptions o = SmallOptions(s, kSmallPool, adapters::LoraStorage::kF32);
   o.prefix_cache = false;
   return o;
@@ -222,7 +219,7 @@ EngineOptions SmallPoolOptions(const Stories& s) {
 
 TEST(EngineResidencyTest, KvEvictsUnpinnedAdaptersBeforePreempting) {
   CHORUS_REQUIRE_SHARED_MODEL(kModel);
-  Stories s = LoadStories();
+  testing::Stories260K s = testing::LoadStories260K();
   auto a = Adapter(s.model->config(), 32, 8);
   auto e = Engine::Create(s.model, s.tok, SmallPoolOptions(s));
   ASSERT_TRUE(e.ok());
@@ -248,7 +245,7 @@ TEST(EngineResidencyTest, KvEvictsUnpinnedAdaptersBeforePreempting) {
 
 TEST(EngineResidencyTest, PinnedAdapterIsNeverEvictedKvPreemptsInstead) {
   CHORUS_REQUIRE_SHARED_MODEL(kModel);
-  Stories s = LoadStories();
+  testing::Stories260K s = testing::LoadStories260K();
   auto a = Adapter(s.model->config(), 32, 9);
   // a: 28 blocks, b and c: 16 each. With a's ~37 adapter pages pinned, 60 blocks do not fit in
   // the 43 left; once a finishes, b and c fit without touching the (then unpinned) copy.
@@ -271,7 +268,7 @@ TEST(EngineResidencyTest, PinnedAdapterIsNeverEvictedKvPreemptsInstead) {
 
 TEST(EngineResidencyTest, DiskLoadInBackgroundColdEqualsWarmErrorsFinishTheRequest) {
   CHORUS_REQUIRE_SHARED_MODEL(kModel);
-  Stories s = LoadStories();
+  testing::Stories260K s = testing::LoadStories260K();
   const auto& c = s.model->config();
   const std::string dir = testing::TempDir() + "/engine_residency_peft";
   std::filesystem::remove_all(dir);
@@ -307,7 +304,7 @@ TEST(EngineResidencyTest, DiskLoadInBackgroundColdEqualsWarmErrorsFinishTheReque
 
 TEST(EngineResidencyTest, MaxAdaptersPerStepIsRespected) {
   CHORUS_REQUIRE_SHARED_MODEL(kModel);
-  Stories s = LoadStories();
+  testing::Stories260K s = testing::LoadStories260K();
   std::vector<adapters::VariantRef> loras;
   for (int i = 0; i < 6; ++i)
     loras.push_back(Adapter(s.model->config(), 4 + 4 * i, 20 + static_cast<uint64_t>(i)));
@@ -338,7 +335,7 @@ TEST(EngineResidencyTest, MaxAdaptersPerStepIsRespected) {
 
 // The queue of the fairness tests below, on an engine with a cap of 1 adapter per step and two
 // running slots: a long request for adapter A, then one for B, then 20 short ones for A.
-EngineOptions CappedOptions(const Stories& s) {
+EngineOptions CappedOptions(const testing::Stories260K& s) {
   EngineOptions o = SmallOptions(s, 64 << 20);
   o.max_adapters_per_step = 1;
   o.max_running = 2;
@@ -377,7 +374,7 @@ CappedQueue SubmitCappedQueue(Engine* e, const adapters::VariantRef& a,
 // step. Without that bound B would start after all 20.
 TEST(EngineResidencyTest, CappedAdapterIsOvertakenOnlyBoundedTimes) {
   CHORUS_REQUIRE_SHARED_MODEL(kModel);
-  Stories s = LoadStories();
+  testing::Stories260K s = testing::LoadStories260K();
   auto a = Adapter(s.model->config(), 8, 40), b = Adapter(s.model->config(), 16, 41);
   const auto want_b = Alone(s, Req(1, b, 8));
   auto e = Engine::Create(s.model, s.tok, CappedOptions(s));
@@ -400,7 +397,7 @@ TEST(EngineResidencyTest, CappedAdapterIsOvertakenOnlyBoundedTimes) {
 // submitted last: it starts while B still waits for A to leave the step.
 TEST(EngineResidencyTest, BaseRequestsPassTheAdapterFairnessBarrier) {
   CHORUS_REQUIRE_SHARED_MODEL(kModel);
-  Stories s = LoadStories();
+  testing::Stories260K s = testing::LoadStories260K();
   auto a = Adapter(s.model->config(), 8, 40), b = Adapter(s.model->config(), 16, 41);
   const auto want_base = Alone(s, Req(30, std::nullopt, 4));
   auto e = Engine::Create(s.model, s.tok, CappedOptions(s));
@@ -421,7 +418,7 @@ TEST(EngineResidencyTest, BaseRequestsPassTheAdapterFairnessBarrier) {
 
 TEST(EngineResidencyTest, UnloadWhileInUseFinishesThenFrees) {
   CHORUS_REQUIRE_SHARED_MODEL(kModel);
-  Stories s = LoadStories();
+  testing::Stories260K s = testing::LoadStories260K();
   auto a = Adapter(s.model->config(), 32, 30);
   const auto want = Alone(s, Req(10, a, 120));
   for (bool forget : {false, true}) {

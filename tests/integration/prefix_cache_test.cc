@@ -17,9 +17,6 @@ namespace {
 
 const char* kModel = "stories260K/stories260K.bin";
 
-using Stories = testing::Stories260K;
-Stories LoadStories() { return testing::LoadStories260K(); }
-
 // Gauges are published at the end of the step that pushed the last event: wait for them.
 template <typename Pred>
 bool WaitFor(Pred pred) {
@@ -57,7 +54,7 @@ GenerationRequest Req(int question, std::optional<adapters::VariantRef> variant 
   return r;
 }
 
-EngineOptions Options(const Stories& s, bool prefix_cache,
+EngineOptions Options(const testing::Stories260K& s, bool prefix_cache,
                       kernels::KvDtype kv_dtype = kernels::KvDtype::kF32) {
   EngineOptions o;
   o.kv_dtype = kv_dtype;
@@ -70,7 +67,7 @@ EngineOptions Options(const Stories& s, bool prefix_cache,
   return o;
 }
 
-std::vector<std::vector<int32_t>> Alone(const Stories& s, GenerationRequest r,
+std::vector<std::vector<int32_t>> Alone(const testing::Stories260K& s, GenerationRequest r,
                                         kernels::KvDtype kv_dtype = kernels::KvDtype::kF32) {
   auto e = Engine::Create(s.model, s.tok, Options(s, /*prefix_cache=*/false, kv_dtype));
   CHORUS_CHECK(e.ok());
@@ -78,7 +75,7 @@ std::vector<std::vector<int32_t>> Alone(const Stories& s, GenerationRequest r,
 }
 
 void CheckSharedPrefixIsReused(kernels::KvDtype kv_dtype) {
-  Stories s = LoadStories();
+  testing::Stories260K s = testing::LoadStories260K();
   GenerationRequest sampled = Req(3);
   sampled.sampling.temperature = 0.8f;
   sampled.sampling.seed = 1234;
@@ -119,7 +116,7 @@ TEST(PrefixCacheE2E, SharedPrefixIsReusedAndOutputsAreBitwiseTheSameWithBf16Kv) 
 
 TEST(PrefixCacheE2E, AVariantNeverReusesAnotherVariantsBlocks) {
   CHORUS_REQUIRE_SHARED_MODEL(kModel);
-  Stories s = LoadStories();
+  testing::Stories260K s = testing::LoadStories260K();
   const auto& c = s.model->config();
   // A LoRA on k and v only: it changes the keys and values themselves.
   adapters::RandomLoraSpec spec;
@@ -151,7 +148,7 @@ TEST(PrefixCacheE2E, AVariantNeverReusesAnotherVariantsBlocks) {
 
 TEST(PrefixCacheE2E, CachedBlocksMakeWayForNewKvWithoutPreemption) {
   CHORUS_REQUIRE_SHARED_MODEL(kModel);
-  Stories s = LoadStories();
+  testing::Stories260K s = testing::LoadStories260K();
   EngineOptions o = Options(s, true);
   o.pool_bytes = 64 * 20480;  // 64 blocks of 16 tokens
   auto e = Engine::Create(s.model, s.tok, o);

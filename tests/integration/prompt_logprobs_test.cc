@@ -18,9 +18,6 @@ namespace {
 
 const char* kModel = "stories260K/stories260K.bin";
 
-using Stories = testing::Stories260K;
-Stories LoadStories() { return testing::LoadStories260K(); }
-
 // One scored token: a generated token's or a prompt token's.
 struct Scored {
   int32_t token = -1;
@@ -82,7 +79,7 @@ void ExpectSameScores(const Scored& got, const Scored& want, size_t at) {
 }
 
 void CheckPromptScoresEqualDecodeScores(std::optional<adapters::VariantRef> variant) {
-  Stories s = LoadStories();
+  testing::Stories260K s = testing::LoadStories260K();
   EngineOptions o;
   o.threads = 2;
   o.max_batch_tokens = 64;
@@ -160,7 +157,7 @@ TEST(PromptLogprobsE2E, PromptScoresEqualTheDecodePathsScoresOfTheSameTokens) {
 
 TEST(PromptLogprobsE2E, PromptScoresEqualTheDecodePathsScoresUnderALora) {
   CHORUS_REQUIRE_SHARED_MODEL(kModel);
-  Stories s = LoadStories();
+  testing::Stories260K s = testing::LoadStories260K();
   const auto& c = s.model->config();
   adapters::RandomLoraSpec spec;
   spec.rank = 8;
@@ -175,7 +172,7 @@ TEST(PromptLogprobsE2E, PromptScoresEqualTheDecodePathsScoresUnderALora) {
 
 TEST(PromptLogprobsE2E, OutOfRangeIsRefused) {
   CHORUS_REQUIRE_SHARED_MODEL(kModel);
-  Stories s = LoadStories();
+  testing::Stories260K s = testing::LoadStories260K();
   EngineOptions o;
   o.threads = 1;
   o.pool_bytes = 16 << 20;
