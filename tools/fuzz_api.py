@@ -3,7 +3,7 @@
 
 Starts a server (the embedded default model plus two synthetic LoRA adapters, so every route
 has something to act on), then sends --requests requests generated from a schema of every
-route — completions, chat completions (with tools, tool_choice and tool turns), models, adapter load/unload, /tokenize, /detokenize,
+route — completions, chat completions (with tools, tool_choice and tool turns), embeddings, models, adapter load/unload, /tokenize, /detokenize,
 /apply-template, files and fine-tuning jobs (multipart uploads, job bodies with broken
 hyperparameters, unknown ids), metrics, health, unknown routes and methods — each valid or broken in one of many ways: wrong types, out-of-range
 numbers, NaN/Infinity, huge strings and arrays, deep nesting, invalid UTF-8 and lone
@@ -41,7 +41,7 @@ FT_IDS = ["file-nope", "ftjob-nope", "", "%00", "x" * 300, "file-000000000000000
 FT_GET = ["/v1/files", "/v1/files/{f}", "/v1/files/{f}/content", "/v1/fine_tuning/jobs",
           "/v1/fine_tuning/jobs/{j}", "/v1/fine_tuning/jobs/{j}/events",
           "/v1/fine_tuning/jobs/{j}/checkpoints"]
-JUNK_ROUTES = ["/", "/v1", "/v1/embeddings", "/v2/completions", "/v1/completions/x",
+JUNK_ROUTES = ["/", "/v1", "/v1/embedding", "/v2/completions", "/v1/completions/x",
                "/%00", "/v1/models/%ff%fe", "/" + "a" * 3000]
 
 
@@ -275,6 +275,24 @@ class Gen:
             answer["tool_call_id"] = self.weird_value()
         return [{"role": "assistant", "content": r.choice([None, "", "checking"]),
                  "tool_calls": r.choice([[call], [call, call], call, []])}, answer]
+
+    def embed_body(self):
+        """A /v1/embeddings body: OpenAI's and vLLM's fields, each valid or broken."""
+        r = self.r
+        b = {"model": self.model(), "input": self.prompt()}
+        if r.random() < 0.05:
+            b["input"] = ["Once upon a time %d" % i for i in range(r.choice([70, 2049]))]
+        opts = {
+            "encoding_format": (["float", "base64"], ["int8", 1, None]),
+            "dimensions": ([64], [0, -1, 32, "64"]),
+            "normalize": ([True, False], ["yes", 1]),
+            "truncate_prompt_tokens": ([-1, 1, 4], [0, -2, 10**9, "4"]),
+            "user": (["u"], [5]),
+        }
+        for k, (good, bad) in opts.items():
+            if r.random() < 0.3:
+                b[k] = r.choice(bad if r.random() < 0.15 else good)
+        return b
 
     def model(self):
         if self.r.random() < 0.85:
@@ -567,6 +585,13 @@ def one(port, gen, rng, stats, failures, tenants=False):
     elif r < 0.16:
         path = rng.choice(TEMPLATE_ROUTES)
         body = encode(gen.template_body(path), rng)
+        if rng.random() < 0.1:
+            body = mutate_bytes(body, rng)
+        data = http("POST", path, body)
+        what = "POST " + path
+    elif r < 0.18:
+        path = "/v1/embeddings"
+        body = encode(gen.embed_body(), rng)
         if rng.random() < 0.1:
             body = mutate_bytes(body, rng)
         data = http("POST", path, body)

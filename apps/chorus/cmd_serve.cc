@@ -412,6 +412,9 @@ int ServeCommand(int argc, char** argv) {
   f.String("tool-call-parser", "auto",
            "how tool calls are read from replies: hermes, llama3_json, mistral, generic, or auto "
            "(detected from the chat template; docs/api.md, Tools)");
+  f.String("pooling", "last",
+           "how /v1/embeddings pools a prompt's final hidden states: last (the last token's, as "
+           "vLLM for decoder models), mean, or cls (the first token's); docs/api.md, Embeddings");
   f.Float("drain-timeout", 30.0,
           "seconds running requests get to finish on SIGTERM before they are aborted");
   f.Int("tp", 1,
@@ -596,6 +599,7 @@ int ServeCommand(int argc, char** argv) {
   so.chat_template_label = chat_template->label;
   so.tool_call_parser = f.GetString("tool-call-parser");
   so.lora_resolve_dirs = f.GetRepeated("lora-resolve-dir");
+  so.pooling = f.GetString("pooling");
   auto srv = server::Server::Create(so);
   if (!srv.ok()) return Fail("serve", InvalidArgumentError("flag " + srv.status().message()));
   if (Status s = (*srv)->Start(); !s.ok()) return Fail("serve", s);

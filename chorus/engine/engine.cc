@@ -145,7 +145,8 @@ struct Engine::Impl {
   std::unique_ptr<memory::PagePool> pages;
   std::unique_ptr<memory::KvCache> kv;
   std::unique_ptr<model::Forward> forward;
-  std::vector<float> logits;                            // [max_running, vocab]
+  std::vector<float> logits;  // [max_running, vocab]
+  std::vector<float> hidden;  // [a step's hidden rows, n_embd]: embeddings; grown on demand
   std::unique_ptr<model::StepBuilder> step;             // the step's arrays, reserved at Create
   std::vector<const adapters::LoraView*> row_adapters;  // [rows] of the step
   std::unique_ptr<adapters::LoraHook> lora_hook;        // the LoRA kind's term (docs/variants.md)
@@ -200,10 +201,16 @@ struct Engine::Impl {
            (!idle && (draining.load() || work)) || trainer;
   }
   void Step();
-  // Run the forward pass over a run of the plan and write its logits from `out`; return the
-  // end of what they wrote.
-  float* RunBase(std::span<const Scheduler::Planned> run, float* out);
-  float* RunFull(std::span<const Scheduler::Planned> run, float* out);
+  // Where a run of the plan writes its logits and hidden rows (both in plan order).
+  struct RunOutputs {
+    float* logits;
+    float* hidden;
+  };
+  // Run the forward pass over a run of the plan and write its logits and hidden rows from
+  // `out`; return the end of what they wrote.
+  RunOutputs RunBase(std::span<const Scheduler::Planned> run, RunOutputs out);
+  RunOutputs RunFull(std::span<const Scheduler::Planned> run, RunOutputs out);
+  void AddPlanned(const Scheduler::Planned& pl);
   // Runs one training iteration (or waits briefly for the trainer's next one) when the finetune
   // policy lets it (EngineOptions::finetune_policy); returns whether it did either, i.e.
   // whether the loop should decide again before stepping.
@@ -387,7 +394,16 @@ Status Engine::Check(GenerationRequest* req, FullModels::Entry** full) const {
                                   ")");
     }
   }
-  if (req->max_tokens < 1) return InvalidArgumentError("max_tokens must be at least 1");
+  if (req->embedding) {
+    // No token is generated: nothing of the generation fields applies.
+    if (req->n != 1) return InvalidArgumentError("an embedding request has one choice (n = 1)");
+    if (req->prompt_logprobs >= 0 || req->grammar.valid())
+      return InvalidArgumentError("an embedding request takes no prompt logprobs or grammar");
+    req->max_tokens = 0;
+    req->min_tokens = 0;
+  } else if (req->max_tokens < 1) {
+    return InvalidArgumentError("max_tokens must be at least 1");
+  }
   if (req->n < 1 || req->n > 16) return InvalidArgumentError("n must be in [1, 16]");
   if (req->min_tokens < 0 || req->min_tokens > req->max_tokens) {
     return InvalidArgumentError(
@@ -680,12 +696,16 @@ void Engine::Impl::Step() {
     if (!mask_worker) mask_worker = std::make_unique<MaskWorker>(&self->metrics_);
     mask_worker->Start(&mask_rows);
   }
-  float* run_logits = logits.data();
-  if (base_end > 0) run_logits = RunBase(plan.first(base_end), run_logits);
+  int64_t hidden_rows = 0;
+  for (const Scheduler::Planned& pl : plan) hidden_rows += pl.hidden_rows();
+  if (static_cast<int64_t>(hidden.size()) < hidden_rows * c.n_embd)
+    hidden.resize(static_cast<size_t>(hidden_rows * c.n_embd));
+  RunOutputs out{logits.data(), hidden.data()};
+  if (base_end > 0) out = RunBase(plan.first(base_end), out);
   for (size_t i = base_end; i < plan.size();) {
     size_t j = i;
     while (j < plan.size() && plan[j].seq->full == plan[i].seq->full) ++j;
-    run_logits = RunFull(plan.subspan(i, j - i), run_logits);
+    out = RunFull(plan.subspan(i, j - i), out);
     i = j;
   }
   if (!mask_rows.empty()) {
@@ -696,30 +716,37 @@ void Engine::Impl::Step() {
   self->metrics_.prompt_tokens_total.fetch_add(prompt_rows);
   self->metrics_.steps_total.fetch_add(1);
 
-  scheduler->Complete(logits.data(), c.vocab_size, output.get());  // sample, stream, finish
+  scheduler->Complete(logits.data(), c.vocab_size, output.get(), hidden.data(),
+                      c.n_embd);  // sample, stream, finish
   self->metrics_.step_seconds.Observe(Seconds(Clock::now() - t0));
   PublishGauges();
 }
 
 // One whole fine-tune's rows (a run of the plan): its own forward pass, no adapter hooks.
-float* Engine::Impl::RunFull(std::span<const Scheduler::Planned> run, float* out) {
+Engine::Impl::RunOutputs Engine::Impl::RunFull(std::span<const Scheduler::Planned> run,
+                                               RunOutputs out) {
   FullModels::Entry* e = run.front().seq->full;
   CHORUS_CHECK(e->state == FullModels::State::kResident && e->users > 0);
   step->Clear();
-  int64_t n_logits = 0;
-  for (const Scheduler::Planned& pl : run) {
-    step->AddSequence(std::span<const int32_t>(pl.seq->tokens)
-                          .subspan(static_cast<size_t>(pl.start), static_cast<size_t>(pl.count)),
-                      pl.start, pl.seq->table.data(), pl.wants_logits,
-                      {pl.prompt_logits_begin - pl.start, pl.prompt_logits_end - pl.start});
-    n_logits += pl.logit_rows();
-  }
-  e->forward->Run(step->Input(), kv.get(), &pool, out);
-  return out + n_logits * e->model->config().vocab_size;
+  for (const Scheduler::Planned& pl : run) AddPlanned(pl);
+  e->forward->Run(step->Input(), kv.get(), &pool, out.logits, out.hidden);
+  const auto& c = e->model->config();
+  return {out.logits + step->logit_rows() * c.vocab_size,
+          out.hidden + step->hidden_rows() * c.n_embd};
+}
+
+// One planned chunk as the step's rows: its logit rows and hidden rows as the plan says.
+void Engine::Impl::AddPlanned(const Scheduler::Planned& pl) {
+  step->AddSequence(std::span<const int32_t>(pl.seq->tokens)
+                        .subspan(static_cast<size_t>(pl.start), static_cast<size_t>(pl.count)),
+                    pl.start, pl.seq->table.data(), pl.wants_logits,
+                    {pl.prompt_logits_begin - pl.start, pl.prompt_logits_end - pl.start},
+                    {pl.hidden_begin - pl.start, pl.hidden_end - pl.start});
 }
 
 // The base's rows, with the terms of their adapters and deltas through the hooks.
-float* Engine::Impl::RunBase(std::span<const Scheduler::Planned> run, float* out) {
+Engine::Impl::RunOutputs Engine::Impl::RunBase(std::span<const Scheduler::Planned> run,
+                                               RunOutputs out) {
   const auto& c = self->model_->config();
   // The planned rows become the step's arrays, and each row's adapter the hook's segments.
   row_adapters.clear();
@@ -727,12 +754,8 @@ float* Engine::Impl::RunBase(std::span<const Scheduler::Planned> run, float* out
   row_deltas.clear();
   bool any_adapter = false, any_delta = false;
   step->Clear();
-  int64_t n_logits = 0;
   for (const Scheduler::Planned& pl : run) {
-    step->AddSequence(std::span<const int32_t>(pl.seq->tokens)
-                          .subspan(static_cast<size_t>(pl.start), static_cast<size_t>(pl.count)),
-                      pl.start, pl.seq->table.data(), pl.wants_logits,
-                      {pl.prompt_logits_begin - pl.start, pl.prompt_logits_end - pl.start});
+    AddPlanned(pl);
     const adapters::LoraView* view = pl.seq->lora ? residency->View(pl.seq->lora.get()) : nullptr;
     row_adapters.insert(row_adapters.end(), static_cast<size_t>(pl.count), view);
     if (tp_slots) {
@@ -744,7 +767,6 @@ float* Engine::Impl::RunBase(std::span<const Scheduler::Planned> run, float* out
     row_deltas.insert(row_deltas.end(), static_cast<size_t>(pl.count), pl.seq->delta.get());
     any_delta |= pl.seq->delta != nullptr;
     any_adapter |= pl.seq->lora != nullptr;
-    n_logits += pl.logit_rows();
   }
 
   model::StepInput in = step->Input();
@@ -771,8 +793,9 @@ float* Engine::Impl::RunBase(std::span<const Scheduler::Planned> run, float* out
         kv->copies());
     kv->ClearCopies();
   }
-  forward->Run(in, kv.get(), &pool, out);
-  return out + n_logits * c.vocab_size;
+  forward->Run(in, kv.get(), &pool, out.logits, out.hidden);
+  return {out.logits + step->logit_rows() * c.vocab_size,
+          out.hidden + step->hidden_rows() * c.n_embd};
 }
 
 void Engine::Impl::PublishGauges() {

@@ -1,6 +1,7 @@
 #include "chorus/engine/output_stage.h"
 
 #include <algorithm>
+#include <cmath>
 #include <span>
 
 namespace chorus::engine {
@@ -78,6 +79,35 @@ void OutputStage::EmitPromptLogprob(Sequence* s, int64_t position, const float* 
   ev.rank = result_.rank;
   ev.logprob = result_.logprob;
   ev.top_logprobs = result_.top;
+  s->handle->Push(std::move(ev));
+}
+
+void OutputStage::PoolHidden(Sequence* s, const float* row, int64_t d) {
+  CHORUS_CHECK(s->is_embedding());
+  s->embed_sum.resize(static_cast<size_t>(d), 0.0);
+  const bool mean = s->req->embedding->pooling == Pooling::kMean;
+  for (int64_t i = 0; i < d; ++i) {
+    const double v = row[i];
+    s->embed_sum[static_cast<size_t>(i)] = mean ? s->embed_sum[static_cast<size_t>(i)] + v : v;
+  }
+}
+
+void OutputStage::EmitEmbedding(Sequence* s) {
+  const EmbeddingOptions& opts = *s->req->embedding;
+  CHORUS_CHECK(!s->embed_sum.empty());
+  // The mean's sum and the norm in double, in index order: the vector depends only on the
+  // pooled rows, which are bitwise the same in any batch (docs/architecture.md, "Attention").
+  const double scale =
+      opts.pooling == Pooling::kMean ? 1.0 / static_cast<double>(s->n_prompt) : 1.0;
+  double norm2 = 0;
+  for (double v : s->embed_sum) norm2 += (v * scale) * (v * scale);
+  const double out_scale = opts.normalize && norm2 > 0 ? scale / std::sqrt(norm2) : scale;
+  StreamEvent ev;
+  ev.index = s->index;
+  ev.embedding.reserve(s->embed_sum.size());
+  for (double v : s->embed_sum) ev.embedding.push_back(static_cast<float>(v * out_scale));
+  ev.finish = FinishReason::kStop;
+  s->finished = true;
   s->handle->Push(std::move(ev));
 }
 

@@ -30,6 +30,11 @@ class TokenSink {
   // Streams the logprob of prompt token `position` of `s` (prompt logprobs), scored by
   // `row_logits`, the logits of the row before it.
   virtual void EmitPromptLogprob(Sequence* s, int64_t position, const float* row_logits) = 0;
+  // Pools the hidden state `row` ([d]) of the next pooled position of embedding `s` into
+  // s->embed_sum (positions arrive in order, each once).
+  virtual void PoolHidden(Sequence* s, const float* row, int64_t d) = 0;
+  // Sends embedding `s`'s vector as its final event (finish kStop) and sets s->finished.
+  virtual void EmitEmbedding(Sequence* s) = 0;
 };
 
 // Counts `s`'s SLO attainment (metrics.h, SloCount) once it has finished with tokens.
@@ -47,6 +52,8 @@ class OutputStage : public TokenSink {
 
   FinishReason Emit(Sequence* s, const float* row_logits) override;
   void EmitPromptLogprob(Sequence* s, int64_t position, const float* row_logits) override;
+  void PoolHidden(Sequence* s, const float* row, int64_t d) override;
+  void EmitEmbedding(Sequence* s) override;
 
   // Computes `s`'s allowed-token mask for its next token when it has a matcher and the mask is
   // not ready yet. Thread-safe across different sequences (the engine's mask worker calls it

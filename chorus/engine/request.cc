@@ -18,6 +18,24 @@ const char* FinishReasonName(FinishReason r) {
   return "";
 }
 
+const char* PoolingName(Pooling p) {
+  switch (p) {
+    case Pooling::kLast:
+      return "last";
+    case Pooling::kMean:
+      return "mean";
+    case Pooling::kFirst:
+      return "cls";
+  }
+  return "";
+}
+
+std::optional<Pooling> ParsePooling(std::string_view name) {
+  for (Pooling p : {Pooling::kLast, Pooling::kMean, Pooling::kFirst})
+    if (name == PoolingName(p)) return p;
+  return std::nullopt;
+}
+
 std::optional<StreamEvent> RequestHandle::Next(std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   MutexLock lock(&mu_);

@@ -11,6 +11,7 @@
 #include <deque>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "chorus/adapters/variant.h"
@@ -22,6 +23,17 @@ namespace chorus::engine {
 
 enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
 const char* FinishReasonName(FinishReason r);  // "stop", "length", "cancelled", "error"
+
+// How an embedding pools the final-normed hidden states of a prompt's positions
+// (docs/api.md, "Embeddings"): the last position's (vLLM's default for decoder models), the
+// mean of all, or the first's (llama.cpp's `cls`).
+enum class Pooling : uint8_t { kLast, kMean, kFirst };
+const char* PoolingName(Pooling p);  // "last", "mean", "cls"
+std::optional<Pooling> ParsePooling(std::string_view name);
+struct EmbeddingOptions {
+  Pooling pooling = Pooling::kLast;
+  bool normalize = true;  // scaled to unit L2 norm (as OpenAI's and vLLM's embeddings are)
+};
 
 struct GenerationRequest {
   std::vector<int32_t> prompt;  // token ids, BOS included when wanted
@@ -63,6 +75,11 @@ struct GenerationRequest {
   // rows are computed, never taken from the prefix cache, at most
   // EngineOptions::max_prompt_logprob_rows per step.
   int32_t prompt_logprobs = -1;
+  // Embeddings (/v1/embeddings): when set, the prompt is computed and no token is generated
+  // (max_tokens is ignored, n must be 1, no prompt logprobs or grammar): the final event carries
+  // StreamEvent::embedding, pooled over the prompt's final-normed hidden states, with finish
+  // kStop. The rows it pools are always computed (a cached prefix serves only rows before them).
+  std::optional<EmbeddingOptions> embedding;
 
   // The variant's name, "" for the base model (logs, metrics).
   const std::string& variant_name() const {
@@ -83,6 +100,7 @@ struct StreamEvent {
   std::string text;   // text completed by this event (may be empty)
   float logprob = 0;  // when sampling.logprobs is set
   std::vector<TokenLogprob> top_logprobs;
+  std::vector<float> embedding;                   // an embedding request's final event: [n_embd]
   FinishReason finish = FinishReason::kNone;      // set on the choice's last event
   std::string error;                              // when finish == kError
   StatusCode error_code = StatusCode::kInternal;  // when finish == kError: what kind of failure

@@ -126,13 +126,15 @@ int64_t Scheduler::ChunkRows(const Sequence& s, int64_t budget) const {
 Scheduler::Planned Scheduler::PlanChunk(Sequence* s, int64_t count) {
   const auto [begin, end] = s->PromptLogitRows(s->n_computed, count);
   prompt_logit_allowance_ -= end - begin;
-  return {s,     s->n_computed,
-          count, s->n_computed + count == static_cast<int64_t>(s->tokens.size()),
-          begin, end};
+  const auto [hidden_begin, hidden_end] = s->HiddenRows(s->n_computed, count);
+  const bool last = s->n_computed + count == static_cast<int64_t>(s->tokens.size());
+  return {s,     s->n_computed, count,        last && !s->is_embedding(),
+          begin, end,           hidden_begin, hidden_end};
 }
 
-void Scheduler::Complete(const float* logits, int64_t vocab, TokenSink* sink) {
-  size_t li = 0;
+void Scheduler::Complete(const float* logits, int64_t vocab, TokenSink* sink, const float* hidden,
+                         int64_t d) {
+  size_t li = 0, hi = 0;
   for (const Planned& pl : plan_) {
     Sequence* s = pl.seq;
     s->n_computed += pl.count;
@@ -144,6 +146,17 @@ void Scheduler::Complete(const float* logits, int64_t vocab, TokenSink* sink) {
     for (int64_t p = pl.prompt_logits_begin; p < pl.prompt_logits_end; ++p, ++li) {
       sink->EmitPromptLogprob(s, p + 1, logits + li * static_cast<size_t>(vocab));
       s->prompt_logprobs_next = p + 2;
+    }
+    for (int64_t p = pl.hidden_begin; p < pl.hidden_end; ++p, ++hi) {
+      CHORUS_CHECK(hidden != nullptr && p >= s->embed_next);
+      sink->PoolHidden(s, hidden + hi * static_cast<size_t>(d), d);
+      s->embed_next = p + 1;
+    }
+    if (s->is_embedding()) {
+      if (s->n_computed < s->n_prompt) continue;
+      sink->EmitEmbedding(s);
+      Retire(s);
+      continue;
     }
     if (!pl.wants_logits) continue;
     const float* row = logits + li * static_cast<size_t>(vocab);
@@ -522,11 +535,11 @@ void Scheduler::AdmitWaiting(int64_t* budget) {
         delta_passed = delta_passed || (pass == 0 && candidate.delta);
         continue;
       }
-      if (prefix_ != nullptr && s->table.empty() && s->n_computed == 0 &&
-          !s->wants_prompt_logprobs()) {
+      if (prefix_ != nullptr && s->table.empty() && s->n_computed == 0 && !s->needs_prompt_rows()) {
         // The longest cached prefix (whole blocks; the last token is always computed, for its
-        // logits). A sequence that then does not fit keeps the blocks while it waits. Prompt
-        // logprobs need the logits of every prompt row, so such a prompt is computed whole.
+        // logits or its embedding). A sequence that then does not fit keeps the blocks while it
+        // waits. Prompt logprobs need the logits of every prompt row, and mean or cls pooling
+        // the hidden states of every or the first row, so such a prompt is computed whole.
         const int64_t n = static_cast<int64_t>(s->tokens.size());
         s->n_computed = prefix_->Match(s->prefix_variant, s->tokens, n - 1, &s->table, &s->prefix);
         metrics_->prefix_cache_query_tokens.fetch_add(static_cast<uint64_t>(n));

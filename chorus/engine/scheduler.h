@@ -57,6 +57,10 @@ class Scheduler {
     int64_t prompt_logits_begin = 0, prompt_logits_end = 0;
     int64_t prompt_logit_rows() const { return prompt_logits_end - prompt_logits_begin; }
     int64_t logit_rows() const { return prompt_logit_rows() + (wants_logits ? 1 : 0); }
+    // Rows at positions [hidden_begin, hidden_end) want their hidden states: an embedding
+    // (Sequence::HiddenRows). An embedding's chunk never wants logits.
+    int64_t hidden_begin = 0, hidden_end = 0;
+    int64_t hidden_rows() const { return hidden_end - hidden_begin; }
   };
   enum class Outcome {
     kRun,     // plan() holds the step's rows
@@ -98,7 +102,10 @@ class Scheduler {
   // plan order, each sequence's prompt-logprob rows before its sampled row; logits holds them
   // in that order, [n, vocab]) sends the prompt logprobs, forks pending choices and emits the
   // next token through `sink`; finished sequences release their blocks and pins.
-  void Complete(const float* logits, int64_t vocab, TokenSink* sink);
+  // `hidden` ([rows, d], in plan order) holds the planned hidden rows: they are pooled, and an
+  // embedding whose prompt is computed is sent and retired.
+  void Complete(const float* logits, int64_t vocab, TokenSink* sink, const float* hidden = nullptr,
+                int64_t d = 0);
 
   // Ends every sequence (shutdown) with kCancelled, freeing everything.
   void CancelAll();

@@ -24,6 +24,20 @@ struct FakeSink : TokenSink {
     EXPECT_EQ(s->index, 0);
     prompt_positions[s].push_back(position);
   }
+  // PoolHidden calls: the first element of each pooled row (RunStep: the row's position), per
+  // request; EmitEmbedding calls per request.
+  std::map<const RequestHandle*, std::vector<float>> pooled;
+  std::map<const RequestHandle*, int> embeddings;
+  void PoolHidden(Sequence* s, const float* row, int64_t /*d*/) override {
+    pooled[s->handle.get()].push_back(row[0]);
+  }
+  void EmitEmbedding(Sequence* s) override {
+    ++embeddings[s->handle.get()];
+    s->finished = true;
+    StreamEvent ev;
+    ev.finish = FinishReason::kStop;
+    s->handle->Push(std::move(ev));
+  }
   FinishReason Emit(Sequence* s, const float* /*row_logits*/) override {
     ++emitted[s];
     s->tokens.push_back(static_cast<int32_t>(1 + s->n_generated));
@@ -92,6 +106,25 @@ class SchedulerTest : public ::testing::Test {
     return handle;
   }
 
+  // Submits an embedding of a `prompt_len`-token prompt (as Engine::Submit builds it).
+  std::shared_ptr<RequestHandle> SubmitEmbedding(int64_t prompt_len, Pooling pooling) {
+    auto req = std::make_shared<GenerationRequest>();
+    req->prompt.assign(static_cast<size_t>(prompt_len), 5);
+    req->max_tokens = 0;
+    req->embedding = EmbeddingOptions{.pooling = pooling};
+    auto handle = std::make_shared<RequestHandle>(1, prompt_len);
+    auto s = std::make_unique<Sequence>();
+    s->handle = handle;
+    s->req = req;
+    s->tokens = req->prompt;
+    s->n_prompt = prompt_len;
+    s->prompt_logprobs_next = prompt_len;
+    s->arrival = Clock::now() - age_;
+    sched_->queued().fetch_add(1);
+    sched_->Enqueue(std::move(s));
+    return handle;
+  }
+
   // Plans and completes one step; returns its rows (0 when nothing ran).
   int64_t RunStep() {
     const auto outcome = sched_->Plan();
@@ -102,7 +135,15 @@ class SchedulerTest : public ::testing::Test {
       logit_rows += p.logit_rows();
     }
     logits_.assign(static_cast<size_t>(logit_rows * 4), 0.0f);
-    sched_->Complete(logits_.data(), 4, &sink_);
+    hidden_.clear();  // one float per hidden row: its position
+    for (const auto& p : sched_->plan()) {
+      EXPECT_TRUE(p.start <= p.hidden_begin && p.hidden_begin <= p.hidden_end &&
+                  p.hidden_end <= p.start + p.count)
+          << p.start << "+" << p.count << ": " << p.hidden_begin << "…" << p.hidden_end;
+      for (int64_t pos = p.hidden_begin; pos < p.hidden_end; ++pos)
+        hidden_.push_back(static_cast<float>(pos));
+    }
+    sched_->Complete(logits_.data(), 4, &sink_, hidden_.data(), 1);
     return rows;
   }
 
@@ -115,6 +156,7 @@ class SchedulerTest : public ::testing::Test {
     return steps;
   }
 
+  std::vector<float> hidden_;
   memory::KvLayout layout_;
   EngineMetrics metrics_;
   std::unique_ptr<memory::PagePool> pages_;
@@ -200,6 +242,42 @@ TEST_F(SchedulerTest, PromptLogprobsAreNotReportedAgainWhenAPreemptedPromptIsRec
   for (const auto& [seq, n] : sink_.emitted) emitted.push_back(n);
   std::sort(emitted.begin(), emitted.end());
   EXPECT_EQ(emitted, (std::vector<int>{8, 12}));
+  EXPECT_EQ(pages_->n_used(memory::PageKind::kKv), 0);
+}
+
+TEST_F(SchedulerTest, EmbeddingsPoolTheirRowsInOrderAcrossChunksAndNeverSample) {
+  Build(/*n_pages=*/64, /*max_batch_tokens=*/5, /*max_running=*/8);
+  auto mean = SubmitEmbedding(12, Pooling::kMean);
+  auto last = SubmitEmbedding(9, Pooling::kLast);
+  auto cls = SubmitEmbedding(7, Pooling::kFirst);
+  auto gen = Submit(3, 4);
+  RunToIdle();
+  EXPECT_FALSE(sched_->has_work());
+  std::vector<float> all(12);
+  std::iota(all.begin(), all.end(), 0.0f);
+  EXPECT_EQ(sink_.pooled[mean.get()], all);
+  EXPECT_EQ(sink_.pooled[last.get()], std::vector<float>{8});
+  EXPECT_EQ(sink_.pooled[cls.get()], std::vector<float>{0});
+  for (const auto* h : {mean.get(), last.get(), cls.get()}) EXPECT_EQ(sink_.embeddings[h], 1);
+  ASSERT_EQ(sink_.emitted.size(), 1u);  // only the generation sampled
+  EXPECT_EQ(sink_.emitted.begin()->second, 4);
+  EXPECT_EQ(pages_->n_used(memory::PageKind::kKv), 0);
+}
+
+TEST_F(SchedulerTest, AnEmbeddingsRowsArePooledOnceWhenAPreemptedPromptIsRecomputed) {
+  // 6 pages of 4 tokens, 2 rows a step: the generation grows to 24 tokens (6 pages) while the
+  // embedding's 12-token prompt (3 pages) is computed a row a step, so the embedding (the
+  // newest) is preempted part-way and recomputed from its start once the generation is done.
+  Build(/*n_pages=*/6, /*max_batch_tokens=*/2, 2);
+  Submit(4, 20);
+  auto mean = SubmitEmbedding(12, Pooling::kMean);
+  RunToIdle();
+  EXPECT_FALSE(sched_->has_work());
+  EXPECT_GE(metrics_.preemptions_total.load(), 1u);
+  std::vector<float> all(12);
+  std::iota(all.begin(), all.end(), 0.0f);
+  EXPECT_EQ(sink_.pooled[mean.get()], all);
+  EXPECT_EQ(sink_.embeddings[mean.get()], 1);
   EXPECT_EQ(pages_->n_used(memory::PageKind::kKv), 0);
 }
 

@@ -86,6 +86,29 @@ struct Sequence {
     return req != nullptr && req->prompt_logprobs >= 0 && prompt_logprobs_next < n_prompt;
   }
 
+  // Embeddings (GenerationRequest::embedding): the positions [0, embed_next) whose hidden
+  // states are already pooled into embed_sum (their sum in position order; the chosen row for
+  // last / cls pooling). Kept across preemption, so a recomputed row is never pooled twice.
+  std::vector<double> embed_sum;
+  int64_t embed_next = 0;
+  bool is_embedding() const { return req != nullptr && req->embedding.has_value(); }
+  // Absolute positions [begin, end) of the rows of a chunk [start, start + count) whose hidden
+  // states the embedding pools.
+  std::pair<int64_t, int64_t> HiddenRows(int64_t start, int64_t count) const {
+    if (!is_embedding()) return {start, start};
+    int64_t lo = 0, hi = n_prompt;  // mean: every prompt position
+    if (req->embedding->pooling == Pooling::kLast) lo = n_prompt - 1;
+    if (req->embedding->pooling == Pooling::kFirst) hi = 1;
+    const int64_t end = std::min(start + count, hi);
+    const int64_t begin = std::min(std::max({start, lo, embed_next}), start + count);
+    return {begin, std::max(begin, end)};
+  }
+  // Whether rows before the prompt's last must be computed rather than taken from the prefix
+  // cache: their logits (prompt logprobs) or hidden states (mean or cls pooling) are wanted.
+  bool needs_prompt_rows() const {
+    return wants_prompt_logprobs() || (is_embedding() && req->embedding->pooling != Pooling::kLast);
+  }
+
   // The variant's weights as one identity for grouping rows and counting distinct variants
   // (null = the base model).
   const void* variant_key() const {

@@ -277,7 +277,8 @@ void Forward::Attention(const StepInput& in, memory::KvCache* kv, int64_t layer,
   });
 }
 
-void Forward::Run(const StepInput& in, memory::KvCache* kv, ThreadPool* pool, float* logits) {
+void Forward::Run(const StepInput& in, memory::KvCache* kv, ThreadPool* pool, float* logits,
+                  float* hidden) {
   const ModelConfig& c = model_->config();
   const Weights& w = model_->weights();
   const int64_t n = static_cast<int64_t>(in.tokens.size());
@@ -403,6 +404,18 @@ void Forward::Run(const StepInput& in, memory::KvCache* kv, ThreadPool* pool, fl
     kernels::Add(x_.data(), xb_.data(), n * d);
   }
 
+  if (!in.hidden_rows.empty()) {
+    CHORUS_CHECK(hidden != nullptr);
+    for (size_t j = 0; j < in.hidden_rows.size(); ++j) {
+      kernels::RmsNorm(x_.data() + static_cast<int64_t>(in.hidden_rows[j]) * d,
+                       static_cast<const float*>(w.output_norm.data()), 1, d, c.norm_eps,
+                       hidden + static_cast<int64_t>(j) * d);
+    }
+    if (in.hook != nullptr) {
+      in.hook->AdjustNorm(-1, LinearHook::Norm::kOutput, in.hidden_rows, x_.data(), hidden,
+                          static_cast<const float*>(w.output_norm.data()), d, c.norm_eps);
+    }
+  }
   const int64_t n_logits = static_cast<int64_t>(in.logit_rows.size());
   if (n_logits == 0) return;
   for (int64_t j = 0; j < n_logits; ++j) {

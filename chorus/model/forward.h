@@ -90,6 +90,9 @@ struct StepInput {
   // Rows whose logits are wanted, in output order (e.g. the last row of each sequence).
   std::span<const int32_t> logit_rows;
   const LinearHook* hook = nullptr;  // adapter terms; null = base model only
+  // Rows whose final-normed hidden states are wanted (embeddings), in output order: the input
+  // of the output head, with the variant's output-norm adjustment, as the logit rows get it.
+  std::span<const int32_t> hidden_rows = {};
 };
 
 class Forward {
@@ -104,9 +107,11 @@ class Forward {
   const Model& model() const { return *model_; }
   int64_t max_rows() const { return max_rows_; }
 
-  // Runs one step. logits: [logit_rows.size(), vocab] floats.
+  // Runs one step. logits: [logit_rows.size(), vocab] floats; hidden: [hidden_rows.size(),
+  // n_embd] floats (may be null when there are no hidden rows).
   // Requires: rows ≤ max_rows, logit rows ≤ max_logit_rows, positions < config.max_seq_len.
-  void Run(const StepInput& in, memory::KvCache* kv, ThreadPool* pool, float* logits);
+  void Run(const StepInput& in, memory::KvCache* kv, ThreadPool* pool, float* logits,
+           float* hidden = nullptr);
 
  private:
   // One unit of a layer's attention (docs/architecture.md, "Attention"): a block of consecutive

@@ -112,50 +112,7 @@ std::optional<ApiError> CheckTokenIds(const json& arr, int32_t vocab, const char
 }
 
 std::optional<ApiError> ParsePrompt(const json& body, const ApiContext& ctx, ApiRequest* out) {
-  const json* p = Field(body, "prompt");
-  if (!p) return BadRequest("prompt is required", "prompt");
-  tokenizer::EncodeOptions eo;
-  eo.add_bos = ctx.tok->add_bos();
-  eo.parse_special = true;
-  auto add_text = [&](const std::string& s) -> std::optional<ApiError> {
-    if (s.empty()) return BadRequest("prompt must not be empty", "prompt");
-    std::vector<int32_t> ids = ctx.tok->Encode(s, eo);
-    if (ids.empty()) return BadRequest("prompt must not be empty", "prompt");
-    out->prompts.push_back(std::move(ids));
-    out->echo_text.push_back(s);
-    return std::nullopt;
-  };
-  auto add_ids = [&](const json& arr) -> std::optional<ApiError> {
-    if (arr.empty()) return BadRequest("prompt must not be empty", "prompt");
-    std::vector<int32_t> ids;
-    if (auto e = CheckTokenIds(arr, ctx.vocab_size, "prompt", &ids)) return e;
-    out->echo_text.push_back(ctx.tok->Decode(ids));
-    out->prompts.push_back(std::move(ids));
-    return std::nullopt;
-  };
-  if (p->is_string()) return add_text(p->get_ref<const std::string&>());
-  if (!p->is_array())
-    return BadRequest("prompt must be a string, a list of strings or a list of token ids",
-                      "prompt");
-  if (p->empty()) return BadRequest("prompt must not be empty", "prompt");
-  const json& first = (*p)[0];
-  if (first.is_number()) return add_ids(*p);
-  if (p->size() > static_cast<size_t>(kMaxPrompts)) {
-    return BadRequest("at most " + std::to_string(kMaxPrompts) + " prompts per request", "prompt");
-  }
-  for (const json& e : *p) {
-    if (first.is_string() && e.is_string()) {
-      if (auto err = add_text(e.get_ref<const std::string&>())) return err;
-    } else if (first.is_array() && e.is_array()) {
-      if (auto err = add_ids(e)) return err;
-    } else {
-      return BadRequest(
-          "prompt must be a string, a list of strings, a list of token ids or a list of token-id "
-          "lists",
-          "prompt");
-    }
-  }
-  return std::nullopt;
+  return ParsePromptField(body, "prompt", ctx, kMaxPrompts, &out->prompts, &out->echo_text);
 }
 
 // Chat messages go through the chat template (template_routes.h renders them, with tools,
@@ -410,6 +367,57 @@ std::optional<ApiError> ParseStructuredOutput(const json& j, std::string_view bo
 }
 
 }  // namespace
+
+std::optional<ApiError> ParsePromptField(const json& body, const char* key, const ApiContext& ctx,
+                                         size_t max_entries,
+                                         std::vector<std::vector<int32_t>>* prompts,
+                                         std::vector<std::string>* texts) {
+  const std::string name(key);
+  const json* p = Field(body, key);
+  if (!p) return BadRequest(name + " is required", key);
+  tokenizer::EncodeOptions eo;
+  eo.add_bos = ctx.tok->add_bos();
+  eo.parse_special = true;
+  auto add_text = [&](const std::string& s) -> std::optional<ApiError> {
+    if (s.empty()) return BadRequest(name + " must not be empty", key);
+    std::vector<int32_t> ids = ctx.tok->Encode(s, eo);
+    if (ids.empty()) return BadRequest(name + " must not be empty", key);
+    prompts->push_back(std::move(ids));
+    if (texts != nullptr) texts->push_back(s);
+    return std::nullopt;
+  };
+  auto add_ids = [&](const json& arr) -> std::optional<ApiError> {
+    if (arr.empty()) return BadRequest(name + " must not be empty", key);
+    std::vector<int32_t> ids;
+    if (auto e = CheckTokenIds(arr, ctx.vocab_size, key, &ids)) return e;
+    if (texts != nullptr) texts->push_back(ctx.tok->Decode(ids));
+    prompts->push_back(std::move(ids));
+    return std::nullopt;
+  };
+  if (p->is_string()) return add_text(p->get_ref<const std::string&>());
+  if (!p->is_array())
+    return BadRequest(name + " must be a string, a list of strings or a list of token ids", key);
+  if (p->empty()) return BadRequest(name + " must not be empty", key);
+  const json& first = (*p)[0];
+  if (first.is_number()) return add_ids(*p);
+  if (p->size() > max_entries) {
+    return BadRequest(
+        "at most " + std::to_string(max_entries) + " entries in " + name + " per request", key);
+  }
+  for (const json& e : *p) {
+    if (first.is_string() && e.is_string()) {
+      if (auto err = add_text(e.get_ref<const std::string&>())) return err;
+    } else if (first.is_array() && e.is_array()) {
+      if (auto err = add_ids(e)) return err;
+    } else {
+      return BadRequest(name +
+                            " must be a string, a list of strings, a list of token ids or a list "
+                            "of token-id lists",
+                        key);
+    }
+  }
+  return std::nullopt;
+}
 
 int JsonNestingDepth(std::string_view text, int limit) {
   int depth = 0, max_depth = 0;

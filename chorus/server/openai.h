@@ -96,6 +96,15 @@ struct ApiRequest {
   std::string tool_opening;
 };
 
+// A prompt field (completions' `prompt`, the embeddings' `input`): a string, a list of strings,
+// a list of token ids or a list of token-id lists (at most `max_entries` entries), each entry
+// non-empty; strings tokenized as above, ids checked against the vocabulary. Appends each
+// entry's ids to *prompts and, when `texts` is not null, its text (ids decoded).
+std::optional<ApiError> ParsePromptField(const nlohmann::json& body, const char* key,
+                                         const ApiContext& ctx, size_t max_entries,
+                                         std::vector<std::vector<int32_t>>* prompts,
+                                         std::vector<std::string>* texts);
+
 // Parses a request body. Returns nullopt and fills *out on success.
 std::optional<ApiError> ParseApiRequest(ApiKind kind, std::string_view body, const ApiContext& ctx,
                                         ApiRequest* out);

@@ -22,6 +22,7 @@
 #include "chorus/model/forward.h"
 #include "chorus/server/api_error.h"
 #include "chorus/server/connection_pool.h"
+#include "chorus/server/embeddings.h"
 #include "chorus/server/finetune_routes.h"
 #include "chorus/server/openai.h"
 #include "chorus/server/prometheus.h"
@@ -52,6 +53,8 @@ constexpr auto kStreamProbeInterval = std::chrono::seconds(2);
 // connected: well under one engine step at full batch, so a client that hangs up has its
 // sequences cancelled (and KV blocks freed) within about one step.
 constexpr auto kDisconnectPollInterval = std::chrono::milliseconds(20);
+// Inputs of one /v1/embeddings request queued in the engine at a time.
+constexpr size_t kEmbeddingWindow = 64;
 
 // The socket of the connection a request arrived on, or -1. cpp-httplib 0.11 (Debian 12) gives
 // handlers no access to it, so it is found among this process's sockets by the request's
@@ -130,6 +133,7 @@ class ClientConnection {
 const char* RouteLabel(const std::string& path) {
   if (path == "/v1/completions") return "/v1/completions";
   if (path == "/v1/chat/completions") return "/v1/chat/completions";
+  if (path == "/v1/embeddings") return "/v1/embeddings";
   if (path == "/v1/models" || path.starts_with("/v1/models/")) return "/v1/models";
   if (path == "/health") return "/health";
   if (path == "/metrics") return "/metrics";
@@ -141,7 +145,8 @@ const char* RouteLabel(const std::string& path) {
 
 // Methods each known route accepts (for 405 and Allow).
 const char* AllowedMethods(const std::string& path) {
-  if (path == "/v1/completions" || path == "/v1/chat/completions") return "POST";
+  if (path == "/v1/completions" || path == "/v1/chat/completions" || path == "/v1/embeddings")
+    return "POST";
   if (TemplateRoutePath(path) != nullptr) return "POST";
   if (path == "/v1/models" || path.starts_with("/v1/models/") || path == "/health" ||
       path == "/metrics")
@@ -340,6 +345,8 @@ struct Server::Impl {
 
   void Routes();
   void FinetuneRoutes();
+  void HandleEmbeddings(const httplib::Request& req, const std::string& body,
+                        httplib::Response& res);
   void HandleGenerate(ApiKind kind, const httplib::Request& req, const std::string& body,
                       httplib::Response& res);
   json ModelJson() const;
@@ -410,6 +417,8 @@ Status ServerOptions::Validate() const {
         "generic, got '" +
         tool_call_parser + "'");
   }
+  if (!engine::ParsePooling(pooling))
+    return InvalidArgumentError("pooling must be last, mean or cls, got '" + pooling + "'");
   if (metrics_top_adapters < 0 || metrics_top_adapters > 10000) {
     return InvalidArgumentError("metrics-top-adapters must be in [0, 10000]");
   }
@@ -1089,6 +1098,114 @@ void Server::Impl::Routes() {
             [this](const httplib::Request& req, const std::string& body, httplib::Response& res) {
               HandleGenerate(ApiKind::kChat, req, body, res);
             });
+  post_json("/v1/embeddings", [this](const httplib::Request& req, const std::string& body,
+                                     httplib::Response& res) { HandleEmbeddings(req, body, res); });
+}
+
+// Every input is one engine request (batched with whatever else runs); at most
+// kEmbeddingWindow are queued at a time, so a client's list of thousands (LangChain sends 1000
+// per call) neither fills the engine's queue nor waits behind it.
+void Server::Impl::HandleEmbeddings(const httplib::Request& http_req, const std::string& body,
+                                    httplib::Response& res) {
+  if (auto e = Unavailable()) return SendError(res, *e);
+  EmbeddingApiRequest er;
+  if (auto e = ParseEmbeddingRequest(body, ctx, *engine::ParsePooling(self->opts_.pooling),
+                                     engine->model().config().n_embd, &er))
+    return SendError(res, *e);
+  auto gen = std::make_shared<Generation>();
+  gen->req.gen.embedding = er.options;
+  std::shared_ptr<Tenant> tenant = TenantOf(http_req);
+  if (!er.variant_name.empty()) {
+    if (auto e = ResolveVariant(er.variant_name, tenant.get(), &gen->req.gen))
+      return SendError(res, *e);
+  }
+  if (tenant) {
+    int64_t reserve = 0;
+    for (const auto& in : er.inputs) reserve += static_cast<int64_t>(in.size());
+    if (auto refusal = tenant->Admit(reserve)) {
+      ApiError e = ErrorFromStatus(ResourceExhaustedError(
+          "tenant '" + tenant->name() + "' is over its " + refusal->reason +
+          " limit; retry after " + std::to_string(refusal->retry_after_s) + " s"));
+      SendError(res, e);
+      res.set_header("Retry-After", std::to_string(refusal->retry_after_s));
+      return;
+    }
+    gen->tenant = std::move(tenant);
+    gen->reserved_tokens = reserve;
+  }
+  const std::string id = "embd-" + NewResponseId(ApiKind::kCompletion).substr(5);
+  std::vector<std::vector<float>> vectors(er.inputs.size());
+  std::vector<size_t> input_of;  // handle index → input index
+  size_t next = 0;
+  auto submit_more = [&]() -> std::optional<ApiError> {
+    std::vector<engine::GenerationRequest> batch;
+    const size_t running =
+        gen->handles.size() -
+        static_cast<size_t>(std::count(gen->finished.begin(), gen->finished.end(), 1));
+    while (next + batch.size() < er.inputs.size() && running + batch.size() < kEmbeddingWindow) {
+      engine::GenerationRequest g = gen->req.gen;
+      g.prompt = std::move(er.inputs[next + batch.size()]);
+      g.id = id + "/" + std::to_string(next + batch.size());
+      batch.push_back(std::move(g));
+    }
+    if (batch.empty()) return std::nullopt;
+    auto handles = engine->SubmitAll(std::move(batch));
+    if (!handles.ok()) {
+      // Queue full while some of ours run: try again when one finishes.
+      if (handles.status().code() == StatusCode::kResourceExhausted && running > 0)
+        return std::nullopt;
+      ApiError err = ErrorFromStatus(handles.status(), "input");
+      if (handles.status().code() != StatusCode::kInvalidArgument &&
+          handles.status().code() != StatusCode::kOutOfRange) {
+        err.param.clear();
+      }
+      return err;
+    }
+    for (auto& h : *handles) {
+      gen->handles.push_back(std::move(h));
+      gen->finished.push_back(0);
+      input_of.push_back(next++);
+    }
+    return std::nullopt;
+  };
+  if (auto err = submit_more()) return SendError(res, *err);
+  self->in_flight_.fetch_add(1);
+  ClientConnection client(http_req);
+  auto next_check = Clock::now() + kDisconnectPollInterval;
+  while (!gen->error && !(gen->AllFinished() && next == er.inputs.size())) {
+    size_t which = 0;
+    engine::StreamEvent ev;
+    const bool got = gen->Next(kDisconnectPollInterval, &which, &ev);
+    if (Clock::now() >= next_check) {
+      next_check = Clock::now() + kDisconnectPollInterval;
+      if (client.Gone()) {
+        gen->CancelAll();
+        res.status = 499;  // nobody reads it; labels the request in the counters
+        res.set_content(
+            R"({"error":{"message":"client closed the connection","type":"invalid_request_error","param":null,"code":"client_closed_request"}})",
+            "application/json");
+        self->in_flight_.fetch_sub(1);
+        return;
+      }
+    }
+    if (got) {
+      gen->OnEvent(which, ev);
+      if (ev.finish == engine::FinishReason::kStop)
+        vectors[input_of[which]] = std::move(ev.embedding);
+    }
+    if (next < er.inputs.size()) {
+      if (auto err = submit_more()) gen->error = *err;
+    }
+  }
+  if (gen->error) {
+    gen->CancelAll();
+    SendError(res, *gen->error);
+  } else {
+    const std::string model = gen->req.gen.variant ? gen->req.gen.variant->name : ctx.served_model;
+    res.set_content(EmbeddingResponseJson(vectors, er.base64, model, gen->GetUsage().prompt_tokens),
+                    "application/json");
+  }
+  self->in_flight_.fetch_sub(1);
 }
 
 void Server::Impl::HandleGenerate(ApiKind kind, const httplib::Request& http_req,

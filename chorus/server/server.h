@@ -75,6 +75,9 @@ struct ServerOptions {
   // DIR/NAME (a PEFT directory or a delta) or DIR/NAME.gguf is registered as NAME, shared by
   // every tenant, and the request served. Each must be an adapter root of the registry.
   std::vector<std::string> lora_resolve_dirs;
+  // How /v1/embeddings pools a prompt's hidden states (--pooling: last, mean, cls; docs/api.md,
+  // "Embeddings"). Last, as vLLM does for decoder models.
+  std::string pooling = "last";
   Status Validate() const;
 };
 

@@ -1,5 +1,6 @@
 // The official OpenAI Node SDK (npm `openai`) against the real `chorus serve`: models,
-// completions, chat, streaming (with include_usage), tools, and the SDK's error classes.
+// completions, chat, streaming (with include_usage), tools, embeddings, and the SDK's error
+// classes.
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -177,6 +178,25 @@ await run([
     await bad({ tools: TOOLS, tool_choice: { type: 'function', function: { name: 'nope' } } }, 'tool_choice.function.name');
     await bad({ tool_choice: 'required' }, 'tool_choice');
     await bad({ messages: [...messages, { role: 'tool', content: 'x' }] }, 'messages[1].tool_call_id');
+  }],
+  ['embeddings: the SDK\'s default base64 decodes to the float form', async () => {
+    const input = ['Once upon a time', 'Lily and Ben went to the park'];
+    const r = await client.embeddings.create({ model: MODEL_NAME, input });  // asks for base64
+    const f = await client.embeddings.create({ model: MODEL_NAME, input, encoding_format: 'float' });
+    assert.equal(r.object, 'list');
+    assert.equal(r.data.length, 2);
+    for (let i = 0; i < 2; i++) {
+      assert.equal(r.data[i].index, i);
+      assert.equal(r.data[i].embedding.length, f.data[i].embedding.length);
+      assert.ok(r.data[i].embedding.length > 0);
+      assert.deepEqual(Array.from(r.data[i].embedding), f.data[i].embedding);
+      const norm = Math.hypot(...f.data[i].embedding);
+      assert.ok(Math.abs(norm - 1) < 1e-5, String(norm));
+    }
+    assert.ok(r.usage.prompt_tokens > 0);
+    assert.equal(r.usage.total_tokens, r.usage.prompt_tokens);
+    await assert.rejects(client.embeddings.create({ model: MODEL_NAME, input: '' }),
+      (e) => e instanceof OpenAI.BadRequestError && e.param === 'input');
   }],
   ['errors map to the SDK classes', async () => {
     await assert.rejects(client.completions.create({ model: 'nope', prompt: 'x' }),

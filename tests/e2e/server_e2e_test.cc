@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -751,6 +752,77 @@ TEST(ServerE2E, SloAbortAfterTheDeadlineIsStill429) {
   }
   stop = true;
   for (auto& t : hogs) t.join();
+}
+
+// /v1/embeddings: a list longer than the server's window of queued inputs comes back in input
+// order, each vector bitwise the one its input gets alone, the same in both encodings.
+std::vector<float> FromBase64(const std::string& text) {
+  std::string bytes;
+  uint32_t acc = 0;
+  int bits = 0;
+  for (char ch : text) {
+    if (ch == '=') break;
+    const char* abc = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    acc = acc << 6 | static_cast<uint32_t>(std::strchr(abc, ch) - abc);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      bytes.push_back(static_cast<char>(acc >> bits & 0xff));
+    }
+  }
+  std::vector<float> out(bytes.size() / 4);
+  std::memcpy(out.data(), bytes.data(), out.size() * 4);
+  return out;
+}
+
+TEST(ServerE2E, EmbeddingsInInputOrderInBothEncodings) {
+  START_OR_SKIP(ts);
+  const int64_t width = Stories().model->config().n_embd;
+  json inputs = json::array();
+  for (int i = 0; i < 100; ++i) inputs.push_back("Once upon a time " + std::to_string(i * 7));
+  auto all = Post(*ts, "/v1/embeddings", json{{"input", inputs}, {"model", kName}});
+  ASSERT_EQ(all.status, 200) << all.raw.substr(0, 300);
+  EXPECT_EQ(all.body["object"], "list");
+  EXPECT_EQ(all.body["model"], kName);
+  ASSERT_EQ(all.body["data"].size(), 100u);
+  auto b64 = Post(*ts, "/v1/embeddings", json{{"input", inputs}, {"encoding_format", "base64"}});
+  ASSERT_EQ(b64.status, 200) << b64.raw.substr(0, 300);
+  int64_t tokens = 0;
+  for (int i : {0, 1, 37, 63, 64, 99}) {
+    const json& d = all.body["data"][static_cast<size_t>(i)];
+    EXPECT_EQ(d["index"], i);
+    EXPECT_EQ(d["object"], "embedding");
+    const auto v = d["embedding"].get<std::vector<float>>();
+    ASSERT_EQ(static_cast<int64_t>(v.size()), width);
+    EXPECT_EQ(FromBase64(b64.body["data"][static_cast<size_t>(i)]["embedding"]), v) << i;
+    auto one = Post(*ts, "/v1/embeddings", json{{"input", inputs[static_cast<size_t>(i)]}});
+    ASSERT_EQ(one.status, 200);
+    EXPECT_EQ(one.body["data"][0]["embedding"].get<std::vector<float>>(), v) << i;
+    double norm2 = 0;
+    for (float x : v) norm2 += static_cast<double>(x) * x;
+    EXPECT_NEAR(norm2, 1.0, 1e-5);
+  }
+  tokenizer::EncodeOptions eo;
+  eo.add_bos = Stories().tok->add_bos();
+  eo.parse_special = true;
+  for (const json& in : inputs)
+    tokens += static_cast<int64_t>(Stories().tok->Encode(in.get<std::string>(), eo).size());
+  EXPECT_EQ(all.body["usage"]["prompt_tokens"], tokens);
+  EXPECT_EQ(all.body["usage"]["total_tokens"], tokens);
+  // Different texts, different vectors.
+  EXPECT_NE(all.body["data"][0]["embedding"], all.body["data"][1]["embedding"]);
+
+  ExpectError(Post(*ts, "/v1/embeddings", json{{"model", kName}}), 400, "input");
+  ExpectError(Post(*ts, "/v1/embeddings", json{{"input", {1, 99999}}}), 400, "input");
+  ExpectError(Post(*ts, "/v1/embeddings", json{{"input", "a"}, {"encoding_format", "int8"}}), 400,
+              "encoding_format");
+  ExpectError(Post(*ts, "/v1/embeddings", json{{"input", "a"}, {"model", "gpt-4o"}}), 404, "model");
+  ExpectError(Post(*ts, "/v1/embeddings", json{{"input", std::vector<int>(600, 5)}}), 400, "input",
+              "context_length_exceeded");
+  auto truncated = Post(*ts, "/v1/embeddings",
+                        json{{"input", std::vector<int>(600, 5)}, {"truncate_prompt_tokens", 8}});
+  ASSERT_EQ(truncated.status, 200) << truncated.raw;
+  EXPECT_EQ(truncated.body["usage"]["prompt_tokens"], 8);
 }
 
 TEST(ServerE2E, ErrorRows) {
