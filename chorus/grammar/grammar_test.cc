@@ -2,6 +2,9 @@
 // the grammar cache. Acceptance is checked with the Earley reference (matcher.h).
 #include <gtest/gtest.h>
 
+#include <random>
+#include <regex>
+
 #include "chorus/grammar/json_schema.h"
 #include "chorus/grammar/matcher.h"
 
@@ -313,6 +316,60 @@ TEST(JsonSchema, ErrorsNameTheKeyword) {
   EXPECT_EQ(SchemaError({{"$ref", "#"}}).find("left-recursive") != std::string::npos, true);
   EXPECT_EQ(SchemaError({{"type", "array"}, {"minItems", 3}, {"maxItems", 2}}),
             "minItems above the number of items allowed at #");
+}
+
+// vLLM's guided_regex: raw text matching the whole regex. Oracle: std::regex (ECMAScript)
+// regex_match over every string of up to 4 characters from a small alphabet, and random longer
+// ones (ASCII, so bytes are characters; no \r, which ECMAScript's '.' also excludes).
+TEST(Regex, RawTextMatchesWholeAsStdRegexMatches) {
+  const std::vector<std::string> patterns = {
+      "[a-c]+",        "ab|b1", "(?:ab)*1?", "a{2,3}b?", "\\d-[a-z]|1{2}",
+      "[^a1]{1,3}",    ".b.",   "\\w+ \\w",  "\\s*a\\S", "(a|b)(1|-)+",
+      "a\\.b|\\(x\\)", "^ab$",  "[-a]+",     "x?y?"};
+  const std::string alphabet = "ab1- .\tx(\ny";
+  std::mt19937 rng(5);
+  for (const std::string& p : patterns) {
+    auto g = CompileRegex(p, "");
+    ASSERT_TRUE(g.ok()) << p << ": " << g.status().ToString();
+    const std::regex oracle(p, std::regex::ECMAScript);
+    std::vector<std::string> texts = {""};
+    for (size_t k = 0; k < texts.size() && texts.size() < 20000; ++k) {
+      if (texts[k].size() >= 3) continue;
+      for (char c : alphabet) texts.push_back(texts[k] + c);
+    }
+    for (int i = 0; i < 300; ++i) {
+      std::string t;
+      for (int n = static_cast<int>(rng() % 9); n > 0; --n) t += alphabet[rng() % alphabet.size()];
+      texts.push_back(t);
+    }
+    int matched = 0;
+    for (const std::string& t : texts) {
+      const bool want = std::regex_match(t, oracle);
+      matched += want ? 1 : 0;
+      EXPECT_EQ(Accepts(*g, t), want) << "/" << p << "/ on '" << t << "'";
+    }
+    EXPECT_GT(matched, 0) << p;  // both outcomes occur for every pattern
+    EXPECT_LT(matched, static_cast<int>(texts.size())) << p;
+  }
+  // Unicode literals and classes are raw UTF-8; a class may produce quotes and backslashes.
+  auto u = CompileRegex("caf\u00e9|[\"\\\\]", "");
+  ASSERT_TRUE(u.ok()) << u.status().ToString();
+  EXPECT_TRUE(Accepts(*u, "caf\xC3\xA9"));
+  EXPECT_TRUE(Accepts(*u, "\""));
+  EXPECT_TRUE(Accepts(*u, "\\"));
+  EXPECT_FALSE(Accepts(*u, "cafe"));
+}
+
+TEST(Regex, ErrorsNameTheProblemAndPosition) {
+  auto error = [](const std::string& p) { return CompileRegex(p, "").status().message(); };
+  EXPECT_EQ(error("(a"), "regex: missing ')' (position 2)");
+  EXPECT_EQ(error("a)"), "regex: unexpected ')' (position 1)");
+  EXPECT_EQ(error("(?=a)"), "regex: lookaround and named groups are not supported (position 1)");
+  EXPECT_EQ(error("(a)\\1"), "regex: backreferences are not supported (position 4)");
+  EXPECT_EQ(error("a*?"), "regex: lazy and possessive quantifiers are not supported (position 2)");
+  EXPECT_EQ(error(""), "regex: empty");
+  EXPECT_EQ(CompileRegex("[", "guided_regex").status().message(),
+            "regex: missing ']' (position 1) at guided_regex");
 }
 
 TEST(GrammarCache, CachesByKeyAndEvictsLeastRecent) {

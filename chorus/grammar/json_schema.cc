@@ -287,8 +287,10 @@ class Compiler {
 
 class RegexParser {
  public:
-  RegexParser(Compiler* c, std::vector<uint32_t> p, std::string ptr)
-      : c_(c), p_(std::move(p)), ptr_(std::move(ptr)) {}
+  // `raw`: the regex describes raw text that must match whole (vLLM's guided_regex; `c` may be
+  // null), not a JSON string's content under JSON Schema's search semantics.
+  RegexParser(Compiler* c, std::vector<uint32_t> p, std::string ptr, bool raw = false)
+      : c_(c), p_(std::move(p)), ptr_(std::move(ptr)), raw_(raw) {}
 
   Result<Expr> Parse() {
     bool anchored_start = false, anchored_end = false;
@@ -304,6 +306,7 @@ class RegexParser {
     end_ = end;
     CHORUS_ASSIGN_OR_RETURN(Expr body, Alternation(0));
     if (i_ != end_) return Err("unexpected ')'");
+    if (raw_) return body;  // the whole output matches it, anchored or not
     std::vector<Expr> seq;
     seq.push_back(Expr::Literal("\""));
     if (!anchored_start) seq.push_back(Expr::Star(c_->Char()));
@@ -315,8 +318,15 @@ class RegexParser {
 
  private:
   Status Err(const std::string& m) const {
-    return InvalidArgumentError("pattern: " + m + " (position " + std::to_string(i_) + ") at " +
-                                ptr_);
+    return InvalidArgumentError((raw_ ? "regex: " : "pattern: ") + m + " (position " +
+                                std::to_string(i_) + ")" + (ptr_.empty() ? "" : " at " + ptr_));
+  }
+  // A literal character: raw UTF-8, or its JSON-string form.
+  std::string Lit(uint32_t cp) const {
+    if (!raw_) return JsonChar(cp);
+    std::string s;
+    tokenizer::internal::AppendCodepoint(cp, &s);
+    return s;
   }
   bool More() const { return i_ < end_; }
   uint32_t Peek() const { return p_[i_]; }
@@ -385,14 +395,31 @@ class RegexParser {
     return i_ > b;
   }
 
-  // A class as JSON-string content: the class's characters that need no escape.
+  // A class as JSON-string content: the class's characters that need no escape. Raw: any but
+  // NUL.
   Result<Expr> Class(Ranges r) {
+    if (raw_) {
+      r = Complement(Complement(r));  // sorted, merged
+      if (!r.empty() && r.front().first == 0) {
+        if (r.front().second == 0) {
+          r.erase(r.begin());
+        } else {
+          r.front().first = 1;
+        }
+      }
+      if (r.empty()) return Err("character class matches nothing");
+      return Expr::Chars(std::move(r));
+    }
     r = RemoveForbidden(r);
     if (r.empty()) return Err("character class matches only characters JSON must escape");
     return Expr::Chars(std::move(r));
   }
 
-  static Ranges Shorthand(uint32_t c, bool* ok) {
+  Ranges Shorthand(uint32_t c, bool* ok) const {
+    if (raw_ && c == 's') {  // in raw text, tabs and newlines are whitespace as in other engines
+      *ok = true;
+      return {{' ', ' '}, {'\t', '\r'}};
+    }
     *ok = true;
     switch (c) {
       case 'd':
@@ -517,7 +544,8 @@ class RegexParser {
     }
     if (c == '.') {
       ++i_;
-      return Class(Complement({{'\n', '\n'}, {'\r', '\r'}}));
+      // Raw: anything but a newline (Python's and Outlines' '.'); in JSON also no \r.
+      return Class(raw_ ? Complement({{'\n', '\n'}}) : Complement({{'\n', '\n'}, {'\r', '\r'}}));
     }
     if (c == '\\') {
       ++i_;
@@ -533,17 +561,18 @@ class RegexParser {
       if (More() && (Peek() == 'b' || Peek() == 'B'))
         return Err("word boundaries are not supported");
       CHORUS_ASSIGN_OR_RETURN(uint32_t lit, EscapedChar());
-      return Expr::Literal(JsonChar(lit));
+      return Expr::Literal(Lit(lit));
     }
     if (c == '*' || c == '+' || c == '?' || c == '{') return Err("quantifier without an operand");
     if (c == '^' || c == '$') return Err("anchors are only supported at the pattern's ends");
     ++i_;
-    return Expr::Literal(JsonChar(c));
+    return Expr::Literal(Lit(c));
   }
 
   Compiler* c_;
   std::vector<uint32_t> p_;
   std::string ptr_;
+  bool raw_ = false;
   size_t i_ = 0, end_ = 0;
 };
 
@@ -1126,6 +1155,21 @@ Grammar AnyJsonValueGrammar() {
 Result<Grammar> CachedJsonSchema(const nlohmann::json& schema) {
   return SharedGrammarCache().GetOrCompile("json_schema:" + schema.dump(),
                                            [&] { return CompileJsonSchema(schema); });
+}
+
+Result<Grammar> CompileRegex(std::string_view pattern, const std::string& where) {
+  if (pattern.empty())
+    return InvalidArgumentError("regex: empty" + (where.empty() ? "" : " at " + where));
+  RegexParser rp(nullptr, Codepoints(std::string(pattern)), where, /*raw=*/true);
+  CHORUS_ASSIGN_OR_RETURN(Expr e, rp.Parse());
+  GrammarAst ast;
+  ast.root = ast.Define("root", std::move(e));
+  return Grammar::FromAst(ast);
+}
+
+Result<Grammar> CachedRegex(std::string_view pattern, const std::string& where) {
+  return SharedGrammarCache().GetOrCompile("regex:" + std::string(pattern),
+                                           [&] { return CompileRegex(pattern, where); });
 }
 
 Result<Grammar> CachedGbnf(std::string_view text) {

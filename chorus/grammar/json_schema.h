@@ -62,4 +62,11 @@ Grammar AnyJsonValueGrammar();
 Result<Grammar> CachedJsonSchema(const nlohmann::json& schema);
 Result<Grammar> CachedGbnf(std::string_view text);
 
+// A regex over raw text (vLLM's guided_regex): the whole output must match it (^ and $ are
+// optional). The subset above, except that classes and '.' may produce any character but NUL
+// ('.' no newline), literals are raw, and \s also matches tab, newline, \v, \f and \r.
+// Errors: InvalidArgument "regex: <what> (position N)[ at <where>]".
+Result<Grammar> CompileRegex(std::string_view pattern, const std::string& where);
+Result<Grammar> CachedRegex(std::string_view pattern, const std::string& where);
+
 }  // namespace chorus::grammar

@@ -358,10 +358,12 @@ std::optional<ApiError> ParseStructuredOutput(const json& j, std::string_view bo
       return e;
   }
   if (const json* gr = Field(j, "guided_regex"); gr != nullptr && !gr->is_null()) {
-    return BadRequest(
-        "guided_regex is not supported; use guided_grammar (GBNF), or guided_json with a "
-        "string \"pattern\" for a regex inside JSON",
-        "guided_regex", "unsupported");
+    if (!gr->is_string() || gr->get_ref<const std::string&>().empty())
+      return BadRequest("guided_regex must be a non-empty regex string", "guided_regex");
+    if (auto e = once("guided_regex")) return e;
+    if (auto e = compiled(grammar::CachedRegex(gr->get_ref<const std::string&>(), ""),
+                          "guided_regex", "guided_regex"))
+      return e;
   }
   return std::nullopt;
 }

@@ -444,6 +444,9 @@ TEST_F(OpenAiTest, VllmGuidedFields) {
   EXPECT_EQ(grammar::ReferenceRecognize(req_.gen.grammar, R"("x")"), 1);
   ASSERT_FALSE(Parse(C, R"({"prompt":"a","guided_grammar":"root ::= [0-9]+"})"));
   EXPECT_EQ(grammar::ReferenceRecognize(req_.gen.grammar, "42"), 1);
+  ASSERT_FALSE(Parse(C, R"({"prompt":"a","guided_regex":"\\d{3}-[a-z]+"})"));
+  EXPECT_EQ(grammar::ReferenceRecognize(req_.gen.grammar, "123-ab"), 1);
+  EXPECT_EQ(grammar::ReferenceRecognize(req_.gen.grammar, "12-ab"), -1);
   ASSERT_FALSE(Parse(C, R"({"prompt":"a","guided_choice":null})"));
   EXPECT_FALSE(req_.gen.grammar.valid());
 
@@ -455,7 +458,10 @@ TEST_F(OpenAiTest, VllmGuidedFields) {
   ExpectBad(C, R"({"prompt":"a","guided_json":{"type":"nope"}})", "guided_json");
   ExpectBad(C, R"({"prompt":"a","guided_json":5})", "guided_json");
   ExpectBad(C, R"({"prompt":"a","guided_grammar":"root ::= undefined"})", "guided_grammar");
-  ExpectBad(C, R"({"prompt":"a","guided_regex":"[a-z]+"})", "guided_regex");
+  ExpectBad(C, R"({"prompt":"a","guided_regex":"(a"})", "guided_regex");
+  ExpectBad(C, R"({"prompt":"a","guided_regex":""})", "guided_regex");
+  ExpectBad(C, R"({"prompt":"a","guided_regex":5})", "guided_regex");
+  ExpectBad(C, R"({"prompt":"a","guided_regex":"a","guided_choice":["a"]})", "guided_regex");
   ExpectBad(C, R"({"prompt":"a","guided_choice":["a"],"grammar":"root ::= \"a\""})",
             "guided_choice");
 }

@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -567,6 +568,27 @@ TEST(ServerE2E, GuidedChoiceAnswersOneOfTheChoices) {
     EXPECT_TRUE(choices.count(text)) << "'" << text << "'";
     EXPECT_EQ(r.body["choices"][0]["finish_reason"], "stop");
   }
+}
+
+// vLLM's guided_regex: whatever is sampled, the whole text matches the regex.
+TEST(ServerE2E, GuidedRegexTextMatchesTheRegex) {
+  START_OR_SKIP(ts);
+  const std::string pattern = "[A-Z][a-z]{2,6} (is|was) [0-9]{1,3}\\.";
+  const std::regex oracle(pattern);
+  for (int seed = 0; seed < 6; ++seed) {
+    auto r = Post(*ts, "/v1/completions",
+                  json{{"prompt", "Once upon a time"},
+                       {"max_tokens", 24},
+                       {"temperature", 1.0},
+                       {"seed", seed},
+                       {"guided_regex", pattern}});
+    ASSERT_EQ(r.status, 200) << r.raw;
+    const std::string text = r.body["choices"][0]["text"];
+    EXPECT_TRUE(std::regex_match(text, oracle)) << "'" << text << "'";
+    EXPECT_EQ(r.body["choices"][0]["finish_reason"], "stop");
+  }
+  ExpectError(Post(*ts, "/v1/completions", json{{"prompt", "a"}, {"guided_regex", "(?<=a)b"}}), 400,
+              "guided_regex");
 }
 
 TEST(ServerE2E, LogprobsShapes) {
