@@ -64,8 +64,11 @@ void DescribeRequest(const json& j, RoutedRequest* req, RequestSlo* slo) {
   if (out <= 0) number("max_tokens", &out);
   req->output_tokens = out >= 1 && out < 1e9 ? static_cast<int64_t>(out) : kAssumedOutputTokens;
   int64_t prompt = 0;
-  if (j.contains("prompt")) {
-    const json& p = j["prompt"];
+  // Completions' prompt, or the embeddings' input (which generates nothing).
+  const char* text_key = j.contains("prompt") ? "prompt" : j.contains("input") ? "input" : nullptr;
+  if (text_key != nullptr && std::string_view(text_key) == "input") req->output_tokens = 1;
+  if (text_key != nullptr) {
+    const json& p = j[text_key];
     if (p.is_string()) {
       prompt = static_cast<int64_t>(p.get_ref<const std::string&>().size()) / 4;
     } else if (p.is_array()) {
@@ -766,8 +769,8 @@ Status Router::Start() {
   http.set_read_timeout(30, 0);
   http.set_write_timeout(30, 0);
   Impl* self = &m;
-  for (const char* route :
-       {"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/apply-template"}) {
+  for (const char* route : {"/v1/completions", "/v1/chat/completions", "/v1/embeddings",
+                            "/tokenize", "/detokenize", "/apply-template"}) {
     http.Post(route, [self](const httplib::Request& req, httplib::Response& res) {
       self->Proxy(req, res);
     });

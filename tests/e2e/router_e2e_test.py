@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`chorus router` over two real `chorus serve` replicas (docs/router.md), through the binary.
 
-Checks: completions and chat pass through, streamed and not; /v1/models is the union (an adapter
+Checks: completions, chat and embeddings pass through, streamed and not; /v1/models is the union (an adapter
 loaded through the router is on both replicas); requests spread over both (least-loaded); a
 replica killed with SIGKILL while it streams ends only that stream, with an error event, while
 the other replica's streams complete; new requests succeed within one health interval; the
@@ -146,6 +146,12 @@ try:
                            "max_tokens": 4})
     if st != 200 or "choices" not in json.loads(body):
         fail(f"chat through the router: {st} {body[:300]}")
+    st, body, _ = request(rport, "POST", "/v1/embeddings",
+                          {"model": "chorus-default", "input": ["Once upon a time", "Hi"]})
+    direct = request(ports[0], "POST", "/v1/embeddings",
+                     {"model": "chorus-default", "input": ["Once upon a time", "Hi"]})[1]
+    if st != 200 or json.loads(body)["data"] != json.loads(direct)["data"]:
+        fail(f"embeddings through the router: {st} {body[:300]}")
     # A bad request: the replica's 400 comes back unchanged.
     st, body, _ = request(rport, "POST", "/v1/completions", {"model": "chorus-default", "max_tokens": -1})
     if st != 400 or "error" not in json.loads(body):
