@@ -412,9 +412,11 @@ int ServeCommand(int argc, char** argv) {
   f.String("tool-call-parser", "auto",
            "how tool calls are read from replies: hermes, llama3_json, mistral, generic, or auto "
            "(detected from the chat template; docs/api.md, Tools)");
-  f.String("pooling", "last",
+  f.String("pooling", "auto",
            "how /v1/embeddings pools a prompt's final hidden states: last (the last token's, as "
-           "vLLM for decoder models), mean, or cls (the first token's); docs/api.md, Embeddings");
+           "vLLM for decoder models), mean, cls (the first token's), or auto (the model's own, "
+           "as an embedding model's GGUF or sentence-transformers files declare it, else last); "
+           "docs/api.md, Embeddings");
   f.Float("drain-timeout", 30.0,
           "seconds running requests get to finish on SIGTERM before they are aborted");
   f.Int("tp", 1,

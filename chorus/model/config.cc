@@ -149,6 +149,7 @@ std::string ModelConfig::Summary() const {
   if (RotaryDim() != head_dim) s << " rotary_dim=" << RotaryDim();
   if (rope_scaling.type == RopeScaling::Type::kLongRope) s << " longrope";
   if (sliding_window > 0) s << " window=" << sliding_window;
+  if (!pooling.empty()) s << " pooling=" << pooling;
   if (attn_softcap > 0) s << " attn_softcap=" << attn_softcap;
   if (final_softcap > 0) s << " final_softcap=" << final_softcap;
   return s.str();

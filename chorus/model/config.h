@@ -73,6 +73,10 @@ struct ModelConfig {
   int64_t sliding_window = 0;
   std::vector<uint8_t> layer_sliding;
   float rope_local_theta = 0.0f;  // RoPE base of sliding layers, no scaling (Gemma 3); 0 = same
+  // How the model's embeddings pool its hidden states, when the file says (an embedding model
+  // such as Qwen3-Embedding): "last", "mean" or "cls", from GGUF `{arch}.pooling_type` or a
+  // sentence-transformers `1_Pooling/config.json`; empty = not declared.
+  std::string pooling;
 
   int64_t RotaryDim() const { return rotary_dim > 0 ? rotary_dim : head_dim; }
   bool LayerSliding(int64_t layer) const {

@@ -148,6 +148,9 @@ Status WriteGguf(const Model& m, const ConvertOptions& o,
   w.SetUint32(a + ".embedding_length", static_cast<uint32_t>(c.n_embd));
   w.SetUint32(a + ".block_count", static_cast<uint32_t>(c.n_layers));
   w.SetUint32(a + ".feed_forward_length", static_cast<uint32_t>(c.n_ff));
+  if (!c.pooling.empty()) {  // an embedding model's pooling, in llama.cpp's numbering
+    w.SetUint32(a + ".pooling_type", c.pooling == "mean" ? 1u : c.pooling == "cls" ? 2u : 3u);
+  }
   w.SetUint32(a + ".attention.head_count", static_cast<uint32_t>(c.n_heads));
   w.SetUint32(a + ".attention.head_count_kv", static_cast<uint32_t>(c.n_kv_heads));
   w.SetUint32(a + ".attention.key_length", static_cast<uint32_t>(c.head_dim));

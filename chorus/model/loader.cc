@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <nlohmann/json.hpp>
 
 #include "chorus/base/mapped_file.h"
 #include "chorus/formats/gguf.h"
@@ -76,11 +77,32 @@ Result<std::shared_ptr<const Model>> LoadLlama2c(const std::string& path) {
   return Model::Build(std::move(c), std::move(named), ModelFormat::kLlama2c, path);
 }
 
+// The pooling a sentence-transformers export declares (dir/1_Pooling/config.json:
+// pooling_mode_lasttoken, pooling_mode_mean_tokens or pooling_mode_cls_token true); "" when the
+// directory has none. A file that is there but unreadable or not such an object is an error.
+Result<std::string> SentenceTransformersPooling(const std::string& dir) {
+  const std::string path = dir + "/1_Pooling/config.json";
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::string();
+  CHORUS_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, 1u << 20));
+  const auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return InvalidArgumentError(path + ": not a JSON object");
+  auto on = [&](const char* key) {
+    auto it = j.find(key);
+    return it != j.end() && it->is_boolean() && it->get<bool>();
+  };
+  if (on("pooling_mode_lasttoken")) return std::string("last");
+  if (on("pooling_mode_mean_tokens")) return std::string("mean");
+  if (on("pooling_mode_cls_token")) return std::string("cls");
+  return std::string();  // max / weighted-mean poolings: not offered, the server's default
+}
+
 Result<std::shared_ptr<const Model>> LoadHfDirectory(const std::string& dir) {
   const std::string cfg_path = dir + "/config.json";
   auto text = ReadFileToString(cfg_path, 16u << 20);
   if (!text.ok()) return text.status().WithContext("Hugging Face model directory " + dir);
   CHORUS_ASSIGN_OR_RETURN(ModelConfig c, ConfigFromHfJson(*text, cfg_path));
+  CHORUS_ASSIGN_OR_RETURN(c.pooling, SentenceTransformersPooling(dir));
   CHORUS_ASSIGN_OR_RETURN(auto st, formats::SafetensorsModel::Open(dir));
   Model::NamedTensors named;
   for (const std::string& name : st->TensorNames()) {
@@ -135,6 +157,10 @@ Result<std::shared_ptr<const Model>> LoadGguf(const std::string& path) {
     *out = *v;
     return OkStatus();
   };
+  // llama.cpp's enum llama_pooling_type: 1 mean, 2 cls, 3 last (0 none, 4 rank: no vector).
+  if (auto pt = g->GetInt(arch + ".pooling_type"); pt.ok()) {
+    c.pooling = *pt == 1 ? "mean" : *pt == 2 ? "cls" : *pt == 3 ? "last" : "";
+  }
   CHORUS_RETURN_IF_ERROR(get_int("embedding_length", &c.n_embd, true));
   CHORUS_RETURN_IF_ERROR(get_int("block_count", &c.n_layers, true));
   CHORUS_RETURN_IF_ERROR(get_int("feed_forward_length", &c.n_ff, true));

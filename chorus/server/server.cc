@@ -417,8 +417,8 @@ Status ServerOptions::Validate() const {
         "generic, got '" +
         tool_call_parser + "'");
   }
-  if (!engine::ParsePooling(pooling))
-    return InvalidArgumentError("pooling must be last, mean or cls, got '" + pooling + "'");
+  if (pooling != "auto" && !engine::ParsePooling(pooling))
+    return InvalidArgumentError("pooling must be auto, last, mean or cls, got '" + pooling + "'");
   if (metrics_top_adapters < 0 || metrics_top_adapters > 10000) {
     return InvalidArgumentError("metrics-top-adapters must be in [0, 10000]");
   }
@@ -1109,8 +1109,12 @@ void Server::Impl::HandleEmbeddings(const httplib::Request& http_req, const std:
                                     httplib::Response& res) {
   if (auto e = Unavailable()) return SendError(res, *e);
   EmbeddingApiRequest er;
-  if (auto e = ParseEmbeddingRequest(body, ctx, *engine::ParsePooling(self->opts_.pooling),
-                                     engine->model().config().n_embd, &er))
+  const model::ModelConfig& config = engine->model().config();
+  const std::string pooling = self->opts_.pooling != "auto" ? self->opts_.pooling
+                              : config.pooling.empty()      ? std::string("last")
+                                                            : config.pooling;
+  if (auto e = ParseEmbeddingRequest(body, ctx, engine::ParsePooling(pooling).value(),
+                                     config.n_embd, &er))
     return SendError(res, *e);
   auto gen = std::make_shared<Generation>();
   gen->req.gen.embedding = er.options;

@@ -76,8 +76,9 @@ struct ServerOptions {
   // every tenant, and the request served. Each must be an adapter root of the registry.
   std::vector<std::string> lora_resolve_dirs;
   // How /v1/embeddings pools a prompt's hidden states (--pooling: last, mean, cls; docs/api.md,
-  // "Embeddings"). Last, as vLLM does for decoder models.
-  std::string pooling = "last";
+  // "Embeddings"). "auto": the model's own (ModelConfig::pooling, an embedding model's file
+  // says), else last, as vLLM pools decoder models.
+  std::string pooling = "auto";
   Status Validate() const;
 };
 

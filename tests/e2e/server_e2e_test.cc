@@ -847,6 +847,28 @@ TEST(ServerE2E, EmbeddingsInInputOrderInBothEncodings) {
   EXPECT_EQ(truncated.body["usage"]["prompt_tokens"], 8);
 }
 
+// --pooling: auto takes the model's own (stories260K declares none: last), an explicit mode wins.
+TEST(ServerE2E, EmbeddingsPoolAsTheServerSays) {
+  CHORUS_REQUIRE_SHARED_MODEL(kModel);
+  auto embed = [](const std::string& pooling) {
+    server::ServerOptions so;
+    so.pooling = pooling;
+    auto ts = Start(SmallEngine(), so);
+    EXPECT_NE(ts, nullptr);
+    if (!ts) return json();
+    auto r = Post(*ts, "/v1/embeddings", json{{"input", "Once upon a time"}});
+    EXPECT_EQ(r.status, 200) << r.raw;
+    return r.body["data"][0]["embedding"];
+  };
+  const json last = embed("last"), automatic = embed("auto"), mean = embed("mean");
+  EXPECT_EQ(automatic, last);
+  EXPECT_NE(mean, last);
+  EXPECT_NE(embed("cls"), mean);
+  server::ServerOptions bad;
+  bad.pooling = "max";
+  EXPECT_FALSE(server::Server::Create(bad).ok());
+}
+
 TEST(ServerE2E, ErrorRows) {
   START_OR_SKIP(ts);
   const std::string C = "/v1/completions";

@@ -12,12 +12,16 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <numeric>
 
 #include "chorus/adapters/adapter_cache.h"
 #include "chorus/adapters/lora/lora_files.h"
 #include "chorus/engine/engine.h"
+#include "chorus/formats/gguf.h"
 #include "chorus/kernels/matmul.h"
+#include "chorus/model/convert.h"
+#include "chorus/model/loader.h"
 #include "tests/testutil/stories260k.h"
 #include "tests/testutil/testutil.h"
 
@@ -215,6 +219,56 @@ TEST(EmbeddingsE2E, SameBitsAloneBesideOtherRequestsInChunksAndFromThePrefixCach
   EXPECT_GT(queried_after_last, queried);
   EXPECT_EQ(Embed(*e, prompt, Pooling::kMean, true), alone[1]);
   EXPECT_EQ(m.prefix_cache_query_tokens.load(), queried_after_last);
+}
+
+// An embedding model's files say how it pools (chorus serve --pooling auto uses it): GGUF
+// `{arch}.pooling_type` in llama.cpp's numbering, kept by `chorus convert`, and a
+// sentence-transformers export's 1_Pooling/config.json.
+TEST(EmbeddingsE2E, TheModelsOwnPoolingIsReadFromGgufAndSentenceTransformersFiles) {
+  CHORUS_REQUIRE_SHARED_MODEL(kModel);
+  testing::Stories260K s = testing::LoadStories260K();
+  EXPECT_EQ(s.model->config().pooling, "");  // a generative model declares none
+  const std::string dir = testing::TempDir() + "/embeddings_pooling";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  for (auto [type, want] : {std::pair{1u, "mean"}, {2u, "cls"}, {3u, "last"}, {0u, ""}}) {
+    model::ConvertOptions o;
+    o.output = dir + "/m" + std::to_string(type) + ".gguf";
+    CHORUS_ASSERT_OK(model::ConvertModel(*s.model, o, [&](formats::GgufWriter* w) {
+      w->SetUint32("llama.pooling_type", type);
+      return OkStatus();
+    }));
+    auto m = model::LoadModel(o.output);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    EXPECT_EQ((*m)->config().pooling, want) << type;
+    // Converted again, the file keeps it.
+    model::ConvertOptions again;
+    again.output = dir + "/again" + std::to_string(type) + ".gguf";
+    CHORUS_ASSERT_OK(model::ConvertModel(**m, again, nullptr));
+    auto m2 = model::LoadModel(again.output);
+    ASSERT_TRUE(m2.ok()) << m2.status().ToString();
+    EXPECT_EQ((*m2)->config().pooling, want) << type;
+  }
+  model::ConvertOptions hf;
+  hf.format = model::OutputFormat::kHfDirectory;
+  hf.output = dir + "/hf";
+  CHORUS_ASSERT_OK(model::ConvertModel(*s.model, hf, nullptr));
+  std::filesystem::create_directories(hf.output + "/1_Pooling");
+  auto write = [&](const std::string& text) {
+    std::ofstream(hf.output + "/1_Pooling/config.json") << text;
+  };
+  write(R"({"word_embedding_dimension": 64, "pooling_mode_cls_token": false,
+            "pooling_mode_mean_tokens": false, "pooling_mode_lasttoken": true})");
+  auto m = model::LoadModel(hf.output);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ((*m)->config().pooling, "last");
+  write(R"({"pooling_mode_mean_tokens": true})");
+  EXPECT_EQ((*model::LoadModel(hf.output))->config().pooling, "mean");
+  write("not json");
+  auto bad = model::LoadModel(hf.output);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("1_Pooling/config.json"), std::string::npos)
+      << bad.status().ToString();
 }
 
 TEST(EmbeddingsE2E, GenerationFieldsAreRefused) {
