@@ -3,6 +3,8 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "chorus/server/template_routes.h"
+
 namespace chorus::server {
 namespace {
 
@@ -90,8 +92,19 @@ std::optional<ApiError> ParseEmbeddingRequest(std::string_view body, const ApiCo
     truncate = it->get<int64_t>() == -1 ? ctx.max_context : it->get<int64_t>();
   }
 
-  if (auto e = ParsePromptField(j, "input", ctx, kMaxEmbeddingInputs, &out->inputs, nullptr))
+  if (j.contains("messages")) {
+    // vLLM's chat embeddings: one conversation, rendered by the chat template as chat
+    // completions renders it (add_generation_prompt, chat_template, chat_template_kwargs).
+    if (j.contains("input")) return BadRequest("give either input or messages, not both", "input");
+    std::string rendered;
+    if (auto e = RenderChatPrompt(body, ctx, &rendered)) return e;
+    std::vector<int32_t> ids = EncodeChatPrompt(*ctx.tok, rendered);
+    if (ids.empty()) return BadRequest("the rendered conversation is empty", "messages");
+    out->inputs.push_back(std::move(ids));
+  } else if (auto e =
+                 ParsePromptField(j, "input", ctx, kMaxEmbeddingInputs, &out->inputs, nullptr)) {
     return e;
+  }
   for (size_t i = 0; i < out->inputs.size(); ++i) {
     std::vector<int32_t>& ids = out->inputs[i];
     const auto n = static_cast<int64_t>(ids.size());
@@ -109,7 +122,8 @@ std::optional<ApiError> ParseEmbeddingRequest(std::string_view body, const ApiCo
 }
 
 std::string EmbeddingResponseJson(const std::vector<std::vector<float>>& vectors, bool base64,
-                                  const std::string& model, int64_t prompt_tokens) {
+                                  const std::string& model, int64_t prompt_tokens,
+                                  const std::string& id, int64_t created) {
   json data = json::array();
   for (size_t i = 0; i < vectors.size(); ++i) {
     json e = {{"object", "embedding"}, {"index", i}};
@@ -126,7 +140,9 @@ std::string EmbeddingResponseJson(const std::vector<std::vector<float>>& vectors
     }
     data.push_back(std::move(e));
   }
-  json out = {{"object", "list"},
+  json out = {{"id", id},
+              {"object", "list"},
+              {"created", created},
               {"data", std::move(data)},
               {"model", model},
               {"usage", {{"prompt_tokens", prompt_tokens}, {"total_tokens", prompt_tokens}}}};

@@ -7,6 +7,8 @@
 //     most kMaxEmbeddingInputs entries (OpenAI's limit), each non-empty and at most the context
 //     length (400 context_length_exceeded otherwise; vLLM's `truncate_prompt_tokens` N keeps the
 //     last N tokens instead). Strings are tokenized as completions' prompts are.
+//   * or vLLM's `messages` (one conversation, rendered by the chat template as for chat
+//     completions, with its add_generation_prompt, chat_template and chat_template_kwargs);
 //   * `model` as for completions: the base or a variant (a LoRA adapter or a delta), whose
 //     weights then compute the hidden states.
 //   * `encoding_format`: "float" (default) or "base64" (the little-endian float32 bytes; the
@@ -45,10 +47,12 @@ std::optional<ApiError> ParseEmbeddingRequest(std::string_view body, const ApiCo
                                               engine::Pooling pooling, int64_t width,
                                               EmbeddingApiRequest* out);
 
-// The response: {"object":"list","data":[{"object":"embedding","index":i,"embedding":…}],
-// "model","usage":{"prompt_tokens","total_tokens"}}, vectors in input order.
+// The response: {"id","object":"list","created","data":[{"object":"embedding","index":i,
+// "embedding":…}],"model","usage":{"prompt_tokens","total_tokens"}} (OpenAI's fields and vLLM's
+// id and created), vectors in input order.
 std::string EmbeddingResponseJson(const std::vector<std::vector<float>>& vectors, bool base64,
-                                  const std::string& model, int64_t prompt_tokens);
+                                  const std::string& model, int64_t prompt_tokens,
+                                  const std::string& id, int64_t created);
 
 // RFC 4648 base64 (with padding) of `bytes`.
 std::string Base64Encode(std::string_view bytes);

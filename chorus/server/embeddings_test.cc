@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "chorus/server/template_routes.h"
 #include "tests/testutil/testutil.h"
 
 namespace chorus::server {
@@ -24,7 +25,9 @@ TEST(Base64Test, Rfc4648Vectors) {
 
 TEST(EmbeddingResponseTest, FloatAndBase64Forms) {
   const std::vector<std::vector<float>> v = {{1.0f, -0.5f}, {0.25f, 3.0f}};
-  const json f = json::parse(EmbeddingResponseJson(v, false, "m", 7));
+  const json f = json::parse(EmbeddingResponseJson(v, false, "m", 7, "embd-1", 1700000000));
+  EXPECT_EQ(f["id"], "embd-1");
+  EXPECT_EQ(f["created"], 1700000000);
   EXPECT_EQ(f["object"], "list");
   EXPECT_EQ(f["model"], "m");
   EXPECT_EQ(f["usage"]["prompt_tokens"], 7);
@@ -33,7 +36,7 @@ TEST(EmbeddingResponseTest, FloatAndBase64Forms) {
   EXPECT_EQ(f["data"][1]["object"], "embedding");
   EXPECT_EQ(f["data"][1]["index"], 1);
   EXPECT_EQ(f["data"][1]["embedding"], json::array({0.25, 3.0}));
-  const json b = json::parse(EmbeddingResponseJson(v, true, "m", 7));
+  const json b = json::parse(EmbeddingResponseJson(v, true, "m", 7, "embd-1", 1700000000));
   // 1.0f = 00 00 80 3f, -0.5f = 00 00 00 bf (little-endian float32).
   EXPECT_EQ(b["data"][0]["embedding"],
             Base64Encode(std::string("\x00\x00\x80\x3f\x00\x00\x00\xbf", 8)));
@@ -62,6 +65,7 @@ class EmbeddingParseTest : public ::testing::Test {
     EXPECT_EQ(e->param, param) << body << " -> " << e->message;
   }
   std::unique_ptr<tokenizer::Tokenizer> tok_;
+  tokenizer::ChatTemplate template_ = tokenizer::DefaultChatTemplate();
   ApiContext ctx_;
   EmbeddingApiRequest req_;
 };
@@ -92,6 +96,23 @@ TEST_F(EmbeddingParseTest, InputFormsModelAndOptions) {
   for (int i = 0; i < kMaxEmbeddingInputs; ++i) many["input"].push_back("x");
   EXPECT_FALSE(Parse(many.dump()));
   EXPECT_EQ(req_.inputs.size(), static_cast<size_t>(kMaxEmbeddingInputs));
+}
+
+// vLLM's chat embeddings: the conversation as chat completions renders it, one input.
+TEST_F(EmbeddingParseTest, MessagesAreRenderedByTheChatTemplate) {
+  ctx_.chat_template = &template_;
+  ctx_.max_context = 512;
+  const std::string messages = R"("messages":[{"role":"user","content":"Hi there"}])";
+  ASSERT_FALSE(Parse("{" + messages + "}"));
+  ASSERT_EQ(req_.inputs.size(), 1u);
+  std::string rendered;
+  ASSERT_FALSE(RenderChatPrompt("{" + messages + "}", ctx_, &rendered));
+  EXPECT_EQ(req_.inputs[0], EncodeChatPrompt(*tok_, rendered));
+  ASSERT_FALSE(Parse("{" + messages + R"(,"add_generation_prompt":false})"));
+  EXPECT_LT(req_.inputs[0].size(), EncodeChatPrompt(*tok_, rendered).size());
+  ExpectBad("{" + messages + R"(,"input":"x"})", "input");
+  ExpectBad(R"({"messages":[]})", "messages");
+  ExpectBad(R"({"messages":"hi"})", "messages");
 }
 
 TEST_F(EmbeddingParseTest, BadInputIsRefusedNamingTheField) {

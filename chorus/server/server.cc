@@ -1206,7 +1206,8 @@ void Server::Impl::HandleEmbeddings(const httplib::Request& http_req, const std:
     SendError(res, *gen->error);
   } else {
     const std::string model = gen->req.gen.variant ? gen->req.gen.variant->name : ctx.served_model;
-    res.set_content(EmbeddingResponseJson(vectors, er.base64, model, gen->GetUsage().prompt_tokens),
+    res.set_content(EmbeddingResponseJson(vectors, er.base64, model, gen->GetUsage().prompt_tokens,
+                                          id, static_cast<int64_t>(std::time(nullptr))),
                     "application/json");
   }
   self->in_flight_.fetch_sub(1);

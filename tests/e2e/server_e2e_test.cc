@@ -833,6 +833,17 @@ TEST(ServerE2E, EmbeddingsInInputOrderInBothEncodings) {
   EXPECT_EQ(all.body["usage"]["total_tokens"], tokens);
   // Different texts, different vectors.
   EXPECT_NE(all.body["data"][0]["embedding"], all.body["data"][1]["embedding"]);
+  // vLLM's chat form: the conversation's tokens as /tokenize (and chat completions) make them.
+  const json messages = {{{"role", "user"}, {"content", "Tell me a story"}}};
+  auto chat = Post(*ts, "/v1/embeddings", json{{"messages", messages}});
+  ASSERT_EQ(chat.status, 200) << chat.raw;
+  auto ids = Post(*ts, "/tokenize", json{{"messages", messages}});
+  ASSERT_EQ(ids.status, 200) << ids.raw;
+  auto same = Post(*ts, "/v1/embeddings", json{{"input", ids.body["tokens"]}});
+  ASSERT_EQ(same.status, 200) << same.raw;
+  EXPECT_EQ(chat.body["data"][0]["embedding"], same.body["data"][0]["embedding"]);
+  EXPECT_EQ(chat.body["usage"]["prompt_tokens"], ids.body["count"]);
+  EXPECT_TRUE(chat.body["id"].get<std::string>().starts_with("embd-"));
 
   ExpectError(Post(*ts, "/v1/embeddings", json{{"model", kName}}), 400, "input");
   ExpectError(Post(*ts, "/v1/embeddings", json{{"input", {1, 99999}}}), 400, "input");
