@@ -157,6 +157,15 @@ const char* AllowedMethods(const std::string& path) {
   return nullptr;
 }
 
+// The answer to a request whose client hung up: nobody reads it; 499 (nginx's "client closed
+// request") labels it in the counters.
+void AnswerClientGone(httplib::Response& res) {
+  res.status = 499;
+  res.set_content(
+      R"({"error":{"message":"client closed the connection","type":"invalid_request_error","param":null,"code":"client_closed_request"}})",
+      "application/json");
+}
+
 void SendError(httplib::Response& res, const ApiError& e) {
   res.status = e.http_status;
   if (e.retry_after_s > 0) res.set_header("Retry-After", std::to_string(e.retry_after_s));
@@ -347,6 +356,22 @@ struct Server::Impl {
   void FinetuneRoutes();
   void HandleEmbeddings(const httplib::Request& req, const std::string& body,
                         httplib::Response& res);
+  // Charges `reserve` tokens to `tenant` for `gen` (charged what it used when it ends), or answers
+  // 429 with Retry-After when the tenant is over a limit and returns false.
+  static bool AdmitForTenant(std::shared_ptr<Tenant> tenant, int64_t reserve, Generation* gen,
+                             httplib::Response& res) {
+    if (auto refusal = tenant->Admit(reserve)) {
+      ApiError e = ErrorFromStatus(ResourceExhaustedError(
+          "tenant '" + tenant->name() + "' is over its " + refusal->reason +
+          " limit; retry after " + std::to_string(refusal->retry_after_s) + " s"));
+      SendError(res, e);
+      res.set_header("Retry-After", std::to_string(refusal->retry_after_s));
+      return false;
+    }
+    gen->tenant = std::move(tenant);
+    gen->reserved_tokens = reserve;
+    return true;
+  }
   void HandleGenerate(ApiKind kind, const httplib::Request& req, const std::string& body,
                       httplib::Response& res);
   json ModelJson() const;
@@ -1126,16 +1151,7 @@ void Server::Impl::HandleEmbeddings(const httplib::Request& http_req, const std:
   if (tenant) {
     int64_t reserve = 0;
     for (const auto& in : er.inputs) reserve += static_cast<int64_t>(in.size());
-    if (auto refusal = tenant->Admit(reserve)) {
-      ApiError e = ErrorFromStatus(ResourceExhaustedError(
-          "tenant '" + tenant->name() + "' is over its " + refusal->reason +
-          " limit; retry after " + std::to_string(refusal->retry_after_s) + " s"));
-      SendError(res, e);
-      res.set_header("Retry-After", std::to_string(refusal->retry_after_s));
-      return;
-    }
-    gen->tenant = std::move(tenant);
-    gen->reserved_tokens = reserve;
+    if (!AdmitForTenant(std::move(tenant), reserve, gen.get(), res)) return;
   }
   const std::string id = "embd-" + NewResponseId(ApiKind::kCompletion).substr(5);
   std::vector<std::vector<float>> vectors(er.inputs.size());
@@ -1184,10 +1200,7 @@ void Server::Impl::HandleEmbeddings(const httplib::Request& http_req, const std:
       next_check = Clock::now() + kDisconnectPollInterval;
       if (client.Gone()) {
         gen->CancelAll();
-        res.status = 499;  // nobody reads it; labels the request in the counters
-        res.set_content(
-            R"({"error":{"message":"client closed the connection","type":"invalid_request_error","param":null,"code":"client_closed_request"}})",
-            "application/json");
+        AnswerClientGone(res);
         self->in_flight_.fetch_sub(1);
         return;
       }
@@ -1230,16 +1243,7 @@ void Server::Impl::HandleGenerate(ApiKind kind, const httplib::Request& http_req
     const int64_t per_choice = ar.gen.max_tokens > 0 ? ar.gen.max_tokens : kDefaultCompletionTokens;
     for (const auto& p : ar.prompts)
       reserve += static_cast<int64_t>(p.size()) + per_choice * std::max(1, ar.gen.n);
-    if (auto refusal = tenant->Admit(reserve)) {
-      ApiError e = ErrorFromStatus(ResourceExhaustedError(
-          "tenant '" + tenant->name() + "' is over its " + refusal->reason +
-          " limit; retry after " + std::to_string(refusal->retry_after_s) + " s"));
-      SendError(res, e);
-      res.set_header("Retry-After", std::to_string(refusal->retry_after_s));
-      return;
-    }
-    gen->tenant = std::move(tenant);  // admitted: charged when the generation ends
-    gen->reserved_tokens = reserve;
+    if (!AdmitForTenant(std::move(tenant), reserve, gen.get(), res)) return;
   }
 
   const std::string id = NewResponseId(kind);
@@ -1280,11 +1284,7 @@ void Server::Impl::HandleGenerate(ApiKind kind, const httplib::Request& http_req
         next_check = Clock::now() + kDisconnectPollInterval;
         if (client.Gone()) {
           gen->CancelAll();  // the engine frees its KV blocks within one step
-          // Nobody reads this; 499 (nginx's "client closed request") labels it in the counters.
-          res.status = 499;
-          res.set_content(
-              R"({"error":{"message":"client closed the connection","type":"invalid_request_error","param":null,"code":"client_closed_request"}})",
-              "application/json");
+          AnswerClientGone(res);
           self->in_flight_.fetch_sub(1);
           CHORUS_LOG(DEBUG) << "client of " << id << " disconnected; request cancelled";
           return;
@@ -1325,10 +1325,7 @@ void Server::Impl::HandleGenerate(ApiKind kind, const httplib::Request& http_req
       }
       if (client.Gone()) {
         gen->CancelAll();
-        res.status = 499;  // nobody reads it; labels the request in the counters
-        res.set_content(
-            R"({"error":{"message":"client closed the connection","type":"invalid_request_error","param":null,"code":"client_closed_request"}})",
-            "application/json");
+        AnswerClientGone(res);
         self->in_flight_.fetch_sub(1);
         return;
       }
