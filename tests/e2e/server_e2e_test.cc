@@ -10,7 +10,6 @@
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -570,11 +569,32 @@ TEST(ServerE2E, GuidedChoiceAnswersOneOfTheChoices) {
   }
 }
 
+// Whether `t` matches [A-Z][a-z]{2,6} (is|was) [0-9]{1,3}\. whole — by hand: this binary links
+// cpp-httplib, which uses std::regex itself, and a second instantiation of <regex> here would
+// be bound into the library's calls (the TSan build then reports races inside libstdc++).
+bool MatchesStoryPattern(const std::string& t) {
+  size_t i = 0;
+  auto run = [&](char lo, char hi, size_t min, size_t max) {
+    size_t n = 0;
+    while (i < t.size() && t[i] >= lo && t[i] <= hi && n < max) ++i, ++n;
+    return n >= min;
+  };
+  auto lit = [&](const std::string& w) {
+    if (t.compare(i, w.size(), w) != 0) return false;
+    i += w.size();
+    return true;
+  };
+  return run('A', 'Z', 1, 1) && run('a', 'z', 2, 6) && (lit(" is ") || lit(" was ")) &&
+         run('0', '9', 1, 3) && lit(".") && i == t.size();
+}
+
 // vLLM's guided_regex: whatever is sampled, the whole text matches the regex.
 TEST(ServerE2E, GuidedRegexTextMatchesTheRegex) {
   START_OR_SKIP(ts);
   const std::string pattern = "[A-Z][a-z]{2,6} (is|was) [0-9]{1,3}\\.";
-  const std::regex oracle(pattern);
+  EXPECT_TRUE(MatchesStoryPattern("Tom was 12."));
+  EXPECT_FALSE(MatchesStoryPattern("Tom was 12"));
+  EXPECT_FALSE(MatchesStoryPattern("tom is 1."));
   for (int seed = 0; seed < 6; ++seed) {
     auto r = Post(*ts, "/v1/completions",
                   json{{"prompt", "Once upon a time"},
@@ -584,7 +604,7 @@ TEST(ServerE2E, GuidedRegexTextMatchesTheRegex) {
                        {"guided_regex", pattern}});
     ASSERT_EQ(r.status, 200) << r.raw;
     const std::string text = r.body["choices"][0]["text"];
-    EXPECT_TRUE(std::regex_match(text, oracle)) << "'" << text << "'";
+    EXPECT_TRUE(MatchesStoryPattern(text)) << "'" << text << "'";
     EXPECT_EQ(r.body["choices"][0]["finish_reason"], "stop");
   }
   ExpectError(Post(*ts, "/v1/completions", json{{"prompt", "a"}, {"guided_regex", "(?<=a)b"}}), 400,
