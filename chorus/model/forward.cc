@@ -404,29 +404,25 @@ void Forward::Run(const StepInput& in, memory::KvCache* kv, ThreadPool* pool, fl
     kernels::Add(x_.data(), xb_.data(), n * d);
   }
 
+  // The final norm of `rows` into out [rows.size(), d], with the variant's adjustment: the
+  // output head's input, and what an embedding pools.
+  auto final_norm = [&](std::span<const int32_t> rows, float* out) {
+    const auto* norm_w = static_cast<const float*>(w.output_norm.data());
+    for (size_t j = 0; j < rows.size(); ++j) {
+      kernels::RmsNorm(x_.data() + static_cast<int64_t>(rows[j]) * d, norm_w, 1, d, c.norm_eps,
+                       out + static_cast<int64_t>(j) * d);
+    }
+    if (in.hook != nullptr)
+      in.hook->AdjustNorm(-1, LinearHook::Norm::kOutput, rows, x_.data(), out, norm_w, d,
+                          c.norm_eps);
+  };
   if (!in.hidden_rows.empty()) {
     CHORUS_CHECK(hidden != nullptr);
-    for (size_t j = 0; j < in.hidden_rows.size(); ++j) {
-      kernels::RmsNorm(x_.data() + static_cast<int64_t>(in.hidden_rows[j]) * d,
-                       static_cast<const float*>(w.output_norm.data()), 1, d, c.norm_eps,
-                       hidden + static_cast<int64_t>(j) * d);
-    }
-    if (in.hook != nullptr) {
-      in.hook->AdjustNorm(-1, LinearHook::Norm::kOutput, in.hidden_rows, x_.data(), hidden,
-                          static_cast<const float*>(w.output_norm.data()), d, c.norm_eps);
-    }
+    final_norm(in.hidden_rows, hidden);
   }
   const int64_t n_logits = static_cast<int64_t>(in.logit_rows.size());
   if (n_logits == 0) return;
-  for (int64_t j = 0; j < n_logits; ++j) {
-    kernels::RmsNorm(x_.data() + in.logit_rows[static_cast<size_t>(j)] * d,
-                     static_cast<const float*>(w.output_norm.data()), 1, d, c.norm_eps,
-                     logit_in_.data() + j * d);
-  }
-  if (in.hook != nullptr) {
-    in.hook->AdjustNorm(-1, LinearHook::Norm::kOutput, in.logit_rows, x_.data(), logit_in_.data(),
-                        static_cast<const float*>(w.output_norm.data()), d, c.norm_eps);
-  }
+  final_norm(in.logit_rows, logit_in_.data());
   kernels::MatMul(w.output, logit_in_.data(), d, n_logits, logits, c.vocab_size, false, pool);
   if (in.hook != nullptr)
     in.hook->ApplyOutput(in.logit_rows, logit_in_.data(), d, logits, c.vocab_size, pool);

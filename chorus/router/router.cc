@@ -46,9 +46,10 @@ double NowSeconds() {
 // What the router's forecast needs from an OpenAI request body, without tokenizing: the model,
 // the SLOs, max_tokens (max_completion_tokens for chat; kAssumedOutputTokens when absent) and
 // the prompt's length — exact for token-id prompts, else about 4 bytes per token of the prompt
-// text or the messages (English BPE), an estimate documented in docs/router.md.
+// text or the messages (English BPE), an estimate documented in docs/router.md. A request that
+// does not generate (an embedding) counts one output token.
 constexpr int64_t kAssumedOutputTokens = 256;
-void DescribeRequest(const json& j, RoutedRequest* req, RequestSlo* slo) {
+void DescribeRequest(const json& j, bool generates, RoutedRequest* req, RequestSlo* slo) {
   auto number = [&](const char* key, double* out) {
     if (j.contains(key) && j[key].is_number()) *out = j[key].get<double>();
   };
@@ -62,11 +63,12 @@ void DescribeRequest(const json& j, RoutedRequest* req, RequestSlo* slo) {
   double out = 0;
   number("max_completion_tokens", &out);
   if (out <= 0) number("max_tokens", &out);
-  req->output_tokens = out >= 1 && out < 1e9 ? static_cast<int64_t>(out) : kAssumedOutputTokens;
+  req->output_tokens = !generates              ? 1
+                       : out >= 1 && out < 1e9 ? static_cast<int64_t>(out)
+                                               : kAssumedOutputTokens;
   int64_t prompt = 0;
-  // Completions' prompt, or the embeddings' input (which generates nothing).
+  // Completions' prompt, or the embeddings' input.
   const char* text_key = j.contains("prompt") ? "prompt" : j.contains("input") ? "input" : nullptr;
-  if (text_key != nullptr && std::string_view(text_key) == "input") req->output_tokens = 1;
   if (text_key != nullptr) {
     const json& p = j[text_key];
     if (p.is_string()) {
@@ -512,7 +514,8 @@ struct Router::Impl {
     if (!req.body.empty()) {
       try {
         const json j = json::parse(req.body);
-        if (j.is_object()) DescribeRequest(j, &routed, &slo);
+        // An embedding generates nothing: its forecast counts no output.
+        if (j.is_object()) DescribeRequest(j, req.path != "/v1/embeddings", &routed, &slo);
       } catch (const std::exception&) {
         // Not JSON: the replica answers with its own 400.
       }

@@ -685,12 +685,16 @@ std::optional<ApiError> MakeGenerationRequest(const ApiRequest& req, size_t i,
   return std::nullopt;
 }
 
-std::string NewResponseId(ApiKind kind) {
+std::string RandomId(std::string_view prefix) {
   thread_local std::mt19937_64 rng{std::random_device{}()};
   static const char* kHex = "0123456789abcdef";
-  std::string id = kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-";
+  std::string id(prefix);
   for (int i = 0; i < 24; ++i) id += kHex[rng() & 15];
   return id;
+}
+
+std::string NewResponseId(ApiKind kind) {
+  return RandomId(kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-");
 }
 
 std::string DumpJson(const json& j) {

@@ -119,6 +119,8 @@ std::optional<ApiError> MakeGenerationRequest(const ApiRequest& req, size_t i,
 // keeps hostile bodies away from any recursive JSON code).
 int JsonNestingDepth(std::string_view text, int limit);
 
+// `prefix` followed by 24 random hex digits.
+std::string RandomId(std::string_view prefix);
 // "cmpl-" / "chatcmpl-" followed by 24 random hex digits.
 std::string NewResponseId(ApiKind kind);
 

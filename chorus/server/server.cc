@@ -123,11 +123,20 @@ class ClientConnection {
     if (fd_ == kNotLooked) fd_ = FindConnectionSocket(req_);
     return fd_ >= 0 && PeerClosed(fd_);
   }
+  // Gone(), asked at most once per kDisconnectPollInterval (false in between): for a loop that
+  // wakes on every event of its request.
+  bool GoneByNow() {
+    const auto now = Clock::now();
+    if (now < next_check_) return false;
+    next_check_ = now + kDisconnectPollInterval;
+    return Gone();
+  }
 
  private:
   static constexpr int kNotLooked = -2;
   const httplib::Request& req_;
   int fd_ = kNotLooked;
+  Clock::time_point next_check_ = Clock::now() + kDisconnectPollInterval;
 };
 
 const char* RouteLabel(const std::string& path) {
@@ -1153,7 +1162,7 @@ void Server::Impl::HandleEmbeddings(const httplib::Request& http_req, const std:
     for (const auto& in : er.inputs) reserve += static_cast<int64_t>(in.size());
     if (!AdmitForTenant(std::move(tenant), reserve, gen.get(), res)) return;
   }
-  const std::string id = "embd-" + NewResponseId(ApiKind::kCompletion).substr(5);
+  const std::string id = RandomId("embd-");
   std::vector<std::vector<float>> vectors(er.inputs.size());
   std::vector<size_t> input_of;  // handle index → input index
   size_t next = 0;
@@ -1191,19 +1200,15 @@ void Server::Impl::HandleEmbeddings(const httplib::Request& http_req, const std:
   if (auto err = submit_more()) return SendError(res, *err);
   self->in_flight_.fetch_add(1);
   ClientConnection client(http_req);
-  auto next_check = Clock::now() + kDisconnectPollInterval;
   while (!gen->error && !(gen->AllFinished() && next == er.inputs.size())) {
     size_t which = 0;
     engine::StreamEvent ev;
     const bool got = gen->Next(kDisconnectPollInterval, &which, &ev);
-    if (Clock::now() >= next_check) {
-      next_check = Clock::now() + kDisconnectPollInterval;
-      if (client.Gone()) {
-        gen->CancelAll();
-        AnswerClientGone(res);
-        self->in_flight_.fetch_sub(1);
-        return;
-      }
+    if (client.GoneByNow()) {
+      gen->CancelAll();
+      AnswerClientGone(res);
+      self->in_flight_.fetch_sub(1);
+      return;
     }
     if (got) {
       gen->OnEvent(which, ev);
@@ -1275,20 +1280,16 @@ void Server::Impl::HandleGenerate(ApiKind kind, const httplib::Request& http_req
   if (!gen->req.stream) {
     // Like a stream's failed write, a client that hangs up while it waits cancels its request.
     ClientConnection client(http_req);
-    auto next_check = Clock::now() + kDisconnectPollInterval;
     while (!gen->AllFinished()) {
       size_t which = 0;
       engine::StreamEvent ev;
       const bool got = gen->Next(kDisconnectPollInterval, &which, &ev);
-      if (Clock::now() >= next_check) {
-        next_check = Clock::now() + kDisconnectPollInterval;
-        if (client.Gone()) {
-          gen->CancelAll();  // the engine frees its KV blocks within one step
-          AnswerClientGone(res);
-          self->in_flight_.fetch_sub(1);
-          CHORUS_LOG(DEBUG) << "client of " << id << " disconnected; request cancelled";
-          return;
-        }
+      if (client.GoneByNow()) {
+        gen->CancelAll();  // the engine frees its KV blocks within one step
+        AnswerClientGone(res);
+        self->in_flight_.fetch_sub(1);
+        CHORUS_LOG(DEBUG) << "client of " << id << " disconnected; request cancelled";
+        return;
       }
       if (!got) continue;
       gen->OnEvent(which, ev);
