@@ -196,7 +196,7 @@ BENCHMARK(BM_DeltaStep)
 
 // The BitDelta term's compute speed without the memory system: one 2048 × 2048 matrix of signs
 // (512 KB, in L2) applied to n input rows of one segment, one thread, int16 activations — what
-// serving runs for that segment (the per-row kernel below 3 rows, the lookup kernel from 3 on;
+// serving runs for that segment (the lookup kernel for any number of rows;
 // docs/deltas.md "BitDelta by table lookup"). Counter per_block_row: CPU time per 64 columns of
 // one output row and one input row.
 void BM_SignTermInL2(benchmark::State& state) {

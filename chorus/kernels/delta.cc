@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <iterator>
 #include <limits>
 #include <vector>
@@ -213,36 +214,39 @@ bool ParseDeltaActivations(const std::string& name, std::optional<DeltaActivatio
 
 namespace delta_internal::q16 {
 
-void Quantize(const float* x, int64_t xs, int64_t n, int64_t cols, bool column_order, int16_t* q,
-              float* scales) {
+void Quantize(const float* x, int64_t xs, int64_t n, int64_t cols, bool column_order, int max_code,
+              int16_t* q, float* scales) {
   const int64_t padded = PaddedCols(cols);
+  const auto top = static_cast<float>(max_code);
   for (int64_t i = 0; i < n; ++i) {
     const float* row = x + i * xs;
     int16_t* out = q + i * padded;
     std::fill(out, out + padded, int16_t{0});
-    // Branch-free loops the compiler vectorizes: this runs on the caller's thread for every
-    // delta row of every linear of a step.
-    float max_abs = 0;
-    bool non_finite = false;  // a NaN fails every comparison, so `a > max_abs` would drop it
+    // max|x| on the bits: with the sign cleared, a float's bits order as its value does, and an
+    // infinity or NaN has bits ≥ 0x7F800000 (a float comparison would drop a NaN).
+    uint32_t max_bits = 0;
     for (int64_t c = 0; c < cols; ++c) {
-      const float a = std::fabs(row[c]);
-      non_finite |= !(a <= std::numeric_limits<float>::max());
-      max_abs = a > max_abs ? a : max_abs;
+      uint32_t b;
+      std::memcpy(&b, row + c, 4);
+      b &= 0x7FFFFFFFu;
+      max_bits = b > max_bits ? b : max_bits;
     }
-    if (non_finite) {
+    if (max_bits >= 0x7F800000u) {
       scales[i] = std::nanf("");
       continue;
     }
-    if (max_abs == 0) {
+    float max_abs;
+    std::memcpy(&max_abs, &max_bits, 4);
+    const float inv = top / max_abs;  // +inf for a zero row
+    if (!(inv <= std::numeric_limits<float>::max())) {
       scales[i] = 0;
       continue;
     }
-    const float inv = 32767.0f / max_abs;
     // Round to nearest, ties to even (std::nearbyint's default mode, without its library call):
     // for |v| < 2^22, v + 1.5·2^23 lands where the float spacing is 1.
     constexpr float kRound = 12582912.0f;
     auto quantize = [&](int64_t c) {
-      const float v = std::clamp((row[c] * inv + kRound) - kRound, -32767.0f, 32767.0f);
+      const float v = std::clamp((row[c] * inv + kRound) - kRound, -top, top);
       return static_cast<int16_t>(v);
     };
     if (column_order) {
@@ -250,7 +254,7 @@ void Quantize(const float* x, int64_t xs, int64_t n, int64_t cols, bool column_o
     } else {
       for (int64_t c = 0; c < cols; ++c) out[Q16Position(c, false)] = quantize(c);
     }
-    scales[i] = max_abs / 32767.0f;
+    scales[i] = max_abs / top;
   }
 }
 
@@ -323,14 +327,15 @@ void PortableRows(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, cons
 namespace {
 
 // x rows of the segments the int16 path takes, quantized once per call (segment k's rows at
-// offsets[k]; −1: the segment runs the f32 path).
+// offsets[k]; −1: the segment runs the f32 path) by `quantize` (the portable Quantize or its
+// AVX-512 form: the same bits).
 struct QuantizedRows {
   std::vector<int16_t> q;
   std::vector<float> scales;
   std::vector<int64_t> q_offset, scale_offset;
 
   void Build(std::span<const LoraSegment> segments, std::span<const DeltaMatrixView> weights,
-             const float* x, int64_t x_stride) {
+             const float* x, int64_t x_stride, delta_internal::q16::QuantizeFn quantize) {
     q_offset.assign(segments.size(), -1);
     scale_offset.assign(segments.size(), -1);
     int64_t q_size = 0, n_scales = 0;
@@ -348,11 +353,11 @@ struct QuantizedRows {
     for (size_t k = 0; k < segments.size(); ++k) {
       if (q_offset[k] < 0) continue;
       const LoraSegment& s = segments[k];
-      delta_internal::q16::Quantize(
-          x + s.row_begin * x_stride, x_stride, s.row_end - s.row_begin,
-          weights[static_cast<size_t>(s.slot)].cols,
-          delta_internal::q16::ColumnOrder(weights[static_cast<size_t>(s.slot)]),
-          q.data() + q_offset[k], scales.data() + scale_offset[k]);
+      quantize(x + s.row_begin * x_stride, x_stride, s.row_end - s.row_begin,
+               weights[static_cast<size_t>(s.slot)].cols,
+               delta_internal::q16::ColumnOrder(weights[static_cast<size_t>(s.slot)]),
+               delta_internal::q16::MaxCode(weights[static_cast<size_t>(s.slot)]),
+               q.data() + q_offset[k], scales.data() + scale_offset[k]);
     }
   }
 };
@@ -364,7 +369,8 @@ void DeltaApplyReference(std::span<const LoraSegment> segments,
                          float* y, int64_t y_stride, DeltaActivations activations) {
   CheckArgs(segments, weights);
   QuantizedRows quantized;
-  if (activations == DeltaActivations::kInt16) quantized.Build(segments, weights, x, x_stride);
+  if (activations == DeltaActivations::kInt16)
+    quantized.Build(segments, weights, x, x_stride, delta_internal::q16::Quantize);
   std::vector<float> row;
   for (size_t k = 0; k < segments.size(); ++k) {
     const LoraSegment& s = segments[k];
@@ -427,9 +433,13 @@ void DeltaApply(std::span<const LoraSegment> segments, std::span<const DeltaMatr
   // The int16 path: x quantized here, once per call, on the caller's thread (the workers read it).
   const bool int16 = activations == DeltaActivations::kInt16;
   thread_local QuantizedRows quantized;
-  if (int16) quantized.Build(segments, weights, x, x_stride);
+  const bool fast = DeltaInt16Fast();
+  if (int16) {
+    quantized.Build(segments, weights, x, x_stride,
+                    fast ? delta_internal::q16::avx512::Quantize : delta_internal::q16::Quantize);
+  }
   const delta_internal::q16::ApplyRowsFn int16_fn =
-      DeltaInt16Fast() ? delta_internal::q16::avx512::ApplyRows : delta_internal::q16::PortableRows;
+      fast ? delta_internal::q16::avx512::ApplyRows : delta_internal::q16::PortableRows;
   const QuantizedRows* qr = &quantized;
   // Thread t owns output rows [begin, end) of every slot: each output element is computed whole
   // by one thread (no split of k), so the split never changes a value.

@@ -30,11 +30,14 @@
 //
 // with the 16 lane sums added pairwise (8, 4, 2, 1) at the end — except BitDelta's layout (1-bit
 // codes, one scale per matrix), whose row of products is summed exactly as integers and
-// converted once: y[i, o] += (float(Σ_c w'_c · q_c) · (scale / 2)) · sx_i. The integer sums are
-// exact and the float steps fixed, so the SIMD kernel equals its scalar reference bit for bit and a
-// row's result never depends on the other rows. Against the f32 path it differs by the rounding of
-// x to 15 bits (relative error ≤ 2^-16 of the row's largest |x| per element). Layouts it takes:
-// DeltaInt16Layout(); others run the f32 kernel even when int16 is asked.
+// converted once: y[i, o] += (float(Σ_c w'_c · q_c) · (scale / 2)) · sx_i, and whose rows are
+// quantized to ±8191 instead (sx = max|x| / 8191: its kernel looks the products up in int16 tables
+// of 4-column sums; docs/deltas.md "BitDelta by table lookup"). The integer sums are exact and
+// the float steps fixed, so the SIMD kernel equals its scalar reference bit for bit and a row's
+// result never depends on the other rows. Against the f32 path it differs by the rounding of x to
+// 15 bits (relative error ≤ 2^-16 of the row's largest |x| per element; BitDelta's 13 bits,
+// 2^-14). Layouts it takes: DeltaInt16Layout(); others run the f32 kernel even when int16 is
+// asked.
 //
 // Thread-safety: stateless; weights are read-only.
 #pragma once

@@ -89,6 +89,14 @@ inline bool SignRowSum(const DeltaMatrixView& m) {
 // Whether m's rows are quantized in column order (above); otherwise pairs order.
 inline bool ColumnOrder(const DeltaMatrixView& m) { return m.sparse24 || SignRowSum(m); }
 
+// The largest |q| of a quantized row: 32767, except for SignRowSum matrices, whose rows are
+// quantized to ±8191 (14 bits) so that the exact sum of any 4 of their products, ±(q0 + q1 + q2
+// + q3), fits an int16 — what the AVX-512 table-lookup kernel's int16 tables hold (docs/deltas.md
+// "BitDelta by table lookup"). A 1-bit delta's own error is far above 14-bit activations'.
+constexpr int kMaxCode = 32767;
+constexpr int kSignMaxCode = 8191;
+inline int MaxCode(const DeltaMatrixView& m) { return SignRowSum(m) ? kSignMaxCode : kMaxCode; }
+
 // Where column c sits in a quantized row, in column order or pairs order.
 inline int64_t Q16Position(int64_t c, bool column_order) {
   if (column_order) return c;
@@ -97,10 +105,14 @@ inline int64_t Q16Position(int64_t c, bool column_order) {
 }
 
 // Quantizes x [n, cols] (stride xs) into q [n, PaddedCols(cols)] in column or pairs order and
-// scales[n] (x ≈ scale · q). A row of zeros gets scale 0; a row with an infinity or NaN gets
-// scale NaN and q 0, so its term is NaN as the f32 path's would be.
-void Quantize(const float* x, int64_t xs, int64_t n, int64_t cols, bool column_order, int16_t* q,
-              float* scales);
+// scales[n] (x ≈ scale · q, scale = max|x| / max_code, |q| ≤ max_code ≤ 32767, rounded to
+// nearest, ties to even). A row of zeros gets scale 0, and so does a row too small to scale
+// (max_code / max|x| beyond float: every |x| < ~1e-34, a term below any float sum it joins); a
+// row with an infinity or NaN gets scale NaN and q 0, so its term is NaN as the f32 path's would
+// be.
+void Quantize(const float* x, int64_t xs, int64_t n, int64_t cols, bool column_order, int max_code,
+              int16_t* q, float* scales);
+using QuantizeFn = decltype(&Quantize);
 
 // y[i·ys + o] += the int16 term for rows i < n_rows, o ∈ [o_begin, o_end).
 // Requires DeltaInt16Layout(m); q rows of PaddedCols(m.cols) int16.
@@ -114,6 +126,11 @@ namespace avx512 {
 // Needs AVX-512 F/BW/VNNI/VBMI/VBMI2.
 void ApplyRows(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const int16_t* q,
                const float* x_scales, int64_t n_rows, float* y, int64_t y_stride);
+// Quantize's q and scales bit for bit, 16 columns an instruction: it runs on the caller's
+// thread for every delta segment of every linear of a step (the portable loop's max|x| is a
+// scalar chain, ~1 ns a column).
+void Quantize(const float* x, int64_t xs, int64_t n, int64_t cols, bool column_order, int max_code,
+              int16_t* q, float* scales);
 }  // namespace avx512
 
 }  // namespace q16

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <iostream>
 #include <random>
 #include <string>
@@ -346,8 +347,7 @@ TEST(DeltaKernelTest, Int16PathEqualsItsReferenceBitwiseAtEveryLevel) {
 }
 
 // BitDelta's signs run a table-lookup kernel over panels of 16 output rows and 512-column chunks
-// (x86/delta_q16_avx512.cc) for segments of ≥ 3 rows, the rows past the last whole panel and
-// smaller segments the per-row kernel: both must
+// (x86/delta_q16_avx512.cc), the rows past the last whole panel the per-row kernel: both must
 // equal the reference bitwise at every panel and chunk boundary, for any number of input rows
 // (1–4 share a pass, more take turns), on 1 and 2 threads (whose row split can cut a panel).
 TEST(DeltaKernelTest, SignLookupKernelEqualsTheReferenceAcrossPanelsChunksAndRowCounts) {
@@ -375,19 +375,20 @@ TEST(DeltaKernelTest, SignLookupKernelEqualsTheReferenceAcrossPanelsChunksAndRow
   }
 }
 
-// The lookup kernel (segments of ≥ 3 rows) sums a whole row in one int32 lane: at its widest
-// (65 536 columns) with every |q| = 32767 and every sign alike, the sum (±65 536 · 32767) is
-// still exact.
+// The lookup kernel sums a whole row in one int32 lane and each group
+// of 4 columns in an int16 table entry: at its widest (262 144 columns) with every |q| = 8191
+// (SignRowSum rows' largest code) and every sign alike, the entries (±4 · 8191) and the sum
+// (±262 144 · 8191) are still exact.
 TEST(DeltaKernelTest, SignLookupKernelSumsTheWidestRowExactly) {
   std::mt19937 rng(22);
-  const int64_t out = 32, cols = 65536;
+  const int64_t out = 32, cols = 262144;
   Packed p = MakePacked(out, cols, 1, false, 0, &rng);
   // Rows 0–15 all +1, rows 16–31 all −1.
   for (int64_t o = 0; o < out; ++o)
     std::fill_n(p.codes.begin() + o * p.view.code_row_bytes(), p.view.code_row_bytes(),
                 static_cast<uint8_t>(o < 16 ? 0xFF : 0x00));
   const std::vector<DeltaMatrixView> views = {p.view};
-  const std::vector<float> x(static_cast<size_t>(3 * cols), 3.0f);  // q = 32767 everywhere
+  const std::vector<float> x(static_cast<size_t>(3 * cols), 3.0f);  // q = 8191 everywhere
   std::vector<float> want(static_cast<size_t>(3 * out), 0.0f), got = want;
   const std::vector<LoraSegment> segments = {{0, 3, 0}};
   DeltaApplyReference(segments, views, x.data(), cols, want.data(), out, DeltaActivations::kInt16);
@@ -425,8 +426,10 @@ TEST(DeltaKernelTest, Int16PathIsWithinTheRoundingOfXOfTheExactTerm) {
           sum_abs_w += std::fabs(w);
           sum_abs += std::fabs(w * xv);
         }
-        // x rounded to 15 bits moves each product by ≤ |w|·max|x|/65534; float sums add ~1e-6.
-        const double bound = sum_abs_w * max_abs / 65534.0 * 1.001 + 2e-6 * sum_abs + 1e-12;
+        // x rounded to max_code steps (32767; BitDelta's signs 8191) moves each product by
+        // ≤ |w|·max|x| / (2·max_code); float sums add ~1e-6.
+        const double half_step = max_abs / (2.0 * delta_internal::q16::MaxCode(a.view));
+        const double bound = sum_abs_w * half_step * 1.001 + 2e-6 * sum_abs + 1e-12;
         ASSERT_NEAR(y[static_cast<size_t>(i * out + o)], exact, bound)
             << "bits " << k.bits << " sparse " << k.sparse << " group " << k.group << " row " << i
             << " col " << o;
@@ -436,26 +439,81 @@ TEST(DeltaKernelTest, Int16PathIsWithinTheRoundingOfXOfTheExactTerm) {
 }
 
 TEST(DeltaKernelTest, Int16QuantizationRoundsToNearestEvenInBothOrders) {
-  // max|x| = 32767 makes the scale 1, so x itself is rounded: ties go to the even neighbour, as
-  // std::nearbyint does in the default rounding mode.
-  std::vector<float> x = {32767.0f, 0.5f, 1.5f, 2.5f, -0.5f, -1.5f, -2.5f, 3.49f, -3.51f, 0.0f};
-  std::mt19937 rng(11);
-  std::uniform_real_distribution<float> d(-32767.0f, 32767.0f);
-  while (x.size() < 130) x.push_back(d(rng));
-  const auto cols = static_cast<int64_t>(x.size());
-  for (bool column_order : {true, false}) {
-    std::vector<int16_t> q(static_cast<size_t>(delta_internal::q16::PaddedCols(cols)), 7);
-    float scale = 0;
-    delta_internal::q16::Quantize(x.data(), cols, 1, cols, column_order, q.data(), &scale);
-    ASSERT_EQ(scale, 1.0f);
-    for (int64_t c = 0; c < cols; ++c) {
-      const auto want = static_cast<int16_t>(std::nearbyint(x[static_cast<size_t>(c)]));
-      ASSERT_EQ(q[static_cast<size_t>(delta_internal::q16::Q16Position(c, column_order))], want)
-          << "column " << c << " value " << x[static_cast<size_t>(c)] << " column order "
-          << column_order;
+  // max|x| = max_code makes the scale 1, so x itself is rounded: ties go to the even neighbour,
+  // as std::nearbyint does in the default rounding mode — for the int16 codes (32767) and
+  // BitDelta's signs' (8191) alike.
+  for (const int max_code : {delta_internal::q16::kMaxCode, delta_internal::q16::kSignMaxCode}) {
+    const auto top = static_cast<float>(max_code);
+    std::vector<float> x = {top,   0.5f,  1.5f,   2.5f, -0.5f,      -1.5f,
+                            -2.5f, 3.49f, -3.51f, 0.0f, top - 0.5f, -top + 1.5f};
+    std::mt19937 rng(11);
+    std::uniform_real_distribution<float> d(-top, top);
+    while (x.size() < 130) x.push_back(d(rng));
+    const auto cols = static_cast<int64_t>(x.size());
+    for (bool column_order : {true, false}) {
+      std::vector<int16_t> q(static_cast<size_t>(delta_internal::q16::PaddedCols(cols)), 7);
+      float scale = 0;
+      delta_internal::q16::Quantize(x.data(), cols, 1, cols, column_order, max_code, q.data(),
+                                    &scale);
+      ASSERT_EQ(scale, 1.0f);
+      for (int64_t c = 0; c < cols; ++c) {
+        const auto want = static_cast<int16_t>(std::nearbyint(x[static_cast<size_t>(c)]));
+        ASSERT_EQ(q[static_cast<size_t>(delta_internal::q16::Q16Position(c, column_order))], want)
+            << "column " << c << " value " << x[static_cast<size_t>(c)] << " column order "
+            << column_order << " max code " << max_code;
+      }
+      for (int64_t c = cols; c < static_cast<int64_t>(q.size()); ++c)
+        ASSERT_EQ(q[static_cast<size_t>(delta_internal::q16::Q16Position(c, column_order))], 0);
     }
-    for (int64_t c = cols; c < static_cast<int64_t>(q.size()); ++c)
-      ASSERT_EQ(q[static_cast<size_t>(delta_internal::q16::Q16Position(c, column_order))], 0);
+  }
+}
+
+// DeltaApply quantizes x with the AVX-512 quantizer where the int16 kernel runs: it must write
+// the portable Quantize's q (padding included) and scales bit for bit — ties, both orders, both
+// code ranges, row tails, and the special rows (zeros, signed zeros, a subnormal-only row too
+// small to scale, NaN and infinities).
+TEST(DeltaKernelTest, AvxQuantizerEqualsThePortableOneBitwise) {
+  if (!DeltaInt16Fast())
+    GTEST_SKIP() << "no AVX-512 VBMI2 on this CPU: the portable quantizer runs";
+  std::mt19937 rng(31);
+  std::uniform_real_distribution<float> d(-3.0f, 3.0f);
+  for (const int64_t cols :
+       {int64_t{1}, int64_t{15}, int64_t{16}, int64_t{17}, int64_t{63}, int64_t{64}, int64_t{65},
+        int64_t{130}, int64_t{2048}, int64_t{5632}}) {
+    const int64_t n = 9, xs = cols + 3;
+    std::vector<float> x(static_cast<size_t>(n * xs));
+    for (float& v : x) v = d(rng);
+    auto row = [&](int64_t i) { return x.begin() + i * xs; };
+    std::fill(row(1), row(1) + cols, 0.0f);
+    std::fill(row(2), row(2) + cols, -0.0f);
+    std::fill(row(3), row(3) + cols, 1e-40f);  // subnormal: max_code / max|x| overflows
+    row(4)[cols / 2] = std::nanf("");
+    row(5)[cols - 1] = INFINITY;
+    row(6)[0] = -INFINITY;
+    // max|x| = 8191: BitDelta's codes quantize with scale 1, so every ±(k + ½) is a tie.
+    for (int64_t c = 0; c < cols; ++c)
+      row(7)[c] = static_cast<float>(c % 2 == 0 ? 1 : -1) * (0.5f + static_cast<float>(c % 9));
+    row(7)[cols / 3] = 8191.0f;
+    row(8)[0] = 1e30f;  // the rest rounds to 0
+    for (const int max_code : {delta_internal::q16::kMaxCode, delta_internal::q16::kSignMaxCode}) {
+      for (const bool column_order : {true, false}) {
+        const auto size = static_cast<size_t>(n * delta_internal::q16::PaddedCols(cols));
+        std::vector<int16_t> want(size, 7), got(size, -7);
+        std::vector<float> want_scales(n, 5.0f), got_scales(n, -5.0f);
+        delta_internal::q16::Quantize(x.data(), xs, n, cols, column_order, max_code, want.data(),
+                                      want_scales.data());
+        delta_internal::q16::avx512::Quantize(x.data(), xs, n, cols, column_order, max_code,
+                                              got.data(), got_scales.data());
+        ASSERT_EQ(got, want) << "cols " << cols << " max code " << max_code << " column order "
+                             << column_order;
+        ASSERT_EQ(std::memcmp(got_scales.data(), want_scales.data(), n * sizeof(float)), 0)
+            << "cols " << cols << " max code " << max_code;
+        EXPECT_TRUE(std::isnan(want_scales[4]) && std::isnan(want_scales[5]) &&
+                    std::isnan(want_scales[6]));
+        EXPECT_EQ(want_scales[1], 0.0f);
+        EXPECT_EQ(want_scales[3], 0.0f);
+      }
+    }
   }
 }
 

@@ -24,7 +24,9 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "chorus/kernels/delta_internal.h"
@@ -330,40 +332,44 @@ void SignRows(const DeltaMatrixView& m, int64_t o, const int16_t* q, int64_t pad
 // BitDelta's layout by table lookup (SignRowSum, panels of 16 output rows): each group of 4
 // columns has 16 possible sign patterns, so per input row a table holds, for every group g and
 // pattern n, T_g[n] = Σ_j (2·bit_j(n) − 1)·q[4g + j] — the group's exact integer sum for that
-// pattern. A panel's int32 lane i is output row o + i: one vpermd looks up group g's table at the
-// 16 rows' 4 sign bits each (64 weights) and one vpaddd adds the results, against two blends and
-// two vpdpwssd per row of 64 columns in SignRows: 2048 × 2048 from L2, one input row, 1.66 →
-// 0.69 ns per 64 columns and row on this host (docs/deltas.md "BitDelta by table lookup"). The
+// pattern, an int16 because SignRowSum rows are quantized to |q| ≤ 8191 (MaxCode). Tables go in
+// pairs (g, g + 4): one vpermw looks up 32 words — word 2i at output row o + i's 4 bits of group
+// g, word 2i + 1 at its bits of group g + 4 (index + 16: the pair's second half) — and one
+// vpdpwssd with ones adds each word pair into int32 lane i: 16 rows × 8 columns per two
+// instructions, against 16 rows × 4 columns for a vpermd and a vpaddd with int32 tables (the
+// kernel before: vpermd-bound, 1.5–1.9× slower; docs/deltas.md "BitDelta by table lookup"). The
 // sums are the same exact integers in another order, so the term equals SignRows' and the
 // reference's bit for bit.
 //
-// vpermd reads the low 4 bits of each index dword, so lane i must hold row o + i's bits: each
-// 512-column chunk loads 64 code bytes of each of the 16 rows and transposes them as 16 × 16
-// dwords (dword k of lane i = row o + i's columns 512c + 32k …); a dword then serves 8 groups,
-// shifted right by 4 between them.
+// The index lanes must hold each row's bits: each 512-column chunk loads 64 code bytes of each
+// of the 16 rows and transposes them as 16 × 16 dwords (dword k of lane i = row o + i's columns
+// 512c + 32k …, groups 8k … 8k + 7 of the chunk, 4 bits each); the dword's low word then holds
+// groups 8k + s and its high word groups 8k + 4 + s in their low nibbles after a shift by 4s, and
+// one vpternlogd keeps those nibbles and sets the high word's bit 4.
 constexpr int64_t kLutRows = 16;    // output rows per panel (int32 lanes)
 constexpr int64_t kLutChunk = 512;  // columns per transposed chunk (64 code bytes per row)
-// Panels per block: per chunk, the block's panels are transposed first, then looked up 8 groups
-// at a time across all of them, so the tables in use (NR · 512 bytes) stay in L1 while 128 rows
-// use them. With 4 input rows (a chunk's tables: 32 KB, more than L1) this is 1.25× the speed of
-// a panel at a time (0.83 → 0.66 ns per 64 columns and input row from L2); one input row alike.
+constexpr int64_t kLutPairsPerChunk = kLutChunk / 8;  // table pairs (32 int16 each)
+// Panels per block: per chunk, the block's panels are transposed first, then looked up 4 table
+// pairs at a time across all of them, so the tables in use (NR · 256 bytes) stay in L1 while 128
+// rows use them (with 4 input rows a panel at a time was 1.25× slower, the tables of a chunk
+// being more than L1).
 constexpr int64_t kLutPanels = 8;
 constexpr int64_t kLutBlockRows = kLutRows * kLutPanels;
 // Software prefetch distance in blocks: 0 (none) streamed at half the speed of 2; 8 no better.
 constexpr int64_t kLutAheadBlocks = 2;
-// A lane sums a whole row, |Σ| ≤ cols · 32767: within int32 up to 65 536 columns (wider rows run
-// SignRows, whose lanes take a sixteenth of the row each).
-constexpr int64_t kLutMaxCols = 65536;
-// Segments of fewer input rows run SignRows: streamed from memory (a step's usual case) the
-// lookup kernel is no faster for one row — delta_bench's step of 4 deltas × 1 row took 40 ms
-// with SignRows and 44 ms with it. From 3 rows on it is 1.1–1.45× SignRows from L2, and a mixed
-// batch of 32 rows (3–4 per delta) measured 56.2 → 56.8 % of base-only (docs/benchmarks.md).
-constexpr int64_t kLutMinInputRows = 3;
+// A lane sums a whole row, |Σ| ≤ cols · 8191: within int32 up to 262 144 columns (wider rows run
+// SignRows, whose lanes take a sixteenth of the row each). Any number of input rows takes the
+// lookup kernel: from L2 it is 2.6× SignRows for one row and 1.5–2.2× for 2–4; streamed from
+// memory, delta_bench's step of 4 deltas × 1 row takes 24 ms against SignRows' 30
+// (docs/benchmarks.md "Delta kernels").
+constexpr int64_t kLutMaxCols = 262144;
 
-// The tables of one input row q (column order, PaddedCols(cols) int16) for `groups` groups of 4
-// columns (a multiple of 128; groups past q's columns are 0): T = s01·(q0, q1) + s23·(q2, q3) by
-// two vpdpwssd, where word pair n of s01 is (2·bit_0(n) − 1, 2·bit_1(n) − 1).
-void BuildSignTables(const int16_t* q, int64_t padded, int64_t groups, int32_t* tables) {
+// The table pairs of one input row q (column order, PaddedCols(cols) int16, |q| ≤ 8191) for
+// `groups` groups of 4 columns (a multiple of 128; groups past q's columns are 0): pair
+// 4·(g / 8) + g mod 4 holds T_g in words 0–15 if g mod 8 < 4, else in words 16–31. T = s01·(q0,
+// q1) + s23·(q2, q3) by two vpdpwssd, where word pair n of s01 is (2·bit_0(n) − 1, 2·bit_1(n) −
+// 1); |T| ≤ 4 · 8191, so the int32 → int16 narrowing is exact.
+void BuildSignTables(const int16_t* q, int64_t padded, int64_t groups, int16_t* tables) {
   alignas(64) int16_t s01[32], s23[32];
   for (int n = 0; n < 16; ++n) {
     for (int j = 0; j < 2; ++j) {
@@ -380,9 +386,11 @@ void BuildSignTables(const int16_t* q, int64_t padded, int64_t groups, int32_t* 
     const __m512i t =
         _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_setzero_si512(), a, _mm512_set1_epi32(q01)),
                             b, _mm512_set1_epi32(q23));
-    _mm512_storeu_si512(tables + 16 * g, t);
+    int16_t* at = tables + 32 * (4 * (g / 8) + g % 4) + (g % 8 < 4 ? 0 : 16);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(at), _mm512_cvtepi32_epi16(t));
   }
-  std::memset(tables + 16 * q_groups, 0, static_cast<size_t>(groups - q_groups) * 64);
+  // Groups past q come in whole dwords (q_groups is a multiple of 16): whole pairs of zeros.
+  std::memset(tables + 16 * q_groups, 0, static_cast<size_t>(groups - q_groups) * 32);
 }
 
 // r[k] ← the dwords k of r[0…15] (a 16 × 16 dword transpose: lane i of the result = row i).
@@ -412,12 +420,12 @@ inline void Transpose16(__m512i r[16]) {
 }
 
 // y[r·ys + o + i] += the term for i < 16 · panels, r < NR (panels ≤ kLutPanels); tables[r] is
-// input row r's (BuildSignTables, chunks · 128 groups). Chunk by chunk: the panels' codes are
-// loaded and transposed into `bits`, then each dword k of all panels takes its 8 lookups; the
-// panels' sums wait in `sums`.
+// input row r's (BuildSignTables, chunks · 64 pairs). Chunk by chunk: the panels' codes are
+// loaded and transposed into `bits`, then each dword k of all panels takes its 4 pair lookups;
+// the panels' sums wait in `sums`.
 template <int NR>
 void SignLutBlock(const DeltaMatrixView& m, int64_t o, int64_t panels, int64_t chunks,
-                  const int32_t* const* tables, const float* x_scales, float* y, int64_t ys) {
+                  const int16_t* const* tables, const float* x_scales, float* y, int64_t ys) {
   const int64_t row_bytes = m.code_row_bytes();
   const uint8_t* codes = m.codes + o * row_bytes;
   // The block to request while this one runs: its bytes that exist (0 past the matrix's end).
@@ -425,13 +433,16 @@ void SignLutBlock(const DeltaMatrixView& m, int64_t o, int64_t panels, int64_t c
   const int64_t ahead_bytes =
       std::max<int64_t>(0, std::min(kLutBlockRows, m.rows - ahead_row)) * row_bytes;
   const uint8_t* ahead = ahead_bytes > 0 ? m.codes + ahead_row * row_bytes : m.codes;
+  // Index words: the low nibble of each word, plus 16 (the pair's second table) in the high one.
+  const __m512i nibbles = _mm512_set1_epi32(0x000F000F);
+  const __m512i second = _mm512_set1_epi32(0x00100000);
+  const __m512i ones = _mm512_set1_epi16(1);
   alignas(64) int32_t sums[kLutPanels][NR][16] = {};
   alignas(64) uint32_t bits[kLutPanels][16][16];  // a chunk's transposed codes, per panel
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t at = kLutChunk / 8 * c;
     const bool whole = row_bytes - at >= 64;
     const __mmask64 tail = whole ? ~__mmask64{0} : Avail(64, row_bytes - at);
-    const int64_t g0 = kLutChunk / 4 * c;
     for (int64_t p = 0; p < panels; ++p) {
       const uint8_t* pc = codes + kLutRows * p * row_bytes + at;
       __m512i v[16];
@@ -450,19 +461,21 @@ void SignLutBlock(const DeltaMatrixView& m, int64_t o, int64_t panels, int64_t c
       Transpose16(v);
       for (int k = 0; k < 16; ++k) _mm512_store_si512(bits[p][k], v[k]);
     }
-    // Dword k of every panel, then the next: the 8 groups' tables of the NR input rows (NR · 512
+    // Dword k of every panel, then the next: the 4 pairs' tables of the NR input rows (NR · 256
     // bytes) serve the whole block from L1.
+    const int64_t pair0 = kLutPairsPerChunk * c;
     for (int k = 0; k < 16; ++k) {
       for (int64_t p = 0; p < panels; ++p) {
         __m512i acc[NR];
         for (int r = 0; r < NR; ++r) acc[r] = _mm512_load_si512(sums[p][r]);
-        __m512i idx = _mm512_load_si512(bits[p][k]);
-        for (int s = 0; s < 8; ++s) {
+        __m512i code = _mm512_load_si512(bits[p][k]);
+        for (int s = 0; s < 4; ++s) {
+          const __m512i idx = _mm512_ternarylogic_epi32(code, nibbles, second, 0xEA);  // a&b | c
           for (int r = 0; r < NR; ++r) {
-            const __m512i t = _mm512_loadu_si512(tables[r] + 16 * (g0 + 8 * k + s));
-            acc[r] = _mm512_add_epi32(acc[r], _mm512_permutexvar_epi32(idx, t));
+            const __m512i t = _mm512_loadu_si512(tables[r] + 32 * (pair0 + 4 * k + s));
+            acc[r] = _mm512_dpwssd_epi32(acc[r], _mm512_permutexvar_epi16(idx, t), ones);
           }
-          idx = _mm512_srli_epi32(idx, 4);
+          code = _mm512_srli_epi32(code, 4);
         }
         for (int r = 0; r < NR; ++r) _mm512_store_si512(sums[p][r], acc[r]);
       }
@@ -506,7 +519,7 @@ struct Signs {
 
 // SignRowSum matrices: the lookup kernel over whole panels of 16 output rows, SignRows over the
 // rest (the same integers, so the same bits). Each thread builds the tables of all n input rows
-// (n · cols · 16 bytes; 4 rows of 5632 columns: 360 KB, in L2) — a few percent of the kernel's
+// (n · cols · 8 bytes; 4 rows of 5632 columns: 180 KB, in L2) — a few percent of the kernel's
 // work, cheaper than a second hand-off to the pool.
 void ApplySigns(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const int16_t* q,
                 const float* x_scales, int64_t n, float* y, int64_t ys);
@@ -541,7 +554,7 @@ void ApplySigns(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const 
   const int64_t groups = chunks * (kLutChunk / 4);
   const int64_t panel_end = o_begin + (o_end - o_begin) / kLutRows * kLutRows;
   if (panel_end > o_begin) {
-    thread_local std::vector<int32_t> tables;
+    thread_local std::vector<int16_t> tables;
     tables.resize(static_cast<size_t>(n * groups * 16));
     for (int64_t r = 0; r < n; ++r)
       BuildSignTables(q + r * padded, padded, groups, tables.data() + r * groups * 16);
@@ -549,7 +562,7 @@ void ApplySigns(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const 
       const int64_t panels = std::min(kLutBlockRows, panel_end - o) / kLutRows;
       avx512_common::ForRowsInFours(n, [&](int64_t i, auto nr) {
         constexpr int kNR = decltype(nr)::value;
-        const int32_t* t[kNR];
+        const int16_t* t[kNR];
         for (int r = 0; r < kNR; ++r) t[r] = tables.data() + (i + r) * groups * 16;
         SignLutBlock<kNR>(m, o, panels, chunks, t, x_scales + i, y + i * ys, ys);
       });
@@ -564,8 +577,7 @@ void ApplyRows(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const i
                const float* x_scales, int64_t n_rows, float* y, int64_t y_stride) {
   auto run = [&](auto fn) { fn(m, o_begin, o_end, q, x_scales, n_rows, y, y_stride); };
   if (SignRowSum(m)) {
-    return m.cols <= kLutMaxCols && n_rows >= kLutMinInputRows ? run(ApplySigns)
-                                                               : run(Apply<Signs>);
+    return m.cols <= kLutMaxCols ? run(ApplySigns) : run(Apply<Signs>);
   }
   if (m.sparse24) {
     return m.bits == 2 ? run(Apply<Decoded<SparseDecoder<2>>>)
@@ -580,6 +592,68 @@ void ApplyRows(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const i
       return run(Apply<Decoded<DenseDecoder<4>>>);
     default:
       return run(Apply<Decoded<DenseDecoder<8>>>);
+  }
+}
+
+// Quantize's arithmetic, 16 columns at a time: the max of |x|'s bits (an unsigned max, so an
+// infinity or NaN is ≥ 0x7F800000 as there), the same float product x · inv, vrndscaleps to
+// nearest-even where the portable loop adds and subtracts 1.5·2^23 (the same integer for |v| <
+// 2^22), the same clamp, and a narrowing that the clamp makes exact. Pairs order: each 64-column
+// block's two column-order halves are interleaved by vpermt2w (Q16Position).
+void Quantize(const float* x, int64_t xs, int64_t n, int64_t cols, bool column_order, int max_code,
+              int16_t* q, float* scales) {
+  const int64_t padded = PaddedCols(cols);
+  const auto top = static_cast<float>(max_code);
+  alignas(64) int16_t first[32], second[32];  // pairs order: position p ← column (p < 32 ? …)
+  for (int p = 0; p < 32; ++p) {
+    first[p] = static_cast<int16_t>(4 * (p / 2) + p % 2);
+    second[p] = static_cast<int16_t>(4 * (p / 2) + 2 + p % 2);
+  }
+  const __m512i to_first = _mm512_load_si512(first), to_second = _mm512_load_si512(second);
+  const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF);
+  auto tail = [&](int64_t c) {
+    return static_cast<__mmask16>(cols - c >= 16 ? 0xFFFF : (1u << (cols - c)) - 1);
+  };
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = x + i * xs;
+    int16_t* out = q + i * padded;
+    __m512i max_bits = _mm512_setzero_si512();
+    for (int64_t c = 0; c < cols; c += 16) {
+      const __m512i b =
+          _mm512_and_si512(_mm512_castps_si512(_mm512_maskz_loadu_ps(tail(c), row + c)), magnitude);
+      max_bits = _mm512_max_epu32(max_bits, b);
+    }
+    const uint32_t top_bits = _mm512_reduce_max_epu32(max_bits);
+    float max_abs;
+    std::memcpy(&max_abs, &top_bits, 4);
+    const float inv = top / max_abs;
+    if (top_bits >= 0x7F800000u || !(inv <= std::numeric_limits<float>::max())) {
+      std::fill(out, out + padded, int16_t{0});
+      scales[i] = top_bits >= 0x7F800000u ? std::nanf("") : 0.0f;
+      continue;
+    }
+    const __m512 vinv = _mm512_set1_ps(inv), lo = _mm512_set1_ps(-top), hi = _mm512_set1_ps(top);
+    // 16 columns from c as int16 (0 past the row).
+    auto words = [&](int64_t c) {
+      if (c >= cols) return _mm256_setzero_si256();
+      const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(tail(c), row + c), vinv);
+      const __m512 r = _mm512_min_ps(
+          _mm512_max_ps(_mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), lo),
+          hi);
+      return _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(r));
+    };
+    for (int64_t b = 0; b < padded; b += 64) {
+      const __m512i a = _mm512_inserti64x4(_mm512_castsi256_si512(words(b)), words(b + 16), 1);
+      const __m512i c = _mm512_inserti64x4(_mm512_castsi256_si512(words(b + 32)), words(b + 48), 1);
+      if (column_order) {
+        _mm512_storeu_si512(out + b, a);
+        _mm512_storeu_si512(out + b + 32, c);
+      } else {
+        _mm512_storeu_si512(out + b, _mm512_permutex2var_epi16(a, to_first, c));
+        _mm512_storeu_si512(out + b + 32, _mm512_permutex2var_epi16(a, to_second, c));
+      }
+    }
+    scales[i] = max_abs / top;
   }
 }
 
