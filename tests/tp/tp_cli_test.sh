@@ -66,8 +66,13 @@ complete_long() {  # complete_long PORT MODEL N : the texts of the N greedy choi
     -d "{\"model\": \"$2\", \"prompt\": \"$LONG\", \"max_tokens\": 24, \"temperature\": 0, \"n\": $3}" |
     python3 -c 'import json,sys; [print(c["text"]) for c in sorted(json.load(sys.stdin)["choices"], key=lambda c: c["index"])]'
 }
+embed() {  # embed PORT MODEL OUT : /v1/embeddings of two inputs, the response saved to OUT
+  curl -sf "http://127.0.0.1:$1/v1/embeddings" -H 'Content-Type: application/json' \
+    -d "{\"model\": \"$2\", \"input\": [\"Once upon a time\", \"$LONG\"]}" >"$3"
+}
 serve_texts() {  # serve_texts TAG TP [mpirun...] : the texts of base, a, b, d, a, base, then the
-                 # long prompt's: base, base again, a with n = 2
+                 # long prompt's: base, base again, a with n = 2; embeddings of base, a and d in
+                 # $TMP/emb-TAG-MODEL.json
   # --port 0: the kernel picks a free port, read back from rank 0's "listening on" line. (A
   # random fixed port could be another test's server, whose /health would answer for ours.)
   # --kv-dtype f32: a bf16 cache rounds K and V after the all-reduce, so TP's last-bit
@@ -97,6 +102,10 @@ serve_texts() {  # serve_texts TAG TP [mpirun...] : the texts of base, a, b, d, 
   done
   { complete_long "$port" base 1 && complete_long "$port" base 1 && complete_long "$port" a 2; } ||
     { echo "long completions failed"; cat "$log"; kill $pid; return 1; }
+  for m in base a d; do
+    embed "$port" "$m" "$TMP/emb-$tag-$m.json" ||
+      { echo "embeddings of $m failed"; cat "$log"; kill $pid; return 1; }
+  done
   local hits
   hits=$(curl -sf "http://127.0.0.1:$port/metrics" | awk '/^chorus_prefix_cache_hit_tokens_total/ {print $2}')
   [ "${hits%.*}" -gt 0 ] 2>/dev/null ||
@@ -136,6 +145,27 @@ mapfile -t t <<<"$s1"
 echo "PASS serve --tp 2: the same greedy completions as one process (base, --lora adapter, adapter"
 echo "     loaded through the API, delta; a prompt from the prefix cache; n = 2), SIGTERM to rank 0"
 echo "     ends every rank"
+# Embeddings (last-token pooling, normalized) of the base, the adapter and the delta: TP=2 within
+# the logits' 1e-4 of one process's, and each variant's its own (not the base's).
+python3 - "$TMP" <<'PY' || fail "serve --tp 2 embeddings differ from one process's"
+import json, sys
+tmp = sys.argv[1]
+def vecs(tag, model):
+    with open(f"{tmp}/emb-{tag}-{model}.json") as f:
+        data = json.load(f)["data"]
+    return [d["embedding"] for d in sorted(data, key=lambda d: d["index"])]
+for model in ("base", "a", "d"):
+    one, two = vecs("one", model), vecs("tp2", model)
+    assert len(one) == len(two) == 2 and all(len(v) == 64 for v in one + two), model
+    diff = max(abs(p - q) for u, v in zip(one, two) for p, q in zip(u, v))
+    print(f"embeddings of {model}: max |TP=2 - TP=1| = {diff:.2e}")
+    assert diff <= 1e-4, (model, diff)
+base = vecs("one", "base")
+for model in ("a", "d"):
+    moved = max(abs(p - q) for u, v in zip(vecs("one", model), base) for p, q in zip(u, v))
+    assert moved > 1e-3, f"{model}'s embeddings equal the base's: {moved}"
+PY
+echo "PASS serve --tp 2: /v1/embeddings of base, adapter and delta equal one process's within 1e-4"
 
 # What TP does not serve yet is refused at start, naming it.
 err=$("${MPIRUN[@]}" "$CHORUS" serve --model "$M/stories260K.bin" --tokenizer "$M/tok512.bin" \
