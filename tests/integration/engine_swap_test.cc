@@ -1,8 +1,8 @@
 // --swap-full-models (engine/full_models.h, docs/deltas.md "Swapping full models"): whole
 // fine-tunes swapped in and out of one engine. On stories260K with synthetic fine-tunes written
-// as GGUF files: each fine-tune's greedy tokens equal those of an engine serving that file as its
-// only model, whichever other models and the base share the run; swaps, evictions and bytes are
-// counted; bad files fail at start-up naming the model.
+// as GGUF files: each fine-tune's greedy tokens and embeddings equal those of an engine serving
+// that file as its only model, whichever other models and the base share the run; swaps,
+// evictions and bytes are counted; bad files fail at start-up naming the model.
 #include <cstdio>
 #include <filesystem>
 #include <thread>
@@ -205,6 +205,67 @@ TEST_F(SwapTest, TwoResidentModelsShareSteps) {
   EXPECT_EQ((*e)->metrics().full_model_swaps.load(), 2u);
   EXPECT_EQ((*e)->metrics().full_model_evictions.load(), 0u);
   EXPECT_EQ((*e)->metrics().full_models_resident.load(), 2);
+}
+
+// /v1/embeddings of a swapped-in fine-tune (last and mean pooling): the vectors an engine serving
+// that file alone gives, bit for bit, whether the model was resident or had to be swapped in
+// between the base's and the other fine-tunes' requests; and not the base's.
+TEST_F(SwapTest, SwappedModelsEmbedAsEachModelAlone) {
+  auto embed = [](Engine& e, int i, Pooling pooling,
+                  std::optional<adapters::VariantRef> variant) -> std::vector<float> {
+    GenerationRequest r = Greedy(i, 0);
+    r.max_tokens = 0;
+    r.embedding = EmbeddingOptions{.pooling = pooling, .normalize = true};
+    r.variant = std::move(variant);
+    auto h = e.Submit(std::move(r));
+    EXPECT_TRUE(h.ok()) << h.status().ToString();
+    if (!h.ok()) return {};
+    auto ev = (*h)->Next(std::chrono::milliseconds(60000));
+    EXPECT_TRUE(ev.has_value());
+    if (!ev) return {};
+    EXPECT_EQ(ev->finish, FinishReason::kStop) << ev->error;
+    return ev->embedding;
+  };
+  const std::vector<int> ids = {0, 3};
+  const std::vector<Pooling> poolings = {Pooling::kLast, Pooling::kMean};
+  // want[model][id][pooling]; model 3 = the base.
+  std::vector<std::vector<std::vector<std::vector<float>>>> want(4);
+  for (size_t m = 0; m < 4; ++m) {
+    std::shared_ptr<const model::Model> alone = base_;
+    if (m < 3) {
+      auto loaded = model::LoadModel(paths_[m]);
+      ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+      alone = *loaded;
+    }
+    auto e = Engine::Create(alone, tok_, Opts());
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    for (int i : ids) {
+      want[m].emplace_back();
+      for (Pooling p : poolings) want[m].back().push_back(embed(**e, i, p, std::nullopt));
+    }
+  }
+  for (size_t m = 0; m < 3; ++m) EXPECT_NE(want[m][0][0], want[3][0][0]) << "fine-tune " << m;
+
+  EngineOptions o = Opts();
+  for (size_t m = 0; m < paths_.size(); ++m)
+    o.full_models.push_back({"ft" + std::to_string(m), paths_[m]});
+  o.max_resident_models = 1;
+  auto e = Engine::Create(base_, tok_, o);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  // Model by model, then again: every fine-tune's requests after another model's need a swap.
+  for (int round = 0; round < 2; ++round) {
+    for (size_t k = 0; k < ids.size(); ++k) {
+      for (size_t m = 0; m < 4; ++m) {
+        for (size_t p = 0; p < poolings.size(); ++p) {
+          std::optional<adapters::VariantRef> variant;
+          if (m < 3) variant = (*e)->full_models()[m];
+          EXPECT_EQ(embed(**e, ids[k], poolings[p], variant), want[m][k][p])
+              << "model " << m << " prompt " << k << " pooling " << p << " round " << round;
+        }
+      }
+    }
+  }
+  EXPECT_GE((*e)->metrics().full_model_swaps.load(), 12u);
 }
 
 TEST_F(SwapTest, BadModelsFailAtStartNamingThem) {
