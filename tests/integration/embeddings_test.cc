@@ -22,6 +22,7 @@
 #include "chorus/kernels/matmul.h"
 #include "chorus/model/convert.h"
 #include "chorus/model/loader.h"
+#include "tests/testutil/embed.h"
 #include "tests/testutil/stories260k.h"
 #include "tests/testutil/testutil.h"
 
@@ -30,23 +31,7 @@ namespace {
 
 const char* kModel = "stories260K/stories260K.bin";
 
-std::vector<float> Embed(Engine& e, std::vector<int32_t> prompt, Pooling pooling, bool normalize,
-                         std::optional<adapters::VariantRef> variant = std::nullopt) {
-  GenerationRequest r;
-  r.prompt = std::move(prompt);
-  r.embedding = EmbeddingOptions{.pooling = pooling, .normalize = normalize};
-  r.variant = std::move(variant);
-  auto h = e.Submit(r);
-  EXPECT_TRUE(h.ok()) << h.status().ToString();
-  if (!h.ok()) return {};
-  auto ev = (*h)->Next(std::chrono::milliseconds(30000));
-  EXPECT_TRUE(ev.has_value());
-  if (!ev) return {};
-  EXPECT_EQ(ev->finish, FinishReason::kStop) << ev->error;
-  EXPECT_EQ(ev->token, -1);
-  EXPECT_EQ((*h)->completion_tokens(), 0);
-  return ev->embedding;
-}
+using testing::Embed;
 
 std::unique_ptr<Engine> MakeEngine(const testing::Stories260K& s, int64_t max_batch_tokens,
                                    bool prefix_cache) {

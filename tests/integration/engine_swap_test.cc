@@ -12,6 +12,7 @@
 #include "chorus/model/convert.h"
 #include "chorus/model/loader.h"
 #include "chorus/model/synthetic.h"
+#include "tests/testutil/embed.h"
 #include "tests/testutil/testutil.h"
 
 namespace chorus::engine {
@@ -211,20 +212,8 @@ TEST_F(SwapTest, TwoResidentModelsShareSteps) {
 // that file alone gives, bit for bit, whether the model was resident or had to be swapped in
 // between the base's and the other fine-tunes' requests; and not the base's.
 TEST_F(SwapTest, SwappedModelsEmbedAsEachModelAlone) {
-  auto embed = [](Engine& e, int i, Pooling pooling,
-                  std::optional<adapters::VariantRef> variant) -> std::vector<float> {
-    GenerationRequest r = Greedy(i, 0);
-    r.max_tokens = 0;
-    r.embedding = EmbeddingOptions{.pooling = pooling, .normalize = true};
-    r.variant = std::move(variant);
-    auto h = e.Submit(std::move(r));
-    EXPECT_TRUE(h.ok()) << h.status().ToString();
-    if (!h.ok()) return {};
-    auto ev = (*h)->Next(std::chrono::milliseconds(60000));
-    EXPECT_TRUE(ev.has_value());
-    if (!ev) return {};
-    EXPECT_EQ(ev->finish, FinishReason::kStop) << ev->error;
-    return ev->embedding;
+  auto embed = [](Engine& e, int i, Pooling pooling, std::optional<adapters::VariantRef> variant) {
+    return testing::Embed(e, Greedy(i, 0).prompt, pooling, /*normalize=*/true, std::move(variant));
   };
   const std::vector<int> ids = {0, 3};
   const std::vector<Pooling> poolings = {Pooling::kLast, Pooling::kMean};

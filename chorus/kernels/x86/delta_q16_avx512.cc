@@ -359,9 +359,9 @@ constexpr int64_t kLutBlockRows = kLutRows * kLutPanels;
 constexpr int64_t kLutAheadBlocks = 2;
 // A lane sums a whole row, |Σ| ≤ cols · 8191: within int32 up to 262 144 columns (wider rows run
 // SignRows, whose lanes take a sixteenth of the row each). Any number of input rows takes the
-// lookup kernel: from L2 it is 2.6× SignRows for one row and 1.5–2.2× for 2–4; streamed from
-// memory, delta_bench's step of 4 deltas × 1 row takes 24 ms against SignRows' 30
-// (docs/benchmarks.md "Delta kernels").
+// lookup kernel: from L2 it is 2.6× SignRows for one input row and 2.2× for two (and 1.6–1.8×
+// the int32 lookup that ran 3–4); streamed from memory, delta_bench's step of 4 deltas × 1 row
+// takes 24 ms against SignRows' 30 (docs/benchmarks.md "Delta kernels").
 constexpr int64_t kLutMaxCols = 262144;
 
 // The table pairs of one input row q (column order, PaddedCols(cols) int16, |q| ≤ 8191) for
