@@ -117,7 +117,9 @@ void FullModels::SwapMain() {
     const auto t0 = Clock::now();
     const int64_t read0 = ProcessReadBytes();
     Done d{e, nullptr, nullptr, OkStatus()};
-    auto m = model::LoadModel(path);
+    // Keep the file in the page cache: a model swapped out is read again at its next swap-in,
+    // as a model server reading its checkpoints through the page cache would.
+    auto m = model::LoadModel(path, model::SourcePages::kKeep);
     if (m.ok()) {
       d.model = *m;
       d.forward = std::make_unique<model::Forward>(d.model, opts_.max_rows, opts_.max_logit_rows);

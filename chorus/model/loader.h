@@ -17,7 +17,9 @@ class Tokenizer;
 
 namespace chorus::model {
 
-Result<std::shared_ptr<const Model>> LoadModel(const std::string& path);
+// `pages`: what happens to the file's pages of matrices the kernels repack (model.h).
+Result<std::shared_ptr<const Model>> LoadModel(const std::string& path,
+                                               SourcePages pages = SourcePages::kRelease);
 
 // The tokenizer that goes with a model: `override_path` when given (--tokenizer), else the one
 // in the HF directory or embedded in the GGUF. llama2.c checkpoints carry none: they need

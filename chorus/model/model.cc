@@ -182,7 +182,8 @@ Status SplitFusedProjections(const ModelConfig& c, Model::NamedTensors* tensors,
 }
 
 Result<std::shared_ptr<const Model>> Model::Build(ModelConfig config, NamedTensors tensors,
-                                                  ModelFormat format, std::string source) {
+                                                  ModelFormat format, std::string source,
+                                                  SourcePages pages) {
   CHORUS_RETURN_IF_ERROR(config.Validate().WithContext(source));
   std::map<std::string, const Tensor*> by_name;
   for (const auto& [name, t] : tensors) {
@@ -212,7 +213,7 @@ Result<std::shared_ptr<const Model>> Model::Build(ModelConfig config, NamedTenso
     if (!packed.ok()) return packed.status().WithContext(source + ": output weight");
     w.output = std::move(packed).value();
     // Not when tied: the embedding rows are still read from the source at every step.
-    if (w.output.packed_bytes() > 0 && !c.tie_embeddings)
+    if (w.output.packed_bytes() > 0 && !c.tie_embeddings && pages == SourcePages::kRelease)
       ReleaseResidentPages(out.data(), static_cast<size_t>(out.view().NumBytes()));
   }
   const int64_t shapes[kNumLinears][2] = {
@@ -252,7 +253,7 @@ Result<std::shared_ptr<const Model>> Model::Build(ModelConfig config, NamedTenso
       lw.linear[li] = std::move(packed).value();
       // A repacked copy replaces the source for compute: let the mmapped pages go so the
       // weights are resident once, not twice.
-      if (lw.linear[li].packed_bytes() > 0)
+      if (lw.linear[li].packed_bytes() > 0 && pages == SourcePages::kRelease)
         ReleaseResidentPages(t.data(), static_cast<size_t>(t.view().NumBytes()));
     }
     if (c.qkv_bias) {

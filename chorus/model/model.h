@@ -63,6 +63,16 @@ struct Weights {
 enum class ModelFormat { kLlama2c, kHfDirectory, kGguf, kSynthetic };
 const char* ModelFormatName(ModelFormat f);
 
+// What Build() does with a mapped source matrix once the kernels hold a repacked copy of it.
+enum class SourcePages {
+  // Reclaim its pages (MADV_PAGEOUT): the weights are resident once, not twice. This also
+  // drops them from the page cache, so loading the file again reads it from storage.
+  kRelease,
+  // Leave them: the next load of the same file is served from the page cache. For models
+  // loaded and unloaded repeatedly (`--swap-full-models`).
+  kKeep,
+};
+
 class Model {
  public:
   // Canonical tensors in Hugging Face naming ("model.layers.0.self_attn.q_proj.weight", ...),
@@ -72,7 +82,8 @@ class Model {
   // kernels' weights.
   using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
   static Result<std::shared_ptr<const Model>> Build(ModelConfig config, NamedTensors tensors,
-                                                    ModelFormat format, std::string source);
+                                                    ModelFormat format, std::string source,
+                                                    SourcePages pages = SourcePages::kRelease);
 
   const ModelConfig& config() const { return config_; }
   const Weights& weights() const { return weights_; }
