@@ -12,7 +12,10 @@
 # swap baseline serves — and `chorus compress --method rtn` makes its delta against the base
 # (BITS bits + 2:4, groups of 64: DeltaZip's 2-bit layout by default). Both systems thus serve
 # the same fine-tune F = q4_0(B + noise): the swap baseline exactly, the delta server as
-# B + rtn(F − B) (the delta also holds F's q4_0 rounding, so it is larger than the noise). No
+# B + rtn(F − B) (the delta also holds F's q4_0 rounding, so it is larger than the noise).
+# METHOD=bitdelta makes BitDelta deltas instead (sign + one scale per matrix, the scale the
+# mean |Δ|: `--distill-steps 0`, since a synthetic fine-tune has no text to distill on; the
+# layout, bytes and kernel are those of a distilled BitDelta file). No
 # bf16 copies are written. Making one fine-tune takes minutes on this 2-core machine (1.1 B
 # Gaussian draws, quantization, compression), so only DISTINCT (3) weight sets are made and the
 # 32 names hard-link them round-robin: every name is still a separate variant to both servers —
@@ -22,7 +25,7 @@
 #
 # Environment: BUILD (build/release), WORK (/tmp/chorus-swap-bench), OUT (WORK/results), N (32),
 # DISTINCT (3), LOCK (a file: each setup command runs under `flock -s LOCK nice -n 19`),
-# BITS (2), RATE, NUM, IN_MIN/IN_MAX, OUT_MIN/OUT_MAX, SEED (1), PORT (18500), K (1: the swap
+# METHOD (rtn | bitdelta), BITS (2; rtn), RATE, NUM, IN_MIN/IN_MAX, OUT_MIN/OUT_MAX, SEED (1), PORT (18500), K (1: the swap
 # baseline's --max-resident-models), SERVE_FLAGS (extra `chorus serve` flags), RUN_TAG.
 set -euo pipefail
 
@@ -34,6 +37,7 @@ WORK=${WORK:-/tmp/chorus-swap-bench}
 OUT=${OUT:-$WORK/results}
 N=${N:-32}
 DISTINCT=${DISTINCT:-3}
+METHOD=${METHOD:-rtn}
 BITS=${BITS:-2}
 RATE=${RATE:-1.0}
 NUM=${NUM:-60}
@@ -50,6 +54,8 @@ TOKENIZER=${TOKENIZER:-$here/../shared/models/llama2-tokenizer/tokenizer.model}
 mkdir -p "$WORK" "$OUT"
 
 base=$WORK/base-q4_0.gguf
+# rtn deltas keep the old directory name, so earlier setups stay usable.
+if [[ $METHOD == rtn ]]; then deltas_dir=$WORK/deltas; else deltas_dir=$WORK/deltas-$METHOD; fi
 ft_name() { printf 'ft%02d' "$1"; }
 # Setup commands are CPU-heavy: with LOCK set, each runs under a shared lock, niced (the
 # machine's measurement protocol), so that timing runs wait for at most one of them.
@@ -63,31 +69,39 @@ setup() {
       --output "$base.tmp"
     mv "$base.tmp" "$base"
   fi
-  mkdir -p "$WORK/full" "$WORK/deltas"
+  local compress_flags
+  case $METHOD in
+    rtn) compress_flags=(--method rtn --bits "$BITS" --sparsity 2:4) ;;
+    bitdelta) compress_flags=(--method bitdelta --distill-steps 0) ;;
+    *) echo "METHOD must be rtn or bitdelta" >&2; exit 2 ;;
+  esac
+  mkdir -p "$WORK/full" "$deltas_dir"
   for ((i = 0; i < DISTINCT; i++)); do
     local name full delta
     name=$(ft_name "$i")
     full=$WORK/full/$name.gguf
-    delta=$WORK/deltas/$name.safetensors
+    delta=$deltas_dir/$name.safetensors
     [[ -f $full && -f $delta ]] && continue
     local t0=$SECONDS
-    heavy "$CHORUS" convert --model "$base" --tokenizer "$TOKENIZER" --dtype q4_0 \
-      --finetune-delta 0.02:0.06 --seed $((i + 1)) --output "$full.tmp.gguf" >/dev/null
+    if [[ ! -f $full ]]; then
+      heavy "$CHORUS" convert --model "$base" --tokenizer "$TOKENIZER" --dtype q4_0 \
+        --finetune-delta 0.02:0.06 --seed $((i + 1)) --output "$full.tmp.gguf" >/dev/null
+      mv "$full.tmp.gguf" "$full"
+    fi
     local t1=$SECONDS
-    heavy "$CHORUS" compress --base "$base" --finetuned "$full.tmp.gguf" --method rtn \
-      --bits "$BITS" --sparsity 2:4 --output "$delta.tmp.safetensors" >"$WORK/deltas/$name.log"
+    heavy "$CHORUS" compress --base "$base" --finetuned "$full" "${compress_flags[@]}" \
+      --output "$delta.tmp.safetensors" >"$deltas_dir/$name.log"
     mv "$delta.tmp.safetensors" "$delta"
-    mv "$full.tmp.gguf" "$full"
     echo "$name: fine-tune $((t1 - t0)) s, compress $((SECONDS - t1)) s;" \
-      "$(grep -m1 '^matrices:' "$WORK/deltas/$name.log")"
+      "$(grep -m1 '^matrices:' "$deltas_dir/$name.log")"
   done
   # Names DISTINCT..N-1 hard-link the distinct files round-robin (see the file comment).
   for ((i = DISTINCT; i < N; i++)); do
     local src=$(ft_name $((i % DISTINCT))) name=$(ft_name "$i")
     ln -f "$WORK/full/$src.gguf" "$WORK/full/$name.gguf"
-    ln -f "$WORK/deltas/$src.safetensors" "$WORK/deltas/$name.safetensors"
+    ln -f "$deltas_dir/$src.safetensors" "$deltas_dir/$name.safetensors"
   done
-  ls -la "$WORK/full" "$WORK/deltas"
+  ls -la "$WORK/full" "$deltas_dir"
 }
 
 server_pid=""
@@ -114,7 +128,7 @@ run() {
       rm -f "$WORK/registry-run.json" "$WORK/registry-run.json.lock"
       args+=(--registry "$WORK/registry-run.json" --no-finetune --host-cache-size 16384)
       for ((i = 0; i < N; i++)); do
-        args+=(--delta "$(ft_name "$i")=$WORK/deltas/$(ft_name "$i").safetensors")
+        args+=(--delta "$(ft_name "$i")=$deltas_dir/$(ft_name "$i").safetensors")
       done ;;
     swap)
       args+=(--swap-full-models --max-resident-models "$K")
@@ -139,7 +153,7 @@ run() {
   done
   local startup=$((SECONDS - t0))
   {
-    echo "system=$system popularity=$pop run=$RUN_TAG rate=$RATE num=$NUM seed=$SEED k=$K bits=$BITS"
+    echo "system=$system popularity=$pop run=$RUN_TAG rate=$RATE num=$NUM seed=$SEED k=$K method=$METHOD bits=$BITS"
     echo "startup_s=$startup"
     echo "start $(date -u +%FT%TZ) loadavg $(cat /proc/loadavg)"
     echo "start Cached_kB $(meminfo Cached) MemAvailable_kB $(meminfo MemAvailable)"

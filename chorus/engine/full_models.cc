@@ -64,8 +64,9 @@ Result<std::unique_ptr<FullModels>> FullModels::Create(const std::vector<FullMod
     if (!std::filesystem::exists(s.path, ec))
       return InvalidArgumentError(what + ": no such file or directory");
     // Validated as a swap-in will load it (read, converted, repacked), then dropped: the first
-    // request for it must not be the one to find that it cannot be served.
-    auto m = model::LoadModel(s.path);
+    // request for it must not be the one to find that it cannot be served. Its pages stay in
+    // the page cache, as after every swap-in (SwapMain).
+    auto m = model::LoadModel(s.path, model::SourcePages::kKeep);
     if (!m.ok()) return m.status().WithContext(what);
     CHORUS_RETURN_IF_ERROR(CheckSameShape(base, (*m)->config(), what));
     // The identity of the registration (adapters/variant.h): the file's size and modification
