@@ -242,10 +242,9 @@ Result<std::vector<uint8_t>> ReadBytes(const formats::SafetensorsFile& f, const 
   return std::vector<uint8_t>(p, p + t.view().NumBytes());
 }
 
-}  // namespace
-
-Result<Delta> ParseDelta(const std::string& file, std::string bytes) {
-  CHORUS_ASSIGN_OR_RETURN(auto f, formats::SafetensorsFile::FromBytes(file, std::move(bytes)));
+// The delta held by an opened safetensors file; `file` names it in messages.
+Result<Delta> ParseDeltaFile(const formats::SafetensorsFile& sf, const std::string& file) {
+  const formats::SafetensorsFile* f = &sf;
   const auto& meta = f->metadata();
   auto fmt = meta.find("format");
   if (fmt == meta.end() || fmt->second != kDeltaFormatName) {
@@ -415,11 +414,19 @@ Result<Delta> ParseDelta(const std::string& file, std::string bytes) {
   return d;
 }
 
+}  // namespace
+
+Result<Delta> ParseDelta(const std::string& file, std::string bytes) {
+  CHORUS_ASSIGN_OR_RETURN(auto f, formats::SafetensorsFile::FromBytes(file, std::move(bytes)));
+  return ParseDeltaFile(*f, file);
+}
+
 Result<Delta> ReadDelta(const std::string& path) {
   const std::string file = IsDirectory(path) ? path + "/" + kDeltaFileName : path;
-  CHORUS_ASSIGN_OR_RETURN(auto mapped, MappedFile::Open(file));
-  return ParseDelta(file,
-                    std::string(reinterpret_cast<const char*>(mapped->data()), mapped->size()));
+  // Parsed in place from the mapping: a copy of the whole file first cost as much as the
+  // rest of a load (fresh pages faulted in and cleared, then copied).
+  CHORUS_ASSIGN_OR_RETURN(auto f, formats::SafetensorsFile::Open(file));
+  return ParseDeltaFile(*f, file);
 }
 
 bool IsDeltaPath(const std::string& path) {
