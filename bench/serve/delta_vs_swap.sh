@@ -192,7 +192,8 @@ print(f"{tag}: {s.get('requests_ok')} ok, {s.get('errors')} errors, "
 PY
 }
 
-# plot: runs.csv (one row per run), summary.csv (medians per system and popularity), PNG.
+# plot: runs.csv (one row per run), summary.csv (medians per system, popularity and offered
+# rate), PNG.
 plot() {
   python3 - "$OUT" <<'PY'
 import glob, json, os, statistics, sys
@@ -209,6 +210,8 @@ for path in sorted(glob.glob(os.path.join(out, "*-*-*.json"))):
                 k, v = line.rsplit(" ", 1)
                 m[k] = float(v)
     t = s.get("ttft_s") or {}
+    # Runs at different offered rates are summarized apart: "zipf@0.12", "zipf@2".
+    pop = f"{pop}@{s['rate']:g}"
     runs.append(dict(system=system, popularity=pop, run=tag, ok=s["requests_ok"],
                      errors=s["errors"], duration_s=s["duration_s"],
                      req_s=s["throughput_req_s"], output_tok_s=s["output_tokens_s"],

@@ -94,23 +94,29 @@ PackedMatrix Pack(const UnpackedMatrix& m) {
 }
 
 Status CheckPacked(const PackedMatrix& p, const std::string& what) {
-  const MatrixLayout& l = p.layout;
+  return CheckPackedBytes(p.layout, p.codes.data(), p.codes.size(), p.mask.data(), p.mask.size(),
+                          p.scales, what);
+}
+
+Status CheckPackedBytes(const MatrixLayout& l, const uint8_t* codes, size_t n_codes,
+                        const uint8_t* mask, size_t n_mask, const std::vector<float>& scales,
+                        const std::string& what) {
   CHORUS_RETURN_IF_ERROR(ValidateLayout(l, what));
   const int64_t crb = l.code_row_bytes();
-  if (static_cast<int64_t>(p.codes.size()) != l.rows * crb) {
-    return DataLossError(what + ": codes hold " + std::to_string(p.codes.size()) +
+  if (static_cast<int64_t>(n_codes) != l.rows * crb) {
+    return DataLossError(what + ": codes hold " + std::to_string(n_codes) +
                          " bytes, the layout needs " + std::to_string(l.rows * crb));
   }
-  if (static_cast<int64_t>(p.mask.size()) != l.rows * l.mask_row_bytes()) {
-    return DataLossError(what + ": 2:4 mask holds " + std::to_string(p.mask.size()) +
+  if (static_cast<int64_t>(n_mask) != l.rows * l.mask_row_bytes()) {
+    return DataLossError(what + ": 2:4 mask holds " + std::to_string(n_mask) +
                          " bytes, the layout needs " + std::to_string(l.rows * l.mask_row_bytes()));
   }
-  if (static_cast<int64_t>(p.scales.size()) != l.n_scales()) {
-    return DataLossError(what + ": " + std::to_string(p.scales.size()) +
+  if (static_cast<int64_t>(scales.size()) != l.n_scales()) {
+    return DataLossError(what + ": " + std::to_string(scales.size()) +
                          " scales, the layout needs " + std::to_string(l.n_scales()));
   }
-  for (size_t i = 0; i < p.scales.size(); ++i) {
-    if (!std::isfinite(p.scales[i])) {
+  for (size_t i = 0; i < scales.size(); ++i) {
+    if (!std::isfinite(scales[i])) {
       return DataLossError(what + ": scale " + std::to_string(i) + " is not finite");
     }
   }
@@ -119,7 +125,7 @@ Status CheckPacked(const PackedMatrix& p, const std::string& what) {
   if (used_bits < crb * 8) {
     const int64_t first = used_bits / 8;
     for (int64_t r = 0; r < l.rows; ++r) {
-      const uint8_t* row = p.codes.data() + r * crb;
+      const uint8_t* row = codes + r * crb;
       for (int64_t byte = first; byte < crb; ++byte) {
         const int64_t from = std::max<int64_t>(used_bits - byte * 8, 0);  // first padding bit
         if ((row[byte] >> from) != 0) {
@@ -134,7 +140,7 @@ Status CheckPacked(const PackedMatrix& p, const std::string& what) {
     const int n_last = static_cast<int>(n4 - 3 * (mrb - 1));
     const int last_limit = n_last == 3 ? 216 : (n_last == 2 ? 36 : 6);
     for (int64_t r = 0; r < l.rows; ++r) {
-      const uint8_t* row = p.mask.data() + r * mrb;
+      const uint8_t* row = mask + r * mrb;
       uint8_t max_full = 0;
       for (int64_t b = 0; b + 1 < mrb; ++b) max_full = std::max(max_full, row[b]);
       if (max_full < 216 && row[mrb - 1] < last_limit) continue;

@@ -97,6 +97,10 @@ PackedMatrix Pack(const UnpackedMatrix& m);
 // of codes (zero) and finite scales, without unpacking (what reading a delta file checks);
 // `what` names the matrix in errors.
 Status CheckPacked(const PackedMatrix& p, const std::string& what);
+// The same over bytes held elsewhere (a mapped delta file: delta_file.h, ReadDeltaMapped).
+Status CheckPackedBytes(const MatrixLayout& l, const uint8_t* codes, size_t n_codes,
+                        const uint8_t* mask, size_t n_mask, const std::vector<float>& scales,
+                        const std::string& what);
 // CheckPacked, then the codes and patterns one per byte.
 Result<UnpackedMatrix> Unpack(const PackedMatrix& p, const std::string& what);
 

@@ -221,9 +221,11 @@ Result<int64_t> MetaInt(const std::map<std::string, std::string>& meta, const st
   return static_cast<int64_t>(std::stoll(v));
 }
 
-Result<std::vector<uint8_t>> ReadBytes(const formats::SafetensorsFile& f, const std::string& name,
-                                       const std::vector<int64_t>& want_shape, DType want,
-                                       const std::string& file) {
+// The tensor `name` of `f`, checked to be `want` of `want_shape` (any shape when empty): a
+// view into the file.
+Result<Tensor> GetChecked(const formats::SafetensorsFile& f, const std::string& name,
+                          const std::vector<int64_t>& want_shape, DType want,
+                          const std::string& file) {
   const formats::SafetensorsTensorInfo* info = nullptr;
   for (const auto& t : f.tensors())
     if (t.name == name) info = &t;
@@ -238,12 +240,22 @@ Result<std::vector<uint8_t>> ReadBytes(const formats::SafetensorsFile& f, const 
     return DataLossError(file + ": tensor " + name + " has shape " + ShapeString(t.shape()) +
                          ", the delta's metadata implies " + ShapeString(want_shape));
   }
+  return t;
+}
+
+// GetChecked, copied out.
+Result<std::vector<uint8_t>> ReadBytes(const formats::SafetensorsFile& f, const std::string& name,
+                                       const std::vector<int64_t>& want_shape, DType want,
+                                       const std::string& file) {
+  CHORUS_ASSIGN_OR_RETURN(Tensor t, GetChecked(f, name, want_shape, want, file));
   const auto* p = static_cast<const uint8_t*>(t.data());
   return std::vector<uint8_t>(p, p + t.view().NumBytes());
 }
 
-// The delta held by an opened safetensors file; `file` names it in messages.
-Result<Delta> ParseDeltaFile(const formats::SafetensorsFile& sf, const std::string& file) {
+// The delta held by an opened safetensors file; `file` names it in messages. With `in_file`,
+// uncompressed codes and patterns are left in the file (MappedDelta).
+Result<Delta> ParseDeltaFile(const formats::SafetensorsFile& sf, const std::string& file,
+                             std::vector<MappedDelta::Bytes>* in_file = nullptr) {
   const formats::SafetensorsFile* f = &sf;
   const auto& meta = f->metadata();
   auto fmt = meta.find("format");
@@ -293,6 +305,7 @@ Result<Delta> ParseDeltaFile(const formats::SafetensorsFile& sf, const std::stri
       return DataLossError(file + ": matrix " + name + " has no [rows, cols] shape in 'matrices'");
     }
     MatrixDelta md;
+    MappedDelta::Bytes bytes;
     md.name = name;
     MatrixLayout& l = md.packed.layout;
     l.rows = shape[0].get<int64_t>();
@@ -324,6 +337,11 @@ Result<Delta> ParseDeltaFile(const formats::SafetensorsFile& sf, const std::stri
       }
       md.zstd = true;
       used.insert(name + ".codes.zst");
+    } else if (in_file != nullptr) {
+      CHORUS_ASSIGN_OR_RETURN(
+          bytes.codes,
+          GetChecked(*f, name + ".codes", {l.rows, l.code_row_bytes()}, DType::kU8, file));
+      used.insert(name + ".codes");
     } else {
       CHORUS_ASSIGN_OR_RETURN(
           md.packed.codes,
@@ -331,9 +349,15 @@ Result<Delta> ParseDeltaFile(const formats::SafetensorsFile& sf, const std::stri
       used.insert(name + ".codes");
     }
     if (l.sparse24) {
-      CHORUS_ASSIGN_OR_RETURN(
-          md.packed.mask,
-          ReadBytes(*f, name + ".mask", {l.rows, l.mask_row_bytes()}, DType::kU8, file));
+      if (in_file != nullptr) {
+        CHORUS_ASSIGN_OR_RETURN(
+            bytes.mask,
+            GetChecked(*f, name + ".mask", {l.rows, l.mask_row_bytes()}, DType::kU8, file));
+      } else {
+        CHORUS_ASSIGN_OR_RETURN(
+            md.packed.mask,
+            ReadBytes(*f, name + ".mask", {l.rows, l.mask_row_bytes()}, DType::kU8, file));
+      }
       used.insert(name + ".mask");
     }
     {
@@ -352,9 +376,18 @@ Result<Delta> ParseDeltaFile(const formats::SafetensorsFile& sf, const std::stri
       md.packed.scales = t.ToF32();
       used.insert(sn);
     }
-    // Full validation of codes, patterns and scales.
-    CHORUS_RETURN_IF_ERROR(CheckPacked(md.packed, file + ": matrix " + name));
+    // Full validation of codes, patterns and scales, wherever they are.
+    auto span = [](const Tensor& t, const std::vector<uint8_t>& v) {
+      return t.data() != nullptr ? std::pair{static_cast<const uint8_t*>(t.data()),
+                                             static_cast<size_t>(t.view().NumBytes())}
+                                 : std::pair{v.data(), v.size()};
+    };
+    const auto [codes, n_codes] = span(bytes.codes, md.packed.codes);
+    const auto [mask, n_mask] = span(bytes.mask, md.packed.mask);
+    CHORUS_RETURN_IF_ERROR(CheckPackedBytes(l, codes, n_codes, mask, n_mask, md.packed.scales,
+                                            file + ": matrix " + name));
     d.matrices.push_back(std::move(md));
+    if (in_file != nullptr) in_file->push_back(std::move(bytes));
   }
   // Extras, and nothing else.
   std::set<std::string> extra_names;
@@ -427,6 +460,14 @@ Result<Delta> ReadDelta(const std::string& path) {
   // rest of a load (fresh pages faulted in and cleared, then copied).
   CHORUS_ASSIGN_OR_RETURN(auto f, formats::SafetensorsFile::Open(file));
   return ParseDeltaFile(*f, file);
+}
+
+Result<MappedDelta> ReadDeltaMapped(const std::string& path) {
+  const std::string file = IsDirectory(path) ? path + "/" + kDeltaFileName : path;
+  MappedDelta m;
+  CHORUS_ASSIGN_OR_RETURN(m.file, formats::SafetensorsFile::Open(file));
+  CHORUS_ASSIGN_OR_RETURN(m.delta, ParseDeltaFile(*m.file, file, &m.in_file));
+  return m;
 }
 
 bool IsDeltaPath(const std::string& path) {

@@ -25,6 +25,10 @@
 #include "chorus/base/status.h"
 #include "chorus/model/model.h"
 
+namespace chorus::formats {
+class SafetensorsFile;
+}
+
 namespace chorus::delta {
 
 inline constexpr int kDeltaFormatVersion = 1;
@@ -92,6 +96,22 @@ Status WriteDelta(const std::string& path, const Delta& d, int zstd_level = 9,
 // kDeltaFileName). Errors name the file and the tensor.
 Result<Delta> ReadDelta(const std::string& path);
 Result<Delta> ParseDelta(const std::string& name_for_errors, std::string bytes);
+
+// A delta read for serving, validated exactly as ReadDelta does, whose matrices' codes and 2:4
+// patterns stay in the mapped file: `delta.matrices[i].packed.codes` / `.mask` are empty where
+// `in_file[i].codes` / `.mask` hold them (views into `file`; zstd-compressed codes are
+// decompressed into the vector as ReadDelta does). DeltaWeights::Build(MappedDelta) copies them
+// once, into its streamed buffer: a copy of each matrix in between, into fresh pages, cost as
+// much as the rest of a load.
+struct MappedDelta {
+  struct Bytes {
+    Tensor codes, mask;  // empty tensors when the vectors hold the bytes
+  };
+  Delta delta;
+  std::vector<Bytes> in_file;  // one per delta.matrices
+  std::shared_ptr<const formats::SafetensorsFile> file;
+};
+Result<MappedDelta> ReadDeltaMapped(const std::string& path);
 // True when `path` is a delta (a safetensors file or directory whose metadata says
 // format=chorus-delta); false for anything else, including unreadable paths.
 bool IsDeltaPath(const std::string& path);

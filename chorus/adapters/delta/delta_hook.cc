@@ -26,6 +26,19 @@ Result<std::shared_ptr<const DeltaWeights>> DeltaWeights::Build(Delta d,
   return std::shared_ptr<const DeltaWeights>(std::move(w));
 }
 
+Result<std::shared_ptr<const DeltaWeights>> DeltaWeights::Build(MappedDelta m,
+                                                                const model::ModelConfig& base,
+                                                                const std::string& name) {
+  if (m.in_file.size() != m.delta.matrices.size())
+    return InvalidArgumentError("delta '" + name + "': not read by ReadDeltaMapped");
+  auto owned = std::make_shared<Delta>(std::move(m.delta));
+  std::vector<int64_t> matrix_of_view;
+  CHORUS_ASSIGN_OR_RETURN(auto w, BuildViews(owned, base, name, &matrix_of_view, &m.in_file));
+  // Every view now points into the buffer; the file's mapping goes with `m`.
+  w->MoveToStreamedBuffer(*owned, matrix_of_view);
+  return std::shared_ptr<const DeltaWeights>(std::move(w));
+}
+
 void DeltaWeights::MoveToStreamedBuffer(Delta& owned, const std::vector<int64_t>& matrix_of_view) {
   // Each array starts on a cache line.
   auto line = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
@@ -72,7 +85,7 @@ void DeltaWeights::MoveToStreamedBuffer(Delta& owned, const std::vector<int64_t>
 
 Result<std::shared_ptr<DeltaWeights>> DeltaWeights::BuildViews(
     std::shared_ptr<const Delta> d, const model::ModelConfig& base, const std::string& name,
-    std::vector<int64_t>* matrix_of_view) {
+    std::vector<int64_t>* matrix_of_view, const std::vector<MappedDelta::Bytes>* in_file) {
   if (!d) return InvalidArgumentError("delta '" + name + "': no delta");
   auto w = std::shared_ptr<DeltaWeights>(new DeltaWeights());
   w->name_ = name;
@@ -152,11 +165,19 @@ Result<std::shared_ptr<DeltaWeights>> DeltaWeights::BuildViews(
     v.bits = l.bits;
     v.sparse24 = l.sparse24;
     v.group_size = l.group_size;
-    v.codes = m.packed.codes.data();
-    v.mask = l.sparse24 ? m.packed.mask.data() : nullptr;
+    // Where the codes and patterns are: d's vectors, or the mapped file.
+    auto bytes = [](const Tensor* t, const std::vector<uint8_t>& v) {
+      return t != nullptr && t->data() != nullptr
+                 ? std::pair{static_cast<const uint8_t*>(t->data()), t->view().NumBytes()}
+                 : std::pair{v.data(), static_cast<int64_t>(v.size())};
+    };
+    const MappedDelta::Bytes* f = in_file != nullptr ? &(*in_file)[mi] : nullptr;
+    const auto [codes, n_codes] = bytes(f != nullptr ? &f->codes : nullptr, m.packed.codes);
+    const auto [mask, n_mask] = bytes(f != nullptr ? &f->mask : nullptr, m.packed.mask);
+    v.codes = codes;
+    v.mask = l.sparse24 ? mask : nullptr;
     v.scales = m.packed.scales.data();
-    if (v.code_row_bytes() * v.rows != static_cast<int64_t>(m.packed.codes.size()) ||
-        v.mask_row_bytes() * v.rows != static_cast<int64_t>(m.packed.mask.size()) ||
+    if (v.code_row_bytes() * v.rows != n_codes || v.mask_row_bytes() * v.rows != n_mask ||
         static_cast<int64_t>(m.packed.scales.size()) != v.n_scales()) {
       return InvalidArgumentError("delta '" + name + "': " + m.name + ": packed sizes disagree");
     }
@@ -173,12 +194,12 @@ Result<std::shared_ptr<const DeltaWeights>> LoadDeltaWeights(const std::string& 
                                                              const model::ModelConfig& base,
                                                              const std::string& base_hash,
                                                              const std::string& name) {
-  CHORUS_ASSIGN_OR_RETURN(Delta d, ReadDelta(path));
-  if (!base_hash.empty() && d.base_hash != base_hash) {
-    return FailedPreconditionError(path + ": made against base weights " + d.base_hash +
+  CHORUS_ASSIGN_OR_RETURN(MappedDelta m, ReadDeltaMapped(path));
+  if (!base_hash.empty() && m.delta.base_hash != base_hash) {
+    return FailedPreconditionError(path + ": made against base weights " + m.delta.base_hash +
                                    ", but the served base is " + base_hash);
   }
-  return DeltaWeights::Build(std::move(d), base, name);
+  return DeltaWeights::Build(std::move(m), base, name);
 }
 
 const std::vector<float>* DeltaWeights::norm(int64_t layer, model::LinearHook::Norm which) const {

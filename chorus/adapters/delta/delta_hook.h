@@ -43,6 +43,11 @@ class DeltaWeights {
   // prefetchers stop at each page (docs/deltas.md "Serving").
   static Result<std::shared_ptr<const DeltaWeights>> Build(Delta d, const model::ModelConfig& base,
                                                            const std::string& name);
+  // The same from a delta whose codes and patterns are still in its mapped file
+  // (ReadDeltaMapped): copied once, from the file into the buffer.
+  static Result<std::shared_ptr<const DeltaWeights>> Build(MappedDelta m,
+                                                           const model::ModelConfig& base,
+                                                           const std::string& name);
   const kernels::DeltaMatrixView& at(int64_t layer, model::Linear which) const {
     return views_[static_cast<size_t>(layer * model::kNumLinears + static_cast<int>(which))];
   }
@@ -63,12 +68,13 @@ class DeltaWeights {
   bool streamed_buffer() const { return streamed_ != nullptr; }
 
  private:
-  // The checks and views of both Build overloads; `matrix_of_view` gets, per view, the index of
-  // its matrix in d->matrices (−1: none).
-  static Result<std::shared_ptr<DeltaWeights>> BuildViews(std::shared_ptr<const Delta> d,
-                                                          const model::ModelConfig& base,
-                                                          const std::string& name,
-                                                          std::vector<int64_t>* matrix_of_view);
+  // The checks and views of the Build overloads; `matrix_of_view` gets, per view, the index of
+  // its matrix in d->matrices (−1: none). With `in_file`, a matrix's codes and patterns are
+  // read where in_file holds them (MappedDelta) rather than from d's vectors.
+  static Result<std::shared_ptr<DeltaWeights>> BuildViews(
+      std::shared_ptr<const Delta> d, const model::ModelConfig& base, const std::string& name,
+      std::vector<int64_t>* matrix_of_view,
+      const std::vector<MappedDelta::Bytes>* in_file = nullptr);
   // Copies the views' bytes into streamed_, repoints them, and frees the copies in `owned`
   // (the Delta delta_ points to) and positions_.
   void MoveToStreamedBuffer(Delta& owned, const std::vector<int64_t>& matrix_of_view);

@@ -4,11 +4,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 
 #include "chorus/adapters/delta/delta_hook.h"
 #include "chorus/model/synthetic.h"
+#include "tests/testutil/testutil.h"
 
 namespace chorus::delta {
 namespace {
@@ -35,6 +38,41 @@ TEST(DeltaSyntheticTest, EveryLayoutIsAValidServableDelta) {
   }
 }
 
+// Every view of `b` holds the same bytes as `a`'s, and `b`'s sit in its cache-line aligned
+// streamed buffer with its Delta's copies freed.
+void ExpectSameBytesInTheStreamedBuffer(const DeltaWeights& a, const DeltaWeights& b,
+                                        const model::ModelConfig& c) {
+  EXPECT_TRUE(b.streamed_buffer());
+  EXPECT_EQ(DeltaWeightsBytes(a), DeltaWeightsBytes(b));
+  EXPECT_EQ(a.positions_bytes(), b.positions_bytes());
+  for (const MatrixDelta& m : b.delta().matrices) {
+    EXPECT_TRUE(m.packed.codes.empty() && m.packed.mask.empty() && m.packed.scales.empty())
+        << m.name;
+  }
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    for (int li = 0; li < model::kNumLinears; ++li) {
+      const auto which = static_cast<model::Linear>(li);
+      const kernels::DeltaMatrixView& x = a.at(l, which);
+      const kernels::DeltaMatrixView& y = b.at(l, which);
+      ASSERT_EQ(x.rows, y.rows);
+      ASSERT_EQ(x.cols, y.cols);
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(y.codes) % 64, 0u);
+      EXPECT_EQ(std::memcmp(x.codes, y.codes, static_cast<size_t>(x.rows * x.code_row_bytes())), 0);
+      EXPECT_EQ(std::memcmp(x.scales, y.scales, static_cast<size_t>(x.n_scales() * 4)), 0);
+      ASSERT_EQ(x.mask == nullptr, y.mask == nullptr);
+      if (x.mask != nullptr) {
+        EXPECT_EQ(std::memcmp(x.mask, y.mask, static_cast<size_t>(x.rows * x.mask_row_bytes())), 0);
+      }
+      ASSERT_EQ(x.positions == nullptr, y.positions == nullptr);
+      if (x.positions != nullptr) {
+        EXPECT_EQ(std::memcmp(x.positions, y.positions,
+                              static_cast<size_t>(x.rows * x.position_row_words() * 8)),
+                  0);
+      }
+    }
+  }
+}
+
 // Serving's Build(Delta) moves the matrices into one huge-page buffer: the views must hold the
 // same bytes as Build(shared_ptr)'s (which point into the Delta), the Delta's copies are freed,
 // and the accounting is unchanged.
@@ -50,41 +88,57 @@ TEST(DeltaSyntheticTest, ServingBuildMovesTheMatricesIntoOneBufferWithTheSameByt
     auto kept = DeltaWeights::Build(std::make_shared<const Delta>(d), c, "kept");
     auto moved = DeltaWeights::Build(Delta(d), c, "moved");
     ASSERT_TRUE(kept.ok() && moved.ok());
-    const DeltaWeights& a = **kept;
-    const DeltaWeights& b = **moved;
-    EXPECT_FALSE(a.streamed_buffer());
-    EXPECT_TRUE(b.streamed_buffer());
-    EXPECT_EQ(DeltaWeightsBytes(a), DeltaWeightsBytes(b));
-    EXPECT_EQ(a.positions_bytes(), b.positions_bytes());
-    for (const MatrixDelta& m : b.delta().matrices) {
-      EXPECT_TRUE(m.packed.codes.empty() && m.packed.mask.empty() && m.packed.scales.empty())
-          << m.name;
-    }
-    for (int64_t l = 0; l < c.n_layers; ++l) {
-      for (int li = 0; li < model::kNumLinears; ++li) {
-        const auto which = static_cast<model::Linear>(li);
-        const kernels::DeltaMatrixView& x = a.at(l, which);
-        const kernels::DeltaMatrixView& y = b.at(l, which);
-        ASSERT_EQ(x.rows, y.rows);
-        ASSERT_EQ(x.cols, y.cols);
-        EXPECT_EQ(reinterpret_cast<uintptr_t>(y.codes) % 64, 0u);
-        EXPECT_EQ(std::memcmp(x.codes, y.codes, static_cast<size_t>(x.rows * x.code_row_bytes())),
-                  0);
-        EXPECT_EQ(std::memcmp(x.scales, y.scales, static_cast<size_t>(x.n_scales() * 4)), 0);
-        ASSERT_EQ(x.mask == nullptr, y.mask == nullptr);
-        if (x.mask != nullptr) {
-          EXPECT_EQ(std::memcmp(x.mask, y.mask, static_cast<size_t>(x.rows * x.mask_row_bytes())),
-                    0);
-        }
-        ASSERT_EQ(x.positions == nullptr, y.positions == nullptr);
-        if (x.positions != nullptr) {
-          EXPECT_EQ(std::memcmp(x.positions, y.positions,
-                                static_cast<size_t>(x.rows * x.position_row_words() * 8)),
-                    0);
-        }
-      }
-    }
+    EXPECT_FALSE((*kept)->streamed_buffer());
+    ExpectSameBytesInTheStreamedBuffer(**kept, **moved, c);
   }
+}
+
+// Serving loads a delta file through ReadDeltaMapped, copying codes and patterns from the
+// mapping straight into the buffer: the same bytes as the file read into memory first, for
+// every layout, zstd-compressed codes included; and a damaged file fails as ReadDelta does.
+TEST(DeltaSyntheticTest, LoadingFromTheMappedFileGivesTheBytesOfTheFileReadIntoMemory) {
+  auto base = model::MakeSyntheticModel({.shape = "tiny", .dtype = DType::kF32, .seed = 3});
+  ASSERT_TRUE(base.ok());
+  const model::ModelConfig& c = (*base)->config();
+  const std::string dir = testing::TempDir() + "/delta_mapped";
+  std::filesystem::create_directories(dir);
+  int zstd_files = 0;
+  for (const RandomDeltaSpec spec :
+       {RandomDeltaSpec{.bits = 2, .sparse24 = true, .group_size = 64},
+        RandomDeltaSpec{.bits = 4, .sparse24 = true, .group_size = 32},
+        RandomDeltaSpec{.bits = 1, .sparse24 = false, .group_size = 0},
+        RandomDeltaSpec{.bits = 8, .sparse24 = false, .group_size = 64}}) {
+    Delta d = MakeRandomDelta(c, spec);
+    d.base_hash = BaseWeightsHash(**base);
+    // Random codes do not compress; the 4-bit delta's zeroed ones are stored zstd-compressed.
+    if (spec.bits == 4)
+      for (MatrixDelta& m : d.matrices) std::fill(m.packed.codes.begin(), m.packed.codes.end(), 0);
+    const std::string path = dir + "/d" + std::to_string(spec.bits) + ".safetensors";
+    WriteStats stats;
+    ASSERT_TRUE(WriteDelta(path, d, 9, &stats).ok());
+    zstd_files += stats.matrices_zstd > 0;
+    auto read = ReadDelta(path);
+    ASSERT_TRUE(read.ok()) << read.status().ToString();
+    auto in_memory = DeltaWeights::Build(std::make_shared<const Delta>(*std::move(read)), c, "a");
+    auto mapped = LoadDeltaWeights(path, c, d.base_hash, "b");
+    ASSERT_TRUE(in_memory.ok() && mapped.ok()) << mapped.status().ToString();
+    ExpectSameBytesInTheStreamedBuffer(**in_memory, **mapped, c);
+  }
+  EXPECT_GT(zstd_files, 0) << "no layout exercised zstd-compressed codes";
+
+  // A 2:4 pattern byte above the largest pattern code, in the file.
+  Delta d = MakeRandomDelta(c, RandomDeltaSpec{.bits = 2, .sparse24 = true, .group_size = 64});
+  d.base_hash = BaseWeightsHash(**base);
+  d.matrices[3].packed.mask[5] = 250;
+  const std::string bad = dir + "/bad.safetensors";
+  ASSERT_TRUE(WriteDelta(bad, d).ok());
+  auto want = ReadDelta(bad);
+  auto got = LoadDeltaWeights(bad, c, d.base_hash, "bad");
+  ASSERT_FALSE(want.ok());
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().ToString(), want.status().ToString());
+  EXPECT_NE(got.status().message().find("above the largest pattern code"), std::string::npos)
+      << got.status().ToString();
 }
 
 }  // namespace
