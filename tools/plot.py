@@ -262,7 +262,8 @@ def delta_vs_swap(csv_path, png, title):
                                                          float(row["ttft_p90"]))
     pops = sorted({p for p, _ in rows})
     systems = sorted({s for _, s in rows})
-    data = "$d << EOD\n" + "pop " + " ".join(f"{s}_req {s}_ttft" for s in systems) + "\n"
+    # No header line: gnuplot would plot it as an empty first cluster.
+    data = "$d << EOD\n"
     for p in pops:
         vals = []
         for s in systems:
@@ -282,6 +283,7 @@ set style fill solid 0.8 border -1
 set grid ytics
 set yrange [0:*]
 set key top left
+set xtics rotate by -25
 set ylabel 'completed requests/s'
 set title 'throughput'
 plot {bars(0)}
