@@ -470,6 +470,13 @@ Result<MappedDelta> ReadDeltaMapped(const std::string& path) {
   return m;
 }
 
+Result<MappedDelta> ParseDeltaMapped(const std::string& file, std::string bytes) {
+  MappedDelta m;
+  CHORUS_ASSIGN_OR_RETURN(m.file, formats::SafetensorsFile::FromBytes(file, std::move(bytes)));
+  CHORUS_ASSIGN_OR_RETURN(m.delta, ParseDeltaFile(*m.file, file, &m.in_file));
+  return m;
+}
+
 bool IsDeltaPath(const std::string& path) {
   const std::string file = IsDirectory(path) ? path + "/" + kDeltaFileName : path;
   auto f = formats::SafetensorsFile::Open(file);

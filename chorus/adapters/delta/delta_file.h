@@ -112,6 +112,8 @@ struct MappedDelta {
   std::shared_ptr<const formats::SafetensorsFile> file;
 };
 Result<MappedDelta> ReadDeltaMapped(const std::string& path);
+// The same over bytes in memory (fuzzers, tests): the views point into `file`'s copy of them.
+Result<MappedDelta> ParseDeltaMapped(const std::string& name_for_errors, std::string bytes);
 // True when `path` is a delta (a safetensors file or directory whose metadata says
 // format=chorus-delta); false for anything else, including unreadable paths.
 bool IsDeltaPath(const std::string& path);

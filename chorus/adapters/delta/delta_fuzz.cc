@@ -5,11 +5,40 @@
 
 namespace chorus::delta {
 
+namespace {
+
+// The bytes of `t` when it holds any, else of `v`.
+std::string BytesOf(const Tensor& t, const std::vector<uint8_t>& v) {
+  if (t.data() != nullptr)
+    return std::string(static_cast<const char*>(t.data()),
+                       static_cast<size_t>(t.view().NumBytes()));
+  return std::string(v.begin(), v.end());
+}
+
+}  // namespace
+
 bool FuzzDeltaInput(const uint8_t* data, size_t size) {
-  auto d = ParseDelta("fuzz.safetensors", std::string(reinterpret_cast<const char*>(data), size));
+  const std::string input(reinterpret_cast<const char*>(data), size);
+  auto d = ParseDelta("fuzz.safetensors", input);
+  // Serving's in-place parse (codes and patterns left in the file) accepts and refuses exactly
+  // what the copying parse does, with the same message, and sees the same bytes.
+  auto mapped = ParseDeltaMapped("fuzz.safetensors", input);
+  CHORUS_CHECK_EQ(mapped.ok(), d.ok()) << (d.ok() ? mapped.status() : d.status()).ToString();
   if (!d.ok()) {
     CHORUS_CHECK(!d.status().message().empty());
+    CHORUS_CHECK_EQ(mapped.status().ToString(), d.status().ToString());
     return false;
+  }
+  CHORUS_CHECK_EQ(mapped->delta.matrices.size(), d->matrices.size());
+  CHORUS_CHECK_EQ(mapped->in_file.size(), d->matrices.size());
+  for (size_t i = 0; i < d->matrices.size(); ++i) {
+    const PackedMatrix& a = d->matrices[i].packed;
+    const PackedMatrix& b = mapped->delta.matrices[i].packed;
+    const MappedDelta::Bytes& f = mapped->in_file[i];
+    CHORUS_CHECK(BytesOf(f.codes, b.codes) == std::string(a.codes.begin(), a.codes.end()) &&
+                 BytesOf(f.mask, b.mask) == std::string(a.mask.begin(), a.mask.end()) &&
+                 a.scales == b.scales)
+        << "matrix " << d->matrices[i].name << " differs in place";
   }
   double acc = 0;
   for (const MatrixDelta& m : d->matrices) {
