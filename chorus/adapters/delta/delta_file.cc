@@ -377,15 +377,10 @@ Result<Delta> ParseDeltaFile(const formats::SafetensorsFile& sf, const std::stri
       used.insert(sn);
     }
     // Full validation of codes, patterns and scales, wherever they are.
-    auto span = [](const Tensor& t, const std::vector<uint8_t>& v) {
-      return t.data() != nullptr ? std::pair{static_cast<const uint8_t*>(t.data()),
-                                             static_cast<size_t>(t.view().NumBytes())}
-                                 : std::pair{v.data(), v.size()};
-    };
-    const auto [codes, n_codes] = span(bytes.codes, md.packed.codes);
-    const auto [mask, n_mask] = span(bytes.mask, md.packed.mask);
-    CHORUS_RETURN_IF_ERROR(CheckPackedBytes(l, codes, n_codes, mask, n_mask, md.packed.scales,
-                                            file + ": matrix " + name));
+    const auto codes = HeldBytes(bytes.codes, md.packed.codes);
+    const auto mask = HeldBytes(bytes.mask, md.packed.mask);
+    CHORUS_RETURN_IF_ERROR(CheckPackedBytes(l, codes.data(), codes.size(), mask.data(), mask.size(),
+                                            md.packed.scales, file + ": matrix " + name));
     d.matrices.push_back(std::move(md));
     if (in_file != nullptr) in_file->push_back(std::move(bytes));
   }
@@ -468,6 +463,12 @@ Result<MappedDelta> ReadDeltaMapped(const std::string& path) {
   CHORUS_ASSIGN_OR_RETURN(m.file, formats::SafetensorsFile::Open(file));
   CHORUS_ASSIGN_OR_RETURN(m.delta, ParseDeltaFile(*m.file, file, &m.in_file));
   return m;
+}
+
+std::span<const uint8_t> HeldBytes(const Tensor& in_file, const std::vector<uint8_t>& copy) {
+  if (in_file.data() == nullptr) return copy;
+  return {static_cast<const uint8_t*>(in_file.data()),
+          static_cast<size_t>(in_file.view().NumBytes())};
 }
 
 Result<MappedDelta> ParseDeltaMapped(const std::string& file, std::string bytes) {

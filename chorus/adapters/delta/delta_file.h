@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -114,6 +115,9 @@ struct MappedDelta {
 Result<MappedDelta> ReadDeltaMapped(const std::string& path);
 // The same over bytes in memory (fuzzers, tests): the views point into `file`'s copy of them.
 Result<MappedDelta> ParseDeltaMapped(const std::string& name_for_errors, std::string bytes);
+// A matrix's codes or patterns wherever they are: `in_file` when it holds them (a MappedDelta's
+// view), else `copy` (the MatrixDelta's vector).
+std::span<const uint8_t> HeldBytes(const Tensor& in_file, const std::vector<uint8_t>& copy);
 // True when `path` is a delta (a safetensors file or directory whose metadata says
 // format=chorus-delta); false for anything else, including unreadable paths.
 bool IsDeltaPath(const std::string& path);

@@ -1,21 +1,11 @@
 #include "chorus/adapters/delta/delta_fuzz.h"
 
+#include <algorithm>
+
 #include "chorus/adapters/delta/delta_file.h"
 #include "chorus/base/check.h"
 
 namespace chorus::delta {
-
-namespace {
-
-// The bytes of `t` when it holds any, else of `v`.
-std::string BytesOf(const Tensor& t, const std::vector<uint8_t>& v) {
-  if (t.data() != nullptr)
-    return std::string(static_cast<const char*>(t.data()),
-                       static_cast<size_t>(t.view().NumBytes()));
-  return std::string(v.begin(), v.end());
-}
-
-}  // namespace
 
 bool FuzzDeltaInput(const uint8_t* data, size_t size) {
   const std::string input(reinterpret_cast<const char*>(data), size);
@@ -35,8 +25,8 @@ bool FuzzDeltaInput(const uint8_t* data, size_t size) {
     const PackedMatrix& a = d->matrices[i].packed;
     const PackedMatrix& b = mapped->delta.matrices[i].packed;
     const MappedDelta::Bytes& f = mapped->in_file[i];
-    CHORUS_CHECK(BytesOf(f.codes, b.codes) == std::string(a.codes.begin(), a.codes.end()) &&
-                 BytesOf(f.mask, b.mask) == std::string(a.mask.begin(), a.mask.end()) &&
+    const auto codes = HeldBytes(f.codes, b.codes), mask = HeldBytes(f.mask, b.mask);
+    CHORUS_CHECK(std::ranges::equal(codes, a.codes) && std::ranges::equal(mask, a.mask) &&
                  a.scales == b.scales)
         << "matrix " << d->matrices[i].name << " differs in place";
   }

@@ -166,18 +166,15 @@ Result<std::shared_ptr<DeltaWeights>> DeltaWeights::BuildViews(
     v.sparse24 = l.sparse24;
     v.group_size = l.group_size;
     // Where the codes and patterns are: d's vectors, or the mapped file.
-    auto bytes = [](const Tensor* t, const std::vector<uint8_t>& v) {
-      return t != nullptr && t->data() != nullptr
-                 ? std::pair{static_cast<const uint8_t*>(t->data()), t->view().NumBytes()}
-                 : std::pair{v.data(), static_cast<int64_t>(v.size())};
-    };
-    const MappedDelta::Bytes* f = in_file != nullptr ? &(*in_file)[mi] : nullptr;
-    const auto [codes, n_codes] = bytes(f != nullptr ? &f->codes : nullptr, m.packed.codes);
-    const auto [mask, n_mask] = bytes(f != nullptr ? &f->mask : nullptr, m.packed.mask);
-    v.codes = codes;
-    v.mask = l.sparse24 ? mask : nullptr;
+    static const MappedDelta::Bytes kInVectors;
+    const MappedDelta::Bytes& held = in_file != nullptr ? (*in_file)[mi] : kInVectors;
+    const auto codes = HeldBytes(held.codes, m.packed.codes);
+    const auto mask = HeldBytes(held.mask, m.packed.mask);
+    v.codes = codes.data();
+    v.mask = l.sparse24 ? mask.data() : nullptr;
     v.scales = m.packed.scales.data();
-    if (v.code_row_bytes() * v.rows != n_codes || v.mask_row_bytes() * v.rows != n_mask ||
+    if (v.code_row_bytes() * v.rows != static_cast<int64_t>(codes.size()) ||
+        v.mask_row_bytes() * v.rows != static_cast<int64_t>(mask.size()) ||
         static_cast<int64_t>(m.packed.scales.size()) != v.n_scales()) {
       return InvalidArgumentError("delta '" + name + "': " + m.name + ": packed sizes disagree");
     }
