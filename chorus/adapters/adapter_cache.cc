@@ -39,10 +39,25 @@ AdapterCache::AdapterCache(model::ModelConfig base, int64_t max_bytes, LoraLimit
 
 Result<std::shared_ptr<const delta::DeltaWeights>> AdapterCache::GetDelta(const VariantRef& key) {
   CHORUS_CHECK(!key.id.empty()) << "AdapterCache::GetDelta of '" << key.name << "' without an id";
-  if (auto hit = GetDeltaIfCached(key.id)) return hit;
   {
     MutexLock lock(&mu_);
+    for (;;) {
+      auto it = deltas_.find(key.id);
+      if (it == deltas_.end()) break;
+      if (!it->second.loading) {
+        ++stats_.hits;
+        it->second.last_use = ++tick_;
+        return it->second.weights;
+      }
+      // Another thread is loading this delta: wait for its copy instead of reading the file a
+      // second time (a TinyLlama-shape delta is ~120 MB and ~0.5 s of a core; with two loader
+      // threads, two requests for one cold delta loaded it twice).
+      loaded_.Wait(&mu_);
+    }
     ++stats_.misses;
+    DeltaEntry& e = deltas_[key.id];
+    e.loading = true;
+    e.name = key.name;
   }
   const auto t0 = std::chrono::steady_clock::now();
   // As for LoRA adapters: never load changed files under the registered identity.
@@ -61,8 +76,13 @@ Result<std::shared_ptr<const delta::DeltaWeights>> AdapterCache::GetDelta(const 
   }();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   MutexLock lock(&mu_);
+  // Erase() leaves loading entries alone, so this load's entry is still there.
+  auto it = deltas_.find(key.id);
+  CHORUS_CHECK(it != deltas_.end() && it->second.loading);
   if (!loaded.ok()) {
     ++stats_.load_errors;
+    deltas_.erase(it);  // not cached: a waiter tries the load itself and gets its own error
+    loaded_.SignalAll();
     return loaded.status();
   }
   ++stats_.loads;
@@ -73,24 +93,22 @@ Result<std::shared_ptr<const delta::DeltaWeights>> AdapterCache::GetDelta(const 
     const size_t i = static_cast<size_t>(std::lower_bound(b.begin(), b.end(), secs) - b.begin());
     ++stats_.load_seconds_buckets[i];
   }
-  auto [it, inserted] = deltas_.try_emplace(key.id);
-  if (inserted) {
-    it->second.weights = *loaded;
-    it->second.bytes = delta::DeltaWeightsBytes(**loaded);
-    it->second.name = key.name;
-    stats_.bytes += it->second.bytes;
-    ++stats_.entries;
-  }
+  std::shared_ptr<const delta::DeltaWeights> out = *loaded;
+  it->second.weights = out;
+  it->second.bytes = delta::DeltaWeightsBytes(*out);
+  it->second.loading = false;
   it->second.last_use = ++tick_;
-  std::shared_ptr<const delta::DeltaWeights> out = it->second.weights;
+  stats_.bytes += it->second.bytes;
+  ++stats_.entries;
   EvictLocked();
+  loaded_.SignalAll();
   return out;
 }
 
 std::shared_ptr<const delta::DeltaWeights> AdapterCache::GetDeltaIfCached(const VariantId& id) {
   MutexLock lock(&mu_);
   auto it = deltas_.find(id);
-  if (it == deltas_.end()) return nullptr;
+  if (it == deltas_.end() || it->second.loading) return nullptr;
   ++stats_.hits;
   it->second.last_use = ++tick_;
   return it->second.weights;
@@ -197,7 +215,7 @@ void AdapterCache::EvictLocked() {
   while (stats_.bytes > max_bytes_) {
     auto victim = deltas_.end();
     for (auto d = deltas_.begin(); d != deltas_.end(); ++d) {
-      if (d->second.weights.use_count() > 1) continue;
+      if (d->second.loading || d->second.weights.use_count() > 1) continue;
       if (victim == deltas_.end() || d->second.last_use < victim->second.last_use) victim = d;
     }
     if (victim == deltas_.end()) break;
@@ -221,7 +239,7 @@ void AdapterCache::Erase(const std::string& name) {
     }
   }
   for (auto it = deltas_.begin(); it != deltas_.end();) {
-    if (it->second.name == name) {
+    if (it->second.name == name && !it->second.loading) {
       stats_.bytes -= it->second.bytes;
       --stats_.entries;
       it = deltas_.erase(it);

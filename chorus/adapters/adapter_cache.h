@@ -47,8 +47,7 @@ class AdapterCache {
   // The decoded copy of `ref` (loading it on a miss). Requires: !ref.id.empty().
   Result<std::shared_ptr<const LoraAdapter>> Get(const VariantRef& ref);
   // Deltas (docs/deltas.md), the second variant kind, in the same tier and byte budget:
-  // `ref.kind` is "delta". Concurrent misses of one delta may each read it (both copies are
-  // equal; the first one inserted is kept).
+  // `ref.kind` is "delta". As for adapters, concurrent callers for one delta wait for one load.
   Result<std::shared_ptr<const delta::DeltaWeights>> GetDelta(const VariantRef& ref);
   std::shared_ptr<const delta::DeltaWeights> GetDeltaIfCached(const VariantId& id);
 
@@ -88,7 +87,8 @@ class AdapterCache {
   };
   void EvictLocked() REQUIRES(mu_);
   struct DeltaEntry {
-    std::shared_ptr<const delta::DeltaWeights> weights;
+    std::shared_ptr<const delta::DeltaWeights> weights;  // null while loading
+    bool loading = false;
     int64_t bytes = 0;
     uint64_t last_use = 0;
     std::string name;

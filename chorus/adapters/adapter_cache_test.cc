@@ -4,6 +4,8 @@
 #include <cstring>
 #include <thread>
 
+#include "chorus/adapters/delta/delta_file.h"
+#include "chorus/adapters/delta/delta_synthetic.h"
 #include "chorus/memory/host_arena.h"
 #include "chorus/model/synthetic.h"
 #include "tests/testutil/testutil.h"
@@ -157,6 +159,51 @@ TEST(AdapterCacheTest, ConcurrentMissesLoadOnceAndErrorsAreNotCached) {
   uint64_t in_buckets = 0;  // failed loads are not in the latency histogram
   for (uint64_t n : cache.stats().load_seconds_buckets) in_buckets += n;
   EXPECT_EQ(in_buckets, 1u);
+}
+
+// Deltas share the host tier's single-flight loading: callers that miss one delta while it is
+// being loaded wait for that load (a TinyLlama-shape delta is ~120 MB; a saturated delta server
+// with two loader threads read one cold delta twice before). A failed load is not cached, and
+// an erased delta is loaded anew.
+TEST(AdapterCacheTest, ConcurrentDeltaMissesLoadOnceAndErrorsAreNotCached) {
+  Fixture f = Make(1);  // for its base config and directory
+  const std::string path = f.dir + "/delta.safetensors";
+  delta::Delta d = delta::MakeRandomDelta(f.base, {.bits = 1, .sparse24 = false, .group_size = 0});
+  d.base_hash = "0123456789abcdef";  // the cache below checks no base hash
+  ASSERT_TRUE(delta::WriteDelta(path, d).ok());
+  AdapterCache cache(f.base, int64_t{1} << 30);
+  const VariantRef ref{.name = "d", .id = {7, 1}, .kind = "delta", .path = path};
+  constexpr int kThreads = 6;
+  std::vector<std::thread> ts;
+  std::vector<const delta::DeltaWeights*> got(kThreads);
+  for (int i = 0; i < kThreads; ++i) {
+    ts.emplace_back([&, i] {
+      auto w = cache.GetDelta(ref);
+      got[static_cast<size_t>(i)] = w.ok() ? w->get() : nullptr;
+    });
+  }
+  for (auto& t : ts) t.join();
+  ASSERT_NE(got[0], nullptr) << cache.GetDelta(ref).status().ToString();
+  for (const auto* p : got) EXPECT_EQ(p, got[0]);
+  AdapterCache::Stats st = cache.stats();
+  EXPECT_EQ(st.loads, 1u);
+  EXPECT_EQ(st.misses, 1u);
+  EXPECT_EQ(st.hits, static_cast<uint64_t>(kThreads - 1));
+  EXPECT_EQ(st.entries, 1);
+  EXPECT_EQ(cache.GetDeltaIfCached(ref.id).get(), got[0]);
+
+  const VariantRef bad{.name = "gone", .id = {8, 1}, .kind = "delta", .path = f.dir + "/nope"};
+  EXPECT_FALSE(cache.GetDelta(bad).ok());
+  EXPECT_FALSE(cache.GetDelta(bad).ok());
+  EXPECT_EQ(cache.stats().load_errors, 2u);
+  EXPECT_EQ(cache.GetDeltaIfCached(bad.id), nullptr);
+  EXPECT_EQ(cache.stats().entries, 1);
+
+  cache.Erase("d");
+  EXPECT_EQ(cache.stats().entries, 0);
+  EXPECT_EQ(cache.GetDeltaIfCached(ref.id), nullptr);
+  ASSERT_TRUE(cache.GetDelta(ref).ok());
+  EXPECT_EQ(cache.stats().loads, 2u);
 }
 
 }  // namespace
