@@ -198,20 +198,15 @@ Result<AdapterInfo> AdapterRegistry::Register(const std::string& name, const std
   for (const AdapterFile& f : info.files) info.bytes += f.size;
 
   if (ra.format == "delta") {
-    // A delta: read, checked against the base's weights hash and mapped to its linears, as
-    // serving will load it.
-    auto w = delta::LoadDeltaWeights(ra.files[0], options_.base, options_.base_weights_hash, name);
+    // A delta: every byte read and checked, against the base's weights hash and mapped to its
+    // linears, as serving will load it — but not copied into memory (the host cache does that on
+    // first use).
+    auto w = delta::CheckDeltaFile(ra.files[0], options_.base, options_.base_weights_hash, name);
     if (!w.ok()) return w.status().WithContext("adapter '" + name + "'");
     info.kind = "delta";
-    info.base_model = (*w)->delta().base_source;
-    for (int li = 0; li < model::kNumLinears; ++li) {
-      for (int64_t l = 0; l < (*w)->n_layers(); ++l) {
-        if ((*w)->at(l, static_cast<model::Linear>(li)).rows > 0) {
-          info.target_modules.push_back(model::LinearName(static_cast<model::Linear>(li)));
-          break;
-        }
-      }
-    }
+    info.base_model = w->base_source;
+    for (const model::Linear which : w->linears)
+      info.target_modules.push_back(model::LinearName(which));
   } else {
     CHORUS_RETURN_IF_ERROR(ValidateLora(name, ra.path, &info));
   }

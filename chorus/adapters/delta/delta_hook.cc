@@ -39,6 +39,26 @@ Result<std::shared_ptr<const DeltaWeights>> DeltaWeights::Build(MappedDelta m,
   return std::shared_ptr<const DeltaWeights>(std::move(w));
 }
 
+Result<DeltaWeights::Summary> DeltaWeights::Check(MappedDelta m, const model::ModelConfig& base,
+                                                  const std::string& name) {
+  if (m.in_file.size() != m.delta.matrices.size())
+    return InvalidArgumentError("delta '" + name + "': not read by ReadDeltaMapped");
+  auto d = std::make_shared<const Delta>(std::move(m.delta));
+  std::vector<int64_t> matrix_of_view;
+  CHORUS_ASSIGN_OR_RETURN(auto w, BuildViews(d, base, name, &matrix_of_view, &m.in_file));
+  Summary s;
+  s.base_source = d->base_source;
+  for (int li = 0; li < model::kNumLinears; ++li) {
+    for (int64_t l = 0; l < w->n_layers(); ++l) {
+      if (w->at(l, static_cast<model::Linear>(li)).rows > 0) {
+        s.linears.push_back(static_cast<model::Linear>(li));
+        break;
+      }
+    }
+  }
+  return s;  // the views pointed into m's mapping; they go with w
+}
+
 void DeltaWeights::MoveToStreamedBuffer(Delta& owned, const std::vector<int64_t>& matrix_of_view) {
   // Each array starts on a cache line.
   auto line = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
@@ -187,16 +207,34 @@ Result<std::shared_ptr<DeltaWeights>> DeltaWeights::BuildViews(
   return w;
 }
 
-Result<std::shared_ptr<const DeltaWeights>> LoadDeltaWeights(const std::string& path,
-                                                             const model::ModelConfig& base,
-                                                             const std::string& base_hash,
-                                                             const std::string& name) {
+namespace {
+
+// ReadDeltaMapped, refusing a delta made against other base weights (unless base_hash is empty).
+Result<MappedDelta> ReadDeltaMappedFor(const std::string& path, const std::string& base_hash) {
   CHORUS_ASSIGN_OR_RETURN(MappedDelta m, ReadDeltaMapped(path));
   if (!base_hash.empty() && m.delta.base_hash != base_hash) {
     return FailedPreconditionError(path + ": made against base weights " + m.delta.base_hash +
                                    ", but the served base is " + base_hash);
   }
+  return m;
+}
+
+}  // namespace
+
+Result<std::shared_ptr<const DeltaWeights>> LoadDeltaWeights(const std::string& path,
+                                                             const model::ModelConfig& base,
+                                                             const std::string& base_hash,
+                                                             const std::string& name) {
+  CHORUS_ASSIGN_OR_RETURN(MappedDelta m, ReadDeltaMappedFor(path, base_hash));
   return DeltaWeights::Build(std::move(m), base, name);
+}
+
+Result<DeltaWeights::Summary> CheckDeltaFile(const std::string& path,
+                                             const model::ModelConfig& base,
+                                             const std::string& base_hash,
+                                             const std::string& name) {
+  CHORUS_ASSIGN_OR_RETURN(MappedDelta m, ReadDeltaMappedFor(path, base_hash));
+  return DeltaWeights::Check(std::move(m), base, name);
 }
 
 const std::vector<float>* DeltaWeights::norm(int64_t layer, model::LinearHook::Norm which) const {

@@ -48,6 +48,15 @@ class DeltaWeights {
   static Result<std::shared_ptr<const DeltaWeights>> Build(MappedDelta m,
                                                            const model::ModelConfig& base,
                                                            const std::string& name);
+  // What registration learns of a delta: Build(MappedDelta)'s checks — every matrix mapped to a
+  // layer linear of `base` with its shape and layout, the extras — without its copy into memory
+  // (most of a load's time and ~120 MB for a TinyLlama-shape delta, only to be freed).
+  struct Summary {
+    std::string base_source;             // the base the delta was made from (its metadata)
+    std::vector<model::Linear> linears;  // the linears it changes in some layer, in Linear order
+  };
+  static Result<Summary> Check(MappedDelta m, const model::ModelConfig& base,
+                               const std::string& name);
   const kernels::DeltaMatrixView& at(int64_t layer, model::Linear which) const {
     return views_[static_cast<size_t>(layer * model::kNumLinears + static_cast<int>(which))];
   }
@@ -98,6 +107,11 @@ Result<std::shared_ptr<const DeltaWeights>> LoadDeltaWeights(const std::string& 
                                                              const model::ModelConfig& base,
                                                              const std::string& base_hash,
                                                              const std::string& name);
+// The same checks, every byte of the file included, without building the views' copy: what
+// registering a delta needs (adapters/registry.h), which then loads it only when it is used.
+Result<DeltaWeights::Summary> CheckDeltaFile(const std::string& path,
+                                             const model::ModelConfig& base,
+                                             const std::string& base_hash, const std::string& name);
 // Bytes a loaded delta holds (its packed matrices and their kept positions).
 int64_t DeltaWeightsBytes(const DeltaWeights& w);
 

@@ -141,5 +141,59 @@ TEST(DeltaSyntheticTest, LoadingFromTheMappedFileGivesTheBytesOfTheFileReadIntoM
       << got.status().ToString();
 }
 
+// Registration checks a delta file as serving loads it, without the copy: CheckDeltaFile accepts
+// what LoadDeltaWeights accepts, reports the linears it changes, and refuses a damaged file, a
+// delta for other base weights and one whose shapes are not the base's with LoadDeltaWeights'
+// own message.
+TEST(DeltaSyntheticTest, CheckingAFileRefusesWhatLoadingRefusesWithoutTheCopy) {
+  auto base = model::MakeSyntheticModel({.shape = "tiny", .dtype = DType::kF32, .seed = 3});
+  ASSERT_TRUE(base.ok());
+  const model::ModelConfig& c = (*base)->config();
+  const std::string hash = BaseWeightsHash(**base);
+  const std::string dir = testing::TempDir() + "/delta_check";
+  std::filesystem::create_directories(dir);
+
+  Delta d = MakeRandomDelta(c, RandomDeltaSpec{.bits = 2, .sparse24 = true, .group_size = 64});
+  d.base_hash = hash;
+  d.base_source = "tiny-base";
+  // Only q and down: the summary lists just those.
+  std::erase_if(d.matrices, [](const MatrixDelta& m) {
+    return m.name.find("q_proj") == std::string::npos &&
+           m.name.find("down_proj") == std::string::npos;
+  });
+  const std::string good = dir + "/good.safetensors";
+  ASSERT_TRUE(WriteDelta(good, d).ok());
+  auto summary = CheckDeltaFile(good, c, hash, "good");
+  ASSERT_TRUE(summary.ok()) << summary.status().ToString();
+  EXPECT_EQ(summary->base_source, "tiny-base");
+  EXPECT_EQ(summary->linears,
+            (std::vector<model::Linear>{model::Linear::kQ, model::Linear::kDown}));
+  ASSERT_TRUE(LoadDeltaWeights(good, c, hash, "good").ok());
+
+  auto same_error = [&](const std::string& path, const std::string& base_hash) {
+    auto load = LoadDeltaWeights(path, c, base_hash, "x");
+    auto check = CheckDeltaFile(path, c, base_hash, "x");
+    ASSERT_FALSE(load.ok());
+    ASSERT_FALSE(check.ok());
+    EXPECT_EQ(check.status().ToString(), load.status().ToString());
+  };
+  same_error(good, std::string(hash.size(), '0'));  // made for other base weights
+
+  Delta damaged = d;
+  damaged.matrices[1].packed.mask[7] = 250;  // a 2:4 pattern byte above the largest code
+  const std::string bad = dir + "/bad.safetensors";
+  ASSERT_TRUE(WriteDelta(bad, damaged).ok());
+  same_error(bad, hash);
+
+  auto other = model::SyntheticConfig("tiny");
+  ASSERT_TRUE(other.ok());
+  other->n_embd *= 2;  // the base's shapes, not the delta's
+  auto load = LoadDeltaWeights(good, *other, hash, "x");
+  auto check = CheckDeltaFile(good, *other, hash, "x");
+  ASSERT_FALSE(load.ok());
+  ASSERT_FALSE(check.ok());
+  EXPECT_EQ(check.status().ToString(), load.status().ToString());
+}
+
 }  // namespace
 }  // namespace chorus::delta
