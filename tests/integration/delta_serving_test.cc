@@ -5,11 +5,13 @@
 // each row is bitwise what it is alone. Synthetic model (no shared assets needed).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <future>
 #include <random>
+#include <thread>
 
 #include "chorus/adapters/adapter_cache.h"
 #include "chorus/adapters/delta/delta_file.h"
@@ -356,19 +358,15 @@ struct EngineSetup {
     r.variant = std::move(v);
     return r;
   }
-  // The request's tokens; `finished` (if set) gets the time of its last event.
-  static std::vector<int32_t> Run(engine::RequestHandle& h,
-                                  std::chrono::steady_clock::time_point* finished = nullptr) {
+  // The request's tokens.
+  static std::vector<int32_t> Run(engine::RequestHandle& h) {
     std::vector<int32_t> toks;
     for (;;) {
       auto ev = h.Next(std::chrono::milliseconds(30000));
       if (!ev) return toks;
       EXPECT_NE(ev->finish, engine::FinishReason::kError) << ev->error;
       if (ev->token >= 0) toks.push_back(ev->token);
-      if (ev->finish != engine::FinishReason::kNone) {
-        if (finished != nullptr) *finished = std::chrono::steady_clock::now();
-        return toks;
-      }
+      if (ev->finish != engine::FinishReason::kNone) return toks;
     }
   }
   // The tokens of `r` on an engine of its own.
@@ -462,14 +460,30 @@ TEST(DeltaServingTest, LineSkipperIsPreemptedWhenItsParentFinishes) {
   for (size_t i = 0; i < 2; ++i) EngineSetup::Run(**(*e)->Submit(request(i)));
   std::vector<std::shared_ptr<engine::RequestHandle>> hs;
   for (size_t i = 0; i < asks.size(); ++i) hs.push_back(*(*e)->Submit(request(i)));
-  std::vector<std::chrono::steady_clock::time_point> done(asks.size());
   std::vector<std::future<std::vector<int32_t>>> got;
   for (size_t i = 0; i < asks.size(); ++i)
-    got.push_back(
-        std::async(std::launch::async, [&, i] { return EngineSetup::Run(*hs[i], &done[i]); }));
+    got.push_back(std::async(std::launch::async, [&, i] { return EngineSetup::Run(*hs[i]); }));
+  // The order in which the engine finished them: a request is finished once its last token is
+  // pushed (completion_tokens counts on the engine thread), polled here. Timing the readers
+  // instead reordered them once in CI, a reader thread descheduled on a busy host. A poll that
+  // sleeps through two finishes sees them in the same round, so the checks allow ties.
+  std::vector<int64_t> finished_round(asks.size(), -1);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (int64_t round = 0; std::count(finished_round.begin(), finished_round.end(), -1) > 0 &&
+                          std::chrono::steady_clock::now() < deadline;
+       ++round) {
+    for (size_t i = 0; i < asks.size(); ++i) {
+      if (finished_round[i] < 0 &&
+          hs[i]->completion_tokens() >= static_cast<int64_t>(alone[i].size()))
+        finished_round[i] = round;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
   for (size_t i = 0; i < asks.size(); ++i) EXPECT_EQ(got[i].get(), alone[i]) << "request " << i;
-  EXPECT_LT(done[1], done[2]) << "B (another delta) must run before the line-skipper C ends";
-  EXPECT_LT(done[1], done[3]) << "… and before C2 ends";
+  ASSERT_EQ(std::count(finished_round.begin(), finished_round.end(), -1), 0);
+  EXPECT_LE(finished_round[1], finished_round[2])
+      << "B (another delta) must run before the line-skipper C ends";
+  EXPECT_LE(finished_round[1], finished_round[3]) << "… and before C2 ends";
   EXPECT_GE((*e)->metrics().line_skippers_preempted.load(), 1u);
 }
 
