@@ -37,6 +37,16 @@ AdapterCache::AdapterCache(model::ModelConfig base, int64_t max_bytes, LoraLimit
       limits_(WithArena(std::move(limits), max_bytes)),
       base_weights_hash_(std::move(base_weights_hash)) {}
 
+void AdapterCache::CountLoadLocked(double secs) {
+  ++stats_.loads;
+  stats_.load_seconds_total += secs;
+  stats_.last_load_seconds = secs;
+  const auto& b = LoadSecondsBounds();
+  // Prometheus buckets are "≤ le": the first bound not below secs.
+  const size_t i = static_cast<size_t>(std::lower_bound(b.begin(), b.end(), secs) - b.begin());
+  ++stats_.load_seconds_buckets[i];
+}
+
 Result<std::shared_ptr<const delta::DeltaWeights>> AdapterCache::GetDelta(const VariantRef& key) {
   CHORUS_CHECK(!key.id.empty()) << "AdapterCache::GetDelta of '" << key.name << "' without an id";
   {
@@ -85,14 +95,7 @@ Result<std::shared_ptr<const delta::DeltaWeights>> AdapterCache::GetDelta(const 
     loaded_.SignalAll();
     return loaded.status();
   }
-  ++stats_.loads;
-  stats_.load_seconds_total += secs;
-  stats_.last_load_seconds = secs;
-  {
-    const auto& b = LoadSecondsBounds();
-    const size_t i = static_cast<size_t>(std::lower_bound(b.begin(), b.end(), secs) - b.begin());
-    ++stats_.load_seconds_buckets[i];
-  }
+  CountLoadLocked(secs);
   std::shared_ptr<const delta::DeltaWeights> out = *loaded;
   it->second.weights = out;
   it->second.bytes = delta::DeltaWeightsBytes(*out);
@@ -168,15 +171,7 @@ Result<std::shared_ptr<const LoraAdapter>> AdapterCache::Get(const VariantRef& k
     loaded_.SignalAll();
     return loaded.status();
   }
-  ++stats_.loads;
-  stats_.load_seconds_total += secs;
-  stats_.last_load_seconds = secs;
-  {
-    const auto& b = LoadSecondsBounds();
-    // Prometheus buckets are "≤ le": the first bound not below secs.
-    const size_t i = static_cast<size_t>(std::lower_bound(b.begin(), b.end(), secs) - b.begin());
-    ++stats_.load_seconds_buckets[i];
-  }
+  CountLoadLocked(secs);
   std::shared_ptr<const LoraAdapter> adapter = *loaded;
   if (it != entries_.end()) {  // not erased meanwhile
     it->second.adapter = adapter;

@@ -86,6 +86,8 @@ class AdapterCache {
     std::string name;
   };
   void EvictLocked() REQUIRES(mu_);
+  // A successful load of `secs` seconds in the stats and the latency histogram.
+  void CountLoadLocked(double secs) REQUIRES(mu_);
   struct DeltaEntry {
     std::shared_ptr<const delta::DeltaWeights> weights;  // null while loading
     bool loading = false;

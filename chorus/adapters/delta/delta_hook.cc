@@ -45,7 +45,8 @@ Result<DeltaWeights::Summary> DeltaWeights::Check(MappedDelta m, const model::Mo
     return InvalidArgumentError("delta '" + name + "': not read by ReadDeltaMapped");
   auto d = std::make_shared<const Delta>(std::move(m.delta));
   std::vector<int64_t> matrix_of_view;
-  CHORUS_ASSIGN_OR_RETURN(auto w, BuildViews(d, base, name, &matrix_of_view, &m.in_file));
+  CHORUS_ASSIGN_OR_RETURN(auto w, BuildViews(d, base, name, &matrix_of_view, &m.in_file,
+                                             /*kept_positions=*/false));
   Summary s;
   s.base_source = d->base_source;
   for (int li = 0; li < model::kNumLinears; ++li) {
@@ -105,7 +106,8 @@ void DeltaWeights::MoveToStreamedBuffer(Delta& owned, const std::vector<int64_t>
 
 Result<std::shared_ptr<DeltaWeights>> DeltaWeights::BuildViews(
     std::shared_ptr<const Delta> d, const model::ModelConfig& base, const std::string& name,
-    std::vector<int64_t>* matrix_of_view, const std::vector<MappedDelta::Bytes>* in_file) {
+    std::vector<int64_t>* matrix_of_view, const std::vector<MappedDelta::Bytes>* in_file,
+    bool kept_positions) {
   if (!d) return InvalidArgumentError("delta '" + name + "': no delta");
   auto w = std::shared_ptr<DeltaWeights>(new DeltaWeights());
   w->name_ = name;
@@ -198,7 +200,7 @@ Result<std::shared_ptr<DeltaWeights>> DeltaWeights::BuildViews(
         static_cast<int64_t>(m.packed.scales.size()) != v.n_scales()) {
       return InvalidArgumentError("delta '" + name + "': " + m.name + ": packed sizes disagree");
     }
-    if (v.sparse24) {  // the int16 kernel's kept positions (kernels/delta.h)
+    if (v.sparse24 && kept_positions) {  // the int16 kernel's kept positions (kernels/delta.h)
       w->positions_.push_back(kernels::DeltaKeptPositions(v));
       v.positions = w->positions_.back().data();
     }

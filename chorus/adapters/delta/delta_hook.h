@@ -79,11 +79,12 @@ class DeltaWeights {
  private:
   // The checks and views of the Build overloads; `matrix_of_view` gets, per view, the index of
   // its matrix in d->matrices (−1: none). With `in_file`, a matrix's codes and patterns are
-  // read where in_file holds them (MappedDelta) rather than from d's vectors.
+  // read where in_file holds them (MappedDelta) rather than from d's vectors. Without
+  // `kept_positions` the 2:4 views get none (Check: nothing will run them).
   static Result<std::shared_ptr<DeltaWeights>> BuildViews(
       std::shared_ptr<const Delta> d, const model::ModelConfig& base, const std::string& name,
       std::vector<int64_t>* matrix_of_view,
-      const std::vector<MappedDelta::Bytes>* in_file = nullptr);
+      const std::vector<MappedDelta::Bytes>* in_file = nullptr, bool kept_positions = true);
   // Copies the views' bytes into streamed_, repoints them, and frees the copies in `owned`
   // (the Delta delta_ points to) and positions_.
   void MoveToStreamedBuffer(Delta& owned, const std::vector<int64_t>& matrix_of_view);
