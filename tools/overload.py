@@ -42,6 +42,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import shutil
 import tempfile
 import threading
 import time
@@ -182,6 +183,15 @@ class Client:
                                  "end": time.monotonic()})
 
 
+def finish_work_dir(work, passed, keep):
+    """Removes the run's temporary work directory after a passing run (each run makes one, and
+    CI and soak loops would fill /tmp with them); a failing run keeps it, for its server log."""
+    if passed and not keep:
+        shutil.rmtree(work, ignore_errors=True)
+    else:
+        print("work directory kept: %s" % work, flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--chorus", required=True)
@@ -210,6 +220,9 @@ def main():
     ap.add_argument("--serve-arg", action="append", default=[], help="extra chorus serve flag")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default="")
+    ap.add_argument("--keep-work", action="store_true",
+                    help="keep the work directory (server log, registry, adapters) after a "
+                    "passing run; a failing run always keeps it")
     a = ap.parse_args()
     if a.seconds <= 0 or a.factor <= 0 or a.probes < 1:
         ap.error("--seconds, --factor and --probes must be positive")
@@ -379,6 +392,7 @@ def main():
               summary["admitted_ttft_p99_ms"], a.ttft_slo_ms,
               summary["rss_mib_before"], summary["rss_mib_peak"], summary["recovery_s"],
               "PASS" if not failures else "FAIL"))
+    finish_work_dir(work, not failures, a.keep_work)
     return 0 if not failures else 1
 
 

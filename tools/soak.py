@@ -46,6 +46,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import shutil
 import tempfile
 import threading
 import time
@@ -712,6 +713,15 @@ def kib_mib(x):
     return None if x is None else round(x / 1024, 1)
 
 
+def finish_work_dir(work, passed, keep):
+    """Removes the run's temporary work directory after a passing run (each run makes one, and
+    CI and soak loops would fill /tmp with them); a failing run keeps it, for its server log."""
+    if passed and not keep:
+        shutil.rmtree(work, ignore_errors=True)
+    else:
+        print("work directory kept: %s" % work, flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--chorus", required=True)
@@ -758,6 +768,9 @@ def main():
     ap.add_argument("--out", default="", help="directory for summary.json, windows.csv, "
                     "samples.csv, requests.csv, events.csv (churn calls and SIGHUPs)")
     ap.add_argument("--plot", action="store_true", help="with --out: samples.png via tools/plot.py")
+    ap.add_argument("--keep-work", action="store_true",
+                    help="keep the work directory (server log, registry, adapters) after a "
+                    "passing run; a failing run always keeps it")
     a = ap.parse_args()
     if a.duration <= 0 or a.window <= 0 or a.concurrency < 1 or a.adapters < 1:
         ap.error("--duration, --window, --concurrency and --adapters must be positive")
@@ -828,6 +841,7 @@ def main():
               summary["latency_p99_max_over_min"],
               summary["latency_p99_max_deviation_from_median_pct"],
               "PASS" if not failed else "FAIL " + ",".join(failed)))
+    finish_work_dir(work, not failed, a.keep_work)
     return 0 if not failed else 1
 
 

@@ -18,6 +18,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -211,6 +212,7 @@ def main():
     print("serve kill test: %d/%d restarts consistent in %.1f s (%d in-flight operations had "
           "landed before the kill); a corrupt registry refused, then quarantined as %s" %
           (consistent, args.rounds, time.time() - t0, in_flight_landed, moved[0]))
+    shutil.rmtree(workdir, ignore_errors=True)  # kept when a check fails, for its logs
     return 0
 
 

@@ -13,6 +13,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -301,4 +302,5 @@ finally:
 if failures:
     print(f"router e2e: {len(failures)} failures", flush=True)
     sys.exit(1)
+shutil.rmtree(tmp, ignore_errors=True)  # kept when a check fails, for its logs
 print("router e2e: all checks passed")
