@@ -146,13 +146,29 @@ std::vector<std::vector<int32_t>> CalibrationSequences(std::span<const int32_t> 
 DenseDeltaHook::DenseDeltaHook(const model::ModelConfig& c)
     : config_(c),
       d_(static_cast<size_t>(c.n_layers * model::kNumLinears)),
-      scale_(static_cast<size_t>(c.n_layers * model::kNumLinears), 1.0f) {}
+      packed_(d_.size()),
+      scale_(d_.size(), 1.0f) {}
 
 void DenseDeltaHook::Set(int64_t layer, Linear which, std::vector<float> d) {
-  d_[static_cast<size_t>(layer * model::kNumLinears + static_cast<int>(which))] = std::move(d);
+  const size_t k = static_cast<size_t>(layer * model::kNumLinears + static_cast<int>(which));
+  if (d.empty()) {
+    d_[k].reset();
+    packed_[k] = kernels::PackedWeight();
+    return;
+  }
+  const int64_t out = LinearOut(config_, which), in = LinearIn(config_, which);
+  CHORUS_CHECK_EQ(static_cast<int64_t>(d.size()), out * in);
+  auto owned = std::make_shared<std::vector<float>>(std::move(d));
+  const Tensor view(TensorView{DType::kF32, {out, in}, owned->data()}, owned);
+  auto packed = kernels::PackedWeight::Pack(view);
+  CHORUS_CHECK(packed.ok()) << packed.status().message();  // f32 [out, in] is always packable
+  packed_[k] = *std::move(packed);
+  d_[k] = std::move(owned);
 }
 const std::vector<float>& DenseDeltaHook::Get(int64_t layer, Linear which) const {
-  return d_[static_cast<size_t>(layer * model::kNumLinears + static_cast<int>(which))];
+  static const std::vector<float> kNone;
+  const auto& d = d_[static_cast<size_t>(layer * model::kNumLinears + static_cast<int>(which))];
+  return d != nullptr ? *d : kNone;
 }
 void DenseDeltaHook::SetScale(int64_t layer, Linear which, float scale) {
   scale_[static_cast<size_t>(layer * model::kNumLinears + static_cast<int>(which))] = scale;
@@ -174,35 +190,37 @@ void DenseDeltaHook::Apply(int64_t layer, Linear which, const float* x, int64_t 
   const int64_t in = LinearIn(config_, which);
   const int64_t out = LinearOut(config_, which);
   if (cap_h_ != nullptr && layer == cap_layer_ && which == cap_which_) {
+    // xᵀx of the step's rows as one product: X' = xᵀ [in, n_rows] multiplied by itself
+    // transposed (f32 over the step's ≤ max_rows rows), then added into H in double.
+    xt_.resize(static_cast<size_t>(in * n_rows));
+    for (int64_t r = 0; r < n_rows; ++r)
+      for (int64_t i = 0; i < in; ++i) xt_[static_cast<size_t>(i * n_rows + r)] = x[r * x_stride + i];
+    const Tensor xt(TensorView{DType::kF32, {in, n_rows}, xt_.data()}, nullptr);
+    auto packed = kernels::PackedWeight::Pack(xt);
+    CHORUS_CHECK(packed.ok()) << packed.status().message();
+    xtx_.resize(static_cast<size_t>(in * in));
+    kernels::MatMul(*packed, xt_.data(), n_rows, in, xtx_.data(), in, /*accumulate=*/false, pool);
     std::vector<double>& h = *cap_h_;
     Parallel(pool, in, [&](int64_t i0, int64_t i1) {
-      for (int64_t r = 0; r < n_rows; ++r) {
-        const float* xr = x + r * x_stride;
-        for (int64_t i = i0; i < i1; ++i) {
-          const double xi = 2.0 * xr[i];
-          double* hi = h.data() + i * in;
-          for (int64_t j = 0; j < in; ++j) hi[j] += xi * xr[j];
-        }
+      for (int64_t i = i0; i < i1; ++i) {
+        double* hi = h.data() + i * in;
+        const float* si = xtx_.data() + i * in;
+        for (int64_t j = 0; j < in; ++j) hi[j] += 2.0 * static_cast<double>(si[j]);
       }
     });
     *cap_n_ += n_rows;
   }
   const size_t k = static_cast<size_t>(layer * model::kNumLinears + static_cast<int>(which));
-  const std::vector<float>& d = d_[k];
-  if (d.empty()) return;
+  if (d_[k] == nullptr) return;
   const float s = scale_[k];
-  Parallel(pool, out, [&](int64_t o0, int64_t o1) {
-    for (int64_t r = 0; r < n_rows; ++r) {
-      const float* xr = x + r * x_stride;
-      float* yr = y + r * y_stride;
-      for (int64_t o = o0; o < o1; ++o) {
-        const float* dr = d.data() + o * in;
-        float acc = 0;
-        for (int64_t i = 0; i < in; ++i) acc += dr[i] * xr[i];
-        yr[o] += s * acc;
-      }
-    }
-  });
+  if (s == 1.0f) {
+    kernels::MatMul(packed_[k], x, x_stride, n_rows, y, y_stride, /*accumulate=*/true, pool);
+    return;
+  }
+  scaled_.resize(static_cast<size_t>(n_rows * out));
+  kernels::MatMul(packed_[k], x, x_stride, n_rows, scaled_.data(), out, /*accumulate=*/false, pool);
+  for (int64_t r = 0; r < n_rows; ++r)
+    for (int64_t o = 0; o < out; ++o) y[r * y_stride + o] += s * scaled_[static_cast<size_t>(r * out + o)];
 }
 
 Result<delta::Delta> CompressDelta(std::shared_ptr<const model::Model> base,
@@ -348,16 +366,26 @@ Result<delta::Delta> CompressDelta(std::shared_ptr<const model::Model> base,
                                                      {Linear::kO},
                                                      {Linear::kGate, Linear::kUp},
                                                      {Linear::kDown}};
-    std::vector<float> logits;
+    // Layer by layer: `stream[s]` is the residual stream of sequence s entering layer l through
+    // B + the deltas of layers < l as compressed, so each group's capture runs layer l alone
+    // (5 passes of one layer per layer, where whole passes up to layer l cost O(layers²)).
+    std::vector<std::vector<float>> stream(seqs.size());
+    std::vector<float> scratch(static_cast<size_t>(len * c.n_embd));
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      stream[s].resize(static_cast<size_t>(static_cast<int64_t>(seqs[s].size()) * c.n_embd));
+      CHORUS_RETURN_IF_ERROR(
+          runner.RunLayers(seqs[s], 0, 0, nullptr, stream[s].data(), &hook, pool));
+    }
     for (int64_t l = 0; l < c.n_layers; ++l) {
       for (const auto& g : groups) {
         const int64_t in = LinearIn(c, g[0]);
         std::vector<double> h(static_cast<size_t>(in * in), 0.0);
         int64_t n = 0;
         hook.Capture(l, g[0], &h, &n);
-        for (const auto& s : seqs)
-          CHORUS_RETURN_IF_ERROR(
-              runner.Run(s, static_cast<int64_t>(s.size()) - 1, &hook, pool, &logits));
+        for (size_t s = 0; s < seqs.size(); ++s) {
+          CHORUS_RETURN_IF_ERROR(runner.RunLayers(seqs[s], l, l + 1, stream[s].data(),
+                                                  scratch.data(), &hook, pool));
+        }
         hook.StopCapture();
         for (double& v : h) v /= static_cast<double>(std::max<int64_t>(n, 1));
         for (Linear w : g) {
@@ -371,6 +399,16 @@ Result<delta::Delta> CompressDelta(std::shared_ptr<const model::Model> base,
           slot(l, w) = *std::move(m);
         }
       }
+      // The stream leaving layer l with all of its deltas, the next layer's input; layer l's
+      // deltas are then in the stream and no longer needed by the hook.
+      for (size_t s = 0; s < seqs.size(); ++s) {
+        CHORUS_RETURN_IF_ERROR(runner.RunLayers(seqs[s], l, l + 1, stream[s].data(),
+                                                scratch.data(), &hook, pool));
+        std::copy(scratch.begin(),
+                  scratch.begin() + static_cast<std::ptrdiff_t>(stream[s].size()),
+                  stream[s].begin());
+      }
+      for (int w = 0; w < model::kNumLinears; ++w) hook.Set(l, static_cast<Linear>(w), {});
       layer_progress(l);
     }
   }

@@ -26,6 +26,7 @@
 
 #include "chorus/adapters/delta/delta_file.h"
 #include "chorus/base/thread_pool.h"
+#include "chorus/kernels/matmul.h"
 #include "chorus/model/forward.h"
 
 namespace chorus::compress {
@@ -58,8 +59,10 @@ std::vector<std::vector<int32_t>> CalibrationSequences(std::span<const int32_t> 
                                                        int64_t seq_len, int32_t bos);
 
 // Adds x·Dᵀ for every (layer, linear) that has a dense delta D, and optionally accumulates
-// H += 2·xᵀx of one linear's inputs (the capture target). The test oracle of the served delta
-// path and the calibration engine of ΔCompress.
+// H += 2·xᵀx of one linear's inputs (the capture target). The calibration engine of ΔCompress
+// and of BitDelta's distillation. Both products run on the f32 MatMul kernel (the scalar loops
+// they replaced made `chorus compress --method deltazip` take hours at TinyLlama shape).
+// Not thread-safe: Apply uses scratch of the hook's own.
 class DenseDeltaHook : public model::LinearHook {
  public:
   explicit DenseDeltaHook(const model::ModelConfig& c);
@@ -76,8 +79,10 @@ class DenseDeltaHook : public model::LinearHook {
 
  private:
   model::ModelConfig config_;
-  std::vector<std::vector<float>> d_;  // [n_layers × kNumLinears]
+  std::vector<std::shared_ptr<std::vector<float>>> d_;  // [n_layers × kNumLinears]
+  std::vector<kernels::PackedWeight> packed_;          // f32 views of d_, used in place
   std::vector<float> scale_;
+  mutable std::vector<float> xt_, xtx_, scaled_;  // Apply's scratch
   int64_t cap_layer_ = -1;
   model::Linear cap_which_ = model::Linear::kQ;
   std::vector<double>* cap_h_ = nullptr;

@@ -48,115 +48,247 @@ void ForRows(ThreadPool* pool, int64_t rows, int64_t align,
   });
 }
 
+// Σ a[k]·b[k] in one fixed order — 8 interleaved partial sums (which the compiler keeps in
+// vector lanes), then the partials pairwise — so a value does not depend on the thread that
+// computes it.
+double Dot(const double* a, const double* b, int64_t n) {
+  double p[8] = {};
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8)
+    for (int u = 0; u < 8; ++u) p[u] += a[k + u] * b[k + u];
+  for (int u = 0; k < n; ++k, ++u) p[u] += a[k] * b[k];
+  return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+}
+
+// fn(b, e) over slices of [begin, end) on the pool's threads (inline when the range is short).
+void ForRange(ThreadPool* pool, int64_t begin, int64_t end,
+              const std::function<void(int64_t, int64_t)>& fn) {
+  const int64_t n = end - begin;
+  if (n <= 0) return;
+  if (pool == nullptr || pool->size() <= 1 || n < 256) {
+    fn(begin, end);
+    return;
+  }
+  pool->Run([&](int i, int k) {
+    int64_t b, e;
+    ThreadPool::Slice(n, i, k, 1, &b, &e);
+    if (b < e) fn(begin + b, begin + e);
+  });
+}
+
+// The lower Cholesky factor L of A = J·H·J (H [C, C] symmetric, J the reversal), column by
+// column (Crout): each column's entries below the diagonal are independent dot products of
+// rows of L, shared out to the threads. kFailedPrecondition if A is not positive definite.
+Status CholeskyOfReversed(const std::vector<double>& h, int64_t C, ThreadPool* pool,
+                          std::vector<double>* out) {
+  std::vector<double>& L = *out;
+  L.assign(static_cast<size_t>(C * C), 0.0);
+  auto A = [&](int64_t i, int64_t j) { return h[static_cast<size_t>((C - 1 - i) * C + (C - 1 - j))]; };
+  for (int64_t j = 0; j < C; ++j) {
+    const double* lj = L.data() + j * C;
+    const double s = A(j, j) - Dot(lj, lj, j);
+    if (!(s > 0)) {
+      return FailedPreconditionError("the damped Hessian is not positive definite (raise --damp)");
+    }
+    const double d = std::sqrt(s);
+    L[static_cast<size_t>(j * C + j)] = d;
+    ForRange(pool, j + 1, C, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        double* li = L.data() + i * C;
+        li[j] = (A(i, j) - Dot(li, lj, j)) / d;
+      }
+    });
+  }
+  return OkStatus();
+}
+
+// U = R⁻¹ for R = J·L·J (upper triangular: R[i][k] = L[C−1−i][C−1−k]), as floats. Row by row
+// from the bottom: row i of U is −(1/R[i][i])·Σ_{k>i} R[i][k]·(row k of U), so each step is
+// a sum of contiguous rows (no reductions), its columns shared out to the threads; rows go in
+// blocks of 4 so that each row k read serves four. Each entry's sum runs over k in one fixed
+// order whatever the threads.
+std::vector<float> InverseOfReversedUpper(const std::vector<double>& L, int64_t C,
+                                          ThreadPool* pool) {
+  auto R = [&](int64_t i, int64_t k) { return L[static_cast<size_t>((C - 1 - i) * C + (C - 1 - k))]; };
+  std::vector<double> Ud(static_cast<size_t>(C * C), 0.0);
+  constexpr int64_t kRows = 4;
+  for (int64_t top_end = C; top_end > 0; top_end -= kRows) {
+    const int64_t lo = std::max<int64_t>(0, top_end - kRows), hi = top_end;  // rows [lo, hi)
+    ForRange(pool, lo, C, [&](int64_t j0, int64_t j1) {
+      // Rows k ≥ hi (already final) into each row of the block, then the block bottom up.
+      for (int64_t k = hi; k < j1; ++k) {
+        const double* uk = Ud.data() + k * C;
+        const int64_t a = std::max(j0, k);
+        for (int64_t i = lo; i < hi; ++i) {
+          const double r = R(i, k);
+          double* ui = Ud.data() + i * C;
+          for (int64_t j = a; j < j1; ++j) ui[j] += r * uk[j];
+        }
+      }
+      for (int64_t i = hi - 1; i >= lo; --i) {
+        double* ui = Ud.data() + i * C;
+        for (int64_t k = hi - 1; k > i; --k) {  // rows of the block below i, final by now
+          const double r = R(i, k);
+          const double* uk = Ud.data() + k * C;
+          for (int64_t j = std::max(j0, k); j < j1; ++j) ui[j] += r * uk[j];
+        }
+        const double inv = 1.0 / R(i, i);
+        for (int64_t j = std::max(j0, i + 1); j < j1; ++j) ui[j] *= -inv;
+        if (i >= j0 && i < j1) ui[i] = inv;
+      }
+    });
+  }
+  std::vector<float> U(Ud.size());
+  for (size_t e = 0; e < Ud.size(); ++e) U[e] = static_cast<float>(Ud[e]);
+  return U;
+}
+
 // Local search on the true objective f = (Δ − Δ̃)·H·(Δ − Δ̃)ᵀ of each row, after OBS: moves one
 // kept value to the grid point nearest its optimum given the others, or swaps a kept and a
 // pruned column of a 2:4 block (the pruned one taking its optimal grid value), whenever f drops.
 // Scales stay as OBS chose them. Each accepted move costs O(cols) (g = (Δ − Δ̃)·H is kept
 // current); evaluating one costs O(1).
+//
+// Rows go in blocks of kRefineRows that take each step together — g's initial product, then
+// column by column through every sweep — so that a row of H, read from memory once, serves the
+// whole block (one row at a time read all of H per row and per sweep: minutes per matrix at
+// 2048 columns). Each row's arithmetic is exactly what it would do alone.
+constexpr int64_t kRefineRows = 32;
+
 void RefineRows(const std::vector<float>& d, const std::vector<double>& h, UnpackedMatrix* m,
                 int sweeps, ThreadPool* pool) {
   const MatrixLayout& l = m->layout;
   const int64_t C = l.cols, kept = l.kept_per_row();
+  auto Hd = [&](int64_t a, int64_t b) { return h[static_cast<size_t>(a * C + b)]; };
   ForRows(pool, l.rows, 1, [&](int64_t r0, int64_t r1) {
-    std::vector<double> v(static_cast<size_t>(C)), e(static_cast<size_t>(C)),
-        g(static_cast<size_t>(C));
-    std::vector<int> code(static_cast<size_t>(C));
-    for (int64_t r = r0; r < r1; ++r) {
-      std::fill(code.begin(), code.end(), -1);
-      std::fill(v.begin(), v.end(), 0.0);
-      for (int64_t j = 0; j < kept; ++j) {
-        const int64_t c = m->KeptColumn(r, j);
-        code[static_cast<size_t>(c)] = m->codes[static_cast<size_t>(r * kept + j)];
-        v[static_cast<size_t>(c)] =
-            delta::Dequantize(code[static_cast<size_t>(c)], m->Scale(r, c), l);
+    const size_t block_elems = static_cast<size_t>(kRefineRows * C);
+    std::vector<double> v(block_elems), e(block_elems), g(block_elems);
+    std::vector<int> code(block_elems);
+    std::vector<uint8_t> active(kRefineRows), changed(kRefineRows);
+    for (int64_t rb = r0; rb < r1; rb += kRefineRows) {
+      const int64_t nb = std::min(kRefineRows, r1 - rb);
+      for (int64_t b = 0; b < nb; ++b) {
+        const int64_t r = rb + b;
+        int* cb = code.data() + b * C;
+        double* vb = v.data() + b * C;
+        double* eb = e.data() + b * C;
+        std::fill(cb, cb + C, -1);
+        std::fill(vb, vb + C, 0.0);
+        for (int64_t j = 0; j < kept; ++j) {
+          const int64_t c = m->KeptColumn(r, j);
+          cb[c] = m->codes[static_cast<size_t>(r * kept + j)];
+          vb[c] = delta::Dequantize(cb[c], m->Scale(r, c), l);
+        }
+        for (int64_t c = 0; c < C; ++c) eb[c] = d[static_cast<size_t>(r * C + c)] - vb[c];
+        std::fill(g.data() + b * C, g.data() + (b + 1) * C, 0.0);
+        active[static_cast<size_t>(b)] = 1;
       }
-      for (int64_t c = 0; c < C; ++c)
-        e[static_cast<size_t>(c)] = d[static_cast<size_t>(r * C + c)] - v[static_cast<size_t>(c)];
-      std::fill(g.begin(), g.end(), 0.0);
+      // g = e·H, each row's sum over k in order, each row of H read once for the block.
       for (int64_t k = 0; k < C; ++k) {
-        const double ek = e[static_cast<size_t>(k)];
-        if (ek == 0) continue;
         const double* hk = h.data() + k * C;
-        for (int64_t c = 0; c < C; ++c) g[static_cast<size_t>(c)] += ek * hk[c];
+        for (int64_t b = 0; b < nb; ++b) {
+          const double ek = e[static_cast<size_t>(b * C + k)];
+          if (ek == 0) continue;
+          double* gb = g.data() + b * C;
+          for (int64_t c = 0; c < C; ++c) gb[c] += ek * hk[c];
+        }
       }
-      auto Hd = [&](int64_t a, int64_t b) { return h[static_cast<size_t>(a * C + b)]; };
-      // Best grid value for column c when g_c is its gradient term and its current value is cur.
-      auto best = [&](int64_t c, double gc, double cur, int* out_code) {
+      // Best grid value for column c of row r when gc is its gradient term and cur its value.
+      auto best = [&](int64_t r, int64_t c, double gc, double cur, int* out_code) {
         const float s = m->Scale(r, c);
         const int q = delta::QuantizeCode(static_cast<float>(cur + gc / Hd(c, c)), s, l);
         *out_code = q;
         return static_cast<double>(delta::Dequantize(q, s, l)) - cur;
       };
-      auto move = [&](int64_t c, double dv) {
-        v[static_cast<size_t>(c)] += dv;
-        e[static_cast<size_t>(c)] -= dv;
+      auto move = [&](int64_t b, int64_t c, double dv) {
+        v[static_cast<size_t>(b * C + c)] += dv;
+        e[static_cast<size_t>(b * C + c)] -= dv;
         const double* hc = h.data() + c * C;
-        for (int64_t k = 0; k < C; ++k) g[static_cast<size_t>(k)] -= dv * hc[k];
+        double* gb = g.data() + b * C;
+        for (int64_t k = 0; k < C; ++k) gb[k] -= dv * hc[k];
       };
       for (int sweep = 0; sweep < sweeps; ++sweep) {
-        bool changed = false;
+        std::fill(changed.begin(), changed.end(), 0);
         for (int64_t c = 0; c < C; ++c) {
-          if (code[static_cast<size_t>(c)] < 0) continue;
-          int q;
-          const double dv = best(c, g[static_cast<size_t>(c)], v[static_cast<size_t>(c)], &q);
-          const double df = -2 * dv * g[static_cast<size_t>(c)] + dv * dv * Hd(c, c);
-          if (dv != 0 && df < 0) {
-            move(c, dv);
-            code[static_cast<size_t>(c)] = q;
-            changed = true;
+          for (int64_t b = 0; b < nb; ++b) {
+            int* cb = code.data() + b * C;
+            if (!active[static_cast<size_t>(b)] || cb[c] < 0) continue;
+            const size_t bc = static_cast<size_t>(b * C + c);
+            int q;
+            const double dv = best(rb + b, c, g[bc], v[bc], &q);
+            const double df = -2 * dv * g[bc] + dv * dv * Hd(c, c);
+            if (dv != 0 && df < 0) {
+              move(b, c, dv);
+              cb[c] = q;
+              changed[static_cast<size_t>(b)] = 1;
+            }
           }
         }
         if (l.sparse24) {
-          for (int64_t b = 0; b < C; b += 4) {
-            double best_df = 0;
-            int64_t ba = -1, bp = -1;
-            int bq = 0;
-            double bdp = 0;
-            for (int64_t a = b; a < b + 4; ++a) {
-              if (code[static_cast<size_t>(a)] < 0) continue;
-              const double da = -v[static_cast<size_t>(a)];
-              const double dfa = -2 * da * g[static_cast<size_t>(a)] + da * da * Hd(a, a);
-              for (int64_t p = b; p < b + 4; ++p) {
-                if (code[static_cast<size_t>(p)] >= 0) continue;
-                const double gp = g[static_cast<size_t>(p)] - da * Hd(a, p);
-                int q;
-                const double dp = best(p, gp, 0.0, &q);
-                const double df = dfa - 2 * dp * gp + dp * dp * Hd(p, p);
-                if (df < best_df) {
-                  best_df = df;
-                  ba = a;
-                  bp = p;
-                  bq = q;
-                  bdp = dp;
+          for (int64_t blk = 0; blk < C; blk += 4) {
+            for (int64_t b = 0; b < nb; ++b) {
+              if (!active[static_cast<size_t>(b)]) continue;
+              int* cb = code.data() + b * C;
+              const double* vb = v.data() + b * C;
+              const double* gb = g.data() + b * C;
+              double best_df = 0;
+              int64_t ba = -1, bp = -1;
+              int bq = 0;
+              double bdp = 0;
+              for (int64_t a = blk; a < blk + 4; ++a) {
+                if (cb[a] < 0) continue;
+                const double da = -vb[a];
+                const double dfa = -2 * da * gb[a] + da * da * Hd(a, a);
+                for (int64_t p = blk; p < blk + 4; ++p) {
+                  if (cb[p] >= 0) continue;
+                  const double gp = gb[p] - da * Hd(a, p);
+                  int q;
+                  const double dp = best(rb + b, p, gp, 0.0, &q);
+                  const double df = dfa - 2 * dp * gp + dp * dp * Hd(p, p);
+                  if (df < best_df) {
+                    best_df = df;
+                    ba = a;
+                    bp = p;
+                    bq = q;
+                    bdp = dp;
+                  }
                 }
               }
-            }
-            if (ba >= 0) {
-              move(ba, -v[static_cast<size_t>(ba)]);
-              code[static_cast<size_t>(ba)] = -1;
-              move(bp, bdp);
-              code[static_cast<size_t>(bp)] = bq;
-              changed = true;
+              if (ba >= 0) {
+                move(b, ba, -vb[ba]);
+                cb[ba] = -1;
+                move(b, bp, bdp);
+                cb[bp] = bq;
+                changed[static_cast<size_t>(b)] = 1;
+              }
             }
           }
         }
-        if (!changed) break;
+        bool any = false;
+        for (int64_t b = 0; b < nb; ++b) {
+          active[static_cast<size_t>(b)] &= changed[static_cast<size_t>(b)];
+          any |= active[static_cast<size_t>(b)] != 0;
+        }
+        if (!any) break;
       }
-      int64_t j = 0;
-      for (int64_t c = 0; c < C; ++c) {
-        if (code[static_cast<size_t>(c)] < 0) continue;
-        m->codes[static_cast<size_t>(r * kept + j++)] =
-            static_cast<uint8_t>(code[static_cast<size_t>(c)]);
-      }
-      if (l.sparse24) {
-        for (int64_t b = 0; b < C; b += 4) {
-          int first = -1, second = -1;
-          for (int k = 0; k < 4; ++k) {
-            if (code[static_cast<size_t>(b + k)] < 0) continue;
-            (first < 0 ? first : second) = k;
+      for (int64_t b = 0; b < nb; ++b) {
+        const int64_t r = rb + b;
+        const int* cb = code.data() + b * C;
+        int64_t j = 0;
+        for (int64_t c = 0; c < C; ++c) {
+          if (cb[c] < 0) continue;
+          m->codes[static_cast<size_t>(r * kept + j++)] = static_cast<uint8_t>(cb[c]);
+        }
+        if (l.sparse24) {
+          for (int64_t blk = 0; blk < C; blk += 4) {
+            int first = -1, second = -1;
+            for (int k = 0; k < 4; ++k) {
+              if (cb[blk + k] < 0) continue;
+              (first < 0 ? first : second) = k;
+            }
+            m->patterns[static_cast<size_t>(r * (C / 4) + blk / 4)] =
+                static_cast<uint8_t>(delta::Pattern24(first, second));
           }
-          m->patterns[static_cast<size_t>(r * (C / 4) + b / 4)] =
-              static_cast<uint8_t>(delta::Pattern24(first, second));
         }
       }
     }
@@ -164,6 +296,15 @@ void RefineRows(const std::vector<float>& d, const std::vector<double>& h, Unpac
 }
 
 }  // namespace
+
+Result<std::vector<float>> InverseCholeskyUpper(const std::vector<double>& h, int64_t C,
+                                                ThreadPool* pool) {
+  // H = R·Rᵀ with R upper triangular, from the lower Cholesky factor of the reversed matrix
+  // (J·H·J = L·Lᵀ, R = J·L·J); then U = R⁻¹ is the upper Cholesky factor of H⁻¹ (H⁻¹ = UᵀU).
+  std::vector<double> L;
+  CHORUS_RETURN_IF_ERROR(CholeskyOfReversed(h, C, pool, &L));
+  return InverseOfReversedUpper(L, C, pool);
+}
 
 UnpackedMatrix RtnCompress(const std::vector<float>& d, const MatrixLayout& l) {
   UnpackedMatrix m = Empty(l);
@@ -241,45 +382,7 @@ Result<UnpackedMatrix> ObsCompress(const std::vector<float>& d, std::vector<doub
   mean_diag /= static_cast<double>(C);
   for (int64_t i = 0; i < C; ++i) H(i, i) += damp * mean_diag;
 
-  // H = R·Rᵀ with R upper triangular, from the lower Cholesky factor of the reversed matrix
-  // (J·H·J = L·Lᵀ, R = J·L·J); then U = R⁻¹ is the upper Cholesky factor of H⁻¹ (H⁻¹ = UᵀU).
-  std::vector<double> L(static_cast<size_t>(C * C), 0.0);
-  auto Lr = [&](int64_t i, int64_t j) -> double& { return L[static_cast<size_t>(i * C + j)]; };
-  for (int64_t i = 0; i < C; ++i) {
-    for (int64_t j = 0; j <= i; ++j) {
-      double s = H(C - 1 - i, C - 1 - j);
-      const double* li = &Lr(i, 0);
-      const double* lj = &Lr(j, 0);
-      for (int64_t k = 0; k < j; ++k) s -= li[k] * lj[k];
-      if (i == j) {
-        if (!(s > 0)) {
-          return FailedPreconditionError(
-              "the damped Hessian is not positive definite (raise --damp)");
-        }
-        Lr(i, i) = std::sqrt(s);
-      } else {
-        Lr(i, j) = s / Lr(j, j);
-      }
-    }
-  }
-  // R[i][j] = L[C-1-i][C-1-j] (j ≥ i). U = R⁻¹, upper: column by column, bottom up.
-  auto Rv = [&](int64_t i, int64_t j) {
-    return L[static_cast<size_t>((C - 1 - i) * C + (C - 1 - j))];
-  };
-  std::vector<float> U(static_cast<size_t>(C * C), 0.0f);
-  {
-    std::vector<double> col(static_cast<size_t>(C));
-    for (int64_t j = 0; j < C; ++j) {
-      col[static_cast<size_t>(j)] = 1.0 / Rv(j, j);
-      for (int64_t i = j - 1; i >= 0; --i) {
-        double s = 0;
-        for (int64_t k = i + 1; k <= j; ++k) s += Rv(i, k) * col[static_cast<size_t>(k)];
-        col[static_cast<size_t>(i)] = -s / Rv(i, i);
-      }
-      for (int64_t i = 0; i <= j; ++i)
-        U[static_cast<size_t>(i * C + j)] = static_cast<float>(col[static_cast<size_t>(i)]);
-    }
-  }
+  CHORUS_ASSIGN_OR_RETURN(std::vector<float> U, InverseCholeskyUpper(h, C, pool));
 
   UnpackedMatrix m = Empty(l);
   if (l.group_size == 0) {

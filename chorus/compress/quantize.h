@@ -32,6 +32,12 @@ Result<delta::UnpackedMatrix> ObsCompress(const std::vector<float>& d, std::vect
                                           const delta::MatrixLayout& layout, double damp,
                                           ThreadPool* pool, int refine_sweeps = 0);
 
+// The upper Cholesky factor U of H⁻¹ (H⁻¹ = UᵀU) for a symmetric positive definite H [C, C],
+// as floats (ObsCompress's error propagation); kFailedPrecondition when H is not positive
+// definite. Parallel over `pool` (may be null), with the same bits for any number of threads.
+Result<std::vector<float>> InverseCholeskyUpper(const std::vector<double>& h, int64_t C,
+                                                ThreadPool* pool);
+
 // BitDelta's initial form: codes = sign bits, scale = 2·mean |kept Δ| (so values are ±mean|Δ|).
 // Requires layout.bits == 1 and layout.group_size == 0.
 delta::UnpackedMatrix SignCompress(const std::vector<float>& d, const delta::MatrixLayout& layout);

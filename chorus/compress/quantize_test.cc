@@ -133,5 +133,49 @@ TEST(QuantizeTest, ObsMatchesOnePoolOrNone) {
   EXPECT_EQ(a->scales, b->scales);
 }
 
+// H·(UᵀU) = I for a random well-conditioned H wide enough (300 columns) that the
+// factorization runs on the pool, with the same bits as without it.
+TEST(QuantizeTest, InverseCholeskyFactorInvertsTheHessianOnAnyPool) {
+  const int64_t C = 300, n = 600;
+  auto xs = Gaussian(n * C, 31);
+  std::vector<double> h(static_cast<size_t>(C * C), 0);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < C; ++i)
+      for (int64_t j = 0; j < C; ++j)
+        h[static_cast<size_t>(i * C + j)] += static_cast<double>(xs[static_cast<size_t>(t * C + i)]) *
+                                             xs[static_cast<size_t>(t * C + j)] / n;
+  for (int64_t i = 0; i < C; ++i) h[static_cast<size_t>(i * C + i)] += 0.1;
+  ThreadPool pool(2);
+  auto a = InverseCholeskyUpper(h, C, nullptr);
+  auto b = InverseCholeskyUpper(h, C, &pool);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(*a, *b);
+  const std::vector<float>& U = *a;
+  for (int64_t i = 0; i < C; ++i)
+    for (int64_t j = 0; j < i; ++j) ASSERT_EQ(U[static_cast<size_t>(i * C + j)], 0.0f);
+  // M = UᵀU, then (H·M)[i][j] against the identity.
+  std::vector<double> m(static_cast<size_t>(C * C), 0);
+  for (int64_t k = 0; k < C; ++k)
+    for (int64_t i = k; i < C; ++i)
+      for (int64_t j = k; j < C; ++j)
+        m[static_cast<size_t>(i * C + j)] +=
+            static_cast<double>(U[static_cast<size_t>(k * C + i)]) * U[static_cast<size_t>(k * C + j)];
+  double worst = 0;
+  for (int64_t i = 0; i < C; ++i) {
+    for (int64_t j = 0; j < C; ++j) {
+      double s = 0;
+      for (int64_t k = 0; k < C; ++k)
+        s += h[static_cast<size_t>(i * C + k)] * m[static_cast<size_t>(k * C + j)];
+      worst = std::max(worst, std::fabs(s - (i == j ? 1.0 : 0.0)));
+    }
+  }
+  EXPECT_LT(worst, 1e-4);
+
+  std::vector<double> indefinite = h;
+  indefinite[static_cast<size_t>(7 * C + 7)] = -1;
+  EXPECT_EQ(InverseCholeskyUpper(indefinite, C, &pool).status().code(),
+            StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace chorus::compress

@@ -39,12 +39,10 @@ LogitsRunner::LogitsRunner(std::shared_ptr<const model::Model> model, int64_t ma
       pages_((max_ctx + 15) / 16 + 1, LayoutOf(*model, kv_dtype).PageBytes()),
       kv_(LayoutOf(*model, kv_dtype), &pages_) {}
 
-Status LogitsRunner::Run(std::span<const int32_t> tokens, int64_t from,
-                         const model::LinearHook* hook, ThreadPool* pool,
-                         std::vector<float>* logits) {
+Status LogitsRunner::CheckTokens(std::span<const int32_t> tokens) const {
   const int64_t n = static_cast<int64_t>(tokens.size());
   const auto& c = model_->config();
-  if (n < 1 || n > max_ctx_ || n > c.max_seq_len || from < 0 || from >= n) {
+  if (n < 1 || n > max_ctx_ || n > c.max_seq_len) {
     return InvalidArgumentError("eval: a sequence of " + std::to_string(n) +
                                 " tokens does not fit (context " +
                                 std::to_string(std::min(max_ctx_, c.max_seq_len)) + ")");
@@ -53,6 +51,57 @@ Status LogitsRunner::Run(std::span<const int32_t> tokens, int64_t from,
     if (t < 0 || t >= c.vocab_size)
       return InvalidArgumentError("eval: token id " + std::to_string(t) +
                                   " is outside the vocabulary");
+  }
+  return OkStatus();
+}
+
+Status LogitsRunner::RunLayers(std::span<const int32_t> tokens, int64_t first_layer,
+                               int64_t end_layer, const float* residual_in, float* residual_out,
+                               const model::LinearHook* hook, ThreadPool* pool) {
+  CHORUS_RETURN_IF_ERROR(CheckTokens(tokens));
+  const auto& c = model_->config();
+  if (first_layer < 0 || first_layer > end_layer || end_layer > c.n_layers ||
+      (residual_in == nullptr && first_layer != 0)) {
+    return InvalidArgumentError("eval: layers [" + std::to_string(first_layer) + ", " +
+                                std::to_string(end_layer) + ") of " +
+                                std::to_string(c.n_layers) + " (a slice after layer 0 needs "
+                                "its input)");
+  }
+  const int64_t n = static_cast<int64_t>(tokens.size()), d = c.n_embd;
+  std::vector<int32_t> table;
+  CHORUS_RETURN_IF_ERROR(kv_.Reserve(&table, n));
+  std::vector<int32_t> pos, seq;
+  const int32_t* tables[1] = {table.data()};
+  for (int64_t start = 0; start < n; start += max_rows_) {
+    const int64_t rows = std::min(max_rows_, n - start);
+    pos.resize(static_cast<size_t>(rows));
+    seq.assign(static_cast<size_t>(rows), 0);
+    for (int64_t i = 0; i < rows; ++i) pos[static_cast<size_t>(i)] = static_cast<int32_t>(start + i);
+    model::StepInput in;
+    in.tokens = tokens.subspan(static_cast<size_t>(start), static_cast<size_t>(rows));
+    in.positions = pos;
+    in.seq = seq;
+    in.block_tables = std::span<const int32_t* const>(tables, 1);
+    in.hook = hook;
+    in.first_layer = first_layer;
+    in.end_layer = end_layer;
+    in.residual_in = residual_in != nullptr ? residual_in + start * d : nullptr;
+    in.residual_out = residual_out + start * d;
+    forward_.Run(in, &kv_, pool, nullptr);
+  }
+  kv_.Release(&table);
+  return OkStatus();
+}
+
+Status LogitsRunner::Run(std::span<const int32_t> tokens, int64_t from,
+                         const model::LinearHook* hook, ThreadPool* pool,
+                         std::vector<float>* logits) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const auto& c = model_->config();
+  CHORUS_RETURN_IF_ERROR(CheckTokens(tokens));
+  if (from < 0 || from >= n) {
+    return InvalidArgumentError("eval: logits from position " + std::to_string(from) +
+                                " of a sequence of " + std::to_string(n) + " tokens");
   }
   std::vector<int32_t> table;
   CHORUS_RETURN_IF_ERROR(kv_.Reserve(&table, n));

@@ -42,7 +42,16 @@ class LogitsRunner {
   Status Run(std::span<const int32_t> tokens, int64_t from, const model::LinearHook* hook,
              ThreadPool* pool, std::vector<float>* logits);
 
+  // Runs only layers [first_layer, end_layer) over the sequence (model::StepInput's slice):
+  // `residual_in` [tokens.size(), n_embd] is the residual stream entering first_layer (null =
+  // the embeddings, first_layer 0); the stream leaving the slice is written to residual_out.
+  Status RunLayers(std::span<const int32_t> tokens, int64_t first_layer, int64_t end_layer,
+                   const float* residual_in, float* residual_out, const model::LinearHook* hook,
+                   ThreadPool* pool);
+
  private:
+  Status CheckTokens(std::span<const int32_t> tokens) const;
+
   std::shared_ptr<const model::Model> model_;
   int64_t max_ctx_, max_rows_;
   model::Forward forward_;

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <random>
 
+#include "chorus/kernels/matmul.h"
+#include "chorus/kernels/ops.h"
 #include "chorus/model/synthetic.h"
 
 namespace chorus::eval {
@@ -105,6 +107,42 @@ TEST(EvalTest, LogitsDoNotDependOnTheStepSize) {
   ASSERT_TRUE(b.Run(tokens, 40, nullptr, &pool, &lb).ok());
   ASSERT_EQ(la.size(), lb.size());
   for (size_t i = 0; i < la.size(); ++i) ASSERT_NEAR(la[i], lb[i], 1e-4f * (1 + std::fabs(la[i])));
+}
+
+// A slice of the layers computes what the same layers compute inside a whole pass: slices of
+// one layer each compose to the whole stack bit for bit, and the final norm and output head on
+// the stack's residual stream give the whole pass's logits bit for bit.
+TEST(EvalTest, LayerSlicesComposeToTheWholePass) {
+  auto m = Tiny(3);
+  const auto& c = m->config();
+  ASSERT_GE(c.n_layers, 2);
+  const int64_t n = 37, d = c.n_embd;
+  auto tokens = RandomTokens(n, c.vocab_size, 9);
+  ThreadPool pool(2);
+  LogitsRunner runner(m, n, 16);  // steps of 16 rows: slices cross step boundaries too
+  std::vector<float> whole(static_cast<size_t>(n * d)), sliced(whole.size()), next(whole.size());
+  ASSERT_TRUE(runner.RunLayers(tokens, 0, c.n_layers, nullptr, whole.data(), nullptr, &pool).ok());
+  ASSERT_TRUE(runner.RunLayers(tokens, 0, 0, nullptr, sliced.data(), nullptr, &pool).ok());
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    ASSERT_TRUE(
+        runner.RunLayers(tokens, l, l + 1, sliced.data(), next.data(), nullptr, &pool).ok());
+    sliced.swap(next);
+  }
+  ASSERT_EQ(whole, sliced);
+
+  std::vector<float> logits, normed(whole.size()), head(static_cast<size_t>(n * c.vocab_size));
+  ASSERT_TRUE(runner.Run(tokens, 0, nullptr, &pool, &logits).ok());
+  kernels::RmsNorm(whole.data(), static_cast<const float*>(m->weights().output_norm.data()), n, d,
+                   c.norm_eps, normed.data());
+  kernels::MatMul(m->weights().output, normed.data(), d, n, head.data(), c.vocab_size, false, &pool);
+  ASSERT_EQ(logits, head);
+
+  // A slice after layer 0 needs its input; layers past the model are refused.
+  EXPECT_EQ(runner.RunLayers(tokens, 1, 2, nullptr, next.data(), nullptr, &pool).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(runner.RunLayers(tokens, 0, c.n_layers + 1, nullptr, next.data(), nullptr, &pool)
+                .code(),
+            StatusCode::kInvalidArgument);
 }
 
 }  // namespace

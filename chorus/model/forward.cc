@@ -298,15 +298,26 @@ void Forward::Run(const StepInput& in, memory::KvCache* kv, ThreadPool* pool, fl
   const int64_t d = c.n_embd, qd = c.q_dim(), kvd = c.kv_dim(), ff = c.n_ff;
   const int64_t block = kv->layout().block_size;
 
-  // Embedding lookup (rows of any dtype are decoded to f32).
-  const TensorView& emb = w.tok_embd.view();
-  for (int64_t i = 0; i < n; ++i) {
-    DequantizeRow(emb.dtype, emb.Row(in.tokens[static_cast<size_t>(i)]), x_.data() + i * d, d);
-  }
-  if (in.hook != nullptr) in.hook->AdjustEmbeddings(in.tokens, x_.data(), d);
-  if (c.embed_scale) {  // Gemma: the embedding times √n_embd, rounded to f32 as HF does
-    const float s = static_cast<float>(std::sqrt(static_cast<double>(d)));
-    for (int64_t j = 0; j < n * d; ++j) x_[static_cast<size_t>(j)] *= s;
+  const int64_t first_layer = in.first_layer;
+  const int64_t end_layer = in.end_layer < 0 ? c.n_layers : in.end_layer;
+  CHORUS_CHECK(0 <= first_layer && first_layer <= end_layer && end_layer <= c.n_layers)
+      << "layers [" << first_layer << ", " << end_layer << ") of " << c.n_layers;
+  CHORUS_CHECK(in.residual_in != nullptr || first_layer == 0) << "a slice from layer "
+                                                               << first_layer << " needs its input";
+  CHORUS_CHECK(in.residual_out == nullptr || (in.logit_rows.empty() && in.hidden_rows.empty()));
+  if (in.residual_in != nullptr) {
+    std::copy(in.residual_in, in.residual_in + n * d, x_.begin());
+  } else {
+    // Embedding lookup (rows of any dtype are decoded to f32).
+    const TensorView& emb = w.tok_embd.view();
+    for (int64_t i = 0; i < n; ++i) {
+      DequantizeRow(emb.dtype, emb.Row(in.tokens[static_cast<size_t>(i)]), x_.data() + i * d, d);
+    }
+    if (in.hook != nullptr) in.hook->AdjustEmbeddings(in.tokens, x_.data(), d);
+    if (c.embed_scale) {  // Gemma: the embedding times √n_embd, rounded to f32 as HF does
+      const float s = static_cast<float>(std::sqrt(static_cast<double>(d)));
+      for (int64_t j = 0; j < n * d; ++j) x_[static_cast<size_t>(j)] *= s;
+    }
   }
   const std::span<const int32_t> all_rows(step_rows_.data(), static_cast<size_t>(n));
   // The RMSNorm of every row, then the rows whose variant has its own weight for it.
@@ -351,7 +362,7 @@ void Forward::Run(const StepInput& in, memory::KvCache* kv, ThreadPool* pool, fl
     }
   };
 
-  for (int64_t l = 0; l < c.n_layers; ++l) {
+  for (int64_t l = first_layer; l < end_layer; ++l) {
     const LayerWeights& lw = w.layers[static_cast<size_t>(l)];
     // Attention block.
     norm(l, LinearHook::Norm::kAttn, lw.attn_norm);
@@ -402,6 +413,10 @@ void Forward::Run(const StepInput& in, memory::KvCache* kv, ThreadPool* pool, fl
                        c.norm_eps, xb_.data());
     }
     kernels::Add(x_.data(), xb_.data(), n * d);
+  }
+  if (in.residual_out != nullptr) {
+    std::copy(x_.begin(), x_.begin() + n * d, in.residual_out);
+    return;
   }
 
   // The final norm of `rows` into out [rows.size(), d], with the variant's adjustment: the

@@ -93,6 +93,16 @@ struct StepInput {
   // Rows whose final-normed hidden states are wanted (embeddings), in output order: the input
   // of the output head, with the variant's output-norm adjustment, as the logit rows get it.
   std::span<const int32_t> hidden_rows = {};
+  // A slice of the layers, [first_layer, end_layer) (end_layer −1 = to the last), for ΔCompress's
+  // layer-by-layer calibration (chorus/compress): with `residual_in` [n_rows, n_embd] the rows
+  // enter first_layer with these residual-stream values instead of their embeddings; with
+  // `residual_out` the residual stream after the slice is written there and nothing follows
+  // (no final norm, no logits: logit_rows and hidden_rows must be empty). A slice computes
+  // exactly what the same layers compute inside a whole pass.
+  int64_t first_layer = 0;
+  int64_t end_layer = -1;
+  const float* residual_in = nullptr;
+  float* residual_out = nullptr;
 };
 
 class Forward {
