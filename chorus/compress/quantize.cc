@@ -48,10 +48,28 @@ void ForRows(ThreadPool* pool, int64_t rows, int64_t align,
   });
 }
 
+// y[i] += a·x[i]: the inner loops of the local search (g's initial product and every accepted
+// move), of the inverse and of OBS's error propagation.
+// Built once per vector width (GCC's target_clones: AVX-512, AVX2, baseline, chosen by the CPU at
+// load time); each element is one product and one sum, never fused (this file is built with
+// -ffp-contract=off), so every clone gives the same bits.
+__attribute__((target_clones("avx512f", "avx2", "default"))) void AddScaled(double* y,
+                                                                            const double* x,
+                                                                            double a, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+__attribute__((target_clones("avx512f", "avx2", "default"))) void AddScaledF(float* y,
+                                                                             const float* x,
+                                                                             float a, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
 // Σ a[k]·b[k] in one fixed order — 8 interleaved partial sums (which the compiler keeps in
 // vector lanes), then the partials pairwise — so a value does not depend on the thread that
 // computes it.
-double Dot(const double* a, const double* b, int64_t n) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) double Dot(const double* a,
+                                                                         const double* b,
+                                                                         int64_t n) {
   double p[8] = {};
   int64_t k = 0;
   for (; k + 8 <= n; k += 8)
@@ -120,17 +138,14 @@ std::vector<float> InverseOfReversedUpper(const std::vector<double>& L, int64_t 
         const double* uk = Ud.data() + k * C;
         const int64_t a = std::max(j0, k);
         for (int64_t i = lo; i < hi; ++i) {
-          const double r = R(i, k);
-          double* ui = Ud.data() + i * C;
-          for (int64_t j = a; j < j1; ++j) ui[j] += r * uk[j];
+          if (a < j1) AddScaled(Ud.data() + i * C + a, uk + a, R(i, k), j1 - a);
         }
       }
       for (int64_t i = hi - 1; i >= lo; --i) {
         double* ui = Ud.data() + i * C;
         for (int64_t k = hi - 1; k > i; --k) {  // rows of the block below i, final by now
-          const double r = R(i, k);
-          const double* uk = Ud.data() + k * C;
-          for (int64_t j = std::max(j0, k); j < j1; ++j) ui[j] += r * uk[j];
+          const int64_t a = std::max(j0, k);
+          if (a < j1) AddScaled(ui + a, Ud.data() + k * C + a, R(i, k), j1 - a);
         }
         const double inv = 1.0 / R(i, i);
         for (int64_t j = std::max(j0, i + 1); j < j1; ++j) ui[j] *= -inv;
@@ -189,8 +204,7 @@ void RefineRows(const std::vector<float>& d, const std::vector<double>& h, Unpac
         for (int64_t b = 0; b < nb; ++b) {
           const double ek = e[static_cast<size_t>(b * C + k)];
           if (ek == 0) continue;
-          double* gb = g.data() + b * C;
-          for (int64_t c = 0; c < C; ++c) gb[c] += ek * hk[c];
+          AddScaled(g.data() + b * C, hk, ek, C);
         }
       }
       // Best grid value for column c of row r when gc is its gradient term and cur its value.
@@ -203,9 +217,7 @@ void RefineRows(const std::vector<float>& d, const std::vector<double>& h, Unpac
       auto move = [&](int64_t b, int64_t c, double dv) {
         v[static_cast<size_t>(b * C + c)] += dv;
         e[static_cast<size_t>(b * C + c)] -= dv;
-        const double* hc = h.data() + c * C;
-        double* gb = g.data() + b * C;
-        for (int64_t k = 0; k < C; ++k) gb[k] -= dv * hc[k];
+        AddScaled(g.data() + b * C, h.data() + c * C, -dv, C);  // g −= dv·H[c], the same bits
       };
       for (int sweep = 0; sweep < sweeps; ++sweep) {
         std::fill(changed.begin(), changed.end(), 0);
@@ -434,8 +446,8 @@ Result<UnpackedMatrix> ObsCompress(const std::vector<float>& d, std::vector<doub
         }
         for (int64_t b = 0; b < nb; ++b) {
           float* wr = w.data() + (rb + b) * C;
-          const float e = err[static_cast<size_t>(b)];
-          for (int64_t j = i + 1; j < C; ++j) wr[j] -= e * u[j];
+          // w −= e·u over the columns not yet processed (the same bits as a subtraction).
+          AddScaledF(wr + i + 1, u + i + 1, -err[static_cast<size_t>(b)], C - i - 1);
         }
       }
     }
