@@ -194,7 +194,8 @@ void DenseDeltaHook::Apply(int64_t layer, Linear which, const float* x, int64_t 
     // transposed (f32 over the step's ≤ max_rows rows), then added into H in double.
     xt_.resize(static_cast<size_t>(in * n_rows));
     for (int64_t r = 0; r < n_rows; ++r)
-      for (int64_t i = 0; i < in; ++i) xt_[static_cast<size_t>(i * n_rows + r)] = x[r * x_stride + i];
+      for (int64_t i = 0; i < in; ++i)
+        xt_[static_cast<size_t>(i * n_rows + r)] = x[r * x_stride + i];
     const Tensor xt(TensorView{DType::kF32, {in, n_rows}, xt_.data()}, nullptr);
     auto packed = kernels::PackedWeight::Pack(xt);
     CHORUS_CHECK(packed.ok()) << packed.status().message();
@@ -220,7 +221,8 @@ void DenseDeltaHook::Apply(int64_t layer, Linear which, const float* x, int64_t 
   scaled_.resize(static_cast<size_t>(n_rows * out));
   kernels::MatMul(packed_[k], x, x_stride, n_rows, scaled_.data(), out, /*accumulate=*/false, pool);
   for (int64_t r = 0; r < n_rows; ++r)
-    for (int64_t o = 0; o < out; ++o) y[r * y_stride + o] += s * scaled_[static_cast<size_t>(r * out + o)];
+    for (int64_t o = 0; o < out; ++o)
+      y[r * y_stride + o] += s * scaled_[static_cast<size_t>(r * out + o)];
 }
 
 Result<delta::Delta> CompressDelta(std::shared_ptr<const model::Model> base,
@@ -383,8 +385,8 @@ Result<delta::Delta> CompressDelta(std::shared_ptr<const model::Model> base,
         int64_t n = 0;
         hook.Capture(l, g[0], &h, &n);
         for (size_t s = 0; s < seqs.size(); ++s) {
-          CHORUS_RETURN_IF_ERROR(runner.RunLayers(seqs[s], l, l + 1, stream[s].data(),
-                                                  scratch.data(), &hook, pool));
+          CHORUS_RETURN_IF_ERROR(
+              runner.RunLayers(seqs[s], l, l + 1, stream[s].data(), scratch.data(), &hook, pool));
         }
         hook.StopCapture();
         for (double& v : h) v /= static_cast<double>(std::max<int64_t>(n, 1));
@@ -402,10 +404,9 @@ Result<delta::Delta> CompressDelta(std::shared_ptr<const model::Model> base,
       // The stream leaving layer l with all of its deltas, the next layer's input; layer l's
       // deltas are then in the stream and no longer needed by the hook.
       for (size_t s = 0; s < seqs.size(); ++s) {
-        CHORUS_RETURN_IF_ERROR(runner.RunLayers(seqs[s], l, l + 1, stream[s].data(),
-                                                scratch.data(), &hook, pool));
-        std::copy(scratch.begin(),
-                  scratch.begin() + static_cast<std::ptrdiff_t>(stream[s].size()),
+        CHORUS_RETURN_IF_ERROR(
+            runner.RunLayers(seqs[s], l, l + 1, stream[s].data(), scratch.data(), &hook, pool));
+        std::copy(scratch.begin(), scratch.begin() + static_cast<std::ptrdiff_t>(stream[s].size()),
                   stream[s].begin());
       }
       for (int w = 0; w < model::kNumLinears; ++w) hook.Set(l, static_cast<Linear>(w), {});

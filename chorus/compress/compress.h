@@ -80,7 +80,7 @@ class DenseDeltaHook : public model::LinearHook {
  private:
   model::ModelConfig config_;
   std::vector<std::shared_ptr<std::vector<float>>> d_;  // [n_layers × kNumLinears]
-  std::vector<kernels::PackedWeight> packed_;          // f32 views of d_, used in place
+  std::vector<kernels::PackedWeight> packed_;           // f32 views of d_, used in place
   std::vector<float> scale_;
   mutable std::vector<float> xt_, xtx_, scaled_;  // Apply's scratch
   int64_t cap_layer_ = -1;

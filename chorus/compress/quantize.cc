@@ -68,8 +68,8 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void AddScaledF(flo
 // vector lanes), then the partials pairwise — so a value does not depend on the thread that
 // computes it.
 __attribute__((target_clones("avx512f", "avx2", "default"))) double Dot(const double* a,
-                                                                         const double* b,
-                                                                         int64_t n) {
+                                                                        const double* b,
+                                                                        int64_t n) {
   double p[8] = {};
   int64_t k = 0;
   for (; k + 8 <= n; k += 8)
@@ -101,7 +101,9 @@ Status CholeskyOfReversed(const std::vector<double>& h, int64_t C, ThreadPool* p
                           std::vector<double>* out) {
   std::vector<double>& L = *out;
   L.assign(static_cast<size_t>(C * C), 0.0);
-  auto A = [&](int64_t i, int64_t j) { return h[static_cast<size_t>((C - 1 - i) * C + (C - 1 - j))]; };
+  auto A = [&](int64_t i, int64_t j) {
+    return h[static_cast<size_t>((C - 1 - i) * C + (C - 1 - j))];
+  };
   for (int64_t j = 0; j < C; ++j) {
     const double* lj = L.data() + j * C;
     const double s = A(j, j) - Dot(lj, lj, j);
@@ -127,7 +129,9 @@ Status CholeskyOfReversed(const std::vector<double>& h, int64_t C, ThreadPool* p
 // order whatever the threads.
 std::vector<float> InverseOfReversedUpper(const std::vector<double>& L, int64_t C,
                                           ThreadPool* pool) {
-  auto R = [&](int64_t i, int64_t k) { return L[static_cast<size_t>((C - 1 - i) * C + (C - 1 - k))]; };
+  auto R = [&](int64_t i, int64_t k) {
+    return L[static_cast<size_t>((C - 1 - i) * C + (C - 1 - k))];
+  };
   std::vector<double> Ud(static_cast<size_t>(C * C), 0.0);
   constexpr int64_t kRows = 4;
   for (int64_t top_end = C; top_end > 0; top_end -= kRows) {

@@ -142,8 +142,9 @@ TEST(QuantizeTest, InverseCholeskyFactorInvertsTheHessianOnAnyPool) {
   for (int64_t t = 0; t < n; ++t)
     for (int64_t i = 0; i < C; ++i)
       for (int64_t j = 0; j < C; ++j)
-        h[static_cast<size_t>(i * C + j)] += static_cast<double>(xs[static_cast<size_t>(t * C + i)]) *
-                                             xs[static_cast<size_t>(t * C + j)] / n;
+        h[static_cast<size_t>(i * C + j)] +=
+            static_cast<double>(xs[static_cast<size_t>(t * C + i)]) *
+            xs[static_cast<size_t>(t * C + j)] / n;
   for (int64_t i = 0; i < C; ++i) h[static_cast<size_t>(i * C + i)] += 0.1;
   ThreadPool pool(2);
   auto a = InverseCholeskyUpper(h, C, nullptr);
@@ -159,7 +160,8 @@ TEST(QuantizeTest, InverseCholeskyFactorInvertsTheHessianOnAnyPool) {
     for (int64_t i = k; i < C; ++i)
       for (int64_t j = k; j < C; ++j)
         m[static_cast<size_t>(i * C + j)] +=
-            static_cast<double>(U[static_cast<size_t>(k * C + i)]) * U[static_cast<size_t>(k * C + j)];
+            static_cast<double>(U[static_cast<size_t>(k * C + i)]) *
+            U[static_cast<size_t>(k * C + j)];
   double worst = 0;
   for (int64_t i = 0; i < C; ++i) {
     for (int64_t j = 0; j < C; ++j) {

@@ -63,8 +63,8 @@ Status LogitsRunner::RunLayers(std::span<const int32_t> tokens, int64_t first_la
   if (first_layer < 0 || first_layer > end_layer || end_layer > c.n_layers ||
       (residual_in == nullptr && first_layer != 0)) {
     return InvalidArgumentError("eval: layers [" + std::to_string(first_layer) + ", " +
-                                std::to_string(end_layer) + ") of " +
-                                std::to_string(c.n_layers) + " (a slice after layer 0 needs "
+                                std::to_string(end_layer) + ") of " + std::to_string(c.n_layers) +
+                                " (a slice after layer 0 needs "
                                 "its input)");
   }
   const int64_t n = static_cast<int64_t>(tokens.size()), d = c.n_embd;
@@ -76,7 +76,8 @@ Status LogitsRunner::RunLayers(std::span<const int32_t> tokens, int64_t first_la
     const int64_t rows = std::min(max_rows_, n - start);
     pos.resize(static_cast<size_t>(rows));
     seq.assign(static_cast<size_t>(rows), 0);
-    for (int64_t i = 0; i < rows; ++i) pos[static_cast<size_t>(i)] = static_cast<int32_t>(start + i);
+    for (int64_t i = 0; i < rows; ++i)
+      pos[static_cast<size_t>(i)] = static_cast<int32_t>(start + i);
     model::StepInput in;
     in.tokens = tokens.subspan(static_cast<size_t>(start), static_cast<size_t>(rows));
     in.positions = pos;

@@ -134,15 +134,16 @@ TEST(EvalTest, LayerSlicesComposeToTheWholePass) {
   ASSERT_TRUE(runner.Run(tokens, 0, nullptr, &pool, &logits).ok());
   kernels::RmsNorm(whole.data(), static_cast<const float*>(m->weights().output_norm.data()), n, d,
                    c.norm_eps, normed.data());
-  kernels::MatMul(m->weights().output, normed.data(), d, n, head.data(), c.vocab_size, false, &pool);
+  kernels::MatMul(m->weights().output, normed.data(), d, n, head.data(), c.vocab_size, false,
+                  &pool);
   ASSERT_EQ(logits, head);
 
   // A slice after layer 0 needs its input; layers past the model are refused.
   EXPECT_EQ(runner.RunLayers(tokens, 1, 2, nullptr, next.data(), nullptr, &pool).code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(runner.RunLayers(tokens, 0, c.n_layers + 1, nullptr, next.data(), nullptr, &pool)
-                .code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      runner.RunLayers(tokens, 0, c.n_layers + 1, nullptr, next.data(), nullptr, &pool).code(),
+      StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -302,8 +302,8 @@ void Forward::Run(const StepInput& in, memory::KvCache* kv, ThreadPool* pool, fl
   const int64_t end_layer = in.end_layer < 0 ? c.n_layers : in.end_layer;
   CHORUS_CHECK(0 <= first_layer && first_layer <= end_layer && end_layer <= c.n_layers)
       << "layers [" << first_layer << ", " << end_layer << ") of " << c.n_layers;
-  CHORUS_CHECK(in.residual_in != nullptr || first_layer == 0) << "a slice from layer "
-                                                               << first_layer << " needs its input";
+  CHORUS_CHECK(in.residual_in != nullptr || first_layer == 0)
+      << "a slice from layer " << first_layer << " needs its input";
   CHORUS_CHECK(in.residual_out == nullptr || (in.logit_rows.empty() && in.hidden_rows.empty()));
   if (in.residual_in != nullptr) {
     std::copy(in.residual_in, in.residual_in + n * d, x_.begin());
