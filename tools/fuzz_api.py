@@ -28,10 +28,12 @@ import re
 import socket
 import subprocess
 import sys
-import shutil
 import tempfile
 import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from soak import add_keep_work_flag, finish_work_dir  # noqa: E402
 
 ROUTES_GET = ["/health", "/metrics", "/v1/models", "/v1/models/", "/v1/models/{m}"]
 GEN_ROUTES = ["/v1/completions", "/v1/chat/completions"]
@@ -649,15 +651,6 @@ def metric(text, name):
     return float(m.group(1)) if m else None
 
 
-def finish_work_dir(work, passed, keep):
-    """Removes the run's temporary work directory after a passing run (each run makes one, and
-    CI and soak loops would fill /tmp with them); a failing run keeps it, for its server log."""
-    if passed and not keep:
-        shutil.rmtree(work, ignore_errors=True)
-    else:
-        print("work directory kept: %s" % work, flush=True)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--chorus", required=True)
@@ -667,9 +660,7 @@ def main():
     ap.add_argument("--out", default="")
     ap.add_argument("--tenants", action="store_true",
                     help="serve two tenants (--tenants FILE); requests carry their keys or bad ones")
-    ap.add_argument("--keep-work", action="store_true",
-                    help="keep the work directory (server log, registry, adapters) after a "
-                    "passing run; a failing run always keeps it")
+    add_keep_work_flag(ap)
     a = ap.parse_args()
     if a.requests < 1 or a.workers < 1:
         ap.error("--requests and --workers must be positive")

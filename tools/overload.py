@@ -42,13 +42,13 @@ import signal
 import statistics
 import subprocess
 import sys
-import shutil
 import tempfile
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from soak import launch_server, local_get, metric, pct, rss_kib, wait_healthy  # noqa: E402
+from soak import (add_keep_work_flag, finish_work_dir, launch_server, local_get, metric,  # noqa: E402
+                  pct, rss_kib, wait_healthy)
 
 
 class Server:
@@ -183,15 +183,6 @@ class Client:
                                  "end": time.monotonic()})
 
 
-def finish_work_dir(work, passed, keep):
-    """Removes the run's temporary work directory after a passing run (each run makes one, and
-    CI and soak loops would fill /tmp with them); a failing run keeps it, for its server log."""
-    if passed and not keep:
-        shutil.rmtree(work, ignore_errors=True)
-    else:
-        print("work directory kept: %s" % work, flush=True)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--chorus", required=True)
@@ -220,9 +211,7 @@ def main():
     ap.add_argument("--serve-arg", action="append", default=[], help="extra chorus serve flag")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default="")
-    ap.add_argument("--keep-work", action="store_true",
-                    help="keep the work directory (server log, registry, adapters) after a "
-                    "passing run; a failing run always keeps it")
+    add_keep_work_flag(ap)
     a = ap.parse_args()
     if a.seconds <= 0 or a.factor <= 0 or a.probes < 1:
         ap.error("--seconds, --factor and --probes must be positive")

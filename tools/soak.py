@@ -42,11 +42,11 @@ import multiprocessing
 import os
 import random
 import re
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
-import shutil
 import tempfile
 import threading
 import time
@@ -713,6 +713,12 @@ def kib_mib(x):
     return None if x is None else round(x / 1024, 1)
 
 
+def add_keep_work_flag(ap):
+    ap.add_argument("--keep-work", action="store_true",
+                    help="keep the work directory (server log, registry, adapters) after a "
+                    "passing run; a failing run always keeps it")
+
+
 def finish_work_dir(work, passed, keep):
     """Removes the run's temporary work directory after a passing run (each run makes one, and
     CI and soak loops would fill /tmp with them); a failing run keeps it, for its server log."""
@@ -768,9 +774,7 @@ def main():
     ap.add_argument("--out", default="", help="directory for summary.json, windows.csv, "
                     "samples.csv, requests.csv, events.csv (churn calls and SIGHUPs)")
     ap.add_argument("--plot", action="store_true", help="with --out: samples.png via tools/plot.py")
-    ap.add_argument("--keep-work", action="store_true",
-                    help="keep the work directory (server log, registry, adapters) after a "
-                    "passing run; a failing run always keeps it")
+    add_keep_work_flag(ap)
     a = ap.parse_args()
     if a.duration <= 0 or a.window <= 0 or a.concurrency < 1 or a.adapters < 1:
         ap.error("--duration, --window, --concurrency and --adapters must be positive")
