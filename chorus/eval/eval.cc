@@ -64,8 +64,7 @@ Status LogitsRunner::RunLayers(std::span<const int32_t> tokens, int64_t first_la
       (residual_in == nullptr && first_layer != 0)) {
     return InvalidArgumentError("eval: layers [" + std::to_string(first_layer) + ", " +
                                 std::to_string(end_layer) + ") of " + std::to_string(c.n_layers) +
-                                " (a slice after layer 0 needs "
-                                "its input)");
+                                " (a slice after layer 0 needs its input)");
   }
   const int64_t n = static_cast<int64_t>(tokens.size()), d = c.n_embd;
   std::vector<int32_t> table;
