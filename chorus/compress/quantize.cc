@@ -4,6 +4,8 @@
 #include <cmath>
 #include <functional>
 
+#include "chorus/kernels/dispatch.h"
+
 namespace chorus::compress {
 namespace {
 
@@ -48,28 +50,20 @@ void ForRows(ThreadPool* pool, int64_t rows, int64_t align,
   });
 }
 
-// y[i] += a·x[i]: the inner loops of the local search (g's initial product and every accepted
-// move), of the inverse and of OBS's error propagation.
-// Built once per vector width (GCC's target_clones: AVX-512, AVX2, baseline, chosen by the CPU at
-// load time); each element is one product and one sum, never fused (this file is built with
-// -ffp-contract=off), so every clone gives the same bits.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void AddScaled(double* y,
-                                                                            const double* x,
-                                                                            double a, int64_t n) {
+// The inner loops of the local search (g's initial product and every accepted move), of the
+// inverse and of OBS's error propagation, and the Cholesky's dot products, compiled for each
+// vector width and picked by kernels::ActiveIsa() (GCC's target_clones would do the same through
+// an ifunc resolver, which crashes a ThreadSanitizer build before main). Each element is one
+// product and one sum, never fused (this file is built with -ffp-contract=off), and Dot's eight
+// partial sums are spelled out, so every width gives the same bits.
+template <class T>
+[[gnu::always_inline]] inline void AddScaledBody(T* y, const T* x, T a, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
-__attribute__((target_clones("avx512f", "avx2", "default"))) void AddScaledF(float* y,
-                                                                             const float* x,
-                                                                             float a, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
-}
-
 // Σ a[k]·b[k] in one fixed order — 8 interleaved partial sums (which the compiler keeps in
 // vector lanes), then the partials pairwise — so a value does not depend on the thread that
 // computes it.
-__attribute__((target_clones("avx512f", "avx2", "default"))) double Dot(const double* a,
-                                                                        const double* b,
-                                                                        int64_t n) {
+[[gnu::always_inline]] inline double DotBody(const double* a, const double* b, int64_t n) {
   double p[8] = {};
   int64_t k = 0;
   for (; k + 8 <= n; k += 8)
@@ -77,6 +71,47 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) double Dot(const do
   for (int u = 0; k < n; ++k, ++u) p[u] += a[k] * b[k];
   return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
 }
+
+struct RowOps {
+  void (*add_scaled)(double*, const double*, double, int64_t);
+  void (*add_scaled_f)(float*, const float*, float, int64_t);
+  double (*dot)(const double*, const double*, int64_t);
+};
+template <class T>
+[[gnu::target("avx512f")]] void AddScaled512(T* y, const T* x, T a, int64_t n) {
+  AddScaledBody(y, x, a, n);
+}
+[[gnu::target("avx512f")]] double Dot512(const double* a, const double* b, int64_t n) {
+  return DotBody(a, b, n);
+}
+template <class T>
+[[gnu::target("avx2")]] void AddScaled256(T* y, const T* x, T a, int64_t n) {
+  AddScaledBody(y, x, a, n);
+}
+[[gnu::target("avx2")]] double Dot256(const double* a, const double* b, int64_t n) {
+  return DotBody(a, b, n);
+}
+template <class T>
+void AddScaledBase(T* y, const T* x, T a, int64_t n) {
+  AddScaledBody(y, x, a, n);
+}
+double DotBase(const double* a, const double* b, int64_t n) { return DotBody(a, b, n); }
+
+RowOps Ops() {
+  switch (kernels::ActiveIsa()) {
+    case kernels::IsaLevel::kScalar:
+      return {AddScaledBase<double>, AddScaledBase<float>, DotBase};
+    case kernels::IsaLevel::kAvx2:
+      return {AddScaled256<double>, AddScaled256<float>, Dot256};
+    default:
+      return {AddScaled512<double>, AddScaled512<float>, Dot512};
+  }
+}
+
+// y[i] += a·x[i].
+void AddScaled(double* y, const double* x, double a, int64_t n) { Ops().add_scaled(y, x, a, n); }
+void AddScaledF(float* y, const float* x, float a, int64_t n) { Ops().add_scaled_f(y, x, a, n); }
+double Dot(const double* a, const double* b, int64_t n) { return Ops().dot(a, b, n); }
 
 // fn(b, e) over slices of [begin, end) on the pool's threads (inline when the range is short).
 void ForRange(ThreadPool* pool, int64_t begin, int64_t end,

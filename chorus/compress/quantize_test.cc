@@ -5,6 +5,8 @@
 #include <cmath>
 #include <random>
 
+#include "chorus/kernels/dispatch.h"
+
 namespace chorus::compress {
 namespace {
 
@@ -177,6 +179,38 @@ TEST(QuantizeTest, InverseCholeskyFactorInvertsTheHessianOnAnyPool) {
   indefinite[static_cast<size_t>(7 * C + 7)] = -1;
   EXPECT_EQ(InverseCholeskyUpper(indefinite, C, &pool).status().code(),
             StatusCode::kFailedPrecondition);
+}
+
+// The row loops run at the CPU's vector width (kernels::ActiveIsa); every level gives the same
+// codes, patterns and scales, on a matrix wide enough for the parallel paths.
+TEST(QuantizeTest, ObsGivesTheSameBitsAtEveryIsaLevel) {
+  const int64_t rows = 24, cols = 320, n = 400;
+  auto d = Gaussian(rows * cols, 41, 0.02f);
+  auto xs = Gaussian(n * cols, 42);
+  std::vector<double> h(static_cast<size_t>(cols * cols), 0);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < cols; ++i)
+      for (int64_t j = 0; j < cols; ++j)
+        h[static_cast<size_t>(i * cols + j)] +=
+            xs[static_cast<size_t>(t * cols + i)] * xs[static_cast<size_t>(t * cols + j)];
+  MatrixLayout l{.rows = rows, .cols = cols, .bits = 2, .sparse24 = true, .group_size = 64};
+  ThreadPool pool(2);
+  const kernels::IsaLevel best = kernels::BestIsa();
+  std::vector<delta::UnpackedMatrix> results;
+  for (auto level :
+       {kernels::IsaLevel::kScalar, kernels::IsaLevel::kAvx2, kernels::IsaLevel::kAvx512}) {
+    if (level > best) continue;
+    kernels::SetMaxIsa(level);
+    auto m = ObsCompress(d, h, l, 0.01, &pool, 4);
+    ASSERT_TRUE(m.ok());
+    results.push_back(*std::move(m));
+  }
+  kernels::SetMaxIsa(kernels::kMaxIsaLevel);
+  for (size_t i = 1; i < results.size(); ++i) {
+    EXPECT_EQ(results[i].codes, results[0].codes);
+    EXPECT_EQ(results[i].patterns, results[0].patterns);
+    EXPECT_EQ(results[i].scales, results[0].scales);
+  }
 }
 
 }  // namespace
