@@ -113,20 +113,15 @@ void AddScaled(double* y, const double* x, double a, int64_t n) { Ops().add_scal
 void AddScaledF(float* y, const float* x, float a, int64_t n) { Ops().add_scaled_f(y, x, a, n); }
 double Dot(const double* a, const double* b, int64_t n) { return Ops().dot(a, b, n); }
 
-// fn(b, e) over slices of [begin, end) on the pool's threads (inline when the range is short).
+// fn(b, e) over slices of [begin, end) on the pool's threads (inline when the range is short:
+// the Cholesky hands out one column's rows at a time, down to a handful).
 void ForRange(ThreadPool* pool, int64_t begin, int64_t end,
               const std::function<void(int64_t, int64_t)>& fn) {
-  const int64_t n = end - begin;
-  if (n <= 0) return;
-  if (pool == nullptr || pool->size() <= 1 || n < 256) {
-    fn(begin, end);
+  if (end - begin < 256) {
+    if (begin < end) fn(begin, end);
     return;
   }
-  pool->Run([&](int i, int k) {
-    int64_t b, e;
-    ThreadPool::Slice(n, i, k, 1, &b, &e);
-    if (b < e) fn(begin + b, begin + e);
-  });
+  ForRows(pool, end - begin, 1, [&](int64_t b, int64_t e) { fn(begin + b, begin + e); });
 }
 
 // The lower Cholesky factor L of A = J·H·J (H [C, C] symmetric, J the reversal), column by

@@ -20,6 +20,18 @@ std::vector<float> Gaussian(int64_t n, uint64_t seed, float sd = 1.0f) {
   return v;
 }
 
+// Σ_t x_t·x_tᵀ over the n rows of xs [n, cols], in double.
+std::vector<double> Gram(const std::vector<float>& xs, int64_t n, int64_t cols) {
+  std::vector<double> h(static_cast<size_t>(cols * cols), 0);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < cols; ++i)
+      for (int64_t j = 0; j < cols; ++j)
+        h[static_cast<size_t>(i * cols + j)] +=
+            static_cast<double>(xs[static_cast<size_t>(t * cols + i)]) *
+            xs[static_cast<size_t>(t * cols + j)];
+  return h;
+}
+
 TEST(QuantizeTest, RtnKeepsTheTwoLargestAndRoundsToNearest) {
   MatrixLayout l{.rows = 8, .cols = 64, .bits = 4, .sparse24 = true, .group_size = 16};
   auto d = Gaussian(l.rows * l.cols, 1);
@@ -119,12 +131,7 @@ TEST(QuantizeTest, ObsMatchesOnePoolOrNone) {
   const int64_t rows = 40, cols = 32;
   auto d = Gaussian(rows * cols, 21, 0.02f);
   auto xs = Gaussian(64 * cols, 22);
-  std::vector<double> h(static_cast<size_t>(cols * cols), 0);
-  for (int64_t t = 0; t < 64; ++t)
-    for (int64_t i = 0; i < cols; ++i)
-      for (int64_t j = 0; j < cols; ++j)
-        h[static_cast<size_t>(i * cols + j)] +=
-            xs[static_cast<size_t>(t * cols + i)] * xs[static_cast<size_t>(t * cols + j)];
+  std::vector<double> h = Gram(xs, 64, cols);
   MatrixLayout l{.rows = rows, .cols = cols, .bits = 3, .sparse24 = true, .group_size = 8};
   ThreadPool pool(2);
   auto a = ObsCompress(d, h, l, 0.01, nullptr, 2);
@@ -140,13 +147,8 @@ TEST(QuantizeTest, ObsMatchesOnePoolOrNone) {
 TEST(QuantizeTest, InverseCholeskyFactorInvertsTheHessianOnAnyPool) {
   const int64_t C = 300, n = 600;
   auto xs = Gaussian(n * C, 31);
-  std::vector<double> h(static_cast<size_t>(C * C), 0);
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t i = 0; i < C; ++i)
-      for (int64_t j = 0; j < C; ++j)
-        h[static_cast<size_t>(i * C + j)] +=
-            static_cast<double>(xs[static_cast<size_t>(t * C + i)]) *
-            xs[static_cast<size_t>(t * C + j)] / n;
+  std::vector<double> h = Gram(xs, n, C);
+  for (double& v : h) v /= n;
   for (int64_t i = 0; i < C; ++i) h[static_cast<size_t>(i * C + i)] += 0.1;
   ThreadPool pool(2);
   auto a = InverseCholeskyUpper(h, C, nullptr);
@@ -187,12 +189,7 @@ TEST(QuantizeTest, ObsGivesTheSameBitsAtEveryIsaLevel) {
   const int64_t rows = 24, cols = 320, n = 400;
   auto d = Gaussian(rows * cols, 41, 0.02f);
   auto xs = Gaussian(n * cols, 42);
-  std::vector<double> h(static_cast<size_t>(cols * cols), 0);
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t i = 0; i < cols; ++i)
-      for (int64_t j = 0; j < cols; ++j)
-        h[static_cast<size_t>(i * cols + j)] +=
-            xs[static_cast<size_t>(t * cols + i)] * xs[static_cast<size_t>(t * cols + j)];
+  std::vector<double> h = Gram(xs, n, cols);
   MatrixLayout l{.rows = rows, .cols = cols, .bits = 2, .sparse24 = true, .group_size = 64};
   ThreadPool pool(2);
   const kernels::IsaLevel best = kernels::BestIsa();

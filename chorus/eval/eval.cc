@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 namespace chorus::eval {
 namespace {
@@ -66,7 +67,20 @@ Status LogitsRunner::RunLayers(std::span<const int32_t> tokens, int64_t first_la
                                 std::to_string(end_layer) + ") of " + std::to_string(c.n_layers) +
                                 " (a slice after layer 0 needs its input)");
   }
-  const int64_t n = static_cast<int64_t>(tokens.size()), d = c.n_embd;
+  const int64_t d = c.n_embd;
+  return RunSteps(tokens, hook, pool, [&](model::StepInput& in, int64_t start, int64_t) {
+    in.first_layer = first_layer;
+    in.end_layer = end_layer;
+    in.residual_in = residual_in != nullptr ? residual_in + start * d : nullptr;
+    in.residual_out = residual_out + start * d;
+    return static_cast<float*>(nullptr);
+  });
+}
+
+Status LogitsRunner::RunSteps(
+    std::span<const int32_t> tokens, const model::LinearHook* hook, ThreadPool* pool,
+    const std::function<float*(model::StepInput&, int64_t, int64_t)>& fill) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
   std::vector<int32_t> table;
   CHORUS_RETURN_IF_ERROR(kv_.Reserve(&table, n));
   std::vector<int32_t> pos, seq;
@@ -83,11 +97,8 @@ Status LogitsRunner::RunLayers(std::span<const int32_t> tokens, int64_t first_la
     in.seq = seq;
     in.block_tables = std::span<const int32_t* const>(tables, 1);
     in.hook = hook;
-    in.first_layer = first_layer;
-    in.end_layer = end_layer;
-    in.residual_in = residual_in != nullptr ? residual_in + start * d : nullptr;
-    in.residual_out = residual_out + start * d;
-    forward_.Run(in, &kv_, pool, nullptr);
+    float* logits = fill(in, start, rows);
+    forward_.Run(in, &kv_, pool, logits);
   }
   kv_.Release(&table);
   return OkStatus();
@@ -103,32 +114,16 @@ Status LogitsRunner::Run(std::span<const int32_t> tokens, int64_t from,
     return InvalidArgumentError("eval: logits from position " + std::to_string(from) +
                                 " of a sequence of " + std::to_string(n) + " tokens");
   }
-  std::vector<int32_t> table;
-  CHORUS_RETURN_IF_ERROR(kv_.Reserve(&table, n));
   logits->assign(static_cast<size_t>((n - from) * c.vocab_size), 0.0f);
-  std::vector<int32_t> pos, seq, lrows;
-  const int32_t* tables[1] = {table.data()};
-  for (int64_t start = 0; start < n; start += max_rows_) {
-    const int64_t rows = std::min(max_rows_, n - start);
-    pos.resize(static_cast<size_t>(rows));
-    seq.assign(static_cast<size_t>(rows), 0);
+  std::vector<int32_t> lrows;
+  return RunSteps(tokens, hook, pool, [&](model::StepInput& in, int64_t start, int64_t rows) {
     lrows.clear();
-    for (int64_t i = 0; i < rows; ++i) {
-      pos[static_cast<size_t>(i)] = static_cast<int32_t>(start + i);
-      if (start + i >= from) lrows.push_back(static_cast<int32_t>(i));
-    }
-    model::StepInput in;
-    in.tokens = tokens.subspan(static_cast<size_t>(start), static_cast<size_t>(rows));
-    in.positions = pos;
-    in.seq = seq;
-    in.block_tables = std::span<const int32_t* const>(tables, 1);
+    for (int64_t i = std::max<int64_t>(0, from - start); i < rows; ++i)
+      lrows.push_back(static_cast<int32_t>(i));
     in.logit_rows = lrows;
-    in.hook = hook;
     const int64_t out_row = std::max<int64_t>(start, from) - from;
-    forward_.Run(in, &kv_, pool, logits->data() + out_row * c.vocab_size);
-  }
-  kv_.Release(&table);
-  return OkStatus();
+    return logits->data() + out_row * c.vocab_size;
+  });
 }
 
 Result<Windows> PlanWindows(int64_t n_tokens, int64_t ctx) {

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -51,6 +52,11 @@ class LogitsRunner {
 
  private:
   Status CheckTokens(std::span<const int32_t> tokens) const;
+  // The sequence in steps of max_rows() rows (positions from 0, one sequence, its KV blocks
+  // reserved for the run): `fill(in, start, rows)` completes each step's input and returns
+  // where its logits go (null: none).
+  Status RunSteps(std::span<const int32_t> tokens, const model::LinearHook* hook, ThreadPool* pool,
+                  const std::function<float*(model::StepInput&, int64_t, int64_t)>& fill);
 
   std::shared_ptr<const model::Model> model_;
   int64_t max_ctx_, max_rows_;
