@@ -75,19 +75,17 @@ int CompressCommand(int argc, char** argv) {
     return Fail("compress",
                 InvalidArgumentError(std::string("flag --calib is required by --method ") +
                                      delta::MethodName(o.method)));
-  std::shared_ptr<const model::Model> base;
+  // Both read, not loaded: compress reads their matrices once and prepares a model for the
+  // kernels only for the passes that run it (docs/deltas.md "How it runs").
+  auto base = model::ReadModelFile(f.GetString("base"));
+  if (!base.ok()) return Fail("compress", base.status().WithContext("flag --base"));
   std::shared_ptr<const tokenizer::Tokenizer> tok;
-  {
-    auto b = model::LoadModel(f.GetString("base"));
-    if (!b.ok()) return Fail("compress", b.status().WithContext("flag --base"));
-    base = *b;
-  }
   if (needs_calib) {
     auto t = model::LoadTokenizerFor(*base, f.GetString("tokenizer"));
     if (!t.ok()) return Fail("compress", t.status().WithContext("flag --tokenizer"));
     tok = std::shared_ptr<const tokenizer::Tokenizer>(std::move(*t));
   }
-  auto ft = model::LoadModel(f.GetString("finetuned"));
+  auto ft = model::ReadModelFile(f.GetString("finetuned"));
   if (!ft.ok()) return Fail("compress", ft.status().WithContext("flag --finetuned"));
 
   std::vector<int32_t> calib;
@@ -111,7 +109,7 @@ int CompressCommand(int argc, char** argv) {
                delta::MethodName(o.method), o.bits, sp.c_str(),
                static_cast<long long>(o.group_size), calib.size());
   compress::CompressReport rep;
-  auto d = compress::CompressDelta(base, *ft, calib, bos, o, &pool, &rep);
+  auto d = compress::CompressDelta(*base, *ft, calib, bos, o, &pool, &rep);
   if (!d.ok()) return Fail("compress", d.status());
   delta::WriteStats ws;
   if (Status s = delta::WriteDelta(f.GetString("output"), *d,

@@ -7,9 +7,11 @@
 //                 linear's inputs X, H = 2·XᵀX / n, and ObsCompress chooses mask and codes.
 //   * bitdelta  — SignCompress of every linear, then scale distillation (BitDelta §3.2): the
 //                 per-matrix scales are trained with Adam to minimise the mean KL(F ‖ B + Δ̃) of
-//                 the next-token distributions on calibration text. The gradient is estimated
-//                 by simultaneous perturbation (SPSA: two evaluations per step on the same
-//                 minibatch, whatever the number of scales), since Chorus has no backward pass.
+//                 the next-token distributions on calibration text, B + Δ̃ run as served (the
+//                 packed signs through delta::DeltaHook). The gradient is estimated by
+//                 simultaneous perturbation (SPSA: two evaluations per step on the same
+//                 minibatch, whatever the number of scales), since Chorus has no backward pass
+//                 through a delta.
 //
 // Non-linear tensors that differ (embeddings, output head, norms) become extra deltas: vectors
 // exact, matrices int8 per row (or exact with extras_exact).
@@ -28,6 +30,7 @@
 #include "chorus/base/thread_pool.h"
 #include "chorus/kernels/matmul.h"
 #include "chorus/model/forward.h"
+#include "chorus/model/loader.h"
 
 namespace chorus::compress {
 
@@ -51,6 +54,7 @@ Status ValidateCompressOptions(const CompressOptions& o);
 
 // B and F must have the same configuration and tensors (names, shapes); the error names the
 // first tensor that differs.
+Status CheckSameArchitecture(const model::ModelFile& base, const model::ModelFile& finetuned);
 Status CheckSameArchitecture(const model::Model& base, const model::Model& finetuned);
 
 // Cuts calibration tokens (the whole text tokenized, BOS first) into sequences of
@@ -69,8 +73,6 @@ class DenseDeltaHook : public model::LinearHook {
   // d: [out, in] f32 for (layer, which), or empty to remove.
   void Set(int64_t layer, model::Linear which, std::vector<float> d);
   const std::vector<float>& Get(int64_t layer, model::Linear which) const;
-  // Multiplies (layer, which)'s delta by `scale` at apply time (bitdelta distillation).
-  void SetScale(int64_t layer, model::Linear which, float scale);
   // Capture the inputs of (layer, which) into h [in, in] (+= 2·xᵀx per row; counts rows).
   void Capture(int64_t layer, model::Linear which, std::vector<double>* h, int64_t* n_rows);
   void StopCapture();
@@ -81,8 +83,7 @@ class DenseDeltaHook : public model::LinearHook {
   model::ModelConfig config_;
   std::vector<std::shared_ptr<std::vector<float>>> d_;  // [n_layers × kNumLinears]
   std::vector<kernels::PackedWeight> packed_;           // f32 views of d_, used in place
-  std::vector<float> scale_;
-  mutable std::vector<float> xt_, xtx_, scaled_;  // Apply's scratch
+  mutable std::vector<float> xt_, xtx_;                 // Apply's scratch
   int64_t cap_layer_ = -1;
   model::Linear cap_which_ = model::Linear::kQ;
   std::vector<double>* cap_h_ = nullptr;
@@ -98,6 +99,18 @@ struct CompressReport {
 
 // Compresses F against B. `calib_tokens` (the calibration text, tokenized) is needed by deltazip
 // and bitdelta (kInvalidArgument when empty). The result's base_hash is BaseWeightsHash(B).
+//
+// Memory: both models are read from their files (model::ReadModelFile), one matrix at a time,
+// and each source matrix's pages are released once read; every compressed matrix is packed as
+// soon as it is final. B is prepared for the kernels only when a method runs it (deltazip,
+// bitdelta's distillation; never rtn), F only for bitdelta's reference pass, before B and
+// dropped after it — never both (docs/deltas.md "How it runs").
+Result<delta::Delta> CompressDelta(const model::ModelFile& base, const model::ModelFile& finetuned,
+                                   std::span<const int32_t> calib_tokens, int32_t bos,
+                                   const CompressOptions& opts, ThreadPool* pool,
+                                   CompressReport* report = nullptr);
+// The same for models already loaded (tests, tools that hold them): their prepared weights serve
+// the passes that run them.
 Result<delta::Delta> CompressDelta(std::shared_ptr<const model::Model> base,
                                    std::shared_ptr<const model::Model> finetuned,
                                    std::span<const int32_t> calib_tokens, int32_t bos,

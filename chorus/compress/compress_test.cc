@@ -3,9 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <random>
 
 #include "chorus/eval/eval.h"
+#include "chorus/model/convert.h"
+#include "chorus/model/loader.h"
 #include "chorus/model/synthetic.h"
 #include "tests/testutil/testutil.h"
 
@@ -114,6 +117,54 @@ TEST(CompressTest, EveryMethodWritesAValidDeltaCloserThanTheBase) {
     }
   }
   EXPECT_LT(kl["deltazip"], kl["rtn"]);
+}
+
+// `chorus compress` reads both models from their files without preparing them for the kernels,
+// pages each matrix out once read, and builds the fine-tune only for bitdelta's reference pass
+// and the base only for calibration; none of that may change a bit of the delta.
+TEST(CompressTest, ModelsReadFromTheirFilesGiveTheDeltaOfTheLoadedModels) {
+  auto tiny = Tiny();
+  auto ft = FineTune(*tiny, 0.04f, 3);
+  const std::string dir = testing::TempDir() + "/compress_from_file";
+  std::filesystem::create_directories(dir);
+  model::ConvertOptions co;
+  co.dtype = DType::kBF16;  // repacked by the kernels: the path whose pages compress releases
+  co.output = dir + "/base.gguf";
+  ASSERT_TRUE(model::ConvertModel(*tiny, co).ok());
+  auto base_file = model::ReadModelFile(co.output);
+  ASSERT_TRUE(base_file.ok()) << base_file.status().ToString();
+  auto base = model::LoadModel(co.output);
+  ASSERT_TRUE(base.ok()) << base.status().ToString();
+  co.output = dir + "/ft.gguf";
+  ASSERT_TRUE(model::ConvertModel(*ft, co).ok());
+  auto file = model::ReadModelFile(co.output);
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  auto loaded = model::LoadModel(co.output);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(delta::BaseWeightsHash(*base_file), delta::BaseWeightsHash(**base));
+  auto tokens = Tokens(512, tiny->config().vocab_size);
+  ThreadPool pool(2);
+  for (delta::Method m :
+       {delta::Method::kRtn, delta::Method::kDeltaZip, delta::Method::kBitDelta}) {
+    CompressOptions o;
+    o.method = m;
+    if (m == delta::Method::kBitDelta) {
+      o.bits = 1;
+      o.sparse24 = false;
+      o.group_size = 0;
+    }
+    o.calib_seq_len = 64;
+    o.distill_steps = 4;
+    auto from_file = CompressDelta(*base_file, *file, tokens, -1, o, &pool);
+    ASSERT_TRUE(from_file.ok()) << from_file.status().ToString();
+    auto from_model = CompressDelta(*base, *loaded, tokens, -1, o, &pool);
+    ASSERT_TRUE(from_model.ok()) << from_model.status().ToString();
+    EXPECT_EQ(from_file->finetuned_source, co.output);
+    auto a = delta::SerializeDelta(*from_file, 0);
+    auto b = delta::SerializeDelta(*from_model, 0);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_TRUE(*a == *b) << delta::MethodName(m);
+  }
 }
 
 TEST(CompressTest, CalibratedMethodsNeedText) {

@@ -20,7 +20,7 @@ bool IsDirectory(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-Result<std::shared_ptr<const Model>> LoadLlama2c(const std::string& path, SourcePages pages) {
+Result<ModelFile> ReadLlama2c(const std::string& path) {
   CHORUS_ASSIGN_OR_RETURN(formats::Llama2cCheckpoint ck, formats::ReadLlama2c(path));
   const auto& h = ck.config;
   ModelConfig c;
@@ -74,7 +74,7 @@ Result<std::shared_ptr<const Model>> LoadLlama2c(const std::string& path, Source
     }
     for (int64_t l = 0; l < h.n_layers; ++l) named.emplace_back(m.dst(l), stacked.Slice(l));
   }
-  return Model::Build(std::move(c), std::move(named), ModelFormat::kLlama2c, path, pages);
+  return ModelFile{std::move(c), std::move(named), ModelFormat::kLlama2c, path};
 }
 
 // The pooling a sentence-transformers export declares (dir/1_Pooling/config.json:
@@ -97,7 +97,7 @@ Result<std::string> SentenceTransformersPooling(const std::string& dir) {
   return std::string();  // max / weighted-mean poolings: not offered, the server's default
 }
 
-Result<std::shared_ptr<const Model>> LoadHfDirectory(const std::string& dir, SourcePages pages) {
+Result<ModelFile> ReadHfDirectory(const std::string& dir) {
   const std::string cfg_path = dir + "/config.json";
   auto text = ReadFileToString(cfg_path, 16u << 20);
   if (!text.ok()) return text.status().WithContext("Hugging Face model directory " + dir);
@@ -120,10 +120,10 @@ Result<std::shared_ptr<const Model>> LoadHfDirectory(const std::string& dir, Sou
     if (!has_head) c.tie_embeddings = true;  // HF ties when lm_head is absent
   }
   CHORUS_RETURN_IF_ERROR(SplitFusedProjections(c, &named, dir));
-  return Model::Build(std::move(c), std::move(named), ModelFormat::kHfDirectory, dir, pages);
+  return ModelFile{std::move(c), std::move(named), ModelFormat::kHfDirectory, dir};
 }
 
-Result<std::shared_ptr<const Model>> LoadGguf(const std::string& path, SourcePages pages) {
+Result<ModelFile> ReadGguf(const std::string& path) {
   CHORUS_ASSIGN_OR_RETURN(auto g, formats::GgufFile::Open(path));
   auto err = [&](const std::string& m) { return InvalidArgumentError(path + ": " + m); };
   CHORUS_ASSIGN_OR_RETURN(std::string arch, g->GetString("general.architecture"));
@@ -265,15 +265,15 @@ Result<std::shared_ptr<const Model>> LoadGguf(const std::string& path, SourcePag
                std::to_string(c.vocab_size));
   }
   CHORUS_RETURN_IF_ERROR(SplitFusedProjections(c, &named, path));
-  return Model::Build(std::move(c), std::move(named), ModelFormat::kGguf, path, pages);
+  return ModelFile{std::move(c), std::move(named), ModelFormat::kGguf, path};
 }
 
 }  // namespace
 
-Result<std::shared_ptr<const Model>> LoadModel(const std::string& path, SourcePages pages) {
-  if (IsDirectory(path)) return LoadHfDirectory(path, pages);
+Result<ModelFile> ReadModelFile(const std::string& path) {
+  if (IsDirectory(path)) return ReadHfDirectory(path);
   CHORUS_ASSIGN_OR_RETURN(auto mf, MappedFile::Open(path));
-  if (mf->size() >= 4 && std::memcmp(mf->data(), "GGUF", 4) == 0) return LoadGguf(path, pages);
+  if (mf->size() >= 4 && std::memcmp(mf->data(), "GGUF", 4) == 0) return ReadGguf(path);
   if (mf->size() >= 8 && (std::memcmp(mf->data() + 1, "HDF", 3) == 0 || mf->data()[0] == '{')) {
     return InvalidArgumentError(path +
                                 ": not a model file Chorus reads (expected a GGUF file, a llama2.c "
@@ -284,7 +284,13 @@ Result<std::shared_ptr<const Model>> LoadModel(const std::string& path, SourcePa
         path +
         ": pass the Hugging Face model directory (with config.json), not the .safetensors file");
   }
-  return LoadLlama2c(path, pages);
+  return ReadLlama2c(path);
+}
+
+Result<std::shared_ptr<const Model>> LoadModel(const std::string& path, SourcePages pages) {
+  CHORUS_ASSIGN_OR_RETURN(ModelFile f, ReadModelFile(path));
+  return Model::Build(std::move(f.config), std::move(f.tensors), f.format, std::move(f.source),
+                      pages);
 }
 
 }  // namespace chorus::model

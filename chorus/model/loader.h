@@ -17,7 +17,12 @@ class Tokenizer;
 
 namespace chorus::model {
 
-// `pages`: what happens to the file's pages of matrices the kernels repack (model.h).
+// A model's file as read (ModelFile, model.h): mapped and validated by the format's reader, not
+// prepared for the kernels.
+Result<ModelFile> ReadModelFile(const std::string& path);
+
+// ReadModelFile + Model::Build. `pages`: what happens to the file's pages of matrices the
+// kernels repack (model.h).
 Result<std::shared_ptr<const Model>> LoadModel(const std::string& path,
                                                SourcePages pages = SourcePages::kRelease);
 
@@ -25,6 +30,8 @@ Result<std::shared_ptr<const Model>> LoadModel(const std::string& path,
 // in the HF directory or embedded in the GGUF. llama2.c checkpoints carry none: they need
 // `override_path` (or a tokenizer.bin beside the checkpoint, llama2.c's default).
 Result<std::unique_ptr<tokenizer::Tokenizer>> LoadTokenizerFor(const Model& model,
+                                                               const std::string& override_path);
+Result<std::unique_ptr<tokenizer::Tokenizer>> LoadTokenizerFor(const ModelFile& file,
                                                                const std::string& override_path);
 
 }  // namespace chorus::model

@@ -1,5 +1,6 @@
 #include "chorus/model/model.h"
 
+#include <algorithm>
 #include <map>
 
 #include "chorus/base/mapped_file.h"
@@ -111,6 +112,11 @@ std::string HfFusedGateUpName(int64_t layer) {
 
 namespace {
 
+// Whether two tensors are views of the same bytes as the same dtype and shape.
+bool SameBytes(const Tensor& a, const Tensor& b) {
+  return a.data() == b.data() && a.dtype() == b.dtype() && a.shape() == b.shape();
+}
+
 // Small vectors (norms, biases) are converted to f32 heap copies: they are read many times per
 // step and cost nothing to copy.
 Result<Tensor> ToF32Vector(const Tensor& t, int64_t n, const std::string& name) {
@@ -184,6 +190,27 @@ Status SplitFusedProjections(const ModelConfig& c, Model::NamedTensors* tensors,
 Result<std::shared_ptr<const Model>> Model::Build(ModelConfig config, NamedTensors tensors,
                                                   ModelFormat format, std::string source,
                                                   SourcePages pages) {
+  return BuildReusing(std::move(config), std::move(tensors), format, std::move(source), pages,
+                      nullptr);
+}
+
+Result<std::shared_ptr<const Model>> Model::WithTensors(const Model& m,
+                                                        const NamedTensors& replacements,
+                                                        std::string source) {
+  NamedTensors tensors = m.tensors_;
+  for (const auto& [name, t] : replacements) {
+    auto it = std::find_if(tensors.begin(), tensors.end(),
+                           [&](const auto& p) { return p.first == name; });
+    if (it == tensors.end())
+      return InvalidArgumentError(source + ": no tensor '" + name + "' to replace");
+    it->second = t;
+  }
+  return BuildReusing(m.config_, std::move(tensors), m.format_, std::move(source), m.pages_, &m);
+}
+
+Result<std::shared_ptr<const Model>> Model::BuildReusing(ModelConfig config, NamedTensors tensors,
+                                                         ModelFormat format, std::string source,
+                                                         SourcePages pages, const Model* reuse) {
   CHORUS_RETURN_IF_ERROR(config.Validate().WithContext(source));
   std::map<std::string, const Tensor*> by_name;
   for (const auto& [name, t] : tensors) {
@@ -209,9 +236,13 @@ Result<std::shared_ptr<const Model>> Model::Build(ModelConfig config, NamedTenso
       CHORUS_RETURN_IF_ERROR(
           CheckMatrix(out, c.vocab_size, c.n_embd, "lm_head.weight").WithContext(source));
     }
-    auto packed = kernels::PackedWeight::Pack(out);
-    if (!packed.ok()) return packed.status().WithContext(source + ": output weight");
-    w.output = std::move(packed).value();
+    if (reuse != nullptr && SameBytes(reuse->weights_.output.source(), out)) {
+      w.output = reuse->weights_.output;
+    } else {
+      auto packed = kernels::PackedWeight::Pack(out);
+      if (!packed.ok()) return packed.status().WithContext(source + ": output weight");
+      w.output = std::move(packed).value();
+    }
     // Not when tied: the embedding rows are still read from the source at every step.
     if (w.output.packed_bytes() > 0 && !c.tie_embeddings && pages == SourcePages::kRelease)
       ReleaseResidentPages(out.data(), static_cast<size_t>(out.view().NumBytes()));
@@ -248,9 +279,17 @@ Result<std::shared_ptr<const Model>> Model::Build(ModelConfig config, NamedTenso
       CHORUS_ASSIGN_OR_RETURN(Tensor t, find(name));
       CHORUS_RETURN_IF_ERROR(
           CheckMatrix(t, shapes[li][0], shapes[li][1], name).WithContext(source));
-      auto packed = kernels::PackedWeight::Pack(t);
-      if (!packed.ok()) return packed.status().WithContext(source + ": " + name);
-      lw.linear[li] = std::move(packed).value();
+      const kernels::PackedWeight* same =
+          reuse != nullptr && l < static_cast<int64_t>(reuse->weights_.layers.size())
+              ? &reuse->weights_.layers[static_cast<size_t>(l)].linear[li]
+              : nullptr;
+      if (same != nullptr && SameBytes(same->source(), t)) {
+        lw.linear[li] = *same;  // the same bytes: share the prepared copy
+      } else {
+        auto packed = kernels::PackedWeight::Pack(t);
+        if (!packed.ok()) return packed.status().WithContext(source + ": " + name);
+        lw.linear[li] = std::move(packed).value();
+      }
       // A repacked copy replaces the source for compute: let the mmapped pages go so the
       // weights are resident once, not twice.
       if (lw.linear[li].packed_bytes() > 0 && pages == SourcePages::kRelease)
@@ -270,6 +309,7 @@ Result<std::shared_ptr<const Model>> Model::Build(ModelConfig config, NamedTenso
   model->tensors_ = std::move(tensors);
   model->format_ = format;
   model->source_ = std::move(source);
+  model->pages_ = pages;
   return std::shared_ptr<const Model>(std::move(model));
 }
 
@@ -284,6 +324,18 @@ int64_t Model::PackedBytes() const {
   for (const auto& l : weights_.layers)
     for (const auto& m : l.linear) b += m.packed_bytes();
   return b;
+}
+
+void Model::ReleaseSourcePages(const Tensor& t) const {
+  if (pages_ == SourcePages::kKeep || t.data() == nullptr) return;
+  auto repacked_from = [&](const kernels::PackedWeight& w) {
+    return w.packed_bytes() > 0 && SameBytes(w.source(), t);
+  };
+  // Build's conditions: tied embeddings' rows are read from the source at every step.
+  bool release = !config_.tie_embeddings && repacked_from(weights_.output);
+  for (const auto& l : weights_.layers)
+    for (const auto& m : l.linear) release = release || repacked_from(m);
+  if (release) ReleaseResidentPages(t.data(), static_cast<size_t>(t.view().NumBytes()));
 }
 
 int64_t Model::StreamedBytesPerToken() const {

@@ -84,6 +84,12 @@ class Model {
   static Result<std::shared_ptr<const Model>> Build(ModelConfig config, NamedTensors tensors,
                                                     ModelFormat format, std::string source,
                                                     SourcePages pages = SourcePages::kRelease);
+  // `m` with the tensors of `replacements` (by name, same shapes or Build's errors) in place of
+  // its own: a fine-tune's changed norms and embeddings over a base (`chorus compress`). The
+  // matrices it keeps share m's prepared weights instead of being repacked again.
+  static Result<std::shared_ptr<const Model>> WithTensors(const Model& m,
+                                                          const NamedTensors& replacements,
+                                                          std::string source);
 
   const ModelConfig& config() const { return config_; }
   const Weights& weights() const { return weights_; }
@@ -95,14 +101,37 @@ class Model {
   int64_t PackedBytes() const;
   // Bytes of matrix weights streamed per decode step (all linears + output).
   int64_t StreamedBytesPerToken() const;
+  // Pages out t's mapped bytes again if t (one of tensors()) is the source of a matrix the
+  // kernels hold a repacked copy of, as Build did: for readers of tensors() that page them back
+  // in (hashing the weights, compress). Nothing for other tensors, or for a model built with
+  // SourcePages::kKeep.
+  void ReleaseSourcePages(const Tensor& t) const;
 
  private:
   Model() = default;
+  // Build, reusing `reuse`'s prepared matrices wherever a matrix is the same bytes (null: none).
+  static Result<std::shared_ptr<const Model>> BuildReusing(ModelConfig config, NamedTensors tensors,
+                                                           ModelFormat format, std::string source,
+                                                           SourcePages pages, const Model* reuse);
   ModelConfig config_;
   Weights weights_;
   NamedTensors tensors_;
   ModelFormat format_ = ModelFormat::kSynthetic;
   std::string source_;
+  SourcePages pages_ = SourcePages::kRelease;
+};
+
+// A model's file as read: its config and canonical tensors (Model::Build's inputs), mapped and
+// validated by the format's reader (model::ReadModelFile) but not prepared for the kernels. For
+// tools that only read the tensors (`chorus compress` reads a fine-tune's matrices once, one at
+// a time): a Model's repacked weights would double the resident bytes of a file it never runs.
+struct ModelFile {
+  ModelConfig config;
+  Model::NamedTensors tensors;
+  ModelFormat format = ModelFormat::kSynthetic;
+  std::string source;
+  // The file of a loaded model: the same config, tensors (views of the same bytes) and source.
+  static ModelFile Of(const Model& m) { return {m.config(), m.tensors(), m.format(), m.source()}; }
 };
 
 // The per-layer norms of a block, by role.

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -114,9 +115,13 @@ int64_t Delta::ExtraBytes() const {
   return n;
 }
 
-std::string BaseWeightsHash(const model::Model& base) {
+namespace {
+
+// BaseWeightsHash over `tensors`; `read(t)` after each tensor's bytes were hashed.
+std::string HashTensors(const model::Model::NamedTensors& tensors,
+                        const std::function<void(const Tensor&)>& read) {
   std::vector<const std::pair<std::string, Tensor>*> sorted;
-  for (const auto& p : base.tensors()) sorted.push_back(&p);
+  for (const auto& p : tensors) sorted.push_back(&p);
   std::sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) { return a->first < b->first; });
   uint64_t h = kFnvOffset;
   for (const auto* p : sorted) {
@@ -130,8 +135,23 @@ std::string BaseWeightsHash(const model::Model& base) {
     line += Hex(Fnv(t.data(), static_cast<size_t>(t.view().NumBytes())));
     line += '\n';
     h = Fnv(line.data(), line.size(), h);
+    read(t);
   }
   return "fnv1a64:" + Hex(h);
+}
+
+}  // namespace
+
+std::string BaseWeightsHash(const model::Model& base) {
+  // Reading a repacked matrix paged its source back in: a server's resident set would hold the
+  // weights twice.
+  return HashTensors(base.tensors(), [&](const Tensor& t) { base.ReleaseSourcePages(t); });
+}
+
+std::string BaseWeightsHash(const model::ModelFile& base) {
+  return HashTensors(base.tensors, [](const Tensor& t) {
+    ReleaseResidentPages(t.data(), static_cast<size_t>(t.view().NumBytes()));
+  });
 }
 
 Result<std::string> SerializeDelta(const Delta& d, int zstd_level, WriteStats* stats) {

@@ -78,7 +78,12 @@ struct Delta {
 // "fnv1a64:<16 hex>": FNV-1a 64 over, for each of the model's tensors sorted by name, the line
 // "<name> <dtype> <d0>x<d1>... <FNV-1a 64 of its bytes in hex>\n" (docs/deltas.md). Depends on
 // the weights as stored (dtype and q/k row order included), not on the file they came from.
+// Reads every byte, paging the repacked matrices' sources out again as it goes
+// (Model::ReleaseSourcePages).
 std::string BaseWeightsHash(const model::Model& base);
+// The same hash of a model's file as read (the same tensors give the same hash); pages every
+// tensor out once hashed (`chorus compress`, which prepares the base later if at all).
+std::string BaseWeightsHash(const model::ModelFile& base);
 
 struct WriteStats {
   int64_t file_bytes = 0;
