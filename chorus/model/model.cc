@@ -198,12 +198,12 @@ Result<std::shared_ptr<const Model>> Model::WithTensors(const Model& m,
                                                         const NamedTensors& replacements,
                                                         std::string source) {
   NamedTensors tensors = m.tensors_;
-  for (const auto& [name, t] : replacements) {
+  for (const auto& r : replacements) {
     auto it = std::find_if(tensors.begin(), tensors.end(),
-                           [&](const auto& p) { return p.first == name; });
+                           [&](const auto& p) { return p.first == r.first; });
     if (it == tensors.end())
-      return InvalidArgumentError(source + ": no tensor '" + name + "' to replace");
-    it->second = t;
+      return InvalidArgumentError(source + ": no tensor '" + r.first + "' to replace");
+    it->second = r.second;
   }
   return BuildReusing(m.config_, std::move(tensors), m.format_, std::move(source), m.pages_, &m);
 }
