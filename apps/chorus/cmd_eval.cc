@@ -4,11 +4,15 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "apps/chorus/commands.h"
 #include "apps/chorus/common.h"
 #include "chorus/adapters/delta/delta_file.h"
+#include "chorus/adapters/delta/delta_hook.h"
 #include "chorus/adapters/lora/lora_files.h"
 #include "chorus/adapters/lora/lora_hook.h"
 #include "chorus/eval/eval.h"
@@ -18,12 +22,16 @@
 namespace chorus::apps {
 namespace {
 
-// Every row of every step uses one LoRA adapter: re-points the LoraHook's rows when a step's
-// row count changes (the last step of a chunk may be shorter).
-class AllRowsLora : public model::LinearHook {
+// Every row of every step uses one variant (a LoRA adapter through LoraHook, a delta through
+// DeltaHook): re-points the hook's rows when a step's row count changes (the last step of a
+// chunk may be shorter). The embedding seam comes first in a step and names its rows; the norm
+// and output seams follow within the same step.
+template <class Hook, class Variant>
+class AllRows : public model::LinearHook {
  public:
-  AllRowsLora(const model::ModelConfig& c, int64_t max_rows, const adapters::LoraAdapter* a)
-      : hook_(c, max_rows), adapter_(a) {}
+  template <class... Args>
+  explicit AllRows(const Variant* v, Args&&... hook_args)
+      : hook_(std::forward<Args>(hook_args)...), variant_(v) {}
   void Apply(int64_t layer, model::Linear which, const float* x, int64_t x_stride, float* y,
              int64_t y_stride, int64_t n_rows, ThreadPool* pool) const override {
     Ensure(n_rows);
@@ -35,17 +43,29 @@ class AllRowsLora : public model::LinearHook {
     Ensure(n_rows);
     hook_.ApplyGroup(layer, group, targets, x, x_stride, n_rows, pool);
   }
+  void AdjustEmbeddings(std::span<const int32_t> tokens, float* x, int64_t d) const override {
+    Ensure(static_cast<int64_t>(tokens.size()));
+    hook_.AdjustEmbeddings(tokens, x, d);
+  }
+  void AdjustNorm(int64_t layer, Norm which, std::span<const int32_t> rows, const float* x,
+                  float* y, const float* base_weight, int64_t d, float eps) const override {
+    hook_.AdjustNorm(layer, which, rows, x, y, base_weight, d, eps);
+  }
+  void ApplyOutput(std::span<const int32_t> logit_rows, const float* h, int64_t d, float* logits,
+                   int64_t vocab, ThreadPool* pool) const override {
+    hook_.ApplyOutput(logit_rows, h, d, logits, vocab, pool);
+  }
 
  private:
   void Ensure(int64_t n) const {
     if (n == n_) return;
-    rows_.assign(static_cast<size_t>(n), adapter_);
-    CHORUS_CHECK(hook_.SetRows(std::span<const adapters::LoraAdapter* const>(rows_)).ok());
+    rows_.assign(static_cast<size_t>(n), variant_);
+    CHORUS_CHECK(hook_.SetRows(std::span<const Variant* const>(rows_)).ok());
     n_ = n;
   }
-  mutable adapters::LoraHook hook_;
-  const adapters::LoraAdapter* adapter_;
-  mutable std::vector<const adapters::LoraAdapter*> rows_;
+  mutable Hook hook_;
+  const Variant* variant_;
+  mutable std::vector<const Variant*> rows_;
   mutable int64_t n_ = -1;
 };
 
@@ -67,6 +87,10 @@ int EvalCommand(int argc, char** argv) {
           "per scored token and the fraction of positions whose top token equals the reference's.");
   f.String("model", "", "base model: GGUF file, Hugging Face directory or llama2.c .bin");
   f.String("variant", "", "a LoRA adapter (PEFT dir / GGUF) or a delta (chorus compress output)");
+  f.String("delta-mode", "dense",
+           "how a delta --variant runs: dense (W_b + delta decoded into a copy of the base in f32, "
+           "the oracle) or served (the base plus the delta term per row, as chorus serve runs it; "
+           "a fraction of the memory)");
   f.String("tokenizer", "", "tokenizer file or directory; overrides the model's own");
   f.String("data", "", "text file to evaluate on (required)");
   f.Int("ctx", 0, "chunk length in tokens (0 = min(512, the model's context))");
@@ -93,12 +117,31 @@ int EvalCommand(int argc, char** argv) {
   if (ctx == 0) ctx = std::min<int64_t>(512, cfg.max_seq_len);
   constexpr int64_t kMaxRows = 256;
 
-  std::unique_ptr<AllRowsLora> lora_hook;
+  // The variant's term (null: the base alone or a dense reconstruction), and what it reads.
+  std::unique_ptr<model::LinearHook> hook;
   std::shared_ptr<const adapters::LoraAdapter> lora;
+  std::shared_ptr<const delta::DeltaWeights> delta_weights;
   const std::string variant = f.GetString("variant");
+  const std::string delta_mode = f.GetString("delta-mode");
+  if (delta_mode != "dense" && delta_mode != "served") {
+    return Fail("eval", InvalidArgumentError("flag --delta-mode: '" + delta_mode +
+                                             "' is not dense or served"));
+  }
   std::string variant_kind = "base";
   if (!variant.empty()) {
-    if (delta::LooksLikeDeltaPath(variant)) {
+    if (delta::LooksLikeDeltaPath(variant) && delta_mode == "served") {
+      // Checked against the base's content hash as `chorus serve` checks it, then run through
+      // DeltaHook: the base's matmuls plus the delta term, extras through the hook's seams.
+      auto w = delta::LoadDeltaWeights(variant, cfg, delta::BaseWeightsHash(*m), variant);
+      if (!w.ok()) return Fail("eval", w.status().WithContext("flag --variant"));
+      delta_weights = *w;
+      hook = std::make_unique<AllRows<delta::DeltaHook, delta::DeltaWeights>>(delta_weights.get(),
+                                                                              kMaxRows);
+      variant_kind =
+          std::string("delta (") + delta::MethodName(delta_weights->delta().method) +
+          ", served: " + kernels::DeltaActivationsName(kernels::DefaultDeltaActivations()) +
+          " activations)";
+    } else if (delta::LooksLikeDeltaPath(variant)) {
       auto d = delta::ReadDelta(variant);
       if (!d.ok()) return Fail("eval", d.status().WithContext("flag --variant"));
       // The dense reconstruction W_b + Δ̃: the oracle the served delta path is checked against.
@@ -111,7 +154,8 @@ int EvalCommand(int argc, char** argv) {
       auto a = adapters::LoadLoraAdapter(variant, cfg);
       if (!a.ok()) return Fail("eval", a.status().WithContext("flag --variant"));
       lora = *a;
-      lora_hook = std::make_unique<AllRowsLora>(cfg, kMaxRows, lora.get());
+      hook = std::make_unique<AllRows<adapters::LoraHook, adapters::LoraAdapter>>(lora.get(), cfg,
+                                                                                  kMaxRows);
       variant_kind = "lora";
     }
   }
@@ -143,8 +187,8 @@ int EvalCommand(int argc, char** argv) {
                m->source().c_str(),
                variant.empty() ? "" : (" + " + variant_kind + " " + variant).c_str(), tokens.size(),
                static_cast<long long>(ctx), memory::KvDtypeName(eopts.kv_dtype));
-  auto res = eval::Evaluate(
-      m, lora_hook.get(), ref, tokens, eopts, &pool, [](int64_t done, int64_t total) {
+  auto res =
+      eval::Evaluate(m, hook.get(), ref, tokens, eopts, &pool, [](int64_t done, int64_t total) {
         std::fprintf(stderr, "\rchorus eval: chunk %lld/%lld", static_cast<long long>(done),
                      static_cast<long long>(total));
         if (done == total) std::fputc('\n', stderr);
@@ -171,8 +215,8 @@ int EvalCommand(int argc, char** argv) {
     eval::LogitsRunner runner(m, cfg.max_seq_len, kMaxRows, eopts.kv_dtype);
     std::vector<float> logits;
     for (int64_t i = 0; i < n_greedy; ++i) {
-      if (Status st = runner.Run(seq, static_cast<int64_t>(seq.size()) - 1, lora_hook.get(), &pool,
-                                 &logits);
+      if (Status st =
+              runner.Run(seq, static_cast<int64_t>(seq.size()) - 1, hook.get(), &pool, &logits);
           !st.ok()) {
         return Fail("eval", st);
       }

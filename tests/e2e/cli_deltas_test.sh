@@ -34,6 +34,21 @@ kl() { python3 -c 'import json,sys; j=json.loads(sys.stdin.read()); assert set(j
 base_kl=$(ev | kl)
 delta_kl=$(ev --variant "$tmp/d" | kl)
 python3 -c "import sys; b,d=$base_kl,$delta_kl; sys.exit(0 if d < 0.2*b else 1)" || fail "delta KL $delta_kl not far below base KL $base_kl"
+# The same delta served (base matmuls + the delta term through DeltaHook, int16 activations
+# where the CPU has the kernel) against its dense reconstruction: the same figures up to the
+# activations' rounding.
+dense_json=$(ev --variant "$tmp/d") served_json=$(ev --variant "$tmp/d" --delta-mode served)
+python3 -c "
+import json, sys
+d, s = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+ok = (s['tokens'] == d['tokens'] and abs(s['perplexity'] / d['perplexity'] - 1) < 1e-3
+      and abs(s['kl_divergence'] - d['kl_divergence']) <= 0.02 * d['kl_divergence'] + 1e-6
+      and abs(s['same_top_token'] - d['same_top_token']) <= 0.01)
+sys.exit(0 if ok else 1)" "$dense_json" "$served_json" || fail "served delta $served_json vs dense $dense_json"
+if "$chorus" eval --model "$base" --tokenizer "$tok" --data "$data" --variant "$tmp/d" --delta-mode merged 2>"$tmp/e"; then
+  fail "--delta-mode merged accepted"
+fi
+grep -q "delta-mode.*merged" "$tmp/e" || fail "delta-mode: $(cat "$tmp/e")"
 
 # The evaluated model over a bf16 KV cache against the same model over f32 (--kl-reference
 # always runs f32): a small but non-zero KL; an unknown element type is refused by name.
@@ -57,6 +72,10 @@ if "$chorus" eval --model "$tmp/ft.gguf" --data "$data" --variant "$tmp/d" 2>"$t
   fail "delta for another base accepted"
 fi
 grep -q "was made against base weights fnv1a64:.*is fnv1a64:" "$tmp/e" || fail "other base: $(cat "$tmp/e")"
+if "$chorus" eval --model "$tmp/ft.gguf" --data "$data" --variant "$tmp/d" --delta-mode served 2>"$tmp/e"; then
+  fail "delta for another base accepted (served)"
+fi
+grep -q "made against base weights fnv1a64:.*fnv1a64:" "$tmp/e" || fail "other base (served): $(cat "$tmp/e")"
 # A fine-tune of another architecture.
 "$chorus" convert --shape tiny --output "$tmp/tiny.gguf" 2>/dev/null
 if "$chorus" compress --base "$base" --finetuned "$tmp/tiny.gguf" --method rtn --output "$tmp/x" 2>"$tmp/e"; then
