@@ -210,7 +210,9 @@ int ConvertCommand(int argc, char** argv) {
   const bool explicit_tok = f.IsSet("tokenizer");
   const bool gguf_out = opts.format == model::OutputFormat::kGguf;
   TokenizerOut tok_out;
-  std::shared_ptr<const model::Model> mdl;
+  // The model as its file holds it: read, not loaded — converting needs the tensors, not a copy
+  // prepared for the kernels (a 2.2 GB bf16 TinyLlama-shape file took 8.5 GB that way).
+  std::optional<model::ModelFile> mdl;
   if (f.IsSet("shape")) {
     model::SyntheticSpec spec{.shape = f.GetString("shape"),
                               .dtype = opts.dtype.value_or(DType::kF32),
@@ -227,14 +229,18 @@ int ConvertCommand(int argc, char** argv) {
     }
     std::fprintf(stderr, "chorus convert: generating synthetic %s (%s)...\n", spec.shape.c_str(),
                  spec.mix ? spec.mix->name().c_str() : std::string(DTypeName(spec.dtype)).c_str());
-    auto m = model::MakeSyntheticModel(spec);
+    auto m = model::MakeSyntheticModelFile(spec);
     if (!m.ok()) return Fail("convert", m.status());
-    mdl = *m;
+    mdl = std::move(m).value();
   } else {
-    auto m = model::LoadModel(f.GetString("model"));
+    auto m = model::ReadModelFile(f.GetString("model"));
     if (!m.ok()) return Fail("convert", m.status());
-    mdl = *m;
+    mdl = std::move(m).value();
   }
+  // Where the source's own tokenizer data is: its format and path, not the tensors (a synthetic
+  // fine-tune's source names the base and the noise, not a file).
+  const model::ModelFile tokenizer_source{mdl->config, {}, mdl->format, mdl->source};
+  const std::string& source_path = tokenizer_source.source;
   if (f.IsSet("finetune-delta")) {
     const std::string r = f.GetString("finetune-delta");
     double lo = 0, hi = 0;
@@ -246,7 +252,7 @@ int ConvertCommand(int argc, char** argv) {
     auto ft =
         compress::MakeSyntheticFineTune(*mdl, lo, hi, static_cast<uint64_t>(f.GetInt("seed")) + 7);
     if (!ft.ok()) return Fail("convert", ft.status().WithContext("flag --finetune-delta"));
-    mdl = *ft;
+    mdl = std::move(ft).value();
   }
 
   // The tokenizer travels with the weights. Without --tokenizer, a GGUF->GGUF or HF->HF
@@ -254,13 +260,13 @@ int ConvertCommand(int argc, char** argv) {
   // loaded as `chorus generate` loads it and exported into the target format: an explicit
   // --tokenizer must be written, the model's own is written when it can be (else a note).
   const bool verbatim =
-      !explicit_tok && ((mdl->format() == model::ModelFormat::kGguf && gguf_out) ||
-                        (mdl->format() == model::ModelFormat::kHfDirectory && !gguf_out));
-  if (!verbatim && mdl->format() != model::ModelFormat::kSynthetic) {
+      !explicit_tok && ((mdl->format == model::ModelFormat::kGguf && gguf_out) ||
+                        (mdl->format == model::ModelFormat::kHfDirectory && !gguf_out));
+  if (!verbatim && mdl->format != model::ModelFormat::kSynthetic) {
     Status s;
-    auto t = model::LoadTokenizerFor(*mdl, f.GetString("tokenizer"));
+    auto t = model::LoadTokenizerFor(tokenizer_source, f.GetString("tokenizer"));
     if (t.ok()) {
-      s = PrepareTokenizer(std::move(t).value(), mdl->config().vocab_size, gguf_out, &tok_out);
+      s = PrepareTokenizer(std::move(t).value(), mdl->config.vocab_size, gguf_out, &tok_out);
     } else {
       s = t.status();
     }
@@ -274,7 +280,7 @@ int ConvertCommand(int argc, char** argv) {
   std::function<Status(formats::GgufWriter*)> extra;
   std::shared_ptr<const formats::GgufFile> src_gguf;
   if (verbatim && gguf_out) {
-    auto g = formats::GgufFile::Open(mdl->source());
+    auto g = formats::GgufFile::Open(source_path);
     if (!g.ok()) return Fail("convert", g.status());
     src_gguf = *g;
     extra = [src_gguf](formats::GgufWriter* w) {
@@ -294,7 +300,7 @@ int ConvertCommand(int argc, char** argv) {
     for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json",
                              "special_tokens_map.json", "generation_config.json"}) {
       std::error_code ec;
-      std::filesystem::path src = std::filesystem::path(mdl->source()) / name;
+      std::filesystem::path src = std::filesystem::path(source_path) / name;
       if (std::filesystem::exists(src, ec)) {
         std::filesystem::copy_file(src, std::filesystem::path(opts.output) / name,
                                    std::filesystem::copy_options::overwrite_existing, ec);
@@ -318,7 +324,7 @@ int ConvertCommand(int argc, char** argv) {
   if (tok) {
     std::fprintf(stderr, "chorus convert: tokenizer written (%s, %d tokens)\n",
                  std::string(tok->kind()).c_str(), tok->vocab_size());
-  } else if (mdl->format() == model::ModelFormat::kSynthetic) {
+  } else if (mdl->format == model::ModelFormat::kSynthetic) {
     std::fprintf(
         stderr, "chorus convert: note: no tokenizer written; pass --tokenizer PATH to embed one\n");
   }

@@ -583,31 +583,48 @@ Result<delta::Delta> CompressDelta(std::shared_ptr<const model::Model> base,
                   opts, pool, report);
 }
 
-Result<std::shared_ptr<const model::Model>> MakeSyntheticFineTune(const model::Model& base,
-                                                                  double rel_lo, double rel_hi,
-                                                                  uint64_t seed) {
+namespace {
+// MakeSyntheticFineTune; `release_pages`: give each source matrix's resident pages back once read
+// (a file read, not loaded: nothing else reads them).
+Result<model::ModelFile> NoisyCopy(const model::ModelFile& base, double rel_lo, double rel_hi,
+                                   uint64_t seed, bool release_pages) {
   if (!(rel_lo >= 0) || !(rel_hi >= rel_lo) || rel_hi > 1)
     return InvalidArgumentError("relative delta norms must satisfy 0 <= lo <= hi <= 1");
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> pick(rel_lo, rel_hi);
   std::normal_distribution<float> g(0, 1);
-  model::Model::NamedTensors ts;
-  for (const auto& [name, t] : base.tensors()) {
-    if (!IsLinearName(base.config(), name)) {
-      ts.emplace_back(name, t);
+  model::ModelFile ft{base.config, {}, base.format, base.source + " + synthetic fine-tune"};
+  for (const auto& [name, t] : base.tensors) {
+    if (!IsLinearName(base.config, name)) {
+      ft.tensors.emplace_back(name, t);
       continue;
     }
     std::vector<float> v = t.ToF32();
+    if (release_pages) ReleaseResidentPages(t.data(), static_cast<size_t>(t.view().NumBytes()));
     double norm2 = 0;
     for (float x : v) norm2 += static_cast<double>(x) * x;
     // Noise of per-element sd σ has norm ≈ σ·√n: σ = rel·‖W‖/√n.
     const float sd =
         static_cast<float>(pick(rng) * std::sqrt(norm2 / static_cast<double>(v.size())));
     for (float& x : v) x += sd * g(rng);
-    ts.emplace_back(name, Tensor::FromF32(v, t.dtype(), t.shape()));
+    ft.tensors.emplace_back(name, Tensor::FromF32(v, t.dtype(), t.shape()));
   }
-  return model::Model::Build(base.config(), std::move(ts), base.format(),
-                             base.source() + " + synthetic fine-tune");
+  return ft;
+}
+}  // namespace
+
+Result<model::ModelFile> MakeSyntheticFineTune(const model::ModelFile& base, double rel_lo,
+                                               double rel_hi, uint64_t seed) {
+  return NoisyCopy(base, rel_lo, rel_hi, seed, base.format != model::ModelFormat::kSynthetic);
+}
+
+Result<std::shared_ptr<const model::Model>> MakeSyntheticFineTune(const model::Model& base,
+                                                                  double rel_lo, double rel_hi,
+                                                                  uint64_t seed) {
+  // A loaded model may run from its mapping (q4_0, K-quants): its pages stay.
+  CHORUS_ASSIGN_OR_RETURN(model::ModelFile ft,
+                          NoisyCopy(model::ModelFile::Of(base), rel_lo, rel_hi, seed, false));
+  return model::Model::Build(std::move(ft.config), std::move(ft.tensors), ft.format, ft.source);
 }
 
 }  // namespace chorus::compress

@@ -120,7 +120,12 @@ Result<delta::Delta> CompressDelta(std::shared_ptr<const model::Model> base,
 // A synthetic full fine-tune for benchmarks: every linear matrix of `base` plus Gaussian noise
 // whose Frobenius norm is a fraction of the matrix's own, drawn per matrix uniformly from
 // [rel_lo, rel_hi] (seeded; DeltaZip §3.1 observes 2–6 % for real fine-tunes); other tensors
-// unchanged; stored in the base's dtypes.
+// unchanged; stored in the base's dtypes. The ModelFile form reads the base's tensors without
+// preparing either model for the kernels (`chorus convert --finetune-delta`): each matrix of a
+// base read from a file has its pages released once its noisy copy is made, so the peak is about
+// one copy of the weights.
+Result<model::ModelFile> MakeSyntheticFineTune(const model::ModelFile& base, double rel_lo,
+                                               double rel_hi, uint64_t seed);
 Result<std::shared_ptr<const model::Model>> MakeSyntheticFineTune(const model::Model& base,
                                                                   double rel_lo, double rel_hi,
                                                                   uint64_t seed);

@@ -51,9 +51,9 @@ Tensor Recast(const Tensor& t, DType dtype) {
 }
 
 // The tensor as the target wants it: dtype and q/k row order.
-Result<Tensor> Prepare(const Model& m, const std::string& name, const Tensor& t,
+Result<Tensor> Prepare(const ModelFile& m, const std::string& name, const Tensor& t,
                        const ConvertOptions& o, kernels::RopeLayout target_layout) {
-  const ModelConfig& c = m.config();
+  const ModelConfig& c = m.config;
   Tensor out = t;
   if (IsMatrixName(name)) {
     DType d = o.mix ? o.mix->For(name, t.view().cols(), c) : o.dtype.value_or(t.dtype());
@@ -90,13 +90,13 @@ Result<Tensor> Prepare(const Model& m, const std::string& name, const Tensor& t,
 // The model's tensors as the target stores them: each prepared (Prepare), and for a family that
 // stores fused projections (Phi-3) each layer's q|k|v and gate|up rows concatenated again into
 // qkv_proj / gate_up_proj, in place of the first member.
-Result<Model::NamedTensors> TargetTensors(const Model& m, const ConvertOptions& o,
+Result<Model::NamedTensors> TargetTensors(const ModelFile& m, const ConvertOptions& o,
                                           kernels::RopeLayout target) {
-  const ModelConfig& c = m.config();
+  const ModelConfig& c = m.config;
   std::map<std::string, const Tensor*> by_name;
-  for (const auto& [name, t] : m.tensors()) by_name[name] = &t;
+  for (const auto& [name, t] : m.tensors) by_name[name] = &t;
   Model::NamedTensors out;
-  for (const auto& [name, t] : m.tensors()) {
+  for (const auto& [name, t] : m.tensors) {
     bool handled = false;
     for (int64_t l = 0; FusedProjections(c) && !handled && l < c.n_layers; ++l) {
       for (LinearGroup g : {LinearGroup::kQkv, LinearGroup::kGateUp}) {
@@ -137,13 +137,13 @@ Result<Model::NamedTensors> TargetTensors(const Model& m, const ConvertOptions& 
   return out;
 }
 
-Status WriteGguf(const Model& m, const ConvertOptions& o,
+Status WriteGguf(const ModelFile& m, const ConvertOptions& o,
                  const std::function<Status(formats::GgufWriter*)>& extra) {
-  const ModelConfig& c = m.config();
+  const ModelConfig& c = m.config;
   formats::GgufWriter w;
   const std::string a = c.arch;
   w.SetString("general.architecture", a);
-  w.SetString("general.name", m.source());
+  w.SetString("general.name", m.source);
   w.SetUint32(a + ".context_length", static_cast<uint32_t>(c.max_seq_len));
   w.SetUint32(a + ".embedding_length", static_cast<uint32_t>(c.n_embd));
   w.SetUint32(a + ".block_count", static_cast<uint32_t>(c.n_layers));
@@ -232,8 +232,8 @@ Status WriteGguf(const Model& m, const ConvertOptions& o,
   return w.Write(o.output);
 }
 
-Status WriteHf(const Model& m, const ConvertOptions& o) {
-  const ModelConfig& c = m.config();
+Status WriteHf(const ModelFile& m, const ConvertOptions& o) {
+  const ModelConfig& c = m.config;
   if (::mkdir(o.output.c_str(), 0755) != 0 && errno != EEXIST)
     return ErrnoError(errno, "cannot create " + o.output);
   std::vector<std::pair<std::string, Tensor>> out;
@@ -309,7 +309,7 @@ Status WriteHf(const Model& m, const ConvertOptions& o) {
 
 }  // namespace
 
-Status ConvertModel(const Model& model, const ConvertOptions& opts,
+Status ConvertModel(const ModelFile& model, const ConvertOptions& opts,
                     const std::function<Status(formats::GgufWriter*)>& gguf_extra) {
   if (opts.output.empty()) return InvalidArgumentError("convert needs an output path (-o)");
   if (opts.format == OutputFormat::kGguf) return WriteGguf(model, opts, gguf_extra);

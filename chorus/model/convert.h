@@ -33,9 +33,16 @@ struct ConvertOptions {
 
 // Writes the model's weights and config. Tokenizer data is written by the caller through
 // `tokenizer_writer` (GGUF metadata) or into the directory (HF), so this module does not depend
-// on tokenizers. Atomic for GGUF (temp + rename).
-Status ConvertModel(const Model& model, const ConvertOptions& opts,
+// on tokenizers. Atomic for GGUF (temp + rename). Only the file's tensors are read: a model
+// read with ReadModelFile converts without being prepared for the kernels (no repacked copy),
+// and tensors whose dtype and row order stay are written straight from the source's mapping.
+Status ConvertModel(const ModelFile& model, const ConvertOptions& opts,
                     const std::function<Status(formats::GgufWriter*)>& gguf_extra = nullptr);
+inline Status ConvertModel(
+    const Model& model, const ConvertOptions& opts,
+    const std::function<Status(formats::GgufWriter*)>& gguf_extra = nullptr) {
+  return ConvertModel(ModelFile::Of(model), opts, gguf_extra);
+}
 
 // Permutes the rows of a q or k projection [n_heads * head_dim, in] between pair orders.
 Tensor PermuteRopeRows(const Tensor& w, int64_t n_heads, int64_t head_dim, kernels::RopeLayout from,

@@ -132,6 +132,11 @@ Result<ModelConfig> SyntheticConfig(const std::string& shape) {
 }
 
 Result<std::shared_ptr<const Model>> MakeSyntheticModel(const SyntheticSpec& spec) {
+  CHORUS_ASSIGN_OR_RETURN(ModelFile file, MakeSyntheticModelFile(spec));
+  return Model::Build(std::move(file.config), std::move(file.tensors), file.format, file.source);
+}
+
+Result<ModelFile> MakeSyntheticModelFile(const SyntheticSpec& spec) {
   CHORUS_ASSIGN_OR_RETURN(ModelConfig c, SyntheticConfig(spec.shape));
   if (spec.n_layers > 0) {
     c.n_layers = spec.n_layers;
@@ -214,9 +219,9 @@ Result<std::shared_ptr<const Model>> MakeSyntheticModel(const SyntheticSpec& spe
   }
   for (auto& t : threads) t.join();
   CHORUS_RETURN_IF_ERROR(SplitFusedProjections(c, &named, "synthetic:" + spec.shape));
-  return Model::Build(std::move(c), std::move(named), ModelFormat::kSynthetic,
-                      "synthetic:" + spec.shape + ":" +
-                          (spec.mix ? spec.mix->name() : std::string(DTypeName(spec.dtype))));
+  return ModelFile{std::move(c), std::move(named), ModelFormat::kSynthetic,
+                   "synthetic:" + spec.shape + ":" +
+                       (spec.mix ? spec.mix->name() : std::string(DTypeName(spec.dtype)))};
 }
 
 }  // namespace chorus::model

@@ -35,5 +35,8 @@ Result<ModelConfig> SyntheticConfig(const std::string& shape);
 // test shapes add per-channel noise); identical for the same spec on every machine. Quantized
 // dtypes are quantized from the same f32 draws.
 Result<std::shared_ptr<const Model>> MakeSyntheticModel(const SyntheticSpec& spec);
+// The same tensors and config, not prepared for the kernels (what `chorus convert` writes: the
+// weights are held once).
+Result<ModelFile> MakeSyntheticModelFile(const SyntheticSpec& spec);
 
 }  // namespace chorus::model

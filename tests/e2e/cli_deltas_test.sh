@@ -29,6 +29,15 @@ grep -q "x smaller" "$tmp/compress.out" || fail "no size ratio printed"
 grep -q "layer 5/5" "$tmp/compress.err" || fail "no per-layer progress"
 [[ -f $tmp/d/delta.safetensors ]] || fail "no delta.safetensors in the output directory"
 
+# A fine-tune of a GGUF file (read, not loaded) keeps the file's own tokenizer (the converter
+# once looked for it under the fine-tune's name and failed).
+"$chorus" convert --model "$tmp/ft.gguf" --finetune-delta 0.01:0.02 --output "$tmp/ft2.gguf" 2>"$tmp/e" ||
+  fail "convert --finetune-delta of a GGUF file: $(cat "$tmp/e")"
+"$chorus" eval --model "$tmp/ft2.gguf" --data "$data" --ctx 128 --kl-reference "$tmp/ft.gguf" --json 2>"$tmp/e" | tail -1 > "$tmp/ft2.json" ||
+  fail "eval of the fine-tune's fine-tune (its tokenizer): $(cat "$tmp/e")"
+python3 -c "import json,sys; j=json.load(open(sys.argv[1])); sys.exit(0 if 0 < j['kl_divergence'] < 1 else 1)" "$tmp/ft2.json" ||
+  fail "fine-tune of a GGUF: $(cat "$tmp/ft2.json")"
+
 ev() { "$chorus" eval --model "$base" --tokenizer "$tok" --data "$data" --ctx 128 --kl-reference "$tmp/ft.gguf" --json "$@" 2>/dev/null | tail -1; }
 kl() { python3 -c 'import json,sys; j=json.loads(sys.stdin.read()); assert set(j)=={"perplexity","kl_divergence","same_top_token","tokens"}; print(j["kl_divergence"])'; }
 base_kl=$(ev | kl)
