@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <fstream>
 #include <sstream>
@@ -89,24 +90,36 @@ Result<std::string> ReadFileToString(const std::string& path, size_t max_bytes) 
 }
 
 Status WriteFileAtomically(const std::string& path, std::string_view data) {
+  return WriteFileAtomically(path, std::span<const std::string_view>(&data, 1));
+}
+
+Status WriteFileAtomically(const std::string& path, std::span<const std::string_view> pieces) {
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoError(errno, "cannot create " + tmp);
-  // Two halves, so that a crash test can stop the writer between them (a torn temp file).
-  const size_t half = data.size() / 2;
-  size_t put = 0;
-  while (put < data.size()) {
-    if (put == half) CrashPoint("atomic_write.partial");
-    const size_t end = put < half ? half : data.size();
-    ssize_t n = ::write(fd, data.data() + put, end - put);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      int e = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return ErrnoError(e, "cannot write " + tmp);
+  size_t total = 0;
+  for (std::string_view p : pieces) total += p.size();
+  // Writes stop at half of the total once, so that a crash test can stop the writer there (a
+  // torn temp file).
+  const size_t half = total / 2;
+  size_t written = 0;  // bytes of the file so far
+  for (std::string_view piece : pieces) {
+    size_t put = 0;
+    while (put < piece.size()) {
+      if (written == half) CrashPoint("atomic_write.partial");
+      size_t n_max = piece.size() - put;
+      if (written < half) n_max = std::min(n_max, half - written);
+      ssize_t n = ::write(fd, piece.data() + put, n_max);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        int e = errno;
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        return ErrnoError(e, "cannot write " + tmp);
+      }
+      put += static_cast<size_t>(n);
+      written += static_cast<size_t>(n);
     }
-    put += static_cast<size_t>(n);
   }
   if (::fsync(fd) != 0) {
     int e = errno;

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -49,5 +50,9 @@ Result<std::string> ReadFileToString(const std::string& path, size_t max_bytes =
 // (durable_file.h, RemoveAtomicWriteTempFiles). Crash points (durable_file.h, CrashPoint):
 // atomic_write.partial, atomic_write.before_rename, atomic_write.after_rename.
 Status WriteFileAtomically(const std::string& path, std::string_view data);
+// The same for a file that is the concatenation of `pieces`, written one after the other, so
+// that a large file (a model's tensors) need not be assembled in memory first. The partial crash
+// point falls at half of the total bytes, as above.
+Status WriteFileAtomically(const std::string& path, std::span<const std::string_view> pieces);
 
 }  // namespace chorus

@@ -153,6 +153,8 @@ class GgufWriter {
   // `t` is written in its own dtype (F32, F16, BF16, Q8_0, Q4_0); shape outermost first.
   // Also I8 and I32. U8 is refused by Write() (GGML has no u8 type).
   void AddTensor(const std::string& name, Tensor t);
+  // Writes the file atomically, each tensor's bytes straight from its buffer or mapping (peak
+  // memory: the header, not the file).
   Status Write(const std::string& path) const;
   // The file's bytes. Errors: duplicate tensor names, empty names, unsupported dtypes,
   // quantized rows not a multiple of 32, values that do not fit their declared type.
@@ -163,6 +165,15 @@ class GgufWriter {
     std::string key;
     GgufValue value;
   };
+  // The file without its tensor data: the header (metadata, tensor infos, padding to the data
+  // section), each tensor's offset in the data section, and the section's size (padded).
+  struct Layout {
+    std::string header;
+    std::vector<uint64_t> offsets;
+    uint64_t data_bytes = 0;
+  };
+  // Validates everything Serialize() validates.
+  Result<Layout> Plan() const;
   std::vector<Entry> kv_;
   std::vector<std::pair<std::string, Tensor>> tensors_;
 };

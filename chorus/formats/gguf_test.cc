@@ -347,6 +347,40 @@ TEST(GgufTest, CustomAlignment) {
   EXPECT_FALSE(bad.Serialize().ok());
 }
 
+TEST(GgufTest, StreamedWriteEqualsSerializeByteForByte) {
+  // Write() streams the header and each tensor from its own buffer with the padding between;
+  // Serialize() assembles the same file in memory. Odd tensor sizes, every padding width, custom
+  // alignments, a zero-size tensor, a file without tensors and a bad one.
+  const std::string path = testing::TempDir() + "/streamed.gguf";
+  for (uint32_t alignment : {0u, 1u, 8u, 32u, 64u, 4096u}) {
+    for (int n_tensors : {0, 1, 2, 5}) {
+      GgufWriter w;
+      w.SetString("general.name", "streamed");
+      if (alignment != 0) w.SetUint32("general.alignment", alignment);
+      for (int i = 0; i < n_tensors; ++i) {
+        std::vector<float> v(static_cast<size_t>(1 + 7 * i), 0.5f + static_cast<float>(i));
+        w.AddTensor("t" + std::to_string(i), Tensor::FromF32(v, i % 2 ? DType::kBF16 : DType::kF32,
+                                                             {static_cast<int64_t>(v.size())}));
+      }
+      if (n_tensors == 5) w.AddTensor("empty", Tensor::FromF32({}, DType::kF32, {0}));
+      auto bytes = w.Serialize();
+      ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+      ASSERT_TRUE(w.Write(path).ok());
+      auto written = ReadFileToString(path);
+      ASSERT_TRUE(written.ok());
+      EXPECT_EQ(*written, *bytes) << "alignment " << alignment << ", " << n_tensors << " tensors";
+    }
+  }
+  GgufWriter bad;
+  bad.SetUint32("general.alignment", 48);
+  bad.AddTensor("x", Tensor::FromF32({1}, DType::kF32, {1}));
+  ASSERT_TRUE(GgufWriter().Write(path).ok());
+  EXPECT_FALSE(bad.Write(path).ok());
+  auto kept = ReadFileToString(path);  // a refused write leaves the file as it was
+  ASSERT_TRUE(kept.ok());
+  EXPECT_EQ(*kept, *GgufWriter().Serialize());
+}
+
 TEST(GgufTest, WriterRejectsBadInput) {
   {
     GgufWriter w;
