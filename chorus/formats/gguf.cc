@@ -1078,22 +1078,31 @@ Result<GgufWriter::Layout> GgufWriter::Plan() const {
     offset = (offset + alignment - 1) / alignment * alignment;
   }
   if (!tensors_.empty()) w.PadTo(alignment);
-  return Layout{std::move(out), std::move(offsets), offset};
+  return Layout{std::move(out), std::move(offsets), offset, alignment};
+}
+
+std::vector<std::string_view> GgufWriter::Pieces(const Layout& layout,
+                                                 std::string_view zeros) const {
+  std::vector<std::string_view> pieces = {layout.header};
+  uint64_t at = 0;  // bytes of the data section so far
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    pieces.push_back(zeros.substr(0, static_cast<size_t>(layout.offsets[i] - at)));
+    const Tensor& t = tensors_[i].second;
+    const auto n = static_cast<size_t>(t.view().NumBytes());
+    if (n > 0) pieces.emplace_back(static_cast<const char*>(t.data()), n);
+    at = layout.offsets[i] + n;
+  }
+  pieces.push_back(zeros.substr(0, static_cast<size_t>(layout.data_bytes - at)));
+  return pieces;
 }
 
 Result<std::string> GgufWriter::Serialize() const {
   CHORUS_ASSIGN_OR_RETURN(Layout layout, Plan());
-  std::string out = std::move(layout.header);
-  const size_t data_start = out.size();
-  out.reserve(data_start + layout.data_bytes);
-  for (size_t i = 0; i < tensors_.size(); ++i) {
-    const Tensor& t = tensors_[i].second;
-    out.resize(data_start + layout.offsets[i], '\0');
-    if (t.view().NumBytes() > 0) {
-      out.append(static_cast<const char*>(t.data()), static_cast<size_t>(t.view().NumBytes()));
-    }
-  }
-  out.resize(data_start + layout.data_bytes, '\0');
+  // Every padding is shorter than the alignment.
+  const std::string zeros(static_cast<size_t>(layout.alignment - 1), '\0');
+  std::string out;
+  out.reserve(layout.header.size() + layout.data_bytes);
+  for (std::string_view piece : Pieces(layout, zeros)) out.append(piece);
   return out;
 }
 
@@ -1101,27 +1110,8 @@ Status GgufWriter::Write(const std::string& path) const {
   // Streamed: the header, then each tensor's bytes from where they live (a model's mapping or its
   // buffers), with zero padding between — the file is never assembled in memory.
   CHORUS_ASSIGN_OR_RETURN(Layout layout, Plan());
-  uint64_t max_pad = 0;
-  for (size_t i = 0; i + 1 < layout.offsets.size(); ++i) {
-    const uint64_t end = layout.offsets[i] + tensors_[i].second.view().NumBytes();
-    max_pad = std::max(max_pad, layout.offsets[i + 1] - end);
-  }
-  if (!tensors_.empty()) {
-    max_pad = std::max(max_pad, layout.data_bytes - layout.offsets.back() -
-                                    tensors_.back().second.view().NumBytes());
-  }
-  const std::string zeros(static_cast<size_t>(max_pad), '\0');
-  std::vector<std::string_view> pieces = {layout.header};
-  uint64_t at = 0;  // bytes of the data section so far
-  for (size_t i = 0; i < tensors_.size(); ++i) {
-    pieces.emplace_back(zeros.data(), static_cast<size_t>(layout.offsets[i] - at));
-    const Tensor& t = tensors_[i].second;
-    const auto n = static_cast<size_t>(t.view().NumBytes());
-    if (n > 0) pieces.emplace_back(static_cast<const char*>(t.data()), n);
-    at = layout.offsets[i] + n;
-  }
-  pieces.emplace_back(zeros.data(), static_cast<size_t>(layout.data_bytes - at));
-  return WriteFileAtomically(path, pieces);
+  const std::string zeros(static_cast<size_t>(layout.alignment - 1), '\0');
+  return WriteFileAtomically(path, Pieces(layout, zeros));
 }
 
 }  // namespace chorus::formats

@@ -166,14 +166,19 @@ class GgufWriter {
     GgufValue value;
   };
   // The file without its tensor data: the header (metadata, tensor infos, padding to the data
-  // section), each tensor's offset in the data section, and the section's size (padded).
+  // section), each tensor's offset in the data section, the section's size (padded) and the
+  // alignment (≥ 1).
   struct Layout {
     std::string header;
     std::vector<uint64_t> offsets;
     uint64_t data_bytes = 0;
+    uint64_t alignment = 1;
   };
-  // Validates everything Serialize() validates.
+  // Validates everything Serialize() and Write() write.
   Result<Layout> Plan() const;
+  // The file as consecutive pieces: the header, then per tensor its padding (from `zeros`, at
+  // least alignment − 1 bytes) and its bytes, then the final padding.
+  std::vector<std::string_view> Pieces(const Layout& layout, std::string_view zeros) const;
   std::vector<Entry> kv_;
   std::vector<std::pair<std::string, Tensor>> tensors_;
 };

@@ -359,8 +359,10 @@ TEST(GgufTest, StreamedWriteEqualsSerializeByteForByte) {
       if (alignment != 0) w.SetUint32("general.alignment", alignment);
       for (int i = 0; i < n_tensors; ++i) {
         std::vector<float> v(static_cast<size_t>(1 + 7 * i), 0.5f + static_cast<float>(i));
-        w.AddTensor("t" + std::to_string(i), Tensor::FromF32(v, i % 2 ? DType::kBF16 : DType::kF32,
-                                                             {static_cast<int64_t>(v.size())}));
+        std::string name = "t";  // (not "t" + std::to_string(i): GCC 12's bogus -Wrestrict)
+        name += std::to_string(i);
+        w.AddTensor(name, Tensor::FromF32(v, i % 2 ? DType::kBF16 : DType::kF32,
+                                          {static_cast<int64_t>(v.size())}));
       }
       if (n_tensors == 5) w.AddTensor("empty", Tensor::FromF32({}, DType::kF32, {0}));
       auto bytes = w.Serialize();
