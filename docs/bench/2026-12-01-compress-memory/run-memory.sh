@@ -11,11 +11,14 @@
 # full-calibration run, docs/bench/2026-12-01-deltazip-tinyllama/). NEW deltazip ran on
 # 2026-12-02 by the same command (mem-dz-NEW.log; the OLD build no longer existed, and a CI run
 # shared the machine, so its time is not comparable; its peak memory is).
+# Binaries and M (the shared model assets) default to paths relative to a clone's root; run
+# from the directory holding the models with absolute paths set.
 set -e
-OLD=${OLD:-/work/old/build/release/apps/chorus/chorus}
-NEW=${NEW:-/work/main/build/release/apps/chorus/chorus}
-T=/work/shared/models/stories260K-finetunes/things
-TOK=/work/shared/models/llama2-tokenizer/tokenizer.model
+OLD=${OLD:?set OLD to the old build chorus binary}
+NEW=${NEW:-build/release/apps/chorus/chorus}
+M=${M:-../shared/models}  # the shared model assets
+T=$M/stories260K-finetunes/things
+TOK=$M/llama2-tokenizer/tokenizer.model
 run() {  # label, binary, args...
   local label=$1 bin=$2; shift 2
   /usr/bin/time -f "%e s %M KB" "$bin" compress --base base.gguf --finetuned ft.gguf "$@" \
