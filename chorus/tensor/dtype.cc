@@ -190,6 +190,7 @@ void QuantizeRowQ4_0(const float* x, BlockQ4_0* y, int64_t n) {
 }
 
 void DequantizeRow(DType t, const void* src, float* dst, int64_t n) {
+  if (n <= 0) return;  // an empty row may come with null pointers (memcpy must not see them)
   if (DTypeIsKQuant(t)) {
     DequantizeRowK(t, src, dst, n);
     return;
@@ -248,6 +249,7 @@ void DequantizeRow(DType t, const void* src, float* dst, int64_t n) {
 }
 
 void QuantizeRow(DType t, const float* src, void* dst, int64_t n) {
+  if (n <= 0) return;  // an empty row may come with null pointers (memcpy must not see them)
   switch (t) {
     case DType::kF32:
       std::memcpy(dst, src, static_cast<size_t>(n) * 4);
