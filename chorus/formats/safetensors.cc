@@ -368,12 +368,18 @@ Result<Tensor> SafetensorsModel::GetTensor(const std::string& name) const {
 // ---------------------------------------------------------------------------------------------
 // Writers
 
-Result<std::string> SerializeSafetensors(const std::vector<std::pair<std::string, Tensor>>& tensors,
-                                         const std::map<std::string, std::string>& metadata) {
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+namespace {
+
+// The file as pieces: the length-prefixed header (owned by `*header`), then each tensor's bytes
+// where they live (a model's mapping or its buffers). Serialize joins them; Write streams them,
+// so a model's checkpoint is never assembled in memory.
+Result<std::vector<std::string_view>> SafetensorsPieces(
+    const std::vector<std::pair<std::string, Tensor>>& tensors,
+    const std::map<std::string, std::string>& metadata, std::string* header) {
+  nlohmann::ordered_json json = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
-    header["__metadata__"] = nlohmann::ordered_json::object();
-    for (const auto& [k, v] : metadata) header["__metadata__"][k] = v;
+    json["__metadata__"] = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : metadata) json["__metadata__"][k] = v;
   }
   std::set<std::string> seen;
   uint64_t offset = 0;
@@ -394,34 +400,49 @@ Result<std::string> SerializeSafetensors(const std::vector<std::pair<std::string
     e["dtype"] = *dt;
     e["shape"] = t.shape();
     e["data_offsets"] = {offset, offset + bytes};
-    header[name] = std::move(e);
+    json[name] = std::move(e);
     offset += bytes;
   }
   std::string text;
   try {
-    text = header.dump();
+    text = json.dump();
   } catch (const nlohmann::json::exception&) {
     return InvalidArgumentError("safetensors: a tensor name or metadata string is not UTF-8");
   }
   // Pad with spaces so the data section starts 8-byte aligned (as the reference writer does).
   while (text.size() % 8 != 0) text.push_back(' ');
-  std::string out;
-  out.reserve(8 + text.size() + offset);
-  internal::ByteWriter w(&out);
+  header->clear();
+  internal::ByteWriter w(header);
   w.Write<uint64_t>(text.size());
   w.WriteBytes(text);
+  std::vector<std::string_view> pieces = {*header};
   for (const auto& [name, t] : tensors) {
-    const size_t bytes = static_cast<size_t>(t.view().NumBytes());
-    if (bytes > 0) w.WriteBytes(std::string_view(static_cast<const char*>(t.data()), bytes));
+    const auto bytes = static_cast<size_t>(t.view().NumBytes());
+    if (bytes > 0) pieces.emplace_back(static_cast<const char*>(t.data()), bytes);
   }
+  return pieces;
+}
+
+}  // namespace
+
+Result<std::string> SerializeSafetensors(const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                         const std::map<std::string, std::string>& metadata) {
+  std::string header;
+  CHORUS_ASSIGN_OR_RETURN(auto pieces, SafetensorsPieces(tensors, metadata, &header));
+  size_t total = 0;
+  for (std::string_view p : pieces) total += p.size();
+  std::string out;
+  out.reserve(total);
+  for (std::string_view p : pieces) out.append(p);
   return out;
 }
 
 Status WriteSafetensors(const std::string& path,
                         const std::vector<std::pair<std::string, Tensor>>& tensors,
                         const std::map<std::string, std::string>& metadata) {
-  CHORUS_ASSIGN_OR_RETURN(std::string bytes, SerializeSafetensors(tensors, metadata));
-  return WriteFileAtomically(path, bytes);
+  std::string header;
+  CHORUS_ASSIGN_OR_RETURN(auto pieces, SafetensorsPieces(tensors, metadata, &header));
+  return WriteFileAtomically(path, pieces);
 }
 
 Status WriteSafetensorsSharded(const std::string& dir,

@@ -129,6 +129,12 @@ TEST(SafetensorsTest, RoundTripAllDTypes) {
     EXPECT_EQ(std::memcmp(got->data(), want.data(), static_cast<size_t>(want.view().NumBytes())),
               0);
   }
+  // The file is streamed tensor by tensor; it must be the bytes Serialize assembles.
+  auto written = ReadFileToString(path);
+  ASSERT_TRUE(written.ok()) << written.status().ToString();
+  auto bytes = SerializeSafetensors(ts, {{"k", "v"}, {"format", "pt"}});
+  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  EXPECT_EQ(*written, *bytes);
 }
 
 TEST(SafetensorsTest, WriterRejectsBadInput) {
