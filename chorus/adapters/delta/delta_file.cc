@@ -47,12 +47,6 @@ std::string FilePathFor(const std::string& path) {
   return EndsWith(path, ".safetensors") ? path : path + "/" + kDeltaFileName;
 }
 
-Tensor BytesTensor(const std::vector<uint8_t>& bytes, std::vector<int64_t> shape) {
-  Tensor t = Tensor::Zeros(DType::kU8, std::move(shape));
-  if (!bytes.empty()) std::memcpy(t.mutable_data(), bytes.data(), bytes.size());
-  return t;
-}
-
 std::string ShapeString(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) {
@@ -154,9 +148,21 @@ std::string BaseWeightsHash(const model::ModelFile& base) {
   });
 }
 
-Result<std::string> SerializeDelta(const Delta& d, int zstd_level, WriteStats* stats) {
-  WriteStats st;
-  std::vector<std::pair<std::string, Tensor>> tensors;
+namespace {
+
+// A non-owning tensor over bytes of the Delta being written (which outlives the write).
+template <typename T>
+Tensor ViewOf(const std::vector<T>& v, DType dtype, std::vector<int64_t> shape) {
+  return Tensor(TensorView{dtype, std::move(shape), v.empty() ? nullptr : v.data()}, nullptr);
+}
+
+// The delta file's tensors and __metadata__: views into `d` for what is stored as it is held
+// (codes, 2:4 patterns, extras), new buffers only for zstd-compressed codes and f16 scales, so
+// that writing a delta holds it about once more at most instead of twice (a copy of every
+// tensor, then the assembled file).
+Status FileContents(const Delta& d, int zstd_level, WriteStats* st,
+                    std::vector<std::pair<std::string, Tensor>>* tensors,
+                    std::map<std::string, std::string>* meta) {
   nlohmann::ordered_json shapes = nlohmann::ordered_json::object();
   for (const MatrixDelta& m : d.matrices) {
     const MatrixLayout& l = m.packed.layout;
@@ -167,50 +173,70 @@ Result<std::string> SerializeDelta(const Delta& d, int zstd_level, WriteStats* s
     shapes[m.name] = {l.rows, l.cols};
     // zstd where it pays (≥ 3 % smaller): 2-bit codes of a delta are far from uniform.
     const std::vector<uint8_t>& raw = m.packed.codes;
-    std::vector<uint8_t> z(ZSTD_compressBound(raw.size()));
-    const size_t zn = ZSTD_compress(z.data(), z.size(), raw.data(), raw.size(), zstd_level);
-    st.codes_raw_bytes += static_cast<int64_t>(raw.size());
+    auto z = std::make_shared<std::vector<uint8_t>>(ZSTD_compressBound(raw.size()));
+    const size_t zn = ZSTD_compress(z->data(), z->size(), raw.data(), raw.size(), zstd_level);
+    st->codes_raw_bytes += static_cast<int64_t>(raw.size());
     if (!ZSTD_isError(zn) && zn * 100 < raw.size() * 97) {
-      z.resize(zn);
-      tensors.emplace_back(m.name + ".codes.zst", BytesTensor(z, {static_cast<int64_t>(zn)}));
-      st.codes_stored_bytes += static_cast<int64_t>(zn);
-      ++st.matrices_zstd;
+      z->resize(zn);
+      z->shrink_to_fit();
+      const void* bytes = z->data();
+      tensors->emplace_back(
+          m.name + ".codes.zst",
+          Tensor(TensorView{DType::kU8, {static_cast<int64_t>(zn)}, bytes}, std::move(z)));
+      st->codes_stored_bytes += static_cast<int64_t>(zn);
+      ++st->matrices_zstd;
     } else {
-      tensors.emplace_back(m.name + ".codes", BytesTensor(raw, {l.rows, l.code_row_bytes()}));
-      st.codes_stored_bytes += static_cast<int64_t>(raw.size());
+      tensors->emplace_back(m.name + ".codes",
+                            ViewOf(raw, DType::kU8, {l.rows, l.code_row_bytes()}));
+      st->codes_stored_bytes += static_cast<int64_t>(raw.size());
     }
     if (l.sparse24)
-      tensors.emplace_back(m.name + ".mask",
-                           BytesTensor(m.packed.mask, {l.rows, l.mask_row_bytes()}));
+      tensors->emplace_back(m.name + ".mask",
+                            ViewOf(m.packed.mask, DType::kU8, {l.rows, l.mask_row_bytes()}));
     if (l.group_size == 0) {
-      tensors.emplace_back(m.name + ".scales", Tensor::FromF32(m.packed.scales, DType::kF32, {1}));
+      tensors->emplace_back(m.name + ".scales", ViewOf(m.packed.scales, DType::kF32, {1}));
     } else {
-      tensors.emplace_back(m.name + ".scales", Tensor::FromF32(m.packed.scales, DType::kF16,
-                                                               {l.rows, l.groups_per_row()}));
+      tensors->emplace_back(m.name + ".scales", Tensor::FromF32(m.packed.scales, DType::kF16,
+                                                                {l.rows, l.groups_per_row()}));
     }
   }
   for (const ExtraDelta& e : d.extras) {
-    if (e.kind == ExtraDelta::Kind::kExactF32) {
-      tensors.emplace_back(e.name + ".delta", Tensor::FromF32(e.values, DType::kF32, e.shape));
+    int64_t n = 1;
+    for (int64_t dim : e.shape) n *= dim;
+    const bool exact = e.kind == ExtraDelta::Kind::kExactF32;
+    if (e.shape.empty() || (exact ? static_cast<int64_t>(e.values.size()) != n
+                                  : static_cast<int64_t>(e.q.size()) != n ||
+                                        static_cast<int64_t>(e.row_scales.size()) != e.shape[0])) {
+      return InvalidArgumentError("delta extra " + e.name +
+                                  " holds another number of values than its shape");
+    }
+    if (exact) {
+      tensors->emplace_back(e.name + ".delta", ViewOf(e.values, DType::kF32, e.shape));
     } else {
-      Tensor q = Tensor::Zeros(DType::kI8, e.shape);
-      std::memcpy(q.mutable_data(), e.q.data(), e.q.size());
-      tensors.emplace_back(e.name + ".q8", std::move(q));
-      tensors.emplace_back(e.name + ".q8_scales",
-                           Tensor::FromF32(e.row_scales, DType::kF32, {e.shape[0]}));
+      tensors->emplace_back(e.name + ".q8", ViewOf(e.q, DType::kI8, e.shape));
+      tensors->emplace_back(e.name + ".q8_scales", ViewOf(e.row_scales, DType::kF32, {e.shape[0]}));
     }
   }
+  (*meta)["format"] = kDeltaFormatName;
+  (*meta)["format_version"] = std::to_string(kDeltaFormatVersion);
+  (*meta)["method"] = MethodName(d.method);
+  (*meta)["bits"] = std::to_string(d.bits);
+  (*meta)["sparsity"] = d.sparse24 ? "2:4" : "none";
+  (*meta)["group_size"] = std::to_string(d.group_size);
+  (*meta)["base_hash"] = d.base_hash;
+  (*meta)["matrices"] = shapes.dump();
+  if (!d.base_source.empty()) (*meta)["base_source"] = d.base_source;
+  if (!d.finetuned_source.empty()) (*meta)["finetuned_source"] = d.finetuned_source;
+  return OkStatus();
+}
+
+}  // namespace
+
+Result<std::string> SerializeDelta(const Delta& d, int zstd_level, WriteStats* stats) {
+  WriteStats st;
+  std::vector<std::pair<std::string, Tensor>> tensors;
   std::map<std::string, std::string> meta;
-  meta["format"] = kDeltaFormatName;
-  meta["format_version"] = std::to_string(kDeltaFormatVersion);
-  meta["method"] = MethodName(d.method);
-  meta["bits"] = std::to_string(d.bits);
-  meta["sparsity"] = d.sparse24 ? "2:4" : "none";
-  meta["group_size"] = std::to_string(d.group_size);
-  meta["base_hash"] = d.base_hash;
-  meta["matrices"] = shapes.dump();
-  if (!d.base_source.empty()) meta["base_source"] = d.base_source;
-  if (!d.finetuned_source.empty()) meta["finetuned_source"] = d.finetuned_source;
+  CHORUS_RETURN_IF_ERROR(FileContents(d, zstd_level, &st, &tensors, &meta));
   auto bytes = formats::SerializeSafetensors(tensors, meta);
   if (bytes.ok()) st.file_bytes = static_cast<int64_t>(bytes->size());
   if (stats) *stats = st;
@@ -218,14 +244,23 @@ Result<std::string> SerializeDelta(const Delta& d, int zstd_level, WriteStats* s
 }
 
 Status WriteDelta(const std::string& path, const Delta& d, int zstd_level, WriteStats* stats) {
-  CHORUS_ASSIGN_OR_RETURN(std::string bytes, SerializeDelta(d, zstd_level, stats));
+  WriteStats st;
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  std::map<std::string, std::string> meta;
+  CHORUS_RETURN_IF_ERROR(FileContents(d, zstd_level, &st, &tensors, &meta));
   if (!EndsWith(path, ".safetensors") && !IsDirectory(path)) {
     if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST)
       return ErrnoError(errno, "creating delta directory " + path);
   }
+  const std::string file = FilePathFor(path);
   // A killed earlier write of this file left its temp file: removed once its writer is gone.
-  RemoveDeadWritersTempFiles(FilePathFor(path));
-  return WriteFileAtomically(FilePathFor(path), bytes);
+  RemoveDeadWritersTempFiles(file);
+  // Streamed: the header, then each tensor from where it is held (formats/safetensors.h).
+  CHORUS_RETURN_IF_ERROR(formats::WriteSafetensors(file, tensors, meta));
+  struct stat sb;
+  if (::stat(file.c_str(), &sb) == 0) st.file_bytes = static_cast<int64_t>(sb.st_size);
+  if (stats) *stats = st;
+  return OkStatus();
 }
 
 namespace {

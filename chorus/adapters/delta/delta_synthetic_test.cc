@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "chorus/adapters/delta/delta_hook.h"
+#include "chorus/base/mapped_file.h"
 #include "chorus/model/synthetic.h"
 #include "tests/testutil/testutil.h"
 
@@ -117,6 +118,12 @@ TEST(DeltaSyntheticTest, LoadingFromTheMappedFileGivesTheBytesOfTheFileReadIntoM
     WriteStats stats;
     ASSERT_TRUE(WriteDelta(path, d, 9, &stats).ok());
     zstd_files += stats.matrices_zstd > 0;
+    // The file is streamed from the delta's own buffers: the bytes SerializeDelta assembles.
+    auto written = ReadFileToString(path, size_t{1} << 30);
+    auto serialized = SerializeDelta(d, 9);
+    ASSERT_TRUE(written.ok() && serialized.ok());
+    EXPECT_EQ(*written, *serialized);
+    EXPECT_EQ(stats.file_bytes, static_cast<int64_t>(written->size()));
     auto read = ReadDelta(path);
     ASSERT_TRUE(read.ok()) << read.status().ToString();
     auto in_memory = DeltaWeights::Build(std::make_shared<const Delta>(*std::move(read)), c, "a");
@@ -125,6 +132,31 @@ TEST(DeltaSyntheticTest, LoadingFromTheMappedFileGivesTheBytesOfTheFileReadIntoM
     ExpectSameBytesInTheStreamedBuffer(**in_memory, **mapped, c);
   }
   EXPECT_GT(zstd_files, 0) << "no layout exercised zstd-compressed codes";
+  {
+    // Extras (exact f32 and int8 rows) are streamed from the delta too; a wrong count is refused.
+    Delta d = MakeRandomDelta(c, RandomDeltaSpec{.bits = 2, .sparse24 = true, .group_size = 64});
+    ExtraDelta norm;
+    norm.name = "model.norm.weight";
+    norm.kind = ExtraDelta::Kind::kExactF32;
+    norm.shape = {c.n_embd};
+    norm.values.assign(static_cast<size_t>(c.n_embd), 0.25f);
+    ExtraDelta embed;
+    embed.name = "model.embed_tokens.weight";
+    embed.kind = ExtraDelta::Kind::kInt8Rows;
+    embed.shape = {3, c.n_embd};
+    embed.q.assign(static_cast<size_t>(3 * c.n_embd), int8_t{-7});
+    embed.row_scales = {0.5f, 1.0f, 2.0f};
+    d.extras = {norm, embed};
+    const std::string path = dir + "/extras.safetensors";
+    ASSERT_TRUE(WriteDelta(path, d).ok());
+    auto written = ReadFileToString(path, size_t{1} << 30);
+    auto serialized = SerializeDelta(d);
+    ASSERT_TRUE(written.ok() && serialized.ok());
+    EXPECT_EQ(*written, *serialized);
+    d.extras[1].row_scales.pop_back();
+    EXPECT_EQ(WriteDelta(dir + "/short.safetensors", d).code(), StatusCode::kInvalidArgument);
+    EXPECT_FALSE(std::filesystem::exists(dir + "/short.safetensors"));
+  }
 
   // A 2:4 pattern byte above the largest pattern code, in the file.
   Delta d = MakeRandomDelta(c, RandomDeltaSpec{.bits = 2, .sparse24 = true, .group_size = 64});
