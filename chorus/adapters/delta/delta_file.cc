@@ -171,6 +171,14 @@ Status FileContents(const Delta& d, int zstd_level, WriteStats* st,
                                   " has another bits / sparsity / group size than the delta");
     }
     shapes[m.name] = {l.rows, l.cols};
+    // The tensors below are views of these buffers: their sizes must be the layout's.
+    if (static_cast<int64_t>(m.packed.codes.size()) != l.rows * l.code_row_bytes() ||
+        static_cast<int64_t>(m.packed.mask.size()) != l.rows * l.mask_row_bytes() ||
+        static_cast<int64_t>(m.packed.scales.size()) != l.n_scales()) {
+      return InvalidArgumentError("delta matrix " + m.name +
+                                  " holds another number of codes, 2:4 patterns or scales than "
+                                  "its layout");
+    }
     // zstd where it pays (≥ 3 % smaller): 2-bit codes of a delta are far from uniform.
     const std::vector<uint8_t>& raw = m.packed.codes;
     auto z = std::make_shared<std::vector<uint8_t>>(ZSTD_compressBound(raw.size()));

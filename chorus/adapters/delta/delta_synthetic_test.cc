@@ -156,6 +156,11 @@ TEST(DeltaSyntheticTest, LoadingFromTheMappedFileGivesTheBytesOfTheFileReadIntoM
     d.extras[1].row_scales.pop_back();
     EXPECT_EQ(WriteDelta(dir + "/short.safetensors", d).code(), StatusCode::kInvalidArgument);
     EXPECT_FALSE(std::filesystem::exists(dir + "/short.safetensors"));
+    d.extras.clear();
+    d.matrices[2].packed.codes.pop_back();
+    EXPECT_EQ(WriteDelta(dir + "/short.safetensors", d).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(SerializeDelta(d).status().code(), StatusCode::kInvalidArgument);
+    EXPECT_FALSE(std::filesystem::exists(dir + "/short.safetensors"));
   }
 
   // A 2:4 pattern byte above the largest pattern code, in the file.
