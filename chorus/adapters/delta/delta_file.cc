@@ -156,13 +156,18 @@ Tensor ViewOf(const std::vector<T>& v, DType dtype, std::vector<int64_t> shape) 
   return Tensor(TensorView{dtype, std::move(shape), v.empty() ? nullptr : v.data()}, nullptr);
 }
 
-// The delta file's tensors and __metadata__: views into `d` for what is stored as it is held
-// (codes, 2:4 patterns, extras), new buffers only for zstd-compressed codes and f16 scales, so
-// that writing a delta holds it about once more at most instead of twice (a copy of every
-// tensor, then the assembled file).
-Status FileContents(const Delta& d, int zstd_level, WriteStats* st,
-                    std::vector<std::pair<std::string, Tensor>>* tensors,
-                    std::map<std::string, std::string>* meta) {
+// The delta file's tensors and __metadata__: views into the Delta for what is stored as it is
+// held (codes, 2:4 patterns, extras), new buffers only for zstd-compressed codes and f16 scales,
+// so that writing a delta holds it about once more at most instead of twice (a copy of every
+// tensor, then the assembled file). `stats` gets everything but file_bytes.
+struct FileContents {
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  std::map<std::string, std::string> meta;
+  WriteStats stats;
+};
+
+Result<FileContents> ContentsOf(const Delta& d, int zstd_level) {
+  FileContents out;
   nlohmann::ordered_json shapes = nlohmann::ordered_json::object();
   for (const MatrixDelta& m : d.matrices) {
     const MatrixLayout& l = m.packed.layout;
@@ -183,29 +188,29 @@ Status FileContents(const Delta& d, int zstd_level, WriteStats* st,
     const std::vector<uint8_t>& raw = m.packed.codes;
     auto z = std::make_shared<std::vector<uint8_t>>(ZSTD_compressBound(raw.size()));
     const size_t zn = ZSTD_compress(z->data(), z->size(), raw.data(), raw.size(), zstd_level);
-    st->codes_raw_bytes += static_cast<int64_t>(raw.size());
+    out.stats.codes_raw_bytes += static_cast<int64_t>(raw.size());
     if (!ZSTD_isError(zn) && zn * 100 < raw.size() * 97) {
       z->resize(zn);
       z->shrink_to_fit();
       const void* bytes = z->data();
-      tensors->emplace_back(
+      out.tensors.emplace_back(
           m.name + ".codes.zst",
           Tensor(TensorView{DType::kU8, {static_cast<int64_t>(zn)}, bytes}, std::move(z)));
-      st->codes_stored_bytes += static_cast<int64_t>(zn);
-      ++st->matrices_zstd;
+      out.stats.codes_stored_bytes += static_cast<int64_t>(zn);
+      ++out.stats.matrices_zstd;
     } else {
-      tensors->emplace_back(m.name + ".codes",
-                            ViewOf(raw, DType::kU8, {l.rows, l.code_row_bytes()}));
-      st->codes_stored_bytes += static_cast<int64_t>(raw.size());
+      out.tensors.emplace_back(m.name + ".codes",
+                               ViewOf(raw, DType::kU8, {l.rows, l.code_row_bytes()}));
+      out.stats.codes_stored_bytes += static_cast<int64_t>(raw.size());
     }
     if (l.sparse24)
-      tensors->emplace_back(m.name + ".mask",
-                            ViewOf(m.packed.mask, DType::kU8, {l.rows, l.mask_row_bytes()}));
+      out.tensors.emplace_back(m.name + ".mask",
+                               ViewOf(m.packed.mask, DType::kU8, {l.rows, l.mask_row_bytes()}));
     if (l.group_size == 0) {
-      tensors->emplace_back(m.name + ".scales", ViewOf(m.packed.scales, DType::kF32, {1}));
+      out.tensors.emplace_back(m.name + ".scales", ViewOf(m.packed.scales, DType::kF32, {1}));
     } else {
-      tensors->emplace_back(m.name + ".scales", Tensor::FromF32(m.packed.scales, DType::kF16,
-                                                                {l.rows, l.groups_per_row()}));
+      out.tensors.emplace_back(m.name + ".scales", Tensor::FromF32(m.packed.scales, DType::kF16,
+                                                                   {l.rows, l.groups_per_row()}));
     }
   }
   for (const ExtraDelta& e : d.extras) {
@@ -219,43 +224,38 @@ Status FileContents(const Delta& d, int zstd_level, WriteStats* st,
                                   " holds another number of values than its shape");
     }
     if (exact) {
-      tensors->emplace_back(e.name + ".delta", ViewOf(e.values, DType::kF32, e.shape));
+      out.tensors.emplace_back(e.name + ".delta", ViewOf(e.values, DType::kF32, e.shape));
     } else {
-      tensors->emplace_back(e.name + ".q8", ViewOf(e.q, DType::kI8, e.shape));
-      tensors->emplace_back(e.name + ".q8_scales", ViewOf(e.row_scales, DType::kF32, {e.shape[0]}));
+      out.tensors.emplace_back(e.name + ".q8", ViewOf(e.q, DType::kI8, e.shape));
+      out.tensors.emplace_back(e.name + ".q8_scales",
+                               ViewOf(e.row_scales, DType::kF32, {e.shape[0]}));
     }
   }
-  (*meta)["format"] = kDeltaFormatName;
-  (*meta)["format_version"] = std::to_string(kDeltaFormatVersion);
-  (*meta)["method"] = MethodName(d.method);
-  (*meta)["bits"] = std::to_string(d.bits);
-  (*meta)["sparsity"] = d.sparse24 ? "2:4" : "none";
-  (*meta)["group_size"] = std::to_string(d.group_size);
-  (*meta)["base_hash"] = d.base_hash;
-  (*meta)["matrices"] = shapes.dump();
-  if (!d.base_source.empty()) (*meta)["base_source"] = d.base_source;
-  if (!d.finetuned_source.empty()) (*meta)["finetuned_source"] = d.finetuned_source;
-  return OkStatus();
+  out.meta["format"] = kDeltaFormatName;
+  out.meta["format_version"] = std::to_string(kDeltaFormatVersion);
+  out.meta["method"] = MethodName(d.method);
+  out.meta["bits"] = std::to_string(d.bits);
+  out.meta["sparsity"] = d.sparse24 ? "2:4" : "none";
+  out.meta["group_size"] = std::to_string(d.group_size);
+  out.meta["base_hash"] = d.base_hash;
+  out.meta["matrices"] = shapes.dump();
+  if (!d.base_source.empty()) out.meta["base_source"] = d.base_source;
+  if (!d.finetuned_source.empty()) out.meta["finetuned_source"] = d.finetuned_source;
+  return out;
 }
 
 }  // namespace
 
 Result<std::string> SerializeDelta(const Delta& d, int zstd_level, WriteStats* stats) {
-  WriteStats st;
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  std::map<std::string, std::string> meta;
-  CHORUS_RETURN_IF_ERROR(FileContents(d, zstd_level, &st, &tensors, &meta));
-  auto bytes = formats::SerializeSafetensors(tensors, meta);
-  if (bytes.ok()) st.file_bytes = static_cast<int64_t>(bytes->size());
-  if (stats) *stats = st;
+  CHORUS_ASSIGN_OR_RETURN(FileContents c, ContentsOf(d, zstd_level));
+  auto bytes = formats::SerializeSafetensors(c.tensors, c.meta);
+  if (bytes.ok()) c.stats.file_bytes = static_cast<int64_t>(bytes->size());
+  if (stats) *stats = c.stats;
   return bytes;
 }
 
 Status WriteDelta(const std::string& path, const Delta& d, int zstd_level, WriteStats* stats) {
-  WriteStats st;
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  std::map<std::string, std::string> meta;
-  CHORUS_RETURN_IF_ERROR(FileContents(d, zstd_level, &st, &tensors, &meta));
+  CHORUS_ASSIGN_OR_RETURN(FileContents c, ContentsOf(d, zstd_level));
   if (!EndsWith(path, ".safetensors") && !IsDirectory(path)) {
     if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST)
       return ErrnoError(errno, "creating delta directory " + path);
@@ -264,10 +264,10 @@ Status WriteDelta(const std::string& path, const Delta& d, int zstd_level, Write
   // A killed earlier write of this file left its temp file: removed once its writer is gone.
   RemoveDeadWritersTempFiles(file);
   // Streamed: the header, then each tensor from where it is held (formats/safetensors.h).
-  CHORUS_RETURN_IF_ERROR(formats::WriteSafetensors(file, tensors, meta));
+  CHORUS_RETURN_IF_ERROR(formats::WriteSafetensors(file, c.tensors, c.meta));
   struct stat sb;
-  if (::stat(file.c_str(), &sb) == 0) st.file_bytes = static_cast<int64_t>(sb.st_size);
-  if (stats) *stats = st;
+  if (::stat(file.c_str(), &sb) == 0) c.stats.file_bytes = static_cast<int64_t>(sb.st_size);
+  if (stats) *stats = c.stats;
   return OkStatus();
 }
 
