@@ -372,7 +372,8 @@ int ServeCommand(int argc, char** argv) {
           "default deferral bound of inference requests under --finetune-policy deferred (ms; a "
           "request with a TTFT SLO uses its SLO)");
   f.Int("host-cache-size", 0,
-        "MiB of decoded adapters kept in host memory (LRU); 0 = min(2048, MemAvailable / 4)");
+        "MiB of decoded adapters and deltas kept in host memory (LRU); 0 = min(2048, "
+        "MemAvailable / 4)");
   f.Int("max-lora-rank", 256, "largest LoRA rank accepted");
   f.String(
       "lora-dtype", "bf16",

@@ -26,7 +26,11 @@
 # Environment: BUILD (build/release), WORK (/tmp/chorus-swap-bench), OUT (WORK/results), N (32),
 # DISTINCT (3), LOCK (a file: each setup command runs under `flock -s LOCK nice -n 19`),
 # METHOD (rtn | bitdelta), BITS (2; rtn), RATE, NUM, IN_MIN/IN_MAX, OUT_MIN/OUT_MAX, SEED (1), PORT (18500), K (1: the swap
-# baseline's --max-resident-models), SERVE_FLAGS (extra `chorus serve` flags), RUN_TAG.
+# baseline's --max-resident-models), HOST_CACHE (16384: the delta server's --host-cache-size in
+# MiB), SERVE_FLAGS (extra `chorus serve` flags, both systems), RUN_TAG. With --prefault in
+# SERVE_FLAGS a run starts once the server's host arena is resident (its start-up, not the
+# measured window); give the delta server a HOST_CACHE that fits its deltas (4096 for 32
+# BitDelta deltas) rather than the default, or it makes 16 GiB resident.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -48,6 +52,7 @@ OUT_MAX=${OUT_MAX:-128}
 SEED=${SEED:-1}
 PORT=${PORT:-18500}
 K=${K:-1}
+HOST_CACHE=${HOST_CACHE:-16384}
 SERVE_FLAGS=${SERVE_FLAGS:-}
 RUN_TAG=${RUN_TAG:-r1}
 TOKENIZER=${TOKENIZER:-$here/../shared/models/llama2-tokenizer/tokenizer.model}
@@ -126,7 +131,7 @@ run() {
   case $system in
     delta)
       rm -f "$WORK/registry-run.json" "$WORK/registry-run.json.lock"
-      args+=(--registry "$WORK/registry-run.json" --no-finetune --host-cache-size 16384)
+      args+=(--registry "$WORK/registry-run.json" --no-finetune --host-cache-size "$HOST_CACHE")
       for ((i = 0; i < N; i++)); do
         args+=(--delta "$(ft_name "$i")=$deltas_dir/$(ft_name "$i").safetensors")
       done ;;
@@ -151,6 +156,15 @@ run() {
     kill -0 "$server_pid" 2>/dev/null || { echo "server died; see $tag.server.log" >&2; exit 1; }
     sleep 1
   done
+  # --prefault: the host arena is made resident by a background thread after /health answers.
+  if [[ " $SERVE_FLAGS " == *" --prefault "* ]]; then
+    until curl -s "http://127.0.0.1:$PORT/metrics" | awk '
+        $1 == "chorus_adapter_host_arena_bytes" { size = $2 }
+        $1 == "chorus_adapter_host_arena_prefaulted_bytes" { done = $2 }
+        END { exit !(size == done) }'; do
+      sleep 1
+    done
+  fi
   local startup=$((SECONDS - t0))
   {
     echo "system=$system popularity=$pop run=$RUN_TAG rate=$RATE num=$NUM seed=$SEED k=$K method=$METHOD bits=$BITS"

@@ -77,7 +77,7 @@ Result<std::shared_ptr<const delta::DeltaWeights>> AdapterCache::GetDelta(const 
     CHORUS_ASSIGN_OR_RETURN(std::vector<AdapterFile> before, CurrentFingerprints(key.files));
     CHORUS_ASSIGN_OR_RETURN(
         auto w, delta::LoadDeltaWeightsShard(key.path, base_, base_weights_hash_, shard_.rank,
-                                             shard_.size, key.name));
+                                             shard_.size, key.name, limits_.arena));
     if (!CheckFingerprints(before).ok()) {
       return UnavailableError("delta '" + key.name + "': " + key.path +
                               " changed while being loaded; try again");

@@ -206,5 +206,34 @@ TEST(AdapterCacheTest, ConcurrentDeltaMissesLoadOnceAndErrorsAreNotCached) {
   EXPECT_EQ(cache.stats().loads, 2u);
 }
 
+// A delta's host copy is built in the same arena as LoRA copies (prefaulted by the engine), so a
+// delta server does not pay a first touch of fresh memory at every load; the chunks come back
+// when the last holder drops it.
+TEST(AdapterCacheTest, DeltaCopiesLiveInTheArenaUntilTheLastHolderDropsThem) {
+  Fixture f = Make(1);  // for its base config and directory
+  const std::string path = f.dir + "/arena-delta.safetensors";
+  delta::Delta d = delta::MakeRandomDelta(f.base, {.bits = 4, .sparse24 = true, .group_size = 64});
+  d.base_hash = "0123456789abcdef";
+  ASSERT_TRUE(delta::WriteDelta(path, d).ok());
+  AdapterCache cache(f.base, int64_t{64} << 20);
+  ASSERT_NE(cache.arena(), nullptr);
+  const VariantRef ref{.name = "d", .id = {9, 1}, .kind = "delta", .path = path};
+  std::shared_ptr<const delta::DeltaWeights> held;
+  {
+    auto w = cache.GetDelta(ref);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    held = *w;
+  }
+  EXPECT_TRUE(held->streamed_in_arena());
+  EXPECT_TRUE(cache.arena()->Contains(held->at(0, model::Linear::kQ).codes));
+  const auto in_use = static_cast<int64_t>(cache.arena()->bytes_in_use());
+  EXPECT_GE(in_use, delta::DeltaWeightsBytes(*held));
+  EXPECT_EQ(cache.stats().arena_used_bytes, in_use);
+  cache.Erase("d");  // the cache drops its reference; `held` keeps the chunks
+  EXPECT_EQ(static_cast<int64_t>(cache.arena()->bytes_in_use()), in_use);
+  held.reset();
+  EXPECT_EQ(cache.arena()->bytes_in_use(), 0u);
+}
+
 }  // namespace
 }  // namespace chorus::adapters

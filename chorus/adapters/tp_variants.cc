@@ -275,8 +275,8 @@ Result<TpVariantWorker::Loaded> TpVariantWorker::Load(std::string_view descripti
       VerifyRegisteredContent(ref.name, ref.path, ref.files, ref.id.content_hash));
   if (ref.kind == "delta") {
     CHORUS_ASSIGN_OR_RETURN(
-        auto d,
-        delta::LoadDeltaWeightsShard(ref.path, full_, base_weights_hash_, rank_, size_, ref.name));
+        auto d, delta::LoadDeltaWeightsShard(ref.path, full_, base_weights_hash_, rank_, size_,
+                                             ref.name, opts_.limits.arena));
     return Loaded{nullptr, std::move(d)};
   }
   LoraLoadOptions lo = opts_;

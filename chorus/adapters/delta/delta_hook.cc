@@ -16,26 +16,26 @@ Result<std::shared_ptr<const DeltaWeights>> DeltaWeights::Build(std::shared_ptr<
   return std::shared_ptr<const DeltaWeights>(std::move(w));
 }
 
-Result<std::shared_ptr<const DeltaWeights>> DeltaWeights::Build(Delta d,
-                                                                const model::ModelConfig& base,
-                                                                const std::string& name) {
+Result<std::shared_ptr<const DeltaWeights>> DeltaWeights::Build(
+    Delta d, const model::ModelConfig& base, const std::string& name,
+    std::shared_ptr<memory::HostArena> arena) {
   auto owned = std::make_shared<Delta>(std::move(d));
   std::vector<int64_t> matrix_of_view;
   CHORUS_ASSIGN_OR_RETURN(auto w, BuildViews(owned, base, name, &matrix_of_view));
-  w->MoveToStreamedBuffer(*owned, matrix_of_view);
+  w->MoveToStreamedBuffer(*owned, matrix_of_view, std::move(arena));
   return std::shared_ptr<const DeltaWeights>(std::move(w));
 }
 
-Result<std::shared_ptr<const DeltaWeights>> DeltaWeights::Build(MappedDelta m,
-                                                                const model::ModelConfig& base,
-                                                                const std::string& name) {
+Result<std::shared_ptr<const DeltaWeights>> DeltaWeights::Build(
+    MappedDelta m, const model::ModelConfig& base, const std::string& name,
+    std::shared_ptr<memory::HostArena> arena) {
   if (m.in_file.size() != m.delta.matrices.size())
     return InvalidArgumentError("delta '" + name + "': not read by ReadDeltaMapped");
   auto owned = std::make_shared<Delta>(std::move(m.delta));
   std::vector<int64_t> matrix_of_view;
   CHORUS_ASSIGN_OR_RETURN(auto w, BuildViews(owned, base, name, &matrix_of_view, &m.in_file));
   // Every view now points into the buffer; the file's mapping goes with `m`.
-  w->MoveToStreamedBuffer(*owned, matrix_of_view);
+  w->MoveToStreamedBuffer(*owned, matrix_of_view, std::move(arena));
   return std::shared_ptr<const DeltaWeights>(std::move(w));
 }
 
@@ -60,7 +60,16 @@ Result<DeltaWeights::Summary> DeltaWeights::Check(MappedDelta m, const model::Mo
   return s;  // the views pointed into m's mapping; they go with w
 }
 
-void DeltaWeights::MoveToStreamedBuffer(Delta& owned, const std::vector<int64_t>& matrix_of_view) {
+void DeltaWeights::FreeStreamed::operator()(uint8_t* p) const {
+  if (arena) {
+    arena->Free(p);
+  } else {
+    std::free(p);
+  }
+}
+
+void DeltaWeights::MoveToStreamedBuffer(Delta& owned, const std::vector<int64_t>& matrix_of_view,
+                                        std::shared_ptr<memory::HostArena> arena) {
   // Each array starts on a cache line.
   auto line = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
   auto sizes = [](const kernels::DeltaMatrixView& v) {
@@ -77,8 +86,16 @@ void DeltaWeights::MoveToStreamedBuffer(Delta& owned, const std::vector<int64_t>
     total += line(s.codes) + line(s.mask) + line(s.positions) + line(s.scales);
   }
   if (total == 0) return;
-  streamed_.reset(
-      static_cast<uint8_t*>(AllocateLarge(static_cast<size_t>(total), "delta matrices")));
+  // The arena's chunks are already resident (prefaulted, or touched by an earlier copy); on the
+  // VMs Chorus runs on a first touch costs more than the copy itself (memory/host_arena.h).
+  if (void* p = arena ? arena->Allocate(static_cast<size_t>(total)) : nullptr) {
+    streamed_ = std::unique_ptr<uint8_t, FreeStreamed>(static_cast<uint8_t*>(p),
+                                                       FreeStreamed{std::move(arena)});
+  } else {
+    streamed_ = std::unique_ptr<uint8_t, FreeStreamed>(
+        static_cast<uint8_t*>(AllocateLarge(static_cast<size_t>(total), "delta matrices")),
+        FreeStreamed{});
+  }
   uint8_t* at = streamed_.get();
   auto move = [&](const void* from, int64_t bytes) {
     std::memcpy(at, from, static_cast<size_t>(bytes));
@@ -223,12 +240,11 @@ Result<MappedDelta> ReadDeltaMappedFor(const std::string& path, const std::strin
 
 }  // namespace
 
-Result<std::shared_ptr<const DeltaWeights>> LoadDeltaWeights(const std::string& path,
-                                                             const model::ModelConfig& base,
-                                                             const std::string& base_hash,
-                                                             const std::string& name) {
+Result<std::shared_ptr<const DeltaWeights>> LoadDeltaWeights(
+    const std::string& path, const model::ModelConfig& base, const std::string& base_hash,
+    const std::string& name, std::shared_ptr<memory::HostArena> arena) {
   CHORUS_ASSIGN_OR_RETURN(MappedDelta m, ReadDeltaMappedFor(path, base_hash));
-  return DeltaWeights::Build(std::move(m), base, name);
+  return DeltaWeights::Build(std::move(m), base, name, std::move(arena));
 }
 
 Result<DeltaWeights::Summary> CheckDeltaFile(const std::string& path,

@@ -23,6 +23,7 @@
 
 #include "chorus/adapters/delta/delta_file.h"
 #include "chorus/kernels/delta.h"
+#include "chorus/memory/host_arena.h"
 #include "chorus/model/forward.h"
 
 namespace chorus::delta {
@@ -37,17 +38,20 @@ class DeltaWeights {
                                                            const model::ModelConfig& base,
                                                            const std::string& name);
   // What serving uses: the same checks and views, but every matrix's streamed bytes (codes, 2:4
-  // patterns and kept positions, scales) move into one buffer on huge pages
-  // (base/large_alloc.h) and d's copies are freed, matrix by matrix. A step reads each delta in
-  // its rows from DRAM; with 4 KiB pages every few rows cost a TLB miss and the hardware
-  // prefetchers stop at each page (docs/deltas.md "Serving").
-  static Result<std::shared_ptr<const DeltaWeights>> Build(Delta d, const model::ModelConfig& base,
-                                                           const std::string& name);
+  // patterns and kept positions, scales) move into one buffer and d's copies are freed, matrix
+  // by matrix. The buffer comes from `arena` (the host tier's prefaulted arena, shared with
+  // LoRA copies: memory/host_arena.h) when one is given and has a free run long enough, else
+  // from fresh huge pages (base/large_alloc.h). A step reads each delta in its rows from DRAM;
+  // with 4 KiB pages every few rows cost a TLB miss and the hardware prefetchers stop at each
+  // page (docs/deltas.md "Serving").
+  static Result<std::shared_ptr<const DeltaWeights>> Build(
+      Delta d, const model::ModelConfig& base, const std::string& name,
+      std::shared_ptr<memory::HostArena> arena = nullptr);
   // The same from a delta whose codes and patterns are still in its mapped file
   // (ReadDeltaMapped): copied once, from the file into the buffer.
-  static Result<std::shared_ptr<const DeltaWeights>> Build(MappedDelta m,
-                                                           const model::ModelConfig& base,
-                                                           const std::string& name);
+  static Result<std::shared_ptr<const DeltaWeights>> Build(
+      MappedDelta m, const model::ModelConfig& base, const std::string& name,
+      std::shared_ptr<memory::HostArena> arena = nullptr);
   // What registration learns of a delta: Build(MappedDelta)'s checks — every matrix mapped to a
   // layer linear of `base` with its shape and layout, the extras — without its copy into memory
   // (most of a load's time and ~120 MB for a TinyLlama-shape delta, only to be freed).
@@ -73,8 +77,10 @@ class DeltaWeights {
   bool has_extras() const { return has_extras_; }
   // Bytes of the 2:4 matrices' kept positions, derived at Build for the int16 kernel.
   int64_t positions_bytes() const;
-  // Whether the matrices sit in the huge-page buffer (the Build(Delta) overload).
+  // Whether the matrices sit in one streamed buffer (the Build(Delta) and Build(MappedDelta)
+  // overloads), and whether that buffer is in the host arena.
   bool streamed_buffer() const { return streamed_ != nullptr; }
+  bool streamed_in_arena() const { return streamed_ != nullptr && streamed_.get_deleter().arena; }
 
  private:
   // The checks and views of the Build overloads; `matrix_of_view` gets, per view, the index of
@@ -85,14 +91,20 @@ class DeltaWeights {
       std::shared_ptr<const Delta> d, const model::ModelConfig& base, const std::string& name,
       std::vector<int64_t>* matrix_of_view,
       const std::vector<MappedDelta::Bytes>* in_file = nullptr, bool kept_positions = true);
-  // Copies the views' bytes into streamed_, repoints them, and frees the copies in `owned`
-  // (the Delta delta_ points to) and positions_.
-  void MoveToStreamedBuffer(Delta& owned, const std::vector<int64_t>& matrix_of_view);
+  // Copies the views' bytes into streamed_ (from `arena` when it has room), repoints them, and
+  // frees the copies in `owned` (the Delta delta_ points to) and positions_.
+  void MoveToStreamedBuffer(Delta& owned, const std::vector<int64_t>& matrix_of_view,
+                            std::shared_ptr<memory::HostArena> arena);
+  // Gives the streamed buffer back to the arena it came from, or to std::free.
+  struct FreeStreamed {
+    std::shared_ptr<memory::HostArena> arena;
+    void operator()(uint8_t* p) const;
+  };
 
   std::shared_ptr<const Delta> delta_;
   std::vector<kernels::DeltaMatrixView> views_;   // [n_layers × kNumLinears]; rows 0 = none
   std::vector<std::vector<uint64_t>> positions_;  // the 2:4 views' kept positions (until moved)
-  std::unique_ptr<uint8_t, void (*)(void*)> streamed_{nullptr, &std::free};
+  std::unique_ptr<uint8_t, FreeStreamed> streamed_;
   int64_t n_layers_ = 0;
   std::string name_;
   std::vector<std::vector<float>> norms_;  // [n_layers × 2 + 1]: attn, ffn, …, output; {} = none
@@ -103,11 +115,10 @@ class DeltaWeights {
 
 // Reads a delta file or directory (ReadDelta), checks it was made against the base whose
 // BaseWeightsHash() is `base_hash` (unless empty: kFailedPrecondition naming both hashes), and
-// builds its kernel views. Errors start with the path.
-Result<std::shared_ptr<const DeltaWeights>> LoadDeltaWeights(const std::string& path,
-                                                             const model::ModelConfig& base,
-                                                             const std::string& base_hash,
-                                                             const std::string& name);
+// builds its kernel views (in `arena` when given: Build). Errors start with the path.
+Result<std::shared_ptr<const DeltaWeights>> LoadDeltaWeights(
+    const std::string& path, const model::ModelConfig& base, const std::string& base_hash,
+    const std::string& name, std::shared_ptr<memory::HostArena> arena = nullptr);
 // The same checks, every byte of the file included, without building the views' copy: what
 // registering a delta needs (adapters/registry.h), which then loads it only when it is used.
 Result<DeltaWeights::Summary> CheckDeltaFile(const std::string& path,

@@ -11,6 +11,7 @@
 
 #include "chorus/adapters/delta/delta_hook.h"
 #include "chorus/base/mapped_file.h"
+#include "chorus/memory/host_arena.h"
 #include "chorus/model/synthetic.h"
 #include "tests/testutil/testutil.h"
 
@@ -92,6 +93,44 @@ TEST(DeltaSyntheticTest, ServingBuildMovesTheMatricesIntoOneBufferWithTheSameByt
     EXPECT_FALSE((*kept)->streamed_buffer());
     ExpectSameBytesInTheStreamedBuffer(**kept, **moved, c);
   }
+}
+
+// Given the host tier's arena, serving's Build puts the buffer in it (same bytes, every view
+// inside the arena) and gives the chunks back when the last holder drops the weights; an arena
+// without a long enough free run leaves the buffer on fresh huge pages, with the same bytes.
+TEST(DeltaSyntheticTest, ServingBuildUsesTheHostArenaWhenItHasRoom) {
+  auto base = model::MakeSyntheticModel({.shape = "tiny", .dtype = DType::kF32, .seed = 3});
+  ASSERT_TRUE(base.ok());
+  const model::ModelConfig& c = (*base)->config();
+  const Delta d = MakeRandomDelta(c, {.bits = 2, .sparse24 = true, .group_size = 64});
+  auto kept = DeltaWeights::Build(std::make_shared<const Delta>(d), c, "kept");
+  ASSERT_TRUE(kept.ok());
+  auto arena = std::make_shared<memory::HostArena>(size_t{64} << 20);
+  {
+    auto in_arena = DeltaWeights::Build(Delta(d), c, "in-arena", arena);
+    ASSERT_TRUE(in_arena.ok()) << in_arena.status().ToString();
+    EXPECT_TRUE((*in_arena)->streamed_in_arena());
+    ExpectSameBytesInTheStreamedBuffer(**kept, **in_arena, c);
+    EXPECT_GE(arena->bytes_in_use(), static_cast<size_t>(DeltaWeightsBytes(**in_arena)));
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      for (int li = 0; li < model::kNumLinears; ++li) {
+        const kernels::DeltaMatrixView& v = (*in_arena)->at(l, static_cast<model::Linear>(li));
+        EXPECT_TRUE(arena->Contains(v.codes) && arena->Contains(v.scales) &&
+                    arena->Contains(v.mask) && arena->Contains(v.positions))
+            << l << " " << li;
+      }
+    }
+    // A second delta while the first holds the arena's only long run: fresh memory.
+    auto full = std::make_shared<memory::HostArena>(memory::HostArena::kChunkBytes);
+    auto outside = DeltaWeights::Build(Delta(d), c, "outside", full);
+    ASSERT_TRUE(outside.ok());
+    if (DeltaWeightsBytes(**outside) > static_cast<int64_t>(memory::HostArena::kChunkBytes)) {
+      EXPECT_FALSE((*outside)->streamed_in_arena());
+      EXPECT_EQ(full->bytes_in_use(), 0u);
+    }
+    ExpectSameBytesInTheStreamedBuffer(**kept, **outside, c);
+  }
+  EXPECT_EQ(arena->bytes_in_use(), 0u);
 }
 
 // Serving loads a delta file through ReadDeltaMapped, copying codes and patterns from the

@@ -30,11 +30,10 @@ namespace chorus::delta {
 Result<Delta> ShardDelta(const Delta& d, const model::ModelConfig& full, int rank, int size);
 
 // LoadDeltaWeights for `rank` of `size`: read, checked against `base_hash` (the whole base's),
-// sharded, and built against model::ShardConfig(full, size). Errors start with the path.
-Result<std::shared_ptr<const DeltaWeights>> LoadDeltaWeightsShard(const std::string& path,
-                                                                  const model::ModelConfig& full,
-                                                                  const std::string& base_hash,
-                                                                  int rank, int size,
-                                                                  const std::string& name);
+// sharded, and built against model::ShardConfig(full, size), in `arena` when given
+// (DeltaWeights::Build). Errors start with the path.
+Result<std::shared_ptr<const DeltaWeights>> LoadDeltaWeightsShard(
+    const std::string& path, const model::ModelConfig& full, const std::string& base_hash, int rank,
+    int size, const std::string& name, std::shared_ptr<memory::HostArena> arena = nullptr);
 
 }  // namespace chorus::delta
