@@ -149,6 +149,10 @@ int ConvertCommand(int argc, char** argv) {
            "dtype of the matrices, or a K-quant mix (q4_k_m, ...: a type per tensor as llama.cpp\n"
            "chooses it, docs/kernels.md) (default: keep the source's where the target allows)");
   f.String("format", "gguf", "output format: gguf or hf");
+  f.String("max-shard-size", "5GB",
+           "hf: split weights larger than this into model-0000i-of-0000N.safetensors shards + "
+           "model.safetensors.index.json, as transformers' save_pretrained does (5GB, 500MB, "
+           "2GiB or bytes)");
   f.String("output", "", "output file (gguf) or directory (hf)");
   f.String("tokenizer", "",
            "tokenizer file or directory to embed (default: the model's own, found as `chorus "
@@ -200,6 +204,11 @@ int ConvertCommand(int argc, char** argv) {
   else
     return Fail("convert", InvalidArgumentError("--format must be gguf or hf, not '" +
                                                 fmt.substr(0, 32) + "'"));
+  {
+    auto shard = model::ParseShardSize(f.GetString("max-shard-size"));
+    if (!shard.ok()) return Fail("convert", shard.status().WithContext("flag --max-shard-size"));
+    opts.max_shard_bytes = *shard;
+  }
   if (f.IsSet("dtype")) {
     auto d = model::QuantScheme::Parse(f.GetString("dtype"));
     if (!d.ok()) return Fail("convert", d.status());

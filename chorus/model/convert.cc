@@ -3,10 +3,14 @@
 #include <sys/stat.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <string_view>
 
 #include "chorus/base/mapped_file.h"
 #include "chorus/formats/gguf.h"
@@ -232,14 +236,60 @@ Status WriteGguf(const ModelFile& m, const ConvertOptions& o,
   return w.Write(o.output);
 }
 
+// After a conversion into `dir`: removes the weight files of an earlier one that this one did
+// not write — model.safetensors when it wrote shards; the index and every
+// model-NNNNN-of-NNNNN.safetensors not named in the new index otherwise. A reader that finds
+// an index ignores model.safetensors, but other tools would not, and a stale shard wastes disk.
+Status RemoveStaleWeightFiles(const std::string& dir, bool sharded) {
+  std::set<std::string> keep;
+  if (sharded) {
+    CHORUS_ASSIGN_OR_RETURN(std::string text,
+                            ReadFileToString(dir + "/model.safetensors.index.json"));
+    const auto index = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (index.is_discarded() || !index.contains("weight_map"))
+      return InternalError(dir + "/model.safetensors.index.json: not the index just written");
+    for (const auto& [tensor, shard] : index["weight_map"].items())
+      keep.insert(shard.get<std::string>());
+  }
+  // model-NNNNN-of-NNNNN.safetensors, exactly.
+  auto is_shard_name = [](const std::string& n) {
+    static constexpr std::string_view kShape = "model-#####-of-#####.safetensors";
+    if (n.size() != kShape.size()) return false;
+    for (size_t i = 0; i < n.size(); ++i) {
+      if (kShape[i] == '#' ? n[i] < '0' || n[i] > '9' : n[i] != kShape[i]) return false;
+    }
+    return true;
+  };
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    const bool stale = sharded ? n == "model.safetensors" || (is_shard_name(n) && !keep.count(n))
+                               : n == "model.safetensors.index.json" || is_shard_name(n);
+    if (stale && !std::filesystem::remove(e.path(), ec) && ec)
+      return ErrnoError(ec.value(), "cannot remove the earlier conversion's " + e.path().string());
+  }
+  if (ec) return ErrnoError(ec.value(), "cannot list " + dir);
+  return OkStatus();
+}
+
 Status WriteHf(const ModelFile& m, const ConvertOptions& o) {
   const ModelConfig& c = m.config;
   if (::mkdir(o.output.c_str(), 0755) != 0 && errno != EEXIST)
     return ErrnoError(errno, "cannot create " + o.output);
+  if (o.max_shard_bytes == 0) return InvalidArgumentError("the maximum shard size must be > 0");
   std::vector<std::pair<std::string, Tensor>> out;
   CHORUS_ASSIGN_OR_RETURN(out, TargetTensors(m, o, kernels::RopeLayout::kHalf));
-  CHORUS_RETURN_IF_ERROR(
-      formats::WriteSafetensors(o.output + "/model.safetensors", out, {{"format", "pt"}}));
+  uint64_t total = 0;
+  for (const auto& [name, t] : out) total += static_cast<uint64_t>(t.view().NumBytes());
+  const bool sharded = total > o.max_shard_bytes;
+  if (sharded) {
+    CHORUS_RETURN_IF_ERROR(
+        formats::WriteSafetensorsSharded(o.output, out, o.max_shard_bytes, {{"format", "pt"}}));
+  } else {
+    CHORUS_RETURN_IF_ERROR(
+        formats::WriteSafetensors(o.output + "/model.safetensors", out, {{"format", "pt"}}));
+  }
+  CHORUS_RETURN_IF_ERROR(RemoveStaleWeightFiles(o.output, sharded));
   nlohmann::json j;
   const char* hf_arch = c.arch == "qwen2"    ? "Qwen2ForCausalLM"
                         : c.arch == "qwen3"  ? "Qwen3ForCausalLM"
@@ -314,6 +364,30 @@ Status ConvertModel(const ModelFile& model, const ConvertOptions& opts,
   if (opts.output.empty()) return InvalidArgumentError("convert needs an output path (-o)");
   if (opts.format == OutputFormat::kGguf) return WriteGguf(model, opts, gguf_extra);
   return WriteHf(model, opts);
+}
+
+Result<uint64_t> ParseShardSize(std::string_view text) {
+  auto bad = [&] {
+    return InvalidArgumentError("shard size '" + std::string(text.substr(0, 32)) +
+                                "' is not a positive size such as 5GB, 500MB, 2GiB or a number "
+                                "of bytes");
+  };
+  size_t digits = 0;
+  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
+  if (digits == 0 || digits > 15) return bad();
+  uint64_t n = 0;
+  for (size_t i = 0; i < digits; ++i) n = n * 10 + static_cast<uint64_t>(text[i] - '0');
+  static const std::map<std::string, uint64_t, std::less<>> kUnits = {{"", 1},
+                                                                      {"B", 1},
+                                                                      {"KB", 1000},
+                                                                      {"MB", 1000'000},
+                                                                      {"GB", 1000'000'000},
+                                                                      {"KiB", uint64_t{1} << 10},
+                                                                      {"MiB", uint64_t{1} << 20},
+                                                                      {"GiB", uint64_t{1} << 30}};
+  auto unit = kUnits.find(text.substr(digits));
+  if (unit == kUnits.end() || n == 0 || n > UINT64_MAX / unit->second) return bad();
+  return n * unit->second;
 }
 
 }  // namespace chorus::model

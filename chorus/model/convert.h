@@ -9,6 +9,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "chorus/model/model.h"
 #include "chorus/model/quant_scheme.h"
@@ -29,7 +30,16 @@ struct ConvertOptions {
   // When set, chooses each matrix's dtype instead (a K-quant mix such as q4_k_m).
   std::optional<QuantScheme> mix = std::nullopt;
   std::string output;  // file (GGUF) or directory (HF)
+  // HF: weights of more bytes than this are split into model-0000i-of-0000N.safetensors shards
+  // plus model.safetensors.index.json, as transformers' save_pretrained does (its default,
+  // "5GB", is 5·10⁹ bytes); no more than this is one model.safetensors. Weight files of an
+  // earlier conversion in the directory that this one does not write are removed. Must be > 0.
+  uint64_t max_shard_bytes = 5'000'000'000;
 };
+
+// "5GB", "500MB", "2GiB", "1048576" (bytes): transformers' max_shard_size notation (KB, MB, GB
+// are powers of 1000; KiB, MiB, GiB of 1024). Errors name the value.
+Result<uint64_t> ParseShardSize(std::string_view text);
 
 // Writes the model's weights and config. Tokenizer data is written by the caller through
 // `tokenizer_writer` (GGUF metadata) or into the directory (HF), so this module does not depend
