@@ -3,6 +3,8 @@
 // block's 8 panels x 16 rows x 64 bytes per 512-column chunk stored in the order the kernel
 // reads them). Same sums either way (checked).
 #include <immintrin.h>
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -12,7 +14,6 @@
 #include <random>
 #include <thread>
 #include <vector>
-#include <sys/mman.h>
 
 constexpr int64_t kRows = 5632, kCols = 2048, kRowBytes = kCols / 8, kChunks = kCols / 512;
 constexpr int64_t kMatBytes = kRows * kRowBytes;
@@ -80,7 +81,8 @@ void Block(const uint8_t* m, int64_t b, const int16_t* tables, int32_t* out) {
     for (int k = 0; k < 16; ++k) {
       for (int64_t p = 0; p < 8; ++p) {
         if (kSpread && ahead && kAhead > 0)
-          _mm_prefetch(reinterpret_cast<const char*>(ahead + 64 * (128 * c + 8 * k + p)), _MM_HINT_T1);
+          _mm_prefetch(reinterpret_cast<const char*>(ahead + 64 * (128 * c + 8 * k + p)),
+                       _MM_HINT_T1);
         __m512i acc = _mm512_load_si512(sums[p]);
         __m512i code = _mm512_load_si512(bits[p][k]);
         for (int s = 0; s < 4; ++s) {
@@ -132,15 +134,15 @@ int main(int argc, char** argv) {
     const int64_t nblocks = kRows / kBlockRows;  // 44
     auto worker = [&](int t) {
       for (int pass = 0; pass < passes; ++pass)
-      for (int64_t m = 0; m < n_mats; ++m) {
-        const uint8_t* base = (seq ? sq : rm) + m * kMatBytes;
-        for (int64_t b = t * nblocks / 2; b < (t + 1) * nblocks / 2; ++b) {
-          if (seq)
-            Block<true>(base, b, tables.data(), out.data() + m * kRows + b * kBlockRows);
-          else
-            Block<false>(base, b, tables.data(), out.data() + m * kRows + b * kBlockRows);
+        for (int64_t m = 0; m < n_mats; ++m) {
+          const uint8_t* base = (seq ? sq : rm) + m * kMatBytes;
+          for (int64_t b = t * nblocks / 2; b < (t + 1) * nblocks / 2; ++b) {
+            if (seq)
+              Block<true>(base, b, tables.data(), out.data() + m * kRows + b * kBlockRows);
+            else
+              Block<false>(base, b, tables.data(), out.data() + m * kRows + b * kBlockRows);
+          }
         }
-      }
     };
     const auto t0 = std::chrono::steady_clock::now();
     std::thread a(worker, 0), b(worker, 1);
