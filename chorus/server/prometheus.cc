@@ -354,13 +354,13 @@ std::string RenderAdapterPrometheus(const engine::AdapterMetrics& m,
     Scalar(&out, "chorus_adapter_host_cache_entries", "gauge", "Adapters in the host tier.",
            static_cast<double>(cache->entries));
     Scalar(&out, "chorus_adapter_host_arena_bytes", "gauge",
-           "Size of the host tier's arena (decoded adapters are built there).",
+           "Size of the host tier's arena (decoded adapters and deltas are built there).",
            static_cast<double>(cache->arena_bytes));
     Scalar(&out, "chorus_adapter_host_arena_prefaulted_bytes", "gauge",
            "Bytes of the host arena made resident by the start-up prefault so far.",
            static_cast<double>(cache->arena_prefaulted_bytes));
     Scalar(&out, "chorus_adapter_host_arena_used_bytes", "gauge",
-           "Bytes of the host arena held by decoded adapters.",
+           "Bytes of the host arena held by decoded adapters and deltas.",
            static_cast<double>(cache->arena_used_bytes));
   }
   return out;
