@@ -445,10 +445,9 @@ Status WriteSafetensors(const std::string& path,
   return WriteFileAtomically(path, pieces);
 }
 
-Status WriteSafetensorsSharded(const std::string& dir,
-                               const std::vector<std::pair<std::string, Tensor>>& tensors,
-                               uint64_t max_shard_bytes,
-                               const std::map<std::string, std::string>& metadata) {
+Result<std::vector<std::string>> WriteSafetensorsSharded(
+    const std::string& dir, const std::vector<std::pair<std::string, Tensor>>& tensors,
+    uint64_t max_shard_bytes, const std::map<std::string, std::string>& metadata) {
   // Greedy packing in the given order.
   std::vector<std::vector<std::pair<std::string, Tensor>>> shards(1);
   uint64_t in_shard = 0, total = 0;
@@ -465,11 +464,13 @@ Status WriteSafetensorsSharded(const std::string& dir,
   nlohmann::ordered_json index;
   index["metadata"] = {{"total_size", total}};
   index["weight_map"] = nlohmann::ordered_json::object();
+  std::vector<std::string> names;
   for (size_t i = 0; i < shards.size(); ++i) {
     char name[64];
     std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
     CHORUS_RETURN_IF_ERROR(WriteSafetensors(dir + "/" + name, shards[i], metadata));
     for (const auto& p : shards[i]) index["weight_map"][p.first] = name;
+    names.emplace_back(name);
   }
   std::string text;
   try {
@@ -477,7 +478,8 @@ Status WriteSafetensorsSharded(const std::string& dir,
   } catch (const nlohmann::json::exception&) {
     return InvalidArgumentError("safetensors: a tensor name is not UTF-8");
   }
-  return WriteFileAtomically(dir + "/model.safetensors.index.json", text);
+  CHORUS_RETURN_IF_ERROR(WriteFileAtomically(dir + "/model.safetensors.index.json", text));
+  return names;
 }
 
 }  // namespace chorus::formats

@@ -84,11 +84,10 @@ Result<std::string> SerializeSafetensors(const std::vector<std::pair<std::string
 // model-00001-of-0000N.safetensors of at most `max_shard_bytes` of tensor data each (a larger
 // tensor gets a shard of its own), and model.safetensors.index.json with
 // {"metadata": {"total_size": ...}, "weight_map": {name: shard}}. `metadata` goes into every
-// shard's __metadata__.
-Status WriteSafetensorsSharded(const std::string& dir,
-                               const std::vector<std::pair<std::string, Tensor>>& tensors,
-                               uint64_t max_shard_bytes,
-                               const std::map<std::string, std::string>& metadata = {});
+// shard's __metadata__. Returns the shards' file names, in order.
+Result<std::vector<std::string>> WriteSafetensorsSharded(
+    const std::string& dir, const std::vector<std::pair<std::string, Tensor>>& tensors,
+    uint64_t max_shard_bytes, const std::map<std::string, std::string>& metadata = {});
 
 // Safetensors dtype names ("F32", "BF16", ...) to/from Chorus dtypes (F32, F16, BF16, I8, U8,
 // I32); others are kUnimplemented.

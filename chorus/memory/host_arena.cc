@@ -107,4 +107,21 @@ size_t HostArena::bytes_in_use() const {
   return chunks_in_use_ * kChunkBytes;
 }
 
+HostBuffer::HostBuffer(size_t bytes, std::shared_ptr<HostArena> arena, const char* what)
+    : bytes_(bytes) {
+  if (void* p = arena ? arena->Allocate(bytes) : nullptr) {
+    p_ = std::unique_ptr<void, Free>(p, Free{std::move(arena)});
+  } else {
+    p_ = std::unique_ptr<void, Free>(AllocateLarge(bytes, what), Free{});
+  }
+}
+
+void HostBuffer::Free::operator()(void* p) const {
+  if (arena) {
+    arena->Free(p);
+  } else {
+    std::free(p);
+  }
+}
+
 }  // namespace chorus::memory

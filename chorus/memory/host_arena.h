@@ -72,4 +72,26 @@ class HostArena {
   std::thread prefault_;
 };
 
+// A host copy's memory (a decoded LoRA adapter, a delta's streamed matrices): uninitialized,
+// 64-byte aligned, taken from `arena` when one is given and has a free run long enough, else from
+// AllocateLarge (fresh huge pages: slower to fill on first touch, never an error). Given back
+// where it came from when destroyed; holds the arena until then.
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  // `bytes` ≥ 1; `what` names the buffer in AllocateLarge's out-of-memory message.
+  HostBuffer(size_t bytes, std::shared_ptr<HostArena> arena, const char* what);
+  void* data() const { return p_.get(); }
+  size_t size() const { return bytes_; }
+  bool in_arena() const { return p_ != nullptr && p_.get_deleter().arena != nullptr; }
+
+ private:
+  struct Free {
+    void operator()(void* p) const;
+    std::shared_ptr<HostArena> arena;  // null: p came from AllocateLarge
+  };
+  std::unique_ptr<void, Free> p_;
+  size_t bytes_ = 0;
+};
+
 }  // namespace chorus::memory

@@ -236,21 +236,12 @@ Status WriteGguf(const ModelFile& m, const ConvertOptions& o,
   return w.Write(o.output);
 }
 
-// After a conversion into `dir`: removes the weight files of an earlier one that this one did
-// not write — model.safetensors when it wrote shards; the index and every
-// model-NNNNN-of-NNNNN.safetensors not named in the new index otherwise. A reader that finds
-// an index ignores model.safetensors, but other tools would not, and a stale shard wastes disk.
-Status RemoveStaleWeightFiles(const std::string& dir, bool sharded) {
-  std::set<std::string> keep;
-  if (sharded) {
-    CHORUS_ASSIGN_OR_RETURN(std::string text,
-                            ReadFileToString(dir + "/model.safetensors.index.json"));
-    const auto index = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (index.is_discarded() || !index.contains("weight_map"))
-      return InternalError(dir + "/model.safetensors.index.json: not the index just written");
-    for (const auto& [tensor, shard] : index["weight_map"].items())
-      keep.insert(shard.get<std::string>());
-  }
+// After a conversion into `dir` that wrote the weight files `written`: removes the weight files
+// of an earlier one — model.safetensors, model.safetensors.index.json and
+// model-NNNNN-of-NNNNN.safetensors — that are not among them (a sharded conversion writes its
+// index too). A reader that finds an index ignores model.safetensors, but other tools would
+// not, and a stale shard wastes disk.
+Status RemoveStaleWeightFiles(const std::string& dir, const std::set<std::string>& written) {
   // model-NNNNN-of-NNNNN.safetensors, exactly.
   auto is_shard_name = [](const std::string& n) {
     static constexpr std::string_view kShape = "model-#####-of-#####.safetensors";
@@ -263,9 +254,9 @@ Status RemoveStaleWeightFiles(const std::string& dir, bool sharded) {
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
     const std::string n = e.path().filename().string();
-    const bool stale = sharded ? n == "model.safetensors" || (is_shard_name(n) && !keep.count(n))
-                               : n == "model.safetensors.index.json" || is_shard_name(n);
-    if (stale && !std::filesystem::remove(e.path(), ec) && ec)
+    const bool weights =
+        n == "model.safetensors" || n == "model.safetensors.index.json" || is_shard_name(n);
+    if (weights && !written.count(n) && !std::filesystem::remove(e.path(), ec) && ec)
       return ErrnoError(ec.value(), "cannot remove the earlier conversion's " + e.path().string());
   }
   if (ec) return ErrnoError(ec.value(), "cannot list " + dir);
@@ -274,22 +265,26 @@ Status RemoveStaleWeightFiles(const std::string& dir, bool sharded) {
 
 Status WriteHf(const ModelFile& m, const ConvertOptions& o) {
   const ModelConfig& c = m.config;
+  if (o.max_shard_bytes == 0) return InvalidArgumentError("the maximum shard size must be > 0");
   if (::mkdir(o.output.c_str(), 0755) != 0 && errno != EEXIST)
     return ErrnoError(errno, "cannot create " + o.output);
-  if (o.max_shard_bytes == 0) return InvalidArgumentError("the maximum shard size must be > 0");
   std::vector<std::pair<std::string, Tensor>> out;
   CHORUS_ASSIGN_OR_RETURN(out, TargetTensors(m, o, kernels::RopeLayout::kHalf));
   uint64_t total = 0;
   for (const auto& [name, t] : out) total += static_cast<uint64_t>(t.view().NumBytes());
-  const bool sharded = total > o.max_shard_bytes;
-  if (sharded) {
-    CHORUS_RETURN_IF_ERROR(
+  std::set<std::string> written;
+  if (total > o.max_shard_bytes) {
+    CHORUS_ASSIGN_OR_RETURN(
+        std::vector<std::string> shards,
         formats::WriteSafetensorsSharded(o.output, out, o.max_shard_bytes, {{"format", "pt"}}));
+    written = {shards.begin(), shards.end()};
+    written.insert("model.safetensors.index.json");
   } else {
     CHORUS_RETURN_IF_ERROR(
         formats::WriteSafetensors(o.output + "/model.safetensors", out, {{"format", "pt"}}));
+    written = {"model.safetensors"};
   }
-  CHORUS_RETURN_IF_ERROR(RemoveStaleWeightFiles(o.output, sharded));
+  CHORUS_RETURN_IF_ERROR(RemoveStaleWeightFiles(o.output, written));
   nlohmann::json j;
   const char* hf_arch = c.arch == "qwen2"    ? "Qwen2ForCausalLM"
                         : c.arch == "qwen3"  ? "Qwen3ForCausalLM"

@@ -3,7 +3,6 @@
 #include <cstring>
 #include <map>
 
-#include "chorus/base/large_alloc.h"
 #include "chorus/kernels/ops.h"
 
 namespace chorus::delta {
@@ -60,14 +59,6 @@ Result<DeltaWeights::Summary> DeltaWeights::Check(MappedDelta m, const model::Mo
   return s;  // the views pointed into m's mapping; they go with w
 }
 
-void DeltaWeights::FreeStreamed::operator()(uint8_t* p) const {
-  if (arena) {
-    arena->Free(p);
-  } else {
-    std::free(p);
-  }
-}
-
 void DeltaWeights::MoveToStreamedBuffer(Delta& owned, const std::vector<int64_t>& matrix_of_view,
                                         std::shared_ptr<memory::HostArena> arena) {
   // Each array starts on a cache line.
@@ -88,15 +79,8 @@ void DeltaWeights::MoveToStreamedBuffer(Delta& owned, const std::vector<int64_t>
   if (total == 0) return;
   // The arena's chunks are already resident (prefaulted, or touched by an earlier copy); on the
   // VMs Chorus runs on a first touch costs more than the copy itself (memory/host_arena.h).
-  if (void* p = arena ? arena->Allocate(static_cast<size_t>(total)) : nullptr) {
-    streamed_ = std::unique_ptr<uint8_t, FreeStreamed>(static_cast<uint8_t*>(p),
-                                                       FreeStreamed{std::move(arena)});
-  } else {
-    streamed_ = std::unique_ptr<uint8_t, FreeStreamed>(
-        static_cast<uint8_t*>(AllocateLarge(static_cast<size_t>(total), "delta matrices")),
-        FreeStreamed{});
-  }
-  uint8_t* at = streamed_.get();
+  streamed_ = memory::HostBuffer(static_cast<size_t>(total), std::move(arena), "delta matrices");
+  uint8_t* at = static_cast<uint8_t*>(streamed_.data());
   auto move = [&](const void* from, int64_t bytes) {
     std::memcpy(at, from, static_cast<size_t>(bytes));
     uint8_t* to = at;

@@ -16,7 +16,6 @@
 // thread per step (SetRows, then Forward::Run).
 #pragma once
 
-#include <cstdlib>
 #include <memory>
 #include <span>
 #include <vector>
@@ -79,8 +78,8 @@ class DeltaWeights {
   int64_t positions_bytes() const;
   // Whether the matrices sit in one streamed buffer (the Build(Delta) and Build(MappedDelta)
   // overloads), and whether that buffer is in the host arena.
-  bool streamed_buffer() const { return streamed_ != nullptr; }
-  bool streamed_in_arena() const { return streamed_ != nullptr && streamed_.get_deleter().arena; }
+  bool streamed_buffer() const { return streamed_.data() != nullptr; }
+  bool streamed_in_arena() const { return streamed_.in_arena(); }
 
  private:
   // The checks and views of the Build overloads; `matrix_of_view` gets, per view, the index of
@@ -95,16 +94,11 @@ class DeltaWeights {
   // frees the copies in `owned` (the Delta delta_ points to) and positions_.
   void MoveToStreamedBuffer(Delta& owned, const std::vector<int64_t>& matrix_of_view,
                             std::shared_ptr<memory::HostArena> arena);
-  // Gives the streamed buffer back to the arena it came from, or to std::free.
-  struct FreeStreamed {
-    std::shared_ptr<memory::HostArena> arena;
-    void operator()(uint8_t* p) const;
-  };
 
   std::shared_ptr<const Delta> delta_;
   std::vector<kernels::DeltaMatrixView> views_;   // [n_layers × kNumLinears]; rows 0 = none
   std::vector<std::vector<uint64_t>> positions_;  // the 2:4 views' kept positions (until moved)
-  std::unique_ptr<uint8_t, FreeStreamed> streamed_;
+  memory::HostBuffer streamed_;
   int64_t n_layers_ = 0;
   std::string name_;
   std::vector<std::vector<float>> norms_;  // [n_layers × 2 + 1]: attn, ffn, …, output; {} = none

@@ -120,7 +120,7 @@ TEST(DeltaSyntheticTest, ServingBuildUsesTheHostArenaWhenItHasRoom) {
             << l << " " << li;
       }
     }
-    // A second delta while the first holds the arena's only long run: fresh memory.
+    // An arena with no run long enough for it (one chunk): fresh memory, the same bytes.
     auto full = std::make_shared<memory::HostArena>(memory::HostArena::kChunkBytes);
     auto outside = DeltaWeights::Build(Delta(d), c, "outside", full);
     ASSERT_TRUE(outside.ok());

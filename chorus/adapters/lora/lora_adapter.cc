@@ -5,7 +5,6 @@
 #include <cstring>
 #include <sstream>
 
-#include "chorus/base/large_alloc.h"
 #include "chorus/base/rng.h"
 #include "chorus/memory/host_arena.h"
 #include "chorus/model/convert.h"
@@ -382,26 +381,6 @@ void LoraView::LayoutRowTables() {
   CHORUS_CHECK(off == total);
 }
 
-LoraAdapter::HostBuffer::HostBuffer(size_t bytes, std::shared_ptr<memory::HostArena> arena)
-    : bytes_(bytes) {
-  if (arena) {
-    if (void* p = arena->Allocate(bytes)) {
-      p_ = std::unique_ptr<void, Free>(p, Free{std::move(arena)});
-      return;
-    }
-  }
-  // Huge pages: a step with many distinct adapters streams these rows from DRAM.
-  p_.reset(AllocateLarge(bytes, "a LoRA adapter"));
-}
-
-void LoraAdapter::HostBuffer::Free::operator()(void* p) const {
-  if (arena) {
-    arena->Free(p);
-  } else {
-    std::free(p);
-  }
-}
-
 Result<std::shared_ptr<const LoraAdapter>> LoraAdapter::Build(const LoraWeights& w,
                                                               const model::ModelConfig& c,
                                                               std::string name,
@@ -481,7 +460,9 @@ Result<std::shared_ptr<const LoraAdapter>> LoraAdapter::BuildShard(
   // a load touches the file bytes once and the storage once.
   ad->storage_type_ = limits.storage;
   const int64_t eb = limits.storage == LoraStorage::kBF16 ? 2 : 4;
-  ad->storage_ = HostBuffer(static_cast<size_t>(total) * static_cast<size_t>(eb), limits.arena);
+  // Huge pages outside the arena: a step with many distinct adapters streams these rows from DRAM.
+  ad->storage_ = memory::HostBuffer(static_cast<size_t>(total) * static_cast<size_t>(eb),
+                                    limits.arena, "a LoRA adapter");
   uint8_t* base = static_cast<uint8_t*>(ad->storage_.data());
   const bool f32 = limits.storage == LoraStorage::kF32;
 

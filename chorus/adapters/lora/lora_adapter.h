@@ -27,12 +27,9 @@
 #include "chorus/adapters/variant.h"
 #include "chorus/base/status.h"
 #include "chorus/kernels/ops.h"
+#include "chorus/memory/host_arena.h"
 #include "chorus/model/model.h"
 #include "chorus/tensor/tensor.h"
-
-namespace chorus::memory {
-class HostArena;
-}
 
 namespace chorus::adapters {
 
@@ -222,29 +219,10 @@ class LoraAdapter : public LoraView {
   int64_t memory_bytes() const { return static_cast<int64_t>(storage_.size()); }
 
  private:
-  // An uninitialized, 64-byte aligned heap block: Build writes every byte once, so zero-filling
-  // it first would be a wasted pass over tens of MB. (Transparent huge pages were measured: no
-  // gain for a load, so none are asked for.)
-  class HostBuffer {
-   public:
-    HostBuffer() = default;
-    HostBuffer(size_t bytes, std::shared_ptr<memory::HostArena> arena);
-    void* data() const { return p_.get(); }
-    size_t size() const { return bytes_; }
-
-   private:
-    struct Free {
-      void operator()(void* p) const;
-      std::shared_ptr<memory::HostArena> arena;  // null: p came from AllocateLarge
-    };
-    std::unique_ptr<void, Free> p_;
-    size_t bytes_ = 0;
-  };
-
   LoraAdapter() = default;
   // Every A and Bᵀ in the flat row order, in storage() elements (f32, or bf16 rounded once at
-  // Build); never resized after Build.
-  HostBuffer storage_;
+  // Build); never resized after Build. Uninitialized: Build writes every byte once.
+  memory::HostBuffer storage_;
 };
 
 // The part [first, first + count) of n items that rank p of `size` holds under S-LoRA's split:
