@@ -135,8 +135,8 @@ int EvalCommand(int argc, char** argv) {
       auto w = delta::LoadDeltaWeights(variant, cfg, delta::BaseWeightsHash(*m), variant);
       if (!w.ok()) return Fail("eval", w.status().WithContext("flag --variant"));
       delta_weights = *w;
-      hook = std::make_unique<AllRows<delta::DeltaHook, delta::DeltaWeights>>(delta_weights.get(),
-                                                                              kMaxRows);
+      hook = std::make_unique<AllRows<delta::DeltaHook, delta::DeltaView>>(delta_weights.get(),
+                                                                           kMaxRows);
       variant_kind =
           std::string("delta (") + delta::MethodName(delta_weights->delta().method) +
           ", served: " + kernels::DeltaActivationsName(kernels::DefaultDeltaActivations()) +

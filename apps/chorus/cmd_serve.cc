@@ -397,7 +397,8 @@ int ServeCommand(int argc, char** argv) {
           "default SLO on mean time per output token of requests without tpot_slo_ms (ms; 0 = "
           "none)");
   f.Int("loader-threads", 2, "threads loading adapters (disk -> host, host -> pool pages)");
-  f.Bool("no-adapter-pool", "serve adapters from host memory only (no copies in pool pages)");
+  f.Bool("no-adapter-pool",
+         "serve adapters and deltas from host memory only (no copies in pool pages)");
   f.Bool("prefault",
          "make the pool and the host adapter cache resident at start (no page faults on first "
          "use; costs their full size in resident memory from the start)");

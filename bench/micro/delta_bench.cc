@@ -5,7 +5,10 @@
 //
 // The fourth argument picks the activations (kernels/delta.h): 0 = f32 (the kernel reads codes,
 // 2:4 pattern bytes and scales), 1 = int16 (codes, the 2:4 kept positions built at load,
-// scales).
+// scales). The fifth, 1: the matrices are read as banded views (kernels::DeltaBand), cut where
+// a pool copy cuts them (adapters/delta/paged_delta.h) for TinyLlama's 360 KB KV pages — the
+// kernel's cost of reading a delta's pool copy rather than its host copy (the bands here stay
+// in one buffer; in a pool copy each is in a page of its own).
 //
 // Counters: packed_GBps = bytes the kernel reads per step (codes, 2:4 patterns or kept positions,
 // f32 scales as they sit in host memory) ÷ step time; of_bandwidth = that ÷ the read bandwidth
@@ -124,6 +127,40 @@ Model& ModelFor(int layout_index) {
   return *m;
 }
 
+// The views of `m` as a pool copy bands them: bands of a multiple of 16 rows that fit a page of
+// TinyLlama's bf16 KV block (16 tokens × 22 layers × K and V × 256 × 2 bytes), one array after
+// another as PagedDelta lays them out. The bands point into m's buffer.
+const std::vector<DeltaMatrixView>& BandedViews(int layout_index, Model& m) {
+  static std::vector<DeltaMatrixView> cache[std::size(kLayouts)];
+  static std::vector<std::vector<chorus::kernels::DeltaBand>> bands[std::size(kLayouts)];
+  std::vector<DeltaMatrixView>& out = cache[layout_index];
+  if (!out.empty()) return out;
+  constexpr int64_t kPageBytes = 16 * 22 * 2 * 256 * 2;
+  bands[layout_index].reserve(m.views.size());
+  for (DeltaMatrixView v : m.views) {
+    const int64_t per_row = v.code_row_bytes() + (v.positions ? v.position_row_words() * 8 : 0) +
+                            (v.group_size == 0 ? 0 : v.groups() * 4);
+    const int64_t rows = std::max<int64_t>(16, (kPageBytes - 256) / per_row / 16 * 16);
+    std::vector<chorus::kernels::DeltaBand>& b = bands[layout_index].emplace_back();
+    for (int64_t r0 = 0; r0 < v.rows; r0 += rows) {
+      const int64_t r1 = std::min(v.rows, r0 + rows);
+      b.push_back({.row_begin = r0,
+                   .row_end = r1,
+                   .codes = v.codes + r0 * v.code_row_bytes(),
+                   .mask = v.mask ? v.mask + r0 * v.mask_row_bytes() : nullptr,
+                   .scales = v.group_size == 0 ? nullptr : v.scales + r0 * v.groups(),
+                   .positions = v.positions ? v.positions + r0 * v.position_row_words() : nullptr});
+    }
+    if (v.group_size != 0) v.scales = nullptr;
+    v.codes = nullptr;
+    v.mask = nullptr;
+    v.positions = nullptr;
+    v.bands = b;
+    out.push_back(v);
+  }
+  return out;
+}
+
 double Bandwidth() {
   static const double gbs = [] {
     const double b = chorus::engine::MeasureReadBandwidth(2, int64_t{1} << 30, 5, nullptr);
@@ -154,6 +191,8 @@ void BM_DeltaStep(benchmark::State& state) {
     return;
   }
   const int64_t step_bytes = int16 ? model.int16_bytes : model.bytes;
+  const bool banded = state.range(4) == 1;
+  const std::vector<DeltaMatrixView>& views = banded ? BandedViews(layout, model) : model.views;
   // CHORUS_DELTA_BENCH_LAYERS=1: one layer's deltas (~70 MB at 4-bit 2:4), which stay in a large
   // last-level cache — the kernel's decode speed without the memory system.
   const char* env = std::getenv("CHORUS_DELTA_BENCH_LAYERS");
@@ -166,7 +205,7 @@ void BM_DeltaStep(benchmark::State& state) {
     for (int layer = 0; layer < layers; ++layer) {
       for (int lin = 0; lin < 7; ++lin) {
         for (int d = 0; d < kDeltas; ++d)
-          per_linear[d] = model.views[static_cast<size_t>((d * kLayers + layer) * 7 + lin)];
+          per_linear[d] = views[static_cast<size_t>((d * kLayers + layer) * 7 + lin)];
         chorus::kernels::DeltaApply(one_row_each, per_linear, x.data(), 5632, y.data(), 5632, &pool,
                                     activations);
       }
@@ -181,7 +220,8 @@ void BM_DeltaStep(benchmark::State& state) {
                          benchmark::Counter::kIsIterationInvariantRate);
   state.counters["step_MB"] = static_cast<double>(step_bytes) * layers / kLayers / 1e6;
   state.SetLabel(std::string(kLayouts[layout].name) + " " + chorus::kernels::IsaName(level) + " " +
-                 std::to_string(threads) + "t" + (int16 ? " int16" : " f32"));
+                 std::to_string(threads) + "t" + (int16 ? " int16" : " f32") +
+                 (banded ? " banded" : ""));
   chorus::kernels::SetMaxIsa(chorus::kernels::kMaxIsaLevel);
 }
 BENCHMARK(BM_DeltaStep)
@@ -189,8 +229,9 @@ BENCHMARK(BM_DeltaStep)
                    {static_cast<int>(IsaLevel::kAvx512), static_cast<int>(IsaLevel::kAvx2),
                     static_cast<int>(IsaLevel::kScalar)},
                    {2, 1},
+                   {0},
                    {0}})
-    ->ArgsProduct({{0, 1, 2}, {static_cast<int>(IsaLevel::kAvx512)}, {2, 1}, {1}})
+    ->ArgsProduct({{0, 1, 2}, {static_cast<int>(IsaLevel::kAvx512)}, {2, 1}, {1}, {0, 1}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 

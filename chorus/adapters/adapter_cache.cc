@@ -75,9 +75,9 @@ Result<std::shared_ptr<const delta::DeltaWeights>> AdapterCache::GetDelta(const 
     CHORUS_RETURN_IF_ERROR(
         VerifyRegisteredContent(key.name, key.path, key.files, key.id.content_hash));
     CHORUS_ASSIGN_OR_RETURN(std::vector<AdapterFile> before, CurrentFingerprints(key.files));
-    CHORUS_ASSIGN_OR_RETURN(
-        auto w, delta::LoadDeltaWeightsShard(key.path, base_, base_weights_hash_, shard_.rank,
-                                             shard_.size, key.name, limits_.arena));
+    CHORUS_ASSIGN_OR_RETURN(auto w, delta::LoadDeltaWeightsShard(
+                                        key.path, base_, base_weights_hash_, shard_.rank,
+                                        shard_.size, key.name, limits_.arena, key.id.ToString()));
     if (!CheckFingerprints(before).ok()) {
       return UnavailableError("delta '" + key.name + "': " + key.path +
                               " changed while being loaded; try again");

@@ -21,10 +21,11 @@
 #include "chorus/adapters/lora/lora_adapter.h"
 #include "chorus/base/status.h"
 #include "chorus/memory/page_pool.h"
+#include "chorus/memory/pool_copy.h"
 
 namespace chorus::adapters {
 
-class PagedLora : public LoraView {
+class PagedLora : public LoraView, public memory::PoolCopy {
  public:
   // Pages of `page_bytes` that hold `host`'s rows. kInvalidArgument when one row is larger than
   // a page (the adapter is then served from the host tier only).
@@ -37,13 +38,11 @@ class PagedLora : public LoraView {
                                                    std::vector<int32_t> pages);
 
   // Copies every row from the host copy into the pages. Not after ReleaseHost().
-  void CopyIn() const;
-  // Drops the reference to the host copy once CopyIn() has finished (the caller makes sure it
-  // has), so the host tier can evict that copy while this one stays resident. The rows hold the
-  // same values, identified by id().
-  void ReleaseHost() { host_.reset(); }
+  void CopyIn() const override;
+  // The rows hold the host copy's values, identified by id().
+  void ReleaseHost() override { host_.reset(); }
 
-  const std::vector<int32_t>& pages() const { return pages_; }
+  const std::vector<int32_t>& pages() const override { return pages_; }
   const std::shared_ptr<const LoraAdapter>& host() const { return host_; }  // null once released
 
  private:

@@ -276,7 +276,7 @@ Result<TpVariantWorker::Loaded> TpVariantWorker::Load(std::string_view descripti
   if (ref.kind == "delta") {
     CHORUS_ASSIGN_OR_RETURN(
         auto d, delta::LoadDeltaWeightsShard(ref.path, full_, base_weights_hash_, rank_, size_,
-                                             ref.name, opts_.limits.arena));
+                                             ref.name, opts_.limits.arena, ref.id.ToString()));
     return Loaded{nullptr, std::move(d)};
   }
   LoraLoadOptions lo = opts_;

@@ -106,8 +106,8 @@ class VariantSlotHook {
   std::vector<std::shared_ptr<const delta::DeltaWeights>> deltas_;  // by slot; null: not a delta
   delta::DeltaHook delta_hook_;
   VariantHook hook_;
-  std::vector<int32_t> lora_slots_;                     // ForRows scratch: delta rows as −1
-  std::vector<const delta::DeltaWeights*> row_deltas_;  // ForRows scratch
+  std::vector<int32_t> lora_slots_;                  // ForRows scratch: delta rows as −1
+  std::vector<const delta::DeltaView*> row_deltas_;  // ForRows scratch
 };
 
 // A worker rank's slots: loads its shard of each variant rank 0 defines.

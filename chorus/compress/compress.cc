@@ -487,7 +487,7 @@ Result<delta::Delta> Compress(const model::ModelFile& base,
     {
       CHORUS_ASSIGN_OR_RETURN(auto weights, delta::DeltaWeights::Build(signs, c, "distillation"));
       delta::DeltaHook hook(len);
-      const std::vector<const delta::DeltaWeights*> rows(static_cast<size_t>(len), weights.get());
+      const std::vector<const delta::DeltaView*> rows(static_cast<size_t>(len), weights.get());
       CHORUS_RETURN_IF_ERROR(hook.SetRows(rows));
       CHORUS_ASSIGN_OR_RETURN(auto calib_base, calibration_base());
       eval::LogitsRunner runner(calib_base, len, len);

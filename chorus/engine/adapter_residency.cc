@@ -7,6 +7,7 @@
 namespace chorus::engine {
 
 using adapters::LoraAdapter;
+using delta::DeltaWeights;
 using Clock = std::chrono::steady_clock;
 
 AdapterResidency::AdapterResidency(memory::PagePool* pool, EngineMetrics* metrics,
@@ -120,6 +121,13 @@ std::string AdapterResidency::KeyOf(const LoraAdapter* a) {
   return buf;
 }
 
+std::string AdapterResidency::KeyOf(const DeltaWeights* d) {
+  if (!d->identity().empty()) return "delta:" + d->identity();
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "delta@%p", static_cast<const void*>(d));
+  return buf;
+}
+
 void AdapterResidency::Poll() {
   std::vector<std::pair<std::string, Clock::time_point>> copied;
   std::vector<std::string> forget;
@@ -137,7 +145,7 @@ void AdapterResidency::Poll() {
     metrics_->adapter_pool_loads.fetch_add(1);
     metrics_->adapter_pool_load_seconds.Observe(
         std::chrono::duration<double>(done - e.load_start).count());
-    if (!e.host->id().empty()) {
+    if (e.host_has_id) {
       // The rows have landed: the host tier may now evict its copy; a reload finds this one.
       e.paged->ReleaseHost();
       e.host.reset();
@@ -161,6 +169,8 @@ void AdapterResidency::FreePoolCopy(Entry* e) {
   CHORUS_CHECK(e->state != State::kLoading);
   pool_->Free(e->paged->pages());
   e->paged.reset();
+  e->lora_view = nullptr;
+  e->delta_view = nullptr;
   e->state = State::kHostOnly;
 }
 
@@ -178,12 +188,16 @@ void AdapterResidency::MaybeErase(const std::string& key) {
   if (it->second.forgotten || it->second.state == State::kHostOnly) Drop(key);
 }
 
-void AdapterResidency::Pin(const std::shared_ptr<const LoraAdapter>& a) {
-  Entry& e = entries_[KeyOf(a.get())];
-  if (e.name.empty()) e.name = a->name();
+void AdapterResidency::PinKey(const std::string& key, const std::string& name,
+                              std::shared_ptr<const void> host, bool has_id) {
+  Entry& e = entries_[key];
+  if (e.name.empty()) e.name = name;
   // A host-only entry serves rows from its host copy: keep the newest one (a reload's), so an
   // evicted-and-reloaded copy is what the host tier accounts for.
-  if (e.state == State::kHostOnly) e.host = a;
+  if (e.state == State::kHostOnly) {
+    e.host = std::move(host);
+    e.host_has_id = has_id;
+  }
   ++e.pins;
   e.last_use = ++tick_;
   if (e.state == State::kResident) {
@@ -193,8 +207,15 @@ void AdapterResidency::Pin(const std::shared_ptr<const LoraAdapter>& a) {
   }
 }
 
-void AdapterResidency::Unpin(const LoraAdapter* a) {
-  const std::string key = KeyOf(a);
+void AdapterResidency::Pin(const std::shared_ptr<const LoraAdapter>& a) {
+  PinKey(KeyOf(a.get()), a->name(), a, !a->id().empty());
+}
+
+void AdapterResidency::Pin(const std::shared_ptr<const DeltaWeights>& d) {
+  PinKey(KeyOf(d.get()), d->name(), d, !d->identity().empty());
+}
+
+void AdapterResidency::UnpinKey(const std::string& key) {
   auto it = entries_.find(key);
   CHORUS_CHECK(it != entries_.end() && it->second.pins > 0)
       << "unpin of an adapter that is not pinned";
@@ -203,48 +224,102 @@ void AdapterResidency::Unpin(const LoraAdapter* a) {
   MaybeErase(key);
 }
 
+void AdapterResidency::Unpin(const LoraAdapter* a) { UnpinKey(KeyOf(a)); }
+void AdapterResidency::Unpin(const DeltaWeights* d) { UnpinKey(KeyOf(d)); }
+
 const adapters::LoraView* AdapterResidency::View(const LoraAdapter* a) {
   auto it = entries_.find(KeyOf(a));
   if (it == entries_.end() || it->second.state != State::kResident) return a;
   it->second.last_use = ++tick_;
-  return it->second.paged.get();
+  return it->second.lora_view;
+}
+
+const delta::DeltaView* AdapterResidency::View(const DeltaWeights* d) {
+  auto it = entries_.find(KeyOf(d));
+  if (it == entries_.end() || it->second.state != State::kResident) return d;
+  it->second.last_use = ++tick_;
+  return it->second.delta_view;
+}
+
+bool AdapterResidency::WantsPoolCopy(const std::string& key) const {
+  auto it = entries_.find(key);
+  return it == entries_.end() || (it->second.state == State::kHostOnly && !it->second.forgotten);
+}
+
+bool AdapterResidency::StateIs(const std::string& key, State state) const {
+  auto it = entries_.find(key);
+  return it != entries_.end() && it->second.state == state;
 }
 
 bool AdapterResidency::Resident(const LoraAdapter* a) const {
-  auto it = entries_.find(KeyOf(a));
-  return it != entries_.end() && it->second.state == State::kResident;
+  return StateIs(KeyOf(a), State::kResident);
 }
-
+bool AdapterResidency::Resident(const DeltaWeights* d) const {
+  return StateIs(KeyOf(d), State::kResident);
+}
 bool AdapterResidency::Loading(const LoraAdapter* a) const {
-  auto it = entries_.find(KeyOf(a));
-  return it != entries_.end() && it->second.state == State::kLoading;
+  return StateIs(KeyOf(a), State::kLoading);
+}
+bool AdapterResidency::Loading(const DeltaWeights* d) const {
+  return StateIs(KeyOf(d), State::kLoading);
 }
 
 void AdapterResidency::Prefetch(const std::shared_ptr<const LoraAdapter>& a, int64_t keep_free,
                                 bool may_evict) {
-  if (!opts_.pool_copies) return;
   const std::string key = KeyOf(a.get());
-  auto found = entries_.find(key);
-  if (found != entries_.end() &&
-      (found->second.state != State::kHostOnly || found->second.forgotten))
-    return;
+  if (!opts_.pool_copies || !WantsPoolCopy(key)) return;
   auto need = adapters::PagedLora::PagesNeeded(*a, pool_->page_bytes());
   if (!need.ok()) return;  // a row larger than a page: served from the host copy
-  if (may_evict) EvictFor(*need + keep_free);
-  if (pool_->n_free() < *need + keep_free) return;
-  auto pages = pool_->Allocate(*need, memory::PageKind::kAdapter);
+  StartPoolCopy(key, a->name(), a, !a->id().empty(), *need, keep_free, may_evict,
+                [&](std::vector<int32_t> pages) -> Result<NewCopy> {
+                  CHORUS_ASSIGN_OR_RETURN(auto paged,
+                                          adapters::PagedLora::Create(a, pool_, std::move(pages)));
+                  NewCopy made;
+                  made.lora_view = paged.get();
+                  made.copy = std::move(paged);
+                  return made;
+                });
+}
+
+void AdapterResidency::Prefetch(const std::shared_ptr<const DeltaWeights>& d, int64_t keep_free,
+                                bool may_evict) {
+  const std::string key = KeyOf(d.get());
+  if (!opts_.pool_copies || !WantsPoolCopy(key)) return;
+  auto need = delta::PagedDelta::PagesNeeded(*d, pool_->page_bytes());
+  if (!need.ok()) return;  // a band larger than a page: served from the host copy
+  StartPoolCopy(key, d->name(), d, !d->identity().empty(), *need, keep_free, may_evict,
+                [&](std::vector<int32_t> pages) -> Result<NewCopy> {
+                  CHORUS_ASSIGN_OR_RETURN(auto paged,
+                                          delta::PagedDelta::Create(d, pool_, std::move(pages)));
+                  NewCopy made;
+                  made.delta_view = paged.get();
+                  made.copy = std::move(paged);
+                  return made;
+                });
+}
+
+void AdapterResidency::StartPoolCopy(
+    const std::string& key, const std::string& name, std::shared_ptr<const void> host, bool has_id,
+    int64_t need, int64_t keep_free, bool may_evict,
+    const std::function<Result<NewCopy>(std::vector<int32_t>)>& make) {
+  if (!WantsPoolCopy(key)) return;
+  if (may_evict) EvictFor(need + keep_free);
+  if (pool_->n_free() < need + keep_free) return;
+  auto pages = pool_->Allocate(need, memory::PageKind::kAdapter);
   if (!pages.ok()) return;
-  auto paged = adapters::PagedLora::Create(a, pool_, *pages);
-  if (!paged.ok()) {
+  auto made = make(*pages);
+  if (!made.ok()) {
     pool_->Free(*pages);
-    CHORUS_LOG(WARNING) << "pool copy of adapter '" << a->name()
-                        << "': " << paged.status().ToString();
+    CHORUS_LOG(WARNING) << "pool copy of '" << name << "': " << made.status().ToString();
     return;
   }
   Entry& e = entries_[key];
-  e.host = a;  // held until the copy lands (the PagedLora holds it too)
-  if (e.name.empty()) e.name = a->name();
-  e.paged = std::move(*paged);
+  e.host = std::move(host);  // held until the copy lands (the copy holds it too)
+  e.host_has_id = has_id;
+  if (e.name.empty()) e.name = name;
+  e.paged = std::move(made->copy);
+  e.lora_view = made->lora_view;
+  e.delta_view = made->delta_view;
   e.state = State::kLoading;
   e.load_start = Clock::now();
   if (e.last_use == 0) e.last_use = ++tick_;

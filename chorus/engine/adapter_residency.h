@@ -1,9 +1,14 @@
 // AdapterResidency: the adapter tiers below the registry, owned by the engine
 // (docs/architecture.md, "Memory tiers"):
 //
-//   disk ──(loader thread: Load → AdapterCache)──▶ host copy (LoraAdapter, bf16 or f32)
-//        ──(engine allocates kAdapter pages; loader thread copies rows)──▶ pool copy (PagedLora)
+//   disk ──(loader thread: Load → AdapterCache)──▶ host copy (LoraAdapter, bf16 or f32;
+//                                                             DeltaWeights, packed)
+//        ──(engine allocates kAdapter pages; loader thread copies rows)──▶ pool copy
+//                                                             (PagedLora; PagedDelta, banded)
 //
+// Both variant kinds — LoRA adapters and deltas (docs/deltas.md) — take the same tiers, the same
+// pins, the same LRU and the same metrics: an entry holds one kind's host copy and its
+// memory::PoolCopy, and each public call has an overload per kind.
 // * Disk → host: requests name a variant by VariantRef (adapters/variant.h); Submit asks Load()
 //   here, which hands over a host-cache hit at once or queues a disk load and returns. Loads run on
 //   loader threads in arrival order (FIFO), which is S-LoRA's prefetch of the adapters of queued
@@ -46,6 +51,7 @@
 #include <vector>
 
 #include "chorus/adapters/adapter_cache.h"
+#include "chorus/adapters/delta/paged_delta.h"
 #include "chorus/adapters/paged_lora.h"
 #include "chorus/base/mutex.h"
 #include "chorus/engine/metrics.h"
@@ -57,8 +63,7 @@ namespace chorus::engine {
 struct AdapterTicket {
   std::atomic<bool> done{false};
   Status status;  // valid once done
-  // Valid once done and status ok: the LoRA adapter, or the delta (ref.kind "delta"; deltas
-  // are served from their host copy, without pool copies).
+  // Valid once done and status ok: the LoRA adapter, or the delta (ref.kind "delta").
   std::shared_ptr<const adapters::LoraAdapter> adapter;
   std::shared_ptr<const delta::DeltaWeights> delta;
 };
@@ -89,14 +94,21 @@ class AdapterResidency {
   void Poll();
   // A sequence using `a` starts / stops running. Pin counts a pool hit or miss.
   void Pin(const std::shared_ptr<const adapters::LoraAdapter>& a);
+  void Pin(const std::shared_ptr<const delta::DeltaWeights>& d);
   void Unpin(const adapters::LoraAdapter* a);
+  void Unpin(const delta::DeltaWeights* d);
   // What a step reads for `a`: its pool copy when resident, else the host copy itself.
   const adapters::LoraView* View(const adapters::LoraAdapter* a);
+  const delta::DeltaView* View(const delta::DeltaWeights* d);
   bool Resident(const adapters::LoraAdapter* a) const;
+  bool Resident(const delta::DeltaWeights* d) const;
   bool Loading(const adapters::LoraAdapter* a) const;
+  bool Loading(const delta::DeltaWeights* d) const;
   // Starts the pool copy of `a` unless it has one, if `keep_free` pool pages stay free after it.
   // `may_evict`: unpinned resident copies may be evicted (LRU) to make room.
   void Prefetch(const std::shared_ptr<const adapters::LoraAdapter>& a, int64_t keep_free,
+                bool may_evict);
+  void Prefetch(const std::shared_ptr<const delta::DeltaWeights>& d, int64_t keep_free,
                 bool may_evict);
   // Evicts unpinned resident copies, least recently used first, until the pool has at least
   // `n_free` free pages. Returns whether it has. Pinned or loading copies are never evicted.
@@ -108,11 +120,17 @@ class AdapterResidency {
  private:
   enum class State { kHostOnly, kLoading, kResident };
   struct Entry {
-    // The host copy this entry was made from: held while kHostOnly / kLoading, and always for
-    // adapters without an id (see the file comment); null for a resident copy otherwise.
-    std::shared_ptr<const adapters::LoraAdapter> host;
+    // The host copy this entry was made from (a LoraAdapter or a DeltaWeights): held while
+    // kHostOnly / kLoading, and always for copies without an id (see the file comment); null
+    // for a resident copy otherwise.
+    std::shared_ptr<const void> host;
+    bool host_has_id = false;
     std::string name;
-    std::unique_ptr<adapters::PagedLora> paged;  // set while kLoading / kResident
+    // Set while kLoading / kResident: the pool copy, and the same object as the view a step
+    // reads of its kind (the other null).
+    std::unique_ptr<memory::PoolCopy> paged;
+    const adapters::LoraView* lora_view = nullptr;
+    const delta::DeltaView* delta_view = nullptr;
     State state = State::kHostOnly;
     int pins = 0;
     bool forgotten = false;
@@ -120,13 +138,34 @@ class AdapterResidency {
     std::chrono::steady_clock::time_point load_start;
   };
   struct Job {
-    const adapters::PagedLora* paged = nullptr;  // pool copy (of entry `entry`); else a disk load:
+    const memory::PoolCopy* paged = nullptr;  // pool copy (of entry `entry`); else a disk load:
     std::string entry;
     adapters::VariantRef key;
     std::shared_ptr<AdapterTicket> ticket;
   };
-  // The entry key of `a`: its VariantId, or its address when it has none.
+  // The entry key of `a`: its VariantId (a delta's identity), or its address when it has none.
   static std::string KeyOf(const adapters::LoraAdapter* a);
+  static std::string KeyOf(const delta::DeltaWeights* d);
+  // The kind-independent halves of Pin, Unpin, Resident, Loading and Prefetch, by entry key.
+  void PinKey(const std::string& key, const std::string& name, std::shared_ptr<const void> host,
+              bool has_id);
+  void UnpinKey(const std::string& key);
+  bool StateIs(const std::string& key, State state) const;
+  // No pool copy yet (and not forgotten).
+  bool WantsPoolCopy(const std::string& key) const;
+  // A pool copy just made over its pages, and the view a step reads of it (one kind's).
+  struct NewCopy {
+    std::unique_ptr<memory::PoolCopy> copy;
+    const adapters::LoraView* lora_view = nullptr;
+    const delta::DeltaView* delta_view = nullptr;
+  };
+  // Allocates `need` pages (if `keep_free` stay free after them; evicting first when
+  // `may_evict`), has make(pages) build the copy over them and queues its CopyIn. An error from
+  // make() gives the pages back and leaves the host copy serving.
+  void StartPoolCopy(const std::string& key, const std::string& name,
+                     std::shared_ptr<const void> host, bool has_id, int64_t need, int64_t keep_free,
+                     bool may_evict,
+                     const std::function<Result<NewCopy>(std::vector<int32_t>)>& make);
   void LoaderMain();
   void Drop(const std::string& key);  // frees the pool copy and the entry
   void FreePoolCopy(Entry* e);

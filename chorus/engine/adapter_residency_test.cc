@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "chorus/adapters/delta/delta_synthetic.h"
 #include "chorus/adapters/lora/lora_files.h"
 #include "chorus/model/synthetic.h"
 #include "tests/testutil/testutil.h"
@@ -34,8 +35,20 @@ std::shared_ptr<const LoraAdapter> MakeAdapter(const model::ModelConfig& c, uint
   return *a;
 }
 
-// Polls until `a` is resident (the loader thread copies in the background).
-bool WaitResident(AdapterResidency* r, const LoraAdapter* a) {
+std::shared_ptr<const delta::DeltaWeights> MakeDelta(const model::ModelConfig& c, uint64_t seed,
+                                                     const std::string& name,
+                                                     const std::string& identity) {
+  delta::Delta d =
+      delta::MakeRandomDelta(c, {.bits = 4, .sparse24 = true, .group_size = 64, .seed = seed});
+  auto w = delta::DeltaWeights::Build(std::move(d), c, name, nullptr, identity);
+  CHORUS_CHECK(w.ok()) << w.status().ToString();
+  return *w;
+}
+
+// Polls until `a` (an adapter or a delta) is resident (the loader thread copies in the
+// background).
+template <class Variant>
+bool WaitResident(AdapterResidency* r, const Variant* a) {
   for (int i = 0; i < 2000; ++i) {
     r->Poll();
     if (r->Resident(a)) return true;
@@ -87,6 +100,62 @@ TEST(AdapterResidencyTest, PoolCopyPinnedNeverEvictedUnpinnedEvictedLru) {
   EXPECT_TRUE(f.res.EvictFor(f.pool.n_pages()));
   EXPECT_EQ(f.pool.n_used(memory::PageKind::kAdapter), 0);
   EXPECT_EQ(f.pool.n_free(), f.pool.n_pages());
+}
+
+// A delta takes the same tiers as an adapter: pinned while used, a banded pool copy made by the
+// loader thread (the host copy serves until it lands), kept while unpinned, found again by a
+// reloaded host copy of the same identity, evicted LRU among adapters, dropped by Forget.
+TEST(AdapterResidencyTest, DeltasTakeTheSameTiersPinsAndLruAsAdapters) {
+  Fixture f;
+  auto d = MakeDelta(f.c, 1, "d", "00000000000000d1-v1");
+  auto a = MakeAdapter(f.c, 2, "a");
+  const int64_t need = *delta::PagedDelta::PagesNeeded(*d, f.pool.page_bytes());
+  ASSERT_GT(need, 1);
+  f.res.Pin(d);
+  EXPECT_EQ(f.metrics.adapter_pool_misses.load(), 1u);
+  EXPECT_EQ(f.res.View(d.get()), d.get());  // cold: the host copy serves at once
+  f.res.Prefetch(d, 0, /*may_evict=*/true);
+  EXPECT_TRUE(f.res.Loading(d.get()));
+  EXPECT_EQ(f.pool.n_used(memory::PageKind::kAdapter), need);
+  ASSERT_TRUE(WaitResident(&f.res, d.get()));
+  const delta::DeltaView* pooled = f.res.View(d.get());
+  ASSERT_NE(pooled, d.get());
+  EXPECT_FALSE(pooled->at(0, model::Linear::kQ).bands.empty());
+  EXPECT_EQ(f.metrics.adapter_pool_loads.load(), 1u);
+  EXPECT_FALSE(f.res.EvictFor(f.pool.n_pages()));  // pinned
+  f.res.Unpin(d.get());
+  EXPECT_TRUE(f.res.Resident(d.get()));
+
+  // The host tier evicted its copy and a request loaded it again: same identity, new object.
+  std::weak_ptr<const delta::DeltaWeights> first = d;
+  d.reset();
+  EXPECT_TRUE(first.expired()) << "a resident pool copy must not keep its host copy";
+  auto reloaded = MakeDelta(f.c, 1, "d", "00000000000000d1-v1");
+  f.res.Pin(reloaded);
+  EXPECT_EQ(f.metrics.adapter_pool_hits.load(), 1u);
+  EXPECT_EQ(f.res.View(reloaded.get()), pooled);
+  f.res.Unpin(reloaded.get());
+  // Another registration's delta (another version) is not that copy.
+  auto replaced = MakeDelta(f.c, 1, "d", "00000000000000d1-v2");
+  EXPECT_FALSE(f.res.Resident(replaced.get()));
+
+  // LRU across kinds: the adapter is used after the delta, so the delta goes first.
+  f.res.Prefetch(a, 0, /*may_evict=*/false);
+  ASSERT_TRUE(WaitResident(&f.res, a.get()));
+  f.res.View(a.get());
+  EXPECT_TRUE(f.res.EvictFor(f.pool.n_free() + 1));
+  EXPECT_FALSE(f.res.Resident(reloaded.get()));
+  EXPECT_TRUE(f.res.Resident(a.get()));
+  EXPECT_EQ(f.res.View(reloaded.get()), reloaded.get());  // back to the host copy
+
+  // Forget frees a delta's pool copy as an adapter's.
+  f.res.Prefetch(reloaded, 0, /*may_evict=*/false);
+  ASSERT_TRUE(WaitResident(&f.res, reloaded.get()));
+  f.res.Forget("d");
+  f.res.Poll();
+  EXPECT_FALSE(f.res.Resident(reloaded.get()));
+  EXPECT_TRUE(f.res.EvictFor(f.pool.n_pages()));
+  EXPECT_EQ(f.pool.n_used(memory::PageKind::kAdapter), 0);
 }
 
 TEST(AdapterResidencyTest, PrefetchKeepsPagesFreeForKv) {

@@ -560,7 +560,7 @@ Result<EngineBenchReport> RunEngineBench(const EngineBenchOptions& opts,
             // Contiguous equal groups: the base, then each delta, then each LoRA adapter.
             const int64_t n_variants = 1 + static_cast<int64_t>(deltas.size() + loras.size());
             std::vector<const adapters::LoraAdapter*> lora_rows(static_cast<size_t>(b), nullptr);
-            std::vector<const delta::DeltaWeights*> delta_rows(static_cast<size_t>(b), nullptr);
+            std::vector<const delta::DeltaView*> delta_rows(static_cast<size_t>(b), nullptr);
             for (int64_t s = 0; s < b; ++s) {
               const int64_t v = s * n_variants / b - 1;  // -1: the base
               if (v < 0) continue;

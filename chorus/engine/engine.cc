@@ -153,10 +153,10 @@ struct Engine::Impl {
   std::unique_ptr<adapters::TpVariantSlots> tp_slots;   // under TP: adapters' slots on all ranks
   // Loop scratch: the requests just queued whose variants the TP workers may prefetch.
   std::vector<std::shared_ptr<const GenerationRequest>> prefetch_reqs;
-  std::vector<int32_t> row_slots;                      // under TP: [rows] of the step, -1 = base
-  std::vector<const delta::DeltaWeights*> row_deltas;  // [rows] of the step
-  std::unique_ptr<delta::DeltaHook> delta_hook;        // the delta kind's term
-  adapters::VariantHook variant_hook;                  // every kind with rows in the step
+  std::vector<int32_t> row_slots;                   // under TP: [rows] of the step, -1 = base
+  std::vector<const delta::DeltaView*> row_deltas;  // [rows] of the step (pool or host copies)
+  std::unique_ptr<delta::DeltaHook> delta_hook;     // the delta kind's term
+  adapters::VariantHook variant_hook;               // every kind with rows in the step
   std::unique_ptr<OutputStage> output;
   std::unique_ptr<MaskWorker> mask_worker;  // created with the first constrained row
   std::vector<Sequence*> mask_rows;         // the step's constrained rows (mask worker input)
@@ -764,7 +764,8 @@ Engine::Impl::RunOutputs Engine::Impl::RunBase(std::span<const Scheduler::Planne
       row_slots.insert(row_slots.end(), static_cast<size_t>(pl.count),
                        copy != nullptr ? tp_slots->SlotOf(copy) : -1);
     }
-    row_deltas.insert(row_deltas.end(), static_cast<size_t>(pl.count), pl.seq->delta.get());
+    const delta::DeltaView* dview = pl.seq->delta ? residency->View(pl.seq->delta.get()) : nullptr;
+    row_deltas.insert(row_deltas.end(), static_cast<size_t>(pl.count), dview);
     any_delta |= pl.seq->delta != nullptr;
     any_adapter |= pl.seq->lora != nullptr;
   }

@@ -259,10 +259,7 @@ void Scheduler::ForkChoices(Sequence* parent, const float* row_logits, TokenSink
     if (running_.size() < max_running) {
       f->n_computed = f->n_prompt;
       queued_.fetch_sub(1);
-      if (f->lora) {
-        residency_->Pin(f->lora);
-        f->pinned = true;
-      }
+      PinVariant(f.get());
       if (f->full) {
         full_models_->Pin(f->full);  // resident: the parent runs on it
         f->full_pinned = true;
@@ -342,8 +339,23 @@ void Scheduler::UnpinAdapter(Sequence* s) {
     s->full_pinned = false;
   }
   if (!s->pinned) return;
-  residency_->Unpin(s->lora.get());
+  if (s->lora) {
+    residency_->Unpin(s->lora.get());
+  } else {
+    residency_->Unpin(s->delta.get());
+  }
   s->pinned = false;
+}
+
+void Scheduler::PinVariant(Sequence* s) {
+  if (s->lora) {
+    residency_->Pin(s->lora);
+  } else if (s->delta) {
+    residency_->Pin(s->delta);
+  } else {
+    return;
+  }
+  s->pinned = true;
 }
 
 void Scheduler::ResolveFullModels() {
@@ -570,10 +582,7 @@ void Scheduler::AdmitWaiting(int64_t* budget) {
       // because its delta is in the step: it skipped the line.
       s->line_skipper = pass == 0 && candidate.delta && delta_passed;
       s->yielded = false;
-      if (s->lora) {
-        residency_->Pin(s->lora);
-        s->pinned = true;
-      }
+      PinVariant(s);
       if (s->full) {
         full_models_->Pin(s->full);
         s->full_pinned = true;
@@ -589,26 +598,33 @@ void Scheduler::AdmitWaiting(int64_t* budget) {
     overload_.QueueEmptied();
 }
 
-// Starts pool copies: first of adapters this step uses (they may evict unpinned copies), then
-// of adapters named by queued requests, in arrival order (S-LoRA's prefetch; free pages only)
-// — those the policy held back behind newer ones (Policy::Sweep) after the others, as they will
-// be admitted.
-// A copy is started only if pages stay free for KV: one per running sequence plus 1/8 of the
-// pool (1/4 for prefetch), so adapters never crowd out the KV of work already running.
+// Starts pool copies: first of adapters and deltas this step uses (they may evict unpinned
+// copies), then of those named by queued requests, in arrival order (S-LoRA's prefetch; free pages
+// only) — those the policy held back behind newer ones (Policy::Sweep) after the others, as they
+// will be admitted. A copy is started only if pages stay free for KV: one per running sequence plus
+// 1/8 of the pool (1/4 for prefetch), so adapters never crowd out the KV of work already running.
 void Scheduler::PrefetchAdapters() {
   const int64_t base_reserve = static_cast<int64_t>(running_.size());
   for (const Planned& p : plan_) {
     if (p.seq->lora)
       residency_->Prefetch(p.seq->lora, base_reserve + pages_->n_pages() / 8, /*may_evict=*/true);
+    if (p.seq->delta)
+      residency_->Prefetch(p.seq->delta, base_reserve + pages_->n_pages() / 8, /*may_evict=*/true);
   }
   int prefetched = 0;
   for (const bool held_back : {false, true}) {
     for (const auto& s : waiting_) {
       if (prefetched >= 8) return;  // bound the work per step
-      if (s->held_back != held_back || !s->lora || residency_->Resident(s->lora.get()) ||
-          residency_->Loading(s->lora.get()))
+      if (s->held_back != held_back) continue;
+      const int64_t keep_free = base_reserve + pages_->n_pages() / 4;
+      if (s->lora && !residency_->Resident(s->lora.get()) && !residency_->Loading(s->lora.get())) {
+        residency_->Prefetch(s->lora, keep_free, /*may_evict=*/false);
+      } else if (s->delta && !residency_->Resident(s->delta.get()) &&
+                 !residency_->Loading(s->delta.get())) {
+        residency_->Prefetch(s->delta, keep_free, /*may_evict=*/false);
+      } else {
         continue;
-      residency_->Prefetch(s->lora, base_reserve + pages_->n_pages() / 4, /*may_evict=*/false);
+      }
       ++prefetched;
     }
   }

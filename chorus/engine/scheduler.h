@@ -136,6 +136,8 @@ class Scheduler {
   void ForkChoices(Sequence* parent, const float* row_logits, TokenSink* sink);
   bool ReleaseNewestWaitingTable();
   void ResolveAdapterLoads();
+  // Pins s's adapter or delta in the residency while it runs (Sequence::pinned).
+  void PinVariant(Sequence* s);
   void UnpinAdapter(Sequence* s);  // and its whole fine-tune's pin
   // Applies finished swap-ins; finishes the waiting sequences of a model whose swap-in failed.
   void ResolveFullModels();

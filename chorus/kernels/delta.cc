@@ -46,9 +46,46 @@ void CheckArgs(std::span<const LoraSegment> segments, std::span<const DeltaMatri
         << "delta segment slot " << s.slot << " of " << weights.size();
     CHORUS_CHECK(s.row_begin <= s.row_end);
   }
+  for (const DeltaMatrixView& m : weights) {
+    if (m.bands.empty()) continue;
+    int64_t next = 0;
+    for (const DeltaBand& b : m.bands) {
+      CHORUS_CHECK(b.row_begin == next && b.row_end > b.row_begin)
+          << "delta bands must cover the rows in order: band [" << b.row_begin << ", " << b.row_end
+          << ") after row " << next;
+      next = b.row_end;
+    }
+    CHORUS_CHECK(next == m.rows) << "delta bands cover " << next << " of " << m.rows << " rows";
+  }
+}
+
+// Calls fn(view, lo, hi, first) for output rows [begin, end) of m: once with m itself, or for a
+// banded m once per band those rows meet, with the band's view, the band's local rows [lo, hi)
+// and the band's first row of m (where its outputs go).
+template <typename Fn>
+void ForEachBand(const DeltaMatrixView& m, int64_t begin, int64_t end, Fn fn) {
+  if (m.bands.empty()) {
+    if (begin < end) fn(m, begin, end, int64_t{0});
+    return;
+  }
+  for (const DeltaBand& b : m.bands) {
+    const int64_t lo = std::max(begin, b.row_begin), hi = std::min(end, b.row_end);
+    if (lo < hi) fn(DeltaBandView(m, b), lo - b.row_begin, hi - b.row_begin, b.row_begin);
+  }
 }
 
 }  // namespace
+
+DeltaMatrixView DeltaBandView(const DeltaMatrixView& m, const DeltaBand& b) {
+  DeltaMatrixView v = m;
+  v.rows = b.row_end - b.row_begin;
+  v.codes = b.codes;
+  v.mask = b.mask;
+  v.positions = b.positions;
+  if (m.group_size != 0) v.scales = b.scales;
+  v.bands = {};
+  return v;
+}
 
 // The three 2:4 patterns packed in one mask byte (p0 + 6·p1 + 36·p2), for every byte value.
 struct PatternTriples {
@@ -135,11 +172,19 @@ void DecodeColumns(const DeltaMatrixView& m, int64_t o, int64_t c_begin, float* 
 }  // namespace delta_internal
 
 void DeltaDecodeRow(const DeltaMatrixView& m, int64_t o, float* out) {
+  for (const DeltaBand& b : m.bands) {
+    if (o >= b.row_begin && o < b.row_end) {
+      delta_internal::DecodeColumns(DeltaBandView(m, b), o - b.row_begin, 0, out);
+      return;
+    }
+  }
+  CHORUS_CHECK(m.bands.empty()) << "row " << o << " is in no band";
   delta_internal::DecodeColumns(m, o, 0, out);
 }
 
 std::vector<uint64_t> DeltaKeptPositions(const DeltaMatrixView& m) {
   CHORUS_CHECK(m.sparse24) << "kept positions of a dense delta matrix";
+  CHORUS_CHECK(m.bands.empty()) << "kept positions of a banded delta matrix";
   const int64_t words = m.position_row_words();
   std::vector<uint64_t> positions(static_cast<size_t>(m.rows * words), 0);
   const int64_t n4 = m.cols / 4, full_bytes = n4 / 3;
@@ -169,7 +214,8 @@ std::vector<uint64_t> DeltaKeptPositions(const DeltaMatrixView& m) {
 }
 
 bool DeltaInt16Layout(const DeltaMatrixView& m) {
-  const bool bits_ok = m.sparse24 ? (m.bits == 2 || m.bits == 4) && m.positions != nullptr
+  const uint64_t* positions = m.bands.empty() ? m.positions : m.bands.front().positions;
+  const bool bits_ok = m.sparse24 ? (m.bits == 2 || m.bits == 4) && positions != nullptr
                                   : m.bits == 1 || m.bits == 2 || m.bits == 4 || m.bits == 8;
   return m.rows > 0 && bits_ok && (m.group_size == 0 || m.group_size % 64 == 0);
 }
@@ -377,22 +423,27 @@ void DeltaApplyReference(std::span<const LoraSegment> segments,
     const DeltaMatrixView& m = weights[static_cast<size_t>(s.slot)];
     if (m.rows == 0) continue;
     if (activations == DeltaActivations::kInt16 && quantized.q_offset[k] >= 0) {
-      delta_internal::q16::PortableRows(m, 0, m.rows, quantized.q.data() + quantized.q_offset[k],
-                                        quantized.scales.data() + quantized.scale_offset[k],
-                                        s.row_end - s.row_begin, y + s.row_begin * y_stride,
-                                        y_stride);
+      ForEachBand(
+          m, 0, m.rows, [&](const DeltaMatrixView& v, int64_t lo, int64_t hi, int64_t first) {
+            delta_internal::q16::PortableRows(v, lo, hi, quantized.q.data() + quantized.q_offset[k],
+                                              quantized.scales.data() + quantized.scale_offset[k],
+                                              s.row_end - s.row_begin,
+                                              y + s.row_begin * y_stride + first, y_stride);
+          });
       continue;
     }
     row.resize(static_cast<size_t>(m.cols));
-    for (int64_t o = 0; o < m.rows; ++o) {
-      DeltaDecodeRow(m, o, row.data());
-      for (int64_t i = s.row_begin; i < s.row_end; ++i) {
-        float sum = 0;
-        for (int64_t k2 = 0; k2 < m.cols; ++k2)
-          sum += x[i * x_stride + k2] * row[static_cast<size_t>(k2)];
-        y[i * y_stride + o] += sum;
+    ForEachBand(m, 0, m.rows, [&](const DeltaMatrixView& v, int64_t lo, int64_t hi, int64_t first) {
+      for (int64_t o = lo; o < hi; ++o) {
+        DeltaDecodeRow(v, o, row.data());
+        for (int64_t i = s.row_begin; i < s.row_end; ++i) {
+          float sum = 0;
+          for (int64_t k2 = 0; k2 < m.cols; ++k2)
+            sum += x[i * x_stride + k2] * row[static_cast<size_t>(k2)];
+          y[i * y_stride + first + o] += sum;
+        }
       }
-    }
+    });
   }
 }
 
@@ -450,15 +501,23 @@ void DeltaApply(std::span<const LoraSegment> segments, std::span<const DeltaMatr
       const LoraSegment& s = segments[k];
       const DeltaMatrixView& m = weights[static_cast<size_t>(s.slot)];
       if (m.rows == 0 || s.row_end <= s.row_begin || begin >= m.rows) continue;
+      float* ys = y + s.row_begin * y_stride;
       if (int16 && qr->q_offset[k] >= 0) {
-        int16_fn(m, begin, std::min(end, m.rows), qr->q.data() + qr->q_offset[k],
-                 qr->scales.data() + qr->scale_offset[k], s.row_end - s.row_begin,
-                 y + s.row_begin * y_stride, y_stride);
+        ForEachBand(m, begin, std::min(end, m.rows),
+                    [&](const DeltaMatrixView& v, int64_t lo, int64_t hi, int64_t first) {
+                      int16_fn(v, lo, hi, qr->q.data() + qr->q_offset[k],
+                               qr->scales.data() + qr->scale_offset[k], s.row_end - s.row_begin,
+                               ys + first, y_stride);
+                    });
         continue;
       }
-      const auto rows_fn = simd != nullptr && delta_internal::SimdLayout(m) ? simd : PortableRows;
-      rows_fn(m, begin, std::min(end, m.rows), x + s.row_begin * x_stride, x_stride,
-              s.row_end - s.row_begin, y + s.row_begin * y_stride, y_stride);
+      ForEachBand(m, begin, std::min(end, m.rows),
+                  [&](const DeltaMatrixView& v, int64_t lo, int64_t hi, int64_t first) {
+                    const auto rows_fn =
+                        simd != nullptr && delta_internal::SimdLayout(v) ? simd : PortableRows;
+                    rows_fn(v, lo, hi, x + s.row_begin * x_stride, x_stride,
+                            s.row_end - s.row_begin, ys + first, y_stride);
+                  });
     }
   };
   if (pool == nullptr || pool->size() == 1) {

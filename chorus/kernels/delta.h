@@ -53,6 +53,19 @@
 
 namespace chorus::kernels {
 
+// Rows [row_begin, row_end) of a matrix stored apart from its other rows: a pool copy packs a
+// delta into pool pages (adapters/delta/paged_delta.h), a band of consecutive rows in each, with
+// the band's codes, 2:4 patterns, kept positions and scale groups laid out as in a whole matrix
+// (row_begin's first). A band's kernel work is exactly that of the same rows of the whole matrix:
+// banding never changes a value.
+struct DeltaBand {
+  int64_t row_begin = 0, row_end = 0;
+  const uint8_t* codes = nullptr;
+  const uint8_t* mask = nullptr;
+  const float* scales = nullptr;  // grouped scales only; a per-matrix scale is the matrix's
+  const uint64_t* positions = nullptr;
+};
+
 // One delta matrix Δ̃ [rows, cols] in the packed layout (pointers into its host or pool copy).
 struct DeltaMatrixView {
   int64_t rows = 0, cols = 0;  // rows = 0: this slot has no term here (segment skipped)
@@ -74,7 +87,15 @@ struct DeltaMatrixView {
   int64_t groups() const { return group_size == 0 ? 0 : (cols + group_size - 1) / group_size; }
   // Entries of `scales`: one per (row, group), or one for the matrix.
   int64_t n_scales() const { return group_size == 0 ? 1 : rows * groups(); }
+  // Non-empty: the rows live in these bands (in row order, covering [0, rows) without gaps), and
+  // codes / mask / positions above are null; `scales` still holds a per-matrix scale. Only
+  // DeltaApply, DeltaApplyReference, DeltaDecodeRow and DeltaInt16Layout take banded views.
+  std::span<const DeltaBand> bands;
 };
+
+// The view of band `b` of `m` alone: rows [0, b.row_end − b.row_begin) are m's rows
+// [b.row_begin, b.row_end).
+DeltaMatrixView DeltaBandView(const DeltaMatrixView& m, const DeltaBand& b);
 
 // How DeltaApply multiplies (see the top of this file).
 enum class DeltaActivations { kF32, kInt16 };

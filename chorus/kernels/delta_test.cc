@@ -16,6 +16,7 @@
 #include <iostream>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "chorus/kernels/delta_internal.h"
@@ -536,6 +537,77 @@ TEST(DeltaKernelTest, Int16RowWithANonFiniteValueGivesNaNAndLeavesTheOtherRowsAl
     EXPECT_TRUE(std::isfinite(y[static_cast<size_t>(o)]));
     EXPECT_TRUE(std::isnan(y[static_cast<size_t>(out + o)]));
     EXPECT_TRUE(std::isnan(y[static_cast<size_t>(2 * out + o)]));
+  }
+}
+
+// A pool copy stores a matrix in bands of rows (DeltaBand, adapters/delta/paged_delta.h). The
+// same rows cut into bands — at a 16-row panel boundary, inside panels, a band of one row — give
+// the unbanded matrix's outputs bit for bit: in both activation paths, at every level, on 1 and
+// 2 threads (whose row split falls inside bands), in the references, and in DeltaDecodeRow.
+TEST(DeltaKernelTest, BandedMatricesEqualTheWholeMatrixBitwise) {
+  std::mt19937 rng(11);
+  for (const Int16Case& k : kInt16Cases) {
+    const int64_t cols = k.sparse ? 512 : 509, out = 70, n = 6;
+    Packed a = MakePacked(out, cols, k.bits, k.sparse, k.group, &rng);
+    const DeltaMatrixView& m = a.view;
+    // The bands' bytes in buffers of their own (a pool page each), filled with a marker first.
+    const int64_t cuts[] = {0, 16, 19, 20, 48, 70};
+    std::vector<std::vector<uint8_t>> codes, masks;
+    std::vector<std::vector<float>> scales;
+    std::vector<std::vector<uint64_t>> positions;
+    std::vector<DeltaBand> bands;
+    for (size_t b = 0; b + 1 < std::size(cuts); ++b) {
+      const int64_t r0 = cuts[b], r1 = cuts[b + 1];
+      auto slice = [&](const auto* src, int64_t per_row, auto& store) {
+        using T = std::remove_cv_t<std::remove_pointer_t<decltype(src)>>;
+        store.emplace_back(src == nullptr ? 0 : static_cast<size_t>((r1 - r0) * per_row), T{});
+        if (src != nullptr) std::copy(src + r0 * per_row, src + r1 * per_row, store.back().begin());
+        return src == nullptr ? nullptr : store.back().data();
+      };
+      DeltaBand band{.row_begin = r0, .row_end = r1};
+      band.codes = slice(m.codes, m.code_row_bytes(), codes);
+      band.mask = slice(m.mask, m.mask_row_bytes(), masks);
+      band.scales = m.group_size == 0 ? nullptr : slice(m.scales, m.groups(), scales);
+      band.positions = slice(m.positions, m.position_row_words(), positions);
+      bands.push_back(band);
+    }
+    DeltaMatrixView banded = m;
+    banded.codes = nullptr;
+    banded.mask = nullptr;
+    banded.positions = nullptr;
+    if (m.group_size != 0) banded.scales = nullptr;
+    banded.bands = bands;
+    ASSERT_EQ(DeltaInt16Layout(banded), DeltaInt16Layout(m));
+    std::vector<float> whole_row(static_cast<size_t>(cols)), band_row(whole_row.size());
+    for (int64_t o = 0; o < out; ++o) {
+      DeltaDecodeRow(m, o, whole_row.data());
+      DeltaDecodeRow(banded, o, band_row.data());
+      ASSERT_EQ(whole_row, band_row) << "row " << o;
+    }
+    const std::vector<LoraSegment> segments = {{0, 1, 0}, {1, 4, 1}, {4, 6, 0}};
+    const std::vector<float> x = RandomX(n * cols, &rng);
+    for (DeltaActivations act : {DeltaActivations::kF32, DeltaActivations::kInt16}) {
+      // Slot 1 is the whole matrix in the banded run and the banded one in the whole run: a
+      // step may mix pool and host copies.
+      const std::vector<DeltaMatrixView> whole = {m, banded}, cut = {banded, m};
+      std::vector<float> want(static_cast<size_t>(n * out), 0.5f), got(want.size(), 0.5f);
+      DeltaApplyReference(segments, whole, x.data(), cols, want.data(), out, act);
+      DeltaApplyReference(segments, cut, x.data(), cols, got.data(), out, act);
+      ASSERT_EQ(want, got) << "reference, bits " << k.bits << " sparse " << k.sparse;
+      for (IsaLevel level : SupportedLevels()) {
+        for (int threads : {1, 2}) {
+          IsaGuard g;
+          SetMaxIsa(level);
+          ThreadPool pool(threads);
+          std::vector<float> w(want.size(), 0.5f), c(want.size(), 0.5f);
+          DeltaApply(segments, whole, x.data(), cols, w.data(), out, &pool, act);
+          DeltaApply(segments, cut, x.data(), cols, c.data(), out, &pool, act);
+          ASSERT_EQ(w, c) << IsaName(level) << " threads " << threads << " bits " << k.bits
+                          << " sparse " << k.sparse << " group " << k.group << " int16 "
+                          << (act == DeltaActivations::kInt16);
+        }
+      }
+    }
   }
 }
 

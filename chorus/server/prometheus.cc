@@ -71,33 +71,34 @@ namespace {
 // Unified pool pages by kind and adapter residency (engine/adapter_residency.h).
 void RenderPoolAndResidency(std::string* out, const engine::EngineMetrics& m) {
   Header(out, "chorus_pool_pages", "gauge",
-         "Pages of the unified pool by kind (kv, adapter, free).");
+         "Pages of the unified pool by kind (kv, adapter: adapters and deltas, free).");
   const int64_t kv = m.pool_pages_kv.load(), ad = m.pool_pages_adapter.load();
   *out += "chorus_pool_pages{kind=\"kv\"} " + std::to_string(kv) + "\n";
   *out += "chorus_pool_pages{kind=\"adapter\"} " + std::to_string(ad) + "\n";
   *out += "chorus_pool_pages{kind=\"free\"} " +
           std::to_string(m.pool_pages_total.load() - kv - ad) + "\n";
-  Scalar(out, "chorus_adapters_resident", "gauge", "Adapters with a ready copy in pool pages.",
+  Scalar(out, "chorus_adapters_resident", "gauge",
+         "Adapters and deltas with a ready copy in pool pages.",
          static_cast<double>(m.adapters_resident.load()));
   Scalar(out, "chorus_adapter_pool_hits_total", "counter",
-         "Admissions whose adapter was resident in the pool.",
+         "Admissions whose adapter or delta was resident in the pool.",
          static_cast<double>(m.adapter_pool_hits.load()));
   Scalar(out, "chorus_adapter_pool_misses_total", "counter",
-         "Admissions whose adapter was not resident (host copy used).",
+         "Admissions whose adapter or delta was not resident (host copy used).",
          static_cast<double>(m.adapter_pool_misses.load()));
   Scalar(out, "chorus_adapter_pool_loads_total", "counter",
-         "Adapter copies into pool pages completed.",
+         "Adapter and delta copies into pool pages completed.",
          static_cast<double>(m.adapter_pool_loads.load()));
   Scalar(out, "chorus_adapter_pool_evictions_total", "counter",
-         "Adapter copies evicted from the pool (KV or unload).",
+         "Adapter and delta copies evicted from the pool (KV or unload).",
          static_cast<double>(m.adapter_pool_evictions.load()));
   Scalar(out, "chorus_adapter_disk_loads_total", "counter",
          "Adapter disk loads run by the engine's loader threads.",
          static_cast<double>(m.adapter_disk_loads.load()));
   Scalar(out, "chorus_adapter_disk_load_errors_total", "counter", "Adapter disk loads that failed.",
          static_cast<double>(m.adapter_disk_load_errors.load()));
-  Hist(out, "chorus_adapter_pool_load_seconds", "Time to copy an adapter into pool pages.",
-       m.adapter_pool_load_seconds);
+  Hist(out, "chorus_adapter_pool_load_seconds",
+       "Time to copy an adapter or a delta into pool pages.", m.adapter_pool_load_seconds);
   Hist(out, "chorus_adapter_disk_load_seconds", "Time to load an adapter from disk.",
        m.adapter_disk_load_seconds);
   // --swap-full-models (docs/deltas.md, "Swapping full models").

@@ -51,7 +51,7 @@ std::vector<std::vector<float>> RunStep(
   ThreadPool pool(threads);
   model::StepBuilder step(rows, static_cast<int64_t>(seqs.size()) * 64);
   std::vector<std::vector<int32_t>> tables(seqs.size());
-  std::vector<const delta::DeltaWeights*> row_deltas;
+  std::vector<const delta::DeltaView*> row_deltas;
   std::vector<const adapters::LoraAdapter*> row_loras;
   // Every row's logits: add each token as its own one-token "sequence" view over the same table.
   for (size_t s = 0; s < seqs.size(); ++s) {
@@ -427,6 +427,46 @@ TEST(DeltaServingTest, EngineServesDeltaLoraAndBaseTogether) {
   ASSERT_TRUE(ev.has_value());
   EXPECT_EQ(ev->finish, engine::FinishReason::kError);
   EXPECT_NE(ev->error.find("fnv1a64:0000000000000000"), std::string::npos) << ev->error;
+}
+
+// The pool tier for deltas (docs/deltas.md "Tiers"): a delta request first reads the host copy
+// while the loader thread bands the delta into pool pages; once resident, the same request reads
+// the pool copy. Both give exactly the tokens of an engine that never makes pool copies.
+TEST(DeltaServingTest, ADeltasPoolCopyServesTheTokensOfItsHostCopy) {
+  CHORUS_REQUIRE_SHARED_MODEL("stories260K/stories260K.bin");
+  EngineSetup setup;
+  ASSERT_TRUE(setup.Load());
+  adapters::VariantRef ref;
+  setup.WriteDelta(0xde1a, "pooled_delta", &ref);
+  engine::EngineOptions host_only = setup.Options();
+  host_only.adapter_pool_copies = false;
+  const auto request = EngineSetup::Request(3, 24, ref);
+  std::vector<int32_t> host_tokens;
+  {
+    auto e = engine::Engine::Create(setup.base, setup.tok, host_only);
+    ASSERT_TRUE(e.ok());
+    host_tokens = EngineSetup::Run(**(*e)->Submit(request));
+    EXPECT_EQ((*e)->metrics().pool_pages_adapter.load(), 0);
+  }
+  ASSERT_EQ(host_tokens.size(), 24u);
+  auto e = engine::Engine::Create(setup.base, setup.tok, setup.Options());
+  ASSERT_TRUE(e.ok());
+  const auto& m = (*e)->metrics();
+  EXPECT_EQ(EngineSetup::Run(**(*e)->Submit(request)), host_tokens);
+  EXPECT_EQ(m.adapter_pool_misses.load(), 1u);
+  EXPECT_GT(m.pool_pages_adapter.load(), 0);  // the delta's banded copy (pages of kind kAdapter)
+  for (int i = 0; i < 100 && m.adapter_pool_hits.load() == 0; ++i) {
+    EXPECT_EQ(EngineSetup::Run(**(*e)->Submit(request)), host_tokens) << "run " << i;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_GE(m.adapter_pool_hits.load(), 1u);
+  EXPECT_EQ(m.adapter_pool_loads.load(), 1u);
+  EXPECT_EQ(m.adapters_resident.load(), 1);
+  // A base request beside it in the same steps leaves it unchanged.
+  auto with_delta = (*e)->Submit(request);
+  auto base = (*e)->Submit(EngineSetup::Request(3, 24, std::nullopt));
+  EXPECT_EQ(EngineSetup::Run(**with_delta), host_tokens);
+  EXPECT_NE(EngineSetup::Run(**base), host_tokens);
 }
 
 // DeltaZip's N-delta rule with line skipping and its preemption (--max-deltas 1): A (delta D1)

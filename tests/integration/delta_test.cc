@@ -125,7 +125,7 @@ TEST_F(DeltaStoriesTest, ServedFullFineTuneWithItsExtrasScoresAsItsDenseReconstr
   auto weights = delta::DeltaWeights::Build(shared, base_->config(), "things");
   ASSERT_TRUE(weights.ok()) << weights.status().ToString();
   delta::DeltaHook hook(256);
-  std::vector<const delta::DeltaWeights*> rows(256, weights->get());
+  std::vector<const delta::DeltaView*> rows(256, weights->get());
   ASSERT_TRUE(hook.SetRows(rows).ok());
   const auto served = Eval(base_, &hook).scores;
   auto dense = delta::ApplyDeltaDense(*base_, *shared, "things");

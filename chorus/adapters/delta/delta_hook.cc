@@ -17,22 +17,24 @@ Result<std::shared_ptr<const DeltaWeights>> DeltaWeights::Build(std::shared_ptr<
 
 Result<std::shared_ptr<const DeltaWeights>> DeltaWeights::Build(
     Delta d, const model::ModelConfig& base, const std::string& name,
-    std::shared_ptr<memory::HostArena> arena) {
+    std::shared_ptr<memory::HostArena> arena, std::string identity) {
   auto owned = std::make_shared<Delta>(std::move(d));
   std::vector<int64_t> matrix_of_view;
   CHORUS_ASSIGN_OR_RETURN(auto w, BuildViews(owned, base, name, &matrix_of_view));
+  w->identity_ = std::move(identity);
   w->MoveToStreamedBuffer(*owned, matrix_of_view, std::move(arena));
   return std::shared_ptr<const DeltaWeights>(std::move(w));
 }
 
 Result<std::shared_ptr<const DeltaWeights>> DeltaWeights::Build(
     MappedDelta m, const model::ModelConfig& base, const std::string& name,
-    std::shared_ptr<memory::HostArena> arena) {
+    std::shared_ptr<memory::HostArena> arena, std::string identity) {
   if (m.in_file.size() != m.delta.matrices.size())
     return InvalidArgumentError("delta '" + name + "': not read by ReadDeltaMapped");
   auto owned = std::make_shared<Delta>(std::move(m.delta));
   std::vector<int64_t> matrix_of_view;
   CHORUS_ASSIGN_OR_RETURN(auto w, BuildViews(owned, base, name, &matrix_of_view, &m.in_file));
+  w->identity_ = std::move(identity);
   // Every view now points into the buffer; the file's mapping goes with `m`.
   w->MoveToStreamedBuffer(*owned, matrix_of_view, std::move(arena));
   return std::shared_ptr<const DeltaWeights>(std::move(w));
@@ -226,9 +228,9 @@ Result<MappedDelta> ReadDeltaMappedFor(const std::string& path, const std::strin
 
 Result<std::shared_ptr<const DeltaWeights>> LoadDeltaWeights(
     const std::string& path, const model::ModelConfig& base, const std::string& base_hash,
-    const std::string& name, std::shared_ptr<memory::HostArena> arena) {
+    const std::string& name, std::shared_ptr<memory::HostArena> arena, std::string identity) {
   CHORUS_ASSIGN_OR_RETURN(MappedDelta m, ReadDeltaMappedFor(path, base_hash));
-  return DeltaWeights::Build(std::move(m), base, name, std::move(arena));
+  return DeltaWeights::Build(std::move(m), base, name, std::move(arena), std::move(identity));
 }
 
 Result<DeltaWeights::Summary> CheckDeltaFile(const std::string& path,
@@ -239,7 +241,18 @@ Result<DeltaWeights::Summary> CheckDeltaFile(const std::string& path,
   return DeltaWeights::Check(std::move(m), base, name);
 }
 
-const std::vector<float>* DeltaWeights::norm(int64_t layer, model::LinearHook::Norm which) const {
+void DeltaView::CopyAllButViews(const DeltaView& other) {
+  delta_ = other.delta_;
+  n_layers_ = other.n_layers_;
+  name_ = other.name_;
+  identity_ = other.identity_;
+  norms_ = other.norms_;
+  embeddings_ = other.embeddings_;
+  output_ = other.output_;
+  has_extras_ = other.has_extras_;
+}
+
+const std::vector<float>* DeltaView::norm(int64_t layer, model::LinearHook::Norm which) const {
   const size_t slot =
       which == model::LinearHook::Norm::kOutput
           ? norms_.size() - 1
@@ -278,7 +291,7 @@ DeltaHook::DeltaHook(int64_t max_rows, kernels::DeltaActivations activations)
   table_.reserve(static_cast<size_t>(max_rows));
 }
 
-Status DeltaHook::SetRows(std::span<const DeltaWeights* const> row_deltas) {
+Status DeltaHook::SetRows(std::span<const DeltaView* const> row_deltas) {
   const int64_t n = static_cast<int64_t>(row_deltas.size());
   if (n > max_rows_) {
     return InvalidArgumentError("delta step of " + std::to_string(n) + " rows, max " +
@@ -288,10 +301,10 @@ Status DeltaHook::SetRows(std::span<const DeltaWeights* const> row_deltas) {
   slots_.clear();
   row_delta_.assign(row_deltas.begin(), row_deltas.end());
   any_extras_ = false;
-  for (const DeltaWeights* d : row_deltas)
+  for (const DeltaView* d : row_deltas)
     any_extras_ = any_extras_ || (d != nullptr && d->has_extras());
   for (int64_t i = 0; i < n;) {
-    const DeltaWeights* d = row_deltas[static_cast<size_t>(i)];
+    const DeltaView* d = row_deltas[static_cast<size_t>(i)];
     int64_t j = i + 1;
     while (j < n && row_deltas[static_cast<size_t>(j)] == d) ++j;
     if (d != nullptr) {
@@ -320,7 +333,7 @@ void DeltaHook::Apply(int64_t layer, model::Linear which, const float* x, int64_
 void DeltaHook::AdjustEmbeddings(std::span<const int32_t> tokens, float* x, int64_t d) const {
   if (!any_extras_) return;
   for (size_t i = 0; i < tokens.size(); ++i) {
-    const DeltaWeights* w = RowDelta(static_cast<int64_t>(i));
+    const DeltaView* w = RowDelta(static_cast<int64_t>(i));
     if (w == nullptr || w->embeddings() == nullptr) continue;
     // x = base row + Δ row: the same single rounding as the merged embedding W_b + Δ̃.
     float* row = x + static_cast<int64_t>(i) * d;
@@ -332,7 +345,7 @@ void DeltaHook::AdjustNorm(int64_t layer, Norm which, std::span<const int32_t> r
                            float* y, const float* base_weight, int64_t d, float eps) const {
   if (!any_extras_) return;
   for (size_t j = 0; j < rows.size(); ++j) {
-    const DeltaWeights* w = RowDelta(rows[j]);
+    const DeltaView* w = RowDelta(rows[j]);
     const std::vector<float>* dw = w == nullptr ? nullptr : w->norm(layer, which);
     if (dw == nullptr) continue;
     // The norm with the merged weight, exactly as the dense reconstruction computes it.
@@ -351,7 +364,7 @@ void DeltaHook::ApplyOutput(std::span<const int32_t> logit_rows, const float* h,
   // pass over its output-head rows: 32000 × 2048 int8 at the TinyLlama shape, read once per
   // group, not once per row.
   for (size_t j0 = 0; j0 < logit_rows.size();) {
-    const DeltaWeights* w = RowDelta(logit_rows[j0]);
+    const DeltaView* w = RowDelta(logit_rows[j0]);
     size_t j1 = j0 + 1;
     while (j1 < logit_rows.size() && RowDelta(logit_rows[j1]) == w) ++j1;
     if (w != nullptr && w->output() != nullptr) {

@@ -27,8 +27,57 @@
 
 namespace chorus::delta {
 
-// One delta's matrices as kernel views, by (layer, linear), over a Delta it keeps alive.
-class DeltaWeights {
+// What a step reads of one delta: its matrices as kernel views by (layer, linear), and its
+// extras. Two copies implement it: the host copy (DeltaWeights, below) and the pool copy
+// (PagedDelta, adapters/delta/paged_delta.h: the same values in pool pages, banded views), so
+// the hook serves either, and a step may mix them.
+class DeltaView {
+ public:
+  virtual ~DeltaView() = default;
+  DeltaView(const DeltaView&) = delete;
+  DeltaView& operator=(const DeltaView&) = delete;
+
+  const kernels::DeltaMatrixView& at(int64_t layer, model::Linear which) const {
+    return views_[static_cast<size_t>(layer * model::kNumLinears + static_cast<int>(which))];
+  }
+  int64_t n_layers() const { return n_layers_; }
+  const std::string& name() const { return name_; }
+  // Which registered delta these values are (the host cache's VariantId, as text): two copies
+  // with the same non-empty identity hold the same values, so a pool copy made from one serves
+  // the other. Empty for deltas built without a registration (tests, tools).
+  const std::string& identity() const { return identity_; }
+  // The delta read from its file: metadata, and the extras' values (a streamed host copy has
+  // freed its matrices' vectors).
+  const Delta& delta() const { return *delta_; }
+
+  // The extras (null = unchanged): a norm's Δw [d], decoded (layer ignored for kOutput); the
+  // embeddings' and the output head's Δ [vocab, d] as stored (exact f32 or int8 rows, decoded
+  // row by row where used; the same tensor for both with tied embeddings).
+  const std::vector<float>* norm(int64_t layer, model::LinearHook::Norm which) const;
+  const ExtraDelta* embeddings() const { return embeddings_; }
+  const ExtraDelta* output() const { return output_; }
+  bool has_extras() const { return has_extras_; }
+
+ protected:
+  DeltaView() = default;
+  // Everything of `other` but its matrix views (a pool copy sets its own); the extras are
+  // shared through the Delta both hold.
+  void CopyAllButViews(const DeltaView& other);
+
+  std::shared_ptr<const Delta> delta_;
+  std::vector<kernels::DeltaMatrixView> views_;  // [n_layers × kNumLinears]; rows 0 = none
+  int64_t n_layers_ = 0;
+  std::string name_;
+  std::string identity_;
+  std::vector<std::vector<float>> norms_;  // [n_layers × 2 + 1]: attn, ffn, …, output; {} = none
+  const ExtraDelta* embeddings_ = nullptr;
+  const ExtraDelta* output_ = nullptr;
+  bool has_extras_ = false;
+};
+
+// The host copy of one delta: its matrices as kernel views over a Delta it keeps alive, or (as
+// served) over one streamed buffer.
+class DeltaWeights : public DeltaView {
  public:
   // Maps every matrix to its (layer, linear) of `base` and checks shapes and layouts. Errors
   // name the tensor: a matrix that is not a layer linear, a shape that does not match, extras.
@@ -43,14 +92,15 @@ class DeltaWeights {
   // from fresh huge pages (base/large_alloc.h). A step reads each delta in its rows from DRAM;
   // with 4 KiB pages every few rows cost a TLB miss and the hardware prefetchers stop at each
   // page (docs/deltas.md "Serving").
+  // `identity` becomes identity().
   static Result<std::shared_ptr<const DeltaWeights>> Build(
       Delta d, const model::ModelConfig& base, const std::string& name,
-      std::shared_ptr<memory::HostArena> arena = nullptr);
+      std::shared_ptr<memory::HostArena> arena = nullptr, std::string identity = {});
   // The same from a delta whose codes and patterns are still in its mapped file
   // (ReadDeltaMapped): copied once, from the file into the buffer.
   static Result<std::shared_ptr<const DeltaWeights>> Build(
       MappedDelta m, const model::ModelConfig& base, const std::string& name,
-      std::shared_ptr<memory::HostArena> arena = nullptr);
+      std::shared_ptr<memory::HostArena> arena = nullptr, std::string identity = {});
   // What registration learns of a delta: Build(MappedDelta)'s checks — every matrix mapped to a
   // layer linear of `base` with its shape and layout, the extras — without its copy into memory
   // (most of a load's time and ~120 MB for a TinyLlama-shape delta, only to be freed).
@@ -60,20 +110,6 @@ class DeltaWeights {
   };
   static Result<Summary> Check(MappedDelta m, const model::ModelConfig& base,
                                const std::string& name);
-  const kernels::DeltaMatrixView& at(int64_t layer, model::Linear which) const {
-    return views_[static_cast<size_t>(layer * model::kNumLinears + static_cast<int>(which))];
-  }
-  int64_t n_layers() const { return n_layers_; }
-  const std::string& name() const { return name_; }
-  const Delta& delta() const { return *delta_; }
-
-  // The extras (null = unchanged): a norm's Δw [d], decoded (layer ignored for kOutput); the
-  // embeddings' and the output head's Δ [vocab, d] as stored (exact f32 or int8 rows, decoded
-  // row by row where used; the same tensor for both with tied embeddings).
-  const std::vector<float>* norm(int64_t layer, model::LinearHook::Norm which) const;
-  const ExtraDelta* embeddings() const { return embeddings_; }
-  const ExtraDelta* output() const { return output_; }
-  bool has_extras() const { return has_extras_; }
   // Bytes of the 2:4 matrices' kept positions, derived at Build for the int16 kernel.
   int64_t positions_bytes() const;
   // Whether the matrices sit in one streamed buffer (the Build(Delta) and Build(MappedDelta)
@@ -95,24 +131,20 @@ class DeltaWeights {
   void MoveToStreamedBuffer(Delta& owned, const std::vector<int64_t>& matrix_of_view,
                             std::shared_ptr<memory::HostArena> arena);
 
-  std::shared_ptr<const Delta> delta_;
-  std::vector<kernels::DeltaMatrixView> views_;   // [n_layers × kNumLinears]; rows 0 = none
+  DeltaWeights() = default;
+
   std::vector<std::vector<uint64_t>> positions_;  // the 2:4 views' kept positions (until moved)
   memory::HostBuffer streamed_;
-  int64_t n_layers_ = 0;
-  std::string name_;
-  std::vector<std::vector<float>> norms_;  // [n_layers × 2 + 1]: attn, ffn, …, output; {} = none
-  const ExtraDelta* embeddings_ = nullptr;
-  const ExtraDelta* output_ = nullptr;
-  bool has_extras_ = false;
 };
 
 // Reads a delta file or directory (ReadDelta), checks it was made against the base whose
 // BaseWeightsHash() is `base_hash` (unless empty: kFailedPrecondition naming both hashes), and
 // builds its kernel views (in `arena` when given: Build). Errors start with the path.
+// `identity` becomes identity().
 Result<std::shared_ptr<const DeltaWeights>> LoadDeltaWeights(
     const std::string& path, const model::ModelConfig& base, const std::string& base_hash,
-    const std::string& name, std::shared_ptr<memory::HostArena> arena = nullptr);
+    const std::string& name, std::shared_ptr<memory::HostArena> arena = nullptr,
+    std::string identity = {});
 // The same checks, every byte of the file included, without building the views' copy: what
 // registering a delta needs (adapters/registry.h), which then loads it only when it is used.
 Result<DeltaWeights::Summary> CheckDeltaFile(const std::string& path,
@@ -129,7 +161,7 @@ class DeltaHook : public model::LinearHook {
                      kernels::DeltaActivations activations = kernels::DefaultDeltaActivations());
   // The delta of every row of the next step (null = none), as LoraHook::SetRows. Errors
   // (nothing changed): more rows than max_rows.
-  Status SetRows(std::span<const DeltaWeights* const> row_deltas);
+  Status SetRows(std::span<const DeltaView* const> row_deltas);
   bool empty() const { return segments_.empty(); }
 
   void Apply(int64_t layer, model::Linear which, const float* x, int64_t x_stride, float* y,
@@ -142,15 +174,15 @@ class DeltaHook : public model::LinearHook {
 
  private:
   // The delta of step row i (null: none).
-  const DeltaWeights* RowDelta(int64_t i) const { return row_delta_[static_cast<size_t>(i)]; }
+  const DeltaView* RowDelta(int64_t i) const { return row_delta_[static_cast<size_t>(i)]; }
 
   int64_t max_rows_;
   kernels::DeltaActivations activations_;
-  std::vector<const DeltaWeights*> row_delta_;  // [rows of the step]
+  std::vector<const DeltaView*> row_delta_;  // [rows of the step]
   bool any_extras_ = false;
   mutable std::vector<float> merged_;  // a norm's w + Δw
   std::vector<kernels::LoraSegment> segments_;
-  std::vector<const DeltaWeights*> slots_;
+  std::vector<const DeltaView*> slots_;
   mutable std::vector<kernels::DeltaMatrixView> table_;  // [slots] of the current linear
 };
 

@@ -107,8 +107,10 @@ Result<Delta> ShardDelta(const Delta& d, const model::ModelConfig& full, int ran
 
 Result<std::shared_ptr<const DeltaWeights>> LoadDeltaWeightsShard(
     const std::string& path, const model::ModelConfig& full, const std::string& base_hash, int rank,
-    int size, const std::string& name, std::shared_ptr<memory::HostArena> arena) {
-  if (size == 1) return LoadDeltaWeights(path, full, base_hash, name, std::move(arena));
+    int size, const std::string& name, std::shared_ptr<memory::HostArena> arena,
+    std::string identity) {
+  if (size == 1)
+    return LoadDeltaWeights(path, full, base_hash, name, std::move(arena), std::move(identity));
   CHORUS_ASSIGN_OR_RETURN(Delta d, ReadDelta(path));
   if (!base_hash.empty() && d.base_hash != base_hash) {
     return FailedPreconditionError(path + ": made against base weights " + d.base_hash +
@@ -117,7 +119,7 @@ Result<std::shared_ptr<const DeltaWeights>> LoadDeltaWeightsShard(
   auto shard = ShardDelta(d, full, rank, size);
   if (!shard.ok()) return shard.status().WithContext(path);
   CHORUS_ASSIGN_OR_RETURN(model::ModelConfig sc, model::ShardConfig(full, size));
-  auto w = DeltaWeights::Build(std::move(*shard), sc, name, std::move(arena));
+  auto w = DeltaWeights::Build(std::move(*shard), sc, name, std::move(arena), std::move(identity));
   if (!w.ok()) return w.status().WithContext(path);
   return w;
 }

@@ -31,9 +31,10 @@ Result<Delta> ShardDelta(const Delta& d, const model::ModelConfig& full, int ran
 
 // LoadDeltaWeights for `rank` of `size`: read, checked against `base_hash` (the whole base's),
 // sharded, and built against model::ShardConfig(full, size), in `arena` when given
-// (DeltaWeights::Build). Errors start with the path.
+// (DeltaWeights::Build), `identity` its identity(). Errors start with the path.
 Result<std::shared_ptr<const DeltaWeights>> LoadDeltaWeightsShard(
     const std::string& path, const model::ModelConfig& full, const std::string& base_hash, int rank,
-    int size, const std::string& name, std::shared_ptr<memory::HostArena> arena = nullptr);
+    int size, const std::string& name, std::shared_ptr<memory::HostArena> arena = nullptr,
+    std::string identity = {});
 
 }  // namespace chorus::delta

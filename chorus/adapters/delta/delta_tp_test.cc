@@ -89,7 +89,7 @@ class DeltaSlots {
  private:
   std::vector<std::shared_ptr<const DeltaWeights>> table_;
   DeltaHook hook_;
-  std::vector<const DeltaWeights*> rows_;
+  std::vector<const DeltaView*> rows_;
 };
 
 TEST(DeltaTensorParallelTest, TwoRanksGiveTheWholeModelsLogits) {
