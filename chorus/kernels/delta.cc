@@ -59,21 +59,6 @@ void CheckArgs(std::span<const LoraSegment> segments, std::span<const DeltaMatri
   }
 }
 
-// Calls fn(view, lo, hi, first) for output rows [begin, end) of m: once with m itself, or for a
-// banded m once per band those rows meet, with the band's view, the band's local rows [lo, hi)
-// and the band's first row of m (where its outputs go).
-template <typename Fn>
-void ForEachBand(const DeltaMatrixView& m, int64_t begin, int64_t end, Fn fn) {
-  if (m.bands.empty()) {
-    if (begin < end) fn(m, begin, end, int64_t{0});
-    return;
-  }
-  for (const DeltaBand& b : m.bands) {
-    const int64_t lo = std::max(begin, b.row_begin), hi = std::min(end, b.row_end);
-    if (lo < hi) fn(DeltaBandView(m, b), lo - b.row_begin, hi - b.row_begin, b.row_begin);
-  }
-}
-
 }  // namespace
 
 DeltaMatrixView DeltaBandView(const DeltaMatrixView& m, const DeltaBand& b) {
@@ -423,7 +408,7 @@ void DeltaApplyReference(std::span<const LoraSegment> segments,
     const DeltaMatrixView& m = weights[static_cast<size_t>(s.slot)];
     if (m.rows == 0) continue;
     if (activations == DeltaActivations::kInt16 && quantized.q_offset[k] >= 0) {
-      ForEachBand(
+      delta_internal::ForEachBand(
           m, 0, m.rows, [&](const DeltaMatrixView& v, int64_t lo, int64_t hi, int64_t first) {
             delta_internal::q16::PortableRows(v, lo, hi, quantized.q.data() + quantized.q_offset[k],
                                               quantized.scales.data() + quantized.scale_offset[k],
@@ -433,17 +418,18 @@ void DeltaApplyReference(std::span<const LoraSegment> segments,
       continue;
     }
     row.resize(static_cast<size_t>(m.cols));
-    ForEachBand(m, 0, m.rows, [&](const DeltaMatrixView& v, int64_t lo, int64_t hi, int64_t first) {
-      for (int64_t o = lo; o < hi; ++o) {
-        DeltaDecodeRow(v, o, row.data());
-        for (int64_t i = s.row_begin; i < s.row_end; ++i) {
-          float sum = 0;
-          for (int64_t k2 = 0; k2 < m.cols; ++k2)
-            sum += x[i * x_stride + k2] * row[static_cast<size_t>(k2)];
-          y[i * y_stride + first + o] += sum;
-        }
-      }
-    });
+    delta_internal::ForEachBand(
+        m, 0, m.rows, [&](const DeltaMatrixView& v, int64_t lo, int64_t hi, int64_t first) {
+          for (int64_t o = lo; o < hi; ++o) {
+            DeltaDecodeRow(v, o, row.data());
+            for (int64_t i = s.row_begin; i < s.row_end; ++i) {
+              float sum = 0;
+              for (int64_t k2 = 0; k2 < m.cols; ++k2)
+                sum += x[i * x_stride + k2] * row[static_cast<size_t>(k2)];
+              y[i * y_stride + first + o] += sum;
+            }
+          }
+        });
   }
 }
 
@@ -503,21 +489,28 @@ void DeltaApply(std::span<const LoraSegment> segments, std::span<const DeltaMatr
       if (m.rows == 0 || s.row_end <= s.row_begin || begin >= m.rows) continue;
       float* ys = y + s.row_begin * y_stride;
       if (int16 && qr->q_offset[k] >= 0) {
-        ForEachBand(m, begin, std::min(end, m.rows),
-                    [&](const DeltaMatrixView& v, int64_t lo, int64_t hi, int64_t first) {
-                      int16_fn(v, lo, hi, qr->q.data() + qr->q_offset[k],
-                               qr->scales.data() + qr->scale_offset[k], s.row_end - s.row_begin,
-                               ys + first, y_stride);
-                    });
+        const int16_t* q = qr->q.data() + qr->q_offset[k];
+        const float* x_scales = qr->scales.data() + qr->scale_offset[k];
+        const int64_t n = s.row_end - s.row_begin;
+        if (fast) {  // takes banded views itself
+          int16_fn(m, begin, std::min(end, m.rows), q, x_scales, n, ys, y_stride);
+        } else {
+          delta_internal::ForEachBand(
+              m, begin, std::min(end, m.rows),
+              [&](const DeltaMatrixView& v, int64_t lo, int64_t hi, int64_t first) {
+                int16_fn(v, lo, hi, q, x_scales, n, ys + first, y_stride);
+              });
+        }
         continue;
       }
-      ForEachBand(m, begin, std::min(end, m.rows),
-                  [&](const DeltaMatrixView& v, int64_t lo, int64_t hi, int64_t first) {
-                    const auto rows_fn =
-                        simd != nullptr && delta_internal::SimdLayout(v) ? simd : PortableRows;
-                    rows_fn(v, lo, hi, x + s.row_begin * x_stride, x_stride,
-                            s.row_end - s.row_begin, ys + first, y_stride);
-                  });
+      delta_internal::ForEachBand(
+          m, begin, std::min(end, m.rows),
+          [&](const DeltaMatrixView& v, int64_t lo, int64_t hi, int64_t first) {
+            const auto rows_fn =
+                simd != nullptr && delta_internal::SimdLayout(v) ? simd : PortableRows;
+            rows_fn(v, lo, hi, x + s.row_begin * x_stride, x_stride, s.row_end - s.row_begin,
+                    ys + first, y_stride);
+          });
     }
   };
   if (pool == nullptr || pool->size() == 1) {

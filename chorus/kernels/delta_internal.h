@@ -14,6 +14,22 @@
 
 namespace chorus::kernels::delta_internal {
 
+// Calls fn(view, lo, hi, first) for output rows [begin, end) of m: once with m itself, or for a
+// banded m (DeltaBand) once per band those rows meet, with the band's view, the band's local rows
+// [lo, hi) and the band's first row of m (where its outputs go).
+template <typename Fn>
+void ForEachBand(const DeltaMatrixView& m, int64_t begin, int64_t end, Fn fn) {
+  if (m.bands.empty()) {
+    if (begin < end) fn(m, begin, end, int64_t{0});
+    return;
+  }
+  for (const DeltaBand& b : m.bands) {
+    const int64_t lo = begin > b.row_begin ? begin : b.row_begin;
+    const int64_t hi = end < b.row_end ? end : b.row_end;
+    if (lo < hi) fn(DeltaBandView(m, b), lo - b.row_begin, hi - b.row_begin, b.row_begin);
+  }
+}
+
 // The kept columns of each 2:4 pattern 0–5 within its group of 4.
 inline constexpr int kPairs24[6][2] = {{0, 1}, {0, 2}, {0, 3}, {1, 2}, {1, 3}, {2, 3}};
 
@@ -123,7 +139,8 @@ using ApplyRowsFn = void (*)(const DeltaMatrixView& m, int64_t o_begin, int64_t 
 void PortableRows(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const int16_t* q,
                   const float* x_scales, int64_t n_rows, float* y, int64_t y_stride);
 namespace avx512 {
-// Needs AVX-512 F/BW/VNNI/VBMI/VBMI2.
+// Needs AVX-512 F/BW/VNNI/VBMI/VBMI2. Takes banded views itself (m's rows, y not offset): the
+// BitDelta lookup builds its tables once per call for every band, not once per band.
 void ApplyRows(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const int16_t* q,
                const float* x_scales, int64_t n_rows, float* y, int64_t y_stride);
 // Quantize's q and scales bit for bit, 16 columns an instruction: it runs on the caller's

@@ -552,37 +552,52 @@ void ApplySigns(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const 
   const int64_t padded = PaddedCols(m.cols);
   const int64_t chunks = (m.cols + kLutChunk - 1) / kLutChunk;
   const int64_t groups = chunks * (kLutChunk / 4);
-  const int64_t panel_end = o_begin + (o_end - o_begin) / kLutRows * kLutRows;
-  if (panel_end > o_begin) {
-    // Grown, never shrunk: a vector resized down and up again zero-fills the regrown part, and
-    // steps alternate between a few decode rows and prefill chunks of hundreds (perf showed that
-    // memset at 3 % of a saturated delta server's time).
-    thread_local std::vector<int16_t> tables;
-    if (tables.size() < static_cast<size_t>(n * groups * 16))
-      tables.resize(static_cast<size_t>(n * groups * 16));
-    for (int64_t r = 0; r < n; ++r)
-      BuildSignTables(q + r * padded, padded, groups, tables.data() + r * groups * 16);
-    for (int64_t o = o_begin; o < panel_end; o += kLutBlockRows) {
-      const int64_t panels = std::min(kLutBlockRows, panel_end - o) / kLutRows;
-      avx512_common::ForRowsInFours(n, [&](int64_t i, auto nr) {
-        constexpr int kNR = decltype(nr)::value;
-        const int16_t* t[kNR];
-        for (int r = 0; r < kNR; ++r) t[r] = tables.data() + (i + r) * groups * 16;
-        SignLutBlock<kNR>(m, o, panels, chunks, t, x_scales + i, y + i * ys, ys);
+  // Grown, never shrunk: a vector resized down and up again zero-fills the regrown part, and
+  // steps alternate between a few decode rows and prefill chunks of hundreds (perf showed that
+  // memset at 3 % of a saturated delta server's time).
+  thread_local std::vector<int16_t> tables;
+  bool built = false;  // the tables serve every band of the call (a pool copy's: PagedDelta)
+  delta_internal::ForEachBand(
+      m, o_begin, o_end, [&](const DeltaMatrixView& v, int64_t lo, int64_t hi, int64_t first) {
+        float* yb = y + first;
+        const int64_t panel_end = lo + (hi - lo) / kLutRows * kLutRows;
+        if (panel_end > lo) {
+          if (!built) {
+            if (tables.size() < static_cast<size_t>(n * groups * 16))
+              tables.resize(static_cast<size_t>(n * groups * 16));
+            for (int64_t r = 0; r < n; ++r)
+              BuildSignTables(q + r * padded, padded, groups, tables.data() + r * groups * 16);
+            built = true;
+          }
+          for (int64_t o = lo; o < panel_end; o += kLutBlockRows) {
+            const int64_t panels = std::min(kLutBlockRows, panel_end - o) / kLutRows;
+            avx512_common::ForRowsInFours(n, [&](int64_t i, auto nr) {
+              constexpr int kNR = decltype(nr)::value;
+              const int16_t* t[kNR];
+              for (int r = 0; r < kNR; ++r) t[r] = tables.data() + (i + r) * groups * 16;
+              SignLutBlock<kNR>(v, o, panels, chunks, t, x_scales + i, yb + i * ys, ys);
+            });
+          }
+        }
+        if (panel_end < hi) Apply<Signs>(v, panel_end, hi, q, x_scales, n, yb, ys);
       });
-    }
-  }
-  if (panel_end < o_end) Apply<Signs>(m, panel_end, o_end, q, x_scales, n, y, ys);
 }
 
 }  // namespace
 
 void ApplyRows(const DeltaMatrixView& m, int64_t o_begin, int64_t o_end, const int16_t* q,
                const float* x_scales, int64_t n_rows, float* y, int64_t y_stride) {
-  auto run = [&](auto fn) { fn(m, o_begin, o_end, q, x_scales, n_rows, y, y_stride); };
-  if (SignRowSum(m)) {
-    return m.cols <= kLutMaxCols ? run(ApplySigns) : run(Apply<Signs>);
+  if (SignRowSum(m) && m.cols <= kLutMaxCols)
+    return ApplySigns(m, o_begin, o_end, q, x_scales, n_rows, y, y_stride);  // bands inside
+  if (!m.bands.empty()) {
+    delta_internal::ForEachBand(
+        m, o_begin, o_end, [&](const DeltaMatrixView& v, int64_t lo, int64_t hi, int64_t first) {
+          ApplyRows(v, lo, hi, q, x_scales, n_rows, y + first, y_stride);
+        });
+    return;
   }
+  auto run = [&](auto fn) { fn(m, o_begin, o_end, q, x_scales, n_rows, y, y_stride); };
+  if (SignRowSum(m)) return run(Apply<Signs>);
   if (m.sparse24) {
     return m.bits == 2 ? run(Apply<Decoded<SparseDecoder<2>>>)
                        : run(Apply<Decoded<SparseDecoder<4>>>);
