@@ -1,4 +1,4 @@
-// test-labels: unit
+// test-labels: unit concurrency
 // PagedDelta: a delta's matrices banded into pool pages give the host copy's term bit for bit
 // (every layout, both activation paths, mixed with host-copy rows in one step), keep serving
 // with their extras after the host copy is gone, and lay every band out as promised (inside the
