@@ -232,6 +232,17 @@ TEST(DurableFileTest, LeftoversQuarantineLockAndCrashPoint) {
   EXPECT_EQ(RemoveDeadWritersTempFiles(dir + "/a.json"), 1);
   EXPECT_FALSE(fs::exists(dead));
   EXPECT_TRUE(fs::exists(live));
+  // Directory-wide: the dead writers' temp files of every name go, live ones and other files stay.
+  const std::string dead_b = dir + "/b.gguf.tmp." + std::to_string(child);
+  const std::string dead_c = dir + "/config.json.tmp." + std::to_string(child);
+  CHORUS_ASSERT_OK(WriteFileAtomically(dead_b, "x"));
+  CHORUS_ASSERT_OK(WriteFileAtomically(dead_c, "x"));
+  CHORUS_ASSERT_OK(WriteFileAtomically(dir + "/b.gguf", "kept"));
+  EXPECT_EQ(RemoveDeadWritersTempFilesIn(dir), 2);
+  EXPECT_FALSE(fs::exists(dead_b));
+  EXPECT_FALSE(fs::exists(dead_c));
+  EXPECT_TRUE(fs::exists(live));
+  EXPECT_EQ(*ReadFileToString(dir + "/b.gguf"), "kept");
   fs::remove(live);
 
   auto moved = QuarantineFile(dir + "/a.json");

@@ -76,21 +76,18 @@ int RemoveAtomicWriteTempFiles(const std::string& dir, const std::string& base_p
   return removed;
 }
 
-int RemoveDeadWritersTempFiles(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "."
-                          : slash == 0               ? "/"
-                                                     : path.substr(0, slash);
-  const std::string prefix = (slash == std::string::npos ? path : path.substr(slash + 1)) + ".tmp.";
+namespace {
+
+// Removes the temp files `<name>.tmp.<pid>` directly in `dir` whose name starts with `prefix`
+// ("" = any) and whose writer process no longer exists.
+int RemoveDeadTempFiles(const std::string& dir, const std::string& prefix) {
   int removed = 0;
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) return 0;
   while (struct dirent* ent = ::readdir(d)) {
     const std::string n = ent->d_name;
-    if (n.size() <= prefix.size() || n.compare(0, prefix.size(), prefix) != 0 ||
-        !IsAtomicWriteTempName(n))
-      continue;
-    const long pid = std::atol(n.c_str() + prefix.size());
+    if (n.compare(0, prefix.size(), prefix) != 0 || !IsAtomicWriteTempName(n)) continue;
+    const long pid = std::atol(n.c_str() + n.rfind(".tmp.") + 5);
     if (pid <= 0 || pid == static_cast<long>(::getpid())) continue;
     if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive (or unknown)
     const std::string p = dir + "/" + n;
@@ -102,6 +99,19 @@ int RemoveDeadWritersTempFiles(const std::string& path) {
   ::closedir(d);
   return removed;
 }
+
+}  // namespace
+
+int RemoveDeadWritersTempFiles(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : path.substr(0, slash);
+  return RemoveDeadTempFiles(
+      dir, (slash == std::string::npos ? path : path.substr(slash + 1)) + ".tmp.");
+}
+
+int RemoveDeadWritersTempFilesIn(const std::string& dir) { return RemoveDeadTempFiles(dir, ""); }
 
 Result<std::string> QuarantineFile(const std::string& path) {
   const std::time_t now = std::time(nullptr);

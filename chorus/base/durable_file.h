@@ -34,6 +34,9 @@ int RemoveAtomicWriteTempFiles(const std::string& dir, const std::string& base_p
 // WriteFileAtomically temp files of `path` (`<path>.tmp.<pid>`) whose process no longer exists,
 // so repeated kills leave at most one per live writer. Returns how many were removed.
 int RemoveDeadWritersTempFiles(const std::string& path);
+// The same for every file directly in `dir` (an output directory of `chorus convert`, which
+// writes several files there).
+int RemoveDeadWritersTempFilesIn(const std::string& dir);
 
 // Moves a corrupt file aside to `<path>.corrupt-<UTC time YYYYmmddTHHMMSSZ>` (plus `-<n>` if
 // that exists), fsyncs the directory and returns the new path. Nothing is deleted.

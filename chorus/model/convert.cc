@@ -12,6 +12,7 @@
 #include <set>
 #include <string_view>
 
+#include "chorus/base/durable_file.h"
 #include "chorus/base/mapped_file.h"
 #include "chorus/formats/gguf.h"
 #include "chorus/formats/safetensors.h"
@@ -233,6 +234,9 @@ Status WriteGguf(const ModelFile& m, const ConvertOptions& o,
     w.AddTensor(*g, std::move(out));
   }
   if (extra) CHORUS_RETURN_IF_ERROR(extra(&w));
+  // A killed earlier conversion to this path left its temp file: removed once its writer is gone
+  // (a one-shot command holds no lock; base/durable_file.h).
+  RemoveDeadWritersTempFiles(o.output);
   return w.Write(o.output);
 }
 
@@ -268,6 +272,9 @@ Status WriteHf(const ModelFile& m, const ConvertOptions& o) {
   if (o.max_shard_bytes == 0) return InvalidArgumentError("the maximum shard size must be > 0");
   if (::mkdir(o.output.c_str(), 0755) != 0 && errno != EEXIST)
     return ErrnoError(errno, "cannot create " + o.output);
+  // Temp files of a killed earlier conversion into this directory (weights, index, config,
+  // tokenizer files), once their writers are gone.
+  RemoveDeadWritersTempFilesIn(o.output);
   std::vector<std::pair<std::string, Tensor>> out;
   CHORUS_ASSIGN_OR_RETURN(out, TargetTensors(m, o, kernels::RopeLayout::kHalf));
   uint64_t total = 0;

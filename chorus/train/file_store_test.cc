@@ -54,8 +54,8 @@ TEST(FileStoreTest, Refusals) {
   EXPECT_EQ((*s)->Add("../a.jsonl", "fine-tune", "x").status().code(),
             StatusCode::kInvalidArgument);
   // A name that is not UTF-8, or holds control characters, could not be listed as JSON.
-  for (const std::string name : {std::string("a\xff.jsonl"), std::string("a\xc3.jsonl"),
-                                 std::string("a\n.jsonl"), std::string("a\x7f")}) {
+  for (const std::string& name : {std::string("a\xff.jsonl"), std::string("a\xc3.jsonl"),
+                                  std::string("a\n.jsonl"), std::string("a\x7f")}) {
     auto r = (*s)->Add(name, "fine-tune", "x");
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << name;
     EXPECT_NE(r.status().message().find("filename"), std::string::npos);

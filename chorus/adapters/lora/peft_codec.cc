@@ -8,6 +8,7 @@
 
 #include "chorus/adapters/lora/lora_files.h"
 #include "chorus/adapters/lora/lora_files_internal.h"
+#include "chorus/base/durable_file.h"
 #include "chorus/base/mapped_file.h"
 
 namespace chorus::adapters {
@@ -399,7 +400,9 @@ Status WritePeftLora(const std::string& dir, const LoraWeights& w, const model::
   cfg["rank_pattern"] = rank_pattern;
   cfg["alpha_pattern"] = alpha_pattern;
   // Each file atomically (temp file, fsync, rename); the weights last, so that a directory with
-  // adapter_model.safetensors was written to the end (docs/finetuning.md, "Durability").
+  // adapter_model.safetensors was written to the end (docs/finetuning.md, "Durability"). Temp
+  // files of a killed earlier writer of this directory go first, once that writer is gone.
+  RemoveDeadWritersTempFilesIn(dir);
   CHORUS_RETURN_IF_ERROR(
       WriteFileAtomically((fs::path(dir) / kConfigFile).string(), cfg.dump(2) + "\n"));
   CHORUS_RETURN_IF_ERROR(formats::WriteSafetensors((fs::path(dir) / kSafetensorsFile).string(),

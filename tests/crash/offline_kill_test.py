@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""Crash consistency of the offline writers (docs/hardening.md, "Crash consistency").
+
+`chorus compress` (a delta file, and a delta directory) and `chorus convert` (a GGUF file) are
+SIGKILLed over and over while they replace an earlier output of the same command with a different
+one: at a random moment of the run, or at a chosen step of the atomic write
+(CHORUS_CRASH_POINT=atomic_write.partial / .before_rename / .after_rename, durable_file.h).
+After every kill:
+  * the output is byte for byte the old one or the new one (before the rename: the old one;
+    after it: the new one) — never a torn file;
+  * at most one `<file>.tmp.<pid>` is left in the folder (the next writer removes a dead writer's
+    temp file before it writes), and nothing else appears there.
+At the end a clean run writes the new output and leaves no temp file.
+
+Usage: offline_kill_test.py --chorus BIN --models ../shared/models [--rounds 100] [--seed 1]
+Exit 77 (skip) when the stories260K files are missing, unless CHORUS_REQUIRE_MODELS=1.
+"""
+
+import argparse
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+REQUIRED = os.environ.get("CHORUS_REQUIRE_MODELS") == "1"
+TEMP_NAME = re.compile(r".*\.tmp\.\d+$")
+CRASH_POINTS = ["atomic_write.partial", "atomic_write.before_rename", "atomic_write.after_rename"]
+
+
+def fail(msg):
+    print("offline_kill_test: FAIL: " + msg, file=sys.stderr)
+    sys.exit(1)
+
+
+class Case:
+    """One command whose output at `path` goes from the bytes of `old_args` to those of `new_args`.
+
+    `path` is what the command names with --output; `file` is the file it writes (for a delta
+    directory, the delta file inside it)."""
+
+    def __init__(self, name, chorus, old_args, new_args, path, file):
+        self.name, self.chorus = name, chorus
+        self.old_args, self.new_args = old_args, new_args
+        self.path, self.file = path, file
+        self.folder = os.path.dirname(file)
+
+    def run(self, args, env=None):
+        return subprocess.run([self.chorus] + args + ["--output", self.path], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def reference(self, args, where):
+        """The bytes `args` writes, made in a scratch folder."""
+        p = self.run(args)
+        if p.returncode != 0:
+            fail("%s: reference run failed: %s" % (self.name, p.stderr.decode(errors="replace")))
+        with open(self.file, "rb") as f:
+            data = f.read()
+        shutil.copyfile(self.file, where)
+        return data
+
+    def prepare(self, work):
+        os.makedirs(self.folder, exist_ok=True)
+        self.new = self.reference(self.new_args, os.path.join(work, self.name + ".new"))
+        self.old = self.reference(self.old_args, os.path.join(work, self.name + ".old"))
+        if self.old == self.new:
+            fail("%s: old and new outputs are the same bytes; the test could not tell them apart"
+                 % self.name)
+        t0 = time.monotonic()
+        self.run(self.new_args)
+        self.duration = time.monotonic() - t0
+        self.restore_old()
+
+    def restore_old(self):
+        # The old output in place, as a finished earlier run left it (written with a rename, so
+        # a temp file of a killed writer stays where it is).
+        tmp = self.file + ".restore"
+        with open(tmp, "wb") as f:
+            f.write(self.old)
+        os.replace(tmp, self.file)
+
+    def temp_files(self):
+        return sorted(n for n in os.listdir(self.folder) if TEMP_NAME.match(n))
+
+    def other_files(self):
+        base = os.path.basename(self.file)
+        return sorted(n for n in os.listdir(self.folder)
+                      if n != base and not TEMP_NAME.match(n))
+
+
+def kill_round(case, rng, round_no):
+    """One kill of a writer replacing the old output; returns what it was killed by."""
+    case.restore_old()
+    env = dict(os.environ)
+    mode = round_no % 2
+    point = None
+    if mode == 1:
+        point = CRASH_POINTS[(round_no // 2) % len(CRASH_POINTS)]
+        env["CHORUS_CRASH_POINT"] = point
+    proc = subprocess.Popen([case.chorus] + case.new_args + ["--output", case.path], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if point is None:
+        # A random moment of the run: start-up, reading the models, computing, writing.
+        time.sleep(rng.uniform(0, case.duration * 1.1))
+        proc.send_signal(signal.SIGKILL)
+    rc = proc.wait(timeout=300)
+    if point is not None and rc != -signal.SIGKILL:
+        fail("%s round %d: crash point %s was never reached (exit %d)" %
+             (case.name, round_no, point, rc))
+    if rc not in (0, -signal.SIGKILL):
+        fail("%s round %d: the writer exited %d" % (case.name, round_no, rc))
+    with open(case.file, "rb") as f:
+        data = f.read()
+    if data == case.old:
+        got = "old"
+    elif data == case.new:
+        got = "new"
+    else:
+        fail("%s round %d (%s): the output is neither the old nor the new bytes (%d bytes)" %
+             (case.name, round_no, point or "random kill", len(data)))
+    want = {"atomic_write.partial": "old", "atomic_write.before_rename": "old",
+            "atomic_write.after_rename": "new"}.get(point)
+    if want is not None and got != want:
+        fail("%s round %d: killed at %s, the output is the %s one" % (case.name, round_no, point, got))
+    temps = case.temp_files()
+    if len(temps) > 1:
+        fail("%s round %d: %d temp files accumulate: %s" % (case.name, round_no, len(temps), temps))
+    others = case.other_files()
+    if others:
+        fail("%s round %d: unexpected files beside the output: %s" % (case.name, round_no, others))
+    return (point or "random") + ":" + got + (":temp" if temps else "")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--chorus", required=True)
+    ap.add_argument("--models", required=True)
+    ap.add_argument("--rounds", type=int,
+                    default=int(os.environ.get("CHORUS_CRASH_ITERATIONS", "100")),
+                    help="kills per case (default: CHORUS_CRASH_ITERATIONS, else 100)")
+    ap.add_argument("--seed", type=int, default=1)
+    a = ap.parse_args()
+
+    base = os.path.join(a.models, "stories260K", "stories260K.bin")
+    tok = os.path.join(a.models, "stories260K", "tok512.bin")
+    ft = os.path.join(a.models, "stories260K-finetunes", "things", "full.bin")
+    for p in (base, tok, ft):
+        if not os.path.exists(p):
+            print("offline_kill_test: skipped: %s is missing" % p, file=sys.stderr)
+            sys.exit(1 if REQUIRED else 77)
+
+    rng = random.Random(a.seed)
+    work = tempfile.mkdtemp(prefix="chorus-offline-kill-")
+    compress = ["compress", "--base", base, "--finetuned", ft, "--method", "rtn"]
+    cases = [
+        Case("compress-file", a.chorus, compress + ["--bits", "8", "--sparsity", "none"],
+             compress + ["--bits", "2", "--sparsity", "2:4"],
+             os.path.join(work, "file", "ft.safetensors"),
+             os.path.join(work, "file", "ft.safetensors")),
+        Case("compress-dir", a.chorus, compress + ["--bits", "4", "--sparsity", "none"],
+             compress + ["--bits", "4", "--sparsity", "2:4"], os.path.join(work, "dir", "ft"),
+             os.path.join(work, "dir", "ft", "delta.safetensors")),
+        Case("convert-gguf", a.chorus,
+             ["convert", "--model", base, "--tokenizer", tok, "--format", "gguf", "--dtype", "f32"],
+             ["convert", "--model", base, "--tokenizer", tok, "--format", "gguf", "--dtype", "f16"],
+             os.path.join(work, "gguf", "model.gguf"), os.path.join(work, "gguf", "model.gguf")),
+    ]
+    try:
+        for case in cases:
+            case.prepare(work)
+            counts = {}
+            for r in range(a.rounds):
+                outcome = kill_round(case, rng, r)
+                counts[outcome] = counts.get(outcome, 0) + 1
+            # A clean run after all the kills: the new output, no temp file left.
+            case.restore_old()
+            p = case.run(case.new_args)
+            if p.returncode != 0:
+                fail("%s: the clean run failed: %s" % (case.name, p.stderr.decode(errors="replace")))
+            with open(case.file, "rb") as f:
+                if f.read() != case.new:
+                    fail("%s: the clean run wrote other bytes than the reference" % case.name)
+            if case.temp_files():
+                fail("%s: temp files left after a clean run: %s" % (case.name, case.temp_files()))
+            summary = ", ".join("%s %d" % kv for kv in sorted(counts.items()))
+            print("offline_kill_test: %s: %d/%d kills left the old or the new output (%s); run %.3f s"
+                  % (case.name, a.rounds, a.rounds, summary, case.duration))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print("offline_kill_test: PASS")
+
+
+if __name__ == "__main__":
+    main()
