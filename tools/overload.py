@@ -303,11 +303,12 @@ def main():
     served = sum(1 for r in res if r["status"] == 200 and not r["error"] and
                  t_start + 2 <= r["end"] <= t_stop) / max(1e-9, t_stop - t_start - 2)
 
-    # The slo policy predicts each prefill from the cost model profiled at the server's start;
-    # when the machine serves slower during the overload than the capacity measured before it
-    # (2 cores shared with this load generator's threads, which grow with the offered rate), the
-    # steps are that much slower than predicted and so are the admitted TTFTs. The bound scales
-    # with that measured slowdown (never below the SLO's own bound).
+    # The slo policy predicts each prefill from the cost model profiled at the server's start,
+    # scaled by how long its steps have been taking (chorus_slo_cost_correction, reported); the
+    # correction follows the steps, not the client's view of them, and when the machine serves
+    # slower during the overload than the capacity measured before it (2 cores shared with this
+    # load generator's threads, which grow with the offered rate) the time between the steps
+    # grows too. The bound scales with that measured slowdown (never below the SLO's own bound).
     slowdown = max(1.0, cap / served) if served > 0 else 1.0
     ttft_bound = slo * (1 + a.ttft_tolerance) * slowdown
 
@@ -334,6 +335,7 @@ def main():
         "server_slo_ttft_missed": delta("chorus_slo_ttft_missed_total"),
         "server_slo_aborted": delta("chorus_slo_aborted_total"),
         "server_queue_rejected": delta("chorus_engine_requests_rejected_total"),
+        "server_cost_correction": metric(m1, "chorus_slo_cost_correction"),
         "rss_mib_before": round(rss_before / 1024, 1) if rss_before else None,
         "rss_mib_peak": round(rss_peak / 1024, 1) if rss_peak else None,
         "baseline_latency_ms": round(base_med * 1e3, 1),

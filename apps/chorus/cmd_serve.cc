@@ -388,6 +388,9 @@ int ServeCommand(int argc, char** argv) {
   f.String("cost-model", "",
            "step cost model for --policy slo, written by chorus profile (default: profile "
            "briefly at start)");
+  f.Bool("no-cost-correction",
+         "--policy slo: predict steps with the cost model as profiled, instead of scaling it by "
+         "how long the server's steps actually take (chorus_slo_cost_correction)");
   f.String("slo-mode", "strict",
            "--policy slo: strict (a request that would miss its TTFT SLO gets 429 at once) or "
            "best-effort (served late, counted as missed)");
@@ -587,6 +590,7 @@ int ServeCommand(int argc, char** argv) {
     if (!file.ok()) return Fail("serve", file.status().WithContext("flag --cost-model"));
     eo.cost_model = std::make_shared<engine::CostModel>(file->best());
   }
+  eo.correct_cost_model = !f.GetBool("no-cost-correction");
   eo.ttft_slo_ms = f.GetFloat("ttft-slo-ms");
   eo.tpot_slo_ms = f.GetFloat("tpot-slo-ms");
   eo.finetune_policy = f.GetString("finetune-policy");

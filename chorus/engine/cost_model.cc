@@ -205,6 +205,21 @@ std::string CostModelFile::ToJson() const {
   return j.dump(2) + "\n";
 }
 
+void CostCorrection::Observe(double predicted_s, double measured_s) {
+  if (!(predicted_s > 0) || !(measured_s > 0) || !std::isfinite(predicted_s) ||
+      !std::isfinite(measured_s))
+    return;
+  const double log_ratio =
+      std::clamp(std::log(measured_s / predicted_s), -std::log(8.0), std::log(8.0));
+  // From 0 (the profile's own clock), so that one unusual first step moves it a tenth of the way.
+  mean_log_ratio_ += kWeight * (log_ratio - mean_log_ratio_);
+  ++steps_;
+}
+
+double CostCorrection::factor() const {
+  return std::clamp(std::exp(mean_log_ratio_), 1.0 / kMaxFactor, kMaxFactor);
+}
+
 Result<CostModelFile> CostModelFile::Parse(std::string_view text) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object())

@@ -85,6 +85,30 @@ class CostModel {
   std::vector<double> coef_;
 };
 
+// How far the steps this server runs take from what a CostModel predicts for them, learned
+// while serving (docs/scheduling.md, "Correction while serving"): the model is fitted once, on
+// the machine as it was when profiled, and a host whose speed moves (memory phases, other
+// work, thermal limits) or a server whose steps carry work the profile did not time (sampling,
+// streaming, grammar masks) would otherwise admit and abort by a stale clock. factor() is the
+// exponentially weighted mean of log(measured / predicted) over the steps observed — each new
+// step weighs kWeight, so it follows a change within ~20 steps — each step's ratio clamped to
+// [1/8, 8] (one descheduled step must not swing it), the factor to [1/kMaxFactor, kMaxFactor].
+// It starts at 1 (the profile's clock). Thread-safety: not thread-safe (the engine thread owns it).
+class CostCorrection {
+ public:
+  static constexpr double kWeight = 0.1;
+  static constexpr double kMaxFactor = 4.0;
+  // A step the model predicted at `predicted_s` took `measured_s`. Ignored unless both are
+  // finite and positive.
+  void Observe(double predicted_s, double measured_s);
+  double factor() const;
+  int64_t steps() const { return steps_; }
+
+ private:
+  double mean_log_ratio_ = 0;
+  int64_t steps_ = 0;
+};
+
 // The file `chorus profile` writes and `chorus serve --cost-model` reads: every fitted model
 // with its held-out quality, and which one to use (the better on held-out points).
 struct CostModelFile {

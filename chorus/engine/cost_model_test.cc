@@ -30,6 +30,30 @@ std::vector<StepSample> Synthetic(const CostModel& truth, int n, double noise, u
   return out;
 }
 
+// The correction starts at the profile's clock, follows a lasting change within ~20 steps,
+// shrugs off a single outlier, and stays within its bounds; bad samples are ignored.
+TEST(CostCorrectionTest, FollowsTheMeasuredStepsWithinBounds) {
+  CostCorrection c;
+  EXPECT_EQ(c.factor(), 1.0);
+  for (int i = 0; i < 30; ++i) c.Observe(0.010, 0.020);  // steps run 2× slower than predicted
+  EXPECT_NEAR(c.factor(), 2.0, 2.0 * 0.05);              // 1 − 0.9³⁰ = 96 % of the way (log)
+  EXPECT_EQ(c.steps(), 30);
+  const double before = c.factor();
+  c.Observe(0.010, 10.0);  // one step descheduled for 10 s: clamped to 8×, a tenth of the way
+  EXPECT_LT(c.factor(), before * 1.25);
+  for (int i = 0; i < 60; ++i) c.Observe(0.010, 0.005);  // then 2× faster
+  EXPECT_NEAR(c.factor(), 0.5, 0.5 * 0.05);
+  for (int i = 0; i < 200; ++i) c.Observe(0.001, 1.0);  // far slower than any bound
+  EXPECT_EQ(c.factor(), CostCorrection::kMaxFactor);
+  const int64_t n = c.steps();
+  for (double bad : {0.0, -1.0, std::nan(""), static_cast<double>(INFINITY)}) {
+    c.Observe(bad, 0.01);
+    c.Observe(0.01, bad);
+  }
+  EXPECT_EQ(c.steps(), n);
+  EXPECT_EQ(c.factor(), CostCorrection::kMaxFactor);
+}
+
 TEST(CostModelTest, FitRecoversKnownCoefficients) {
   for (auto kind : {CostModel::Kind::kLinear, CostModel::Kind::kExtended}) {
     std::vector<double> want = {2e-3, 4e-5, 3e-4, 1e-6, 5e-4, 2e-3, 2e-8};

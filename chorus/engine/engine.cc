@@ -336,6 +336,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const model::Mode
                                       .max_deltas_per_step = opts.max_deltas_per_step,
                                       .max_batch_tokens = opts.max_batch_tokens,
                                       .cost_model = opts.cost_model,
+                                      .correct_cost_model = opts.correct_cost_model,
                                       .best_effort = opts.slo_best_effort}));
   impl->scheduler = std::make_unique<Scheduler>(
       SchedulerOptions{.max_batch_tokens = opts.max_batch_tokens,
@@ -671,6 +672,7 @@ void Engine::Impl::Step() {
     return;
   }
   scheduler->PrefetchAdapters();  // pool copies load on a loader thread while this step computes
+  const StepFeatures features = scheduler->PlanFeatures();  // before Complete() advances them
 
   // The plan's runs by model: the base's rows (with every adapter and delta) first, then one
   // run per whole fine-tune (--swap-full-models), each its own forward pass over that model's
@@ -718,7 +720,9 @@ void Engine::Impl::Step() {
 
   scheduler->Complete(logits.data(), c.vocab_size, output.get(), hidden.data(),
                       c.n_embd);  // sample, stream, finish
-  self->metrics_.step_seconds.Observe(Seconds(Clock::now() - t0));
+  const double step_s = Seconds(Clock::now() - t0);
+  self->metrics_.step_seconds.Observe(step_s);
+  scheduler->ObserveStep(features, step_s);
   PublishGauges();
 }
 

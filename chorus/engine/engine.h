@@ -90,6 +90,8 @@ struct EngineOptions {
   // `cost_model` (chorus profile) and, with slo_best_effort, serves late instead of aborting.
   std::string policy = "fcfs";
   std::shared_ptr<const CostModel> cost_model;
+  // slo: scale the model's predictions by how long steps actually take (CostCorrection).
+  bool correct_cost_model = true;
   bool slo_best_effort = false;
   // Default SLOs in milliseconds of requests that give none (0 = none; docs/scheduling.md).
   double ttft_slo_ms = 0;

@@ -133,6 +133,9 @@ struct EngineMetrics {
   // Requests the policy held back behind newer ones at least once (policy slo under a lasting
   // overload, engine/policy.h).
   std::atomic<uint64_t> slo_held_back{0};
+  // The slo policy's cost correction (CostCorrection::factor) × 1000: how much slower (> 1000)
+  // or faster the steps run than the cost model predicts.
+  std::atomic<int64_t> slo_cost_correction_milli{1000};
   Histogram ttft_seconds{{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}};
   Histogram time_per_output_token_seconds{
       {0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2.5}};

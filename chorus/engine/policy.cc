@@ -64,11 +64,21 @@ bool ClusterPolicy::Relax() {
 }
 
 SloPolicy::SloPolicy(std::shared_ptr<const CostModel> model, int64_t max_batch_tokens,
-                     bool best_effort, int64_t max_adapters_per_step, int64_t max_deltas_per_step)
+                     bool best_effort, int64_t max_adapters_per_step, int64_t max_deltas_per_step,
+                     bool correct_cost_model)
     : FcfsPolicy(max_adapters_per_step, max_deltas_per_step),
       model_(std::move(model)),
       max_batch_tokens_(max_batch_tokens),
-      best_effort_(best_effort) {}
+      best_effort_(best_effort),
+      correct_(correct_cost_model) {}
+
+void SloPolicy::ObserveStep(const StepFeatures& f, double seconds) {
+  if (correct_) correction_.Observe(model_->Predict(f), seconds);
+}
+
+double SloPolicy::Predict(const StepFeatures& f) const {
+  return model_->Predict(f) * cost_correction();
+}
 
 double SloPolicy::PredictPrefill(const StepFeatures& step, int64_t tokens, int64_t rank) const {
   double total = 0;
@@ -80,7 +90,7 @@ double SloPolicy::PredictPrefill(const StepFeatures& step, int64_t tokens, int64
       f.adapters += 1;
       f.sum_ranks += static_cast<double>(rank);
     }
-    total += model_->Predict(f);
+    total += Predict(f);
   }
   return total;
 }
@@ -152,7 +162,7 @@ bool SloPolicy::SuffixMeetsSlos(const StepState& step, std::span<const Candidate
     const Candidate& c = waiting[fresh[j]];
     for (int64_t pos = c.start, left = c.remaining; left > 0;) {
       if (room == 0) {
-        filled_s += model_->Predict(cur);
+        filled_s += Predict(cur);
         cur = step_;
         room = budget;
         cur_adapters.clear();
@@ -170,7 +180,7 @@ bool SloPolicy::SuffixMeetsSlos(const StepState& step, std::span<const Candidate
       room -= n;
     }
     if (c.ttft_slo_s <= 0) continue;
-    double ready_s = filled_s + model_->Predict(cur);
+    double ready_s = filled_s + Predict(cur);
     const int64_t past = static_cast<int64_t>(j - first) - free_slots + 1;  // slots to wait for
     if (past > 0) {
       if (step.admissions_per_s <= 0) return false;
@@ -193,7 +203,7 @@ bool SloPolicy::MayAdmit(const Candidate& c) {
     f.adapters += 1;
     f.sum_ranks += static_cast<double>(c.rank);
   }
-  return model_->Predict(f) <= tpot_limit_;
+  return Predict(f) <= tpot_limit_;
 }
 
 void SloPolicy::Admitted(const Candidate& c, int64_t count) {
@@ -236,8 +246,8 @@ const PolicyEntry kPolicies[] = {
        if (!c.cost_model)
          return InvalidArgumentError("policy slo needs a cost model (chorus profile)");
        return std::unique_ptr<Policy>(new SloPolicy(c.cost_model, c.max_batch_tokens, c.best_effort,
-                                                    c.max_adapters_per_step,
-                                                    c.max_deltas_per_step));
+                                                    c.max_adapters_per_step, c.max_deltas_per_step,
+                                                    c.correct_cost_model));
      }},
 };
 

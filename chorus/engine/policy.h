@@ -129,6 +129,11 @@ class Policy {
   // Admission ended with rows to spare because MayAdmit passed over sequences: true = go over
   // the queue once more (MayAdmit may then be laxer). Called at most once per round.
   virtual bool Relax() { return false; }
+  // The step the plan of this round became ran, with features `f`, in `seconds` (engine thread,
+  // after every step). A policy that predicts steps may learn from it.
+  virtual void ObserveStep(const StepFeatures& /*f*/, double /*seconds*/) {}
+  // How the policy scales its cost model's predictions now (1: not at all, or no model).
+  virtual double cost_correction() const { return 1.0; }
 };
 
 // Policy names and how to build one (the one place to add a policy).
@@ -138,7 +143,8 @@ struct PolicyConfig {
   int64_t max_deltas_per_step = 0;
   int64_t max_batch_tokens = 512;               // rows per step (slo: chunks of a long prompt)
   std::shared_ptr<const CostModel> cost_model;  // slo: required
-  bool best_effort = false;  // slo: serve late instead of aborting (--slo-mode best-effort)
+  bool correct_cost_model = true;  // slo: scale predictions by the steps measured (CostCorrection)
+  bool best_effort = false;        // slo: serve late instead of aborting (--slo-mode best-effort)
 };
 const std::vector<std::string>& PolicyNames();
 // kInvalidArgument naming the value for an unknown policy, or slo without a cost model.
@@ -213,7 +219,8 @@ class ClusterPolicy : public FcfsPolicy {
 class SloPolicy : public FcfsPolicy {
  public:
   SloPolicy(std::shared_ptr<const CostModel> model, int64_t max_batch_tokens, bool best_effort,
-            int64_t max_adapters_per_step = 0, int64_t max_deltas_per_step = 0);
+            int64_t max_adapters_per_step = 0, int64_t max_deltas_per_step = 0,
+            bool correct_cost_model = true);
   int64_t Sweep(const StepState& step, std::span<const Candidate> waiting,
                 std::vector<char>* abort) override;
   bool MayAdmit(const Candidate& c) override;
@@ -222,8 +229,13 @@ class SloPolicy : public FcfsPolicy {
   // Predicted seconds to compute `tokens` of prefill (in chunks of max_batch_tokens) in steps
   // that also hold `step`'s rows.
   double PredictPrefill(const StepFeatures& step, int64_t tokens, int64_t rank) const;
+  // Learns how far the steps run from the model (unless built with correct_cost_model false).
+  void ObserveStep(const StepFeatures& f, double seconds) override;
+  double cost_correction() const override { return correct_ ? correction_.factor() : 1.0; }
 
  private:
+  // The model's prediction for a step, scaled by cost_correction().
+  double Predict(const StepFeatures& f) const;
   // Would every sequence of `fresh` (indices into `waiting`, not started, in queue order) from
   // its `first` on meet its TTFT SLO if those were admitted in queue order from now?
   bool SuffixMeetsSlos(const StepState& step, std::span<const Candidate> waiting,
@@ -232,6 +244,8 @@ class SloPolicy : public FcfsPolicy {
   std::shared_ptr<const CostModel> model_;
   const int64_t max_batch_tokens_;
   const bool best_effort_;
+  const bool correct_;
+  CostCorrection correction_;
   StepFeatures step_;                       // the planned step plus what was admitted this round
   double tpot_limit_ = 0;                   // the TPOT guard's limit on the step (0: none)
   bool empty_ = true;                       // nothing runs or was admitted yet this round

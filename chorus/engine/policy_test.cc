@@ -246,5 +246,38 @@ TEST(SloPolicyTest, QueuedRequestsWaitForRunningSlots) {
   }
 }
 
+// Early abort predicts with the steps the server actually runs: a 100-token prompt the profile
+// puts at 0.1 s meets a 0.25 s TTFT SLO, but once the steps have been running 3× slower than
+// the profile said (a slower host phase, other work on the machine) the same prompt is
+// predicted at ~0.3 s and answered at once — unless the correction is off.
+TEST(SloPolicyTest, EarlyAbortPredictsWithTheMeasuredStepTimes) {
+  auto model = CostModel::FromCoefficients(CostModel::Kind::kLinear, {0, 1e-3, 1e-3, 0, 0, 0, 0});
+  ASSERT_TRUE(model.ok());
+  auto m = std::make_shared<const CostModel>(*model);
+  int passes[1] = {};
+  const std::vector<Candidate> q = {{.passes = &passes[0], .remaining = 100, .ttft_slo_s = 0.25}};
+  StepFeatures step;  // the steps observed: 32 decode rows, predicted 32 ms, measured 96 ms
+  step.decode_rows = 32;
+  for (const bool correct : {true, false}) {
+    SloPolicy p(m, /*max_batch_tokens=*/512, /*best_effort=*/false, 0, 0, correct);
+    std::vector<char> abort(q.size(), 0);
+    p.BeginRound({}, {});
+    p.Sweep(StepState{}, q, &abort);
+    EXPECT_EQ(abort[0], 0) << "before any step, correct " << correct;
+    EXPECT_EQ(p.cost_correction(), 1.0);
+    for (int i = 0; i < 50; ++i) p.ObserveStep(step, 0.096);
+    abort.assign(q.size(), 0);
+    p.BeginRound({}, {});
+    p.Sweep(StepState{}, q, &abort);
+    EXPECT_EQ(abort[0], correct ? 1 : 0) << "after 50 slow steps, correct " << correct;
+    if (correct) {
+      EXPECT_NEAR(p.cost_correction(), 3.0, 0.1);
+      EXPECT_NEAR(p.PredictPrefill({}, 100, 0), 0.3, 0.01);
+    } else {
+      EXPECT_EQ(p.cost_correction(), 1.0);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace chorus::engine

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 
 #include "chorus/base/logging.h"
@@ -382,6 +383,36 @@ void Scheduler::ResolveFullModels() {
   }
 }
 
+void Scheduler::AddFeatures(const Planned& p, std::vector<const void*>* adapters,
+                            std::vector<const void*>* deltas, StepFeatures* f) {
+  // A whole fine-tune takes neither an adapter nor a delta slot.
+  const void* a = p.seq->full ? nullptr : p.seq->variant_key();
+  auto& in = p.seq->delta ? *deltas : *adapters;
+  const bool is_new = a && std::find(in.begin(), in.end(), a) == in.end();
+  if (is_new) in.push_back(a);
+  const int64_t rank = p.seq->lora ? p.seq->lora->max_rank() : 0;
+  f->AddChunk(p.start, p.count,
+              p.start + p.count < static_cast<int64_t>(p.seq->tokens.size()) || p.count > 1, rank);
+  if (is_new && p.seq->lora) {
+    f->adapters += 1;
+    f->sum_ranks += static_cast<double>(rank);
+  }
+  if (is_new && p.seq->delta) f->deltas += 1;
+}
+
+StepFeatures Scheduler::PlanFeatures() const {
+  StepFeatures f;
+  std::vector<const void*> adapters, deltas;
+  for (const Planned& p : plan_) AddFeatures(p, &adapters, &deltas, &f);
+  return f;
+}
+
+void Scheduler::ObserveStep(const StepFeatures& f, double seconds) {
+  policy_->ObserveStep(f, seconds);
+  metrics_->slo_cost_correction_milli.store(
+      static_cast<int64_t>(std::lround(policy_->cost_correction() * 1000.0)));
+}
+
 bool Scheduler::ReclaimPages(int64_t n_free) {
   if (pages_->n_free() >= n_free) return false;  // nothing to reclaim for
   const int64_t before = pages_->n_free();
@@ -401,20 +432,7 @@ void Scheduler::AdmitWaiting(int64_t* budget) {
   StepState state;
   const auto now = Clock::now();
   for (const Planned& p : plan_) {
-    // A whole fine-tune takes neither an adapter nor a delta slot.
-    const void* a = p.seq->full ? nullptr : p.seq->variant_key();
-    auto& in = p.seq->delta ? step_deltas_ : step_adapters_;
-    const bool is_new = a && std::find(in.begin(), in.end(), a) == in.end();
-    if (is_new) in.push_back(a);
-    const int64_t rank = p.seq->lora ? p.seq->lora->max_rank() : 0;
-    state.planned.AddChunk(
-        p.start, p.count,
-        p.start + p.count < static_cast<int64_t>(p.seq->tokens.size()) || p.count > 1, rank);
-    if (is_new && p.seq->lora) {
-      state.planned.adapters += 1;
-      state.planned.sum_ranks += static_cast<double>(rank);
-    }
-    if (is_new && p.seq->delta) state.planned.deltas += 1;
+    AddFeatures(p, &step_adapters_, &step_deltas_, &state.planned);
     const double tpot = p.seq->req->tpot_slo_ms / 1e3;
     if (tpot > 0 && p.seq->n_generated > 0)
       state.tpot_allowance_s =

@@ -98,6 +98,12 @@ class Scheduler {
   // Starts pool copies of the adapters this step and the queue will need (on loader threads,
   // while the step computes). Call after Plan() returned kRun.
   void PrefetchAdapters();
+  // The cost model's view of the current plan (docs/scheduling.md, "The cost model"). Call
+  // after Plan() returned kRun, before Complete() advances the sequences.
+  StepFeatures PlanFeatures() const;
+  // The planned step, whose features were `f`, took `seconds` from Plan() to Complete(): the
+  // policy may learn from it (SloPolicy's cost correction), and the correction's gauge is set.
+  void ObserveStep(const StepFeatures& f, double seconds);
   // The step ran: advances every planned sequence, and for each row that wanted logits (in
   // plan order, each sequence's prompt-logprob rows before its sampled row; logits holds them
   // in that order, [n, vocab]) sends the prompt logprobs, forks pending choices and emits the
@@ -150,6 +156,10 @@ class Scheduler {
   // Frees pages until `n_free` are free: unpinned adapter copies first, then cached prefix
   // blocks no sequence holds. Returns whether it freed anything it could.
   bool ReclaimPages(int64_t n_free);
+  // Adds `p`'s rows to `f`, and its adapter or delta to `f`'s distinct ones when not among
+  // `adapters` / `deltas` yet (which it joins).
+  static void AddFeatures(const Planned& p, std::vector<const void*>* adapters,
+                          std::vector<const void*>* deltas, StepFeatures* f);
   void AdmitWaiting(int64_t* budget);
   // How many of `s`'s rows from n_computed this step takes, at most `budget`: fewer when its
   // prompt-logprob rows would pass what is left of max_prompt_logprob_rows (possibly 0).

@@ -189,6 +189,10 @@ std::string RenderPrometheus(const engine::EngineMetrics* m, const HttpCounters&
              "Requests held back behind newer ones at least once under a lasting overload "
              "(policy slo).",
              static_cast<double>(m->slo_held_back.load()));
+      Scalar(&out, "chorus_slo_cost_correction", "gauge",
+             "Measured step time over the cost model's prediction, as policy slo applies it "
+             "(1: as profiled; learned while serving).",
+             static_cast<double>(m->slo_cost_correction_milli.load()) / 1000.0);
     }
     Scalar(&out, "chorus_preemptions_total", "counter",
            "Sequences preempted (KV freed, recomputed later).",
