@@ -30,6 +30,8 @@ Scheduler::Scheduler(SchedulerOptions opts, memory::PagePool* pages, memory::KvC
   plan_.reserve(static_cast<size_t>(opts_.max_running));
   step_adapters_.reserve(static_cast<size_t>(opts_.max_running));
   step_deltas_.reserve(static_cast<size_t>(opts_.max_running));
+  plan_adapters_.reserve(static_cast<size_t>(opts_.max_running));
+  plan_deltas_.reserve(static_cast<size_t>(opts_.max_running));
   if (full_models != nullptr) held_.reserve(full_models->refs().size());
 }
 
@@ -400,10 +402,11 @@ void Scheduler::AddFeatures(const Planned& p, std::vector<const void*>* adapters
   if (is_new && p.seq->delta) f->deltas += 1;
 }
 
-StepFeatures Scheduler::PlanFeatures() const {
+StepFeatures Scheduler::PlanFeatures() {
   StepFeatures f;
-  std::vector<const void*> adapters, deltas;
-  for (const Planned& p : plan_) AddFeatures(p, &adapters, &deltas, &f);
+  plan_adapters_.clear();
+  plan_deltas_.clear();
+  for (const Planned& p : plan_) AddFeatures(p, &plan_adapters_, &plan_deltas_, &f);
   return f;
 }
 

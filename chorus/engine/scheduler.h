@@ -100,7 +100,7 @@ class Scheduler {
   void PrefetchAdapters();
   // The cost model's view of the current plan (docs/scheduling.md, "The cost model"). Call
   // after Plan() returned kRun, before Complete() advances the sequences.
-  StepFeatures PlanFeatures() const;
+  StepFeatures PlanFeatures();
   // The planned step, whose features were `f`, took `seconds` from Plan() to Complete(): the
   // policy may learn from it (SloPolicy's cost correction), and the correction's gauge is set.
   void ObserveStep(const StepFeatures& f, double seconds);
@@ -191,6 +191,8 @@ class Scheduler {
   int64_t prompt_logit_allowance_ = 0;      // prompt-logprob rows this step may still take
   std::vector<const void*> step_adapters_;  // distinct LoRA adapters of the step (AdmitWaiting)
   std::vector<const void*> step_deltas_;    // distinct deltas of the step
+  // PlanFeatures' distinct adapters and deltas of the final plan (kept: no allocation per step).
+  std::vector<const void*> plan_adapters_, plan_deltas_;
   // AdmitWaiting's scratch: the ready waiting sequences as candidates, their queue indices,
   // the policy's abort marks, the admission order.
   std::vector<Candidate> ready_;

@@ -53,27 +53,23 @@ class Case:
         return subprocess.run([self.chorus] + args + ["--output", self.path], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
-    def reference(self, args, where):
-        """The bytes `args` writes, made in a scratch folder."""
+    def reference(self, args):
+        """The bytes `args` writes, and how long the run took."""
+        t0 = time.monotonic()
         p = self.run(args)
+        took = time.monotonic() - t0
         if p.returncode != 0:
             fail("%s: reference run failed: %s" % (self.name, p.stderr.decode(errors="replace")))
         with open(self.file, "rb") as f:
-            data = f.read()
-        shutil.copyfile(self.file, where)
-        return data
+            return f.read(), took
 
-    def prepare(self, work):
+    def prepare(self):
         os.makedirs(self.folder, exist_ok=True)
-        self.new = self.reference(self.new_args, os.path.join(work, self.name + ".new"))
-        self.old = self.reference(self.old_args, os.path.join(work, self.name + ".old"))
+        self.new, self.duration = self.reference(self.new_args)
+        self.old, _ = self.reference(self.old_args)
         if self.old == self.new:
             fail("%s: old and new outputs are the same bytes; the test could not tell them apart"
                  % self.name)
-        t0 = time.monotonic()
-        self.run(self.new_args)
-        self.duration = time.monotonic() - t0
-        self.restore_old()
 
     def restore_old(self):
         # The old output in place, as a finished earlier run left it (written with a rename, so
@@ -171,7 +167,7 @@ def main():
     ]
     try:
         for case in cases:
-            case.prepare(work)
+            case.prepare()
             counts = {}
             for r in range(a.rounds):
                 outcome = kill_round(case, rng, r)
