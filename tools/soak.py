@@ -2,20 +2,24 @@
 """Soak test of `chorus serve` under mixed load with churn (docs/hardening.md, "Soak").
 
 Starts a real server (or attaches to one with --attach), registers --adapters synthetic LoRA
-adapters of mixed ranks through the API, and for --duration seconds runs:
+adapters of mixed ranks and --deltas full fine-tunes served as compressed deltas (made here from
+the server's base by `chorus convert --finetune-delta` and `chorus compress`: rtn 4-bit 2:4,
+rtn 2-bit 2:4, rtn 8-bit and BitDelta signs, round-robin) through the API, and for --duration
+seconds runs:
 
 * --concurrency client processes (threads with --client-threads) sending valid requests: the
   base model or an adapter, completions or chat, streamed or not, n of 1-3, stop strings,
   shared prompt prefixes, and clients that hang up mid-stream or while waiting for a
   non-streamed answer;
-* a churn thread unloading, loading back and replacing adapters (another rank's files);
+* a churn thread unloading, loading back and replacing variants (another rank's files, or a
+  file of the other kind: a LoRA name replaced by a delta and back);
 * a thread rewriting the --tenants file and sending SIGHUP (a second tenant's limits change,
   and a small client of that tenant meets its limits: 429 with Retry-After);
 * a sampler reading the server's VmRSS (/proc/PID/status) and /metrics every --sample seconds.
 
 At the end it waits for idle (0 running, 0 waiting, 0 KV blocks in use), checks that the KV pages
 left in the pool are exactly the prefix cache's, unloads every adapter and checks that the
-adapter pages, resident copies and host-cache entries go back to 0.
+adapter pages, resident copies and host-cache entries (LoRA and delta copies) go back to 0.
 
 Reported per --window: requests, answers by status, client hang-ups, p50/p99 TTFT (streamed)
 and total latency (finished 200s), RSS. Summary: RSS growth after warm-up (the first --warmup
@@ -31,7 +35,7 @@ dead or not idle at the end, a leaked page, RSS growth above --rss-bar (2 %), an
 window's p99.
 
 usage: tools/soak.py --chorus build/release/apps/chorus/chorus [--duration 3600] [--window 60]
-       [--concurrency 6] [--adapters 100] [--out DIR] [--plot]
+       [--concurrency 6] [--adapters 100] [--deltas 8] [--out DIR] [--plot]
 """
 
 import argparse
@@ -133,6 +137,46 @@ def launch_server(cmd, env, log_path, timeout):
     raise RuntimeError("server named no port within %d s; see %s" % (timeout, log_path))
 
 
+DELTA_METHODS = (["--method", "rtn", "--bits", "4", "--sparsity", "2:4"],
+                 ["--method", "rtn", "--bits", "2", "--sparsity", "2:4"],
+                 ["--method", "rtn", "--bits", "8", "--sparsity", "none"],
+                 ["--method", "bitdelta", "--distill-steps", "0"])
+
+
+def make_deltas(a, env, work, count, base=""):
+    """Writes min(count, 4) delta directories for the served base under work/deltas, each from
+    its own synthetic full fine-tune (convert --finetune-delta with another seed) compressed by
+    another method (DELTA_METHODS); returns their paths. The base is the server's own model
+    file: the embedded default model's, as `chorus inspect` names it under the same cache
+    directory, unless given (--delta-base, with --attach)."""
+    if count <= 0:
+        return []
+    if not base:
+        out = subprocess.run([a.chorus, "inspect"], env=env, check=True, capture_output=True,
+                             text=True).stdout
+        m = re.search(r"^source:\s*(\S+)", out, re.M)
+        if not m:
+            raise RuntimeError("chorus inspect named no source model:\n" + out)
+        base = m.group(1)
+    root = os.path.join(work, "deltas")
+    os.makedirs(root, exist_ok=True)
+    dirs = []
+    for i in range(min(count, len(DELTA_METHODS))):
+        ft = os.path.join(root, "ft-%d.gguf" % i)
+        subprocess.run([a.chorus, "convert", "--model", base, "--finetune-delta", "0.02:0.06",
+                        "--seed", str(101 + i), "--output", ft], env=env, check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        d = os.path.join(root, "delta-%d" % i)
+        r = subprocess.run([a.chorus, "compress", "--base", base, "--finetuned", ft,
+                            "--output", d] + DELTA_METHODS[i], env=env, capture_output=True,
+                           text=True)
+        if r.returncode != 0:
+            raise RuntimeError("chorus compress %s: %s" % (" ".join(DELTA_METHODS[i]), r.stderr))
+        os.remove(ft)  # the fine-tune itself is not served
+        dirs.append(d)
+    return dirs
+
+
 def local_get(port, path, timeout=30):
     """GET `path` from a server on 127.0.0.1:`port` without credentials: (status, body text)."""
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
@@ -174,6 +218,7 @@ class Server:
             host, _, port = a.attach.rpartition(":")
             self.host, self.port, self.pid = host or "127.0.0.1", int(port), a.pid
             self.tenants_path = a.tenants_file
+            self.delta_dirs = make_deltas(a, env, work, a.deltas, base=a.delta_base)
             return
         with open(self.tenants_path, "w") as f:
             f.write(tenants_json(0))
@@ -194,6 +239,7 @@ class Server:
         if a.wrap:  # the profiler's script is the parent: signals and RSS go to the server
             self.pid = child_of(self.proc.pid) or self.pid
         wait_healthy(self.get, deadline, self.log_path)
+        self.delta_dirs = make_deltas(a, env, work, a.deltas)
 
     def alive(self):
         if self.proc is not None:
@@ -252,7 +298,17 @@ class Soak:
         self.samples = []  # dicts
         self.names = ["lora-%02d" % i if a.adapters <= 100 else "lora-%03d" % i
                       for i in range(a.adapters)]
-        self.dirs = sorted(os.listdir(srv.adapter_dir))
+        lora_paths = [os.path.join(srv.adapter_dir, d) for d in sorted(os.listdir(srv.adapter_dir))]
+        # Variant i is registered from paths[i]: LoRA adapters, then the deltas (their files
+        # round-robin); churn loads and replaces from any of the files, of either kind.
+        self.paths = lora_paths[:a.adapters]
+        for j in range(a.deltas if srv.delta_dirs else 0):
+            self.names.append("delta-%02d" % j)
+            self.paths.append(srv.delta_dirs[j % len(srv.delta_dirs)])
+        self.all_files = lora_paths + list(srv.delta_dirs)
+        self.delta_files = set(srv.delta_dirs)
+        self.kind_changes = 0  # churn replaces that changed a name's kind (LoRA <-> delta)
+        self.path_of = dict(zip(self.names, self.paths))
         self.loaded = set()
         # Which adapters are loaded, shared with client processes (the churn thread writes it).
         self.loaded_flags = multiprocessing.Array("b", len(self.names), lock=False)
@@ -289,8 +345,7 @@ class Soak:
     def register_all(self):
         for i, name in enumerate(self.names):
             st, body, _ = self.srv.post("/v1/load_lora_adapter", {
-                "lora_name": name, "lora_path": os.path.join(self.srv.adapter_dir, self.dirs[i]),
-                "replace": True})
+                "lora_name": name, "lora_path": self.paths[i], "replace": True})
             if st != 200:
                 raise RuntimeError("registering %s: %d %s" % (name, st, body[:200]))
             self.set_loaded(name, True)
@@ -436,18 +491,24 @@ class Soak:
                 op = "unload"
             elif k < 0.7 and unloaded:
                 name = rng.choice(unloaded)
+                path = rng.choice(self.all_files)
                 st, body, _ = self.srv.post("/v1/load_lora_adapter", {
-                    "lora_name": name,
-                    "lora_path": os.path.join(self.srv.adapter_dir, rng.choice(self.dirs))})
+                    "lora_name": name, "lora_path": path})
                 op = "load"
                 if st == 200:
                     self.set_loaded(name, True)
+                    self.path_of[name] = path
             else:
-                name = rng.choice(loaded)  # another adapter's files (another rank, most often)
+                # Another variant's files: another rank most often, sometimes the other kind.
+                name = rng.choice(loaded)
+                path = rng.choice(self.all_files)
                 st, body, _ = self.srv.post("/v1/load_lora_adapter", {
-                    "lora_name": name, "replace": True,
-                    "lora_path": os.path.join(self.srv.adapter_dir, rng.choice(self.dirs))})
+                    "lora_name": name, "replace": True, "lora_path": path})
                 op = "replace"
+                if st == 200:
+                    if (path in self.delta_files) != (self.path_of.get(name) in self.delta_files):
+                        self.kind_changes += 1
+                    self.path_of[name] = path
             self.churn_ops[op] += 1
             with self.lock:
                 self.events.append((round(t_start - self.t0, 3), op, name,
@@ -682,6 +743,8 @@ class Soak:
         summary = {
             "duration_s": round(self.load_seconds, 1), "window_s": a.window,
             "warmup_windows": a.warmup, "concurrency": a.concurrency, "adapters": a.adapters,
+            "deltas": len(self.names) - a.adapters, "delta_files": len(self.delta_files),
+            "churn_kind_changes": self.kind_changes,
             "requests": sum(all_by.values()), "by_status": all_by, "status_5xx": five,
             "aux_tenant_by_status": {str(k): v for k, v in sorted(self.aux.items())},
             "churn_ops": self.churn_ops, "sighups": self.sighups,
@@ -738,6 +801,12 @@ def main():
     ap.add_argument("--think", type=float, default=0.05, help="max seconds between a client's requests")
     ap.add_argument("--adapters", type=int, default=100)
     ap.add_argument("--ranks", default="4,8,16,32")
+    ap.add_argument("--deltas", type=int, default=8,
+                    help="full fine-tunes served as compressed deltas besides the adapters "
+                    "(0 = none)")
+    ap.add_argument("--delta-base", default="",
+                    help="with --attach: the attached server's base model file, to make the "
+                    "deltas against (without it, --attach runs no deltas)")
     ap.add_argument("--churn-interval", type=float, default=1.0)
     ap.add_argument("--sighup-interval", type=float, default=20.0)
     ap.add_argument("--sample", type=float, default=2.0, help="seconds between samples")
@@ -778,6 +847,10 @@ def main():
     a = ap.parse_args()
     if a.duration <= 0 or a.window <= 0 or a.concurrency < 1 or a.adapters < 1:
         ap.error("--duration, --window, --concurrency and --adapters must be positive")
+    if a.deltas < 0:
+        ap.error("--deltas must be 0 or more")
+    if a.attach and not a.delta_base:
+        a.deltas = 0
     if a.duration < (a.warmup + 1) * a.window:
         ap.error("--duration must cover the warm-up and at least one window more")
     if a.attach and not a.pid:
