@@ -161,17 +161,17 @@ def make_deltas(a, env, work, count, base=""):
     root = os.path.join(work, "deltas")
     os.makedirs(root, exist_ok=True)
     dirs = []
+    def chorus(args):  # a failure names the command and carries chorus's own message
+        r = subprocess.run([a.chorus] + args, env=env, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError("chorus %s: %s" % (" ".join(args), r.stderr.strip()))
+
     for i in range(min(count, len(DELTA_METHODS))):
         ft = os.path.join(root, "ft-%d.gguf" % i)
-        subprocess.run([a.chorus, "convert", "--model", base, "--finetune-delta", "0.02:0.06",
-                        "--seed", str(101 + i), "--output", ft], env=env, check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        chorus(["convert", "--model", base, "--finetune-delta", "0.02:0.06", "--seed",
+                str(101 + i), "--output", ft])
         d = os.path.join(root, "delta-%d" % i)
-        r = subprocess.run([a.chorus, "compress", "--base", base, "--finetuned", ft,
-                            "--output", d] + DELTA_METHODS[i], env=env, capture_output=True,
-                           text=True)
-        if r.returncode != 0:
-            raise RuntimeError("chorus compress %s: %s" % (" ".join(DELTA_METHODS[i]), r.stderr))
+        chorus(["compress", "--base", base, "--finetuned", ft, "--output", d] + DELTA_METHODS[i])
         os.remove(ft)  # the fine-tune itself is not served
         dirs.append(d)
     return dirs
