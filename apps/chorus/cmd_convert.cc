@@ -303,33 +303,37 @@ int ConvertCommand(int argc, char** argv) {
       return tokenizer::ExportToGguf(*tok_out.tok, w, tok_out.gguf_opts);
     };
   }
-  Status s = model::ConvertModel(*mdl, opts, extra);
-  if (!s.ok()) return Fail("convert", s);
+  // HF: the tokenizer's files go into the directory being staged, so they are swapped in with
+  // the weights (model::ConvertModel).
+  model::HfFilesWriter hf_extra;
   if (verbatim && !gguf_out) {
-    for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json",
-                             "special_tokens_map.json", "generation_config.json"}) {
-      std::error_code ec;
-      std::filesystem::path src = std::filesystem::path(source_path) / name;
-      if (std::filesystem::exists(src, ec)) {
-        std::filesystem::copy_file(src, std::filesystem::path(opts.output) / name,
+    hf_extra = [&source_path](const std::string& dir) -> Status {
+      for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json",
+                               "special_tokens_map.json", "generation_config.json"}) {
+        std::error_code ec;
+        std::filesystem::path src = std::filesystem::path(source_path) / name;
+        if (!std::filesystem::exists(src, ec)) continue;
+        std::filesystem::copy_file(src, std::filesystem::path(dir) / name,
                                    std::filesystem::copy_options::overwrite_existing, ec);
-        if (ec)
-          return Fail("convert",
-                      InternalError("cannot copy " + src.string() + ": " + ec.message()));
+        if (ec) return InternalError("cannot copy " + src.string() + ": " + ec.message());
       }
-    }
+      return OkStatus();
+    };
   } else if (tok && !gguf_out) {
-    const std::filesystem::path dir(opts.output);
-    const std::pair<const char*, const std::string*> out[] = {
-        {"tokenizer.json", &tok_out.hf.tokenizer_json},
-        {"tokenizer_config.json", &tok_out.hf.tokenizer_config_json},
-        {"generation_config.json", &tok_out.hf.generation_config_json}};
-    for (const auto& [name, text] : out) {
-      if (text->empty()) continue;
-      Status w = WriteFileAtomically((dir / name).string(), *text);
-      if (!w.ok()) return Fail("convert", w);
-    }
+    hf_extra = [&tok_out](const std::string& dir) -> Status {
+      const std::pair<const char*, const std::string*> out[] = {
+          {"tokenizer.json", &tok_out.hf.tokenizer_json},
+          {"tokenizer_config.json", &tok_out.hf.tokenizer_config_json},
+          {"generation_config.json", &tok_out.hf.generation_config_json}};
+      for (const auto& [name, text] : out) {
+        if (text->empty()) continue;
+        CHORUS_RETURN_IF_ERROR(WriteFileAtomically(dir + "/" + name, *text));
+      }
+      return OkStatus();
+    };
   }
+  Status s = model::ConvertModel(*mdl, opts, extra, hf_extra);
+  if (!s.ok()) return Fail("convert", s);
   if (tok) {
     std::fprintf(stderr, "chorus convert: tokenizer written (%s, %d tokens)\n",
                  std::string(tok->kind()).c_str(), tok->vocab_size());

@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -279,6 +280,114 @@ TEST(DurableFileTest, LeftoversQuarantineLockAndCrashPoint) {
   EXPECT_EQ(*ReadFileToString(dir + "/c.json"), "first");
   EXPECT_EQ(*ReadFileToString(dir + "/c.json.tmp." + std::to_string(pid)), "second");
   EXPECT_EQ(RemoveDeadWritersTempFiles(dir + "/c.json"), 1);
+}
+
+// StagedDirectory: a new directory appears whole; a replaced one keeps the files the new contents
+// do not replace, drops those `replaced` names, and never shows a mix; a staging directory that
+// is not committed, or whose writer died, goes; a swap killed on a file system without
+// RENAME_EXCHANGE is undone by the next Begin; a kill at each crash point leaves old or new.
+TEST(DurableFileTest, StagedDirectoryReplacesTheDirectoryAsAWhole) {
+  namespace fs = std::filesystem;
+  const std::string root = testing::TempDir() + "/staged";
+  fs::remove_all(root);
+  fs::create_directories(root);
+  const std::string out = root + "/out";
+  auto names = [](const std::string& dir) {
+    std::vector<std::string> n;
+    for (const auto& e : fs::directory_iterator(dir)) n.push_back(e.path().filename().string());
+    std::sort(n.begin(), n.end());
+    return n;
+  };
+  auto weights = [](const std::string& n) { return n.rfind("w", 0) == 0; };
+  {
+    auto s = StagedDirectory::Begin(out);
+    CHORUS_ASSERT_OK(s.status());
+    EXPECT_EQ(s->path(), out + ".tmp." + std::to_string(::getpid()));
+    CHORUS_ASSERT_OK(WriteFileAtomically(s->path() + "/w1", "old w1"));
+    CHORUS_ASSERT_OK(WriteFileAtomically(s->path() + "/w2", "old w2"));
+    EXPECT_FALSE(fs::exists(out));
+    CHORUS_ASSERT_OK(s->Commit(weights));
+  }
+  EXPECT_EQ(names(out), (std::vector<std::string>{"w1", "w2"}));
+  EXPECT_EQ(names(root), (std::vector<std::string>{"out"}));
+  // Someone's own files in the directory, a file and a folder.
+  CHORUS_ASSERT_OK(WriteFileAtomically(out + "/README", "mine"));
+  fs::create_directories(out + "/notes");
+  CHORUS_ASSERT_OK(WriteFileAtomically(out + "/notes/a", "note"));
+  CHORUS_ASSERT_OK(WriteFileAtomically(out + "/junk.tmp.99", "a temp file"));
+  {
+    auto s = StagedDirectory::Begin(out);
+    CHORUS_ASSERT_OK(s.status());
+    CHORUS_ASSERT_OK(WriteFileAtomically(s->path() + "/w3", "new w3"));
+    CHORUS_ASSERT_OK(WriteFileAtomically(s->path() + "/README", "theirs"));
+    EXPECT_EQ(names(out), (std::vector<std::string>{"README", "junk.tmp.99", "notes", "w1", "w2"}));
+    CHORUS_ASSERT_OK(s->Commit(weights));
+  }
+  EXPECT_EQ(names(out), (std::vector<std::string>{"README", "notes", "w3"}));
+  EXPECT_EQ(*ReadFileToString(out + "/README"), "theirs");  // the new contents win
+  EXPECT_EQ(*ReadFileToString(out + "/notes/a"), "note");
+  EXPECT_EQ(names(root), (std::vector<std::string>{"out"}));
+  {  // Not committed (a failed conversion): the staging directory goes, the output stays.
+    auto s = StagedDirectory::Begin(out);
+    CHORUS_ASSERT_OK(s.status());
+    CHORUS_ASSERT_OK(WriteFileAtomically(s->path() + "/w9", "x"));
+  }
+  EXPECT_EQ(names(root), (std::vector<std::string>{"out"}));
+  EXPECT_EQ(names(out), (std::vector<std::string>{"README", "notes", "w3"}));
+
+  // A dead writer's staging directory is removed by the next Begin; a live one's stays.
+  const pid_t gone = ::fork();
+  if (gone == 0) ::_exit(0);
+  ::waitpid(gone, nullptr, 0);
+  fs::create_directories(out + ".tmp." + std::to_string(gone) + "/sub");
+  fs::create_directories(out + ".tmp." + std::to_string(::getppid()));
+  {
+    auto s = StagedDirectory::Begin(out);
+    CHORUS_ASSERT_OK(s.status());
+    EXPECT_FALSE(fs::exists(out + ".tmp." + std::to_string(gone)));
+    EXPECT_TRUE(fs::exists(out + ".tmp." + std::to_string(::getppid())));
+  }
+  fs::remove_all(out + ".tmp." + std::to_string(::getppid()));
+  // The fallback swap killed between its two renames: the old contents aside, `out` absent.
+  fs::rename(out, out + ".tmp." + std::to_string(gone) + ".old");
+  {
+    auto s = StagedDirectory::Begin(out);
+    CHORUS_ASSERT_OK(s.status());
+    EXPECT_EQ(names(out), (std::vector<std::string>{"README", "notes", "w3"}));
+  }
+  EXPECT_EQ(names(root), (std::vector<std::string>{"out"}));
+
+  // Killed at each step: before the swap the old contents, after it the new ones (the old ones
+  // left in the staging directory for the next Begin).
+  for (const char* point : {"staged_dir.before_exchange", "staged_dir.after_exchange"}) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::setenv("CHORUS_CRASH_POINT", point, 1);
+      auto s = StagedDirectory::Begin(out);
+      if (!s.ok()) ::_exit(1);
+      (void)WriteFileAtomically(s->path() + "/w4", "new w4");
+      (void)s->Commit(weights);
+      ::_exit(0);
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << point << " " << status;
+    const bool after = std::string(point) == "staged_dir.after_exchange";
+    const std::vector<std::string> old_set = {"README", "notes", "w3"},
+                                   new_set = {"README", "notes", "w4"};
+    EXPECT_EQ(names(out), after ? new_set : old_set) << point;
+    EXPECT_EQ(names(root), (std::vector<std::string>{"out", "out.tmp." + std::to_string(pid)}));
+    CHORUS_ASSERT_OK(StagedDirectory::Begin(out).status());  // cleans up, commits nothing
+    EXPECT_EQ(names(root), (std::vector<std::string>{"out"})) << point;
+  }
+
+  // Not a directory: refused, nothing created.
+  CHORUS_ASSERT_OK(WriteFileAtomically(root + "/file", "x"));
+  auto bad = StagedDirectory::Begin(root + "/file");
+  EXPECT_EQ(bad.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(bad.status().message().find("not a directory"), std::string::npos);
+  EXPECT_EQ(names(root), (std::vector<std::string>{"file", "out"}));
+  fs::remove_all(root);
 }
 
 TEST(RngTest, SameSeedSameStream) {

@@ -10,9 +10,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 
 #include "chorus/base/logging.h"
 
@@ -91,7 +93,15 @@ int RemoveDeadTempFiles(const std::string& dir, const std::string& prefix) {
     if (pid <= 0 || pid == static_cast<long>(::getpid())) continue;
     if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive (or unknown)
     const std::string p = dir + "/" + n;
-    if (::unlink(p.c_str()) == 0) {
+    struct stat st {};
+    if (::lstat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+      // A StagedDirectory's staging directory (or the old contents it swapped out).
+      std::error_code ec;
+      if (std::filesystem::remove_all(p, ec) != static_cast<std::uintmax_t>(-1) && !ec) {
+        ++removed;
+        CHORUS_LOG(INFO) << "removed leftover staging directory " << p << " (its writer is gone)";
+      }
+    } else if (::unlink(p.c_str()) == 0) {
       ++removed;
       CHORUS_LOG(INFO) << "removed leftover temp file " << p << " (its writer is gone)";
     }
@@ -100,15 +110,48 @@ int RemoveDeadTempFiles(const std::string& dir, const std::string& prefix) {
   return removed;
 }
 
+std::string ParentOf(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+}
+
+std::string BaseNameOf(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+bool ProcessIsGone(long pid) {
+  return pid > 0 && pid != static_cast<long>(::getpid()) &&
+         ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+}
+
+// fsync of every regular file under `dir` (what a staged directory holds before it is put in
+// place: WriteFileAtomically's files are synced already, links and copies are not).
+Status SyncFilesUnder(const std::string& dir) {
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    const auto& p = it->path();
+    if (it->is_directory(ec)) {
+      CHORUS_RETURN_IF_ERROR(SyncDirectory(p.string()));
+      continue;
+    }
+    if (!it->is_regular_file(ec) || it->is_symlink(ec)) continue;
+    const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return ErrnoError(errno, "cannot open " + p.string());
+    const int rc = ::fsync(fd);
+    const int err = errno;
+    ::close(fd);
+    if (rc != 0) return ErrnoError(err, "cannot fsync " + p.string());
+  }
+  if (ec) return ErrnoError(ec.value(), "cannot list " + dir);
+  return SyncDirectory(dir);
+}
+
 }  // namespace
 
 int RemoveDeadWritersTempFiles(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "."
-                          : slash == 0               ? "/"
-                                                     : path.substr(0, slash);
-  return RemoveDeadTempFiles(
-      dir, (slash == std::string::npos ? path : path.substr(slash + 1)) + ".tmp.");
+  return RemoveDeadTempFiles(ParentOf(path), BaseNameOf(path) + ".tmp.");
 }
 
 int RemoveDeadWritersTempFilesIn(const std::string& dir) { return RemoveDeadTempFiles(dir, ""); }
@@ -160,6 +203,137 @@ FileLock& FileLock::operator=(FileLock&& o) noexcept {
 
 FileLock::~FileLock() {
   if (fd_ >= 0) ::close(fd_);
+}
+
+Result<StagedDirectory> StagedDirectory::Begin(const std::string& dir_arg) {
+  namespace fs = std::filesystem;
+  if (dir_arg.empty()) return InvalidArgumentError("no output directory given");
+  std::string dir = dir_arg;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+    // The link stays; the directory it names is replaced.
+    std::error_code ec;
+    const fs::path target = fs::canonical(dir, ec);
+    if (ec) return ErrnoError(ec.value(), "cannot resolve the symbolic link " + dir);
+    dir = target.string();
+  }
+  const std::string parent = ParentOf(dir), name = BaseNameOf(dir);
+  // A killed fallback swap (no RENAME_EXCHANGE) may have left the old contents aside and `dir`
+  // absent: put them back first, so the state is the old one again.
+  const std::string aside_prefix = name + ".tmp.";
+  if (DIR* d = ::opendir(parent.c_str())) {
+    while (struct dirent* ent = ::readdir(d)) {
+      const std::string n = ent->d_name;
+      if (n.size() <= aside_prefix.size() + 4 ||
+          n.compare(0, aside_prefix.size(), aside_prefix) != 0 ||
+          n.compare(n.size() - 4, 4, ".old") != 0)
+        continue;
+      const std::string digits = n.substr(aside_prefix.size(), n.size() - 4 - aside_prefix.size());
+      if (digits.find_first_not_of("0123456789") != std::string::npos) continue;
+      if (!ProcessIsGone(std::atol(digits.c_str()))) continue;
+      const std::string p = parent + "/" + n;
+      if (::lstat(dir.c_str(), &st) != 0 && errno == ENOENT &&
+          ::rename(p.c_str(), dir.c_str()) == 0) {
+        CHORUS_LOG(WARNING) << "restored " << dir << " from " << p
+                            << " (a writer was killed while it swapped them)";
+      } else {
+        std::error_code ec;
+        fs::remove_all(p, ec);
+      }
+    }
+    ::closedir(d);
+  }
+  RemoveDeadWritersTempFiles(dir);
+  if (::stat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
+    return FailedPreconditionError(dir + " exists and is not a directory");
+  const std::string staging = dir + ".tmp." + std::to_string(::getpid());
+  std::error_code ec;
+  fs::remove_all(staging, ec);  // an earlier StagedDirectory of this process that failed
+  if (::mkdir(staging.c_str(), 0755) != 0) return ErrnoError(errno, "cannot create " + staging);
+  return StagedDirectory(dir, staging);
+}
+
+StagedDirectory::StagedDirectory(StagedDirectory&& o) noexcept
+    : dir_(std::move(o.dir_)), staging_(std::move(o.staging_)), done_(o.done_) {
+  o.done_ = true;
+}
+
+StagedDirectory::~StagedDirectory() {
+  if (done_) return;
+  std::error_code ec;
+  std::filesystem::remove_all(staging_, ec);
+}
+
+Status StagedDirectory::Commit(const std::function<bool(const std::string& name)>& replaced) {
+  namespace fs = std::filesystem;
+  if (done_) return FailedPreconditionError("staged directory " + staging_ + " already committed");
+  std::error_code ec;
+  const bool had_old = fs::is_directory(dir_, ec);
+  if (had_old) {
+    for (const auto& e : fs::directory_iterator(dir_, ec)) {
+      const std::string n = e.path().filename().string();
+      if (IsAtomicWriteTempName(n) || (replaced && replaced(n))) continue;
+      const fs::path to = fs::path(staging_) / n;
+      std::error_code st_ec;
+      if (fs::exists(fs::symlink_status(to, st_ec))) continue;  // the new contents hold it
+      std::error_code link_ec;
+      fs::copy(e.path(), to,
+               fs::copy_options::recursive | fs::copy_options::copy_symlinks |
+                   fs::copy_options::create_hard_links,
+               link_ec);
+      if (link_ec) {
+        fs::remove_all(to, link_ec);
+        std::error_code copy_ec;
+        fs::copy(e.path(), to, fs::copy_options::recursive | fs::copy_options::copy_symlinks,
+                 copy_ec);
+        if (copy_ec)
+          return ErrnoError(copy_ec.value(),
+                            "cannot carry " + e.path().string() + " over into " + staging_);
+      }
+    }
+    if (ec) return ErrnoError(ec.value(), "cannot list " + dir_);
+  }
+  CHORUS_RETURN_IF_ERROR(SyncFilesUnder(staging_));
+  CrashPoint("staged_dir.before_exchange");
+  const std::string parent = ParentOf(dir_);
+  if (!had_old) {
+    if (::rename(staging_.c_str(), dir_.c_str()) != 0)
+      return ErrnoError(errno, "cannot rename " + staging_ + " to " + dir_);
+    done_ = true;
+    CrashPoint("staged_dir.after_exchange");
+    return SyncDirectory(parent);
+  }
+  if (::renameat2(AT_FDCWD, staging_.c_str(), AT_FDCWD, dir_.c_str(), RENAME_EXCHANGE) != 0) {
+    const int err = errno;
+    if (err != EINVAL && err != ENOSYS && err != ENOTSUP)
+      return ErrnoError(err, "cannot swap " + staging_ + " with " + dir_);
+    // No RENAME_EXCHANGE here: old aside, new in (Begin restores the old one after a kill
+    // between the two).
+    const std::string aside = dir_ + ".tmp." + std::to_string(::getpid()) + ".old";
+    if (::rename(dir_.c_str(), aside.c_str()) != 0)
+      return ErrnoError(errno, "cannot move " + dir_ + " aside to " + aside);
+    if (::rename(staging_.c_str(), dir_.c_str()) != 0) {
+      const int err2 = errno;
+      (void)::rename(aside.c_str(), dir_.c_str());
+      return ErrnoError(err2, "cannot rename " + staging_ + " to " + dir_);
+    }
+    done_ = true;
+    CrashPoint("staged_dir.after_exchange");
+    CHORUS_RETURN_IF_ERROR(SyncDirectory(parent));
+    fs::remove_all(aside, ec);
+    return OkStatus();
+  }
+  // The old contents are now at staging_.
+  done_ = true;
+  CrashPoint("staged_dir.after_exchange");
+  CHORUS_RETURN_IF_ERROR(SyncDirectory(parent));
+  fs::remove_all(staging_, ec);
+  if (ec) {
+    CHORUS_LOG(WARNING) << "cannot remove the replaced contents at " << staging_ << ": "
+                        << ec.message();
+  }
+  return OkStatus();
 }
 
 }  // namespace chorus

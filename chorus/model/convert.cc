@@ -240,12 +240,13 @@ Status WriteGguf(const ModelFile& m, const ConvertOptions& o,
   return w.Write(o.output);
 }
 
-// After a conversion into `dir` that wrote the weight files `written`: removes the weight files
-// of an earlier one — model.safetensors, model.safetensors.index.json and
-// model-NNNNN-of-NNNNN.safetensors — that are not among them (a sharded conversion writes its
-// index too). A reader that finds an index ignores model.safetensors, but other tools would
-// not, and a stale shard wastes disk.
-Status RemoveStaleWeightFiles(const std::string& dir, const std::set<std::string>& written) {
+// The files a conversion into an HF directory writes, so an earlier conversion's are replaced
+// rather than carried over (StagedDirectory::Commit): the weights — model.safetensors,
+// model.safetensors.index.json, model-NNNNN-of-NNNNN.safetensors — and config.json always (a
+// reader that finds an index ignores model.safetensors, but other tools would not, and a stale
+// shard wastes disk); the tokenizer's files when this conversion writes a tokenizer, so files of
+// two tokenizers never mix. Anything else in the directory stays.
+bool IsConversionFile(const std::string& n, bool writes_tokenizer) {
   // model-NNNNN-of-NNNNN.safetensors, exactly.
   auto is_shard_name = [](const std::string& n) {
     static constexpr std::string_view kShape = "model-#####-of-#####.safetensors";
@@ -255,43 +256,33 @@ Status RemoveStaleWeightFiles(const std::string& dir, const std::set<std::string
     }
     return true;
   };
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string n = e.path().filename().string();
-    const bool weights =
-        n == "model.safetensors" || n == "model.safetensors.index.json" || is_shard_name(n);
-    if (weights && !written.count(n) && !std::filesystem::remove(e.path(), ec) && ec)
-      return ErrnoError(ec.value(), "cannot remove the earlier conversion's " + e.path().string());
-  }
-  if (ec) return ErrnoError(ec.value(), "cannot list " + dir);
-  return OkStatus();
+  if (n == "model.safetensors" || n == "model.safetensors.index.json" || is_shard_name(n) ||
+      n == "config.json")
+    return true;
+  return writes_tokenizer &&
+         (n == "tokenizer.json" || n == "tokenizer.model" || n == "tokenizer_config.json" ||
+          n == "special_tokens_map.json" || n == "generation_config.json");
 }
 
-Status WriteHf(const ModelFile& m, const ConvertOptions& o) {
+Status WriteHf(const ModelFile& m, const ConvertOptions& o, const HfFilesWriter& hf_extra) {
   const ModelConfig& c = m.config;
   if (o.max_shard_bytes == 0) return InvalidArgumentError("the maximum shard size must be > 0");
-  if (::mkdir(o.output.c_str(), 0755) != 0 && errno != EEXIST)
-    return ErrnoError(errno, "cannot create " + o.output);
-  // Temp files of a killed earlier conversion into this directory (weights, index, config,
-  // tokenizer files), once their writers are gone.
-  RemoveDeadWritersTempFilesIn(o.output);
+  // Everything is written into a staging directory beside the output and swapped in at once, so
+  // a kill or a reader never sees the files of two conversions mixed (base/durable_file.h). A
+  // killed earlier conversion's staging directory is removed here.
+  CHORUS_ASSIGN_OR_RETURN(StagedDirectory stage, StagedDirectory::Begin(o.output));
+  const std::string& dir = stage.path();
   std::vector<std::pair<std::string, Tensor>> out;
   CHORUS_ASSIGN_OR_RETURN(out, TargetTensors(m, o, kernels::RopeLayout::kHalf));
   uint64_t total = 0;
   for (const auto& [name, t] : out) total += static_cast<uint64_t>(t.view().NumBytes());
-  std::set<std::string> written;
   if (total > o.max_shard_bytes) {
-    CHORUS_ASSIGN_OR_RETURN(
-        std::vector<std::string> shards,
-        formats::WriteSafetensorsSharded(o.output, out, o.max_shard_bytes, {{"format", "pt"}}));
-    written = {shards.begin(), shards.end()};
-    written.insert("model.safetensors.index.json");
+    CHORUS_RETURN_IF_ERROR(
+        formats::WriteSafetensorsSharded(dir, out, o.max_shard_bytes, {{"format", "pt"}}).status());
   } else {
     CHORUS_RETURN_IF_ERROR(
-        formats::WriteSafetensors(o.output + "/model.safetensors", out, {{"format", "pt"}}));
-    written = {"model.safetensors"};
+        formats::WriteSafetensors(dir + "/model.safetensors", out, {{"format", "pt"}}));
   }
-  CHORUS_RETURN_IF_ERROR(RemoveStaleWeightFiles(o.output, written));
   nlohmann::json j;
   const char* hf_arch = c.arch == "qwen2"    ? "Qwen2ForCausalLM"
                         : c.arch == "qwen3"  ? "Qwen3ForCausalLM"
@@ -356,16 +347,22 @@ Status WriteHf(const ModelFile& m, const ConvertOptions& o) {
   if (o.dtype == DType::kBF16) dtype_name = "bfloat16";
   if (o.dtype == DType::kF16) dtype_name = "float16";
   j["torch_dtype"] = dtype_name;
-  return WriteFileAtomically(o.output + "/config.json", j.dump(2) + "\n");
+  CHORUS_RETURN_IF_ERROR(WriteFileAtomically(dir + "/config.json", j.dump(2) + "\n"));
+  if (hf_extra) CHORUS_RETURN_IF_ERROR(hf_extra(dir));
+  std::error_code ec;
+  const bool writes_tokenizer = std::filesystem::exists(dir + "/tokenizer.json", ec) ||
+                                std::filesystem::exists(dir + "/tokenizer.model", ec);
+  return stage.Commit([&](const std::string& n) { return IsConversionFile(n, writes_tokenizer); });
 }
 
 }  // namespace
 
 Status ConvertModel(const ModelFile& model, const ConvertOptions& opts,
-                    const std::function<Status(formats::GgufWriter*)>& gguf_extra) {
+                    const std::function<Status(formats::GgufWriter*)>& gguf_extra,
+                    const HfFilesWriter& hf_extra) {
   if (opts.output.empty()) return InvalidArgumentError("convert needs an output path (-o)");
   if (opts.format == OutputFormat::kGguf) return WriteGguf(model, opts, gguf_extra);
-  return WriteHf(model, opts);
+  return WriteHf(model, opts, hf_extra);
 }
 
 Result<uint64_t> ParseShardSize(std::string_view text) {
