@@ -15,8 +15,12 @@
 #include <vector>
 
 #include "chorus/base/rng.h"
+#include "chorus/kernels/attention_tiles.h"
 #include "chorus/kernels/dispatch.h"
 #include "chorus/tensor/dtype.h"
+#if defined(__x86_64__)
+#include "chorus/kernels/x86/attention_x86.h"
+#endif
 
 namespace chorus::kernels {
 
@@ -1082,6 +1086,59 @@ TEST_P(AttentionTest, WindowedTokensMatchTheFormulaWhateverTheChunkingAndDropped
       }
     }
   }
+}
+
+// The AVX-512 q packing of the bf16 dot products rounds as Bf16Pair bit for bit: ties to even
+// both ways, denormals kept (vcvtneps2bf16 would flush them), NaNs quieted with their sign and
+// payload's top bits, overflow to infinity, zeros of both signs.
+TEST(AttentionBf16Pairs, VectorPackingEqualsBf16PairBitwise) {
+#if defined(__x86_64__)
+  if (!Supported(IsaLevel::kAvx512)) GTEST_SKIP() << "avx512 not supported here";
+  SetMaxIsa(kMaxIsaLevel);
+  auto from_bits = [](uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, sizeof(f));
+    return f;
+  };
+  std::vector<float> special = {0.0f,
+                                -0.0f,
+                                1e-40f,
+                                -1e-40f,
+                                std::numeric_limits<float>::denorm_min(),
+                                std::numeric_limits<float>::min(),
+                                std::numeric_limits<float>::max(),
+                                -std::numeric_limits<float>::max(),
+                                std::numeric_limits<float>::infinity(),
+                                -std::numeric_limits<float>::infinity(),
+                                std::numeric_limits<float>::quiet_NaN(),
+                                from_bits(0x7f800001u),
+                                from_bits(0xffc12345u),
+                                from_bits(0x7fbfffffu),
+                                from_bits(0x3f808000u),
+                                from_bits(0x3f818000u),
+                                from_bits(0x3f80ffffu),
+                                from_bits(0x3f807fffu),
+                                from_bits(0x7f7f8000u),
+                                from_bits(0x807fffffu),
+                                1.0f,
+                                -2.5f};
+  Rng rng(7);
+  while (special.size() % 32 != 0) special.push_back(rng.NextGaussian() * 100.0f);
+  for (int i = 0; i < 3200; ++i) special.push_back(rng.NextGaussian());
+  for (const float scale : {1.0f, 0.125f, 3.0f, 1e-30f}) {
+    for (size_t at = 0; at < special.size(); at += 32) {
+      uint32_t got[16];
+      avx512::ScaledBf16Pairs16(special.data() + at, scale, got);
+      for (int j = 0; j < 16; ++j) {
+        const uint32_t want = attention_internal::Bf16Pair(scale * special[at + 2 * j],
+                                                           scale * special[at + 2 * j + 1]);
+        ASSERT_EQ(got[j], want) << "scale " << scale << " elements " << at + 2 * j;
+      }
+    }
+  }
+#else
+  GTEST_SKIP() << "x86 only";
+#endif
 }
 
 TEST(AttentionReference, MatchesDense) {

@@ -12,6 +12,27 @@
 #include "chorus/kernels/x86/attention_x86.h"
 
 namespace chorus::kernels::avx512 {
+
+// dst[j] = Bf16Pair(scale · src[2j], scale · src[2j + 1]) for j < 16 (attention_tiles.h): the
+// same integer rounding as Bf16Bits, 16 elements at a time (vcvtneps2bf16 would flush
+// denormals, which Bf16Bits keeps), then each element's low half packed in order, so words 2j
+// and 2j + 1 form pair j.
+void ScaledBf16Pairs16(const float* src, float scale, uint32_t* dst) {
+  const __m512 s = _mm512_set1_ps(scale);
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+  const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff);
+  const __m512i quiet = _mm512_set1_epi32(0x40);
+  for (int half = 0; half < 2; ++half) {
+    const __m512i u = _mm512_castps_si512(_mm512_mul_ps(_mm512_loadu_ps(src + 16 * half), s));
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
+    const __m512i hi = _mm512_srli_epi32(u, 16);
+    const __m512i rounded = _mm512_srli_epi32(
+        _mm512_add_epi32(_mm512_add_epi32(u, bias), _mm512_and_si512(hi, one)), 16);
+    const __m512i bits = _mm512_mask_or_epi32(rounded, nan, hi, quiet);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 8 * half), _mm512_cvtepi32_epi16(bits));
+  }
+}
+
 namespace {
 
 // vpermt2w indices of Vec512::PairIndex: idx[h] word 2i ← first[16h + i], word 2i + 1 ←
@@ -43,6 +64,9 @@ struct Vec512 {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v);
   }
   static P BroadcastPair(uint32_t x) { return _mm512_set1_epi32(static_cast<int>(x)); }
+  static void ScaledBf16Pairs16(const float* src, float scale, uint32_t* dst) {
+    avx512::ScaledBf16Pairs16(src, scale, dst);
+  }
   static P ZeroPairs() { return _mm512_setzero_si512(); }
   // acc + a·b per lane over its pair: the second elements' product first, then the first's,
   // each rounded once (vdpbf16ps).

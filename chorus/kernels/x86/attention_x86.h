@@ -29,6 +29,9 @@ CHORUS_X86_ATTENTION_DECLS
 
 namespace chorus::kernels::avx512 {
 CHORUS_X86_ATTENTION_DECLS
+// dst[j] = attention_internal::Bf16Pair(scale · src[2j], scale · src[2j + 1]) for j < 16, bit for
+// bit (the bf16 dot products' q packing, attention_tiles.h). Needs AVX-512 F and BW.
+void ScaledBf16Pairs16(const float* src, float scale, uint32_t* dst);
 }  // namespace chorus::kernels::avx512
 
 #undef CHORUS_X86_ATTENTION_DECLS
