@@ -310,6 +310,19 @@ TEST(DurableFileTest, StagedDirectoryReplacesTheDirectoryAsAWhole) {
   }
   EXPECT_EQ(names(out), (std::vector<std::string>{"w1", "w2"}));
   EXPECT_EQ(names(root), (std::vector<std::string>{"out"}));
+  // The replaced directory keeps its permission bits; a trailing slash names the same directory.
+  fs::permissions(out, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec);
+  {
+    auto s = StagedDirectory::Begin(out + "/");
+    CHORUS_ASSERT_OK(s.status());
+    EXPECT_EQ(s->path(), out + ".tmp." + std::to_string(::getpid()));
+    CHORUS_ASSERT_OK(WriteFileAtomically(s->path() + "/w1", "old w1"));
+    CHORUS_ASSERT_OK(WriteFileAtomically(s->path() + "/w2", "old w2"));
+    CHORUS_ASSERT_OK(s->Commit(weights));
+  }
+  EXPECT_EQ(fs::status(out).permissions() & fs::perms::all,
+            fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec);
+  EXPECT_EQ(StagedDirectory::Begin("/").status().code(), StatusCode::kInvalidArgument);
   // Someone's own files in the directory, a file and a folder.
   CHORUS_ASSERT_OK(WriteFileAtomically(out + "/README", "mine"));
   fs::create_directories(out + "/notes");

@@ -208,8 +208,12 @@ FileLock::~FileLock() {
 Result<StagedDirectory> StagedDirectory::Begin(const std::string& dir_arg) {
   namespace fs = std::filesystem;
   if (dir_arg.empty()) return InvalidArgumentError("no output directory given");
-  std::string dir = dir_arg;
+  // An absolute, normal path ("." and "out/" included), so the staging directory is a sibling.
+  std::error_code abs_ec;
+  std::string dir = fs::absolute(dir_arg, abs_ec).lexically_normal().string();
+  if (abs_ec) return ErrnoError(abs_ec.value(), "cannot resolve " + dir_arg);
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  if (dir == "/") return InvalidArgumentError("the root directory cannot be replaced");
   struct stat st {};
   if (::lstat(dir.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
     // The link stays; the directory it names is replaced.
@@ -250,7 +254,11 @@ Result<StagedDirectory> StagedDirectory::Begin(const std::string& dir_arg) {
   const std::string staging = dir + ".tmp." + std::to_string(::getpid());
   std::error_code ec;
   fs::remove_all(staging, ec);  // an earlier StagedDirectory of this process that failed
-  if (::mkdir(staging.c_str(), 0755) != 0) return ErrnoError(errno, "cannot create " + staging);
+  if (::mkdir(staging.c_str(), 0755) != 0) {
+    return ErrnoError(errno, "cannot create the staging directory " + staging +
+                                 " (the directory is written beside " + dir +
+                                 " and swapped in whole, so its parent must be writable)");
+  }
   return StagedDirectory(dir, staging);
 }
 
@@ -271,7 +279,10 @@ Status StagedDirectory::Commit(const std::function<bool(const std::string& name)
   std::error_code ec;
   const bool had_old = fs::is_directory(dir_, ec);
   if (had_old) {
-    for (const auto& e : fs::directory_iterator(dir_, ec)) {
+    // increment(ec), not ++: an error while listing is reported, never thrown.
+    for (auto it = fs::directory_iterator(dir_, ec); !ec && it != fs::directory_iterator();
+         it.increment(ec)) {
+      const fs::directory_entry& e = *it;
       const std::string n = e.path().filename().string();
       if (IsAtomicWriteTempName(n) || (replaced && replaced(n))) continue;
       const fs::path to = fs::path(staging_) / n;
@@ -293,6 +304,12 @@ Status StagedDirectory::Commit(const std::function<bool(const std::string& name)
       }
     }
     if (ec) return ErrnoError(ec.value(), "cannot list " + dir_);
+  }
+  // A replaced directory keeps its permission bits (a new one has rwxr-xr-x less the umask).
+  struct stat old_st {};
+  if (had_old && ::stat(dir_.c_str(), &old_st) == 0 &&
+      ::chmod(staging_.c_str(), old_st.st_mode & 07777) != 0) {
+    return ErrnoError(errno, "cannot give " + staging_ + " the permissions of " + dir_);
   }
   CHORUS_RETURN_IF_ERROR(SyncFilesUnder(staging_));
   CrashPoint("staged_dir.before_exchange");

@@ -54,8 +54,10 @@ int RemoveDeadWritersTempFilesIn(const std::string& dir);
 // until the next Begin, which puts the old one back (docs/adapters.md, "Durability").
 class StagedDirectory {
  public:
-  // `dir` may exist (a directory, or a symlink to one: its target is replaced) or not; its parent
-  // must exist.
+  // `dir` may exist (a directory, or a symlink to one: its target is replaced) or not; it is
+  // taken as an absolute, normal path ("." and "out/" work), and its parent must exist and be
+  // writable (the staging directory is created there). A replaced directory keeps its
+  // permission bits. Not "/".
   static Result<StagedDirectory> Begin(const std::string& dir);
   StagedDirectory(StagedDirectory&& o) noexcept;
   StagedDirectory& operator=(StagedDirectory&&) = delete;
