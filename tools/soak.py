@@ -22,7 +22,9 @@ left in the pool are exactly the prefix cache's, unloads every adapter and check
 adapter pages, resident copies and host-cache entries (LoRA and delta copies) go back to 0.
 
 Reported per --window: requests, answers by status, client hang-ups, p50/p99 TTFT (streamed)
-and total latency (finished 200s), RSS. Summary: RSS growth after warm-up (the first --warmup
+and total latency (finished 200s), RSS, and what the engine's steps cost per row computed in the
+window (from its own /metrics counters: the same work at the host's speed of the moment; the
+summary gives its correlation with the windows' p50 and p99 latency). Summary: RSS growth after warm-up (the first --warmup
 windows: max RSS afterwards over the RSS at the end of warm-up), the p99 spread across the
 full windows after warm-up, leaked pages, 5xx count. With --out, requests.csv lists every
 finished request (model, route, stream, n, max_tokens, TTFT, latency), to see what a window's
@@ -568,7 +570,12 @@ class Soak:
                 ("resident", "chorus_adapters_resident", None),
                 ("registered", "chorus_adapters_registered", None),
                 ("host_entries", "chorus_adapter_host_cache_entries", None),
-                ("host_bytes", "chorus_adapter_host_cache_bytes", None)]:
+                ("host_bytes", "chorus_adapter_host_cache_bytes", None),
+                # The engine's own clock: what its steps cost per row, per window (window()).
+                ("step_s", "chorus_step_seconds_sum", None),
+                ("steps", "chorus_step_seconds_count", None),
+                ("gen_tokens", "chorus_generation_tokens_total", None),
+                ("prompt_tokens", "chorus_prompt_tokens_total", None)]:
             s[k] = metric(text, name, labels)
         return s
 
@@ -706,17 +713,32 @@ class Soak:
         ttft = [r[3] for r in rec if r[3] is not None and r[2] == 200]
         lat = [r[4] for r in rec if r[4] is not None]
         rss = [s["rss_kib"] for s in self.samples if lo <= s["t"] < hi and s["rss_kib"]]
+        # The engine's step time per row computed (prompt and generated tokens) over the window,
+        # from its own counters: the same work at the host's speed of the moment. A window whose
+        # latency rose with it slowed because the machine did, not the server's scheduling.
+        eng = [s for s in self.samples if lo <= s["t"] < hi and s.get("step_s") is not None
+               and s.get("gen_tokens") is not None and s.get("prompt_tokens") is not None]
+        step_us_per_row = rows_per_step = None
+        if len(eng) >= 2:
+            rows = (eng[-1]["gen_tokens"] + eng[-1]["prompt_tokens"] -
+                    eng[0]["gen_tokens"] - eng[0]["prompt_tokens"])
+            steps = eng[-1]["steps"] - eng[0]["steps"]
+            if rows > 0 and steps > 0:
+                step_us_per_row = round((eng[-1]["step_s"] - eng[0]["step_s"]) / rows * 1e6, 1)
+                rows_per_step = round(rows / steps, 2)
         return {"window": w, "start_s": lo, "requests": len(rec), "by_status": by,
                 "ttft_p50_ms": ms(pct(ttft, 50)), "ttft_p99_ms": ms(pct(ttft, 99)),
                 "latency_p50_ms": ms(pct(lat, 50)), "latency_p99_ms": ms(pct(lat, 99)),
-                "rss_mib": round(max(rss) / 1024, 1) if rss else None}
+                "rss_mib": round(max(rss) / 1024, 1) if rss else None,
+                "step_us_per_row": step_us_per_row, "rows_per_step": rows_per_step}
 
     @staticmethod
     def window_line(w):
         return ("window %3d  %5d req  %-44s ttft p50/p99 %6s/%6s ms  latency p50/p99 %6s/%6s ms  "
-                "rss %s MiB" % (w["window"], w["requests"], json.dumps(w["by_status"]),
-                                w["ttft_p50_ms"], w["ttft_p99_ms"], w["latency_p50_ms"],
-                                w["latency_p99_ms"], w["rss_mib"]))
+                "rss %s MiB  step %s us/row (%s rows/step)" % (
+                    w["window"], w["requests"], json.dumps(w["by_status"]), w["ttft_p50_ms"],
+                    w["ttft_p99_ms"], w["latency_p50_ms"], w["latency_p99_ms"], w["rss_mib"],
+                    w["step_us_per_row"], w["rows_per_step"]))
 
     def report(self, final):
         a = self.a
@@ -757,6 +779,16 @@ class Soak:
             "ttft_p99_max_over_min": round(max(t99) / min(t99), 3) if t99 else None,
             "failures": len(self.failures), "loadavg": open("/proc/loadavg").read().split()[:3],
         }
+        # Does a window's latency follow what the engine's steps cost per row in it (the host's
+        # speed of the moment)? Pearson r over the windows after warm-up.
+        eng = [w for w in steady if w["step_us_per_row"]]
+        if len(eng) >= 3:
+            step = [w["step_us_per_row"] for w in eng]
+            summary["step_us_per_row_min_max"] = [min(step), max(step)]
+            summary["corr_step_cost_vs_latency_p50"] = pearson(
+                step, [w["latency_p50_ms"] for w in eng])
+            summary["corr_step_cost_vs_latency_p99"] = pearson(
+                step, [w["latency_p99_ms"] for w in eng])
         summary.update(final)
         bars = {"no_5xx": five == 0,
                 "no_failures": not self.failures,
@@ -770,6 +802,15 @@ class Soak:
 
 def ms(x):
     return None if x is None else round(x * 1000, 1)
+
+
+def pearson(xs, ys):
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    sxx = sum((x - mx) ** 2 for x in xs)
+    syy = sum((y - my) ** 2 for y in ys)
+    return round(sxy / (sxx * syy) ** 0.5, 3) if sxx > 0 and syy > 0 else None
 
 
 def kib_mib(x):
@@ -896,11 +937,12 @@ def main():
                 f.write(",".join(str(x) for x in e) + "\n")
         with open(os.path.join(a.out, "windows.csv"), "w") as f:
             f.write("window,start_s,requests,ttft_p50_ms,ttft_p99_ms,latency_p50_ms,"
-                    "latency_p99_ms,rss_mib\n")
+                    "latency_p99_ms,rss_mib,step_us_per_row,rows_per_step\n")
             for w in windows:
                 f.write(",".join(str(w[k]) if w[k] is not None else "" for k in (
                     "window", "start_s", "requests", "ttft_p50_ms", "ttft_p99_ms",
-                    "latency_p50_ms", "latency_p99_ms", "rss_mib")) + "\n")
+                    "latency_p50_ms", "latency_p99_ms", "rss_mib", "step_us_per_row",
+                    "rows_per_step")) + "\n")
         if a.plot:
             subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "plot.py"),
                             "soak", os.path.join(a.out, "samples.csv")])
@@ -918,6 +960,12 @@ def main():
               summary["latency_p99_max_over_min"],
               summary["latency_p99_max_deviation_from_median_pct"],
               "PASS" if not failed else "FAIL " + ",".join(failed)))
+    if summary.get("step_us_per_row_min_max"):
+        print("soak: engine step cost %s-%s us per row across windows; correlation with the "
+              "windows' latency p50 %s, p99 %s" % (
+                  summary["step_us_per_row_min_max"][0], summary["step_us_per_row_min_max"][1],
+                  summary["corr_step_cost_vs_latency_p50"],
+                  summary["corr_step_cost_vs_latency_p99"]), flush=True)
     finish_work_dir(work, not failed, a.keep_work)
     return 0 if not failed else 1
 
