@@ -24,9 +24,9 @@ adapter pages, resident copies and host-cache entries (LoRA and delta copies) go
 Reported per --window: requests, answers by status, client hang-ups, p50/p99 TTFT (streamed)
 and total latency (finished 200s), RSS, and what the engine's steps cost per row computed in the
 window (from its own /metrics counters: the same work at the host's speed of the moment; the
-summary gives its correlation with the windows' p50 and p99 latency). Summary: RSS growth after warm-up (the first --warmup
-windows: max RSS afterwards over the RSS at the end of warm-up), the p99 spread across the
-full windows after warm-up, leaked pages, 5xx count. With --out, requests.csv lists every
+summary gives its correlation with the windows' p50 and p99 latency). Summary: RSS growth
+after warm-up (the first --warmup windows: max RSS afterwards over the RSS at the end of
+warm-up), the p99 spread across the full windows after warm-up, leaked pages, 5xx count. With --out, requests.csv lists every
 finished request (model, route, stream, n, max_tokens, TTFT, latency), to see what a window's
 tail is made of, and events.csv every churn call and SIGHUP (start, op, name, seconds), to see
 whether the tail follows them.
@@ -805,12 +805,10 @@ def ms(x):
 
 
 def pearson(xs, ys):
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
-    sxx = sum((x - mx) ** 2 for x in xs)
-    syy = sum((y - my) ** 2 for y in ys)
-    return round(sxy / (sxx * syy) ** 0.5, 3) if sxx > 0 and syy > 0 else None
+    try:
+        return round(statistics.correlation(xs, ys), 3)
+    except statistics.StatisticsError:  # fewer than two values, or one series constant
+        return None
 
 
 def kib_mib(x):

@@ -80,6 +80,13 @@ int RemoveAtomicWriteTempFiles(const std::string& dir, const std::string& base_p
 
 namespace {
 
+// Whether process `pid` no longer exists (not this one; a process we may not signal counts as
+// alive).
+bool ProcessIsGone(long pid) {
+  return pid > 0 && pid != static_cast<long>(::getpid()) &&
+         ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+}
+
 // Removes the temp files `<name>.tmp.<pid>` directly in `dir` whose name starts with `prefix`
 // ("" = any) and whose writer process no longer exists.
 int RemoveDeadTempFiles(const std::string& dir, const std::string& prefix) {
@@ -89,9 +96,7 @@ int RemoveDeadTempFiles(const std::string& dir, const std::string& prefix) {
   while (struct dirent* ent = ::readdir(d)) {
     const std::string n = ent->d_name;
     if (n.compare(0, prefix.size(), prefix) != 0 || !IsAtomicWriteTempName(n)) continue;
-    const long pid = std::atol(n.c_str() + n.rfind(".tmp.") + 5);
-    if (pid <= 0 || pid == static_cast<long>(::getpid())) continue;
-    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive (or unknown)
+    if (!ProcessIsGone(std::atol(n.c_str() + n.rfind(".tmp.") + 5))) continue;
     const std::string p = dir + "/" + n;
     struct stat st {};
     if (::lstat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
@@ -118,11 +123,6 @@ std::string ParentOf(const std::string& path) {
 std::string BaseNameOf(const std::string& path) {
   const size_t slash = path.find_last_of('/');
   return slash == std::string::npos ? path : path.substr(slash + 1);
-}
-
-bool ProcessIsGone(long pid) {
-  return pid > 0 && pid != static_cast<long>(::getpid()) &&
-         ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
 }
 
 // fsync of every regular file under `dir` (what a staged directory holds before it is put in

@@ -36,8 +36,8 @@ int RemoveAtomicWriteTempFiles(const std::string& dir, const std::string& base_p
 // so repeated kills leave at most one per live writer — and the staging directories of a
 // StagedDirectory for `path` (same name), with their contents. Returns how many were removed.
 int RemoveDeadWritersTempFiles(const std::string& path);
-// The same for every file directly in `dir` (an output directory of `chorus convert`, which
-// writes several files there).
+// The same for every file directly in `dir` (a PEFT adapter directory, whose files are written
+// one by one).
 int RemoveDeadWritersTempFilesIn(const std::string& dir);
 
 // A directory replaced as a whole, for a writer of several files without a lock (`chorus convert

@@ -190,15 +190,13 @@ class BlockKernel {
           for (int64_t j0 = 0; j0 < hd2; j0 += 16) {
             const int64_t n = std::min<int64_t>(16, hd2 - j0);
             uint32_t pairs[16];
-            bool done = false;
+            int64_t j = 0;
             if constexpr (VT::kBf16Dot) {
-              if (n == 16) VT::ScaledBf16Pairs16(src + 2 * j0, scale, pairs), done = true;
+              if (n == 16) VT::ScaledBf16Pairs16(src + 2 * j0, scale, pairs), j = 16;
             }
-            if (!done) {
-              for (int64_t j = 0; j < n; ++j)
-                pairs[j] = Bf16Pair(scale * src[2 * (j0 + j)], scale * src[2 * (j0 + j) + 1]);
-            }
-            for (int64_t j = 0; j < n; ++j) {
+            for (; j < n; ++j)
+              pairs[j] = Bf16Pair(scale * src[2 * (j0 + j)], scale * src[2 * (j0 + j) + 1]);
+            for (j = 0; j < n; ++j) {
               if (column_decode_) {
                 q2[(h / 8 * hd2 + j0 + j) * 8 + h % 8] = pairs[j];
               } else {

@@ -1,7 +1,5 @@
 #include "chorus/model/convert.h"
 
-#include <sys/stat.h>
-
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -9,7 +7,6 @@
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <string_view>
 
 #include "chorus/base/durable_file.h"
